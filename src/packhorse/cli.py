@@ -1,0 +1,335 @@
+"""The ``packhorse`` command line (typer). Exit codes: 0 ok, 1 a check found a problem,
+2 configuration error, 3 an operation FAILED, 4 work is blocked waiting for a human.
+
+Machine-readable output (``--json``) goes to stdout alone; logs and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .config import Settings, load_config
+from .db.session import Database
+from .errors import ConfigError, DatabaseNotInitializedError, PackhorseError
+from .stages.base import StageContext
+from .topology import sync_topology
+
+EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once.")
+err = Console(stderr=True)
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML configuration file [default: ./packhorse.toml]")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True) if sys.stderr.isatty() else \
+        print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _settings(config: Path | None) -> Settings:
+    try:
+        return load_config(config)
+    except ConfigError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+
+
+def _context(config: Path | None, *, migrate_check: bool = True) -> StageContext:
+    from . import logs
+
+    logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "WARNING"))
+    settings = _settings(config)
+    db = Database(settings.database_url)
+    if migrate_check:
+        try:
+            db.ensure_migrated()
+        except DatabaseNotInitializedError as e:
+            raise _fail(str(e), EXIT_CONFIG) from None
+    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+def version() -> None:
+    """Print the packhorse version."""
+    print(__version__)
+
+
+@app.command()
+def init(config: ConfigOpt = None) -> None:
+    """Create or upgrade the ops database (Alembic migrations) and register sites and locations."""
+    settings = _settings(config)
+    db = Database(settings.database_url)
+    before = db.current_revision()
+    db.upgrade()
+    sync_topology(db, settings)
+    after = db.current_revision()
+    state = "created" if before is None else ("upgraded" if before != after else "already up to date")
+    print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
+          file=sys.stderr)
+
+
+def _exit_code_after_run(ctx: StageContext) -> int:
+    from .reporting import failed_operations
+
+    failed = ctx.db.transact(failed_operations)
+    if failed:
+        print(f"{len(failed)} operation(s) FAILED:", file=sys.stderr)
+        for f in failed:
+            line = f"  {f['kind']} {f['id']}: {f['error_type']}: {f['message']}"
+            if f.get("diagnosis"):
+                line += f" — {f['diagnosis']}"
+            print(line, file=sys.stderr)
+        print("  see `packhorse status`; fix the cause, then reset the operation", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+class _Progress:
+    """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.ctx = ctx
+        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), console=err, transient=False)
+        self.bytes_progress = None
+        self.files = self.progress.add_task("files registered", total=None, extra="")
+        self.pkgs = self.progress.add_task("packages archived", total=None, extra="")
+        self.arch = self.progress.add_task("bytes archived", total=None, extra="")
+        self._last = 0.0
+        _ = (DownloadColumn,)
+
+    def __enter__(self) -> "_Progress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        self.tick(force=True)
+        self.progress.stop()
+
+    def tick(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last < 0.5:
+            return
+        self._last = time.monotonic()
+        from .reporting import status_report
+
+        r = status_report(self.ctx)
+        from .domain import LocationRole
+
+        lta = [l.name for l in self.ctx.settings.locations if l.role is LocationRole.LONG_TERM_ARCHIVE]
+        archived_bytes = sum(r["copies"].get(n, {}).get("bytes", 0) for n in lta)
+        self.progress.update(self.files, completed=r["files"]["registered"], total=r["files"]["registered"] or None)
+        self.progress.update(self.pkgs, completed=r["packages"]["archived"], total=r["packages"]["total"] or None)
+        self.progress.update(self.arch, completed=archived_bytes // (1 << 20),
+                             total=(r["files"]["bytes"] * len(lta)) // (1 << 20) or None, extra="MiB")
+
+
+def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
+    from . import logs
+    from .executors.local import LocalRunner
+
+    show_bars = sys.stderr.isatty() and not quiet
+    logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "ERROR" if quiet else ("WARNING" if show_bars else "INFO")))
+    bars = _Progress(ctx) if show_bars else None
+    runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
+
+    def stop(signum: int, _frame: object) -> None:
+        print(f"packhorse: signal {signum}: finishing running operations, then stopping", file=sys.stderr)
+        runner.stop_requested.set()
+        runner.wake.set()
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    start = time.monotonic()
+    try:
+        if bars:
+            with bars:
+                runner.run(until_idle=until_idle)
+        else:
+            runner.run(until_idle=until_idle)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return time.monotonic() - start
+
+
+@app.command()
+def run(
+    config: ConfigOpt = None,
+    until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
+) -> None:
+    """Run managers, workers and lease recovery (embedded mode)."""
+    ctx = _context(config)
+    elapsed = _run(ctx, until_idle=until_idle, quiet=quiet)
+    code = _exit_code_after_run(ctx)
+    if not quiet:
+        print(f"packhorse run: finished in {elapsed:.1f} s", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+@app.command("run-operation")
+def run_operation(
+    kind: Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")],
+    operation_id: Annotated[int, typer.Argument(help="operation id")],
+    config: ConfigOpt = None,
+) -> None:
+    """Claim and run one operation in the foreground (as a worker would); print the outcome."""
+    from .domain import OperationKind
+    from .operations import worker_identity
+    from .worker import execute_operation
+
+    try:
+        OperationKind(kind)
+    except ValueError:
+        raise _fail(f"unknown operation kind {kind!r}; one of {', '.join(k.value for k in OperationKind)}",
+                    EXIT_CONFIG) from None
+    ctx = _context(config)
+    from .db.models import Operation
+
+    op = ctx.db.transact(lambda s: s.get(Operation, operation_id))
+    if op is None or op.kind != kind:
+        raise _fail(f"no {kind} operation with id {operation_id}", EXIT_PROBLEM)
+    outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
+    print(outcome.value)
+    raise typer.Exit({"completed": 0, "skipped": 0, "retry": 1, "stale": 1, "failed": EXIT_FAILED}[outcome.value])
+
+
+@app.command()
+def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Show operations by kind and status, packages, copies per location and skipped files."""
+    from .reporting import status_report
+
+    ctx = _context(config)
+    r = status_report(ctx)
+    if as_json:
+        _print_json(r)
+        return
+    out = Console()
+    p = r["packages"]
+    out.print(f"packages: {p['total']} total, {p['archived']} archived, {p['failed']} failed; "
+              f"files: {r['files']['registered']} registered ({r['files']['bytes']:,} bytes)", highlight=False)
+    t = Table("operation kind", *[s for s in ("PENDING", "SCHEDULED", "IN_PROGRESS", "COMPLETED", "FAILED")],
+              title="operations")
+    for kind, counts in sorted(r["operations"].items()):
+        t.add_row(kind, *[str(counts.get(s, 0)) for s in ("PENDING", "SCHEDULED", "IN_PROGRESS", "COMPLETED", "FAILED")])
+    out.print(t)
+    c = Table("location", "copies", "bytes", title="physical copies (present)")
+    for loc, v in r["copies"].items():
+        c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
+    out.print(c)
+    if r["skipped"]:
+        s = Table("location", "path", "reason", title="skipped files")
+        for row in r["skipped"]:
+            s.add_row(row["location"], row["path"], row["reason"])
+        out.print(s)
+    for f in r["failed_operations"]:
+        out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
+
+
+@app.command()
+def verify(
+    config: ConfigOpt = None,
+    location: Annotated[Optional[str], typer.Option("--location", help="only copies at this data location")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-read every live copy and compare it with its recorded sha256. Exit 1 on any problem."""
+    from .reporting import verify_copies
+
+    ctx = _context(config)
+    if location is not None and location not in ctx.topology.location_ids:
+        raise _fail(f"--location: unknown data location {location!r}", EXIT_CONFIG)
+    r = verify_copies(ctx, location)
+    if as_json:
+        _print_json(r)
+    else:
+        print(f"checked {r['checked']}, ok {r['ok']}, missing {len(r['missing'])}, corrupt {len(r['corrupt'])}")
+        for m in r["missing"]:
+            print(f"MISSING {m['location']}:{m['path']}")
+        for c in r["corrupt"]:
+            print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] else EXIT_OK)
+
+
+@app.command()
+def demo(
+    source: Annotated[Optional[Path], typer.Option("--source", help="archive this folder instead of generated data")] = None,
+    workdir: Annotated[Path, typer.Option("--workdir", help="where the demo's config, database and sites go")] = Path("packhorse-demo"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Archive a data set from fyst to cologne and cornell, verify it, and print a summary."""
+    from .demo import generate_observatory_data, write_demo_config
+    from .reporting import status_report, verify_copies
+
+    workdir = workdir.resolve()
+    if (workdir / "packhorse.db").exists():
+        raise _fail(f"{workdir} already holds a demo; remove it or choose another --workdir", EXIT_CONFIG)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if source is None:
+        src_dir = workdir / "data" / "fyst" / "source"
+        nfiles, nbytes = generate_observatory_data(src_dir)
+        print(f"generated {nfiles} files ({nbytes:,} bytes) in {src_dir}", file=sys.stderr)
+        src_value = "data/fyst/source"
+    else:
+        src_dir = source.resolve()
+        if not src_dir.is_dir():
+            raise _fail(f"--source: {source} is not a folder", EXIT_CONFIG)
+        if workdir == src_dir or src_dir in workdir.parents:
+            raise _fail(f"--workdir {workdir} may not be inside --source {src_dir}", EXIT_CONFIG)
+        src_value = str(src_dir)
+    cfg = write_demo_config(workdir, src_value, workers=max(2, min(4, os.cpu_count() or 2)))
+    print(f"configuration: {cfg}", file=sys.stderr)
+    ctx_settings = _settings(cfg)
+    db = Database(ctx_settings.database_url)
+    db.upgrade()
+    ctx = StageContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
+    elapsed = _run(ctx, until_idle=True, quiet=quiet)
+    code = _exit_code_after_run(ctx)
+    v = verify_copies(ctx)
+    r = status_report(ctx)
+    mb = r["files"]["bytes"] / 1e6
+    print(f"\npackhorse demo summary ({workdir})")
+    print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
+    print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
+          f"{r['packages']['failed']} failed")
+    for loc, c in r["copies"].items():
+        print(f"  {loc:<16} {c['count']:>4} copies {c['bytes']:>14,} bytes")
+    if r["skipped"]:
+        print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
+    print(f"  verify:   {v['ok']}/{v['checked']} copies ok")
+    print(f"  time:     {elapsed:.1f} s ({mb / elapsed if elapsed else 0:.1f} MB/s of source data)")
+    print(f"  try:      packhorse status -c {cfg}")
+    if v["missing"] or v["corrupt"]:
+        code = code or EXIT_PROBLEM
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except PackhorseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(EXIT_PROBLEM)
+
+
+_ = shutil

@@ -1,0 +1,362 @@
+"""Settings: the TOML file, ``PACKHORSE_*`` environment overrides, defaults and validation.
+
+The minimum schema of issue #2 is a contract; see ``docs/configuration.md`` for every key.
+Every duration is in seconds and accepts floats. Relative paths (``locations[].path``, a
+relative SQLite database file) resolve against the folder of the configuration file.
+
+A wrong configuration (unknown key, unknown site, missing buffer, duplicate names,
+overlapping paths, a wrong value) raises :class:`~packhorse.errors.ConfigError` whose
+message names the file and the key, e.g. ``packhorse.toml: locations[2].site: unknown
+site 'koeln'``.
+
+Environment overrides use ``PACKHORSE_<SECTION>__<KEY>``, e.g.
+``PACKHORSE_DATABASE__URL=postgresql+psycopg://...`` or
+``PACKHORSE_RECOVERY__LEASE_TIMEOUT_SECONDS=30``; they win over the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .domain import LocationRole, StorageType, TransferMethod
+from .errors import ConfigError
+
+DEFAULT_CONFIG_FILE = "packhorse.toml"
+ENV_PREFIX = "PACKHORSE_"
+
+
+class _Section(BaseModel):
+    """Base of every settings table: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatabaseConfig(_Section):
+    """``[database]``: the ops database (SQLite file by default, PostgreSQL in production)."""
+
+    url: str = "sqlite:///packhorse.db"
+
+
+class ExecutorConfig(_Section):
+    """``[executor]``: where operations run. ``workers`` is the local thread pool size."""
+
+    kind: Literal["local", "celery"] = "local"
+    workers: int = Field(4, ge=1, le=256)
+    broker_url: str | None = None
+    visibility_timeout_seconds: float = Field(3600.0, gt=0)
+
+
+class SiteConfig(_Section):
+    """``[[sites]]``: a place with storage and workers."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class LocationConfig(_Section):
+    """``[[locations]]``: a storage area at a site, with a role and a storage type.
+
+    ``retention_seconds`` is how long a buffer copy is kept after it may be deleted.
+    """
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    site: str
+    role: LocationRole
+    storage: StorageType = StorageType.DISK
+    path: str | None = None
+    active: bool = True
+    retention_seconds: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _disk_needs_path(self) -> "LocationConfig":
+        if self.storage is StorageType.DISK and not self.path:
+            raise ValueError(f"location {self.name!r} has storage 'disk' but no 'path'")
+        return self
+
+
+class RouteConfig(_Section):
+    """``[[routes]]``: raw data from ``source_site`` goes to every site in ``destination_sites``.
+
+    ``method = "command"`` runs ``command`` (a template with ``{source}`` and
+    ``{destination}`` placeholders, split like a shell line, never run through a shell) to
+    move a bundle; the result is verified at the destination either way.
+    """
+
+    source_site: str
+    destination_sites: list[str] = Field(min_length=1)
+    method: TransferMethod = TransferMethod.COPY
+    command: str | None = None
+
+    @model_validator(mode="after")
+    def _command_template(self) -> "RouteConfig":
+        if self.method is TransferMethod.COMMAND:
+            if not self.command or "{source}" not in self.command or "{destination}" not in self.command:
+                raise ValueError("method 'command' needs a 'command' with {source} and {destination}")
+        return self
+
+
+class PackagingConfig(_Section):
+    """``[packaging]``: how raw files are grouped into raw data packages and bundles (bytes, s)."""
+
+    group_depth: int = Field(2, ge=0, le=32)
+    max_package_bytes: int = Field(10 * 1024**3, gt=0)
+    settle_seconds: float = Field(60.0, ge=0)
+    bundle_target_bytes: int = Field(1024**3, gt=0)
+    bundle_max_wait_seconds: float = Field(300.0, ge=0)
+
+
+class ManagersConfig(_Section):
+    """``[managers]``: the fallback polling interval (finished work wakes managers at once)."""
+
+    poll_interval_seconds: float = Field(10.0, gt=0)
+
+
+class RecoveryConfig(_Section):
+    """``[recovery]``: leases, heartbeats, retries and circuit breakers (seconds; DESIGN.md numbers)."""
+
+    lease_timeout_seconds: float = Field(300.0, gt=0)
+    heartbeat_interval_seconds: float = Field(60.0, gt=0)
+    monitor_interval_seconds: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    retry_backoff_base_seconds: float = Field(2.0, ge=0)
+    retry_backoff_max_seconds: float = Field(300.0, ge=0)
+    max_stall_count: int = Field(3, ge=1)
+    circuit_breaker_timeout_seconds: float = Field(3600.0, ge=0)
+    reconcile_floor_seconds: float | None = Field(None, ge=0)
+    reconcile_max_resets: int = Field(3, ge=0)
+    notification_cooldown_seconds: float = Field(3600.0, ge=0)
+
+    @model_validator(mode="after")
+    def _heartbeat_fits_lease(self) -> "RecoveryConfig":
+        if self.heartbeat_interval_seconds * 1.5 >= self.lease_timeout_seconds:
+            raise ValueError(
+                "heartbeat_interval_seconds must be less than lease_timeout_seconds / 1.5 "
+                f"(got {self.heartbeat_interval_seconds} and {self.lease_timeout_seconds})"
+            )
+        return self
+
+    @property
+    def renewal_deadline_seconds(self) -> float:
+        """How long a worker may go without renewing its lease before it stops (restic rule).
+
+        ``lease_timeout − 1.5 × heartbeat_interval`` (DESIGN.md "Numbers").
+        """
+        return self.lease_timeout_seconds - 1.5 * self.heartbeat_interval_seconds
+
+
+class DeletionConfig(_Section):
+    """``[deletion]``: when buffer and source copies may go.
+
+    ``archive_copies_required``: verified archive copies needed before a raw data package's
+    buffer copies go; default (``None``) is every long-term archive of every destination site
+    of its route.
+    """
+
+    delete_source_files: bool = False
+    archive_copies_required: int | None = Field(None, ge=1)
+
+
+class Settings(_Section):
+    """The whole configuration. Build it with :func:`load_config` or :func:`settings_from_dict`."""
+
+    database: DatabaseConfig = DatabaseConfig()
+    executor: ExecutorConfig = ExecutorConfig()
+    sites: list[SiteConfig] = Field(default_factory=list)
+    locations: list[LocationConfig] = Field(default_factory=list)
+    routes: list[RouteConfig] = Field(default_factory=list)
+    packaging: PackagingConfig = PackagingConfig()
+    managers: ManagersConfig = ManagersConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    deletion: DeletionConfig = DeletionConfig()
+    #: The folder relative paths were resolved against (not a TOML key).
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    # -- lookups -----------------------------------------------------------------------
+    def location(self, name: str) -> LocationConfig:
+        """Return the location called ``name``; raises ``KeyError`` if there is none."""
+        for loc in self.locations:
+            if loc.name == name:
+                return loc
+        raise KeyError(name)
+
+    def locations_at(self, site: str, role: LocationRole) -> list[LocationConfig]:
+        """Active locations of ``site`` with ``role``, in configuration order."""
+        return [l for l in self.locations if l.site == site and l.role is role and l.active]
+
+    def buffer_of(self, site: str) -> LocationConfig:
+        """The (first active) buffer location of ``site``."""
+        return self.locations_at(site, LocationRole.BUFFER)[0]
+
+    def route_from(self, site: str) -> RouteConfig | None:
+        """The route whose source is ``site``, or ``None``."""
+        for r in self.routes:
+            if r.source_site == site:
+                return r
+        return None
+
+    @property
+    def reconcile_floor_seconds(self) -> float:
+        """Reconciler floor: configured, else 0 embedded / broker visibility timeout distributed."""
+        if self.recovery.reconcile_floor_seconds is not None:
+            floor = self.recovery.reconcile_floor_seconds
+        else:
+            floor = 0.0 if self.executor.kind == "local" else self.executor.visibility_timeout_seconds
+        if self.executor.kind == "celery":
+            floor = max(floor, self.executor.visibility_timeout_seconds)
+        return floor
+
+    # -- cross-table validation --------------------------------------------------------
+    @model_validator(mode="after")
+    def _check_topology(self) -> "Settings":
+        errors: list[str] = []
+        site_names = [s.name for s in self.sites]
+        for dup in sorted({n for n in site_names if site_names.count(n) > 1}):
+            errors.append(f"sites: duplicate site name {dup!r}")
+        loc_names = [l.name for l in self.locations]
+        for dup in sorted({n for n in loc_names if loc_names.count(n) > 1}):
+            errors.append(f"locations: duplicate location name {dup!r}")
+        known = set(site_names)
+        for i, loc in enumerate(self.locations):
+            if loc.site not in known:
+                errors.append(f"locations[{i}].site: unknown site {loc.site!r} (location {loc.name!r})")
+        sources = [r.source_site for r in self.routes]
+        for dup in sorted({n for n in sources if sources.count(n) > 1}):
+            errors.append(f"routes: more than one route from source_site {dup!r}")
+        for i, route in enumerate(self.routes):
+            if route.source_site not in known:
+                errors.append(f"routes[{i}].source_site: unknown site {route.source_site!r}")
+            for dest in route.destination_sites:
+                if dest not in known:
+                    errors.append(f"routes[{i}].destination_sites: unknown site {dest!r}")
+                elif dest == route.source_site:
+                    errors.append(f"routes[{i}].destination_sites: {dest!r} is the route's source site")
+            if len(set(route.destination_sites)) != len(route.destination_sites):
+                errors.append(f"routes[{i}].destination_sites: a site is listed twice")
+            for site in [route.source_site, *route.destination_sites]:
+                if site in known and not self.locations_at(site, LocationRole.BUFFER):
+                    errors.append(f"routes[{i}]: site {site!r} has no active location with role 'buffer'")
+            if route.source_site in known and not self.locations_at(route.source_site, LocationRole.SOURCE):
+                errors.append(f"routes[{i}].source_site: site {route.source_site!r} has no 'source' location")
+            for dest in route.destination_sites:
+                if dest in known and not self.locations_at(dest, LocationRole.LONG_TERM_ARCHIVE):
+                    errors.append(
+                        f"routes[{i}].destination_sites: site {dest!r} has no active 'long_term_archive' location"
+                    )
+        disk = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.DISK and l.path]
+        resolved = [(i, l, Path(os.path.abspath(self.base_dir / l.path))) for i, l in disk]
+        for a in range(len(resolved)):
+            for b in range(a + 1, len(resolved)):
+                ia, la, pa = resolved[a]
+                ib, lb, pb = resolved[b]
+                if pa == pb or pa in pb.parents or pb in pa.parents:
+                    errors.append(
+                        f"locations[{ib}].path: {lb.path!r} (location {lb.name!r}) overlaps "
+                        f"{la.path!r} (location {la.name!r})"
+                    )
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+    def location_path(self, name: str) -> Path:
+        """Absolute root folder of disk location ``name``."""
+        loc = self.location(name)
+        assert loc.path is not None
+        return Path(os.path.abspath(self.base_dir / loc.path))
+
+    @property
+    def database_url(self) -> str:
+        """The database URL with a relative SQLite file resolved against :attr:`base_dir`."""
+        url = self.database.url
+        prefix = "sqlite:///"
+        if url.startswith(prefix) and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
+            rel = url[len(prefix):]
+            if rel and not rel.startswith(":"):
+                return prefix + os.path.abspath(self.base_dir / rel)
+        return url
+
+
+def _format_validation_error(source: str, exc: ValidationError, data: dict[str, Any]) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = err.get("loc", ())
+        key = ""
+        for item in loc:
+            if isinstance(item, int):
+                key += f"[{item}]"
+            else:
+                key += ("." if key else "") + str(item)
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown key"
+        msg = msg.removeprefix("Value error, ")
+        parts.append(f"{key}: {msg}" if key else msg)
+    return f"{source}: " + "; ".join(parts)
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+        if section in {"database", "executor", "packaging", "managers", "recovery", "deletion"} and key:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def settings_from_dict(
+    data: dict[str, Any], *, base_dir: Path | str = ".", source: str = "<config>",
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Validate a configuration mapping (as parsed from TOML) into :class:`Settings`.
+
+    Args:
+        data: the parsed TOML document.
+        base_dir: folder that relative paths resolve against.
+        source: name of the file, used in error messages.
+        environ: environment to read ``PACKHORSE_<SECTION>__<KEY>`` overrides from
+            (default: ``os.environ``).
+
+    Raises:
+        ConfigError: naming ``source`` and every wrong key.
+    """
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for section, values in _env_overrides(dict(os.environ if environ is None else environ)).items():
+        if section in merged and not isinstance(merged[section], dict):
+            continue
+        merged.setdefault(section, {}).update(values)
+    if "base_dir" in merged:
+        raise ConfigError(f"{source}: base_dir: unknown key")
+    try:
+        return Settings(**merged, base_dir=Path(os.path.abspath(base_dir)))
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc, merged)) from None
+    except TypeError as exc:  # e.g. a table where a list was expected
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Read and validate the TOML configuration file.
+
+    Args:
+        path: the file; default ``./packhorse.toml``.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML, or has a wrong key or value.
+    """
+    p = Path(path or DEFAULT_CONFIG_FILE)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: configuration file not found (use --config or create {DEFAULT_CONFIG_FILE})") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read configuration: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return settings_from_dict(data, base_dir=p.resolve().parent, source=str(p))

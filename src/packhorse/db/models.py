@@ -1,0 +1,299 @@
+"""SQLAlchemy models of the ops database, the single source of truth.
+
+Foreign keys, check constraints on every enum column and the unique keys live in the schema
+itself (on SQLite and PostgreSQL alike), so a bug in code cannot write a free-text kind, a
+second live physical copy, or a duplicate operation (DESIGN.md I3, I5).
+
+Times are timezone-aware UTC ``datetime`` values (:class:`UTCDateTime`); sizes are bytes;
+``sha256`` is 64 lowercase hex characters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from ..domain import (
+    LIVE_COPY_STATUSES,
+    CopyStatus,
+    LocationRole,
+    OperationKind,
+    Status,
+    StorageType,
+    enum_values,
+)
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    """The current time, timezone-aware UTC."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timestamp stored as UTC and always returned timezone-aware (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+def _in(column: str, values: list[str]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+_LIVE = _in("status", [s.value for s in LIVE_COPY_STATUSES])
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a constraint naming convention (stable migration names)."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Site(Base):
+    """A place with storage and workers (mirrors ``[[sites]]``)."""
+
+    __tablename__ = "sites"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+
+
+class DataLocation(Base):
+    """A storage area at a site (mirrors ``[[locations]]``); ``uri`` is its root path or URL."""
+
+    __tablename__ = "data_locations"
+    __table_args__ = (
+        CheckConstraint(_in("role", enum_values(LocationRole)), name="role"),
+        CheckConstraint(_in("storage_type", enum_values(StorageType)), name="storage_type"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    role: Mapped[str] = mapped_column(String(32))
+    storage_type: Mapped[str] = mapped_column(String(16))
+    uri: Mapped[str] = mapped_column(Text)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class RawDataFile(Base):
+    """One file produced at a source location, registered with size, sha256 and mtime."""
+
+    __tablename__ = "raw_data_files"
+    __table_args__ = (
+        UniqueConstraint("location_id", "relative_path"),
+        CheckConstraint("size >= 0", name="size"),
+        CheckConstraint("length(sha256) = 64", name="sha256"),
+        Index("ix_raw_data_files_unpackaged", "location_id", "raw_data_package_id"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
+    relative_path: Mapped[str] = mapped_column(Text)
+    group_path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    raw_data_package_id: Mapped[int | None] = mapped_column(ForeignKey("raw_data_packages.id"), nullable=True)
+    source_deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class SkippedFile(Base):
+    """A source file the scan could not register, with the reason (shown by ``status``)."""
+
+    __tablename__ = "skipped_files"
+    __table_args__ = (UniqueConstraint("location_id", "relative_path"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
+    relative_path: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    first_seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RawDataPackage(Base):
+    """The unit of archiving: a BagIt bag in a PAX tar of a group of raw files.
+
+    ``size``/``sha256`` describe the tar and are set when it is first built (deterministic,
+    so every rebuild gives the same bytes). ``bagging_date`` is fixed at creation (I3).
+    """
+
+    __tablename__ = "raw_data_packages"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    group_path: Mapped[str] = mapped_column(Text)
+    source_location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    bagging_date: Mapped[str] = mapped_column(String(10))
+    file_count: Mapped[int] = mapped_column(Integer)
+    payload_bytes: Mapped[int] = mapped_column(BigInteger)
+    size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    data_transfer_package_id: Mapped[int | None] = mapped_column(
+        ForeignKey("data_transfer_packages.id"), nullable=True, index=True
+    )
+    archived_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class DataTransferPackage(Base):
+    """A bundle of raw data packages shipped together between sites; also a bag in a tar."""
+
+    __tablename__ = "data_transfer_packages"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    source_site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    bagging_date: Mapped[str] = mapped_column(String(10))
+    package_count: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class PhysicalCopy(Base):
+    """One artifact present at one data location.
+
+    Exactly one of ``raw_data_package_id`` / ``data_transfer_package_id`` is set. At most one
+    *live* copy (``present`` or ``deletion_pending``) exists per (artifact, location): partial
+    unique indexes enforce it (DESIGN.md I3).
+    """
+
+    __tablename__ = "physical_copies"
+    __table_args__ = (
+        CheckConstraint(_in("status", enum_values(CopyStatus)), name="status"),
+        CheckConstraint(
+            "(raw_data_package_id IS NULL) <> (data_transfer_package_id IS NULL)", name="one_artifact"
+        ),
+        Index(
+            "uq_physical_copies_live_raw",
+            "raw_data_package_id",
+            "location_id",
+            unique=True,
+            sqlite_where=text(f"raw_data_package_id IS NOT NULL AND {_LIVE}"),
+            postgresql_where=text(f"raw_data_package_id IS NOT NULL AND {_LIVE}"),
+        ),
+        Index(
+            "uq_physical_copies_live_dtp",
+            "data_transfer_package_id",
+            "location_id",
+            unique=True,
+            sqlite_where=text(f"data_transfer_package_id IS NOT NULL AND {_LIVE}"),
+            postgresql_where=text(f"data_transfer_package_id IS NOT NULL AND {_LIVE}"),
+        ),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    raw_data_package_id: Mapped[int | None] = mapped_column(ForeignKey("raw_data_packages.id"), nullable=True)
+    data_transfer_package_id: Mapped[int | None] = mapped_column(
+        ForeignKey("data_transfer_packages.id"), nullable=True
+    )
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(32), default=CopyStatus.PRESENT.value)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Operation(Base):
+    """One unit of work on one artifact, of one :class:`~packhorse.domain.OperationKind`.
+
+    ``dedup_key`` (kind, subject, destination) is unique: managers can never create a
+    duplicate. ``attempt`` is the fencing token: every claim increments it and every status
+    write of an attempt is a compare-and-set on it (DESIGN.md I3, "Lease").
+    """
+
+    __tablename__ = "operations"
+    __table_args__ = (
+        CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+        CheckConstraint(_in("status", enum_values(Status)), name="status"),
+        CheckConstraint("attempt >= 0 AND retry_count >= 0", name="counters"),
+        Index("ix_operations_kind_status", "kind", "status"),
+        Index("ix_operations_status_lease", "status", "lease_expires_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16), default=Status.PENDING.value)
+    dedup_key: Mapped[str] = mapped_column(Text, unique=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    raw_data_package_id: Mapped[int | None] = mapped_column(
+        ForeignKey("raw_data_packages.id"), nullable=True, index=True
+    )
+    data_transfer_package_id: Mapped[int | None] = mapped_column(
+        ForeignKey("data_transfer_packages.id"), nullable=True, index=True
+    )
+    physical_copy_id: Mapped[int | None] = mapped_column(ForeignKey("physical_copies.id"), nullable=True)
+    source_location_id: Mapped[int | None] = mapped_column(ForeignKey("data_locations.id"), nullable=True)
+    destination_location_id: Mapped[int | None] = mapped_column(ForeignKey("data_locations.id"), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    retry_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_retries: Mapped[int] = mapped_column(Integer, default=3)
+    stall_count: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    not_before: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    scheduled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    error_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class FailureEvent(Base):
+    """Append-only record of one failure of one attempt, written in its own transaction."""
+
+    __tablename__ = "failure_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    operation_id: Mapped[int] = mapped_column(ForeignKey("operations.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    retry_count: Mapped[int] = mapped_column(Integer)
+    error_type: Mapped[str] = mapped_column(String(200))
+    message: Mapped[str] = mapped_column(Text)
+    will_retry: Mapped[bool] = mapped_column(Boolean)
+    error_context: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),)

@@ -1,0 +1,178 @@
+"""Engines and units of work.
+
+One :class:`Database` per process (engines are never shared across a fork). Work is done in
+short *units of work* through :meth:`Database.transact`, which commits, and retries the whole
+unit on a transient database error (SQLite busy, a dropped PostgreSQL connection, a
+serialization failure): such an error is never recorded as an operation's failure (DESIGN.md
+"Architecture"). No unit of work may read or write payload bytes: callers do I/O between
+units, never inside one.
+
+SQLite runs in WAL mode and opens every transaction with ``BEGIN IMMEDIATE`` so that two
+writers queue on the database lock instead of failing half-way through.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import create_engine, event, exc, inspect
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import DatabaseNotInitializedError, TransientDatabaseError
+
+T = TypeVar("T")
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def _is_transient(err: BaseException) -> bool:
+    if isinstance(err, exc.DBAPIError) and err.connection_invalidated:
+        return True
+    if isinstance(err, exc.OperationalError):
+        text = str(err.orig).lower() if err.orig is not None else str(err).lower()
+        transient_words = ("locked", "busy", "connection", "server closed", "terminating",
+                           "could not serialize", "deadlock", "timeout", "shutting down")
+        return any(w in text for w in transient_words)
+    if isinstance(err, exc.DBAPIError) and err.orig is not None:
+        sqlstate = getattr(err.orig, "sqlstate", None)
+        return sqlstate in {"40001", "40P01", "57P01", "08006", "08003", "08001"}
+    return isinstance(err, exc.PendingRollbackError)
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url``; SQLite gets WAL, ``BEGIN IMMEDIATE`` and a busy timeout."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
+                               pool_size=16, max_overflow=16)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=60000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):  # type: ignore[no-untyped-def]
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+
+
+class Database:
+    """The ops database of one process.
+
+    Args:
+        url: SQLAlchemy URL, e.g. ``sqlite:////abs/path/packhorse.db`` or
+            ``postgresql+psycopg://user@host/db``.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def session(self) -> Session:
+        """A new session (caller commits/closes). Prefer :meth:`transact`."""
+        return self._sessions()
+
+    def transact(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
+        """Run ``fn(session)`` in one transaction and commit; retry it on a transient error.
+
+        ``fn`` must be safe to run again from the start (it only touches the database).
+
+        Returns:
+            whatever ``fn`` returns.
+
+        Raises:
+            TransientDatabaseError: the database stayed unavailable for every attempt.
+            Any other exception ``fn`` raises (after rolling back).
+        """
+        delay = 0.05
+        for i in range(attempts):
+            session = self._sessions()
+            try:
+                result = fn(session)
+                session.commit()
+                return result
+            except exc.SQLAlchemyError as err:
+                session.rollback()
+                if not _is_transient(err):
+                    raise
+                if i == attempts - 1:
+                    raise TransientDatabaseError(f"database unavailable after {attempts} attempts: {err}") from err
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 5.0)
+            except BaseException:
+                session.rollback()
+                raise
+            finally:
+                session.close()
+        raise AssertionError("unreachable")
+
+    def dispose(self) -> None:
+        """Close every pooled connection (call in a child after fork, and at exit)."""
+        self.engine.dispose()
+
+    # -- migrations -----------------------------------------------------------------
+    def _alembic_config(self):  # type: ignore[no-untyped-def]
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        return cfg
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Create or upgrade the schema to ``revision`` with Alembic (``packhorse init``)."""
+        from alembic import command
+
+        cfg = self._alembic_config()
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+
+    def downgrade(self, revision: str) -> None:
+        """Downgrade the schema to ``revision`` (``"base"`` drops every table)."""
+        from alembic import command
+
+        cfg = self._alembic_config()
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+
+    def current_revision(self) -> str | None:
+        """The Alembic revision the database is at, or ``None`` if it has no schema."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def head_revision(self) -> str:
+        """The latest migration shipped with this version of packhorse."""
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+        assert head is not None
+        return head
+
+    def ensure_migrated(self) -> None:
+        """Raise :class:`DatabaseNotInitializedError` unless the schema is at the head revision."""
+        current = self.current_revision()
+        if current != self.head_revision():
+            where = "has no packhorse schema" if current is None else f"is at migration {current}"
+            raise DatabaseNotInitializedError(
+                f"the database {self.engine.url.render_as_string(hide_password=True)} {where}; "
+                "run `packhorse init` to create or upgrade it"
+            )

@@ -1,0 +1,86 @@
+"""Enums and small value types shared by every layer (DESIGN.md, "Vocabulary").
+
+Every enum is a ``str`` enum whose values are the names stored in the database and shown in
+the API and CLI; check constraints in the schema are generated from them, so a free-text kind
+string can never be written (DESIGN.md I5, the seeds' bug #69).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class OperationKind(str, enum.Enum):
+    """What an operation does to its subject (one module per kind in ``packhorse.stages``)."""
+
+    RAW_DATA_PACKAGE = "raw_data_package"
+    DATA_TRANSFER_PACKAGE = "data_transfer_package"
+    TRANSFER = "transfer"
+    UNPACK = "unpack"
+    LONG_TERM_ARCHIVE = "long_term_archive"
+    STAGING = "staging"
+    DELETION = "deletion"
+    FIXITY_CHECK = "fixity_check"
+
+
+class Status(str, enum.Enum):
+    """Lifecycle of an operation: ``PENDING → SCHEDULED → IN_PROGRESS → COMPLETED | FAILED``."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    IN_PROGRESS = "IN_PROGRESS"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+#: Statuses in which an operation still has work to do.
+ACTIVE_STATUSES = (Status.PENDING, Status.SCHEDULED, Status.IN_PROGRESS)
+
+
+class LocationRole(str, enum.Enum):
+    """The role of a data location at a site."""
+
+    SOURCE = "source"
+    BUFFER = "buffer"
+    LONG_TERM_ARCHIVE = "long_term_archive"
+    PROCESSING = "processing"
+
+
+class StorageType(str, enum.Enum):
+    """How a data location stores bytes (one backend per type in ``packhorse.storage``)."""
+
+    DISK = "disk"
+    S3 = "s3"
+
+
+class ArtifactType(str, enum.Enum):
+    """What a physical copy or an operation is about."""
+
+    RAW_DATA_PACKAGE = "raw_data_package"
+    DATA_TRANSFER_PACKAGE = "data_transfer_package"
+
+
+class CopyStatus(str, enum.Enum):
+    """State of one physical copy of an artifact at one data location."""
+
+    PRESENT = "present"
+    DELETION_PENDING = "deletion_pending"
+    DELETED = "deleted"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+
+
+#: Copy statuses that count as "live": at most one live copy per (artifact, location) (I3).
+LIVE_COPY_STATUSES = (CopyStatus.PRESENT, CopyStatus.DELETION_PENDING)
+
+
+class TransferMethod(str, enum.Enum):
+    """How a transfer moves bytes between sites."""
+
+    COPY = "copy"
+    COMMAND = "command"
+
+
+def enum_values(e: type[enum.Enum]) -> list[str]:
+    """Return the stored values of enum ``e``, in declaration order."""
+    return [m.value for m in e]

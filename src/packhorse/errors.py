@@ -1,0 +1,126 @@
+"""The one exception tree of packhorse.
+
+::
+
+    PackhorseError
+    ├── ConfigError                    wrong configuration, refused at start (exit 2)
+    ├── DatabaseNotInitializedError    the database is not at the migration head: run `init`
+    ├── TransientDatabaseError         a database blip; retried by the unit of work, never an
+    │                                  operation's failure (DESIGN.md "Architecture")
+    ├── LeaseLostError                 this worker's lease / fencing token is no longer current;
+    │                                  the work stops and nothing is committed (I3)
+    └── OperationError                 a failure of one operation's work; carries where/why
+        ├── PermanentError             never retried
+        │   ├── DestinationConflictError   the destination holds different bytes (I2)
+        │   ├── UnsafePathError            a path or tar member leaves its root (I6)
+        │   ├── SourceMissingError         the bytes to read are gone
+        │   └── SourceChangedError         the source no longer matches its registered sha256
+        └── RetryableError             retried up to the operation's ``max_retries``
+            ├── VerificationError          read-back sha256 differs from the expected one (I4)
+            └── TransferCommandError       an external transfer command failed
+
+Each :class:`OperationError` carries the where/why fields of the error context
+(``step``, ``side``, ``path``, ``host``, ``diagnosis``) at the boundary where it is raised,
+and ``is_retryable`` so the single failure path can classify it.
+"""
+
+from __future__ import annotations
+
+
+class PackhorseError(Exception):
+    """Base class of every error packhorse raises on purpose."""
+
+
+class ConfigError(PackhorseError):
+    """The configuration is wrong; the message names the file and key.
+
+    Raised at start by :func:`packhorse.config.load_config`; the CLI exits with status 2.
+    """
+
+
+class DatabaseNotInitializedError(PackhorseError):
+    """The ops database has no schema or is not at the latest migration: run ``packhorse init``."""
+
+
+class TransientDatabaseError(PackhorseError):
+    """A database error that goes away on retry (busy, dropped connection, serialization)."""
+
+
+class LeaseLostError(PackhorseError):
+    """The worker no longer holds the operation's lease (its fencing token is stale).
+
+    The work must stop before publishing and must not commit (DESIGN.md I3, "Lease").
+    """
+
+
+class OperationError(PackhorseError):
+    """A failure of one operation's work.
+
+    Args:
+        message: human-readable description naming the file, key or value.
+        step: the stage step that failed (e.g. ``"publish"``, ``"verify"``).
+        side: ``"source"`` or ``"destination"``.
+        path: the path or object key involved, relative to its location.
+        host: the host or location name involved.
+        diagnosis: a cause-oriented line for the operator.
+    """
+
+    is_retryable: bool = True
+    #: Optional per-error cap on retries; ``None`` uses the operation's ``max_retries``.
+    max_retries: int | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: str | None = None,
+        side: str | None = None,
+        path: str | None = None,
+        host: str | None = None,
+        diagnosis: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.side = side
+        self.path = path
+        self.host = host
+        self.diagnosis = diagnosis
+
+
+class PermanentError(OperationError):
+    """An operation failure that a retry cannot fix."""
+
+    is_retryable = False
+
+
+class RetryableError(OperationError):
+    """An operation failure that may go away on retry."""
+
+    is_retryable = True
+
+
+class DestinationConflictError(PermanentError):
+    """The destination already holds an object under the key with different size or sha256.
+
+    Loud, never retried, the object is never overwritten (DESIGN.md I2).
+    """
+
+
+class UnsafePathError(PermanentError):
+    """A path or tar member would leave its location root or target directory (DESIGN.md I6)."""
+
+
+class SourceMissingError(PermanentError):
+    """The bytes an operation must read are not there."""
+
+
+class SourceChangedError(PermanentError):
+    """A source file's size or sha256 differs from what was registered at scan time."""
+
+
+class VerificationError(RetryableError):
+    """Bytes read back at the destination do not match the expected sha256 (DESIGN.md I4)."""
+
+
+class TransferCommandError(RetryableError):
+    """An external transfer command (rsync, bbcp, ...) exited non-zero."""

@@ -1,0 +1,1 @@
+"""Executors run operations: :mod:`.local` (thread pool, embedded mode)."""

@@ -1,0 +1,61 @@
+"""Test-only fault hooks, switched on by the ``PACKHORSE_TEST_FAULTS`` environment variable.
+
+Never set it in production. The value is JSON: a list of hooks, each
+``{"point": NAME, "action": ACTION, ...}``. Points are hit by the stages, e.g.
+``long_term_archive.write`` (after the first chunk is written, before publishing) and
+``long_term_archive.published`` (after publishing, before verification). Actions:
+
+* ``"pause"``: create the file ``marker`` (if given), then sleep ``seconds``.
+* ``"corrupt"``: flip one byte of the object just published (disk backends), so the
+  verification by re-reading must catch it.
+* ``"fail"``: raise ``RuntimeError`` (a retryable failure) ``times`` times (default 1).
+
+A hook fires at most ``times`` times per process (default: always for pause/corrupt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ENV = "PACKHORSE_TEST_FAULTS"
+_lock = threading.Lock()
+_fired: dict[int, int] = {}
+
+
+def _hooks() -> list[dict[str, Any]]:
+    raw = os.environ.get(ENV)
+    if not raw:
+        return []
+    data = json.loads(raw)
+    return data if isinstance(data, list) else [data]
+
+
+def hit(point: str, *, path: Path | None = None) -> None:
+    """Run every hook registered for ``point``; ``path`` is the local file concerned, if any."""
+    for i, hook in enumerate(_hooks()):
+        if hook.get("point") != point:
+            continue
+        with _lock:
+            times = hook.get("times")
+            if times is not None and _fired.get(i, 0) >= int(times):
+                continue
+            _fired[i] = _fired.get(i, 0) + 1
+        action = hook.get("action")
+        if action == "pause":
+            if hook.get("marker"):
+                Path(hook["marker"]).write_text(str(os.getpid()))
+            time.sleep(float(hook.get("seconds", 1)))
+        elif action == "corrupt" and path is not None:
+            os.chmod(path, 0o644)
+            with open(path, "r+b") as f:
+                b = f.read(1)
+                f.seek(0)
+                f.write(bytes([(b[0] if b else 0) ^ 0xFF]))
+            os.chmod(path, 0o444)
+        elif action == "fail":
+            raise RuntimeError(f"test fault at {point}")

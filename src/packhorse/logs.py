@@ -1,0 +1,36 @@
+"""Logging: structlog to stderr (console lines on a terminal, JSON otherwise or when asked).
+
+Machine-readable command output goes to stdout alone; logs and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(level: str = "INFO", *, json: bool | None = None) -> None:
+    """Configure structlog and the standard logging module.
+
+    Args:
+        level: ``DEBUG``/``INFO``/``WARNING``/``ERROR``.
+        json: JSON lines; default: JSON unless stderr is a terminal.
+    """
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    use_json = (not sys.stderr.isatty()) if json is None else json
+    renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr)

@@ -1,0 +1,81 @@
+"""Data transfer package manager: bundle raw data packages for shipping.
+
+Packages built at a source site's buffer and not yet bundled are taken in id order and
+bundled once they reach ``bundle_target_bytes``. The rest waits until the oldest of them has
+waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (``run
+--until-idle`` sets it when nothing else is pending).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
+from ..domain import CopyStatus, LocationRole, OperationKind
+from ..operations import create_operation, dedup_key
+from ..stages.base import StageContext
+
+
+def manage(ctx: StageContext, *, flush: bool = False) -> tuple[int, float | None]:
+    """Create bundles; returns ``(created, seconds until a partial bundle is due or None)``."""
+    created = 0
+    due_in: float | None = None
+    cfg = ctx.settings.packaging
+    for site in {l.site for l in ctx.settings.locations if l.role is LocationRole.SOURCE}:
+        if ctx.settings.route_from(site) is None:
+            continue
+        buf = ctx.settings.buffer_of(site).name
+        buf_id = ctx.topology.location_ids[buf]
+        site_id = ctx.topology.site_ids[site]
+
+        def tx(s: Session) -> tuple[int, float | None]:
+            rows = s.execute(
+                select(RawDataPackage.id, RawDataPackage.size, PhysicalCopy.created_at)
+                .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
+                .where(RawDataPackage.data_transfer_package_id.is_(None), PhysicalCopy.location_id == buf_id,
+                       PhysicalCopy.status == CopyStatus.PRESENT.value)
+                .order_by(RawDataPackage.id)
+            ).all()
+            groups: list[list[int]] = []
+            cur: list[int] = []
+            size = 0
+            for pkg_id, pkg_size, _ in rows:
+                cur.append(pkg_id)
+                size += pkg_size or 0
+                if size >= cfg.bundle_target_bytes:
+                    groups.append(cur)
+                    cur, size = [], 0
+            wait: float | None = None
+            if cur:
+                oldest = min(r[2] for r in rows if r[0] in set(cur))
+                age = (utcnow() - oldest).total_seconds()
+                if flush or age >= cfg.bundle_max_wait_seconds:
+                    groups.append(cur)
+                else:
+                    wait = cfg.bundle_max_wait_seconds - age
+            n = 0
+            for ids in groups:
+                now = utcnow()
+                dtp = DataTransferPackage(name=f"tmp-{now.timestamp()}-{ids[0]}", source_site_id=site_id,
+                                          created_at=now, bagging_date=now.strftime("%Y-%m-%d"),
+                                          package_count=len(ids))
+                s.add(dtp)
+                s.flush()
+                dtp.name = f"{site}-{now.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{dtp.id:06d}"
+                s.execute(update(RawDataPackage).where(RawDataPackage.id.in_(ids))
+                          .values(data_transfer_package_id=dtp.id))
+                create_operation(s, kind=OperationKind.DATA_TRANSFER_PACKAGE,
+                                 dedup_key=dedup_key(OperationKind.DATA_TRANSFER_PACKAGE, f"dtp{dtp.id}"),
+                                 site_id=site_id, max_retries=ctx.settings.recovery.max_retries,
+                                 data_transfer_package_id=dtp.id, destination_location_id=buf_id)
+                n += 1
+            return n, wait
+
+        n, wait = ctx.db.transact(tx)
+        created += n
+        if wait is not None:
+            due_in = wait if due_in is None else min(due_in, wait)
+    return created, due_in

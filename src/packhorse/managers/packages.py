@@ -1,0 +1,103 @@
+"""Raw data package manager: group registered, unpackaged files into packages.
+
+Files of one group (see :func:`~packhorse.managers.scan.group_of`) form one package, split
+at ``max_package_bytes`` (a larger file gets a package of its own). A group that already has
+a package gets a new one with a suffixed name (``a/b+2``, ``a/b+3``, ...). Files shallower
+than ``group_depth`` form a package of their own folder (``_root`` for the location root).
+Groups with unsettled files wait. Each package and its operation are created in one
+transaction.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from ..db.models import RawDataFile, RawDataPackage, utcnow
+from ..domain import LocationRole, OperationKind
+from ..operations import create_operation, dedup_key
+from ..stages.base import StageContext
+
+ROOT_GROUP_NAME = "_root"
+
+
+def _name_for(group: str, taken: set[str]) -> str:
+    base = group or ROOT_GROUP_NAME
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}+{n}" in taken:
+        n += 1
+    return f"{base}+{n}"
+
+
+def _split(files: list[RawDataFile], limit: int) -> list[list[RawDataFile]]:
+    parts: list[list[RawDataFile]] = []
+    cur: list[RawDataFile] = []
+    size = 0
+    for f in sorted(files, key=lambda f: f.relative_path.encode()):
+        if cur and size + f.size > limit:
+            parts.append(cur)
+            cur, size = [], 0
+        cur.append(f)
+        size += f.size
+    if cur:
+        parts.append(cur)
+    return parts
+
+
+def manage(ctx: StageContext, unsettled: dict[str, set[str]]) -> int:
+    """Create packages (and their ``raw_data_package`` operations); returns how many."""
+    created = 0
+    for loc in ctx.settings.locations:
+        if loc.role is not LocationRole.SOURCE or not loc.active:
+            continue
+        route = ctx.settings.route_from(loc.site)
+        if route is None:
+            continue
+        loc_id = ctx.topology.location_ids[loc.name]
+        buffer_name = ctx.settings.buffer_of(loc.site).name
+        waiting = unsettled.get(loc.name, set())
+
+        def groups(s: Session) -> list[str]:
+            return list(s.scalars(select(RawDataFile.group_path).where(
+                RawDataFile.location_id == loc_id, RawDataFile.raw_data_package_id.is_(None)).distinct()))
+
+        for group in sorted(ctx.db.transact(groups)):
+            if group in waiting:
+                continue
+
+            def tx(s: Session, group: str = group) -> int:
+                files = list(s.scalars(select(RawDataFile).where(
+                    RawDataFile.location_id == loc_id, RawDataFile.group_path == group,
+                    RawDataFile.raw_data_package_id.is_(None))))
+                if not files:
+                    return 0
+                base = group or ROOT_GROUP_NAME
+                taken = set(s.scalars(select(RawDataPackage.name).where(
+                    (RawDataPackage.name == base) | RawDataPackage.name.like(f"{base}+%"))))
+                n = 0
+                for part in _split(files, ctx.settings.packaging.max_package_bytes):
+                    now = utcnow()
+                    name = _name_for(group, taken)
+                    taken.add(name)
+                    pkg = RawDataPackage(name=name, group_path=group, source_location_id=loc_id, created_at=now,
+                                         bagging_date=now.strftime("%Y-%m-%d"), file_count=len(part),
+                                         payload_bytes=sum(f.size for f in part))
+                    s.add(pkg)
+                    s.flush()
+                    ids = [f.id for f in part]
+                    for i in range(0, len(ids), 500):
+                        s.execute(update(RawDataFile).where(RawDataFile.id.in_(ids[i:i + 500]))
+                                  .values(raw_data_package_id=pkg.id))
+                    create_operation(s, kind=OperationKind.RAW_DATA_PACKAGE,
+                                     dedup_key=dedup_key(OperationKind.RAW_DATA_PACKAGE, f"rdp{pkg.id}"),
+                                     site_id=ctx.topology.site_ids[loc.site],
+                                     max_retries=ctx.settings.recovery.max_retries, raw_data_package_id=pkg.id,
+                                     source_location_id=loc_id,
+                                     destination_location_id=ctx.topology.location_ids[buffer_name])
+                    n += 1
+                return n
+
+            created += ctx.db.transact(tx)
+    return created

@@ -1,0 +1,189 @@
+"""Scanning: register new files of every source location (size, sha256, mtime).
+
+Idempotent registration, no operation row (issue #2, stage 1). Rules:
+
+* Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
+  *unsettled* and is not packaged yet.
+* A file whose size or mtime changes while it is hashed is not registered this cycle.
+* Symlinks are not followed; unreadable files, special files, names that are not UTF-8, and
+  registered files modified afterwards are recorded in ``skipped_files`` with a reason (shown by
+  ``packhorse status``); the rest of the tree goes on.
+* Hashing runs on a thread pool (sha256 releases the GIL); no transaction is open meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat as st
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from ..db.models import RawDataFile, SkippedFile, utcnow
+from ..domain import LocationRole, StorageType
+from ..stages.base import StageContext
+
+
+@dataclass
+class ScanResult:
+    """What one scan cycle did: ``registered`` files, ``unsettled_groups`` (per location name),
+    ``skipped`` files (path, reason) and ``pending_settle`` files waiting for ``settle_seconds``."""
+
+    registered: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    unsettled_groups: dict[str, set[str]] = field(default_factory=dict)
+    pending_settle: int = 0
+    next_settle_at: float | None = None
+
+
+def group_of(relative_path: str, depth: int) -> str:
+    """The package group of a file: its first ``depth`` folders, or its own folder if shallower."""
+    parts = relative_path.split("/")
+    folders = parts[:-1]
+    return "/".join(folders[:depth]) if len(folders) >= depth else "/".join(folders)
+
+
+def _printable(name: str) -> str:
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: list[tuple[str, str]]) -> None:
+    try:
+        entries = list(os.scandir(os.path.join(root, rel) if rel else root))
+    except OSError as e:
+        skipped.append((_printable(rel or "."), f"folder not readable: {e.strerror}"))
+        return
+    for entry in sorted(entries, key=lambda e: e.name):
+        path = f"{rel}/{entry.name}" if rel else entry.name
+        try:
+            s = entry.stat(follow_symlinks=False)
+        except OSError as e:
+            skipped.append((_printable(path), f"cannot stat: {e.strerror}"))
+            continue
+        if st.S_ISLNK(s.st_mode):
+            skipped.append((_printable(path), "symbolic link (not followed)"))
+        elif st.S_ISDIR(s.st_mode):
+            _walk(root, path, out, skipped)
+        elif not st.S_ISREG(s.st_mode):
+            skipped.append((_printable(path), "not a regular file"))
+        else:
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:
+                skipped.append((_printable(path), "file name is not valid UTF-8"))
+                continue
+            out.append((path, s))
+
+
+def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]:
+    """Return ``("ok", sha)``, ``("changed", None)`` or ``("error", reason)``."""
+    path = os.path.join(root, rel)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        return "error", f"not readable: {e.strerror}"
+    try:
+        with os.fdopen(fd, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as e:
+        return "error", f"read error: {e.strerror}"
+    try:
+        after = os.lstat(path)
+    except OSError:
+        return "changed", None
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        return "changed", None
+    return "ok", digest
+
+
+def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) -> ScanResult:
+    """Scan one source location and register what is new and settled."""
+    settings = ctx.settings
+    root = str(settings.location_path(location))
+    loc_id = ctx.topology.location_ids[location]
+    result = ScanResult()
+    found: list[tuple[str, os.stat_result]] = []
+    if not os.path.isdir(root):
+        result.skipped.append((".", f"source folder {root} does not exist"))
+    else:
+        _walk(root, "", found, result.skipped)
+
+    registered = dict(ctx.db.transact(lambda s: {
+        r.relative_path: (r.size, r.mtime_ns) for r in s.execute(
+            select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns)
+            .where(RawDataFile.location_id == loc_id))
+    }))
+    now = time.time()
+    settle = settings.packaging.settle_seconds
+    depth = settings.packaging.group_depth
+    unsettled: set[str] = set()
+    todo: list[tuple[str, os.stat_result]] = []
+    for path, s in found:
+        known = registered.get(path)
+        if known is not None:
+            if known != (s.st_size, s.st_mtime_ns):
+                result.skipped.append((path, "modified after it was registered (size or mtime differs); "
+                                             "the registered version is the one packaged"))
+            continue
+        if now - s.st_mtime < settle:
+            unsettled.add(group_of(path, depth))
+            result.pending_settle += 1
+            ready_at = s.st_mtime + settle
+            result.next_settle_at = ready_at if result.next_settle_at is None else min(result.next_settle_at, ready_at)
+            continue
+        todo.append((path, s))
+
+    rows: list[dict[str, object]] = []
+    for (path, s), (state, value) in zip(todo, pool.map(lambda t: _hash(root, t[0], t[1]), todo)):
+        if state == "ok":
+            rows.append(dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
+                             size=s.st_size, sha256=value, mtime_ns=s.st_mtime_ns))
+        elif state == "changed":
+            unsettled.add(group_of(path, depth))
+            result.pending_settle += 1
+            result.next_settle_at = now + max(settle, 0.5)
+        else:
+            result.skipped.append((path, str(value)))
+    result.unsettled_groups[location] = unsettled
+
+    def tx(s: Session) -> int:
+        stamp = utcnow()
+        if rows:
+            s.execute(RawDataFile.__table__.insert(), [dict(r, registered_at=stamp) for r in rows])
+            paths = [r["relative_path"] for r in rows]
+            for i in range(0, len(paths), 500):
+                s.execute(delete(SkippedFile).where(SkippedFile.location_id == loc_id,
+                                                    SkippedFile.relative_path.in_(paths[i:i + 500])))
+        existing = {k.relative_path: k for k in s.scalars(select(SkippedFile).where(SkippedFile.location_id == loc_id))}
+        for path, reason in result.skipped:
+            row = existing.get(path)
+            if row is None:
+                s.add(SkippedFile(location_id=loc_id, relative_path=path, reason=reason,
+                                  first_seen_at=stamp, last_seen_at=stamp))
+            else:
+                row.reason, row.last_seen_at = reason, stamp
+        return len(rows)
+
+    result.registered = ctx.db.transact(tx)
+    return result
+
+
+def scan_all(ctx: StageContext, pool: ThreadPoolExecutor) -> ScanResult:
+    """Scan every active disk source location; merge the results."""
+    total = ScanResult()
+    for loc in ctx.settings.locations:
+        if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
+            continue
+        r = scan_location(ctx, loc.name, pool)
+        total.registered += r.registered
+        total.skipped += r.skipped
+        total.pending_settle += r.pending_settle
+        total.unsettled_groups.update(r.unsettled_groups)
+        if r.next_settle_at is not None:
+            total.next_settle_at = r.next_settle_at if total.next_settle_at is None else min(total.next_settle_at,
+                                                                                              r.next_settle_at)
+    return total

@@ -1,0 +1,348 @@
+"""The operation lifecycle: create, claim, heartbeat, complete, fail, reset — every write fenced.
+
+``PENDING → SCHEDULED → IN_PROGRESS → COMPLETED | FAILED`` (DESIGN.md "Vocabulary").
+
+* :func:`create_operation` is idempotent on the operation's ``dedup_key`` (kind, subject,
+  destination): managers may call it every cycle.
+* :func:`claim` moves a ``PENDING``/``SCHEDULED`` operation to ``IN_PROGRESS``, increments
+  ``attempt`` — the **fencing token** — and grants a lease until ``lease_expires_at``.
+* :func:`heartbeat`, :func:`complete_in` and :func:`record_failure` are compare-and-set on
+  ``(id, attempt, status = IN_PROGRESS)``: a stale attempt's writes change nothing (I3); its
+  failure is still appended as a failure event.
+* :func:`reset_stalled` hands expired leases back to ``PENDING`` (the lease recovery of
+  ``packhorse run``; circuit breakers come with the recovery issue).
+
+All times are UTC; durations are seconds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import socket
+import traceback as tb
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from .db.models import FailureEvent, Operation, utcnow
+from .db.session import Database
+from .domain import OperationKind, Status
+
+#: Exceptions that no retry can fix (issue #3, layer 1).
+PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    PermissionError,
+    NotADirectoryError,
+    IsADirectoryError,
+)
+TRACEBACK_MAX_CHARS = 8000
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A granted lease: run operation ``operation_id`` as attempt ``attempt`` (the fencing token)."""
+
+    operation_id: int
+    kind: OperationKind
+    attempt: int
+    owner: str
+    expires_at: dt.datetime
+
+
+def worker_identity(suffix: str = "") -> str:
+    """``host:pid[:suffix]`` — who holds a lease."""
+    import os
+
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":{suffix}" if suffix else "")
+
+
+def create_operation(
+    session: Session,
+    *,
+    kind: OperationKind,
+    dedup_key: str,
+    site_id: int,
+    max_retries: int,
+    raw_data_package_id: int | None = None,
+    data_transfer_package_id: int | None = None,
+    physical_copy_id: int | None = None,
+    source_location_id: int | None = None,
+    destination_location_id: int | None = None,
+) -> Operation | None:
+    """Create a ``PENDING`` operation unless one with ``dedup_key`` exists.
+
+    Returns:
+        the new operation, or ``None`` if it already existed (idempotent).
+    """
+    if session.scalar(select(Operation.id).where(Operation.dedup_key == dedup_key)) is not None:
+        return None
+    now = utcnow()
+    op = Operation(
+        kind=kind.value, status=Status.PENDING.value, dedup_key=dedup_key, site_id=site_id,
+        max_retries=max_retries, raw_data_package_id=raw_data_package_id,
+        data_transfer_package_id=data_transfer_package_id, physical_copy_id=physical_copy_id,
+        source_location_id=source_location_id, destination_location_id=destination_location_id,
+        attempt=0, retry_count=0, stall_count=0, created_at=now, updated_at=now, bytes_done=0,
+    )
+    try:
+        with session.begin_nested():
+            session.add(op)
+            session.flush()
+    except IntegrityError:
+        return None
+    return op
+
+
+def dedup_key(kind: OperationKind, subject: str, destination: str | None = None) -> str:
+    """The unique key of an operation: ``kind:subject[->destination]``."""
+    return f"{kind.value}:{subject}" + (f"->{destination}" if destination else "")
+
+
+def claim(db: Database, operation_id: int, owner: str, lease_seconds: float) -> Claim | None:
+    """Try to take the lease on a runnable operation.
+
+    Succeeds only if the operation is ``PENDING`` or ``SCHEDULED`` and its retry backoff has
+    passed. Returns ``None`` otherwise (already running under a lease, finished, or not yet due):
+    the caller must then do nothing (a duplicate delivery).
+    """
+
+    def tx(s: Session) -> Claim | None:
+        now = utcnow()
+        expires = now + dt.timedelta(seconds=lease_seconds)
+        row = s.execute(
+            update(Operation)
+            .where(
+                Operation.id == operation_id,
+                Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
+                (Operation.not_before.is_(None)) | (Operation.not_before <= now),
+            )
+            .values(
+                status=Status.IN_PROGRESS.value, attempt=Operation.attempt + 1, lease_owner=owner,
+                lease_expires_at=expires, heartbeat_at=now, started_at=now, updated_at=now, bytes_done=0,
+            )
+            .returning(Operation.attempt, Operation.kind)
+        ).first()
+        if row is None:
+            return None
+        return Claim(operation_id, OperationKind(row.kind), row.attempt, owner, expires)
+
+    return db.transact(tx)
+
+
+def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int | None = None) -> bool:
+    """Renew the lease of ``claim`` (fenced). Returns ``False`` if the token is no longer current."""
+
+    def tx(s: Session) -> bool:
+        now = utcnow()
+        values: dict[str, Any] = dict(lease_expires_at=now + dt.timedelta(seconds=lease_seconds), heartbeat_at=now)
+        if bytes_done is not None:
+            values["bytes_done"] = bytes_done
+        res = s.execute(
+            update(Operation)
+            .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
+                   Operation.status == Status.IN_PROGRESS.value)
+            .values(**values)
+        )
+        return res.rowcount == 1
+
+    return db.transact(tx)
+
+
+def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -> bool:
+    """Mark the claimed attempt ``COMPLETED`` inside the caller's transaction (fenced).
+
+    Returns ``False`` if the attempt is stale; the caller must then roll back whatever else it
+    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`).
+    """
+    now = utcnow()
+    values: dict[str, Any] = dict(status=Status.COMPLETED.value, finished_at=now, updated_at=now,
+                                  lease_owner=None, lease_expires_at=None, error_context=None)
+    if bytes_done is not None:
+        values["bytes_done"] = bytes_done
+    res = session.execute(
+        update(Operation)
+        .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
+               Operation.status == Status.IN_PROGRESS.value)
+        .values(**values)
+    )
+    return res.rowcount == 1
+
+
+# ------------------------------------------------------------------------------ failures
+
+
+def is_retryable(exc: BaseException, retry_count: int, max_retries: int) -> bool:
+    """Classify a failure (issue #3 layer 1): permanent builtins and ``is_retryable = False``
+    errors never retry; otherwise retry while ``retry_count`` is below the cap (the exception's
+    own ``max_retries`` if it carries one, else the operation's)."""
+    if isinstance(exc, PERMANENT_BUILTINS):
+        return False
+    if getattr(exc, "is_retryable", True) is False:
+        return False
+    cap = getattr(exc, "max_retries", None)
+    return retry_count < (cap if isinstance(cap, int) else max_retries)
+
+
+def backoff_seconds(retry_count: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter, capped: ``uniform(0.5, 1) × min(cap, base × 2^n)``."""
+    return min(cap, base * (2 ** retry_count)) * (0.5 + random.random() / 2)
+
+
+def build_error_context(
+    exc: BaseException,
+    *,
+    kind: OperationKind,
+    operation_id: int,
+    task_id: str,
+    retry_count: int,
+    will_retry: bool,
+    operation_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The one error-context dict of a failure (DESIGN.md "Error context"); built once.
+
+    The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail.
+    """
+    text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+    if len(text) > TRACEBACK_MAX_CHARS:
+        text = "[... traceback cut ...]\n" + text[-TRACEBACK_MAX_CHARS:]
+    ctx: dict[str, Any] = {
+        "error_type": type(exc).__name__,
+        "message": str(exc),
+        "operation_kind": kind.value,
+        "operation_id": operation_id,
+        "task_id": task_id,
+        "task_name": f"packhorse.{kind.value}",
+        "retry_count": retry_count,
+        "will_retry": will_retry,
+        "timestamp": utcnow().isoformat(),
+        "operation_info": operation_info or {},
+        "traceback": text,
+    }
+    for field in ("step", "side", "path", "host", "diagnosis"):
+        value = getattr(exc, field, None)
+        if value is not None:
+            ctx[field] = value
+    if ctx.get("diagnosis"):
+        ctx["diagnosis_source"] = "boundary"
+    return ctx
+
+
+def append_failure_event(db: Database, claim: Claim, retry_count: int, ctx: dict[str, Any]) -> None:
+    """Append a failure event in its own transaction (survives the operation's rollback)."""
+
+    def tx(s: Session) -> None:
+        s.add(FailureEvent(
+            operation_id=claim.operation_id, kind=claim.kind.value, attempt=claim.attempt,
+            retry_count=retry_count, error_type=ctx["error_type"], message=ctx["message"][:4000],
+            will_retry=bool(ctx["will_retry"]), error_context=ctx, created_at=utcnow(),
+        ))
+
+    db.transact(tx)
+
+
+@dataclass(frozen=True)
+class FailureOutcome:
+    """What :func:`record_failure` did: ``status`` written (or ``None`` if the attempt was
+    stale), whether it will retry, and the error context."""
+
+    status: Status | None
+    will_retry: bool
+    error_context: dict[str, Any]
+
+
+def record_failure(
+    db: Database,
+    claim: Claim,
+    exc: BaseException,
+    *,
+    backoff_base: float,
+    backoff_max: float,
+    operation_info: dict[str, Any] | None = None,
+) -> FailureOutcome:
+    """The single failure path of every kind: classify, build the error context once, append a
+    failure event, then (fenced) reset for retry or mark ``FAILED``.
+
+    A retry sets ``PENDING``, ``retry_count + 1``, clears the cached error context and sets
+    ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context.
+    """
+    op = db.transact(lambda s: s.get(Operation, claim.operation_id))
+    assert op is not None
+    will_retry = is_retryable(exc, op.retry_count, op.max_retries)
+    ctx = build_error_context(exc, kind=claim.kind, operation_id=claim.operation_id, task_id=
+                              f"{claim.owner}#{claim.attempt}", retry_count=op.retry_count,
+                              will_retry=will_retry, operation_info=operation_info)
+    append_failure_event(db, claim, op.retry_count, ctx)
+
+    def tx(s: Session) -> Status | None:
+        now = utcnow()
+        where = (Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
+                 Operation.status == Status.IN_PROGRESS.value)
+        if will_retry:
+            values: dict[str, Any] = dict(
+                status=Status.PENDING.value, retry_count=Operation.retry_count + 1, error_context=None,
+                not_before=now + dt.timedelta(seconds=backoff_seconds(op.retry_count, backoff_base, backoff_max)),
+                lease_owner=None, lease_expires_at=None, updated_at=now,
+            )
+            new = Status.PENDING
+        else:
+            values = dict(status=Status.FAILED.value, error_context=ctx, finished_at=now, updated_at=now,
+                          lease_owner=None, lease_expires_at=None)
+            new = Status.FAILED
+        res = s.execute(update(Operation).where(*where).values(**values))
+        return new if res.rowcount == 1 else None
+
+    return FailureOutcome(db.transact(tx), will_retry, ctx)
+
+
+# ------------------------------------------------------------------------------ recovery
+
+
+def reset_stalled(db: Database) -> list[int]:
+    """Reset every ``IN_PROGRESS`` operation whose lease expired to ``PENDING`` (stall counted,
+    a ``Stalled`` failure event appended). Returns the ids reset."""
+    now = utcnow()
+
+    def find(s: Session) -> list[tuple[int, str, int, int]]:
+        return [tuple(r) for r in s.execute(
+            select(Operation.id, Operation.kind, Operation.attempt, Operation.retry_count).where(
+                Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < now)
+        )]  # type: ignore[misc]
+
+    reset: list[int] = []
+    for op_id, kind, attempt, retry_count in db.transact(find):
+        def tx(s: Session, op_id: int = op_id, attempt: int = attempt, kind: str = kind,
+               retry_count: int = retry_count) -> bool:
+            res = s.execute(
+                update(Operation)
+                .where(Operation.id == op_id, Operation.attempt == attempt,
+                       Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < now)
+                .values(status=Status.PENDING.value, stall_count=Operation.stall_count + 1,
+                        lease_owner=None, lease_expires_at=None, updated_at=utcnow())
+            )
+            if res.rowcount != 1:
+                return False
+            ctx = {"error_type": "Stalled", "message": f"lease of attempt {attempt} expired without completion",
+                   "operation_kind": kind, "operation_id": op_id, "retry_count": retry_count,
+                   "will_retry": True, "timestamp": utcnow().isoformat()}
+            s.add(FailureEvent(operation_id=op_id, kind=kind, attempt=attempt, retry_count=retry_count,
+                               error_type="Stalled", message=ctx["message"], will_retry=True,
+                               error_context=ctx, created_at=utcnow()))
+            return True
+
+        if db.transact(tx):
+            reset.append(op_id)
+    return reset
+
+
+def counts_by_kind_status(session: Session) -> dict[str, dict[str, int]]:
+    """``{kind: {STATUS: n}}`` over every operation."""
+    out: dict[str, dict[str, int]] = {}
+    for kind, status, n in session.execute(
+        select(Operation.kind, Operation.status, func.count()).group_by(Operation.kind, Operation.status)
+    ):
+        out.setdefault(kind, {})[status] = n
+    return out

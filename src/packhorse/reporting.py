@@ -1,0 +1,128 @@
+"""Read-only reports shared by the CLI (and later the API): status, failed operations, verify.
+
+Shapes are documented on each function; sizes are bytes, times ISO 8601 UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from .db.models import (
+    DataLocation,
+    Operation,
+    PhysicalCopy,
+    RawDataFile,
+    RawDataPackage,
+    SkippedFile,
+    utcnow,
+)
+from .domain import CopyStatus, Status
+from .operations import counts_by_kind_status
+from .stages.base import StageContext
+
+
+def failed_operations(session: Session) -> list[dict[str, Any]]:
+    """``[{"id", "kind", "error_type", "message", "diagnosis", "path"}]`` for every FAILED operation."""
+    out = []
+    for op in session.scalars(select(Operation).where(Operation.status == Status.FAILED.value).order_by(Operation.id)):
+        ec = op.error_context or {}
+        out.append({"id": op.id, "kind": op.kind, "error_type": ec.get("error_type"), "message": ec.get("message"),
+                    "diagnosis": ec.get("diagnosis"), "path": ec.get("path")})
+    return out
+
+
+def status_report(ctx: StageContext) -> dict[str, Any]:
+    """The ``packhorse status --json`` document.
+
+    ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"},
+    "copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
+    "files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
+    "generated_at": ISO time}``. ``copies`` counts present copies only.
+    """
+
+    def tx(s: Session) -> dict[str, Any]:
+        ops = counts_by_kind_status(s)
+        total = s.scalar(select(func.count()).select_from(RawDataPackage)) or 0
+        archived = s.scalar(select(func.count()).select_from(RawDataPackage)
+                            .where(RawDataPackage.archived_at.is_not(None))) or 0
+        failed_ops = select(Operation.raw_data_package_id, Operation.data_transfer_package_id).where(
+            Operation.status == Status.FAILED.value).subquery()
+        failed = s.scalar(select(func.count(func.distinct(RawDataPackage.id))).where(
+            RawDataPackage.id.in_(select(failed_ops.c.raw_data_package_id))
+            | RawDataPackage.data_transfer_package_id.in_(select(failed_ops.c.data_transfer_package_id)))) or 0
+        copies: dict[str, dict[str, int]] = {}
+        for name, n, b in s.execute(
+            select(DataLocation.name, func.count(PhysicalCopy.id), func.coalesce(func.sum(PhysicalCopy.size), 0))
+            .join(PhysicalCopy, PhysicalCopy.location_id == DataLocation.id)
+            .where(PhysicalCopy.status == CopyStatus.PRESENT.value).group_by(DataLocation.name)
+        ):
+            copies[name] = {"count": int(n), "bytes": int(b)}
+        for loc in ctx.settings.locations:
+            copies.setdefault(loc.name, {"count": 0, "bytes": 0})
+        skipped = [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
+            select(DataLocation.name, SkippedFile.relative_path, SkippedFile.reason)
+            .join(DataLocation, DataLocation.id == SkippedFile.location_id).order_by(SkippedFile.relative_path))]
+        nfiles, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(RawDataFile.size), 0))).one()
+        unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
+                              .where(RawDataFile.raw_data_package_id.is_(None))) or 0
+        return {
+            "operations": ops,
+            "packages": {"total": total, "archived": archived, "failed": failed},
+            "copies": copies,
+            "skipped": skipped,
+            "files": {"registered": int(nfiles), "bytes": int(nbytes), "unpackaged": unpackaged},
+            "failed_operations": failed_operations(s),
+            "generated_at": utcnow().isoformat(),
+        }
+
+    return ctx.db.transact(tx)
+
+
+def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, Any]:
+    """Re-read every present copy (optionally of one location) through its backend (I4).
+
+    Returns ``{"checked": n, "ok": n, "missing": [{"location", "path"}], "corrupt": [{"location",
+    "path", "expected", "actual"}]}``. Copies that verify get a fresh ``verified_at``; a problem
+    is reported, not repaired (the fixity audit repairs).
+    """
+
+    def load(s: Session) -> list[tuple[int, str, str, int, str]]:
+        q = (select(PhysicalCopy.id, DataLocation.name, PhysicalCopy.path, PhysicalCopy.size, PhysicalCopy.sha256)
+             .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+             .where(PhysicalCopy.status == CopyStatus.PRESENT.value).order_by(PhysicalCopy.id))
+        if location:
+            q = q.where(DataLocation.name == location)
+        return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+
+    rows = ctx.db.transact(load)
+    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": []}
+    ok_ids: list[int] = []
+    for copy_id, loc, path, size, sha in rows:
+        report["checked"] += 1
+        try:
+            backend = ctx.backend(loc)
+            info = backend.stat(path)
+        except Exception as e:  # unknown location, unsafe path: a problem with this copy
+            report["missing"].append({"location": loc, "path": path, "error": str(e)})
+            continue
+        if info is None:
+            report["missing"].append({"location": loc, "path": path})
+            continue
+        actual = backend.sha256(path)
+        if info.size != size or actual != sha:
+            report["corrupt"].append({"location": loc, "path": path, "expected": sha, "actual": actual})
+        else:
+            report["ok"] += 1
+            ok_ids.append(copy_id)
+
+    def stamp(s: Session) -> None:
+        now = utcnow()
+        for i in range(0, len(ok_ids), 500):
+            for c in s.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(ok_ids[i:i + 500]))):
+                c.verified_at = now
+
+    ctx.db.transact(stamp)
+    return report

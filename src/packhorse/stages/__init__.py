@@ -1,0 +1,26 @@
+"""One module per operation kind: what the stage does, given a claimed operation.
+
+:data:`STAGES` maps every runnable :class:`~packhorse.domain.OperationKind` to its function;
+``tests/unit/test_owners.py`` checks that every kind × status pair has an owner (I5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..domain import OperationKind
+from . import archive, bundle, deletion, package, transfer, unpack
+from .base import Recorder, Work
+
+StageFn = Callable[[Work], Recorder]
+
+STAGES: dict[OperationKind, StageFn] = {
+    OperationKind.RAW_DATA_PACKAGE: package.run,
+    OperationKind.DATA_TRANSFER_PACKAGE: bundle.run,
+    OperationKind.TRANSFER: transfer.run,
+    OperationKind.UNPACK: unpack.run,
+    OperationKind.LONG_TERM_ARCHIVE: archive.run,
+    OperationKind.DELETION: deletion.run,
+}
+
+__all__ = ["STAGES", "Recorder", "StageFn", "Work"]

@@ -1,0 +1,39 @@
+"""``long_term_archive``: write a raw data package once into a long-term archive, verified.
+
+Idempotent (I3): if the archive already holds the same bytes the operation completes without
+rewriting; different bytes raise :class:`~packhorse.errors.DestinationConflictError` (I2).
+Publication is conditional (no-replace) and the object is re-read through its backend before
+the copy is recorded (I4). The package is marked archived when every long-term archive of
+every destination site of its route holds a verified copy.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from ..db.models import RawDataPackage
+from ..topology import raw_package_key
+from .base import Recorder, Work, copy_object, record_copy
+
+
+def run(work: Work) -> Recorder:
+    """Copy the package from the destination buffer to the archive; record the archive copy."""
+    ctx = work.ctx
+    pkg = ctx.db.transact(lambda s: s.get(RawDataPackage, work.op.raw_data_package_id))
+    assert pkg is not None and pkg.size is not None and pkg.sha256 is not None
+    src_name = ctx.location_name(work.op.source_location_id)
+    dst_name = ctx.location_name(work.op.destination_location_id)
+    key = raw_package_key(pkg.name)
+    work.info.update(package=pkg.name, source=src_name, destination=dst_name, key=key)
+    copy_object(work, ctx.backend(src_name), key, ctx.backend(dst_name), key, size=pkg.size, sha256=pkg.sha256,
+                point="long_term_archive")
+    location_id = ctx.topology.location_ids[dst_name]
+    size, sha, pkg_id = pkg.size, pkg.sha256, pkg.id
+
+    def record(s: Session) -> None:
+        from ..managers.policy import mark_archived_if_complete
+
+        record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
+        mark_archived_if_complete(s, ctx, pkg_id)
+
+    return record

@@ -1,0 +1,182 @@
+"""What every stage shares: the claimed work, byte copying with verification, copy records.
+
+A stage function takes a :class:`Work` (a claimed operation with its lease keeper) and does
+the bytes outside any database transaction. It returns a :data:`Recorder`: a function run
+inside the fenced completion transaction to record its results (physical copies, package
+sizes). If the attempt is stale the transaction rolls back and nothing is recorded (I3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .. import faults
+from ..config import Settings
+from ..db.models import Operation, PhysicalCopy, utcnow
+from ..db.session import Database
+from ..domain import LIVE_COPY_STATUSES, CopyStatus
+from ..errors import DestinationConflictError, VerificationError
+from ..lease import LeaseKeeper
+from ..operations import Claim
+from ..storage.base import CHUNK_BYTES, PublishResult, StorageBackend
+from ..storage.disk import DiskBackend
+from ..topology import Topology
+
+Recorder = Callable[[Session], None]
+
+
+@dataclass
+class StageContext:
+    """Process-wide things a stage needs: settings, database, topology, backends."""
+
+    settings: Settings
+    db: Database
+    topology: Topology
+    _backends: dict[str, StorageBackend] = field(default_factory=dict)
+
+    def backend(self, location: str) -> StorageBackend:
+        """The (cached) storage backend of data location ``location``."""
+        b = self._backends.get(location)
+        if b is None:
+            from ..storage.registry import backend_for
+
+            b = self._backends[location] = backend_for(self.settings, location)
+        return b
+
+    def location_name(self, location_id: int | None) -> str:
+        """Name of data location ``location_id``."""
+        assert location_id is not None
+        return self.topology.location_names[location_id]
+
+
+@dataclass
+class Work:
+    """One claimed operation being run: the claim, a snapshot of its row, its lease keeper."""
+
+    ctx: StageContext
+    claim: Claim
+    op: Operation
+    lease: LeaseKeeper
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Stop (raise :class:`~packhorse.errors.LeaseLostError`) if the lease is lost."""
+        self.lease.check()
+
+    def progress(self, nbytes: int) -> None:
+        """Count ``nbytes`` more payload bytes done; also checks the lease."""
+        self.lease.add_bytes(nbytes)
+        self.lease.check()
+
+
+def verify_object(backend: StorageBackend, key: str, sha256: str, *, step: str = "verify") -> None:
+    """Re-read ``key`` through ``backend`` and compare with ``sha256`` (I4).
+
+    Raises:
+        VerificationError: naming the location and key.
+    """
+    actual = backend.sha256(key)
+    if actual != sha256:
+        raise VerificationError(
+            f"{backend.location}:{key}: read back sha256 {actual}, expected {sha256}",
+            step=step, side="destination", path=key, host=backend.location,
+        )
+
+
+def already_there(backend: StorageBackend, key: str, size: int | None, sha256: str | None) -> bool:
+    """True if ``key`` already holds exactly ``size`` bytes with ``sha256`` (checked by reading).
+
+    Raises:
+        DestinationConflictError: the key holds different bytes (I2): never overwritten.
+    """
+    info = backend.stat(key)
+    if info is None or sha256 is None or size is None:
+        return False
+    if info.size == size and backend.sha256(key) == sha256:
+        return True
+    raise DestinationConflictError(
+        f"{backend.location}: {key!r} already holds different bytes than expected "
+        f"(size {info.size} vs {size}); left untouched",
+        step="publish", side="destination", path=key, host=backend.location,
+        diagnosis="an object with this name but other content is already stored here",
+    )
+
+
+def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expected_sha256: str | None,
+                     point: str) -> PublishResult:
+    """Publish a finished :class:`~packhorse.storage.PendingWrite` and verify it by re-reading.
+
+    Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
+    publishing) and ``<point>.published`` (between publishing and verification).
+    """
+    faults.hit(f"{point}.write")
+    work.check()
+    result = pending.publish(expected_sha256)
+    faults.hit(f"{point}.published", path=backend.local_path(pending.key))
+    verify_object(backend, pending.key, result.sha256)
+    return result
+
+
+def clear_partials(backend: StorageBackend, key: str) -> None:
+    """Remove partial writes an earlier, crashed attempt left for ``key``."""
+    if isinstance(backend, DiskBackend):
+        backend.remove_partials_of(key)
+
+
+def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBackend, dst_key: str, *,
+                size: int, sha256: str, point: str) -> PublishResult:
+    """Copy one object between backends, write-once, verified (I2, I4).
+
+    If the destination already holds the same bytes nothing is written ("already there").
+    The bytes are hashed while copied and compared with ``sha256`` *before* publishing, so a
+    bad copy is never published; after publishing the object is re-read and verified.
+
+    Raises:
+        DestinationConflictError: the destination holds different bytes.
+        VerificationError: the bytes read from the source or back from the destination differ.
+        LeaseLostError: the lease was lost; nothing is published.
+    """
+    if already_there(dst, dst_key, size, sha256):
+        return PublishResult(dst_key, size, sha256, already_there=True)
+    clear_partials(dst, dst_key)
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
+    with src.open_read(src_key) as f, dst.open_write(dst_key) as w:
+        while True:
+            n = f.readinto(buf)  # type: ignore[attr-defined]
+            if not n:
+                break
+            w.write(view[:n])
+            work.progress(n)
+        return publish_verified(work, w, dst, expected_sha256=sha256, point=point)
+
+
+def record_copy(session: Session, *, location_id: int, key: str, size: int, sha256: str,
+                raw_data_package_id: int | None = None, data_transfer_package_id: int | None = None,
+                verified_at: dt.datetime | None = None) -> PhysicalCopy:
+    """Record a verified, present copy unless a live one exists (idempotent; I3)."""
+    q = select(PhysicalCopy).where(PhysicalCopy.location_id == location_id,
+                                   PhysicalCopy.status.in_([s.value for s in LIVE_COPY_STATUSES]))
+    if raw_data_package_id is not None:
+        q = q.where(PhysicalCopy.raw_data_package_id == raw_data_package_id)
+    else:
+        q = q.where(PhysicalCopy.data_transfer_package_id == data_transfer_package_id)
+    existing = session.scalars(q).first()
+    if existing is not None:
+        if existing.sha256 != sha256:
+            raise DestinationConflictError(
+                f"copy record at location {location_id} has sha256 {existing.sha256}, new copy {sha256}")
+        existing.verified_at = verified_at or utcnow()
+        return existing
+    copy = PhysicalCopy(raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
+                        location_id=location_id, path=key, size=size, sha256=sha256,
+                        status=CopyStatus.PRESENT.value, created_at=utcnow(), verified_at=verified_at or utcnow())
+    session.add(copy)
+    session.flush()
+    return copy

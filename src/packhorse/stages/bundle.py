@@ -1,0 +1,67 @@
+"""``data_transfer_package``: bundle raw data packages into one bag tar at the source buffer.
+
+The bundle's payload is the raw package tars, ``data/<package name>.tar``; its manifest
+carries their sha256 so the destination verifies each one on unpack.
+"""
+
+from __future__ import annotations
+
+import calendar
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import DataTransferPackage, RawDataPackage
+from ..errors import DestinationConflictError
+from ..packaging import PayloadFile, write_bag_tar
+from ..topology import bundle_key, raw_package_key
+from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+
+
+def run(work: Work) -> Recorder:
+    """Build, publish and verify the bundle tar; record its size, sha256 and buffer copy."""
+    ctx = work.ctx
+    dtp_id = work.op.data_transfer_package_id
+
+    def load(s: Session) -> tuple[DataTransferPackage, list[RawDataPackage]]:
+        dtp = s.get(DataTransferPackage, dtp_id)
+        assert dtp is not None
+        pkgs = list(s.scalars(select(RawDataPackage).where(RawDataPackage.data_transfer_package_id == dtp_id)))
+        return dtp, pkgs
+
+    dtp, pkgs = ctx.db.transact(load)
+    buf_name = ctx.location_name(work.op.destination_location_id)
+    buf = ctx.backend(buf_name)
+    key = bundle_key(dtp.name)
+    work.info.update(bundle=dtp.name, destination=buf_name, key=key)
+    if already_there(buf, key, dtp.size, dtp.sha256):
+        size, sha = dtp.size, dtp.sha256
+    else:
+        mtime = calendar.timegm(dtp.created_at.utctimetuple())
+        payload = [
+            PayloadFile(path=f"{p.name}.tar", size=p.size or 0, sha256=p.sha256 or "", mtime=mtime,
+                        open=(lambda k=raw_package_key(p.name): buf.open_read(k)))
+            for p in pkgs
+        ]
+        site = ctx.topology.site_name(dtp.source_site_id)
+        clear_partials(buf, key)
+        with buf.open_write(key) as w:
+            write_bag_tar(w, bag_dir=dtp.name, files=payload,
+                          bag_info={"Packhorse-Source-Site": site, "Packhorse-Package-Count": str(len(pkgs))},
+                          bagging_date=dtp.bagging_date, external_identifier=dtp.name, tag_mtime=mtime,
+                          on_bytes=work.progress)
+            result = publish_verified(work, w, buf, expected_sha256=dtp.sha256, point="data_transfer_package")
+        size, sha = result.size, result.sha256
+    assert size is not None and sha is not None
+    location_id = ctx.topology.location_ids[buf_name]
+
+    def record(s: Session) -> None:
+        row = s.get(DataTransferPackage, dtp_id)
+        assert row is not None
+        if row.sha256 is None:
+            row.size, row.sha256 = size, sha
+        elif row.sha256 != sha:
+            raise DestinationConflictError(f"bundle {row.name!r} rebuilt with sha256 {sha}, recorded {row.sha256}")
+        record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, data_transfer_package_id=dtp_id)
+
+    return record

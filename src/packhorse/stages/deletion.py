@@ -1,0 +1,104 @@
+"""``deletion``: free a buffer copy (or, if configured, the source files) once it is safe.
+
+The safety rule of :mod:`packhorse.managers.policy` is checked again when the operation runs,
+not only when it was created (I1): if it no longer holds, the operation fails permanently and
+nothing is deleted. The copy is marked ``deletion_pending`` before its bytes go and
+``deleted`` after, so a crash in between is finished by the retry.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
+from ..domain import CopyStatus
+from ..errors import PermanentError
+from .base import Recorder, Work
+
+
+class DeletionNotSafeError(PermanentError):
+    """The deletion rule (I1) does not hold for this copy right now; nothing was deleted."""
+
+
+def run(work: Work) -> Recorder:
+    """Delete one buffer copy, or the source files of one archived package."""
+    if work.op.physical_copy_id is None:
+        return _delete_source_files(work)
+    from ..managers.policy import may_delete_bundle_copy, may_delete_raw_copy
+
+    ctx = work.ctx
+    copy_id = work.op.physical_copy_id
+
+    def mark(s: Session) -> PhysicalCopy:
+        copy = s.get(PhysicalCopy, copy_id)
+        assert copy is not None
+        if copy.status == CopyStatus.DELETED.value:
+            return copy
+        if copy.raw_data_package_id is not None:
+            safe = may_delete_raw_copy(s, ctx, copy)
+        else:
+            from ..db.models import DataTransferPackage
+
+            dtp = s.get(DataTransferPackage, copy.data_transfer_package_id)
+            assert dtp is not None
+            safe = may_delete_bundle_copy(s, ctx, dtp.id, ctx.topology.site_name(dtp.source_site_id))
+        if not safe:
+            raise DeletionNotSafeError(
+                f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: "
+                "not enough verified archive copies elsewhere", step="deletion",
+                path=copy.path, host=ctx.location_name(copy.location_id))
+        copy.status = CopyStatus.DELETION_PENDING.value
+        return copy
+
+    copy = ctx.db.transact(mark)
+    loc = ctx.location_name(copy.location_id)
+    work.info.update(location=loc, key=copy.path)
+    if copy.status != CopyStatus.DELETED.value:
+        work.check()
+        ctx.backend(loc).delete(copy.path)
+
+    def record(s: Session) -> None:
+        row = s.get(PhysicalCopy, copy_id)
+        assert row is not None
+        if row.status != CopyStatus.DELETED.value:
+            row.status = CopyStatus.DELETED.value
+            row.deleted_at = utcnow()
+
+    return record
+
+
+def _delete_source_files(work: Work) -> Recorder:
+    ctx = work.ctx
+    pkg_id = work.op.raw_data_package_id
+
+    def load(s: Session) -> list[RawDataFile]:
+        pkg = s.get(RawDataPackage, pkg_id)
+        assert pkg is not None
+        if pkg.archived_at is None:
+            raise DeletionNotSafeError(f"package {pkg.name!r} is not archived; its source files stay",
+                                       step="deletion", side="source")
+        return list(s.scalars(select(RawDataFile).where(RawDataFile.raw_data_package_id == pkg_id,
+                                                        RawDataFile.source_deleted_at.is_(None))))
+
+    files = ctx.db.transact(load)
+    loc = ctx.location_name(work.op.source_location_id)
+    backend = ctx.backend(loc)
+    work.info.update(location=loc, files=len(files))
+    ids: list[int] = []
+    for f in files:
+        work.check()
+        info = backend.stat(f.relative_path)
+        if info is None:
+            ids.append(f.id)  # already gone
+        elif info.size == f.size and backend.sha256(f.relative_path) == f.sha256:
+            backend.delete(f.relative_path)
+            ids.append(f.id)
+        # a file rewritten since registration is not ours to delete: it stays
+
+    def record(s: Session) -> None:
+        now = utcnow()
+        for row in s.scalars(select(RawDataFile).where(RawDataFile.id.in_(ids))):
+            row.source_deleted_at = now
+
+    return record

@@ -1,0 +1,83 @@
+"""``raw_data_package``: build a raw data package's BagIt tar at the source site's buffer.
+
+The tar is deterministic (DESIGN.md I3): a rebuild after a crash yields the same bytes and
+meets "already there". Source bytes are checked against the sha256 registered by the scan
+while they stream into the tar (I4); the published tar is re-read and verified.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import RawDataFile, RawDataPackage
+from ..errors import DestinationConflictError
+from ..packaging import PayloadFile, write_bag_tar
+from ..topology import raw_package_key
+from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+
+
+def bag_dir_name(name: str) -> str:
+    """Top folder of a package's bag inside its tar: the name with ``/`` turned into ``__``."""
+    return name.replace("/", "__")
+
+
+def _epoch(d: dt.datetime) -> int:
+    return calendar.timegm(d.utctimetuple())
+
+
+def run(work: Work) -> Recorder:
+    """Build, publish and verify the package tar; record its size, sha256 and buffer copy."""
+    ctx = work.ctx
+    pkg_id = work.op.raw_data_package_id
+
+    def load(s: Session) -> tuple[RawDataPackage, list[RawDataFile]]:
+        pkg = s.get(RawDataPackage, pkg_id)
+        assert pkg is not None
+        files = list(s.scalars(select(RawDataFile).where(RawDataFile.raw_data_package_id == pkg_id)))
+        return pkg, files
+
+    pkg, files = ctx.db.transact(load)
+    src = ctx.backend(ctx.location_name(work.op.source_location_id))
+    dst_name = ctx.location_name(work.op.destination_location_id)
+    dst = ctx.backend(dst_name)
+    key = raw_package_key(pkg.name)
+    work.info.update(package=pkg.name, destination=dst_name, key=key)
+
+    if already_there(dst, key, pkg.size, pkg.sha256):
+        size, sha = pkg.size, pkg.sha256
+    else:
+        payload = [
+            PayloadFile(path=f.relative_path, size=f.size, sha256=f.sha256, mtime=f.mtime_ns // 1_000_000_000,
+                        open=(lambda p=f.relative_path: src.open_read(p)))
+            for f in files
+        ]
+        loc = ctx.settings.location(ctx.location_name(pkg.source_location_id))
+        bag_info = {
+            "Packhorse-Group": pkg.group_path,
+            "Packhorse-Source-Site": loc.site,
+            "Packhorse-Source-Location": loc.name,
+        }
+        clear_partials(dst, key)
+        with dst.open_write(key) as w:
+            write_bag_tar(w, bag_dir=bag_dir_name(pkg.name), files=payload, bag_info=bag_info,
+                          bagging_date=pkg.bagging_date, external_identifier=pkg.name,
+                          tag_mtime=_epoch(pkg.created_at), on_bytes=work.progress)
+            result = publish_verified(work, w, dst, expected_sha256=pkg.sha256, point="raw_data_package")
+        size, sha = result.size, result.sha256
+    assert size is not None and sha is not None
+    location_id = ctx.topology.location_ids[dst_name]
+
+    def record(s: Session) -> None:
+        row = s.get(RawDataPackage, pkg_id)
+        assert row is not None
+        if row.sha256 is None:
+            row.size, row.sha256 = size, sha
+        elif row.sha256 != sha:
+            raise DestinationConflictError(f"package {row.name!r} rebuilt with sha256 {sha}, recorded {row.sha256}")
+        record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
+
+    return record

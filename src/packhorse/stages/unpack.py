@@ -1,0 +1,74 @@
+"""``unpack``: take the raw data packages out of a bundle at a destination buffer.
+
+The bundle tar is read once, as a stream: every member is checked (no absolute names, no
+``..``, no links, only regular files under the bag; I6), every raw package tar is copied to
+its own object while both its sha256 and its own bag (manifest, tag manifest, Payload-Oxum)
+are verified, the bundle's manifest is checked against what was read, and each published raw
+package is re-read and verified (I4). The bundle must carry exactly the packages the
+database says it does.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import DataTransferPackage, RawDataPackage
+from ..errors import VerificationError
+from ..packaging import TeeReader, read_bag_tar
+from ..topology import bundle_key, raw_package_key
+from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+
+
+def run(work: Work) -> Recorder:
+    """Unpack and verify every raw package of the bundle; record their copies at this buffer."""
+    ctx = work.ctx
+    dtp_id = work.op.data_transfer_package_id
+
+    def load(s: Session) -> tuple[DataTransferPackage, list[RawDataPackage]]:
+        dtp = s.get(DataTransferPackage, dtp_id)
+        assert dtp is not None
+        return dtp, list(s.scalars(select(RawDataPackage).where(RawDataPackage.data_transfer_package_id == dtp_id)))
+
+    dtp, pkgs = ctx.db.transact(load)
+    buf_name = ctx.location_name(work.op.destination_location_id)
+    buf = ctx.backend(buf_name)
+    key = bundle_key(dtp.name)
+    work.info.update(bundle=dtp.name, location=buf_name, key=key)
+    by_path = {f"{p.name}.tar": p for p in pkgs}
+    done: list[tuple[int, str, int, str]] = []
+
+    def on_payload(path: str, size: int, stream: BinaryIO) -> None:
+        pkg = by_path.get(path)
+        if pkg is None:
+            raise VerificationError(f"{buf_name}:{key}: bundle carries {path!r}, which is not one of its packages",
+                                    path=path, step="unpack")
+        pkey = raw_package_key(pkg.name)
+        if already_there(buf, pkey, pkg.size, pkg.sha256):
+            done.append((pkg.id, pkey, size, pkg.sha256 or ""))
+            return
+        clear_partials(buf, pkey)
+        with buf.open_write(pkey) as w:
+            tee = TeeReader(stream, w)
+            read_bag_tar(tee, source=f"{buf_name}:{key}:{path}")  # the raw package's own bag
+            tee.drain()
+            work.progress(tee.size)
+            result = publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
+        done.append((pkg.id, pkey, result.size, result.sha256))
+
+    with buf.open_read(key) as f:
+        read_bag_tar(f, source=f"{buf_name}:{key}", on_payload=on_payload)
+    seen_ids = {d[0] for d in done}
+    missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
+    if missing:
+        raise VerificationError(f"{buf_name}:{key}: bundle lacks {len(missing)} package(s), e.g. {missing[0]!r}",
+                                step="unpack")
+    location_id = ctx.topology.location_ids[buf_name]
+
+    def record(s: Session) -> None:
+        for pkg_id, pkey, size, sha in done:
+            record_copy(s, location_id=location_id, key=pkey, size=size, sha256=sha, raw_data_package_id=pkg_id)
+
+    return record

@@ -1,0 +1,178 @@
+"""The storage backend interface and its contract (DESIGN.md "Architecture", I2, I4, I6).
+
+Every backend stores *objects* under *keys* relative to its data location's root. A key is
+a POSIX-style relative path of non-empty components: no ``..``, no ``.``, no leading ``/``,
+no NUL, no backslash; :func:`check_key` enforces this (I6) and raises
+:class:`~packhorse.errors.UnsafePathError` naming the key.
+
+Contract (tested for every backend by ``tests/conformance``):
+
+* :meth:`StorageBackend.open_write` returns a :class:`PendingWrite`. Bytes written to it are
+  invisible under the final key until :meth:`PendingWrite.publish`.
+* :meth:`PendingWrite.publish` is atomic and conditional: it creates the key only if it does
+  not exist (disk: hard link or ``renameat2(RENAME_NOREPLACE)``; never exists-then-rename).
+  If the key exists with the same size and sha256 the result is ``already_there=True``; with
+  different bytes it raises :class:`~packhorse.errors.DestinationConflictError` and leaves the
+  object untouched. Published objects are never overwritten (I2).
+* If ``expected_sha256`` is given to ``publish`` and the bytes written do not match, nothing
+  is published and :class:`~packhorse.errors.VerificationError` is raised.
+* :meth:`StorageBackend.sha256` re-reads the stored object through the backend (I4); callers
+  verify with it after publishing, never with the hash of the bytes as they were written.
+* A crash at any point leaves either nothing or the complete object under the key; partial
+  files carry the suffix :data:`PARTIAL_SUFFIX` and are removed by
+  :meth:`StorageBackend.cleanup_partials`.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import UnsafePathError
+
+#: Suffix of in-progress (unpublished) files on disk backends.
+PARTIAL_SUFFIX = ".packhorse-partial"
+#: Read/write block size used when streaming payload bytes (bytes).
+CHUNK_BYTES = 1 << 20
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative object key, else raise :class:`UnsafePathError`."""
+    if not isinstance(key, str) or not key:
+        raise UnsafePathError(f"empty object key {key!r}", path=str(key))
+    if key.startswith("/") or "\\" in key or "\x00" in key:
+        raise UnsafePathError(f"unsafe object key {key!r}: absolute or contains a backslash/NUL", path=key)
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafePathError(f"unsafe object key {key!r}: empty, '.' or '..' component", path=key)
+    if parts[-1].endswith(PARTIAL_SUFFIX):
+        raise UnsafePathError(f"object key {key!r} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
+    return key
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a backend knows about a stored object: ``key``, ``size`` (bytes), ``mtime`` (UTC s)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Outcome of :meth:`PendingWrite.publish`: the stored object's ``size`` and ``sha256``.
+
+    ``already_there`` is true when the key already held exactly these bytes (I2 "already there").
+    """
+
+    key: str
+    size: int
+    sha256: str
+    already_there: bool
+
+
+class PendingWrite(abc.ABC):
+    """An object being written, not yet visible under its key. Use as a context manager:
+    leaving the block without :meth:`publish` (or with an exception) aborts the write.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append ``data``; returns the number of bytes written. Hashes as it goes."""
+        self._hash.update(data)
+        self._write(data)
+        self.size += len(data)
+        return len(data)
+
+    @property
+    def sha256(self) -> str:
+        """sha256 (hex) of the bytes written so far."""
+        return self._hash.hexdigest()
+
+    @property
+    def local_path(self) -> Path | None:
+        """A local file an external command may write instead (disk backends), else ``None``.
+
+        After the command, call :meth:`adopt_local_file` before :meth:`publish`.
+        """
+        return None
+
+    def adopt_local_file(self) -> None:
+        """Re-hash :attr:`local_path` after an external program wrote it."""
+        raise NotImplementedError("this backend has no local file for external commands")
+
+    @abc.abstractmethod
+    def _write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def publish(self, expected_sha256: str | None = None) -> PublishResult:
+        """Make the object visible under its key, atomically and only if the key is free.
+
+        Raises:
+            VerificationError: ``expected_sha256`` given and the written bytes differ.
+            DestinationConflictError: the key holds different bytes (nothing overwritten).
+        """
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Discard the bytes written; idempotent."""
+
+    def __enter__(self) -> "PendingWrite":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.closed:
+            self.abort()
+
+
+class StorageBackend(abc.ABC):
+    """One data location's storage. See the module docstring for the contract.
+
+    Attributes:
+        location: the data location's name (used in error messages).
+    """
+
+    location: str
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None:
+        """Return the object's info, or ``None`` if there is no object under ``key``."""
+
+    @abc.abstractmethod
+    def open_read(self, key: str) -> BinaryIO:
+        """Open the object for reading. Raises :class:`~packhorse.errors.SourceMissingError`."""
+
+    @abc.abstractmethod
+    def open_write(self, key: str) -> PendingWrite:
+        """Start a write-once write of ``key`` (see :class:`PendingWrite`)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove the object; returns ``False`` if it was already gone."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield every published object whose key starts with ``prefix``, sorted by key."""
+
+    @abc.abstractmethod
+    def cleanup_partials(self, older_than_seconds: float) -> int:
+        """Remove unpublished partial writes older than this; returns how many were removed."""
+
+    def local_path(self, key: str) -> Path | None:
+        """The object's local file path if the backend is a local filesystem, else ``None``."""
+        return None
+
+    def sha256(self, key: str) -> str:
+        """Re-read the stored object through the backend and return its sha256 (hex) (I4)."""
+        with self.open_read(key) as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()

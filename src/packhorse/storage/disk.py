@@ -1,0 +1,268 @@
+"""Disk backend: a folder on a local or mounted filesystem.
+
+Publication (DESIGN.md I2): bytes go to ``.<name>.<random>.packhorse-partial`` in the
+destination folder, are fsynced, then published with a primitive that fails when the name
+exists: ``link(2)`` (or ``renameat2(RENAME_NOREPLACE)`` where hard links are not supported),
+then the folder is fsynced. Never exists-then-rename.
+
+Confinement (I6): keys are checked by :func:`~packhorse.storage.base.check_key`; every folder
+on the way to an object must resolve inside the root (no symlink escapes) and the object
+itself is opened with ``O_NOFOLLOW``: a destination symlink is never followed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import (
+    DestinationConflictError,
+    SourceMissingError,
+    UnsafePathError,
+    VerificationError,
+)
+from .base import PARTIAL_SUFFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _renameat2_noreplace(src: str, dst: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), dst)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DiskPendingWrite(PendingWrite):
+    def __init__(self, backend: "DiskBackend", key: str, final: Path) -> None:
+        super().__init__(key)
+        self._backend = backend
+        self._final = final
+        self._tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        self._file = os.fdopen(fd, "wb", buffering=0)
+
+    @property
+    def local_path(self) -> Path:
+        return self._tmp
+
+    def adopt_local_file(self) -> None:
+        self._file.close()
+        try:
+            with open(self._tmp, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256")
+        except FileNotFoundError:
+            raise VerificationError(
+                f"{self._backend.location}: the transfer command left no file for {self.key!r}",
+                side="destination", path=self.key, host=self._backend.location,
+            ) from None
+        self._hash = digest
+        self.size = os.stat(self._tmp).st_size
+        self._file = open(self._tmp, "ab", buffering=0)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        self._file.write(data)
+
+    def publish(self, expected_sha256: str | None = None) -> PublishResult:
+        try:
+            sha = self.sha256
+            if expected_sha256 is not None and sha != expected_sha256:
+                raise VerificationError(
+                    f"{self._backend.location}:{self.key}: bytes written have sha256 {sha}, "
+                    f"expected {expected_sha256}; nothing published",
+                    step="publish", side="destination", path=self.key, host=self._backend.location,
+                )
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.chmod(self._tmp, 0o444)
+            try:
+                try:
+                    os.link(self._tmp, self._final, follow_symlinks=False)
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                        raise
+                    _renameat2_noreplace(str(self._tmp), str(self._final))
+                already = False
+            except FileExistsError:
+                already = True
+            if already:
+                self._backend.check_same(self.key, self.size, sha)
+            _fsync_dir(self._final.parent)
+            return PublishResult(self.key, self.size, sha, already_there=already)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+        self.closed = True
+
+
+class DiskBackend(StorageBackend):
+    """A data location stored in folder ``root`` (created if missing).
+
+    Args:
+        location: the data location's name, for messages.
+        root: absolute path of the location's root folder.
+    """
+
+    def __init__(self, location: str, root: Path | str) -> None:
+        self.location = location
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._real_root = Path(os.path.realpath(self.root))
+
+    # -- paths --------------------------------------------------------------------
+    def _path(self, key: str, *, create_parents: bool = False) -> Path:
+        check_key(key)
+        path = self.root / key
+        if create_parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        parent_real = Path(os.path.realpath(path.parent))
+        if parent_real != self._real_root and self._real_root not in parent_real.parents:
+            raise UnsafePathError(
+                f"{self.location}: {key!r} resolves outside the location root (symlink escape)",
+                path=key, host=self.location,
+            )
+        return path
+
+    def local_path(self, key: str) -> Path:
+        """Absolute path of ``key`` under the root (checked for confinement)."""
+        return self._path(key)
+
+    # -- interface ----------------------------------------------------------------
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            st = os.lstat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not os.path.stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(f"{self.location}: {key!r} is not a regular file", path=key, host=self.location)
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def open_read(self, key: str) -> BinaryIO:
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            raise SourceMissingError(
+                f"{self.location}: {key!r} does not exist", side="source", path=key, host=self.location
+            ) from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePathError(f"{self.location}: {key!r} is a symlink", path=key, host=self.location) from None
+            raise
+        return os.fdopen(fd, "rb")
+
+    def open_write(self, key: str) -> PendingWrite:
+        return _DiskPendingWrite(self, key, self._path(key, create_parents=True))
+
+    def check_same(self, key: str, size: int, sha256: str) -> None:
+        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes."""
+        info = self.stat(key)
+        if info is None:
+            raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key)
+        if info.size != size or self.sha256(key) != sha256:
+            raise DestinationConflictError(
+                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
+                f"expected {size} with sha256 {sha256}); it is left untouched",
+                step="publish", side="destination", path=key, host=self.location,
+                diagnosis="an object with this name but other content is already archived here",
+            )
+
+    def delete(self, key: str) -> bool:
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        _fsync_dir(path.parent)
+        # prune empty folders up to the root
+        parent = path.parent
+        while parent != self.root and self.root in parent.parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for name in filenames:
+                if name.endswith(PARTIAL_SUFFIX):
+                    continue
+                key = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    continue
+                if os.path.stat.S_ISREG(st.st_mode):
+                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        out.sort(key=lambda o: o.key)
+        return iter(out)
+
+    def cleanup_partials(self, older_than_seconds: float) -> int:
+        removed = 0
+        cutoff = time.time() - older_than_seconds
+        for dirpath, _dirs, filenames in os.walk(self.root):
+            for name in filenames:
+                if name.endswith(PARTIAL_SUFFIX):
+                    p = os.path.join(dirpath, name)
+                    try:
+                        if os.lstat(p).st_mtime <= cutoff:
+                            os.unlink(p)
+                            removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
+
+    def remove_partials_of(self, key: str) -> int:
+        """Remove leftover partial writes of ``key`` (an earlier, crashed attempt's)."""
+        path = self._path(key)
+        removed = 0
+        if not path.parent.is_dir():
+            return 0
+        for p in path.parent.glob(f".{glob_escape(path.name)}.*{PARTIAL_SUFFIX}"):
+            try:
+                os.unlink(p)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return removed
+
+
+def glob_escape(name: str) -> str:
+    """Escape glob metacharacters in a file name."""
+    import glob
+
+    return glob.escape(name)

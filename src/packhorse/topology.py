@@ -1,0 +1,89 @@
+"""Mirror the configured sites and data locations into the ops database (ids for foreign keys).
+
+A location removed from the configuration stays in the database (its copies still exist) and
+is marked inactive. Keys of stored objects are fixed here: one naming rule for every location.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .config import Settings
+from .db.models import DataLocation, Site
+from .db.session import Database
+from .domain import LocationRole
+
+
+def raw_package_key(name: str) -> str:
+    """Object key of raw data package ``name`` at any location: ``raw/<name>.tar``."""
+    return f"raw/{name}.tar"
+
+
+def bundle_key(name: str) -> str:
+    """Object key of data transfer package ``name`` at any location: ``bundles/<name>.tar``."""
+    return f"bundles/{name}.tar"
+
+
+@dataclass
+class Topology:
+    """Name ↔ id maps of sites and data locations, and each location's role and site."""
+
+    site_ids: dict[str, int] = field(default_factory=dict)
+    location_ids: dict[str, int] = field(default_factory=dict)
+    location_names: dict[int, str] = field(default_factory=dict)
+    location_site: dict[str, str] = field(default_factory=dict)
+    location_role: dict[str, LocationRole] = field(default_factory=dict)
+
+    def site_name(self, site_id: int) -> str:
+        """The name of site ``site_id``."""
+        for name, i in self.site_ids.items():
+            if i == site_id:
+                return name
+        raise KeyError(site_id)
+
+
+def sync_topology(db: Database, settings: Settings) -> Topology:
+    """Insert/update sites and locations from ``settings``; return the id maps."""
+
+    def tx(s: Session) -> Topology:
+        topo = Topology()
+        existing_sites = {x.name: x for x in s.scalars(select(Site))}
+        for site in settings.sites:
+            row = existing_sites.get(site.name)
+            if row is None:
+                row = Site(name=site.name)
+                s.add(row)
+                s.flush()
+            topo.site_ids[site.name] = row.id
+        for name, row in existing_sites.items():
+            topo.site_ids.setdefault(name, row.id)
+        existing = {x.name: x for x in s.scalars(select(DataLocation))}
+        configured = set()
+        for loc in settings.locations:
+            configured.add(loc.name)
+            uri = str(settings.location_path(loc.name)) if loc.path else loc.name
+            row = existing.get(loc.name)
+            if row is None:
+                row = DataLocation(name=loc.name, site_id=topo.site_ids[loc.site], role=loc.role.value,
+                                   storage_type=loc.storage.value, uri=uri, active=loc.active)
+                s.add(row)
+                s.flush()
+            else:
+                row.site_id = topo.site_ids[loc.site]
+                row.role, row.storage_type, row.uri, row.active = loc.role.value, loc.storage.value, uri, loc.active
+            topo.location_ids[loc.name] = row.id
+            topo.location_names[row.id] = loc.name
+            topo.location_site[loc.name] = loc.site
+            topo.location_role[loc.name] = loc.role
+        for name, row in existing.items():
+            if name not in configured:
+                row.active = False
+                topo.location_ids[name] = row.id
+                topo.location_names[row.id] = name
+                topo.location_role[name] = LocationRole(row.role)
+        return topo
+
+    return db.transact(tx)
