@@ -2,7 +2,8 @@
 
 Never set it in production. The value is JSON: a list of hooks, each
 ``{"point": NAME, "action": ACTION, ...}``. Points are hit by the stages, e.g.
-``long_term_archive.write`` (after the first chunk is written, before publishing) and
+``long_term_archive.writing`` (after the first chunk is written), ``long_term_archive.write``
+(every byte written, just before publishing) and
 ``long_term_archive.published`` (after publishing, before verification). Actions:
 
 * ``"pause"``: create the file ``marker`` (if given), then sleep ``seconds``.

@@ -114,6 +114,7 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
 
     Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
     publishing) and ``<point>.published`` (between publishing and verification).
+    :func:`copy_object` also hits ``<point>.writing`` after its first chunk.
     """
     faults.hit(f"{point}.write")
     work.check()
@@ -148,11 +149,15 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)
     with src.open_read(src_key) as f, dst.open_write(dst_key) as w:
+        first = True
         while True:
             n = f.readinto(buf)  # type: ignore[attr-defined]
             if not n:
                 break
             w.write(view[:n])
+            if first:
+                faults.hit(f"{point}.writing")
+                first = False
             work.progress(n)
         return publish_verified(work, w, dst, expected_sha256=sha256, point=point)
 

@@ -1,0 +1,173 @@
+"""Crash and stale-worker scenarios with real processes (issue #2 "Done means").
+
+* ``packhorse run`` SIGKILLed while a long-term archive write is in progress, then restarted:
+  exactly one copy per package per archive, all verified, no partial files left.
+* The same archive operation run by two processes, the first paused (SIGSTOP) past its lease
+  and resumed after the second finished: one object, one COMPLETED, the stale attempt's
+  writes rejected and its failure recorded as an event.
+* A fault hook corrupts the destination between publish and verification: the operation
+  does not complete (verification re-reads through the backend).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
+from packhorse.domain import CopyStatus, OperationKind, Status
+from packhorse.operations import reset_stalled
+
+from support import SRC, run_packhorse
+from chaos_helpers import context, drive_until_kind_exists, make_source
+
+LTA_DIRS = ("sites/cologne/archive", "sites/cornell/archive")
+
+
+def _partials(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".packhorse-partial")]
+
+
+def _wait_for(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.05)
+
+
+def _archived_payloads(lta: Path) -> dict[str, str]:
+    """{payload path: sha256} over every bag tar in an archive folder."""
+    out: dict[str, str] = {}
+    for tar_path in sorted(lta.rglob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for m in tar:
+                top, _, rest = m.name.partition("/")
+                if rest.startswith("data/") and m.isreg():
+                    f = tar.extractfile(m)
+                    assert f is not None
+                    path = rest[len("data/"):]
+                    assert path not in out, f"{path} archived twice in {lta}"
+                    out[path] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
+    cfg = site_config()
+    site = cfg.parent
+    files = make_source(site / "source")
+    marker = tmp_path / "writing"
+    faults = [{"point": "long_term_archive.writing", "action": "pause", "seconds": 120, "marker": str(marker),
+               "times": 1}]
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_FAULTS": json.dumps(faults)}
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(cfg), "--until-idle", "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(marker)
+        # the writer is mid-write: its partial file exists and nothing is published under its key
+        assert any(_partials(site / d) for d in LTA_DIRS)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+
+    rerun = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet")
+    assert rerun.returncode == 0, rerun.stderr
+
+    expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    for d in LTA_DIRS:
+        assert _archived_payloads(site / d) == expected
+    assert not [p for p in site.rglob("*") if p.name.endswith(".packhorse-partial")]
+    ctx = context(cfg)
+    with ctx.db.session() as s:
+        pkgs = s.scalars(select(RawDataPackage)).all()
+        assert pkgs and all(p.archived_at is not None for p in pkgs)
+        for lta in ("cologne-lta", "cornell-lta"):
+            loc_id = ctx.topology.location_ids[lta]
+            for p in pkgs:
+                copies = s.scalars(select(PhysicalCopy).where(PhysicalCopy.raw_data_package_id == p.id,
+                                                              PhysicalCopy.location_id == loc_id)).all()
+                assert len(copies) == 1 and copies[0].status == CopyStatus.PRESENT.value
+        lta_ops = s.scalars(select(Operation).where(Operation.kind == OperationKind.LONG_TERM_ARCHIVE.value)).all()
+        assert len(lta_ops) == 2 * len(pkgs)
+        assert all(o.status == Status.COMPLETED.value for o in lta_ops)
+        # the killed attempt was found by lease recovery
+        assert s.scalars(select(FailureEvent).where(FailureEvent.error_type == "Stalled")).first() is not None
+    verify = run_packhorse("verify", "-c", str(cfg), "--json")
+    assert verify.returncode == 0, verify.stdout
+    report = json.loads(verify.stdout)
+    assert report["checked"] == report["ok"] == 2 * len(pkgs)
+
+
+@pytest.mark.slow
+def test_stale_worker_paused_past_its_lease(site_config, tmp_path):
+    cfg = site_config(lease_timeout_seconds=2, heartbeat_interval_seconds=0.3)
+    site = cfg.parent
+    make_source(site / "source", groups=1, files_per_group=2, size=4 << 20)
+    ctx = context(cfg)
+    op_ids = drive_until_kind_exists(ctx, OperationKind.LONG_TERM_ARCHIVE)
+    op_id = op_ids[0]
+    marker = tmp_path / "paused"
+    faults = [{"point": "long_term_archive.writing", "action": "pause", "seconds": 1.0, "marker": str(marker)}]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_FAULTS": json.dumps(faults)}
+    first = subprocess.Popen([sys.executable, "-m", "packhorse", "run-operation", "long_term_archive", str(op_id),
+                              "-c", str(cfg)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(marker)
+        os.kill(first.pid, signal.SIGSTOP)
+        time.sleep(2.5)  # past the 2 s lease
+        assert reset_stalled(ctx.db) == [op_id]  # what the monitor does
+        second = run_packhorse("run-operation", "long_term_archive", str(op_id), "-c", str(cfg))
+        assert second.returncode == 0 and second.stdout.strip() == "completed", second.stderr
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    out, errs = first.communicate(timeout=60)
+    assert out.strip() == "stale", errs
+
+    with ctx.db.session() as s:
+        op = s.get(Operation, op_id)
+        assert op is not None and op.status == Status.COMPLETED.value and op.attempt == 2
+        events = s.scalars(select(FailureEvent).where(FailureEvent.operation_id == op_id)).all()
+        assert {(e.attempt, e.error_type) for e in events} >= {(1, "Stalled"), (1, "LeaseLostError")}
+        copies = s.scalars(select(PhysicalCopy).where(PhysicalCopy.raw_data_package_id == op.raw_data_package_id,
+                                                      PhysicalCopy.location_id == op.destination_location_id)).all()
+        assert len(copies) == 1
+        lta = ctx.location_name(op.destination_location_id)
+        key = copies[0].path
+    backend = ctx.backend(lta)
+    assert backend.sha256(key) == copies[0].sha256
+    lta_root = Path(ctx.settings.location_path(lta))
+    assert [p.relative_to(lta_root).as_posix() for p in lta_root.rglob("*") if p.is_file()] == [key]
+
+
+def test_corruption_between_publish_and_verify_is_caught(site_config, monkeypatch):
+    cfg = site_config(max_retries=0)
+    site = cfg.parent
+    make_source(site / "source", groups=1, files_per_group=1, size=1 << 20)
+    ctx = context(cfg)
+    op_id = drive_until_kind_exists(ctx, OperationKind.LONG_TERM_ARCHIVE)[0]
+    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": "long_term_archive.published",
+                                                             "action": "corrupt"}]))
+    from packhorse.worker import Outcome, execute_operation
+
+    assert execute_operation(ctx, op_id, "test") == Outcome.FAILED
+    with ctx.db.session() as s:
+        op = s.get(Operation, op_id)
+        assert op is not None and op.status == Status.FAILED.value
+        assert op.error_context["error_type"] == "VerificationError"
+        assert s.scalars(select(PhysicalCopy).where(
+            PhysicalCopy.location_id == op.destination_location_id)).first() is None
