@@ -271,7 +271,8 @@ def record_failure(
     """
     op = db.transact(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
-    will_retry = is_retryable(exc, op.retry_count, op.max_retries)
+    stale = op.attempt != claim.attempt or op.status != Status.IN_PROGRESS.value
+    will_retry = not stale and is_retryable(exc, op.retry_count, op.max_retries)
     ctx = build_error_context(exc, kind=claim.kind, operation_id=claim.operation_id, task_id=
                               f"{claim.owner}#{claim.attempt}", retry_count=op.retry_count,
                               will_retry=will_retry, operation_info=operation_info)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import tarfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,14 +66,27 @@ class PayloadFile:
     open: Callable[[], BinaryIO] = field(compare=False, repr=False)
 
 
+_ESCAPE = re.compile(r"%(0A|0D|25)", re.IGNORECASE)
+_UNESCAPE = {"0a": "\n", "0d": "\r", "25": "%"}
+
+
 def encode_manifest_path(path: str) -> str:
-    """Percent-encode a payload path for a manifest line (BagIt 1.0 §2.1.3: CR, LF, %)."""
-    return path.replace("%", "%25").replace("\n", "%0A").replace("\r", "%0D")
+    """Encode a payload path for a manifest line.
+
+    CR and LF are always percent-encoded. A ``%`` is encoded as ``%25`` only when the path
+    holds a sequence a reader would decode (``%0A``, ``%0D``, ``%25``, any case): RFC 8493
+    §2.1.3 asks for every ``%`` to be encoded, but the reference ``bagit`` library decodes
+    only CR/LF (LibraryOfCongress/bagit-python#157), so a plain ``50%.txt`` stays as it is and
+    validates with both; only names that would otherwise be ambiguous follow the RFC strictly.
+    """
+    if _ESCAPE.search(path):
+        path = path.replace("%", "%25")
+    return path.replace("\n", "%0A").replace("\r", "%0D")
 
 
 def decode_manifest_path(path: str) -> str:
-    """Inverse of :func:`encode_manifest_path`."""
-    return path.replace("%0A", "\n").replace("%0a", "\n").replace("%0D", "\r").replace("%0d", "\r").replace("%25", "%")
+    """Inverse of :func:`encode_manifest_path` (one pass: ``%0A``, ``%0D``, ``%25``)."""
+    return _ESCAPE.sub(lambda m: _UNESCAPE[m.group(1).lower()], path)
 
 
 def _sort_key(path: str) -> bytes:
@@ -187,7 +201,10 @@ def write_bag_tar(
             except (FileNotFoundError, NotADirectoryError):
                 raise SourceMissingError(f"source file {pf.path!r} is gone", side="source", path=pf.path, step="package") from None
             with src:
-                actual = os.fstat(src.fileno()).st_size if hasattr(src, "fileno") else pf.size
+                try:
+                    actual = os.fstat(src.fileno()).st_size
+                except (AttributeError, OSError, ValueError):  # not an OS file (BytesIO, an HTTP body)
+                    actual = pf.size
                 if actual != pf.size:
                     raise SourceChangedError(
                         f"source file {pf.path!r} is {actual} bytes, registered with {pf.size}",
@@ -246,10 +263,17 @@ class BagContents:
     files: dict[str, str]
 
 
+def _tag_lines(data: bytes) -> list[str]:
+    """Lines of a tag file: ends are LF, CR or CRLF only (BagIt 1.0 §2.1.3); not
+    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur
+    in payload file names."""
+    return re.split(r"\r\n|\r|\n", data.decode("utf-8"))
+
+
 def _parse_manifest(data: bytes, source: str, *, strip: str = "") -> dict[str, str]:
     """Parse ``<sha256>  <path>`` lines into ``{path: sha256}``, removing prefix ``strip``."""
     out: dict[str, str] = {}
-    for line in data.decode("utf-8").splitlines():
+    for line in _tag_lines(data):
         if not line.strip():
             continue
         digest, _, path = line.partition(" ")
@@ -267,7 +291,7 @@ def _parse_manifest(data: bytes, source: str, *, strip: str = "") -> dict[str, s
 
 def _parse_bag_info(data: bytes) -> dict[str, str]:
     info: dict[str, str] = {}
-    for line in data.decode("utf-8").splitlines():
+    for line in _tag_lines(data):
         if ":" in line and not line[:1].isspace():
             k, _, v = line.partition(":")
             info[k.strip()] = v.strip()
@@ -411,6 +435,10 @@ def safe_extract(fileobj: BinaryIO, target: Path, *, source: str) -> list[str]:
     names: list[str] = []
     with tarfile.open(fileobj=fileobj, mode="r|", bufsize=COPY_BUFSIZE) as tar:  # type: ignore[call-overload]
         for member in tar:
+            if member.name.startswith("/") or os.path.isabs(member.name):
+                # the data filter would silently strip the "/"; refuse it like check_member does
+                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: absolute name",
+                                      path=member.name, step="extract")
             try:
                 tar.extract(member, target, filter="data")
             except tarfile.FilterError as e:

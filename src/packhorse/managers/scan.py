@@ -5,7 +5,9 @@ Idempotent registration, no operation row (issue #2, stage 1). Rules:
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
   *unsettled* and is not packaged yet.
 * A file whose size or mtime changes while it is hashed is not registered this cycle.
-* Symlinks are not followed; unreadable files, special files, names that are not UTF-8, and
+* Symlinks are not followed; unreadable files, special files, names that are not UTF-8 or
+  not valid object keys (a backslash, the partial-file suffix; see
+  :func:`~packhorse.storage.base.check_key`), and
   registered files modified afterwards are recorded in ``skipped_files`` with a reason (shown by
   ``packhorse status``); the rest of the tree goes on.
 * Hashing runs on a thread pool (sha256 releases the GIL); no transaction is open meanwhile.
@@ -25,7 +27,9 @@ from sqlalchemy.orm import Session
 
 from ..db.models import RawDataFile, SkippedFile, utcnow
 from ..domain import LocationRole, StorageType
+from ..errors import UnsafePathError
 from ..stages.base import StageContext
+from ..storage.base import check_key
 
 
 @dataclass
@@ -75,6 +79,11 @@ def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: l
                 path.encode("utf-8")
             except UnicodeEncodeError:
                 skipped.append((_printable(path), "file name is not valid UTF-8"))
+                continue
+            try:
+                check_key(path)
+            except UnsafePathError as e:
+                skipped.append((path, f"name not allowed in an archive: {e}"))
                 continue
             out.append((path, s))
 

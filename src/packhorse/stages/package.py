@@ -29,6 +29,16 @@ def _epoch(d: dt.datetime) -> int:
     return calendar.timegm(d.utctimetuple())
 
 
+def _bagging_day_epoch(bagging_date: str) -> int:
+    """Midnight UTC of the Bagging-Date (``YYYY-MM-DD``), used as the tag files' mtime.
+
+    The tar's bytes then depend on the Bagging-Date only, not on the second the package row
+    was created (I3): the same files packaged again on the same day give the same bytes and
+    meet "already there" at a destination instead of a conflict.
+    """
+    return _epoch(dt.datetime.strptime(bagging_date, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc))
+
+
 def run(work: Work) -> Recorder:
     """Build, publish and verify the package tar; record its size, sha256 and buffer copy."""
     ctx = work.ctx
@@ -65,7 +75,7 @@ def run(work: Work) -> Recorder:
         with dst.open_write(key) as w:
             write_bag_tar(w, bag_dir=bag_dir_name(pkg.name), files=payload, bag_info=bag_info,
                           bagging_date=pkg.bagging_date, external_identifier=pkg.name,
-                          tag_mtime=_epoch(pkg.created_at), on_bytes=work.progress)
+                          tag_mtime=_bagging_day_epoch(pkg.bagging_date), on_bytes=work.progress)
             result = publish_verified(work, w, dst, expected_sha256=pkg.sha256, point="raw_data_package")
         size, sha = result.size, result.sha256
     assert size is not None and sha is not None

@@ -140,15 +140,25 @@ class DiskBackend(StorageBackend):
     def _path(self, key: str, *, create_parents: bool = False) -> Path:
         check_key(key)
         path = self.root / key
+        self._confine(key, path.parent)  # before mkdir: never create folders through an escape
         if create_parents:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        parent_real = Path(os.path.realpath(path.parent))
-        if parent_real != self._real_root and self._real_root not in parent_real.parents:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise DestinationConflictError(
+                    f"{self.location}: cannot create the folder of {key!r}: a file of that name is in the way",
+                    step="publish", side="destination", path=key, host=self.location,
+                ) from None
+            self._confine(key, path.parent)
+        return path
+
+    def _confine(self, key: str, folder: Path) -> None:
+        real = Path(os.path.realpath(folder))
+        if real != self._real_root and self._real_root not in real.parents:
             raise UnsafePathError(
                 f"{self.location}: {key!r} resolves outside the location root (symlink escape)",
                 path=key, host=self.location,
             )
-        return path
 
     def local_path(self, key: str) -> Path:
         """Absolute path of ``key`` under the root (checked for confinement)."""
@@ -200,7 +210,10 @@ class DiskBackend(StorageBackend):
             os.unlink(path)
         except FileNotFoundError:
             return False
-        _fsync_dir(path.parent)
+        try:
+            _fsync_dir(path.parent)
+        except FileNotFoundError:
+            pass  # a concurrent delete already pruned the folder (it was empty): nothing to sync
         # prune empty folders up to the root
         parent = path.parent
         while parent != self.root and self.root in parent.parents:

@@ -1,0 +1,440 @@
+"""The storage contract of ``packhorse.storage.base`` (I2, I4, I6), run against every backend.
+
+Add a backend by adding a :class:`Harness` factory to :data:`HARNESSES` (e.g. ``"s3"`` against
+moto's server): the generic tests only use the backend interface plus the harness' two
+medium-level hooks (count leftover partial writes, corrupt a stored object behind the
+backend's back). Disk-only checks (symlinks) are at the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from packhorse.errors import DestinationConflictError, SourceMissingError, UnsafePathError, VerificationError
+from packhorse.storage.base import PARTIAL_SUFFIX, StorageBackend
+from packhorse.storage.disk import DiskBackend
+
+
+@dataclass
+class Harness:
+    """A backend under test and hooks that look at its storage medium directly."""
+
+    backend: StorageBackend
+    #: number of unpublished partial writes left on the medium
+    count_partials: Callable[[], int]
+    #: replace the stored bytes of ``key`` (same size) without going through the backend
+    corrupt: Callable[[str], None]
+
+
+def _disk(tmp_path: Path) -> Harness:
+    root = tmp_path / "root"
+    backend = DiskBackend("loc", root)
+
+    def count_partials() -> int:
+        return sum(1 for p in root.rglob("*") if p.name.endswith(PARTIAL_SUFFIX))
+
+    def corrupt(key: str) -> None:
+        p = root / key
+        data = bytearray(p.read_bytes())
+        data[0] ^= 0xFF
+        os.chmod(p, 0o644)  # published objects are read-only
+        p.write_bytes(bytes(data))
+
+    return Harness(backend, count_partials, corrupt)
+
+
+HARNESSES: dict[str, Callable[[Path], Harness]] = {"disk": _disk}
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    return HARNESSES[request.param](tmp_path)
+
+
+@pytest.fixture
+def backend(harness: Harness) -> StorageBackend:
+    return harness.backend
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def put(b: StorageBackend, key: str, data: bytes, **kw: str):  # type: ignore[no-untyped-def]
+    with b.open_write(key) as w:
+        for i in range(0, len(data), 7):  # several writes
+            w.write(data[i:i + 7])
+        return w.publish(**kw)
+
+
+def get(b: StorageBackend, key: str) -> bytes:
+    with b.open_read(key) as f:
+        return f.read()
+
+
+def keys(b: StorageBackend, prefix: str = "") -> list[str]:
+    return [o.key for o in b.list(prefix)]
+
+
+# ------------------------------------------------------------------------------ publish
+
+
+def test_publish_then_read_back(backend: StorageBackend) -> None:
+    data = b"raw package bytes\n" * 100
+    r = put(backend, "packages/a.tar", data)
+    assert (r.key, r.size, r.sha256, r.already_there) == ("packages/a.tar", len(data), sha(data), False)
+    assert get(backend, "packages/a.tar") == data
+    info = backend.stat("packages/a.tar")
+    assert info is not None and (info.key, info.size) == ("packages/a.tar", len(data))
+    assert backend.sha256("packages/a.tar") == sha(data)
+    assert keys(backend) == ["packages/a.tar"]
+
+
+def test_publish_empty_object(backend: StorageBackend) -> None:
+    r = put(backend, "empty", b"")
+    assert (r.size, r.sha256) == (0, sha(b""))
+    assert get(backend, "empty") == b""
+
+
+def test_nothing_visible_before_publish(harness: Harness) -> None:
+    b = harness.backend
+    with b.open_write("k") as w:
+        w.write(b"half")
+        assert b.stat("k") is None
+        assert keys(b) == []
+        with pytest.raises(SourceMissingError, match="'k'"):
+            b.open_read("k")
+        w.publish()
+    assert get(b, "k") == b"half"
+
+
+def test_publish_again_same_bytes_is_already_there(backend: StorageBackend) -> None:
+    put(backend, "k", b"same bytes")
+    r = put(backend, "k", b"same bytes")
+    assert (r.already_there, r.size, r.sha256) == (True, 10, sha(b"same bytes"))
+    assert get(backend, "k") == b"same bytes"
+    assert keys(backend) == ["k"]
+
+
+def test_publish_again_different_bytes_conflicts_and_keeps_original(harness: Harness) -> None:
+    b = harness.backend
+    put(b, "dir/k", b"original")
+    for other in (b"ORIGINAL", b"original plus more", b""):
+        with pytest.raises(DestinationConflictError, match="'dir/k' already holds different bytes") as ei:
+            put(b, "dir/k", other)
+        assert ei.value.path == "dir/k" and not ei.value.is_retryable
+        assert get(b, "dir/k") == b"original"
+    assert harness.count_partials() == 0
+
+
+def test_publish_with_wrong_expected_sha256_publishes_nothing(harness: Harness) -> None:
+    b = harness.backend
+    with pytest.raises(VerificationError, match="expected " + "0" * 64 + "; nothing published") as ei:
+        put(b, "k", b"bytes", expected_sha256="0" * 64)
+    assert ei.value.path == "k"
+    assert b.stat("k") is None and keys(b) == []
+    assert harness.count_partials() == 0
+    # and the key is still free for the right bytes
+    assert put(b, "k", b"bytes", expected_sha256=sha(b"bytes")).already_there is False
+
+
+def test_publish_with_right_expected_sha256_onto_existing_same(backend: StorageBackend) -> None:
+    put(backend, "k", b"x")
+    assert put(backend, "k", b"x", expected_sha256=sha(b"x")).already_there is True
+
+
+def _race(b: StorageBackend, payloads: list[bytes]) -> list[object]:
+    """Publish ``payloads[i]`` under one key from one thread each, all at once."""
+    barrier = threading.Barrier(len(payloads))
+    results: list[object] = [None] * len(payloads)
+
+    def run(i: int) -> None:
+        try:
+            with b.open_write("race/obj") as w:
+                w.write(payloads[i])
+                barrier.wait(timeout=10)
+                results[i] = w.publish()
+        except Exception as e:  # collected and asserted on below
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(payloads))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return results
+
+
+def test_concurrent_publish_same_bytes(harness: Harness) -> None:
+    b = harness.backend
+    data = b"identical" * 1000
+    results = _race(b, [data] * 8)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors == []
+    assert sorted(r.already_there for r in results) == [False] + [True] * 7  # type: ignore[attr-defined]
+    assert all(r.sha256 == sha(data) for r in results)  # type: ignore[attr-defined]
+    assert keys(b) == ["race/obj"] and get(b, "race/obj") == data
+    assert harness.count_partials() == 0
+
+
+def test_concurrent_publish_different_bytes(harness: Harness) -> None:
+    b = harness.backend
+    payloads = [f"writer {i}".encode() * 50 for i in range(8)]
+    results = _race(b, payloads)
+    wins = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
+    losses = [r for r in results if isinstance(r, BaseException)]
+    assert len(wins) == 1
+    assert results[wins[0]].already_there is False  # type: ignore[attr-defined]
+    assert len(losses) == 7 and all(isinstance(e, DestinationConflictError) for e in losses), losses
+    assert get(b, "race/obj") == payloads[wins[0]]
+    assert harness.count_partials() == 0
+
+
+# ------------------------------------------------------------------------- abort / crash
+
+
+def test_abort_leaves_nothing(harness: Harness) -> None:
+    b = harness.backend
+    w = b.open_write("a/k")
+    w.write(b"some bytes")
+    w.abort()
+    w.abort()  # idempotent
+    assert b.stat("a/k") is None and keys(b) == [] and harness.count_partials() == 0
+
+
+def test_exception_inside_block_aborts(harness: Harness) -> None:
+    b = harness.backend
+    with pytest.raises(RuntimeError, match="boom"):
+        with b.open_write("a/k") as w:
+            w.write(b"some bytes")
+            raise RuntimeError("boom")
+    assert b.stat("a/k") is None and keys(b) == [] and harness.count_partials() == 0
+
+
+def test_leaving_block_without_publish_aborts(harness: Harness) -> None:
+    b = harness.backend
+    with b.open_write("a/k") as w:
+        w.write(b"some bytes")
+    assert b.stat("a/k") is None and keys(b) == [] and harness.count_partials() == 0
+
+
+def test_killed_writer_leaves_only_a_partial_that_cleanup_removes(harness: Harness) -> None:
+    b = harness.backend
+    put(b, "a/done", b"complete")
+    # a killed process: bytes written, neither publish nor abort ever runs
+    w = b.open_write("a/k")
+    w.write(b"x" * 1000)
+    w2 = b.open_write("b/deep/k2")
+    w2.write(b"y")
+    del w, w2
+    gc.collect()
+    assert harness.count_partials() == 2
+    assert b.stat("a/k") is None and b.stat("b/deep/k2") is None
+    assert keys(b) == ["a/done"]
+    assert keys(b, "a/") == ["a/done"]
+    assert b.cleanup_partials(3600) == 0  # too young
+    assert harness.count_partials() == 2
+    assert b.cleanup_partials(0) == 2
+    assert harness.count_partials() == 0
+    assert keys(b) == ["a/done"] and get(b, "a/done") == b"complete"
+    # the key is free for a new attempt
+    assert put(b, "a/k", b"retry").already_there is False
+
+
+# -------------------------------------------------------------------------- read / sha256
+
+
+def test_open_read_missing_raises_source_missing(backend: StorageBackend) -> None:
+    with pytest.raises(SourceMissingError, match="'nope/x' does not exist") as ei:
+        backend.open_read("nope/x")
+    assert ei.value.path == "nope/x"
+    assert backend.stat("nope/x") is None
+
+
+def test_sha256_rereads_the_stored_bytes(harness: Harness) -> None:
+    b = harness.backend
+    r = put(b, "k", b"good bytes")
+    harness.corrupt("k")
+    assert b.sha256("k") != r.sha256
+    assert b.sha256("k") == sha(get(b, "k"))
+    assert get(b, "k") != b"good bytes"
+
+
+def test_publish_onto_corrupted_object_is_a_conflict(harness: Harness) -> None:
+    # "already there" is decided by re-reading, never by size alone
+    b = harness.backend
+    put(b, "k", b"good bytes")
+    harness.corrupt("k")
+    with pytest.raises(DestinationConflictError):
+        put(b, "k", b"good bytes")
+
+
+# ------------------------------------------------------------------------------ delete
+
+
+def test_delete(backend: StorageBackend) -> None:
+    put(backend, "a/b/k", b"x")
+    put(backend, "a/other", b"y")
+    assert backend.delete("a/b/k") is True
+    assert backend.stat("a/b/k") is None
+    with pytest.raises(SourceMissingError):
+        backend.open_read("a/b/k")
+    assert keys(backend) == ["a/other"]
+    assert backend.delete("a/b/k") is False
+    assert backend.delete("never/existed") is False
+    # a deleted key can be written again
+    assert put(backend, "a/b/k", b"new").already_there is False
+    assert get(backend, "a/b/k") == b"new"
+
+
+# ------------------------------------------------------------------------------ listing
+
+
+def test_list_sorted_with_prefixes(backend: StorageBackend) -> None:
+    names = ["b/2", "a/10", "a/1", "a b/x", "ab", "a/sub/z", "z", "ä/y"]
+    for i, k in enumerate(names):
+        put(backend, k, bytes([i]) * (i + 1))
+    assert keys(backend) == sorted(names)
+    assert keys(backend, "a/") == ["a/1", "a/10", "a/sub/z"]
+    assert keys(backend, "a") == ["a b/x", "a/1", "a/10", "a/sub/z", "ab"]
+    assert keys(backend, "a/1") == ["a/1", "a/10"]
+    assert keys(backend, "ä") == ["ä/y"]
+    assert keys(backend, "nothing") == []
+    sizes = {o.key: o.size for o in backend.list()}
+    assert sizes == {k: i + 1 for i, k in enumerate(names)}
+
+
+@pytest.mark.parametrize("key", ["with space/file name.tar", "Köln/µ-wave ☃.tar", "日本/観測 1.dat", " lead", "trail "])
+def test_keys_with_spaces_and_non_ascii(backend: StorageBackend, key: str) -> None:
+    data = key.encode() * 3
+    assert put(backend, key, data).key == key
+    assert get(backend, key) == data
+    assert keys(backend) == [key]
+    assert backend.sha256(key) == sha(data)
+    assert backend.delete(key) is True and keys(backend) == []
+
+
+UNSAFE = ["../x", "a/../../x", "/abs", "/etc/passwd", "a//b", "a/./b", "./a", "a/", "", "a\\b", "a\x00b",
+          "k" + PARTIAL_SUFFIX, "dir/.k.abc" + PARTIAL_SUFFIX]
+
+
+@pytest.mark.parametrize("key", UNSAFE)
+def test_unsafe_keys_are_refused(harness: Harness, tmp_path: Path, key: str) -> None:
+    b = harness.backend
+    ops: list[Callable[[], object]] = [lambda: b.open_write(key), lambda: b.open_read(key),
+                                       lambda: b.stat(key), lambda: b.delete(key), lambda: b.sha256(key)]
+    for op in ops:
+        with pytest.raises(UnsafePathError) as ei:
+            op()
+        assert repr(key) in str(ei.value)
+    assert keys(b) == [] and harness.count_partials() == 0
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------------- disk-only
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> DiskBackend:
+    return DiskBackend("loc", tmp_path / "root")
+
+
+def test_disk_published_object_is_read_only_and_dir_has_no_partials(disk: DiskBackend) -> None:
+    put(disk, "a/k", b"x")
+    path = disk.root / "a" / "k"
+    assert path.stat().st_mode & 0o777 == 0o444
+    assert sorted(p.name for p in (disk.root / "a").iterdir()) == ["k"]
+
+
+def test_disk_symlinked_folder_escaping_root_is_refused(disk: DiskBackend, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (disk.root / "escape").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match="'escape/new' resolves outside the location root"):
+        disk.open_write("escape/new")
+    with pytest.raises(UnsafePathError, match="'escape/deeper/new' resolves outside"):
+        disk.open_write("escape/deeper/new")
+    with pytest.raises(UnsafePathError, match="'escape/secret' resolves outside"):
+        disk.open_read("escape/secret")
+    with pytest.raises(UnsafePathError):
+        disk.delete("escape/secret")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert (outside / "secret").read_bytes() == b"secret"
+
+
+def test_disk_symlinked_root_itself_is_fine(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    b = DiskBackend("loc", tmp_path / "link")
+    put(b, "a/k", b"x")
+    assert (real / "a" / "k").read_bytes() == b"x" and get(b, "a/k") == b"x"
+
+
+def test_disk_symlink_object_is_not_followed(disk: DiskBackend, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"secret")
+    (disk.root / "link").symlink_to(secret)
+    with pytest.raises(UnsafePathError, match="'link' is a symlink"):
+        disk.open_read("link")
+    with pytest.raises(UnsafePathError):
+        disk.sha256("link")
+    with pytest.raises(UnsafePathError, match="'link' is not a regular file"):
+        disk.stat("link")
+    assert keys(disk) == []
+
+
+def test_disk_publish_onto_a_symlink_never_writes_through_it(disk: DiskBackend, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"outside")
+    (disk.root / "k").symlink_to(target)
+    for data in (b"outside", b"new bytes"):  # same bytes as the link target, and different
+        with pytest.raises(UnsafePathError, match="'k' is not a regular file"):
+            put(disk, "k", data)
+    assert target.read_bytes() == b"outside"
+    assert os.path.islink(disk.root / "k")
+    assert sum(1 for p in disk.root.iterdir() if p.name.endswith(PARTIAL_SUFFIX)) == 0
+
+
+def test_disk_list_skips_symlinks_and_partials(disk: DiskBackend, tmp_path: Path) -> None:
+    put(disk, "a/k", b"x")
+    (tmp_path / "f").write_bytes(b"f")
+    (disk.root / "a" / "link").symlink_to(tmp_path / "f")
+    (disk.root / "a" / (".k.123" + PARTIAL_SUFFIX)).write_bytes(b"partial")
+    assert keys(disk) == ["a/k"]
+
+
+def test_disk_delete_prunes_empty_folders_but_not_root(disk: DiskBackend) -> None:
+    put(disk, "a/b/c/k", b"x")
+    assert disk.delete("a/b/c/k") is True
+    assert disk.root.is_dir() and list(disk.root.iterdir()) == []
+
+
+def test_disk_remove_partials_of_one_key_only(disk: DiskBackend) -> None:
+    w1 = disk.open_write("a/k[1]")
+    w1.write(b"1")
+    w2 = disk.open_write("a/other")
+    w2.write(b"2")
+    del w1, w2
+    gc.collect()
+    assert disk.remove_partials_of("a/k[1]") == 1
+    assert [p.name.startswith(".other.") for p in (disk.root / "a").iterdir()] == [True]
+
+
+def test_disk_file_in_the_way_of_a_folder_is_a_conflict(disk: DiskBackend) -> None:
+    # a file occupies the folder name a key needs: permanent conflict, nothing touched
+    with disk.open_write("raw") as w:
+        w.write(b"i am a file")
+        w.publish()
+    with pytest.raises(DestinationConflictError, match="'raw/a.tar'"):
+        disk.open_write("raw/a.tar")
+    assert disk.open_read("raw").read() == b"i am a file"

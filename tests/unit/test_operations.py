@@ -1,0 +1,490 @@
+"""The operation lifecycle against a real SQLite database: idempotent creation, fenced claim /
+heartbeat / completion / failure, lease recovery, the failure path, and the lease keeper (I3)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from packhorse.db.models import DataLocation, FailureEvent, Operation, Site, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind, Status
+from packhorse.errors import LeaseLostError, SourceChangedError, UnsafePathError, VerificationError
+from packhorse.lease import LeaseKeeper
+from packhorse.operations import (
+    Claim,
+    claim,
+    complete_in,
+    create_operation,
+    dedup_key,
+    heartbeat,
+    record_failure,
+    reset_stalled,
+)
+
+KIND = OperationKind.TRANSFER
+
+
+@pytest.fixture(scope="module")
+def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database file migrated once per module (copied for each test: upgrade is the slow part)."""
+    path = tmp_path_factory.mktemp("template") / "t.db"
+    d = Database(f"sqlite:///{path}")
+    d.upgrade()
+    d.dispose()  # the last connection closing checkpoints the WAL into the file
+    return path
+
+
+@pytest.fixture
+def db(tmp_path: Path, migrated_file: Path) -> Database:
+    shutil.copyfile(migrated_file, tmp_path / "t.db")
+    d = Database(f"sqlite:///{tmp_path}/t.db")
+    d.ensure_migrated()
+
+    def topo(s: Session) -> None:
+        site = Site(name="fyst")
+        s.add(site)
+        s.flush()
+        s.add_all([DataLocation(name="fyst-buffer", site_id=site.id, role="buffer", storage_type="disk", uri="/b"),
+                   DataLocation(name="cologne-buffer", site_id=site.id, role="buffer", storage_type="disk", uri="/c")])
+
+    d.transact(topo)
+    yield d
+    d.dispose()
+
+
+def site_id(db: Database) -> int:
+    return db.transact(lambda s: s.scalar(select(Site.id).where(Site.name == "fyst")))
+
+
+def new_op(db: Database, subject: str = "pkg-1", *, kind: OperationKind = KIND, max_retries: int = 3) -> int:
+    sid = site_id(db)
+    op = db.transact(lambda s: create_operation(s, kind=kind, dedup_key=dedup_key(kind, subject, "cologne"),
+                                                site_id=sid, max_retries=max_retries))
+    assert op is not None
+    return op.id
+
+
+def row(db: Database, op_id: int) -> Operation:
+    op = db.transact(lambda s: s.get(Operation, op_id))
+    assert op is not None
+    return op
+
+
+def snapshot(db: Database, op_id: int) -> dict[str, Any]:
+    op = row(db, op_id)
+    return {c.key: getattr(op, c.key) for c in Operation.__table__.columns}
+
+
+def set_cols(db: Database, op_id: int, **values: Any) -> None:
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(**values)))
+
+
+def events(db: Database, op_id: int) -> list[FailureEvent]:
+    return db.transact(lambda s: list(s.scalars(
+        select(FailureEvent).where(FailureEvent.operation_id == op_id).order_by(FailureEvent.id))))
+
+
+def take_over(db: Database, c: Claim) -> Claim:
+    """Another worker takes the operation: its lease expires, recovery resets it, a new claim."""
+    set_cols(db, c.operation_id, lease_expires_at=utcnow() - dt.timedelta(seconds=1))
+    assert reset_stalled(db) == [c.operation_id]
+    c2 = claim(db, c.operation_id, "other-worker", 60)
+    assert c2 is not None and c2.attempt == c.attempt + 1
+    return c2
+
+
+def raised(exc: BaseException) -> BaseException:
+    """``exc`` with a real traceback (as a worker would catch it)."""
+    def stage_step() -> None:
+        raise exc
+    try:
+        stage_step()
+    except BaseException as e:  # noqa: BLE001 - returned for the test
+        return e
+    raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------------ create
+
+
+def test_create_operation_is_idempotent_on_dedup_key(db: Database) -> None:
+    first = new_op(db)
+    sid = site_id(db)
+    again = db.transact(lambda s: create_operation(s, kind=KIND, dedup_key=dedup_key(KIND, "pkg-1", "cologne"),
+                                                   site_id=sid, max_retries=3))
+    assert again is None
+    assert db.transact(lambda s: s.scalar(select(func.count()).select_from(Operation))) == 1
+    op = row(db, first)
+    assert (op.kind, op.status, op.attempt, op.retry_count, op.dedup_key) == (
+        "transfer", "PENDING", 0, 0, "transfer:pkg-1->cologne")
+
+
+def test_create_operation_duplicate_within_one_transaction_keeps_the_rest(db: Database) -> None:
+    sid = site_id(db)
+
+    def tx(s: Session) -> tuple[object, object, object]:
+        a = create_operation(s, kind=KIND, dedup_key="k1", site_id=sid, max_retries=3)
+        b = create_operation(s, kind=KIND, dedup_key="k1", site_id=sid, max_retries=3)
+        c = create_operation(s, kind=KIND, dedup_key="k2", site_id=sid, max_retries=3)
+        return a, b, c
+
+    a, b, c = db.transact(tx)
+    assert a is not None and b is None and c is not None
+    assert sorted(db.transact(lambda s: list(s.scalars(select(Operation.dedup_key))))) == ["k1", "k2"]
+
+
+# ------------------------------------------------------------------------------- claim
+
+
+def test_claim_increments_attempt_and_grants_lease(db: Database) -> None:
+    op_id = new_op(db)
+    before = utcnow()
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    assert (c.operation_id, c.kind, c.attempt, c.owner) == (op_id, KIND, 1, "w1")
+    op = row(db, op_id)
+    assert (op.status, op.attempt, op.lease_owner) == ("IN_PROGRESS", 1, "w1")
+    assert op.lease_expires_at is not None
+    assert before + dt.timedelta(seconds=29) <= op.lease_expires_at <= utcnow() + dt.timedelta(seconds=30)
+    assert op.lease_expires_at == c.expires_at
+
+
+def test_claim_refused_while_in_progress(db: Database) -> None:
+    op_id = new_op(db)
+    assert claim(db, op_id, "w1", 30) is not None
+    assert claim(db, op_id, "w2", 30) is None
+    op = row(db, op_id)
+    assert (op.attempt, op.lease_owner) == (1, "w1")
+
+
+def test_claim_refused_when_completed_or_failed(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None and db.transact(lambda s: complete_in(s, c)) is True
+    assert claim(db, op_id, "w2", 30) is None
+    assert (row(db, op_id).status, row(db, op_id).attempt) == ("COMPLETED", 1)
+    other = new_op(db, "pkg-2")
+    set_cols(db, other, status="FAILED")
+    assert claim(db, other, "w2", 30) is None
+
+
+def test_claim_refused_before_not_before(db: Database) -> None:
+    op_id = new_op(db)
+    set_cols(db, op_id, not_before=utcnow() + dt.timedelta(seconds=60))
+    assert claim(db, op_id, "w1", 30) is None
+    assert row(db, op_id).attempt == 0
+    set_cols(db, op_id, not_before=utcnow() - dt.timedelta(seconds=1))
+    assert claim(db, op_id, "w1", 30) is not None
+
+
+def test_claim_of_scheduled_and_of_missing_operation(db: Database) -> None:
+    op_id = new_op(db)
+    set_cols(db, op_id, status="SCHEDULED")
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None and c.attempt == 1
+    assert claim(db, 9999, "w1", 30) is None
+
+
+# ---------------------------------------------------------------- heartbeat / complete
+
+
+def test_heartbeat_renews_and_reports_progress(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 1)
+    assert c is not None
+    assert heartbeat(db, c, 120, bytes_done=4096) is True
+    op = row(db, op_id)
+    assert op.bytes_done == 4096
+    assert op.lease_expires_at is not None and op.lease_expires_at > utcnow() + dt.timedelta(seconds=100)
+
+
+def test_heartbeat_with_stale_token_returns_false(db: Database) -> None:
+    op_id = new_op(db)
+    c1 = claim(db, op_id, "w1", 30)
+    assert c1 is not None
+    c2 = take_over(db, c1)
+    before = snapshot(db, op_id)
+    assert heartbeat(db, c1, 999, bytes_done=1) is False
+    assert snapshot(db, op_id) == before
+    assert heartbeat(db, c2, 30) is True
+
+
+def test_complete_in_with_stale_token_returns_false_and_leaves_row(db: Database) -> None:
+    op_id = new_op(db)
+    c1 = claim(db, op_id, "w1", 30)
+    assert c1 is not None
+    c2 = take_over(db, c1)
+    before = snapshot(db, op_id)
+    assert db.transact(lambda s: complete_in(s, c1, bytes_done=77)) is False
+    assert snapshot(db, op_id) == before
+    assert before["status"] == "IN_PROGRESS" and before["attempt"] == 2
+    assert db.transact(lambda s: complete_in(s, c2, bytes_done=77)) is True
+    op = row(db, op_id)
+    assert (op.status, op.bytes_done, op.lease_owner, op.lease_expires_at) == ("COMPLETED", 77, None, None)
+    assert op.finished_at is not None
+
+
+def test_complete_twice_second_is_rejected(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    assert db.transact(lambda s: complete_in(s, c)) is True
+    assert db.transact(lambda s: complete_in(s, c)) is False
+
+
+# ---------------------------------------------------------------------- reset_stalled
+
+
+def test_reset_stalled_resets_only_expired_leases(db: Database) -> None:
+    expired, live, pending = new_op(db, "a"), new_op(db, "b"), new_op(db, "c")
+    c_exp = claim(db, expired, "w1", 30)
+    c_live = claim(db, live, "w2", 30)
+    assert c_exp is not None and c_live is not None
+    set_cols(db, expired, lease_expires_at=utcnow() - dt.timedelta(seconds=5))
+    live_before = snapshot(db, live)
+    pending_before = snapshot(db, pending)
+
+    assert reset_stalled(db) == [expired]
+
+    op = row(db, expired)
+    assert (op.status, op.stall_count, op.attempt, op.lease_owner, op.lease_expires_at) == (
+        "PENDING", 1, 1, None, None)
+    assert op.retry_count == 0  # a stall is not a retry
+    assert snapshot(db, live) == live_before
+    assert snapshot(db, pending) == pending_before
+    ev = events(db, expired)
+    assert [(e.error_type, e.attempt, e.will_retry, e.kind) for e in ev] == [("Stalled", 1, True, "transfer")]
+    assert ev[0].error_context["operation_id"] == expired
+    assert "attempt 1 expired" in ev[0].message
+    assert events(db, live) == [] and events(db, pending) == []
+    # the stalled attempt is fenced out from now on
+    assert heartbeat(db, c_exp, 30) is False
+    assert reset_stalled(db) == []  # nothing more to do
+
+
+def test_reset_stalled_counts_every_stall(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    for n in (1, 2, 3):
+        c = take_over(db, c)
+        assert row(db, op_id).stall_count == n
+    assert [e.attempt for e in events(db, op_id)] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------- record_failure
+
+
+def test_retryable_failure_resets_for_retry_with_backoff(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    start = utcnow()
+    out = record_failure(db, c, raised(VerificationError("read-back differs", path="k")),
+                         backoff_base=10, backoff_max=100)
+    assert out.status is Status.PENDING and out.will_retry is True
+    op = row(db, op_id)
+    assert (op.status, op.retry_count, op.error_context, op.lease_owner, op.lease_expires_at) == (
+        "PENDING", 1, None, None, None)
+    assert op.not_before is not None
+    # first retry: min(cap, base × 2^0) × [0.5, 1] = 5..10 s from now
+    assert start + dt.timedelta(seconds=5) <= op.not_before <= utcnow() + dt.timedelta(seconds=10)
+    assert claim(db, op_id, "w2", 30) is None  # not yet due
+    ev = events(db, op_id)
+    assert [(e.error_type, e.will_retry, e.retry_count, e.attempt) for e in ev] == [
+        ("VerificationError", True, 0, 1)]
+    assert ev[0].error_context["path"] == "k"
+
+
+def test_plain_exception_is_retryable(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    out = record_failure(db, c, raised(RuntimeError("flaky")), backoff_base=0, backoff_max=0)
+    assert out.status is Status.PENDING and row(db, op_id).retry_count == 1
+
+
+@pytest.mark.parametrize("exc", [
+    FileNotFoundError(2, "No such file or directory", "/data/x.fits"),
+    PermissionError(13, "Permission denied", "/data/y.fits"),
+    SourceChangedError("source file 'x' changed", step="package", side="source", path="x",
+                       diagnosis="the file was modified after it was registered"),
+    UnsafePathError("tar member '../x' leaves the target folder", path="../x"),
+], ids=["FileNotFoundError", "PermissionError", "SourceChangedError", "UnsafePathError"])
+def test_permanent_failure_marks_failed_with_error_context(db: Database, exc: BaseException) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    out = record_failure(db, c, raised(exc), backoff_base=0, backoff_max=0, operation_info={"package": "pkg-1"})
+    assert out.status is Status.FAILED and out.will_retry is False
+    op = row(db, op_id)
+    assert (op.status, op.retry_count, op.lease_owner) == ("FAILED", 0, None)
+    assert op.finished_at is not None
+    ctx = op.error_context
+    assert ctx is not None
+    assert ctx["error_type"] == type(exc).__name__
+    assert ctx["message"] == str(exc)
+    assert ctx["operation_kind"] == "transfer"
+    assert ctx["operation_id"] == op_id
+    assert ctx["will_retry"] is False
+    assert ctx["retry_count"] == 0
+    assert ctx["operation_info"] == {"package": "pkg-1"}
+    assert ctx["traceback"].startswith("Traceback (most recent call last)")
+    assert "stage_step" in ctx["traceback"] and type(exc).__name__ in ctx["traceback"]
+    for field in ("task_id", "task_name", "timestamp"):
+        assert ctx[field]
+    if isinstance(exc, SourceChangedError):
+        assert (ctx["step"], ctx["side"], ctx["path"], ctx["diagnosis_source"]) == (
+            "package", "source", "x", "boundary")
+    ev = events(db, op_id)
+    assert len(ev) == 1 and ev[0].error_context == ctx and ev[0].will_retry is False
+    assert claim(db, op_id, "w2", 30) is None
+
+
+def test_traceback_is_capped_keeping_the_tail(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+
+    def deep(n: int) -> None:
+        if n == 0:
+            raise SourceChangedError("the very end")
+        deep(n - 1)
+
+    try:
+        deep(300)
+    except SourceChangedError as e:
+        exc = e
+    ctx = record_failure(db, c, exc, backoff_base=0, backoff_max=0).error_context
+    assert len(ctx["traceback"]) <= 8000 + 100
+    assert ctx["traceback"].rstrip().endswith("SourceChangedError: the very end")
+
+
+def test_failed_after_max_retries(db: Database) -> None:
+    op_id = new_op(db, max_retries=2)
+    outcomes = []
+    for attempt in (1, 2, 3):
+        c = claim(db, op_id, "w1", 30)
+        assert c is not None and c.attempt == attempt
+        outcomes.append(record_failure(db, c, raised(VerificationError(f"bad {attempt}")),
+                                       backoff_base=0, backoff_max=0).status)
+    assert outcomes == [Status.PENDING, Status.PENDING, Status.FAILED]
+    op = row(db, op_id)
+    assert (op.status, op.retry_count, op.attempt) == ("FAILED", 2, 3)
+    assert op.error_context is not None and op.error_context["message"] == "bad 3"
+    assert op.error_context["retry_count"] == 2
+    assert [(e.attempt, e.retry_count, e.will_retry) for e in events(db, op_id)] == [
+        (1, 0, True), (2, 1, True), (3, 2, False)]
+    assert claim(db, op_id, "w1", 30) is None
+
+
+def test_error_own_max_retries_caps_retries(db: Database) -> None:
+    op_id = new_op(db, max_retries=5)
+
+    class OnceOnly(VerificationError):
+        max_retries = 1
+
+    statuses = []
+    for _ in range(2):
+        c = claim(db, op_id, "w1", 30)
+        assert c is not None
+        statuses.append(record_failure(db, c, OnceOnly("x"), backoff_base=0, backoff_max=0).status)
+    assert statuses == [Status.PENDING, Status.FAILED]
+
+
+def test_stale_attempt_failure_leaves_row_but_appends_event(db: Database) -> None:
+    op_id = new_op(db)
+    c1 = claim(db, op_id, "w1", 30)
+    assert c1 is not None
+    take_over(db, c1)
+    before = snapshot(db, op_id)
+    out = record_failure(db, c1, raised(SourceChangedError("late failure")), backoff_base=0, backoff_max=0)
+    assert out.status is None
+    assert snapshot(db, op_id) == before
+    assert (before["status"], before["attempt"], before["error_context"]) == ("IN_PROGRESS", 2, None)
+    ev = events(db, op_id)
+    assert [(e.error_type, e.attempt) for e in ev] == [("Stalled", 1), ("SourceChangedError", 1)]
+    assert ev[1].message == "late failure"
+
+
+def test_stale_attempt_retryable_failure_event_says_no_retry(db: Database) -> None:
+    # the stale attempt's failure resets nothing, so its event must not claim a retry
+    op_id = new_op(db)
+    c1 = claim(db, op_id, "w1", 30)
+    assert c1 is not None
+    take_over(db, c1)
+    out = record_failure(db, c1, raised(VerificationError("late, retryable")), backoff_base=0, backoff_max=0)
+    assert out.status is None and out.will_retry is False
+    ev = events(db, op_id)[-1]
+    assert (ev.error_type, ev.will_retry, ev.error_context["will_retry"]) == ("VerificationError", False, False)
+
+
+def test_failure_event_survives_rollback_of_callers_transaction(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+
+    def callers_unit_of_work(s: Session) -> None:
+        s.add(Site(name="written-by-the-stage"))
+        record_failure(db, c, raised(SourceChangedError("boom")), backoff_base=0, backoff_max=0)
+        s.flush()  # the caller's own write, in its own transaction
+        raise RuntimeError("the caller's transaction rolls back")
+
+    with pytest.raises(RuntimeError, match="rolls back"):
+        db.transact(callers_unit_of_work)
+    assert db.transact(lambda s: s.scalar(select(Site.id).where(Site.name == "written-by-the-stage"))) is None
+    assert [e.error_type for e in events(db, op_id)] == ["SourceChangedError"]
+    assert row(db, op_id).status == "FAILED"
+
+
+# --------------------------------------------------------------------------- LeaseKeeper
+
+
+def test_lease_keeper_renews_while_work_runs(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 1)
+    assert c is not None
+    with LeaseKeeper(db, c, lease_seconds=1, interval_seconds=0.05, deadline_seconds=0.4) as keeper:
+        keeper.add_bytes(123)
+        time.sleep(0.8)  # twice the deadline: only renewals keep it alive
+        keeper.check()
+        op = row(db, op_id)
+        assert op.lease_expires_at is not None and op.lease_expires_at > utcnow() + dt.timedelta(seconds=0.5)
+        assert op.bytes_done == 123
+    assert reset_stalled(db) == []
+
+
+def test_lease_keeper_raises_after_takeover(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    with LeaseKeeper(db, c, lease_seconds=30, interval_seconds=0.05, deadline_seconds=10) as keeper:
+        keeper.check()
+        set_cols(db, op_id, attempt=c.attempt + 1)  # someone else's claim bumped the fencing token
+        deadline = time.monotonic() + 5
+        with pytest.raises(LeaseLostError, match=f"operation {op_id}: attempt 1 is no longer"):
+            while time.monotonic() < deadline:
+                keeper.check()
+                time.sleep(0.02)
+        with pytest.raises(LeaseLostError):  # and it stays lost
+            keeper.check()
+
+
+def test_lease_keeper_raises_when_not_renewed_within_deadline(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    # renewals every 30 s never come within the test; the deadline is 0.2 s
+    with LeaseKeeper(db, c, lease_seconds=30, interval_seconds=30, deadline_seconds=0.2) as keeper:
+        keeper.check()
+        time.sleep(0.3)
+        with pytest.raises(LeaseLostError, match=r"lease not renewed for 0\.\d s \(limit 0\.2 s\)"):
+            keeper.check()

@@ -1,0 +1,177 @@
+"""I5: every (OperationKind, Status) pair has an owner that moves it on.
+
+* PENDING / SCHEDULED — the local runner dispatches it and a worker runs its stage
+  (``packhorse.stages.STAGES``; dispatch order ``packhorse.executors.local.PRIORITY``).
+* IN_PROGRESS — the worker holding the lease; if it dies, lease recovery (``reset_stalled``).
+* FAILED — a human: listed by ``packhorse status`` and ``run`` exits with code 3.
+* COMPLETED — terminal; nothing may pick it up again.
+
+The table is checked statically (no kind without an owner) and each owner is exercised for
+every kind against a real database, so a kind keyed by a string nobody registered (the seeds'
+bug #69) cannot slip through.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import shutil
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+import packhorse.managers as managers_pkg
+from packhorse.cli import EXIT_FAILED, EXIT_OK, _exit_code_after_run
+from packhorse.config import settings_from_dict
+from packhorse.db.models import Operation, Site, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind, Status
+from packhorse.executors.local import PRIORITY, LocalRunner
+from packhorse.operations import claim, create_operation, reset_stalled
+from packhorse.reporting import failed_operations
+from packhorse.stages import STAGES
+from packhorse.worker import Outcome
+
+#: Kinds that exist in the vocabulary but have no stage (and no manager creating them) yet.
+#: Remove a kind from this set in the change that adds its stage: the test below fails until
+#: you do, and fails for any new kind added without a stage.
+UNBUILT_KINDS = {
+    OperationKind.STAGING,       # restore from long-term archive: not built yet
+    OperationKind.FIXITY_CHECK,  # the fixity auditor: not built yet
+}
+BUILT_KINDS = [k for k in OperationKind if k not in UNBUILT_KINDS]
+
+
+def owner(kind: OperationKind, status: Status) -> str | None:
+    """Who moves an operation of ``kind`` in ``status`` on (``None``: nobody)."""
+    runnable = kind in STAGES
+    if status in (Status.PENDING, Status.SCHEDULED):
+        return "local runner dispatch → worker stage" if runnable else None
+    if status is Status.IN_PROGRESS:
+        return "worker (lease) / reset_stalled" if runnable else None
+    if status is Status.FAILED:
+        return "human: packhorse status, exit code 3"
+    if status is Status.COMPLETED:
+        return "terminal"
+    return None
+
+
+def test_every_kind_and_status_has_an_owner() -> None:
+    orphans = [(k.value, s.value) for k in BUILT_KINDS for s in Status if owner(k, s) is None]
+    assert orphans == []
+
+
+def test_unbuilt_kinds_really_have_no_stage() -> None:
+    # when a stage lands, remove its kind from UNBUILT_KINDS (then the owner test covers it)
+    assert [k.value for k in UNBUILT_KINDS if k in STAGES or k in PRIORITY] == []
+
+
+def test_stages_and_dispatch_priority_cover_the_same_kinds() -> None:
+    assert set(STAGES) == set(BUILT_KINDS)
+    assert sorted(PRIORITY, key=lambda k: k.value) == sorted(STAGES, key=lambda k: k.value)
+    assert len(PRIORITY) == len(set(PRIORITY))
+
+
+def test_no_manager_creates_an_unbuilt_kind() -> None:
+    # an operation of an unbuilt kind would sit PENDING with no stage to run it
+    used: set[str] = set()
+    for path in Path(managers_pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "OperationKind":
+                used.add(node.attr)
+    assert used, "the managers no longer name OperationKind members: update this test"
+    assert sorted(used & {k.name for k in UNBUILT_KINDS}) == []
+
+
+# ------------------------------------------------------------- each owner, for each kind
+
+
+@pytest.fixture(scope="module")
+def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "t.db"
+    d = Database(f"sqlite:///{path}")
+    d.upgrade()
+    d.dispose()
+    return path
+
+
+@pytest.fixture
+def db(tmp_path: Path, migrated_file: Path) -> Database:
+    shutil.copyfile(migrated_file, tmp_path / "t.db")
+    d = Database(f"sqlite:///{tmp_path}/t.db")
+    d.transact(lambda s: s.add(Site(id=1, name="fyst")))
+    yield d
+    d.dispose()
+
+
+def make_ops(db: Database, kinds: list[OperationKind], status: Status) -> dict[OperationKind, int]:
+    def tx(s: Session) -> dict[OperationKind, int]:
+        ids = {}
+        for k in kinds:
+            op = create_operation(s, kind=k, dedup_key=f"{k.value}:{status.value}", site_id=1, max_retries=3)
+            assert op is not None
+            ids[k] = op.id
+        s.execute(update(Operation).where(Operation.id.in_(ids.values())).values(status=status.value))
+        return ids
+
+    return db.transact(tx)
+
+
+@pytest.mark.parametrize("status", [Status.PENDING, Status.SCHEDULED])
+def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) -> None:
+    ids = make_ops(db, BUILT_KINDS, status)
+    settings = settings_from_dict({"executor": {"workers": len(BUILT_KINDS) + 2}}, environ={})
+    runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db))  # type: ignore[arg-type]
+    ran: list[int] = []
+
+    def run_one(op_id: int) -> Outcome:  # stands in for execute_operation: the stage is not under test
+        ran.append(op_id)
+        return Outcome.SKIPPED
+
+    runner._run_one = run_one  # type: ignore[method-assign]
+    runner.pool.shutdown()
+    runner.pool = ThreadPoolExecutor(1)  # one thread: runs in submission (dispatch) order
+    try:
+        assert runner.dispatch() == len(BUILT_KINDS)
+    finally:
+        runner.pool.shutdown(wait=True)
+        runner.hash_pool.shutdown(wait=True)
+    assert sorted(ran) == sorted(ids.values())
+    rows = db.transact(lambda s: {r.id: r.status for r in s.execute(select(Operation.id, Operation.status))})
+    assert set(rows.values()) == {"SCHEDULED"}
+    # downstream first: the dispatch order is PRIORITY
+    order = sorted(ids, key=lambda k: ran.index(ids[k]))
+    assert order == [k for k in PRIORITY if k in ids]
+
+
+def test_stalled_in_progress_of_every_kind_is_recovered(db: Database) -> None:
+    ids = make_ops(db, list(OperationKind), Status.PENDING)
+    for op_id in ids.values():
+        assert claim(db, op_id, "dead-worker", 30) is not None
+    db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+    assert sorted(reset_stalled(db)) == sorted(ids.values())
+    statuses = db.transact(lambda s: set(s.scalars(select(Operation.status))))
+    assert statuses == {"PENDING"}
+
+
+def test_failed_of_every_kind_reaches_a_human(db: Database) -> None:
+    ctx = types.SimpleNamespace(db=db)
+    assert _exit_code_after_run(ctx) == EXIT_OK  # type: ignore[arg-type]
+    ids = make_ops(db, list(OperationKind), Status.FAILED)
+    listed = db.transact(failed_operations)
+    assert sorted((f["kind"], f["id"]) for f in listed) == sorted((k.value, i) for k, i in ids.items())
+    assert _exit_code_after_run(ctx) == EXIT_FAILED  # type: ignore[arg-type]
+
+
+def test_completed_of_every_kind_is_terminal(db: Database) -> None:
+    ids = make_ops(db, list(OperationKind), Status.COMPLETED)
+    db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+    for op_id in ids.values():
+        assert claim(db, op_id, "w", 30) is None
+    assert reset_stalled(db) == []
+    assert db.transact(failed_operations) == []
+    assert db.transact(lambda s: set(s.scalars(select(Operation.status)))) == {"COMPLETED"}
