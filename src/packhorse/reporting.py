@@ -37,8 +37,9 @@ def failed_operations(session: Session) -> list[dict[str, Any]]:
 def status_report(ctx: StageContext) -> dict[str, Any]:
     """The ``packhorse status --json`` document.
 
-    ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"},
-    "copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
+    ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"}`` (failed:
+    not archived and an operation of the package or its bundle is FAILED),
+    ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
     "files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
     "generated_at": ISO time}``. ``copies`` counts present copies only.
     """
@@ -50,7 +51,11 @@ def status_report(ctx: StageContext) -> dict[str, Any]:
                             .where(RawDataPackage.archived_at.is_not(None))) or 0
         failed_ops = select(Operation.raw_data_package_id, Operation.data_transfer_package_id).where(
             Operation.status == Status.FAILED.value).subquery()
+        # a package is failed while it is not archived and one of its operations (or its
+        # bundle's) is FAILED; a failed deletion of an archived package's buffer copy is not
+        # a failed package (it is listed in failed_operations)
         failed = s.scalar(select(func.count(func.distinct(RawDataPackage.id))).where(
+            RawDataPackage.archived_at.is_(None),
             RawDataPackage.id.in_(select(failed_ops.c.raw_data_package_id))
             | RawDataPackage.data_transfer_package_id.in_(select(failed_ops.c.data_transfer_package_id)))) or 0
         copies: dict[str, dict[str, int]] = {}

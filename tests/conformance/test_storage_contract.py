@@ -438,3 +438,22 @@ def test_disk_file_in_the_way_of_a_folder_is_a_conflict(disk: DiskBackend) -> No
     with pytest.raises(DestinationConflictError, match="'raw/a.tar'"):
         disk.open_write("raw/a.tar")
     assert disk.open_read("raw").read() == b"i am a file"
+
+
+def test_disk_open_write_survives_a_concurrent_prune_of_its_folder(disk: DiskBackend, monkeypatch) -> None:
+    # a concurrent delete() prunes the empty folder right after open_write created it
+    real_path = DiskBackend._path
+    pruned: list[Path] = []
+
+    def racing_path(self: DiskBackend, key: str, *, create_parents: bool = False) -> Path:
+        path = real_path(self, key, create_parents=create_parents)
+        if create_parents and not pruned:
+            path.parent.rmdir()
+            pruned.append(path.parent)
+        return path
+
+    monkeypatch.setattr(DiskBackend, "_path", racing_path)
+    with disk.open_write("raw/inst/obs.tar") as w:
+        w.write(b"payload")
+        w.publish()
+    assert pruned and disk.open_read("raw/inst/obs.tar").read() == b"payload"

@@ -189,7 +189,16 @@ class DiskBackend(StorageBackend):
         return os.fdopen(fd, "rb")
 
     def open_write(self, key: str) -> PendingWrite:
-        return _DiskPendingWrite(self, key, self._path(key, create_parents=True))
+        # A concurrent delete() may prune the (then empty) folder between mkdir and creating
+        # the partial file: create the folder again and retry.
+        for attempt in range(5):
+            path = self._path(key, create_parents=True)
+            try:
+                return _DiskPendingWrite(self, key, path)
+            except FileNotFoundError:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
 
     def check_same(self, key: str, size: int, sha256: str) -> None:
         """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes."""
