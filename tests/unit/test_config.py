@@ -13,7 +13,7 @@ from packhorse import config as cfg
 from packhorse.config import load_config, settings_from_dict
 from packhorse.domain import LocationRole, StorageType, TransferMethod
 from packhorse.errors import ConfigError
-from conftest import write_site_config
+from support import write_site_config
 
 
 def minimal() -> dict[str, Any]:
