@@ -1,0 +1,464 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark: ``packhorse run --until-idle`` against ``benchmarks/baseline.sh``.
+
+Data sets (generated once per work folder, deterministic):
+
+* ``a``: 2 GiB in 4 files of 512 MiB of pseudo-random bytes, in two ``<instrument>/<obs unit>``
+  groups (two raw data packages of 1 GiB, so two bundles at the default 1 GiB bundle target).
+* ``b``: 20,000 files of 0–16 KiB (uniform sizes) over 100 ``<instrument>/<obs unit>`` groups.
+
+For every data set each side runs ``--repeats`` times, alternating which side goes first, each
+time in a fresh run folder (deleted afterwards) after a ``sync``; the page cache is not dropped,
+so both sides find the source files cached. The packhorse side times ``packhorse run -c CFG
+--until-idle --quiet`` (``packhorse init`` is timed separately and not counted); the baseline
+side times the whole script. Every packhorse run is checked (exit code 0, ``packhorse status
+--json``: every package archived, nothing failed, buffers empty; archive folders hold every
+package) and so is every baseline run; a broken run aborts the benchmark.
+
+``--profile`` adds one packhorse run per data set under ``py-spy record`` (not timed with the
+others) and prints its hot spots; the raw stacks go to ``benchmarks/results/``.
+
+Usage::
+
+    python benchmarks/run_benchmarks.py                      # both sets, 2 repeats
+    python benchmarks/run_benchmarks.py --sets b --repeats 3 --profile
+    python benchmarks/run_benchmarks.py --workdir /big/disk/bench --keep-data
+
+The JSON result goes to ``benchmarks/results/<UTC time>.json`` (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_summary import print_summary, summarize  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BASELINE = HERE / "baseline.sh"
+RESULTS = HERE / "results"
+
+MiB = 1024**2
+GiB = 1024**3
+
+#: Equivalent of tests/conftest.py's ``write_site_config()`` three-site layout (fyst → cologne,
+#: cornell), with production-like timings: no settle wait, 4 workers, lease 300 s, heartbeat
+#: 60 s, monitor 60 s, poll 10 s. Kept here so the benchmark does not depend on the test suite.
+CONFIG = """\
+[database]
+url = "sqlite:///packhorse.db"
+[executor]
+kind = "local"
+workers = {workers}
+[[sites]]
+name = "fyst"
+[[sites]]
+name = "cologne"
+[[sites]]
+name = "cornell"
+[[locations]]
+name = "fyst-source"
+site = "fyst"
+role = "source"
+path = "{source}"
+[[locations]]
+name = "fyst-buffer"
+site = "fyst"
+role = "buffer"
+path = "sites/fyst/buffer"
+[[locations]]
+name = "cologne-buffer"
+site = "cologne"
+role = "buffer"
+path = "sites/cologne/buffer"
+[[locations]]
+name = "cologne-lta"
+site = "cologne"
+role = "long_term_archive"
+path = "sites/cologne/archive"
+[[locations]]
+name = "cornell-buffer"
+site = "cornell"
+role = "buffer"
+path = "sites/cornell/buffer"
+[[locations]]
+name = "cornell-lta"
+site = "cornell"
+role = "long_term_archive"
+path = "sites/cornell/archive"
+[[routes]]
+source_site = "fyst"
+destination_sites = ["cologne", "cornell"]
+[packaging]
+group_depth = 2
+max_package_bytes = {max_package_bytes}
+settle_seconds = 0
+bundle_target_bytes = {bundle_target_bytes}
+bundle_max_wait_seconds = 300
+[managers]
+poll_interval_seconds = 10
+[recovery]
+lease_timeout_seconds = 300
+heartbeat_interval_seconds = 60
+monitor_interval_seconds = 60
+"""
+
+BUNDLE_TARGET = GiB
+DESTINATION_LTAS = ("cologne-lta", "cornell-lta")
+BUFFERS = ("fyst-buffer", "cologne-buffer", "cornell-buffer")
+
+
+# ------------------------------------------------------------------------------ data sets
+
+def _write_random(path: Path, size: int, rng: random.Random, block: int = 8 * MiB) -> None:
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(block, left)
+            f.write(rng.randbytes(n))
+            left -= n
+
+
+def gen_a(root: Path) -> dict[str, int]:
+    """2 GiB in 4 files of 512 MiB, two groups of two."""
+    rng = random.Random(0xA)
+    n = 0
+    for group in ("primecam/obs-0001", "primecam/obs-0002"):
+        (root / group).mkdir(parents=True, exist_ok=True)
+        for i in range(2):
+            _write_random(root / group / f"scan-{i}.bin", 512 * MiB, rng)
+            n += 1
+    return {"files": n, "bytes": 4 * 512 * MiB, "groups": 2}
+
+
+def gen_b(root: Path) -> dict[str, int]:
+    """20,000 files of 0–16 KiB over 100 groups (10 instruments × 10 observation units)."""
+    rng = random.Random(0xB)
+    total = 0
+    for i in range(20_000):
+        g = i % 100
+        folder = root / f"instrument-{g // 10:02d}" / f"obs-{g % 10:04d}"
+        if i < 100:
+            folder.mkdir(parents=True, exist_ok=True)
+        size = rng.randint(0, 16 * 1024)
+        (folder / f"frame-{i:05d}.dat").write_bytes(rng.randbytes(size))
+        total += size
+    return {"files": 20_000, "bytes": total, "groups": 100}
+
+
+DATASETS = {
+    "a": ("2 GiB in 4 files (2 groups)", gen_a),
+    "b": ("20,000 files of 0-16 KiB (100 groups)", gen_b),
+}
+
+
+def ensure_dataset(workdir: Path, name: str) -> tuple[Path, dict[str, int]]:
+    root = workdir / "data" / name
+    marker = workdir / "data" / f"{name}.json"
+    if marker.exists() and root.is_dir():
+        return root, json.loads(marker.read_text())
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    t = time.monotonic()
+    info = DATASETS[name][1](root)
+    # make every mtime clearly in the past (settle_seconds = 0 anyway) and flush to disk
+    past = time.time() - 3600
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (past, past))
+    subprocess.run(["sync"], check=True)
+    marker.write_text(json.dumps(info))
+    print(f"  generated data set {name}: {info['files']} files, {info['bytes']:,} bytes "
+          f"in {time.monotonic() - t:.1f} s", flush=True)
+    return root, info
+
+
+# ------------------------------------------------------------------------------ runs
+
+class BenchmarkError(RuntimeError):
+    pass
+
+
+def packhorse_cmd() -> list[str]:
+    exe = shutil.which("packhorse")
+    return [exe] if exe else [sys.executable, "-m", "packhorse"]
+
+
+def files_under(path: Path) -> list[Path]:
+    return [Path(d) / f for d, _, fs in os.walk(path) for f in fs] if path.exists() else []
+
+
+def fresh(run_dir: Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    subprocess.run(["sync"], check=True)
+
+
+def cleanup(run_dir: Path) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    subprocess.run(["sync"], check=True)
+
+
+def run_baseline(source: Path, run_dir: Path, info: dict[str, int], hasher: str) -> dict[str, object]:
+    fresh(run_dir)
+    t = time.monotonic()
+    p = subprocess.run(["bash", str(BASELINE), "--timings", "--hasher", hasher, str(source), str(run_dir / "work")],
+                       capture_output=True, text=True)
+    elapsed = time.monotonic() - t
+    if p.returncode != 0:
+        raise BenchmarkError(f"baseline.sh exited {p.returncode}:\n{p.stderr}")
+    sites = run_dir / "work" / "sites"
+    for d in ("cologne", "cornell"):
+        tars = [f for f in files_under(sites / d / "archive") if f.suffix == ".tar"]
+        if len(tars) != info["groups"]:
+            raise BenchmarkError(f"baseline: {d} archive holds {len(tars)} package tars, expected {info['groups']}")
+    left = [f for d in ("fyst", "cologne", "cornell") for f in files_under(sites / d / "buffer")]
+    if left:
+        raise BenchmarkError(f"baseline: buffers not empty: {left[:3]}")
+    archived = sum(f.stat().st_size for f in files_under(sites / "cologne" / "archive"))
+    hops = {}
+    for line in p.stderr.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "s":
+            hops[parts[0]] = float(parts[1])
+    cleanup(run_dir)
+    return {"seconds": elapsed, "archive_bytes_per_site": archived, "hops": hops}
+
+
+def check_packhorse(cfg: Path, run_dir: Path, info: dict[str, int]) -> dict[str, object]:
+    p = subprocess.run([*packhorse_cmd(), "status", "-c", str(cfg), "--json"], capture_output=True, text=True,
+                       cwd=run_dir)
+    if p.returncode != 0:
+        raise BenchmarkError(f"packhorse status exited {p.returncode}: {p.stderr}")
+    st = json.loads(p.stdout)
+    problems = []
+    pk = st["packages"]
+    if pk["total"] != info["groups"] or pk["archived"] != pk["total"] or pk["failed"]:
+        problems.append(f"packages {pk}, expected {info['groups']} all archived")
+    if st["files"]["registered"] != info["files"] or st["files"]["unpackaged"]:
+        problems.append(f"files {st['files']}, expected {info['files']} registered, 0 unpackaged")
+    if st["failed_operations"]:
+        problems.append(f"failed operations {st['failed_operations']}")
+    for kind, counts in st["operations"].items():
+        if set(counts) - {"COMPLETED"}:
+            problems.append(f"operations {kind}: {counts}")
+    for loc in BUFFERS:
+        if st["copies"][loc]["count"]:
+            problems.append(f"{loc} still has {st['copies'][loc]} present copies")
+    for loc in DESTINATION_LTAS:
+        if st["copies"][loc]["count"] != info["groups"]:
+            problems.append(f"{loc} has {st['copies'][loc]} copies, expected {info['groups']}")
+    if st["skipped"]:
+        problems.append(f"skipped files: {st['skipped'][:3]}")
+    sites = run_dir / "sites"
+    for d in ("cologne", "cornell"):
+        tars = [f for f in files_under(sites / d / "archive") if f.suffix == ".tar"]
+        if len(tars) != info["groups"]:
+            problems.append(f"{d} archive folder holds {len(tars)} package tars, expected {info['groups']}")
+    left = [f for d in ("fyst", "cologne", "cornell") for f in files_under(sites / d / "buffer")]
+    if left:
+        problems.append(f"buffer folders not empty: {[str(f) for f in left[:3]]}")
+    if problems:
+        raise BenchmarkError("packhorse run is broken:\n  " + "\n  ".join(problems))
+    return {"operations": {k: v.get("COMPLETED", 0) for k, v in st["operations"].items()},
+            "archive_bytes_per_site": st["copies"]["cologne-lta"]["bytes"]}
+
+
+def timeline(run_dir: Path, t0: float) -> dict[str, object]:
+    """Per operation kind: count, first start and last finish (s after the run started), busy seconds."""
+    import sqlite3
+
+    def off(ts: str | None) -> float | None:
+        if ts is None:
+            return None
+        return round(dt.datetime.fromisoformat(ts).replace(tzinfo=dt.timezone.utc).timestamp() - t0, 2)
+
+    con = sqlite3.connect(run_dir / "packhorse.db")
+    try:
+        out: dict[str, object] = {"files_registered_at": off(con.execute(
+            "select max(registered_at) from raw_data_files").fetchone()[0])}
+        for kind, n, first, last, busy in con.execute(
+                "select kind, count(*), min(started_at), max(finished_at), "
+                "sum((julianday(finished_at) - julianday(started_at)) * 86400) from operations "
+                "group by kind order by min(started_at)"):
+            out[kind] = {"count": n, "first_start": off(first), "last_finish": off(last), "busy_seconds": round(busy, 2)}
+        return out
+    finally:
+        con.close()
+
+
+def setup_packhorse(source: Path, run_dir: Path, workers: int) -> tuple[Path, float]:
+    fresh(run_dir)
+    cfg = run_dir / "packhorse.toml"
+    cfg.write_text(CONFIG.format(workers=workers, source=source, max_package_bytes=10 * GiB,
+                                 bundle_target_bytes=BUNDLE_TARGET), encoding="utf-8")
+    t = time.monotonic()
+    p = subprocess.run([*packhorse_cmd(), "init", "-c", str(cfg)], capture_output=True, text=True, cwd=run_dir)
+    if p.returncode != 0:
+        raise BenchmarkError(f"packhorse init exited {p.returncode}: {p.stderr}")
+    return cfg, time.monotonic() - t
+
+
+def run_packhorse(source: Path, run_dir: Path, info: dict[str, int], workers: int,
+                  wrap: list[str] | None = None) -> dict[str, object]:
+    cfg, init_s = setup_packhorse(source, run_dir, workers)
+    cmd = [*packhorse_cmd(), "run", "-c", str(cfg), "--until-idle", "--quiet"]
+    if wrap:
+        cmd = [*wrap, sys.executable, "-m", "packhorse", *cmd[len(packhorse_cmd()):]]
+    t, t0 = time.monotonic(), time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=run_dir)
+    elapsed = time.monotonic() - t
+    if p.returncode != 0:
+        raise BenchmarkError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    checked = check_packhorse(cfg, run_dir, info)
+    phases = timeline(run_dir, t0)
+    cleanup(run_dir)
+    return {"seconds": elapsed, "init_seconds": init_s, "stderr": p.stderr[-2000:], **checked, "timeline": phases}
+
+
+# ------------------------------------------------------------------------------ profiling
+
+def profile_packhorse(name: str, source: Path, run_dir: Path, info: dict[str, int], workers: int,
+                      stamp: str) -> dict[str, object] | None:
+    pyspy = shutil.which("py-spy")
+    if not pyspy:
+        print("  py-spy not installed (pip install py-spy): no profile", flush=True)
+        return None
+    RESULTS.mkdir(exist_ok=True)
+    raw = RESULTS / f"{stamp}-profile-{name}.txt"
+    wrap = [pyspy, "record", "--format", "raw", "--threads", "--nonblocking", "--rate", "100", "-o", str(raw), "--"]
+    r = run_packhorse(source, run_dir, info, workers, wrap=wrap)
+    summary = summarize(raw)
+    print(f"  profile of packhorse on ({name}) under py-spy: {r['seconds']:.1f} s -> {raw}", flush=True)
+    print_summary(summary, indent="    ")
+    return {"seconds": r["seconds"], "raw": str(raw), **summary}
+
+
+# ------------------------------------------------------------------------------ main
+
+def disk_probe(workdir: Path, mib: int = 512) -> float:
+    """MB/s of writing ``mib`` MiB with dd + fsync into ``workdir`` (the disk's speed drifts)."""
+    f = workdir / "disk-probe"
+    t = time.monotonic()
+    subprocess.run(["dd", "if=/dev/zero", f"of={f}", "bs=1M", f"count={mib}", "conv=fsync", "status=none"], check=True)
+    el = time.monotonic() - t
+    f.unlink()
+    subprocess.run(["sync"], check=True)
+    return round(mib * MiB / el / 1e6, 1)
+
+
+def machine() -> dict[str, object]:
+    def sh(*cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+
+    cpu = next((l.split(":", 1)[1].strip() for l in sh("lscpu").splitlines() if l.startswith("Model name")), "")
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"nproc": os.cpu_count(), "cpu": cpu, "memory_bytes": mem, "kernel": platform.release(),
+            "python": platform.python_version(), "disk": sh("df", "-hT", str(RESULTS.parent)).splitlines()[-1:],
+            "tools": {t: sh(t, "--version").splitlines()[0] if sh(t, "--version") else "" for t in
+                      ("tar", "rsync", "sha256sum")} | {"openssl": sh("openssl", "version")},
+            "packhorse": sh(*packhorse_cmd(), "version"),
+            "commit": sh("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
+            "src_dirty": bool(sh("git", "-C", str(REPO), "status", "--porcelain", "src"))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, help="folder for data sets and runs (default: a new one under /tmp)")
+    ap.add_argument("--sets", default="a,b", help="comma-separated data sets: a, b (default a,b)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per side and data set (default 2; median taken; 0 with --profile: profile only)")
+    ap.add_argument("--hashers", default="sha256sum,openssl",
+                    help="baseline variants by hashing tool (default sha256sum,openssl; the first is the reference)")
+    ap.add_argument("--workers", type=int, default=4, help="packhorse [executor] workers (default 4)")
+    ap.add_argument("--profile", action="store_true", help="one extra packhorse run per set under py-spy")
+    ap.add_argument("--keep-data", action="store_true", help="keep the generated data sets")
+    args = ap.parse_args()
+
+    own_workdir = args.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="packhorse-bench-", dir="/tmp")) if own_workdir else args.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    hashers = [h for h in args.hashers.split(",") if h]
+    sets = [s for s in args.sets.split(",") if s]
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    result: dict[str, object] = {"started_at": stamp, "machine": machine(), "repeats": args.repeats,
+                                 "workers": args.workers, "sets": {}}
+    print(f"workdir {workdir}; packhorse: {' '.join(packhorse_cmd())}", flush=True)
+    try:
+        for name in sets:
+            source, info = ensure_dataset(workdir, name)
+            probe = disk_probe(workdir)
+            print(f"  ({name}) disk probe: {probe} MB/s (dd 512 MiB + fsync)", flush=True)
+            run_dir = workdir / "run"
+            sides = [f"baseline-{h}" for h in hashers] + ["packhorse"]
+            runs: dict[str, list[dict[str, object]]] = {s: [] for s in sides}
+            for i in range(args.repeats):
+                order = sides if i % 2 == 0 else sides[::-1]  # alternate who goes first
+                for side in order:
+                    if side == "packhorse":
+                        r = run_packhorse(source, run_dir, info, args.workers)
+                    else:
+                        r = run_baseline(source, run_dir, info, side.split("-", 1)[1])
+                    runs[side].append(r)
+                    extra = f" (hops {r['hops']})" if "hops" in r else f" (init {r['init_seconds']:.2f} s)"
+                    print(f"  ({name}) run {i + 1} {side:20s} {r['seconds']:7.2f} s{extra}", flush=True)
+            probe_after = disk_probe(workdir)
+            print(f"  ({name}) disk probe after: {probe_after} MB/s", flush=True)
+            entry: dict[str, object] = {"description": DATASETS[name][0], **info, "runs": runs,
+                                        "disk_probe_MBps": {"before": probe, "after": probe_after}}
+            if args.repeats:
+                med = {s: statistics.median(float(r["seconds"]) for r in runs[s]) for s in sides}  # type: ignore[arg-type]
+                entry["median_seconds"] = med
+                entry["ratio"] = {s: med["packhorse"] / med[s] for s in sides if s != "packhorse"}
+            if args.profile:
+                entry["profile"] = profile_packhorse(name, source, run_dir, info, args.workers, stamp)
+            result["sets"][name] = entry  # type: ignore[index]
+            if not args.keep_data:
+                shutil.rmtree(source, ignore_errors=True)
+                (workdir / "data" / f"{name}.json").unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(workdir / "run", ignore_errors=True)
+        if own_workdir and not args.keep_data:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{stamp}.json"
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print()
+    ref = f"baseline-{hashers[0]}" if hashers else None
+    head = f"{'set':4s} " + " ".join(f"{s:>20s}" for s in [*(f'baseline-{h}' for h in hashers), "packhorse"])
+    head += "".join(f"  {'ratio vs ' + h:>20s}" for h in hashers)
+    print(head)
+    for name, e in result["sets"].items():  # type: ignore[attr-defined]
+        if "median_seconds" not in e:
+            continue
+        med = e["median_seconds"]
+        line = f"{name:4s} " + " ".join(f"{med[s]:19.2f}s" for s in med)
+        line += "".join(f"  {e['ratio'][f'baseline-{h}']:19.2f}x" for h in hashers)
+        print(line)
+    print(f"\nresult: {out}" + (f" (reference baseline: {ref})" if ref else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchmarkError as e:
+        print(f"BENCHMARK ABORTED: {e}", file=sys.stderr)
+        sys.exit(1)
