@@ -298,11 +298,27 @@ def _parse_bag_info(data: bytes) -> dict[str, str]:
     return info
 
 
+#: Stream buffer for reading non-seekable tars. tarfile's stream mode copies its whole
+#: remaining buffer on every small read, so a large buffer costs more than it saves.
+STREAM_BUFSIZE = 64 * 1024
+
+
+def _open_for_reading(fileobj: BinaryIO) -> tarfile.TarFile:
+    """Open a tar for one sequential pass: random access when ``fileobj`` can seek, else stream."""
+    try:
+        seekable = fileobj.seekable()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        seekable = False
+    if seekable:
+        return tarfile.open(fileobj=fileobj, mode="r:")
+    return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE)  # type: ignore[call-overload]
+
+
 def read_bag_tar(
     fileobj: BinaryIO,
     *,
     source: str,
-    on_payload: Callable[[str, int, BinaryIO], None] | None = None,
+    on_payload: Callable[[str, int, BinaryIO], str] | None = None,
 ) -> BagContents:
     """Stream through a bag tar once, verifying it; optionally hand each payload file on.
 
@@ -310,7 +326,9 @@ def read_bag_tar(
         fileobj: the tar, read sequentially.
         source: a name for messages (e.g. ``"cologne-buffer:bundles/x.tar"``).
         on_payload: called as ``on_payload(path, size, stream)`` for every payload file; it
-            may read the stream (what it does not read is skipped). Hashing happens around it.
+            must read the whole stream and return the sha256 (hex) of what it read, which is
+            then checked against the manifest (so the caller's own hash is not done twice).
+            Without it, the payload is read and hashed here.
 
     Returns:
         the bag's info and its manifest.
@@ -327,7 +345,7 @@ def read_bag_tar(
     total = 0
     bag_dir: str | None = None
     try:
-        tar = tarfile.open(fileobj=fileobj, mode="r|", bufsize=COPY_BUFSIZE)  # type: ignore[call-overload]
+        tar = _open_for_reading(fileobj)
     except tarfile.TarError as e:
         raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
     with tar:
@@ -361,12 +379,13 @@ def read_bag_tar(
                     raise VerificationError(f"{source}: payload file {path!r} appears twice", path=path, step="unpack")
                 raw = tar.extractfile(member)
                 assert raw is not None
-                reader = _HashingReader(raw)  # type: ignore[arg-type]
                 if on_payload is not None:
-                    on_payload(path, member.size, reader)  # type: ignore[arg-type]
-                while reader.read(COPY_BUFSIZE):
-                    pass
-                digest = reader.hash.hexdigest()
+                    digest = on_payload(path, member.size, raw)  # type: ignore[arg-type]
+                    if raw.read(1):
+                        raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
+                                                path=path, step="unpack")
+                else:
+                    digest = hashlib.file_digest(raw, "sha256").hexdigest()  # type: ignore[arg-type]
                 if digest != manifest[path]:
                     raise VerificationError(
                         f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",
@@ -397,18 +416,16 @@ def read_bag_tar(
 
 
 class TeeReader:
-    """A reader that copies every byte it reads to ``sink`` and hashes it (sha256)."""
+    """A reader that copies every byte it reads to ``sink`` (which may hash it) and counts them."""
 
     def __init__(self, src: BinaryIO, sink: _Writable) -> None:
         self._src = src
         self._sink = sink
-        self.hash = hashlib.sha256()
         self.size = 0
 
     def read(self, n: int = -1) -> bytes:
         data = self._src.read(n)
         if data:
-            self.hash.update(data)
             self._sink.write(data)
             self.size += len(data)
         return data

@@ -249,14 +249,54 @@ def good(tmp_path: Path) -> bytes:
 
 def test_read_accepts_a_good_tar(good: bytes) -> None:
     seen: dict[str, bytes] = {}
-    contents = read_bag_tar(io.BytesIO(good), source="x",
-                            on_payload=lambda path, size, stream: seen.__setitem__(path, stream.read()))
+
+    def keep(path: str, size: int, stream) -> str:  # type: ignore[no-untyped-def]
+        seen[path] = stream.read()
+        return hashlib.sha256(seen[path]).hexdigest()
+
+    contents = read_bag_tar(io.BytesIO(good), source="x", on_payload=keep)
     assert contents.bag_dir == "pkg"
     assert contents.files == {p: hashlib.sha256(d).hexdigest()
                               for p, d in {"a.txt": b"alpha", "dir/b.txt": b"beta", "z.txt": b"zeta"}.items()}
     assert contents.bag_info["External-Identifier"] == "instr/ou1"
     assert contents.bag_info["Payload-Oxum"] == "13.3"
     assert seen == {"a.txt": b"alpha", "dir/b.txt": b"beta", "z.txt": b"zeta"}
+
+
+def test_read_checks_the_digest_the_payload_consumer_returns(good: bytes) -> None:
+    # the consumer hashes what it copied; a copy that went wrong must fail the manifest check
+    def bad_copy(path: str, size: int, stream) -> str:  # type: ignore[no-untyped-def]
+        data = stream.read()
+        return hashlib.sha256(data + (b"!" if path == "dir/b.txt" else b"")).hexdigest()
+
+    with pytest.raises(VerificationError, match="'dir/b.txt'"):
+        read_bag_tar(io.BytesIO(good), source="x", on_payload=bad_copy)
+
+
+def test_read_refuses_a_consumer_that_stops_early(good: bytes) -> None:
+    with pytest.raises(VerificationError, match="not read to its end"):
+        read_bag_tar(io.BytesIO(good), source="x", on_payload=lambda p, n, f: hashlib.sha256(f.read(2)).hexdigest())
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_read_works_on_streams_and_seekable_files(good: bytes, seekable: bool) -> None:
+    class Stream(io.RawIOBase):
+        def __init__(self, data: bytes) -> None:
+            self._b = io.BytesIO(data)
+
+        def readable(self) -> bool:
+            return True
+
+        def seekable(self) -> bool:
+            return False
+
+        def readinto(self, b) -> int:  # type: ignore[no-untyped-def]
+            data = self._b.read(len(b))
+            b[:len(data)] = data
+            return len(data)
+
+    src = io.BytesIO(good) if seekable else io.BufferedReader(Stream(good))
+    assert set(read_bag_tar(src, source="x").files) == {"a.txt", "dir/b.txt", "z.txt"}
 
 
 def test_read_accepts_the_tricky_names(tricky: list[PayloadFile]) -> None:

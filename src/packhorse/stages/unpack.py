@@ -10,6 +10,7 @@ database says it does.
 
 from __future__ import annotations
 
+import hashlib
 from typing import BinaryIO
 
 from sqlalchemy import select
@@ -40,7 +41,8 @@ def run(work: Work) -> Recorder:
     by_path = {f"{p.name}.tar": p for p in pkgs}
     done: list[tuple[int, str, int, str]] = []
 
-    def on_payload(path: str, size: int, stream: BinaryIO) -> None:
+    def on_payload(path: str, size: int, stream: BinaryIO) -> str:
+        """Copy one raw package out of the bundle, verifying its own bag; returns its sha256."""
         pkg = by_path.get(path)
         if pkg is None:
             raise VerificationError(f"{buf_name}:{key}: bundle carries {path!r}, which is not one of its packages",
@@ -48,15 +50,17 @@ def run(work: Work) -> Recorder:
         pkey = raw_package_key(pkg.name)
         if already_there(buf, pkey, pkg.size, pkg.sha256):
             done.append((pkg.id, pkey, size, pkg.sha256 or ""))
-            return
+            return hashlib.file_digest(stream, "sha256").hexdigest()  # type: ignore[arg-type]
         clear_partials(buf, pkey)
         with buf.open_write(pkey) as w:
-            tee = TeeReader(stream, w)
+            tee = TeeReader(stream, w)  # w hashes what passes through
             read_bag_tar(tee, source=f"{buf_name}:{key}:{path}")  # the raw package's own bag
             tee.drain()
             work.progress(tee.size)
+            digest = w.sha256
             result = publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
         done.append((pkg.id, pkey, result.size, result.sha256))
+        return digest
 
     with buf.open_read(key) as f:
         read_bag_tar(f, source=f"{buf_name}:{key}", on_payload=on_payload)
