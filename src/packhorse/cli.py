@@ -90,7 +90,7 @@ def init(config: ConfigOpt = None) -> None:
 def _exit_code_after_run(ctx: StageContext) -> int:
     from .reporting import failed_operations
 
-    failed = ctx.db.transact(failed_operations)
+    failed = ctx.db.read(failed_operations)
     if failed:
         print(f"{len(failed)} operation(s) FAILED:", file=sys.stderr)
         for f in failed:
@@ -206,7 +206,7 @@ def run_operation(
     ctx = _context(config)
     from .db.models import Operation
 
-    op = ctx.db.transact(lambda s: s.get(Operation, operation_id))
+    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
     if op is None or op.kind != kind:
         raise _fail(f"no {kind} operation with id {operation_id}", EXIT_PROBLEM)
     outcome = execute_operation(ctx, operation_id, worker_identity("cli"))

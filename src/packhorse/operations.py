@@ -269,7 +269,7 @@ def record_failure(
     A retry sets ``PENDING``, ``retry_count + 1``, clears the cached error context and sets
     ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context.
     """
-    op = db.transact(lambda s: s.get(Operation, claim.operation_id))
+    op = db.read(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
     stale = op.attempt != claim.attempt or op.status != Status.IN_PROGRESS.value
     will_retry = not stale and is_retryable(exc, op.retry_count, op.max_retries)
@@ -314,7 +314,7 @@ def reset_stalled(db: Database) -> list[int]:
         )]  # type: ignore[misc]
 
     reset: list[int] = []
-    for op_id, kind, attempt, retry_count in db.transact(find):
+    for op_id, kind, attempt, retry_count in db.read(find):
         def tx(s: Session, op_id: int = op_id, attempt: int = attempt, kind: str = kind,
                retry_count: int = retry_count) -> bool:
             res = s.execute(

@@ -83,7 +83,7 @@ def status_report(ctx: StageContext) -> dict[str, Any]:
             "generated_at": utcnow().isoformat(),
         }
 
-    return ctx.db.transact(tx)
+    return ctx.db.read(tx)
 
 
 def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, A
             q = q.where(DataLocation.name == location)
         return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
 
-    rows = ctx.db.transact(load)
+    rows = ctx.db.read(load)
     report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": []}
     ok_ids: list[int] = []
     for copy_id, loc, path, size, sha in rows:

@@ -55,7 +55,7 @@ def execute_operation(ctx: StageContext, operation_id: int, owner: str) -> Outco
     c = claim(ctx.db, operation_id, owner, rec.lease_timeout_seconds)
     if c is None:
         return Outcome.SKIPPED
-    op = ctx.db.transact(lambda s: s.get(Operation, operation_id))
+    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
     assert op is not None
     bound = log.bind(operation_id=operation_id, operation_kind=c.kind.value, attempt=c.attempt)
     bound.debug("operation_claimed")

@@ -7,13 +7,16 @@ serialization failure): such an error is never recorded as an operation's failur
 "Architecture"). No unit of work may read or write payload bytes: callers do I/O between
 units, never inside one.
 
-SQLite runs in WAL mode and opens every transaction with ``BEGIN IMMEDIATE`` so that two
-writers queue on the database lock instead of failing half-way through.
+SQLite runs in WAL mode and opens every write transaction with ``BEGIN IMMEDIATE`` so that
+two writers queue on the database lock instead of failing half-way through; read-only units
+(:meth:`Database.read`) use a plain ``BEGIN`` and never wait for writers. Within one process,
+write units queue on a lock first (SQLite's own busy wait sleeps in coarse steps).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,7 +65,9 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn):  # type: ignore[no-untyped-def]
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # read-only units of work (Database.read) take no write lock
+            read_only = conn.get_execution_options().get("packhorse_read_only", False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
@@ -80,6 +85,12 @@ class Database:
         self.url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # SQLite has one writer at a time and its busy handler waits by sleeping (up to 100 ms
+        # a step): threads of this process queue on a lock instead, so a write starts the moment
+        # the previous one commits. Other processes still meet the busy handler.
+        self._write_lock: threading.RLock | None = threading.RLock() if url.startswith("sqlite") else None
+        self._read_sessions = sessionmaker(self.engine.execution_options(packhorse_read_only=True),
+                                           expire_on_commit=False)
 
     def session(self) -> Session:
         """A new session (caller commits/closes). Prefer :meth:`transact`."""
@@ -97,11 +108,27 @@ class Database:
             TransientDatabaseError: the database stayed unavailable for every attempt.
             Any other exception ``fn`` raises (after rolling back).
         """
+        if self._write_lock is None:
+            return self._run(fn, self._sessions, attempts=attempts)
+        with self._write_lock:
+            return self._run(fn, self._sessions, attempts=attempts)
+
+    def read(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
+        """Run a read-only ``fn(session)`` in one consistent snapshot; retried like :meth:`transact`.
+
+        On SQLite the transaction is a plain (deferred) ``BEGIN``: readers never wait for the
+        write lock. ``fn`` must not write.
+        """
+        return self._run(fn, self._read_sessions, attempts=attempts)
+
+    def _run(self, fn: Callable[[Session], T], factory: sessionmaker[Session], *, attempts: int) -> T:
         delay = 0.05
         for i in range(attempts):
-            session = self._sessions()
+            session = factory()
             try:
                 result = fn(session)
+                # a read-only unit commits too: nothing to write, and a rollback would expire
+                # the objects it returns
                 session.commit()
                 return result
             except exc.SQLAlchemyError as err:

@@ -67,6 +67,13 @@ class LocalRunner:
                 self.outcomes[fut.result()] += 1
             except Exception as e:  # a bug or a database outage outside the failure path
                 log.error("operation_crashed", operation_id=op_id, error=repr(e))
+        # keep the pool busy: the freed worker slot takes the next runnable operation at once,
+        # without waiting for the main loop (which only has to create new operations)
+        if not self.stop_requested.is_set():
+            try:
+                self.dispatch()
+            except Exception as e:  # the main loop dispatches again anyway
+                log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
 
     def _run_one(self, op_id: int) -> Outcome:
@@ -137,7 +144,7 @@ class LocalRunner:
             soon = [t for t in (nb, le) if t is not None]
             return n, (max(0.0, (min(soon) - now).total_seconds()) if soon else None)
 
-        return self.ctx.db.transact(tx)
+        return self.ctx.db.read(tx)
 
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
@@ -148,6 +155,7 @@ class LocalRunner:
         next_monitor = 0.0
         scan = ScanResult()
         flush = False
+        last_manage = manage_cost = 0.0
         try:
             while not self.stop_requested.is_set():
                 now = time.monotonic()
@@ -159,7 +167,17 @@ class LocalRunner:
                     scan = scan_all(self.ctx, self.hash_pool)
                     next_scan = time.monotonic() + poll
                 self.wake.clear()
+                # Coalesce wake-ups: a burst of finished operations is handled by one manager
+                # cycle; the gap is twice the last cycle's cost, so managers never take more
+                # than about a third of this thread while workers are busy.
+                gap = last_manage + 2 * manage_cost - time.monotonic()
+                if gap > 0:
+                    self.dispatch()
+                    time.sleep(min(gap, 0.5))
+                t0 = time.monotonic()
                 created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                last_manage = time.monotonic()
+                manage_cost = last_manage - t0
                 dispatched = self.dispatch()
                 if self.on_tick:
                     self.on_tick()

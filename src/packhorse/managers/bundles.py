@@ -8,6 +8,8 @@ waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (`
 
 from __future__ import annotations
 
+from typing import Any
+
 import datetime as dt
 
 from sqlalchemy import select, update
@@ -31,14 +33,20 @@ def manage(ctx: StageContext, *, flush: bool = False) -> tuple[int, float | None
         buf_id = ctx.topology.location_ids[buf]
         site_id = ctx.topology.site_ids[site]
 
-        def tx(s: Session) -> tuple[int, float | None]:
-            rows = s.execute(
+        def find(s: Session) -> list[Any]:
+            return s.execute(
                 select(RawDataPackage.id, RawDataPackage.size, PhysicalCopy.created_at)
                 .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
                 .where(RawDataPackage.data_transfer_package_id.is_(None), PhysicalCopy.location_id == buf_id,
                        PhysicalCopy.status == CopyStatus.PRESENT.value)
                 .order_by(RawDataPackage.id)
             ).all()
+
+        if not ctx.db.read(find):  # most cycles: nothing to bundle, no write lock taken
+            continue
+
+        def tx(s: Session, find: Any = find) -> tuple[int, float | None]:
+            rows = find(s)  # again, under the write lock: another runner may have bundled them
             groups: list[list[int]] = []
             cur: list[int] = []
             size = 0

@@ -1,13 +1,20 @@
-"""Helpers shared by the managers: bulk existence checks of operations by dedup key."""
+"""Helpers shared by the managers: find what is missing in a read-only unit of work, then
+create only that in a short write transaction (most cycles write nothing)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..db.models import Operation
+from ..domain import OperationKind
+from ..operations import create_operation
+
+if TYPE_CHECKING:
+    from ..stages.base import StageContext
 
 
 def existing_keys(session: Session, keys: Iterable[str]) -> set[str]:
@@ -17,3 +24,25 @@ def existing_keys(session: Session, keys: Iterable[str]) -> set[str]:
     for i in range(0, len(keys), 500):
         out.update(session.scalars(select(Operation.dedup_key).where(Operation.dedup_key.in_(keys[i:i + 500]))))
     return out
+
+
+def create_missing(ctx: "StageContext", kind: OperationKind, wanted: dict[str, dict[str, Any]]) -> int:
+    """Create the operations of ``wanted`` (``{dedup_key: create_operation kwargs}``) in one
+    write transaction; keys that exist meanwhile are skipped. Returns how many were created."""
+    if not wanted:
+        return 0
+
+    def tx(s: Session) -> int:
+        n = 0
+        for key, kwargs in wanted.items():
+            if create_operation(s, kind=kind, dedup_key=key, max_retries=ctx.settings.recovery.max_retries, **kwargs):
+                n += 1
+        return n
+
+    return ctx.db.transact(tx)
+
+
+def new_only(session: Session, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``wanted`` without the keys that already name an operation."""
+    have = existing_keys(session, wanted)
+    return {k: v for k, v in wanted.items() if k not in have}

@@ -4,8 +4,8 @@ Files of one group (see :func:`~packhorse.managers.scan.group_of`) form one pack
 at ``max_package_bytes`` (a larger file gets a package of its own). A group that already has
 a package gets a new one with a suffixed name (``a/b+2``, ``a/b+3``, ...). Files shallower
 than ``group_depth`` form a package of their own folder (``_root`` for the location root).
-Groups with unsettled files wait. Each package and its operation are created in one
-transaction.
+Groups with unsettled files wait. The packages of one cycle and their operations are created
+in one transaction per source location.
 """
 
 from __future__ import annotations
@@ -63,20 +63,22 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]]) -> int:
             return list(s.scalars(select(RawDataFile.group_path).where(
                 RawDataFile.location_id == loc_id, RawDataFile.raw_data_package_id.is_(None)).distinct()))
 
-        for group in sorted(ctx.db.transact(groups)):
-            if group in waiting:
-                continue
+        ready = [g for g in sorted(ctx.db.read(groups)) if g not in waiting]
+        if not ready:
+            continue
 
-            def tx(s: Session, group: str = group) -> int:
+        def tx(s: Session, ready: list[str] = ready, loc_id: int = loc_id, site: str = loc.site,
+               buffer_name: str = buffer_name) -> int:
+            n = 0
+            for group in ready:
                 files = list(s.scalars(select(RawDataFile).where(
                     RawDataFile.location_id == loc_id, RawDataFile.group_path == group,
                     RawDataFile.raw_data_package_id.is_(None))))
                 if not files:
-                    return 0
+                    continue  # packaged meanwhile by another runner
                 base = group or ROOT_GROUP_NAME
                 taken = set(s.scalars(select(RawDataPackage.name).where(
                     (RawDataPackage.name == base) | RawDataPackage.name.like(f"{base}+%"))))
-                n = 0
                 for part in _split(files, ctx.settings.packaging.max_package_bytes):
                     now = utcnow()
                     name = _name_for(group, taken)
@@ -92,12 +94,12 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]]) -> int:
                                   .values(raw_data_package_id=pkg.id))
                     create_operation(s, kind=OperationKind.RAW_DATA_PACKAGE,
                                      dedup_key=dedup_key(OperationKind.RAW_DATA_PACKAGE, f"rdp{pkg.id}"),
-                                     site_id=ctx.topology.site_ids[loc.site],
+                                     site_id=ctx.topology.site_ids[site],
                                      max_retries=ctx.settings.recovery.max_retries, raw_data_package_id=pkg.id,
                                      source_location_id=loc_id,
                                      destination_location_id=ctx.topology.location_ids[buffer_name])
                     n += 1
-                return n
+            return n
 
-            created += ctx.db.transact(tx)
+        created += ctx.db.transact(tx)
     return created

@@ -121,7 +121,7 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
     else:
         _walk(root, "", found, result.skipped)
 
-    registered = dict(ctx.db.transact(lambda s: {
+    registered = dict(ctx.db.read(lambda s: {
         r.relative_path: (r.size, r.mtime_ns) for r in s.execute(
             select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns)
             .where(RawDataFile.location_id == loc_id))

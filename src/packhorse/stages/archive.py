@@ -19,7 +19,7 @@ from .base import Recorder, Work, copy_object, record_copy
 def run(work: Work) -> Recorder:
     """Copy the package from the destination buffer to the archive; record the archive copy."""
     ctx = work.ctx
-    pkg = ctx.db.transact(lambda s: s.get(RawDataPackage, work.op.raw_data_package_id))
+    pkg = ctx.db.read(lambda s: s.get(RawDataPackage, work.op.raw_data_package_id))
     assert pkg is not None and pkg.size is not None and pkg.sha256 is not None
     src_name = ctx.location_name(work.op.source_location_id)
     dst_name = ctx.location_name(work.op.destination_location_id)

@@ -29,7 +29,7 @@ def run(work: Work) -> Recorder:
         pkgs = list(s.scalars(select(RawDataPackage).where(RawDataPackage.data_transfer_package_id == dtp_id)))
         return dtp, pkgs
 
-    dtp, pkgs = ctx.db.transact(load)
+    dtp, pkgs = ctx.db.read(load)
     buf_name = ctx.location_name(work.op.destination_location_id)
     buf = ctx.backend(buf_name)
     key = bundle_key(dtp.name)

@@ -81,7 +81,7 @@ def _delete_source_files(work: Work) -> Recorder:
         return list(s.scalars(select(RawDataFile).where(RawDataFile.raw_data_package_id == pkg_id,
                                                         RawDataFile.source_deleted_at.is_(None))))
 
-    files = ctx.db.transact(load)
+    files = ctx.db.read(load)
     loc = ctx.location_name(work.op.source_location_id)
     backend = ctx.backend(loc)
     work.info.update(location=loc, files=len(files))

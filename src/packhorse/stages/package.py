@@ -50,7 +50,7 @@ def run(work: Work) -> Recorder:
         files = list(s.scalars(select(RawDataFile).where(RawDataFile.raw_data_package_id == pkg_id)))
         return pkg, files
 
-    pkg, files = ctx.db.transact(load)
+    pkg, files = ctx.db.read(load)
     src = ctx.backend(ctx.location_name(work.op.source_location_id))
     dst_name = ctx.location_name(work.op.destination_location_id)
     dst = ctx.backend(dst_name)

@@ -35,7 +35,7 @@ def command_args(template: str, source: str, destination: str) -> list[str]:
 def run(work: Work) -> Recorder:
     """Copy and verify the bundle at the destination buffer; record the copy there."""
     ctx = work.ctx
-    dtp = ctx.db.transact(lambda s: s.get(DataTransferPackage, work.op.data_transfer_package_id))
+    dtp = ctx.db.read(lambda s: s.get(DataTransferPackage, work.op.data_transfer_package_id))
     assert dtp is not None and dtp.size is not None and dtp.sha256 is not None
     src_name = ctx.location_name(work.op.source_location_id)
     dst_name = ctx.location_name(work.op.destination_location_id)

@@ -33,7 +33,7 @@ def run(work: Work) -> Recorder:
         assert dtp is not None
         return dtp, list(s.scalars(select(RawDataPackage).where(RawDataPackage.data_transfer_package_id == dtp_id)))
 
-    dtp, pkgs = ctx.db.transact(load)
+    dtp, pkgs = ctx.db.read(load)
     buf_name = ctx.location_name(work.op.destination_location_id)
     buf = ctx.backend(buf_name)
     key = bundle_key(dtp.name)

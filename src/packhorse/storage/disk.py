@@ -31,6 +31,7 @@ from ..errors import (
 from .base import PARTIAL_SUFFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
 
 _RENAME_NOREPLACE = 1
+WRITE_BUFFER_BYTES = 1 << 20
 _AT_FDCWD = -100
 
 
@@ -58,8 +59,8 @@ class _DiskPendingWrite(PendingWrite):
         self._backend = backend
         self._final = final
         self._tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        self._file = os.fdopen(fd, "wb", buffering=0)
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        self._file = os.fdopen(fd, "wb", buffering=WRITE_BUFFER_BYTES)  # tar headers are 512-byte writes
 
     @property
     def local_path(self) -> Path:
@@ -77,7 +78,7 @@ class _DiskPendingWrite(PendingWrite):
             ) from None
         self._hash = digest
         self.size = os.stat(self._tmp).st_size
-        self._file = open(self._tmp, "ab", buffering=0)
+        self._file = open(self._tmp, "ab", buffering=WRITE_BUFFER_BYTES)
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         self._file.write(data)
@@ -165,19 +166,56 @@ class DiskBackend(StorageBackend):
         return self._path(key)
 
     # -- interface ----------------------------------------------------------------
-    def stat(self, key: str) -> ObjectInfo | None:
+    def _parent_fd(self, key: str) -> tuple[int, str] | None:
+        """Open the folder of ``key`` and check (through ``/proc/self/fd``) that it really is
+        inside the root; returns ``(folder fd, file name)`` or ``None`` if the folder is missing.
+
+        Opening the object relative to this fd with ``O_NOFOLLOW`` leaves no window between the
+        check and the open (cheaper than ``realpath`` on every read, too).
+        """
+        path = self.root / check_key(key)
         try:
-            st = os.lstat(self._path(key))
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        try:
+            try:
+                real = Path(os.readlink(f"/proc/self/fd/{dfd}"))
+            except OSError:  # no /proc: fall back to resolving the path
+                real = Path(os.path.realpath(path.parent))
+            if real != self._real_root and self._real_root not in real.parents:
+                raise UnsafePathError(
+                    f"{self.location}: {key!r} resolves outside the location root (symlink escape)",
+                    path=key, host=self.location,
+                )
+        except BaseException:
+            os.close(dfd)
+            raise
+        return dfd, path.name
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        opened = self._parent_fd(key)
+        if opened is None:
+            return None
+        dfd, name = opened
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        finally:
+            os.close(dfd)
         if not os.path.stat.S_ISREG(st.st_mode):
             raise UnsafePathError(f"{self.location}: {key!r} is not a regular file", path=key, host=self.location)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
     def open_read(self, key: str) -> BinaryIO:
-        path = self._path(key)
+        opened = self._parent_fd(key)
+        if opened is None:
+            raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
+                                     host=self.location)
+        dfd, name = opened
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except (FileNotFoundError, NotADirectoryError):
             raise SourceMissingError(
                 f"{self.location}: {key!r} does not exist", side="source", path=key, host=self.location
@@ -186,7 +224,9 @@ class DiskBackend(StorageBackend):
             if e.errno == errno.ELOOP:
                 raise UnsafePathError(f"{self.location}: {key!r} is a symlink", path=key, host=self.location) from None
             raise
-        return os.fdopen(fd, "rb")
+        finally:
+            os.close(dfd)
+        return os.fdopen(fd, "rb", buffering=0)  # callers read in large blocks
 
     def open_write(self, key: str) -> PendingWrite:
         # A concurrent delete() may prune the (then empty) folder between mkdir and creating
