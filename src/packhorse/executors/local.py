@@ -61,15 +61,18 @@ class LocalRunner:
 
     # -- pieces ----------------------------------------------------------------------
     def _done(self, op_id: int, fut: Future[Outcome]) -> None:
+        outcome: Outcome | None = None
         with self._lock:
             self.in_flight.pop(op_id, None)
             try:
-                self.outcomes[fut.result()] += 1
+                outcome = fut.result()
+                self.outcomes[outcome] += 1
             except Exception as e:  # a bug or a database outage outside the failure path
                 log.error("operation_crashed", operation_id=op_id, error=repr(e))
         # keep the pool busy: the freed worker slot takes the next runnable operation at once,
-        # without waiting for the main loop (which only has to create new operations)
-        if not self.stop_requested.is_set():
+        # without waiting for the main loop (which only has to create new operations). A
+        # skipped operation changed nothing, so it does not re-dispatch (no busy loop).
+        if outcome not in (None, Outcome.SKIPPED) and not self.stop_requested.is_set():
             try:
                 self.dispatch()
             except Exception as e:  # the main loop dispatches again anyway

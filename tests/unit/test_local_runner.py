@@ -1,0 +1,76 @@
+"""The embedded runner keeps its pool busy: a freed worker takes the next runnable operation
+without waiting for the main loop, and a skipped delivery never loops."""
+
+from __future__ import annotations
+
+import threading
+import types
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from packhorse.config import settings_from_dict
+from packhorse.db.models import Operation, Site
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind, Status
+from packhorse.executors.local import LocalRunner
+from packhorse.operations import create_operation
+from packhorse.worker import Outcome
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    d = Database(f"sqlite:///{tmp_path}/t.db")
+    d.upgrade()
+    d.transact(lambda s: s.add(Site(id=1, name="fyst")))
+    yield d
+    d.dispose()
+
+
+def _pending(db: Database, n: int) -> list[int]:
+    def tx(s):  # type: ignore[no-untyped-def]
+        return [create_operation(s, kind=OperationKind.DELETION, dedup_key=f"deletion:{i}", site_id=1,
+                                 max_retries=3).id for i in range(n)]
+
+    return db.transact(tx)
+
+
+def _runner(db: Database, outcome: Outcome) -> tuple[LocalRunner, list[int], threading.Event]:
+    runner = LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": {"workers": 1}}, environ={}),
+                                               db=db))  # type: ignore[arg-type]
+    ran: list[int] = []
+    idle = threading.Event()
+
+    def run_one(op_id: int) -> Outcome:  # stands in for execute_operation
+        ran.append(op_id)
+        if outcome is Outcome.COMPLETED:
+            db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id)
+                                            .values(status=Status.COMPLETED.value)))
+        return outcome
+
+    runner._run_one = run_one  # type: ignore[method-assign]
+    return runner, ran, idle
+
+
+def test_a_finished_operation_dispatches_the_next_without_the_main_loop(db: Database) -> None:
+    ids = _pending(db, 5)
+    runner, ran, _ = _runner(db, Outcome.COMPLETED)
+    try:
+        assert runner.dispatch() == 1  # one worker: one operation now, the rest from completions
+    finally:
+        runner.pool.shutdown(wait=True)
+        runner.hash_pool.shutdown(wait=True)
+    assert sorted(ran) == sorted(ids)
+    assert runner.outcomes[Outcome.COMPLETED] == 5
+
+
+def test_a_skipped_delivery_does_not_redispatch(db: Database) -> None:
+    _pending(db, 3)
+    runner, ran, _ = _runner(db, Outcome.SKIPPED)
+    try:
+        assert runner.dispatch() == 1
+    finally:
+        runner.pool.shutdown(wait=True)
+        runner.hash_pool.shutdown(wait=True)
+    assert len(ran) == 1
