@@ -4,6 +4,7 @@ without waiting for the main loop, and a skipped delivery never loops."""
 from __future__ import annotations
 
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -58,6 +59,9 @@ def test_a_finished_operation_dispatches_the_next_without_the_main_loop(db: Data
     runner, ran, _ = _runner(db, Outcome.COMPLETED)
     try:
         assert runner.dispatch() == 1  # one worker: one operation now, the rest from completions
+        deadline = time.monotonic() + 10
+        while runner.outcomes[Outcome.COMPLETED] < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         runner.pool.shutdown(wait=True)
         runner.hash_pool.shutdown(wait=True)
@@ -70,6 +74,7 @@ def test_a_skipped_delivery_does_not_redispatch(db: Database) -> None:
     runner, ran, _ = _runner(db, Outcome.SKIPPED)
     try:
         assert runner.dispatch() == 1
+        time.sleep(0.5)  # time for a (wrong) re-dispatch to happen
     finally:
         runner.pool.shutdown(wait=True)
         runner.hash_pool.shutdown(wait=True)
