@@ -47,6 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_summary import print_summary, summarize  # noqa: E402
 
+from packhorse.demo import write_demo_config  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BASELINE = HERE / "baseline.sh"
@@ -55,68 +57,9 @@ RESULTS = HERE / "results"
 MiB = 1024**2
 GiB = 1024**3
 
-#: Equivalent of tests/conftest.py's ``write_site_config()`` three-site layout (fyst → cologne,
-#: cornell), with production-like timings: no settle wait, 4 workers, lease 300 s, heartbeat
-#: 60 s, monitor 60 s, poll 10 s. Kept here so the benchmark does not depend on the test suite.
-CONFIG = """\
-[database]
-url = "sqlite:///packhorse.db"
-[executor]
-kind = "local"
-workers = {workers}
-[[sites]]
-name = "fyst"
-[[sites]]
-name = "cologne"
-[[sites]]
-name = "cornell"
-[[locations]]
-name = "fyst-source"
-site = "fyst"
-role = "source"
-path = "{source}"
-[[locations]]
-name = "fyst-buffer"
-site = "fyst"
-role = "buffer"
-path = "sites/fyst/buffer"
-[[locations]]
-name = "cologne-buffer"
-site = "cologne"
-role = "buffer"
-path = "sites/cologne/buffer"
-[[locations]]
-name = "cologne-lta"
-site = "cologne"
-role = "long_term_archive"
-path = "sites/cologne/archive"
-[[locations]]
-name = "cornell-buffer"
-site = "cornell"
-role = "buffer"
-path = "sites/cornell/buffer"
-[[locations]]
-name = "cornell-lta"
-site = "cornell"
-role = "long_term_archive"
-path = "sites/cornell/archive"
-[[routes]]
-source_site = "fyst"
-destination_sites = ["cologne", "cornell"]
-[packaging]
-group_depth = 2
-max_package_bytes = {max_package_bytes}
-settle_seconds = 0
-bundle_target_bytes = {bundle_target_bytes}
-bundle_max_wait_seconds = 300
-[managers]
-poll_interval_seconds = 10
-[recovery]
-lease_timeout_seconds = 300
-heartbeat_interval_seconds = 60
-monitor_interval_seconds = 60
-"""
-
+#: packhorse runs with the demo's three-site configuration (fyst → cologne, cornell; one
+#: buffer per site, one archive per destination; settle 0; bundles up to 1 GiB), the same
+#: file ``packhorse demo`` writes (``packhorse.demo.write_demo_config``).
 BUNDLE_TARGET = GiB
 DESTINATION_LTAS = ("cologne-lta", "cornell-lta")
 BUFFERS = ("fyst-buffer", "cologne-buffer", "cornell-buffer")
@@ -303,9 +246,7 @@ def timeline(run_dir: Path, t0: float) -> dict[str, object]:
 
 def setup_packhorse(source: Path, run_dir: Path, workers: int) -> tuple[Path, float]:
     fresh(run_dir)
-    cfg = run_dir / "packhorse.toml"
-    cfg.write_text(CONFIG.format(workers=workers, source=source, max_package_bytes=10 * GiB,
-                                 bundle_target_bytes=BUNDLE_TARGET), encoding="utf-8")
+    cfg = write_demo_config(run_dir, str(source), workers=workers)
     t = time.monotonic()
     p = subprocess.run([*packhorse_cmd(), "init", "-c", str(cfg)], capture_output=True, text=True, cwd=run_dir)
     if p.returncode != 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -36,8 +35,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True) if sys.stderr.isatty() else \
-        print(f"error: {message}", file=sys.stderr)
+    """Print ``error: message`` on stderr and return the exit to raise."""
+    print(f"error: {message}", file=sys.stderr)
     return typer.Exit(code)
 
 
@@ -107,17 +106,15 @@ class _Progress:
     """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
 
     def __init__(self, ctx: StageContext) -> None:
-        from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.ctx = ctx
         self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), console=err, transient=False)
-        self.bytes_progress = None
         self.files = self.progress.add_task("files registered", total=None, extra="")
         self.pkgs = self.progress.add_task("packages archived", total=None, extra="")
         self.arch = self.progress.add_task("bytes archived", total=None, extra="")
         self._last = 0.0
-        _ = (DownloadColumn,)
 
     def __enter__(self) -> "_Progress":
         self.progress.start()
@@ -131,11 +128,10 @@ class _Progress:
         if not force and time.monotonic() - self._last < 0.5:
             return
         self._last = time.monotonic()
+        from .domain import LocationRole
         from .reporting import status_report
 
         r = status_report(self.ctx)
-        from .domain import LocationRole
-
         lta = [l.name for l in self.ctx.settings.locations if l.role is LocationRole.LONG_TERM_ARCHIVE]
         archived_bytes = sum(r["copies"].get(n, {}).get("bytes", 0) for n in lta)
         self.progress.update(self.files, completed=r["files"]["registered"], total=r["files"]["registered"] or None)
@@ -331,5 +327,3 @@ def main() -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(EXIT_PROBLEM)
 
-
-_ = shutil
