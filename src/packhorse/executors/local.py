@@ -58,6 +58,7 @@ class LocalRunner:
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
         self._owner = worker_identity()
+        self._swept = False
 
     # -- pieces ----------------------------------------------------------------------
     def _done(self, op_id: int, fut: Future[Outcome]) -> None:
@@ -123,10 +124,16 @@ class LocalRunner:
         return created + n, bundle_wait
 
     def recover(self) -> None:
-        """Lease recovery: reset expired leases; remove partial writes older than a lease."""
+        """Lease recovery: reset expired leases. On the first call also sweep every disk location
+        (except sources) for partial writes older than a lease, left by a crashed process; later
+        partials are removed by the next attempt at the same object, so the (possibly long)
+        walk of an archive runs once per start, not every monitor interval."""
         reset = reset_stalled(self.ctx.db)
         if reset:
             log.warning("stalled_operations_reset", operation_ids=reset)
+        if self._swept:
+            return
+        self._swept = True
         for loc in self.settings.locations:
             if loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE:
                 b = self.ctx.backend(loc.name)
