@@ -10,6 +10,9 @@ in one transaction per source location.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -31,9 +34,11 @@ def _name_for(group: str, taken: set[str]) -> str:
     return f"{base}+{n}"
 
 
-def _split(files: list[RawDataFile], limit: int) -> list[list[RawDataFile]]:
-    parts: list[list[RawDataFile]] = []
-    cur: list[RawDataFile] = []
+def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
+    """Split rows with ``relative_path`` and ``size`` (bytes) into runs of at most ``limit`` bytes
+    (sorted by path; a larger file is a run of its own)."""
+    parts: list[list[Any]] = []
+    cur: list[Any] = []
     size = 0
     for f in sorted(files, key=lambda f: f.relative_path.encode()):
         if cur and size + f.size > limit:
@@ -71,9 +76,9 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]]) -> int:
                buffer_name: str = buffer_name) -> int:
             n = 0
             for group in ready:
-                files = list(s.scalars(select(RawDataFile).where(
+                files = s.execute(select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.size).where(
                     RawDataFile.location_id == loc_id, RawDataFile.group_path == group,
-                    RawDataFile.raw_data_package_id.is_(None))))
+                    RawDataFile.raw_data_package_id.is_(None))).all()
                 if not files:
                     continue  # packaged meanwhile by another runner
                 base = group or ROOT_GROUP_NAME
