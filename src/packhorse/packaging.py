@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from .digest import sha256_stream
 from .errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
 
 BAGIT_VERSION = "1.0"
@@ -385,7 +386,7 @@ def read_bag_tar(
                         raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
                                                 path=path, step="unpack")
                 else:
-                    digest = hashlib.file_digest(raw, "sha256").hexdigest()  # type: ignore[arg-type]
+                    digest = sha256_stream(raw)  # type: ignore[arg-type]
                 if digest != manifest[path]:
                     raise VerificationError(
                         f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",

@@ -15,7 +15,6 @@ Idempotent registration, no operation row (issue #2, stage 1). Rules:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat as st
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from ..digest import sha256_stream
 from ..db.models import RawDataFile, SkippedFile, utcnow
 from ..domain import LocationRole, StorageType
 from ..errors import UnsafePathError
@@ -96,8 +96,8 @@ def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]
     except OSError as e:
         return "error", f"not readable: {e.strerror}"
     try:
-        with os.fdopen(fd, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            digest = sha256_stream(f)
     except OSError as e:
         return "error", f"read error: {e.strerror}"
     try:

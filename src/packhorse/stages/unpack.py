@@ -10,12 +10,12 @@ database says it does.
 
 from __future__ import annotations
 
-import hashlib
 from typing import BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
 from ..errors import VerificationError
 from ..packaging import TeeReader, read_bag_tar
@@ -50,7 +50,7 @@ def run(work: Work) -> Recorder:
         pkey = raw_package_key(pkg.name)
         if already_there(buf, pkey, pkg.size, pkg.sha256):
             done.append((pkg.id, pkey, size, pkg.sha256 or ""))
-            return hashlib.file_digest(stream, "sha256").hexdigest()  # type: ignore[arg-type]
+            return sha256_stream(stream)
         clear_partials(buf, pkey)
         with buf.open_write(pkey) as w:
             tee = TeeReader(stream, w)  # w hashes what passes through

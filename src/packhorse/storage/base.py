@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..digest import sha256_stream
 from ..errors import UnsafePathError
 
 #: Suffix of in-progress (unpublished) files on disk backends.
@@ -175,4 +176,4 @@ class StorageBackend(abc.ABC):
     def sha256(self, key: str) -> str:
         """Re-read the stored object through the backend and return its sha256 (hex) (I4)."""
         with self.open_read(key) as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+            return sha256_stream(f)

@@ -69,8 +69,10 @@ class _DiskPendingWrite(PendingWrite):
     def adopt_local_file(self) -> None:
         self._file.close()
         try:
-            with open(self._tmp, "rb") as f:
-                digest = hashlib.file_digest(f, "sha256")
+            with open(self._tmp, "rb", buffering=0) as f:
+                digest = hashlib.sha256()
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
         except FileNotFoundError:
             raise VerificationError(
                 f"{self._backend.location}: the transfer command left no file for {self.key!r}",
