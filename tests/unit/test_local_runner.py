@@ -79,3 +79,45 @@ def test_a_skipped_delivery_does_not_redispatch(db: Database) -> None:
         runner.pool.shutdown(wait=True)
         runner.hash_pool.shutdown(wait=True)
     assert len(ran) == 1
+
+
+def test_until_idle_does_not_stop_when_an_operation_finished_after_the_managers_looked(db: Database) -> None:
+    # X finishes right after a manager cycle saw nothing to do; the work X made possible (Y)
+    # must still be created and run before `run --until-idle` stops.
+    (x_id,) = _pending(db, 1)
+    settings = settings_from_dict({"executor": {"workers": 2}, "managers": {"poll_interval_seconds": 0.05}},
+                                  environ={})
+    runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db))  # type: ignore[arg-type]
+    release_x = threading.Event()
+    ran: list[int] = []
+    state = {"y": None}
+
+    def run_one(op_id: int) -> Outcome:
+        if op_id == x_id:
+            release_x.wait(10)
+        ran.append(op_id)
+        db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id)
+                                        .values(status=Status.COMPLETED.value)))
+        return Outcome.COMPLETED
+
+    def manage(unsettled, *, flush):  # type: ignore[no-untyped-def]
+        x_done = x_id in ran
+        if runner.in_flight and x_id in runner.in_flight and not release_x.is_set():
+            before = runner.finished
+            release_x.set()  # X completes now, after this cycle looked at the database
+            deadline = time.monotonic() + 10
+            while runner.finished == before and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return 0, None
+        if x_done and state["y"] is None:
+            def tx(s):  # type: ignore[no-untyped-def]
+                return create_operation(s, kind=OperationKind.DELETION, dedup_key="deletion:y", site_id=1,
+                                        max_retries=3).id
+            state["y"] = db.transact(tx)
+            return 1, None
+        return 0, None
+
+    runner._run_one = run_one  # type: ignore[method-assign]
+    runner.manage = manage  # type: ignore[method-assign]
+    runner.run(until_idle=True)
+    assert state["y"] is not None and ran == [x_id, state["y"]]

@@ -59,12 +59,16 @@ class LocalRunner:
         self._lock = threading.Lock()
         self._owner = worker_identity()
         self._swept = False
+        #: operations finished so far (an idle check is only valid if none finished since the
+        #: managers last looked at the database)
+        self.finished = 0
 
     # -- pieces ----------------------------------------------------------------------
     def _done(self, op_id: int, fut: Future[Outcome]) -> None:
         outcome: Outcome | None = None
         with self._lock:
             self.in_flight.pop(op_id, None)
+            self.finished += 1
             try:
                 outcome = fut.result()
                 self.outcomes[outcome] += 1
@@ -185,6 +189,8 @@ class LocalRunner:
                     self.dispatch()
                     time.sleep(min(gap, 0.5))
                 t0 = time.monotonic()
+                with self._lock:
+                    finished_before_manage = self.finished
                 created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
                 last_manage = time.monotonic()
                 manage_cost = last_manage - t0
@@ -193,10 +199,13 @@ class LocalRunner:
                     self.on_tick()
                 timeout = poll
                 if until_idle:
+                    active, soon = self._active_summary()
                     with self._lock:
                         running = len(self.in_flight)
-                    active, soon = self._active_summary()
-                    if not running and not active and not created and not dispatched:
+                        # an operation that finished after the managers looked may have made
+                        # new work that they have not seen yet: look again before stopping
+                        unseen = self.finished != finished_before_manage
+                    if not running and not active and not created and not dispatched and not unseen:
                         if scan.pending_settle:
                             timeout = max(0.05, (scan.next_settle_at or time.time()) - time.time())
                         elif bundle_wait is not None and not flush:
