@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from sqlalchemy.exc import SQLAlchemyError
 from rich.console import Console
 from rich.table import Table
 
@@ -47,17 +48,28 @@ def _settings(config: Path | None) -> Settings:
         raise _fail(str(e), EXIT_CONFIG) from None
 
 
+def _database(settings: Settings, *, migrate_check: bool) -> Database:
+    """Open the ops database; an unusable URL or an un-migrated schema exits 2."""
+    try:
+        db = Database(settings.database_url)
+        if migrate_check:
+            db.ensure_migrated()
+        else:
+            db.current_revision()  # connects: a wrong URL fails here, not half-way through
+        return db
+    except DatabaseNotInitializedError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        reason = getattr(e, "orig", None) or e
+        raise _fail(f"database.url: cannot open {settings.database.url!r}: {reason}", EXIT_CONFIG) from None
+
+
 def _context(config: Path | None, *, migrate_check: bool = True) -> StageContext:
     from . import logs
 
     logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "WARNING"))
     settings = _settings(config)
-    db = Database(settings.database_url)
-    if migrate_check:
-        try:
-            db.ensure_migrated()
-        except DatabaseNotInitializedError as e:
-            raise _fail(str(e), EXIT_CONFIG) from None
+    db = _database(settings, migrate_check=migrate_check)
     return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
@@ -76,7 +88,7 @@ def version() -> None:
 def init(config: ConfigOpt = None) -> None:
     """Create or upgrade the ops database (Alembic migrations) and register sites and locations."""
     settings = _settings(config)
-    db = Database(settings.database_url)
+    db = _database(settings, migrate_check=False)
     before = db.current_revision()
     db.upgrade()
     sync_topology(db, settings)

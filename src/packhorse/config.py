@@ -247,7 +247,8 @@ class Settings(_Section):
                         f"routes[{i}].destination_sites: site {dest!r} has no active 'long_term_archive' location"
                     )
         disk = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.DISK and l.path]
-        resolved = [(i, l, Path(os.path.abspath(self.base_dir / l.path))) for i, l in disk]
+        # realpath: two names for one folder (a symlink) would count one file as two copies
+        resolved = [(i, l, Path(os.path.realpath(self.base_dir / l.path))) for i, l in disk]
         for a in range(len(resolved)):
             for b in range(a + 1, len(resolved)):
                 ia, la, pa = resolved[a]
