@@ -151,12 +151,20 @@ class RecoveryConfig(_Section):
 class DeletionConfig(_Section):
     """``[deletion]``: when buffer and source copies may go.
 
+    ``delete_source_files``: delete source files once their package is archived and
+    ``source_retention_seconds`` have passed since (default one day). A file is deleted only if
+    its size, mtime and sha256 still match its registration and it has not been modified for
+    that long; source folders are never removed. packhorse cannot see open file handles: an
+    instrument that pauses longer than this in the middle of a file would lose what it writes
+    after the deletion (I1), so keep the retention well above any pause.
+
     ``archive_copies_required``: verified archive copies needed before a raw data package's
     buffer copies go; default (``None``) is every long-term archive of every destination site
     of its route.
     """
 
     delete_source_files: bool = False
+    source_retention_seconds: float = Field(86400.0, ge=0)
     archive_copies_required: int | None = Field(None, ge=1)
 
 

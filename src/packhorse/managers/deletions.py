@@ -66,13 +66,17 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
             if verdict[dtp_id]:
                 consider(copy, copy.created_at)
         if ctx.settings.deletion.delete_source_files:
+            keep = dt.timedelta(seconds=ctx.settings.deletion.source_retention_seconds)
             pkgs = s.execute(
-                select(RawDataPackage.id, RawDataPackage.source_location_id)
+                select(RawDataPackage.id, RawDataPackage.source_location_id, RawDataPackage.archived_at)
                 .where(RawDataPackage.archived_at.is_not(None),
                        RawDataPackage.id.in_(select(RawDataFile.raw_data_package_id)
                                              .where(RawDataFile.source_deleted_at.is_(None))))
             ).all()
-            for pkg_id, loc_id in pkgs:
+            for pkg_id, loc_id, archived_at in pkgs:
+                if now < archived_at + keep:
+                    waits.append((archived_at + keep - now).total_seconds())
+                    continue
                 site = ctx.topology.location_site[ctx.location_name(loc_id)]
                 wanted[dedup_key(OperationKind.DELETION, f"rdp{pkg_id}", "source")] = dict(
                     physical_copy_id=None, source_location_id=loc_id, site_id=ctx.topology.site_ids[site],

@@ -8,6 +8,8 @@ nothing is deleted. The copy is marked ``deletion_pending`` before its bytes go 
 
 from __future__ import annotations
 
+import time
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -85,16 +87,20 @@ def _delete_source_files(work: Work) -> Recorder:
     loc = ctx.location_name(work.op.source_location_id)
     backend = ctx.backend(loc)
     work.info.update(location=loc, files=len(files))
+    quiet_for = ctx.settings.deletion.source_retention_seconds
     ids: list[int] = []
     for f in files:
         work.check()
         info = backend.stat(f.relative_path)
         if info is None:
             ids.append(f.id)  # already gone
-        elif info.size == f.size and backend.sha256(f.relative_path) == f.sha256:
-            backend.delete(f.relative_path)
+            continue
+        unchanged = info.size == f.size and info.mtime_ns == f.mtime_ns
+        quiet = time.time() - info.mtime >= quiet_for
+        if unchanged and quiet and backend.sha256(f.relative_path) == f.sha256:
+            backend.delete(f.relative_path, prune=False)  # the instrument's folders stay
             ids.append(f.id)
-        # a file rewritten since registration is not ours to delete: it stays
+        # a file modified since registration (or too recently) is not ours to delete: it stays
 
     def record(s: Session) -> None:
         now = utcnow()

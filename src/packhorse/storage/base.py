@@ -57,11 +57,13 @@ def check_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What a backend knows about a stored object: ``key``, ``size`` (bytes), ``mtime`` (UTC s)."""
+    """What a backend knows about a stored object: ``key``, ``size`` (bytes), ``mtime`` (UTC s),
+    and ``mtime_ns`` (integer nanoseconds) where the backend has it."""
 
     key: str
     size: int
     mtime: float
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,9 @@ class StorageBackend(abc.ABC):
         """Start a write-once write of ``key`` (see :class:`PendingWrite`)."""
 
     @abc.abstractmethod
-    def delete(self, key: str) -> bool:
-        """Remove the object; returns ``False`` if it was already gone."""
+    def delete(self, key: str, *, prune: bool = True) -> bool:
+        """Remove the object; returns ``False`` if it was already gone. ``prune`` also removes
+        folders left empty (backends without folders ignore it)."""
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:

@@ -208,7 +208,7 @@ class DiskBackend(StorageBackend):
             os.close(dfd)
         if not os.path.stat.S_ISREG(st.st_mode):
             raise UnsafePathError(f"{self.location}: {key!r} is not a regular file", path=key, host=self.location)
-        return ObjectInfo(key, st.st_size, st.st_mtime)
+        return ObjectInfo(key, st.st_size, st.st_mtime, st.st_mtime_ns)
 
     def open_read(self, key: str) -> BinaryIO:
         opened = self._parent_fd(key)
@@ -255,7 +255,7 @@ class DiskBackend(StorageBackend):
                 diagnosis="an object with this name but other content is already archived here",
             )
 
-    def delete(self, key: str) -> bool:
+    def delete(self, key: str, *, prune: bool = True) -> bool:
         path = self._path(key)
         try:
             os.unlink(path)
@@ -267,7 +267,7 @@ class DiskBackend(StorageBackend):
             pass  # a concurrent delete already pruned the folder (it was empty): nothing to sync
         # prune empty folders up to the root
         parent = path.parent
-        while parent != self.root and self.root in parent.parents:
+        while prune and parent != self.root and self.root in parent.parents:
             try:
                 parent.rmdir()
             except OSError:

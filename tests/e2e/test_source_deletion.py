@@ -1,0 +1,45 @@
+"""``delete_source_files``: only archived, unchanged, quiet files go; instrument folders stay (I1)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from support import run_packhorse, write_site_config
+
+
+def _tree(source: Path) -> None:
+    for rel, data in {"cam/obs1/a.dat": b"a" * 100, "cam/obs1/b.dat": b"b" * 200, "cam/obs2/c.dat": b"c"}.items():
+        p = source / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        os.utime(p, (1_700_000_000, 1_700_000_000))
+
+
+def _run(cfg: Path) -> None:
+    r = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet")
+    assert r.returncode == 0, r.stderr
+
+
+def test_source_files_go_only_after_the_retention_and_only_if_unchanged(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    keep = write_site_config(site, extra="[deletion]\ndelete_source_files = true\n")  # default: one day
+    source = site / "source"
+    _tree(source)
+    assert run_packhorse("init", "-c", str(keep)).returncode == 0
+    _run(keep)
+    status = json.loads(run_packhorse("status", "-c", str(keep), "--json").stdout)
+    assert status["packages"]["archived"] == status["packages"]["total"] == 2
+    assert sorted(p.name for p in source.rglob("*.dat")) == ["a.dat", "b.dat", "c.dat"]  # within retention
+
+    # the instrument appends to b.dat after it was archived; then the retention is over
+    with open(source / "cam/obs1/b.dat", "ab") as f:
+        f.write(b"late bytes")
+    now = write_site_config(site, extra="[deletion]\ndelete_source_files = true\nsource_retention_seconds = 0\n")
+    _run(now)
+    assert not (source / "cam/obs1/a.dat").exists() and not (source / "cam/obs2/c.dat").exists()
+    assert (source / "cam/obs1/b.dat").read_bytes() == b"b" * 200 + b"late bytes"  # changed: stays
+    assert (source / "cam/obs2").is_dir()  # folders stay for the instrument
+    status = json.loads(run_packhorse("status", "-c", str(now), "--json").stdout)
+    assert any(s["path"] == "cam/obs1/b.dat" and "modified" in s["reason"] for s in status["skipped"])
