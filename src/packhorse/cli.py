@@ -109,7 +109,8 @@ def _exit_code_after_run(ctx: StageContext) -> int:
             if f.get("diagnosis"):
                 line += f" — {f['diagnosis']}"
             print(line, file=sys.stderr)
-        print("  see `packhorse status`; fix the cause, then reset the operation", file=sys.stderr)
+        print("  see `packhorse status`; fix the cause, then `packhorse reset KIND ID` (or KIND --all-failed)",
+              file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
@@ -220,6 +221,41 @@ def run_operation(
     outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
     print(outcome.value)
     raise typer.Exit({"completed": 0, "skipped": 0, "retry": 1, "stale": 1, "failed": EXIT_FAILED}[outcome.value])
+
+
+@app.command()
+def reset(
+    kind: Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")],
+    operation_id: Annotated[Optional[int], typer.Argument(help="operation id (or use --all-failed)")] = None,
+    all_failed: Annotated[bool, typer.Option("--all-failed", help="every FAILED operation of KIND")] = False,
+    reason: Annotated[Optional[str], typer.Option("--reason", help="why (logged)")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
+    from .domain import OperationKind
+    from .operations import ResetRefusedError, reset_failed
+
+    try:
+        k = OperationKind(kind)
+    except ValueError:
+        raise _fail(f"unknown operation kind {kind!r}; one of {', '.join(x.value for x in OperationKind)}",
+                    EXIT_CONFIG) from None
+    if (operation_id is None) == (not all_failed):
+        raise _fail("give either an operation id or --all-failed", EXIT_CONFIG)
+    ctx = _context(config)
+    try:
+        ids = reset_failed(ctx.db, k, operation_id)
+    except ResetRefusedError as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    import structlog
+
+    structlog.get_logger(__name__).warning("operations_reset", kind=k.value, operation_ids=ids, reason=reason)
+    if as_json:
+        _print_json({"kind": k.value, "reset": ids})
+    else:
+        print(f"reset {len(ids)} {k.value} operation(s) to PENDING: {', '.join(map(str, ids)) or '-'}; "
+              "`packhorse run` picks them up")
 
 
 @app.command()

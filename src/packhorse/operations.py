@@ -347,3 +347,45 @@ def counts_by_kind_status(session: Session) -> dict[str, dict[str, int]]:
     ):
         out.setdefault(kind, {})[status] = n
     return out
+
+
+class ResetRefusedError(Exception):
+    """The operation cannot be reset: unknown id, another kind, or not FAILED."""
+
+
+def reset_failed(db: Database, kind: OperationKind, operation_id: int | None = None) -> list[int]:
+    """Hand FAILED operations back to their owner after a human fixed the cause.
+
+    Sets ``PENDING``, ``retry_count + 1``, clears the cached error context and any backoff;
+    the failure events (the history) stay. Only ``FAILED`` operations are reset: a running one
+    has an owner already.
+
+    Args:
+        kind: the operation kind (must match the operation's).
+        operation_id: one operation, or ``None`` for every FAILED operation of ``kind``.
+
+    Returns:
+        the ids reset.
+
+    Raises:
+        ResetRefusedError: ``operation_id`` names no operation of ``kind``, or it is not FAILED.
+    """
+
+    def tx(s: Session) -> list[int]:
+        if operation_id is not None:
+            op = s.get(Operation, operation_id)
+            if op is None or op.kind != kind.value:
+                raise ResetRefusedError(f"no {kind.value} operation with id {operation_id}")
+            if op.status != Status.FAILED.value:
+                raise ResetRefusedError(f"{kind.value} {operation_id} is {op.status}, not FAILED; nothing to reset")
+        where = [Operation.kind == kind.value, Operation.status == Status.FAILED.value]
+        if operation_id is not None:
+            where.append(Operation.id == operation_id)
+        ids = list(s.scalars(select(Operation.id).where(*where).order_by(Operation.id)))
+        if ids:
+            s.execute(update(Operation).where(Operation.id.in_(ids)).values(
+                status=Status.PENDING.value, retry_count=Operation.retry_count + 1, error_context=None,
+                not_before=None, finished_at=None, updated_at=utcnow()))
+        return ids
+
+    return db.transact(tx)

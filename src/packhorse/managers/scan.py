@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import structlog
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
@@ -30,6 +31,8 @@ from ..domain import LocationRole, StorageType
 from ..errors import UnsafePathError
 from ..stages.base import StageContext
 from ..storage.base import check_key
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -117,6 +120,8 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
     result = ScanResult()
     found: list[tuple[str, os.stat_result]] = []
     if not os.path.isdir(root):
+        # a typo in a path (or an unmounted disk) must not look like "nothing to archive"
+        log.warning("source_folder_missing", location=location, path=root)
         result.skipped.append((".", f"source folder {root} does not exist"))
     else:
         _walk(root, "", found, result.skipped)
