@@ -189,6 +189,9 @@ def run(
 ) -> None:
     """Run managers, workers and lease recovery (embedded mode)."""
     ctx = _context(config)
+    if ctx.settings.executor.kind != "local":
+        raise _fail(f"executor.kind: {ctx.settings.executor.kind!r} is not available in this version; "
+                    "use \"local\" (packhorse run runs everything in one process)", EXIT_CONFIG)
     elapsed = _run(ctx, until_idle=until_idle, quiet=quiet)
     code = _exit_code_after_run(ctx)
     if not quiet:

@@ -254,6 +254,13 @@ class Settings(_Section):
                     errors.append(
                         f"routes[{i}].destination_sites: site {dest!r} has no active 'long_term_archive' location"
                     )
+        required = self.deletion.archive_copies_required
+        for i, route in enumerate(self.routes):
+            archives = sum(len(self.locations_at(d, LocationRole.LONG_TERM_ARCHIVE)) for d in route.destination_sites)
+            if required is not None and required > archives:
+                errors.append(f"deletion.archive_copies_required: {required} verified archive copies can never "
+                              f"exist for routes[{i}] (source_site {route.source_site!r}), which has "
+                              f"{archives} long-term archive location(s); buffers would never be freed")
         disk = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.DISK and l.path]
         # realpath: two names for one folder (a symlink) would count one file as two copies
         resolved = [(i, l, Path(os.path.realpath(self.base_dir / l.path))) for i, l in disk]
@@ -306,14 +313,24 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
     return f"{source}: " + "; ".join(parts)
 
 
+ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion")
+
+
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    """``PACKHORSE_<SECTION>__<KEY>`` variables as ``{section: {key: value}}``.
+
+    Raises:
+        ConfigError: naming a variable whose section is not one of :data:`ENV_SECTIONS`.
+    """
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
-        if section in {"database", "executor", "packaging", "managers", "recovery", "deletion"} and key:
-            out.setdefault(section, {})[key] = value
+        if section not in ENV_SECTIONS or not key:
+            raise ConfigError(f"environment variable {name}: unknown section {section!r} "
+                              f"(one of {', '.join(ENV_SECTIONS)})")
+        out.setdefault(section, {})[key] = value
     return out
 
 
@@ -334,7 +351,10 @@ def settings_from_dict(
         ConfigError: naming ``source`` and every wrong key.
     """
     merged: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    for section, values in _env_overrides(dict(os.environ if environ is None else environ)).items():
+    overrides = _env_overrides(dict(os.environ if environ is None else environ))
+    if overrides:
+        source += " (with PACKHORSE_* environment overrides)"
+    for section, values in overrides.items():
         if section in merged and not isinstance(merged[section], dict):
             continue
         merged.setdefault(section, {}).update(values)
