@@ -207,7 +207,7 @@ def check_packhorse(cfg: Path, run_dir: Path, info: dict[str, int]) -> dict[str,
             problems.append(f"{loc} has {st['copies'][loc]} copies, expected {info['groups']}")
     if st["skipped"]:
         problems.append(f"skipped files: {st['skipped'][:3]}")
-    sites = run_dir / "sites"
+    sites = run_dir / "data"  # the demo configuration's layout
     for d in ("cologne", "cornell"):
         tars = [f for f in files_under(sites / d / "archive") if f.suffix == ".tar"]
         if len(tars) != info["groups"]:

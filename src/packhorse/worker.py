@@ -13,7 +13,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, utcnow
-from .errors import LeaseLostError
+from .errors import LeaseLostError, TransientDatabaseError
 from .lease import LeaseKeeper
 from .operations import Claim, build_error_context, claim, complete_in, record_failure
 from .stages import STAGES
@@ -77,6 +77,11 @@ def execute_operation(ctx: StageContext, operation_id: int, owner: str) -> Outco
         except LeaseLostError as exc:
             bound.warning("operation_attempt_stale", error=str(exc))
             _record_stale(ctx, c, exc)
+            return Outcome.STALE
+        except TransientDatabaseError as exc:
+            # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
+            # lease expires and lease recovery hands it out again once the database is back
+            bound.error("operation_abandoned_database_unavailable", error=str(exc))
             return Outcome.STALE
         except Exception as exc:  # the single failure path
             result = record_failure(ctx.db, c, exc, backoff_base=rec.retry_backoff_base_seconds,

@@ -121,3 +121,25 @@ def test_until_idle_does_not_stop_when_an_operation_finished_after_the_managers_
     runner.manage = manage  # type: ignore[method-assign]
     runner.run(until_idle=True)
     assert state["y"] is not None and ran == [x_id, state["y"]]
+
+
+def test_a_database_outage_is_never_recorded_as_the_operations_failure(db: Database, monkeypatch) -> None:
+    from sqlalchemy import select
+
+    import packhorse.worker as worker
+    from packhorse.db.models import FailureEvent
+    from packhorse.errors import TransientDatabaseError
+    from packhorse.stages.base import StageContext
+    from packhorse.topology import Topology
+
+    (op_id,) = _pending(db, 1)
+
+    def outage(work):  # type: ignore[no-untyped-def]
+        raise TransientDatabaseError("database unavailable after 8 attempts")
+
+    monkeypatch.setitem(worker.STAGES, OperationKind.DELETION, outage)
+    ctx = StageContext(settings=settings_from_dict({}, environ={}), db=db, topology=Topology())
+    assert worker.execute_operation(ctx, op_id, "w") is Outcome.STALE
+    op = db.read(lambda s: s.get(Operation, op_id))
+    assert op.status == Status.IN_PROGRESS.value and op.error_context is None  # lease recovery owns it
+    assert db.read(lambda s: s.scalars(select(FailureEvent)).all()) == []
