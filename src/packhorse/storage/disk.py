@@ -138,6 +138,9 @@ class DiskBackend(StorageBackend):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._real_root = Path(os.path.realpath(self.root))
+        self._root_str = str(self.root)
+        self._real_root_str = str(self._real_root)
+        self._real_root_prefix = self._real_root_str.rstrip("/") + "/"
 
     # -- paths --------------------------------------------------------------------
     def _path(self, key: str, *, create_parents: bool = False) -> Path:
@@ -173,19 +176,22 @@ class DiskBackend(StorageBackend):
         inside the root; returns ``(folder fd, file name)`` or ``None`` if the folder is missing.
 
         Opening the object relative to this fd with ``O_NOFOLLOW`` leaves no window between the
-        check and the open (cheaper than ``realpath`` on every read, too).
+        check and the open (and is cheaper than ``realpath`` on every read). Plain strings, not
+        ``pathlib``: this runs once per source file read.
         """
-        path = self.root / check_key(key)
+        check_key(key)
+        folder, _, name = key.rpartition("/")
+        folder_path = os.path.join(self._root_str, folder) if folder else self._root_str
         try:
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dfd = os.open(folder_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             try:
-                real = Path(os.readlink(f"/proc/self/fd/{dfd}"))
+                real = os.readlink(f"/proc/self/fd/{dfd}")
             except OSError:  # no /proc: fall back to resolving the path
-                real = Path(os.path.realpath(path.parent))
-            if real != self._real_root and self._real_root not in real.parents:
+                real = os.path.realpath(folder_path)
+            if real != self._real_root_str and not real.startswith(self._real_root_prefix):
                 raise UnsafePathError(
                     f"{self.location}: {key!r} resolves outside the location root (symlink escape)",
                     path=key, host=self.location,
@@ -193,7 +199,7 @@ class DiskBackend(StorageBackend):
         except BaseException:
             os.close(dfd)
             raise
-        return dfd, path.name
+        return dfd, name
 
     def stat(self, key: str) -> ObjectInfo | None:
         opened = self._parent_fd(key)
