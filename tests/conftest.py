@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from support import SRC, run_packhorse, write_site_config  # noqa: F401  (re-exported)
+from support import run_packhorse, write_site_config
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ heartbeat / completion / failure, lease recovery, the failure path, and the leas
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,20 +30,9 @@ from packhorse.operations import (
 KIND = OperationKind.TRANSFER
 
 
-@pytest.fixture(scope="module")
-def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A database file migrated once per module (copied for each test: upgrade is the slow part)."""
-    path = tmp_path_factory.mktemp("template") / "t.db"
-    d = Database(f"sqlite:///{path}")
-    d.upgrade()
-    d.dispose()  # the last connection closing checkpoints the WAL into the file
-    return path
-
-
 @pytest.fixture
-def db(tmp_path: Path, migrated_file: Path) -> Database:
-    shutil.copyfile(migrated_file, tmp_path / "t.db")
-    d = Database(f"sqlite:///{tmp_path}/t.db")
+def db(empty_db: Database) -> Database:
+    d = empty_db
     d.ensure_migrated()
 
     def topo(s: Session) -> None:

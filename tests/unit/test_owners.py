@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
-import shutil
 import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,19 +89,9 @@ def test_no_manager_creates_an_unbuilt_kind() -> None:
 # ------------------------------------------------------------- each owner, for each kind
 
 
-@pytest.fixture(scope="module")
-def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "t.db"
-    d = Database(f"sqlite:///{path}")
-    d.upgrade()
-    d.dispose()
-    return path
-
-
 @pytest.fixture
-def db(tmp_path: Path, migrated_file: Path) -> Database:
-    shutil.copyfile(migrated_file, tmp_path / "t.db")
-    d = Database(f"sqlite:///{tmp_path}/t.db")
+def db(empty_db: Database) -> Database:
+    d = empty_db
     d.transact(lambda s: s.add(Site(id=1, name="fyst")))
     yield d
     d.dispose()

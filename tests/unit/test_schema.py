@@ -4,7 +4,6 @@ duplicate operations), and the Alembic migrations build exactly the models' sche
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,9 @@ from packhorse.errors import DatabaseNotInitializedError
 SHA = "a" * 64
 
 
-@pytest.fixture(scope="module")
-def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "t.db"
-    d = Database(f"sqlite:///{path}")
-    d.upgrade()
-    d.dispose()
-    return path
-
-
 @pytest.fixture
-def db(tmp_path: Path, migrated_file: Path) -> Database:
-    shutil.copyfile(migrated_file, tmp_path / "t.db")
-    d = Database(f"sqlite:///{tmp_path}/t.db")
+def db(empty_db: Database) -> Database:
+    d = empty_db
 
     def seed(s: Session) -> None:
         site = Site(id=1, name="fyst")
