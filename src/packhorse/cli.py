@@ -358,7 +358,11 @@ def demo(
     print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
     print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
           f"{r['packages']['failed']} failed")
+    from .domain import LocationRole
+
     for loc, c in r["copies"].items():
+        if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
+            continue  # raw files, not package copies
         print(f"  {loc:<16} {c['count']:>4} copies {c['bytes']:>14,} bytes")
     if r["skipped"]:
         print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
