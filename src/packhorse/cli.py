@@ -50,8 +50,14 @@ def _settings(config: Path | None) -> Settings:
 
 def _database(settings: Settings, *, migrate_check: bool) -> Database:
     """Open the ops database; an unusable URL or an un-migrated schema exits 2."""
+    url = settings.database_url
+    if migrate_check and url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        # do not leave an empty database file behind: only `init` creates it
+        raise _fail(f"database.url: the database file {url[len('sqlite:///'):]} does not exist; "
+                    "run `packhorse init` to create it",
+                    EXIT_CONFIG)
     try:
-        db = Database(settings.database_url)
+        db = Database(url)
         if migrate_check:
             db.ensure_migrated()
         else:

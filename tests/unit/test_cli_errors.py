@@ -67,3 +67,11 @@ def test_run_refuses_an_executor_that_is_not_available(tmp_path: Path) -> None:
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     r = run_packhorse("run", "-c", str(cfg), "--until-idle")
     assert r.returncode == 2 and "executor.kind" in r.stderr
+
+
+def test_status_before_init_leaves_no_database_file_behind(tmp_path: Path) -> None:
+    cfg = tmp_path / "packhorse.toml"
+    cfg.write_text('[database]\nurl = "sqlite:///ops.db"\n', encoding="utf-8")
+    r = run_packhorse("status", "-c", str(cfg))
+    assert r.returncode == 2 and "packhorse init" in r.stderr
+    assert not (tmp_path / "ops.db").exists()
