@@ -33,6 +33,8 @@ from ..stages.base import StageContext
 from ..storage.base import check_key
 
 log = structlog.get_logger(__name__)
+#: Files hashed per thread-pool task.
+HASH_BATCH = 64
 
 
 @dataclass
@@ -152,7 +154,10 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
         todo.append((path, s))
 
     rows: list[dict[str, object]] = []
-    for (path, s), (state, value) in zip(todo, pool.map(lambda t: _hash(root, t[0], t[1]), todo)):
+    # batches of files per task: one future per small file costs more than hashing it
+    batches = [todo[i:i + HASH_BATCH] for i in range(0, len(todo), HASH_BATCH)]
+    hashed = (r for batch in pool.map(lambda b: [_hash(root, p, st_) for p, st_ in b], batches) for r in batch)
+    for (path, s), (state, value) in zip(todo, hashed):
         if state == "ok":
             rows.append(dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
                              size=s.st_size, sha256=value, mtime_ns=s.st_mtime_ns))
