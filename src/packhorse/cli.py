@@ -144,7 +144,7 @@ class _Progress:
         self.progress.stop()
 
     def tick(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._last < 0.5:
+        if not force and time.monotonic() - self._last < 2.0:  # counts over every row: not too often
             return
         self._last = time.monotonic()
         from .domain import LocationRole
