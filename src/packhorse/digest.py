@@ -21,20 +21,25 @@ def _buffer() -> bytearray:
     return buf
 
 
-def sha256_stream(f: BinaryIO) -> str:
-    """Read ``f`` to its end and return the sha256 (hex) of what was read."""
+def hash_stream(f: BinaryIO) -> "hashlib._Hash":
+    """Read ``f`` to its end; return the sha256 hash object of what was read (more may be added)."""
     h = hashlib.sha256()
     readinto = getattr(f, "readinto", None)
     if readinto is None:
         while True:
             data = f.read(CHUNK_BYTES)
             if not data:
-                return h.hexdigest()
+                return h
             h.update(data)
     buf = _buffer()
     view = memoryview(buf)
     while True:
         n = readinto(buf)
         if not n:
-            return h.hexdigest()
+            return h
         h.update(view[:n])
+
+
+def sha256_stream(f: BinaryIO) -> str:
+    """Read ``f`` to its end and return the sha256 (hex) of what was read."""
+    return hash_stream(f).hexdigest()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import os
 import secrets
 import time
@@ -28,6 +27,7 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
+from ..digest import hash_stream
 from .base import PARTIAL_SUFFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
 
 _RENAME_NOREPLACE = 1
@@ -70,9 +70,7 @@ class _DiskPendingWrite(PendingWrite):
         self._file.close()
         try:
             with open(self._tmp, "rb", buffering=0) as f:
-                digest = hashlib.sha256()
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
+                digest = hash_stream(f)
         except FileNotFoundError:
             raise VerificationError(
                 f"{self._backend.location}: the transfer command left no file for {self.key!r}",
@@ -158,9 +156,10 @@ class DiskBackend(StorageBackend):
             self._confine(key, path.parent)
         return path
 
-    def _confine(self, key: str, folder: Path) -> None:
-        real = Path(os.path.realpath(folder))
-        if real != self._real_root and self._real_root not in real.parents:
+    def _confine(self, key: str, folder: Path | str, real: str | None = None) -> None:
+        """Raise :class:`UnsafePathError` unless ``folder`` (resolved: ``real``) is inside the root."""
+        real = os.path.realpath(folder) if real is None else real
+        if real != self._real_root_str and not real.startswith(self._real_root_prefix):
             raise UnsafePathError(
                 f"{self.location}: {key!r} resolves outside the location root (symlink escape)",
                 path=key, host=self.location,
@@ -188,14 +187,10 @@ class DiskBackend(StorageBackend):
             return None
         try:
             try:
-                real = os.readlink(f"/proc/self/fd/{dfd}")
-            except OSError:  # no /proc: fall back to resolving the path
-                real = os.path.realpath(folder_path)
-            if real != self._real_root_str and not real.startswith(self._real_root_prefix):
-                raise UnsafePathError(
-                    f"{self.location}: {key!r} resolves outside the location root (symlink escape)",
-                    path=key, host=self.location,
-                )
+                real: str | None = os.readlink(f"/proc/self/fd/{dfd}")
+            except OSError:  # no /proc: _confine resolves the path
+                real = None
+            self._confine(key, folder_path, real)
         except BaseException:
             os.close(dfd)
             raise
