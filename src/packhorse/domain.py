@@ -81,6 +81,24 @@ class TransferMethod(str, enum.Enum):
     COMMAND = "command"
 
 
+class NotificationLevel(str, enum.Enum):
+    """Severity of a notification; channels route recipients per level (issue #7)."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
+
+
+class NotificationStatus(str, enum.Enum):
+    """Delivery state of one outbox row: waiting (or between retries), delivered, or given up."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    DEAD = "dead"
+
+
 def enum_values(e: type[enum.Enum]) -> list[str]:
     """Return the stored values of enum ``e``, in declaration order."""
     return [m.value for m in e]

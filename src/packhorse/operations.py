@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database
-from .domain import OperationKind, Status
+from .domain import NotificationLevel, OperationKind, Status
+from .notify.outbox import enqueue, render_error_context
 
 #: Exceptions that no retry can fix (issue #3, layer 1).
 PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
@@ -262,12 +263,16 @@ def record_failure(
     backoff_base: float,
     backoff_max: float,
     operation_info: dict[str, Any] | None = None,
+    notification_cooldown_seconds: float = 3600.0,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, build the error context once, append a
     failure event, then (fenced) reset for retry or mark ``FAILED``.
 
     A retry sets ``PENDING``, ``retry_count + 1``, clears the cached error context and sets
-    ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context.
+    ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
+    and queues an ERROR notification ("Permanent failure: <kind> <id>") in the same
+    transaction (I1: every FAILED operation has an error context, a failure event and a
+    notification).
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
@@ -294,7 +299,14 @@ def record_failure(
                           lease_owner=None, lease_expires_at=None)
             new = Status.FAILED
         res = s.execute(update(Operation).where(*where).values(**values))
-        return new if res.rowcount == 1 else None
+        if res.rowcount != 1:
+            return None
+        if new is Status.FAILED:
+            enqueue(s, level=NotificationLevel.ERROR, event="permanent_failure",
+                    subject=f"Permanent failure: {claim.kind.value} {claim.operation_id}",
+                    body=render_error_context(ctx), context=ctx, operation_kind=claim.kind.value,
+                    operation_id=claim.operation_id, cooldown_seconds=notification_cooldown_seconds)
+        return new
 
     return FailureOutcome(db.transact(tx), will_retry, ctx)
 

@@ -35,6 +35,8 @@ from ..domain import (
     LIVE_COPY_STATUSES,
     CopyStatus,
     LocationRole,
+    NotificationLevel,
+    NotificationStatus,
     OperationKind,
     Status,
     StorageType,
@@ -297,3 +299,40 @@ class FailureEvent(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     __table_args__ = (CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),)
+
+
+class Notification(Base):
+    """One notification in the outbox, written in the same transaction as the state change
+    that causes it, so a crash cannot lose it (DESIGN.md "Architecture"; issues #3, #7).
+
+    ``cooldown_key`` is (kind, operation, subject): a repeat within the cooldown only increments
+    ``repeat_count`` of the row already queued (:func:`packhorse.notify.outbox.enqueue`).
+    ``event`` names what happened (``permanent_failure``, ``breaker_open``, …); ``context`` is
+    the one prebuilt error context (or event details) the body is rendered from. Delivery
+    columns (``status``, ``attempts``, ``next_attempt_at``, ``last_error``, ``sent_at``) belong
+    to the notifier.
+    """
+
+    __tablename__ = "notification_outbox"
+    __table_args__ = (
+        CheckConstraint(_in("level", enum_values(NotificationLevel)), name="level"),
+        CheckConstraint(_in("status", enum_values(NotificationStatus)), name="status"),
+        Index("ix_notification_outbox_status_next", "status", "next_attempt_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    level: Mapped[str] = mapped_column(String(16))
+    event: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(300))
+    body: Mapped[str] = mapped_column(Text)
+    context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    operation_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    operation_id: Mapped[int | None] = mapped_column(ForeignKey("operations.id"), nullable=True, index=True)
+    cooldown_key: Mapped[str] = mapped_column(String(400), index=True)
+    repeat_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_repeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default=NotificationStatus.PENDING.value)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
