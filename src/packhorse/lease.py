@@ -62,6 +62,9 @@ class LeaseKeeper:
         self.bytes_done += n
 
     def _run(self) -> None:
+        structlog.contextvars.bind_contextvars(operation_kind=self.claim.kind.value,
+                                               operation_id=self.claim.operation_id, attempt=self.claim.attempt,
+                                               task_id=f"{self.claim.owner}#{self.claim.attempt}")
         step = min(self.interval, 10.0)
         next_at = time.monotonic() + self.interval
         while not self._stop.wait(max(0.0, min(step, next_at - time.monotonic()))):

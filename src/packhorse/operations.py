@@ -9,8 +9,9 @@
 * :func:`heartbeat`, :func:`complete_in` and :func:`record_failure` are compare-and-set on
   ``(id, attempt, status = IN_PROGRESS)``: a stale attempt's writes change nothing (I3); its
   failure is still appended as a failure event.
-* :func:`reset_stalled` hands expired leases back to ``PENDING`` (the lease recovery of
-  ``packhorse run``; circuit breakers come with the recovery issue).
+* expired leases are handed back by the stalled-task monitor
+  (:mod:`packhorse.recovery.monitor`, with circuit breakers), lost dispatches by the
+  reconciler (:mod:`packhorse.recovery.reconciler`).
 
 All times are UTC; durations are seconds.
 """
@@ -41,6 +42,12 @@ PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
     IsADirectoryError,
 )
 TRACEBACK_MAX_CHARS = 8000
+
+#: The notification that hands an operation to a human, per status: (event, subject template).
+#: Read by :func:`record_failure` and by the I5 owner map (:mod:`packhorse.recovery.owners`).
+HUMAN_NOTIFICATIONS: dict[Status, tuple[str, str]] = {
+    Status.FAILED: ("permanent_failure", "Permanent failure: {kind} {id}"),
+}
 
 
 @dataclass(frozen=True)
@@ -302,53 +309,14 @@ def record_failure(
         if res.rowcount != 1:
             return None
         if new is Status.FAILED:
-            enqueue(s, level=NotificationLevel.ERROR, event="permanent_failure",
-                    subject=f"Permanent failure: {claim.kind.value} {claim.operation_id}",
+            event, subject = HUMAN_NOTIFICATIONS[Status.FAILED]
+            enqueue(s, level=NotificationLevel.ERROR, event=event,
+                    subject=subject.format(kind=claim.kind.value, id=claim.operation_id),
                     body=render_error_context(ctx), context=ctx, operation_kind=claim.kind.value,
                     operation_id=claim.operation_id, cooldown_seconds=notification_cooldown_seconds)
         return new
 
     return FailureOutcome(db.transact(tx), will_retry, ctx)
-
-
-# ------------------------------------------------------------------------------ recovery
-
-
-def reset_stalled(db: Database) -> list[int]:
-    """Reset every ``IN_PROGRESS`` operation whose lease expired to ``PENDING`` (stall counted,
-    a ``Stalled`` failure event appended). Returns the ids reset."""
-    now = utcnow()
-
-    def find(s: Session) -> list[tuple[int, str, int, int]]:
-        return [tuple(r) for r in s.execute(
-            select(Operation.id, Operation.kind, Operation.attempt, Operation.retry_count).where(
-                Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < now)
-        )]  # type: ignore[misc]
-
-    reset: list[int] = []
-    for op_id, kind, attempt, retry_count in db.read(find):
-        def tx(s: Session, op_id: int = op_id, attempt: int = attempt, kind: str = kind,
-               retry_count: int = retry_count) -> bool:
-            res = s.execute(
-                update(Operation)
-                .where(Operation.id == op_id, Operation.attempt == attempt,
-                       Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < now)
-                .values(status=Status.PENDING.value, stall_count=Operation.stall_count + 1,
-                        lease_owner=None, lease_expires_at=None, updated_at=utcnow())
-            )
-            if res.rowcount != 1:
-                return False
-            ctx = {"error_type": "Stalled", "message": f"lease of attempt {attempt} expired without completion",
-                   "operation_kind": kind, "operation_id": op_id, "retry_count": retry_count,
-                   "will_retry": True, "timestamp": utcnow().isoformat()}
-            s.add(FailureEvent(operation_id=op_id, kind=kind, attempt=attempt, retry_count=retry_count,
-                               error_type="Stalled", message=ctx["message"], will_retry=True,
-                               error_context=ctx, created_at=utcnow()))
-            return True
-
-        if db.transact(tx):
-            reset.append(op_id)
-    return reset
 
 
 def counts_by_kind_status(session: Session) -> dict[str, dict[str, int]]:

@@ -1,13 +1,15 @@
-"""Embedded mode: managers, a local thread pool of workers and lease recovery in one process.
+"""Embedded mode: managers, a local thread pool of workers and recovery in one process.
 
 :class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
-managers in pipeline order, reset stalled leases (every monitor interval), dispatch runnable
+managers in pipeline order, run the stalled-task monitor and the reconciler (every monitor
+interval, :func:`packhorse.recovery.monitor.recovery_cycle`), dispatch runnable
 operations to the pool. A finished operation wakes the loop at once, so the next stage starts
 without waiting for the poll interval (issue #2).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
-else is pending) and stops when the only work left waits on a retention period or a human.
+else is pending) and stops when the only work left waits on a retention period or a human
+(a FAILED operation, or one whose circuit breaker is open).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import Operation, utcnow
+from ..db.models import CircuitBreaker, Operation, utcnow
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
-from ..operations import reset_stalled, worker_identity
+from ..operations import worker_identity
+from ..recovery.monitor import recovery_cycle
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
 from ..worker import Outcome, execute_operation
@@ -128,13 +131,16 @@ class LocalRunner:
         return created + n, bundle_wait
 
     def recover(self) -> None:
-        """Lease recovery: reset expired leases. On the first call also sweep every disk location
+        """Recovery: the stalled-task monitor (circuit breakers) and the reconciler, as ``packhorse
+        monitor`` runs them. On the first call also sweep every disk location
         (except sources) for partial writes older than a lease, left by a crashed process; later
         partials are removed by the next attempt at the same object, so the (possibly long)
         walk of an archive runs once per start, not every monitor interval."""
-        reset = reset_stalled(self.ctx.db)
-        if reset:
-            log.warning("stalled_operations_reset", operation_ids=reset)
+        with self._lock:
+            queued_here = set(self.in_flight)
+        report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
+        if report.reset:
+            log.warning("stalled_operations_reset", operation_ids=report.reset)
         if self._swept:
             return
         self._swept = True
@@ -147,14 +153,17 @@ class LocalRunner:
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""
 
+        # an operation whose circuit breaker is open waits for a human (or the breaker's timeout)
+        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.opened_at.is_not(None))
+
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
-                Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
+                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked))) or 0
             now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
                 Operation.status == Status.PENDING.value, Operation.not_before > now))
             le = s.scalar(select(func.min(Operation.lease_expires_at)).where(
-                Operation.status == Status.IN_PROGRESS.value))
+                Operation.status == Status.IN_PROGRESS.value, Operation.id.not_in(blocked)))
             soon = [t for t in (nb, le) if t is not None]
             return n, (max(0.0, (min(soon) - now).total_seconds()) if soon else None)
 
