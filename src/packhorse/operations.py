@@ -141,6 +141,16 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float) -> 
     return db.transact(tx)
 
 
+def _token_is(claim: Claim) -> Any:
+    """The fencing condition ``attempt = claim.attempt`` (always true only under the test-only
+    ``PACKHORSE_TEST_NO_FENCING`` switch of the chaos harness, :mod:`packhorse.faults`)."""
+    from . import faults
+
+    if faults.fencing_disabled():
+        return Operation.attempt >= 0
+    return Operation.attempt == claim.attempt
+
+
 def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int | None = None) -> bool:
     """Renew the lease of ``claim`` (fenced). Returns ``False`` if the token is no longer current."""
 
@@ -151,8 +161,7 @@ def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int 
             values["bytes_done"] = bytes_done
         res = s.execute(
             update(Operation)
-            .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
-                   Operation.status == Status.IN_PROGRESS.value)
+            .where(Operation.id == claim.operation_id, _token_is(claim), Operation.status == Status.IN_PROGRESS.value)
             .values(**values)
         )
         return res.rowcount == 1
@@ -173,8 +182,7 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
         values["bytes_done"] = bytes_done
     res = session.execute(
         update(Operation)
-        .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
-               Operation.status == Status.IN_PROGRESS.value)
+        .where(Operation.id == claim.operation_id, _token_is(claim), Operation.status == Status.IN_PROGRESS.value)
         .values(**values)
     )
     return res.rowcount == 1
@@ -209,10 +217,14 @@ def build_error_context(
     retry_count: int,
     will_retry: bool,
     operation_info: dict[str, Any] | None = None,
+    auto_diagnosis: str | None = None,
 ) -> dict[str, Any]:
     """The one error-context dict of a failure (DESIGN.md "Error context"); built once.
 
-    The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail.
+    The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail. A
+    diagnosis carried by the exception (set where it was raised) wins, with
+    ``diagnosis_source = "boundary"``; otherwise ``auto_diagnosis`` (made from the database by
+    :mod:`packhorse.recovery.diagnosis`) is used with ``diagnosis_source = "auto-db"``.
     """
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     if len(text) > TRACEBACK_MAX_CHARS:
@@ -236,6 +248,9 @@ def build_error_context(
             ctx[field] = value
     if ctx.get("diagnosis"):
         ctx["diagnosis_source"] = "boundary"
+    elif auto_diagnosis:
+        ctx["diagnosis"] = auto_diagnosis
+        ctx["diagnosis_source"] = "auto-db"
     return ctx
 
 
@@ -272,8 +287,9 @@ def record_failure(
     operation_info: dict[str, Any] | None = None,
     notification_cooldown_seconds: float = 3600.0,
 ) -> FailureOutcome:
-    """The single failure path of every kind: classify, build the error context once, append a
-    failure event, then (fenced) reset for retry or mark ``FAILED``.
+    """The single failure path of every kind: classify, diagnose a permanent failure that has no
+    diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
+    once, append a failure event, then (fenced) reset for retry or mark ``FAILED``.
 
     A retry sets ``PENDING``, ``retry_count + 1``, clears the cached error context and sets
     ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
@@ -285,9 +301,14 @@ def record_failure(
     assert op is not None
     stale = op.attempt != claim.attempt or op.status != Status.IN_PROGRESS.value
     will_retry = not stale and is_retryable(exc, op.retry_count, op.max_retries)
+    auto = None
+    if not will_retry and not getattr(exc, "diagnosis", None):
+        from .recovery.diagnosis import safe_diagnose  # never raises: a failing diagnoser blocks nothing
+
+        auto = safe_diagnose(db, claim.operation_id, exc)
     ctx = build_error_context(exc, kind=claim.kind, operation_id=claim.operation_id, task_id=
                               f"{claim.owner}#{claim.attempt}", retry_count=op.retry_count,
-                              will_retry=will_retry, operation_info=operation_info)
+                              will_retry=will_retry, operation_info=operation_info, auto_diagnosis=auto)
     append_failure_event(db, claim, op.retry_count, ctx)
 
     def tx(s: Session) -> Status | None:

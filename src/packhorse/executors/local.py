@@ -28,6 +28,8 @@ from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, Stora
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
 from ..operations import worker_identity
+from .. import faults
+from ..recovery.loop import ErrorCounter
 from ..recovery.monitor import recovery_cycle
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
@@ -61,6 +63,12 @@ class LocalRunner:
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
         self._owner = worker_identity()
+        rec = ctx.settings.recovery
+        #: failed cycles of the main loop (logged, counted, CRITICAL after max_consecutive_errors)
+        self.errors = ErrorCounter(ctx.db, f"runner@{self._owner}",
+                                   max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
+                                   notification_cooldown_seconds=rec.notification_cooldown_seconds,
+                                   retry_seconds=min(ctx.settings.managers.poll_interval_seconds, 1.0))
         self._swept = False
         #: operations finished so far (an idle check is only valid if none finished since the
         #: managers last looked at the database)
@@ -115,16 +123,20 @@ class LocalRunner:
             return ids
 
         ids = self.ctx.db.transact(tx)
+        twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
         for op_id in ids:
             with self._lock:
                 fut = self.pool.submit(self._run_one, op_id)
                 self.in_flight[op_id] = fut
             fut.add_done_callback(lambda f, i=op_id: self._done(i, f))
+            if twice:
+                self.pool.submit(self._run_one, op_id)
         return len(ids)
 
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``."""
         created = packages.manage(self.ctx, unsettled)
+        faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += n + transfers.manage(self.ctx) + unpacks.manage(self.ctx) + archives.manage(self.ctx)
         n, _retention_wait = deletions.manage(self.ctx)
@@ -183,7 +195,10 @@ class LocalRunner:
             while not self.stop_requested.is_set():
                 now = time.monotonic()
                 if now >= next_monitor:
-                    self.recover()
+                    try:
+                        self.recover()
+                    except Exception as e:  # counted; the next monitor interval tries again
+                        self.errors.failed(e, "recovery")
                     next_monitor = now + monitor_every
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= next_scan or settle_due:
@@ -200,7 +215,13 @@ class LocalRunner:
                 t0 = time.monotonic()
                 with self._lock:
                     finished_before_manage = self.finished
-                created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                try:
+                    created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                    self.errors.succeeded()
+                except Exception as e:  # a database blip must not end the run (issue #3 layer 3)
+                    self.errors.failed(e, "managers")
+                    self.wake.wait(min(poll, 1.0))
+                    continue
                 last_manage = time.monotonic()
                 manage_cost = last_manage - t0
                 dispatched = self.dispatch()

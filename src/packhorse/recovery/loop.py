@@ -29,6 +29,58 @@ from ..notify.outbox import enqueue
 log = structlog.get_logger(__name__)
 
 
+class ErrorCounter:
+    """Counts consecutive failed cycles of one loop; CRITICAL (log + notification) when the
+    streak reaches ``max_consecutive_errors`` (once per streak). Shared by :class:`ServiceLoop`
+    and the embedded runner's main loop.
+    """
+
+    def __init__(self, db: Database, name: str, *, max_consecutive_errors: int = 5,
+                 notification_cooldown_seconds: float = 3600.0, retry_seconds: float = 0.0) -> None:
+        self.db = db
+        self.name = name
+        self.max_errors = max_consecutive_errors
+        self.cooldown = notification_cooldown_seconds
+        self.retry_seconds = retry_seconds
+        self.consecutive_errors = 0
+        self.failed_cycles = 0
+        self.last_error: str | None = None
+
+    def succeeded(self) -> None:
+        """A cycle went through: the streak ends."""
+        if self.consecutive_errors:
+            log.info("service_loop_recovered", service=self.name, after_errors=self.consecutive_errors)
+        self.consecutive_errors = 0
+
+    def failed(self, exc: BaseException, where: str = "cycle") -> None:
+        """A cycle failed with ``exc``: log it, count it, go CRITICAL at the threshold."""
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.consecutive_errors += 1
+        self.failed_cycles += 1
+        log.error("service_loop_cycle_failed", service=self.name, where=where, error=self.last_error,
+                  consecutive_errors=self.consecutive_errors)
+        if self.consecutive_errors == self.max_errors:
+            self._critical()
+
+    def _critical(self) -> None:
+        log.critical("service_loop_failing", service=self.name, consecutive_errors=self.consecutive_errors,
+                     error=self.last_error)
+
+        def tx(s: Session) -> None:
+            enqueue(s, level=NotificationLevel.CRITICAL, event="service_loop_failing",
+                    subject=f"{self.name}: {self.consecutive_errors} consecutive failed cycles",
+                    body=(f"Service: {self.name}\nConsecutive failed cycles: {self.consecutive_errors}\n"
+                          f"Last error: {self.last_error}\nThe loop keeps running and retries every "
+                          f"{self.retry_seconds:g} s; it needs a human if this persists."),
+                    context={"service": self.name, "consecutive_errors": self.consecutive_errors,
+                             "error": self.last_error}, cooldown_seconds=self.cooldown)
+
+        try:
+            self.db.transact(tx, attempts=2)
+        except Exception as e:  # the database may be what is failing: the log line stays
+            log.error("service_loop_notification_failed", service=self.name, error=str(e))
+
+
 class ServiceLoop:
     """Run ``work(session)`` every ``interval_seconds`` until :attr:`stop` is set.
 
@@ -47,61 +99,41 @@ class ServiceLoop:
         self.name = name
         self.work = work
         self.interval = interval_seconds
-        self.max_errors = max_consecutive_errors
-        self.cooldown = notification_cooldown_seconds
         self.stop = threading.Event()
-        self.consecutive_errors = 0
         self.cycles = 0
-        self.failed_cycles = 0
-        self.last_error: str | None = None
+        self.errors = ErrorCounter(db, name, max_consecutive_errors=max_consecutive_errors,
+                                   notification_cooldown_seconds=notification_cooldown_seconds,
+                                   retry_seconds=interval_seconds)
+
+    @property
+    def consecutive_errors(self) -> int:
+        return self.errors.consecutive_errors
+
+    @property
+    def failed_cycles(self) -> int:
+        return self.errors.failed_cycles
 
     def run_cycle(self) -> bool:
         """Run one cycle; returns ``True`` if it succeeded. Never raises for a cycle's error."""
         self.cycles += 1
         session = self.db.session()
+        error: BaseException | None = None
         try:
             self.work(session)
             session.commit()
-            ok = True
         except Exception as e:
-            ok = False
-            self.last_error = f"{type(e).__name__}: {e}"
+            error = e
             try:
                 session.rollback()
             except Exception:  # the connection may be gone; close() below discards it
                 pass
         finally:
             session.close()  # the last session operation of the cycle
-        if ok:
-            if self.consecutive_errors:
-                log.info("service_loop_recovered", service=self.name, after_errors=self.consecutive_errors)
-            self.consecutive_errors = 0
+        if error is None:
+            self.errors.succeeded()
             return True
-        self.consecutive_errors += 1
-        self.failed_cycles += 1
-        log.error("service_loop_cycle_failed", service=self.name, error=self.last_error,
-                  consecutive_errors=self.consecutive_errors)
-        if self.consecutive_errors == self.max_errors:
-            self._critical()
+        self.errors.failed(error)
         return False
-
-    def _critical(self) -> None:
-        log.critical("service_loop_failing", service=self.name, consecutive_errors=self.consecutive_errors,
-                     error=self.last_error)
-
-        def tx(s: Session) -> None:
-            enqueue(s, level=NotificationLevel.CRITICAL, event="service_loop_failing",
-                    subject=f"{self.name}: {self.consecutive_errors} consecutive failed cycles",
-                    body=(f"Service: {self.name}\nConsecutive failed cycles: {self.consecutive_errors}\n"
-                          f"Last error: {self.last_error}\nThe loop keeps running and retries every "
-                          f"{self.interval:g} s; it needs a human if this persists."),
-                    context={"service": self.name, "consecutive_errors": self.consecutive_errors,
-                             "error": self.last_error}, cooldown_seconds=self.cooldown)
-
-        try:
-            self.db.transact(tx, attempts=2)
-        except Exception as e:  # the database may be what is failing: the log line stays
-            log.error("service_loop_notification_failed", service=self.name, error=str(e))
 
     def run(self, *, max_cycles: int | None = None) -> None:
         """Loop until :attr:`stop` is set (or ``max_cycles`` cycles ran)."""
