@@ -270,7 +270,7 @@ class Harness:
 
     def __init__(self, workdir: Path, *, seed: int, faults: int, types: tuple[str, ...] = FAULT_TYPES,
                  points: tuple[str, ...] = NAMED_POINTS, units_per_round: int = 6, no_fencing: bool = False,
-                 verbose: bool = False, round_timeout: float = 300.0) -> None:
+                 verbose: bool = False, round_timeout: float = 300.0, named_only: bool = False) -> None:
         self.root = workdir
         self.rng = random.Random(seed)
         self.fig = Figures(seed=seed)
@@ -279,6 +279,7 @@ class Harness:
         self.points = points
         self.units_per_round = units_per_round
         self.no_fencing = no_fencing
+        self.named_only = named_only
         self.verbose = verbose
         self.round_timeout = round_timeout
         self.cfg = self.root / "packhorse.toml"
@@ -379,7 +380,7 @@ class Harness:
             return False
         proc = self.rng.choice(targets)
         marker = getattr(proc, "chaos_marker", None)
-        if marker is not None and self.rng.random() < 0.5:
+        if marker is not None and (self.named_only or self.rng.random() < 0.5):
             # at the named point its run was given: wait until a worker is inside it
             how = self.wait_marker_or_delay(proc, marker, 60.0)
             if not how.startswith("at named point"):
@@ -420,6 +421,12 @@ class Harness:
         p.chaos_point = hook["point"]  # type: ignore[attr-defined]
         return p
 
+    def throttle(self, max_live: int = 2) -> None:
+        """Let rounds overlap, but wait while more than ``max_live`` runs are alive."""
+        deadline = time.monotonic() + self.round_timeout
+        while len(self.live()) > max_live and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def wait_round(self) -> None:
         deadline = time.monotonic() + self.round_timeout
         while self.live():
@@ -455,7 +462,8 @@ class Harness:
                     if not self.inject(kind) and not self.live():
                         self.spawn()  # it finished before the fault: hit the next one
                         self.inject(kind)
-                self.wait_round()
+                self.throttle()
+            self.wait_round()
             self.finish()
         finally:
             self.watcher.stop.set()
@@ -569,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--types", default=",".join(FAULT_TYPES), help=f"fault types (default {','.join(FAULT_TYPES)})")
     ap.add_argument("--points", default=",".join(NAMED_POINTS), help="named fault points for kill/stop")
+    ap.add_argument("--named-only", action="store_true", help="kill/stop only at named fault points")
     ap.add_argument("--units-per-round", type=int, default=6, help="new raw data packages per round")
     ap.add_argument("--no-fencing", action="store_true", help="TEST ONLY: switch fencing off; must FAIL")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
@@ -583,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{' --types ' + a.types if a.types != ','.join(FAULT_TYPES) else ''})", flush=True)
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="packhorse-chaos-"))
     h = Harness(workdir, seed=seed, faults=a.faults, types=types, points=tuple(a.points.split(",")),
-                units_per_round=a.units_per_round, no_fencing=a.no_fencing, verbose=a.verbose)
+                units_per_round=a.units_per_round, no_fencing=a.no_fencing, verbose=a.verbose,
+                named_only=a.named_only)
     try:
         fig = h.run()
     finally:

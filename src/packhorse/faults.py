@@ -20,8 +20,9 @@ A hook fires at most ``times`` times per process (default: always for pause/corr
 
 ``PACKHORSE_TEST_NO_FENCING=1`` switches fencing off (:func:`fencing_disabled`) so the chaos
 harness can show that it detects what fencing prevents: workers never stop on a lost lease,
-heartbeats and completions ignore the fencing token, and disk publication replaces an
-existing object instead of refusing to. Never set it outside that test.
+heartbeats and completions ignore the fencing token, neither a successor nor the start-up
+sweep removes the partial file of a stale attempt, and disk publication replaces an existing object
+instead of refusing to. Never set it outside that test.
 """
 
 from __future__ import annotations
