@@ -116,3 +116,43 @@ def test_log_format_json_lines_of_a_task_carry_its_identity(site_config):
         assert x["task_id"].endswith(f"#{x['attempt']}")
     bad = run_packhorse("--log-format", "xml", "status", "-c", str(cfg))
     assert bad.returncode == 2 and "--log-format" in bad.stderr
+
+
+def test_monitor_service_recovers_stalled_work_reports_health_and_stops_cleanly(site_config):
+    from sqlalchemy import update
+
+    from packhorse.config import load_config
+    from packhorse.db.models import Operation, utcnow
+    from packhorse.db.session import Database
+    from packhorse.domain import OperationKind
+    from packhorse.operations import claim, create_operation
+    import datetime as dt
+
+    cfg = site_config(extra="service_heartbeat_interval_seconds = 0.2\nservice_dead_after_seconds = 2\n")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    db = Database(load_config(cfg).database_url)
+    op = db.transact(lambda s: create_operation(s, kind=OperationKind.TRANSFER, dedup_key="t", site_id=1,
+                                                max_retries=3))
+    assert claim(db, op.id, "dead-worker", 30) is not None
+    db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    mon = subprocess.Popen([sys.executable, "-m", "packhorse", "--log-format", "json", "monitor", "-c", str(cfg)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while db.read(lambda s: s.get(Operation, op.id)).status != "PENDING":
+            assert time.monotonic() < deadline and mon.poll() is None, "the monitor did not recover the operation"
+            time.sleep(0.1)
+        h = json.loads(run_packhorse("health", "-c", str(cfg), "--json").stdout)
+        assert [(s["kind"], s["alive"]) for s in h["services"]] == [("monitor", True)]
+    finally:
+        mon.send_signal(signal.SIGTERM)
+        _out, errs = mon.communicate(timeout=30)
+    assert mon.returncode == 0, errs
+    assert any(json.loads(l).get("event") == "stalled_operation_reset" for l in errs.splitlines() if l.startswith("{"))
+    h = run_packhorse("health", "-c", str(cfg), "--json")
+    assert h.returncode == 0 and json.loads(h.stdout)["services"] == []  # a clean stop is not a death
+    once = run_packhorse("monitor", "--once", "--json", "-c", str(cfg))
+    assert once.returncode == 0 and json.loads(once.stdout)["reset"] == []
+    db.dispose()
