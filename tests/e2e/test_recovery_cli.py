@@ -156,3 +156,23 @@ def test_monitor_service_recovers_stalled_work_reports_health_and_stops_cleanly(
     once = run_packhorse("monitor", "--once", "--json", "-c", str(cfg))
     assert once.returncode == 0 and json.loads(once.stdout)["reset"] == []
     db.dispose()
+
+
+def test_run_survives_database_errors_in_the_middle_of_manager_cycles(site_config):
+    cfg = site_config()
+    src = cfg.parent / "source"
+    for g in range(2):
+        p = src / "inst" / f"obs{g}" / "f.dat"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(50_000))
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    faults = [{"point": "manager.cycle", "action": "db_error", "times": 3}]
+    out = run_packhorse("--log-format", "json", "run", "-c", str(cfg), "--until-idle",
+                        env={"PACKHORSE_TEST_FAULTS": json.dumps(faults), "PACKHORSE_LOG_LEVEL": "WARNING"})
+    assert out.returncode == 0, out.stderr
+    failed = [json.loads(l) for l in out.stderr.splitlines()
+              if l.startswith("{") and "service_loop_cycle_failed" in l]
+    assert len(failed) == 3 and all(f["where"] == "managers" for f in failed)
+    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*") if p.is_file()}
+    for lta in ("sites/cologne/archive", "sites/cornell/archive"):
+        assert _payloads(cfg.parent / lta) == expected

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import structlog
@@ -181,6 +182,15 @@ class LocalRunner:
 
         return self.ctx.db.read(tx)
 
+    def _guard(self, where: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
+        """``fn(*args)``; an error (a database outage outlasting the unit of work's retries) is
+        logged and counted instead of ending the run, and ``default`` is returned."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.errors.failed(e, where)
+            return default
+
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
         """Run until stopped (or, with ``until_idle``, until no work can become runnable)."""
@@ -202,7 +212,7 @@ class LocalRunner:
                     next_monitor = now + monitor_every
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= next_scan or settle_due:
-                    scan = scan_all(self.ctx, self.hash_pool)
+                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=scan)
                     next_scan = time.monotonic() + poll
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
@@ -210,7 +220,7 @@ class LocalRunner:
                 # than about a third of this thread while workers are busy.
                 gap = last_manage + 2 * manage_cost - time.monotonic()
                 if gap > 0:
-                    self.dispatch()
+                    self._guard("dispatch", self.dispatch, default=0)
                     time.sleep(min(gap, 0.5))
                 t0 = time.monotonic()
                 with self._lock:
@@ -224,12 +234,13 @@ class LocalRunner:
                     continue
                 last_manage = time.monotonic()
                 manage_cost = last_manage - t0
-                dispatched = self.dispatch()
+                dispatched = self._guard("dispatch", self.dispatch, default=0)
                 if self.on_tick:
                     self.on_tick()
                 timeout = poll
                 if until_idle:
-                    active, soon = self._active_summary()
+                    # a failed look counts as "not idle, look again soon"
+                    active, soon = self._guard("idle check", self._active_summary, default=(1, 1.0))
                     with self._lock:
                         running = len(self.in_flight)
                         # an operation that finished after the managers looked may have made
@@ -242,7 +253,9 @@ class LocalRunner:
                             flush = True  # nothing else pending: ship the partial bundle now
                             continue
                         else:
-                            final = scan_all(self.ctx, self.hash_pool)  # files that arrived meanwhile
+                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=None)
+                            if final is None:  # files that arrived meanwhile: could not look
+                                continue
                             if not final.registered and not final.pending_settle:
                                 break
                             scan = final
