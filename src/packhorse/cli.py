@@ -479,7 +479,7 @@ def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     from .recovery.breakers import jsonable, list_breakers
 
     ctx = _context(config)
-    rows = ctx.db.read(lambda s: list_breakers(s, ctx.settings.recovery))
+    rows = ctx.db.read(list_breakers)
     if as_json:
         _print_json([jsonable(r) for r in rows])
         return

@@ -347,7 +347,8 @@ class CircuitBreaker(Base):
     breaker opens (``opened_at`` set) and the monitor stops resetting the operation until
     ``circuit_breaker_timeout_seconds`` after the last stall, or until an admin resets it
     (DESIGN.md "Circuit breaker", seed 002). ``last_stall_attempt`` is the attempt (fencing
-    token) whose stall was counted last, so one expired lease is counted once.
+    token) whose stall was counted last, so one expired lease is counted once; ``closes_at``
+    is set when the breaker opens.
     """
 
     __tablename__ = "circuit_breakers"
@@ -362,6 +363,8 @@ class CircuitBreaker(Base):
     last_stall_attempt: Mapped[int] = mapped_column(Integer, default=0)
     last_stall_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     opened_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: when an open breaker closes by itself (last stall + the timeout configured when it opened)
+    closes_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ServiceHeartbeat(Base):

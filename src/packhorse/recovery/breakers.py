@@ -37,18 +37,12 @@ BREAKER_OPEN_SUBJECT = "Circuit breaker open: {kind} {id} blocked from recovery 
 BREAKER_CLOSED_SUBJECT = "Circuit breaker closed: {kind} {id} will be recovered again"
 
 
-def _closes_at(b: CircuitBreaker, rec: RecoveryConfig) -> dt.datetime | None:
-    if b.opened_at is None or b.last_stall_at is None:
-        return None
-    return b.last_stall_at + dt.timedelta(seconds=rec.circuit_breaker_timeout_seconds)
-
-
-def breaker_row(b: CircuitBreaker, rec: RecoveryConfig | None = None) -> dict[str, Any]:
+def breaker_row(b: CircuitBreaker) -> dict[str, Any]:
     """One breaker as a plain dict (the shape of :func:`list_breakers`)."""
-    closes = _closes_at(b, rec) if rec is not None else None
     return {
         "kind": b.kind, "operation_id": b.operation_id, "stall_count": b.stall_count,
-        "last_stall_at": b.last_stall_at, "opened_at": b.opened_at, "closes_at": closes,
+        "last_stall_at": b.last_stall_at, "opened_at": b.opened_at,
+        "closes_at": b.closes_at if b.opened_at is not None else None,
         "state": "open" if b.opened_at is not None else "closed",
     }
 
@@ -65,17 +59,16 @@ def get_breaker(session: Session, kind: OperationKind | str, operation_id: int) 
                                                          CircuitBreaker.operation_id == operation_id)).first()
 
 
-def close_expired(session: Session, rec: RecoveryConfig, now: dt.datetime | None = None) -> list[int]:
-    """Close every open breaker whose timeout passed since its last stall (INFO notification each).
+def close_expired(session: Session, now: dt.datetime | None = None) -> list[int]:
+    """Close every open breaker whose ``closes_at`` passed (INFO notification each).
 
     Returns:
         the operation ids whose breaker closed (the monitor resets those operations next).
     """
     now = now or utcnow()
-    limit = now - dt.timedelta(seconds=rec.circuit_breaker_timeout_seconds)
     closed: list[int] = []
     for b in session.scalars(select(CircuitBreaker).where(CircuitBreaker.opened_at.is_not(None),
-                                                           CircuitBreaker.last_stall_at <= limit)):
+                                                           CircuitBreaker.closes_at <= now)):
         _close(session, b, reason="timeout", actor="monitor", now=now)
         closed.append(b.operation_id)
     return closed
@@ -86,6 +79,7 @@ def _close(session: Session, b: CircuitBreaker, *, reason: str, actor: str, now:
     previous = b.stall_count
     b.stall_count = 0
     b.opened_at = None
+    b.closes_at = None
     log.info("circuit_breaker_closed", operation_kind=b.kind, operation_id=b.operation_id,
              previous_stall_count=previous, reason=reason, actor=actor)
     if was_open or actor != "monitor":
@@ -116,6 +110,7 @@ def count_stall(session: Session, op: Operation, rec: RecoveryConfig, now: dt.da
         b.last_stall_at = now
         if b.stall_count >= rec.max_stall_count and b.opened_at is None:
             b.opened_at = now
+            b.closes_at = now + dt.timedelta(seconds=rec.circuit_breaker_timeout_seconds)
             log.error("circuit_breaker_opened", operation_kind=op.kind, operation_id=op.id, stall_count=b.stall_count)
     session.flush()
     return b
@@ -125,7 +120,7 @@ def notify_open(session: Session, b: CircuitBreaker, op: Operation, rec: Recover
                 now: dt.datetime | None = None) -> None:
     """Queue the ERROR notification of an open breaker (one per cooldown window)."""
     now = now or utcnow()
-    closes = _closes_at(b, rec)
+    closes = b.closes_at
     enqueue(session, level=NotificationLevel.ERROR, event="breaker_open",
             subject=BREAKER_OPEN_SUBJECT.format(kind=b.kind, id=b.operation_id, n=b.stall_count),
             body=(f"Operation: {b.kind} {b.operation_id}\nStall count: {b.stall_count}\n"
@@ -135,7 +130,7 @@ def notify_open(session: Session, b: CircuitBreaker, op: Operation, rec: Recover
                   "The operation is left IN_PROGRESS and is not recovered automatically. Find why its "
                   "workers die or hang, then: packhorse retry "
                   f"{b.kind} {b.operation_id} --reason '...'"),
-            context=jsonable(breaker_row(b, rec)), operation_kind=b.kind, operation_id=b.operation_id,
+            context=jsonable(breaker_row(b)), operation_kind=b.kind, operation_id=b.operation_id,
             cooldown_seconds=rec.notification_cooldown_seconds, now=now)
 
 
@@ -154,18 +149,17 @@ def open_breaker_count(session: Session) -> int:
     ).all())
 
 
-def list_breakers(session: Session, rec: RecoveryConfig | None = None) -> list[dict[str, Any]]:
+def list_breakers(session: Session) -> list[dict[str, Any]]:
     """Every breaker that counted a stall, open ones first.
 
     Returns:
         dicts with ``kind``, ``operation_id``, ``stall_count``, ``last_stall_at``,
-        ``opened_at`` and ``closes_at`` (UTC datetimes or ``None``), ``state`` (``"open"`` /
-        ``"closed"``). ``closes_at`` needs ``rec`` (default timeouts if not given).
+        ``opened_at`` and ``closes_at`` (UTC datetimes, ``None`` while closed), ``state``
+        (``"open"`` / ``"closed"``).
     """
-    rec = rec or RecoveryConfig()
     rows = session.scalars(select(CircuitBreaker).where(CircuitBreaker.stall_count > 0)
                            .order_by(CircuitBreaker.opened_at.is_(None), CircuitBreaker.id)).all()
-    return [breaker_row(b, rec) for b in rows]
+    return [breaker_row(b) for b in rows]
 
 
 def _operation(session: Session, kind: OperationKind, operation_id: int) -> Operation:

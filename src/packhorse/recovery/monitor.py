@@ -123,7 +123,7 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
                     context={"operation_kind": op.kind, "operation_id": op.id}, operation_kind=op.kind,
                     operation_id=op.id, cooldown_seconds=rec.notification_cooldown_seconds, now=now)
             return "unhandled"
-        context = {**breakers.jsonable(breakers.breaker_row(b, rec)), "attempt": op.attempt,
+        context = {**breakers.jsonable(breakers.breaker_row(b)), "attempt": op.attempt,
                    "lease_owner": op.lease_owner}
         body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} stopped renewing "
                 f"its lease.\nStall count: {b.stall_count} of {rec.max_stall_count} before the circuit "
@@ -155,7 +155,7 @@ def check_stalled(db: Database, settings: Settings) -> MonitorReport:
         of its unit of work (the service loop counts it).
     """
     report = MonitorReport()
-    report.breakers_closed = db.transact(lambda s: breakers.close_expired(s, settings.recovery))
+    report.breakers_closed = db.transact(breakers.close_expired)
     now = utcnow()
     stalled = db.read(lambda s: [(r.id, r.attempt) for r in s.execute(
         select(Operation.id, Operation.attempt).where(Operation.status == Status.IN_PROGRESS.value,

@@ -38,6 +38,7 @@ def upgrade() -> None:
     sa.Column('last_stall_attempt', sa.Integer(), nullable=False),
     sa.Column('last_stall_at', packhorse.db.models.UTCDateTime(timezone=True), nullable=True),
     sa.Column('opened_at', packhorse.db.models.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('closes_at', packhorse.db.models.UTCDateTime(timezone=True), nullable=True),
     sa.CheckConstraint("kind IN ('raw_data_package', 'data_transfer_package', 'transfer', 'unpack', 'long_term_archive', 'staging', 'deletion', 'fixity_check')", name=op.f('ck_circuit_breakers_kind')),
     sa.ForeignKeyConstraint(['operation_id'], ['operations.id'], name=op.f('fk_circuit_breakers_operation_id_operations')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_circuit_breakers')),
