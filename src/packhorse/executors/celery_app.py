@@ -46,7 +46,7 @@ from typing import Any
 
 import structlog
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
@@ -70,6 +70,8 @@ RUN_OPERATION_TASK = "packhorse.run_operation"
 SCAN_TASK = "packhorse.scan"
 #: Operation kinds a Celery worker can run (every kind with a stage).
 RUNNABLE_KINDS: tuple[OperationKind, ...] = tuple(k for k in OperationKind if k in STAGES)
+#: The one direct exchange every queue is bound to (routing key = queue name).
+EXCHANGE = Exchange("packhorse", type="direct", durable=True)
 #: Operations one dispatch cycle claims at most (one ``FOR UPDATE SKIP LOCKED`` batch).
 DISPATCH_BATCH = 200
 
@@ -148,7 +150,10 @@ def make_app(settings: Settings) -> Celery:
         broker_transport_options={"visibility_timeout": ex.visibility_timeout_seconds},
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        task_queues=[Queue(q, routing_key=q) for q in all_queues(settings)],
+        task_queues=[Queue(q, EXCHANGE, routing_key=q) for q in all_queues(settings)],
+        task_default_exchange=EXCHANGE.name,
+        task_default_exchange_type=EXCHANGE.type,
+        # nothing is published without an explicit queue; a stray message would wait here
         task_default_queue="packhorse_unrouted",
         task_create_missing_queues=True,
         worker_hijack_root_logger=False,
@@ -442,6 +447,9 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     queues = site_queues(settings, site, kinds)
     if not queues:
         raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
+    from .. import logs
+
+    logs.configure(loglevel)
     app = make_app(settings)
     cleanup_site_partials(settings, site)
     n = concurrency or settings.executor.workers
