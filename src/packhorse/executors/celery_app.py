@@ -299,11 +299,13 @@ def dispatch_pending(ctx: StageContext, app: Celery, *, batch: int = DISPATCH_BA
             .order_by(Operation.id).limit(batch)
             .with_for_update(skip_locked=True)
         ).all()
-        if rows:
-            s.execute(update(Operation).where(Operation.id.in_([r.id for r in rows]),
-                                              Operation.status == Status.PENDING.value)
-                      .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now))
-        return rows
+        if not rows:
+            return []
+        taken = set(s.scalars(update(Operation).where(Operation.id.in_([r.id for r in rows]),
+                                                      Operation.status == Status.PENDING.value)
+                              .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now)
+                              .returning(Operation.id)))
+        return [r for r in rows if r.id in taken]
 
     rows = ctx.db.transact(pick)
     out: list[Dispatched] = []
