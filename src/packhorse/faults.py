@@ -11,7 +11,9 @@ Never set it in production. The value is JSON: a list of hooks, each
   verification by re-reading must catch it.
 * ``"fail"``: raise ``RuntimeError`` (a retryable failure) ``times`` times (default 1).
 
-A hook fires at most ``times`` times per process (default: always for pause/corrupt).
+A hook fires at most ``times`` times per process (default: always for pause/corrupt). A hook
+with ``"unless_exists": PATH`` does not fire once that file exists (e.g. its own ``marker``:
+only the first process that reaches the point pauses, not the pool child that replaces it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def hit(point: str, *, path: Path | None = None) -> None:
     """Run every hook registered for ``point``; ``path`` is the local file concerned, if any."""
     for i, hook in enumerate(_hooks()):
         if hook.get("point") != point:
+            continue
+        if hook.get("unless_exists") and Path(hook["unless_exists"]).exists():
             continue
         with _lock:
             times = hook.get("times")

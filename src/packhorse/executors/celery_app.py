@@ -125,6 +125,17 @@ def operation_queue(ctx: StageContext, site_id: int, source_location_id: int | N
 # ------------------------------------------------------------------------------ the app
 
 
+def transport_options(visibility_timeout: float) -> dict[str, Any]:
+    """Broker transport options: the visibility timeout (s), and for Redis a sweep for unacked
+    messages often enough to honour it (kombu sweeps every 10 × 10 s by default; with a short
+    timeout it sweeps every ``timeout / 2`` s, at least every second)."""
+    opts: dict[str, Any] = {"visibility_timeout": visibility_timeout}
+    if visibility_timeout < 100:
+        opts.update(unacked_restore_interval=max(1, int(visibility_timeout / 2)), unacked_restore_throttle=1)
+    return opts
+
+
+
 def make_app(settings: Settings) -> Celery:
     """The Celery app of ``settings`` (broker, queues, reliability settings, tasks).
 
@@ -147,7 +158,7 @@ def make_app(settings: Settings) -> Celery:
         result_serializer="json",
         task_ignore_result=True,
         result_backend=None,
-        broker_transport_options={"visibility_timeout": ex.visibility_timeout_seconds},
+        broker_transport_options=transport_options(ex.visibility_timeout_seconds),
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         task_queues=[Queue(q, EXCHANGE, routing_key=q) for q in all_queues(settings)],
