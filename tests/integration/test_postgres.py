@@ -269,3 +269,54 @@ def test_concurrent_dispatchers_never_pick_the_same_operation(pg_db: Database, t
     statuses = pg_db.read(lambda s: set(s.scalars(select(Operation.status))))
     assert statuses == {Status.SCHEDULED.value}
     assert pg_db.read(lambda s: s.scalar(select(func.min(Operation.scheduled_at)))) <= utcnow()
+
+
+# ------------------------------------------------------------------- concurrent completions
+
+
+def test_two_sites_completing_the_last_archives_at_once_mark_the_package_archived(pg_db: Database,
+                                                                                  tmp_path: Path) -> None:
+    """Each archive completion checks "is every archive copy there?" in its own transaction; two
+    of them committing at once must not both miss the other's copy (the package would never be
+    marked archived, and its buffer copies never freed)."""
+    from packhorse.config import load_config
+    from packhorse.managers.policy import mark_archived_if_complete
+    from packhorse.stages.base import StageContext, record_copy
+    from packhorse.topology import sync_topology
+    from support import write_site_config
+
+    settings = load_config(write_site_config(tmp_path))
+    topo = sync_topology(pg_db, settings)
+    src = topo.location_ids["fyst-source"]
+
+    def add_package(s: Session) -> int:
+        pkg = RawDataPackage(name="inst/obs1", group_path="inst/obs1", source_location_id=src,
+                             bagging_date="2026-11-30", file_count=1, payload_bytes=1, size=10, sha256="b" * 64)
+        s.add(pkg)
+        s.flush()
+        return pkg.id
+
+    pkg_id = pg_db.transact(add_package)
+    both_inserted = threading.Barrier(2, timeout=30)
+    results: dict[str, bool] = {}
+
+    def complete(lta: str) -> None:
+        db = Database(pg_db.url, pool_size=1, max_overflow=0)
+        ctx = StageContext(settings=settings, db=db, topology=topo)
+
+        def tx(s: Session) -> bool:
+            record_copy(s, location_id=topo.location_ids[lta], key="raw/inst/obs1.tar", size=10, sha256="b" * 64,
+                        raw_data_package_id=pkg_id)
+            both_inserted.wait()  # neither has committed its copy yet
+            return mark_archived_if_complete(s, ctx, pkg_id)
+
+        results[lta] = db.transact(tx)
+        db.dispose()
+
+    threads = [threading.Thread(target=complete, args=(n,)) for n in ("cologne-lta", "cornell-lta")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results.values()) == [False, True], results  # the second to commit saw both copies
+    assert pg_db.read(lambda s: s.get(RawDataPackage, pkg_id).archived_at) is not None

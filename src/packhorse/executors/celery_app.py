@@ -216,9 +216,27 @@ def run_operation_task(self: Any, operation_id: int, min_attempt: int) -> str:
     except TransientDatabaseError as exc:
         raise _retry_later(self, exc) from exc
     if outcome.value == "skipped":
-        log.info("task_skipped", operation_id=operation_id, min_attempt=min_attempt,
-                 reason="done, leased by a live worker, at a newer attempt or not yet due")
+        with contextlib.suppress(Exception):
+            log.info("task_skipped", operation_id=operation_id, min_attempt=min_attempt,
+                     reason=skip_reason(ctx.db, int(operation_id), int(min_attempt)))
     return outcome.value
+
+
+def skip_reason(db: Database, operation_id: int, min_attempt: int) -> str:
+    """Why a message for operation ``operation_id`` at attempt ≥ ``min_attempt`` did nothing."""
+    op = db.read(lambda s: s.get(Operation, operation_id))
+    now = utcnow()
+    if op is None:
+        return "no such operation"
+    if op.status in (Status.COMPLETED.value, Status.FAILED.value):
+        return f"done ({op.status})"
+    if op.status == Status.IN_PROGRESS.value and op.lease_expires_at is not None and op.lease_expires_at > now:
+        return f"leased by a live worker ({op.lease_owner}, attempt {op.attempt})"
+    if op.attempt >= min_attempt:
+        return f"at a newer attempt ({op.attempt}, status {op.status})"
+    if op.not_before is not None and op.not_before > now:
+        return f"not due before {op.not_before.isoformat()}"
+    return f"not runnable (status {op.status}, attempt {op.attempt})"
 
 
 @contextlib.contextmanager
