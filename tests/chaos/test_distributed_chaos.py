@@ -237,6 +237,7 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
 # --------------------------------------------------------------- the database restarts
 
 
+@needs_monitor
 def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Path) -> None:
     server = PrivatePostgres()
     try:
@@ -255,7 +256,7 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
         cluster.init()
         db = Database(url, pool_size=1, max_overflow=0)
         try:
-            cluster.start_all(monitor=has_monitor())
+            cluster.start_all(monitor=True)
 
             def archiving() -> bool:
                 return db.read(lambda s: s.scalar(select(func.count()).select_from(Operation).where(
@@ -264,7 +265,8 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
 
             wait_for(archiving, 180, "an archive write in flight")
             server.stop("fast")  # every connection dropped, the server gone
-            time.sleep(4)
+            # longer than a unit of work retries (8 attempts, about 6-12 s): services see failures
+            time.sleep(15)
             server.start()
             st = cluster.wait_finished(300, packages=4)
             dead = {n: p.returncode for n, p in cluster.procs.items() if p.poll() is not None}
@@ -273,7 +275,8 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
             cluster.stop_all()
             db.dispose()
         _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
-        for name in ["manager", *(f"worker-{s}" for s in SITES)] + (["monitor"] if has_monitor() else []):
+        assert "manager_cycle_failed" in cluster.log("manager"), "the outage was not felt by the manager"
+        for name in ["manager", "monitor", *(f"worker-{s}" for s in SITES)]:
             log = cluster.log(name)
             assert log.count("PendingRollbackError") <= 3, f"{name}: PendingRollbackError loop\n{log[-3000:]}"
         failed = [e for e in _failure_events(cluster) if e[1] not in ("Stalled",)]
