@@ -368,12 +368,18 @@ def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
 
 
 def dispatch_scans(ctx: StageContext, app: Celery) -> list[str]:
-    """Publish one scan of every active source disk location to its site's scan queue."""
+    """Publish one scan of every active source disk location to its site's scan queue.
+
+    A scan message expires after three poll intervals (at least a minute): while a site's
+    workers are down, its scan requests do not pile up into a backlog of useless scans (the
+    next one sent after they are back does the work).
+    """
     sent = []
+    expires = max(60.0, 3 * ctx.settings.managers.poll_interval_seconds)
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
             q = queue_name(loc.site, loc.name, SCAN)
-            app.send_task(SCAN_TASK, args=[loc.name], queue=q, routing_key=q,
+            app.send_task(SCAN_TASK, args=[loc.name], queue=q, routing_key=q, expires=expires,
                           retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
             sent.append(q)
     return sent
