@@ -275,7 +275,7 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
             cluster.stop_all()
             db.dispose()
         _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
-        assert "manager_cycle_failed" in cluster.log("manager"), "the outage was not felt by the manager"
+        assert "service_loop_cycle_failed" in cluster.log("manager"), "the outage was not felt by the manager"
         for name in ["manager", "monitor", *(f"worker-{s}" for s in SITES)]:
             log = cluster.log(name)
             assert log.count("PendingRollbackError") <= 3, f"{name}: PendingRollbackError loop\n{log[-3000:]}"

@@ -402,9 +402,12 @@ class Manager:
 
     Every ``managers.poll_interval_seconds``: publish a scan of each source location to its
     site, run the managers (bundles, transfers, unpacks, long-term archives, deletions; the
-    packages of a source are created by its scan), publish every due ``PENDING`` operation. A
-    failed cycle (database or broker unreachable) is logged and the next one starts afresh:
-    the manager never needs a restart.
+    packages of a source are created by its scan), publish every due ``PENDING`` operation
+    (dispatch runs at least every second). A failed cycle (database or broker unreachable) is
+    logged and counted (:class:`~packhorse.recovery.loop.ErrorCounter`: CRITICAL log and
+    notification after ``managers.max_consecutive_errors`` in a row) and the next cycle starts
+    afresh: the manager never needs a restart. It records its health as service kind
+    ``manager``.
 
     Args:
         settings: a configuration with ``executor.kind = "celery"``.
@@ -416,7 +419,6 @@ class Manager:
         self.app = app or make_app(settings)
         self.stop = threading.Event()
         self.cycles = 0
-        self.failed_cycles = 0
         self.dispatched = 0
 
     def cycle(self, *, scan: bool) -> int:
@@ -435,28 +437,40 @@ class Manager:
 
     def run(self, *, max_seconds: float | None = None) -> None:
         """Loop until :attr:`stop` is set (or ``max_seconds`` passed)."""
+        from ..recovery.health import HeartbeatThread
+        from ..recovery.loop import ErrorCounter
+
+        ctx = process_context(self.settings)
+        errors = ErrorCounter(ctx.db, "manager", max_consecutive_errors=self.settings.managers.max_consecutive_errors,
+                              notification_cooldown_seconds=self.settings.recovery.notification_cooldown_seconds,
+                              retry_seconds=1.0)
+        health = HeartbeatThread(ctx.db, "manager",
+                                 interval_seconds=self.settings.recovery.service_heartbeat_interval_seconds).start()
         poll = self.settings.managers.poll_interval_seconds
         started = time.monotonic()
         next_scan = 0.0
         declared = False
-        while not self.stop.is_set():
-            t0 = time.monotonic()
-            if max_seconds is not None and t0 - started > max_seconds:
-                break
-            self.cycles += 1
-            try:
-                if not declared:
-                    declare_queues(self.app, all_queues(self.settings))
-                    declared = True
-                scan = t0 >= next_scan
-                self.dispatched += self.cycle(scan=scan)
-                if scan:
-                    next_scan = t0 + poll
-            except Exception as exc:  # a failed cycle is never fatal (issue #3 layer 3)
-                self.failed_cycles += 1
-                log.error("manager_cycle_failed", error=repr(exc), failed_cycles=self.failed_cycles)
-            # dispatch at least every second: finished work makes new work between polls
-            self.stop.wait(max(0.05, min(poll, 1.0) - (time.monotonic() - t0)))
+        try:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                if max_seconds is not None and t0 - started > max_seconds:
+                    break
+                self.cycles += 1
+                try:
+                    if not declared:
+                        declare_queues(self.app, all_queues(self.settings))
+                        declared = True
+                    scan = t0 >= next_scan
+                    self.dispatched += self.cycle(scan=scan)
+                    if scan:
+                        next_scan = t0 + poll
+                    errors.succeeded()
+                except Exception as exc:  # a failed cycle is never fatal (issue #3 layer 3)
+                    errors.failed(exc)
+                # dispatch at least every second: finished work makes new work between polls
+                self.stop.wait(max(0.05, min(poll, 1.0) - (time.monotonic() - t0)))
+        finally:
+            health.stop(remove=True)
 
 
 def cleanup_site_partials(settings: Settings, site: str) -> int:
@@ -485,13 +499,21 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     if not queues:
         raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
     from .. import logs
+    from ..recovery.health import HeartbeatThread, service_name
 
     logs.configure(loglevel)
     app = make_app(settings)
     cleanup_site_partials(settings, site)
     n = concurrency or settings.executor.workers
-    app.worker_main([
-        "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,
-        "--hostname", f"packhorse-{site}-{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ])
+    # the worker's main process records its health (service kind "worker", one row per worker)
+    db = Database.from_settings(settings)
+    health = HeartbeatThread(db, "worker", service=service_name(f"worker-{site}"),
+                             interval_seconds=settings.recovery.service_heartbeat_interval_seconds).start()
+    try:
+        app.worker_main([
+            "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,
+            "--hostname", f"packhorse-{site}-{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ])
+    finally:
+        health.stop(remove=True)
