@@ -206,7 +206,8 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
     redis = PrivateRedis()
     config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5)
     write_source(config.parent / "source", groups=3, files_per_group=1, size=128 << 10)
-    cluster = Cluster(config, pg, redis.url, visibility_timeout=3)
+    # floor = visibility timeout = 8 s: the queued messages are not re-dispatched before they are lost
+    cluster = Cluster(config, pg, redis.url, visibility_timeout=8)
     cluster.init()
     db = Database(pg, pool_size=1, max_overflow=0)
     try:
@@ -232,6 +233,8 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
         db.dispose()
         redis.close()
     _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
+    redispatched = {e["operation_kind"] for e in _events(cluster.log("monitor"), "reconciler_redispatched")}
+    assert "transfer" in redispatched, "the lost transfer messages were not re-dispatched by the reconciler"
 
 
 # --------------------------------------------------------------- the database restarts

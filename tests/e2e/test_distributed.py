@@ -40,11 +40,15 @@ def test_pipeline_on_postgres_with_a_worker_per_site(broker: str, site_config, c
         cluster.init()
         cluster.start_all()
         st = cluster.wait_finished(240, packages=4)
+        health = cluster.cli("health", "--json")
+        services = [sv for sv in json.loads(health.stdout)["services"] if sv["alive"]] if health.stdout.strip() else []
     finally:
         cluster.stop_all()
     try:
         p = Pipeline(config, cli, tmp_path / "extracted")
         assert_clean_finish(st)
+        # every service registered its health (the manager, one worker per site)
+        assert sorted(sv["kind"] for sv in services) == ["manager", "worker", "worker", "worker"], health.stdout
         assert_archived_everywhere(p, source_files(config.parent / "source"))
         settings = load_config(config)
         for site in SITES:
