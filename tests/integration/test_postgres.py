@@ -10,7 +10,6 @@ unreachable; failed with ``CI=true``).
 from __future__ import annotations
 
 import multiprocessing
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from distributed_support import postgres_database
+from support import describe_schema
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Base, DataLocation, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
 from packhorse.db.session import Database
@@ -46,35 +46,6 @@ def pg_db(pg_url: str) -> Iterator[Database]:
     db.dispose()
 
 
-def _normalize(sql: str | None) -> str:
-    return re.sub(r"\s+", " ", str(sql or "")).strip()
-
-
-def _describe(url: str) -> dict[str, Any]:
-    """Everything the schema enforces, as PostgreSQL reports it (constraints, partial indexes)."""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            insp = inspect(conn)
-            out: dict[str, Any] = {}
-            for t in sorted(insp.get_table_names()):
-                if t == "alembic_version":
-                    continue
-                out[t] = {
-                    "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in insp.get_columns(t)],
-                    "pk": insp.get_pk_constraint(t)["constrained_columns"],
-                    "fks": sorted((f["name"], tuple(f["constrained_columns"]), f["referred_table"])
-                                  for f in insp.get_foreign_keys(t)),
-                    "unique": sorted((u["name"], tuple(u["column_names"])) for u in insp.get_unique_constraints(t)),
-                    "checks": sorted((c["name"], _normalize(c["sqltext"])) for c in insp.get_check_constraints(t)),
-                }
-            out["indexes"] = sorted(_normalize(r[0]) for r in conn.execute(text(
-                "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename <> 'alembic_version'")))
-            return out
-    finally:
-        engine.dispose()
-
-
 def test_upgrade_builds_exactly_the_models_schema_and_downgrade_removes_it() -> None:
     migrated_url, drop_migrated = postgres_database()
     reference_url, drop_reference = postgres_database()
@@ -89,10 +60,10 @@ def test_upgrade_builds_exactly_the_models_schema_and_downgrade_removes_it() -> 
         ref = create_engine(reference_url)
         Base.metadata.create_all(ref)
         ref.dispose()
-        migrated, expected = _describe(migrated_url), _describe(reference_url)
+        migrated, expected = describe_schema(migrated_url), describe_schema(reference_url)
         assert migrated == expected
-        assert set(expected) - {"indexes"} == set(Base.metadata.tables)
-        partial = [i for i in expected["indexes"] if " WHERE " in i]
+        assert set(expected) - {"partial_index_sql"} == set(Base.metadata.tables)
+        partial = expected["partial_index_sql"]
         assert len(partial) == 2 and all("'present'" in i and "'deletion_pending'" in i for i in partial), partial
         assert [n for n, _ in expected["operations"]["checks"]] == [
             "ck_operations_counters", "ck_operations_kind", "ck_operations_status"]
@@ -102,7 +73,7 @@ def test_upgrade_builds_exactly_the_models_schema_and_downgrade_removes_it() -> 
             assert set(inspect(conn).get_table_names()) <= {"alembic_version"}
         assert d.current_revision() is None
         d.upgrade()
-        assert _describe(migrated_url) == expected
+        assert describe_schema(migrated_url) == expected
         d.dispose()
     finally:
         drop_migrated()
