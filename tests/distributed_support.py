@@ -183,9 +183,13 @@ class PrivateRedis:
 
 def rabbitmq_vhost() -> tuple[str, Callable[[], None]]:
     """A private RabbitMQ vhost for guest; returns ``(amqp URL, delete)``."""
-    try:
+    def port_open() -> bool:
         socket.create_connection(("127.0.0.1", RABBIT_PORT), timeout=3).close()
-    except OSError as e:
+        return True
+
+    try:  # a broker started just before the tests (.ci/run) may still be booting
+        wait_for(port_open, 60 if os.environ.get("CI", "").lower() == "true" else 3, "RabbitMQ's port")
+    except AssertionError as e:
         unavailable(f"RabbitMQ 127.0.0.1:{RABBIT_PORT} unreachable: {e}")
     if shutil.which("rabbitmqctl") is None:
         unavailable("rabbitmqctl is not installed (needed to create a private vhost)")

@@ -75,3 +75,13 @@ def test_worker_and_manager_refuse_a_wrong_setup_with_exit_2(tmp_path: Path) -> 
     assert r.returncode == 2 and "--site: unknown site 'koeln'" in r.stderr, r.stderr
     r = run_packhorse("worker", "--site", "cologne", "--kinds", "archive", "-c", str(cfg), env=env)
     assert r.returncode == 2 and "--kinds: unknown kind 'archive'" in r.stderr, r.stderr
+
+
+def test_workers_read_the_topology_that_init_wrote(settings, empty_db) -> None:
+    from packhorse.errors import DatabaseNotInitializedError
+    from packhorse.topology import load_topology, sync_topology
+
+    with pytest.raises(DatabaseNotInitializedError, match="fyst.*packhorse init"):
+        load_topology(empty_db, settings)
+    written = sync_topology(empty_db, settings)
+    assert load_topology(empty_db, settings) == written

@@ -58,7 +58,7 @@ from ..errors import ConfigError, TransientDatabaseError
 from ..stages import STAGES
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
-from ..topology import sync_topology
+from ..topology import load_topology
 from ..worker import execute_operation
 
 log = structlog.get_logger(__name__)
@@ -192,7 +192,7 @@ def process_context(settings: Settings) -> StageContext:
         ctx = _CONTEXTS.get(key)
         if ctx is None:
             db = Database.from_settings(settings)
-            ctx = _CONTEXTS[key] = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+            ctx = _CONTEXTS[key] = StageContext(settings=settings, db=db, topology=load_topology(db, settings))
         return ctx
 
 
