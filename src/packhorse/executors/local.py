@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from .. import logs
@@ -42,7 +42,7 @@ from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
-from ..managers.scan import ScanResult, scan_all
+from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import faults
 from ..recovery.loop import ErrorCounter
@@ -124,6 +124,7 @@ class LocalRunner:
         self.workers = ctx.settings.executor.workers
         self._pool: Executor | None = None  # made on first use (tests build runners without one)
         self.hash_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="scan")
+        self.scan_cache = ScanCache()  # unchanged source folders are not listed again
         self.in_flight: dict[int, Future[Outcome]] = {}
         self.wake = threading.Event()
         self.stop_requested = threading.Event()
@@ -209,18 +210,19 @@ class LocalRunner:
             busy = set(self.in_flight)
         if free <= 0:
             return 0
-        order = {k.value: i for i, k in enumerate(PRIORITY)}
+        priority = case({k.value: i for i, k in enumerate(PRIORITY)}, value=Operation.kind, else_=len(PRIORITY))
 
         def tx(s: Session) -> list[int]:
             now = utcnow()
-            rows = s.execute(
-                select(Operation.id, Operation.kind).where(
+            # downstream kinds first, then oldest; only as many as there are free workers
+            # (skipping those already queued here), so the cost does not grow with the backlog
+            q = (select(Operation.id).where(
                     Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
                     (Operation.not_before.is_(None)) | (Operation.not_before <= now))
-                .order_by(Operation.id)
-            ).all()
-            picked = sorted((r for r in rows if r.id not in busy), key=lambda r: (order.get(r.kind, 99), r.id))[:free]
-            ids = [r.id for r in picked]
+                 .order_by(priority, Operation.id).limit(free))
+            if busy:
+                q = q.where(Operation.id.not_in(busy))
+            ids = list(s.scalars(q))
             if ids:
                 s.execute(update(Operation).where(Operation.id.in_(ids), Operation.status == Status.PENDING.value)
                           .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now))
@@ -319,7 +321,7 @@ class LocalRunner:
                     next_monitor = now + monitor_every
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= next_scan or settle_due:
-                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=scan)
+                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=scan)
                     next_scan = time.monotonic() + poll
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
@@ -360,7 +362,7 @@ class LocalRunner:
                             flush = True  # nothing else pending: ship the partial bundle now
                             continue
                         else:
-                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=None)
+                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=None)
                             if final is None:  # files that arrived meanwhile: could not look
                                 continue
                             if not final.registered and not final.pending_settle:
