@@ -97,9 +97,11 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
                          parent_pid: int) -> None:
     """Set up one worker process: its own database engine (never one inherited across a fork;
     DESIGN.md "Architecture"), the parent's logging, death with the parent (:func:`_die_with`).
-    Ctrl-C goes to the parent, which lets running operations finish."""
+    SIGINT and SIGTERM (Ctrl-C on a terminal, systemd stopping the unit's whole cgroup) are
+    left to the parent, which lets running operations finish and then ends the pool."""
     global _process_ctx
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
     _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
