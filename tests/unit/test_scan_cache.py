@@ -140,3 +140,16 @@ def test_a_folder_modified_just_before_the_scan_is_not_trusted(ctx: StageContext
         write(folder / "b.fits", b"b")
         os.utime(folder, ns=(before, before))  # same tick as the first scan saw
         assert scan_all(ctx, pool, cache).registered == 1  # listed again: its mtime was too recent
+
+
+def test_a_missing_source_folder_is_reported_not_an_error(tmp_path: Path) -> None:
+    # a typo in a source path: every scan (with or without a cache) reports it as skipped
+    ctx = make_ctx(tmp_path / "site", source="srcc-typo")
+    source(ctx).rmdir()
+    cache = ScanCache()
+    with ThreadPoolExecutor(2) as pool:
+        for c in (cache, cache, None):
+            result = scan_all(ctx, pool, c)
+            assert result.registered == 0
+            assert [reason for path, reason in result.skipped if path == "."] == [
+                f"source folder {source(ctx)} does not exist"]

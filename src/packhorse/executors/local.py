@@ -140,6 +140,9 @@ class LocalRunner:
                                    max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                                    notification_cooldown_seconds=rec.notification_cooldown_seconds,
                                    retry_seconds=min(ctx.settings.managers.poll_interval_seconds, 1.0))
+        self.scan_errors = ErrorCounter(ctx.db, f"scan@{self._owner}",
+                                        max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
+                                        notification_cooldown_seconds=rec.notification_cooldown_seconds)
         self._swept = False
         #: operations finished so far (an idle check is only valid if none finished since the
         #: managers last looked at the database)
@@ -295,12 +298,18 @@ class LocalRunner:
 
     def _guard(self, where: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
         """``fn(*args)``; an error (a database outage outlasting the unit of work's retries) is
-        logged and counted instead of ending the run, and ``default`` is returned."""
+        logged and counted instead of ending the run, and ``default`` is returned. Scans have
+        their own streak: a scan failing every time must reach CRITICAL even while the
+        managers' cycles succeed."""
+        counter = self.scan_errors if where == "scan" else self.errors
         try:
-            return fn(*args)
+            result = fn(*args)
         except Exception as e:
-            self.errors.failed(e, where)
+            counter.failed(e, where)
             return default
+        if counter is self.scan_errors:
+            counter.succeeded()
+        return result
 
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
@@ -366,6 +375,7 @@ class LocalRunner:
                         else:
                             final = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=None)
                             if final is None:  # files that arrived meanwhile: could not look
+                                self.wake.wait(min(poll, 1.0))  # counted; try again, not in a busy loop
                                 continue
                             if not final.registered and not final.pending_settle:
                                 break

@@ -202,6 +202,7 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
     found: list[tuple[str, os.stat_result]] = []
+    seen: dict[str, _Folder] | None = None
     if not os.path.isdir(root):
         # a typo in a path (or an unmounted disk) must not look like "nothing to archive"
         log.warning("source_folder_missing", location=location, path=root)
@@ -209,7 +210,7 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
     else:
         full = cache is None or cache.scans % FULL_RESCAN_EVERY == 0
         previous = None if full or cache is None else cache.folders.get(location)
-        seen: dict[str, _Folder] | None = {} if cache is not None else None
+        seen = {} if cache is not None else None
         _walk(root, "", found, result.skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
 
     def look_again(path: str) -> None:
