@@ -80,3 +80,11 @@ class SmtpServer:
         if self.controller is not None:
             self.controller.stop()
             self.controller = None
+
+
+@pytest.fixture
+def smtp_server():
+    """A real SMTP server on a free loopback port (import this fixture into a test module)."""
+    server = SmtpServer().start()
+    yield server
+    server.stop()

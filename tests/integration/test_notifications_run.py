@@ -18,17 +18,10 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from smtp_server import SmtpServer
+from smtp_server import SmtpServer, smtp_server  # noqa: F401 (fixture)
 from support import run_packhorse, write_site_config
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def smtp_server():
-    server = SmtpServer().start()
-    yield server
-    server.stop()
 
 
 def test_run_until_idle_delivers_retry_and_permanent_failure_mails_before_exiting(

@@ -20,18 +20,10 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from smtp_server import SmtpServer, free_port
+from smtp_server import SmtpServer, free_port, smtp_server  # noqa: F401 (fixture)
 from support import SRC, write_site_config
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def smtp_server():
-    """A real SMTP server on a free loopback port."""
-    server = SmtpServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
