@@ -169,18 +169,19 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
     stopped_by: list[int] = []
+    from .services import start_background
+
+    background = start_background(ctx, lifecycle=not until_idle)
 
     def stop(signum: int, _frame: object) -> None:
         print(f"packhorse: signal {signum}: finishing running operations, then stopping", file=sys.stderr)
         stopped_by.append(signum)
         runner.stop_requested.set()
         runner.wake.set()
-
-    from .services import start_background
+        background.interrupt_drain.set()
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.monotonic()
-    background = start_background(ctx, lifecycle=not until_idle)
     reason = "finished"
     try:
         if bars:

@@ -29,6 +29,8 @@ class BackgroundServices:
     notifier: Notifier | None
     lifecycle: ServiceLifecycle | None
     stop_event: threading.Event = field(default_factory=threading.Event)
+    #: set (by a signal handler) to end a drain early
+    interrupt_drain: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def stop(self, reason: str, *, drain: bool = False) -> None:
@@ -42,7 +44,7 @@ class BackgroundServices:
         if self.notifier is not None and (drain or self.lifecycle is not None):
             try:
                 # a stopping service still delivers its own "stopped" message (and the rest)
-                counts = self.notifier.drain() if drain else self.notifier.run_once()
+                counts = self.notifier.drain(self.interrupt_drain) if drain else self.notifier.run_once()
                 log.info("notifications_drained", **counts)
             except Exception as e:
                 log.error("notification_drain_failed", error=repr(e))
