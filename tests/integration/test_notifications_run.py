@@ -106,3 +106,41 @@ def test_apprise_url_receives_its_levels_and_is_retried_alone(tmp_path: Path, sm
     finally:
         httpd.shutdown()
         db.dispose()
+
+
+def test_run_as_a_service_announces_start_still_alive_and_stop(tmp_path: Path, smtp_server: SmtpServer) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from support import SRC
+
+    site = tmp_path / "site"
+    cfg = write_site_config(site, extra=f"""
+[notifications]
+still_alive_interval_seconds = 1
+poll_interval_seconds = 0.1
+[notifications.smtp]
+host = "127.0.0.1"
+port = {smtp_server.port}
+from_address = "packhorse@example.org"
+recipients = ["ops@example.org"]
+""")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-q", "-c", str(cfg)],
+                            env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        inbox = smtp_server.inbox
+        inbox.wait_for(lambda: any(s.startswith("[packhorse] Service still alive: run on ") for s in inbox.subjects()))
+        assert any(s.startswith("[packhorse] Service started: run on ") for s in inbox.subjects())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.communicate()[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = [m for _, m in inbox.messages if m["Subject"].startswith("[packhorse] Service stopped: run on ")]
+    assert len(stopped) == 1
+    body = stopped[0].get_payload()
+    assert "Reason: signal 15" in body and "Uptime (s): " in body

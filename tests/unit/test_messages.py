@@ -75,3 +75,21 @@ def test_service_messages_carry_reason_and_uptime(empty_db: Database) -> None:
         ("WARNING", "Service stopped: notifier on fyst-1")]
     assert "Uptime (s): 90000" in rows[1].body
     assert "Reason: signal 15" in rows[2].body and "Uptime (s): 90000" in rows[2].body
+
+
+def test_lifecycle_sends_still_alive_only_after_its_interval(empty_db: Database) -> None:
+    import time
+
+    from packhorse.notify.lifecycle import ServiceLifecycle
+
+    life = ServiceLifecycle(empty_db, "monitor", still_alive_interval_seconds=0.3)
+    life.started()
+    life.tick()
+    subjects = lambda: empty_db.read(lambda s: [n.subject for n in s.scalars(select(Notification)  # noqa: E731
+                                                                               .order_by(Notification.id))])
+    assert [x.split(":")[0] for x in subjects()] == ["Service started"]
+    time.sleep(0.35)
+    life.tick()
+    life.tick()
+    life.stopped("signal 2")
+    assert [x.split(":")[0] for x in subjects()] == ["Service started", "Service still alive", "Service stopped"]
