@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import json
 import os
 import socket
 import threading
@@ -88,3 +89,19 @@ def smtp_server():
     server = SmtpServer().start()
     yield server
     server.stop()
+
+
+def toml_table(name: str, table: dict[str, Any]) -> str:
+    """``table`` as TOML under ``[name]`` (sub-dicts become ``[name.key]`` tables)."""
+    lines = [f"[{name}]"] + [f"{k} = {json.dumps(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    subs = [toml_table(f"{name}.{k}", v) for k, v in table.items() if isinstance(v, dict)]
+    return "\n".join(lines) + "\n" + "".join(subs)
+
+
+def smtp_settings(port: int, **notifications: Any) -> dict[str, Any]:
+    """A ``[notifications]`` table delivering to the test server on ``port`` (ops@ for every
+    level), with test-sized backoff; ``notifications`` overrides keys."""
+    smtp = {"host": "127.0.0.1", "port": port, "from_address": "packhorse@example.org",
+            "recipients": ["ops@example.org"], "timeout_seconds": 5, **notifications.pop("smtp", {})}
+    return {"retry_backoff_base_seconds": 0.05, "retry_backoff_max_seconds": 0.1, "poll_interval_seconds": 0.1,
+            **notifications, "smtp": smtp}

@@ -18,7 +18,7 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from smtp_server import SmtpServer, smtp_server  # noqa: F401 (fixture)
+from smtp_server import SmtpServer, smtp_server, smtp_settings, toml_table  # noqa: F401 (fixture)
 from support import run_packhorse, write_site_config
 
 pytestmark = pytest.mark.timeout(240)
@@ -27,19 +27,8 @@ pytestmark = pytest.mark.timeout(240)
 def test_run_until_idle_delivers_retry_and_permanent_failure_mails_before_exiting(
         tmp_path: Path, smtp_server: SmtpServer) -> None:
     site = tmp_path / "site"
-    extra = f"""
-[notifications]
-development_mode = true
-retry_backoff_base_seconds = 0.05
-retry_backoff_max_seconds = 0.1
-[notifications.smtp]
-host = "127.0.0.1"
-port = {smtp_server.port}
-from_address = "packhorse@example.org"
-recipients = ["ops@example.org"]
-[notifications.smtp.recipients_by_level]
-DEBUG = ["dev@example.org"]
-"""
+    extra = toml_table("notifications", smtp_settings(
+        smtp_server.port, development_mode=True, smtp={"recipients_by_level": {"DEBUG": ["dev@example.org"]}}))
     cfg = write_site_config(site, max_retries=1, extra=extra)
     (site / "source" / "cam" / "obs1").mkdir(parents=True)
     (site / "source" / "cam" / "obs1" / "a.dat").write_bytes(b"alpha")
@@ -117,16 +106,8 @@ def test_run_as_a_service_announces_start_still_alive_and_stop(tmp_path: Path, s
     from support import SRC
 
     site = tmp_path / "site"
-    cfg = write_site_config(site, extra=f"""
-[notifications]
-still_alive_interval_seconds = 1
-poll_interval_seconds = 0.1
-[notifications.smtp]
-host = "127.0.0.1"
-port = {smtp_server.port}
-from_address = "packhorse@example.org"
-recipients = ["ops@example.org"]
-""")
+    cfg = write_site_config(site, extra=toml_table("notifications", smtp_settings(
+        smtp_server.port, still_alive_interval_seconds=1)))
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-q", "-c", str(cfg)],
                             env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.PIPE,

@@ -20,7 +20,7 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from smtp_server import SmtpServer, free_port, smtp_server  # noqa: F401 (fixture)
+from smtp_server import SmtpServer, free_port, smtp_server, toml_table  # noqa: F401 (fixture)
 from support import SRC, write_site_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -106,7 +106,7 @@ def test_permanently_failing_delivery_becomes_a_dead_letter_after_five_retries(
     assert smtp_server.inbox.messages == []
     # the retry queue goes first: a retried row is taken before an older fresh one
     smtp_server.inbox.reject_with = None
-    cfg = write_site_config(tmp_path / "site", extra=_toml(notif_config(smtp_server.port)))
+    cfg = write_site_config(tmp_path / "site", extra=toml_table("notifications", notif_config(smtp_server.port)))
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-m", "packhorse", "notifications", "--dead", "--json", "-c", str(cfg)],
                          capture_output=True, text=True, env={**env, "PACKHORSE_DATABASE__URL": str(empty_db.url)})
@@ -129,17 +129,6 @@ def test_retried_notifications_go_before_fresh_ones(empty_db: Database, smtp_ser
     assert c is not None and c.notification_id == old
 
 
-def _toml(cfg: dict) -> str:
-    smtp = cfg["smtp"]
-    lines = ["[notifications]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in cfg.items() if k != "smtp"]
-    lines += ["[notifications.smtp]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in smtp.items() if k != "recipients_by_level"]
-    lines += ["[notifications.smtp.recipients_by_level]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in smtp["recipients_by_level"].items()]
-    return "\n".join(lines) + "\n"
-
-
 def _start_notifier(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "packhorse", "notifier", "-c", str(cfg)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -155,7 +144,8 @@ def test_notifier_killed_mid_delivery_delivers_after_restart(tmp_path: Path, smt
     message but before the delivery record was written — the one window at-least-once cannot
     close — it is delivered again, with the same Message-ID, so a receiver can drop it.
     """
-    cfg = write_site_config(tmp_path / "site", extra=_toml(notif_config(smtp_server.port, lease_seconds=1.5)))
+    cfg = write_site_config(tmp_path / "site",
+                            extra=toml_table("notifications", notif_config(smtp_server.port, lease_seconds=1.5)))
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     init = subprocess.run([sys.executable, "-m", "packhorse", "init", "-c", str(cfg)], env=env, capture_output=True,
                           text=True)
