@@ -3,6 +3,7 @@ critical and emergency notifies once per crossing; falling below recovery notifi
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from packhorse.db.session import Database
 from packhorse.diskusage import Usage, latest_usage, measure_all, set_usage_provider, usage_history
 from packhorse.topology import sync_topology
 from support import run_packhorse, write_site_config
+
+EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
 
 
 @pytest.fixture
@@ -60,9 +63,7 @@ def test_every_active_disk_location_is_recorded_with_total_used_free_percent(mon
     s = latest["fyst-buffer"]
     assert (s.total_bytes, s.used_bytes, s.free_bytes, round(s.percent, 1), s.level) == (1000, 425, 575, 42.5, "normal")
     measure_all(db, settings, ids)
-    import datetime as dt
-
-    hist = db.read(lambda x: usage_history(x, "fyst-buffer", dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)))
+    hist = db.read(lambda x: usage_history(x, "fyst-buffer", EPOCH))
     assert len(hist) == 2 and hist[0].measured_at <= hist[1].measured_at
 
 
@@ -95,3 +96,37 @@ def test_usage_command_measures_and_prints_json(tmp_path: Path) -> None:
     assert rows["cornell-buffer"]["free_bytes"] == 200
     listed = run_packhorse("notifications", "--json", "-c", str(cfg))
     assert [n["subject"] for n in json.loads(listed.stdout)] == ["Disk usage critical: cornell-buffer at 90.0%"]
+
+
+def test_disk_monitor_service_records_every_interval_until_stopped(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from support import SRC
+
+    cfg = write_site_config(tmp_path / "site", extra="[disk_usage]\ninterval_seconds = 0.2\n")
+    figures = tmp_path / "usage.json"
+    figures.write_text(json.dumps({"fyst-buffer": {"total": 100, "used": 71}}))
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "disk-monitor", "-c", str(cfg)],
+                            env={**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_DISK_USAGE": str(figures)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    db = Database(load_config(cfg).database_url)
+    try:
+        deadline = time.monotonic() + 60
+        while db.read(lambda s: len(usage_history(s, "fyst-buffer", EPOCH))) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        subjects = db.read(lambda s: [n.subject for n in s.scalars(select(Notification).order_by(Notification.id))])
+        assert subjects[0].startswith("Service started: disk-monitor on ")
+        assert subjects.count("Disk usage warning: fyst-buffer at 71.0%") == 1  # once, however many samples
+        assert subjects[-1].startswith("Service stopped: disk-monitor on ")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        db.dispose()

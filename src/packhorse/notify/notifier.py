@@ -45,6 +45,7 @@ from ..db.session import Database
 from ..domain import NotificationStatus
 from ..operations import backoff_seconds, worker_identity
 from .channels import Channel, ChannelError, Message, build_channels
+from .outbox import ascii_subject
 
 log = structlog.get_logger(__name__)
 
@@ -150,7 +151,7 @@ class Notifier:
         dev = "[DEV] " if self.cfg.development_mode else ""
         repeats = f" (repeated {n.repeat_count} more time(s) within the cooldown)" if n.repeat_count else ""
         msg = Message(notification_id=n.id, level=n.level, event=n.event,
-                      subject=f"{prefix} {dev}{n.subject}".strip(), body=n.body + ("\n\n" + repeats.strip()
+                      subject=ascii_subject(f"{prefix} {dev}{n.subject}".strip()), body=n.body + ("\n\n" + repeats.strip()
                                                                                   if repeats else ""),
                       message_id=message_id(n, self.domain), created_at=n.created_at)
         errors: list[str] = []
