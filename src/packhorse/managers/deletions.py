@@ -1,8 +1,8 @@
 """Deletion manager: create ``deletion`` operations for copies that may go (rules in :mod:`.policy`).
 
-Per buffer location, the candidates are the present copies without a deletion operation yet
-that :func:`~.policy.deletion_blockers` lets go (the safety rules, the same at every disk
-level). Disk pressure — the level of the location's latest disk usage sample
+Per buffer location, the candidates are the present copies without a deletion operation yet;
+one is taken only if :func:`~.policy.deletion_blockers` lets it go (the safety rules, the same
+at every disk level; asked only of copies about to be taken). Disk pressure — the level of the location's latest disk usage sample
 (:mod:`packhorse.diskusage`; a sample older than ``stale_after_seconds`` counts as normal) —
 changes only which of them go and in what order (issue #7):
 
@@ -23,6 +23,7 @@ in it. The manager also returns how long until the next copy's retention passes,
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +69,13 @@ def location_pressure(ctx: StageContext, session: Session) -> dict[int, Pressure
 
 
 def choose(ctx: StageContext, candidates: list[Candidate], pressure: Pressure, pending_bytes: int,
-           now: dt.datetime, retention_seconds: float) -> tuple[list[Candidate], list[float]]:
+           now: dt.datetime, retention_seconds: float,
+           blocked: Callable[[Candidate], bool]) -> tuple[list[Candidate], list[float]]:
     """Pick, in order, the candidates of one location to delete at ``pressure``; also return
-    the seconds until each archived, unexpired candidate's retention passes."""
+    the seconds until each archived, unexpired candidate's retention passes.
+
+    ``blocked(c)`` (the safety rules, the costly part) is asked only of a candidate about to be
+    taken, so copies that merely wait for their retention cost nothing per cycle."""
     level = pressure.level
     keep = dt.timedelta(seconds=retention_seconds)
     if level is DiskLevel.EMERGENCY:
@@ -83,12 +88,10 @@ def choose(ctx: StageContext, candidates: list[Candidate], pressure: Pressure, p
     waits: list[float] = []
     for c in pool:
         expired = c.archived and now >= c.since + keep
-        if expired:
-            chosen.append(c)
-            projected -= c.copy.size
-        elif level.rank >= DiskLevel.CRITICAL.rank and projected >= target:
-            chosen.append(c)
-            projected -= c.copy.size
+        if expired or (level.rank >= DiskLevel.CRITICAL.rank and projected >= target):
+            if not blocked(c):
+                chosen.append(c)
+                projected -= c.copy.size
         elif c.archived:
             waits.append((c.since + keep - now).total_seconds())
     return chosen, waits
@@ -117,8 +120,6 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
             level = pressure.get(copy.location_id, Pressure(DiskLevel.NORMAL)).level
             if archived_at is None and level is not DiskLevel.EMERGENCY:
                 continue  # not archived yet: only an emergency may take it (with enough archive copies)
-            if deletion_blockers(s, ctx, copy):
-                continue
             by_location.setdefault(copy.location_id, []).append(
                 Candidate(copy, archived_at is not None, archived_at or created_at))
         bundles = s.execute(
@@ -128,8 +129,7 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
                    no_deletion_yet)
         ).scalars().all()
         for copy in bundles:
-            if not deletion_blockers(s, ctx, copy):
-                by_location.setdefault(copy.location_id, []).append(Candidate(copy, True, copy.created_at))
+            by_location.setdefault(copy.location_id, []).append(Candidate(copy, True, copy.created_at))
 
         for loc_id, candidates in by_location.items():
             p = pressure.get(loc_id, Pressure(DiskLevel.NORMAL))
@@ -142,7 +142,8 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
                 .where(PhysicalCopy.location_id == loc_id, Operation.kind == OperationKind.DELETION.value,
                        Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
             loc = ctx.settings.location(ctx.location_name(loc_id))
-            chosen, loc_waits = choose(ctx, candidates, p, int(pending), now, loc.retention_seconds)
+            chosen, loc_waits = choose(ctx, candidates, p, int(pending), now, loc.retention_seconds,
+                                       lambda c: bool(deletion_blockers(s, ctx, c.copy)))
             waits += loc_waits
             for c in chosen:
                 copy = c.copy

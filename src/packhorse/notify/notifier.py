@@ -221,8 +221,8 @@ class Notifier:
     def run_once(self, limit: int = 1000) -> dict[str, int]:
         """Deliver every row that is due now (at most ``limit``); returns counts per outcome."""
         counts: dict[str, int] = {}
-        if not self.channels:
-            return counts
+        if not self.channels or self.seconds_until_due() != 0.0:
+            return counts  # nothing due: no write transaction (the SQLite write lock is shared)
         for _ in range(limit):
             c = self.claim_next()
             if c is None:
