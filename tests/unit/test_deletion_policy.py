@@ -150,8 +150,18 @@ def test_emergency_takes_every_copy_with_enough_archive_copies_least_recently_us
         site.package("none", archived_days_ago=None, archives={"cologne-lta": "unverified"})
         site.pressure("fyst-buffer", 90)
         assert site.deletion_order() == [b]  # critical: only archived copies
+        # an archive operation read "c" from the buffer half a day ago: now it is the most recently used
+        pkg_c = site.db.read(lambda s: s.get(PhysicalCopy, c).raw_data_package_id)
+        read_c = site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "c", raw_data_package_id=pkg_c,
+                                    source_location_id=site.ids["fyst-buffer"])
+
+        def finished(s: Session) -> None:
+            op = s.get(Operation, read_c)
+            op.status, op.finished_at = Status.COMPLETED.value, utcnow() - DAY / 2  # type: ignore[union-attr]
+
+        site.db.transact(finished)
         site.pressure("fyst-buffer", 97)  # emergency: least recently used first, down below 60 %
-        assert site.deletion_order() == [b, c, a]
+        assert site.deletion_order() == [b, a, c]
     finally:
         set_usage_provider(None)
         site.db.dispose()

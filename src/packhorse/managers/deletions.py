@@ -36,7 +36,7 @@ from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, LocationRole, Opera
 from ..operations import dedup_key
 from ..stages.base import StageContext
 from .common import create_missing, new_only
-from .policy import deletion_blockers, last_used_at
+from .policy import deletion_blockers, last_used_times
 
 
 @dataclass
@@ -134,8 +134,9 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
         for loc_id, candidates in by_location.items():
             p = pressure.get(loc_id, Pressure(DiskLevel.NORMAL))
             if p.level is DiskLevel.EMERGENCY:
+                used = last_used_times(s, loc_id, [c.copy for c in candidates])
                 for c in candidates:
-                    c.last_used = last_used_at(s, c.copy)
+                    c.last_used = used[c.copy.id]
             pending = s.scalar(
                 select(func.coalesce(func.sum(PhysicalCopy.size), 0)).join(
                     Operation, Operation.physical_copy_id == PhysicalCopy.id)

@@ -79,23 +79,6 @@ def mark_archived_if_complete(session: Session, ctx: StageContext, pkg_id: int) 
     return pkg.archived_at is not None
 
 
-def retention_passed(ctx: StageContext, copy: PhysicalCopy, since: dt.datetime, now: dt.datetime) -> bool:
-    """True when the copy's location retention has passed since ``since``."""
-    loc = ctx.settings.location(ctx.location_name(copy.location_id))
-    return now >= since + dt.timedelta(seconds=loc.retention_seconds)
-
-
-def may_delete_raw_copy(session: Session, ctx: StageContext, copy: PhysicalCopy) -> bool:
-    """Whether this (non-archive) raw package copy may go now (retention aside)."""
-    if ctx.topology.location_role[ctx.location_name(copy.location_id)] is LocationRole.LONG_TERM_ARCHIVE:
-        return False
-    pkg = session.get(RawDataPackage, copy.raw_data_package_id)
-    assert pkg is not None
-    if not is_archived(session, ctx, pkg):
-        return False
-    return verified_archive_copies(session, pkg.id) >= archive_copies_required(ctx, source_site_of_package(ctx, pkg))
-
-
 def may_delete_bundle_copy(session: Session, ctx: StageContext, dtp_id: int, source_site: str) -> bool:
     """Whether a bundle copy may go: every destination site holds a verified copy of every package."""
     route = ctx.settings.route_from(source_site)
@@ -205,17 +188,21 @@ def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -
     return reasons
 
 
-def last_used_at(session: Session, copy: PhysicalCopy) -> dt.datetime:
-    """When ``copy`` was last used: its creation or verification, or the latest operation that
-    read or wrote its artifact at its location (for least-recently-used order)."""
-    times = [t for t in (copy.created_at, copy.verified_at) if t is not None]
-    same = (Operation.raw_data_package_id == copy.raw_data_package_id if copy.raw_data_package_id is not None
-            else Operation.data_transfer_package_id == copy.data_transfer_package_id)
-    t = session.scalar(select(func.max(func.coalesce(Operation.finished_at, Operation.started_at, Operation.created_at),
-                                          type_=UTCDateTime()))
-                       .where(same, Operation.kind != OperationKind.DELETION.value,
-                              or_(Operation.source_location_id == copy.location_id,
-                                  Operation.destination_location_id == copy.location_id)))
-    if t is not None:
-        times.append(t)
-    return max(times)
+def last_used_times(session: Session, location_id: int, copies: list[PhysicalCopy]) -> dict[int, dt.datetime]:
+    """When each of ``copies`` (all at ``location_id``) was last used, by copy id: its creation
+    or verification, or the latest operation that read or wrote its artifact at that location
+    (for least-recently-used order). Two grouped queries, whatever the number of copies."""
+    used = func.max(func.coalesce(Operation.finished_at, Operation.started_at, Operation.created_at),
+                    type_=UTCDateTime())
+    here = (Operation.kind != OperationKind.DELETION.value,
+            or_(Operation.source_location_id == location_id, Operation.destination_location_id == location_id))
+    by_raw = dict(session.execute(select(Operation.raw_data_package_id, used).where(
+        *here, Operation.raw_data_package_id.is_not(None)).group_by(Operation.raw_data_package_id)).all())
+    by_dtp = dict(session.execute(select(Operation.data_transfer_package_id, used).where(
+        *here, Operation.data_transfer_package_id.is_not(None)).group_by(Operation.data_transfer_package_id)).all())
+    out: dict[int, dt.datetime] = {}
+    for c in copies:
+        op_time = by_raw.get(c.raw_data_package_id) if c.raw_data_package_id is not None else \
+            by_dtp.get(c.data_transfer_package_id)
+        out[c.id] = max(t for t in (c.created_at, c.verified_at, op_time) if t is not None)
+    return out

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
