@@ -4,15 +4,13 @@ and on PostgreSQL."""
 
 from __future__ import annotations
 
-import os
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select
 
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, NotificationDelivery
@@ -21,8 +19,7 @@ from packhorse.domain import NotificationLevel
 from packhorse.notify.channels import Message
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+from pg_scratch import scratch_postgres
 
 
 class Recorder:
@@ -43,29 +40,6 @@ class Recorder:
             self.sent.append(message.notification_id)
 
 
-def _postgres() -> Iterator[Database]:
-    try:
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text("SELECT 1"))
-    except Exception as e:  # noqa: BLE001
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL is required in CI: {e}")
-        pytest.skip(f"PostgreSQL not reachable at 127.0.0.1:5432: {e}")
-    name = f"packhorse_issue7_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    db = Database(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
-    try:
-        db.upgrade()
-        yield db
-    finally:
-        db.dispose()
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     if request.param == "sqlite":
@@ -74,7 +48,7 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
         yield d
         d.dispose()
     else:
-        yield from _postgres()
+        yield from scratch_postgres()
 
 
 def test_four_notifiers_deliver_every_notification_once(db: Database) -> None:

@@ -34,9 +34,13 @@ DAY = dt.timedelta(days=1)
 class Site:
     """A three-site configuration (fyst -> cologne, cornell), its database and helpers."""
 
-    def __init__(self, tmp_path: Path, *, retention: int = 604800, extra: str = "") -> None:
+    def __init__(self, tmp_path: Path, *, retention: int = 604800, extra: str = "",
+                 database_url: str | None = None) -> None:
         cfg = write_site_config(tmp_path / "site", extra=extra)
-        cfg.write_text(cfg.read_text().replace("retention_seconds = 0", f"retention_seconds = {retention}"))
+        text = cfg.read_text().replace("retention_seconds = 0", f"retention_seconds = {retention}")
+        if database_url:
+            text = text.replace('url = "sqlite:///packhorse.db"', f'url = "{database_url}"')
+        cfg.write_text(text)
         self.settings = load_config(cfg)
         self.db = Database(self.settings.database_url)
         self.db.upgrade()
@@ -102,11 +106,29 @@ class Site:
 
 
 @pytest.fixture
-def site(tmp_path: Path):
-    s = Site(tmp_path)
-    yield s
+def database_url() -> str | None:
+    """The ops database of the sites (``None``: a SQLite file; the PostgreSQL run overrides it)."""
+    return None
+
+
+@pytest.fixture
+def make_site(tmp_path: Path, database_url: str | None):
+    """Factory: ``make_site(extra="") -> Site``; cleaned up after the test."""
+    made: list[Site] = []
+
+    def make(extra: str = "") -> Site:
+        made.append(Site(tmp_path / f"s{len(made)}", extra=extra, database_url=database_url))
+        return made[-1]
+
+    yield make
     set_usage_provider(None)
-    s.db.dispose()
+    for s in made:
+        s.db.dispose()
+
+
+@pytest.fixture
+def site(make_site):  # type: ignore[no-untyped-def]
+    return make_site()
 
 
 def test_below_warning_only_copies_past_their_retention_go(site: Site) -> None:
@@ -140,31 +162,27 @@ def test_critical_counts_deletions_already_in_flight(site: Site) -> None:
     assert site.deletion_order() == copies[:3]  # no more: the pending ones already bring it below 60 %
 
 
-def test_emergency_takes_every_copy_with_enough_archive_copies_least_recently_used_first(tmp_path: Path) -> None:
-    site = Site(tmp_path, extra="[deletion]\narchive_copies_required = 1\n")
-    try:
-        # one verified archive copy of two (enough with archive_copies_required = 1), not "archived"
-        a = site.package("a", archived_days_ago=None, used_days_ago=1, archives={"cologne-lta": "verified"})[1]
-        b = site.package("b", archived_days_ago=3, used_days_ago=9)[1]
-        c = site.package("c", archived_days_ago=None, used_days_ago=5, archives={"cornell-lta": "verified"})[1]
-        site.package("none", archived_days_ago=None, archives={"cologne-lta": "unverified"})
-        site.pressure("fyst-buffer", 90)
-        assert site.deletion_order() == [b]  # critical: only archived copies
-        # an archive operation read "c" from the buffer half a day ago: now it is the most recently used
-        pkg_c = site.db.read(lambda s: s.get(PhysicalCopy, c).raw_data_package_id)
-        read_c = site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "c", raw_data_package_id=pkg_c,
-                                    source_location_id=site.ids["fyst-buffer"])
+def test_emergency_takes_every_copy_with_enough_archive_copies_least_recently_used_first(make_site) -> None:
+    site = make_site("[deletion]\narchive_copies_required = 1\n")
+    # one verified archive copy of two (enough with archive_copies_required = 1), not "archived"
+    a = site.package("a", archived_days_ago=None, used_days_ago=1, archives={"cologne-lta": "verified"})[1]
+    b = site.package("b", archived_days_ago=3, used_days_ago=9)[1]
+    c = site.package("c", archived_days_ago=None, used_days_ago=5, archives={"cornell-lta": "verified"})[1]
+    site.package("none", archived_days_ago=None, archives={"cologne-lta": "unverified"})
+    site.pressure("fyst-buffer", 90)
+    assert site.deletion_order() == [b]  # critical: only archived copies
+    # an archive operation read "c" from the buffer half a day ago: now it is the most recently used
+    pkg_c = site.db.read(lambda s: s.get(PhysicalCopy, c).raw_data_package_id)
+    read_c = site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "c", raw_data_package_id=pkg_c,
+                                source_location_id=site.ids["fyst-buffer"])
 
-        def finished(s: Session) -> None:
-            op = s.get(Operation, read_c)
-            op.status, op.finished_at = Status.COMPLETED.value, utcnow() - DAY / 2  # type: ignore[union-attr]
+    def finished(s: Session) -> None:
+        op = s.get(Operation, read_c)
+        op.status, op.finished_at = Status.COMPLETED.value, utcnow() - DAY / 2  # type: ignore[union-attr]
 
-        site.db.transact(finished)
-        site.pressure("fyst-buffer", 97)  # emergency: least recently used first, down below 60 %
-        assert site.deletion_order() == [b, a, c]
-    finally:
-        set_usage_provider(None)
-        site.db.dispose()
+    site.db.transact(finished)
+    site.pressure("fyst-buffer", 97)  # emergency: least recently used first, down below 60 %
+    assert site.deletion_order() == [b, a, c]
 
 
 def test_emergency_stops_once_usage_would_fall_below_recovery(site: Site) -> None:
@@ -173,59 +191,55 @@ def test_emergency_stops_once_usage_would_fall_below_recovery(site: Site) -> Non
     assert site.deletion_order() == copies[:3]
 
 
-def test_pressure_never_breaks_the_safety_rules(tmp_path: Path) -> None:
-    site = Site(tmp_path, extra="[deletion]\narchive_copies_required = 1\n")
-    try:
-        no_archive = site.package("no-archive", archived_days_ago=None, archives={"cologne-lta": "unverified"})
-        corrupt = site.package("rotten", archived_days_ago=10,
-                               archives={"cologne-lta": "corrupt", "cornell-lta": "verified"})
-        missing = site.package("gone", archived_days_ago=10,
-                               archives={"cologne-lta": "verified", "cornell-lta": "missing"})
-        busy = site.package("busy", archived_days_ago=10)
-        waiting = site.package("waiting", archived_days_ago=10)
-        ok = site.package("ok", archived_days_ago=10)
-        # an archive operation reading "busy" from the buffer is running; a transfer of the bundle
-        # carrying "waiting" failed once and waits for its retry backoff
-        site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "busy", raw_data_package_id=busy[0],
-                           source_location_id=site.ids["fyst-buffer"])
+def test_pressure_never_breaks_the_safety_rules(make_site) -> None:
+    site = make_site("[deletion]\narchive_copies_required = 1\n")
+    no_archive = site.package("no-archive", archived_days_ago=None, archives={"cologne-lta": "unverified"})
+    corrupt = site.package("rotten", archived_days_ago=10,
+                           archives={"cologne-lta": "corrupt", "cornell-lta": "verified"})
+    missing = site.package("gone", archived_days_ago=10,
+                           archives={"cologne-lta": "verified", "cornell-lta": "missing"})
+    busy = site.package("busy", archived_days_ago=10)
+    waiting = site.package("waiting", archived_days_ago=10)
+    ok = site.package("ok", archived_days_ago=10)
+    # an archive operation reading "busy" from the buffer is running; a transfer of the bundle
+    # carrying "waiting" failed once and waits for its retry backoff
+    site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "busy", raw_data_package_id=busy[0],
+                       source_location_id=site.ids["fyst-buffer"])
 
-        def bundle(s: Session) -> int:
-            dtp = DataTransferPackage(name="bundle-1", source_site_id=site.ctx.topology.site_ids["fyst"],
-                                      bagging_date="2026-01-01", package_count=1)
-            s.add(dtp)
-            s.flush()
-            s.get(RawDataPackage, waiting[0]).data_transfer_package_id = dtp.id  # type: ignore[union-attr]
-            return dtp.id
+    def bundle(s: Session) -> int:
+        dtp = DataTransferPackage(name="bundle-1", source_site_id=site.ctx.topology.site_ids["fyst"],
+                                  bagging_date="2026-01-01", package_count=1)
+        s.add(dtp)
+        s.flush()
+        s.get(RawDataPackage, waiting[0]).data_transfer_package_id = dtp.id  # type: ignore[union-attr]
+        return dtp.id
 
-        dtp_id = site.db.transact(bundle)
-        t = site.add_operation(OperationKind.TRANSFER, "bundle-1", data_transfer_package_id=dtp_id,
-                               source_location_id=site.ids["fyst-buffer"],
-                               destination_location_id=site.ids["cologne-buffer"])
+    dtp_id = site.db.transact(bundle)
+    t = site.add_operation(OperationKind.TRANSFER, "bundle-1", data_transfer_package_id=dtp_id,
+                           source_location_id=site.ids["fyst-buffer"],
+                           destination_location_id=site.ids["cologne-buffer"])
 
-        def backoff(s: Session) -> None:
-            op = s.get(Operation, t)
-            op.retry_count, op.not_before = 1, utcnow() + dt.timedelta(seconds=300)  # type: ignore[union-attr]
+    def backoff(s: Session) -> None:
+        op = s.get(Operation, t)
+        op.retry_count, op.not_before = 1, utcnow() + dt.timedelta(seconds=300)  # type: ignore[union-attr]
 
-        site.db.transact(backoff)
-        site.pressure("fyst-buffer", 99)
-        assert site.deletion_order() == [ok[1]]
-        reasons = site.db.read(lambda s: {name: deletion_blockers(s, site.ctx, s.get(PhysicalCopy, c))
-                                          for name, (_, c) in [("no-archive", no_archive), ("rotten", corrupt),
-                                                               ("gone", missing), ("busy", busy),
-                                                               ("waiting", waiting)]})
-        assert any("0 of 1 required verified archive copies" in r for r in reasons["no-archive"])
-        assert any("last verified copy" in r for r in reasons["no-archive"])
-        assert any("is corrupt (failed its last fixity check)" in r for r in reasons["rotten"])
-        assert any("is missing (failed its last fixity check)" in r for r in reasons["gone"])
-        assert any("long_term_archive operation" in r and "PENDING" in r for r in reasons["busy"])
-        assert any(f"transfer operation {t} (PENDING)" in r for r in reasons["waiting"])
-        # archive copies are never candidates
-        archive_copies = site.db.read(lambda s: list(s.scalars(select(PhysicalCopy.id).where(
-            PhysicalCopy.location_id == site.ids["cologne-lta"]))))
-        assert not set(archive_copies) & set(site.deletion_order())
-    finally:
-        set_usage_provider(None)
-        site.db.dispose()
+    site.db.transact(backoff)
+    site.pressure("fyst-buffer", 99)
+    assert site.deletion_order() == [ok[1]]
+    reasons = site.db.read(lambda s: {name: deletion_blockers(s, site.ctx, s.get(PhysicalCopy, c))
+                                      for name, (_, c) in [("no-archive", no_archive), ("rotten", corrupt),
+                                                           ("gone", missing), ("busy", busy),
+                                                           ("waiting", waiting)]})
+    assert any("0 of 1 required verified archive copies" in r for r in reasons["no-archive"])
+    assert any("last verified copy" in r for r in reasons["no-archive"])
+    assert any("is corrupt (failed its last fixity check)" in r for r in reasons["rotten"])
+    assert any("is missing (failed its last fixity check)" in r for r in reasons["gone"])
+    assert any("long_term_archive operation" in r and "PENDING" in r for r in reasons["busy"])
+    assert any(f"transfer operation {t} (PENDING)" in r for r in reasons["waiting"])
+    # archive copies are never candidates
+    archive_copies = site.db.read(lambda s: list(s.scalars(select(PhysicalCopy.id).where(
+        PhysicalCopy.location_id == site.ids["cologne-lta"]))))
+    assert not set(archive_copies) & set(site.deletion_order())
 
 
 def _copy(site: Site, copy_id: int) -> PhysicalCopy:
