@@ -2,12 +2,11 @@
 caller's transaction through :func:`~packhorse.notify.outbox.enqueue` (issue #7, seed 002).
 
 Subjects name the event in plain ASCII (``"Permanent failure: long_term_archive 17"``);
-bodies are ``Label: value`` lines, then free text. The stalled-task monitor (issue #3) uses
-:func:`stalled_recovered`, :func:`recovery_failed`, :func:`breaker_open`,
-:func:`breaker_reset`, :func:`missing_handler` and :func:`forced_retry`; services use
-:func:`service_started`, :func:`service_still_alive` and :func:`service_stopped`; the disk
-monitor uses :func:`disk_level`; the single failure path uses :func:`operation_retry` (only in
-development mode) besides its permanent-failure notification.
+bodies are ``Label: value`` lines, then free text. Services use :func:`service_started`,
+:func:`service_still_alive` and :func:`service_stopped`; the disk monitor uses
+:func:`disk_level`; the single failure path uses :func:`operation_retry` (only in development
+mode) besides its permanent-failure notification. The stalled-task monitor, the circuit
+breakers and the reconciler queue their own messages (:mod:`packhorse.recovery`).
 
 Every function returns what :func:`enqueue` returns (the row, or ``None`` when the cooldown
 folded it into an earlier one).
@@ -45,16 +44,7 @@ def render_lines(fields: dict[str, Any], text: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _op(session: Session, level: NotificationLevel, event: str, subject: str, kind: str, operation_id: int,
-        fields: dict[str, Any], text: str | None, cooldown_seconds: float) -> Notification | None:
-    context = {"operation_kind": kind, "operation_id": operation_id,
-               **{k.lower().replace(" ", "_"): v for k, v in fields.items()}}
-    return enqueue(session, level=level, event=event, subject=subject, body=render_lines(fields, text),
-                   context=json.loads(json.dumps(context, default=str)), operation_kind=kind,
-                   operation_id=operation_id, cooldown_seconds=cooldown_seconds)
-
-
-# ------------------------------------------------------------------ operations, monitor
+# ------------------------------------------------------------------ operations
 
 
 def operation_retry(session: Session, error_context: dict[str, Any], *,
@@ -65,73 +55,6 @@ def operation_retry(session: Session, error_context: dict[str, Any], *,
     return enqueue(session, level=NotificationLevel.DEBUG, event="operation_retry", subject=f"Retry: {kind} {op_id}",
                    body=render_error_context(error_context), context=error_context, operation_kind=kind,
                    operation_id=op_id, cooldown_seconds=cooldown_seconds)
-
-
-def stalled_recovered(session: Session, *, kind: str, operation_id: int, lease_owner: str | None,
-                      stall_count: int, max_stall_count: int, details: dict[str, Any] | None = None,
-                      cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS) -> Notification | None:
-    """WARNING "Stalled operation recovered: <kind> <id>": its lease expired, it was reset for
-    another attempt; the stall count against the circuit breaker's limit."""
-    return _op(session, NotificationLevel.WARNING, "stalled_recovered",
-               f"Stalled operation recovered: {kind} {operation_id}", kind, operation_id,
-               {"Operation kind": kind, "Operation": operation_id, "Lease owner": lease_owner,
-                "Stall count": stall_count, "Max stalls": max_stall_count, "Details": details or None},
-               "The lease expired without completion; the operation was reset and will run again.",
-               cooldown_seconds)
-
-
-def recovery_failed(session: Session, *, kind: str, operation_id: int, error: str, stall_count: int,
-                    cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS) -> Notification | None:
-    """ERROR "Recovery failed: <kind> <id>": resetting a stalled operation raised ``error``."""
-    return _op(session, NotificationLevel.ERROR, "recovery_failed", f"Recovery failed: {kind} {operation_id}",
-               kind, operation_id, {"Operation kind": kind, "Operation": operation_id, "Stall count": stall_count,
-                                    "Error": error},
-               "The stalled-task monitor could not reset this operation; it stays as it is until a human looks.",
-               cooldown_seconds)
-
-
-def breaker_open(session: Session, *, kind: str, operation_id: int, stall_count: int, max_stall_count: int,
-                 last_stall_at: dt.datetime | None, reset_after_seconds: float,
-                 cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS) -> Notification | None:
-    """ERROR "Circuit breaker open: <kind> <id>": automatic recovery is blocked until the breaker
-    closes by itself after ``reset_after_seconds`` or an admin resets it."""
-    return _op(session, NotificationLevel.ERROR, "breaker_open", f"Circuit breaker open: {kind} {operation_id}",
-               kind, operation_id,
-               {"Operation kind": kind, "Operation": operation_id, "Stall count": stall_count,
-                "Max stalls": max_stall_count, "Last stall (UTC)": last_stall_at,
-                "Closes by itself after (s)": int(reset_after_seconds)},
-               "Automatic recovery is blocked. Find the cause (packhorse diagnose / the failure events), fix it,\n"
-               f"then: packhorse breaker reset {kind} {operation_id} --reason '...'", cooldown_seconds)
-
-
-def breaker_reset(session: Session, *, kind: str, operation_id: int, previous_stall_count: int,
-                  reason: str | None, automatic: bool,
-                  cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS) -> Notification | None:
-    """INFO "Circuit breaker reset: <kind> <id>", by timeout (``automatic``) or by an admin."""
-    return _op(session, NotificationLevel.INFO, "breaker_reset", f"Circuit breaker reset: {kind} {operation_id}",
-               kind, operation_id,
-               {"Operation kind": kind, "Operation": operation_id, "Previous stall count": previous_stall_count,
-                "Reset by": "timeout" if automatic else "admin", "Reason": reason},
-               "Automatic recovery may run again; a new stall counts towards a new breaker cycle.",
-               cooldown_seconds)
-
-
-def forced_retry(session: Session, *, kind: str, operation_id: int, reason: str | None,
-                 cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS) -> Notification | None:
-    """INFO "Forced retry: <kind> <id>": breaker reset, state reset, dispatched now."""
-    return _op(session, NotificationLevel.INFO, "forced_retry", f"Forced retry: {kind} {operation_id}", kind,
-               operation_id, {"Operation kind": kind, "Operation": operation_id, "Reason": reason},
-               "The circuit breaker and the operation were reset; it is dispatched again.", cooldown_seconds)
-
-
-def missing_handler(session: Session, *, kind: str, operation_id: int, status: str,
-                    cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS) -> Notification | None:
-    """ERROR "No recovery handler: <kind> <id>": nothing knows how to move this (kind, status)
-    on (DESIGN.md I5; the seeds' bug #69)."""
-    return _op(session, NotificationLevel.ERROR, "missing_handler", f"No recovery handler: {kind} {operation_id}",
-               kind, operation_id, {"Operation kind": kind, "Operation": operation_id, "Status": status},
-               "No component owns this operation kind in this status: it will not move without a human.",
-               cooldown_seconds)
 
 
 # ------------------------------------------------------------------ services
