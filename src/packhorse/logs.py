@@ -48,7 +48,9 @@ def configure(level: str = "INFO", *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per line: worker processes share stderr, and a line written in two pieces
+        # (PrintLogger: the text, then the newline) can be interleaved with another process's
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr)
