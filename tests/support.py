@@ -39,11 +39,13 @@ name = "fyst-buffer"
 site = "fyst"
 role = "buffer"
 path = "sites/fyst/buffer"
+retention_seconds = 0
 [[locations]]
 name = "cologne-buffer"
 site = "cologne"
 role = "buffer"
 path = "sites/cologne/buffer"
+retention_seconds = 0
 [[locations]]
 name = "cologne-lta"
 site = "cologne"
@@ -54,6 +56,7 @@ name = "cornell-buffer"
 site = "cornell"
 role = "buffer"
 path = "sites/cornell/buffer"
+retention_seconds = 0
 [[locations]]
 name = "cornell-lta"
 site = "cornell"

@@ -175,15 +175,23 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
     bars = _Progress(ctx) if show_bars else None
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
+    stopped_by: list[int] = []
+    from .services import start_background
+
+    background = start_background(ctx, lifecycle=not until_idle)
+
     def stop(signum: int, _frame: object) -> None:
         print(f"packhorse: signal {signum}: finishing running operations, then stopping", file=sys.stderr)
+        stopped_by.append(signum)
         runner.stop_requested.set()
         runner.wake.set()
+        background.interrupt_drain.set()
 
     from .recovery.health import HeartbeatThread
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.monotonic()
+    reason = "finished"
     health = HeartbeatThread(ctx.db, "runner",
                              interval_seconds=ctx.settings.recovery.service_heartbeat_interval_seconds).start()
     try:
@@ -192,7 +200,13 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
                 runner.run(until_idle=until_idle)
         else:
             runner.run(until_idle=until_idle)
+        if stopped_by:
+            reason = f"signal {stopped_by[0]}"
+    except BaseException as e:
+        reason = f"error: {type(e).__name__}: {e}"
+        raise
     finally:
+        background.stop(reason, drain=until_idle and not stopped_by)
         health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)
@@ -450,6 +464,136 @@ def manager(
     mgr.run(max_seconds=max_seconds)
 
 
+# --- issue 7: notifications, disk usage
+
+
+def _serve(ctx: StageContext, service: str, body: Any) -> None:
+    """Run ``body(stop_event, lifecycle)`` as a service until SIGINT/SIGTERM, with its
+    started / still-alive / stopped notifications."""
+    import threading
+
+    from .notify.lifecycle import ServiceLifecycle
+
+    stop_event = threading.Event()
+    reason: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        reason.append(f"signal {signum}")
+        stop_event.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    life = ServiceLifecycle(ctx.db, service,
+                            still_alive_interval_seconds=ctx.settings.notifications.still_alive_interval_seconds)
+    life.started()
+    why = "stopped"
+    try:
+        body(stop_event, life)
+        why = reason[0] if reason else "stopped"
+    except BaseException as e:
+        why = f"error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        life.stopped(why)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@app.command()
+def notifier(config: ConfigOpt = None) -> None:
+    """Deliver the notification outbox (SMTP, apprise) until stopped: retries with backoff, dead letters."""
+    from .notify.notifier import Notifier
+
+    ctx = _context(config)
+    cfg = ctx.settings.notifications
+    if not cfg.enabled or not cfg.channels_configured:
+        raise _fail("notifications: no channel configured (set [notifications.smtp] or apprise_urls) "
+                    "or notifications.enabled = false", EXIT_CONFIG)
+    try:
+        n = Notifier(cfg, ctx.db)
+    except ConfigError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+    print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)
+
+    def body(stop_event: Any, life: Any) -> None:
+        n.serve(stop_event, on_cycle=life.tick)
+
+    _serve(ctx, "notifier", body)
+    n.run_once()  # its own "stopped" message
+
+
+@app.command()
+def notifications(
+    config: ConfigOpt = None,
+    dead: Annotated[bool, typer.Option("--dead", help="only dead letters (delivery gave up)")] = False,
+    requeue_dead: Annotated[bool, typer.Option("--requeue-dead", help="queue dead letters again (after fixing a channel)")] = False,
+    limit: Annotated[int, typer.Option("--limit", help="at most this many sent notifications")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead)."""
+    from .notify.report import list_notifications, requeue_dead_letters
+
+    ctx = _context(config)
+    if requeue_dead:
+        ids = requeue_dead_letters(ctx.db)
+        print(f"queued {len(ids)} dead letter(s) again: {', '.join(map(str, ids)) or '-'}", file=sys.stderr)
+    rows = list_notifications(ctx.db, dead=dead, sent_limit=limit)
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table("id", "created (UTC)", "level", "status", "attempts", "next attempt", "delivered to", "repeats",
+              "subject", "last error", title="dead letters" if dead else "notifications")
+    for r in rows:
+        t.add_row(str(r["id"]), r["created_at"][:19], r["level"], r["status"], str(r["attempts"]),
+                  (r["next_attempt_at"] or "")[:19] if r["status"] == "pending" else "",
+                  ", ".join(r["delivered_to"]), str(r["repeat_count"]), r["subject"], r["last_error"] or "")
+    Console().print(t)
+
+
+@app.command()
+def usage(
+    config: ConfigOpt = None,
+    measure: Annotated[bool, typer.Option("--measure", help="measure every disk location now (and record it)")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Disk usage per data location (latest measurement): total, used, free, percent, level."""
+    from .diskusage import latest_usage, measure_all, sample_dict
+
+    ctx = _context(config)
+    if measure:
+        measure_all(ctx.db, ctx.settings, ctx.topology.location_ids)
+    rows = ctx.db.read(lambda s: [sample_dict(n, x) for n, x in sorted(latest_usage(s).items())])
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        print("no disk usage recorded yet: `packhorse run` (or disk-monitor) measures every "
+              f"{ctx.settings.disk_usage.interval_seconds:g} s; `packhorse usage --measure` measures now", file=sys.stderr)
+        return
+    t = Table("location", "measured (UTC)", "total", "used", "free", "used %", "level", "alert", title="disk usage")
+    for r in rows:
+        t.add_row(r["location"], r["measured_at"][:19], f"{r['total_bytes']:,}", f"{r['used_bytes']:,}",
+                  f"{r['free_bytes']:,}", f"{r['percent']:.1f}", r["level"], r["alert_level"])
+    Console().print(t)
+
+
+@app.command("disk-monitor")
+def disk_monitor(config: ConfigOpt = None) -> None:
+    """Measure every active disk location every disk_usage.interval_seconds (60 s) until stopped."""
+    from .diskusage import DiskMonitor
+
+    ctx = _context(config)
+    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids)
+
+    def body(stop_event: Any, life: Any) -> None:
+        import threading
+
+        t = threading.Thread(target=monitor.serve, args=(stop_event,), daemon=True)
+        t.start()
+        while not stop_event.wait(1.0):
+            life.tick()
+        t.join(timeout=30)
+
+    _serve(ctx, "disk-monitor", body)
 # --- issue 3: failure recovery (monitor, circuit breakers, retry, health, log format)
 
 @app.callback()

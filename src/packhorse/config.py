@@ -73,7 +73,8 @@ class SiteConfig(_Section):
 class LocationConfig(_Section):
     """``[[locations]]``: a storage area at a site, with a role and a storage type.
 
-    ``retention_seconds`` is how long a buffer copy is kept after it may be deleted.
+    ``retention_seconds`` is how long a buffer copy is kept after it may be deleted (default
+    7 days; disk pressure may shorten it, never the safety rules: ``docs/deletion.md``).
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -82,7 +83,7 @@ class LocationConfig(_Section):
     storage: StorageType = StorageType.DISK
     path: str | None = None
     active: bool = True
-    retention_seconds: float = Field(0.0, ge=0)
+    retention_seconds: float = Field(604800.0, ge=0)
 
     @model_validator(mode="after")
     def _disk_needs_path(self) -> "LocationConfig":
@@ -187,6 +188,99 @@ class DeletionConfig(_Section):
     archive_copies_required: int | None = Field(None, ge=1)
 
 
+Level = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+class SmtpConfig(_Section):
+    """``[notifications.smtp]``: e-mail through an SMTP server (stdlib ``smtplib``; issue #7).
+
+    ``recipients`` receive every level that ``recipients_by_level`` does not name;
+    ``recipients_by_level = {ERROR = ["oncall@..."]}`` replaces the list for that level.
+    ``password_env`` is the *name* of the environment variable holding the password (the
+    password itself is never in the file). ``ssl`` opens an implicit-TLS connection (port
+    465); ``starttls`` upgrades a plain one.
+    """
+
+    host: str = Field(min_length=1)
+    port: int = Field(25, ge=1, le=65535)
+    starttls: bool = False
+    ssl: bool = False
+    username: str | None = None
+    password_env: str | None = None
+    from_address: str = Field(min_length=3, pattern=r".+@.+")
+    recipients: list[str] = Field(default_factory=list)
+    recipients_by_level: dict[Level, list[str]] = Field(default_factory=dict)
+    timeout_seconds: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _tls_choice(self) -> "SmtpConfig":
+        if self.ssl and self.starttls:
+            raise ValueError("choose either ssl (implicit TLS) or starttls, not both")
+        if self.username and not self.password_env:
+            raise ValueError("username is set but password_env (the variable holding the password) is not")
+        return self
+
+    def recipients_for(self, level: str) -> list[str]:
+        """Addresses for a notification of ``level``: the per-level list, else the default one."""
+        return list(self.recipients_by_level.get(level, self.recipients))  # type: ignore[call-overload]
+
+
+class NotificationsConfig(_Section):
+    """``[notifications]``: delivery of the notification outbox (issue #7; DESIGN.md numbers).
+
+    Channels: ``[notifications.smtp]`` and ``apprise_urls`` (any apprise URL: Slack, Matrix,
+    ntfy, …), with ``apprise_urls_by_level`` replacing the list per level. A failed delivery
+    is retried ``max_retries`` times with exponential backoff and jitter
+    (``retry_backoff_base_seconds`` doubling, capped at ``retry_backoff_max_seconds``), then
+    the notification is a dead letter (``packhorse notifications --dead``).
+    ``development_mode`` also notifies every retry (DEBUG) and marks subjects ``[DEV]``.
+    """
+
+    enabled: bool = True
+    development_mode: bool = False
+    apprise_urls: list[str] = Field(default_factory=list)
+    apprise_urls_by_level: dict[Level, list[str]] = Field(default_factory=dict)
+    smtp: SmtpConfig | None = None
+    subject_prefix: str = "[packhorse]"
+    max_retries: int = Field(5, ge=0)
+    retry_backoff_base_seconds: float = Field(60.0, ge=0)
+    retry_backoff_max_seconds: float = Field(3600.0, ge=0)
+    poll_interval_seconds: float = Field(5.0, gt=0)
+    lease_seconds: float = Field(120.0, gt=0)
+    still_alive_interval_seconds: float = Field(86400.0, gt=0)
+
+    @property
+    def channels_configured(self) -> bool:
+        """True when at least one channel (SMTP or an apprise URL) is configured."""
+        return self.smtp is not None or bool(self.apprise_urls) or any(self.apprise_urls_by_level.values())
+
+
+class DiskUsageConfig(_Section):
+    """``[disk_usage]``: the disk monitor (seed 002 numbers: every 60 s; 70 / 85 / 95 / 60 %).
+
+    Every active disk location is measured every ``interval_seconds``; crossing
+    ``warning_percent``, ``critical_percent`` or ``emergency_percent`` notifies once, falling
+    below ``recovery_percent`` notifies the recovery. Samples older than ``keep_days`` are
+    pruned. A measurement older than ``stale_after_seconds`` no longer steers deletions.
+    """
+
+    interval_seconds: float = Field(60.0, gt=0)
+    warning_percent: float = Field(70.0, gt=0, le=100)
+    critical_percent: float = Field(85.0, gt=0, le=100)
+    emergency_percent: float = Field(95.0, gt=0, le=100)
+    recovery_percent: float = Field(60.0, gt=0, le=100)
+    keep_days: float = Field(30.0, gt=0)
+    stale_after_seconds: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "DiskUsageConfig":
+        if not (self.recovery_percent < self.warning_percent < self.critical_percent < self.emergency_percent):
+            raise ValueError("thresholds must satisfy recovery_percent < warning_percent < critical_percent "
+                             f"< emergency_percent (got {self.recovery_percent}, {self.warning_percent}, "
+                             f"{self.critical_percent}, {self.emergency_percent})")
+        return self
+
+
 class Settings(_Section):
     """The whole configuration. Build it with :func:`load_config` or :func:`settings_from_dict`."""
 
@@ -199,6 +293,8 @@ class Settings(_Section):
     managers: ManagersConfig = ManagersConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     deletion: DeletionConfig = DeletionConfig()
+    notifications: NotificationsConfig = NotificationsConfig()
+    disk_usage: DiskUsageConfig = DiskUsageConfig()
     #: The folder relative paths were resolved against (not a TOML key).
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -332,11 +428,13 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
     return f"{source}: " + "; ".join(parts)
 
 
-ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion")
+ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion", "notifications",
+                "disk_usage")
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    """``PACKHORSE_<SECTION>__<KEY>`` variables as ``{section: {key: value}}``.
+    """``PACKHORSE_<SECTION>__<KEY>`` variables as ``{section: {key: value}}``; a further
+    ``__`` reaches into a sub-table (``PACKHORSE_NOTIFICATIONS__SMTP__HOST``).
 
     Raises:
         ConfigError: naming a variable whose section is not one of :data:`ENV_SECTIONS`.
@@ -349,8 +447,21 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         if section not in ENV_SECTIONS or not key:
             raise ConfigError(f"environment variable {name}: unknown section {section!r} "
                               f"(one of {', '.join(ENV_SECTIONS)})")
-        out.setdefault(section, {})[key] = value
+        table = out.setdefault(section, {})
+        *parents, leaf = key.split("__")
+        for parent in parents:
+            table = table.setdefault(parent, {})
+        table[leaf] = value
     return out
+
+
+def _deep_update(target: dict[str, Any], values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            target[key] = dict(target[key])
+            _deep_update(target[key], value)
+        else:
+            target[key] = value
 
 
 def settings_from_dict(
@@ -376,7 +487,7 @@ def settings_from_dict(
     for section, values in overrides.items():
         if section in merged and not isinstance(merged[section], dict):
             continue
-        merged.setdefault(section, {}).update(values)
+        _deep_update(merged.setdefault(section, {}), values)
     if "base_dir" in merged:
         raise ConfigError(f"{source}: base_dir: unknown key")
     try:

@@ -38,12 +38,14 @@ name = "fyst-buffer"
 site = "fyst"
 role = "buffer"
 path = "data/fyst/buffer"
+retention_seconds = 0
 
 [[locations]]
 name = "cologne-buffer"
 site = "cologne"
 role = "buffer"
 path = "data/cologne/buffer"
+retention_seconds = 0
 
 [[locations]]
 name = "cologne-lta"
@@ -56,6 +58,7 @@ name = "cornell-buffer"
 site = "cornell"
 role = "buffer"
 path = "data/cornell/buffer"
+retention_seconds = 0
 
 [[locations]]
 name = "cornell-lta"

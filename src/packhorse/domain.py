@@ -99,6 +99,25 @@ class NotificationStatus(str, enum.Enum):
     DEAD = "dead"
 
 
+class DiskLevel(str, enum.Enum):
+    """How full a data location is (seed 002 thresholds, ``[disk_usage]``; issue #7).
+
+    ``normal`` below warning (70 %), ``warning`` from 70 %, ``critical`` from 85 %,
+    ``emergency`` from 95 %. Disk pressure changes the order and retention of deletions,
+    never their safety rules.
+    """
+
+    NORMAL = "normal"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    EMERGENCY = "emergency"
+
+    @property
+    def rank(self) -> int:
+        """0 (normal) … 3 (emergency), for comparisons."""
+        return list(DiskLevel).index(self)
+
+
 def enum_values(e: type[enum.Enum]) -> list[str]:
     """Return the stored values of enum ``e``, in declaration order."""
     return [m.value for m in e]

@@ -301,6 +301,7 @@ def record_failure(
     backoff_max: float,
     operation_info: dict[str, Any] | None = None,
     notification_cooldown_seconds: float = 3600.0,
+    notify_retries: bool = False,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, diagnose a permanent failure that has no
     diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
@@ -310,7 +311,8 @@ def record_failure(
     ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
     and queues an ERROR notification ("Permanent failure: <kind> <id>") in the same
     transaction (I1: every FAILED operation has an error context, a failure event and a
-    notification).
+    notification). With ``notify_retries`` (``[notifications] development_mode``) a retry
+    queues a DEBUG "Retry: <kind> <id>" notification too (issue #7).
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
@@ -350,6 +352,10 @@ def record_failure(
                     subject=subject.format(kind=claim.kind.value, id=claim.operation_id),
                     body=render_error_context(ctx), context=ctx, operation_kind=claim.kind.value,
                     operation_id=claim.operation_id, cooldown_seconds=notification_cooldown_seconds)
+        elif notify_retries:
+            from .notify.messages import operation_retry
+
+            operation_retry(s, ctx, cooldown_seconds=notification_cooldown_seconds)
         return new
 
     return FailureOutcome(db.transact(tx), will_retry, ctx)

@@ -107,7 +107,8 @@ def _run_claimed(ctx: StageContext, c: Claim) -> Outcome:
         except Exception as exc:  # the single failure path
             result = record_failure(ctx.db, c, exc, backoff_base=rec.retry_backoff_base_seconds,
                                     backoff_max=rec.retry_backoff_max_seconds, operation_info=work.info,
-                                    notification_cooldown_seconds=rec.notification_cooldown_seconds)
+                                    notification_cooldown_seconds=rec.notification_cooldown_seconds,
+                                    notify_retries=ctx.settings.notifications.development_mode)
             if result.status is None:
                 bound.warning("operation_attempt_stale", error=str(exc))
                 return Outcome.STALE

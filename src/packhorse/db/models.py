@@ -19,6 +19,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -34,6 +35,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from ..domain import (
     LIVE_COPY_STATUSES,
     CopyStatus,
+    DiskLevel,
     LocationRole,
     NotificationLevel,
     NotificationStatus,
@@ -312,7 +314,9 @@ class Notification(Base):
     ``event`` names what happened (``permanent_failure``, ``breaker_open``, …); ``context`` is
     the one prebuilt error context (or event details) the body is rendered from. Delivery
     columns (``status``, ``attempts``, ``next_attempt_at``, ``last_error``, ``sent_at``) belong
-    to the notifier.
+    to the notifier, which claims a row with a lease like an operation: ``claim_token`` is
+    incremented by every claim and is the fencing token of every delivery write
+    (:mod:`packhorse.notify.notifier`).
     """
 
     __tablename__ = "notification_outbox"
@@ -338,6 +342,56 @@ class Notification(Base):
     next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    claim_token: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class NotificationDelivery(Base):
+    """One notification delivered on one channel (``smtp``, ``apprise``): the dedup record.
+
+    Written, fenced on the claim token, right after the channel accepted the message; a
+    re-delivery after a crash skips channels that have a row here, so a channel that already
+    took the message is not sent it again (issue #7). ``message_id`` is the stable
+    Message-ID the message carried (the same on every attempt).
+    """
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (UniqueConstraint("notification_id", "channel"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notification_id: Mapped[int] = mapped_column(ForeignKey("notification_outbox.id"))
+    channel: Mapped[str] = mapped_column(String(32))
+    message_id: Mapped[str] = mapped_column(String(300))
+    attempt: Mapped[int] = mapped_column(Integer)
+    delivered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DiskUsageSample(Base):
+    """One measurement of one data location's disk usage (bytes; ``percent`` = used / total).
+
+    Recorded every ``[disk_usage] interval_seconds`` (60 s) by the disk monitor
+    (:mod:`packhorse.diskusage`); read by the deletion manager, ``packhorse usage``, the
+    dashboard and the metrics (:func:`packhorse.diskusage.latest_usage`). ``level`` is the
+    band of this measurement; ``alert_level`` the notification state after it (raised on a
+    crossing, back to ``normal`` only below the recovery threshold).
+    """
+
+    __tablename__ = "disk_usage_samples"
+    __table_args__ = (
+        CheckConstraint(_in("level", enum_values(DiskLevel)), name="level"),
+        CheckConstraint(_in("alert_level", enum_values(DiskLevel)), name="alert_level"),
+        CheckConstraint("total_bytes >= 0 AND used_bytes >= 0 AND free_bytes >= 0", name="bytes"),
+        Index("ix_disk_usage_samples_location_time", "location_id", "measured_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
+    measured_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    total_bytes: Mapped[int] = mapped_column(BigInteger)
+    used_bytes: Mapped[int] = mapped_column(BigInteger)
+    free_bytes: Mapped[int] = mapped_column(BigInteger)
+    percent: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(16))
+    alert_level: Mapped[str] = mapped_column(String(16))
 
 
 class CircuitBreaker(Base):

@@ -1,25 +1,100 @@
 """Deletion manager: create ``deletion`` operations for copies that may go (rules in :mod:`.policy`).
 
-Only copies without a deletion operation yet are considered, so each copy's rule is
-evaluated until its operation exists, not on every cycle after. Returns, besides the count,
-how long until the next copy's retention passes, so ``run --until-idle`` knows that the only
-work left waits on a retention period.
+Per buffer location, the candidates are the present copies without a deletion operation yet;
+one is taken only if :func:`~.policy.deletion_blockers` lets it go (the safety rules, the same
+at every disk level; asked only of copies about to be taken). Disk pressure — the level of the location's latest disk usage sample
+(:mod:`packhorse.diskusage`; a sample older than ``stale_after_seconds`` counts as normal) —
+changes only which of them go and in what order (issue #7):
+
+* **normal / warning**: copies whose package is archived (every required archive holds a
+  verified copy) and whose location ``retention_seconds`` has passed, oldest first.
+* **critical**: besides the expired ones, the oldest archived copies go before their
+  retention, until usage would fall below ``recovery_percent``.
+* **emergency**: every copy with enough verified archive copies (not necessarily at every
+  archive), least recently used first, until usage would fall below ``recovery_percent``
+  (expired copies go regardless).
+
+"Would fall below" subtracts the bytes of deletions already in flight at the location and of
+the copies chosen so far. Operations are created in the chosen order, so they are dispatched
+in it. The manager also returns how long until the next copy's retention passes, so ``run
+--until-idle`` knows that the only work left waits on a retention period.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
-from ..domain import CopyStatus, LocationRole, OperationKind
+from ..diskusage import latest_usage, level_for
+from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, LocationRole, OperationKind
 from ..operations import dedup_key
 from ..stages.base import StageContext
 from .common import create_missing, new_only
-from .policy import may_delete_bundle_copy, may_delete_raw_copy
+from .policy import deletion_blockers, last_used_times
+
+
+@dataclass
+class Candidate:
+    """A copy that may be deleted (no blocker) and what orders it."""
+
+    copy: PhysicalCopy
+    archived: bool           # raw: the package is archived; bundle: always (its rule is all-or-nothing)
+    since: dt.datetime       # retention counts from here (archived_at, or the bundle copy's creation)
+    last_used: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """The disk level of one location and the figures the stop rule needs (bytes)."""
+
+    level: DiskLevel
+    total: int = 0
+    used: int = 0
+
+
+def location_pressure(ctx: StageContext, session: Session) -> dict[int, Pressure]:
+    """The pressure of every location with a fresh disk usage sample, by location id."""
+    cfg = ctx.settings.disk_usage
+    out: dict[int, Pressure] = {}
+    for name, s in latest_usage(session, max_age_seconds=cfg.stale_after_seconds).items():
+        if name in ctx.topology.location_ids:
+            out[ctx.topology.location_ids[name]] = Pressure(level_for(s.percent, cfg), s.total_bytes, s.used_bytes)
+    return out
+
+
+def choose(ctx: StageContext, candidates: list[Candidate], pressure: Pressure, pending_bytes: int,
+           now: dt.datetime, retention_seconds: float,
+           blocked: Callable[[Candidate], bool]) -> tuple[list[Candidate], list[float]]:
+    """Pick, in order, the candidates of one location to delete at ``pressure``; also return
+    the seconds until each archived, unexpired candidate's retention passes.
+
+    ``blocked(c)`` (the safety rules, the costly part) is asked only of a candidate about to be
+    taken, so copies that merely wait for their retention cost nothing per cycle."""
+    level = pressure.level
+    keep = dt.timedelta(seconds=retention_seconds)
+    if level is DiskLevel.EMERGENCY:
+        pool = sorted(candidates, key=lambda c: (c.last_used or c.since, c.copy.id))
+    else:
+        pool = sorted((c for c in candidates if c.archived), key=lambda c: (c.since, c.copy.id))
+    target = ctx.settings.disk_usage.recovery_percent / 100.0 * pressure.total
+    projected = pressure.used - pending_bytes
+    chosen: list[Candidate] = []
+    waits: list[float] = []
+    for c in pool:
+        expired = c.archived and now >= c.since + keep
+        if expired or (level.rank >= DiskLevel.CRITICAL.rank and projected >= target):
+            if not blocked(c):
+                chosen.append(c)
+                projected -= c.copy.size
+        elif c.archived:
+            waits.append((c.since + keep - now).total_seconds())
+    return chosen, waits
 
 
 def manage(ctx: StageContext) -> tuple[int, float | None]:
@@ -30,41 +105,53 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
         waits: list[float] = []
         wanted: dict[str, dict[str, Any]] = {}
         no_deletion_yet = ~exists().where(Operation.physical_copy_id == PhysicalCopy.id)
-
-        def consider(copy: PhysicalCopy, since: dt.datetime) -> None:
-            loc = ctx.settings.location(ctx.location_name(copy.location_id))
-            due = since + dt.timedelta(seconds=loc.retention_seconds)
-            if now < due:
-                waits.append((due - now).total_seconds())
-                return
-            wanted[dedup_key(OperationKind.DELETION, f"copy{copy.id}")] = dict(
-                physical_copy_id=copy.id, source_location_id=copy.location_id,
-                site_id=ctx.topology.site_ids[loc.site], raw_data_package_id=copy.raw_data_package_id,
-                data_transfer_package_id=copy.data_transfer_package_id)
+        pressure = location_pressure(ctx, s)
+        by_location: dict[int, list[Candidate]] = {}
 
         buffer_ids = [i for n, i in ctx.topology.location_ids.items()
                       if ctx.topology.location_role.get(n) is LocationRole.BUFFER]
         raw = s.execute(
-            select(PhysicalCopy, RawDataPackage.archived_at)
+            select(PhysicalCopy, RawDataPackage.archived_at, RawDataPackage.created_at)
             .join(RawDataPackage, RawDataPackage.id == PhysicalCopy.raw_data_package_id)
-            .where(RawDataPackage.archived_at.is_not(None), PhysicalCopy.status == CopyStatus.PRESENT.value,
-                   PhysicalCopy.location_id.in_(buffer_ids), no_deletion_yet)
+            .where(PhysicalCopy.status == CopyStatus.PRESENT.value, PhysicalCopy.location_id.in_(buffer_ids),
+                   no_deletion_yet)
         ).all()
-        for copy, archived_at in raw:
-            if may_delete_raw_copy(s, ctx, copy):
-                consider(copy, archived_at)
+        for copy, archived_at, created_at in raw:
+            level = pressure.get(copy.location_id, Pressure(DiskLevel.NORMAL)).level
+            if archived_at is None and level is not DiskLevel.EMERGENCY:
+                continue  # not archived yet: only an emergency may take it (with enough archive copies)
+            by_location.setdefault(copy.location_id, []).append(
+                Candidate(copy, archived_at is not None, archived_at or created_at))
         bundles = s.execute(
-            select(PhysicalCopy, DataTransferPackage.source_site_id)
+            select(PhysicalCopy)
             .join(DataTransferPackage, DataTransferPackage.id == PhysicalCopy.data_transfer_package_id)
-            .where(PhysicalCopy.status == CopyStatus.PRESENT.value, no_deletion_yet)
-        ).all()
-        verdict: dict[int, bool] = {}
-        for copy, site_id in bundles:
-            dtp_id = copy.data_transfer_package_id
-            if dtp_id not in verdict:
-                verdict[dtp_id] = may_delete_bundle_copy(s, ctx, dtp_id, ctx.topology.site_name(site_id))
-            if verdict[dtp_id]:
-                consider(copy, copy.created_at)
+            .where(PhysicalCopy.status == CopyStatus.PRESENT.value, PhysicalCopy.location_id.in_(buffer_ids),
+                   no_deletion_yet)
+        ).scalars().all()
+        for copy in bundles:
+            by_location.setdefault(copy.location_id, []).append(Candidate(copy, True, copy.created_at))
+
+        for loc_id, candidates in by_location.items():
+            p = pressure.get(loc_id, Pressure(DiskLevel.NORMAL))
+            if p.level is DiskLevel.EMERGENCY:
+                used = last_used_times(s, loc_id, [c.copy for c in candidates])
+                for c in candidates:
+                    c.last_used = used[c.copy.id]
+            pending = s.scalar(
+                select(func.coalesce(func.sum(PhysicalCopy.size), 0)).join(
+                    Operation, Operation.physical_copy_id == PhysicalCopy.id)
+                .where(PhysicalCopy.location_id == loc_id, Operation.kind == OperationKind.DELETION.value,
+                       Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
+            loc = ctx.settings.location(ctx.location_name(loc_id))
+            chosen, loc_waits = choose(ctx, candidates, p, int(pending), now, loc.retention_seconds,
+                                       lambda c: bool(deletion_blockers(s, ctx, c.copy)))
+            waits += loc_waits
+            for c in chosen:
+                copy = c.copy
+                wanted[dedup_key(OperationKind.DELETION, f"copy{copy.id}")] = dict(
+                    physical_copy_id=copy.id, source_location_id=copy.location_id,
+                    site_id=ctx.topology.site_ids[loc.site], raw_data_package_id=copy.raw_data_package_id,
+                    data_transfer_package_id=copy.data_transfer_package_id)
         if ctx.settings.deletion.delete_source_files:
             keep = dt.timedelta(seconds=ctx.settings.deletion.source_retention_seconds)
             pkgs = s.execute(

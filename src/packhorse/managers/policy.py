@@ -8,17 +8,24 @@
 * A bundle copy may be deleted only when every destination site holds a present, verified
   copy of every raw data package the bundle carries (and, again, after retention).
 * Source files go only with ``delete_source_files = true``, once the package is archived.
+
+Whatever the disk pressure, :func:`deletion_blockers` must find nothing (issue #7): never the
+last verified copy of any content, never a copy that is the source (or target) of an
+operation still in flight (a transfer waiting between retries included), never a copy whose
+archive copies failed their last fixity check (latest archive copy ``corrupt`` or
+``missing``). The manager applies them when it creates a deletion operation and the stage
+again just before the bytes go.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from ..db.models import DataLocation, PhysicalCopy, RawDataPackage, utcnow
-from ..domain import CopyStatus, LocationRole
+from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, UTCDateTime, utcnow
+from ..domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind
 from ..stages.base import StageContext
 
 
@@ -79,23 +86,6 @@ def mark_archived_if_complete(session: Session, ctx: StageContext, pkg_id: int) 
     return pkg.archived_at is not None
 
 
-def retention_passed(ctx: StageContext, copy: PhysicalCopy, since: dt.datetime, now: dt.datetime) -> bool:
-    """True when the copy's location retention has passed since ``since``."""
-    loc = ctx.settings.location(ctx.location_name(copy.location_id))
-    return now >= since + dt.timedelta(seconds=loc.retention_seconds)
-
-
-def may_delete_raw_copy(session: Session, ctx: StageContext, copy: PhysicalCopy) -> bool:
-    """Whether this (non-archive) raw package copy may go now (retention aside)."""
-    if ctx.topology.location_role[ctx.location_name(copy.location_id)] is LocationRole.LONG_TERM_ARCHIVE:
-        return False
-    pkg = session.get(RawDataPackage, copy.raw_data_package_id)
-    assert pkg is not None
-    if not is_archived(session, ctx, pkg):
-        return False
-    return verified_archive_copies(session, pkg.id) >= archive_copies_required(ctx, source_site_of_package(ctx, pkg))
-
-
 def may_delete_bundle_copy(session: Session, ctx: StageContext, dtp_id: int, source_site: str) -> bool:
     """Whether a bundle copy may go: every destination site holds a verified copy of every package."""
     route = ctx.settings.route_from(source_site)
@@ -114,3 +104,112 @@ def may_delete_bundle_copy(session: Session, ctx: StageContext, dtp_id: int, sou
         if covered != set(pkg_ids):
             return False
     return True
+
+
+#: Latest archive-copy statuses that mean "failed its last fixity check" (set by the audit).
+FIXITY_FAILED = (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value)
+
+
+def _package_ids(session: Session, copy: PhysicalCopy) -> list[int]:
+    """The raw data packages whose content ``copy`` holds (itself, or those a bundle carries)."""
+    if copy.raw_data_package_id is not None:
+        return [copy.raw_data_package_id]
+    return list(session.scalars(select(RawDataPackage.id)
+                                .where(RawDataPackage.data_transfer_package_id == copy.data_transfer_package_id)))
+
+
+def operations_in_flight(session: Session, copy: PhysicalCopy) -> list[Operation]:
+    """Unfinished operations (PENDING — a retry waiting for its backoff included —, SCHEDULED,
+    IN_PROGRESS), other than deletions, that read or write ``copy``'s artifact at its location."""
+    at_location = or_(Operation.source_location_id == copy.location_id,
+                      Operation.destination_location_id == copy.location_id)
+    if copy.raw_data_package_id is not None:
+        dtp = session.scalar(select(RawDataPackage.data_transfer_package_id)
+                             .where(RawDataPackage.id == copy.raw_data_package_id))
+        artifact = Operation.raw_data_package_id == copy.raw_data_package_id
+        if dtp is not None:
+            artifact = or_(artifact, Operation.data_transfer_package_id == dtp)
+    else:
+        artifact = Operation.data_transfer_package_id == copy.data_transfer_package_id
+    return list(session.scalars(select(Operation).where(
+        artifact, at_location, Operation.kind != OperationKind.DELETION.value,
+        Operation.status.in_([s.value for s in ACTIVE_STATUSES])).order_by(Operation.id)))
+
+
+def failed_fixity(session: Session, pkg_ids: list[int]) -> list[tuple[int, int, str]]:
+    """``(package, archive location, status)`` for every archive location whose latest copy of
+    one of ``pkg_ids`` is ``corrupt`` or ``missing`` (its last fixity check failed)."""
+    if not pkg_ids:
+        return []
+    latest = (select(func.max(PhysicalCopy.id))
+              .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+              .where(PhysicalCopy.raw_data_package_id.in_(pkg_ids),
+                     DataLocation.role == LocationRole.LONG_TERM_ARCHIVE.value)
+              .group_by(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id))
+    rows = session.execute(select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id, PhysicalCopy.status)
+                           .where(PhysicalCopy.id.in_(latest), PhysicalCopy.status.in_(FIXITY_FAILED))).all()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def other_verified_copies(session: Session, copy: PhysicalCopy) -> int:
+    """Present, verified copies of ``copy``'s artifact at other locations."""
+    same = (PhysicalCopy.raw_data_package_id == copy.raw_data_package_id if copy.raw_data_package_id is not None
+            else PhysicalCopy.data_transfer_package_id == copy.data_transfer_package_id)
+    return session.scalar(select(func.count()).select_from(PhysicalCopy).where(
+        same, PhysicalCopy.id != copy.id, PhysicalCopy.location_id != copy.location_id,
+        PhysicalCopy.status == CopyStatus.PRESENT.value, PhysicalCopy.verified_at.is_not(None))) or 0
+
+
+def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -> list[str]:
+    """Why ``copy`` may not be deleted now, whatever the disk pressure (empty: it may).
+
+    The rules (DESIGN.md I1, issue #7): archive copies are never deleted; a raw data package
+    copy needs ``archive_copies_required`` verified archive copies and another verified copy
+    elsewhere (never the last one); a bundle copy needs verified copies of every package it
+    carries at every destination; no operation may be in flight on it; none of its packages'
+    archive copies may have failed the last fixity check.
+    """
+    reasons: list[str] = []
+    loc = ctx.location_name(copy.location_id)
+    if ctx.topology.location_role.get(loc) is LocationRole.LONG_TERM_ARCHIVE:
+        return [f"{loc} is a long-term archive: archive copies are never deleted"]
+    if copy.raw_data_package_id is not None:
+        pkg = session.get(RawDataPackage, copy.raw_data_package_id)
+        assert pkg is not None
+        have = verified_archive_copies(session, pkg.id)
+        need = archive_copies_required(ctx, source_site_of_package(ctx, pkg))
+        if have < need or need < 1:
+            reasons.append(f"only {have} of {need} required verified archive copies exist")
+        if other_verified_copies(session, copy) == 0:
+            reasons.append("it is the last verified copy of the package")
+    else:
+        dtp = session.get(DataTransferPackage, copy.data_transfer_package_id)
+        assert dtp is not None
+        if not may_delete_bundle_copy(session, ctx, dtp.id, ctx.topology.site_name(dtp.source_site_id)):
+            reasons.append("not every destination holds verified copies of every package the bundle carries")
+    for op in operations_in_flight(session, copy):
+        reasons.append(f"{op.kind} operation {op.id} ({op.status}) still needs it")
+    for pkg_id, loc_id, status in failed_fixity(session, _package_ids(session, copy)):
+        reasons.append(f"the archive copy of package {pkg_id} at {ctx.location_name(loc_id)} is {status} "
+                       "(failed its last fixity check)")
+    return reasons
+
+
+def last_used_times(session: Session, location_id: int, copies: list[PhysicalCopy]) -> dict[int, dt.datetime]:
+    """When each of ``copies`` (all at ``location_id``) was last used, by copy id: its creation
+    or verification, or the latest operation that read or wrote its artifact at that location
+    (for least-recently-used order). Two grouped queries, whatever the number of copies."""
+    used = func.max(func.coalesce(Operation.finished_at, Operation.started_at, Operation.created_at),
+                    type_=UTCDateTime())
+    here = (Operation.kind != OperationKind.DELETION.value,
+            or_(Operation.source_location_id == location_id, Operation.destination_location_id == location_id))
+    by_raw = dict(session.execute(select(Operation.raw_data_package_id, used).where(
+        *here, Operation.raw_data_package_id.is_not(None)).group_by(Operation.raw_data_package_id)).all())
+    by_dtp = dict(session.execute(select(Operation.data_transfer_package_id, used).where(
+        *here, Operation.data_transfer_package_id.is_not(None)).group_by(Operation.data_transfer_package_id)).all())
+    out: dict[int, dt.datetime] = {}
+    for c in copies:
+        op_time = by_raw.get(c.raw_data_package_id) if c.raw_data_package_id is not None else \
+            by_dtp.get(c.data_transfer_package_id)
+        out[c.id] = max(t for t in (c.created_at, c.verified_at, op_time) if t is not None)
+    return out

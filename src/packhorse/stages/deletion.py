@@ -1,9 +1,12 @@
 """``deletion``: free a buffer copy (or, if configured, the source files) once it is safe.
 
-The safety rule of :mod:`packhorse.managers.policy` is checked again when the operation runs,
-not only when it was created (I1): if it no longer holds, the operation fails permanently and
-nothing is deleted. The copy is marked ``deletion_pending`` before its bytes go and
-``deleted`` after, so a crash in between is finished by the retry.
+The safety rules of :func:`packhorse.managers.policy.deletion_blockers` are checked again when
+the operation runs, in the transaction that marks the copy, not only when the operation was
+created (I1; issue #7): if one fails nothing is deleted — an operation still in flight on the
+copy defers the deletion (a retryable failure), any other rule fails it permanently. The copy
+is marked ``deletion_pending`` before its bytes go and ``deleted`` after, so a crash in
+between is finished by the retry. The lease is renewed by the worker's heartbeat while the
+bytes go, and the claim's fencing token makes sure one attempt alone records the deletion.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from .. import faults
 from ..db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from ..domain import CopyStatus
-from ..errors import PermanentError
+from ..errors import PermanentError, RetryableError
 from .base import Recorder, Work
 
 
@@ -23,11 +27,16 @@ class DeletionNotSafeError(PermanentError):
     """The deletion rule (I1) does not hold for this copy right now; nothing was deleted."""
 
 
+class DeletionDeferredError(RetryableError):
+    """Another operation still needs this copy (e.g. a transfer waiting between retries);
+    nothing was deleted and the deletion is tried again later."""
+
+
 def run(work: Work) -> Recorder:
     """Delete one buffer copy, or the source files of one archived package."""
     if work.op.physical_copy_id is None:
         return _delete_source_files(work)
-    from ..managers.policy import may_delete_bundle_copy, may_delete_raw_copy
+    from ..managers.policy import deletion_blockers, operations_in_flight
 
     ctx = work.ctx
     copy_id = work.op.physical_copy_id
@@ -37,19 +46,14 @@ def run(work: Work) -> Recorder:
         assert copy is not None
         if copy.status == CopyStatus.DELETED.value:
             return copy
-        if copy.raw_data_package_id is not None:
-            safe = may_delete_raw_copy(s, ctx, copy)
-        else:
-            from ..db.models import DataTransferPackage
-
-            dtp = s.get(DataTransferPackage, copy.data_transfer_package_id)
-            assert dtp is not None
-            safe = may_delete_bundle_copy(s, ctx, dtp.id, ctx.topology.site_name(dtp.source_site_id))
-        if not safe:
-            raise DeletionNotSafeError(
-                f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: "
-                "not enough verified archive copies elsewhere", step="deletion",
-                path=copy.path, host=ctx.location_name(copy.location_id))
+        blockers = deletion_blockers(s, ctx, copy)
+        if blockers:
+            where = dict(step="deletion", path=copy.path, host=ctx.location_name(copy.location_id))
+            message = f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: " + "; ".join(blockers)
+            in_flight = len(operations_in_flight(s, copy))
+            if in_flight == len(blockers):
+                raise DeletionDeferredError(message, **where)
+            raise DeletionNotSafeError(message, **where)
         copy.status = CopyStatus.DELETION_PENDING.value
         return copy
 
@@ -57,6 +61,8 @@ def run(work: Work) -> Recorder:
     loc = ctx.location_name(copy.location_id)
     work.info.update(location=loc, key=copy.path)
     if copy.status != CopyStatus.DELETED.value:
+        work.check()
+        faults.hit("deletion.delete")
         work.check()
         ctx.backend(loc).delete(copy.path)
 

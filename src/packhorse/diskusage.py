@@ -1,0 +1,238 @@
+"""Disk monitoring: measure every active disk location, record it, notify threshold crossings.
+
+Every ``[disk_usage] interval_seconds`` (60 s, seed 002) :func:`measure_all` records one
+:class:`~packhorse.db.models.DiskUsageSample` per active disk location: total, used and free
+bytes and ``percent = used / total × 100``. Crossing warning (70 %), critical (85 %) or
+emergency (95 %) upwards queues one notification per crossing, in the same transaction as the
+sample; the alert state then stays until usage falls below recovery (60 %), which queues a
+"recovered" notification (so usage hovering around a threshold does not notify again and
+again). The deletion manager reads the latest sample (:func:`latest_usage`) to choose its
+order and retention (:mod:`packhorse.managers.deletions`).
+
+Where the numbers come from is a :data:`UsageProvider`: by default the file system
+(``shutil.disk_usage`` of the location's folder, or its nearest existing parent). Tests set
+another one with :func:`set_usage_provider`, or — for a ``packhorse`` subprocess — point the
+environment variable ``PACKHORSE_TEST_DISK_USAGE`` at a JSON file
+``{"<location>": {"total": bytes, "used": bytes}}`` (read at every measurement; never set it in
+production).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from .config import DiskUsageConfig, Settings
+from .db.models import DataLocation, DiskUsageSample, utcnow
+from .db.session import Database
+from .domain import DiskLevel, StorageType
+from .notify import messages
+
+log = structlog.get_logger(__name__)
+
+TEST_ENV = "PACKHORSE_TEST_DISK_USAGE"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One measurement of a file system, in bytes."""
+
+    total: int
+    used: int
+    free: int
+
+    @property
+    def percent(self) -> float:
+        """``used / total × 100`` (0 for an empty total)."""
+        return 100.0 * self.used / self.total if self.total else 0.0
+
+
+#: ``(location name, root folder) -> Usage``; raises ``OSError`` if it cannot measure.
+UsageProvider = Callable[[str, Path], Usage]
+
+
+def filesystem_usage(location: str, root: Path) -> Usage:
+    """The usage of the file system holding ``root`` (or its nearest existing parent)."""
+    p = root
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    du = shutil.disk_usage(p)
+    return Usage(total=du.total, used=du.used, free=du.free)
+
+
+def _file_provider(path: str) -> UsageProvider:
+    def provider(location: str, root: Path) -> Usage:
+        figures = json.loads(Path(path).read_text(encoding="utf-8"))
+        if location not in figures:
+            return filesystem_usage(location, root)
+        f = figures[location]
+        total, used = int(f["total"]), int(f["used"])
+        return Usage(total=total, used=used, free=int(f.get("free", total - used)))
+
+    return provider
+
+
+_provider: UsageProvider | None = None
+
+
+def set_usage_provider(provider: UsageProvider | None) -> None:
+    """Use ``provider`` for every measurement in this process (``None``: back to the default)."""
+    global _provider
+    _provider = provider
+
+
+def current_provider() -> UsageProvider:
+    """The provider in effect: :func:`set_usage_provider`'s, the test file, or the file system."""
+    if _provider is not None:
+        return _provider
+    if os.environ.get(TEST_ENV):
+        return _file_provider(os.environ[TEST_ENV])
+    return filesystem_usage
+
+
+def level_for(percent: float, cfg: DiskUsageConfig) -> DiskLevel:
+    """The band of ``percent``: emergency ≥ 95, critical ≥ 85, warning ≥ 70, else normal."""
+    if percent >= cfg.emergency_percent:
+        return DiskLevel.EMERGENCY
+    if percent >= cfg.critical_percent:
+        return DiskLevel.CRITICAL
+    if percent >= cfg.warning_percent:
+        return DiskLevel.WARNING
+    return DiskLevel.NORMAL
+
+
+def next_alert(previous: DiskLevel, percent: float, cfg: DiskUsageConfig) -> tuple[DiskLevel, str | None]:
+    """The alert state after a measurement and the notification it causes, if any.
+
+    Rising into a higher band than ``previous`` notifies that band (once); falling below
+    ``recovery_percent`` from a raised state notifies ``"recovered"``; anything else keeps the
+    state silently.
+    """
+    band = level_for(percent, cfg)
+    if band.rank > previous.rank:
+        return band, band.value
+    if previous is not DiskLevel.NORMAL and percent < cfg.recovery_percent:
+        return DiskLevel.NORMAL, "recovered"
+    return previous, None
+
+
+def _threshold(event: str, cfg: DiskUsageConfig) -> float:
+    return {"warning": cfg.warning_percent, "critical": cfg.critical_percent,
+            "emergency": cfg.emergency_percent, "recovered": cfg.recovery_percent}[event]
+
+
+def monitored_locations(settings: Settings) -> list[str]:
+    """Names of the active disk locations (every role)."""
+    return [l.name for l in settings.locations if l.active and l.storage is StorageType.DISK and l.path]
+
+
+def record_sample(db: Database, settings: Settings, location_id: int, name: str, usage: Usage,
+                  now: dt.datetime | None = None) -> DiskUsageSample:
+    """Record one measurement of location ``name`` and queue its crossing notification in the
+    same transaction; prunes samples older than ``keep_days``. Returns the new sample."""
+    cfg = settings.disk_usage
+
+    def tx(s: Session) -> DiskUsageSample:
+        t = now or utcnow()
+        prev = s.scalar(select(DiskUsageSample.alert_level).where(DiskUsageSample.location_id == location_id)
+                        .order_by(DiskUsageSample.measured_at.desc(), DiskUsageSample.id.desc()).limit(1))
+        alert, event = next_alert(DiskLevel(prev) if prev else DiskLevel.NORMAL, usage.percent, cfg)
+        sample = DiskUsageSample(location_id=location_id, measured_at=t, total_bytes=usage.total,
+                                 used_bytes=usage.used, free_bytes=usage.free, percent=usage.percent,
+                                 level=level_for(usage.percent, cfg).value, alert_level=alert.value)
+        s.add(sample)
+        if event is not None:
+            messages.disk_level(s, location=name, event=event, percent=usage.percent, used_bytes=usage.used,
+                                total_bytes=usage.total, free_bytes=usage.free, threshold_percent=_threshold(event, cfg))
+            log.warning("disk_usage_" + event, location=name, percent=round(usage.percent, 1))
+        s.execute(delete(DiskUsageSample).where(DiskUsageSample.location_id == location_id,
+                                                DiskUsageSample.measured_at < t - dt.timedelta(days=cfg.keep_days)))
+        s.flush()
+        return sample
+
+    return db.transact(tx)
+
+
+def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
+                provider: UsageProvider | None = None) -> list[dict[str, Any]]:
+    """Measure and record every active disk location once.
+
+    A location that cannot be measured (folder unreadable, provider error) is logged and
+    skipped; the others are still recorded.
+
+    Returns:
+        one dict per recorded location (see :func:`sample_dict`).
+    """
+    provider = provider or current_provider()
+    out = []
+    for name in monitored_locations(settings):
+        try:
+            usage = provider(name, settings.location_path(name))
+        except (OSError, ValueError, KeyError) as e:
+            log.error("disk_usage_unmeasurable", location=name, error=str(e))
+            continue
+        sample = record_sample(db, settings, location_ids[name], name, usage)
+        out.append(sample_dict(name, sample))
+    return out
+
+
+def sample_dict(location: str, s: DiskUsageSample) -> dict[str, Any]:
+    """A sample as plain data: location, measured_at (ISO 8601 UTC), total/used/free bytes,
+    percent, level, alert_level."""
+    return {"location": location, "measured_at": s.measured_at.isoformat(), "total_bytes": s.total_bytes,
+            "used_bytes": s.used_bytes, "free_bytes": s.free_bytes, "percent": round(s.percent, 3),
+            "level": s.level, "alert_level": s.alert_level}
+
+
+def latest_usage(session: Session, *, max_age_seconds: float | None = None) -> dict[str, DiskUsageSample]:
+    """The latest sample of every location, by location name (the query for the deletion
+    manager, ``packhorse usage``, the dashboard and the metrics).
+
+    Args:
+        max_age_seconds: leave out samples older than this (``None``: any age).
+    """
+    newest = (select(DiskUsageSample.location_id, func.max(DiskUsageSample.id).label("id"))
+              .group_by(DiskUsageSample.location_id).subquery())
+    q = (select(DataLocation.name, DiskUsageSample).join(newest, newest.c.id == DiskUsageSample.id)
+         .join(DataLocation, DataLocation.id == DiskUsageSample.location_id))
+    if max_age_seconds is not None:
+        q = q.where(DiskUsageSample.measured_at >= utcnow() - dt.timedelta(seconds=max_age_seconds))
+    return {name: sample for name, sample in session.execute(q).all()}
+
+
+def usage_history(session: Session, location: str, since: dt.datetime) -> list[DiskUsageSample]:
+    """Samples of data location ``location`` measured at or after ``since`` (UTC), oldest first."""
+    return list(session.scalars(
+        select(DiskUsageSample).join(DataLocation, DataLocation.id == DiskUsageSample.location_id)
+        .where(DataLocation.name == location, DiskUsageSample.measured_at >= since)
+        .order_by(DiskUsageSample.measured_at, DiskUsageSample.id)))
+
+
+class DiskMonitor:
+    """Measures every ``interval_seconds`` until stopped (a thread of ``packhorse run``, or the
+    ``packhorse disk-monitor`` service)."""
+
+    def __init__(self, db: Database, settings: Settings, location_ids: dict[str, int]) -> None:
+        self.db = db
+        self.settings = settings
+        self.location_ids = location_ids
+
+    def serve(self, stop: threading.Event) -> None:
+        """Measure at once, then every interval, until ``stop`` is set; never dies on an error."""
+        while not stop.is_set():
+            try:
+                measure_all(self.db, self.settings, self.location_ids)
+            except Exception as e:  # a database blip: the next interval tries again
+                log.error("disk_monitor_cycle_failed", error=repr(e))
+            stop.wait(self.settings.disk_usage.interval_seconds)

@@ -1,0 +1,74 @@
+"""Delivery channels of the notifier: e-mail (:mod:`.smtp`) and apprise URLs (:mod:`.apprise`).
+
+Every channel has a stable ``name`` (the key of its delivery record, so a re-delivery after a
+crash skips a channel that already took the message), says which levels it serves
+(:meth:`Channel.wants`) and delivers one :class:`Message` or raises :class:`ChannelError`.
+:func:`build_channels` composes the channels of a configuration in one place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from ...errors import PackhorseError
+
+if TYPE_CHECKING:
+    from ...config import NotificationsConfig
+
+
+class ChannelError(PackhorseError):
+    """A channel could not deliver a message (server down, refused, bad credentials, …).
+
+    The notifier retries the notification with backoff, then dead-letters it.
+    """
+
+
+@dataclass(frozen=True)
+class Message:
+    """One notification as a channel sends it.
+
+    ``subject`` is plain ASCII and already carries the configured prefix; ``message_id`` is
+    stable for the notification (every attempt carries the same one), e.g.
+    ``<packhorse.notification.17.1764460800@example.org>``; ``created_at`` is UTC.
+    """
+
+    notification_id: int
+    level: str
+    event: str
+    subject: str
+    body: str
+    message_id: str
+    created_at: dt.datetime
+
+
+class Channel(Protocol):
+    """What the notifier needs of a channel."""
+
+    name: str
+
+    def wants(self, level: str) -> bool:
+        """Whether this channel has recipients for notifications of ``level``."""
+
+    def send(self, message: Message) -> None:
+        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted."""
+
+
+def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
+    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL.
+
+    Raises:
+        ConfigError: an apprise URL apprise does not understand (named with its key).
+    """
+    from .apprise import apprise_channels
+    from .smtp import SmtpChannel
+
+    out: list[Channel] = []
+    if cfg.smtp is not None:
+        out.append(SmtpChannel(cfg.smtp))
+    out.extend(apprise_channels(cfg.apprise_urls, cfg.apprise_urls_by_level))
+    return out
+
+
+__all__ = ["Channel", "ChannelError", "Message", "build_channels"]

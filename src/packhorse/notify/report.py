@@ -1,0 +1,63 @@
+"""Reading the notification outbox for operators: ``packhorse notifications`` and the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from ..db.models import Notification, NotificationDelivery, utcnow
+from ..db.session import Database
+from ..domain import NotificationStatus
+
+
+def notification_dict(n: Notification, delivered_to: list[str]) -> dict[str, Any]:
+    """One outbox row as plain data (times ISO 8601 UTC; ``delivered_to``: channel names)."""
+    iso = lambda t: t.isoformat() if t is not None else None  # noqa: E731
+    return {"id": n.id, "created_at": iso(n.created_at), "level": n.level, "event": n.event, "subject": n.subject,
+            "status": n.status, "attempts": n.attempts, "next_attempt_at": iso(n.next_attempt_at),
+            "sent_at": iso(n.sent_at), "last_error": n.last_error, "repeat_count": n.repeat_count,
+            "operation_kind": n.operation_kind, "operation_id": n.operation_id, "delivered_to": delivered_to}
+
+
+def list_notifications(db: Database, *, dead: bool = False, sent_limit: int = 20) -> list[dict[str, Any]]:
+    """Dead letters (``dead=True``), else the pending rows — those already retried first, as
+    the notifier takes them — then the ``sent_limit`` most recent sent ones."""
+
+    def q(s: Session) -> list[dict[str, Any]]:
+        if dead:
+            rows = list(s.scalars(select(Notification).where(Notification.status == NotificationStatus.DEAD.value)
+                                  .order_by(Notification.id)))
+        else:
+            pending = list(s.scalars(select(Notification)
+                                     .where(Notification.status == NotificationStatus.PENDING.value)
+                                     .order_by((Notification.attempts == 0), Notification.next_attempt_at,
+                                               Notification.id)))
+            sent = list(s.scalars(select(Notification).where(Notification.status == NotificationStatus.SENT.value)
+                                  .order_by(Notification.id.desc()).limit(sent_limit)))
+            rows = pending + sent
+        ids = [r.id for r in rows]
+        channels: dict[int, list[str]] = {}
+        for nid, ch in s.execute(select(NotificationDelivery.notification_id, NotificationDelivery.channel)
+                                 .where(NotificationDelivery.notification_id.in_(ids))
+                                 .order_by(NotificationDelivery.id)):
+            channels.setdefault(nid, []).append(ch)
+        return [notification_dict(r, channels.get(r.id, [])) for r in rows]
+
+    return db.read(q)
+
+
+def requeue_dead_letters(db: Database) -> list[int]:
+    """Queue every dead letter again (attempts from 0, due now); returns their ids. Channels
+    that already took a message are still skipped (their delivery records stay)."""
+
+    def tx(s: Session) -> list[int]:
+        ids = list(s.scalars(select(Notification.id).where(Notification.status == NotificationStatus.DEAD.value)))
+        if ids:
+            s.execute(update(Notification).where(Notification.id.in_(ids)).values(
+                status=NotificationStatus.PENDING.value, attempts=0, next_attempt_at=utcnow(),
+                lease_owner=None, lease_expires_at=None))
+        return ids
+
+    return db.transact(tx)

@@ -1,0 +1,299 @@
+"""The deletion policy under disk pressure (issue #7): usage figures are injected through the
+usage provider; the order, the thresholds and every "never" are checked on the operations the
+deletion manager creates and on what the deletion stage does to the bytes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from packhorse import faults
+from packhorse.config import load_config
+from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.db.session import Database
+from packhorse.diskusage import Usage, measure_all, set_usage_provider
+from packhorse.domain import OperationKind, Status
+from packhorse.managers import deletions
+from packhorse.managers.policy import deletion_blockers
+from packhorse.operations import create_operation, dedup_key
+from packhorse.stages.base import StageContext
+from packhorse.topology import sync_topology
+from packhorse.worker import Outcome, execute_operation
+from support import write_site_config
+
+TOTAL = 10_000
+DAY = dt.timedelta(days=1)
+
+
+class Site:
+    """A three-site configuration (fyst -> cologne, cornell), its database and helpers."""
+
+    def __init__(self, tmp_path: Path, *, retention: int = 604800, extra: str = "",
+                 database_url: str | None = None) -> None:
+        cfg = write_site_config(tmp_path / "site", extra=extra)
+        text = cfg.read_text().replace("retention_seconds = 0", f"retention_seconds = {retention}")
+        if database_url:
+            text = text.replace('url = "sqlite:///packhorse.db"', f'url = "{database_url}"')
+        cfg.write_text(text)
+        self.settings = load_config(cfg)
+        self.db = Database(self.settings.database_url)
+        self.db.upgrade()
+        self.ctx = StageContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
+        self.ids = self.ctx.topology.location_ids
+        self.usage: dict[str, Usage] = {}
+        set_usage_provider(lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
+
+    def package(self, name: str, *, archived_days_ago: float | None, size: int = 1000,
+                buffer: str = "fyst-buffer", archives: dict[str, str] | None = None,
+                used_days_ago: float | None = None) -> tuple[int, int]:
+        """A raw data package with a verified copy (and its bytes) at ``buffer`` and archive
+        copies ``{location: "verified"|"unverified"|"corrupt"|"missing"}``; returns
+        (package id, buffer copy id)."""
+        archives = {"cologne-lta": "verified", "cornell-lta": "verified"} if archives is None else archives
+        now = utcnow()
+        key = f"raw/{name}.tar"
+        path = self.settings.location_path(buffer) / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+
+        def tx(s: Session) -> tuple[int, int]:
+            pkg = RawDataPackage(name=name, group_path=name, source_location_id=self.ids["fyst-source"],
+                                 created_at=now - 30 * DAY, bagging_date="2026-01-01", file_count=1,
+                                 payload_bytes=size, size=size, sha256="a" * 64,
+                                 archived_at=None if archived_days_ago is None else now - archived_days_ago * DAY)
+            s.add(pkg)
+            s.flush()
+            used = now - (used_days_ago if used_days_ago is not None else 20) * DAY
+            copy = PhysicalCopy(raw_data_package_id=pkg.id, location_id=self.ids[buffer], path=key, size=size,
+                                sha256="a" * 64, status="present", created_at=used, verified_at=used)
+            s.add(copy)
+            for loc, state in archives.items():
+                s.add(PhysicalCopy(raw_data_package_id=pkg.id, location_id=self.ids[loc], path=key, size=size,
+                                   sha256="a" * 64, status="present" if state in ("verified", "unverified") else state,
+                                   created_at=now - 29 * DAY,
+                                   verified_at=None if state == "unverified" else now - 29 * DAY))
+            s.flush()
+            return pkg.id, copy.id
+
+        return self.db.transact(tx)
+
+    def pressure(self, location: str, percent: float) -> None:
+        used = int(TOTAL * percent / 100)
+        self.usage[location] = Usage(TOTAL, used, TOTAL - used)
+        measure_all(self.db, self.settings, self.ids)
+
+    def deletion_order(self) -> list[int]:
+        """Copy ids of the deletion operations, in creation (= dispatch) order."""
+        deletions.manage(self.ctx)
+        return self.db.read(lambda s: list(s.scalars(
+            select(Operation.physical_copy_id).where(Operation.kind == OperationKind.DELETION.value)
+            .order_by(Operation.id))))
+
+    def add_operation(self, kind: OperationKind, subject: str, **kw: Any) -> int:
+        def tx(s: Session) -> int:
+            op = create_operation(s, kind=kind, dedup_key=dedup_key(kind, subject), site_id=self.ctx.topology.site_ids["fyst"],
+                                  max_retries=3, **kw)
+            assert op is not None
+            return op.id
+
+        return self.db.transact(tx)
+
+
+@pytest.fixture
+def database_url() -> str | None:
+    """The ops database of the sites (``None``: a SQLite file; the PostgreSQL run overrides it)."""
+    return None
+
+
+@pytest.fixture
+def make_site(tmp_path: Path, database_url: str | None):
+    """Factory: ``make_site(extra="") -> Site``; cleaned up after the test."""
+    made: list[Site] = []
+
+    def make(extra: str = "") -> Site:
+        made.append(Site(tmp_path / f"s{len(made)}", extra=extra, database_url=database_url))
+        return made[-1]
+
+    yield make
+    set_usage_provider(None)
+    for s in made:
+        s.db.dispose()
+
+
+@pytest.fixture
+def site(make_site):  # type: ignore[no-untyped-def]
+    return make_site()
+
+
+def test_below_warning_only_copies_past_their_retention_go(site: Site) -> None:
+    _, old = site.package("old", archived_days_ago=8)
+    site.package("recent", archived_days_ago=1)
+    site.package("unarchived", archived_days_ago=None)
+    site.pressure("fyst-buffer", 50)
+    assert site.deletion_order() == [old]
+    created, wait = deletions.manage(site.ctx)
+    assert created == 0 and wait is not None and 5.9 * 86400 < wait < 6.1 * 86400
+
+
+def test_warning_changes_nothing_but_critical_takes_the_oldest_archived_first_until_below_recovery(site: Site) -> None:
+    copies = [site.package(f"p{i}", archived_days_ago=days, size=1000)[1] for i, days in enumerate([2, 4, 1, 3, 5])]
+    site.package("unarchived", archived_days_ago=None)
+    site.pressure("fyst-buffer", 80)  # warning: retention still holds
+    assert site.deletion_order() == []
+    site.pressure("fyst-buffer", 90)  # critical: 9,000 of 10,000 used, recovery below 6,000
+    # oldest archived first (5, 4, 3 days ago); after three copies usage would be 6,000 -> 3,000 more would be 60 %,
+    # which is not below 60 %: a fourth goes, then it stops (5,000 = 50 %)
+    assert site.deletion_order() == [copies[4], copies[1], copies[3], copies[0]]
+
+
+def test_critical_counts_deletions_already_in_flight(site: Site) -> None:
+    copies = [site.package(f"p{i}", archived_days_ago=5 - i, size=1000)[1] for i in range(4)]
+    site.pressure("fyst-buffer", 66)  # nothing happens yet
+    assert site.deletion_order() == []
+    site.pressure("fyst-buffer", 86)
+    assert site.deletion_order() == copies[:3]  # 8,600 -> 5,600
+    site.pressure("fyst-buffer", 86)  # deletions not yet run: the monitor still sees 86 %
+    assert site.deletion_order() == copies[:3]  # no more: the pending ones already bring it below 60 %
+
+
+def test_emergency_takes_every_copy_with_enough_archive_copies_least_recently_used_first(make_site) -> None:
+    site = make_site("[deletion]\narchive_copies_required = 1\n")
+    # one verified archive copy of two (enough with archive_copies_required = 1), not "archived"
+    a = site.package("a", archived_days_ago=None, used_days_ago=1, archives={"cologne-lta": "verified"})[1]
+    b = site.package("b", archived_days_ago=3, used_days_ago=9)[1]
+    c = site.package("c", archived_days_ago=None, used_days_ago=5, archives={"cornell-lta": "verified"})[1]
+    site.package("none", archived_days_ago=None, archives={"cologne-lta": "unverified"})
+    site.pressure("fyst-buffer", 90)
+    assert site.deletion_order() == [b]  # critical: only archived copies
+    # an archive operation read "c" from the buffer half a day ago: now it is the most recently used
+    pkg_c = site.db.read(lambda s: s.get(PhysicalCopy, c).raw_data_package_id)
+    read_c = site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "c", raw_data_package_id=pkg_c,
+                                source_location_id=site.ids["fyst-buffer"])
+
+    def finished(s: Session) -> None:
+        op = s.get(Operation, read_c)
+        op.status, op.finished_at = Status.COMPLETED.value, utcnow() - DAY / 2  # type: ignore[union-attr]
+
+    site.db.transact(finished)
+    site.pressure("fyst-buffer", 97)  # emergency: least recently used first, down below 60 %
+    assert site.deletion_order() == [b, a, c]
+
+
+def test_emergency_stops_once_usage_would_fall_below_recovery(site: Site) -> None:
+    copies = [site.package(f"p{i}", archived_days_ago=2, used_days_ago=10 - i, size=1500)[1] for i in range(5)]
+    site.pressure("fyst-buffer", 96)  # 9,600 -> 8,100 -> 6,600 -> 5,100: three copies
+    assert site.deletion_order() == copies[:3]
+
+
+def test_pressure_never_breaks_the_safety_rules(make_site) -> None:
+    site = make_site("[deletion]\narchive_copies_required = 1\n")
+    no_archive = site.package("no-archive", archived_days_ago=None, archives={"cologne-lta": "unverified"})
+    corrupt = site.package("rotten", archived_days_ago=10,
+                           archives={"cologne-lta": "corrupt", "cornell-lta": "verified"})
+    missing = site.package("gone", archived_days_ago=10,
+                           archives={"cologne-lta": "verified", "cornell-lta": "missing"})
+    busy = site.package("busy", archived_days_ago=10)
+    waiting = site.package("waiting", archived_days_ago=10)
+    ok = site.package("ok", archived_days_ago=10)
+    # an archive operation reading "busy" from the buffer is running; a transfer of the bundle
+    # carrying "waiting" failed once and waits for its retry backoff
+    site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "busy", raw_data_package_id=busy[0],
+                       source_location_id=site.ids["fyst-buffer"])
+
+    def bundle(s: Session) -> int:
+        dtp = DataTransferPackage(name="bundle-1", source_site_id=site.ctx.topology.site_ids["fyst"],
+                                  bagging_date="2026-01-01", package_count=1)
+        s.add(dtp)
+        s.flush()
+        s.get(RawDataPackage, waiting[0]).data_transfer_package_id = dtp.id  # type: ignore[union-attr]
+        return dtp.id
+
+    dtp_id = site.db.transact(bundle)
+    t = site.add_operation(OperationKind.TRANSFER, "bundle-1", data_transfer_package_id=dtp_id,
+                           source_location_id=site.ids["fyst-buffer"],
+                           destination_location_id=site.ids["cologne-buffer"])
+
+    def backoff(s: Session) -> None:
+        op = s.get(Operation, t)
+        op.retry_count, op.not_before = 1, utcnow() + dt.timedelta(seconds=300)  # type: ignore[union-attr]
+
+    site.db.transact(backoff)
+    site.pressure("fyst-buffer", 99)
+    assert site.deletion_order() == [ok[1]]
+    reasons = site.db.read(lambda s: {name: deletion_blockers(s, site.ctx, s.get(PhysicalCopy, c))
+                                      for name, (_, c) in [("no-archive", no_archive), ("rotten", corrupt),
+                                                           ("gone", missing), ("busy", busy),
+                                                           ("waiting", waiting)]})
+    assert any("0 of 1 required verified archive copies" in r for r in reasons["no-archive"])
+    assert any("last verified copy" in r for r in reasons["no-archive"])
+    assert any("is corrupt (failed its last fixity check)" in r for r in reasons["rotten"])
+    assert any("is missing (failed its last fixity check)" in r for r in reasons["gone"])
+    assert any("long_term_archive operation" in r and "PENDING" in r for r in reasons["busy"])
+    assert any(f"transfer operation {t} (PENDING)" in r for r in reasons["waiting"])
+    # archive copies are never candidates
+    archive_copies = site.db.read(lambda s: list(s.scalars(select(PhysicalCopy.id).where(
+        PhysicalCopy.location_id == site.ids["cologne-lta"]))))
+    assert not set(archive_copies) & set(site.deletion_order())
+
+
+def _copy(site: Site, copy_id: int) -> PhysicalCopy:
+    return site.db.read(lambda s: s.get(PhysicalCopy, copy_id))
+
+
+def test_the_stage_checks_again_before_the_bytes_go(site: Site) -> None:
+    pkg, copy = site.package("late-trouble", archived_days_ago=10)
+    assert site.deletion_order() == [copy]
+    op = site.db.read(lambda s: s.scalar(select(Operation.id).where(Operation.physical_copy_id == copy)))
+    # after the operation was created, an operation starts reading the copy: deferred, not deleted
+    other = site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "again", raw_data_package_id=pkg,
+                               source_location_id=site.ids["fyst-buffer"])
+    assert execute_operation(site.ctx, op, "w1") is Outcome.RETRY
+    assert _copy(site, copy).status == "present"
+    assert (site.settings.location_path("fyst-buffer") / "raw/late-trouble.tar").exists()
+    site.db.transact(lambda s: setattr(s.get(Operation, other), "status", Status.COMPLETED.value))
+    # then the fixity audit finds an archive copy corrupt: refused for good
+    site.db.transact(lambda s: s.execute(
+        PhysicalCopy.__table__.update().where(PhysicalCopy.raw_data_package_id == pkg,
+                                              PhysicalCopy.location_id == site.ids["cornell-lta"])
+        .values(status="corrupt")))
+    site.db.transact(lambda s: setattr(s.get(Operation, op), "not_before", None))
+    assert execute_operation(site.ctx, op, "w1") is Outcome.FAILED
+    assert _copy(site, copy).status == "present"
+    assert (site.settings.location_path("fyst-buffer") / "raw/late-trouble.tar").exists()
+    ctx = site.db.read(lambda s: s.get(Operation, op).error_context)
+    assert ctx["error_type"] == "DeletionNotSafeError" and "corrupt" in ctx["message"]
+
+
+def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site, monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """The lease is 2 s; the deletion pauses 3 s with its bytes still there: the heartbeat renews
+    the claim, so it is not stalled, and a second deleter started meanwhile does nothing."""
+    _, copy = site.package("slow", archived_days_ago=10)
+    assert site.deletion_order() == [copy]
+    op = site.db.read(lambda s: s.scalar(select(Operation.id).where(Operation.physical_copy_id == copy)))
+    marker = tmp_path / "deleting"
+    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", f'[{{"point": "deletion.delete", "action": "pause", '
+                                                f'"seconds": 3, "marker": "{marker}"}}]')
+    monkeypatch.setattr(faults, "_fired", {})  # hook counters of earlier tests in this process
+    results: list[Outcome] = []
+    first = threading.Thread(target=lambda: results.append(execute_operation(site.ctx, op, "deleter-1")))
+    first.start()
+    while not marker.exists():
+        assert first.is_alive()
+        threading.Event().wait(0.02)
+    threading.Event().wait(2.5)  # longer than the lease: only the heartbeat keeps it
+    second = execute_operation(site.ctx, op, "deleter-2")
+    first.join(30)
+    assert second is Outcome.SKIPPED
+    assert results == [Outcome.COMPLETED]
+    row = site.db.read(lambda s: s.get(Operation, op))
+    assert (row.status, row.attempt, row.stall_count) == ("COMPLETED", 1, 0)
+    assert _copy(site, copy).status == "deleted"
+    assert not (site.settings.location_path("fyst-buffer") / "raw/slow.tar").exists()
+    assert execute_operation(site.ctx, op, "deleter-3") is Outcome.SKIPPED
