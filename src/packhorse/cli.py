@@ -166,7 +166,8 @@ class _Progress:
                              total=(r["files"]["bytes"] * len(lta)) // (1 << 20) or None, extra="MiB")
 
 
-def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
+def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
+    """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``)."""
     from . import logs
     from .executors.local import LocalRunner
 
@@ -210,7 +211,7 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
         health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)
-    return time.monotonic() - start
+    return time.monotonic() - start, (stopped_by[0] if stopped_by else None)
 
 
 @app.command()
@@ -223,11 +224,16 @@ def run(
     ctx = _context(config)
     if ctx.settings.executor.kind != "local":
         raise _fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
-                    "mode (one process, a local thread pool). For the distributed mode start "
+                    "mode (worker processes on this machine). For the distributed mode start "
                     "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
                     "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
-    elapsed = _run(ctx, until_idle=until_idle, quiet=quiet)
+    elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet)
     code = _exit_code_after_run(ctx)
+    if until_idle and signum is not None and code == EXIT_OK:
+        # stopped before it was idle: a cron job must not take that for "all done"
+        print(f"packhorse run: interrupted by signal {signum} after {elapsed:.1f} s, before the work was done",
+              file=sys.stderr)
+        raise typer.Exit(128 + signum)
     if not quiet:
         print(f"packhorse run: finished in {elapsed:.1f} s", file=sys.stderr)
     raise typer.Exit(code)
@@ -383,8 +389,11 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = StageContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
-    elapsed = _run(ctx, until_idle=True, quiet=quiet)
+    elapsed, signum = _run(ctx, until_idle=True, quiet=quiet)
     code = _exit_code_after_run(ctx)
+    if signum is not None and code == EXIT_OK:
+        print(f"packhorse demo: interrupted by signal {signum}", file=sys.stderr)
+        raise typer.Exit(128 + signum)
     v = verify_copies(ctx)
     r = status_report(ctx)
     mb = r["files"]["bytes"] / 1e6

@@ -51,3 +51,32 @@ def test_a_stop_signal_to_the_process_group_lets_running_operations_finish(tmp_p
     assert run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet").returncode == 0
     status = json.loads(run_packhorse("status", "-c", str(cfg), "--json").stdout)
     assert status["packages"] == {"total": 3, "archived": 3, "failed": 0}
+
+
+def test_run_until_idle_stopped_by_a_signal_does_not_exit_0(tmp_path: Path) -> None:
+    # cron must be able to tell an interrupted run from a finished one
+    site = tmp_path / "site"
+    cfg = write_site_config(site)
+    p = site / "source" / "cam" / "obs0" / "frame.fits"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(os.urandom(100_000))
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    marker = tmp_path / "archiving"
+    faults = [{"point": "long_term_archive.writing", "action": "pause", "seconds": 1.0, "marker": str(marker),
+               "times": 1}]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_FAULTS": json.dumps(faults)}
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(cfg), "--until-idle", "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no archive write started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err.decode(errors="replace")
+    assert b"interrupted by signal 15" in err
+    assert run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet").returncode == 0
