@@ -72,12 +72,12 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
         if op_id in exclude:
             continue
 
-        def tx(s: Session, op_id: int = op_id, status: str = status, attempt: int = attempt) -> bool:
+        def tx(s: Session, op_id: int = op_id, status: str = status, attempt: int = attempt) -> tuple[str, int] | None:
             t = utcnow()
             op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.status == status,
                                                    Operation.attempt == attempt, _orphans(floor, t))).first()
             if op is None:
-                return False  # claimed or moved on meanwhile
+                return None  # claimed or moved on meanwhile
             if op.reconcile_count >= rec.reconcile_max_resets:
                 enqueue(s, level=NotificationLevel.ERROR, event="reconcile_cap",
                         subject=f"Reconciler gave up on {op.kind} {op.id} after {op.reconcile_count} re-dispatches",
@@ -89,14 +89,16 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
                                  "reconcile_count": op.reconcile_count},
                         operation_kind=op.kind, operation_id=op.id,
                         cooldown_seconds=rec.notification_cooldown_seconds, now=t)
-                return False
+                return None
+            kind, count = op.kind, op.reconcile_count + 1
             s.execute(update(Operation).where(Operation.id == op_id).values(
                 status=Status.PENDING.value, reconcile_count=Operation.reconcile_count + 1, lease_owner=None,
                 lease_expires_at=None, not_before=None, updated_at=t))
-            log.warning("reconciler_redispatched", operation_kind=op.kind, operation_id=op.id, previous_status=status,
-                        reconcile_count=op.reconcile_count + 1, floor_seconds=floor)
-            return True
+            return kind, count
 
-        if db.transact(tx):
+        reset = db.transact(tx)
+        if reset is not None:  # logged once the reset is committed
+            log.warning("reconciler_redispatched", operation_kind=reset[0], operation_id=op_id,
+                        previous_status=status, reconcile_count=reset[1], floor_seconds=floor)
             done.append(op_id)
     return done
