@@ -22,6 +22,7 @@ else is pending) and stops when the only work left waits on a retention period o
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import select as select_module
 import signal
@@ -107,6 +108,24 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
 
 
+def _start_forkserver() -> None:
+    """Start multiprocessing's fork server (the parent of the worker processes) with SIGINT and
+    SIGTERM ignored, if this is the main thread and it is not running yet: a stop signal sent
+    to ``packhorse run``'s whole process group (systemd, a terminal) must reach the run alone,
+    which lets running operations finish; a fork server killed by it would break the pool under
+    them. Ignored dispositions survive the fork server's exec; its children inherit them."""
+    multiprocessing.set_forkserver_preload([__name__])  # workers fork with packhorse already imported
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def _run_in_worker_process(op_id: int) -> Outcome:
     assert _process_ctx is not None, "worker process not initialized"
     return execute_operation(_process_ctx, op_id, f"{worker_identity()}:{threading.current_thread().name}")
@@ -170,7 +189,7 @@ class LocalRunner:
         if self.settings.executor.pool == "thread":
             return ThreadPoolExecutor(self.workers, thread_name_prefix="worker")
         mp = multiprocessing.get_context("forkserver")
-        mp.set_forkserver_preload([__name__])  # workers fork with packhorse already imported
+        _start_forkserver()
         return ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker_process,
                                    initargs=(self.settings, self.ctx.topology, logs.current_config(), os.getpid()))
 
@@ -314,6 +333,8 @@ class LocalRunner:
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
         """Run until stopped (or, with ``until_idle``, until no work can become runnable)."""
+        if self.settings.executor.pool == "process":
+            _start_forkserver()  # from the main thread, before any signal handler matters
         poll = self.settings.managers.poll_interval_seconds
         monitor_every = self.settings.recovery.monitor_interval_seconds
         next_scan = 0.0
