@@ -26,6 +26,7 @@ from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, Stora
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
 from ..operations import reset_stalled, worker_identity
+from ..runtime_settings import RuntimeSettings
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
 from ..worker import Outcome, execute_operation
@@ -59,6 +60,8 @@ class LocalRunner:
         self._lock = threading.Lock()
         self._owner = worker_identity()
         self._swept = False
+        #: poll intervals and log level changed at run time (``packhorse config set``, issue #6)
+        self.runtime = RuntimeSettings(ctx.db, ctx.settings)
         #: operations finished so far (an idle check is only valid if none finished since the
         #: managers last looked at the database)
         self.finished = 0
@@ -163,23 +166,24 @@ class LocalRunner:
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
         """Run until stopped (or, with ``until_idle``, until no work can become runnable)."""
-        poll = self.settings.managers.poll_interval_seconds
-        monitor_every = self.settings.recovery.monitor_interval_seconds
-        next_scan = 0.0
-        next_monitor = 0.0
+        rt = self.runtime
+        last_scan = last_monitor = float("-inf")
+        monitor_due: float | None = None  # an earlier monitor pass (lease about to expire)
         scan = ScanResult()
         flush = False
         last_manage = manage_cost = 0.0
         try:
             while not self.stop_requested.is_set():
+                rt.refresh()
+                poll = rt.poll_interval_seconds
                 now = time.monotonic()
-                if now >= next_monitor:
+                if now >= last_monitor + rt.monitor_interval_seconds or (monitor_due is not None and now >= monitor_due):
                     self.recover()
-                    next_monitor = now + monitor_every
+                    last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
-                if now >= next_scan or settle_due:
+                if now >= last_scan + poll or settle_due:
                     scan = scan_all(self.ctx, self.hash_pool)
-                    next_scan = time.monotonic() + poll
+                    last_scan = time.monotonic()
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
                 # cycle; the gap is twice the last cycle's cost, so managers never take more
@@ -220,12 +224,15 @@ class LocalRunner:
                             continue
                     elif not running and not dispatched and soon is not None:
                         timeout = min(timeout, soon + 0.05)
-                        next_monitor = min(next_monitor, time.monotonic() + soon + 0.05)
+                        due = time.monotonic() + soon + 0.05
+                        monitor_due = due if monitor_due is None else min(monitor_due, due)
                     if bundle_wait is not None:
                         timeout = min(timeout, bundle_wait + 0.05)
                 if self.on_tick:
                     timeout = min(timeout, 0.5)
-                self.wake.wait(timeout)
+                # wake for the next runtime-settings read: a shorter poll interval set meanwhile
+                # applies within managers.runtime_settings_refresh_seconds
+                self.wake.wait(min(timeout, rt.seconds_until_refresh() + 0.01))
         finally:
             self.pool.shutdown(wait=True, cancel_futures=False)
             self.hash_pool.shutdown(wait=True)
