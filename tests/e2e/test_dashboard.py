@@ -1,0 +1,111 @@
+"""The web dashboard in headless Chromium (Debian's ``chromium`` driven by Playwright; issue #6):
+load the page, see the stuck operations as an observer (no controls, no error text), then as
+an admin diagnose one, run a live check, reset it, and see it move to COMPLETED. Screenshots
+of every step go to ``test-artifacts/dashboard/`` (or ``$PACKHORSE_TEST_ARTIFACTS``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from api_support import ERROR_TEXT, failed_installation, fix_installation
+from support import SRC, run_packhorse
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(os.environ.get("PACKHORSE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")) / "dashboard"
+
+
+def _need_browser() -> None:
+    why = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        why = "playwright is not installed (pip install -e '.[test]')"
+    if why is None and CHROMIUM is None:
+        why = "Debian's chromium is not installed (apt-get install chromium)"
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    """A fixed installation with two FAILED transfers, served by ``packhorse run --api``."""
+    _need_browser()
+    cfg = fix_installation(failed_installation(tmp_path / "site"))
+    tokens = {role: run_packhorse("token", "create", "--role", role, "--name", role, "-c", str(cfg)).stdout.splitlines()[-1]
+              for role in ("observer", "admin")}
+    log_path = tmp_path / "run.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(SRC)})
+    deadline = time.monotonic() + 60
+    port = None
+    while port is None and time.monotonic() < deadline and proc.poll() is None:
+        m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", log_path.read_text())
+        port = int(m.group(1)) if m else time.sleep(0.1)
+    assert port, log_path.read_text()
+    yield f"http://127.0.0.1:{port}", tokens
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    base, tokens = served
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(30_000)
+        page.goto(f"{base}/?refresh=0.5")
+        expect(page.get_by_test_id("notice")).to_contain_text("Enter an API token")
+        page.screenshot(path=str(ARTIFACTS / "1-no-token.png"), full_page=True)
+
+        # observer: sees the two FAILED transfers, no controls, no error text
+        page.fill("#token", tokens["observer"])
+        page.click("#token-use")
+        expect(page.get_by_test_id("whoami")).to_contain_text("observer")
+        rows = page.locator("[data-testid^='op-transfer-']")
+        expect(rows).to_have_count(2)
+        expect(rows.first.get_by_test_id("status")).to_have_text("FAILED")
+        expect(page.get_by_test_id("diagnose")).to_have_count(0)
+        expect(page.get_by_test_id("reset")).to_have_count(0)
+        assert ERROR_TEXT not in page.content() and "TransferCommandError" not in page.content()
+        page.screenshot(path=str(ARTIFACTS / "2-observer.png"), full_page=True)
+
+        # admin: diagnose the first, live check, reset, watch it complete
+        page.fill("#token", tokens["admin"])
+        page.click("#token-use")
+        expect(page.get_by_test_id("whoami")).to_contain_text("admin")
+        row = rows.first
+        op_id = row.get_attribute("data-testid").rsplit("-", 1)[-1]  # type: ignore[union-attr]
+        row.get_by_test_id("diagnose").click()
+        expect(page.get_by_test_id("diagnosis")).to_contain_text("transfer command failed")
+        expect(page.get_by_test_id("events").locator("summary")).to_contain_text("TransferCommandError")
+        page.get_by_test_id("report-live").click()
+        expect(page.get_by_test_id("live-result")).to_contain_text("fyst-buffer")
+        page.screenshot(path=str(ARTIFACTS / "3-diagnosis.png"), full_page=True)
+        page.get_by_test_id("report-reset").click()
+        expect(page.get_by_test_id("report-action")).to_contain_text("reset 1 operation(s) to PENDING")
+        expect(page.locator("#report-title")).to_contain_text("COMPLETED", timeout=60_000)
+        expect(page.locator(f"[data-testid='op-transfer-{op_id}']")).to_have_count(0)
+        expect(rows).to_have_count(1)
+        page.screenshot(path=str(ARTIFACTS / "4-after-reset.png"), full_page=True)
+        browser.close()
+    assert (ARTIFACTS / "4-after-reset.png").stat().st_size > 0
