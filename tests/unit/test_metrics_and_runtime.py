@@ -28,7 +28,7 @@ def _samples(db) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def test_metrics_count_operations_stalls_queue_bytes_and_durations(empty_db) -> None:
+def _populate(empty_db) -> None:
     now = utcnow()
     from packhorse.db.models import Site
 
@@ -49,6 +49,10 @@ def test_metrics_count_operations_stalls_queue_bytes_and_durations(empty_db) -> 
         ])
 
     empty_db.transact(tx)
+
+
+def test_metrics_count_operations_stalls_queue_bytes_and_durations(empty_db) -> None:
+    _populate(empty_db)
     m = _samples(empty_db)
     assert m[("packhorse_database_up", ())] == 1
     assert m[("packhorse_operations", (("kind", "transfer"), ("status", "COMPLETED")))] == 2
@@ -103,3 +107,18 @@ def test_a_runtime_log_level_is_applied_to_the_running_process(tmp_path: Path, e
     assert "shown_after" in err and "hidden_before" not in err
     logs.configure("WARNING")
     logging.getLogger().setLevel(logging.WARNING)
+
+
+def test_every_metric_of_the_grafana_dashboard_is_exported(empty_db) -> None:
+    import json
+    import re
+
+    _populate(empty_db)
+    exported = set()
+    for fam in text_string_to_metric_families(render(registry_for(empty_db)).decode()):
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(fam.type, [""])
+        exported |= {fam.name + x for x in suffixes}
+    dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"packhorse_[a-z_]+", t["expr"])}
+    assert len(used) >= 8
+    assert used <= exported, used - exported
