@@ -78,3 +78,42 @@ def api_for(cfg: Path) -> Api:
     admin = create_token(db, name="test-admin", role="admin", created_by="test")
     observer = create_token(db, name="test-observer", role="observer", created_by="test")
     return Api(TestClient(app), admin, observer)
+
+
+def start_serving(args: list[str], log_path: Path, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    """Start ``packhorse ARGS`` (``api --port 0`` or ``run --api --api-port 0``) in a subprocess
+    with stderr in ``log_path``; returns ``(process, base URL)`` once it is listening."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from support import SRC
+
+    log = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", *args], stdout=subprocess.DEVNULL, stderr=log,
+                            env={**os.environ, "PYTHONPATH": str(SRC)})
+    log.close()
+    deadline = time.monotonic() + timeout
+    while not (m := re.search(r"serving on (http://127\.0\.0\.1:\d+)", log_path.read_text())):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise AssertionError(f"packhorse {' '.join(args)} did not start serving:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return proc, m.group(1)
+
+
+def stop(proc) -> int:  # type: ignore[no-untyped-def]
+    """SIGTERM the process and wait for it (kill after 60 s); returns its exit code."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return int(proc.wait(timeout=60))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -9

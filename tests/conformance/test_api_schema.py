@@ -4,8 +4,6 @@ token — and checks that no response is a 5xx and every response matches its do
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings

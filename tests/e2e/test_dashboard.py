@@ -6,18 +6,13 @@ of every step go to ``test-artifacts/dashboard/`` (or ``$PACKHORSE_TEST_ARTIFACT
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from api_support import ERROR_TEXT, failed_installation, fix_installation
-from support import SRC, run_packhorse
+from api_support import ERROR_TEXT, failed_installation, fix_installation, start_serving, stop
+from support import run_packhorse
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("PACKHORSE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")) / "dashboard"
@@ -44,24 +39,9 @@ def served(tmp_path: Path):
     cfg = fix_installation(failed_installation(tmp_path / "site"))
     tokens = {role: run_packhorse("token", "create", "--role", role, "--name", role, "-c", str(cfg)).stdout.splitlines()[-1]
               for role in ("observer", "admin")}
-    log_path = tmp_path / "run.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(SRC)})
-    deadline = time.monotonic() + 60
-    port = None
-    while port is None and time.monotonic() < deadline and proc.poll() is None:
-        m = re.search(r"serving on http://127\.0\.0\.1:(\d+)", log_path.read_text())
-        port = int(m.group(1)) if m else time.sleep(0.1)
-    assert port, log_path.read_text()
-    yield f"http://127.0.0.1:{port}", tokens
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+    proc, base = start_serving(["run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"], tmp_path / "run.log")
+    yield base, tokens
+    stop(proc)
 
 
 def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> None:

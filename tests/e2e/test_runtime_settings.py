@@ -5,17 +5,13 @@ up within ``managers.runtime_settings_refresh_seconds``; the embedded API serves
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from support import SRC, run_packhorse, write_site_config
+from api_support import start_serving, stop
+from support import run_packhorse, write_site_config
 
 REFRESH = 0.5
 
@@ -44,13 +40,8 @@ def test_a_shorter_poll_interval_set_at_run_time_is_picked_up_without_restart(tm
     (site / "source" / "cam" / "obs1" / "a.dat").write_bytes(b"first")
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     token = run_packhorse("token", "create", "--role", "observer", "--name", "t", "-c", str(cfg)).stdout.splitlines()[-1]
-    log = (tmp_path / "run.log").open("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(SRC)})
+    proc, base = start_serving(["run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"], tmp_path / "run.log")
     try:
-        port = _wait(lambda: (m := re.search(r"serving on http://127\.0\.0\.1:(\d+)", (tmp_path / "run.log").read_text()))
-                     and int(m.group(1)), 60, "the embedded API")
-        base = f"http://127.0.0.1:{port}"
         _wait(lambda: _archived(cfg) == 1, 120, "the first package to be archived")
         metrics = httpx.get(f"{base}/metrics").text
         assert 'packhorse_operations{kind="long_term_archive",status="COMPLETED"} 2.0' in metrics
@@ -79,11 +70,5 @@ def test_a_shorter_poll_interval_set_at_run_time_is_picked_up_without_restart(tm
         assert changes == [("managers.colour", "refused"), ("managers.poll_interval_seconds", "refused"),
                            ("managers.poll_interval_seconds", "ok")]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-    assert proc.returncode == 0, (tmp_path / "run.log").read_text()[-3000:]
+        code = stop(proc)
+    assert code == 0, (tmp_path / "run.log").read_text()[-3000:]

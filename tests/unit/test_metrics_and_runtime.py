@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from packhorse import audit
 from packhorse.config import load_config
 from packhorse.db.models import Operation, utcnow
-from packhorse.domain import OperationKind
 from packhorse.metrics import registry_for, render
 from packhorse.runtime_settings import RuntimeSettingError, RuntimeSettings, set_setting, unset_setting
 from support import write_site_config
