@@ -197,8 +197,9 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
     """The cause-oriented diagnosis of an operation and where it came from.
 
     Returns:
-        ``(diagnosis, source)``; ``source`` is ``"db"`` (derived from the database state),
-        ``"boundary"`` (the error carried it) or ``"boundary+db"``.
+        ``(diagnosis, source)``; ``source`` is ``"db"`` (derived from the database state now),
+        the failure's recorded ``diagnosis_source`` (``"boundary"``: the error carried it,
+        ``"auto-db"``: derived when it failed), or that source ``+db`` when both contribute.
     """
     now = now or utcnow()
     last = events[0] if events else None
@@ -251,7 +252,10 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
     if causes and etype not in MISSING_ERRORS:
         line += "; also: " + "; ".join(causes)
     if boundary:
-        return f"{boundary} — {line}", "boundary+db"
+        recorded = ctx.get("diagnosis_source") or "boundary"
+        if etype in MISSING_ERRORS:  # the recorded diagnosis already names the cause
+            return boundary, recorded
+        return f"{boundary} — {line}", f"{recorded}+db"
     return line, "db"
 
 

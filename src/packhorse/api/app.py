@@ -15,6 +15,7 @@ Build with :func:`create_app`; serve with ``packhorse api`` or ``packhorse run -
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -47,7 +48,7 @@ from ..errors import TransientDatabaseError
 from ..metrics import registry_for, render
 from ..operations import ResetRefusedError
 from ..overview import location_usage, pipeline_overview
-from ..runtime_settings import RuntimeSettingError, describe, set_setting, unset_setting
+from ..runtime_settings import RuntimeSettingError, RuntimeSettings, describe, set_setting, unset_setting
 from ..stages.base import StageContext
 from ..topology import sync_topology
 from . import schemas as m
@@ -135,10 +136,20 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: StageCont
         ctx = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
     db = ctx.db
     checks = ThreadPoolExecutor(2, thread_name_prefix="live-check")
+    runtime = RuntimeSettings(db, settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+
+        def follow_runtime_settings() -> None:  # a changed log_level applies to this process too
+            while not stop.is_set():
+                runtime.refresh()
+                stop.wait(runtime.seconds_until_refresh() + 0.01)
+
+        threading.Thread(target=follow_runtime_settings, name="runtime-settings", daemon=True).start()
         yield
+        stop.set()
         checks.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan,
