@@ -580,7 +580,8 @@ def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @token_app.command("revoke")
-def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None) -> None:
+def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None,
+                 as_json: JsonOpt = False) -> None:
     """Revoke a token: it is refused from the next request on."""
     from . import audit
     from .api.tokens import TokenError, revoke_token
@@ -593,12 +594,15 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
                      message=str(e))
         raise _fail(str(e), EXIT_PROBLEM) from None
     audit.record(ctx.db, actor=audit.cli_actor(), action="token.revoke", target=name)
-    print(f"revoked token {name!r}")
+    if as_json:
+        _print_json({"revoked": name})
+    else:
+        print(f"revoked token {name!r}")
 
 
 @config_app.command("set")
 def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
-               value: Annotated[str, typer.Argument()], config: ConfigOpt = None) -> None:
+               value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Change a runtime setting; running services pick it up within a minute (audited)."""
     from . import audit
     from .runtime_settings import RuntimeSettingError, set_setting
@@ -608,12 +612,15 @@ def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_inter
         v = set_setting(ctx.db, key, value, actor=audit.cli_actor())
     except RuntimeSettingError as e:
         raise _fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        _print_json({"key": key, "value": v})
+        return
     print(f"{key} = {v} (running services pick it up within "
           f"{ctx.settings.managers.runtime_settings_refresh_seconds:g} s)")
 
 
 @config_app.command("unset")
-def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None) -> None:
+def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Drop a runtime override: the configuration file's value applies again (audited)."""
     from . import audit
     from .runtime_settings import RuntimeSettingError, unset_setting
@@ -623,6 +630,9 @@ def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None
         existed = unset_setting(ctx.db, key, actor=audit.cli_actor())
     except RuntimeSettingError as e:
         raise _fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        _print_json({"key": key, "removed": existed})
+        return
     print(f"{key}: {'override removed' if existed else 'had no override'}; the configuration file's value applies")
 
 
