@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
+import socket
 from typing import Any
 
 from sqlalchemy import delete, or_, select, update
@@ -347,8 +348,9 @@ def live_check(ctx: StageContext, kind: OperationKind, operation_id: int) -> dic
     Returns:
         ``{"checked": [{"location", "storage", "ok", "error", "objects": [{"path",
         "expected_size", "exists", "size", "ok"}]}], "skipped": [{"location", "storage",
-        "reason"}], "checked_at": ISO}``. A location whose root cannot be read is listed with
-        its ``error`` and ``ok = false``.
+        "reason"}], "host", "checked_at": ISO}``. A location whose root cannot be read is listed with
+        its ``error`` and ``ok = false``; ``host`` is where the check ran (the API's host: a
+        location not mounted there is reported unreachable, not missing).
 
     Raises:
         UnknownOperationError: no such operation.
@@ -370,6 +372,11 @@ def live_check(ctx: StageContext, kind: OperationKind, operation_id: int) -> dic
                             "reason": f"{kind_word} is not filesystem-checkable"})
             continue
         entry: dict[str, Any] = {"location": loc, "storage": cfg.storage.value, "ok": True, "error": None, "objects": []}
+        root = ctx.settings.location_path(loc)
+        if not root.is_dir():  # not mounted here: "missing" would be a false alarm
+            entry["ok"], entry["error"] = False, f"the location's root {root} is not reachable from {socket.gethostname()}"
+            checked.append(entry)
+            continue
         try:
             backend = ctx.backend(loc)
             for key, size in objects:
@@ -381,7 +388,7 @@ def live_check(ctx: StageContext, kind: OperationKind, operation_id: int) -> dic
         except Exception as e:  # unreachable mount, unsafe key: report it for this location
             entry["ok"], entry["error"] = False, f"{type(e).__name__}: {e}"
         checked.append(entry)
-    return {"checked": checked, "skipped": skipped, "checked_at": utcnow().isoformat()}
+    return {"checked": checked, "skipped": skipped, "host": socket.gethostname(), "checked_at": utcnow().isoformat()}
 
 
 def _purge_expired(s: Session, now: dt.datetime) -> None:

@@ -100,13 +100,16 @@ def test_a_stalled_operation_is_diagnosed_as_stalled(tmp_path: Path, empty_db) -
 def test_the_live_check_skips_object_storage_and_finds_missing_files(tmp_path: Path, empty_db) -> None:
     ctx = _ctx(tmp_path, empty_db)
     ids = _world(ctx)
+    unmounted = live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]
+    assert unmounted[0]["location"] == "cologne-lta" and "is not reachable from" in unmounted[0]["error"]
+    ctx.settings.location_path("cologne-lta").mkdir(parents=True)
     res = live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])
     assert res["skipped"] == [{"location": "cologne-s3", "storage": "s3", "reason": "object storage is not filesystem-checkable"}]
     checked = {c["location"]: c for c in res["checked"]}
     assert checked["cologne-lta"]["objects"] == [{"path": "raw/cam/obs1.tar", "expected_size": 20, "exists": False,
                                                   "size": None, "ok": False}]
     target = ctx.settings.location_path("cologne-lta") / "raw" / "cam" / "obs1.tar"
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"x" * 20)
     again = {c["location"]: c for c in live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]}
     assert again["cologne-lta"]["ok"] is True
