@@ -24,7 +24,8 @@ def _package_and_location():  # type: ignore[no-untyped-def]
     rp, dp, pc = aliased(RawDataPackage), aliased(DataTransferPackage), aliased(PhysicalCopy)
     rp2, dp2, loc = aliased(RawDataPackage), aliased(DataTransferPackage), aliased(DataLocation)
     package = func.coalesce(rp.name, dp.name, rp2.name, dp2.name)
-    loc_id = func.coalesce(Operation.destination_location_id, Operation.source_location_id)
+    # where the work happens: the destination, else the source, else (deletions) the copy's location
+    loc_id = func.coalesce(Operation.destination_location_id, Operation.source_location_id, pc.location_id)
 
     def join(q):  # type: ignore[no-untyped-def]
         return (q.outerjoin(rp, rp.id == Operation.raw_data_package_id)

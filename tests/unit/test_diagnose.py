@@ -113,3 +113,14 @@ def test_the_live_check_skips_object_storage_and_finds_missing_files(tmp_path: P
     target.write_bytes(b"x" * 20)
     again = {c["location"]: c for c in live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]}
     assert again["cologne-lta"]["ok"] is True
+
+
+def test_the_overview_places_a_deletion_at_its_copy_location(tmp_path: Path, empty_db) -> None:
+    from packhorse.overview import pipeline_overview
+
+    ids = _world(_ctx(tmp_path, empty_db))
+    counts = empty_db.read(lambda s: pipeline_overview(s))["counts"]
+    assert {"kind": "deletion", "location": "fyst-buffer", "status": "COMPLETED", "count": 1} in counts
+    ops = empty_db.read(lambda s: pipeline_overview(s))["operations"]
+    assert [(o["operation_id"], o["status"], o["stalled"]) for o in ops] == [
+        (ids["transfer"], "FAILED", False), (ids["archive"], "IN_PROGRESS", True)]
