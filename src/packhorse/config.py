@@ -43,10 +43,16 @@ class DatabaseConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    """``[executor]``: where operations run. ``workers`` is the local thread pool size."""
+    """``[executor]``: where operations run.
+
+    ``workers``: operations run at once by ``packhorse run``. ``pool``: ``"process"`` (default;
+    one worker process each, every core used) or ``"thread"`` (threads of the ``run``
+    process; for debugging).
+    """
 
     kind: Literal["local", "celery"] = "local"
     workers: int = Field(4, ge=1, le=256)
+    pool: Literal["process", "thread"] = "process"
     broker_url: str | None = None
     visibility_timeout_seconds: float = Field(3600.0, gt=0)
 

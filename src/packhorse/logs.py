@@ -11,6 +11,14 @@ import sys
 import structlog
 
 
+_current: dict[str, object] = {"level": "INFO", "json": None}
+
+
+def current_config() -> dict[str, object]:
+    """The arguments of the last :func:`configure` call (worker processes copy them)."""
+    return dict(_current)
+
+
 def configure(level: str = "INFO", *, json: bool | None = None) -> None:
     """Configure structlog and the standard logging module.
 
@@ -18,6 +26,7 @@ def configure(level: str = "INFO", *, json: bool | None = None) -> None:
         level: ``DEBUG``/``INFO``/``WARNING``/``ERROR``.
         json: JSON lines; default: JSON unless stderr is a terminal.
     """
+    _current.update(level=level, json=json)
     lvl = getattr(logging, level.upper(), logging.INFO)
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)

@@ -62,6 +62,16 @@ def _archived_payloads(lta: Path) -> dict[str, str]:
     return out
 
 
+def _archive_heartbeats(cfg) -> dict[int, object]:
+    ctx = context(cfg)
+    try:
+        with ctx.db.session() as s:
+            return {o.id: o.heartbeat_at for o in s.scalars(select(Operation).where(
+                Operation.kind == OperationKind.LONG_TERM_ARCHIVE.value, Operation.status == Status.IN_PROGRESS.value))}
+    finally:
+        ctx.db.dispose()
+
+
 @pytest.mark.slow
 def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
     cfg = site_config()
@@ -84,6 +94,12 @@ def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+    # the run's worker processes died with it: nobody renews the paused writer's lease any more
+    # (heartbeats every 0.3 s in this configuration)
+    time.sleep(1.0)
+    beats = _archive_heartbeats(cfg)
+    time.sleep(1.5)
+    assert _archive_heartbeats(cfg) == beats
 
     rerun = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet")
     assert rerun.returncode == 0, rerun.stderr

@@ -122,7 +122,6 @@ def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) 
         return Outcome.SKIPPED
 
     runner._run_one = run_one  # type: ignore[method-assign]
-    runner.pool.shutdown()
     runner.pool = ThreadPoolExecutor(1)  # one thread: runs in submission (dispatch) order
     try:
         assert runner.dispatch() == len(BUILT_KINDS)

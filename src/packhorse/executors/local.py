@@ -1,4 +1,11 @@
-"""Embedded mode: managers, a local thread pool of workers and lease recovery in one process.
+"""Embedded mode: managers, a local pool of worker processes and lease recovery, one command.
+
+Operations run in ``[executor] workers`` worker processes (``pool = "process"``, the default):
+each has its own database engine and runs :func:`~packhorse.worker.execute_operation`, so
+packaging, unpacking and the database work of many small operations use every core instead
+of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of this process
+(debugging, tests that replace the stage). Worker processes die with ``packhorse run``: a
+SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 
 :class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
 managers in pipeline order, reset stalled leases (every monitor interval), dispatch runnable
@@ -12,16 +19,24 @@ else is pending) and stops when the only work left waits on a retention period o
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import select as select_module
+import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from .. import logs
+from ..config import Settings
 from ..db.models import Operation, utcnow
+from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
@@ -29,6 +44,7 @@ from ..operations import reset_stalled, worker_identity
 from ..runtime_settings import RuntimeSettings
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
+from ..topology import Topology
 from ..worker import Outcome, execute_operation
 
 log = structlog.get_logger(__name__)
@@ -38,8 +54,59 @@ PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKi
             OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE]
 
 
+# ------------------------------------------------------------------------------ worker processes
+
+#: the stage context of a worker process (set by :func:`_init_worker_process`)
+_process_ctx: StageContext | None = None
+
+
+def _die_with(parent_pid: int) -> None:
+    """Kill this process (SIGKILL) the moment process ``parent_pid`` exits, as if it had been
+    killed together with it: a SIGKILLed ``packhorse run`` must not leave workers writing on.
+    (The pool's processes are children of the forkserver, and hold its liveness pipe open
+    themselves, so neither ``PR_SET_PDEATHSIG`` nor the forkserver notices.) Linux pidfd."""
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+    except (OSError, AttributeError):  # no pidfd (not Linux ≥ 5.3): poll instead
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select_module.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(parent_pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _init_worker_process(settings: Settings, topology: Topology, log_config: dict[str, object],
+                         parent_pid: int) -> None:
+    """Set up one worker process: its own database engine (never one inherited across a fork;
+    DESIGN.md "Architecture"), the parent's logging, death with the parent (:func:`_die_with`).
+    Ctrl-C goes to the parent, which lets running operations finish."""
+    global _process_ctx
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent_pid)
+    logs.configure(**log_config)  # type: ignore[arg-type]
+    _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
+
+
+def _run_in_worker_process(op_id: int) -> Outcome:
+    assert _process_ctx is not None, "worker process not initialized"
+    return execute_operation(_process_ctx, op_id, f"{worker_identity()}:{threading.current_thread().name}")
+
+
 class LocalRunner:
-    """Runs the whole pipeline in this process.
+    """Runs the whole pipeline from this process (operations in its worker pool).
 
     Args:
         ctx: the stage context (settings, database, topology).
@@ -50,7 +117,7 @@ class LocalRunner:
         self.ctx = ctx
         self.settings = ctx.settings
         self.workers = ctx.settings.executor.workers
-        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="worker")
+        self._pool: Executor | None = None  # made on first use (tests build runners without one)
         self.hash_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="scan")
         self.in_flight: dict[int, Future[Outcome]] = {}
         self.wake = threading.Event()
@@ -67,6 +134,31 @@ class LocalRunner:
         self.finished = 0
 
     # -- pieces ----------------------------------------------------------------------
+    @property
+    def pool(self) -> Executor:
+        """The worker pool: ``[executor] workers`` processes (or threads with ``pool = "thread"``)."""
+        if self._pool is None:
+            self._pool = self._new_pool()
+        return self._pool
+
+    @pool.setter
+    def pool(self, value: Executor) -> None:
+        self._pool = value
+
+    def _discard_broken_pool(self) -> None:
+        pool = self._pool
+        if isinstance(pool, ProcessPoolExecutor) and getattr(pool, "_broken", False):
+            self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _new_pool(self) -> Executor:
+        if self.settings.executor.pool == "thread":
+            return ThreadPoolExecutor(self.workers, thread_name_prefix="worker")
+        mp = multiprocessing.get_context("forkserver")
+        mp.set_forkserver_preload([__name__])  # workers fork with packhorse already imported
+        return ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker_process,
+                                   initargs=(self.settings, self.ctx.topology, logs.current_config(), os.getpid()))
+
     def _done(self, op_id: int, fut: Future[Outcome]) -> None:
         outcome: Outcome | None = None
         with self._lock:
@@ -75,6 +167,12 @@ class LocalRunner:
             try:
                 outcome = fut.result()
                 self.outcomes[outcome] += 1
+            except BrokenProcessPool as e:
+                # a worker process died (killed, out of memory): its operation stays IN_PROGRESS
+                # until its lease expires and lease recovery hands it out again; operations
+                # queued behind it are still SCHEDULED and are dispatched to a new pool
+                log.error("worker_process_died", operation_id=op_id, error=repr(e))
+                self._discard_broken_pool()
             except Exception as e:  # a bug or a database outage outside the failure path
                 log.error("operation_crashed", operation_id=op_id, error=repr(e))
         # keep the pool busy: the freed worker slot takes the next runnable operation at once,
@@ -86,6 +184,11 @@ class LocalRunner:
             except Exception as e:  # the main loop dispatches again anyway
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
+
+    def _submit(self, op_id: int) -> Future[Outcome]:
+        if isinstance(self.pool, ProcessPoolExecutor):
+            return self.pool.submit(_run_in_worker_process, op_id)
+        return self.pool.submit(self._run_one, op_id)
 
     def _run_one(self, op_id: int) -> Outcome:
         return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
@@ -117,7 +220,11 @@ class LocalRunner:
         ids = self.ctx.db.transact(tx)
         for op_id in ids:
             with self._lock:
-                fut = self.pool.submit(self._run_one, op_id)
+                try:
+                    fut = self._submit(op_id)
+                except BrokenProcessPool:
+                    self._discard_broken_pool()
+                    fut = self._submit(op_id)
                 self.in_flight[op_id] = fut
             fut.add_done_callback(lambda f, i=op_id: self._done(i, f))
         return len(ids)
@@ -234,7 +341,8 @@ class LocalRunner:
                 # applies within managers.runtime_settings_refresh_seconds
                 self.wake.wait(min(timeout, rt.seconds_until_refresh() + 0.01))
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=False)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=False)
             self.hash_pool.shutdown(wait=True)
             if self.on_tick:
                 self.on_tick()
