@@ -192,7 +192,7 @@ class RuntimeSettings:
         if level and level != self._applied_level:
             from . import logs
 
-            logs.configure(level)
+            logs.configure(level, json=logs.current_config().get("json"))  # type: ignore[arg-type]
             self._applied_level = level
         return True
 

@@ -98,10 +98,18 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
     _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
+    global _process_runtime
+    _process_runtime = RuntimeSettings(_process_ctx.db, settings)
+
+
+#: runtime settings of a worker process (a changed log_level applies here too; issue #6)
+_process_runtime: RuntimeSettings | None = None
 
 
 def _run_in_worker_process(op_id: int) -> Outcome:
     assert _process_ctx is not None, "worker process not initialized"
+    if _process_runtime is not None:
+        _process_runtime.refresh()  # reads the table at most every refresh interval
     return execute_operation(_process_ctx, op_id, f"{worker_identity()}:{threading.current_thread().name}")
 
 
