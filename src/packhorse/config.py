@@ -122,6 +122,8 @@ class ManagersConfig(_Section):
     poll_interval_seconds: float = Field(10.0, gt=0)
     #: how often running services re-read runtime settings (``packhorse config set``), seconds
     runtime_settings_refresh_seconds: float = Field(60.0, gt=0)
+    #: consecutive failed cycles of a manager loop before a CRITICAL log and notification
+    max_consecutive_errors: int = Field(5, ge=1)
 
 
 class RecoveryConfig(_Section):
@@ -138,6 +140,10 @@ class RecoveryConfig(_Section):
     reconcile_floor_seconds: float | None = Field(None, ge=0)
     reconcile_max_resets: int = Field(3, ge=0)
     notification_cooldown_seconds: float = Field(3600.0, ge=0)
+    #: how often every service / worker process records its health heartbeat (seed 002: 30 s)
+    service_heartbeat_interval_seconds: float = Field(30.0, gt=0)
+    #: a service whose last heartbeat is older than this is dead (seed 002: 90 s)
+    service_dead_after_seconds: float = Field(90.0, gt=0)
 
     @model_validator(mode="after")
     def _heartbeat_fits_lease(self) -> "RecoveryConfig":

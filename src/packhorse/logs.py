@@ -11,7 +11,13 @@ import sys
 import structlog
 
 
+_FORMAT: dict[str, bool] = {}
 _current: dict[str, object] = {"level": "INFO", "json": None}
+
+
+def set_format(fmt: str) -> None:
+    """Choose the log format for every later :func:`configure`: ``"json"`` or ``"console"``."""
+    _FORMAT["json"] = fmt == "json"
 
 
 def current_config() -> dict[str, object]:
@@ -24,10 +30,13 @@ def configure(level: str = "INFO", *, json: bool | None = None) -> None:
 
     Args:
         level: ``DEBUG``/``INFO``/``WARNING``/``ERROR``.
-        json: JSON lines; default: JSON unless stderr is a terminal.
+        json: JSON lines; default: as chosen by :func:`set_format` (``--log-format``), else
+            JSON unless stderr is a terminal.
     """
-    _current.update(level=level, json=json)
     lvl = getattr(logging, level.upper(), logging.INFO)
+    if json is None:
+        json = _FORMAT.get("json")
+    _current.update(level=level, json=json)
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(

@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, OperationKind, Status
-from packhorse.operations import reset_stalled
+from packhorse.recovery.monitor import check_stalled
 
 from support import SRC, run_packhorse
 from chaos_helpers import context, drive_until_kind_exists, make_source
@@ -146,7 +146,7 @@ def test_stale_worker_paused_past_its_lease(site_config, tmp_path):
         _wait_for(marker)
         os.kill(first.pid, signal.SIGSTOP)
         time.sleep(2.5)  # past the 2 s lease
-        assert reset_stalled(ctx.db) == [op_id]  # what the monitor does
+        assert check_stalled(ctx.db, ctx.settings).reset == [op_id]  # what the monitor does
         second = run_packhorse("run-operation", "long_term_archive", str(op_id), "-c", str(cfg))
         assert second.returncode == 0 and second.stdout.strip() == "completed", second.stderr
     finally:

@@ -96,6 +96,7 @@ def test_a_runtime_log_level_is_applied_to_the_running_process(tmp_path: Path, e
     from packhorse import logs
 
     settings = load_config(write_site_config(tmp_path / "site"))
+    saved, saved_args = structlog.get_config(), logs.current_config()
     logs.configure("WARNING", json=True)
     rt = RuntimeSettings(empty_db, settings, refresh_seconds=3600)
     structlog.get_logger("t").debug("hidden_before")
@@ -104,7 +105,9 @@ def test_a_runtime_log_level_is_applied_to_the_running_process(tmp_path: Path, e
     structlog.get_logger("t").debug("shown_after")
     err = capsys.readouterr().err
     assert "shown_after" in err and "hidden_before" not in err
-    logs.configure("WARNING")
+    # later tests must not log into this test's (closed) captured stderr
+    structlog.configure(**saved)
+    logs._current.update(saved_args)
     logging.getLogger().setLevel(logging.WARNING)
 
 

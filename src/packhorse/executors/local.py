@@ -1,4 +1,4 @@
-"""Embedded mode: managers, a local pool of worker processes and lease recovery, one command.
+"""Embedded mode: managers, a local pool of worker processes and recovery, one command.
 
 Operations run in ``[executor] workers`` worker processes (``pool = "process"``, the default):
 each has its own database engine and runs :func:`~packhorse.worker.execute_operation`, so
@@ -8,13 +8,15 @@ of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of
 SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 
 :class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
-managers in pipeline order, reset stalled leases (every monitor interval), dispatch runnable
+managers in pipeline order, run the stalled-task monitor and the reconciler (every monitor
+interval, :func:`packhorse.recovery.monitor.recovery_cycle`), dispatch runnable
 operations to the pool. A finished operation wakes the loop at once, so the next stage starts
 without waiting for the poll interval (issue #2).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
-else is pending) and stops when the only work left waits on a retention period or a human.
+else is pending) and stops when the only work left waits on a retention period or a human
+(a FAILED operation, or one whose circuit breaker is open).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import structlog
 from sqlalchemy import func, select, update
@@ -35,12 +38,15 @@ from sqlalchemy.orm import Session
 
 from .. import logs
 from ..config import Settings
-from ..db.models import Operation, utcnow
+from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
-from ..operations import reset_stalled, worker_identity
+from ..operations import worker_identity
+from .. import faults
+from ..recovery.loop import ErrorCounter
+from ..recovery.monitor import recovery_cycle
 from ..runtime_settings import RuntimeSettings
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
@@ -134,6 +140,12 @@ class LocalRunner:
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
         self._owner = worker_identity()
+        rec = ctx.settings.recovery
+        #: failed cycles of the main loop (logged, counted, CRITICAL after max_consecutive_errors)
+        self.errors = ErrorCounter(ctx.db, f"runner@{self._owner}",
+                                   max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
+                                   notification_cooldown_seconds=rec.notification_cooldown_seconds,
+                                   retry_seconds=min(ctx.settings.managers.poll_interval_seconds, 1.0))
         self._swept = False
         #: poll intervals and log level changed at run time (``packhorse config set``, issue #6)
         self.runtime = RuntimeSettings(ctx.db, ctx.settings)
@@ -226,6 +238,7 @@ class LocalRunner:
             return ids
 
         ids = self.ctx.db.transact(tx)
+        twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
         for op_id in ids:
             with self._lock:
                 try:
@@ -235,25 +248,31 @@ class LocalRunner:
                     fut = self._submit(op_id)
                 self.in_flight[op_id] = fut
             fut.add_done_callback(lambda f, i=op_id: self._done(i, f))
+            if twice:
+                self._submit(op_id)
         return len(ids)
 
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``."""
         created = packages.manage(self.ctx, unsettled)
+        faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += n + transfers.manage(self.ctx) + unpacks.manage(self.ctx) + archives.manage(self.ctx)
         n, _retention_wait = deletions.manage(self.ctx)
         return created + n, bundle_wait
 
     def recover(self) -> None:
-        """Lease recovery: reset expired leases. On the first call also sweep every disk location
+        """Recovery: the stalled-task monitor (circuit breakers) and the reconciler, as ``packhorse
+        monitor`` runs them. On the first call also sweep every disk location
         (except sources) for partial writes older than a lease, left by a crashed process; later
         partials are removed by the next attempt at the same object, so the (possibly long)
         walk of an archive runs once per start, not every monitor interval."""
-        reset = reset_stalled(self.ctx.db)
-        if reset:
-            log.warning("stalled_operations_reset", operation_ids=reset)
-        if self._swept:
+        with self._lock:
+            queued_here = set(self.in_flight)
+        report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
+        if report.reset:
+            log.warning("stalled_operations_reset", operation_ids=report.reset)
+        if self._swept or faults.fencing_disabled():  # test-only switch: stale partials stay
             return
         self._swept = True
         for loc in self.settings.locations:
@@ -265,18 +284,30 @@ class LocalRunner:
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""
 
+        # an operation whose circuit breaker is open waits for a human (or the breaker's timeout)
+        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.opened_at.is_not(None))
+
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
-                Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
+                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked))) or 0
             now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
                 Operation.status == Status.PENDING.value, Operation.not_before > now))
             le = s.scalar(select(func.min(Operation.lease_expires_at)).where(
-                Operation.status == Status.IN_PROGRESS.value))
+                Operation.status == Status.IN_PROGRESS.value, Operation.id.not_in(blocked)))
             soon = [t for t in (nb, le) if t is not None]
             return n, (max(0.0, (min(soon) - now).total_seconds()) if soon else None)
 
         return self.ctx.db.read(tx)
+
+    def _guard(self, where: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
+        """``fn(*args)``; an error (a database outage outlasting the unit of work's retries) is
+        logged and counted instead of ending the run, and ``default`` is returned."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.errors.failed(e, where)
+            return default
 
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
@@ -293,11 +324,14 @@ class LocalRunner:
                 poll = rt.poll_interval_seconds
                 now = time.monotonic()
                 if now >= last_monitor + rt.monitor_interval_seconds or (monitor_due is not None and now >= monitor_due):
-                    self.recover()
+                    try:
+                        self.recover()
+                    except Exception as e:  # counted; the next monitor interval tries again
+                        self.errors.failed(e, "recovery")
                     last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= last_scan + poll or settle_due:
-                    scan = scan_all(self.ctx, self.hash_pool)
+                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=scan)
                     last_scan = time.monotonic()
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
@@ -305,20 +339,27 @@ class LocalRunner:
                 # than about a third of this thread while workers are busy.
                 gap = last_manage + 2 * manage_cost - time.monotonic()
                 if gap > 0:
-                    self.dispatch()
+                    self._guard("dispatch", self.dispatch, default=0)
                     time.sleep(min(gap, 0.5))
                 t0 = time.monotonic()
                 with self._lock:
                     finished_before_manage = self.finished
-                created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                try:
+                    created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                    self.errors.succeeded()
+                except Exception as e:  # a database blip must not end the run (issue #3 layer 3)
+                    self.errors.failed(e, "managers")
+                    self.wake.wait(min(poll, 1.0))
+                    continue
                 last_manage = time.monotonic()
                 manage_cost = last_manage - t0
-                dispatched = self.dispatch()
+                dispatched = self._guard("dispatch", self.dispatch, default=0)
                 if self.on_tick:
                     self.on_tick()
                 timeout = poll
                 if until_idle:
-                    active, soon = self._active_summary()
+                    # a failed look counts as "not idle, look again soon"
+                    active, soon = self._guard("idle check", self._active_summary, default=(1, 1.0))
                     with self._lock:
                         running = len(self.in_flight)
                         # an operation that finished after the managers looked may have made
@@ -331,7 +372,9 @@ class LocalRunner:
                             flush = True  # nothing else pending: ship the partial bundle now
                             continue
                         else:
-                            final = scan_all(self.ctx, self.hash_pool)  # files that arrived meanwhile
+                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=None)
+                            if final is None:  # files that arrived meanwhile: could not look
+                                continue
                             if not final.registered and not final.pending_settle:
                                 break
                             scan = final
