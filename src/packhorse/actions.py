@@ -2,7 +2,8 @@
 
 Every action is audited (:mod:`packhorse.audit`) with its actor and result. Resets reuse
 :func:`packhorse.operations.reset_failed` (PENDING, retry count + 1, cached error context
-cleared, failure history kept).
+cleared, failure history kept); circuit-breaker resets and forced retries reuse
+:mod:`packhorse.recovery.breakers`.
 
 *Reconcile* recomputes a raw data package's stored derived state — ``archived_at`` — from its
 physical copies (DESIGN.md I1: archived = every long-term archive of every destination site of
@@ -22,13 +23,13 @@ from sqlalchemy.orm import Session
 from . import audit
 from .db.models import Operation, RawDataPackage, utcnow
 from .domain import OperationKind, Status
-from .errors import PackhorseError
+from .errors import PackhorseError, UnknownOperationError
 from .operations import ResetRefusedError, reset_failed
 from .stages.base import StageContext
 
 
-class UnknownSubjectError(PackhorseError):
-    """The operation or package named does not exist (HTTP 404, CLI exit 1)."""
+class UnknownPackageError(PackhorseError, LookupError):
+    """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
 
 
 def reset_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
@@ -39,7 +40,7 @@ def reset_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *
         ``[operation_id]``.
 
     Raises:
-        UnknownSubjectError: no operation of ``kind`` with that id.
+        UnknownOperationError: no operation of ``kind`` with that id.
         ResetRefusedError: it exists but is not FAILED (audited as ``refused``).
     """
     target = f"{kind.value}/{operation_id}"
@@ -47,7 +48,7 @@ def reset_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *
     if op is None or op.kind != kind.value:
         audit.record(ctx.db, actor=actor, action="operation.reset", target=target, details={"reason": reason},
                      result="refused", message="unknown operation")
-        raise UnknownSubjectError(f"no {kind.value} operation with id {operation_id}")
+        raise UnknownOperationError(f"no {kind.value} operation with id {operation_id}")
     try:
         ids = reset_failed(ctx.db, kind, operation_id)
     except ResetRefusedError as e:
@@ -94,19 +95,19 @@ def reconcile_package(ctx: StageContext, package_id: int, *, actor: str) -> dict
         ``{"package_id", "name", "changed": bool, "change": str | None, "archived": bool}``.
 
     Raises:
-        UnknownSubjectError: no raw data package with that id.
+        UnknownPackageError: no raw data package with that id.
     """
     def tx(s: Session) -> dict[str, Any]:
         pkg = s.get(RawDataPackage, package_id)
         if pkg is None:
-            raise UnknownSubjectError(f"no raw data package with id {package_id}")
+            raise UnknownPackageError(f"no raw data package with id {package_id}")
         ch = _reconcile_one(s, ctx, pkg)
         return {"package_id": pkg.id, "name": pkg.name, "changed": ch is not None,
                 "change": ch["change"] if ch else None, "archived": pkg.archived_at is not None}
 
     try:
         out = ctx.db.transact(tx)
-    except UnknownSubjectError as e:
+    except UnknownPackageError as e:
         audit.record(ctx.db, actor=actor, action="package.reconcile", target=str(package_id), result="refused",
                      message=str(e))
         raise
@@ -133,3 +134,42 @@ def reconcile_inconsistent(ctx: StageContext, *, actor: str) -> dict[str, Any]:
     audit.record(ctx.db, actor=actor, action="package.reconcile_inconsistent",
                  details={"checked": out["checked"], "changed": [c["package_id"] for c in out["changed"]]})
     return out
+
+
+def _audited(ctx: StageContext, action: str, kind: OperationKind, operation_id: int, actor: str, reason: str | None,
+             fn: Any) -> dict[str, Any]:
+    target = f"{kind.value}/{operation_id}"
+    try:
+        out = fn(ctx.db, kind, operation_id, reason=reason or "not given", actor=actor)
+    except (UnknownOperationError, ResetRefusedError) as e:
+        audit.record(ctx.db, actor=actor, action=action, target=target, details={"reason": reason},
+                     result="refused", message=str(e))
+        raise
+    audit.record(ctx.db, actor=actor, action=action, target=target, details={"reason": reason})
+    return out
+
+
+def reset_circuit_breaker(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+                          reason: str | None = None) -> dict[str, Any]:
+    """Close an operation's circuit breaker by hand (:func:`packhorse.recovery.breakers.reset_breaker`); audited.
+
+    Raises:
+        UnknownOperationError: no operation of ``kind`` with that id.
+    """
+    from .recovery.breakers import reset_breaker
+
+    return _audited(ctx, "breaker.reset", kind, operation_id, actor, reason, reset_breaker)
+
+
+def force_retry_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+                          reason: str | None = None) -> dict[str, Any]:
+    """Force a retry (:func:`packhorse.recovery.breakers.force_retry`: breaker closed, PENDING,
+    dispatchable now); audited.
+
+    Raises:
+        UnknownOperationError: no operation of ``kind`` with that id.
+        ResetRefusedError: the operation is COMPLETED.
+    """
+    from .recovery.breakers import force_retry
+
+    return _audited(ctx, "operation.force_retry", kind, operation_id, actor, reason, force_retry)

@@ -266,8 +266,9 @@ def reset(
 ) -> None:
     """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
     from . import audit
-    from .actions import UnknownSubjectError, reset_all_failed, reset_operation
+    from .actions import reset_all_failed, reset_operation
     from .domain import OperationKind
+    from .errors import UnknownOperationError
     from .operations import ResetRefusedError
 
     try:
@@ -281,7 +282,7 @@ def reset(
     try:
         ids = (reset_all_failed(ctx, k, actor=audit.cli_actor(), reason=reason) if operation_id is None
                else reset_operation(ctx, k, operation_id, actor=audit.cli_actor(), reason=reason))
-    except (ResetRefusedError, UnknownSubjectError) as e:
+    except (ResetRefusedError, UnknownOperationError) as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     import structlog
 
@@ -509,13 +510,14 @@ def breaker_reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Close the circuit breaker of one operation (the monitor then recovers it)."""
+    from .actions import reset_circuit_breaker
     from .errors import UnknownOperationError
-    from .recovery.breakers import jsonable, reset_breaker
+    from .recovery.breakers import jsonable
 
     k = _kind(kind)
     ctx = _context(config)
     try:
-        out = reset_breaker(ctx.db, k, operation_id, reason=reason, actor=_actor())
+        out = reset_circuit_breaker(ctx, k, operation_id, reason=reason, actor=_actor())
     except UnknownOperationError as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     if as_json:
@@ -533,14 +535,14 @@ def retry(
     as_json: JsonOpt = False,
 ) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
+    from .actions import force_retry_operation
     from .errors import UnknownOperationError
     from .operations import ResetRefusedError
-    from .recovery.breakers import force_retry
 
     k = _kind(kind)
     ctx = _context(config)
     try:
-        out = force_retry(ctx.db, k, operation_id, reason=reason, actor=_actor())
+        out = force_retry_operation(ctx, k, operation_id, reason=reason, actor=_actor())
     except (UnknownOperationError, ResetRefusedError) as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     if as_json:
@@ -633,7 +635,9 @@ def diagnose(
     """The diagnostic report of an operation: row, failure events (newest first), copies per
     location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
     from . import audit
-    from .diagnose import UnknownOperationError, UnknownPackageError, diagnose_operation, diagnose_package, live_check
+    from .actions import UnknownPackageError
+    from .diagnose import diagnose_operation, diagnose_package, live_check
+    from .errors import UnknownOperationError
 
     if (package is None) == (kind is None or operation_id is None):
         raise _fail("give KIND ID, or --package NAME", EXIT_CONFIG)
@@ -690,13 +694,13 @@ def reconcile(
 ) -> None:
     """Recompute raw data packages' archived state from their verified archive copies."""
     from . import audit
-    from .actions import UnknownSubjectError, reconcile_inconsistent, reconcile_package
+    from .actions import UnknownPackageError, reconcile_inconsistent, reconcile_package
 
     ctx = _context(config)
     try:
         out = (reconcile_package(ctx, package_id, actor=audit.cli_actor()) if package_id is not None
                else reconcile_inconsistent(ctx, actor=audit.cli_actor()))
-    except UnknownSubjectError as e:
+    except UnknownPackageError as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     if as_json:
         _print_json(out)

@@ -41,7 +41,8 @@ from .db.models import (
 )
 from .db.session import Database
 from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
-from .errors import PackhorseError
+from .actions import UnknownPackageError
+from .errors import UnknownOperationError
 from .stages.base import StageContext
 from .topology import bundle_key, raw_package_key
 
@@ -51,12 +52,6 @@ MISSING_ERRORS = ("SourceMissingError", "FileNotFoundError")
 LIVE_CHECK_MAX_FILES = 1000
 
 
-class UnknownOperationError(PackhorseError):
-    """No operation of this kind has this id (HTTP 404)."""
-
-
-class UnknownPackageError(PackhorseError):
-    """No raw data package or data transfer package has this name (HTTP 404)."""
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -266,7 +261,8 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
 
     Returns:
         ``{"operation": snapshot(), "failure_events": [...] newest first, "copies":
-        copy_presence(), "diagnosis": str, "diagnosis_source": str, "generated_at": ISO}``.
+        copy_presence(), "breaker": {...} | None, "diagnosis": str, "diagnosis_source": str,
+        "generated_at": ISO}``.
 
     Raises:
         UnknownOperationError: no operation of ``kind`` with ``operation_id``.
@@ -276,8 +272,21 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
     events = failure_events(session, op.id)
     copies = copy_presence(session, op)
     line, source = diagnosis_line(session, op, copies, events, now)
+    breaker = _breaker(session, op)
+    if breaker and breaker["state"] == "open" and op.status != Status.COMPLETED.value:
+        line = (f"recovery is blocked by its open circuit breaker ({breaker['stall_count']} stalls) until "
+                f"{breaker['closes_at']}; fix why it stalls, then reset the breaker or force a retry — {line}")
     return {"operation": snapshot(session, op, now), "failure_events": events, "copies": copies,
-            "diagnosis": line, "diagnosis_source": source, "generated_at": now.isoformat()}
+            "breaker": breaker, "diagnosis": line, "diagnosis_source": source, "generated_at": now.isoformat()}
+
+
+def _breaker(session: Session, op: Operation) -> dict[str, Any] | None:
+    """The operation's circuit breaker (``state``, ``stall_count``, ``last_stall_at``,
+    ``opened_at``, ``closes_at``), or ``None`` if it never stalled."""
+    from .recovery.breakers import breaker_row, get_breaker, jsonable
+
+    b = get_breaker(session, op.kind, op.id)
+    return jsonable(breaker_row(b)) if b is not None else None
 
 
 def diagnose_package(session: Session, name: str, now: dt.datetime | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Float, case, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from .db.models import DataLocation, FailureEvent, Notification, Operation, PhysicalCopy, utcnow
+from .db.models import CircuitBreaker, DataLocation, FailureEvent, Notification, Operation, PhysicalCopy, utcnow
 from .db.session import Database
 from .domain import CopyStatus, OperationKind, Status
 
@@ -46,14 +46,15 @@ def _duration_expr(dialect: str) -> Any:
     return cast(func.extract("epoch", Operation.finished_at - Operation.started_at), Float)
 
 
-def collect_values(session: Session) -> dict[str, Any]:
+def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[str, Any]:
     """Every metric value as plain data (one read-only unit of work).
 
     Returns:
         ``{"operations": {(kind, status): n}, "stalled": {kind: n}, "queue": {kind: n},
         "bytes": {kind: n}, "durations": {kind: (bucket counts list, sum, count)},
         "failures": {(kind, error_type): n}, "copies": {(location, status): n},
-        "copy_bytes": {location: n}, "notifications": {status: n}}``.
+        "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
+        "services": [(service, kind, alive)]}``.
     """
     now = utcnow()
     out: dict[str, Any] = {}
@@ -88,6 +89,13 @@ def collect_values(session: Session) -> dict[str, Any]:
         .where(PhysicalCopy.status == CopyStatus.PRESENT.value).group_by(DataLocation.name))}
     out["notifications"] = {s: int(n) for s, n in session.execute(
         select(Notification.status, func.count()).group_by(Notification.status))}
+    out["breakers_open"] = {k: int(n) for k, n in session.execute(
+        select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.opened_at.is_not(None))
+        .group_by(CircuitBreaker.kind))}
+    from .recovery.health import list_services
+
+    out["services"] = [(r["service"], r["kind"], r["alive"])
+                       for r in list_services(session, now, dead_after_seconds=dead_after_seconds)]
     return out
 
 
@@ -97,13 +105,14 @@ class DatabaseCollector(Collector):
     A database error yields ``packhorse_database_up 0`` and no other metric (never a 500).
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, dead_after_seconds: float = 90.0) -> None:
         self.db = db
+        self.dead_after_seconds = dead_after_seconds
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("packhorse_database_up", "1 when the ops database could be read for this scrape")
         try:
-            v = self.db.read(collect_values)
+            v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds))
         except Exception:
             up.add_metric([], 0)
             yield up
@@ -150,12 +159,23 @@ class DatabaseCollector(Collector):
         for s, n in sorted(v["notifications"].items()):
             nt.add_metric([s], n)
         yield nt
+        bo = GaugeMetricFamily("packhorse_circuit_breakers_open", "Open circuit breakers (recovery blocked)",
+                               labels=["kind"])
+        for k in kinds:
+            bo.add_metric([k], v["breakers_open"].get(k, 0))
+        yield bo
+        up = GaugeMetricFamily("packhorse_service_up", "1 if the service's last heartbeat is recent, else 0",
+                               labels=["service", "kind"])
+        for service, kind, alive in v["services"]:
+            up.add_metric([service, kind], 1 if alive else 0)
+        yield up
 
 
-def registry_for(db: Database) -> CollectorRegistry:
-    """A fresh registry holding one :class:`DatabaseCollector` for ``db``."""
+def registry_for(db: Database, *, dead_after_seconds: float = 90.0) -> CollectorRegistry:
+    """A fresh registry holding one :class:`DatabaseCollector` for ``db`` (a service is dead
+    when its last heartbeat is older than ``dead_after_seconds``)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DatabaseCollector(db))
+    reg.register(DatabaseCollector(db, dead_after_seconds))
     return reg
 
 

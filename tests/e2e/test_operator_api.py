@@ -212,3 +212,44 @@ def test_cli_diagnose_token_and_audit(inst) -> None:
     audit = json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)
     assert [a["action"] for a in audit[:3]] == ["token.revoke", "token.create", "token.create"]
     assert audit[0]["actor"].startswith("cli:") and audit[1]["result"] == "refused"
+
+
+def test_circuit_breakers_health_and_force_retry_through_the_api(inst) -> None:
+    cfg, api = inst
+    from packhorse.config import load_config
+    from packhorse.db.models import CircuitBreaker, utcnow
+    from packhorse.db.session import Database
+    import datetime as dt
+
+    h, obs = api.auth(api.admin), api.auth(api.observer)
+    op = _failed_transfers(api)[0]
+    oid = op["operation_id"]
+    db = Database(load_config(cfg).database_url)
+    now = utcnow()
+    db.transact(lambda s: s.add(CircuitBreaker(kind="transfer", operation_id=oid, stall_count=3, last_stall_attempt=1,
+                                               last_stall_at=now, opened_at=now, closes_at=now + dt.timedelta(hours=1))))
+    listed = api.client.get("/api/admin/breakers", headers=h).json()
+    assert [(b["kind"], b["operation_id"], b["state"], b["stall_count"]) for b in listed] == [("transfer", oid, "open", 3)]
+    assert 'packhorse_circuit_breakers_open{kind="transfer"} 1.0' in api.client.get("/metrics").text
+    rep = api.client.get(f"/api/admin/diagnose/transfer/{oid}", headers=h).json()
+    assert rep["breaker"]["state"] == "open" and "blocked by its open circuit breaker (3 stalls)" in rep["diagnosis"]
+    assert api.client.get("/api/admin/breakers", headers=obs).status_code == 403
+    assert api.client.post(f"/api/admin/breakers/transfer/{oid}/reset", headers=obs).status_code == 403
+    r = api.client.post(f"/api/admin/breakers/transfer/{oid}/reset", headers=h, json={"reason": "mount fixed"})
+    assert r.status_code == 200 and r.json()["state"] == "closed"
+    assert 'packhorse_circuit_breakers_open{kind="transfer"} 0.0' in api.client.get("/metrics").text
+    assert api.client.post("/api/admin/breakers/transfer/9999/reset", headers=h).status_code == 404
+    r = api.client.post(f"/api/transfer/operation/transfer/{oid}/force-retry", headers=h, json={"reason": "try now"})
+    assert r.status_code == 200 and r.json() == {"kind": "transfer", "operation_id": oid, "previous_status": "FAILED",
+                                                 "status": "PENDING"}
+    raw = api.client.get("/api/admin/diagnose/raw_data_package/1", headers=h).json()
+    assert raw["operation"]["status"] == "COMPLETED"
+    assert api.client.post("/api/transfer/operation/raw_data_package/1/force-retry", headers=h).status_code == 409
+    actions = [(a["action"], a["result"]) for a in api.client.get("/api/admin/audit", headers=h).json()]
+    assert ("breaker.reset", "ok") in actions and ("operation.force_retry", "ok") in actions
+    assert ("operation.force_retry", "refused") in actions
+    health = api.client.get("/api/health", headers=obs)
+    assert health.status_code == 200 and set(health.json()) == {"services", "dead"}
+    cli = run_packhorse("breaker", "reset", "transfer", str(oid), "-c", str(cfg), "--json")
+    assert cli.returncode == 0
+    assert json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)[0]["action"] == "breaker.reset"

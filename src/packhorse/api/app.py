@@ -31,12 +31,18 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__, audit
-from ..actions import UnknownSubjectError, reconcile_inconsistent, reconcile_package, reset_all_failed, reset_operation
+from ..actions import (
+    UnknownPackageError,
+    force_retry_operation,
+    reconcile_inconsistent,
+    reconcile_package,
+    reset_all_failed,
+    reset_circuit_breaker,
+    reset_operation,
+)
 from ..config import Settings
 from ..db.session import Database
 from ..diagnose import (
-    UnknownOperationError,
-    UnknownPackageError,
     diagnose_operation,
     diagnose_package,
     get_live_check,
@@ -44,7 +50,7 @@ from ..diagnose import (
     run_live_check,
 )
 from ..domain import OperationKind
-from ..errors import TransientDatabaseError
+from ..errors import TransientDatabaseError, UnknownOperationError
 from ..metrics import registry_for, render
 from ..operations import ResetRefusedError
 from ..overview import location_usage, pipeline_overview
@@ -155,14 +161,14 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: StageCont
     app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan,
                   description="Operator API of packhorse: spot what is stuck, diagnose why, reset it.")
     app.state.ctx = ctx
-    registry = registry_for(db)
+    registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds)
 
     def on_error(status: int):  # type: ignore[no-untyped-def]
         async def handler(_request: Request, exc: Exception) -> JSONResponse:
             return JSONResponse({"detail": str(exc)}, status)
         return handler
 
-    for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404), (UnknownSubjectError, 404),
+    for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404),
                              (ResetRefusedError, 409), (RuntimeSettingError, 422), (TransientDatabaseError, 503)):
         app.add_exception_handler(exc_type, on_error(status))
 
@@ -245,6 +251,41 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: StageCont
     def reconcile_all(who: Caller) -> dict[str, Any]:
         """Recompute the derived state of every raw data package; lists those that changed."""
         return reconcile_inconsistent(ctx, actor=who.actor)
+
+    @api.get("/health", response_model=m.Health, tags=["observe"])
+    def health(_who: Caller) -> dict[str, Any]:
+        """Services and workers with their last heartbeat: alive or dead."""
+        from ..recovery.breakers import jsonable
+        from ..recovery.health import list_services
+
+        rows = db.read(lambda s: list_services(s, dead_after_seconds=settings.recovery.service_dead_after_seconds))
+        return {"services": [jsonable(r) for r in rows], "dead": sum(1 for r in rows if not r["alive"])}
+
+    @api.get("/admin/breakers", response_model=list[m.BreakerOut], tags=["breakers"])
+    def breakers(_who: Caller) -> list[dict[str, Any]]:
+        """Circuit breakers of operations that stalled, open ones first."""
+        from ..recovery.breakers import jsonable, list_breakers
+
+        return [jsonable(r) for r in db.read(list_breakers)]
+
+    @api.post("/admin/breakers/{kind}/{operation_id}/reset", response_model=m.BreakerOut, tags=["breakers"],
+              responses=NOT_FOUND)
+    def breaker_reset(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
+        """Close an operation's circuit breaker; the monitor then recovers the operation (audited)."""
+        from ..recovery.breakers import jsonable
+
+        out = reset_circuit_breaker(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
+        return {k: v for k, v in jsonable(out).items() if k in m.BreakerOut.model_fields}
+
+    @api.post("/transfer/operation/{kind}/{operation_id}/force-retry", response_model=m.ForceRetryResult,
+              tags=["breakers"], responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "COMPLETED"}})
+    def force_retry(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
+        """Force a retry: close the breaker, set the operation PENDING, dispatchable now (audited)."""
+        from ..recovery.breakers import jsonable
+
+        out = force_retry_operation(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
+        return {"kind": kind.value, "operation_id": operation_id, "previous_status": out["previous_status"],
+                "status": out["status"]}
 
     @api.get("/admin/settings", response_model=list[m.SettingOut], tags=["settings"])
     def list_settings(_who: Caller) -> list[dict[str, Any]]:

@@ -122,10 +122,44 @@ class CopyPresence(_Model):
     deleted_at: str | None
 
 
+class BreakerOut(_Model):
+    kind: str
+    operation_id: int
+    stall_count: int
+    last_stall_at: str | None
+    opened_at: str | None
+    closes_at: str | None
+    state: Literal["open", "closed"]
+
+
+class ForceRetryResult(_Model):
+    kind: str
+    operation_id: int
+    previous_status: str
+    status: str
+
+
+class ServiceOut(_Model):
+    service: str
+    kind: str
+    host: str
+    pid: int
+    started_at: str | None
+    last_seen: str | None
+    age_seconds: float
+    alive: bool
+
+
+class Health(_Model):
+    services: list[ServiceOut]
+    dead: int
+
+
 class DiagnosticReport(_Model):
     operation: OperationSnapshot
     failure_events: list[FailureEventOut] = Field(description="newest first; kept across resets")
     copies: list[CopyPresence]
+    breaker: BreakerOut | None
     diagnosis: str
     diagnosis_source: str
     generated_at: str
