@@ -40,14 +40,14 @@ def served(tmp_path: Path):
     tokens = {role: run_packhorse("token", "create", "--role", role, "--name", role, "-c", str(cfg)).stdout.splitlines()[-1]
               for role in ("observer", "admin")}
     proc, base = start_serving(["run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"], tmp_path / "run.log")
-    yield base, tokens
+    yield base, tokens, cfg
     stop(proc)
 
 
 def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    base, tokens = served
+    base, tokens, cfg = served
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
@@ -87,5 +87,34 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(page.locator(f"[data-testid='op-transfer-{op_id}']")).to_have_count(0)
         expect(rows).to_have_count(1)
         page.screenshot(path=str(ARTIFACTS / "4-after-reset.png"), full_page=True)
+
+        # the other transfer is held by an open circuit breaker: force a retry from the page
+        other = int(rows.first.get_attribute("data-testid").rsplit("-", 1)[-1])  # type: ignore[union-attr]
+        _open_breaker(cfg, other)
+        breaker = page.get_by_test_id(f"breaker-transfer-{other}")
+        expect(breaker).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "5-open-breaker.png"), full_page=True)
+        page.once("dialog", lambda dialog: dialog.accept("mount fixed"))
+        breaker.get_by_test_id("force-retry").click()
+        expect(breaker).to_have_count(0)
+        expect(rows).to_have_count(0, timeout=60_000)
+        expect(page.locator("#stuck-empty")).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "6-all-done.png"), full_page=True)
         browser.close()
-    assert (ARTIFACTS / "4-after-reset.png").stat().st_size > 0
+    assert (ARTIFACTS / "6-all-done.png").stat().st_size > 0
+
+
+def _open_breaker(cfg, operation_id: int) -> None:  # type: ignore[no-untyped-def]
+    """Record an open circuit breaker for the operation (as the monitor does after 3 stalls)."""
+    import datetime as dt
+
+    from packhorse.config import load_config
+    from packhorse.db.models import CircuitBreaker, utcnow
+    from packhorse.db.session import Database
+
+    db = Database(load_config(cfg).database_url)
+    now = utcnow()
+    db.transact(lambda s: s.add(CircuitBreaker(kind="transfer", operation_id=operation_id, stall_count=3,
+                                               last_stall_attempt=1, last_stall_at=now, opened_at=now,
+                                               closes_at=now + dt.timedelta(hours=1))))
+    db.dispose()
