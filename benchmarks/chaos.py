@@ -9,8 +9,9 @@ and at named fault points (a test-only pause hook marks the moment a worker is i
 ``long_term_archive.write``, just before publishing):
 
 * ``kill``    SIGKILL of a ``packhorse run`` process, then a restart;
-* ``stop``    SIGSTOP for longer than the lease, a second ``packhorse run`` started meanwhile,
-              then SIGCONT: the stale workers wake and try to finish;
+* ``stop``    SIGSTOP of a ``packhorse run`` and its worker processes (its process group: a
+              frozen machine) for longer than the lease, a second ``packhorse run`` started
+              meanwhile, then SIGCONT: the stale workers wake and try to finish;
 * ``double``  a run whose local dispatcher delivers every operation twice;
 * ``dberror`` a run whose manager cycle meets a database error in its middle (twice).
 
@@ -311,7 +312,7 @@ class Harness:
     def start_run(self, hooks: list[dict[str, object]] | None = None) -> subprocess.Popen[bytes]:
         p = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(self.cfg), "--until-idle",
                               "--quiet"], env=self.env(hooks), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, start_new_session=True)  # its own process group
         self.procs.append(p)
         self.fig.runs += 1
         return p
@@ -398,8 +399,8 @@ class Harness:
             self.spawn()
             return True
         # stop: longer than the lease, a second run meanwhile, then wake the stale one
-        proc.send_signal(signal.SIGSTOP)
-        f = self.record(kind, f"SIGSTOP pid {proc.pid} {how}")
+        os.killpg(proc.pid, signal.SIGSTOP)  # the run and its worker processes
+        f = self.record(kind, f"SIGSTOP process group {proc.pid} {how}")
         time.sleep(LEASE_SECONDS + 1.0)
         started = time.monotonic()
         self.spawn()
@@ -409,7 +410,7 @@ class Harness:
         while time.monotonic() < deadline and self.watcher.first_appearance_after(started, archive=True) is None:
             time.sleep(0.05)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGCONT)
         f.detail += f" for {time.monotonic() - f.at:.1f}s"
         return True
 

@@ -22,7 +22,7 @@ import datetime as dt
 import random
 import socket
 import traceback as tb
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -52,13 +52,18 @@ HUMAN_NOTIFICATIONS: dict[Status, tuple[str, str]] = {
 
 @dataclass(frozen=True)
 class Claim:
-    """A granted lease: run operation ``operation_id`` as attempt ``attempt`` (the fencing token)."""
+    """A granted lease: run operation ``operation_id`` as attempt ``attempt`` (the fencing token).
+
+    ``operation`` is the row as the claim left it (a detached snapshot), so the worker needs no
+    second read; ``None`` when the claim was built by hand.
+    """
 
     operation_id: int
     kind: OperationKind
     attempt: int
     owner: str
     expires_at: dt.datetime
+    operation: Operation | None = field(default=None, compare=False, repr=False)
 
 
 def worker_identity(suffix: str = "") -> str:
@@ -121,7 +126,7 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float) -> 
     def tx(s: Session) -> Claim | None:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
-        row = s.execute(
+        row = s.scalars(
             update(Operation)
             .where(
                 Operation.id == operation_id,
@@ -132,11 +137,12 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float) -> 
                 status=Status.IN_PROGRESS.value, attempt=Operation.attempt + 1, lease_owner=owner,
                 lease_expires_at=expires, heartbeat_at=now, started_at=now, updated_at=now, bytes_done=0,
             )
-            .returning(Operation.attempt, Operation.kind)
+            .returning(Operation),
+            execution_options={"synchronize_session": False},
         ).first()
         if row is None:
             return None
-        return Claim(operation_id, OperationKind(row.kind), row.attempt, owner, expires)
+        return Claim(operation_id, OperationKind(row.kind), row.attempt, owner, expires, row)
 
     return db.transact(tx)
 

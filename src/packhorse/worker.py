@@ -68,7 +68,7 @@ def task_id(c: Claim) -> str:
 def _run_claimed(ctx: StageContext, c: Claim) -> Outcome:
     rec = ctx.settings.recovery
     operation_id = c.operation_id
-    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
+    op = c.operation if c.operation is not None else ctx.db.read(lambda s: s.get(Operation, operation_id))
     assert op is not None
     bound = log
     bound.debug("operation_claimed")

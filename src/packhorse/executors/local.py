@@ -33,7 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from .. import logs
@@ -42,7 +42,7 @@ from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
 from ..managers import archives, bundles, deletions, packages, transfers, unpacks
-from ..managers.scan import ScanResult, scan_all
+from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import faults
 from ..recovery.loop import ErrorCounter
@@ -98,9 +98,11 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
                          parent_pid: int) -> None:
     """Set up one worker process: its own database engine (never one inherited across a fork;
     DESIGN.md "Architecture"), the parent's logging, death with the parent (:func:`_die_with`).
-    Ctrl-C goes to the parent, which lets running operations finish."""
+    SIGINT and SIGTERM (Ctrl-C on a terminal, systemd stopping the unit's whole cgroup) are
+    left to the parent, which lets running operations finish and then ends the pool."""
     global _process_ctx
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
     _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
@@ -133,6 +135,7 @@ class LocalRunner:
         self.workers = ctx.settings.executor.workers
         self._pool: Executor | None = None  # made on first use (tests build runners without one)
         self.hash_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="scan")
+        self.scan_cache = ScanCache()  # unchanged source folders are not listed again
         self.in_flight: dict[int, Future[Outcome]] = {}
         self.wake = threading.Event()
         self.stop_requested = threading.Event()
@@ -220,18 +223,19 @@ class LocalRunner:
             busy = set(self.in_flight)
         if free <= 0:
             return 0
-        order = {k.value: i for i, k in enumerate(PRIORITY)}
+        priority = case({k.value: i for i, k in enumerate(PRIORITY)}, value=Operation.kind, else_=len(PRIORITY))
 
         def tx(s: Session) -> list[int]:
             now = utcnow()
-            rows = s.execute(
-                select(Operation.id, Operation.kind).where(
+            # downstream kinds first, then oldest; only as many as there are free workers
+            # (skipping those already queued here), so the cost does not grow with the backlog
+            q = (select(Operation.id).where(
                     Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
                     (Operation.not_before.is_(None)) | (Operation.not_before <= now))
-                .order_by(Operation.id)
-            ).all()
-            picked = sorted((r for r in rows if r.id not in busy), key=lambda r: (order.get(r.kind, 99), r.id))[:free]
-            ids = [r.id for r in picked]
+                 .order_by(priority, Operation.id).limit(free))
+            if busy:
+                q = q.where(Operation.id.not_in(busy))
+            ids = list(s.scalars(q))
             if ids:
                 s.execute(update(Operation).where(Operation.id.in_(ids), Operation.status == Status.PENDING.value)
                           .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now))
@@ -331,7 +335,7 @@ class LocalRunner:
                     last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= last_scan + poll or settle_due:
-                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=scan)
+                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=scan)
                     last_scan = time.monotonic()
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
@@ -372,7 +376,7 @@ class LocalRunner:
                             flush = True  # nothing else pending: ship the partial bundle now
                             continue
                         else:
-                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=None)
+                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=None)
                             if final is None:  # files that arrived meanwhile: could not look
                                 continue
                             if not final.registered and not final.pending_settle:

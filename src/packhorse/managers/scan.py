@@ -11,6 +11,13 @@ Idempotent registration, no operation row (issue #2, stage 1). Rules:
   registered files modified afterwards are recorded in ``skipped_files`` with a reason (shown by
   ``packhorse status``); the rest of the tree goes on.
 * Hashing runs on a thread pool (sha256 releases the GIL); no transaction is open meanwhile.
+* With a :class:`ScanCache` (``packhorse run`` keeps one), a folder is listed again only when
+  its mtime changed, or when at the last look it held a file not yet registered (unsettled,
+  changing, unreadable) or its mtime was too recent to trust (within
+  :data:`RACY_SECONDS` of that scan: a file added in the same clock tick would not change
+  it). Every :data:`FULL_RESCAN_EVERY` scans every folder is listed again, which is when a
+  registered file modified in place (no folder mtime change) is reported. A tree of millions
+  of settled files then costs one ``stat`` per folder per poll, not one per file.
 """
 
 from __future__ import annotations
@@ -35,6 +42,30 @@ from ..storage.base import check_key
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
 HASH_BATCH = 64
+#: A folder whose mtime is less than this many seconds older than the scan is listed again.
+RACY_SECONDS = 2.0
+#: Every this many scans with a :class:`ScanCache`, every folder is listed again.
+FULL_RESCAN_EVERY = 30
+
+
+@dataclass
+class _Folder:
+    mtime_ns: int
+    subfolders: list[str]
+    clean: bool = True
+
+
+@dataclass
+class ScanCache:
+    """What the last scans saw per source location: folder → (mtime, subfolders, clean).
+
+    Held by a long-running process between scans (see the module docstring); not shared
+    between processes, and never needed for correctness: without it every scan lists every
+    folder.
+    """
+
+    folders: dict[str, dict[str, _Folder]] = field(default_factory=dict)
+    scans: int = 0
 
 
 @dataclass
@@ -60,11 +91,33 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: list[tuple[str, str]]) -> None:
+def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: list[tuple[str, str]],
+          previous: dict[str, _Folder] | None = None, seen: dict[str, _Folder] | None = None,
+          trusted_before_ns: int = 0) -> None:
+    """List folder ``rel`` of ``root`` (recursively) into ``out`` (regular files) and
+    ``skipped``; with ``previous``/``seen`` (a :class:`ScanCache`'s folders), reuse a clean,
+    unchanged folder's listing instead of stat-ing its files again."""
+    folder_path = os.path.join(root, rel) if rel else root
+    folder: _Folder | None = None
+    if seen is not None:
+        try:
+            mtime_ns = os.stat(folder_path, follow_symlinks=not rel).st_mtime_ns
+        except OSError as e:
+            skipped.append((_printable(rel or "."), f"folder not readable: {e.strerror}"))
+            return
+        before = previous.get(rel) if previous else None
+        if before is not None and before.clean and before.mtime_ns == mtime_ns and mtime_ns < trusted_before_ns:
+            seen[rel] = before
+            for sub in before.subfolders:
+                _walk(root, sub, out, skipped, previous, seen, trusted_before_ns)
+            return
+        folder = seen[rel] = _Folder(mtime_ns, [], clean=mtime_ns < trusted_before_ns)
     try:
-        entries = list(os.scandir(os.path.join(root, rel) if rel else root))
+        entries = list(os.scandir(folder_path))
     except OSError as e:
         skipped.append((_printable(rel or "."), f"folder not readable: {e.strerror}"))
+        if folder is not None:
+            folder.clean = False
         return
     for entry in sorted(entries, key=lambda e: e.name):
         path = f"{rel}/{entry.name}" if rel else entry.name
@@ -72,11 +125,15 @@ def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: l
             s = entry.stat(follow_symlinks=False)
         except OSError as e:
             skipped.append((_printable(path), f"cannot stat: {e.strerror}"))
+            if folder is not None:
+                folder.clean = False
             continue
         if st.S_ISLNK(s.st_mode):
             skipped.append((_printable(path), "symbolic link (not followed)"))
         elif st.S_ISDIR(s.st_mode):
-            _walk(root, path, out, skipped)
+            if folder is not None:
+                folder.subfolders.append(path)
+            _walk(root, path, out, skipped, previous, seen, trusted_before_ns)
         elif not st.S_ISREG(s.st_mode):
             skipped.append((_printable(path), "not a regular file"))
         else:
@@ -114,8 +171,32 @@ def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]
     return "ok", digest
 
 
-def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) -> ScanResult:
-    """Scan one source location and register what is new and settled."""
+def _registered(ctx: StageContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
+    """``{path: (size, mtime_ns)}`` of the registered files among ``paths`` (all of the
+    location's when ``paths`` is long)."""
+    q = select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns).where(
+        RawDataFile.location_id == loc_id)
+
+    def tx(s: Session) -> dict[str, tuple[int, int]]:
+        if len(paths) > 2000:
+            return {r.relative_path: (r.size, r.mtime_ns) for r in s.execute(q)}
+        out: dict[str, tuple[int, int]] = {}
+        for i in range(0, len(paths), 500):
+            for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))):
+                out[r.relative_path] = (r.size, r.mtime_ns)
+        return out
+
+    return ctx.db.read(tx)
+
+
+def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
+                  cache: ScanCache | None = None) -> ScanResult:
+    """Scan one source location and register what is new and settled.
+
+    Args:
+        cache: folders seen by earlier scans of this process (see the module docstring);
+            ``None`` lists every folder.
+    """
     settings = ctx.settings
     root = str(settings.location_path(location))
     loc_id = ctx.topology.location_ids[location]
@@ -126,13 +207,17 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
         log.warning("source_folder_missing", location=location, path=root)
         result.skipped.append((".", f"source folder {root} does not exist"))
     else:
-        _walk(root, "", found, result.skipped)
+        full = cache is None or cache.scans % FULL_RESCAN_EVERY == 0
+        previous = None if full or cache is None else cache.folders.get(location)
+        seen: dict[str, _Folder] | None = {} if cache is not None else None
+        _walk(root, "", found, result.skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
 
-    registered = dict(ctx.db.read(lambda s: {
-        r.relative_path: (r.size, r.mtime_ns) for r in s.execute(
-            select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns)
-            .where(RawDataFile.location_id == loc_id))
-    }))
+    def look_again(path: str) -> None:
+        """The folder of ``path`` holds a file not registered yet: list it at the next scan."""
+        if seen is not None and (folder := seen.get(os.path.dirname(path))) is not None:
+            folder.clean = False
+
+    registered = _registered(ctx, loc_id, [p for p, _ in found])
     now = time.time()
     settle = settings.packaging.settle_seconds
     depth = settings.packaging.group_depth
@@ -146,6 +231,7 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
                                              "the registered version is the one packaged"))
             continue
         if now - s.st_mtime < settle:
+            look_again(path)
             unsettled.add(group_of(path, depth))
             result.pending_settle += 1
             ready_at = s.st_mtime + settle
@@ -162,10 +248,12 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
             rows.append(dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
                              size=s.st_size, sha256=value, mtime_ns=s.st_mtime_ns))
         elif state == "changed":
+            look_again(path)
             unsettled.add(group_of(path, depth))
             result.pending_settle += 1
             result.next_settle_at = now + max(settle, 0.5)
         else:
+            look_again(path)  # unreadable now, perhaps not later
             result.skipped.append((path, str(value)))
     result.unsettled_groups[location] = unsettled
 
@@ -188,16 +276,23 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor) ->
         return len(rows)
 
     result.registered = ctx.db.transact(tx)
+    if cache is not None and seen is not None:  # only once what was seen is registered
+        cache.folders[location] = seen
     return result
 
 
-def scan_all(ctx: StageContext, pool: ThreadPoolExecutor) -> ScanResult:
-    """Scan every active disk source location; merge the results."""
+def scan_all(ctx: StageContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None) -> ScanResult:
+    """Scan every active disk source location; merge the results.
+
+    Args:
+        cache: kept between the scans of one process to skip unchanged folders (see the
+            module docstring); ``None`` lists every folder.
+    """
     total = ScanResult()
     for loc in ctx.settings.locations:
         if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
             continue
-        r = scan_location(ctx, loc.name, pool)
+        r = scan_location(ctx, loc.name, pool, cache)
         total.registered += r.registered
         total.skipped += r.skipped
         total.pending_settle += r.pending_settle
@@ -205,4 +300,6 @@ def scan_all(ctx: StageContext, pool: ThreadPoolExecutor) -> ScanResult:
         if r.next_settle_at is not None:
             total.next_settle_at = r.next_settle_at if total.next_settle_at is None else min(total.next_settle_at,
                                                                                               r.next_settle_at)
+    if cache is not None:
+        cache.scans += 1
     return total

@@ -1,0 +1,142 @@
+"""Scanning with a :class:`~packhorse.managers.scan.ScanCache` (what ``packhorse run`` keeps):
+unchanged, fully registered folders are not listed again, yet nothing that appears is missed —
+new files, files that were still settling, and (at the periodic full rescan) files added
+without changing their folder's mtime."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from packhorse.config import load_config
+from packhorse.db.models import RawDataFile
+from packhorse.db.session import Database
+from packhorse.managers import scan as scan_module
+from packhorse.managers.scan import ScanCache, scan_all
+from packhorse.stages.base import StageContext
+from packhorse.topology import sync_topology
+
+from support import write_site_config
+
+
+def make_ctx(folder: Path, **overrides: object) -> StageContext:
+    settings = load_config(write_site_config(folder, **overrides))
+    db = Database(settings.database_url)
+    db.upgrade()
+    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> StageContext:
+    c = make_ctx(tmp_path / "site", settle_seconds=0)
+    yield c
+    c.db.dispose()
+
+
+def source(ctx: StageContext) -> Path:
+    return ctx.settings.location_path("fyst-source")
+
+
+def write(path: Path, data: bytes, *, age: float = 10.0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    t = time.time() - age
+    os.utime(path, (t, t))
+
+
+def age_folders(root: Path, age: float = 10.0) -> None:
+    """Make every folder's mtime old enough to be trusted (as after a quiet while)."""
+    t = time.time() - age
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        os.utime(d, (t, t))
+
+
+def registered(ctx: StageContext) -> set[str]:
+    return set(ctx.db.read(lambda s: list(s.scalars(select(RawDataFile.relative_path)))))
+
+
+@pytest.fixture
+def listed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Folders the scan lists (``os.scandir`` calls)."""
+    calls: list[str] = []
+    real = os.scandir
+
+    def spy(path):  # type: ignore[no-untyped-def]
+        calls.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(scan_module.os, "scandir", spy)
+    return calls
+
+
+def test_unchanged_folders_are_not_listed_again_and_new_files_are_found(ctx: StageContext, listed: list[str]) -> None:
+    root = source(ctx)
+    for g in range(3):
+        write(root / f"inst/obs{g}/a.fits", b"a" * (g + 1))
+    age_folders(root)
+    listed.clear()
+    cache = ScanCache()
+    with ThreadPoolExecutor(2) as pool:
+        assert scan_all(ctx, pool, cache).registered == 3
+        assert len(listed) == 5  # root, inst, obs0..2
+        listed.clear()
+        assert scan_all(ctx, pool, cache).registered == 0
+        assert listed == []  # nothing changed: no folder listed
+        write(root / "inst/obs1/b.fits", b"new")  # changes obs1's mtime (now)
+        assert scan_all(ctx, pool, cache).registered == 1
+        assert listed == [str(root / "inst/obs1")]
+    assert registered(ctx) == {"inst/obs0/a.fits", "inst/obs1/a.fits", "inst/obs2/a.fits", "inst/obs1/b.fits"}
+
+
+def test_a_folder_with_a_settling_file_is_listed_until_the_file_is_registered(tmp_path: Path) -> None:
+    ctx = make_ctx(tmp_path / "site", settle_seconds=5)
+    root = source(ctx)
+    write(root / "inst/obs0/old.fits", b"old", age=60)
+    write(root / "inst/obs0/new.fits", b"new", age=0)  # still being written
+    age_folders(root)  # the folder's mtime says nothing changed from now on
+    cache = ScanCache()
+    with ThreadPoolExecutor(2) as pool:
+        first = scan_all(ctx, pool, cache)
+        assert (first.registered, first.pending_settle) == (1, 1)
+        t = time.time() - 60
+        os.utime(root / "inst/obs0/new.fits", (t, t))  # it settles; the folder's mtime stays
+        age_folders(root)
+        assert scan_all(ctx, pool, cache).registered == 1
+    assert registered(ctx) == {"inst/obs0/old.fits", "inst/obs0/new.fits"}
+
+
+def test_a_file_added_without_changing_the_folder_mtime_is_found_by_the_full_rescan(
+        ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scan_module, "FULL_RESCAN_EVERY", 3)
+    root = source(ctx)
+    write(root / "inst/obs0/a.fits", b"a")
+    age_folders(root)
+    folder = root / "inst/obs0"
+    cache = ScanCache()
+    with ThreadPoolExecutor(2) as pool:
+        assert scan_all(ctx, pool, cache).registered == 1  # scan 0: full
+        before = folder.stat().st_mtime_ns
+        write(folder / "b.fits", b"b")
+        os.utime(folder, ns=(before, before))  # a same-tick addition: the folder looks unchanged
+        assert scan_all(ctx, pool, cache).registered == 0  # scan 1: trusts the folder
+        assert scan_all(ctx, pool, cache).registered == 0  # scan 2
+        assert scan_all(ctx, pool, cache).registered == 1  # scan 3: full rescan
+    assert "inst/obs0/b.fits" in registered(ctx)
+
+
+def test_a_folder_modified_just_before_the_scan_is_not_trusted(ctx: StageContext) -> None:
+    root = source(ctx)
+    write(root / "inst/obs0/a.fits", b"a")  # folder mtime: now (within RACY_SECONDS)
+    cache = ScanCache()
+    with ThreadPoolExecutor(2) as pool:
+        assert scan_all(ctx, pool, cache).registered == 1
+        folder = root / "inst/obs0"
+        before = folder.stat().st_mtime_ns
+        write(folder / "b.fits", b"b")
+        os.utime(folder, ns=(before, before))  # same tick as the first scan saw
+        assert scan_all(ctx, pool, cache).registered == 1  # listed again: its mtime was too recent
