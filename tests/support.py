@@ -9,6 +9,7 @@ subprocess (real process, real exit code).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,37 @@ def run_packhorse(*args: str, env: dict[str, str] | None = None, timeout: float 
     full_env = {**os.environ, "PYTHONPATH": str(SRC), **(env or {})}
     return subprocess.run([sys.executable, "-m", "packhorse", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=cwd)
+
+
+def describe_schema(engine_url: str) -> dict[str, Any]:
+    """Everything the schema enforces, table by table, as the database reports it (SQLite or
+    PostgreSQL): columns, keys, unique and check constraints, indexes, and under
+    ``"partial_index_sql"`` the SQL of every partial index (what Alembic does not compare)."""
+    from sqlalchemy import create_engine, inspect, text
+
+    def normalize(sql: str | None) -> str:
+        return re.sub(r"\s+", " ", str(sql or "")).strip()
+
+    engine = create_engine(engine_url)
+    try:
+        with engine.connect() as conn:
+            insp = inspect(conn)
+            out: dict[str, Any] = {}
+            for t in sorted(insp.get_table_names()):
+                if t == "alembic_version":
+                    continue
+                out[t] = {
+                    "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in insp.get_columns(t)],
+                    "pk": insp.get_pk_constraint(t)["constrained_columns"],
+                    "fks": sorted((tuple(f["constrained_columns"]), f["referred_table"]) for f in insp.get_foreign_keys(t)),
+                    "unique": sorted((u["name"], tuple(u["column_names"])) for u in insp.get_unique_constraints(t)),
+                    "checks": sorted((c["name"], normalize(c["sqltext"])) for c in insp.get_check_constraints(t)),
+                    "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"])) for i in insp.get_indexes(t)),
+                }
+            query = ("SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' AND indexdef LIKE '% WHERE %'"
+                     if conn.dialect.name == "postgresql" else
+                     "SELECT sql FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'")
+            out["partial_index_sql"] = sorted(normalize(r[0]) for r in conn.execute(text(query)))
+            return out
+    finally:
+        engine.dispose()

@@ -57,7 +57,7 @@ def _database(settings: Settings, *, migrate_check: bool) -> Database:
                     "run `packhorse init` to create it",
                     EXIT_CONFIG)
     try:
-        db = Database(url)
+        db = Database.from_settings(settings)
         if migrate_check:
             db.ensure_migrated()
         else:
@@ -211,8 +211,10 @@ def run(
     """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
     ctx = _context(config)
     if ctx.settings.executor.kind != "local":
-        raise _fail(f"executor.kind: {ctx.settings.executor.kind!r} is not available in this version; "
-                    "use \"local\" (packhorse run runs everything in one process)", EXIT_CONFIG)
+        raise _fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
+                    "mode (one process, a local thread pool). For the distributed mode start "
+                    "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
+                    "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
     server = None
     if with_api:
         server = serve_api(ctx, api_host or ctx.settings.api.host,
@@ -379,7 +381,7 @@ def demo(
     cfg = write_demo_config(workdir, src_value, workers=max(2, min(4, os.cpu_count() or 2)))
     print(f"configuration: {cfg}", file=sys.stderr)
     ctx_settings = _settings(cfg)
-    db = Database(ctx_settings.database_url)
+    db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = StageContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
     elapsed = _run(ctx, until_idle=True, quiet=quiet)
@@ -405,6 +407,62 @@ def demo(
     if v["missing"] or v["corrupt"]:
         code = code or EXIT_PROBLEM
     raise typer.Exit(code)
+
+
+# --- issue 4: distributed mode (Celery workers per site, manager) -------------------------------
+
+
+def _celery_settings(config: Path | None) -> StageContext:
+    ctx = _context(config)
+    if ctx.settings.executor.kind != "celery" or not ctx.settings.executor.broker_url:
+        raise _fail("executor.kind: the distributed services need executor.kind = \"celery\" and "
+                    "executor.broker_url (redis://… or amqp://…); `packhorse run` is the embedded mode",
+                    EXIT_CONFIG)
+    return ctx
+
+
+@app.command()
+def worker(
+    site: Annotated[str, typer.Option("--site", help="the site whose queues this worker consumes")],
+    kinds: Annotated[Optional[str], typer.Option("--kinds", help="only these kinds, comma separated "
+                                                 "(operation kinds and 'scan'); default all")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="pool processes "
+                                                       "[default: executor.workers]")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", help="Celery log level")] = "INFO",
+    config: ConfigOpt = None,
+) -> None:
+    """Run a Celery worker of one site: it consumes exactly that site's queues (distributed mode)."""
+    from .executors.celery_app import run_worker
+
+    ctx = _celery_settings(config)
+    ctx.db.dispose()  # pool children open their own connections
+    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
+    try:
+        run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel)
+    except ConfigError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+
+
+@app.command()
+def manager(
+    config: ConfigOpt = None,
+    max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="stop after this long")] = None,
+) -> None:
+    """Run the managers and the dispatcher to Celery (distributed mode; one per deployment)."""
+    from . import logs
+    from .executors.celery_app import Manager
+
+    ctx = _celery_settings(config)
+    logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "INFO"))
+    mgr = Manager(ctx.settings)
+
+    def stop(signum: int, _frame: object) -> None:
+        print(f"packhorse manager: signal {signum}: stopping", file=sys.stderr)
+        mgr.stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    mgr.run(max_seconds=max_seconds)
 
 
 # --- issue 3: failure recovery (monitor, circuit breakers, retry, health, log format)

@@ -37,9 +37,16 @@ class _Section(BaseModel):
 
 
 class DatabaseConfig(_Section):
-    """``[database]``: the ops database (SQLite file by default, PostgreSQL in production)."""
+    """``[database]``: the ops database (SQLite file by default, PostgreSQL in production).
+
+    ``pool_size`` / ``max_overflow``: PostgreSQL connections kept open / opened on demand per
+    process (every Celery pool child, manager and monitor has its own pool; see
+    ``docs/deployment.md`` for sizing the server's ``max_connections``).
+    """
 
     url: str = "sqlite:///packhorse.db"
+    pool_size: int = Field(5, ge=1, le=100)
+    max_overflow: int = Field(5, ge=0, le=100)
 
 
 class ExecutorConfig(_Section):

@@ -16,7 +16,9 @@ Never set it in production. The value is JSON: a list of hooks, each
 * ``"duplicate"`` (point ``dispatch``): the local runner delivers every dispatch twice
   (:func:`active`).
 
-A hook fires at most ``times`` times per process (default: always for pause/corrupt).
+A hook fires at most ``times`` times per process (default: always for pause/corrupt). A hook
+with ``"unless_exists": PATH`` does not fire once that file exists (e.g. its own ``marker``:
+only the first process that reaches the point pauses, not the pool child that replaces it).
 
 ``PACKHORSE_TEST_NO_FENCING=1`` switches fencing off (:func:`fencing_disabled`) so the chaos
 harness can show that it detects what fencing prevents: workers never stop on a lost lease,
@@ -62,6 +64,8 @@ def hit(point: str, *, path: Path | None = None) -> None:
     """Run every hook registered for ``point``; ``path`` is the local file concerned, if any."""
     for i, hook in enumerate(_hooks()):
         if hook.get("point") != point:
+            continue
+        if hook.get("unless_exists") and Path(hook["unless_exists"]).exists():
             continue
         with _lock:
             times = hook.get("times")

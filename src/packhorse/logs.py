@@ -48,8 +48,8 @@ def configure(level: str = "INFO", *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        # one write per line: worker processes share stderr, and print() writes the line and
-        # its newline separately, so lines of two processes could run together
+        # one write(2) per line: worker processes share stderr, and print() writes the line and
+        # its newline separately, so lines of two processes could interleave
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )

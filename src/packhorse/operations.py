@@ -115,24 +115,33 @@ def dedup_key(kind: OperationKind, subject: str, destination: str | None = None)
     return f"{kind.value}:{subject}" + (f"->{destination}" if destination else "")
 
 
-def claim(db: Database, operation_id: int, owner: str, lease_seconds: float) -> Claim | None:
+def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
+          min_attempt: int | None = None) -> Claim | None:
     """Try to take the lease on a runnable operation.
 
     Succeeds only if the operation is ``PENDING`` or ``SCHEDULED`` and its retry backoff has
     passed. Returns ``None`` otherwise (already running under a lease, finished, or not yet due):
     the caller must then do nothing (a duplicate delivery).
+
+    Args:
+        min_attempt: a broker message says "run operation N at attempt ≥ A" (issue #4): the
+            claim succeeds only while the operation's attempt is below ``A``, i.e. the attempt
+            this message was dispatched for has not been taken yet. A late or duplicated
+            message for an attempt that already ran changes nothing; the newer dispatch of
+            that operation carries a higher ``A``.
     """
 
     def tx(s: Session) -> Claim | None:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
+        where = [Operation.id == operation_id,
+                 Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
+                 (Operation.not_before.is_(None)) | (Operation.not_before <= now)]
+        if min_attempt is not None:
+            where.append(Operation.attempt < min_attempt)
         row = s.scalars(
             update(Operation)
-            .where(
-                Operation.id == operation_id,
-                Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-                (Operation.not_before.is_(None)) | (Operation.not_before <= now),
-            )
+            .where(*where)
             .values(
                 status=Status.IN_PROGRESS.value, attempt=Operation.attempt + 1, lease_owner=owner,
                 lease_expires_at=expires, heartbeat_at=now, started_at=now, updated_at=now, bytes_done=0,

@@ -87,3 +87,35 @@ def sync_topology(db: Database, settings: Settings) -> Topology:
         return topo
 
     return db.transact(tx)
+
+
+def load_topology(db: Database, settings: Settings) -> Topology:
+    """Read the id maps of the configured sites and locations without writing (distributed
+    workers: one configuration, many processes; only ``packhorse init`` and the manager write
+    the topology).
+
+    Raises:
+        DatabaseNotInitializedError: a configured site or location is not in the database yet
+            (run ``packhorse init`` with this configuration).
+    """
+    from .errors import DatabaseNotInitializedError
+
+    def tx(s: Session) -> Topology:
+        topo = Topology()
+        names = {}
+        for row in s.scalars(select(Site)):
+            topo.site_ids[row.name] = row.id
+            names[row.id] = row.name
+        for row in s.scalars(select(DataLocation)):
+            topo.location_ids[row.name] = row.id
+            topo.location_names[row.id] = row.name
+            topo.location_site[row.name] = names[row.site_id]
+            topo.location_role[row.name] = LocationRole(row.role)
+        missing = [x.name for x in settings.sites if x.name not in topo.site_ids]
+        missing += [x.name for x in settings.locations if x.name not in topo.location_ids]
+        if missing:
+            raise DatabaseNotInitializedError(
+                f"sites/locations {', '.join(missing)} are not in the database; run `packhorse init`")
+        return topo
+
+    return db.read(tx)

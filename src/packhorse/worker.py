@@ -44,14 +44,22 @@ def _record_stale(ctx: StageContext, c: Claim, exc: BaseException) -> None:
     ctx.db.transact(tx)
 
 
-def execute_operation(ctx: StageContext, operation_id: int, owner: str) -> Outcome:
+def execute_operation(ctx: StageContext, operation_id: int, owner: str, *, min_attempt: int | None = None) -> Outcome:
     """Claim and run operation ``operation_id`` as ``owner`` (``host:pid:thread``).
 
+    Args:
+        min_attempt: run only as attempt ``min_attempt`` or later (a broker message's "at
+            attempt ≥ A"; see :func:`~packhorse.operations.claim`). ``None``: any attempt.
+
     Returns:
-        the :class:`Outcome`. A duplicate delivery (already done, leased by a live worker, or
-        not yet due) returns ``SKIPPED`` without doing anything (I3).
+        the :class:`Outcome`. A duplicate delivery (already done, leased by a live worker, at
+        a newer attempt, or not yet due) returns ``SKIPPED`` without doing anything (I3).
+
+    Raises:
+        TransientDatabaseError: the database was unreachable while claiming (nothing was
+            claimed; the caller may try again later).
     """
-    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds)
+    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds, min_attempt=min_attempt)
     if c is None:
         return Outcome.SKIPPED
     # every log line of the task carries these (structlog contextvars; issue #3 "Structured logs")

@@ -67,6 +67,8 @@ def test_run_refuses_an_executor_that_is_not_available(tmp_path: Path) -> None:
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     r = run_packhorse("run", "-c", str(cfg), "--until-idle")
     assert r.returncode == 2 and "executor.kind" in r.stderr
+    # it says what to start instead (issue 4)
+    assert "packhorse manager" in r.stderr and "packhorse worker --site" in r.stderr and "packhorse monitor" in r.stderr
 
 
 def test_status_before_init_leaves_no_database_file_behind(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ duplicate operations), and the Alembic migrations build exactly the models' sche
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from packhorse.db.models import (
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, OperationKind, Status
 from packhorse.errors import DatabaseNotInitializedError
+from support import describe_schema
 
 SHA = "a" * 64
 
@@ -176,35 +176,6 @@ def test_copy_status_and_artifact_are_checked(db: Database) -> None:
 # ---------------------------------------------------------------------------- migrations
 
 
-def _normalize(sql: str | None) -> str:
-    return re.sub(r"\s+", " ", str(sql or "")).strip()
-
-
-def _describe(engine_url: str) -> dict[str, Any]:
-    """Everything the schema enforces, table by table, as the database reports it."""
-    engine = create_engine(engine_url)
-    try:
-        with engine.connect() as conn:
-            insp = inspect(conn)
-            out: dict[str, Any] = {}
-            for t in sorted(insp.get_table_names()):
-                if t == "alembic_version":
-                    continue
-                out[t] = {
-                    "columns": [(c["name"], str(c["type"]), c["nullable"]) for c in insp.get_columns(t)],
-                    "pk": insp.get_pk_constraint(t)["constrained_columns"],
-                    "fks": sorted((tuple(f["constrained_columns"]), f["referred_table"]) for f in insp.get_foreign_keys(t)),
-                    "unique": sorted((u["name"], tuple(u["column_names"])) for u in insp.get_unique_constraints(t)),
-                    "checks": sorted((c["name"], _normalize(c["sqltext"])) for c in insp.get_check_constraints(t)),
-                    "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"])) for i in insp.get_indexes(t)),
-                }
-            out["partial_index_sql"] = sorted(
-                _normalize(r[0]) for r in conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'index' AND sql LIKE '%WHERE%'")))
-            return out
-    finally:
-        engine.dispose()
-
-
 def test_upgrade_builds_exactly_the_models_schema(tmp_path: Path) -> None:
     d = Database(f"sqlite:///{tmp_path}/m.db")
     d.upgrade()
@@ -218,7 +189,7 @@ def test_upgrade_builds_exactly_the_models_schema(tmp_path: Path) -> None:
     ref = create_engine(f"sqlite:///{tmp_path}/ref.db")
     Base.metadata.create_all(ref)
     ref.dispose()
-    migrated, expected = _describe(f"sqlite:///{tmp_path}/m.db"), _describe(f"sqlite:///{tmp_path}/ref.db")
+    migrated, expected = describe_schema(f"sqlite:///{tmp_path}/m.db"), describe_schema(f"sqlite:///{tmp_path}/ref.db")
     assert migrated == expected
     assert len(expected["partial_index_sql"]) == 2 and all("'present', 'deletion_pending'" in s
                                                            for s in expected["partial_index_sql"])

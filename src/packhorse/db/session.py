@@ -13,6 +13,19 @@ two writers queue on the database lock instead of failing half-way through; read
 process using the same file queue on a :class:`WriterQueue` first: SQLite's own busy handler
 sleeps in coarse steps (1, 2, 5 … 100 ms), which wasted seconds when worker processes and the
 managers wrote at the same time; the queue hands the lock over at once.
+
+PostgreSQL (``postgresql+psycopg://user@host:5432/db``, psycopg 3) gets a connection pool of
+``pool_size`` connections plus ``max_overflow`` extra ones per process (``[database]``
+``pool_size`` / ``max_overflow``, default 5 + 5), pre-pinged so a connection the server
+dropped is replaced before use, recycled after 30 minutes. Read-only units run in a
+``READ ONLY`` transaction. Transient errors are recognized by their SQLSTATE: connection
+exceptions (class ``08``), serialization failure ``40001``, deadlock ``40P01``, admin / crash
+shutdown and "cannot connect now" ``57P01``–``57P03``, too many connections ``53300``.
+
+**Fork safety.** A pooled connection must never be shared by two processes (a Celery prefork
+pool forks its children after the parent may have connected). :attr:`Database.engine` notices
+that it is used in a new process and builds a fresh engine there, leaving the parent's
+connections untouched (``dispose(close=False)``), so every process has its own pool.
 """
 
 from __future__ import annotations
@@ -22,9 +35,10 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy import create_engine, event, exc, inspect
 from sqlalchemy.engine import Engine
@@ -32,23 +46,40 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import DatabaseNotInitializedError, TransientDatabaseError
 
+if TYPE_CHECKING:
+    from ..config import Settings
+
 T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 
+#: SQLSTATEs that go away on retry (besides class 08, connection exceptions).
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300"})
+_TRANSIENT_WORDS = ("locked", "busy", "connection", "server closed", "terminating", "could not serialize",
+                    "deadlock", "timeout", "shutting down", "the database system is starting up")
+
+
 def _is_transient(err: BaseException) -> bool:
-    if isinstance(err, exc.DBAPIError) and err.connection_invalidated:
+    """True for a database error that a fresh attempt of the unit of work can get past."""
+    if isinstance(err, exc.PendingRollbackError):
         return True
-    if isinstance(err, exc.OperationalError):
-        text = str(err.orig).lower() if err.orig is not None else str(err).lower()
-        transient_words = ("locked", "busy", "connection", "server closed", "terminating",
-                           "could not serialize", "deadlock", "timeout", "shutting down")
-        return any(w in text for w in transient_words)
-    if isinstance(err, exc.DBAPIError) and err.orig is not None:
-        sqlstate = getattr(err.orig, "sqlstate", None)
-        return sqlstate in {"40001", "40P01", "57P01", "08006", "08003", "08001"}
-    return isinstance(err, exc.PendingRollbackError)
+    if not isinstance(err, exc.DBAPIError):
+        return False
+    if err.connection_invalidated:
+        return True
+    sqlstate = getattr(err.orig, "sqlstate", None)
+    if sqlstate:
+        return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith("08")
+    if isinstance(err, (exc.OperationalError, exc.InterfaceError)):
+        text = str(err.orig if err.orig is not None else err).lower()
+        return any(w in text for w in _TRANSIENT_WORDS)
+    return False
+
+
+#: Default connection pool of one process on PostgreSQL (``[database] pool_size``, ``max_overflow``).
+DEFAULT_POOL_SIZE = 5
+DEFAULT_MAX_OVERFLOW = 5
 
 
 class WriterQueue:
@@ -118,8 +149,13 @@ class WriterQueue:
             self._thread_lock.release()
 
 
-def make_engine(url: str) -> Engine:
-    """Create an engine for ``url``; SQLite gets WAL, ``BEGIN IMMEDIATE`` and a busy timeout."""
+def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW) -> Engine:
+    """Create an engine for ``url`` in this process.
+
+    SQLite gets WAL, ``BEGIN IMMEDIATE`` and a busy timeout; PostgreSQL a pre-pinged pool of
+    ``pool_size`` (+ ``max_overflow``) connections, a 10 s connect timeout and TCP keepalives
+    (a server that vanished is noticed in about a minute, not after the kernel's two hours).
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
                                pool_size=16, max_overflow=16)
@@ -144,7 +180,45 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    connect_args: dict[str, object] = {}
+    if url.startswith("postgresql"):
+        connect_args = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
+                        "keepalives_interval": 10, "keepalives_count": 3,
+                        "application_name": f"packhorse:{os.getpid()}"}
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow,
+                         pool_recycle=1800, pool_timeout=30, connect_args=connect_args)
+
+
+#: Every Database of this process: a forked child drops their inherited connections at once
+#: (without closing them: they are the parent's), before anything could use or garbage-collect
+#: them (SQLAlchemy's recipe for multiprocessing).
+_DATABASES: "weakref.WeakSet[Database]" = weakref.WeakSet()
+
+
+def _forget_parent_connections() -> None:
+    for db in list(_DATABASES):
+        try:
+            db._after_fork()
+        except Exception:
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_parent_connections)
+
+
+def _discard(session: Session) -> None:
+    """Roll back a failed unit of work; if the connection is dead, drop it from the pool.
+
+    The session is never reused after a failure (every attempt opens a new one), so a dead
+    connection cannot leave a ``PendingRollbackError`` loop behind.
+    """
+    try:
+        session.rollback()
+    except Exception:
+        try:
+            session.invalidate()
+        except Exception:
+            pass
 
 
 class Database:
@@ -155,20 +229,50 @@ class Database:
             ``postgresql+psycopg://user@host/db``.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE,
+                 max_overflow: int = DEFAULT_MAX_OVERFLOW) -> None:
         self.url = url
-        self.engine = make_engine(url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.pool_size = pool_size
+        self.max_overflow = max_overflow
+        self._setup()
+        _DATABASES.add(self)
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> "Database":
+        """The database of ``[database]`` (URL with a relative SQLite path resolved, pool sizes)."""
+        return cls(settings.database_url, pool_size=settings.database.pool_size,
+                   max_overflow=settings.database.max_overflow)
+
+    def _setup(self) -> None:
+        self._pid = os.getpid()
+        self._engine = make_engine(self.url, pool_size=self.pool_size, max_overflow=self.max_overflow)
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         # SQLite has one writer at a time and its busy handler waits by sleeping (up to 100 ms
-        # a step): writers queue instead, so a write starts the moment the previous one commits.
+        # a step): writers of every thread and process queue instead (WriterQueue), so a write
+        # starts the moment the previous one commits.
         self._write_lock: WriterQueue | None = None
-        if url.startswith("sqlite:///") and ":memory:" not in url:
-            self._write_lock = WriterQueue(self.engine.url.database or url[len("sqlite:///"):])
-        self._read_sessions = sessionmaker(self.engine.execution_options(packhorse_read_only=True),
-                                           expire_on_commit=False)
+        if self.url.startswith("sqlite:///") and ":memory:" not in self.url:
+            self._write_lock = WriterQueue(self._engine.url.database or self.url[len("sqlite:///"):])
+        read_options: dict[str, object] = {"packhorse_read_only": True}
+        if self.url.startswith("postgresql"):
+            read_options["postgresql_readonly"] = True
+        self._read_sessions = sessionmaker(self._engine.execution_options(**read_options), expire_on_commit=False)
+
+    def _after_fork(self) -> None:
+        if os.getpid() != self._pid:
+            # a forked child: never touch the parent's pooled connections, open our own
+            self._engine.dispose(close=False)
+            self._setup()
+
+    @property
+    def engine(self) -> Engine:
+        """The engine of this process (rebuilt after a fork; see the module docstring)."""
+        self._after_fork()
+        return self._engine
 
     def session(self) -> Session:
         """A new session (caller commits/closes). Prefer :meth:`transact`."""
+        self._after_fork()
         return self._sessions()
 
     def transact(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
@@ -183,6 +287,7 @@ class Database:
             TransientDatabaseError: the database stayed unavailable for every attempt.
             Any other exception ``fn`` raises (after rolling back).
         """
+        self._after_fork()
         if self._write_lock is None:
             return self._run(fn, self._sessions, attempts=attempts)
         with self._write_lock:
@@ -192,8 +297,9 @@ class Database:
         """Run a read-only ``fn(session)`` in one consistent snapshot; retried like :meth:`transact`.
 
         On SQLite the transaction is a plain (deferred) ``BEGIN``: readers never wait for the
-        write lock. ``fn`` must not write.
+        write lock; on PostgreSQL it is ``READ ONLY``. ``fn`` must not write.
         """
+        self._after_fork()
         return self._run(fn, self._read_sessions, attempts=attempts)
 
     def _run(self, fn: Callable[[Session], T], factory: sessionmaker[Session], *, attempts: int) -> T:
@@ -207,7 +313,7 @@ class Database:
                 session.commit()
                 return result
             except exc.SQLAlchemyError as err:
-                session.rollback()
+                _discard(session)
                 if not _is_transient(err):
                     raise
                 if i == attempts - 1:
@@ -215,14 +321,14 @@ class Database:
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 5.0)
             except BaseException:
-                session.rollback()
+                _discard(session)
                 raise
             finally:
                 session.close()
         raise AssertionError("unreachable")
 
     def dispose(self) -> None:
-        """Close every pooled connection (call in a child after fork, and at exit)."""
+        """Close every pooled connection of this process (at exit)."""
         self.engine.dispose()
 
     # -- migrations -----------------------------------------------------------------

@@ -10,7 +10,7 @@ in one transaction per source location.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import select, update
@@ -51,11 +51,19 @@ def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
     return parts
 
 
-def manage(ctx: StageContext, unsettled: dict[str, set[str]]) -> int:
-    """Create packages (and their ``raw_data_package`` operations); returns how many."""
+def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Collection[str] | None = None) -> int:
+    """Create packages (and their ``raw_data_package`` operations); returns how many.
+
+    Args:
+        unsettled: per source location name, the groups whose files have not settled yet.
+        locations: only these source locations (the distributed scan task packages its own
+            location right after scanning it); default every source location.
+    """
     created = 0
     for loc in ctx.settings.locations:
         if loc.role is not LocationRole.SOURCE or not loc.active:
+            continue
+        if locations is not None and loc.name not in locations:
             continue
         route = ctx.settings.route_from(loc.site)
         if route is None:

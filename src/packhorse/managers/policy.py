@@ -64,8 +64,15 @@ def is_archived(session: Session, ctx: StageContext, pkg: RawDataPackage) -> boo
 
 
 def mark_archived_if_complete(session: Session, ctx: StageContext, pkg_id: int) -> bool:
-    """Set ``archived_at`` once the package is archived; returns whether it is."""
-    pkg = session.get(RawDataPackage, pkg_id)
+    """Set ``archived_at`` once the package is archived; returns whether it is.
+
+    The package row is locked first (``SELECT … FOR NO KEY UPDATE`` on PostgreSQL, which does
+    not conflict with the key-share lock the copy's foreign key took): two archive
+    completions of one package at two sites commit concurrently, and without the lock neither
+    would see the other's copy, so the package would never be marked archived (and its buffer
+    copies never freed). The second waits for the first and then sees its copy.
+    """
+    pkg = session.get(RawDataPackage, pkg_id, with_for_update={"key_share": True})
     assert pkg is not None
     if pkg.archived_at is None and is_archived(session, ctx, pkg):
         pkg.archived_at = utcnow()

@@ -1,0 +1,519 @@
+"""Distributed mode: Celery workers per site, a Redis or RabbitMQ broker (issue #4).
+
+Same stages, same guarantees, same code path as the embedded mode: a Celery task only calls
+:func:`packhorse.worker.execute_operation`, exactly like a thread of the local runner. Only the
+executor and the database URL change (DESIGN.md "Architecture").
+
+**Messages.** A message carries only "run operation N at attempt ≥ A" (``[N, A]``, JSON). The
+ops database is the single source of truth: a message can be lost, duplicated or delivered
+late without harm. A task that finds its operation done, leased by a live worker, or already
+at attempt A or later returns without doing anything (the claim is a compare-and-set on the
+fencing token, :func:`packhorse.operations.claim`). Work whose message was lost is found again
+by the reconciler (``SCHEDULED`` → ``PENDING``) and the stalled-task monitor (expired lease →
+``PENDING``); :func:`dispatch_pending` then publishes a new message with a higher A.
+
+**Queues** are routed per (site, data location, operation kind) and named
+``<site>_<location>_<kind>``, e.g. ``cologne_cologne-lta_long_term_archive``; the location is
+the one the operation writes to (its destination, or its source for a deletion), and the site
+is the operation's site: transfers belong to the destination site, whose workers pull the
+bundle. The scan of a source location is the task ``packhorse.scan`` on the queue
+``<site>_<location>_scan`` of the source's site. ``packhorse worker --site NAME`` consumes
+exactly its site's queues (:func:`site_queues`), so a worker only writes to its own site's
+storage.
+
+**Celery settings** (:func:`make_app`): ``task_acks_late`` and ``task_reject_on_worker_lost``
+(a message is acknowledged only after its task returned; a worker that dies gives it back),
+``worker_prefetch_multiplier = 1`` (a worker holds no message it is not running), JSON only,
+no result backend, the broker's ``visibility_timeout`` from ``[executor]
+visibility_timeout_seconds`` (Redis; the reconciler floor is never below it).
+
+**Processes.** Each prefork pool child builds its own :class:`~packhorse.stages.base.StageContext`
+and database engine on first use (:func:`process_context`); nothing database-related crosses
+a fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from celery import Celery
+from kombu import Exchange, Queue
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session
+
+from ..config import Settings
+from ..db.models import Operation, utcnow
+from ..db.session import Database
+from ..domain import LocationRole, OperationKind, Status, StorageType
+from ..errors import ConfigError, TransientDatabaseError
+from ..stages import STAGES
+from ..stages.base import StageContext
+from ..storage.disk import DiskBackend
+from ..topology import load_topology
+from ..worker import execute_operation
+
+log = structlog.get_logger(__name__)
+
+#: The queue suffix and task of the scan of a source location (not an operation kind: a scan
+#: registers files, it owns no operation row).
+SCAN = "scan"
+RUN_OPERATION_TASK = "packhorse.run_operation"
+SCAN_TASK = "packhorse.scan"
+#: Operation kinds a Celery worker can run (every kind with a stage).
+RUNNABLE_KINDS: tuple[OperationKind, ...] = tuple(k for k in OperationKind if k in STAGES)
+#: The one direct exchange every queue is bound to (routing key = queue name).
+EXCHANGE = Exchange("packhorse", type="direct", durable=True)
+#: Operations one dispatch cycle claims at most (one ``FOR UPDATE SKIP LOCKED`` batch).
+DISPATCH_BATCH = 200
+
+
+def queue_name(site: str, location: str, kind: OperationKind | str) -> str:
+    """``<site>_<location>_<kind>``, e.g. ``cologne_cologne-lta_long_term_archive``."""
+    k = kind.value if isinstance(kind, OperationKind) else kind
+    return f"{site}_{location}_{k}"
+
+
+def kinds_for(role: LocationRole) -> list[str]:
+    """The work a location of ``role`` can receive: every runnable kind, plus ``scan`` for a source."""
+    kinds = [k.value for k in RUNNABLE_KINDS]
+    return kinds + [SCAN] if role is LocationRole.SOURCE else kinds
+
+
+def site_queues(settings: Settings, site: str, kinds: Sequence[str] | None = None) -> list[str]:
+    """Every queue a worker of ``site`` consumes (optionally only for ``kinds``).
+
+    Raises:
+        ConfigError: ``site`` is not configured, or a kind is unknown.
+    """
+    if site not in {s.name for s in settings.sites}:
+        raise ConfigError(f"--site: unknown site {site!r} (one of {', '.join(s.name for s in settings.sites)})")
+    known = {k.value for k in RUNNABLE_KINDS} | {SCAN}
+    for k in kinds or ():
+        if k not in known:
+            raise ConfigError(f"--kinds: unknown kind {k!r} (one of {', '.join(sorted(known))})")
+    out = []
+    for loc in settings.locations:
+        if loc.site != site or not loc.active:
+            continue
+        for k in kinds_for(loc.role):
+            if kinds is None or k in kinds:
+                out.append(queue_name(site, loc.name, k))
+    return out
+
+
+def all_queues(settings: Settings) -> list[str]:
+    """Every queue of every site (the manager declares them before publishing)."""
+    return [q for s in settings.sites for q in site_queues(settings, s.name)]
+
+
+def operation_queue(ctx: StageContext, site_id: int, source_location_id: int | None,
+                    destination_location_id: int | None, kind: str) -> str:
+    """The queue of one operation: its site, the location it writes to, its kind."""
+    loc_id = destination_location_id if destination_location_id is not None else source_location_id
+    return queue_name(ctx.topology.site_name(site_id), ctx.location_name(loc_id), kind)
+
+
+# ------------------------------------------------------------------------------ the app
+
+
+def transport_options(visibility_timeout: float) -> dict[str, Any]:
+    """Broker transport options: the visibility timeout (s), and for Redis a sweep for unacked
+    messages often enough to honour it (kombu sweeps every 10 × 10 s by default; with a short
+    timeout it sweeps every ``timeout / 2`` s, at least every second)."""
+    opts: dict[str, Any] = {"visibility_timeout": visibility_timeout}
+    if visibility_timeout < 100:
+        opts.update(unacked_restore_interval=max(1, int(visibility_timeout / 2)), unacked_restore_throttle=1)
+    return opts
+
+
+
+def make_app(settings: Settings) -> Celery:
+    """The Celery app of ``settings`` (broker, queues, reliability settings, tasks).
+
+    Raises:
+        ConfigError: ``executor.kind`` is not ``"celery"`` or ``executor.broker_url`` is missing.
+    """
+    ex = settings.executor
+    if ex.kind != "celery":
+        raise ConfigError(f"executor.kind: is {ex.kind!r}; the distributed services need \"celery\"")
+    if not ex.broker_url:
+        raise ConfigError("executor.broker_url: required with executor.kind = \"celery\" "
+                          "(e.g. redis://host:6379/0 or amqp://user:password@host:5672/vhost)")
+    app = Celery("packhorse", broker=ex.broker_url, set_as_current=False)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        broker_transport_options=transport_options(ex.visibility_timeout_seconds),
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        task_queues=[Queue(q, EXCHANGE, routing_key=q) for q in all_queues(settings)],
+        task_default_exchange=EXCHANGE.name,
+        task_default_exchange_type=EXCHANGE.type,
+        # nothing is published without an explicit queue; a stray message would wait here
+        task_default_queue="packhorse_unrouted",
+        task_create_missing_queues=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        enable_utc=True,
+    )
+    _SETTINGS[id(app)] = settings
+    app.task(name=RUN_OPERATION_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operation_task)
+    app.task(name=SCAN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(scan_task)
+    return app
+
+
+# settings of each app in this process (tasks find theirs through ``self.app``)
+_SETTINGS: dict[int, Settings] = {}
+_CONTEXTS: dict[tuple[int, int], StageContext] = {}
+_CTX_LOCK = threading.Lock()
+
+
+def process_context(settings: Settings) -> StageContext:
+    """The stage context of this process: database engine and backends built here, after any fork."""
+    key = (os.getpid(), id(settings))
+    with _CTX_LOCK:
+        ctx = _CONTEXTS.get(key)
+        if ctx is None:
+            db = Database.from_settings(settings)
+            ctx = _CONTEXTS[key] = StageContext(settings=settings, db=db, topology=load_topology(db, settings))
+        return ctx
+
+
+def _owner(task_id: str | None) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:celery-{(task_id or '-')[:8]}"
+
+
+def _retry_later(task: Any, exc: BaseException) -> Any:
+    """Give the message back to the broker for later: the database was unreachable (not the
+    operation's failure; DESIGN.md "Architecture")."""
+    delay = min(30.0, 2.0 * (2 ** min(task.request.retries, 4)))
+    log.warning("task_database_unavailable", task=task.name, retry_in_seconds=delay, error=str(exc))
+    return task.retry(exc=exc, countdown=delay, max_retries=None)
+
+
+def run_operation_task(self: Any, operation_id: int, min_attempt: int) -> str:
+    """Celery task: run operation ``operation_id`` at attempt ≥ ``min_attempt``; returns the outcome."""
+    ctx = process_context(_SETTINGS[id(self.app)])
+    try:
+        outcome = execute_operation(ctx, int(operation_id), _owner(self.request.id), min_attempt=int(min_attempt))
+    except TransientDatabaseError as exc:
+        raise _retry_later(self, exc) from exc
+    if outcome.value == "skipped":
+        with contextlib.suppress(Exception):
+            log.info("task_skipped", operation_id=operation_id, min_attempt=min_attempt,
+                     reason=skip_reason(ctx.db, int(operation_id), int(min_attempt)))
+    return outcome.value
+
+
+def skip_reason(db: Database, operation_id: int, min_attempt: int) -> str:
+    """Why a message for operation ``operation_id`` at attempt ≥ ``min_attempt`` did nothing."""
+    op = db.read(lambda s: s.get(Operation, operation_id))
+    now = utcnow()
+    if op is None:
+        return "no such operation"
+    if op.status in (Status.COMPLETED.value, Status.FAILED.value):
+        return f"done ({op.status})"
+    if op.status == Status.IN_PROGRESS.value and op.lease_expires_at is not None and op.lease_expires_at > now:
+        return f"leased by a live worker ({op.lease_owner}, attempt {op.attempt})"
+    if op.attempt >= min_attempt:
+        return f"at a newer attempt ({op.attempt}, status {op.status})"
+    if op.not_before is not None and op.not_before > now:
+        return f"not due before {op.not_before.isoformat()}"
+    return f"not runnable (status {op.status}, attempt {op.attempt})"
+
+
+@contextlib.contextmanager
+def location_lock(db: Database, location: str) -> Iterator[bool]:
+    """Hold an exclusive lock named after ``location`` while the block runs (PostgreSQL
+    session advisory lock; on SQLite always granted). Yields ``False`` if another process
+    holds it (the caller skips its work)."""
+    if not db.url.startswith("postgresql"):
+        yield True
+        return
+    key = f"packhorse-scan:{location}"
+    conn = db.engine.connect()
+    try:
+        got = bool(conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key}).scalar())
+        conn.commit()
+        try:
+            yield got
+        finally:
+            if got:
+                with contextlib.suppress(Exception):
+                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
+                    conn.commit()
+    finally:
+        conn.close()
+
+
+def scan_location_and_package(ctx: StageContext, location: str) -> dict[str, int]:
+    """Scan one source location and create the packages of its settled groups (the scan and
+    packaging steps of ``packhorse run``, for one location, on its own site).
+
+    Returns:
+        ``{"registered": files registered, "packages": packages created, "skipped": files skipped}``.
+    """
+    from ..managers import packages
+    from ..managers.scan import scan_location
+
+    with ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="scan") as pool:
+        result = scan_location(ctx, location, pool)
+    created = packages.manage(ctx, result.unsettled_groups, locations={location})
+    return {"registered": result.registered, "packages": created, "skipped": len(result.skipped)}
+
+
+def scan_task(self: Any, location: str) -> dict[str, int]:
+    """Celery task: scan source location ``location`` and package what settled."""
+    ctx = process_context(_SETTINGS[id(self.app)])
+    try:
+        with location_lock(ctx.db, location) as got:
+            if not got:
+                log.info("scan_skipped_already_running", location=location)
+                return {"registered": 0, "packages": 0, "skipped": 0}
+            return scan_location_and_package(ctx, location)
+    except TransientDatabaseError as exc:
+        raise _retry_later(self, exc) from exc
+
+
+# ------------------------------------------------------------------------------ dispatch
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """One message published: operation ``operation_id`` at attempt ≥ ``min_attempt`` to ``queue``."""
+
+    operation_id: int
+    min_attempt: int
+    queue: str
+
+
+def dispatch_pending(ctx: StageContext, app: Celery, *, batch: int = DISPATCH_BATCH) -> list[Dispatched]:
+    """Publish every due ``PENDING`` operation (up to ``batch``): ``PENDING`` → ``SCHEDULED``.
+
+    The rows are picked with ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL), so two managers
+    never pick the same operation; the status change commits *before* publishing. A publish that
+    fails (broker down) hands the operation back to ``PENDING`` (fenced on ``SCHEDULED`` and its
+    attempt), so the next cycle tries again; if even that write fails, the reconciler finds the
+    ``SCHEDULED`` row after its floor.
+
+    Returns:
+        the messages published.
+    """
+
+    def pick(s: Session) -> list[Any]:
+        now = utcnow()
+        rows = s.execute(
+            select(Operation.id, Operation.kind, Operation.attempt, Operation.site_id,
+                   Operation.source_location_id, Operation.destination_location_id)
+            .where(Operation.status == Status.PENDING.value,
+                   Operation.kind.in_([k.value for k in RUNNABLE_KINDS]),
+                   Operation.not_before.is_(None) | (Operation.not_before <= now))
+            .order_by(Operation.id).limit(batch)
+            .with_for_update(skip_locked=True)
+        ).all()
+        if not rows:
+            return []
+        taken = set(s.scalars(update(Operation).where(Operation.id.in_([r.id for r in rows]),
+                                                      Operation.status == Status.PENDING.value)
+                              .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now)
+                              .returning(Operation.id)))
+        return [r for r in rows if r.id in taken]
+
+    rows = ctx.db.transact(pick)
+    out: list[Dispatched] = []
+    for r in rows:
+        d = Dispatched(r.id, r.attempt + 1,
+                       operation_queue(ctx, r.site_id, r.source_location_id, r.destination_location_id, r.kind))
+        try:
+            publish(app, d)
+        except Exception as exc:
+            log.error("dispatch_publish_failed", operation_id=r.id, queue=d.queue, error=repr(exc))
+            _unschedule(ctx.db, r.id, r.attempt)
+            continue
+        out.append(d)
+    return out
+
+
+def publish(app: Celery, d: Dispatched) -> None:
+    """Send "run operation N at attempt ≥ A" to its queue (JSON ``[N, A]``)."""
+    app.send_task(RUN_OPERATION_TASK, args=[d.operation_id, d.min_attempt], queue=d.queue, routing_key=d.queue,
+                  retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
+
+
+def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
+    def tx(s: Session) -> None:
+        s.execute(update(Operation).where(Operation.id == operation_id, Operation.attempt == attempt,
+                                          Operation.status == Status.SCHEDULED.value)
+                  .values(status=Status.PENDING.value, updated_at=utcnow()))
+
+    with contextlib.suppress(Exception):
+        db.transact(tx)
+
+
+def dispatch_scans(ctx: StageContext, app: Celery) -> list[str]:
+    """Publish one scan of every active source disk location to its site's scan queue.
+
+    A scan message expires after three poll intervals (at least a minute): while a site's
+    workers are down, its scan requests do not pile up into a backlog of useless scans (the
+    next one sent after they are back does the work).
+    """
+    sent = []
+    expires = max(60.0, 3 * ctx.settings.managers.poll_interval_seconds)
+    for loc in ctx.settings.locations:
+        if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
+            q = queue_name(loc.site, loc.name, SCAN)
+            app.send_task(SCAN_TASK, args=[loc.name], queue=q, routing_key=q, expires=expires,
+                          retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
+            sent.append(q)
+    return sent
+
+
+def declare_queues(app: Celery, queues: Sequence[str]) -> None:
+    """Declare ``queues`` on the broker (RabbitMQ drops a message published to no queue)."""
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=3)
+        channel = conn.default_channel
+        for q in queues:
+            app.amqp.queues[q](channel).declare()
+
+
+# ------------------------------------------------------------------------------ services
+
+
+class Manager:
+    """``packhorse manager``: the managers of every stage and the dispatcher, in a loop.
+
+    Every ``managers.poll_interval_seconds``: publish a scan of each source location to its
+    site, run the managers (bundles, transfers, unpacks, long-term archives, deletions; the
+    packages of a source are created by its scan), publish every due ``PENDING`` operation
+    (dispatch runs at least every second). A failed cycle (database or broker unreachable) is
+    logged and counted (:class:`~packhorse.recovery.loop.ErrorCounter`: CRITICAL log and
+    notification after ``managers.max_consecutive_errors`` in a row) and the next cycle starts
+    afresh: the manager never needs a restart. It records its health as service kind
+    ``manager``.
+
+    Args:
+        settings: a configuration with ``executor.kind = "celery"``.
+        app: the Celery app (default: :func:`make_app`).
+    """
+
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self.settings = settings
+        self.app = app or make_app(settings)
+        self.stop = threading.Event()
+        self.cycles = 0
+        self.dispatched = 0
+
+    def cycle(self, *, scan: bool) -> int:
+        """One cycle; returns how many operations it dispatched."""
+        from ..managers import archives, bundles, deletions, transfers, unpacks
+
+        ctx = process_context(self.settings)
+        if scan:
+            dispatch_scans(ctx, self.app)
+        bundles.manage(ctx, flush=False)
+        transfers.manage(ctx)
+        unpacks.manage(ctx)
+        archives.manage(ctx)
+        deletions.manage(ctx)
+        return len(dispatch_pending(ctx, self.app))
+
+    def run(self, *, max_seconds: float | None = None) -> None:
+        """Loop until :attr:`stop` is set (or ``max_seconds`` passed)."""
+        from ..recovery.health import HeartbeatThread
+        from ..recovery.loop import ErrorCounter
+
+        ctx = process_context(self.settings)
+        errors = ErrorCounter(ctx.db, "manager", max_consecutive_errors=self.settings.managers.max_consecutive_errors,
+                              notification_cooldown_seconds=self.settings.recovery.notification_cooldown_seconds,
+                              retry_seconds=1.0)
+        health = HeartbeatThread(ctx.db, "manager",
+                                 interval_seconds=self.settings.recovery.service_heartbeat_interval_seconds).start()
+        poll = self.settings.managers.poll_interval_seconds
+        started = time.monotonic()
+        next_scan = 0.0
+        declared = False
+        try:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                if max_seconds is not None and t0 - started > max_seconds:
+                    break
+                self.cycles += 1
+                try:
+                    if not declared:
+                        declare_queues(self.app, all_queues(self.settings))
+                        declared = True
+                    scan = t0 >= next_scan
+                    self.dispatched += self.cycle(scan=scan)
+                    if scan:
+                        next_scan = t0 + poll
+                    errors.succeeded()
+                except Exception as exc:  # a failed cycle is never fatal (issue #3 layer 3)
+                    errors.failed(exc)
+                # dispatch at least every second: finished work makes new work between polls
+                self.stop.wait(max(0.05, min(poll, 1.0) - (time.monotonic() - t0)))
+        finally:
+            health.stop(remove=True)
+
+
+def cleanup_site_partials(settings: Settings, site: str) -> int:
+    """Remove partial writes older than a lease from ``site``'s disk locations (a crashed
+    worker's leftovers; the next attempt at the same object also removes them). Returns how many."""
+    removed = 0
+    for loc in settings.locations:
+        if loc.site == site and loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE and loc.path:
+            path = settings.location_path(loc.name)
+            if path.is_dir():
+                removed += DiskBackend(loc.name, path).cleanup_partials(settings.recovery.lease_timeout_seconds)
+    return removed
+
+
+def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = None, concurrency: int | None = None,
+               loglevel: str = "INFO", pool: str = "prefork") -> None:
+    """Start a Celery worker of ``site`` in this process (blocks until it is stopped).
+
+    It consumes exactly :func:`site_queues` of ``site``; ``concurrency`` pool processes
+    (default ``executor.workers``), each with its own database engine.
+
+    Raises:
+        ConfigError: wrong site, kind or executor settings.
+    """
+    queues = site_queues(settings, site, kinds)
+    if not queues:
+        raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
+    from .. import logs
+    from ..recovery.health import HeartbeatThread, service_name
+
+    logs.configure(loglevel)
+    app = make_app(settings)
+    cleanup_site_partials(settings, site)
+    n = concurrency or settings.executor.workers
+    # the worker's main process records its health (service kind "worker", one row per worker)
+    db = Database.from_settings(settings)
+    health = HeartbeatThread(db, "worker", service=service_name(f"worker-{site}"),
+                             interval_seconds=settings.recovery.service_heartbeat_interval_seconds).start()
+    try:
+        app.worker_main([
+            "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,
+            "--hostname", f"packhorse-{site}-{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ])
+    finally:
+        health.stop(remove=True)

@@ -1,0 +1,341 @@
+"""Support for tests of the distributed mode against real services (importable as ``distributed_support``).
+
+Services: PostgreSQL 127.0.0.1:5432 (user ``postgres``, trust), Redis 127.0.0.1:6379 (this
+suite owns databases 4–9), RabbitMQ 127.0.0.1:5672 (guest/guest; a private vhost per test).
+A service that cannot be reached skips the test with the reason — or fails it when
+``CI=true`` (:func:`unavailable`).
+
+Private instances for tests that harm their service: :class:`PrivateRedis` (a ``redis-server``
+on a free port, so ``FLUSHALL`` harms nobody) and :class:`PrivatePostgres` (``initdb`` /
+``pg_ctl`` as the ``postgres`` user in a temp folder on a free port, so it can be restarted).
+
+:class:`Cluster` runs a distributed packhorse installation of the three-site test
+configuration (``support.write_site_config``) as real processes: one ``packhorse worker`` per
+site, ``packhorse manager`` and (when it exists) ``packhorse monitor``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import SRC
+
+PG_HOST, PG_PORT = "127.0.0.1", 5432
+REDIS_PORT = 6379
+RABBIT_PORT = 5672
+
+
+def unavailable(reason: str) -> None:
+    """Skip (locally) or fail (``CI=true``) a test whose service is unreachable."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and a required service is unavailable: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll ``cond()`` until it returns a truthy value; fail naming ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = cond()
+        except Exception as e:  # the service may be down on purpose
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+# ------------------------------------------------------------------------------ PostgreSQL
+
+
+def _pg_admin(port: int = PG_PORT):  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(host=PG_HOST, port=port, user="postgres", dbname="postgres" if port != PG_PORT else "test",
+                           connect_timeout=3, autocommit=True)
+
+
+def postgres_database(port: int = PG_PORT) -> tuple[str, Callable[[], None]]:
+    """Create a uniquely named database; returns ``(SQLAlchemy URL, drop)``."""
+    try:
+        conn = _pg_admin(port)
+    except Exception as e:
+        unavailable(f"PostgreSQL {PG_HOST}:{port} unreachable: {e}")
+        raise
+    name = f"ph4_{uuid.uuid4().hex[:12]}"
+    with conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        try:
+            with _pg_admin(port) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except Exception:
+            pass
+
+    return f"postgresql+psycopg://postgres@{PG_HOST}:{port}/{name}", drop
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of our own (may be stopped and restarted by a test)."""
+
+    def __init__(self) -> None:
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not bins:
+            unavailable("no initdb in /usr/lib/postgresql/*/bin")
+        self.bin = Path(bins[-1]).parent
+        self.dir = Path(tempfile.mkdtemp(prefix="ph4-pg-"))
+        os.chmod(self.dir, 0o777)
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self._as_postgres([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                           "-E", "UTF8", "--no-sync"])
+        self.start()
+
+    def _as_postgres(self, cmd: list[str]) -> None:
+        full = cmd if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--", *cmd]
+        r = subprocess.run(full, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed: {r.stdout}\n{r.stderr}")
+
+    def start(self) -> None:
+        self._as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "60",
+                           "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        self._as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"])
+
+    def close(self) -> None:
+        try:
+            self.stop("immediate")
+        except AssertionError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ brokers
+
+
+def redis_url(db: int) -> str:
+    """``redis://127.0.0.1:6379/<db>`` after emptying that database (ours: 4–9)."""
+    assert 4 <= db <= 9, "issue 4 owns Redis databases 4-9"
+    import redis
+
+    try:
+        redis.Redis(port=REDIS_PORT, db=db, socket_connect_timeout=3).flushdb()
+    except Exception as e:
+        unavailable(f"Redis 127.0.0.1:{REDIS_PORT} unreachable: {e}")
+    return f"redis://127.0.0.1:{REDIS_PORT}/{db}"
+
+
+class PrivateRedis:
+    """A ``redis-server`` of our own on a free port (FLUSHALL-safe)."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            unavailable("redis-server is not installed")
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="ph4-redis-"))
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        self.client = redis.Redis(port=self.port)
+        wait_for(self.client.ping, 20, "private redis-server")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rabbitmq_vhost() -> tuple[str, Callable[[], None]]:
+    """A private RabbitMQ vhost for guest; returns ``(amqp URL, delete)``."""
+    def port_open() -> bool:
+        socket.create_connection(("127.0.0.1", RABBIT_PORT), timeout=3).close()
+        return True
+
+    try:  # a broker started just before the tests (.ci/run) may still be booting
+        wait_for(port_open, 60 if os.environ.get("CI", "").lower() == "true" else 3, "RabbitMQ's port")
+    except AssertionError as e:
+        unavailable(f"RabbitMQ 127.0.0.1:{RABBIT_PORT} unreachable: {e}")
+    if shutil.which("rabbitmqctl") is None:
+        unavailable("rabbitmqctl is not installed (needed to create a private vhost)")
+    vhost = f"ph4-{uuid.uuid4().hex[:10]}"
+    for cmd in (["add_vhost", vhost], ["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"]):
+        r = subprocess.run(["rabbitmqctl", "-q", *cmd], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            unavailable(f"rabbitmqctl {' '.join(cmd)} failed: {r.stderr.strip()}")
+
+    def delete() -> None:
+        subprocess.run(["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True, timeout=120)
+
+    return f"amqp://guest:guest@127.0.0.1:{RABBIT_PORT}/{vhost}", delete
+
+
+# ------------------------------------------------------------------------------ a cluster
+
+
+def write_source(root: Path, groups: int, files_per_group: int, size: int) -> None:
+    """``groups`` observation units ``inst/obsNN`` of incompressible files of about ``size`` bytes."""
+    for g in range(groups):
+        for i in range(files_per_group):
+            p = root / f"inst/obs{g:02d}/frame_{i:02d}.fits"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(os.urandom(size + 1000 * g + i))
+
+
+def has_monitor() -> bool:
+    """True if ``packhorse monitor`` (the stalled-task monitor and reconciler, issue 3) exists."""
+    try:
+        import packhorse.recovery.monitor  # noqa: F401
+        import packhorse.recovery.reconciler  # noqa: F401
+    except ImportError:
+        return False
+    from packhorse.cli import app
+
+    return any(c.name == "monitor" or (c.callback and c.callback.__name__ == "monitor") for c in app.registered_commands)
+
+
+SITES = ("fyst", "cologne", "cornell")
+
+
+class Cluster:
+    """A distributed packhorse of the three-site test configuration, as real processes.
+
+    Args:
+        config: the ``packhorse.toml`` (``support.write_site_config``).
+        database_url, broker_url: the services.
+        visibility_timeout: broker visibility timeout (s).
+        env: more environment for every process (e.g. fault hooks).
+    """
+
+    def __init__(self, config: Path, database_url: str, broker_url: str, *, visibility_timeout: float = 30,
+                 env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.root = config.parent
+        self.env = {
+            **os.environ, "PYTHONPATH": str(SRC),
+            "PACKHORSE_DATABASE__URL": database_url,
+            "PACKHORSE_DATABASE__POOL_SIZE": "2",
+            "PACKHORSE_DATABASE__MAX_OVERFLOW": "3",
+            "PACKHORSE_EXECUTOR__KIND": "celery",
+            "PACKHORSE_EXECUTOR__BROKER_URL": broker_url,
+            "PACKHORSE_EXECUTOR__VISIBILITY_TIMEOUT_SECONDS": str(visibility_timeout),
+            "PACKHORSE_LOG_LEVEL": "INFO",
+            **(env or {}),
+        }
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.database_url = database_url
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "packhorse", *args, "-c", str(self.config)], capture_output=True,
+                              text=True, env={**self.env, **(env or {})}, cwd=self.root, timeout=timeout)
+
+    def init(self) -> None:
+        r = self.cli("init")
+        assert r.returncode == 0, r.stderr
+
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``packhorse ARGS -c config`` as process ``name`` (own process group; log in ``<name>.log``)."""
+        log = open(self.root / f"{name}.log", "ab")
+        p = subprocess.Popen([sys.executable, "-m", "packhorse", *args, "-c", str(self.config)], stdout=log,
+                             stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, cwd=self.root,
+                             start_new_session=True)
+        log.close()
+        self.procs[name] = p
+        return p
+
+    def start_worker(self, site: str, *, concurrency: int = 1, env: dict[str, str] | None = None,
+                     name: str | None = None) -> subprocess.Popen[bytes]:
+        return self.start(name or f"worker-{site}", "worker", "--site", site, "--concurrency", str(concurrency),
+                          env=env)
+
+    def start_all(self, *, monitor: bool = False, worker_env: dict[str, dict[str, str]] | None = None) -> None:
+        for site in SITES:
+            self.start_worker(site, env=(worker_env or {}).get(site))
+        self.start("manager", "manager")
+        if monitor:
+            self.start("monitor", "monitor")
+
+    def log(self, name: str) -> str:
+        p = self.root / f"{name}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def stop(self, name: str, *, timeout: float = 30) -> None:
+        p = self.procs.pop(name, None)
+        if p is None:
+            return
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # pool children left behind, if any
+        except ProcessLookupError:
+            pass
+        p.wait(10)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+    def status(self) -> dict[str, Any]:
+        r = self.cli("status", "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def wait_finished(self, timeout: float, *, packages: int | None = None) -> dict[str, Any]:
+        """Wait until every package is archived, every operation COMPLETED and buffers freed."""
+
+        def done() -> dict[str, Any] | None:
+            st = self.status()
+            pk = st["packages"]
+            if not pk["total"] or pk["archived"] != pk["total"] or (packages is not None and pk["total"] != packages):
+                return None
+            if any(set(c) - {"COMPLETED"} for c in st["operations"].values()):
+                return None
+            if any(st["copies"][b]["count"] for b in ("fyst-buffer", "cologne-buffer", "cornell-buffer")):
+                return None
+            return st
+
+        try:
+            return wait_for(done, timeout, "the distributed run to finish", interval=1.0)
+        except AssertionError:
+            logs = "\n".join(f"--- {n}.log (tail)\n{self.log(n)[-3000:]}" for n in
+                             ["manager", "monitor", *(f"worker-{s}" for s in SITES)])
+            raise AssertionError(f"run did not finish; status: {json.dumps(self.status()['operations'])}\n{logs}")
