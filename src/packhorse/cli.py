@@ -219,15 +219,26 @@ def run(
     config: ConfigOpt = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
+    with_api: Annotated[bool, typer.Option("--api", help="also serve the HTTP API and dashboard (embedded)")] = False,
+    api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
+    api_port: Annotated[Optional[int], typer.Option("--api-port", help="API port [default: api.port]")] = None,
 ) -> None:
-    """Run managers, workers and lease recovery (embedded mode)."""
+    """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
     ctx = _context(config)
     if ctx.settings.executor.kind != "local":
         raise _fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
                     "mode (worker processes on this machine). For the distributed mode start "
                     "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
                     "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
-    elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet)
+    server = None
+    if with_api:
+        server = serve_api(ctx, api_host or ctx.settings.api.host,
+                           ctx.settings.api.port if api_port is None else api_port)
+    try:
+        elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet)
+    finally:
+        if server is not None:
+            server.should_exit = True
     code = _exit_code_after_run(ctx)
     if until_idle and signum is not None and code == EXIT_OK:
         # stopped before it was idle: a cron job must not take that for "all done"
@@ -276,8 +287,11 @@ def reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
+    from . import audit
+    from .actions import reset_all_failed, reset_operation
     from .domain import OperationKind
-    from .operations import ResetRefusedError, reset_failed
+    from .errors import UnknownOperationError
+    from .operations import ResetRefusedError
 
     try:
         k = OperationKind(kind)
@@ -288,8 +302,9 @@ def reset(
         raise _fail("give either an operation id or --all-failed", EXIT_CONFIG)
     ctx = _context(config)
     try:
-        ids = reset_failed(ctx.db, k, operation_id)
-    except ResetRefusedError as e:
+        ids = (reset_all_failed(ctx, k, actor=audit.cli_actor(), reason=reason) if operation_id is None
+               else reset_operation(ctx, k, operation_id, actor=audit.cli_actor(), reason=reason))
+    except (ResetRefusedError, UnknownOperationError) as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     import structlog
 
@@ -631,14 +646,9 @@ def _kind(kind: str):  # type: ignore[no-untyped-def]
 
 
 def _actor() -> str:
-    import getpass
-    import socket
+    from .audit import cli_actor
 
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"cli:{user}@{socket.gethostname()}"
+    return cli_actor()
 
 
 @app.command()
@@ -711,13 +721,14 @@ def breaker_reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Close the circuit breaker of one operation (the monitor then recovers it)."""
+    from .actions import reset_circuit_breaker
     from .errors import UnknownOperationError
-    from .recovery.breakers import jsonable, reset_breaker
+    from .recovery.breakers import jsonable
 
     k = _kind(kind)
     ctx = _context(config)
     try:
-        out = reset_breaker(ctx.db, k, operation_id, reason=reason, actor=_actor())
+        out = reset_circuit_breaker(ctx, k, operation_id, reason=reason, actor=_actor())
     except UnknownOperationError as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     if as_json:
@@ -735,14 +746,14 @@ def retry(
     as_json: JsonOpt = False,
 ) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
+    from .actions import force_retry_operation
     from .errors import UnknownOperationError
     from .operations import ResetRefusedError
-    from .recovery.breakers import force_retry
 
     k = _kind(kind)
     ctx = _context(config)
     try:
-        out = force_retry(ctx.db, k, operation_id, reason=reason, actor=_actor())
+        out = force_retry_operation(ctx, k, operation_id, reason=reason, actor=_actor())
     except (UnknownOperationError, ResetRefusedError) as e:
         raise _fail(str(e), EXIT_PROBLEM) from None
     if as_json:
@@ -771,6 +782,273 @@ def health(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         if not rows:
             print("no service has recorded a heartbeat")
     raise typer.Exit(EXIT_PROBLEM if dead else EXIT_OK)
+
+
+# --- issue 6: operator surface (API, diagnose, tokens, runtime settings, reconcile) ---------
+token_app = typer.Typer(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")
+config_app = typer.Typer(no_args_is_help=True, help="Runtime settings stored in the database (picked up within 60 s).")
+app.add_typer(token_app, name="token")
+app.add_typer(config_app, name="config")
+
+
+def serve_api(ctx: StageContext, host: str, port: int) -> "Any":
+    """Start the HTTP API in a background thread; returns the uvicorn server (``should_exit``
+    stops it). Prints ``packhorse api: serving on http://HOST:PORT`` on stderr once listening."""
+    import threading
+
+    import uvicorn
+
+    from .api.app import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(ctx.settings, ctx=ctx), host=host, port=port,
+                                          log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.05)
+    if not server.started:
+        raise _fail(f"api: cannot listen on {host}:{port}", EXIT_CONFIG)
+    bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+    print(f"packhorse api: serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+    return server
+
+
+@app.command()
+def api(
+    config: ConfigOpt = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="address to listen on [default: api.host]")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="port (0: any free port) [default: api.port]")] = None,
+) -> None:
+    """Serve the HTTP API, /metrics and the web dashboard until stopped."""
+    ctx = _context(config)
+    server = serve_api(ctx, host or ctx.settings.api.host, ctx.settings.api.port if port is None else port)
+    stop = {"now": False}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop["now"] = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    while not stop["now"] and not server.should_exit:
+        time.sleep(0.2)
+    server.should_exit = True
+
+
+@app.command()
+def diagnose(
+    kind: Annotated[Optional[str], typer.Argument(help="operation kind, e.g. transfer")] = None,
+    operation_id: Annotated[Optional[int], typer.Argument(help="operation id")] = None,
+    package: Annotated[Optional[str], typer.Option("--package", help="every operation of this package (by name)")] = None,
+    live: Annotated[bool, typer.Option("--live", help="also check now whether the bytes are on disk")] = False,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The diagnostic report of an operation: row, failure events (newest first), copies per
+    location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
+    from . import audit
+    from .actions import UnknownPackageError
+    from .diagnose import diagnose_operation, diagnose_package, live_check
+    from .errors import UnknownOperationError
+
+    if (package is None) == (kind is None or operation_id is None):
+        raise _fail("give KIND ID, or --package NAME", EXIT_CONFIG)
+    k = _kind(kind) if kind else None
+    ctx = _context(config)
+    try:
+        if package is not None:
+            reports = ctx.db.read(lambda s: diagnose_package(s, package))["reports"]
+        else:
+            reports = [ctx.db.read(lambda s: diagnose_operation(s, k, operation_id))]
+    except (UnknownOperationError, UnknownPackageError) as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    if live:
+        for r in reports:
+            r["live_check"] = live_check(ctx, _kind(r["operation"]["kind"]), r["operation"]["id"])
+    audit.record(ctx.db, actor=audit.cli_actor(), action="package.diagnose" if package else "operation.diagnose",
+                 target=package or f"{kind}/{operation_id}")
+    if as_json:
+        _print_json(reports if package else reports[0])
+    else:
+        for r in reports:
+            _print_report(r)
+    raise typer.Exit(EXIT_PROBLEM if any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    op = r["operation"]
+    out.print(f"[bold]{op['kind']} {op['id']}[/]: {op['status']}{' (stalled)' if op['stalled'] else ''}, "
+              f"attempt {op['attempt']}, retries {op['retry_count']}/{op['max_retries']}, stalls {op['stall_count']}")
+    out.print(f"  package: {op['raw_data_package'] or op['data_transfer_package'] or '-'}; "
+              f"{op['source_location'] or '-'} -> {op['destination_location'] or '-'}")
+    out.print(f"  diagnosis: {r['diagnosis']}  [{r['diagnosis_source']}]")
+    for e in r["failure_events"]:
+        out.print(f"  {e['created_at']} attempt {e['attempt']}: {e['error_type']}: {e['message']}"
+                  f"{' (retried)' if e['will_retry'] else ''}")
+    t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
+    for c in r["copies"]:
+        t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
+    out.print(t)
+    for c in r.get("live_check", {}).get("checked", []):
+        state = "ok" if c["ok"] else (c["error"] or "; ".join(
+            f"{o['path']}: {'size ' + str(o['size']) if o['exists'] else 'MISSING'}" for o in c["objects"] if not o["ok"]))
+        out.print(f"  live {c['location']}: {state}")
+    for c in r.get("live_check", {}).get("skipped", []):
+        out.print(f"  live {c['location']}: skipped ({c['reason']})")
+
+
+@app.command()
+def reconcile(
+    package_id: Annotated[Optional[int], typer.Argument(help="raw data package id (default: every package)")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute raw data packages' archived state from their verified archive copies."""
+    from . import audit
+    from .actions import UnknownPackageError, reconcile_inconsistent, reconcile_package
+
+    ctx = _context(config)
+    try:
+        out = (reconcile_package(ctx, package_id, actor=audit.cli_actor()) if package_id is not None
+               else reconcile_inconsistent(ctx, actor=audit.cli_actor()))
+    except UnknownPackageError as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        _print_json(out)
+    elif package_id is not None:
+        print(f"{out['name']}: {out['change'] or 'consistent'} (archived: {'yes' if out['archived'] else 'no'})")
+    else:
+        print(f"checked {out['checked']} package(s), changed {len(out['changed'])}")
+        for c in out["changed"]:
+            print(f"  {c['name']}: {c['change']}")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option("--role", help="observer or admin")],
+    name: Annotated[str, typer.Option("--name", help="who or what uses it")],
+    config: ConfigOpt = None,
+) -> None:
+    """Create an API token; it is printed once, alone on the last line of stdout."""
+    from . import audit
+    from .api.tokens import TokenError, create_token
+
+    ctx = _context(config)
+    try:
+        tok = create_token(ctx.db, name=name, role=role, created_by=audit.cli_actor())
+    except TokenError as e:
+        audit.record(ctx.db, actor=audit.cli_actor(), action="token.create", target=name, details={"role": role},
+                     result="refused", message=str(e))
+        raise _fail(str(e), EXIT_CONFIG) from None
+    audit.record(ctx.db, actor=audit.cli_actor(), action="token.create", target=name, details={"role": role})
+    print(f"created {role} token {name!r}; it is shown only now (packhorse stores only its hash):")
+    print(tok)
+
+
+@token_app.command("list")
+def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List tokens (never their secret)."""
+    from .api.tokens import list_tokens
+
+    ctx = _context(config)
+    rows = ctx.db.read(list_tokens)
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table("name", "role", "created", "by", "last used", "revoked", title="API tokens")
+    for r in rows:
+        t.add_row(r["name"], r["role"], r["created_at"], r["created_by"], r["last_used_at"] or "-", r["revoked_at"] or "-")
+    Console().print(t)
+
+
+@token_app.command("revoke")
+def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None,
+                 as_json: JsonOpt = False) -> None:
+    """Revoke a token: it is refused from the next request on."""
+    from . import audit
+    from .api.tokens import TokenError, revoke_token
+
+    ctx = _context(config)
+    try:
+        revoke_token(ctx.db, name)
+    except TokenError as e:
+        audit.record(ctx.db, actor=audit.cli_actor(), action="token.revoke", target=name, result="refused",
+                     message=str(e))
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    audit.record(ctx.db, actor=audit.cli_actor(), action="token.revoke", target=name)
+    if as_json:
+        _print_json({"revoked": name})
+    else:
+        print(f"revoked token {name!r}")
+
+
+@config_app.command("set")
+def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
+               value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Change a runtime setting; running services pick it up within a minute (audited)."""
+    from . import audit
+    from .runtime_settings import RuntimeSettingError, set_setting
+
+    ctx = _context(config)
+    try:
+        v = set_setting(ctx.db, key, value, actor=audit.cli_actor())
+    except RuntimeSettingError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        _print_json({"key": key, "value": v})
+        return
+    print(f"{key} = {v} (running services pick it up within "
+          f"{ctx.settings.managers.runtime_settings_refresh_seconds:g} s)")
+
+
+@config_app.command("unset")
+def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Drop a runtime override: the configuration file's value applies again (audited)."""
+    from . import audit
+    from .runtime_settings import RuntimeSettingError, unset_setting
+
+    ctx = _context(config)
+    try:
+        existed = unset_setting(ctx.db, key, actor=audit.cli_actor())
+    except RuntimeSettingError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        _print_json({"key": key, "removed": existed})
+        return
+    print(f"{key}: {'override removed' if existed else 'had no override'}; the configuration file's value applies")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Runtime settings: effective value, file default and where the value comes from."""
+    from .runtime_settings import describe
+
+    ctx = _context(config)
+    rows = ctx.db.read(lambda s: describe(s, ctx.settings))
+    if as_json:
+        _print_json(rows)
+        return
+    t = Table("key", "value", "source", "default", "changed", title="runtime settings")
+    for r in rows:
+        t.add_row(r["key"], str(r["value"]), r["source"], str(r["default"]),
+                  f"{r['updated_at']} by {r['updated_by']}" if r["updated_at"] else "-")
+    Console().print(t)
+
+
+@app.command("audit")
+def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entries")] = 50,
+              config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """The audit log of admin actions, newest first."""
+    from . import audit
+
+    ctx = _context(config)
+    rows = ctx.db.read(lambda s: audit.entries(s, limit=limit))
+    if as_json:
+        _print_json(rows)
+        return
+    for r in rows:
+        print(f"{r['at']} {r['actor']} {r['action']} {r['target'] or ''} {r['result']}"
+              f"{': ' + r['message'] if r['message'] else ''}")
 
 
 def main() -> None:

@@ -124,9 +124,12 @@ class PackagingConfig(_Section):
 
 
 class ManagersConfig(_Section):
-    """``[managers]``: the fallback polling interval (finished work wakes managers at once)."""
+    """``[managers]``: the fallback polling interval (finished work wakes managers at once) and
+    how often runtime settings are re-read (issue #6)."""
 
     poll_interval_seconds: float = Field(10.0, gt=0)
+    #: how often running services re-read runtime settings (``packhorse config set``), seconds
+    runtime_settings_refresh_seconds: float = Field(60.0, gt=0)
     #: consecutive failed cycles of a manager loop before a CRITICAL log and notification
     max_consecutive_errors: int = Field(5, ge=1)
 
@@ -279,6 +282,17 @@ class DiskUsageConfig(_Section):
                              f"< emergency_percent (got {self.recovery_percent}, {self.warning_percent}, "
                              f"{self.critical_percent}, {self.emergency_percent})")
         return self
+class ApiConfig(_Section):
+    """``[api]``: the HTTP API and dashboard (``packhorse api``, ``packhorse run --api``; issue #6).
+
+    ``live_check_ttl_seconds``: how long a live-check result can be fetched by its correlation
+    id (seed 002: 900 s). ``dashboard_refresh_seconds``: how often the dashboard reloads.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    live_check_ttl_seconds: float = Field(900.0, gt=0)
+    dashboard_refresh_seconds: float = Field(5.0, gt=0)
 
 
 class Settings(_Section):
@@ -295,6 +309,7 @@ class Settings(_Section):
     deletion: DeletionConfig = DeletionConfig()
     notifications: NotificationsConfig = NotificationsConfig()
     disk_usage: DiskUsageConfig = DiskUsageConfig()
+    api: ApiConfig = ApiConfig()
     #: The folder relative paths were resolved against (not a TOML key).
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -429,7 +444,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
 
 
 ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion", "notifications",
-                "disk_usage")
+                "disk_usage", "api")
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

@@ -436,3 +436,77 @@ class ServiceHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# --- issue 6: operator surface (API tokens, audit log, runtime settings, live checks) ---------
+
+
+class ApiToken(Base):
+    """A bearer token of the HTTP API with a role (``observer`` or ``admin``; issue #6).
+
+    Only ``token_hash`` (sha256 hex of the token) is stored: the token itself is shown once,
+    when it is created. A revoked token (``revoked_at`` set) is refused.
+    """
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (CheckConstraint("role IN ('observer', 'admin')", name="role"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AuditEntry(Base):
+    """One admin action, appended after it ran: who (``actor``), what (``action``, ``target``,
+    ``details``), when (``at``) and the result (``ok`` / ``refused`` / ``error`` + message)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (CheckConstraint("result IN ('ok', 'refused', 'error')", name="result"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(100))
+    target: Mapped[str | None] = mapped_column(Text, nullable=True)
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    result: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class RuntimeSetting(Base):
+    """A setting changed while services run (``packhorse config set``); overrides the file.
+
+    ``value`` is the JSON-encoded value; services re-read the table at most every 60 s.
+    """
+
+    __tablename__ = "runtime_settings"
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(200))
+
+
+class LiveCheck(Base):
+    """An asynchronous live filesystem check of one operation's bytes, by correlation id.
+
+    Ephemeral: rows past ``expires_at`` (900 s after the request) are purged and reported as
+    unknown. ``state`` is ``pending``, ``done`` or ``failed``; ``result`` the per-location
+    findings.
+    """
+
+    __tablename__ = "live_checks"
+    __table_args__ = (
+        CheckConstraint("state IN ('pending', 'done', 'failed')", name="state"),
+        CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+    )
+    correlation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    operation_id: Mapped[int] = mapped_column(Integer)
+    requested_by: Mapped[str] = mapped_column(String(200))
+    requested_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -48,6 +48,7 @@ from ..operations import worker_identity
 from .. import faults
 from ..recovery.loop import ErrorCounter
 from ..recovery.monitor import recovery_cycle
+from ..runtime_settings import RuntimeSettings
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
 from ..topology import Topology
@@ -106,6 +107,12 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
     _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
+    global _process_runtime
+    _process_runtime = RuntimeSettings(_process_ctx.db, settings)
+
+
+#: runtime settings of a worker process (a changed log_level applies here too; issue #6)
+_process_runtime: RuntimeSettings | None = None
 
 
 def _start_forkserver() -> None:
@@ -128,6 +135,8 @@ def _start_forkserver() -> None:
 
 def _run_in_worker_process(op_id: int) -> Outcome:
     assert _process_ctx is not None, "worker process not initialized"
+    if _process_runtime is not None:
+        _process_runtime.refresh()  # reads the table at most every refresh interval
     return execute_operation(_process_ctx, op_id, f"{worker_identity()}:{threading.current_thread().name}")
 
 
@@ -163,6 +172,8 @@ class LocalRunner:
                                         max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                                         notification_cooldown_seconds=rec.notification_cooldown_seconds)
         self._swept = False
+        #: poll intervals and log level changed at run time (``packhorse config set``, issue #6)
+        self.runtime = RuntimeSettings(ctx.db, ctx.settings)
         #: operations finished so far (an idle check is only valid if none finished since the
         #: managers last looked at the database)
         self.finished = 0
@@ -335,26 +346,27 @@ class LocalRunner:
         """Run until stopped (or, with ``until_idle``, until no work can become runnable)."""
         if self.settings.executor.pool == "process":
             _start_forkserver()  # from the main thread, before any signal handler matters
-        poll = self.settings.managers.poll_interval_seconds
-        monitor_every = self.settings.recovery.monitor_interval_seconds
-        next_scan = 0.0
-        next_monitor = 0.0
+        rt = self.runtime
+        last_scan = last_monitor = float("-inf")
+        monitor_due: float | None = None  # an earlier monitor pass (lease about to expire)
         scan = ScanResult()
         flush = False
         last_manage = manage_cost = 0.0
         try:
             while not self.stop_requested.is_set():
+                rt.refresh()
+                poll = rt.poll_interval_seconds
                 now = time.monotonic()
-                if now >= next_monitor:
+                if now >= last_monitor + rt.monitor_interval_seconds or (monitor_due is not None and now >= monitor_due):
                     try:
                         self.recover()
                     except Exception as e:  # counted; the next monitor interval tries again
                         self.errors.failed(e, "recovery")
-                    next_monitor = now + monitor_every
+                    last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
-                if now >= next_scan or settle_due:
+                if now >= last_scan + poll or settle_due:
                     scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=scan)
-                    next_scan = time.monotonic() + poll
+                    last_scan = time.monotonic()
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
                 # cycle; the gap is twice the last cycle's cost, so managers never take more
@@ -405,12 +417,15 @@ class LocalRunner:
                             continue
                     elif not running and not dispatched and soon is not None:
                         timeout = min(timeout, soon + 0.05)
-                        next_monitor = min(next_monitor, time.monotonic() + soon + 0.05)
+                        due = time.monotonic() + soon + 0.05
+                        monitor_due = due if monitor_due is None else min(monitor_due, due)
                     if bundle_wait is not None:
                         timeout = min(timeout, bundle_wait + 0.05)
                 if self.on_tick:
                     timeout = min(timeout, 0.5)
-                self.wake.wait(timeout)
+                # wake for the next runtime-settings read: a shorter poll interval set meanwhile
+                # applies within managers.runtime_settings_refresh_seconds
+                self.wake.wait(min(timeout, rt.seconds_until_refresh() + 0.01))
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=False)

@@ -1,7 +1,7 @@
 """notification delivery records and outbox claims (fencing), disk usage samples (issue 7)
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0005
 Create Date: 2026-11-30 01:01:51.439310
 """
 from alembic import op
@@ -10,7 +10,7 @@ import packhorse.db.models
 
 
 revision = '0006'
-down_revision = '0003'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 

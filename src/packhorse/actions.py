@@ -1,0 +1,175 @@
+"""Operator actions shared by the HTTP API and the CLI: reset and reconcile (issue #6).
+
+Every action is audited (:mod:`packhorse.audit`) with its actor and result. Resets reuse
+:func:`packhorse.operations.reset_failed` (PENDING, retry count + 1, cached error context
+cleared, failure history kept); circuit-breaker resets and forced retries reuse
+:mod:`packhorse.recovery.breakers`.
+
+*Reconcile* recomputes a raw data package's stored derived state — ``archived_at`` — from its
+physical copies (DESIGN.md I1: archived = every long-term archive of every destination site of
+its route holds a present, verified copy). It sets ``archived_at`` when the package is archived
+but was never marked so (e.g. a crash between the last archive copy and the mark), and clears
+it when a required archive copy is no longer present and verified (e.g. a fixity check found
+it missing or corrupt), so the package shows as not archived again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from . import audit
+from .db.models import Operation, RawDataPackage, utcnow
+from .domain import OperationKind, Status
+from .errors import PackhorseError, UnknownOperationError
+from .operations import ResetRefusedError, reset_failed
+from .stages.base import StageContext
+
+
+class UnknownPackageError(PackhorseError, LookupError):
+    """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
+
+
+def reset_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+                    reason: str | None = None) -> list[int]:
+    """Reset one FAILED operation to PENDING; audited.
+
+    Returns:
+        ``[operation_id]``.
+
+    Raises:
+        UnknownOperationError: no operation of ``kind`` with that id.
+        ResetRefusedError: it exists but is not FAILED (audited as ``refused``).
+    """
+    target = f"{kind.value}/{operation_id}"
+    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
+    if op is None or op.kind != kind.value:
+        audit.record(ctx.db, actor=actor, action="operation.reset", target=target, details={"reason": reason},
+                     result="refused", message="unknown operation")
+        raise UnknownOperationError(f"no {kind.value} operation with id {operation_id}")
+    try:
+        ids = reset_failed(ctx.db, kind, operation_id)
+    except ResetRefusedError as e:
+        audit.record(ctx.db, actor=actor, action="operation.reset", target=target, details={"reason": reason},
+                     result="refused", message=str(e))
+        raise
+    audit.record(ctx.db, actor=actor, action="operation.reset", target=target,
+                 details={"reason": reason, "reset": ids})
+    return ids
+
+
+def reset_all_failed(ctx: StageContext, kind: OperationKind, *, actor: str, reason: str | None = None) -> list[int]:
+    """Reset every FAILED operation of ``kind``; audited. Returns the ids reset."""
+    ids = reset_failed(ctx.db, kind, None)
+    audit.record(ctx.db, actor=actor, action="operation.reset_all_failed", target=kind.value,
+                 details={"reason": reason, "reset": ids, "count": len(ids)})
+    return ids
+
+
+def _reconcile_one(s: Session, ctx: StageContext, pkg: RawDataPackage) -> dict[str, Any] | None:
+    from .managers.policy import is_archived
+
+    archived = is_archived(s, ctx, pkg)
+    failed = s.scalar(select(Operation.id).where(Operation.raw_data_package_id == pkg.id,
+                                                 Operation.status == Status.FAILED.value).limit(1)) is not None
+    before = pkg.archived_at
+    if archived and before is None:
+        pkg.archived_at = utcnow()
+        change = "marked archived"
+    elif not archived and before is not None:
+        pkg.archived_at = None
+        change = "archived mark cleared: a required archive copy is not present and verified"
+    else:
+        return None
+    return {"package_id": pkg.id, "name": pkg.name, "change": change,
+            "archived_at_before": before.isoformat() if before else None,
+            "archived_at": pkg.archived_at.isoformat() if pkg.archived_at else None, "has_failed_operation": failed}
+
+
+def reconcile_package(ctx: StageContext, package_id: int, *, actor: str) -> dict[str, Any]:
+    """Recompute one raw data package's derived state; audited.
+
+    Returns:
+        ``{"package_id", "name", "changed": bool, "change": str | None, "archived": bool}``.
+
+    Raises:
+        UnknownPackageError: no raw data package with that id.
+    """
+    def tx(s: Session) -> dict[str, Any]:
+        pkg = s.get(RawDataPackage, package_id)
+        if pkg is None:
+            raise UnknownPackageError(f"no raw data package with id {package_id}")
+        ch = _reconcile_one(s, ctx, pkg)
+        return {"package_id": pkg.id, "name": pkg.name, "changed": ch is not None,
+                "change": ch["change"] if ch else None, "archived": pkg.archived_at is not None}
+
+    try:
+        out = ctx.db.transact(tx)
+    except UnknownPackageError as e:
+        audit.record(ctx.db, actor=actor, action="package.reconcile", target=str(package_id), result="refused",
+                     message=str(e))
+        raise
+    audit.record(ctx.db, actor=actor, action="package.reconcile", target=str(package_id), details=out)
+    return out
+
+
+def reconcile_inconsistent(ctx: StageContext, *, actor: str) -> dict[str, Any]:
+    """Recompute the derived state of every raw data package; audited.
+
+    Returns:
+        ``{"checked": n, "changed": [{"package_id", "name", "change", ...}]}``.
+    """
+    def tx(s: Session) -> dict[str, Any]:
+        changed, n = [], 0
+        for pkg in s.scalars(select(RawDataPackage).order_by(RawDataPackage.id)):
+            n += 1
+            ch = _reconcile_one(s, ctx, pkg)
+            if ch:
+                changed.append(ch)
+        return {"checked": n, "changed": changed}
+
+    out = ctx.db.transact(tx)
+    audit.record(ctx.db, actor=actor, action="package.reconcile_inconsistent",
+                 details={"checked": out["checked"], "changed": [c["package_id"] for c in out["changed"]]})
+    return out
+
+
+def _audited(ctx: StageContext, action: str, kind: OperationKind, operation_id: int, actor: str, reason: str | None,
+             fn: Any) -> dict[str, Any]:
+    target = f"{kind.value}/{operation_id}"
+    try:
+        out = fn(ctx.db, kind, operation_id, reason=reason or "not given", actor=actor)
+    except (UnknownOperationError, ResetRefusedError) as e:
+        audit.record(ctx.db, actor=actor, action=action, target=target, details={"reason": reason},
+                     result="refused", message=str(e))
+        raise
+    audit.record(ctx.db, actor=actor, action=action, target=target, details={"reason": reason})
+    return out
+
+
+def reset_circuit_breaker(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+                          reason: str | None = None) -> dict[str, Any]:
+    """Close an operation's circuit breaker by hand (:func:`packhorse.recovery.breakers.reset_breaker`); audited.
+
+    Raises:
+        UnknownOperationError: no operation of ``kind`` with that id.
+    """
+    from .recovery.breakers import reset_breaker
+
+    return _audited(ctx, "breaker.reset", kind, operation_id, actor, reason, reset_breaker)
+
+
+def force_retry_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+                          reason: str | None = None) -> dict[str, Any]:
+    """Force a retry (:func:`packhorse.recovery.breakers.force_retry`: breaker closed, PENDING,
+    dispatchable now); audited.
+
+    Raises:
+        UnknownOperationError: no operation of ``kind`` with that id.
+        ResetRefusedError: the operation is COMPLETED.
+    """
+    from .recovery.breakers import force_retry
+
+    return _audited(ctx, "operation.force_retry", kind, operation_id, actor, reason, force_retry)

@@ -1,0 +1,329 @@
+"""The FastAPI application: HTTP API, ``/metrics`` and the web dashboard (issue #6).
+
+Access (checked by :class:`AuthMiddleware` *before* FastAPI parses or validates anything):
+
+* every ``/api/…`` route needs ``Authorization: Bearer <token>``; none or an unknown/revoked
+  token → 401;
+* ``/api/admin/…`` routes and every state-changing method (anything but GET/HEAD/OPTIONS)
+  need the ``admin`` role; an ``observer`` token gets 403;
+* ``/`` (the dashboard page), ``/static/…``, ``/metrics`` and the OpenAPI schema and docs
+  load without a token: they carry no error text.
+
+Build with :func:`create_app`; serve with ``packhorse api`` or ``packhorse run --api``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Annotated, Any, AsyncIterator
+
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Security
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .. import __version__, audit
+from ..actions import (
+    UnknownPackageError,
+    force_retry_operation,
+    reconcile_inconsistent,
+    reconcile_package,
+    reset_all_failed,
+    reset_circuit_breaker,
+    reset_operation,
+)
+from ..config import Settings
+from ..db.session import Database
+from ..diagnose import (
+    diagnose_operation,
+    diagnose_package,
+    get_live_check,
+    request_live_check,
+    run_live_check,
+)
+from ..domain import OperationKind
+from ..errors import TransientDatabaseError, UnknownOperationError
+from ..metrics import registry_for, render
+from ..operations import ResetRefusedError
+from ..overview import location_usage, pipeline_overview
+from ..runtime_settings import RuntimeSettingError, RuntimeSettings, describe, set_setting, unset_setting
+from ..stages.base import StageContext
+from ..topology import sync_topology
+from . import schemas as m
+from .tokens import Principal, authenticate
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+STATIC = resources.files("packhorse.api") / "static"
+
+
+def required_role(method: str, path: str) -> str:
+    """The role a request needs: ``admin`` for ``/api/admin/…`` and any state-changing method,
+    else ``observer`` (issue #6 "Access")."""
+    if path.startswith("/api/admin/") or method.upper() not in READ_METHODS:
+        return "admin"
+    return "observer"
+
+
+class AuthMiddleware:
+    """Authenticate and authorize every ``/api/`` request before routing and validation.
+
+    The principal is left in ``request.state.principal`` for the handlers (audit actor).
+    """
+
+    def __init__(self, app: ASGIApp, db: Database) -> None:
+        self.app = app
+        self.db = db
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not (scope["path"] == "/api" or scope["path"].startswith("/api/")):
+            await self.app(scope, receive, send)
+            return
+        auth = Headers(scope=scope).get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        principal: Principal | None = None
+        if scheme.lower() == "bearer" and token.strip():
+            try:
+                principal = await run_in_threadpool(authenticate, self.db, token.strip())
+            except TransientDatabaseError:
+                await JSONResponse({"detail": "the ops database is unavailable"}, 503)(scope, receive, send)
+                return
+        if principal is None:
+            detail = "missing bearer token" if not auth else "unknown or revoked token"
+            await JSONResponse({"detail": detail}, 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        need = required_role(scope["method"], scope["path"])
+        if not principal.may(need):
+            await JSONResponse({"detail": f"this needs the {need} role; token {principal.name!r} is "
+                                          f"{principal.role}"}, 403)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+
+_bearer = HTTPBearer(auto_error=False, description="A packhorse API token (`packhorse token create`)")
+
+
+def caller(request: Request, _cred: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None) -> Principal:
+    """The authenticated principal (set by :class:`AuthMiddleware`)."""
+    return request.state.principal  # type: ignore[no-any-return]
+
+
+Caller = Annotated[Principal, Depends(caller)]
+KindPath = Annotated[OperationKind, Path(description="operation kind")]
+IdPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="operation id")]
+Reason = Annotated[m.ActionRequest | None, Body()]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": m.Problem, "description": "no token, or an unknown or revoked one"},
+    403: {"model": m.Problem, "description": "the token's role may not do this"},
+    503: {"model": m.Problem, "description": "the ops database is unavailable"},
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": m.Problem, "description": "no such operation or package"}}
+
+
+def create_app(settings: Settings, db: Database | None = None, *, ctx: StageContext | None = None) -> FastAPI:
+    """Build the API for one installation.
+
+    Args:
+        settings: the configuration.
+        db: the ops database (default: opened from ``settings``).
+        ctx: a stage context to share (``packhorse run --api``); built if not given.
+    """
+    if ctx is None:
+        db = db or Database(settings.database_url)
+        ctx = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    db = ctx.db
+    checks = ThreadPoolExecutor(2, thread_name_prefix="live-check")
+    runtime = RuntimeSettings(db, settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+
+        def follow_runtime_settings() -> None:  # a changed log_level applies to this process too
+            while not stop.is_set():
+                runtime.refresh()
+                stop.wait(runtime.seconds_until_refresh() + 0.01)
+
+        threading.Thread(target=follow_runtime_settings, name="runtime-settings", daemon=True).start()
+        yield
+        stop.set()
+        checks.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan,
+                  description="Operator API of packhorse: spot what is stuck, diagnose why, reset it.")
+    app.state.ctx = ctx
+    registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds)
+
+    def on_error(status: int):  # type: ignore[no-untyped-def]
+        async def handler(_request: Request, exc: Exception) -> JSONResponse:
+            return JSONResponse({"detail": str(exc)}, status)
+        return handler
+
+    for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404),
+                             (ResetRefusedError, 409), (RuntimeSettingError, 422), (TransientDatabaseError, 503)):
+        app.add_exception_handler(exc_type, on_error(status))
+
+    api = APIRouter(prefix="/api", responses=ERRORS)
+
+    @api.get("/whoami", response_model=m.WhoAmI, tags=["access"])
+    def whoami(who: Caller) -> dict[str, Any]:
+        """The name and role of the calling token."""
+        return {"name": who.name, "role": who.role}
+
+    @api.get("/transfer/overview", response_model=m.Overview, tags=["observe"])
+    def overview(_who: Caller, limit: Annotated[int, Query(ge=1, le=10000)] = 500) -> dict[str, Any]:
+        """Operations grouped by kind, location and status, and the unfinished ones (stuck
+        first): what is stuck, never why. The same payload for every role."""
+        return db.read(lambda s: pipeline_overview(s, limit=limit))
+
+    @api.get("/transfer/locations", response_model=list[m.LocationOut], tags=["observe"])
+    def locations(_who: Caller) -> list[dict[str, Any]]:
+        """Per data location: present physical copies and their bytes."""
+        return db.read(location_usage)
+
+    # specific paths first: Starlette takes the first route whose path matches
+    @api.get("/admin/diagnose/by-package/{name}", response_model=m.PackageDiagnosis, tags=["diagnose"],
+             responses=NOT_FOUND)
+    def diagnose_by_package(name: Annotated[str, Path(min_length=1, max_length=1000)], who: Caller) -> dict[str, Any]:
+        """The diagnostic reports of every operation on a package (raw data package or bundle)."""
+        report = db.read(lambda s: diagnose_package(s, name))
+        audit.record(db, actor=who.actor, action="package.diagnose", target=name)
+        return report
+
+    @api.get("/admin/diagnose/live-check/{correlation_id}", response_model=m.LiveCheckState, tags=["diagnose"],
+             responses={404: {"model": m.Problem, "description": "unknown or expired correlation id"}})
+    def live_check_result(correlation_id: Annotated[str, Path(max_length=64)], _who: Caller) -> Any:
+        """The state of a live check: ``pending``, ``done`` (with the result) or ``failed``."""
+        found = db.read(lambda s: get_live_check(s, correlation_id))
+        if found is None:
+            return JSONResponse({"detail": f"no live check {correlation_id!r} (unknown or expired)"}, 404)
+        return found
+
+    @api.get("/admin/diagnose/{kind}/{operation_id}", response_model=m.DiagnosticReport, tags=["diagnose"],
+             responses=NOT_FOUND)
+    def diagnose(kind: KindPath, operation_id: IdPath, who: Caller) -> dict[str, Any]:
+        """The diagnostic report of one operation (database only)."""
+        report = db.read(lambda s: diagnose_operation(s, kind, operation_id))
+        audit.record(db, actor=who.actor, action="operation.diagnose", target=f"{kind.value}/{operation_id}")
+        return report
+
+    @api.post("/admin/diagnose/{kind}/{operation_id}/live-check", response_model=m.LiveCheckTicket,
+              status_code=202, tags=["diagnose"], responses=NOT_FOUND)
+    def live_check(kind: KindPath, operation_id: IdPath, who: Caller) -> dict[str, Any]:
+        """Start a live filesystem check of the operation's bytes; poll its correlation id."""
+        ticket = request_live_check(db, kind, operation_id, requested_by=who.actor,
+                                    ttl_seconds=settings.api.live_check_ttl_seconds)
+        checks.submit(run_live_check, ctx, ticket["correlation_id"])
+        audit.record(db, actor=who.actor, action="operation.live_check", target=f"{kind.value}/{operation_id}",
+                     details={"correlation_id": ticket["correlation_id"]})
+        return ticket
+
+    @api.post("/transfer/operation/{kind}/{operation_id}/reset", response_model=m.ResetResult, tags=["act"],
+              responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "the operation is not FAILED"}})
+    def reset(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
+        """Reset a FAILED operation: PENDING, retry count + 1, cached error context cleared,
+        failure history kept."""
+        ids = reset_operation(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
+        return {"kind": kind.value, "reset": ids, "count": len(ids)}
+
+    @api.post("/transfer/operation/{kind}/reset-all-failed", response_model=m.ResetResult, tags=["act"])
+    def reset_all(kind: KindPath, who: Caller, body: Reason = None) -> dict[str, Any]:
+        """Reset every FAILED operation of a kind; returns how many."""
+        ids = reset_all_failed(ctx, kind, actor=who.actor, reason=body.reason if body else None)
+        return {"kind": kind.value, "reset": ids, "count": len(ids)}
+
+    @api.post("/transfer/raw-data-package/{package_id}/reconcile", response_model=m.ReconcileResult, tags=["act"],
+              responses=NOT_FOUND)
+    def reconcile_one(package_id: Annotated[int, Path(ge=1, le=2**63 - 1)], who: Caller) -> dict[str, Any]:
+        """Recompute a raw data package's derived (archived) state from its physical copies."""
+        return reconcile_package(ctx, package_id, actor=who.actor)
+
+    @api.post("/transfer/raw-data-package/reconcile-inconsistent", response_model=m.ReconcileAllResult, tags=["act"])
+    def reconcile_all(who: Caller) -> dict[str, Any]:
+        """Recompute the derived state of every raw data package; lists those that changed."""
+        return reconcile_inconsistent(ctx, actor=who.actor)
+
+    @api.get("/health", response_model=m.Health, tags=["observe"])
+    def health(_who: Caller) -> dict[str, Any]:
+        """Services and workers with their last heartbeat: alive or dead."""
+        from ..recovery.breakers import jsonable
+        from ..recovery.health import list_services
+
+        rows = db.read(lambda s: list_services(s, dead_after_seconds=settings.recovery.service_dead_after_seconds))
+        return {"services": [jsonable(r) for r in rows], "dead": sum(1 for r in rows if not r["alive"])}
+
+    @api.get("/admin/breakers", response_model=list[m.BreakerOut], tags=["breakers"])
+    def breakers(_who: Caller) -> list[dict[str, Any]]:
+        """Circuit breakers of operations that stalled, open ones first."""
+        from ..recovery.breakers import jsonable, list_breakers
+
+        return [jsonable(r) for r in db.read(list_breakers)]
+
+    @api.post("/admin/breakers/{kind}/{operation_id}/reset", response_model=m.BreakerOut, tags=["breakers"],
+              responses=NOT_FOUND)
+    def breaker_reset(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
+        """Close an operation's circuit breaker; the monitor then recovers the operation (audited)."""
+        from ..recovery.breakers import jsonable
+
+        out = reset_circuit_breaker(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
+        return {k: v for k, v in jsonable(out).items() if k in m.BreakerOut.model_fields}
+
+    @api.post("/transfer/operation/{kind}/{operation_id}/force-retry", response_model=m.ForceRetryResult,
+              tags=["breakers"], responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "COMPLETED"}})
+    def force_retry(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
+        """Force a retry: close the breaker, set the operation PENDING, dispatchable now (audited)."""
+        from ..recovery.breakers import jsonable
+
+        out = force_retry_operation(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
+        return {"kind": kind.value, "operation_id": operation_id, "previous_status": out["previous_status"],
+                "status": out["status"]}
+
+    @api.get("/admin/settings", response_model=list[m.SettingOut], tags=["settings"])
+    def list_settings(_who: Caller) -> list[dict[str, Any]]:
+        """Runtime settings with their effective values and where they come from."""
+        return db.read(lambda s: describe(s, settings))
+
+    @api.put("/admin/settings/{key}", response_model=list[m.SettingOut], tags=["settings"],
+             responses={422: {"model": m.Problem, "description": "unknown key or bad value"}})
+    def put_setting(key: Annotated[str, Path(max_length=100)], body: m.SettingIn, who: Caller) -> list[dict[str, Any]]:
+        """Change a runtime setting; running services pick it up within a minute (audited)."""
+        set_setting(db, key, body.value, actor=who.actor)
+        return db.read(lambda s: describe(s, settings))
+
+    @api.delete("/admin/settings/{key}", response_model=list[m.SettingOut], tags=["settings"],
+                responses={422: {"model": m.Problem, "description": "unknown key"}})
+    def delete_setting(key: Annotated[str, Path(max_length=100)], who: Caller) -> list[dict[str, Any]]:
+        """Drop a runtime override: the configuration file's value applies again (audited)."""
+        unset_setting(db, key, actor=who.actor)
+        return db.read(lambda s: describe(s, settings))
+
+    @api.get("/admin/audit", response_model=list[m.AuditOut], tags=["access"])
+    def audit_log(_who: Caller, limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+                  action: Annotated[str | None, Query(max_length=100)] = None) -> list[dict[str, Any]]:
+        """The newest admin actions: who, what, when, result."""
+        return db.read(lambda s: audit.entries(s, limit=limit, action=action))
+
+    app.include_router(api)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    def dashboard() -> HTMLResponse:
+        page = (STATIC / "index.html").read_text(encoding="utf-8")
+        cfg = json.dumps({"refreshSeconds": settings.api.dashboard_refresh_seconds, "version": __version__})
+        return HTMLResponse(page.replace("/*PACKHORSE_CONFIG*/{}", cfg))
+
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+    app.add_middleware(AuthMiddleware, db=db)
+    return app

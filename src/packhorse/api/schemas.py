@@ -1,0 +1,237 @@
+"""Response and request models of the HTTP API (the OpenAPI schema is generated from them).
+
+Every model forbids fields it does not declare: the overview models in particular declare no
+error, traceback, message or diagnosis field, so none can ever be served to an observer
+(issue #6 "the payload is the same for every caller").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(_Model):
+    """An error answer: what went wrong, in words."""
+
+    detail: Any
+
+
+class WhoAmI(_Model):
+    name: str
+    role: Literal["observer", "admin"]
+
+
+class OverviewCount(_Model):
+    kind: str
+    location: str | None
+    status: str
+    count: int
+
+
+class OverviewOperation(_Model):
+    kind: str
+    operation_id: int
+    package: str | None
+    location: str | None
+    status: str
+    stalled: bool
+    retry_count: int
+    max_retries: int
+    updated_at: str | None
+
+
+class Overview(_Model):
+    """The pipeline overview: what is stuck, never why."""
+
+    generated_at: str
+    counts: list[OverviewCount]
+    totals: dict[str, int]
+    stalled: int
+    operations: list[OverviewOperation]
+    truncated: bool
+
+
+class LocationOut(_Model):
+    name: str
+    site: str
+    role: str
+    storage: str
+    active: bool
+    copies: int = Field(description="present physical copies")
+    bytes: int = Field(description="bytes of present physical copies")
+
+
+class OperationSnapshot(_Model):
+    id: int
+    kind: str
+    status: str
+    stalled: bool
+    attempt: int
+    retry_count: int
+    max_retries: int
+    stall_count: int
+    site: str | None
+    source_location: str | None
+    destination_location: str | None
+    raw_data_package: str | None
+    data_transfer_package: str | None
+    physical_copy_id: int | None
+    lease_owner: str | None
+    lease_expires_at: str | None
+    heartbeat_at: str | None
+    not_before: str | None
+    created_at: str | None
+    updated_at: str | None
+    scheduled_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    bytes_done: int
+    error_context: dict[str, Any] | None
+
+
+class FailureEventOut(_Model):
+    id: int
+    created_at: str | None
+    attempt: int
+    retry_count: int
+    error_type: str
+    message: str
+    will_retry: bool
+    error_context: dict[str, Any]
+
+
+class CopyPresence(_Model):
+    artifact: Literal["raw_data_package", "data_transfer_package"]
+    name: str
+    location: str
+    site: str
+    role: str
+    storage: str
+    status: str = Field(description="a physical copy status, or 'absent'")
+    copy_id: int | None
+    path: str | None
+    size: int | None
+    sha256: str | None
+    verified_at: str | None
+    deleted_at: str | None
+
+
+class BreakerOut(_Model):
+    kind: str
+    operation_id: int
+    stall_count: int
+    last_stall_at: str | None
+    opened_at: str | None
+    closes_at: str | None
+    state: Literal["open", "closed"]
+
+
+class ForceRetryResult(_Model):
+    kind: str
+    operation_id: int
+    previous_status: str
+    status: str
+
+
+class ServiceOut(_Model):
+    service: str
+    kind: str
+    host: str
+    pid: int
+    started_at: str | None
+    last_seen: str | None
+    age_seconds: float
+    alive: bool
+
+
+class Health(_Model):
+    services: list[ServiceOut]
+    dead: int
+
+
+class DiagnosticReport(_Model):
+    operation: OperationSnapshot
+    failure_events: list[FailureEventOut] = Field(description="newest first; kept across resets")
+    copies: list[CopyPresence]
+    breaker: BreakerOut | None
+    diagnosis: str
+    diagnosis_source: str
+    generated_at: str
+
+
+class PackageDiagnosis(_Model):
+    package: str
+    type: Literal["raw_data_package", "data_transfer_package"]
+    reports: list[DiagnosticReport]
+
+
+class LiveCheckTicket(_Model):
+    correlation_id: str
+    state: Literal["pending"]
+    expires_at: str
+
+
+class LiveCheckState(_Model):
+    correlation_id: str
+    kind: str
+    operation_id: int
+    state: Literal["pending", "done", "failed"]
+    requested_at: str | None
+    expires_at: str | None
+    result: dict[str, Any] | None
+
+
+class ActionRequest(_Model):
+    """Optional body of an admin action: why (kept in the audit log)."""
+
+    reason: str | None = Field(None, max_length=2000)
+
+
+class ResetResult(_Model):
+    kind: str
+    reset: list[int]
+    count: int
+
+
+class ReconcileResult(_Model):
+    package_id: int
+    name: str
+    changed: bool
+    change: str | None
+    archived: bool
+
+
+class ReconcileAllResult(_Model):
+    checked: int
+    changed: list[dict[str, Any]]
+
+
+class SettingOut(_Model):
+    key: str
+    value: Any
+    default: Any
+    source: Literal["runtime", "file"]
+    description: str
+    updated_at: str | None
+    updated_by: str | None
+
+
+class SettingIn(_Model):
+    value: str | float | int
+
+
+class AuditOut(_Model):
+    id: int
+    at: str
+    actor: str
+    action: str
+    target: str | None
+    details: Any
+    result: str
+    message: str | None

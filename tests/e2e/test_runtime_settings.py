@@ -1,0 +1,74 @@
+"""Runtime settings change a running ``packhorse run --api`` without a restart (issue #6):
+``packhorse config set`` stores the value in the database and the running process picks it
+up within ``managers.runtime_settings_refresh_seconds``; the embedded API serves meanwhile."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from api_support import start_serving, stop
+from support import run_packhorse, write_site_config
+
+REFRESH = 0.5
+
+
+def _wait(pred, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _archived(cfg: Path) -> int:
+    r = run_packhorse("status", "-c", str(cfg), "--json")
+    return json.loads(r.stdout)["packages"]["archived"] if r.returncode == 0 else 0
+
+
+def test_a_shorter_poll_interval_set_at_run_time_is_picked_up_without_restart(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    # a poll interval of 1000 s: without the runtime setting, a new file would wait that long
+    cfg = write_site_config(site, poll_interval_seconds=f"1000\nruntime_settings_refresh_seconds = {REFRESH}",
+                            bundle_max_wait_seconds=0)
+    (site / "source" / "cam" / "obs1").mkdir(parents=True)
+    (site / "source" / "cam" / "obs1" / "a.dat").write_bytes(b"first")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    token = run_packhorse("token", "create", "--role", "observer", "--name", "t", "-c", str(cfg)).stdout.splitlines()[-1]
+    proc, base = start_serving(["run", "--api", "--api-port", "0", "-c", str(cfg), "--quiet"], tmp_path / "run.log")
+    try:
+        _wait(lambda: _archived(cfg) == 1, 120, "the first package to be archived")
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'packhorse_operations{kind="long_term_archive",status="COMPLETED"} 2.0' in metrics
+        ov = httpx.get(f"{base}/api/transfer/overview", headers={"Authorization": f"Bearer {token}"}).json()
+        assert ov["totals"]["COMPLETED"] >= 5 and ov["totals"]["FAILED"] == 0
+
+        (site / "source" / "cam" / "obs2").mkdir()
+        (site / "source" / "cam" / "obs2" / "b.dat").write_bytes(b"second")
+        time.sleep(3 * REFRESH + 1)
+        assert _archived(cfg) == 1  # not seen: the next scan is 1000 s away
+        r = run_packhorse("config", "set", "managers.poll_interval_seconds", "0.2", "-c", str(cfg))
+        assert r.returncode == 0, r.stderr
+        t0 = time.monotonic()
+        _wait(lambda: _archived(cfg) == 2, 60, "the second package after the runtime change")
+        picked_up = time.monotonic() - t0
+        assert picked_up < 30, picked_up
+        shown = json.loads(run_packhorse("config", "show", "-c", str(cfg), "--json").stdout)
+        row = next(x for x in shown if x["key"] == "managers.poll_interval_seconds")
+        assert row["value"] == 0.2 and row["source"] == "runtime" and row["default"] == 1000.0
+        bad = run_packhorse("config", "set", "managers.poll_interval_seconds", "0", "-c", str(cfg))
+        assert bad.returncode == 2 and "positive" in bad.stderr
+        unknown = run_packhorse("config", "set", "managers.colour", "red", "-c", str(cfg))
+        assert unknown.returncode == 2 and "unknown runtime setting" in unknown.stderr
+        audit = json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)
+        changes = [(a["target"], a["result"]) for a in audit if a["action"] == "settings.set"]
+        assert changes == [("managers.colour", "refused"), ("managers.poll_interval_seconds", "refused"),
+                           ("managers.poll_interval_seconds", "ok")]
+    finally:
+        code = stop(proc)
+    assert code == 0, (tmp_path / "run.log").read_text()[-3000:]

@@ -1,0 +1,126 @@
+"""Diagnostic reports (issue #6): the diagnosis line cross-references the database, failure
+events come newest first, stalled operations are recognised, and the live check skips object
+storage."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from packhorse.config import load_config
+from packhorse.db.models import (
+    DataTransferPackage,
+    FailureEvent,
+    Operation,
+    PhysicalCopy,
+    RawDataPackage,
+    utcnow,
+)
+from packhorse.diagnose import diagnose_operation, live_check
+from packhorse.domain import OperationKind
+from packhorse.stages.base import StageContext
+from packhorse.topology import sync_topology
+from support import write_site_config
+
+S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nactive = false\n'
+
+
+def _ctx(tmp_path: Path, db) -> StageContext:
+    settings = load_config(write_site_config(tmp_path / "site", extra=S3_LOCATION))
+    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+
+
+def _op(s, ctx, kind: OperationKind, status: str, **kw) -> Operation:
+    now = utcnow()
+    op = Operation(kind=kind.value, status=status, dedup_key=f"{kind.value}:{kw}:{status}", site_id=ctx.topology.site_ids["fyst"],
+                   attempt=1, retry_count=0, max_retries=3, stall_count=0, created_at=now, updated_at=now, bytes_done=0, **kw)
+    s.add(op)
+    s.flush()
+    return op
+
+
+def _world(ctx: StageContext) -> dict[str, int]:
+    """A bundle whose fyst-buffer copy a deletion removed, and a transfer that then failed."""
+    loc = ctx.topology.location_ids
+    t0 = utcnow() - dt.timedelta(hours=1)
+
+    def tx(s) -> dict[str, int]:
+        dtp = DataTransferPackage(name="fyst-bundle-1", source_site_id=ctx.topology.site_ids["fyst"], bagging_date="2026-11-30",
+                                  package_count=1, size=10, sha256="a" * 64)
+        s.add(dtp)
+        s.flush()
+        pkg = RawDataPackage(name="cam/obs1", group_path="cam/obs1", source_location_id=loc["fyst-source"],
+                             bagging_date="2026-11-30", file_count=1, payload_bytes=5, size=20, sha256="b" * 64,
+                             data_transfer_package_id=dtp.id)
+        s.add(pkg)
+        s.flush()
+        copy = PhysicalCopy(data_transfer_package_id=dtp.id, location_id=loc["fyst-buffer"], path="bundles/fyst-bundle-1.tar",
+                            size=10, sha256="a" * 64, status="deleted", deleted_at=t0, verified_at=t0)
+        s3 = PhysicalCopy(raw_data_package_id=pkg.id, location_id=loc["cologne-s3"], path="raw/cam/obs1.tar", size=20,
+                          sha256="b" * 64, status="present", verified_at=t0)
+        s.add_all([copy, s3])
+        s.flush()
+        deletion = _op(s, ctx, OperationKind.DELETION, "COMPLETED", physical_copy_id=copy.id)
+        transfer = _op(s, ctx, OperationKind.TRANSFER, "FAILED", data_transfer_package_id=dtp.id,
+                       source_location_id=loc["fyst-buffer"], destination_location_id=loc["cologne-buffer"])
+        ctx_err = {"error_type": "SourceMissingError", "message": "bundles/fyst-bundle-1.tar is gone", "will_retry": False,
+                   "path": "bundles/fyst-bundle-1.tar", "traceback": "Traceback ..."}
+        transfer.error_context = ctx_err
+        for i, (etype, when) in enumerate([("VerificationError", t0), ("SourceMissingError", t0 + dt.timedelta(minutes=5))]):
+            s.add(FailureEvent(operation_id=transfer.id, kind="transfer", attempt=i + 1, retry_count=i, error_type=etype,
+                               message=etype, will_retry=i == 0, error_context={**ctx_err, "error_type": etype}, created_at=when))
+        archive = _op(s, ctx, OperationKind.LONG_TERM_ARCHIVE, "IN_PROGRESS", raw_data_package_id=pkg.id,
+                      destination_location_id=loc["cologne-lta"])
+        archive.lease_owner, archive.lease_expires_at, archive.heartbeat_at = "host:1:worker", t0, t0
+        return {"deletion": deletion.id, "transfer": transfer.id, "archive": archive.id}
+
+    return ctx.db.transact(tx)
+
+
+def test_the_diagnosis_names_the_deletion_that_removed_the_source(tmp_path: Path, empty_db) -> None:
+    ctx = _ctx(tmp_path, empty_db)
+    ids = _world(ctx)
+    rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.TRANSFER, ids["transfer"]))
+    assert rep["diagnosis"].startswith("the bytes to read are gone")
+    assert f"was removed by deletion operation {ids['deletion']} at" in rep["diagnosis"]
+    assert rep["diagnosis_source"] == "db"
+    assert [e["error_type"] for e in rep["failure_events"]] == ["SourceMissingError", "VerificationError"]
+    fyst = [c for c in rep["copies"] if c["location"] == "fyst-buffer"]
+    assert fyst[0]["status"] == "deleted" and fyst[0]["artifact"] == "data_transfer_package"
+
+
+def test_a_stalled_operation_is_diagnosed_as_stalled(tmp_path: Path, empty_db) -> None:
+    ctx = _ctx(tmp_path, empty_db)
+    ids = _world(ctx)
+    rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"]))
+    assert rep["operation"]["stalled"] is True
+    assert rep["diagnosis"].startswith("stalled: attempt 1 held by host:1:worker")
+
+
+def test_the_live_check_skips_object_storage_and_finds_missing_files(tmp_path: Path, empty_db) -> None:
+    ctx = _ctx(tmp_path, empty_db)
+    ids = _world(ctx)
+    unmounted = live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]
+    assert unmounted[0]["location"] == "cologne-lta" and "is not reachable from" in unmounted[0]["error"]
+    ctx.settings.location_path("cologne-lta").mkdir(parents=True)
+    res = live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])
+    assert res["skipped"] == [{"location": "cologne-s3", "storage": "s3", "reason": "object storage is not filesystem-checkable"}]
+    checked = {c["location"]: c for c in res["checked"]}
+    assert checked["cologne-lta"]["objects"] == [{"path": "raw/cam/obs1.tar", "expected_size": 20, "exists": False,
+                                                  "size": None, "ok": False}]
+    target = ctx.settings.location_path("cologne-lta") / "raw" / "cam" / "obs1.tar"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"x" * 20)
+    again = {c["location"]: c for c in live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]}
+    assert again["cologne-lta"]["ok"] is True
+
+
+def test_the_overview_places_a_deletion_at_its_copy_location(tmp_path: Path, empty_db) -> None:
+    from packhorse.overview import pipeline_overview
+
+    ids = _world(_ctx(tmp_path, empty_db))
+    counts = empty_db.read(lambda s: pipeline_overview(s))["counts"]
+    assert {"kind": "deletion", "location": "fyst-buffer", "status": "COMPLETED", "count": 1} in counts
+    ops = empty_db.read(lambda s: pipeline_overview(s))["operations"]
+    assert [(o["operation_id"], o["status"], o["stalled"]) for o in ops] == [
+        (ids["transfer"], "FAILED", False), (ids["archive"], "IN_PROGRESS", True)]
