@@ -17,7 +17,9 @@
         │   └── SourceChangedError         the source no longer matches its registered sha256
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
-            └── TransferCommandError       an external transfer command failed
+            ├── TransferCommandError       an external transfer command failed
+            ├── StorageServiceError        an object store answered with an error or was unreachable
+            └── RestoreRequiredError       a cold-storage object must be restored before reading
 
 Each :class:`OperationError` carries the where/why fields of the error context
 (``step``, ``side``, ``path``, ``host``, ``diagnosis``) at the boundary where it is raised,
@@ -124,3 +126,19 @@ class VerificationError(RetryableError):
 
 class TransferCommandError(RetryableError):
     """An external transfer command (rsync, bbcp, ...) exited non-zero."""
+
+
+class StorageServiceError(RetryableError):
+    """An object store (S3) answered with an error or could not be reached (issue #5).
+
+    The message names the location, bucket and key and the service's error code; credentials
+    never appear in it.
+    """
+
+
+class RestoreRequiredError(RetryableError):
+    """A cold-storage object must be restored before it can be read (issue #5, staging).
+
+    Stages that read from cold locations request the restore and wait for it without holding
+    a worker; reaching this error elsewhere means a read was attempted too early.
+    """

@@ -46,7 +46,7 @@ class StageContext:
         if b is None:
             from ..storage.registry import backend_for
 
-            b = self._backends[location] = backend_for(self.settings, location)
+            b = self._backends[location] = backend_for(self.settings, location, db=self.db)
         return b
 
     def location_name(self, location_id: int | None) -> str:
@@ -125,7 +125,9 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
 
 
 def clear_partials(backend: StorageBackend, key: str) -> None:
-    """Remove partial writes an earlier, crashed attempt left for ``key``."""
+    """Remove partial writes an earlier, crashed attempt left for ``key`` (disk backends; S3
+    keeps unpublished bytes off the bucket, and incomplete multipart uploads are aborted by
+    ``cleanup_partials``)."""
     if isinstance(backend, DiskBackend):
         backend.remove_partials_of(key)
 

@@ -19,8 +19,16 @@ Contract (tested for every backend by ``tests/conformance``):
 * :meth:`StorageBackend.sha256` re-reads the stored object through the backend (I4); callers
   verify with it after publishing, never with the hash of the bytes as they were written.
 * A crash at any point leaves either nothing or the complete object under the key; partial
-  files carry the suffix :data:`PARTIAL_SUFFIX` and are removed by
-  :meth:`StorageBackend.cleanup_partials`.
+  writes left on the medium (disk: files with the suffix :data:`PARTIAL_SUFFIX`; S3:
+  incomplete multipart uploads) are invisible to ``stat``/``open_read``/``list`` and removed
+  by :meth:`StorageBackend.cleanup_partials`. A backend may also keep unpublished bytes off
+  the medium altogether (S3 spools locally until ``publish``): then a killed writer leaves
+  nothing at all.
+* Keys under :data:`RESERVED_PREFIX` (``_packhorse/``) belong to packhorse itself (write-once
+  probes, quarantined objects, restore markers): ``list`` never yields them.
+* :meth:`StorageBackend.quarantine` moves a bad object aside to a fresh name under
+  ``_packhorse/quarantine/`` without overwriting anything, freeing its key for a repair
+  (issue #5, fixity audit).
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ from ..errors import UnsafePathError
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
+#: Key prefix reserved for packhorse's own objects (probes, quarantine, restore markers).
+RESERVED_PREFIX = "_packhorse/"
+#: Where :meth:`StorageBackend.quarantine` moves bad objects.
+QUARANTINE_PREFIX = RESERVED_PREFIX + "quarantine/"
 #: Read/write block size used when streaming payload bytes (bytes).
 CHUNK_BYTES = 1 << 20
 
@@ -171,6 +183,24 @@ class StorageBackend(abc.ABC):
     @abc.abstractmethod
     def cleanup_partials(self, older_than_seconds: float) -> int:
         """Remove unpublished partial writes older than this; returns how many were removed."""
+
+    @abc.abstractmethod
+    def quarantine(self, key: str) -> str | None:
+        """Move the object at ``key`` aside to :meth:`quarantine_key` (never overwriting) and
+        return that new key; ``None`` if there was no object. Afterwards ``key`` is free.
+
+        Raises:
+            DestinationConflictError: the quarantine name is taken (nothing moved).
+        """
+
+    @staticmethod
+    def quarantine_key(key: str) -> str:
+        """A fresh quarantine name for ``key``: ``_packhorse/quarantine/<key>.<UTC stamp>-<random>``."""
+        import datetime as dt
+        import secrets
+
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        return f"{QUARANTINE_PREFIX}{check_key(key)}.{stamp}-{secrets.token_hex(4)}"
 
     def local_path(self, key: str) -> Path | None:
         """The object's local file path if the backend is a local filesystem, else ``None``."""

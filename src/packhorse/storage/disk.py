@@ -28,7 +28,7 @@ from ..errors import (
     VerificationError,
 )
 from ..digest import hash_stream
-from .base import PARTIAL_SUFFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import PARTIAL_SUFFIX, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
@@ -285,7 +285,7 @@ class DiskBackend(StorageBackend):
                 if name.endswith(PARTIAL_SUFFIX):
                     continue
                 key = name if rel_dir == "." else f"{rel_dir}/{name}"
-                if not key.startswith(prefix):
+                if not key.startswith(prefix) or key.startswith(RESERVED_PREFIX):
                     continue
                 try:
                     st = os.lstat(os.path.join(dirpath, name))
@@ -295,6 +295,22 @@ class DiskBackend(StorageBackend):
                     out.append(ObjectInfo(key, st.st_size, st.st_mtime))
         out.sort(key=lambda o: o.key)
         return iter(out)
+
+    def quarantine(self, key: str) -> str | None:
+        """Move the object aside with a no-replace hard link, then unlink it (never overwrites)."""
+        path = self._path(key)
+        if self.stat(key) is None:
+            return None
+        target_key = self.quarantine_key(key)
+        target = self._path(target_key, create_parents=True)
+        try:
+            os.link(path, target, follow_symlinks=False)
+        except FileExistsError:
+            raise DestinationConflictError(f"{self.location}: quarantine name {target_key!r} is taken",
+                                           path=target_key, host=self.location) from None
+        _fsync_dir(target.parent)
+        self.delete(key)
+        return target_key
 
     def cleanup_partials(self, older_than_seconds: float) -> int:
         removed = 0
