@@ -38,13 +38,14 @@ def _free_port() -> int:
 class S3Server:
     """moto's S3 server on ``127.0.0.1:<free port>``; ``endpoint_url`` for clients."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ignore_if_none_match: bool = False) -> None:
         self.port = _free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **TEST_CREDENTIALS}
         # the request log goes to a file: a pipe nobody reads would fill up and block the server
         self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([sys.executable, str(LAUNCHER), str(self.port)], env=env,
+        self.proc = subprocess.Popen([sys.executable, str(LAUNCHER), str(self.port),
+                                      *(["--ignore-if-none-match"] if ignore_if_none_match else [])], env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -85,7 +86,7 @@ class S3Server:
         Path(self.log.name).unlink(missing_ok=True)
 
 
-def start_or_skip() -> S3Server:
+def start_or_skip(**kwargs: Any) -> S3Server:
     """Start a server; skip the test if moto is not installed (fail under ``CI=true``)."""
     try:
         import moto.server  # noqa: F401
@@ -96,4 +97,15 @@ def start_or_skip() -> S3Server:
         pytest.skip(f"moto[server] is not installed: {e}")
     for k, v in TEST_CREDENTIALS.items():
         os.environ.setdefault(k, v)
-    return S3Server()
+    return S3Server(**kwargs)
+
+
+def s3_location(name: str, server: S3Server, bucket: str, *, site: str = "cologne",
+                role: str = "long_term_archive", **extra: Any) -> str:
+    """A ``[[locations]]`` TOML table for an S3 location on ``server``."""
+    lines = ["[[locations]]", f'name = "{name}"', f'site = "{site}"', f'role = "{role}"', 'storage = "s3"',
+             f'bucket = "{bucket}"', f'endpoint_url = "{server.endpoint_url}"', 'region = "us-east-1"',
+             "path_style = true"]
+    for k, v in extra.items():
+        lines.append(f"{k} = {v!r}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}")
+    return "\n".join(lines) + "\n"

@@ -251,7 +251,8 @@ class S3Backend(StorageBackend):
             spool.seek(0)
             try:
                 if size <= self.multipart_threshold_bytes:
-                    self.client.put_object(Body=spool.read(), ChecksumSHA256=_b64_sha256(digest), **common, **cond)
+                    self.client.put_object(Body=spool.read(), ChecksumAlgorithm="SHA256",
+                                           ChecksumSHA256=_b64_sha256(digest), **common, **cond)
                 else:
                     self._multipart(key, spool, size, common, cond)
                 return True
@@ -279,7 +280,8 @@ class S3Backend(StorageBackend):
                     break
                 checksum = _b64_sha256(hashlib.sha256(data).digest())
                 r = self.client.upload_part(Bucket=self.bucket, Key=common["Key"], UploadId=upload_id,
-                                            PartNumber=number, Body=data, ChecksumSHA256=checksum)
+                                            PartNumber=number, Body=data, ChecksumAlgorithm="SHA256",
+                                            ChecksumSHA256=checksum)
                 parts.append({"PartNumber": number, "ETag": r["ETag"], "ChecksumSHA256": checksum})
                 number += 1
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=common["Key"], UploadId=upload_id,
@@ -463,15 +465,16 @@ class S3Backend(StorageBackend):
             )
 
     def retention(self, key: str) -> tuple[str, dt.datetime] | None:
-        """``(mode, retain until UTC)`` of the object's Object Lock retention, or ``None``."""
+        """``(mode, retain until UTC)`` of the object's Object Lock retention, or ``None``
+        (read with ``HeadObject``)."""
         try:
-            r = self.client.get_object_retention(Bucket=self.bucket, Key=self._full(key))
+            r = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
         except Exception as e:
-            if _is_not_found(e) or _code(e) in ("NoSuchObjectLockConfiguration", "InvalidRequest"):
+            if _is_not_found(e):
                 return None
             raise self._error(e, key, "reading the retention of") from e
-        ret = r.get("Retention") or {}
-        return (ret["Mode"], ret["RetainUntilDate"]) if ret else None
+        mode, until = r.get("ObjectLockMode"), r.get("ObjectLockRetainUntilDate")
+        return (mode, until) if mode and until else None
 
     # -- cold storage ---------------------------------------------------------------
     def _restore_marker(self, key: str) -> str:
