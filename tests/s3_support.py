@@ -109,3 +109,31 @@ def s3_location(name: str, server: S3Server, bucket: str, *, site: str = "cologn
     for k, v in extra.items():
         lines.append(f"{k} = {v!r}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}")
     return "\n".join(lines) + "\n"
+
+
+def s3_site_config(folder: Path, server: S3Server, *, s3_extra: dict[str, Any] | None = None,
+                   **overrides: Any) -> tuple[Path, str]:
+    """The three-site test configuration with ``cologne-lta`` in a fresh bucket on ``server``
+    (``cornell-lta`` stays on disk). Returns ``(config path, bucket)``."""
+    from support import write_site_config
+
+    path = write_site_config(folder, **overrides)
+    bucket = server.new_bucket()
+    text = path.read_text(encoding="utf-8")
+    disk_block = ('[[locations]]\nname = "cologne-lta"\nsite = "cologne"\nrole = "long_term_archive"\n'
+                  'path = "sites/cologne/archive"\n')
+    assert disk_block in text
+    text = text.replace(disk_block, s3_location("cologne-lta", server, bucket, prefix="lta",
+                                                **(s3_extra or {})))
+    path.write_text(text, encoding="utf-8")
+    return path, bucket
+
+
+def bucket_objects(server: S3Server, bucket: str) -> dict[str, bytes]:
+    """Every object in ``bucket``: ``{key: bytes}``."""
+    c = server.client()
+    out = {}
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = c.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+    return out

@@ -113,11 +113,13 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
     """Publish a finished :class:`~packhorse.storage.PendingWrite` and verify it by re-reading.
 
     Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
-    publishing) and ``<point>.published`` (between publishing and verification).
+    the lease check), ``<point>.publishing`` (after it, just before publishing) and
+    ``<point>.published`` (between publishing and verification).
     :func:`copy_object` also hits ``<point>.writing`` after its first chunk.
     """
     faults.hit(f"{point}.write")
     work.check()
+    faults.hit(f"{point}.publishing")  # after the last lease check: a stuck worker publishes late
     result = pending.publish(expected_sha256)
     faults.hit(f"{point}.published", path=backend.local_path(pending.key))
     verify_object(backend, pending.key, result.sha256)
