@@ -198,6 +198,7 @@ def run(
     if ctx.settings.executor.kind != "local":
         raise _fail(f"executor.kind: {ctx.settings.executor.kind!r} is not available in this version; "
                     "use \"local\" (packhorse run runs everything in one process)", EXIT_CONFIG)
+    _check_storage(ctx)
     elapsed = _run(ctx, until_idle=until_idle, quiet=quiet)
     code = _exit_code_after_run(ctx)
     if not quiet:
@@ -378,6 +379,20 @@ def demo(
     if v["missing"] or v["corrupt"]:
         code = code or EXIT_PROBLEM
     raise typer.Exit(code)
+
+
+# --- issue 5: object storage, staging, fixity audit
+def _check_storage(ctx: StageContext) -> None:
+    """Build every active location's backend (S3 write-once probe, Object Lock check) before
+    any work runs; a refused store exits 2 naming the location (issue #5)."""
+    from .errors import StorageServiceError
+
+    try:
+        for loc in ctx.settings.locations:
+            if loc.active:
+                ctx.backend(loc.name)
+    except (ConfigError, StorageServiceError) as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
 
 
 def main() -> None:
