@@ -321,7 +321,10 @@ def verify(
             print(f"MISSING {m['location']}:{m['path']}")
         for c in r["corrupt"]:
             print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] else EXIT_OK)
+        for u in r["unrepaired"]:
+            print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
+                  "from another verified copy if one exists)")
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] else EXIT_OK)
 
 
 @app.command()

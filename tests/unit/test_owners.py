@@ -40,7 +40,6 @@ from packhorse.worker import Outcome
 #: you do, and fails for any new kind added without a stage.
 UNBUILT_KINDS = {
     OperationKind.STAGING,       # restore from long-term archive: not built yet
-    OperationKind.FIXITY_CHECK,  # the fixity auditor: not built yet
 }
 BUILT_KINDS = [k for k in OperationKind if k not in UNBUILT_KINDS]
 

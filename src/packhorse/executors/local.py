@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Operation, utcnow
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
-from ..managers import archives, bundles, deletions, packages, transfers, unpacks
+from ..managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
 from ..operations import reset_stalled, worker_identity
 from ..stages.base import StageContext
@@ -34,7 +34,7 @@ log = structlog.get_logger(__name__)
 
 #: Dispatch order: downstream first, so buffers drain before new packages fill them.
 PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
-            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE]
+            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.FIXITY_CHECK]
 
 
 class LocalRunner:
@@ -125,7 +125,7 @@ class LocalRunner:
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += n + transfers.manage(self.ctx) + unpacks.manage(self.ctx) + archives.manage(self.ctx)
         n, _retention_wait = deletions.manage(self.ctx)
-        return created + n, bundle_wait
+        return created + n + fixity.manage(self.ctx), bundle_wait
 
     def recover(self) -> None:
         """Lease recovery: reset expired leases. On the first call also sweep every disk location
