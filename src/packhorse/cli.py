@@ -230,7 +230,8 @@ def run_operation(
         raise _fail(f"no {kind} operation with id {operation_id}", EXIT_PROBLEM)
     outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
     print(outcome.value)
-    raise typer.Exit({"completed": 0, "skipped": 0, "retry": 1, "stale": 1, "failed": EXIT_FAILED}[outcome.value])
+    raise typer.Exit({"completed": 0, "skipped": 0, "deferred": 0, "retry": 1, "stale": 1,
+                      "failed": EXIT_FAILED}[outcome.value])
 
 
 @app.command()
@@ -321,6 +322,8 @@ def verify(
             print(f"MISSING {m['location']}:{m['path']}")
         for c in r["corrupt"]:
             print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
+        for a in r["awaiting_restore"]:
+            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
                   "from another verified copy if one exists)")
@@ -396,6 +399,36 @@ def _check_storage(ctx: StageContext) -> None:
                 ctx.backend(loc.name)
     except (ConfigError, StorageServiceError) as e:
         raise _fail(str(e), EXIT_CONFIG) from None
+
+
+@app.command()
+def stage(
+    name: Annotated[str, typer.Argument(help="raw data package name or observation unit")],
+    to: Annotated[str, typer.Option("--to", help="processing location to extract into")],
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Request staging: extract archived packages into a processing location, verified against
+    their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
+    from .managers.staging import NothingToStageError, request_staging
+
+    ctx = _context(config)
+    try:
+        rows = request_staging(ctx, name, to)
+    except ConfigError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+    except NothingToStageError as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        _print_json(rows)
+        return
+    for r in rows:
+        if r["operation_id"] is None:
+            print(f"{r['package']}: not archived yet; not staged")
+        elif r["created"]:
+            print(f"{r['package']}: staging operation {r['operation_id']} created; `packhorse run` stages it")
+        else:
+            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})")
 
 
 def main() -> None:

@@ -86,6 +86,7 @@ class LocationConfig(_Section):
     # store's restore time (tests, demos); it only matters with cold = true.
     cold: bool = False
     restore_delay_seconds: float | None = Field(None, ge=0)
+    restore_poll_seconds: float = Field(300.0, gt=0)
     fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
     fixity_bytes_per_second: float | None = Field(None, gt=0)
 
@@ -99,6 +100,8 @@ class LocationConfig(_Section):
             raise ValueError(f"location {self.name!r} has storage 's3': use 'bucket' and 'prefix', not 'path'")
         if self.storage is not StorageType.S3:
             s3_only = [k for k in ("bucket", "endpoint_url", "region", "object_lock_mode") if getattr(self, k)]
+            if self.cold:
+                s3_only.append("cold")
             if s3_only or self.prefix:
                 raise ValueError(f"location {self.name!r}: {', '.join(s3_only or ['prefix'])} only apply to "
                                  "storage 's3'")

@@ -9,6 +9,8 @@
     │                                  operation's failure (DESIGN.md "Architecture")
     ├── LeaseLostError                 this worker's lease / fencing token is no longer current;
     │                                  the work stops and nothing is committed (I3)
+    ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
+    │                                  back as PENDING with ``not_before``, no retry counted
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
@@ -142,3 +144,19 @@ class RestoreRequiredError(RetryableError):
     Stages that read from cold locations request the restore and wait for it without holding
     a worker; reaching this error elsewhere means a read was attempted too early.
     """
+
+
+class OperationDeferred(PackhorseError):
+    """The operation cannot go on yet (e.g. a cold-storage restore is in progress, issue #5).
+
+    Not a failure: the worker hands the operation back as ``PENDING`` with ``not_before`` =
+    now + ``seconds`` (no retry counted, no failure event) and is free for other work.
+
+    Args:
+        message: why it waits (kept in the operation's log line).
+        seconds: when to look again.
+    """
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds

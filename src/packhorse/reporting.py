@@ -19,7 +19,7 @@ from .db.models import (
     SkippedFile,
     utcnow,
 )
-from .domain import CopyStatus, Status
+from .domain import CopyStatus, LocationRole, Status
 from .operations import counts_by_kind_status
 from .stages.base import StageContext
 
@@ -94,8 +94,10 @@ def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, A
     left to the audit (``packhorse run``).
 
     Returns ``{"checked": n, "ok": n, "missing": [{"location", "path"[, "error"]}], "corrupt":
-    [{"location", "path", "expected", "actual"}], "unrepaired": [...]}`` (see
-    :func:`unrepaired_copies`: bad copies recorded earlier and not repaired yet). A copy whose storage could not be asked
+    [{"location", "path", "expected", "actual"}], "awaiting_restore": [{"location", "path"}],
+    "unrepaired": [...]}``. ``awaiting_restore``: copies in cold storage that are not restored;
+    a restore is requested and they are not checked now (not a problem by itself).
+    ``unrepaired``: see :func:`unrepaired_copies`. A copy whose storage could not be asked
     (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
     not recorded: that is not evidence about the copy.
     """
@@ -103,18 +105,25 @@ def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, A
 
     def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
         q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-             .where(PhysicalCopy.status == CopyStatus.PRESENT.value).order_by(PhysicalCopy.id))
+             .where(PhysicalCopy.status == CopyStatus.PRESENT.value,
+                    DataLocation.role != LocationRole.PROCESSING.value)  # staged folders: verified at staging
+             .order_by(PhysicalCopy.id))
         if location:
             q = q.where(DataLocation.name == location)
         return [(c, n) for c, n in s.execute(q)]
 
     rows = ctx.db.read(load)
-    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": []}
+    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": [], "awaiting_restore": []}
     findings = []
     for copy, loc in rows:
-        report["checked"] += 1
         try:
-            f = check_copy(ctx.backend(loc), copy, loc, limiter=limiter_for(ctx, loc))
+            backend = ctx.backend(loc)
+            if backend.cold and backend.stat(copy.path) is not None and not backend.restore_ready(copy.path):
+                backend.request_restore(copy.path)  # verify cannot wait; the audit (or a later verify) reads it
+                report["awaiting_restore"].append({"location": loc, "path": copy.path})
+                continue
+            report["checked"] += 1
+            f = check_copy(backend, copy, loc, limiter=limiter_for(ctx, loc))
         except Exception as e:  # unknown location, unreachable store: a problem, but not a finding
             report["missing"].append({"location": loc, "path": copy.path, "error": str(e)})
             continue

@@ -34,7 +34,8 @@ log = structlog.get_logger(__name__)
 
 #: Dispatch order: downstream first, so buffers drain before new packages fill them.
 PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
-            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.FIXITY_CHECK]
+            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.STAGING,
+            OperationKind.FIXITY_CHECK]
 
 
 class LocalRunner:

@@ -27,6 +27,7 @@ from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationL
 from ..fixity import Finding, check_copy, limiter_for, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
+from .staging import ensure_readable
 
 
 def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
@@ -40,7 +41,10 @@ def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
 
 def _check(work: Work, copy: PhysicalCopy) -> Finding:
     loc = work.ctx.location_name(copy.location_id)
-    return check_copy(work.ctx.backend(loc), copy, loc, limiter=limiter_for(work.ctx, loc), on_bytes=work.progress)
+    backend = work.ctx.backend(loc)
+    if backend.stat(copy.path) is not None:
+        ensure_readable(work, backend, copy.path)  # a cold copy: restore first, come back later
+    return check_copy(backend, copy, loc, limiter=limiter_for(work.ctx, loc), on_bytes=work.progress)
 
 
 def run(work: Work) -> Recorder:
@@ -81,6 +85,7 @@ def run(work: Work) -> Recorder:
     if not good or not to_repair:
         work.info.update(result="no verified copy to repair from" if not good else "nothing to repair")
         return lambda s: None
+    good.sort(key=lambda f: ctx.settings.location(f.location).cold)  # warm sources first
     source = good[0]
     repaired: list[tuple[Finding, str | None]] = []
     for bad in to_repair:

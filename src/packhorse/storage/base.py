@@ -158,6 +158,15 @@ class StorageBackend(abc.ABC):
     """
 
     location: str
+    #: objects need :meth:`request_restore` before they can be read (tape, Glacier; issue #5)
+    cold: bool = False
+
+    def request_restore(self, key: str) -> None:
+        """Ask a cold store to make ``key`` readable (idempotent); a no-op for warm storage."""
+
+    def restore_ready(self, key: str) -> bool:
+        """True when ``key`` can be read now (always, for warm storage)."""
+        return True
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:

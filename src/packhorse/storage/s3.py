@@ -32,9 +32,13 @@ Lock enabled.
 Cold storage (``cold = true``): objects must be restored before they can be read, as with
 tape or Glacier. :meth:`S3Backend.request_restore` asks for a restore and
 :meth:`S3Backend.restore_ready` tells when it is done; ``open_read`` of an object that is
-not restored raises :class:`~packhorse.errors.RestoreRequiredError`. The simulation used by
-tests (``restore_delay_seconds``) keeps the restore request time in the object's tags of a
-sidecar key under ``_packhorse/restore/``.
+not restored raises :class:`~packhorse.errors.RestoreRequiredError`. Against real S3 an object
+needs a restore when its storage class is an archive class (GLACIER, DEEP_ARCHIVE) and no
+finished restore is reported. The simulation used by tests and demos
+(``restore_delay_seconds``) keeps the restore request time in a marker object under
+``_packhorse/restore/``; an object is readable once the delay has passed since the request.
+Objects this process published itself stay readable (the store's hot tier before the
+transition), so the read-back verification after publishing works.
 
 Credentials come only from the standard AWS chain (environment, shared profile, instance
 role); they are never logged or stored by packhorse.
@@ -225,6 +229,8 @@ class S3Backend(StorageBackend):
         self.cold = cold
         self.restore_delay_seconds = restore_delay_seconds
         self.spool_dir = spool_dir
+        #: keys published by this process (readable without a restore; see the module docstring)
+        self._hot: set[str] = set()
 
     # -- helpers --------------------------------------------------------------------
     def _full(self, key: str) -> str:
@@ -255,6 +261,7 @@ class S3Backend(StorageBackend):
                                            ChecksumSHA256=_b64_sha256(digest), **common, **cond)
                 else:
                     self._multipart(key, spool, size, common, cond)
+                self._hot.add(key)
                 return True
             except Exception as e:
                 if _is_precondition_failed(e):
@@ -335,7 +342,7 @@ class S3Backend(StorageBackend):
 
     def open_read(self, key: str) -> BinaryIO:
         full = self._full(key)
-        if self.cold and not self.restore_ready(key):
+        if self.cold and key not in self._hot and not self.restore_ready(key):
             raise RestoreRequiredError(
                 f"{self.location}: {key!r} is in cold storage and not restored; request a restore first",
                 side="source", path=key, host=self.location,
