@@ -32,6 +32,9 @@ from ..worker import Outcome, execute_operation
 
 log = structlog.get_logger(__name__)
 
+#: Age after which an incomplete S3 multipart upload counts as abandoned (seconds).
+S3_PARTIAL_AGE_SECONDS = 86400.0
+
 #: Dispatch order: downstream first, so buffers drain before new packages fill them.
 PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
             OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.STAGING,
@@ -144,6 +147,10 @@ class LocalRunner:
                 b = self.ctx.backend(loc.name)
                 if isinstance(b, DiskBackend):
                     b.cleanup_partials(self.settings.recovery.lease_timeout_seconds)
+            elif loc.storage is StorageType.S3 and loc.active:
+                # incomplete multipart uploads of crashed publishers (invisible; they only cost
+                # storage). A day, not a lease: a large upload in flight may take longer.
+                self.ctx.backend(loc.name).cleanup_partials(S3_PARTIAL_AGE_SECONDS)
 
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""

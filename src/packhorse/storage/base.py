@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..digest import sha256_stream
-from ..errors import UnsafePathError
+from ..errors import DestinationConflictError, UnsafePathError, VerificationError
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
@@ -113,6 +113,17 @@ class PendingWrite(abc.ABC):
     def sha256(self) -> str:
         """sha256 (hex) of the bytes written so far."""
         return self._hash.hexdigest()
+
+    def check_expected(self, expected_sha256: str | None, location: str) -> str:
+        """Return the sha256 of the bytes written; raise :class:`VerificationError` (nothing
+        is published) if ``expected_sha256`` is given and differs."""
+        sha = self.sha256
+        if expected_sha256 is not None and sha != expected_sha256:
+            raise VerificationError(
+                f"{location}:{self.key}: bytes written have sha256 {sha}, expected {expected_sha256}; nothing published",
+                step="publish", side="destination", path=self.key, host=location,
+            )
+        return sha
 
     @property
     def local_path(self) -> Path | None:
@@ -210,6 +221,21 @@ class StorageBackend(abc.ABC):
 
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         return f"{QUARANTINE_PREFIX}{check_key(key)}.{stamp}-{secrets.token_hex(4)}"
+
+    def check_same(self, key: str, size: int, sha256: str) -> None:
+        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes,
+        decided by reading the object back (never by ETag, metadata or size alone; I2, I4)."""
+        info = self.stat(key)
+        if info is None:
+            raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key,
+                                           host=self.location)
+        if info.size != size or self.sha256(key) != sha256:
+            raise DestinationConflictError(
+                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
+                f"expected {size} with sha256 {sha256}); it is left untouched",
+                step="publish", side="destination", path=key, host=self.location,
+                diagnosis="an object with this name but other content is already archived here",
+            )
 
     def local_path(self, key: str) -> Path | None:
         """The object's local file path if the backend is a local filesystem, else ``None``."""

@@ -85,13 +85,7 @@ class _DiskPendingWrite(PendingWrite):
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         try:
-            sha = self.sha256
-            if expected_sha256 is not None and sha != expected_sha256:
-                raise VerificationError(
-                    f"{self._backend.location}:{self.key}: bytes written have sha256 {sha}, "
-                    f"expected {expected_sha256}; nothing published",
-                    step="publish", side="destination", path=self.key, host=self._backend.location,
-                )
+            sha = self.check_expected(expected_sha256, self._backend.location)
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -242,19 +236,6 @@ class DiskBackend(StorageBackend):
                 if attempt == 4:
                     raise
         raise AssertionError("unreachable")
-
-    def check_same(self, key: str, size: int, sha256: str) -> None:
-        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes."""
-        info = self.stat(key)
-        if info is None:
-            raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key)
-        if info.size != size or self.sha256(key) != sha256:
-            raise DestinationConflictError(
-                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
-                f"expected {size} with sha256 {sha256}); it is left untouched",
-                step="publish", side="destination", path=key, host=self.location,
-                diagnosis="an object with this name but other content is already archived here",
-            )
 
     def delete(self, key: str, *, prune: bool = True) -> bool:
         path = self._path(key)

@@ -4,8 +4,8 @@ S3 locations are checked when their backend is first built in a process (issue #
 write-once probe (refused with a :class:`~packhorse.errors.ConfigError` naming the location
 if the store ignores ``If-None-Match: *``, unless ``write_once_probe = false``, which logs a
 WARNING and switches to per-object leases with a check before every write) and the Object
-Lock check. :func:`check_locations` builds every location's backend at start so a bad store
-is refused before any work runs.
+Lock check. ``packhorse run`` builds every active location's backend at start, so a bad
+store is refused (exit 2) before any work runs.
 """
 
 from __future__ import annotations
@@ -92,12 +92,3 @@ def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") 
                 "per-object leases with a check before every write")
     backend.check_object_lock()
     return backend
-
-
-def check_locations(settings: Settings, db: "Database | None" = None) -> dict[str, StorageBackend]:
-    """Build every active location's backend (runs the S3 start-time checks); ``{name: backend}``.
-
-    Raises:
-        ConfigError / StorageServiceError: as :func:`backend_for`, for the first bad location.
-    """
-    return {loc.name: backend_for(settings, loc.name, db=db) for loc in settings.locations if loc.active}

@@ -161,13 +161,7 @@ class _S3PendingWrite(PendingWrite):
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
         try:
-            sha = self.sha256
-            if expected_sha256 is not None and sha != expected_sha256:
-                raise VerificationError(
-                    f"{b.location}:{self.key}: bytes written have sha256 {sha}, "
-                    f"expected {expected_sha256}; nothing published",
-                    step="publish", side="destination", path=self.key, host=b.location,
-                )
+            sha = self.check_expected(expected_sha256, b.location)
             digest = bytes.fromhex(sha)
             lease = b.object_lease(self.key) if b.object_lease is not None else nullcontext()
             with lease:
@@ -302,21 +296,6 @@ class S3Backend(StorageBackend):
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
         except Exception as e:  # cleanup_partials aborts it later
             log.warning("s3_abort_multipart_failed", location=self.location, key=full_key, error=str(e))
-
-    def check_same(self, key: str, size: int, sha256: str) -> None:
-        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes
-        (decided by reading the object back, never by ETag or metadata)."""
-        info = self.stat(key)
-        if info is None:
-            raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key,
-                                           host=self.location)
-        if info.size != size or self.sha256(key) != sha256:
-            raise DestinationConflictError(
-                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
-                f"expected {size} with sha256 {sha256}); it is left untouched",
-                step="publish", side="destination", path=key, host=self.location,
-                diagnosis="an object with this name but other content is already archived here",
-            )
 
     # -- interface ------------------------------------------------------------------
     def stat(self, key: str) -> ObjectInfo | None:
