@@ -341,6 +341,24 @@ def test_delete(backend: StorageBackend) -> None:
     assert get(backend, "a/b/k") == b"new"
 
 
+# -------------------------------------------------------------------------- quarantine
+
+
+def test_quarantine_moves_the_object_aside_and_frees_the_key(harness: Harness) -> None:
+    b = harness.backend
+    put(b, "raw/a b.tar", b"rotten bytes")
+    put(b, "raw/other.tar", b"other")
+    q = b.quarantine("raw/a b.tar")
+    assert q is not None and q.startswith("_packhorse/quarantine/raw/a b.tar.")
+    assert b.stat("raw/a b.tar") is None
+    assert get(b, q) == b"rotten bytes"  # kept, readable for a post-mortem
+    assert keys(b) == ["raw/other.tar"]  # packhorse's own keys are never listed
+    assert put(b, "raw/a b.tar", b"good bytes").already_there is False  # the key is free for a repair
+    q2 = b.quarantine("raw/a b.tar")
+    assert q2 is not None and q2 != q and get(b, q) == b"rotten bytes" and get(b, q2) == b"good bytes"
+    assert b.quarantine("raw/never.tar") is None
+
+
 # ------------------------------------------------------------------------------ listing
 
 

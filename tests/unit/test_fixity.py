@@ -48,3 +48,16 @@ def test_check_copy_ok_corrupt_missing(tmp_path):
     bad = SimpleNamespace(**{**vars(copy), "path": "../escape"})
     f = check_copy(b, bad, "lta")
     assert f.status == MISSING and "'../escape'" in (f.error or "")
+
+
+def test_check_copy_is_throttled_by_the_location_rate(tmp_path):
+    b = DiskBackend("lta", tmp_path / "lta")
+    data = bytes(3 * 1024**2)
+    with b.open_write("raw/big.tar") as w:
+        w.write(data)
+        w.publish()
+    copy = SimpleNamespace(id=1, path="raw/big.tar", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                           raw_data_package_id=7, data_transfer_package_id=None)
+    t0 = time.monotonic()
+    assert check_copy(b, copy, "lta", limiter=RateLimiter(1024**2)).status == OK  # 1 MiB/s
+    assert time.monotonic() - t0 >= 1.8  # 1 MiB burst, then 2 MiB at 1 MiB/s
