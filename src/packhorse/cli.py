@@ -118,6 +118,13 @@ def _exit_code_after_run(ctx: StageContext) -> int:
         print("  see `packhorse status`; fix the cause, then `packhorse reset KIND ID` (or KIND --all-failed)",
               file=sys.stderr)
         return EXIT_FAILED
+    from .recovery.breakers import open_breaker_count
+
+    blocked = ctx.db.read(open_breaker_count)
+    if blocked:
+        print(f"{blocked} operation(s) blocked: circuit breaker open after repeated stalls; "
+              "see `packhorse breaker list`, then `packhorse retry KIND ID --reason ...`", file=sys.stderr)
+        return EXIT_BLOCKED
     return EXIT_OK
 
 
@@ -173,8 +180,12 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
         runner.stop_requested.set()
         runner.wake.set()
 
+    from .recovery.health import HeartbeatThread
+
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.monotonic()
+    health = HeartbeatThread(ctx.db, "runner",
+                             interval_seconds=ctx.settings.recovery.service_heartbeat_interval_seconds).start()
     try:
         if bars:
             with bars:
@@ -182,6 +193,7 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> float:
         else:
             runner.run(until_idle=until_idle)
     finally:
+        health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)
     return time.monotonic() - start
@@ -385,6 +397,176 @@ def demo(
     if v["missing"] or v["corrupt"]:
         code = code or EXIT_PROBLEM
     raise typer.Exit(code)
+
+
+# --- issue 3: failure recovery (monitor, circuit breakers, retry, health, log format)
+
+@app.callback()
+def _global_options(
+    log_format: Annotated[Optional[str], typer.Option(
+        "--log-format", help="Log lines on stderr: json or console [default: console on a terminal, else json]",
+        envvar="PACKHORSE_LOG_FORMAT")] = None,
+) -> None:
+    """packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once."""
+    from . import logs
+
+    if log_format is not None:
+        if log_format not in ("json", "console"):
+            raise _fail(f"--log-format: {log_format!r} is not one of json, console", EXIT_CONFIG)
+        logs.set_format(log_format)
+
+
+def _kind(kind: str):  # type: ignore[no-untyped-def]
+    from .domain import OperationKind
+
+    try:
+        return OperationKind(kind)
+    except ValueError:
+        raise _fail(f"unknown operation kind {kind!r}; one of {', '.join(k.value for k in OperationKind)}",
+                    EXIT_CONFIG) from None
+
+
+def _actor() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+@app.command()
+def monitor(
+    config: ConfigOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="Run one cycle, print what it did, exit")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
+    from .recovery.health import HeartbeatThread
+    from .recovery.loop import ServiceLoop
+    from .recovery.monitor import recovery_cycle
+
+    ctx = _context(config)
+    rec = ctx.settings.recovery
+    if once:
+        report = recovery_cycle(ctx.db, ctx.settings)
+        data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
+                "breakers_closed": report.breakers_closed}
+        if as_json:
+            _print_json(data)
+        else:
+            print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
+        raise typer.Exit(EXIT_OK)
+    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recovery_cycle(ctx.db, ctx.settings),
+                       interval_seconds=rec.monitor_interval_seconds,
+                       max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
+                       notification_cooldown_seconds=rec.notification_cooldown_seconds)
+
+    def stop(signum: int, _frame: object) -> None:
+        loop.stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    health = HeartbeatThread(ctx.db, "monitor", interval_seconds=rec.service_heartbeat_interval_seconds).start()
+    try:
+        loop.run()
+    finally:
+        health.stop(remove=True)
+
+
+breaker_app = typer.Typer(help="Circuit breakers of stalled operations: list, reset.", no_args_is_help=True)
+app.add_typer(breaker_app, name="breaker")
+
+
+@breaker_app.command("list")
+def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List circuit breakers that counted stalls (open ones first)."""
+    from .recovery.breakers import jsonable, list_breakers
+
+    ctx = _context(config)
+    rows = ctx.db.read(list_breakers)
+    if as_json:
+        _print_json([jsonable(r) for r in rows])
+        return
+    t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "closes (UTC)", title="circuit breakers")
+    for r in rows:
+        t.add_row(r["kind"], str(r["operation_id"]), r["state"], str(r["stall_count"]),
+                  r["opened_at"].strftime("%Y-%m-%d %H:%M:%S") if r["opened_at"] else "-",
+                  r["closes_at"].strftime("%Y-%m-%d %H:%M:%S") if r["closes_at"] else "-")
+    Console().print(t)
+
+
+@breaker_app.command("reset")
+def breaker_reset(
+    kind: Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")],
+    operation_id: Annotated[int, typer.Argument(help="operation id")],
+    reason: Annotated[str, typer.Option("--reason", help="why (logged and notified)")] = "not given",
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Close the circuit breaker of one operation (the monitor then recovers it)."""
+    from .errors import UnknownOperationError
+    from .recovery.breakers import jsonable, reset_breaker
+
+    k = _kind(kind)
+    ctx = _context(config)
+    try:
+        out = reset_breaker(ctx.db, k, operation_id, reason=reason, actor=_actor())
+    except UnknownOperationError as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        _print_json(jsonable(out))
+    else:
+        print(f"circuit breaker of {k.value} {operation_id} closed (had {out['previous_stall_count']} stall(s))")
+
+
+@app.command()
+def retry(
+    kind: Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")],
+    operation_id: Annotated[int, typer.Argument(help="operation id")],
+    reason: Annotated[str, typer.Option("--reason", help="why (logged and notified)")] = "not given",
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
+    from .errors import UnknownOperationError
+    from .operations import ResetRefusedError
+    from .recovery.breakers import force_retry
+
+    k = _kind(kind)
+    ctx = _context(config)
+    try:
+        out = force_retry(ctx.db, k, operation_id, reason=reason, actor=_actor())
+    except (UnknownOperationError, ResetRefusedError) as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        _print_json(out)
+    else:
+        print(f"{k.value} {operation_id}: {out['previous_status']} -> PENDING; `packhorse run` dispatches it now")
+
+
+@app.command()
+def health(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List services and workers with their last heartbeat; exit 1 if one is dead."""
+    from .recovery.breakers import jsonable
+    from .recovery.health import list_services
+
+    ctx = _context(config)
+    rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=ctx.settings.recovery.service_dead_after_seconds))
+    dead = [r for r in rows if not r["alive"]]
+    if as_json:
+        _print_json({"services": [jsonable(r) for r in rows], "dead": len(dead)})
+    else:
+        t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", title="services")
+        for r in rows:
+            t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
+                      r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}")
+        Console().print(t)
+        if not rows:
+            print("no service has recorded a heartbeat")
+    raise typer.Exit(EXIT_PROBLEM if dead else EXIT_OK)
 
 
 # --- issue 5: object storage, staging, fixity audit

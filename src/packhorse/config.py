@@ -43,10 +43,16 @@ class DatabaseConfig(_Section):
 
 
 class ExecutorConfig(_Section):
-    """``[executor]``: where operations run. ``workers`` is the local thread pool size."""
+    """``[executor]``: where operations run.
+
+    ``workers``: operations run at once by ``packhorse run``. ``pool``: ``"process"`` (default;
+    one worker process each, every core used) or ``"thread"`` (threads of the ``run``
+    process; for debugging).
+    """
 
     kind: Literal["local", "celery"] = "local"
     workers: int = Field(4, ge=1, le=256)
+    pool: Literal["process", "thread"] = "process"
     broker_url: str | None = None
     visibility_timeout_seconds: float = Field(3600.0, gt=0)
 
@@ -145,6 +151,8 @@ class ManagersConfig(_Section):
     """``[managers]``: the fallback polling interval (finished work wakes managers at once)."""
 
     poll_interval_seconds: float = Field(10.0, gt=0)
+    #: consecutive failed cycles of a manager loop before a CRITICAL log and notification
+    max_consecutive_errors: int = Field(5, ge=1)
 
 
 class RecoveryConfig(_Section):
@@ -161,6 +169,10 @@ class RecoveryConfig(_Section):
     reconcile_floor_seconds: float | None = Field(None, ge=0)
     reconcile_max_resets: int = Field(3, ge=0)
     notification_cooldown_seconds: float = Field(3600.0, ge=0)
+    #: how often every service / worker process records its health heartbeat (seed 002: 30 s)
+    service_heartbeat_interval_seconds: float = Field(30.0, gt=0)
+    #: a service whose last heartbeat is older than this is dead (seed 002: 90 s)
+    service_dead_after_seconds: float = Field(90.0, gt=0)
 
     @model_validator(mode="after")
     def _heartbeat_fits_lease(self) -> "RecoveryConfig":

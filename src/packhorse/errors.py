@@ -11,6 +11,7 @@
     │                                  the work stops and nothing is committed (I3)
     ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
     │                                  back as PENDING with ``not_before``, no retry counted
+    ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
@@ -54,6 +55,14 @@ class LeaseLostError(PackhorseError):
     """The worker no longer holds the operation's lease (its fencing token is stale).
 
     The work must stop before publishing and must not commit (DESIGN.md I3, "Lease").
+    """
+
+
+class UnknownOperationError(PackhorseError, LookupError):
+    """No operation with the given id, or it is of another kind than the one named.
+
+    Raised by the admin actions of :mod:`packhorse.recovery.breakers` (``breaker reset``,
+    ``retry``); the CLI exits 1, the API answers 404.
     """
 
 

@@ -11,8 +11,19 @@ that check, just before publishing) and
 * ``"corrupt"``: flip one byte of the object just published (disk backends), so the
   verification by re-reading must catch it.
 * ``"fail"``: raise ``RuntimeError`` (a retryable failure) ``times`` times (default 1).
+* ``"db_error"``: raise :class:`~packhorse.errors.TransientDatabaseError`, as a unit of work
+  does when the database stayed unavailable (point ``manager.cycle``: in the middle of a
+  manager cycle of ``packhorse run``).
+* ``"duplicate"`` (point ``dispatch``): the local runner delivers every dispatch twice
+  (:func:`active`).
 
 A hook fires at most ``times`` times per process (default: always for pause/corrupt).
+
+``PACKHORSE_TEST_NO_FENCING=1`` switches fencing off (:func:`fencing_disabled`) so the chaos
+harness can show that it detects what fencing prevents: workers never stop on a lost lease,
+heartbeats and completions ignore the fencing token, neither a successor nor the start-up
+sweep removes the partial file of a stale attempt, and disk publication replaces an existing object
+instead of refusing to. Never set it outside that test.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "PACKHORSE_TEST_FAULTS"
+NO_FENCING_ENV = "PACKHORSE_TEST_NO_FENCING"
 _lock = threading.Lock()
 _fired: dict[int, int] = {}
 
@@ -35,6 +47,16 @@ def _hooks() -> list[dict[str, Any]]:
         return []
     data = json.loads(raw)
     return data if isinstance(data, list) else [data]
+
+
+def fencing_disabled() -> bool:
+    """True only under the test-only ``PACKHORSE_TEST_NO_FENCING=1`` (see module docstring)."""
+    return os.environ.get(NO_FENCING_ENV) == "1"
+
+
+def active(point: str, action: str) -> bool:
+    """True if a hook ``{"point": point, "action": action}`` is registered (mode switches)."""
+    return any(h.get("point") == point and h.get("action") == action for h in _hooks())
 
 
 def hit(point: str, *, path: Path | None = None) -> None:
@@ -61,3 +83,7 @@ def hit(point: str, *, path: Path | None = None) -> None:
             os.chmod(path, 0o444)
         elif action == "fail":
             raise RuntimeError(f"test fault at {point}")
+        elif action == "db_error":
+            from .errors import TransientDatabaseError
+
+            raise TransientDatabaseError(f"test fault at {point}: database unavailable")

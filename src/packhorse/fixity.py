@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from .db.models import DataLocation, PhysicalCopy, utcnow
 from .domain import CopyStatus, NotificationLevel, OperationKind
-from .errors import UnsafePathError
+from .errors import SourceMissingError, UnsafePathError
 from .notify.outbox import enqueue
 from .storage.base import CHUNK_BYTES, StorageBackend
 
@@ -119,7 +119,12 @@ def check_copy(backend: StorageBackend, copy: PhysicalCopy | Any, location: str,
         f.status = MISSING
         return f
     h = hashlib.sha256()
-    with backend.open_read(copy.path) as stream:
+    try:
+        stream = backend.open_read(copy.path)
+    except SourceMissingError:  # gone since stat (e.g. moved aside by a concurrent repair)
+        f.status = MISSING
+        return f
+    with stream:
         while True:
             block = stream.read(CHUNK_BYTES)
             if not block:

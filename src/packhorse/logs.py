@@ -11,14 +11,32 @@ import sys
 import structlog
 
 
+_FORMAT: dict[str, bool] = {}
+_current: dict[str, object] = {"level": "INFO", "json": None}
+
+
+def set_format(fmt: str) -> None:
+    """Choose the log format for every later :func:`configure`: ``"json"`` or ``"console"``."""
+    _FORMAT["json"] = fmt == "json"
+
+
+def current_config() -> dict[str, object]:
+    """The arguments of the last :func:`configure` call (worker processes copy them)."""
+    return dict(_current)
+
+
 def configure(level: str = "INFO", *, json: bool | None = None) -> None:
     """Configure structlog and the standard logging module.
 
     Args:
         level: ``DEBUG``/``INFO``/``WARNING``/``ERROR``.
-        json: JSON lines; default: JSON unless stderr is a terminal.
+        json: JSON lines; default: as chosen by :func:`set_format` (``--log-format``), else
+            JSON unless stderr is a terminal.
     """
     lvl = getattr(logging, level.upper(), logging.INFO)
+    if json is None:
+        json = _FORMAT.get("json")
+    _current.update(level=level, json=json)
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer = structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(

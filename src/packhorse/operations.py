@@ -9,8 +9,9 @@
 * :func:`heartbeat`, :func:`complete_in` and :func:`record_failure` are compare-and-set on
   ``(id, attempt, status = IN_PROGRESS)``: a stale attempt's writes change nothing (I3); its
   failure is still appended as a failure event.
-* :func:`reset_stalled` hands expired leases back to ``PENDING`` (the lease recovery of
-  ``packhorse run``; circuit breakers come with the recovery issue).
+* expired leases are handed back by the stalled-task monitor
+  (:mod:`packhorse.recovery.monitor`, with circuit breakers), lost dispatches by the
+  reconciler (:mod:`packhorse.recovery.reconciler`).
 
 All times are UTC; durations are seconds.
 """
@@ -41,6 +42,12 @@ PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
     IsADirectoryError,
 )
 TRACEBACK_MAX_CHARS = 8000
+
+#: The notification that hands an operation to a human, per status: (event, subject template).
+#: Read by :func:`record_failure` and by the I5 owner map (:mod:`packhorse.recovery.owners`).
+HUMAN_NOTIFICATIONS: dict[Status, tuple[str, str]] = {
+    Status.FAILED: ("permanent_failure", "Permanent failure: {kind} {id}"),
+}
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,16 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float) -> 
     return db.transact(tx)
 
 
+def _token_is(claim: Claim) -> Any:
+    """The fencing condition ``attempt = claim.attempt`` (always true only under the test-only
+    ``PACKHORSE_TEST_NO_FENCING`` switch of the chaos harness, :mod:`packhorse.faults`)."""
+    from . import faults
+
+    if faults.fencing_disabled():
+        return Operation.attempt >= 0
+    return Operation.attempt == claim.attempt
+
+
 def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int | None = None) -> bool:
     """Renew the lease of ``claim`` (fenced). Returns ``False`` if the token is no longer current."""
 
@@ -144,8 +161,7 @@ def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int 
             values["bytes_done"] = bytes_done
         res = s.execute(
             update(Operation)
-            .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
-                   Operation.status == Status.IN_PROGRESS.value)
+            .where(Operation.id == claim.operation_id, _token_is(claim), Operation.status == Status.IN_PROGRESS.value)
             .values(**values)
         )
         return res.rowcount == 1
@@ -166,8 +182,7 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
         values["bytes_done"] = bytes_done
     res = session.execute(
         update(Operation)
-        .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
-               Operation.status == Status.IN_PROGRESS.value)
+        .where(Operation.id == claim.operation_id, _token_is(claim), Operation.status == Status.IN_PROGRESS.value)
         .values(**values)
     )
     return res.rowcount == 1
@@ -221,10 +236,14 @@ def build_error_context(
     retry_count: int,
     will_retry: bool,
     operation_info: dict[str, Any] | None = None,
+    auto_diagnosis: str | None = None,
 ) -> dict[str, Any]:
     """The one error-context dict of a failure (DESIGN.md "Error context"); built once.
 
-    The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail.
+    The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail. A
+    diagnosis carried by the exception (set where it was raised) wins, with
+    ``diagnosis_source = "boundary"``; otherwise ``auto_diagnosis`` (made from the database by
+    :mod:`packhorse.recovery.diagnosis`) is used with ``diagnosis_source = "auto-db"``.
     """
     text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
     if len(text) > TRACEBACK_MAX_CHARS:
@@ -248,6 +267,9 @@ def build_error_context(
             ctx[field] = value
     if ctx.get("diagnosis"):
         ctx["diagnosis_source"] = "boundary"
+    elif auto_diagnosis:
+        ctx["diagnosis"] = auto_diagnosis
+        ctx["diagnosis_source"] = "auto-db"
     return ctx
 
 
@@ -284,8 +306,9 @@ def record_failure(
     operation_info: dict[str, Any] | None = None,
     notification_cooldown_seconds: float = 3600.0,
 ) -> FailureOutcome:
-    """The single failure path of every kind: classify, build the error context once, append a
-    failure event, then (fenced) reset for retry or mark ``FAILED``.
+    """The single failure path of every kind: classify, diagnose a permanent failure that has no
+    diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
+    once, append a failure event, then (fenced) reset for retry or mark ``FAILED``.
 
     A retry sets ``PENDING``, ``retry_count + 1``, clears the cached error context and sets
     ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
@@ -297,9 +320,14 @@ def record_failure(
     assert op is not None
     stale = op.attempt != claim.attempt or op.status != Status.IN_PROGRESS.value
     will_retry = not stale and is_retryable(exc, op.retry_count, op.max_retries)
+    auto = None
+    if not will_retry and not getattr(exc, "diagnosis", None):
+        from .recovery.diagnosis import safe_diagnose  # never raises: a failing diagnoser blocks nothing
+
+        auto = safe_diagnose(db, claim.operation_id, exc)
     ctx = build_error_context(exc, kind=claim.kind, operation_id=claim.operation_id, task_id=
                               f"{claim.owner}#{claim.attempt}", retry_count=op.retry_count,
-                              will_retry=will_retry, operation_info=operation_info)
+                              will_retry=will_retry, operation_info=operation_info, auto_diagnosis=auto)
     append_failure_event(db, claim, op.retry_count, ctx)
 
     def tx(s: Session) -> Status | None:
@@ -321,53 +349,14 @@ def record_failure(
         if res.rowcount != 1:
             return None
         if new is Status.FAILED:
-            enqueue(s, level=NotificationLevel.ERROR, event="permanent_failure",
-                    subject=f"Permanent failure: {claim.kind.value} {claim.operation_id}",
+            event, subject = HUMAN_NOTIFICATIONS[Status.FAILED]
+            enqueue(s, level=NotificationLevel.ERROR, event=event,
+                    subject=subject.format(kind=claim.kind.value, id=claim.operation_id),
                     body=render_error_context(ctx), context=ctx, operation_kind=claim.kind.value,
                     operation_id=claim.operation_id, cooldown_seconds=notification_cooldown_seconds)
         return new
 
     return FailureOutcome(db.transact(tx), will_retry, ctx)
-
-
-# ------------------------------------------------------------------------------ recovery
-
-
-def reset_stalled(db: Database) -> list[int]:
-    """Reset every ``IN_PROGRESS`` operation whose lease expired to ``PENDING`` (stall counted,
-    a ``Stalled`` failure event appended). Returns the ids reset."""
-    now = utcnow()
-
-    def find(s: Session) -> list[tuple[int, str, int, int]]:
-        return [tuple(r) for r in s.execute(
-            select(Operation.id, Operation.kind, Operation.attempt, Operation.retry_count).where(
-                Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < now)
-        )]  # type: ignore[misc]
-
-    reset: list[int] = []
-    for op_id, kind, attempt, retry_count in db.read(find):
-        def tx(s: Session, op_id: int = op_id, attempt: int = attempt, kind: str = kind,
-               retry_count: int = retry_count) -> bool:
-            res = s.execute(
-                update(Operation)
-                .where(Operation.id == op_id, Operation.attempt == attempt,
-                       Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < now)
-                .values(status=Status.PENDING.value, stall_count=Operation.stall_count + 1,
-                        lease_owner=None, lease_expires_at=None, updated_at=utcnow())
-            )
-            if res.rowcount != 1:
-                return False
-            ctx = {"error_type": "Stalled", "message": f"lease of attempt {attempt} expired without completion",
-                   "operation_kind": kind, "operation_id": op_id, "retry_count": retry_count,
-                   "will_retry": True, "timestamp": utcnow().isoformat()}
-            s.add(FailureEvent(operation_id=op_id, kind=kind, attempt=attempt, retry_count=retry_count,
-                               error_type="Stalled", message=ctx["message"], will_retry=True,
-                               error_context=ctx, created_at=utcnow()))
-            return True
-
-        if db.transact(tx):
-            reset.append(op_id)
-    return reset
 
 
 def counts_by_kind_status(session: Session) -> dict[str, dict[str, int]]:

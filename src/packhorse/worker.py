@@ -52,13 +52,26 @@ def execute_operation(ctx: StageContext, operation_id: int, owner: str) -> Outco
         the :class:`Outcome`. A duplicate delivery (already done, leased by a live worker, or
         not yet due) returns ``SKIPPED`` without doing anything (I3).
     """
-    rec = ctx.settings.recovery
-    c = claim(ctx.db, operation_id, owner, rec.lease_timeout_seconds)
+    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds)
     if c is None:
         return Outcome.SKIPPED
+    # every log line of the task carries these (structlog contextvars; issue #3 "Structured logs")
+    with structlog.contextvars.bound_contextvars(operation_kind=c.kind.value, operation_id=operation_id,
+                                                 attempt=c.attempt, task_id=task_id(c)):
+        return _run_claimed(ctx, c)
+
+
+def task_id(c: Claim) -> str:
+    """The task id of a claimed attempt, ``owner#attempt`` (logs, error context)."""
+    return f"{c.owner}#{c.attempt}"
+
+
+def _run_claimed(ctx: StageContext, c: Claim) -> Outcome:
+    rec = ctx.settings.recovery
+    operation_id = c.operation_id
     op = ctx.db.read(lambda s: s.get(Operation, operation_id))
     assert op is not None
-    bound = log.bind(operation_id=operation_id, operation_kind=c.kind.value, attempt=c.attempt)
+    bound = log
     bound.debug("operation_claimed")
     keeper = LeaseKeeper(ctx.db, c, lease_seconds=rec.lease_timeout_seconds,
                          interval_seconds=rec.heartbeat_interval_seconds,

@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, OperationKind, Status
-from packhorse.operations import reset_stalled
+from packhorse.recovery.monitor import check_stalled
 
 from support import SRC, run_packhorse
 from chaos_helpers import context, drive_until_kind_exists, make_source
@@ -62,6 +62,16 @@ def _archived_payloads(lta: Path) -> dict[str, str]:
     return out
 
 
+def _archive_heartbeats(cfg) -> dict[int, object]:
+    ctx = context(cfg)
+    try:
+        with ctx.db.session() as s:
+            return {o.id: o.heartbeat_at for o in s.scalars(select(Operation).where(
+                Operation.kind == OperationKind.LONG_TERM_ARCHIVE.value, Operation.status == Status.IN_PROGRESS.value))}
+    finally:
+        ctx.db.dispose()
+
+
 @pytest.mark.slow
 def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
     cfg = site_config()
@@ -84,6 +94,12 @@ def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+    # the run's worker processes died with it: nobody renews the paused writer's lease any more
+    # (heartbeats every 0.3 s in this configuration)
+    time.sleep(1.0)
+    beats = _archive_heartbeats(cfg)
+    time.sleep(1.5)
+    assert _archive_heartbeats(cfg) == beats
 
     rerun = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet")
     assert rerun.returncode == 0, rerun.stderr
@@ -130,7 +146,7 @@ def test_stale_worker_paused_past_its_lease(site_config, tmp_path):
         _wait_for(marker)
         os.kill(first.pid, signal.SIGSTOP)
         time.sleep(2.5)  # past the 2 s lease
-        assert reset_stalled(ctx.db) == [op_id]  # what the monitor does
+        assert check_stalled(ctx.db, ctx.settings).reset == [op_id]  # what the monitor does
         second = run_packhorse("run-operation", "long_term_archive", str(op_id), "-c", str(cfg))
         assert second.returncode == 0 and second.stdout.strip() == "completed", second.stderr
     finally:

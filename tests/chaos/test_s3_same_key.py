@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import OperationKind, Status
-from packhorse.operations import reset_stalled
+from packhorse.recovery.monitor import check_stalled
 
 from chaos_helpers import context, drive_until_kind_exists, make_source
 from s3_support import bucket_objects, s3_site_config
@@ -57,7 +57,7 @@ def test_stuck_worker_publishes_late_to_the_same_key(s3_server, tmp_path, write_
         _wait_for(marker)  # past its last lease check, about to publish
         os.kill(first.pid, signal.SIGSTOP)  # stuck: no heartbeats either
         time.sleep(2.5)  # past the 2 s lease
-        assert reset_stalled(ctx.db) == [op_id]  # what the monitor does
+        assert check_stalled(ctx.db, ctx.settings).reset == [op_id]  # what the monitor does
         second = run_packhorse("run-operation", "long_term_archive", str(op_id), "-c", str(cfg))
         assert second.returncode == 0 and second.stdout.strip() == "completed", second.stderr
         puts_before = Path(s3_server.log.name).read_text(errors="replace").count(" 412 ")

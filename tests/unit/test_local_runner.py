@@ -38,7 +38,7 @@ def _pending(db: Database, n: int) -> list[int]:
 
 
 def _runner(db: Database, outcome: Outcome) -> tuple[LocalRunner, list[int], threading.Event]:
-    runner = LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": {"workers": 1}}, environ={}),
+    runner = LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": {"workers": 1, "pool": "thread"}}, environ={}),
                                                db=db))  # type: ignore[arg-type]
     ran: list[int] = []
     idle = threading.Event()
@@ -85,7 +85,7 @@ def test_until_idle_does_not_stop_when_an_operation_finished_after_the_managers_
     # X finishes right after a manager cycle saw nothing to do; the work X made possible (Y)
     # must still be created and run before `run --until-idle` stops.
     (x_id,) = _pending(db, 1)
-    settings = settings_from_dict({"executor": {"workers": 2}, "managers": {"poll_interval_seconds": 0.05}},
+    settings = settings_from_dict({"executor": {"workers": 2, "pool": "thread"}, "managers": {"poll_interval_seconds": 0.05}},
                                   environ={})
     runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db))  # type: ignore[arg-type]
     release_x = threading.Event()

@@ -24,8 +24,17 @@ from packhorse.operations import (
     dedup_key,
     heartbeat,
     record_failure,
-    reset_stalled,
 )
+from packhorse.config import settings_from_dict
+from packhorse.recovery.monitor import check_stalled
+
+#: monitor settings: breakers open late here (breakers have their own tests)
+SETTINGS = settings_from_dict({"recovery": {"max_stall_count": 100}}, environ={})
+
+
+def reset_stalled(db: Database) -> list[int]:
+    """One stalled-task monitor cycle; the ids it reset."""
+    return check_stalled(db, SETTINGS).reset
 
 KIND = OperationKind.TRANSFER
 
@@ -250,7 +259,7 @@ def test_reset_stalled_resets_only_expired_leases(db: Database) -> None:
     ev = events(db, expired)
     assert [(e.error_type, e.attempt, e.will_retry, e.kind) for e in ev] == [("Stalled", 1, True, "transfer")]
     assert ev[0].error_context["operation_id"] == expired
-    assert "attempt 1 expired" in ev[0].message
+    assert "lease of attempt 1 (w1) expired" in ev[0].message
     assert events(db, live) == [] and events(db, pending) == []
     # the stalled attempt is fenced out from now on
     assert heartbeat(db, c_exp, 30) is False

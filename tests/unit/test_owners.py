@@ -1,14 +1,12 @@
 """I5: every (OperationKind, Status) pair has an owner that moves it on.
 
-* PENDING / SCHEDULED — the local runner dispatches it and a worker runs its stage
-  (``packhorse.stages.STAGES``; dispatch order ``packhorse.executors.local.PRIORITY``).
-* IN_PROGRESS — the worker holding the lease; if it dies, lease recovery (``reset_stalled``).
-* FAILED — a human: listed by ``packhorse status`` and ``run`` exits with code 3.
-* COMPLETED — terminal; nothing may pick it up again.
-
-The table is checked statically (no kind without an owner) and each owner is exercised for
-every kind against a real database, so a kind keyed by a string nobody registered (the seeds'
-bug #69) cannot slip through.
+The owner map (:func:`packhorse.recovery.owners.owner_map`) is built from the live
+registrations — the stages workers run (``STAGES``), the dispatch order (``PRIORITY``), the
+stalled-task monitor's handlers (``RECOVERY_HANDLERS``), the reconciler's statuses and the
+notification that hands FAILED operations to a human. The tests below remove each
+registration in turn and check that the pair it owned becomes an orphan, then exercise every
+owner for every kind against a real database, so a kind keyed by a string nobody registered
+(the seeds' bug #69) cannot slip through.
 """
 
 from __future__ import annotations
@@ -24,13 +22,18 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 import packhorse.managers as managers_pkg
+from packhorse import operations
 from packhorse.cli import EXIT_FAILED, EXIT_OK, _exit_code_after_run
 from packhorse.config import settings_from_dict
-from packhorse.db.models import Operation, Site, utcnow
+from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
+from packhorse.executors import local
 from packhorse.executors.local import PRIORITY, LocalRunner
-from packhorse.operations import claim, create_operation, reset_stalled
+from packhorse.operations import claim, create_operation
+from packhorse.recovery import monitor, reconciler
+from packhorse.recovery.monitor import check_stalled
+from packhorse.recovery.owners import orphans, owner_map
 from packhorse.reporting import failed_operations
 from packhorse.stages import STAGES
 from packhorse.worker import Outcome
@@ -38,28 +41,39 @@ from packhorse.worker import Outcome
 #: Kinds that exist in the vocabulary but have no stage (and no manager creating them) yet.
 #: Remove a kind from this set in the change that adds its stage: the test below fails until
 #: you do, and fails for any new kind added without a stage.
-UNBUILT_KINDS = {
-}
+UNBUILT_KINDS = {k for k in (OperationKind.STAGING, OperationKind.FIXITY_CHECK) if k not in STAGES}
 BUILT_KINDS = [k for k in OperationKind if k not in UNBUILT_KINDS]
-
-
-def owner(kind: OperationKind, status: Status) -> str | None:
-    """Who moves an operation of ``kind`` in ``status`` on (``None``: nobody)."""
-    runnable = kind in STAGES
-    if status in (Status.PENDING, Status.SCHEDULED):
-        return "local runner dispatch → worker stage" if runnable else None
-    if status is Status.IN_PROGRESS:
-        return "worker (lease) / reset_stalled" if runnable else None
-    if status is Status.FAILED:
-        return "human: packhorse status, exit code 3"
-    if status is Status.COMPLETED:
-        return "terminal"
-    return None
+SETTINGS = settings_from_dict({}, environ={})
 
 
 def test_every_kind_and_status_has_an_owner() -> None:
-    orphans = [(k.value, s.value) for k in BUILT_KINDS for s in Status if owner(k, s) is None]
-    assert orphans == []
+    assert orphans(BUILT_KINDS) == []
+    assert all(owner_map()[(k, Status.COMPLETED)] == ["terminal"] for k in OperationKind)
+
+
+def _first_built() -> OperationKind:
+    return BUILT_KINDS[0]
+
+
+@pytest.mark.parametrize("registration", ["stage", "dispatch", "monitor handler", "reconciler", "notification"])
+def test_removing_a_registration_leaves_an_orphan(monkeypatch: pytest.MonkeyPatch, registration: str) -> None:
+    kind = OperationKind.LONG_TERM_ARCHIVE
+    if registration == "stage":
+        monkeypatch.delitem(STAGES, kind)
+        expected = {(kind.value, s) for s in ("PENDING", "SCHEDULED", "IN_PROGRESS")}
+    elif registration == "dispatch":
+        monkeypatch.setattr(local, "PRIORITY", [k for k in PRIORITY if k is not kind])
+        expected = {(kind.value, s) for s in ("PENDING", "SCHEDULED")}
+    elif registration == "monitor handler":
+        monkeypatch.delitem(monitor.RECOVERY_HANDLERS, kind)
+        expected = {(kind.value, "IN_PROGRESS")}
+    elif registration == "reconciler":
+        monkeypatch.setattr(reconciler, "RECONCILED_STATUSES", (Status.IN_PROGRESS,))
+        expected = {(k.value, "SCHEDULED") for k in BUILT_KINDS}
+    else:
+        monkeypatch.delitem(operations.HUMAN_NOTIFICATIONS, Status.FAILED)
+        expected = {(k.value, "FAILED") for k in BUILT_KINDS}
+    assert set(orphans(BUILT_KINDS)) == expected
 
 
 def test_unbuilt_kinds_really_have_no_stage() -> None:
@@ -69,6 +83,7 @@ def test_unbuilt_kinds_really_have_no_stage() -> None:
 
 def test_stages_and_dispatch_priority_cover_the_same_kinds() -> None:
     assert set(STAGES) == set(BUILT_KINDS)
+    assert set(monitor.RECOVERY_HANDLERS) == set(STAGES)
     assert sorted(PRIORITY, key=lambda k: k.value) == sorted(STAGES, key=lambda k: k.value)
     assert len(PRIORITY) == len(set(PRIORITY))
 
@@ -120,7 +135,6 @@ def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) 
         return Outcome.SKIPPED
 
     runner._run_one = run_one  # type: ignore[method-assign]
-    runner.pool.shutdown()
     runner.pool = ThreadPoolExecutor(1)  # one thread: runs in submission (dispatch) order
     try:
         assert runner.dispatch() == len(BUILT_KINDS)
@@ -136,13 +150,26 @@ def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) 
 
 
 def test_stalled_in_progress_of_every_kind_is_recovered(db: Database) -> None:
-    ids = make_ops(db, list(OperationKind), Status.PENDING)
+    ids = make_ops(db, BUILT_KINDS, Status.PENDING)
     for op_id in ids.values():
         assert claim(db, op_id, "dead-worker", 30) is not None
     db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
-    assert sorted(reset_stalled(db)) == sorted(ids.values())
+    assert sorted(check_stalled(db, SETTINGS).reset) == sorted(ids.values())
     statuses = db.transact(lambda s: set(s.scalars(select(Operation.status))))
     assert statuses == {"PENDING"}
+
+
+def test_a_kind_without_recovery_handler_is_not_skipped_silently(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    # bug #69 of the seeds: a handler keyed by a name no task registers
+    kind = OperationKind.LONG_TERM_ARCHIVE
+    monkeypatch.delitem(monitor.RECOVERY_HANDLERS, kind)
+    op_id = make_ops(db, [kind], Status.PENDING)[kind]
+    assert claim(db, op_id, "dead-worker", 30) is not None
+    db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+    report = check_stalled(db, SETTINGS)
+    assert report.unhandled == [op_id] and report.reset == []
+    note = db.read(lambda s: s.scalars(select(Notification).where(Notification.operation_id == op_id)).one())
+    assert (note.level, note.event) == ("ERROR", "missing_recovery_handler")
 
 
 def test_failed_of_every_kind_reaches_a_human(db: Database) -> None:
@@ -159,6 +186,6 @@ def test_completed_of_every_kind_is_terminal(db: Database) -> None:
     db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
     for op_id in ids.values():
         assert claim(db, op_id, "w", 30) is None
-    assert reset_stalled(db) == []
+    assert check_stalled(db, SETTINGS).reset == []
     assert db.transact(failed_operations) == []
     assert db.transact(lambda s: set(s.scalars(select(Operation.status)))) == {"COMPLETED"}

@@ -281,6 +281,8 @@ class Operation(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
     error_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: times the reconciler re-dispatched a lost dispatch (never counts as a retry; issue #3)
+    reconcile_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class FailureEvent(Base):
@@ -336,6 +338,50 @@ class Notification(Base):
     next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class CircuitBreaker(Base):
+    """The circuit breaker of one operation: stalls counted by the stalled-task monitor.
+
+    ``stall_count`` counts stalls since the breaker last closed; at ``max_stall_count`` the
+    breaker opens (``opened_at`` set) and the monitor stops resetting the operation until
+    ``circuit_breaker_timeout_seconds`` after the last stall, or until an admin resets it
+    (DESIGN.md "Circuit breaker", seed 002). ``last_stall_attempt`` is the attempt (fencing
+    token) whose stall was counted last, so one expired lease is counted once; ``closes_at``
+    is set when the breaker opens.
+    """
+
+    __tablename__ = "circuit_breakers"
+    __table_args__ = (
+        UniqueConstraint("kind", "operation_id"),
+        CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    operation_id: Mapped[int] = mapped_column(ForeignKey("operations.id"))
+    stall_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_stall_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    last_stall_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    opened_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: when an open breaker closes by itself (last stall + the timeout configured when it opened)
+    closes_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class ServiceHeartbeat(Base):
+    """The health heartbeat of one service or worker process (every 30 s; dead after 90 s).
+
+    ``service`` is unique (e.g. ``runner@host:pid``); ``kind`` says what it is (``runner``,
+    ``monitor``, ``worker``, ``api``, ``notifier`` ...).
+    """
+
+    __tablename__ = "service_heartbeats"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class ObjectLease(Base):

@@ -1,33 +1,55 @@
-"""Embedded mode: managers, a local thread pool of workers and lease recovery in one process.
+"""Embedded mode: managers, a local pool of worker processes and recovery, one command.
+
+Operations run in ``[executor] workers`` worker processes (``pool = "process"``, the default):
+each has its own database engine and runs :func:`~packhorse.worker.execute_operation`, so
+packaging, unpacking and the database work of many small operations use every core instead
+of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of this process
+(debugging, tests that replace the stage). Worker processes die with ``packhorse run``: a
+SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 
 :class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
-managers in pipeline order, reset stalled leases (every monitor interval), dispatch runnable
+managers in pipeline order, run the stalled-task monitor and the reconciler (every monitor
+interval, :func:`packhorse.recovery.monitor.recovery_cycle`), dispatch runnable
 operations to the pool. A finished operation wakes the loop at once, so the next stage starts
 without waiting for the poll interval (issue #2).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
-else is pending) and stops when the only work left waits on a retention period or a human.
+else is pending) and stops when the only work left waits on a retention period or a human
+(a FAILED operation, or one whose circuit breaker is open).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import select as select_module
+import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import Operation, utcnow
+from .. import logs
+from ..config import Settings
+from ..db.models import CircuitBreaker, Operation, utcnow
+from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
 from ..managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from ..managers.scan import ScanResult, scan_all
-from ..operations import reset_stalled, worker_identity
+from ..operations import worker_identity
+from .. import faults
+from ..recovery.loop import ErrorCounter
+from ..recovery.monitor import recovery_cycle
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
+from ..topology import Topology
 from ..worker import Outcome, execute_operation
 
 log = structlog.get_logger(__name__)
@@ -41,8 +63,59 @@ PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKi
             OperationKind.FIXITY_CHECK]
 
 
+# ------------------------------------------------------------------------------ worker processes
+
+#: the stage context of a worker process (set by :func:`_init_worker_process`)
+_process_ctx: StageContext | None = None
+
+
+def _die_with(parent_pid: int) -> None:
+    """Kill this process (SIGKILL) the moment process ``parent_pid`` exits, as if it had been
+    killed together with it: a SIGKILLed ``packhorse run`` must not leave workers writing on.
+    (The pool's processes are children of the forkserver, and hold its liveness pipe open
+    themselves, so neither ``PR_SET_PDEATHSIG`` nor the forkserver notices.) Linux pidfd."""
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return
+    except (OSError, AttributeError):  # no pidfd (not Linux ≥ 5.3): poll instead
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select_module.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(parent_pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _init_worker_process(settings: Settings, topology: Topology, log_config: dict[str, object],
+                         parent_pid: int) -> None:
+    """Set up one worker process: its own database engine (never one inherited across a fork;
+    DESIGN.md "Architecture"), the parent's logging, death with the parent (:func:`_die_with`).
+    Ctrl-C goes to the parent, which lets running operations finish."""
+    global _process_ctx
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent_pid)
+    logs.configure(**log_config)  # type: ignore[arg-type]
+    _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
+
+
+def _run_in_worker_process(op_id: int) -> Outcome:
+    assert _process_ctx is not None, "worker process not initialized"
+    return execute_operation(_process_ctx, op_id, f"{worker_identity()}:{threading.current_thread().name}")
+
+
 class LocalRunner:
-    """Runs the whole pipeline in this process.
+    """Runs the whole pipeline from this process (operations in its worker pool).
 
     Args:
         ctx: the stage context (settings, database, topology).
@@ -53,7 +126,7 @@ class LocalRunner:
         self.ctx = ctx
         self.settings = ctx.settings
         self.workers = ctx.settings.executor.workers
-        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="worker")
+        self._pool: Executor | None = None  # made on first use (tests build runners without one)
         self.hash_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="scan")
         self.in_flight: dict[int, Future[Outcome]] = {}
         self.wake = threading.Event()
@@ -62,12 +135,43 @@ class LocalRunner:
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
         self._owner = worker_identity()
+        rec = ctx.settings.recovery
+        #: failed cycles of the main loop (logged, counted, CRITICAL after max_consecutive_errors)
+        self.errors = ErrorCounter(ctx.db, f"runner@{self._owner}",
+                                   max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
+                                   notification_cooldown_seconds=rec.notification_cooldown_seconds,
+                                   retry_seconds=min(ctx.settings.managers.poll_interval_seconds, 1.0))
         self._swept = False
         #: operations finished so far (an idle check is only valid if none finished since the
         #: managers last looked at the database)
         self.finished = 0
 
     # -- pieces ----------------------------------------------------------------------
+    @property
+    def pool(self) -> Executor:
+        """The worker pool: ``[executor] workers`` processes (or threads with ``pool = "thread"``)."""
+        if self._pool is None:
+            self._pool = self._new_pool()
+        return self._pool
+
+    @pool.setter
+    def pool(self, value: Executor) -> None:
+        self._pool = value
+
+    def _discard_broken_pool(self) -> None:
+        pool = self._pool
+        if isinstance(pool, ProcessPoolExecutor) and getattr(pool, "_broken", False):
+            self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _new_pool(self) -> Executor:
+        if self.settings.executor.pool == "thread":
+            return ThreadPoolExecutor(self.workers, thread_name_prefix="worker")
+        mp = multiprocessing.get_context("forkserver")
+        mp.set_forkserver_preload([__name__])  # workers fork with packhorse already imported
+        return ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker_process,
+                                   initargs=(self.settings, self.ctx.topology, logs.current_config(), os.getpid()))
+
     def _done(self, op_id: int, fut: Future[Outcome]) -> None:
         outcome: Outcome | None = None
         with self._lock:
@@ -76,6 +180,12 @@ class LocalRunner:
             try:
                 outcome = fut.result()
                 self.outcomes[outcome] += 1
+            except BrokenProcessPool as e:
+                # a worker process died (killed, out of memory): its operation stays IN_PROGRESS
+                # until its lease expires and lease recovery hands it out again; operations
+                # queued behind it are still SCHEDULED and are dispatched to a new pool
+                log.error("worker_process_died", operation_id=op_id, error=repr(e))
+                self._discard_broken_pool()
             except Exception as e:  # a bug or a database outage outside the failure path
                 log.error("operation_crashed", operation_id=op_id, error=repr(e))
         # keep the pool busy: the freed worker slot takes the next runnable operation at once,
@@ -87,6 +197,11 @@ class LocalRunner:
             except Exception as e:  # the main loop dispatches again anyway
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
+
+    def _submit(self, op_id: int) -> Future[Outcome]:
+        if isinstance(self.pool, ProcessPoolExecutor):
+            return self.pool.submit(_run_in_worker_process, op_id)
+        return self.pool.submit(self._run_one, op_id)
 
     def _run_one(self, op_id: int) -> Outcome:
         return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
@@ -116,30 +231,41 @@ class LocalRunner:
             return ids
 
         ids = self.ctx.db.transact(tx)
+        twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
         for op_id in ids:
             with self._lock:
-                fut = self.pool.submit(self._run_one, op_id)
+                try:
+                    fut = self._submit(op_id)
+                except BrokenProcessPool:
+                    self._discard_broken_pool()
+                    fut = self._submit(op_id)
                 self.in_flight[op_id] = fut
             fut.add_done_callback(lambda f, i=op_id: self._done(i, f))
+            if twice:
+                self._submit(op_id)
         return len(ids)
 
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``."""
         created = packages.manage(self.ctx, unsettled)
+        faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += n + transfers.manage(self.ctx) + unpacks.manage(self.ctx) + archives.manage(self.ctx)
         n, _retention_wait = deletions.manage(self.ctx)
         return created + n + fixity.manage(self.ctx), bundle_wait
 
     def recover(self) -> None:
-        """Lease recovery: reset expired leases. On the first call also sweep every disk location
+        """Recovery: the stalled-task monitor (circuit breakers) and the reconciler, as ``packhorse
+        monitor`` runs them. On the first call also sweep every disk location
         (except sources) for partial writes older than a lease, left by a crashed process; later
         partials are removed by the next attempt at the same object, so the (possibly long)
         walk of an archive runs once per start, not every monitor interval."""
-        reset = reset_stalled(self.ctx.db)
-        if reset:
-            log.warning("stalled_operations_reset", operation_ids=reset)
-        if self._swept:
+        with self._lock:
+            queued_here = set(self.in_flight)
+        report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
+        if report.reset:
+            log.warning("stalled_operations_reset", operation_ids=report.reset)
+        if self._swept or faults.fencing_disabled():  # test-only switch: stale partials stay
             return
         self._swept = True
         for loc in self.settings.locations:
@@ -155,18 +281,30 @@ class LocalRunner:
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""
 
+        # an operation whose circuit breaker is open waits for a human (or the breaker's timeout)
+        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.opened_at.is_not(None))
+
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
-                Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
+                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked))) or 0
             now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
                 Operation.status == Status.PENDING.value, Operation.not_before > now))
             le = s.scalar(select(func.min(Operation.lease_expires_at)).where(
-                Operation.status == Status.IN_PROGRESS.value))
+                Operation.status == Status.IN_PROGRESS.value, Operation.id.not_in(blocked)))
             soon = [t for t in (nb, le) if t is not None]
             return n, (max(0.0, (min(soon) - now).total_seconds()) if soon else None)
 
         return self.ctx.db.read(tx)
+
+    def _guard(self, where: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
+        """``fn(*args)``; an error (a database outage outlasting the unit of work's retries) is
+        logged and counted instead of ending the run, and ``default`` is returned."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            self.errors.failed(e, where)
+            return default
 
     # -- main loop -------------------------------------------------------------------
     def run(self, *, until_idle: bool = False) -> None:
@@ -182,11 +320,14 @@ class LocalRunner:
             while not self.stop_requested.is_set():
                 now = time.monotonic()
                 if now >= next_monitor:
-                    self.recover()
+                    try:
+                        self.recover()
+                    except Exception as e:  # counted; the next monitor interval tries again
+                        self.errors.failed(e, "recovery")
                     next_monitor = now + monitor_every
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= next_scan or settle_due:
-                    scan = scan_all(self.ctx, self.hash_pool)
+                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=scan)
                     next_scan = time.monotonic() + poll
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
@@ -194,20 +335,27 @@ class LocalRunner:
                 # than about a third of this thread while workers are busy.
                 gap = last_manage + 2 * manage_cost - time.monotonic()
                 if gap > 0:
-                    self.dispatch()
+                    self._guard("dispatch", self.dispatch, default=0)
                     time.sleep(min(gap, 0.5))
                 t0 = time.monotonic()
                 with self._lock:
                     finished_before_manage = self.finished
-                created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                try:
+                    created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                    self.errors.succeeded()
+                except Exception as e:  # a database blip must not end the run (issue #3 layer 3)
+                    self.errors.failed(e, "managers")
+                    self.wake.wait(min(poll, 1.0))
+                    continue
                 last_manage = time.monotonic()
                 manage_cost = last_manage - t0
-                dispatched = self.dispatch()
+                dispatched = self._guard("dispatch", self.dispatch, default=0)
                 if self.on_tick:
                     self.on_tick()
                 timeout = poll
                 if until_idle:
-                    active, soon = self._active_summary()
+                    # a failed look counts as "not idle, look again soon"
+                    active, soon = self._guard("idle check", self._active_summary, default=(1, 1.0))
                     with self._lock:
                         running = len(self.in_flight)
                         # an operation that finished after the managers looked may have made
@@ -220,7 +368,9 @@ class LocalRunner:
                             flush = True  # nothing else pending: ship the partial bundle now
                             continue
                         else:
-                            final = scan_all(self.ctx, self.hash_pool)  # files that arrived meanwhile
+                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, default=None)
+                            if final is None:  # files that arrived meanwhile: could not look
+                                continue
                             if not final.registered and not final.pending_settle:
                                 break
                             scan = final
@@ -235,7 +385,8 @@ class LocalRunner:
                     timeout = min(timeout, 0.5)
                 self.wake.wait(timeout)
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=False)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=False)
             self.hash_pool.shutdown(wait=True)
             if self.on_tick:
                 self.on_tick()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..db.models import Operation, PhysicalCopy, utcnow
@@ -33,16 +33,22 @@ def manage(ctx: StageContext) -> int:
 
     def find(s: Session) -> dict[str, dict[str, Any]]:
         now = utcnow()
-        busy = set(s.scalars(select(Operation.physical_copy_id).where(
-            Operation.kind == OperationKind.FIXITY_CHECK.value,
-            Operation.status.in_([x.value for x in ACTIVE_STATUSES]))))
-        wanted: dict[str, dict[str, Any]] = {}
+        # only rows that may be due: present copies older than the shortest interval, bad copies
+        oldest = now - dt.timedelta(seconds=min(l.fixity_interval_seconds for l in archives.values()))
+        last_checked = func.coalesce(PhysicalCopy.verified_at, PhysicalCopy.created_at)
         rows = s.execute(select(PhysicalCopy.id, PhysicalCopy.location_id, PhysicalCopy.status,
                                 PhysicalCopy.verified_at, PhysicalCopy.created_at, PhysicalCopy.raw_data_package_id,
                                 PhysicalCopy.data_transfer_package_id)
                          .where(PhysicalCopy.location_id.in_(list(archives)),
-                                PhysicalCopy.status.in_([CopyStatus.PRESENT.value, CopyStatus.CORRUPT.value,
-                                                         CopyStatus.MISSING.value]))).all()
+                                ((PhysicalCopy.status == CopyStatus.PRESENT.value) & (last_checked <= oldest))
+                                | PhysicalCopy.status.in_([CopyStatus.CORRUPT.value, CopyStatus.MISSING.value]))
+                         ).all()
+        if not rows:
+            return {}
+        busy = set(s.scalars(select(Operation.physical_copy_id).where(
+            Operation.kind == OperationKind.FIXITY_CHECK.value,
+            Operation.status.in_([x.value for x in ACTIVE_STATUSES]))))
+        wanted: dict[str, dict[str, Any]] = {}
         for cid, loc_id, status, verified_at, created_at, rdp, dtp in rows:
             if cid in busy:
                 continue

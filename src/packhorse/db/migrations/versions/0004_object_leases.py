@@ -1,7 +1,7 @@
 """object leases: per-object leases for S3 locations without conditional writes (issue #5)
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-11-30 01:02:10.518377
 """
 from alembic import op
@@ -10,7 +10,7 @@ import packhorse.db.models
 
 
 revision = '0004'
-down_revision = '0002'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,179 @@
+"""The stalled-task monitor (issue #3 layer 2; seed 002 "Stalled Task Detection & Recovery").
+
+One cycle (:func:`check_stalled`):
+
+1. close every circuit breaker whose timeout passed (INFO notification each);
+2. for every ``IN_PROGRESS`` operation whose lease expired (a *stalled* operation): append a
+   ``Stalled`` failure event and count the stall on its breaker — once per attempt;
+3. if the breaker is open (``max_stall_count`` stalls): leave the operation and queue one ERROR
+   notification per cooldown window; otherwise run the recovery handler registered for the
+   operation's kind, which resets it to ``PENDING`` for re-dispatch (fenced on the attempt, so
+   a worker that renewed meanwhile is never disturbed) and queue a WARNING notification;
+4. a kind with no registered handler (the seeds' bug #69) is never skipped silently: ERROR
+   notification, operation left for a human.
+
+Every state change and its notification share one transaction. A lost dispatch or stall never
+counts as a retry: ``retry_count`` is left alone.
+
+:data:`RECOVERY_HANDLERS` is the live registration the owners test (I5) reads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from ..config import Settings
+from ..db.models import FailureEvent, Operation, utcnow
+from ..db.session import Database
+from ..domain import NotificationLevel, OperationKind, Status
+from ..notify.outbox import enqueue
+from . import breakers
+
+log = structlog.get_logger(__name__)
+
+#: ``handler(session, op, now) -> None``: move a stalled operation on (inside the monitor's
+#: transaction; ``op`` is locked by the fenced check of the caller).
+RecoveryHandler = Callable[[Session, Operation, dt.datetime], None]
+
+
+def reset_for_redispatch(session: Session, op: Operation, now: dt.datetime) -> None:
+    """The standard recovery: ``IN_PROGRESS`` → ``PENDING``, lease cleared, dispatchable now.
+
+    The next attempt cleans the stalled attempt's partial outputs before it writes (the disk
+    backend removes partial files of the same key), so nothing else needs undoing here.
+    """
+    session.execute(update(Operation).where(Operation.id == op.id, Operation.attempt == op.attempt,
+                                            Operation.status == Status.IN_PROGRESS.value)
+                    .values(status=Status.PENDING.value, lease_owner=None, lease_expires_at=None,
+                            not_before=None, updated_at=now))
+
+
+#: Recovery handler per operation kind: every kind a worker can run must have one (I5).
+RECOVERY_HANDLERS: dict[OperationKind, RecoveryHandler] = {}
+
+
+def register_recovery_handler(kind: OperationKind, handler: RecoveryHandler = reset_for_redispatch) -> None:
+    """Register ``handler`` as the stalled-operation recovery of ``kind``."""
+    RECOVERY_HANDLERS[kind] = handler
+
+
+def _register_defaults() -> None:
+    from ..stages import STAGES
+
+    for kind in STAGES:
+        register_recovery_handler(kind)
+
+
+_register_defaults()
+
+
+@dataclass
+class MonitorReport:
+    """What one monitor cycle did (operation ids)."""
+
+    reset: list[int] = field(default_factory=list)
+    blocked: list[int] = field(default_factory=list)      # left: breaker open
+    unhandled: list[int] = field(default_factory=list)    # left: no recovery handler
+    breakers_closed: list[int] = field(default_factory=list)
+
+
+def _stall_event(op: Operation, now: dt.datetime) -> FailureEvent:
+    ctx = {"error_type": "Stalled", "message": f"lease of attempt {op.attempt} ({op.lease_owner or 'unknown worker'}) "
+           f"expired at {op.lease_expires_at.isoformat() if op.lease_expires_at else '-'} without completion",
+           "operation_kind": op.kind, "operation_id": op.id, "task_id": f"{op.lease_owner}#{op.attempt}",
+           "task_name": f"packhorse.{op.kind}", "retry_count": op.retry_count, "will_retry": True,
+           "timestamp": now.isoformat(), "operation_info": {"bytes_done": op.bytes_done}, "step": "lease",
+           "host": (op.lease_owner or "").split(":")[0] or None}
+    return FailureEvent(operation_id=op.id, kind=op.kind, attempt=op.attempt, retry_count=op.retry_count,
+                        error_type="Stalled", message=ctx["message"], will_retry=True, error_context=ctx,
+                        created_at=now)
+
+
+def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport) -> None:
+    rec = settings.recovery
+
+    def tx(s: Session) -> str | None:
+        now = utcnow()
+        op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.attempt == attempt,
+                                               Operation.status == Status.IN_PROGRESS.value,
+                                               Operation.lease_expires_at < now)).first()
+        if op is None:
+            return None  # renewed, finished or recovered meanwhile
+        b = breakers.get_breaker(s, op.kind, op.id)
+        if b is None or b.last_stall_attempt != op.attempt:
+            s.add(_stall_event(op, now))
+            b = breakers.count_stall(s, op, rec, now)
+        if b.opened_at is not None:
+            breakers.notify_open(s, b, op, rec, now)
+            return "blocked"
+        handler = RECOVERY_HANDLERS.get(OperationKind(op.kind))
+        if handler is None:
+            enqueue(s, level=NotificationLevel.ERROR, event="missing_recovery_handler",
+                    subject=f"No recovery handler for {op.kind}: operation {op.id} stays stalled",
+                    body=(f"Operation: {op.kind} {op.id}\nStatus: IN_PROGRESS, lease expired\n"
+                          f"No stalled-task recovery handler is registered for kind {op.kind!r}; "
+                          "this is a packhorse bug (I5). Reset it by hand: packhorse retry "
+                          f"{op.kind} {op.id} --reason '...'"),
+                    context={"operation_kind": op.kind, "operation_id": op.id}, operation_kind=op.kind,
+                    operation_id=op.id, cooldown_seconds=rec.notification_cooldown_seconds, now=now)
+            return "unhandled"
+        context = {**breakers.jsonable(breakers.breaker_row(b)), "attempt": op.attempt,
+                   "lease_owner": op.lease_owner}
+        body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} stopped renewing "
+                f"its lease.\nStall count: {b.stall_count} of {rec.max_stall_count} before the circuit "
+                "breaker opens.\nThe operation was reset to PENDING and will be dispatched again.")
+        kind, oid = op.kind, op.id
+        handler(s, op, now)
+        enqueue(s, level=NotificationLevel.WARNING, event="stalled_recovered",
+                subject=f"Stalled {kind} {oid} recovered", body=body, context=context,
+                operation_kind=kind, operation_id=oid, cooldown_seconds=rec.notification_cooldown_seconds,
+                now=now)
+        return "reset"
+
+    outcome = db.transact(tx)
+    if outcome == "reset":
+        report.reset.append(op_id)
+        log.warning("stalled_operation_reset", operation_id=op_id, attempt=attempt)
+    elif outcome == "blocked":
+        report.blocked.append(op_id)
+    elif outcome == "unhandled":
+        report.unhandled.append(op_id)
+        log.error("stalled_operation_without_handler", operation_id=op_id)
+
+
+def check_stalled(db: Database, settings: Settings) -> MonitorReport:
+    """Run one stalled-task monitor cycle (see the module docstring).
+
+    Returns:
+        the :class:`MonitorReport`. Raises only on a database error that outlived the retries
+        of its unit of work (the service loop counts it).
+    """
+    report = MonitorReport()
+    report.breakers_closed = db.transact(breakers.close_expired)
+    now = utcnow()
+    stalled = db.read(lambda s: [(r.id, r.attempt) for r in s.execute(
+        select(Operation.id, Operation.attempt).where(Operation.status == Status.IN_PROGRESS.value,
+                                                     Operation.lease_expires_at < now).order_by(Operation.id))])
+    for op_id, attempt in stalled:
+        _handle_one(db, settings, op_id, attempt, report)
+    return report
+
+
+def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...] | set[int] = ()) -> MonitorReport:
+    """One full recovery pass: the stalled-task monitor, then the reconciler (``packhorse
+    monitor`` and the lease recovery of ``packhorse run`` both run exactly this).
+
+    ``exclude``: operation ids queued in this process right now (not lost dispatches).
+    The reconciler's re-dispatched ids are added to ``report.reset``.
+    """
+    from .reconciler import reconcile
+
+    report = check_stalled(db, settings)
+    report.reset += reconcile(db, settings, exclude=exclude)
+    return report

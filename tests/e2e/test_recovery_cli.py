@@ -1,0 +1,182 @@
+"""Recovery from the operator's side, with real ``packhorse`` processes and a real SIGKILL.
+
+A run is killed in the middle of a long-term archive write. With ``max_stall_count = 1`` the
+next ``run --until-idle`` finds the stalled operation, its circuit breaker opens, everything
+else is archived and the run exits 4 (blocked on a human). ``breaker list`` shows the open
+breaker, ``health`` the dead (killed) runner, ``retry`` hands the operation back and a last run
+archives it: every source file ends in both archives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from support import SRC, run_packhorse
+
+from e2e_helpers import sha256_file
+
+
+def _wait_for(path: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def _payloads(archive: Path) -> dict[str, str]:
+    import tarfile
+    import hashlib
+
+    out: dict[str, str] = {}
+    for tar_path in archive.rglob("*.tar"):
+        with tarfile.open(tar_path) as tar:
+            for m in tar:
+                _, _, rest = m.name.partition("/")
+                if rest.startswith("data/") and m.isreg():
+                    f = tar.extractfile(m)
+                    assert f is not None
+                    out[rest[5:]] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_open_breaker_blocks_run_with_exit_4_until_an_admin_retries(site_config, tmp_path):
+    cfg = site_config(extra="max_stall_count = 1\nservice_heartbeat_interval_seconds = 0.2\n"
+                            "service_dead_after_seconds = 1\n")
+    site = cfg.parent
+    src = site / "source"
+    for g in range(2):
+        for i in range(2):
+            p = src / "inst" / f"obs{g}" / f"f{i}.dat"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(os.urandom(2 << 20))
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    marker = tmp_path / "writing"
+    faults = [{"point": "long_term_archive.writing", "action": "pause", "seconds": 300, "marker": str(marker),
+               "times": 1}]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_FAULTS": json.dumps(faults)}
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(cfg), "--until-idle", "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(marker)
+        time.sleep(0.5)  # at least one health heartbeat of the runner
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    blocked = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet", timeout=600)
+    assert blocked.returncode == 4, blocked.stderr
+    assert "circuit breaker open" in blocked.stderr
+
+    listed = run_packhorse("breaker", "list", "-c", str(cfg), "--json")
+    assert listed.returncode == 0, listed.stderr
+    opened = json.loads(listed.stdout)
+    # the killed process had two workers: one or two operations were stalled, the writer among them
+    assert 1 <= len(opened) <= 2 and all((b["state"], b["stall_count"]) == ("open", 1) for b in opened)
+    assert "long_term_archive" in {b["kind"] for b in opened}
+
+    h = run_packhorse("health", "-c", str(cfg), "--json")
+    report = json.loads(h.stdout)
+    assert h.returncode == 1 and report["dead"] == 1  # the killed runner; the clean one unregistered
+    assert [s["kind"] for s in report["services"]] == ["runner"] and not report["services"][0]["alive"]
+
+    b = opened[0]
+    wrong = run_packhorse("retry", "deletion", str(b["operation_id"]), "-c", str(cfg))
+    assert wrong.returncode == 1 and f"no deletion operation with id {b['operation_id']}" in wrong.stderr
+    for b in opened:
+        r = run_packhorse("retry", b["kind"], str(b["operation_id"]), "--reason", "writer hang fixed",
+                          "-c", str(cfg), "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["previous_status"] == "IN_PROGRESS"
+
+    final = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet", timeout=600)
+    assert final.returncode == 0, final.stderr
+    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*") if p.is_file()}
+    for lta in ("sites/cologne/archive", "sites/cornell/archive"):
+        assert _payloads(site / lta) == expected
+    listed = json.loads(run_packhorse("breaker", "list", "-c", str(cfg), "--json").stdout)
+    assert listed == []  # closed by the retry (stall count 0)
+
+
+def test_log_format_json_lines_of_a_task_carry_its_identity(site_config):
+    cfg = site_config()
+    p = cfg.parent / "source" / "inst" / "obs0" / "f.dat"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"x" * 1000)
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    out = run_packhorse("--log-format", "json", "run", "-c", str(cfg), "--until-idle",
+                        env={"PACKHORSE_LOG_LEVEL": "DEBUG"})
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    task_lines = [x for x in lines if x.get("event") in ("operation_claimed", "operation_completed")]
+    assert len(task_lines) >= 2 * 6  # claimed + completed for package, bundle, 2 transfers, ...
+    for x in task_lines:
+        assert {"operation_kind", "operation_id", "attempt", "task_id", "timestamp", "level"} <= set(x), x
+        assert x["task_id"].endswith(f"#{x['attempt']}")
+    bad = run_packhorse("--log-format", "xml", "status", "-c", str(cfg))
+    assert bad.returncode == 2 and "--log-format" in bad.stderr
+
+
+def test_monitor_service_recovers_stalled_work_reports_health_and_stops_cleanly(site_config):
+    from sqlalchemy import update
+
+    from packhorse.config import load_config
+    from packhorse.db.models import Operation, utcnow
+    from packhorse.db.session import Database
+    from packhorse.domain import OperationKind
+    from packhorse.operations import claim, create_operation
+    import datetime as dt
+
+    cfg = site_config(extra="service_heartbeat_interval_seconds = 0.2\nservice_dead_after_seconds = 2\n")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    db = Database(load_config(cfg).database_url)
+    op = db.transact(lambda s: create_operation(s, kind=OperationKind.TRANSFER, dedup_key="t", site_id=1,
+                                                max_retries=3))
+    assert claim(db, op.id, "dead-worker", 30) is not None
+    db.transact(lambda s: s.execute(update(Operation).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    mon = subprocess.Popen([sys.executable, "-m", "packhorse", "--log-format", "json", "monitor", "-c", str(cfg)],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while db.read(lambda s: s.get(Operation, op.id)).status != "PENDING":
+            assert time.monotonic() < deadline and mon.poll() is None, "the monitor did not recover the operation"
+            time.sleep(0.1)
+        h = json.loads(run_packhorse("health", "-c", str(cfg), "--json").stdout)
+        assert [(s["kind"], s["alive"]) for s in h["services"]] == [("monitor", True)]
+    finally:
+        mon.send_signal(signal.SIGTERM)
+        _out, errs = mon.communicate(timeout=30)
+    assert mon.returncode == 0, errs
+    assert any(json.loads(l).get("event") == "stalled_operation_reset" for l in errs.splitlines() if l.startswith("{"))
+    h = run_packhorse("health", "-c", str(cfg), "--json")
+    assert h.returncode == 0 and json.loads(h.stdout)["services"] == []  # a clean stop is not a death
+    once = run_packhorse("monitor", "--once", "--json", "-c", str(cfg))
+    assert once.returncode == 0 and json.loads(once.stdout)["reset"] == []
+    db.dispose()
+
+
+def test_run_survives_database_errors_in_the_middle_of_manager_cycles(site_config):
+    cfg = site_config()
+    src = cfg.parent / "source"
+    for g in range(2):
+        p = src / "inst" / f"obs{g}" / "f.dat"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(50_000))
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    faults = [{"point": "manager.cycle", "action": "db_error", "times": 3}]
+    out = run_packhorse("--log-format", "json", "run", "-c", str(cfg), "--until-idle",
+                        env={"PACKHORSE_TEST_FAULTS": json.dumps(faults), "PACKHORSE_LOG_LEVEL": "WARNING"})
+    assert out.returncode == 0, out.stderr
+    failed = [json.loads(l) for l in out.stderr.splitlines()
+              if l.startswith("{") and "service_loop_cycle_failed" in l]
+    assert len(failed) == 3 and all(f["where"] == "managers" for f in failed)
+    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*") if p.is_file()}
+    for lta in ("sites/cologne/archive", "sites/cornell/archive"):
+        assert _payloads(cfg.parent / lta) == expected

@@ -1,0 +1,343 @@
+"""Issue #3 layers 2 and 3 against a real (SQLite) ops database: the stalled-task monitor and
+its circuit breakers, admin reset / force retry, the reconciler, service health and the
+resilient service loop. Each test asserts the rows a user would see (operation status,
+breaker state, notification outbox, failure events)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import pytest
+import structlog
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session
+
+from packhorse.config import settings_from_dict
+from packhorse.db.models import CircuitBreaker, FailureEvent, Notification, Operation, Site, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind, Status
+from packhorse.errors import UnknownOperationError
+from packhorse.operations import ResetRefusedError, claim, create_operation
+from packhorse.recovery import breakers, health
+from packhorse.recovery.loop import ServiceLoop
+from packhorse.recovery.monitor import check_stalled, recovery_cycle
+from packhorse.recovery.reconciler import reconcile
+
+KIND = OperationKind.LONG_TERM_ARCHIVE
+
+
+def settings(**recovery: Any) -> Any:
+    base = {"max_stall_count": 3, "circuit_breaker_timeout_seconds": 3600, "notification_cooldown_seconds": 3600,
+            "reconcile_max_resets": 3}
+    return settings_from_dict({"recovery": {**base, **recovery}}, environ={})
+
+
+@pytest.fixture
+def db(empty_db: Database) -> Database:
+    empty_db.transact(lambda s: s.add(Site(id=1, name="fyst")))
+    return empty_db
+
+
+def new_op(db: Database, name: str = "a", kind: OperationKind = KIND) -> int:
+    op = db.transact(lambda s: create_operation(s, kind=kind, dedup_key=f"{kind.value}:{name}", site_id=1,
+                                                max_retries=3))
+    assert op is not None
+    return op.id
+
+
+def op_row(db: Database, op_id: int) -> Operation:
+    return db.read(lambda s: s.get(Operation, op_id))
+
+
+def expire(db: Database, op_id: int, seconds_ago: float = 1) -> None:
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        lease_expires_at=utcnow() - dt.timedelta(seconds=seconds_ago))))
+
+
+def stall(db: Database, op_id: int, owner: str = "dead-worker") -> None:
+    """A worker claims the operation and dies: its lease expires."""
+    assert claim(db, op_id, owner, 30) is not None
+    expire(db, op_id)
+
+
+def notes(db: Database, op_id: int | None = None, event: str | None = None) -> list[Notification]:
+    def q(s: Session) -> list[Notification]:
+        stmt = select(Notification).order_by(Notification.id)
+        if op_id is not None:
+            stmt = stmt.where(Notification.operation_id == op_id)
+        if event is not None:
+            stmt = stmt.where(Notification.event == event)
+        return list(s.scalars(stmt))
+
+    return db.read(q)
+
+
+# ------------------------------------------------------------------ monitor + breakers
+
+
+def test_stall_is_recorded_counted_and_reset_while_breaker_closed(db: Database) -> None:
+    op_id = new_op(db)
+    stall(db, op_id)
+    report = check_stalled(db, settings())
+    assert report.reset == [op_id]
+    op = op_row(db, op_id)
+    assert (op.status, op.lease_owner, op.retry_count, op.stall_count, op.not_before) == ("PENDING", None, 0, 1, None)
+    events = db.read(lambda s: list(s.scalars(select(FailureEvent).where(FailureEvent.operation_id == op_id))))
+    assert [(e.error_type, e.attempt) for e in events] == [("Stalled", 1)]
+    assert "dead-worker" in events[0].message
+    [b] = db.read(lambda s: breakers.list_breakers(s))
+    assert (b["kind"], b["operation_id"], b["stall_count"], b["state"], b["opened_at"]) == (KIND.value, op_id, 1,
+                                                                                         "closed", None)
+    [n] = notes(db, op_id)
+    assert (n.level, n.event) == ("WARNING", "stalled_recovered")
+    # the next attempt can be claimed at once (a stall is not a retry: no backoff)
+    assert claim(db, op_id, "w2", 30) is not None
+
+
+def test_breaker_opens_after_max_stalls_and_leaves_the_operation(db: Database) -> None:
+    s3 = settings()
+    op_id = new_op(db)
+    for _ in range(2):
+        stall(db, op_id)
+        assert check_stalled(db, s3).reset == [op_id]
+    stall(db, op_id)
+    report = check_stalled(db, s3)
+    assert report.reset == [] and report.blocked == [op_id]
+    op = op_row(db, op_id)
+    assert op.status == "IN_PROGRESS" and op.attempt == 3  # left for a human
+    # further cycles count nothing more and fold the ERROR notification into one (cooldown)
+    for _ in range(3):
+        assert check_stalled(db, s3).blocked == [op_id]
+    [b] = db.read(lambda s: breakers.list_breakers(s))
+    assert b["state"] == "open" and b["stall_count"] == 3
+    assert b["closes_at"] == b["opened_at"] + dt.timedelta(seconds=3600)
+    opened = notes(db, op_id, "breaker_open")
+    assert len(opened) == 1 and opened[0].level == "ERROR" and opened[0].repeat_count == 3
+    assert "packhorse retry long_term_archive" in opened[0].body
+    stalls = db.read(lambda s: s.scalar(select(text("count(*)")).select_from(FailureEvent)
+                                        .where(FailureEvent.error_type == "Stalled")))
+    assert stalls == 3
+    assert db.read(breakers.open_breaker_count) == 1
+
+
+def test_breaker_closes_by_itself_after_its_timeout_and_the_operation_is_recovered(db: Database) -> None:
+    s = settings(max_stall_count=1, circuit_breaker_timeout_seconds=0.3)
+    op_id = new_op(db)
+    stall(db, op_id)
+    assert check_stalled(db, s).blocked == [op_id]
+    time.sleep(0.4)
+    report = check_stalled(db, s)
+    assert report.breakers_closed == [op_id] and report.reset == [op_id]
+    assert op_row(db, op_id).status == "PENDING"
+    closed = notes(db, op_id, "breaker_closed")
+    assert len(closed) == 1 and closed[0].level == "INFO"
+    [b] = db.read(lambda x: breakers.list_breakers(x)) or [None]  # stall_count 0: not listed
+    assert b is None
+
+
+def test_a_renewed_lease_is_never_reset(db: Database) -> None:
+    op_id = new_op(db)
+    assert claim(db, op_id, "w", 30) is not None
+    assert check_stalled(db, settings()).reset == []
+    assert op_row(db, op_id).status == "IN_PROGRESS"
+
+
+def test_reset_breaker_by_hand(db: Database) -> None:
+    s = settings(max_stall_count=1)
+    op_id = new_op(db)
+    stall(db, op_id)
+    check_stalled(db, s)
+    out = breakers.reset_breaker(db, KIND, op_id, reason="disk replaced", actor="test")
+    assert out["state"] == "closed" and out["previous_stall_count"] == 1
+    [n] = notes(db, op_id, "breaker_closed")
+    assert "disk replaced" in n.body and "test" in n.body
+    assert check_stalled(db, s).reset == [op_id]  # the next cycle recovers it
+
+
+@pytest.mark.parametrize("bad", ["unknown id", "wrong kind"])
+def test_admin_actions_refuse_unknown_operations(db: Database, bad: str) -> None:
+    op_id = new_op(db)
+    kind, oid = (KIND, op_id + 100) if bad == "unknown id" else (OperationKind.DELETION, op_id)
+    with pytest.raises(UnknownOperationError, match=f"no {kind.value} operation with id {oid}"):
+        breakers.reset_breaker(db, kind, oid, reason="x", actor="t")
+    with pytest.raises(UnknownOperationError):
+        breakers.force_retry(db, kind, oid, reason="x", actor="t")
+
+
+def test_force_retry_resets_breaker_and_state_and_is_dispatchable_now(db: Database) -> None:
+    s = settings(max_stall_count=1)
+    op_id = new_op(db)
+    stall(db, op_id)
+    check_stalled(db, s)
+    db.transact(lambda x: x.execute(update(Operation).where(Operation.id == op_id).values(
+        not_before=utcnow() + dt.timedelta(hours=1))))
+    out = breakers.force_retry(db, KIND, op_id, reason="looked at it", actor="admin")
+    assert out["previous_status"] == "IN_PROGRESS" and out["status"] == "PENDING"
+    assert out["breaker"]["state"] == "closed"
+    op = op_row(db, op_id)
+    assert (op.status, op.not_before, op.retry_count, op.lease_owner) == ("PENDING", None, 0, None)
+    assert db.read(breakers.open_breaker_count) == 0
+    c = claim(db, op_id, "w", 30)
+    assert c is not None and c.attempt == 2
+    assert {n.event for n in notes(db, op_id)} >= {"forced_retry", "breaker_closed"}
+
+
+def test_force_retry_of_failed_and_completed(db: Database) -> None:
+    failed, done = new_op(db, "f"), new_op(db, "c")
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == failed).values(
+        status="FAILED", error_context={"error_type": "X"})))
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == done).values(status="COMPLETED")))
+    breakers.force_retry(db, KIND, failed, reason="fixed", actor="t")
+    op = op_row(db, failed)
+    assert (op.status, op.retry_count, op.error_context) == ("PENDING", 1, None)
+    with pytest.raises(ResetRefusedError, match="COMPLETED"):
+        breakers.force_retry(db, KIND, done, reason="x", actor="t")
+
+
+# -------------------------------------------------------------------------- reconciler
+
+
+def schedule(db: Database, op_id: int, seconds_ago: float) -> None:
+    t = utcnow() - dt.timedelta(seconds=seconds_ago)
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        status="SCHEDULED", scheduled_at=t, updated_at=t)))
+
+
+def test_reconciler_redispatches_lost_dispatches_older_than_the_floor(db: Database, capsys) -> None:
+    s = settings(reconcile_floor_seconds=60)
+    old, young = new_op(db, "old"), new_op(db, "young")
+    schedule(db, old, 120)
+    schedule(db, young, 10)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    assert reconcile(db, s) == [old]
+    assert "reconciler_redispatched" in capsys.readouterr().out  # a WARNING on every reset
+    op = op_row(db, old)
+    assert (op.status, op.reconcile_count, op.retry_count) == ("PENDING", 1, 0)  # no retry consumed
+    assert op_row(db, young).status == "SCHEDULED"
+
+
+def test_reconciler_floor_is_at_least_the_visibility_timeout_with_celery() -> None:
+    s = settings_from_dict({"executor": {"kind": "celery", "visibility_timeout_seconds": 3600},
+                            "recovery": {"reconcile_floor_seconds": 60}}, environ={})
+    assert s.reconcile_floor_seconds == 3600
+    assert settings_from_dict({}, environ={}).reconcile_floor_seconds == 0
+
+
+def test_reconciler_resets_in_progress_without_lease_but_not_expired_leases(db: Database) -> None:
+    s = settings()
+    no_lease, expired = new_op(db, "n"), new_op(db, "e")
+    db.transact(lambda x: x.execute(update(Operation).where(Operation.id == no_lease).values(
+        status="IN_PROGRESS", lease_expires_at=None)))
+    stall(db, expired)
+    assert reconcile(db, s) == [no_lease]
+    assert op_row(db, expired).status == "IN_PROGRESS"  # the monitor's, with its breaker
+
+
+def test_reconciler_cap_notifies_and_leaves_the_operation(db: Database) -> None:
+    s = settings(reconcile_max_resets=2)
+    op_id = new_op(db)
+    for _ in range(2):
+        schedule(db, op_id, 5)
+        assert reconcile(db, s) == [op_id]
+    schedule(db, op_id, 5)
+    assert reconcile(db, s) == []
+    assert reconcile(db, s) == []
+    op = op_row(db, op_id)
+    assert (op.status, op.reconcile_count, op.retry_count) == ("SCHEDULED", 2, 0)
+    [n] = notes(db, op_id, "reconcile_cap")
+    assert n.level == "ERROR" and n.repeat_count == 1
+
+
+def test_reconciler_skips_what_this_process_has_queued(db: Database) -> None:
+    op_id = new_op(db)
+    schedule(db, op_id, 5)
+    assert reconcile(db, settings(), exclude={op_id}) == []
+    assert recovery_cycle(db, settings()).reset == [op_id]
+
+
+# ------------------------------------------------------------------------------- health
+
+
+def test_health_heartbeats_alive_and_dead(db: Database) -> None:
+    health.record_heartbeat(db, "runner@h:1", kind="runner", host="h", pid=1)
+    health.record_heartbeat(db, "monitor@h:2", kind="monitor", host="h", pid=2)
+    later = utcnow() + dt.timedelta(seconds=60)
+    health.record_heartbeat(db, "monitor@h:2", kind="monitor", host="h", pid=2)
+    rows = db.read(lambda s: health.list_services(s, now=utcnow() + dt.timedelta(seconds=91)))
+    assert [(r["service"], r["alive"]) for r in rows] == [("monitor@h:2", False), ("runner@h:1", False)]
+    rows = db.read(lambda s: health.list_services(s, now=later))
+    assert {r["service"]: r["alive"] for r in rows} == {"monitor@h:2": True, "runner@h:1": True}
+    assert set(rows[0]) >= {"service", "kind", "host", "pid", "last_seen", "alive"}
+
+
+def test_heartbeat_thread_beats_and_unregisters_on_clean_stop(db: Database) -> None:
+    t = health.HeartbeatThread(db, "worker", interval_seconds=0.05).start()
+    deadline = time.monotonic() + 10
+    first = None
+    while time.monotonic() < deadline:
+        rows = db.read(health.list_services)
+        if rows and first is None:
+            first = rows[0]["last_seen"]
+        if rows and first is not None and rows[0]["last_seen"] > first:
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("heartbeat was not renewed")
+    t.stop(remove=True)
+    assert db.read(health.list_services) == []
+
+
+# ------------------------------------------------------------------------- service loop
+
+
+def test_service_loop_survives_a_broken_connection_mid_cycle_and_recovers(db: Database) -> None:
+    seen: list[str] = []
+
+    def work(session: Session) -> None:
+        n = len(seen)
+        session.execute(text("SELECT 1"))
+        if n == 1:
+            # the database connection breaks in the middle of the cycle
+            session.connection().connection.dbapi_connection.close()
+            seen.append("broken")
+            session.execute(text("SELECT count(*) FROM operations"))
+            return
+        seen.append("ok")
+        session.execute(text("SELECT count(*) FROM operations")).scalar()
+
+    loop = ServiceLoop(db, "test-manager", work, interval_seconds=0.0, max_consecutive_errors=3)
+    loop.run(max_cycles=4)
+    assert seen == ["ok", "broken", "ok", "ok"]
+    assert (loop.cycles, loop.failed_cycles, loop.consecutive_errors) == (4, 1, 0)
+    assert notes(db, event="service_loop_failing") == []
+
+
+def test_service_loop_goes_critical_after_max_consecutive_errors_and_keeps_running(db: Database) -> None:
+    calls = {"n": 0}
+
+    def work(session: Session) -> None:
+        calls["n"] += 1
+        if calls["n"] <= 4:
+            session.execute(text("SELECT * FROM no_such_table"))
+
+    loop = ServiceLoop(db, "flaky", work, interval_seconds=0.0, max_consecutive_errors=3)
+    loop.run(max_cycles=6)
+    assert calls["n"] == 6 and loop.consecutive_errors == 0
+    [n] = notes(db, event="service_loop_failing")
+    assert n.level == "CRITICAL" and "flaky" in n.subject and "no_such_table" in n.body
+
+
+def test_service_loop_session_is_closed_as_the_last_operation_of_a_cycle(db: Database) -> None:
+    sessions: list[Session] = []
+
+    def work(session: Session) -> None:
+        sessions.append(session)
+        session.execute(text("SELECT 1"))
+
+    loop = ServiceLoop(db, "s", work, interval_seconds=0.0)
+    loop.run(max_cycles=2)
+    assert len(sessions) == 2 and sessions[0] is not sessions[1]
+    assert all(not s.in_transaction() for s in sessions)
