@@ -28,14 +28,7 @@ from packhorse.recovery.monitor import check_stalled
 from chaos_helpers import context, drive_until_kind_exists, make_source
 from s3_support import bucket_objects, s3_site_config
 from support import SRC, run_packhorse
-
-
-def _wait_for(path: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear within {timeout} s")
-        time.sleep(0.05)
+from test_crash_and_stale import _wait_for
 
 
 @pytest.mark.slow
