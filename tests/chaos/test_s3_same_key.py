@@ -5,10 +5,6 @@ operation over and archived the package. When the first one wakes up it publishe
 Expected: exactly one object under the key, it verifies, the late writer's conditional
 create is refused by the store (HTTP 412) and resolved as "already there" by reading the
 object back, neither worker raises, and only the second attempt's completion counts.
-
-Heartbeats are rare here (1.2 s): a SIGSTOP that lands inside a heartbeat's SQLite write
-transaction would hold the database lock for everyone (a hazard of SIGSTOP with SQLite, not of
-packhorse); under heavy load it has been seen once with 0.3 s heartbeats.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ from test_crash_and_stale import _wait_for
 @pytest.mark.parametrize("write_once_probe", [True, False], ids=["conditional-create", "object-lease"])
 def test_stuck_worker_publishes_late_to_the_same_key(s3_server, tmp_path, write_once_probe):
     cfg, bucket = s3_site_config(tmp_path / "site", s3_server, s3_extra={"write_once_probe": write_once_probe},
-                                 lease_timeout_seconds=2, heartbeat_interval_seconds=1.2)
+                                 lease_timeout_seconds=2, heartbeat_interval_seconds=0.3)
     make_source(cfg.parent / "source", groups=1, files_per_group=2, size=2 << 20)
     ctx = context(cfg)
     lta_id = ctx.topology.location_ids["cologne-lta"]
