@@ -24,3 +24,13 @@ def site_config(tmp_path: Path):
 def cli():
     """Run ``packhorse`` in a subprocess: ``cli(*args, env=None) -> CompletedProcess``."""
     return run_packhorse
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on a free loopback port for the whole session (see ``s3_support``)."""
+    from s3_support import start_or_skip
+
+    server = start_or_skip()
+    yield server
+    server.stop()

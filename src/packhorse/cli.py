@@ -230,6 +230,7 @@ def run(
                     "mode (worker processes on this machine). For the distributed mode start "
                     "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
                     "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
+    _check_storage(ctx)
     server = None
     if with_api:
         server = serve_api(ctx, api_host or ctx.settings.api.host,
@@ -274,7 +275,8 @@ def run_operation(
         raise _fail(f"no {kind} operation with id {operation_id}", EXIT_PROBLEM)
     outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
     print(outcome.value)
-    raise typer.Exit({"completed": 0, "skipped": 0, "retry": 1, "stale": 1, "failed": EXIT_FAILED}[outcome.value])
+    raise typer.Exit({"completed": 0, "skipped": 0, "deferred": 0, "retry": 1, "stale": 1,
+                      "failed": EXIT_FAILED}[outcome.value])
 
 
 @app.command()
@@ -369,7 +371,12 @@ def verify(
             print(f"MISSING {m['location']}:{m['path']}")
         for c in r["corrupt"]:
             print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] else EXIT_OK)
+        for a in r["awaiting_restore"]:
+            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
+        for u in r["unrepaired"]:
+            print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
+                  "from another verified copy if one exists)")
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] else EXIT_OK)
 
 
 @app.command()

@@ -84,11 +84,43 @@ class LocationConfig(_Section):
     path: str | None = None
     active: bool = True
     retention_seconds: float = Field(604800.0, ge=0)
+    # -- storage = "s3" (issue #5; docs/object-storage.md). Credentials never go here: the
+    # standard AWS chain (environment, profile, instance role) supplies them.
+    bucket: str | None = Field(None, min_length=3, max_length=63)
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    path_style: bool = False
+    write_once_probe: bool = True
+    object_lock_mode: Literal["GOVERNANCE", "COMPLIANCE"] | None = None
+    object_lock_retain_days: float | None = Field(None, gt=0)
+    multipart_threshold_bytes: int = Field(64 * 1024**2, ge=1)
+    multipart_part_bytes: int = Field(64 * 1024**2, ge=5 * 1024**2)
+    # -- cold storage and the fixity audit (issue #5). restore_delay_seconds simulates a cold
+    # store's restore time (tests, demos); it only matters with cold = true.
+    cold: bool = False
+    restore_delay_seconds: float | None = Field(None, ge=0)
+    restore_poll_seconds: float = Field(300.0, gt=0)
+    fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
+    fixity_bytes_per_second: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _disk_needs_path(self) -> "LocationConfig":
         if self.storage is StorageType.DISK and not self.path:
             raise ValueError(f"location {self.name!r} has storage 'disk' but no 'path'")
+        if self.storage is StorageType.S3 and not self.bucket:
+            raise ValueError(f"location {self.name!r} has storage 's3' but no 'bucket'")
+        if self.storage is StorageType.S3 and self.path:
+            raise ValueError(f"location {self.name!r} has storage 's3': use 'bucket' and 'prefix', not 'path'")
+        if self.storage is not StorageType.S3:
+            s3_only = [k for k in ("bucket", "endpoint_url", "region", "object_lock_mode") if getattr(self, k)]
+            if self.cold:
+                s3_only.append("cold")
+            if s3_only or self.prefix:
+                raise ValueError(f"location {self.name!r}: {', '.join(s3_only or ['prefix'])} only apply to "
+                                 "storage 's3'")
+        if (self.object_lock_mode is None) != (self.object_lock_retain_days is None):
+            raise ValueError(f"location {self.name!r}: object_lock_mode and object_lock_retain_days go together")
         return self
 
 
@@ -403,6 +435,15 @@ class Settings(_Section):
                         f"locations[{ib}].path: {lb.path!r} (location {lb.name!r}) overlaps "
                         f"{la.path!r} (location {la.name!r})"
                     )
+        s3 = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.S3]
+        for a in range(len(s3)):
+            for b in range(a + 1, len(s3)):
+                (ia, la), (ib, lb) = s3[a], s3[b]
+                pa, pb = la.prefix.strip("/") + "/", lb.prefix.strip("/") + "/"
+                same_store = (la.bucket, la.endpoint_url) == (lb.bucket, lb.endpoint_url)
+                if same_store and (pa.startswith(pb) or pb.startswith(pa)):
+                    errors.append(f"locations[{ib}].prefix: {lb.prefix!r} in bucket {lb.bucket!r} (location "
+                                  f"{lb.name!r}) overlaps location {la.name!r}")
         if errors:
             raise ValueError("; ".join(errors))
         return self

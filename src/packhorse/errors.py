@@ -9,6 +9,8 @@
     │                                  operation's failure (DESIGN.md "Architecture")
     ├── LeaseLostError                 this worker's lease / fencing token is no longer current;
     │                                  the work stops and nothing is committed (I3)
+    ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
+    │                                  back as PENDING with ``not_before``, no retry counted
     ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
@@ -18,7 +20,9 @@
         │   └── SourceChangedError         the source no longer matches its registered sha256
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
-            └── TransferCommandError       an external transfer command failed
+            ├── TransferCommandError       an external transfer command failed
+            ├── StorageServiceError        an object store answered with an error or was unreachable
+            └── RestoreRequiredError       a cold-storage object must be restored before reading
 
 Each :class:`OperationError` carries the where/why fields of the error context
 (``step``, ``side``, ``path``, ``host``, ``diagnosis``) at the boundary where it is raised,
@@ -133,3 +137,35 @@ class VerificationError(RetryableError):
 
 class TransferCommandError(RetryableError):
     """An external transfer command (rsync, bbcp, ...) exited non-zero."""
+
+
+class StorageServiceError(RetryableError):
+    """An object store (S3) answered with an error or could not be reached (issue #5).
+
+    The message names the location, bucket and key and the service's error code; credentials
+    never appear in it.
+    """
+
+
+class RestoreRequiredError(RetryableError):
+    """A cold-storage object must be restored before it can be read (issue #5, staging).
+
+    Stages that read from cold locations request the restore and wait for it without holding
+    a worker; reaching this error elsewhere means a read was attempted too early.
+    """
+
+
+class OperationDeferred(PackhorseError):
+    """The operation cannot go on yet (e.g. a cold-storage restore is in progress, issue #5).
+
+    Not a failure: the worker hands the operation back as ``PENDING`` with ``not_before`` =
+    now + ``seconds`` (no retry counted, no failure event) and is free for other work.
+
+    Args:
+        message: why it waits (kept in the operation's log line).
+        seconds: when to look again.
+    """
+
+    def __init__(self, message: str, *, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds

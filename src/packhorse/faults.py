@@ -3,7 +3,8 @@
 Never set it in production. The value is JSON: a list of hooks, each
 ``{"point": NAME, "action": ACTION, ...}``. Points are hit by the stages, e.g.
 ``long_term_archive.writing`` (after the first chunk is written), ``long_term_archive.write``
-(every byte written, just before publishing) and
+(every byte written, before the last lease check), ``long_term_archive.publishing`` (after
+that check, just before publishing) and
 ``long_term_archive.published`` (after publishing, before verification). Actions:
 
 * ``"pause"``: create the file ``marker`` (if given), then sleep ``seconds``.

@@ -203,6 +203,25 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
     return res.rowcount == 1
 
 
+def defer(db: Database, claim: Claim, seconds: float) -> bool:
+    """Hand the claimed attempt back as ``PENDING`` until now + ``seconds`` (fenced), without
+    counting a retry: the operation waits (a cold-storage restore) without holding a worker.
+    Returns ``False`` if the attempt is stale."""
+
+    def tx(s: Session) -> bool:
+        now = utcnow()
+        res = s.execute(
+            update(Operation)
+            .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
+                   Operation.status == Status.IN_PROGRESS.value)
+            .values(status=Status.PENDING.value, not_before=now + dt.timedelta(seconds=seconds), updated_at=now,
+                    lease_owner=None, lease_expires_at=None)
+        )
+        return res.rowcount == 1
+
+    return db.transact(tx)
+
+
 # ------------------------------------------------------------------------------ failures
 
 

@@ -19,7 +19,7 @@ from .db.models import (
     SkippedFile,
     utcnow,
 )
-from .domain import CopyStatus, Status
+from .domain import CopyStatus, LocationRole, Status
 from .operations import counts_by_kind_status
 from .stages.base import StageContext
 
@@ -87,47 +87,70 @@ def status_report(ctx: StageContext) -> dict[str, Any]:
 
 
 def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, Any]:
-    """Re-read every present copy (optionally of one location) through its backend (I4).
+    """Re-read every present copy (optionally of one location) through its backend (I4) and
+    record what was found exactly as the fixity audit does (:func:`packhorse.fixity.record_findings`:
+    ``verified_at`` for good copies; ``missing`` / ``corrupt`` plus an ERROR notification for
+    bad ones, or one CRITICAL notification when every copy of a package is bad). Repairs are
+    left to the audit (``packhorse run``).
 
-    Returns ``{"checked": n, "ok": n, "missing": [{"location", "path"}], "corrupt": [{"location",
-    "path", "expected", "actual"}]}``. Copies that verify get a fresh ``verified_at``; a problem
-    is reported, not repaired (the fixity audit repairs).
+    Returns ``{"checked": n, "ok": n, "missing": [{"location", "path"[, "error"]}], "corrupt":
+    [{"location", "path", "expected", "actual"}], "awaiting_restore": [{"location", "path"}],
+    "unrepaired": [...]}``. ``awaiting_restore``: copies in cold storage that are not restored;
+    a restore is requested and they are not checked now (not a problem by itself).
+    ``unrepaired``: see :func:`unrepaired_copies`. A copy whose storage could not be asked
+    (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
+    not recorded: that is not evidence about the copy.
     """
+    from .fixity import check_copy, limiter_for, record_findings
 
-    def load(s: Session) -> list[tuple[int, str, str, int, str]]:
-        q = (select(PhysicalCopy.id, DataLocation.name, PhysicalCopy.path, PhysicalCopy.size, PhysicalCopy.sha256)
-             .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-             .where(PhysicalCopy.status == CopyStatus.PRESENT.value).order_by(PhysicalCopy.id))
+    def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
+        q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+             .where(PhysicalCopy.status == CopyStatus.PRESENT.value,
+                    DataLocation.role != LocationRole.PROCESSING.value)  # staged folders: verified at staging
+             .order_by(PhysicalCopy.id))
         if location:
             q = q.where(DataLocation.name == location)
-        return [tuple(r) for r in s.execute(q)]  # type: ignore[misc]
+        return [(c, n) for c, n in s.execute(q)]
 
     rows = ctx.db.read(load)
-    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": []}
-    ok_ids: list[int] = []
-    for copy_id, loc, path, size, sha in rows:
-        report["checked"] += 1
+    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": [], "awaiting_restore": []}
+    findings = []
+    for copy, loc in rows:
         try:
             backend = ctx.backend(loc)
-            info = backend.stat(path)
-        except Exception as e:  # unknown location, unsafe path: a problem with this copy
-            report["missing"].append({"location": loc, "path": path, "error": str(e)})
+            if backend.cold and backend.stat(copy.path) is not None and not backend.restore_ready(copy.path):
+                backend.request_restore(copy.path)  # verify cannot wait; the audit (or a later verify) reads it
+                report["awaiting_restore"].append({"location": loc, "path": copy.path})
+                continue
+            report["checked"] += 1
+            f = check_copy(backend, copy, loc, limiter=limiter_for(ctx, loc))
+        except Exception as e:  # unknown location, unreachable store: a problem, but not a finding
+            report["missing"].append({"location": loc, "path": copy.path, "error": str(e)})
             continue
-        if info is None:
-            report["missing"].append({"location": loc, "path": path})
-            continue
-        actual = backend.sha256(path)
-        if info.size != size or actual != sha:
-            report["corrupt"].append({"location": loc, "path": path, "expected": sha, "actual": actual})
-        else:
+        findings.append(f)
+        if f.status == "ok":
             report["ok"] += 1
-            ok_ids.append(copy_id)
-
-    def stamp(s: Session) -> None:
-        now = utcnow()
-        for i in range(0, len(ok_ids), 500):
-            for c in s.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(ok_ids[i:i + 500]))):
-                c.verified_at = now
-
-    ctx.db.transact(stamp)
+        elif f.status == CopyStatus.MISSING.value:
+            report["missing"].append({"location": loc, "path": copy.path, **({"error": f.error} if f.error else {})})
+        else:
+            report["corrupt"].append({"location": loc, "path": copy.path, "expected": f.expected, "actual": f.actual})
+    ctx.db.transact(lambda s: record_findings(s, ctx, findings))
+    report["unrepaired"] = ctx.db.read(lambda s: unrepaired_copies(s, location))
     return report
+
+
+def unrepaired_copies(session: Session, location: str | None = None) -> list[dict[str, Any]]:
+    """Copies recorded ``corrupt`` / ``missing`` with no live copy of the same artifact at their
+    location yet: ``[{"location", "path", "status"}]`` (what ``verify`` exits 1 for until the
+    audit repairs them or a human does)."""
+    from .domain import LIVE_COPY_STATUSES
+
+    live = {(c.location_id, c.raw_data_package_id, c.data_transfer_package_id) for c in session.scalars(
+        select(PhysicalCopy).where(PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])))}
+    q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+         .where(PhysicalCopy.status.in_([CopyStatus.CORRUPT.value, CopyStatus.MISSING.value]))
+         .order_by(DataLocation.name, PhysicalCopy.id))
+    if location:
+        q = q.where(DataLocation.name == location)
+    return [{"location": name, "path": c.path, "status": c.status} for c, name in session.execute(q)
+            if (c.location_id, c.raw_data_package_id, c.data_transfer_package_id) not in live]

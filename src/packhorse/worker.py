@@ -13,9 +13,9 @@ import structlog
 from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, utcnow
-from .errors import LeaseLostError, TransientDatabaseError
+from .errors import LeaseLostError, OperationDeferred, TransientDatabaseError
 from .lease import LeaseKeeper
-from .operations import Claim, build_error_context, claim, complete_in, record_failure
+from .operations import Claim, build_error_context, claim, complete_in, defer, record_failure
 from .stages import STAGES
 from .stages.base import StageContext, Work
 
@@ -30,6 +30,7 @@ class Outcome(str, enum.Enum):
     RETRY = "retry"          # failed, reset to PENDING for a retry after backoff
     FAILED = "failed"        # failed permanently
     STALE = "stale"          # this attempt lost its lease; nothing it did was recorded
+    DEFERRED = "deferred"    # waits (a cold-storage restore): PENDING again until not_before
 
 
 def _record_stale(ctx: StageContext, c: Claim, exc: BaseException) -> None:
@@ -99,6 +100,11 @@ def _run_claimed(ctx: StageContext, c: Claim) -> Outcome:
             bound.warning("operation_attempt_stale", error=str(exc))
             _record_stale(ctx, c, exc)
             return Outcome.STALE
+        except OperationDeferred as exc:
+            if not defer(ctx.db, c, exc.seconds):
+                return Outcome.STALE
+            bound.info("operation_deferred", reason=str(exc), seconds=exc.seconds)
+            return Outcome.DEFERRED
         except TransientDatabaseError as exc:
             # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
             # lease expires and lease recovery hands it out again once the database is back

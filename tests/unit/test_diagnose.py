@@ -22,7 +22,7 @@ from packhorse.stages.base import StageContext
 from packhorse.topology import sync_topology
 from support import write_site_config
 
-S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nactive = false\n'
+S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nbucket = "cologne-archive"\nactive = false\n'
 
 
 def _ctx(tmp_path: Path, db) -> StageContext:

@@ -510,3 +510,19 @@ class LiveCheck(Base):
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, index=True)
     state: Mapped[str] = mapped_column(String(16))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class ObjectLease(Base):
+    """A per-object lease on one key of one data location (issue #5, seed 003).
+
+    Used by S3 locations whose store does not honour ``If-None-Match: *``
+    (``write_once_probe = false``): the publisher holds the lease while it checks that the key
+    is free and writes it, so two workers never write one object at once. ``expires_at`` bounds
+    a crashed holder; ``holder`` is a random token of one acquisition.
+    """
+
+    __tablename__ = "object_leases"
+    location: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)

@@ -42,7 +42,7 @@ from ..config import Settings
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
-from ..managers import archives, bundles, deletions, packages, transfers, unpacks
+from ..managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import faults
@@ -56,9 +56,13 @@ from ..worker import Outcome, execute_operation
 
 log = structlog.get_logger(__name__)
 
+#: Age after which an incomplete S3 multipart upload counts as abandoned (seconds).
+S3_PARTIAL_AGE_SECONDS = 86400.0
+
 #: Dispatch order: downstream first, so buffers drain before new packages fill them.
 PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
-            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE]
+            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.STAGING,
+            OperationKind.FIXITY_CHECK]
 
 
 # ------------------------------------------------------------------------------ worker processes
@@ -285,7 +289,7 @@ class LocalRunner:
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += n + transfers.manage(self.ctx) + unpacks.manage(self.ctx) + archives.manage(self.ctx)
         n, _retention_wait = deletions.manage(self.ctx)
-        return created + n, bundle_wait
+        return created + n + fixity.manage(self.ctx), bundle_wait
 
     def recover(self) -> None:
         """Recovery: the stalled-task monitor (circuit breakers) and the reconciler, as ``packhorse
@@ -306,6 +310,10 @@ class LocalRunner:
                 b = self.ctx.backend(loc.name)
                 if isinstance(b, DiskBackend):
                     b.cleanup_partials(self.settings.recovery.lease_timeout_seconds)
+            elif loc.storage is StorageType.S3 and loc.active:
+                # incomplete multipart uploads of crashed publishers (invisible; they only cost
+                # storage). A day, not a lease: a large upload in flight may take longer.
+                self.ctx.backend(loc.name).cleanup_partials(S3_PARTIAL_AGE_SECONDS)
 
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..domain import OperationKind
-from . import archive, bundle, deletion, package, transfer, unpack
+from . import archive, bundle, deletion, fixity, package, staging, transfer, unpack
 from .base import Recorder, Work
 
 StageFn = Callable[[Work], Recorder]
@@ -21,6 +21,8 @@ STAGES: dict[OperationKind, StageFn] = {
     OperationKind.UNPACK: unpack.run,
     OperationKind.LONG_TERM_ARCHIVE: archive.run,
     OperationKind.DELETION: deletion.run,
+    OperationKind.FIXITY_CHECK: fixity.run,
+    OperationKind.STAGING: staging.run,
 }
 
 __all__ = ["STAGES", "Recorder", "StageFn", "Work"]

@@ -46,7 +46,7 @@ class StageContext:
         if b is None:
             from ..storage.registry import backend_for
 
-            b = self._backends[location] = backend_for(self.settings, location)
+            b = self._backends[location] = backend_for(self.settings, location, db=self.db)
         return b
 
     def location_name(self, location_id: int | None) -> str:
@@ -113,11 +113,13 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
     """Publish a finished :class:`~packhorse.storage.PendingWrite` and verify it by re-reading.
 
     Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
-    publishing) and ``<point>.published`` (between publishing and verification).
+    the lease check), ``<point>.publishing`` (after it, just before publishing) and
+    ``<point>.published`` (between publishing and verification).
     :func:`copy_object` also hits ``<point>.writing`` after its first chunk.
     """
     faults.hit(f"{point}.write")
     work.check()
+    faults.hit(f"{point}.publishing")  # after the last lease check: a stuck worker publishes late
     result = pending.publish(expected_sha256)
     faults.hit(f"{point}.published", path=backend.local_path(pending.key))
     verify_object(backend, pending.key, result.sha256)
@@ -125,7 +127,9 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
 
 
 def clear_partials(backend: StorageBackend, key: str) -> None:
-    """Remove partial writes an earlier, crashed attempt left for ``key``."""
+    """Remove partial writes an earlier, crashed attempt left for ``key`` (disk backends; S3
+    keeps unpublished bytes off the bucket, and incomplete multipart uploads are aborted by
+    ``cleanup_partials``)."""
     if faults.fencing_disabled():  # test-only: a stale writer keeps its partial file
         return
     if isinstance(backend, DiskBackend):

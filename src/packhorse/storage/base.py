@@ -19,8 +19,16 @@ Contract (tested for every backend by ``tests/conformance``):
 * :meth:`StorageBackend.sha256` re-reads the stored object through the backend (I4); callers
   verify with it after publishing, never with the hash of the bytes as they were written.
 * A crash at any point leaves either nothing or the complete object under the key; partial
-  files carry the suffix :data:`PARTIAL_SUFFIX` and are removed by
-  :meth:`StorageBackend.cleanup_partials`.
+  writes left on the medium (disk: files with the suffix :data:`PARTIAL_SUFFIX`; S3:
+  incomplete multipart uploads) are invisible to ``stat``/``open_read``/``list`` and removed
+  by :meth:`StorageBackend.cleanup_partials`. A backend may also keep unpublished bytes off
+  the medium altogether (S3 spools locally until ``publish``): then a killed writer leaves
+  nothing at all.
+* Keys under :data:`RESERVED_PREFIX` (``_packhorse/``) belong to packhorse itself (write-once
+  probes, quarantined objects, restore markers): ``list`` never yields them.
+* :meth:`StorageBackend.quarantine` moves a bad object aside to a fresh name under
+  ``_packhorse/quarantine/`` without overwriting anything, freeing its key for a repair
+  (issue #5, fixity audit).
 """
 
 from __future__ import annotations
@@ -33,10 +41,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..digest import sha256_stream
-from ..errors import UnsafePathError
+from ..errors import DestinationConflictError, UnsafePathError, VerificationError
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
+#: Key prefix reserved for packhorse's own objects (probes, quarantine, restore markers).
+RESERVED_PREFIX = "_packhorse/"
+#: Where :meth:`StorageBackend.quarantine` moves bad objects.
+QUARANTINE_PREFIX = RESERVED_PREFIX + "quarantine/"
 #: Read/write block size used when streaming payload bytes (bytes).
 CHUNK_BYTES = 1 << 20
 
@@ -102,6 +114,17 @@ class PendingWrite(abc.ABC):
         """sha256 (hex) of the bytes written so far."""
         return self._hash.hexdigest()
 
+    def check_expected(self, expected_sha256: str | None, location: str) -> str:
+        """Return the sha256 of the bytes written; raise :class:`VerificationError` (nothing
+        is published) if ``expected_sha256`` is given and differs."""
+        sha = self.sha256
+        if expected_sha256 is not None and sha != expected_sha256:
+            raise VerificationError(
+                f"{location}:{self.key}: bytes written have sha256 {sha}, expected {expected_sha256}; nothing published",
+                step="publish", side="destination", path=self.key, host=location,
+            )
+        return sha
+
     @property
     def local_path(self) -> Path | None:
         """A local file an external command may write instead (disk backends), else ``None``.
@@ -146,6 +169,15 @@ class StorageBackend(abc.ABC):
     """
 
     location: str
+    #: objects need :meth:`request_restore` before they can be read (tape, Glacier; issue #5)
+    cold: bool = False
+
+    def request_restore(self, key: str) -> None:
+        """Ask a cold store to make ``key`` readable (idempotent); a no-op for warm storage."""
+
+    def restore_ready(self, key: str) -> bool:
+        """True when ``key`` can be read now (always, for warm storage)."""
+        return True
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:
@@ -171,6 +203,39 @@ class StorageBackend(abc.ABC):
     @abc.abstractmethod
     def cleanup_partials(self, older_than_seconds: float) -> int:
         """Remove unpublished partial writes older than this; returns how many were removed."""
+
+    @abc.abstractmethod
+    def quarantine(self, key: str) -> str | None:
+        """Move the object at ``key`` aside to :meth:`quarantine_key` (never overwriting) and
+        return that new key; ``None`` if there was no object. Afterwards ``key`` is free.
+
+        Raises:
+            DestinationConflictError: the quarantine name is taken (nothing moved).
+        """
+
+    @staticmethod
+    def quarantine_key(key: str) -> str:
+        """A fresh quarantine name for ``key``: ``_packhorse/quarantine/<key>.<UTC stamp>-<random>``."""
+        import datetime as dt
+        import secrets
+
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        return f"{QUARANTINE_PREFIX}{check_key(key)}.{stamp}-{secrets.token_hex(4)}"
+
+    def check_same(self, key: str, size: int, sha256: str) -> None:
+        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes,
+        decided by reading the object back (never by ETag, metadata or size alone; I2, I4)."""
+        info = self.stat(key)
+        if info is None:
+            raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key,
+                                           host=self.location)
+        if info.size != size or self.sha256(key) != sha256:
+            raise DestinationConflictError(
+                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
+                f"expected {size} with sha256 {sha256}); it is left untouched",
+                step="publish", side="destination", path=key, host=self.location,
+                diagnosis="an object with this name but other content is already archived here",
+            )
 
     def local_path(self, key: str) -> Path | None:
         """The object's local file path if the backend is a local filesystem, else ``None``."""

@@ -29,7 +29,7 @@ from ..errors import (
 )
 from .. import faults
 from ..digest import hash_stream
-from .base import PARTIAL_SUFFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import PARTIAL_SUFFIX, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
@@ -86,13 +86,7 @@ class _DiskPendingWrite(PendingWrite):
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         try:
-            sha = self.sha256
-            if expected_sha256 is not None and sha != expected_sha256:
-                raise VerificationError(
-                    f"{self._backend.location}:{self.key}: bytes written have sha256 {sha}, "
-                    f"expected {expected_sha256}; nothing published",
-                    step="publish", side="destination", path=self.key, host=self._backend.location,
-                )
+            sha = self.check_expected(expected_sha256, self._backend.location)
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -247,19 +241,6 @@ class DiskBackend(StorageBackend):
                     raise
         raise AssertionError("unreachable")
 
-    def check_same(self, key: str, size: int, sha256: str) -> None:
-        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes."""
-        info = self.stat(key)
-        if info is None:
-            raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key)
-        if info.size != size or self.sha256(key) != sha256:
-            raise DestinationConflictError(
-                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
-                f"expected {size} with sha256 {sha256}); it is left untouched",
-                step="publish", side="destination", path=key, host=self.location,
-                diagnosis="an object with this name but other content is already archived here",
-            )
-
     def delete(self, key: str, *, prune: bool = True) -> bool:
         path = self._path(key)
         try:
@@ -289,7 +270,7 @@ class DiskBackend(StorageBackend):
                 if name.endswith(PARTIAL_SUFFIX):
                     continue
                 key = name if rel_dir == "." else f"{rel_dir}/{name}"
-                if not key.startswith(prefix):
+                if not key.startswith(prefix) or key.startswith(RESERVED_PREFIX):
                     continue
                 try:
                     st = os.lstat(os.path.join(dirpath, name))
@@ -299,6 +280,22 @@ class DiskBackend(StorageBackend):
                     out.append(ObjectInfo(key, st.st_size, st.st_mtime))
         out.sort(key=lambda o: o.key)
         return iter(out)
+
+    def quarantine(self, key: str) -> str | None:
+        """Move the object aside with a no-replace hard link, then unlink it (never overwrites)."""
+        path = self._path(key)
+        if self.stat(key) is None:
+            return None
+        target_key = self.quarantine_key(key)
+        target = self._path(target_key, create_parents=True)
+        try:
+            os.link(path, target, follow_symlinks=False)
+        except FileExistsError:
+            raise DestinationConflictError(f"{self.location}: quarantine name {target_key!r} is taken",
+                                           path=target_key, host=self.location) from None
+        _fsync_dir(target.parent)
+        self.delete(key)
+        return target_key
 
     def cleanup_partials(self, older_than_seconds: float) -> int:
         removed = 0

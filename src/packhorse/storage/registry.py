@@ -1,19 +1,46 @@
-"""Build the storage backend of a data location: the one place where backends are composed."""
+"""Build the storage backend of a data location: the one place where backends are composed.
+
+S3 locations are checked when their backend is first built in a process (issue #5): the
+write-once probe (refused with a :class:`~packhorse.errors.ConfigError` naming the location
+if the store ignores ``If-None-Match: *``, unless ``write_once_probe = false``, which logs a
+WARNING and switches to per-object leases with a check before every write) and the Object
+Lock check. ``packhorse run`` builds every active location's backend at start, so a bad
+store is refused (exit 2) before any work runs.
+"""
 
 from __future__ import annotations
 
-from ..config import Settings
+import threading
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ..config import LocationConfig, Settings
 from ..domain import StorageType
 from ..errors import ConfigError
 from .base import StorageBackend
 from .disk import DiskBackend
 
+if TYPE_CHECKING:
+    from ..db.session import Database
 
-def backend_for(settings: Settings, location_name: str) -> StorageBackend:
+log = structlog.get_logger(__name__)
+_probe_lock = threading.Lock()
+#: (endpoint, bucket, prefix) → the store honours conditional creates (probed once per process)
+_probed: dict[tuple[str | None, str, str], bool] = {}
+
+
+def backend_for(settings: Settings, location_name: str, *, db: "Database | None" = None) -> StorageBackend:
     """Return the backend for data location ``location_name``.
 
+    Args:
+        db: the ops database; needed by S3 locations with ``write_once_probe = false``
+            (per-object leases live there).
+
     Raises:
-        ConfigError: unknown location or unsupported storage type.
+        ConfigError: unknown location, unsupported storage type, an S3 store that ignores
+            conditional writes, Object Lock asked for on a bucket without it.
+        StorageServiceError: an S3 store could not be reached for its start-time checks.
     """
     try:
         loc = settings.location(location_name)
@@ -21,4 +48,47 @@ def backend_for(settings: Settings, location_name: str) -> StorageBackend:
         raise ConfigError(f"unknown data location {location_name!r}") from None
     if loc.storage is StorageType.DISK:
         return DiskBackend(loc.name, settings.location_path(loc.name))
+    if loc.storage is StorageType.S3:
+        return _s3_backend(settings, loc, db)
     raise ConfigError(f"locations: storage type {loc.storage.value!r} of {loc.name!r} is not supported yet")
+
+
+def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") -> StorageBackend:
+    from .s3 import S3Backend, make_client
+
+    assert loc.bucket is not None
+    client = make_client(endpoint_url=loc.endpoint_url, region=loc.region, path_style=loc.path_style,
+                         max_pool=max(10, 2 * settings.executor.workers))
+    kwargs = dict(multipart_threshold_bytes=loc.multipart_threshold_bytes,
+                  multipart_part_bytes=loc.multipart_part_bytes, object_lock_mode=loc.object_lock_mode,
+                  object_lock_retain_days=loc.object_lock_retain_days, cold=loc.cold,
+                  restore_delay_seconds=loc.restore_delay_seconds)
+    if not loc.write_once_probe:
+        if db is None:
+            raise ConfigError(f"locations: {loc.name!r} sets write_once_probe = false, which needs the ops "
+                              "database for per-object leases")
+        from .object_lease import db_object_lease
+
+        log.warning("s3_write_once_probe_disabled", location=loc.name, bucket=loc.bucket,
+                    detail="conditional creates are not used: every publication takes a per-object lease and "
+                           "checks the key before writing; a store that overwrites can still lose a race "
+                           "with a writer outside packhorse")
+        lease = db_object_lease(db, loc.name, lease_seconds=settings.recovery.lease_timeout_seconds,
+                                wait_seconds=settings.recovery.lease_timeout_seconds)
+        backend = S3Backend(loc.name, client, loc.bucket, loc.prefix, conditional_writes=False,
+                            object_lease=lease, **kwargs)  # type: ignore[arg-type]
+    else:
+        backend = S3Backend(loc.name, client, loc.bucket, loc.prefix, **kwargs)  # type: ignore[arg-type]
+        ident = (loc.endpoint_url, loc.bucket, backend.prefix)
+        with _probe_lock:
+            honoured = _probed.get(ident)
+            if honoured is None:
+                honoured = _probed[ident] = backend.probe_write_once()
+        if not honoured:
+            raise ConfigError(
+                f"locations: {loc.name!r}: the object store at {loc.endpoint_url or 'AWS S3'} (bucket "
+                f"{loc.bucket!r}) ignores If-None-Match: * and would overwrite archived objects; refusing it. "
+                "Use a store with conditional writes, or set write_once_probe = false to publish under "
+                "per-object leases with a check before every write")
+    backend.check_object_lock()
+    return backend

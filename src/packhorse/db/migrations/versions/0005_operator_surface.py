@@ -1,7 +1,7 @@
 """operator surface: api tokens, audit log, runtime settings, live checks
 
 Revision ID: 0005
-Revises: 0003
+Revises: 0004
 Create Date: 2026-11-30 01:02:25.905415
 """
 from alembic import op
@@ -10,7 +10,7 @@ import packhorse.db.models
 
 
 revision = '0005'
-down_revision = '0003'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 

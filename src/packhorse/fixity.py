@@ -1,0 +1,223 @@
+"""Fixity: re-read a physical copy and prove its sha256 still matches (issue #5, I4).
+
+One set of rules, used by the ``fixity_check`` stage (the standing audit) and by
+``packhorse verify`` alike:
+
+* :func:`check_copy` re-reads one copy through its backend (rate limited per location by a
+  :class:`RateLimiter`, bytes per second) and returns a :class:`Finding`: ``ok``, ``missing``
+  (no object) or ``corrupt`` (other size or sha256).
+* :func:`record_findings` writes what was found, in the caller's transaction: ``ok`` copies
+  get a fresh ``verified_at``; a bad copy is marked ``missing`` / ``corrupt`` and an ERROR
+  notification is queued with it. If after these findings a package has no ``present`` copy
+  left anywhere, every copy looked bad at once: that is a storage fault, not rot, so instead
+  of the ERRORs one CRITICAL notification is queued and nothing is repaired automatically.
+
+Repairs (moving the bad object aside, re-archiving from a verified copy) are the stage's
+job: :mod:`packhorse.stages.fixity`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from .db.models import DataLocation, PhysicalCopy, utcnow
+from .domain import CopyStatus, NotificationLevel, OperationKind
+from .errors import SourceMissingError, UnsafePathError
+from .notify.outbox import enqueue
+from .storage.base import CHUNK_BYTES, StorageBackend
+
+if TYPE_CHECKING:
+    from .stages.base import StageContext
+
+OK, MISSING, CORRUPT = "ok", CopyStatus.MISSING.value, CopyStatus.CORRUPT.value
+
+
+class RateLimiter:
+    """A token bucket: :meth:`take` blocks so that at most ``bytes_per_second`` pass on
+    average (bursts up to one second's worth). ``None`` means unlimited. Thread-safe."""
+
+    def __init__(self, bytes_per_second: float | None) -> None:
+        self.rate = bytes_per_second
+        self._lock = threading.Lock()
+        self._allowance = float(bytes_per_second or 0)
+        self._last = time.monotonic()
+
+    def take(self, nbytes: int) -> None:
+        """Account for ``nbytes``; sleeps as long as needed to keep the rate."""
+        if not self.rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._allowance = min(self.rate, self._allowance + (now - self._last) * self.rate)
+            self._last = now
+            self._allowance -= nbytes
+            wait = -self._allowance / self.rate if self._allowance < 0 else 0.0
+        if wait > 0:
+            time.sleep(wait)
+
+
+_limiters: dict[str, RateLimiter] = {}
+_limiters_lock = threading.Lock()
+
+
+def limiter_for(ctx: "StageContext", location: str) -> RateLimiter:
+    """The process-wide :class:`RateLimiter` of ``location`` (``fixity_bytes_per_second``)."""
+    with _limiters_lock:
+        lim = _limiters.get(location)
+        rate = ctx.settings.location(location).fixity_bytes_per_second
+        if lim is None or lim.rate != rate:
+            lim = _limiters[location] = RateLimiter(rate)
+        return lim
+
+
+@dataclass
+class Finding:
+    """What re-reading one copy showed. ``status``: ``ok``, ``missing`` or ``corrupt``;
+    ``actual``: the sha256 read (corrupt copies); ``error``: why it could not be read."""
+
+    copy_id: int
+    location: str
+    path: str
+    size: int
+    expected: str
+    status: str
+    actual: str | None = None
+    error: str | None = None
+    raw_data_package_id: int | None = None
+    data_transfer_package_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bad(self) -> bool:
+        return self.status != OK
+
+
+def check_copy(backend: StorageBackend, copy: PhysicalCopy | Any, location: str, *,
+               limiter: RateLimiter | None = None, on_bytes: Callable[[int], None] | None = None) -> Finding:
+    """Re-read ``copy`` (a :class:`PhysicalCopy` or a row with the same fields) through
+    ``backend`` and compare size and sha256 (never an ETag or mtime; I4).
+
+    ``limiter`` throttles the read (bytes/s); ``on_bytes(n)`` is called per block read
+    (progress, lease checks). A key that cannot be read safely (I6) counts as missing.
+    """
+    f = Finding(copy.id, location, copy.path, copy.size, copy.sha256, OK,
+                raw_data_package_id=copy.raw_data_package_id, data_transfer_package_id=copy.data_transfer_package_id)
+    try:
+        info = backend.stat(copy.path)
+    except UnsafePathError as e:
+        f.status, f.error = MISSING, str(e)
+        return f
+    if info is None:
+        f.status = MISSING
+        return f
+    h = hashlib.sha256()
+    try:
+        stream = backend.open_read(copy.path)
+    except SourceMissingError:  # gone since stat (e.g. moved aside by a concurrent repair)
+        f.status = MISSING
+        return f
+    with stream:
+        while True:
+            block = stream.read(CHUNK_BYTES)
+            if not block:
+                break
+            if limiter is not None:
+                limiter.take(len(block))
+            h.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
+    f.actual = h.hexdigest()
+    if info.size != copy.size or f.actual != copy.sha256:
+        f.status = CORRUPT
+    return f
+
+
+def _package_label(s: Session, f: Finding) -> str:
+    from .db.models import DataTransferPackage, RawDataPackage
+
+    if f.raw_data_package_id is not None:
+        p = s.get(RawDataPackage, f.raw_data_package_id)
+        return f"raw data package {p.name if p else f.raw_data_package_id}"
+    d = s.get(DataTransferPackage, f.data_transfer_package_id)
+    return f"data transfer package {d.name if d else f.data_transfer_package_id}"
+
+
+def _present_copies(s: Session, f: Finding) -> int:
+    q = select(func.count()).select_from(PhysicalCopy).where(PhysicalCopy.status == CopyStatus.PRESENT.value)
+    if f.raw_data_package_id is not None:
+        q = q.where(PhysicalCopy.raw_data_package_id == f.raw_data_package_id)
+    else:
+        q = q.where(PhysicalCopy.data_transfer_package_id == f.data_transfer_package_id)
+    return int(s.scalar(q) or 0)
+
+
+def record_findings(session: Session, ctx: "StageContext", findings: Iterable[Finding], *,
+                    operation_id: int | None = None) -> dict[str, list[Finding]]:
+    """Record ``findings`` in the caller's transaction (see the module docstring).
+
+    A bad finding only changes a copy that is still ``present`` with the same sha256 (a
+    compare-and-set: a copy repaired or deleted meanwhile is left alone).
+
+    Returns:
+        ``{"recorded": [bad findings whose copy was marked], "all_bad": [bad findings of
+        packages with no present copy left (CRITICAL, no repair)]}``.
+    """
+    now = utcnow()
+    cooldown = ctx.settings.recovery.notification_cooldown_seconds
+    marked: list[Finding] = []
+    for f in findings:
+        copy = session.get(PhysicalCopy, f.copy_id)
+        if copy is None or copy.status != CopyStatus.PRESENT.value or copy.sha256 != f.expected:
+            continue
+        if not f.bad:
+            copy.verified_at = now
+            continue
+        copy.status = f.status
+        marked.append(f)
+    session.flush()
+    all_bad: list[Finding] = []
+    by_package: dict[tuple[int | None, int | None], list[Finding]] = {}
+    for f in marked:
+        by_package.setdefault((f.raw_data_package_id, f.data_transfer_package_id), []).append(f)
+    kind = OperationKind.FIXITY_CHECK.value
+    for group in by_package.values():
+        label = _package_label(session, group[0])
+        lines = [f"{g.status.upper()} {g.location}:{g.path} (expected sha256 {g.expected}, size {g.size}"
+                 + (f"; read sha256 {g.actual}" if g.actual else "") + (f"; {g.error}" if g.error else "") + ")"
+                 for g in group]
+        context = {"package": label, "copies": [{"location": g.location, "path": g.path, "status": g.status,
+                                                 "expected": g.expected, "actual": g.actual} for g in group]}
+        if _present_copies(session, group[0]) == 0:
+            all_bad.extend(group)
+            enqueue(session, level=NotificationLevel.CRITICAL, event="fixity_all_copies_bad",
+                    subject=f"packhorse: every copy of {label} looks bad at once",
+                    body="\n".join([f"Every copy of {label} failed its fixity check at the same time.",
+                                    "That pattern means a storage or configuration fault (a mount gone, "
+                                    "credentials, a bucket), not bit rot: nothing is repaired automatically.",
+                                    "", *lines]),
+                    context=context, operation_kind=kind, cooldown_seconds=cooldown, now=now)
+            continue
+        for g, line in zip(group, lines):
+            enqueue(session, level=NotificationLevel.ERROR, event=f"fixity_{g.status}",
+                    subject=f"packhorse: {g.status} copy {g.location}:{g.path}",
+                    body="\n".join([f"A copy of {label} failed its fixity check.", line,
+                                    "A repair from another verified copy follows where one exists."]),
+                    context={**context, "copies": [c for c in context["copies"] if c["path"] == g.path
+                                                   and c["location"] == g.location]},
+                    operation_kind=kind, operation_id=operation_id, cooldown_seconds=cooldown, now=now)
+    return {"recorded": marked, "all_bad": all_bad}
+
+
+def location_name(session: Session, location_id: int) -> str:
+    """Name of data location ``location_id``."""
+    loc = session.get(DataLocation, location_id)
+    assert loc is not None
+    return loc.name

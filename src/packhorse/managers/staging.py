@@ -1,0 +1,77 @@
+"""Staging requests (issue #5): ``packhorse stage NAME --to LOCATION`` creates ``staging``
+operations; ``packhorse run`` (or a Celery worker) runs them like any other operation.
+
+There is no periodic staging manager: staging happens on request only. A request is
+idempotent: the dedup key is (package, processing location), so staging the same package to
+the same place twice creates nothing new.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from ..db.models import Operation, PhysicalCopy, RawDataPackage
+from ..domain import CopyStatus, LocationRole, OperationKind, StorageType
+from ..errors import ConfigError
+from ..operations import create_operation, dedup_key
+from ..stages.base import StageContext
+
+
+class NothingToStageError(LookupError):
+    """No archived raw data package matches the requested name."""
+
+
+def request_staging(ctx: StageContext, name: str, location: str) -> list[dict[str, Any]]:
+    """Create ``staging`` operations for every archived raw data package called ``name`` or
+    holding observation unit ``name`` (the last part of its group path, or the whole path).
+
+    Returns:
+        ``[{"package", "operation_id", "created", "status"}]``, one per package.
+
+    Raises:
+        ConfigError: ``location`` is unknown, not a ``processing`` location, or not on disk.
+        NothingToStageError: no package matches, or none has a present archive copy yet.
+    """
+    try:
+        loc = ctx.settings.location(location)
+    except KeyError:
+        raise ConfigError(f"--to: unknown data location {location!r}") from None
+    if loc.role is not LocationRole.PROCESSING:
+        raise ConfigError(f"--to: {location!r} has role {loc.role.value!r}; staging goes to a 'processing' location")
+    if loc.storage is not StorageType.DISK:
+        raise ConfigError(f"--to: {location!r} is not on disk; staged packages are extracted into a folder")
+    loc_id = ctx.topology.location_ids[location]
+    site_id = ctx.topology.site_ids[loc.site]
+    archives = [ctx.topology.location_ids[l.name] for l in ctx.settings.locations
+                if l.role is LocationRole.LONG_TERM_ARCHIVE]
+
+    def tx(s: Session) -> list[dict[str, Any]]:
+        pkgs = list(s.scalars(select(RawDataPackage).where(or_(
+            RawDataPackage.name == name, RawDataPackage.group_path == name,
+            RawDataPackage.group_path.like(f"%/{name}"))).order_by(RawDataPackage.name)))
+        if not pkgs:
+            raise NothingToStageError(f"no raw data package or observation unit called {name!r}")
+        out = []
+        for p in pkgs:
+            archived = s.scalar(select(PhysicalCopy.id).where(
+                PhysicalCopy.raw_data_package_id == p.id, PhysicalCopy.location_id.in_(archives),
+                PhysicalCopy.status == CopyStatus.PRESENT.value).limit(1))
+            if archived is None:
+                out.append({"package": p.name, "operation_id": None, "created": False,
+                            "status": "not archived yet"})
+                continue
+            key = dedup_key(OperationKind.STAGING, f"rdp{p.id}", location)
+            op = create_operation(s, kind=OperationKind.STAGING, dedup_key=key, site_id=site_id,
+                                  max_retries=ctx.settings.recovery.max_retries, raw_data_package_id=p.id,
+                                  destination_location_id=loc_id)
+            existing = op or s.scalars(select(Operation).where(Operation.dedup_key == key)).one()
+            out.append({"package": p.name, "operation_id": existing.id, "created": op is not None,
+                        "status": existing.status})
+        if all(o["operation_id"] is None for o in out):
+            raise NothingToStageError(f"{name!r}: {len(out)} package(s), none archived yet; stage after archiving")
+        return out
+
+    return ctx.db.transact(tx)

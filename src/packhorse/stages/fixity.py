@@ -1,0 +1,133 @@
+"""``fixity_check``: re-verify one archived copy; repair it from another verified copy.
+
+The check and what is recorded follow :mod:`packhorse.fixity` (shared with ``packhorse
+verify``). A bad copy makes the stage check every other ``present`` copy of the same package
+at once (rate limited like the first): if none is good, :func:`~packhorse.fixity.record_findings`
+queues one CRITICAL notification and nothing is repaired (a storage fault, not rot). Otherwise
+every bad copy at a long-term archive is repaired from a copy just verified:
+
+1. the bad object is moved aside with :meth:`~packhorse.storage.base.StorageBackend.quarantine`
+   (``_packhorse/quarantine/<key>.<UTC stamp>-<random>``; never overwriting), unless the key
+   already holds exactly the right bytes (an earlier attempt's repair);
+2. the package is copied write-once from the good copy (bytes hashed while copied,
+   compared before publishing, re-read after: I2, I4);
+3. the completion transaction records the new ``present`` copy and an INFO notification.
+
+An operation created for a copy already marked ``corrupt``/``missing`` (by ``packhorse
+verify`` or an earlier attempt) skips straight to the repair.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..db.models import PhysicalCopy
+from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
+from ..fixity import Finding, check_copy, limiter_for, record_findings
+from ..notify.outbox import enqueue
+from .base import Recorder, Work, copy_object, record_copy
+from .staging import ensure_readable
+
+
+def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
+    q = select(PhysicalCopy).where(PhysicalCopy.id != copy.id)
+    if copy.raw_data_package_id is not None:
+        q = q.where(PhysicalCopy.raw_data_package_id == copy.raw_data_package_id)
+    else:
+        q = q.where(PhysicalCopy.data_transfer_package_id == copy.data_transfer_package_id)
+    return list(s.scalars(q.order_by(PhysicalCopy.id)))
+
+
+def _check(work: Work, copy: PhysicalCopy) -> Finding:
+    loc = work.ctx.location_name(copy.location_id)
+    backend = work.ctx.backend(loc)
+    if backend.stat(copy.path) is not None:
+        ensure_readable(work, backend, copy.path)  # a cold copy: restore first, come back later
+    return check_copy(backend, copy, loc, limiter=limiter_for(work.ctx, loc), on_bytes=work.progress)
+
+
+def run(work: Work) -> Recorder:
+    """Check the operation's copy; on a problem check its siblings and repair (see module)."""
+    ctx = work.ctx
+    op_id = work.op.id
+    copy_id = work.op.physical_copy_id
+    assert copy_id is not None
+    copy, others = ctx.db.read(lambda s: (s.get(PhysicalCopy, copy_id), _copies_of(s, s.get(PhysicalCopy, copy_id))))
+    assert copy is not None
+    loc = ctx.location_name(copy.location_id)
+    work.info.update(location=loc, key=copy.path)
+    present = [c for c in others if c.status == CopyStatus.PRESENT.value]
+    if copy.status == CopyStatus.PRESENT.value:
+        first = _check(work, copy)
+        if not first.bad:
+            def stamp(s: Session) -> None:
+                record_findings(s, ctx, [first], operation_id=op_id)
+
+            return stamp
+        findings = [first] + [_check(work, c) for c in present]
+        outcome = ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))
+        if outcome["all_bad"]:
+            work.info.update(result="every copy bad: CRITICAL notification, no repair")
+            return lambda s: None
+        good = [f for f in findings if not f.bad]
+        to_repair = list(outcome["recorded"])
+    elif copy.status in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
+        findings = [_check(work, c) for c in present]
+        ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))
+        good = [f for f in findings if not f.bad]
+        to_repair = [Finding(copy.id, loc, copy.path, copy.size, copy.sha256, copy.status,
+                             raw_data_package_id=copy.raw_data_package_id,
+                             data_transfer_package_id=copy.data_transfer_package_id)]
+    else:  # deleted or being deleted: nothing to audit
+        return lambda s: None
+    to_repair = [f for f in to_repair if ctx.topology.location_role[f.location] is LocationRole.LONG_TERM_ARCHIVE]
+    if not good or not to_repair:
+        work.info.update(result="no verified copy to repair from" if not good else "nothing to repair")
+        return lambda s: None
+    good.sort(key=lambda f: ctx.settings.location(f.location).cold)  # warm sources first
+    source = good[0]
+    repaired: list[tuple[Finding, str | None]] = []
+    for bad in to_repair:
+        if ctx.db.read(lambda s, b=bad: _live_copy_at(s, b)):
+            continue  # repaired meanwhile
+        dst = ctx.backend(bad.location)
+        quarantined = None
+        info = dst.stat(bad.path)
+        if info is not None and not (info.size == bad.size and dst.sha256(bad.path) == bad.expected):
+            quarantined = dst.quarantine(bad.path)
+        work.check()
+        copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,
+                    sha256=bad.expected, point="fixity_check")
+        repaired.append((bad, quarantined))
+    work.info.update(repaired=[f"{b.location}:{b.path}" for b, _ in repaired], source=source.location)
+
+    def record(s: Session) -> None:
+        for bad, quarantined in repaired:
+            if _live_copy_at(s, bad):
+                continue  # a concurrent audit of a sibling copy recorded this repair first
+            record_copy(s, location_id=ctx.topology.location_ids[bad.location], key=bad.path, size=bad.size,
+                        sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
+                        data_transfer_package_id=bad.data_transfer_package_id)
+            enqueue(s, level=NotificationLevel.INFO, event="fixity_repaired",
+                    subject=f"packhorse: repaired {bad.location}:{bad.path}",
+                    body="\n".join([f"The {bad.status} copy {bad.location}:{bad.path} was re-archived from "
+                                    f"{source.location}:{source.path} and verified (sha256 {bad.expected}).",
+                                    f"The bad object was moved aside to {quarantined}." if quarantined
+                                    else "There was no object left to move aside."]),
+                    context={"location": bad.location, "path": bad.path, "source": source.location,
+                             "quarantined_as": quarantined, "sha256": bad.expected},
+                    operation_kind=OperationKind.FIXITY_CHECK.value, operation_id=op_id, cooldown_seconds=0)
+
+    return record
+
+
+def _live_copy_at(s: Session, f: Finding) -> bool:
+    q = select(PhysicalCopy.id).where(PhysicalCopy.location_id == s.scalar(
+        select(PhysicalCopy.location_id).where(PhysicalCopy.id == f.copy_id)),
+        PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES]))
+    if f.raw_data_package_id is not None:
+        q = q.where(PhysicalCopy.raw_data_package_id == f.raw_data_package_id)
+    else:
+        q = q.where(PhysicalCopy.data_transfer_package_id == f.data_transfer_package_id)
+    return s.scalar(q) is not None

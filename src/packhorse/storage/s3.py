@@ -1,0 +1,514 @@
+"""S3 backend: a data location stored in an S3 bucket (or an S3-compatible object store).
+
+Write-once publication (DESIGN.md I2, issue #5):
+
+* Bytes written to an :class:`_S3PendingWrite` are spooled locally (in memory up to
+  ``multipart_threshold_bytes``, then in a temporary file) and hashed while they arrive.
+  Nothing reaches the bucket before :meth:`~_S3PendingWrite.publish`, so a writer killed
+  before publishing leaves nothing in the bucket.
+* ``publish`` sends the object with a conditional create, ``If-None-Match: *``: a single
+  ``PutObject`` up to the threshold, a multipart upload above it (the condition is on
+  ``CompleteMultipartUpload``). A failed multipart upload is aborted; one interrupted by a
+  crash stays an *incomplete multipart upload*, invisible under the key, and is aborted by
+  :meth:`S3Backend.cleanup_partials`.
+* The sha256 goes into the object metadata (``x-amz-meta-sha256``, hex) and is sent as the
+  S3 checksum (``x-amz-checksum-sha256`` of the object, or of every part of a multipart
+  upload), so the store itself refuses bytes damaged on the wire.
+* A precondition failure (``412``) means the key exists: the object is read back and hashed;
+  the same size and sha256 is "already there", anything else is a
+  :class:`~packhorse.errors.DestinationConflictError`. The ETag is never used as a checksum
+  (I4): multipart ETags are not digests of the content.
+
+Stores that ignore ``If-None-Match`` would silently overwrite. :meth:`S3Backend.probe_write_once`
+detects them at start (a probe key written twice under ``_packhorse/``, then removed) and
+the registry refuses such a location unless it sets ``write_once_probe = false``; then
+every publication takes a per-object lease and checks for the key just before writing
+(seed 003: lock single objects, always look before writing), and a WARNING is logged at start.
+
+Object Lock: with ``object_lock_mode`` and ``object_lock_retain_days`` every published object
+carries that retention; :meth:`S3Backend.check_object_lock` refuses a bucket without Object
+Lock enabled.
+
+Cold storage (``cold = true``): objects must be restored before they can be read, as with
+tape or Glacier. :meth:`S3Backend.request_restore` asks for a restore and
+:meth:`S3Backend.restore_ready` tells when it is done; ``open_read`` of an object that is
+not restored raises :class:`~packhorse.errors.RestoreRequiredError`. Against real S3 an object
+needs a restore when its storage class is an archive class (GLACIER, DEEP_ARCHIVE) and no
+finished restore is reported. The simulation used by tests and demos
+(``restore_delay_seconds``) keeps the restore request time in a marker object under
+``_packhorse/restore/``; an object is readable once the delay has passed since the request.
+Objects this process published itself stay readable (the store's hot tier before the
+transition), so the read-back verification after publishing works.
+
+Credentials come only from the standard AWS chain (environment, shared profile, instance
+role); they are never logged or stored by packhorse.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, BinaryIO
+
+import structlog
+
+from ..errors import (
+    ConfigError,
+    DestinationConflictError,
+    RestoreRequiredError,
+    SourceMissingError,
+    StorageServiceError,
+    VerificationError,
+)
+from .base import CHUNK_BYTES, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+
+log = structlog.get_logger(__name__)
+
+#: S3's smallest part (except the last) and largest part count of a multipart upload.
+MIN_PART_BYTES = 5 * 1024**2
+MAX_PARTS = 10_000
+#: Object metadata key holding the hex sha256 of the object (``x-amz-meta-sha256``).
+SHA256_METADATA = "sha256"
+#: Where probe objects go (under the location's prefix; never among archived objects).
+PROBE_PREFIX = RESERVED_PREFIX + "probe/"
+RESTORE_PREFIX = RESERVED_PREFIX + "restore/"
+
+ObjectLease = Callable[[str], AbstractContextManager[Any]]
+
+
+def _code(e: Exception) -> str:
+    resp = getattr(e, "response", None) or {}
+    return str(resp.get("Error", {}).get("Code", ""))
+
+
+def _status(e: Exception) -> int:
+    resp = getattr(e, "response", None) or {}
+    return int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _is_not_found(e: Exception) -> bool:
+    return _code(e) in ("404", "NoSuchKey", "NotFound") or _status(e) == 404
+
+
+def _is_precondition_failed(e: Exception) -> bool:
+    return _code(e) == "PreconditionFailed" or _status(e) == 412
+
+
+def _is_conditional_conflict(e: Exception) -> bool:
+    # AWS: a concurrent conditional write to the same key is in progress; retry (then 412)
+    return _code(e) == "ConditionalRequestConflict" or _status(e) == 409
+
+
+def _b64_sha256(digest: bytes) -> str:
+    return base64.b64encode(digest).decode("ascii")
+
+
+def make_client(*, endpoint_url: str | None, region: str | None, path_style: bool, max_pool: int = 32) -> Any:
+    """A boto3 S3 client; credentials come from the standard AWS chain only (never stored)."""
+    import boto3
+    from botocore.config import Config
+
+    cfg = Config(
+        max_pool_connections=max_pool,
+        retries={"max_attempts": 5, "mode": "standard"},
+        s3={"addressing_style": "path" if path_style else "auto"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+
+
+class _S3Reader(io.RawIOBase):
+    """A read-only binary stream over a ``GetObject`` body (supports ``readinto``)."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        data = self._body.read(len(b))
+        n = len(data)
+        b[:n] = data
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._body.close()
+        super().close()
+
+
+class _S3PendingWrite(PendingWrite):
+    def __init__(self, backend: "S3Backend", key: str) -> None:
+        super().__init__(key)
+        self._b = backend
+        self._spool: Any = tempfile.SpooledTemporaryFile(max_size=backend.multipart_threshold_bytes,
+                                                         dir=backend.spool_dir)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        self._spool.write(data)
+
+    def publish(self, expected_sha256: str | None = None) -> PublishResult:
+        b = self._b
+        try:
+            sha = self.check_expected(expected_sha256, b.location)
+            digest = bytes.fromhex(sha)
+            lease = b.object_lease(self.key) if b.object_lease is not None else nullcontext()
+            with lease:
+                if not b.conditional_writes and b.stat(self.key) is not None:  # check-before-write
+                    b.check_same(self.key, self.size, sha)
+                    return PublishResult(self.key, self.size, sha, already_there=True)
+                created = b._create(self.key, self._spool, self.size, digest)
+            if not created:
+                b.check_same(self.key, self.size, sha)
+            return PublishResult(self.key, self.size, sha, already_there=not created)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if not self._spool.closed:
+            self._spool.close()
+        self.closed = True
+
+
+class S3Backend(StorageBackend):
+    """A data location in ``bucket`` under ``prefix`` (see the module docstring for the rules).
+
+    Args:
+        location: the data location's name, for messages.
+        client: a boto3 S3 client (see :func:`make_client`).
+        bucket: the bucket name.
+        prefix: key prefix of the location inside the bucket (``""`` or ending without ``/``).
+        multipart_threshold_bytes: objects larger than this go up as multipart uploads.
+        multipart_part_bytes: part size (at least 5 MiB; raised so an object has ≤ 10,000 parts).
+        conditional_writes: the store honours ``If-None-Match: *`` (probe passed); if false,
+            publication checks the key before writing, under ``object_lease``.
+        object_lease: ``object_lease(key)`` → context manager holding a per-object lease
+            (required when ``conditional_writes`` is false).
+        object_lock_mode / object_lock_retain_days: retention put on every published object.
+        cold: objects need :meth:`request_restore` before reads.
+        restore_delay_seconds: simulated restore time of a cold location (tests).
+        spool_dir: folder for local spool files of large writes (default: the system's).
+    """
+
+    def __init__(self, location: str, client: Any, bucket: str, prefix: str = "", *,
+                 multipart_threshold_bytes: int = 64 * 1024**2, multipart_part_bytes: int = 64 * 1024**2,
+                 conditional_writes: bool = True, object_lease: ObjectLease | None = None,
+                 object_lock_mode: str | None = None, object_lock_retain_days: float | None = None,
+                 cold: bool = False, restore_delay_seconds: float | None = None,
+                 spool_dir: str | None = None) -> None:
+        if not conditional_writes and object_lease is None:
+            raise ConfigError(f"location {location!r}: without conditional writes a per-object lease is needed")
+        self.location = location
+        self.client = client
+        self.bucket = bucket
+        p = prefix.strip("/")
+        self.prefix = p + "/" if p else ""
+        self.multipart_threshold_bytes = max(1, multipart_threshold_bytes)
+        self.multipart_part_bytes = max(MIN_PART_BYTES, multipart_part_bytes)
+        self.conditional_writes = conditional_writes
+        self.object_lease = object_lease
+        self.object_lock_mode = object_lock_mode
+        self.object_lock_retain_days = object_lock_retain_days
+        self.cold = cold
+        self.restore_delay_seconds = restore_delay_seconds
+        self.spool_dir = spool_dir
+        #: keys published by this process (readable without a restore; see the module docstring)
+        self._hot: set[str] = set()
+
+    # -- helpers --------------------------------------------------------------------
+    def _full(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _error(self, e: Exception, key: str | None, action: str) -> StorageServiceError:
+        return StorageServiceError(
+            f"{self.location}: {action} {key!r} in bucket {self.bucket!r} failed: {_code(e) or type(e).__name__}: {e}",
+            side="destination", path=key, host=self.location,
+        )
+
+    def _lock_args(self) -> dict[str, Any]:
+        if not self.object_lock_mode or not self.object_lock_retain_days:
+            return {}
+        until = dt.datetime.now(dt.UTC) + dt.timedelta(days=self.object_lock_retain_days)
+        return {"ObjectLockMode": self.object_lock_mode, "ObjectLockRetainUntilDate": until}
+
+    def _create(self, key: str, spool: Any, size: int, digest: bytes) -> bool:
+        """Create ``key`` from the spool if it does not exist; ``False`` if it existed (412)."""
+        cond = {"IfNoneMatch": "*"} if self.conditional_writes else {}
+        common = dict(Bucket=self.bucket, Key=self._full(key), Metadata={SHA256_METADATA: digest.hex()},
+                      **self._lock_args())
+        for attempt in range(10):
+            spool.seek(0)
+            try:
+                if size <= self.multipart_threshold_bytes:
+                    self.client.put_object(Body=spool.read(), ChecksumAlgorithm="SHA256",
+                                           ChecksumSHA256=_b64_sha256(digest), **common, **cond)
+                else:
+                    self._multipart(key, spool, size, common, cond)
+                self._hot.add(key)
+                return True
+            except Exception as e:
+                if _is_precondition_failed(e):
+                    return False
+                if _is_conditional_conflict(e) and attempt < 9:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                if isinstance(e, (DestinationConflictError, VerificationError)):
+                    raise
+                raise self._error(e, key, "publishing") from e
+        raise AssertionError("unreachable")
+
+    def _multipart(self, key: str, spool: Any, size: int, common: dict[str, Any], cond: dict[str, str]) -> None:
+        part = max(self.multipart_part_bytes, -(-size // MAX_PARTS))
+        up = self.client.create_multipart_upload(ChecksumAlgorithm="SHA256", **common)
+        upload_id = up["UploadId"]
+        try:
+            parts = []
+            number = 1
+            while True:
+                data = spool.read(part)
+                if not data:
+                    break
+                checksum = _b64_sha256(hashlib.sha256(data).digest())
+                r = self.client.upload_part(Bucket=self.bucket, Key=common["Key"], UploadId=upload_id,
+                                            PartNumber=number, Body=data, ChecksumAlgorithm="SHA256",
+                                            ChecksumSHA256=checksum)
+                parts.append({"PartNumber": number, "ETag": r["ETag"], "ChecksumSHA256": checksum})
+                number += 1
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=common["Key"], UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts}, **cond)
+        except BaseException:
+            self._abort_upload(common["Key"], upload_id)
+            raise
+
+    def _abort_upload(self, full_key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+        except Exception as e:  # cleanup_partials aborts it later
+            log.warning("s3_abort_multipart_failed", location=self.location, key=full_key, error=str(e))
+
+    # -- interface ------------------------------------------------------------------
+    def stat(self, key: str) -> ObjectInfo | None:
+        full = self._full(key)
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=full)
+        except Exception as e:
+            if _is_not_found(e):
+                return None
+            raise self._error(e, key, "looking up") from e
+        mtime = r["LastModified"].timestamp()
+        return ObjectInfo(key, int(r["ContentLength"]), mtime)
+
+    def metadata_sha256(self, key: str) -> str | None:
+        """The sha256 stored in the object's metadata at publication (a hint, never proof)."""
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+        except Exception as e:
+            if _is_not_found(e):
+                return None
+            raise self._error(e, key, "looking up") from e
+        return r.get("Metadata", {}).get(SHA256_METADATA)
+
+    def open_read(self, key: str) -> BinaryIO:
+        full = self._full(key)
+        if self.cold and key not in self._hot and not self.restore_ready(key):
+            raise RestoreRequiredError(
+                f"{self.location}: {key!r} is in cold storage and not restored; request a restore first",
+                side="source", path=key, host=self.location,
+            )
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=full)
+        except Exception as e:
+            if _is_not_found(e):
+                raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
+                                         host=self.location) from None
+            raise self._error(e, key, "reading") from e
+        return io.BufferedReader(_S3Reader(r["Body"]), buffer_size=CHUNK_BYTES)  # type: ignore[return-value]
+
+    def open_write(self, key: str) -> PendingWrite:
+        check_key(key)
+        return _S3PendingWrite(self, key)
+
+    def delete(self, key: str, *, prune: bool = True) -> bool:
+        full = self._full(key)
+        if self.stat(key) is None:
+            return False
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=full)
+        except Exception as e:
+            raise self._error(e, key, "deleting") from e
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for o in page.get("Contents", []):
+                    key = o["Key"][len(self.prefix):]
+                    if key.startswith(RESERVED_PREFIX):
+                        continue
+                    out.append(ObjectInfo(key, int(o["Size"]), o["LastModified"].timestamp()))
+        except Exception as e:
+            raise self._error(e, prefix, "listing") from e
+        out.sort(key=lambda o: o.key)
+        return iter(out)
+
+    def incomplete_uploads(self) -> list[tuple[str, str, float]]:
+        """``[(full key, upload id, initiated UTC s)]`` of incomplete multipart uploads here."""
+        out = []
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+            for u in page.get("Uploads", []):
+                out.append((u["Key"], u["UploadId"], u["Initiated"].timestamp()))
+        return out
+
+    def cleanup_partials(self, older_than_seconds: float) -> int:
+        """Abort incomplete multipart uploads (a crashed publisher's) older than this."""
+        cutoff = time.time() - older_than_seconds
+        removed = 0
+        for full, upload_id, initiated in self.incomplete_uploads():
+            if initiated <= cutoff:
+                self._abort_upload(full, upload_id)
+                removed += 1
+        return removed
+
+    def quarantine(self, key: str) -> str | None:
+        """Move a bad object aside (see :meth:`StorageBackend.quarantine`)."""
+        if self.stat(key) is None:
+            return None
+        target = self.quarantine_key(key)
+        src = {"Bucket": self.bucket, "Key": self._full(key)}
+        try:
+            if self.stat(target) is not None:
+                raise DestinationConflictError(f"{self.location}: quarantine name {target!r} is taken", path=target)
+            self.client.copy_object(Bucket=self.bucket, Key=self._full(target), CopySource=src,
+                                    MetadataDirective="COPY")
+            self.client.delete_object(**src)
+        except DestinationConflictError:
+            raise
+        except Exception as e:
+            raise self._error(e, key, "quarantining") from e
+        return target
+
+    # -- start-time checks ----------------------------------------------------------
+    def probe_write_once(self) -> bool:
+        """Write a probe key twice with ``If-None-Match: *``; ``True`` if the second write was
+        refused (the store honours conditional creates). The probe key is removed afterwards.
+
+        Raises:
+            StorageServiceError: the bucket cannot be written at all.
+        """
+        key = f"{PROBE_PREFIX}{os.getpid()}-{threading.get_ident()}-{time.time_ns()}"
+        full = self.prefix + key
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=b"probe 1", IfNoneMatch="*")
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=b"probe 2", IfNoneMatch="*")
+                honoured = False
+            except Exception as e:
+                if not _is_precondition_failed(e):
+                    raise
+                honoured = True
+        except Exception as e:
+            raise self._error(e, key, "writing the write-once probe") from e
+        finally:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=full)
+            except Exception as e:  # e.g. a retention on the probe: it stays under _packhorse/
+                log.warning("s3_probe_not_removed", location=self.location, key=full, error=str(e))
+        return honoured
+
+    def check_object_lock(self) -> None:
+        """Refuse a location that asks for Object Lock retention on a bucket without it.
+
+        Raises:
+            ConfigError: naming the location and bucket.
+        """
+        if not self.object_lock_mode:
+            return
+        try:
+            r = self.client.get_object_lock_configuration(Bucket=self.bucket)
+            enabled = r.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+        except Exception as e:
+            if _code(e) not in ("ObjectLockConfigurationNotFoundError", "ObjectLockConfigurationNotFound"):
+                raise self._error(e, None, "reading the Object Lock configuration of") from e
+            enabled = False
+        if not enabled:
+            raise ConfigError(
+                f"locations: {self.location!r} sets object_lock_mode = {self.object_lock_mode!r} but bucket "
+                f"{self.bucket!r} does not have S3 Object Lock enabled; archived objects would carry no retention"
+            )
+
+    def retention(self, key: str) -> tuple[str, dt.datetime] | None:
+        """``(mode, retain until UTC)`` of the object's Object Lock retention, or ``None``
+        (read with ``HeadObject``)."""
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+        except Exception as e:
+            if _is_not_found(e):
+                return None
+            raise self._error(e, key, "reading the retention of") from e
+        mode, until = r.get("ObjectLockMode"), r.get("ObjectLockRetainUntilDate")
+        return (mode, until) if mode and until else None
+
+    # -- cold storage ---------------------------------------------------------------
+    def _restore_marker(self, key: str) -> str:
+        return self.prefix + RESTORE_PREFIX + check_key(key) + ".json"
+
+    def request_restore(self, key: str) -> None:
+        """Ask for ``key`` to be restored for reading (idempotent).
+
+        Simulated (``restore_delay_seconds`` set): a marker object records the request time.
+        Otherwise S3 ``RestoreObject`` is called (a restore already in progress is fine).
+        """
+        if self.stat(key) is None:
+            raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
+                                     host=self.location)
+        if self.restore_delay_seconds is not None:
+            body = json.dumps({"requested_at": time.time()}).encode()
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._restore_marker(key), Body=body, IfNoneMatch="*")
+            except Exception as e:
+                if not _is_precondition_failed(e):
+                    raise self._error(e, key, "requesting a restore of") from e
+            return
+        try:
+            self.client.restore_object(Bucket=self.bucket, Key=self._full(key), RestoreRequest={"Days": 7})
+        except Exception as e:
+            if _code(e) != "RestoreAlreadyInProgress":
+                raise self._error(e, key, "requesting a restore of") from e
+
+    def restore_ready(self, key: str) -> bool:
+        """True when ``key`` can be read (restored, or not in a cold location)."""
+        if not self.cold:
+            return True
+        if self.restore_delay_seconds is not None:
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self._restore_marker(key))
+                requested = float(json.loads(r["Body"].read())["requested_at"])
+            except Exception as e:
+                if _is_not_found(e):
+                    return False
+                raise self._error(e, key, "checking the restore of") from e
+            return time.time() >= requested + self.restore_delay_seconds
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+        except Exception as e:
+            if _is_not_found(e):
+                return False
+            raise self._error(e, key, "checking the restore of") from e
+        restore = r.get("Restore")
+        if r.get("StorageClass") in (None, "STANDARD") and restore is None:
+            return True
+        return bool(restore) and 'ongoing-request="false"' in restore

@@ -1,0 +1,161 @@
+"""The fixity audit end to end (issue #5): real ``packhorse run`` / ``verify`` processes, an S3
+archive on moto's server and disk archives; judged by the bytes in the archives, the copy
+rows, the notification outbox and exit codes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+
+from packhorse.db.models import Notification, Operation, PhysicalCopy, RawDataPackage
+from packhorse.domain import CopyStatus, OperationKind, Status
+
+from e2e_helpers import Pipeline
+from s3_support import bucket_objects, s3_site_config
+from support import run_packhorse
+
+INTERVAL = 2.0
+
+
+def context(config: Path):  # type: ignore[no-untyped-def]
+    """A stage context on the installation's (already initialised) database."""
+    from packhorse.config import load_config
+    from packhorse.db.session import Database
+    from packhorse.stages.base import StageContext
+    from packhorse.topology import sync_topology
+
+    settings = load_config(config)
+    db = Database(settings.database_url)
+    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+
+
+def _setup(tmp_path: Path, server, *, third_archive: bool) -> tuple[Pipeline, str]:  # type: ignore[no-untyped-def]
+    extra = ""
+    if third_archive:
+        extra = ('[[locations]]\nname = "cornell-lta2"\nsite = "cornell"\nrole = "long_term_archive"\n'
+                 f'path = "sites/cornell/archive2"\nfixity_interval_seconds = {INTERVAL}\n')
+    cfg, bucket = s3_site_config(tmp_path / "site", server, s3_extra={"fixity_interval_seconds": INTERVAL},
+                                 extra=extra)
+    text = cfg.read_text()
+    text = text.replace('path = "sites/cornell/archive"\n',
+                        f'path = "sites/cornell/archive"\nfixity_interval_seconds = {INTERVAL}\n')
+    cfg.write_text(text)
+    p = Pipeline(cfg, run_packhorse, tmp_path / "x")
+    (p.source / "inst/obs01").mkdir(parents=True)
+    (p.source / "inst/obs01/frame.fits").write_bytes(os.urandom(300_000))
+    (p.source / "inst/obs01/frame2.fits").write_bytes(os.urandom(1000))
+    p.init()
+    p.run()
+    st = p.status()
+    assert st["packages"]["archived"] == st["packages"]["total"] == 1 and not st["failed_operations"]
+    return p, bucket
+
+
+def _flip_s3(server, bucket: str, key: str) -> bytes:  # type: ignore[no-untyped-def]
+    c = server.client()
+    obj = c.get_object(Bucket=bucket, Key=key)
+    data = bytearray(obj["Body"].read())
+    data[len(data) // 2] ^= 0x01  # one bit of rot
+    c.put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=obj["Metadata"])
+    return bytes(data)
+
+
+def _delete_disk(path: Path) -> None:
+    os.chmod(path, 0o644)
+    path.unlink()
+
+
+def _package(ctx):  # type: ignore[no-untyped-def]
+    return ctx.db.read(lambda s: s.scalars(select(RawDataPackage)).one())
+
+
+def _copies(ctx, loc: str) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    loc_id = ctx.topology.location_ids[loc]
+    return ctx.db.read(lambda s: [(c.status, c.path) for c in s.scalars(
+        select(PhysicalCopy).where(PhysicalCopy.location_id == loc_id).order_by(PhysicalCopy.id))])
+
+
+def _notifications(ctx) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return ctx.db.read(lambda s: [(n.level, n.event) for n in s.scalars(select(Notification).order_by(Notification.id))])
+
+
+def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining_copy(s3_server, tmp_path):
+    p, bucket = _setup(tmp_path, s3_server, third_archive=True)
+    ctx = context(p.config)
+    pkg = _package(ctx)
+    key = f"raw/{pkg.name}.tar"
+    good = (p.root / "sites/cornell/archive2" / key).read_bytes()
+    assert hashlib.sha256(good).hexdigest() == pkg.sha256
+    time.sleep(INTERVAL + 0.5)  # every copy is due for its next check
+    rotten = _flip_s3(s3_server, bucket, f"lta/{key}")
+    _delete_disk(p.root / "sites/cornell/archive" / key)
+
+    p.run()
+
+    # both found and recorded, both repaired from the remaining copy, both verified
+    assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
+    assert _copies(ctx, "cornell-lta") == [(CopyStatus.MISSING.value, key), (CopyStatus.PRESENT.value, key)]
+    assert _copies(ctx, "cornell-lta2") == [(CopyStatus.PRESENT.value, key)]
+    objects = bucket_objects(s3_server, bucket)
+    assert objects[f"lta/{key}"] == good
+    quarantined = [k for k in objects if k.startswith(f"lta/_packhorse/quarantine/{key}.")]
+    assert len(quarantined) == 1 and objects[quarantined[0]] == rotten  # moved aside, not overwritten
+    assert (p.root / "sites/cornell/archive" / key).read_bytes() == good
+    notes = _notifications(ctx)
+    assert sorted(n for n in notes if n[0] != "INFO") == [("ERROR", "fixity_corrupt"), ("ERROR", "fixity_missing")]
+    assert notes.count(("INFO", "fixity_repaired")) == 2
+    assert ("CRITICAL", "fixity_all_copies_bad") not in notes
+    ops = ctx.db.read(lambda s: [o.status for o in s.scalars(select(Operation).where(
+        Operation.kind == OperationKind.FIXITY_CHECK.value))])
+    assert ops and set(ops) == {Status.COMPLETED.value}
+    code, report = p.verify()
+    assert code == 0 and report["checked"] == report["ok"] == 3, report
+
+
+def test_every_copy_bad_at_once_is_one_critical_notification_and_no_repair(s3_server, tmp_path):
+    p, bucket = _setup(tmp_path, s3_server, third_archive=False)
+    ctx = context(p.config)
+    pkg = _package(ctx)
+    key = f"raw/{pkg.name}.tar"
+    time.sleep(INTERVAL + 0.5)
+    rotten = _flip_s3(s3_server, bucket, f"lta/{key}")
+    _delete_disk(p.root / "sites/cornell/archive" / key)
+
+    p.run()
+
+    notes = _notifications(ctx)
+    assert notes == [("CRITICAL", "fixity_all_copies_bad")]
+    assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key)]
+    assert _copies(ctx, "cornell-lta") == [(CopyStatus.MISSING.value, key)]
+    # nothing automatic: the bad object stays where it is, nothing re-archived
+    assert bucket_objects(s3_server, bucket) == {f"lta/{key}": rotten}
+    assert not (p.root / "sites/cornell/archive" / key).exists()
+    p.run()  # a second pass does not notify again or touch anything
+    assert _notifications(ctx) == [("CRITICAL", "fixity_all_copies_bad")]
+    code, report = p.verify()
+    assert code == 1 and [u["location"] for u in report["unrepaired"]] == ["cologne-lta", "cornell-lta"]
+
+
+def test_verify_records_like_the_audit_and_run_repairs(s3_server, tmp_path):
+    p, bucket = _setup(tmp_path, s3_server, third_archive=False)
+    ctx = context(p.config)
+    pkg = _package(ctx)
+    key = f"raw/{pkg.name}.tar"
+    good = (p.root / "sites/cornell/archive" / key).read_bytes()
+    _flip_s3(s3_server, bucket, f"lta/{key}")
+
+    code, report = p.verify()
+    assert code == 1
+    assert [(c["location"], c["path"], c["expected"]) for c in report["corrupt"]] == [("cologne-lta", key, pkg.sha256)]
+    assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key)]
+    assert _notifications(ctx) == [("ERROR", "fixity_corrupt")]
+
+    p.run()
+    assert bucket_objects(s3_server, bucket)[f"lta/{key}"] == good
+    assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
+    code, report = p.verify()
+    assert code == 0 and report["ok"] == 2 and report["unrepaired"] == []

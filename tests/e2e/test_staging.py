@@ -1,0 +1,114 @@
+"""Staging end to end (issue #5): ``packhorse stage NAME --to LOCATION`` then ``packhorse run``
+extracts archived packages into a processing location, verified against their bag manifests;
+from a cold S3 archive the operation waits for the (simulated) restore without failing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import bagit
+from sqlalchemy import select
+
+from packhorse.db.models import FailureEvent, Operation, PhysicalCopy
+from packhorse.domain import CopyStatus, OperationKind, Status
+
+from e2e_helpers import Pipeline, source_files
+from s3_support import S3Server, bucket_objects, s3_location, s3_site_config
+from support import run_packhorse
+
+PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'
+              'path = "sites/cologne/processing"\n')
+
+
+def _pipeline(tmp_path: Path, server: S3Server, *, cold: bool) -> tuple[Pipeline, str]:
+    extra = {"cold": True, "restore_delay_seconds": 2.0, "restore_poll_seconds": 0.3} if cold else {}
+    cfg, bucket = s3_site_config(tmp_path / "site", server, s3_extra=extra, extra=PROCESSING)
+    if cold:  # both archives cold: the staging source must be restored first
+        text = cfg.read_text()
+        block = ('[[locations]]\nname = "cornell-lta"\nsite = "cornell"\nrole = "long_term_archive"\n'
+                 'path = "sites/cornell/archive"\n')
+        cfg.write_text(text.replace(block, s3_location("cornell-lta", server, server.new_bucket(), site="cornell",
+                                                       **extra)))
+    p = Pipeline(cfg, run_packhorse, tmp_path / "x")
+    for unit in ("obs01", "obs02"):
+        (p.source / "chai" / unit / "sub dir").mkdir(parents=True)
+        (p.source / "chai" / unit / "frame ü.fits").write_bytes(os.urandom(200_000))
+        (p.source / "chai" / unit / "sub dir" / "log.txt").write_bytes(f"log of {unit}\n".encode())
+    p.init()
+    p.run()
+    assert p.status()["packages"]["archived"] == 2
+    return p, bucket
+
+
+def _ops(p: Pipeline) -> list[Operation]:
+    from test_fixity import context
+
+    ctx = context(p.config)
+    return ctx.db.read(lambda s: list(s.scalars(select(Operation).where(
+        Operation.kind == OperationKind.STAGING.value))))
+
+
+def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(s3_server, tmp_path):
+    p, bucket = _pipeline(tmp_path, s3_server, cold=True)
+    expected = {rel: sha for rel, (sha, _m) in source_files(p.source).items() if rel.startswith("chai/obs01/")}
+
+    r = p.cli("stage", "obs01", "--to", "cologne-processing")
+    assert r.returncode == 0, r.stderr
+    assert "staging operation" in r.stdout and "created" in r.stdout
+    t0 = time.monotonic()
+    p.run()
+    elapsed = time.monotonic() - t0
+
+    staged = p.root / "sites/cologne/processing/chai/obs01"
+    bag = bagit.Bag(str(staged))
+    bag.validate()  # the reference library agrees
+    got = {f.relative_to(staged / "data").as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+           for f in (staged / "data").rglob("*") if f.is_file()}
+    assert got == expected
+    assert not (p.root / "sites/cologne/processing/chai/obs02").exists()
+    assert not [x for x in (p.root / "sites/cologne/processing").iterdir() if x.name.startswith(".packhorse")]
+    # it waited for the restore (2 s), without failing or counting retries
+    assert elapsed >= 2.0
+    (op,) = _ops(p)
+    assert op.status == Status.COMPLETED.value and op.retry_count == 0
+    from test_fixity import context
+
+    ctx = context(p.config)
+    assert ctx.db.read(lambda s: s.scalars(select(FailureEvent).where(FailureEvent.operation_id == op.id)).all()) == []
+    loc_id = ctx.topology.location_ids["cologne-processing"]
+    copies = ctx.db.read(lambda s: [(c.path, c.status) for c in s.scalars(
+        select(PhysicalCopy).where(PhysicalCopy.location_id == loc_id))])
+    assert copies == [("chai/obs01", CopyStatus.PRESENT.value)]
+    assert any(k.startswith("lta/_packhorse/restore/") for k in bucket_objects(s3_server, bucket))
+
+    # staging twice is a no-op
+    before = os.stat(staged / "bag-info.txt")
+    r = p.cli("stage", "chai/obs01", "--to", "cologne-processing")
+    assert r.returncode == 0 and "already requested" in r.stdout, r.stdout
+    p.run()
+    assert len(_ops(p)) == 1
+    after = os.stat(staged / "bag-info.txt")
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+    code, report = p.verify()
+    assert code == 0, report
+    # only the restored copy could be read now; the others get a restore request
+    assert (report["checked"], report["ok"]) == (1, 1)
+    assert sorted((a["location"], a["path"]) for a in report["awaiting_restore"]) == [
+        ("cologne-lta", "raw/chai/obs02.tar"), ("cornell-lta", "raw/chai/obs01.tar"), ("cornell-lta", "raw/chai/obs02.tar")]
+
+
+def test_stage_refuses_bad_requests(s3_server, tmp_path):
+    p, _bucket = _pipeline(tmp_path, s3_server, cold=False)
+    r = p.cli("stage", "obs99", "--to", "cologne-processing")
+    assert r.returncode == 1 and "no raw data package or observation unit called 'obs99'" in r.stderr
+    r = p.cli("stage", "obs01", "--to", "cologne-lta")
+    assert r.returncode == 2 and "'cologne-lta' has role 'long_term_archive'" in r.stderr
+    r = p.cli("stage", "obs01", "--to", "nowhere")
+    assert r.returncode == 2 and "unknown data location 'nowhere'" in r.stderr
+    # a warm archive: staged at once
+    assert p.cli("stage", "obs02", "--to", "cologne-processing").returncode == 0
+    p.run()
+    bagit.Bag(str(p.root / "sites/cologne/processing/chai/obs02")).validate()
