@@ -1058,6 +1058,50 @@ def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entri
               f"{': ' + r['message'] if r['message'] else ''}")
 
 
+# --- issue 5: object storage, staging, fixity audit
+def _check_storage(ctx: StageContext) -> None:
+    """Build every active location's backend (S3 write-once probe, Object Lock check) before
+    any work runs; a refused store exits 2 naming the location (issue #5)."""
+    from .errors import StorageServiceError
+
+    try:
+        for loc in ctx.settings.locations:
+            if loc.active:
+                ctx.backend(loc.name)
+    except (ConfigError, StorageServiceError) as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+
+
+@app.command()
+def stage(
+    name: Annotated[str, typer.Argument(help="raw data package name or observation unit")],
+    to: Annotated[str, typer.Option("--to", help="processing location to extract into")],
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Request staging: extract archived packages into a processing location, verified against
+    their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
+    from .managers.staging import NothingToStageError, request_staging
+
+    ctx = _context(config)
+    try:
+        rows = request_staging(ctx, name, to)
+    except ConfigError as e:
+        raise _fail(str(e), EXIT_CONFIG) from None
+    except NothingToStageError as e:
+        raise _fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        _print_json(rows)
+        return
+    for r in rows:
+        if r["operation_id"] is None:
+            print(f"{r['package']}: not archived yet; not staged")
+        elif r["created"]:
+            print(f"{r['package']}: staging operation {r['operation_id']} created; `packhorse run` stages it")
+        else:
+            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -17,6 +17,8 @@ Metrics (label values are the names used everywhere: operation kinds, statuses, 
 ``packhorse_physical_copies``                   gauge      copies by ``location``, ``status``
 ``packhorse_physical_copy_bytes``               gauge      bytes of present copies by ``location``
 ``packhorse_notifications``                     gauge      notification outbox rows by ``status``
+``packhorse_disk_usage_bytes``                  gauge      latest disk usage by ``location``, ``kind`` (total/used/free)
+``packhorse_disk_usage_ratio``                  gauge      latest used / total by ``location`` (0-1)
 ``packhorse_database_up``                       gauge      1 when the scrape could read the database
 ==============================================  =========  =====================================
 """
@@ -54,7 +56,7 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[s
         "bytes": {kind: n}, "durations": {kind: (bucket counts list, sum, count)},
         "failures": {(kind, error_type): n}, "copies": {(location, status): n},
         "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
-        "services": [(service, kind, alive)]}``.
+        "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)}}``.
     """
     now = utcnow()
     out: dict[str, Any] = {}
@@ -92,7 +94,11 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[s
     out["breakers_open"] = {k: int(n) for k, n in session.execute(
         select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.opened_at.is_not(None))
         .group_by(CircuitBreaker.kind))}
+    from .diskusage import latest_usage
     from .recovery.health import list_services
+
+    out["disk"] = {name: (int(u.total_bytes), int(u.used_bytes), int(u.free_bytes), float(u.percent))
+                   for name, u in latest_usage(session).items()}
 
     out["services"] = [(r["service"], r["kind"], r["alive"])
                        for r in list_services(session, now, dead_after_seconds=dead_after_seconds)]
@@ -164,6 +170,17 @@ class DatabaseCollector(Collector):
         for k in kinds:
             bo.add_metric([k], v["breakers_open"].get(k, 0))
         yield bo
+        du = GaugeMetricFamily("packhorse_disk_usage_bytes", "Latest disk usage sample of a data location (bytes)",
+                               labels=["location", "kind"])
+        dr = GaugeMetricFamily("packhorse_disk_usage_ratio", "Latest used / total of a data location (0-1)",
+                               labels=["location"])
+        for loc, (total, used, free, percent) in sorted(v["disk"].items()):
+            du.add_metric([loc, "total"], total)
+            du.add_metric([loc, "used"], used)
+            du.add_metric([loc, "free"], free)
+            dr.add_metric([loc], percent / 100.0)
+        yield du
+        yield dr
         up = GaugeMetricFamily("packhorse_service_up", "1 if the service's last heartbeat is recent, else 0",
                                labels=["service", "kind"])
         for service, kind, alive in v["services"]:

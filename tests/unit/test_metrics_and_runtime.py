@@ -124,3 +124,24 @@ def test_every_metric_of_the_grafana_dashboard_is_exported(empty_db) -> None:
     used = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"packhorse_[a-z_]+", t["expr"])}
     assert len(used) >= 8
     assert used <= exported, used - exported
+
+
+def test_metrics_show_the_latest_disk_usage_of_each_location(empty_db) -> None:
+    from packhorse.config import settings_from_dict
+    from packhorse.db.models import DataLocation, Site
+    from packhorse.diskusage import Usage, record_sample
+
+    def tx(s) -> None:
+        s.add(Site(id=1, name="fyst"))
+        s.flush()
+        s.add(DataLocation(id=1, name="fyst-buffer", site_id=1, role="buffer", storage_type="disk", uri="/b"))
+
+    empty_db.transact(tx)
+    settings = settings_from_dict({}, environ={})
+    record_sample(empty_db, settings, 1, "fyst-buffer", Usage(total=1000, used=500, free=500))
+    record_sample(empty_db, settings, 1, "fyst-buffer", Usage(total=1000, used=900, free=100))  # the latest counts
+    v = _samples(empty_db)
+    assert v[("packhorse_disk_usage_bytes", (("kind", "used"), ("location", "fyst-buffer")))] == 900
+    assert v[("packhorse_disk_usage_bytes", (("kind", "free"), ("location", "fyst-buffer")))] == 100
+    assert v[("packhorse_disk_usage_bytes", (("kind", "total"), ("location", "fyst-buffer")))] == 1000
+    assert v[("packhorse_disk_usage_ratio", (("location", "fyst-buffer"),))] == pytest.approx(0.9)
