@@ -75,13 +75,26 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
 
 
 def location_usage(session: Session) -> list[dict[str, Any]]:
-    """Per data location: ``[{"name", "site", "role", "storage", "active", "copies", "bytes"}]``
-    counting present physical copies (what packhorse stored there)."""
+    """Per data location: ``[{"name", "site", "role", "storage", "active", "copies", "bytes",
+    "disk"}]`` counting present physical copies (what packhorse stored there); ``disk`` is the
+    latest disk usage sample of the location's file system (bytes, percent, level; issue #7),
+    ``None`` before the disk monitor measured it (or for object storage)."""
     agg = (select(PhysicalCopy.location_id, func.count().label("n"), func.coalesce(func.sum(PhysicalCopy.size), 0).label("b"))
            .where(PhysicalCopy.status == CopyStatus.PRESENT.value).group_by(PhysicalCopy.location_id).subquery())
     rows = session.execute(
         select(DataLocation.name, Site.name, DataLocation.role, DataLocation.storage_type, DataLocation.active,
                agg.c.n, agg.c.b).join(Site, Site.id == DataLocation.site_id)
         .outerjoin(agg, agg.c.location_id == DataLocation.id).order_by(DataLocation.id)).all()
+    from .diskusage import latest_usage
+
+    disk = latest_usage(session)
+
+    def usage(name: str) -> dict[str, Any] | None:
+        u = disk.get(name)
+        if u is None:
+            return None
+        return {"total_bytes": int(u.total_bytes), "used_bytes": int(u.used_bytes), "free_bytes": int(u.free_bytes),
+                "percent": round(float(u.percent), 2), "level": u.level, "measured_at": u.measured_at}
+
     return [{"name": n, "site": s, "role": r, "storage": st, "active": bool(a), "copies": int(c or 0),
-             "bytes": int(b or 0)} for n, s, r, st, a, c, b in rows]
+             "bytes": int(b or 0), "disk": usage(n)} for n, s, r, st, a, c, b in rows]

@@ -93,3 +93,23 @@ def test_a_revoked_token_is_refused_and_a_token_is_urlsafe_and_stored_only_as_a_
     assert client.get("/api/whoami", headers=auth).json() == {"name": "ci", "role": "observer"}
     revoke_token(db, "ci")
     assert client.get("/api/whoami", headers=auth).status_code == 401
+
+
+def test_locations_show_each_locations_latest_disk_usage(tmp_path: Path, empty_db) -> None:
+    # issue #7: "packhorse usage, metrics and the dashboard show it" — the dashboard reads this
+    from packhorse.diskusage import Usage, record_sample
+    from packhorse.topology import sync_topology
+
+    settings = load_config(write_site_config(tmp_path / "site"))
+    topo = sync_topology(empty_db, settings)
+    record_sample(empty_db, settings, topo.location_ids["fyst-buffer"], "fyst-buffer",
+                  Usage(total=1000, used=870, free=130))
+    client = TestClient(create_app(settings, empty_db))
+    token = create_token(empty_db, name="obs", role="observer", created_by="test")
+    r = client.get("/api/transfer/locations", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    by_name = {loc["name"]: loc for loc in r.json()}
+    disk = by_name["fyst-buffer"]["disk"]
+    assert (disk["total_bytes"], disk["used_bytes"], disk["free_bytes"], disk["percent"], disk["level"]) == (
+        1000, 870, 130, 87.0, "critical")
+    assert by_name["cologne-lta"]["disk"] is None  # not measured yet

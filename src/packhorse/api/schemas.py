@@ -7,6 +7,7 @@ error, traceback, message or diagnosis field, so none can ever be served to an o
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +58,15 @@ class Overview(_Model):
     truncated: bool
 
 
+class DiskUsageOut(_Model):
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    percent: float = Field(description="used / total x 100")
+    level: str = Field(description="normal, warning, critical or emergency")
+    measured_at: dt.datetime
+
+
 class LocationOut(_Model):
     name: str
     site: str
@@ -65,6 +75,7 @@ class LocationOut(_Model):
     active: bool
     copies: int = Field(description="present physical copies")
     bytes: int = Field(description="bytes of present physical copies")
+    disk: DiskUsageOut | None = Field(description="latest disk usage sample (None: not measured yet, or not a disk)")
 
 
 class OperationSnapshot(_Model):

@@ -109,9 +109,12 @@
     fill($("stuck"), head, rows);
   }
   function renderLocations(locs) {
-    fill($("locations"), ["location", "site", "role", "storage", "copies", "bytes"], locs.map((l) => el("tr", { "data-location": l.name },
+    fill($("locations"), ["location", "site", "role", "storage", "copies", "bytes", "disk used"], locs.map((l) => el("tr", { "data-location": l.name },
       el("td", {}, l.name + (l.active ? "" : " (inactive)")), el("td", {}, l.site), el("td", {}, l.role), el("td", {}, l.storage),
-      el("td", { class: "num" }, l.copies), el("td", { class: "num", title: l.bytes + " bytes" }, bytes(l.bytes)))));
+      el("td", { class: "num" }, l.copies), el("td", { class: "num", title: l.bytes + " bytes" }, bytes(l.bytes)),
+      el("td", { class: "num disk-" + (l.disk ? l.disk.level : "none"),
+                 title: l.disk ? bytes(l.disk.free_bytes) + " free of " + bytes(l.disk.total_bytes) : "not measured" },
+         l.disk ? l.disk.percent.toFixed(1) + " % (" + l.disk.level + ")" : "–"))));
   }
   async function optional(path) {
     try { return await api("GET", path); } catch (e) { if (e.status === 404 || e.status === 403) return null; throw e; }
