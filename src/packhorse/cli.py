@@ -1064,9 +1064,13 @@ def _check_storage(ctx: StageContext) -> None:
     any work runs; a refused store exits 2 naming the location (issue #5)."""
     from .errors import StorageServiceError
 
+    from .domain import StorageType
+
     try:
         for loc in ctx.settings.locations:
-            if loc.active:
+            # disk backends need no probe, and building one creates its folder: a source
+            # folder with a typo must stay missing and be reported, not appear empty
+            if loc.active and loc.storage is not StorageType.DISK:
                 ctx.backend(loc.name)
     except (ConfigError, StorageServiceError) as e:
         raise _fail(str(e), EXIT_CONFIG) from None
