@@ -136,23 +136,6 @@ def clear_partials(backend: StorageBackend, key: str) -> None:
         backend.remove_partials_of(key)
 
 
-def copy_stream(src: Any, sink: Any, on_chunk: Callable[[int], None] | None = None) -> int:
-    """Copy the readable ``src`` to its end into ``sink`` (a file or a
-    :class:`~packhorse.storage.PendingWrite`) in :data:`CHUNK_BYTES` blocks, calling
-    ``on_chunk(n)`` after each block is written. Returns the bytes copied."""
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    total = 0
-    while True:
-        n = src.readinto(buf)
-        if not n:
-            return total
-        sink.write(view[:n])
-        total += n
-        if on_chunk is not None:
-            on_chunk(n)
-
-
 def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBackend, dst_key: str, *,
                 size: int, sha256: str, point: str) -> PublishResult:
     """Copy one object between backends, write-once, verified (I2, I4).
@@ -169,17 +152,19 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
     if already_there(dst, dst_key, size, sha256):
         return PublishResult(dst_key, size, sha256, already_there=True)
     clear_partials(dst, dst_key)
-    first = True
-
-    def chunk_written(n: int) -> None:
-        nonlocal first
-        if first:
-            faults.hit(f"{point}.writing")
-            first = False
-        work.progress(n)
-
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
     with src.open_read(src_key) as f, dst.open_write(dst_key) as w:
-        copy_stream(f, w, chunk_written)
+        first = True
+        while True:
+            n = f.readinto(buf)  # type: ignore[attr-defined]
+            if not n:
+                break
+            w.write(view[:n])
+            if first:
+                faults.hit(f"{point}.writing")
+                first = False
+            work.progress(n)
         return publish_verified(work, w, dst, expected_sha256=sha256, point=point)
 
 

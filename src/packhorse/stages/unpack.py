@@ -19,8 +19,9 @@ from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
 from ..errors import VerificationError
 from ..packaging import TeeReader, read_bag_tar
+from ..storage.base import CHUNK_BYTES, PendingWrite
 from ..topology import bundle_key, raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, copy_stream, publish_verified, record_copy
+from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
 
 
 def _seekable(stream: BinaryIO) -> bool:
@@ -28,6 +29,19 @@ def _seekable(stream: BinaryIO) -> bool:
         return bool(stream.seekable())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def _copy_stream(stream: BinaryIO, sink: BinaryIO | PendingWrite) -> int:
+    """Copy ``stream`` to its end into ``sink`` in :data:`CHUNK_BYTES` blocks; returns the bytes copied."""
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
+    total = 0
+    while True:
+        n = stream.readinto(buf)  # type: ignore[attr-defined]
+        if not n:
+            return total
+        sink.write(view[:n])
+        total += n
 
 
 def run(work: Work) -> Recorder:
@@ -65,7 +79,7 @@ def run(work: Work) -> Recorder:
                 # copy (w hashes what it writes), then check the raw package's own bag from the
                 # bundle's cached bytes in random-access mode: cheaper per member than
                 # parsing the tar as a stream while copying it
-                copied = copy_stream(stream, w)
+                copied = _copy_stream(stream, w)
                 work.progress(copied)
                 stream.seek(0)
                 read_bag_tar(stream, source=source)
