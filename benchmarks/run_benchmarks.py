@@ -281,7 +281,7 @@ def profile_packhorse(name: str, source: Path, run_dir: Path, info: dict[str, in
         return None
     RESULTS.mkdir(exist_ok=True)
     raw = RESULTS / f"{stamp}-profile-{name}.txt"
-    wrap = [pyspy, "record", "--format", "raw", "--threads", "--nonblocking", "--rate", "100", "-o", str(raw), "--"]
+    wrap = [pyspy, "record", "--format", "raw", "--threads", "--nonblocking", "--subprocesses", "--rate", "100", "-o", str(raw), "--"]
     r = run_packhorse(source, run_dir, info, workers, wrap=wrap)
     summary = summarize(raw)
     print(f"  profile of packhorse on ({name}) under py-spy: {r['seconds']:.1f} s -> {raw}", flush=True)

@@ -54,11 +54,16 @@ class ExecutorConfig(_Section):
 
     ``workers``: operations run at once by ``packhorse run``. ``pool``: ``"process"`` (default;
     one worker process each, every core used) or ``"thread"`` (threads of the ``run``
-    process; for debugging).
+    process; for debugging). ``prefetch_multiplier`` (local pool only, as Celery's setting of
+    that name): ``packhorse run`` hands up to ``workers × prefetch_multiplier`` operations to
+    its pool at once, so a worker that finishes one starts the next without waiting for the
+    main loop (many small operations). Celery workers always use 1 (a message is only held
+    while it runs, :mod:`packhorse.executors.celery_app`).
     """
 
     kind: Literal["local", "celery"] = "local"
     workers: int = Field(4, ge=1, le=256)
+    prefetch_multiplier: int = Field(2, ge=1, le=64)
     pool: Literal["process", "thread"] = "process"
     broker_url: str | None = None
     visibility_timeout_seconds: float = Field(3600.0, gt=0)

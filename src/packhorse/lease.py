@@ -1,7 +1,10 @@
 """Keeping a lease alive while an operation's bytes move (DESIGN.md "Lease", restic's lock monitor).
 
-A :class:`LeaseKeeper` renews the claimed operation's lease from a background thread every
-``heartbeat_interval`` seconds (checking for stop at least every 10 s). The work calls
+A :class:`LeaseKeeper` renews the claimed operation's lease every ``heartbeat_interval``
+seconds. One scheduler thread per process (:class:`_HeartbeatScheduler`) keeps the renewal
+times of every keeper of the process and starts a short-lived thread for each renewal that
+falls due, so an operation shorter than one interval (most small ones) costs no thread at
+all, and a renewal stuck on the database delays no other operation's. The work calls
 :meth:`LeaseKeeper.check` between chunks and before publishing: it raises
 :class:`~packhorse.errors.LeaseLostError` as soon as
 
@@ -13,6 +16,9 @@ A :class:`LeaseKeeper` renews the claimed operation's lease from a background th
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import os
 import threading
 import time
 
@@ -26,8 +32,50 @@ from .operations import Claim, heartbeat
 log = structlog.get_logger(__name__)
 
 
+class _HeartbeatScheduler:
+    """Starts each registered keeper's renewal when it falls due (one daemon thread per
+    process, started on first use; a forked child gets a new scheduler)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, "LeaseKeeper"]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, keeper: "LeaseKeeper", due: float) -> None:
+        """Renew ``keeper`` at ``due`` (``time.monotonic()`` seconds) unless it stopped by then."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="heartbeat-scheduler", daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, (due, next(self._seq), keeper))
+            if self._heap[0][2] is keeper:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _, _, keeper = heapq.heappop(self._heap)
+            if not keeper.stopped:
+                threading.Thread(target=keeper._renew, name=f"heartbeat-{keeper.claim.operation_id}",
+                                 daemon=True).start()
+
+
+_scheduler = _HeartbeatScheduler()
+
+
+def _new_scheduler_after_fork() -> None:
+    global _scheduler
+    _scheduler = _HeartbeatScheduler()  # the parent's thread (and maybe its lock) did not fork
+
+
+os.register_at_fork(after_in_child=_new_scheduler_after_fork)
+
+
 class LeaseKeeper:
-    """Renews ``claim``'s lease in a thread; see the module docstring.
+    """Renews ``claim``'s lease while the work runs (a context manager); see the module docstring.
 
     Args:
         db: the ops database.
@@ -47,41 +95,40 @@ class LeaseKeeper:
         self.bytes_done = 0
         self._last_renewal = time.monotonic()
         self._lost: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{claim.operation_id}", daemon=True)
+        #: set when the work is over: a renewal that falls due later is not made
+        self.stopped = False
 
     def __enter__(self) -> "LeaseKeeper":
-        self._thread.start()
+        self._last_renewal = time.monotonic()
+        _scheduler.add(self, self._last_renewal + self.interval)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=max(self.interval, 10.0) + 5)
+        self.stopped = True
 
     def add_bytes(self, n: int) -> None:
         """Count progress (bytes) reported with the next heartbeat."""
         self.bytes_done += n
 
-    def _run(self) -> None:
+    def _renew(self) -> None:
+        """One renewal (in its own thread); schedules the next one unless the token is stale.
+        A failed renewal (database blip) is tried again after the interval, until the work
+        stops (:meth:`check` raises once the deadline has passed)."""
         structlog.contextvars.bind_contextvars(operation_kind=self.claim.kind.value,
                                                operation_id=self.claim.operation_id, attempt=self.claim.attempt,
                                                task_id=f"{self.claim.owner}#{self.claim.attempt}")
-        step = min(self.interval, 10.0)
-        next_at = time.monotonic() + self.interval
-        while not self._stop.wait(max(0.0, min(step, next_at - time.monotonic()))):
-            if time.monotonic() < next_at:
-                continue
-            next_at = time.monotonic() + self.interval
-            try:
-                ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
-            except Exception as e:  # database blip: keep trying until the deadline
-                log.warning("heartbeat_failed", operation_id=self.claim.operation_id, error=str(e))
-                continue
-            if ok:
-                self._last_renewal = time.monotonic()
-            else:
+        started = time.monotonic()
+        try:
+            ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
+        except Exception as e:  # database blip: keep trying until the deadline
+            log.warning("heartbeat_failed", operation_id=self.claim.operation_id, error=str(e))
+        else:
+            if not ok:
                 self._lost = f"attempt {self.claim.attempt} is no longer the operation's current attempt"
                 return
+            self._last_renewal = time.monotonic()
+        if not self.stopped:
+            _scheduler.add(self, started + self.interval)
 
     def check(self) -> None:
         """Raise :class:`LeaseLostError` if the work must stop (see module docstring)."""

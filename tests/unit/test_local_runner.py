@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Operation, Site
@@ -37,8 +37,9 @@ def _pending(db: Database, n: int) -> list[int]:
     return db.transact(tx)
 
 
-def _runner(db: Database, outcome: Outcome) -> tuple[LocalRunner, list[int], threading.Event]:
-    runner = LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": {"workers": 1, "pool": "thread"}}, environ={}),
+def _runner(db: Database, outcome: Outcome, prefetch: int = 1) -> tuple[LocalRunner, list[int], threading.Event]:
+    executor = {"workers": 1, "pool": "thread", "prefetch_multiplier": prefetch}
+    runner = LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": executor}, environ={}),
                                                db=db))  # type: ignore[arg-type]
     ran: list[int] = []
     idle = threading.Event()
@@ -67,6 +68,24 @@ def test_a_finished_operation_dispatches_the_next_without_the_main_loop(db: Data
         runner.hash_pool.shutdown(wait=True)
     assert sorted(ran) == sorted(ids)
     assert runner.outcomes[Outcome.COMPLETED] == 5
+
+
+def test_prefetch_keeps_the_pool_queue_filled(db: Database) -> None:
+    # workers × prefetch_multiplier operations are handed to the pool at once, and the queue
+    # is refilled from completions once only a worker's worth is left: every operation runs
+    ids = _pending(db, 10)
+    runner, ran, _ = _runner(db, Outcome.COMPLETED, prefetch=3)
+    try:
+        assert runner.dispatch() == 3
+        statuses = db.read(lambda s: sorted(s.scalars(select(Operation.status))))
+        assert statuses.count("PENDING") <= 7  # the rest were handed over (SCHEDULED, then run)
+        deadline = time.monotonic() + 10
+        while runner.outcomes[Outcome.COMPLETED] < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        runner.pool.shutdown(wait=True)
+        runner.hash_pool.shutdown(wait=True)
+    assert sorted(ran) == sorted(ids)
 
 
 def test_a_skipped_delivery_does_not_redispatch(db: Database) -> None:

@@ -136,7 +136,7 @@ class WriterQueue:
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(pause)
-                pause = min(pause * 2, 0.002)
+                pause = min(pause * 2, 0.0005)
             except OSError:
                 return False
 

@@ -156,6 +156,10 @@ class LocalRunner:
         self.ctx = ctx
         self.settings = ctx.settings
         self.workers = ctx.settings.executor.workers
+        #: operations handed to the pool at once (running + queued in it): a worker that
+        #: finishes one takes the next from the pool's queue, not after a round trip through
+        #: this process's dispatch (which competes with the managers for the interpreter)
+        self.queue_limit = self.workers * ctx.settings.executor.prefetch_multiplier
         self._pool: Executor | None = None  # made on first use (tests build runners without one)
         self.hash_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="scan")
         self.scan_cache = ScanCache()  # unchanged source folders are not listed again
@@ -224,10 +228,14 @@ class LocalRunner:
                 self._discard_broken_pool()
             except Exception as e:  # a bug or a database outage outside the failure path
                 log.error("operation_crashed", operation_id=op_id, error=repr(e))
-        # keep the pool busy: the freed worker slot takes the next runnable operation at once,
-        # without waiting for the main loop (which only has to create new operations). A
-        # skipped operation changed nothing, so it does not re-dispatch (no busy loop).
-        if outcome not in (None, Outcome.SKIPPED) and not self.stop_requested.is_set():
+        # keep the pool busy: once only a worker's worth of operations is left in it, refill
+        # it at once, without waiting for the main loop (which only has to create new
+        # operations); one refill takes several (fewer dispatch transactions in this process,
+        # whose interpreter the managers need). A skipped operation changed nothing, so it
+        # does not re-dispatch (no busy loop).
+        with self._lock:
+            low = len(self.in_flight) <= self.workers
+        if low and outcome not in (None, Outcome.SKIPPED) and not self.stop_requested.is_set():
             try:
                 self.dispatch()
             except Exception as e:  # the main loop dispatches again anyway
@@ -243,9 +251,10 @@ class LocalRunner:
         return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
 
     def dispatch(self) -> int:
-        """Hand runnable operations to free workers; returns how many were dispatched."""
+        """Hand runnable operations to the pool until ``queue_limit`` are in it (running or
+        queued); returns how many were dispatched."""
         with self._lock:
-            free = self.workers - len(self.in_flight)
+            free = self.queue_limit - len(self.in_flight)
             busy = set(self.in_flight)
         if free <= 0:
             return 0
@@ -283,13 +292,24 @@ class LocalRunner:
         return len(ids)
 
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
-        """Run every manager once; returns ``(operations created, seconds until more is due)``."""
-        created = packages.manage(self.ctx, unsettled)
+        """Run every manager once; returns ``(operations created, seconds until more is due)``.
+
+        Operations a manager created are dispatched at once, so free workers start on them
+        while the later managers run."""
+
+        def started(n: int) -> int:
+            if n:
+                self._guard("dispatch", self.dispatch, default=0)
+            return n
+
+        created = started(packages.manage(self.ctx, unsettled))
         faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
-        created += n + transfers.manage(self.ctx) + unpacks.manage(self.ctx) + archives.manage(self.ctx)
+        created += started(n)
+        for manager in (transfers, unpacks, archives):
+            created += started(manager.manage(self.ctx))
         n, _retention_wait = deletions.manage(self.ctx)
-        return created + n + fixity.manage(self.ctx), bundle_wait
+        return created + started(n) + started(fixity.manage(self.ctx)), bundle_wait
 
     def recover(self) -> None:
         """Recovery: the stalled-task monitor (circuit breakers) and the reconciler, as ``packhorse

@@ -110,16 +110,18 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
 
         buffer_ids = [i for n, i in ctx.topology.location_ids.items()
                       if ctx.topology.location_role.get(n) is LocationRole.BUFFER]
+        # a copy of a package not archived yet may go only in an emergency (with enough
+        # archive copies): elsewhere the database leaves those rows out (most of them, while
+        # a run is busy archiving)
+        emergency = [i for i in buffer_ids if pressure.get(i, Pressure(DiskLevel.NORMAL)).level is DiskLevel.EMERGENCY]
         raw = s.execute(
             select(PhysicalCopy, RawDataPackage.archived_at, RawDataPackage.created_at)
             .join(RawDataPackage, RawDataPackage.id == PhysicalCopy.raw_data_package_id)
             .where(PhysicalCopy.status == CopyStatus.PRESENT.value, PhysicalCopy.location_id.in_(buffer_ids),
+                   RawDataPackage.archived_at.is_not(None) | PhysicalCopy.location_id.in_(emergency),
                    no_deletion_yet)
         ).all()
         for copy, archived_at, created_at in raw:
-            level = pressure.get(copy.location_id, Pressure(DiskLevel.NORMAL)).level
-            if archived_at is None and level is not DiskLevel.EMERGENCY:
-                continue  # not archived yet: only an emergency may take it (with enough archive copies)
             by_location.setdefault(copy.location_id, []).append(
                 Candidate(copy, archived_at is not None, archived_at or created_at))
         bundles = s.execute(
