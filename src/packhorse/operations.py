@@ -25,7 +25,7 @@ import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -110,9 +110,62 @@ def create_operation(
     return op
 
 
+def create_operations(session: Session, *, kind: OperationKind, max_retries: int,
+                      wanted: dict[str, dict[str, Any]]) -> int:
+    """Create many ``PENDING`` operations of one kind in one statement; returns how many were new.
+
+    ``wanted`` maps each dedup key to the :func:`create_operation` keywords (``site_id`` and
+    subject / location ids). A key that already names an operation is skipped by the database
+    itself (``INSERT … ON CONFLICT (dedup_key) DO NOTHING`` on SQLite and PostgreSQL alike), so
+    two managers racing create each operation once (I3).
+    """
+    if not wanted:
+        return 0
+    now = utcnow()
+    rows = [dict(kind=kind.value, status=Status.PENDING.value, dedup_key=key, max_retries=max_retries,
+                 raw_data_package_id=kw.get("raw_data_package_id"),
+                 data_transfer_package_id=kw.get("data_transfer_package_id"),
+                 physical_copy_id=kw.get("physical_copy_id"), source_location_id=kw.get("source_location_id"),
+                 destination_location_id=kw.get("destination_location_id"), site_id=kw["site_id"],
+                 attempt=0, retry_count=0, stall_count=0, created_at=now, updated_at=now, bytes_done=0)
+            for key, kw in wanted.items()]
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    stmt = dialect_insert(Operation).on_conflict_do_nothing(index_elements=[Operation.dedup_key])
+    created = 0
+    for i in range(0, len(rows), 500):
+        created += len(session.execute(stmt.returning(Operation.id), rows[i:i + 500]).all())
+    return created
+
+
 def dedup_key(kind: OperationKind, subject: str, destination: str | None = None) -> str:
     """The unique key of an operation: ``kind:subject[->destination]``."""
     return f"{kind.value}:{subject}" + (f"->{destination}" if destination else "")
+
+
+_OPS = Operation.__table__
+_RUNNABLE = (_OPS.c.id == bindparam("op_id"),
+             _OPS.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
+             or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")))
+_CLAIM_VALUES = dict(status=Status.IN_PROGRESS.value, attempt=_OPS.c.attempt + 1, lease_owner=bindparam("owner"),
+                     lease_expires_at=bindparam("expires"), heartbeat_at=bindparam("now"),
+                     started_at=bindparam("now"), updated_at=bindparam("now"), bytes_done=0)
+# Built once (Core, bound parameters): a claim runs inside the database's write lock, where
+# building an ORM statement per call cost more than executing it.
+_CLAIM = update(_OPS).where(*_RUNNABLE).values(**_CLAIM_VALUES).returning(*_OPS.c)
+_CLAIM_BELOW = (update(_OPS).where(*_RUNNABLE, _OPS.c.attempt < bindparam("min_attempt"))
+                .values(**_CLAIM_VALUES).returning(*_OPS.c))
+_COMPLETE_VALUES = dict(status=Status.COMPLETED.value, finished_at=bindparam("now"), updated_at=bindparam("now"),
+                        lease_owner=None, lease_expires_at=None, error_context=None)
+_COMPLETE_WHERE = (_OPS.c.id == bindparam("op_id"), _OPS.c.status == Status.IN_PROGRESS.value)
+#: by (fenced, bytes counted); unfenced only under the chaos harness's test switch (_token_is)
+_COMPLETE = {(fenced, counted): update(_OPS).where(
+                 *_COMPLETE_WHERE, _OPS.c.attempt == bindparam("token") if fenced else _OPS.c.attempt >= 0)
+             .values(**_COMPLETE_VALUES, **({"bytes_done": bindparam("counted")} if counted else {}))
+             for fenced in (False, True) for counted in (False, True)}
 
 
 def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
@@ -134,24 +187,16 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
     def tx(s: Session) -> Claim | None:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
-        where = [Operation.id == operation_id,
-                 Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-                 (Operation.not_before.is_(None)) | (Operation.not_before <= now)]
-        if min_attempt is not None:
-            where.append(Operation.attempt < min_attempt)
-        row = s.scalars(
-            update(Operation)
-            .where(*where)
-            .values(
-                status=Status.IN_PROGRESS.value, attempt=Operation.attempt + 1, lease_owner=owner,
-                lease_expires_at=expires, heartbeat_at=now, started_at=now, updated_at=now, bytes_done=0,
-            )
-            .returning(Operation),
-            execution_options={"synchronize_session": False},
-        ).first()
+        params = dict(op_id=operation_id, now=now, owner=owner, expires=expires)
+        if min_attempt is None:
+            stmt = _CLAIM
+        else:
+            stmt, params["min_attempt"] = _CLAIM_BELOW, min_attempt
+        row = s.connection().execute(stmt, params).first()
         if row is None:
             return None
-        return Claim(operation_id, OperationKind(row.kind), row.attempt, owner, expires, row)
+        op = Operation(**row._asdict())  # a detached snapshot (never added to a session)
+        return Claim(operation_id, OperationKind(op.kind), op.attempt, owner, expires, op)
 
     return db.transact(tx)
 
@@ -190,16 +235,13 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
     Returns ``False`` if the attempt is stale; the caller must then roll back whatever else it
     wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`).
     """
-    now = utcnow()
-    values: dict[str, Any] = dict(status=Status.COMPLETED.value, finished_at=now, updated_at=now,
-                                  lease_owner=None, lease_expires_at=None, error_context=None)
+    from . import faults
+
+    params: dict[str, Any] = dict(op_id=claim.operation_id, now=utcnow(), token=claim.attempt)
     if bytes_done is not None:
-        values["bytes_done"] = bytes_done
-    res = session.execute(
-        update(Operation)
-        .where(Operation.id == claim.operation_id, _token_is(claim), Operation.status == Status.IN_PROGRESS.value)
-        .values(**values)
-    )
+        params["counted"] = bytes_done
+    stmt = _COMPLETE[(not faults.fencing_disabled(), bytes_done is not None)]
+    res = session.connection().execute(stmt, params)
     return res.rowcount == 1
 
 

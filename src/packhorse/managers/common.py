@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import Operation
 from ..domain import OperationKind
-from ..operations import create_operation
+from ..operations import create_operations
 
 if TYPE_CHECKING:
     from ..stages.base import StageContext
@@ -28,18 +28,13 @@ def existing_keys(session: Session, keys: Iterable[str]) -> set[str]:
 
 def create_missing(ctx: "StageContext", kind: OperationKind, wanted: dict[str, dict[str, Any]]) -> int:
     """Create the operations of ``wanted`` (``{dedup_key: create_operation kwargs}``) in one
-    write transaction; keys that exist meanwhile are skipped. Returns how many were created."""
+    write transaction (one bulk statement); keys that exist meanwhile are skipped. Returns how
+    many were created."""
     if not wanted:
         return 0
 
-    def tx(s: Session) -> int:
-        n = 0
-        for key, kwargs in wanted.items():
-            if create_operation(s, kind=kind, dedup_key=key, max_retries=ctx.settings.recovery.max_retries, **kwargs):
-                n += 1
-        return n
-
-    return ctx.db.transact(tx)
+    return ctx.db.transact(lambda s: create_operations(s, kind=kind, max_retries=ctx.settings.recovery.max_retries,
+                                                       wanted=wanted))
 
 
 def new_only(session: Session, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ again just before the bytes go.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
@@ -46,15 +47,6 @@ def archive_copies_required(ctx: StageContext, source_site: str) -> int:
     """Verified archive copies needed before buffer copies of the site's packages may go."""
     configured = ctx.settings.deletion.archive_copies_required
     return configured if configured is not None else len(archive_locations(ctx, source_site))
-
-
-def verified_archive_copies(session: Session, pkg_id: int) -> int:
-    """Present, verified copies of the package at long-term archive locations."""
-    return session.scalar(
-        select(func.count()).select_from(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-        .where(PhysicalCopy.raw_data_package_id == pkg_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
-               PhysicalCopy.verified_at.is_not(None), DataLocation.role == LocationRole.LONG_TERM_ARCHIVE.value)
-    ) or 0
 
 
 def is_archived(session: Session, ctx: StageContext, pkg: RawDataPackage) -> bool:
@@ -118,14 +110,20 @@ def _package_ids(session: Session, copy: PhysicalCopy) -> list[int]:
                                 .where(RawDataPackage.data_transfer_package_id == copy.data_transfer_package_id)))
 
 
-def operations_in_flight(session: Session, copy: PhysicalCopy) -> list[Operation]:
+_UNKNOWN: Any = object()
+
+
+def operations_in_flight(session: Session, copy: PhysicalCopy, bundle_id: Any = _UNKNOWN) -> list[Operation]:
     """Unfinished operations (PENDING — a retry waiting for its backoff included —, SCHEDULED,
-    IN_PROGRESS), other than deletions, that read or write ``copy``'s artifact at its location."""
+    IN_PROGRESS), other than deletions, that read or write ``copy``'s artifact at its location.
+
+    ``bundle_id``: for a raw package copy, its package's ``data_transfer_package_id`` if the
+    caller has it (``None``: not bundled yet); looked up otherwise."""
     at_location = or_(Operation.source_location_id == copy.location_id,
                       Operation.destination_location_id == copy.location_id)
     if copy.raw_data_package_id is not None:
-        dtp = session.scalar(select(RawDataPackage.data_transfer_package_id)
-                             .where(RawDataPackage.id == copy.raw_data_package_id))
+        dtp = bundle_id if bundle_id is not _UNKNOWN else session.scalar(
+            select(RawDataPackage.data_transfer_package_id).where(RawDataPackage.id == copy.raw_data_package_id))
         artifact = Operation.raw_data_package_id == copy.raw_data_package_id
         if dtp is not None:
             artifact = or_(artifact, Operation.data_transfer_package_id == dtp)
@@ -151,15 +149,6 @@ def failed_fixity(session: Session, pkg_ids: list[int]) -> list[tuple[int, int, 
     return [(r[0], r[1], r[2]) for r in rows]
 
 
-def other_verified_copies(session: Session, copy: PhysicalCopy) -> int:
-    """Present, verified copies of ``copy``'s artifact at other locations."""
-    same = (PhysicalCopy.raw_data_package_id == copy.raw_data_package_id if copy.raw_data_package_id is not None
-            else PhysicalCopy.data_transfer_package_id == copy.data_transfer_package_id)
-    return session.scalar(select(func.count()).select_from(PhysicalCopy).where(
-        same, PhysicalCopy.id != copy.id, PhysicalCopy.location_id != copy.location_id,
-        PhysicalCopy.status == CopyStatus.PRESENT.value, PhysicalCopy.verified_at.is_not(None))) or 0
-
-
 def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -> list[str]:
     """Why ``copy`` may not be deleted now, whatever the disk pressure (empty: it may).
 
@@ -176,20 +165,35 @@ def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -
     if copy.raw_data_package_id is not None:
         pkg = session.get(RawDataPackage, copy.raw_data_package_id)
         assert pkg is not None
-        have = verified_archive_copies(session, pkg.id)
+        # every copy of the package, once: the three rules below read the same rows
+        copies = session.execute(
+            select(PhysicalCopy.id, PhysicalCopy.location_id, PhysicalCopy.status, PhysicalCopy.verified_at,
+                   DataLocation.role)
+            .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+            .where(PhysicalCopy.raw_data_package_id == pkg.id)).all()
+        present = [c for c in copies if c.status == CopyStatus.PRESENT.value and c.verified_at is not None]
+        have = sum(1 for c in present if c.role == LocationRole.LONG_TERM_ARCHIVE.value)
         need = archive_copies_required(ctx, source_site_of_package(ctx, pkg))
         if have < need or need < 1:
             reasons.append(f"only {have} of {need} required verified archive copies exist")
-        if other_verified_copies(session, copy) == 0:
+        if not any(c.id != copy.id and c.location_id != copy.location_id for c in present):
             reasons.append("it is the last verified copy of the package")
+        in_flight = operations_in_flight(session, copy, pkg.data_transfer_package_id)
+        latest: dict[int, Any] = {}  # archive location id -> its latest copy (the last fixity verdict)
+        for c in copies:
+            if c.role == LocationRole.LONG_TERM_ARCHIVE.value and c.id > getattr(latest.get(c.location_id), "id", -1):
+                latest[c.location_id] = c
+        failed = [(pkg.id, c.location_id, c.status) for c in latest.values() if c.status in FIXITY_FAILED]
     else:
         dtp = session.get(DataTransferPackage, copy.data_transfer_package_id)
         assert dtp is not None
         if not may_delete_bundle_copy(session, ctx, dtp.id, ctx.topology.site_name(dtp.source_site_id)):
             reasons.append("not every destination holds verified copies of every package the bundle carries")
-    for op in operations_in_flight(session, copy):
+        in_flight = operations_in_flight(session, copy)
+        failed = failed_fixity(session, _package_ids(session, copy))
+    for op in in_flight:
         reasons.append(f"{op.kind} operation {op.id} ({op.status}) still needs it")
-    for pkg_id, loc_id, status in failed_fixity(session, _package_ids(session, copy)):
+    for pkg_id, loc_id, status in failed:
         reasons.append(f"the archive copy of package {pkg_id} at {ctx.location_name(loc_id)} is {status} "
                        "(failed its last fixity check)")
     return reasons

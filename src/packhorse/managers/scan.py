@@ -10,7 +10,10 @@ Idempotent registration, no operation row (issue #2, stage 1). Rules:
   :func:`~packhorse.storage.base.check_key`), and
   registered files modified afterwards are recorded in ``skipped_files`` with a reason (shown by
   ``packhorse status``); the rest of the tree goes on.
-* Hashing runs on a thread pool (sha256 releases the GIL); no transaction is open meanwhile.
+* Files of :data:`THREAD_HASH_MIN_BYTES` or more are hashed on a thread pool (sha256 and the
+  reads release the GIL for large buffers); smaller ones in the scanning thread, one after the
+  other: for them the threads would only pass the GIL around (20,000 files of 0–16 KiB: 0.5 s
+  in one thread, 0.8 s in two, 1.4 s in four). No transaction is open meanwhile.
 * With a :class:`ScanCache` (``packhorse run`` keeps one), a folder is listed again only when
   its mtime changed, or when at the last look it held a file not yet registered (unsettled,
   changing, unreadable) or its mtime was too recent to trust (within
@@ -42,6 +45,8 @@ from ..storage.base import check_key
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
 HASH_BATCH = 64
+#: Smaller files are hashed in the scanning thread itself (see the module docstring), bytes.
+THREAD_HASH_MIN_BYTES = 1 << 20
 #: A folder whose mtime is less than this many seconds older than the scan is listed again.
 RACY_SECONDS = 2.0
 #: Every this many scans with a :class:`ScanCache`, every folder is listed again.
@@ -241,10 +246,16 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
         todo.append((path, s))
 
     rows: list[dict[str, object]] = []
-    # batches of files per task: one future per small file costs more than hashing it
-    batches = [todo[i:i + HASH_BATCH] for i in range(0, len(todo), HASH_BATCH)]
-    hashed = (r for batch in pool.map(lambda b: [_hash(root, p, st_) for p, st_ in b], batches) for r in batch)
-    for (path, s), (state, value) in zip(todo, hashed):
+    # large files on the pool (batches: one future per file costs more than a small file's
+    # hash), small ones here meanwhile (see the module docstring)
+    large = [(p, st_) for p, st_ in todo if st_.st_size >= THREAD_HASH_MIN_BYTES]
+    batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
+    pending = pool.map(lambda b: [_hash(root, p, st_) for p, st_ in b], batches)
+    digests = {p: _hash(root, p, st_) for p, st_ in todo if st_.st_size < THREAD_HASH_MIN_BYTES}
+    for batch, results in zip(batches, pending):
+        digests.update((p, r) for (p, _), r in zip(batch, results))
+    for path, s in todo:
+        state, value = digests[path]
         if state == "ok":
             rows.append(dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
                              size=s.st_size, sha256=value, mtime_ns=s.st_mtime_ns))
