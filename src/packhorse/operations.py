@@ -193,10 +193,33 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
         else:
             stmt, params["min_attempt"] = _CLAIM_BELOW, min_attempt
         row = s.connection().execute(stmt, params).first()
-        if row is None:
-            return None
-        op = Operation(**row._asdict())  # a detached snapshot (never added to a session)
-        return Claim(operation_id, OperationKind(op.kind), op.attempt, owner, expires, op)
+        return None if row is None else _granted(row, owner, expires)
+
+    return db.transact(tx)
+
+
+def _granted(row: Any, owner: str, expires: dt.datetime) -> Claim:
+    """The claim of a row returned by a claim statement (a detached snapshot of the operation,
+    never added to a session)."""
+    op = Operation(**row._asdict())
+    return Claim(op.id, OperationKind(op.kind), op.attempt, owner, expires, op)
+
+
+def claim_many(db: Database, operation_ids: list[int], owner: str, lease_seconds: float) -> dict[int, Claim]:
+    """:func:`claim` for several operations in one transaction; returns the granted claims by
+    operation id (an operation that is not runnable is left out, as :func:`claim` returns
+    ``None`` for it)."""
+
+    def tx(s: Session) -> dict[int, Claim]:
+        now = utcnow()
+        expires = now + dt.timedelta(seconds=lease_seconds)
+        out: dict[int, Claim] = {}
+        conn = s.connection()
+        for op_id in operation_ids:
+            row = conn.execute(_CLAIM, dict(op_id=op_id, now=now, owner=owner, expires=expires)).first()
+            if row is not None:
+                out[op_id] = _granted(row, owner, expires)
+        return out
 
     return db.transact(tx)
 

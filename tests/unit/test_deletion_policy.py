@@ -24,7 +24,7 @@ from packhorse.managers.policy import deletion_blockers
 from packhorse.operations import create_operation, dedup_key
 from packhorse.stages.base import StageContext
 from packhorse.topology import sync_topology
-from packhorse.worker import Outcome, execute_operation
+from packhorse.worker import Outcome, execute_deletions, execute_operation
 from support import write_site_config
 
 TOTAL = 10_000
@@ -297,3 +297,57 @@ def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site
     assert _copy(site, copy).status == "deleted"
     assert not (site.settings.location_path("fyst-buffer") / "raw/slow.tar").exists()
     assert execute_operation(site.ctx, op, "deleter-3") is Outcome.SKIPPED
+
+
+def test_deletions_run_together_each_with_its_own_outcome(site: Site) -> None:
+    """A batch (issue #2 benchmark (b): the database work of one for many small deletions):
+    every copy the rules allow goes and its operation completes; a copy the rules block stays
+    and only its operation fails (a retry while an operation still reads it, FAILED when an
+    archive copy is corrupt); an operation already done is skipped."""
+    made = {name: site.package(name, archived_days_ago=10) for name in ("a", "b", "busy", "rotten", "c")}
+    assert sorted(site.deletion_order()) == sorted(c for _, c in made.values())
+    ops = site.db.read(lambda s: {c: i for i, c in s.execute(select(Operation.id, Operation.physical_copy_id))})
+    site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "busy", raw_data_package_id=made["busy"][0],
+                       source_location_id=site.ids["fyst-buffer"])
+    site.db.transact(lambda s: s.execute(
+        PhysicalCopy.__table__.update().where(PhysicalCopy.raw_data_package_id == made["rotten"][0],
+                                              PhysicalCopy.location_id == site.ids["cornell-lta"])
+        .values(status="corrupt")))
+    done = ops[made["c"][1]]
+    assert execute_operation(site.ctx, done, "w0") is Outcome.COMPLETED
+    order = [ops[made[n][1]] for n in ("a", "busy", "b", "rotten", "c")]
+    outcomes = execute_deletions(site.ctx, order, "w1")
+    assert outcomes == [Outcome.COMPLETED, Outcome.RETRY, Outcome.COMPLETED, Outcome.FAILED, Outcome.SKIPPED]
+    buffer = site.settings.location_path("fyst-buffer")
+    for name, gone in (("a", True), ("b", True), ("c", True), ("busy", False), ("rotten", False)):
+        assert (buffer / f"raw/{name}.tar").exists() is not gone, name
+        assert _copy(site, made[name][1]).status == ("deleted" if gone else "present"), name
+    rows = site.db.read(lambda s: {i: (st, a) for i, st, a in s.execute(
+        select(Operation.id, Operation.status, Operation.attempt).where(Operation.id.in_(order)))})
+    assert [rows[i] for i in order] == [("COMPLETED", 1), ("PENDING", 1), ("COMPLETED", 1), ("FAILED", 1),
+                                        ("COMPLETED", 1)]
+    ctx = site.db.read(lambda s: s.get(Operation, ops[made["rotten"][1]]).error_context)
+    assert ctx["error_type"] == "DeletionNotSafeError" and "corrupt" in ctx["message"]
+
+
+def test_a_stale_deletion_in_a_batch_records_nothing_for_itself_alone(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    # between the marks and the completion another attempt takes one of the operations over:
+    # its completion is refused (the fencing token moved on), the other one completes
+    made = {name: site.package(name, archived_days_ago=10) for name in ("x", "y")}
+    site.deletion_order()
+    ops = site.db.read(lambda s: {c: i for i, c in s.execute(select(Operation.id, Operation.physical_copy_id))})
+    x, y = ops[made["x"][1]], ops[made["y"][1]]
+    import packhorse.stages.deletion as stage
+
+    real = stage.delete_bytes
+
+    def takeover(work, copy):  # type: ignore[no-untyped-def]
+        real(work, copy)
+        if work.op.id == x:
+            site.db.transact(lambda s: setattr(s.get(Operation, x), "attempt", 7))
+
+    monkeypatch.setattr(stage, "delete_bytes", takeover)
+    assert execute_deletions(site.ctx, [x, y], "w1") == [Outcome.STALE, Outcome.COMPLETED]
+    assert _copy(site, made["y"][1]).status == "deleted"
+    assert _copy(site, made["x"][1]).status == "deletion_pending"  # the current attempt finishes it
+    assert site.db.read(lambda s: s.get(Operation, x).status) == "IN_PROGRESS"

@@ -176,6 +176,14 @@ def test_copy_status_and_artifact_are_checked(db: Database) -> None:
 # ---------------------------------------------------------------------------- migrations
 
 
+def test_head_revision_is_the_head_of_the_migration_scripts(tmp_path: Path) -> None:
+    # Database.head_revision is a constant (no Alembic import at start): it must follow the scripts
+    from alembic.script import ScriptDirectory
+
+    d = Database(f"sqlite:///{tmp_path}/h.db")
+    assert d.head_revision() == ScriptDirectory.from_config(d._alembic_config()).get_current_head()
+
+
 def test_upgrade_builds_exactly_the_models_schema(tmp_path: Path) -> None:
     d = Database(f"sqlite:///{tmp_path}/m.db")
     d.upgrade()

@@ -52,7 +52,7 @@ from ..runtime_settings import RuntimeSettings
 from ..stages.base import StageContext
 from ..storage.disk import DiskBackend
 from ..topology import Topology
-from ..worker import Outcome, execute_operation
+from ..worker import DELETION_BATCH, Outcome, batchable, execute_deletions, execute_operation
 
 log = structlog.get_logger(__name__)
 
@@ -137,11 +137,15 @@ def _start_forkserver() -> None:
             signal.signal(sig, handler)
 
 
-def _run_in_worker_process(op_id: int) -> Outcome:
+def _run_in_worker_process(op_ids: tuple[int, ...]) -> list[Outcome]:
+    """One task of the pool: an operation, or a batch of buffer-copy deletions."""
     assert _process_ctx is not None, "worker process not initialized"
     if _process_runtime is not None:
         _process_runtime.refresh()  # reads the table at most every refresh interval
-    return execute_operation(_process_ctx, op_id, f"{worker_identity()}:{threading.current_thread().name}")
+    owner = f"{worker_identity()}:{threading.current_thread().name}"
+    if len(op_ids) == 1:
+        return [execute_operation(_process_ctx, op_ids[0], owner)]
+    return execute_deletions(_process_ctx, list(op_ids), owner)
 
 
 class LocalRunner:
@@ -156,14 +160,16 @@ class LocalRunner:
         self.ctx = ctx
         self.settings = ctx.settings
         self.workers = ctx.settings.executor.workers
-        #: operations handed to the pool at once (running + queued in it): a worker that
+        #: tasks handed to the pool at once (running + queued in it): a worker that
         #: finishes one takes the next from the pool's queue, not after a round trip through
         #: this process's dispatch (which competes with the managers for the interpreter)
         self.queue_limit = self.workers * ctx.settings.executor.prefetch_multiplier
         self._pool: Executor | None = None  # made on first use (tests build runners without one)
         self.hash_pool = ThreadPoolExecutor(self.workers, thread_name_prefix="scan")
         self.scan_cache = ScanCache()  # unchanged source folders are not listed again
-        self.in_flight: dict[int, Future[Outcome]] = {}
+        #: operations handed to the pool, by id -> their task; and the tasks themselves
+        self.in_flight: dict[int, Future[list[Outcome]]] = {}
+        self._tasks: set[Future[list[Outcome]]] = set()
         self.wake = threading.Event()
         self.stop_requested = threading.Event()
         self.on_tick = on_tick
@@ -212,84 +218,110 @@ class LocalRunner:
         return ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker_process,
                                    initargs=(self.settings, self.ctx.topology, logs.current_config(), os.getpid()))
 
-    def _done(self, op_id: int, fut: Future[Outcome]) -> None:
-        outcome: Outcome | None = None
+    def _done(self, op_ids: tuple[int, ...], fut: Future[list[Outcome]]) -> None:
+        outcomes: list[Outcome] = []
         with self._lock:
-            self.in_flight.pop(op_id, None)
-            self.finished += 1
+            self._tasks.discard(fut)
+            for op_id in op_ids:
+                self.in_flight.pop(op_id, None)
+            self.finished += len(op_ids)
             try:
-                outcome = fut.result()
-                self.outcomes[outcome] += 1
+                outcomes = fut.result()
+                for outcome in outcomes:
+                    self.outcomes[outcome] += 1
             except BrokenProcessPool as e:
-                # a worker process died (killed, out of memory): its operation stays IN_PROGRESS
-                # until its lease expires and lease recovery hands it out again; operations
+                # a worker process died (killed, out of memory): its operations stay IN_PROGRESS
+                # until their leases expire and lease recovery hands them out again; operations
                 # queued behind it are still SCHEDULED and are dispatched to a new pool
-                log.error("worker_process_died", operation_id=op_id, error=repr(e))
+                log.error("worker_process_died", operation_ids=list(op_ids), error=repr(e))
                 self._discard_broken_pool()
             except Exception as e:  # a bug or a database outage outside the failure path
-                log.error("operation_crashed", operation_id=op_id, error=repr(e))
-        # keep the pool busy: once only a worker's worth of operations is left in it, refill
-        # it at once, without waiting for the main loop (which only has to create new
-        # operations); one refill takes several (fewer dispatch transactions in this process,
-        # whose interpreter the managers need). A skipped operation changed nothing, so it
-        # does not re-dispatch (no busy loop).
-        with self._lock:
-            low = len(self.in_flight) <= self.workers
-        if low and outcome not in (None, Outcome.SKIPPED) and not self.stop_requested.is_set():
+                log.error("operation_crashed", operation_ids=list(op_ids), error=repr(e))
+            # keep the pool busy: once only a worker's worth of tasks is left in it, refill it
+            # at once, without waiting for the main loop (which only has to create new
+            # operations); one refill takes several (fewer dispatch transactions in this
+            # process, whose interpreter the managers need). Skipped operations changed
+            # nothing, so they do not re-dispatch (no busy loop).
+            low = len(self._tasks) <= self.workers
+        changed = any(o is not Outcome.SKIPPED for o in outcomes)
+        if low and changed and not self.stop_requested.is_set():
             try:
                 self.dispatch()
             except Exception as e:  # the main loop dispatches again anyway
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
 
-    def _submit(self, op_id: int) -> Future[Outcome]:
+    def _submit(self, op_ids: tuple[int, ...]) -> Future[list[Outcome]]:
         if isinstance(self.pool, ProcessPoolExecutor):
-            return self.pool.submit(_run_in_worker_process, op_id)
-        return self.pool.submit(self._run_one, op_id)
+            return self.pool.submit(_run_in_worker_process, op_ids)
+        return self.pool.submit(self._run_task, op_ids)
+
+    def _run_task(self, op_ids: tuple[int, ...]) -> list[Outcome]:
+        if len(op_ids) == 1:
+            return [self._run_one(op_ids[0])]
+        return execute_deletions(self.ctx, list(op_ids), f"{self._owner}:{threading.current_thread().name}")
 
     def _run_one(self, op_id: int) -> Outcome:
         return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
 
     def dispatch(self) -> int:
-        """Hand runnable operations to the pool until ``queue_limit`` are in it (running or
-        queued); returns how many were dispatched."""
+        """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
+        or queued); returns how many operations were dispatched. A task is one operation, or up
+        to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions run together
+        (:func:`~packhorse.worker.execute_deletions`)."""
         with self._lock:
-            free = self.queue_limit - len(self.in_flight)
+            free = self.queue_limit - len(self._tasks)
             busy = set(self.in_flight)
         if free <= 0:
             return 0
         priority = case({k.value: i for i, k in enumerate(PRIORITY)}, value=Operation.kind, else_=len(PRIORITY))
 
-        def tx(s: Session) -> list[int]:
+        def tx(s: Session) -> list[tuple[int, ...]]:
             now = utcnow()
-            # downstream kinds first, then oldest; only as many as there are free workers
+            # downstream kinds first, then oldest; only as many as free task slots can take
             # (skipping those already queued here), so the cost does not grow with the backlog
-            q = (select(Operation.id).where(
+            q = (select(Operation.id, Operation.kind, Operation.physical_copy_id).where(
                     Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
                     (Operation.not_before.is_(None)) | (Operation.not_before <= now))
-                 .order_by(priority, Operation.id).limit(free))
+                 .order_by(priority, Operation.id).limit(free * DELETION_BATCH))
             if busy:
                 q = q.where(Operation.id.not_in(busy))
-            ids = list(s.scalars(q))
+            tasks: list[list[int]] = []
+            batch: list[int] | None = None  # the open batch of deletions
+            for op_id, kind, copy_id in s.execute(q):
+                if batchable(kind, copy_id):
+                    if batch is None or len(batch) == DELETION_BATCH:
+                        if len(tasks) == free:
+                            break
+                        batch = []
+                        tasks.append(batch)
+                    batch.append(op_id)
+                else:
+                    if len(tasks) == free:
+                        break
+                    tasks.append([op_id])
+            ids = [i for t in tasks for i in t]
             if ids:
                 s.execute(update(Operation).where(Operation.id.in_(ids), Operation.status == Status.PENDING.value)
                           .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now))
-            return ids
+            return [tuple(t) for t in tasks]
 
-        ids = self.ctx.db.transact(tx)
+        tasks = self.ctx.db.transact(tx)
         twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
-        for op_id in ids:
+        for op_ids in tasks:
             with self._lock:
                 try:
-                    fut = self._submit(op_id)
+                    fut = self._submit(op_ids)
                 except BrokenProcessPool:
                     self._discard_broken_pool()
-                    fut = self._submit(op_id)
-                self.in_flight[op_id] = fut
-            fut.add_done_callback(lambda f, i=op_id: self._done(i, f))
+                    fut = self._submit(op_ids)
+                self._tasks.add(fut)
+                for op_id in op_ids:
+                    self.in_flight[op_id] = fut
+            fut.add_done_callback(lambda f, i=op_ids: self._done(i, f))
             if twice:
-                self._submit(op_id)
-        return len(ids)
+                self._submit(op_ids)
+        return sum(len(t) for t in tasks)
 
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``.

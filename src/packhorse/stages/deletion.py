@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from .. import faults
 from ..db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from ..domain import CopyStatus
 from ..errors import PermanentError, RetryableError
-from .base import Recorder, Work
+from .base import Recorder, StageContext, Work
 
 
 class DeletionNotSafeError(PermanentError):
@@ -32,48 +32,58 @@ class DeletionDeferredError(RetryableError):
     nothing was deleted and the deletion is tried again later."""
 
 
-def run(work: Work) -> Recorder:
-    """Delete one buffer copy, or the source files of one archived package."""
-    if work.op.physical_copy_id is None:
-        return _delete_source_files(work)
+def mark_copy(s: Session, ctx: StageContext, copy_id: int) -> PhysicalCopy:
+    """In the caller's write transaction: check the deletion rules for buffer copy ``copy_id``
+    and mark it ``deletion_pending`` (a copy already ``deleted`` is returned as is).
+
+    Raises:
+        DeletionDeferredError: only operations still in flight on the copy block it.
+        DeletionNotSafeError: any other rule blocks it (I1); nothing was changed.
+    """
     from ..managers.policy import deletion_blockers, operations_in_flight
 
-    ctx = work.ctx
-    copy_id = work.op.physical_copy_id
-
-    def mark(s: Session) -> PhysicalCopy:
-        copy = s.get(PhysicalCopy, copy_id)
-        assert copy is not None
-        if copy.status == CopyStatus.DELETED.value:
-            return copy
-        blockers = deletion_blockers(s, ctx, copy)
-        if blockers:
-            where = dict(step="deletion", path=copy.path, host=ctx.location_name(copy.location_id))
-            message = f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: " + "; ".join(blockers)
-            in_flight = len(operations_in_flight(s, copy))
-            if in_flight == len(blockers):
-                raise DeletionDeferredError(message, **where)
-            raise DeletionNotSafeError(message, **where)
-        copy.status = CopyStatus.DELETION_PENDING.value
+    copy = s.get(PhysicalCopy, copy_id)
+    assert copy is not None
+    if copy.status == CopyStatus.DELETED.value:
         return copy
+    blockers = deletion_blockers(s, ctx, copy)
+    if blockers:
+        where = dict(step="deletion", path=copy.path, host=ctx.location_name(copy.location_id))
+        message = f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: " + "; ".join(blockers)
+        in_flight = len(operations_in_flight(s, copy))
+        if in_flight == len(blockers):
+            raise DeletionDeferredError(message, **where)
+        raise DeletionNotSafeError(message, **where)
+    copy.status = CopyStatus.DELETION_PENDING.value
+    return copy
 
-    copy = ctx.db.transact(mark)
-    loc = ctx.location_name(copy.location_id)
+
+def delete_bytes(work: Work, copy: PhysicalCopy) -> None:
+    """Delete a marked copy's bytes (nothing if it is already ``deleted``), checking the lease
+    before and after the test-only fault point."""
+    loc = work.ctx.location_name(copy.location_id)
     work.info.update(location=loc, key=copy.path)
     if copy.status != CopyStatus.DELETED.value:
         work.check()
         faults.hit("deletion.delete")
         work.check()
-        ctx.backend(loc).delete(copy.path)
+        work.ctx.backend(loc).delete(copy.path)
 
-    def record(s: Session) -> None:
-        row = s.get(PhysicalCopy, copy_id)
-        assert row is not None
-        if row.status != CopyStatus.DELETED.value:
-            row.status = CopyStatus.DELETED.value
-            row.deleted_at = utcnow()
 
-    return record
+def record_deleted(s: Session, copy_id: int) -> None:
+    """In the fenced completion transaction: the copy is ``deleted`` (idempotent)."""
+    s.execute(update(PhysicalCopy).where(PhysicalCopy.id == copy_id, PhysicalCopy.status != CopyStatus.DELETED.value)
+              .values(status=CopyStatus.DELETED.value, deleted_at=utcnow()),
+              execution_options={"synchronize_session": False})
+
+
+def run(work: Work) -> Recorder:
+    """Delete one buffer copy, or the source files of one archived package."""
+    if work.op.physical_copy_id is None:
+        return _delete_source_files(work)
+    copy_id = work.op.physical_copy_id
+    delete_bytes(work, work.ctx.db.transact(lambda s: mark_copy(s, work.ctx, copy_id)))
+    return lambda s: record_deleted(s, copy_id)
 
 
 def _delete_source_files(work: Work) -> Recorder:
