@@ -11,7 +11,10 @@ SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 managers in pipeline order, run the stalled-task monitor and the reconciler (every monitor
 interval, :func:`packhorse.recovery.monitor.recovery_cycle`), dispatch runnable
 operations to the pool. A finished operation wakes the loop at once, so the next stage starts
-without waiting for the poll interval (issue #2).
+without waiting for the poll interval (issue #2). The pool holds up to ``workers ×
+prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
+task is one operation, or up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
+run together (:func:`~packhorse.worker.execute_deletions`).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
@@ -186,6 +189,7 @@ class LocalRunner:
                                         max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                                         notification_cooldown_seconds=rec.notification_cooldown_seconds)
         self._swept = False
+        self._running = False  # inside run(): managers' new operations are dispatched at once
         #: poll intervals and log level changed at run time (``packhorse config set``, issue #6)
         self.runtime = RuntimeSettings(ctx.db, ctx.settings)
         #: operations finished so far (an idle check is only valid if none finished since the
@@ -326,15 +330,20 @@ class LocalRunner:
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``.
 
-        Operations a manager created are dispatched at once, so free workers start on them
-        while the later managers run."""
+        While :meth:`run` is going, operations a manager created are dispatched at once, so
+        free workers start on them while the later managers run; otherwise (a caller driving
+        the managers itself) nothing is dispatched here."""
+
+        def dispatch_now() -> None:
+            if self._running:
+                self._guard("dispatch", self.dispatch, default=0)
 
         def started(n: int) -> int:
             if n:
-                self._guard("dispatch", self.dispatch, default=0)
+                dispatch_now()
             return n
 
-        created = started(packages.manage(self.ctx, unsettled))
+        created = packages.manage(self.ctx, unsettled, on_commit=dispatch_now)
         faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += started(n)
@@ -407,6 +416,7 @@ class LocalRunner:
         if self.settings.executor.pool == "process":
             _start_forkserver()  # from the main thread, before any signal handler matters
         rt = self.runtime
+        self._running = True
         last_scan = last_monitor = float("-inf")
         monitor_due: float | None = None  # an earlier monitor pass (lease about to expire)
         scan = ScanResult()
@@ -487,6 +497,7 @@ class LocalRunner:
                 # applies within managers.runtime_settings_refresh_seconds
                 self.wake.wait(min(timeout, rt.seconds_until_refresh() + 0.01))
         finally:
+            self._running = False
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=False)
             self.hash_pool.shutdown(wait=True)

@@ -4,13 +4,13 @@ Files of one group (see :func:`~packhorse.managers.scan.group_of`) form one pack
 at ``max_package_bytes`` (a larger file gets a package of its own). A group that already has
 a package gets a new one with a suffixed name (``a/b+2``, ``a/b+3``, ...). Files shallower
 than ``group_depth`` form a package of their own folder (``_root`` for the location root).
-Groups with unsettled files wait. The packages of one cycle and their operations are created
-in one transaction per source location.
+Groups with unsettled files wait. A group's packages and their operations are created in one
+transaction with its files' assignment, :data:`GROUPS_PER_COMMIT` groups per transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sqlalchemy import select, update
@@ -18,10 +18,12 @@ from sqlalchemy.orm import Session
 
 from ..db.models import RawDataFile, RawDataPackage, utcnow
 from ..domain import LocationRole, OperationKind
-from ..operations import create_operation, dedup_key
+from ..operations import create_operations, dedup_key
 from ..stages.base import StageContext
 
 ROOT_GROUP_NAME = "_root"
+#: Groups packaged per transaction: each commit lets the first packages start (``on_commit``).
+GROUPS_PER_COMMIT = 10
 
 
 def _name_for(group: str, taken: set[str]) -> str:
@@ -51,13 +53,16 @@ def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
     return parts
 
 
-def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Collection[str] | None = None) -> int:
+def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Collection[str] | None = None,
+           on_commit: Callable[[], None] | None = None) -> int:
     """Create packages (and their ``raw_data_package`` operations); returns how many.
 
     Args:
         unsettled: per source location name, the groups whose files have not settled yet.
         locations: only these source locations (the distributed scan task packages its own
             location right after scanning it); default every source location.
+        on_commit: called after each committed transaction (of up to :data:`GROUPS_PER_COMMIT`
+            groups), so the first packages can be dispatched while the rest are made.
     """
     created = 0
     for loc in ctx.settings.locations:
@@ -77,13 +82,11 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Coll
                 RawDataFile.location_id == loc_id, RawDataFile.raw_data_package_id.is_(None)).distinct()))
 
         ready = [g for g in sorted(ctx.db.read(groups)) if g not in waiting]
-        if not ready:
-            continue
 
-        def tx(s: Session, ready: list[str] = ready, loc_id: int = loc_id, site: str = loc.site,
+        def tx(s: Session, chunk: list[str], loc_id: int = loc_id, site: str = loc.site,
                buffer_name: str = buffer_name) -> int:
-            n = 0
-            for group in ready:
+            wanted: dict[str, dict[str, Any]] = {}
+            for group in chunk:
                 files = s.execute(select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.size).where(
                     RawDataFile.location_id == loc_id, RawDataFile.group_path == group,
                     RawDataFile.raw_data_package_id.is_(None))).all()
@@ -105,14 +108,15 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Coll
                     for i in range(0, len(ids), 500):
                         s.execute(update(RawDataFile).where(RawDataFile.id.in_(ids[i:i + 500]))
                                   .values(raw_data_package_id=pkg.id))
-                    create_operation(s, kind=OperationKind.RAW_DATA_PACKAGE,
-                                     dedup_key=dedup_key(OperationKind.RAW_DATA_PACKAGE, f"rdp{pkg.id}"),
-                                     site_id=ctx.topology.site_ids[site],
-                                     max_retries=ctx.settings.recovery.max_retries, raw_data_package_id=pkg.id,
-                                     source_location_id=loc_id,
-                                     destination_location_id=ctx.topology.location_ids[buffer_name])
-                    n += 1
-            return n
+                    wanted[dedup_key(OperationKind.RAW_DATA_PACKAGE, f"rdp{pkg.id}")] = dict(
+                        site_id=ctx.topology.site_ids[site], raw_data_package_id=pkg.id, source_location_id=loc_id,
+                        destination_location_id=ctx.topology.location_ids[buffer_name])
+            create_operations(s, kind=OperationKind.RAW_DATA_PACKAGE, max_retries=ctx.settings.recovery.max_retries,
+                              wanted=wanted)
+            return len(wanted)
 
-        created += ctx.db.transact(tx)
+        for i in range(0, len(ready), GROUPS_PER_COMMIT):
+            created += ctx.db.transact(lambda s, chunk=ready[i:i + GROUPS_PER_COMMIT]: tx(s, chunk))
+            if on_commit is not None:
+                on_commit()
     return created
