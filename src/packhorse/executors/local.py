@@ -37,7 +37,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import case, func, select, update
+from sqlalchemy import bindparam, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from .. import logs
@@ -66,6 +66,22 @@ S3_PARTIAL_AGE_SECONDS = 86400.0
 PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
             OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.STAGING,
             OperationKind.FIXITY_CHECK]
+
+
+_OPS = Operation.__table__
+#: Runnable operations not queued here yet: downstream kinds first, then oldest; only as many
+#: as the free task slots can take, so the cost does not grow with the backlog. Built once
+#: (Core, bound parameters): dispatch runs inside the database's write lock.
+_RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.physical_copy_id)
+             .where(_OPS.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
+                    or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")),
+                    _OPS.c.id.not_in(bindparam("busy", expanding=True)))
+             .order_by(case({k.value: i for i, k in enumerate(PRIORITY)}, value=_OPS.c.kind, else_=len(PRIORITY)),
+                       _OPS.c.id)
+             .limit(bindparam("limit")))
+_SCHEDULE = (update(_OPS).where(_OPS.c.id.in_(bindparam("ids", expanding=True)),
+                                _OPS.c.status == Status.PENDING.value)
+             .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now")))
 
 
 # ------------------------------------------------------------------------------ worker processes
@@ -128,7 +144,9 @@ def _start_forkserver() -> None:
     to ``packhorse run``'s whole process group (systemd, a terminal) must reach the run alone,
     which lets running operations finish; a fork server killed by it would break the pool under
     them. Ignored dispositions survive the fork server's exec; its children inherit them."""
-    multiprocessing.set_forkserver_preload([__name__])  # workers fork with packhorse already imported
+    # workers fork with packhorse already imported; the CLI too: a worker process re-runs the
+    # `packhorse` console script as __mp_main__, which would import typer and rich in each
+    multiprocessing.set_forkserver_preload([__name__, "packhorse.cli"])
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return
@@ -178,6 +196,7 @@ class LocalRunner:
         self.on_tick = on_tick
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
+        self._dispatch_lock = threading.RLock()
         self._owner = worker_identity()
         rec = ctx.settings.recovery
         #: failed cycles of the main loop (logged, counted, CRITICAL after max_consecutive_errors)
@@ -273,26 +292,25 @@ class LocalRunner:
         or queued); returns how many operations were dispatched. A task is one operation, or up
         to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions run together
         (:func:`~packhorse.worker.execute_deletions`)."""
+        # one dispatch at a time (the main loop and completion callbacks both dispatch): two
+        # could otherwise select the same operations before either had queued them
+        with self._dispatch_lock:
+            return self._dispatch()
+
+    def _dispatch(self) -> int:
         with self._lock:
             free = self.queue_limit - len(self._tasks)
             busy = set(self.in_flight)
         if free <= 0:
             return 0
-        priority = case({k.value: i for i, k in enumerate(PRIORITY)}, value=Operation.kind, else_=len(PRIORITY))
 
         def tx(s: Session) -> list[tuple[int, ...]]:
             now = utcnow()
-            # downstream kinds first, then oldest; only as many as free task slots can take
-            # (skipping those already queued here), so the cost does not grow with the backlog
-            q = (select(Operation.id, Operation.kind, Operation.physical_copy_id).where(
-                    Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-                    (Operation.not_before.is_(None)) | (Operation.not_before <= now))
-                 .order_by(priority, Operation.id).limit(free * DELETION_BATCH))
-            if busy:
-                q = q.where(Operation.id.not_in(busy))
+            conn = s.connection()
+            rows = conn.execute(_RUNNABLE, dict(now=now, busy=sorted(busy), limit=free * DELETION_BATCH))
             tasks: list[list[int]] = []
             batch: list[int] | None = None  # the open batch of deletions
-            for op_id, kind, copy_id in s.execute(q):
+            for op_id, kind, copy_id in rows:
                 if batchable(kind, copy_id):
                     if batch is None or len(batch) == DELETION_BATCH:
                         if len(tasks) == free:
@@ -306,12 +324,12 @@ class LocalRunner:
                     tasks.append([op_id])
             ids = [i for t in tasks for i in t]
             if ids:
-                s.execute(update(Operation).where(Operation.id.in_(ids), Operation.status == Status.PENDING.value)
-                          .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now))
+                conn.execute(_SCHEDULE, dict(ids=ids, now=now))
             return [tuple(t) for t in tasks]
 
         tasks = self.ctx.db.transact(tx)
         twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
+        submitted = []
         for op_ids in tasks:
             with self._lock:
                 try:
@@ -322,9 +340,13 @@ class LocalRunner:
                 self._tasks.add(fut)
                 for op_id in op_ids:
                     self.in_flight[op_id] = fut
-            fut.add_done_callback(lambda f, i=op_ids: self._done(i, f))
+            submitted.append((op_ids, fut))
             if twice:
                 self._submit(op_ids)
+        # callbacks only once every task is registered: a task already done runs its callback
+        # (which may dispatch again, re-entering the lock) right here
+        for op_ids, fut in submitted:
+            fut.add_done_callback(lambda f, i=op_ids: self._done(i, f))
         return sum(len(t) for t in tasks)
 
     def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -44,10 +45,12 @@ def run(work: Work) -> Recorder:
     ctx = work.ctx
     pkg_id = work.op.raw_data_package_id
 
-    def load(s: Session) -> tuple[RawDataPackage, list[RawDataFile]]:
+    def load(s: Session) -> tuple[RawDataPackage, list[Any]]:
         pkg = s.get(RawDataPackage, pkg_id)
         assert pkg is not None
-        files = list(s.scalars(select(RawDataFile).where(RawDataFile.raw_data_package_id == pkg_id)))
+        # plain rows, not ORM objects: a package may hold thousands of files
+        files = s.execute(select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.sha256,
+                                 RawDataFile.mtime_ns).where(RawDataFile.raw_data_package_id == pkg_id)).all()
         return pkg, files
 
     pkg, files = ctx.db.read(load)
