@@ -162,3 +162,32 @@ def test_a_database_outage_is_never_recorded_as_the_operations_failure(db: Datab
     op = db.read(lambda s: s.get(Operation, op_id))
     assert op.status == Status.IN_PROGRESS.value and op.error_context is None  # lease recovery owns it
     assert db.read(lambda s: s.scalars(select(FailureEvent)).all()) == []
+
+
+def test_concurrent_dispatches_never_hand_out_an_operation_twice(db: Database) -> None:
+    # the main loop and a completion callback dispatch at the same time; a slow hand-over
+    # (a busy pool's queue) must not let the second select what the first is handing over
+    _pending(db, 6)
+    runner, _, _ = _runner(db, Outcome.COMPLETED, prefetch=6)
+    handed: list[int] = []
+    real_submit = runner._submit
+
+    def slow_submit(op_ids):  # type: ignore[no-untyped-def]
+        handed.extend(op_ids)
+        time.sleep(0.05)
+        return real_submit(op_ids)
+
+    runner._submit = slow_submit  # type: ignore[method-assign]
+    release = threading.Event()
+    runner._run_one = lambda op_id: (release.wait(10), Outcome.SKIPPED)[1]  # type: ignore[method-assign]
+    try:
+        threads = [threading.Thread(target=runner.dispatch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    finally:
+        release.set()
+        runner.pool.shutdown(wait=True)
+        runner.hash_pool.shutdown(wait=True)
+    assert sorted(handed) == sorted(set(handed)) and len(handed) == 6
