@@ -146,7 +146,8 @@ def _start_forkserver() -> None:
     them. Ignored dispositions survive the fork server's exec; its children inherit them."""
     # workers fork with packhorse already imported; the CLI too: a worker process re-runs the
     # `packhorse` console script as __mp_main__, which would import typer and rich in each
-    multiprocessing.set_forkserver_preload([__name__, "packhorse.cli"])
+    # (and forkserver_exit: the fork server itself exits at once; see that module)
+    multiprocessing.set_forkserver_preload([__name__, "packhorse.cli", "packhorse.executors.forkserver_exit"])
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return
