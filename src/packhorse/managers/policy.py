@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, UTCDateTime, utcnow
@@ -51,14 +51,18 @@ def archive_copies_required(ctx: StageContext, source_site: str) -> int:
 
 def is_archived(session: Session, ctx: StageContext, pkg: RawDataPackage) -> bool:
     """True when every required archive location holds a present, verified copy."""
-    needed = {ctx.topology.location_ids[n] for n in archive_locations(ctx, source_site_of_package(ctx, pkg))}
+    return _holds_every_archive(session, ctx, pkg.id, pkg.source_location_id)
+
+
+def _holds_every_archive(session: Session, ctx: StageContext, pkg_id: int, source_location_id: int) -> bool:
+    needed = {ctx.topology.location_ids[n] for n in archive_locations(
+        ctx, ctx.topology.location_site[ctx.location_name(source_location_id)])}
     if not needed:
         return False
-    have = set(session.scalars(
-        select(PhysicalCopy.location_id).where(
-            PhysicalCopy.raw_data_package_id == pkg.id, PhysicalCopy.status == CopyStatus.PRESENT.value,
-            PhysicalCopy.verified_at.is_not(None))
-    ))
+    c = PhysicalCopy.__table__
+    have = set(session.connection().execute(select(c.c.location_id).where(
+        c.c.raw_data_package_id == pkg_id, c.c.status == CopyStatus.PRESENT.value,
+        c.c.verified_at.is_not(None))).scalars())
     return needed <= have
 
 
@@ -71,11 +75,17 @@ def mark_archived_if_complete(session: Session, ctx: StageContext, pkg_id: int) 
     would see the other's copy, so the package would never be marked archived (and its buffer
     copies never freed). The second waits for the first and then sees its copy.
     """
-    pkg = session.get(RawDataPackage, pkg_id, with_for_update={"key_share": True})
-    assert pkg is not None
-    if pkg.archived_at is None and is_archived(session, ctx, pkg):
-        pkg.archived_at = utcnow()
-    return pkg.archived_at is not None
+    t = RawDataPackage.__table__
+    conn = session.connection()
+    row = conn.execute(select(t.c.archived_at, t.c.source_location_id).where(t.c.id == pkg_id)
+                       .with_for_update(key_share=True)).first()
+    assert row is not None
+    if row.archived_at is not None:
+        return True
+    if not _holds_every_archive(session, ctx, pkg_id, row.source_location_id):
+        return False
+    conn.execute(update(t).where(t.c.id == pkg_id).values(archived_at=utcnow()))
+    return True
 
 
 def may_delete_bundle_copy(session: Session, ctx: StageContext, dtp_id: int, source_site: str) -> bool:

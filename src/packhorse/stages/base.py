@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from .. import faults
@@ -170,24 +170,29 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
 
 def record_copy(session: Session, *, location_id: int, key: str, size: int, sha256: str,
                 raw_data_package_id: int | None = None, data_transfer_package_id: int | None = None,
-                verified_at: dt.datetime | None = None) -> PhysicalCopy:
-    """Record a verified, present copy unless a live one exists (idempotent; I3)."""
-    q = select(PhysicalCopy).where(PhysicalCopy.location_id == location_id,
-                                   PhysicalCopy.status.in_([s.value for s in LIVE_COPY_STATUSES]))
-    if raw_data_package_id is not None:
-        q = q.where(PhysicalCopy.raw_data_package_id == raw_data_package_id)
-    else:
-        q = q.where(PhysicalCopy.data_transfer_package_id == data_transfer_package_id)
-    existing = session.scalars(q).first()
+                verified_at: dt.datetime | None = None) -> int:
+    """Record a verified, present copy unless a live one exists (idempotent; I3); returns its id.
+
+    Runs in fenced completion transactions, inside the database's write lock: plain Core
+    statements, no ORM objects.
+
+    Raises:
+        DestinationConflictError: a live copy at the location has other bytes (sha256).
+    """
+    t = PhysicalCopy.__table__
+    subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
+               else t.c.data_transfer_package_id == data_transfer_package_id)
+    conn = session.connection()
+    existing = conn.execute(select(t.c.id, t.c.sha256).where(
+        t.c.location_id == location_id, t.c.status.in_([s.value for s in LIVE_COPY_STATUSES]), subject)).first()
+    when = verified_at or utcnow()
     if existing is not None:
         if existing.sha256 != sha256:
             raise DestinationConflictError(
                 f"copy record at location {location_id} has sha256 {existing.sha256}, new copy {sha256}")
-        existing.verified_at = verified_at or utcnow()
-        return existing
-    copy = PhysicalCopy(raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
-                        location_id=location_id, path=key, size=size, sha256=sha256,
-                        status=CopyStatus.PRESENT.value, created_at=utcnow(), verified_at=verified_at or utcnow())
-    session.add(copy)
-    session.flush()
-    return copy
+        conn.execute(update(t).where(t.c.id == existing.id).values(verified_at=when))
+        return int(existing.id)
+    return int(conn.execute(insert(t).values(
+        raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
+        location_id=location_id, path=key, size=size, sha256=sha256, status=CopyStatus.PRESENT.value,
+        created_at=utcnow(), verified_at=when)).inserted_primary_key[0])

@@ -11,7 +11,7 @@ import calendar
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import RawDataFile, RawDataPackage
@@ -85,10 +85,11 @@ def run(work: Work) -> Recorder:
     location_id = ctx.topology.location_ids[dst_name]
 
     def record(s: Session) -> None:
-        row = s.get(RawDataPackage, pkg_id)
+        t = RawDataPackage.__table__
+        row = s.connection().execute(select(t.c.name, t.c.sha256).where(t.c.id == pkg_id)).first()
         assert row is not None
         if row.sha256 is None:
-            row.size, row.sha256 = size, sha
+            s.connection().execute(update(t).where(t.c.id == pkg_id).values(size=size, sha256=sha))
         elif row.sha256 != sha:
             raise DestinationConflictError(f"package {row.name!r} rebuilt with sha256 {sha}, recorded {row.sha256}")
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
