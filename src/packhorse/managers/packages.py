@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import RawDataFile, RawDataPackage, utcnow
@@ -22,6 +22,8 @@ from ..operations import create_operations, dedup_key
 from ..stages.base import StageContext
 
 ROOT_GROUP_NAME = "_root"
+_FILES = RawDataFile.__table__
+_PACKAGES = RawDataPackage.__table__
 #: Groups packaged per transaction: each commit lets the first packages start (``on_commit``).
 GROUPS_PER_COMMIT = 10
 
@@ -86,6 +88,7 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Coll
         def tx(s: Session, chunk: list[str], loc_id: int = loc_id, site: str = loc.site,
                buffer_name: str = buffer_name) -> int:
             wanted: dict[str, dict[str, Any]] = {}
+            conn = s.connection()
             for group in chunk:
                 files = s.execute(select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.size).where(
                     RawDataFile.location_id == loc_id, RawDataFile.group_path == group,
@@ -95,21 +98,27 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Coll
                 base = group or ROOT_GROUP_NAME
                 taken = set(s.scalars(select(RawDataPackage.name).where(
                     (RawDataPackage.name == base) | RawDataPackage.name.like(f"{base}+%"))))
-                for part in _split(files, ctx.settings.packaging.max_package_bytes):
+                parts = _split(files, ctx.settings.packaging.max_package_bytes)
+                for part in parts:
                     now = utcnow()
                     name = _name_for(group, taken)
                     taken.add(name)
-                    pkg = RawDataPackage(name=name, group_path=group, source_location_id=loc_id, created_at=now,
-                                         bagging_date=now.strftime("%Y-%m-%d"), file_count=len(part),
-                                         payload_bytes=sum(f.size for f in part))
-                    s.add(pkg)
-                    s.flush()
-                    ids = [f.id for f in part]
-                    for i in range(0, len(ids), 500):
-                        s.execute(update(RawDataFile).where(RawDataFile.id.in_(ids[i:i + 500]))
-                                  .values(raw_data_package_id=pkg.id))
-                    wanted[dedup_key(OperationKind.RAW_DATA_PACKAGE, f"rdp{pkg.id}")] = dict(
-                        site_id=ctx.topology.site_ids[site], raw_data_package_id=pkg.id, source_location_id=loc_id,
+                    # Core statements: this transaction holds the database's write lock
+                    pkg_id = conn.execute(insert(_PACKAGES).values(
+                        name=name, group_path=group, source_location_id=loc_id, created_at=now,
+                        bagging_date=now.strftime("%Y-%m-%d"), file_count=len(part),
+                        payload_bytes=sum(f.size for f in part))).inserted_primary_key[0]
+                    unassigned = (_FILES.c.location_id == loc_id, _FILES.c.group_path == group,
+                                  _FILES.c.raw_data_package_id.is_(None))
+                    if len(parts) == 1:  # the whole group: no list of ids
+                        conn.execute(update(_FILES).where(*unassigned).values(raw_data_package_id=pkg_id))
+                    else:
+                        ids = [f.id for f in part]
+                        for i in range(0, len(ids), 500):
+                            conn.execute(update(_FILES).where(_FILES.c.id.in_(ids[i:i + 500]))
+                                         .values(raw_data_package_id=pkg_id))
+                    wanted[dedup_key(OperationKind.RAW_DATA_PACKAGE, f"rdp{pkg_id}")] = dict(
+                        site_id=ctx.topology.site_ids[site], raw_data_package_id=pkg_id, source_location_id=loc_id,
                         destination_location_id=ctx.topology.location_ids[buffer_name])
             create_operations(s, kind=OperationKind.RAW_DATA_PACKAGE, max_retries=ctx.settings.recovery.max_retries,
                               wanted=wanted)
