@@ -11,9 +11,10 @@ import enum
 from typing import Any
 
 import structlog
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .db.models import FailureEvent, Operation, PhysicalCopy, utcnow
+from .db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage, utcnow
 from .domain import OperationKind
 from .errors import LeaseLostError, OperationDeferred, PermanentError, RetryableError, TransientDatabaseError
 from .lease import LeaseKeeper
@@ -179,6 +180,11 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
         def mark(s: Session) -> tuple[dict[int, PhysicalCopy], dict[int, Exception]]:
             marked: dict[int, PhysicalCopy] = {}
             blocked: dict[int, Exception] = {}
+            # load every copy and its package at once: the rules then find them in the session
+            copies = list(s.scalars(select(PhysicalCopy).where(
+                PhysicalCopy.id.in_([w.op.physical_copy_id for w in works.values()]))))
+            list(s.scalars(select(RawDataPackage).where(
+                RawDataPackage.id.in_({c.raw_data_package_id for c in copies if c.raw_data_package_id}))))
             for op_id, w in works.items():
                 try:
                     with s.begin_nested():  # a blocked copy changes nothing; the others go on
