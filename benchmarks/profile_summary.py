@@ -8,7 +8,8 @@ Samples whose innermost frame is a wait (a thread pool waiting for work, ``Event
 remaining (busy) samples of all threads together, so on 2 cores up to 200 % of the wall time
 can be busy. Three views:
 
-* ``where``: busy samples by thread and pipeline part — the stage a worker runs
+* ``where``: busy samples by thread and pipeline part — the stage a worker (thread or worker
+  process: ``run_benchmarks.py --profile`` records them with ``--subprocesses``) runs
   (``stages/<kind>.py``; ``db`` when inside ``Database.transact``), the main loop's managers
   (``managers/<name>.py``), dispatch, scan, lease heartbeats, start-up;
 * ``self``: innermost frame (the function actually on the CPU or in a system call);
@@ -46,13 +47,15 @@ def _where(thread: str, frames: list[str]) -> str:
         return "heartbeat threads (lease renewal)"
     if thread.startswith("scan"):
         return "scan threads (sha256 of source files)"
-    if thread.startswith("worker"):
+    if thread.startswith("worker") or "_run_in_worker_process" in joined or "forkserver.py" in joined:
         m = re.search(r"packhorse/stages/(\w+)\.py", joined)
         if m:
             stage_at = joined.index(m.group(0))
             db = "Database.transact" in joined[stage_at:]
             return f"worker: stage {m.group(1)}" + (" (db)" if db else "")
-        return "worker: claim / lease / completion (db)"
+        if "_run_in_worker_process" in joined or "execute_operation" in joined:
+            return "worker: claim / lease / completion (db)"
+        return "worker process: start-up (fork server, initializer)"
     if "LocalRunner.run" not in joined:
         return "main: start-up (imports, config, database)" if "LocalRunner" not in joined else "main: other"
     m = re.search(r"packhorse/managers/(\w+)\.py", joined)
