@@ -12,11 +12,12 @@ from typing import Any
 
 import structlog
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage, utcnow
 from .domain import OperationKind
-from .errors import LeaseLostError, OperationDeferred, PermanentError, RetryableError, TransientDatabaseError
+from .errors import LeaseLostError, OperationDeferred, TransientDatabaseError
 from .lease import LeaseKeeper
 from .operations import Claim, build_error_context, claim, claim_many, complete_in, defer, record_failure
 from .stages import STAGES
@@ -189,7 +190,9 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
                 try:
                     with s.begin_nested():  # a blocked copy changes nothing; the others go on
                         marked[op_id] = mark_copy(s, ctx, w.op.physical_copy_id)  # type: ignore[arg-type]
-                except (PermanentError, RetryableError) as exc:
+                except SQLAlchemyError:
+                    raise  # the database's trouble, not this copy's: every operation of the batch
+                except Exception as exc:  # the rules block it (or a fault of this copy alone)
                     blocked[op_id] = exc
             return marked, blocked
 
