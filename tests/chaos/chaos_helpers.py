@@ -61,3 +61,27 @@ def drive_until_kind_exists(ctx: StageContext, kind: OperationKind, max_cycles: 
         for o in ops:
             execute_operation(ctx, o.id, "test-driver")
     raise AssertionError(f"no {kind.value} operation appeared")
+
+
+def stop_outside_a_write(pid: int, ctx: StageContext) -> None:
+    """SIGSTOP process ``pid`` at a moment it holds no SQLite write transaction.
+
+    A process stopped in the middle of one (its heartbeat thread renewing the lease, say)
+    would keep the database locked for every other process until SIGCONT, which is not the
+    fault under test (a stuck worker) and made these tests flaky on a loaded machine. Holding
+    the database's writer queue lock (:class:`~packhorse.db.session.WriterQueue`) while
+    stopping it guarantees it is not inside a write: every write transaction takes that lock
+    first.
+    """
+    import fcntl
+    import signal
+
+    db_path = ctx.db.engine.url.database
+    assert db_path, "an SQLite database"
+    fd = os.open(db_path + ".writer-lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.kill(pid, signal.SIGSTOP)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

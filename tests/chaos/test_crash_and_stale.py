@@ -29,7 +29,7 @@ from packhorse.domain import CopyStatus, OperationKind, Status
 from packhorse.recovery.monitor import check_stalled
 
 from support import SRC, run_packhorse
-from chaos_helpers import context, drive_until_kind_exists, make_source
+from chaos_helpers import context, drive_until_kind_exists, make_source, stop_outside_a_write
 
 LTA_DIRS = ("sites/cologne/archive", "sites/cornell/archive")
 
@@ -144,7 +144,7 @@ def test_stale_worker_paused_past_its_lease(site_config, tmp_path):
                               "-c", str(cfg)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(marker)
-        os.kill(first.pid, signal.SIGSTOP)
+        stop_outside_a_write(first.pid, ctx)  # stuck: no heartbeats either
         time.sleep(2.5)  # past the 2 s lease
         assert check_stalled(ctx.db, ctx.settings).reset == [op_id]  # what the monitor does
         second = run_packhorse("run-operation", "long_term_archive", str(op_id), "-c", str(cfg))

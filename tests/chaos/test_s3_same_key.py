@@ -25,7 +25,7 @@ from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPa
 from packhorse.domain import OperationKind, Status
 from packhorse.recovery.monitor import check_stalled
 
-from chaos_helpers import context, drive_until_kind_exists, make_source
+from chaos_helpers import context, drive_until_kind_exists, make_source, stop_outside_a_write
 from s3_support import bucket_objects, s3_site_config
 from support import SRC, run_packhorse
 from test_crash_and_stale import _wait_for
@@ -48,7 +48,7 @@ def test_stuck_worker_publishes_late_to_the_same_key(s3_server, tmp_path, write_
                               "-c", str(cfg)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(marker)  # past its last lease check, about to publish
-        os.kill(first.pid, signal.SIGSTOP)  # stuck: no heartbeats either
+        stop_outside_a_write(first.pid, ctx)  # stuck: no heartbeats either
         time.sleep(2.5)  # past the 2 s lease
         assert check_stalled(ctx.db, ctx.settings).reset == [op_id]  # what the monitor does
         second = run_packhorse("run-operation", "long_term_archive", str(op_id), "-c", str(cfg))
