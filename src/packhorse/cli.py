@@ -41,6 +41,20 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _log_level(default: str) -> str:
+    """The log level: ``PACKHORSE_LOG_LEVEL`` if set (checked: a typo must not silently log at
+    another level), else ``default``."""
+    from .runtime_settings import LOG_LEVELS
+
+    value = os.environ.get("PACKHORSE_LOG_LEVEL")
+    if value is None:
+        return default
+    if value.strip().upper() not in LOG_LEVELS:
+        raise _fail(f"PACKHORSE_LOG_LEVEL: {value!r} is not a log level; one of {', '.join(LOG_LEVELS)}",
+                    EXIT_CONFIG)
+    return value.strip().upper()
+
+
 def _settings(config: Path | None) -> Settings:
     try:
         return load_config(config)
@@ -73,7 +87,7 @@ def _database(settings: Settings, *, migrate_check: bool) -> Database:
 def _context(config: Path | None, *, migrate_check: bool = True) -> StageContext:
     from . import logs
 
-    logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "WARNING"))
+    logs.configure(_log_level("WARNING"))
     settings = _settings(config)
     db = _database(settings, migrate_check=migrate_check)
     return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
@@ -172,7 +186,7 @@ def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> tuple[float, in
     from .executors.local import LocalRunner
 
     show_bars = sys.stderr.isatty() and not quiet
-    logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "ERROR" if quiet else ("WARNING" if show_bars else "INFO")))
+    logs.configure(_log_level("ERROR" if quiet else ("WARNING" if show_bars else "INFO")))
     bars = _Progress(ctx) if show_bars else None
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
@@ -483,7 +497,7 @@ def manager(
     from .executors.celery_app import Manager
 
     ctx = _celery_settings(config)
-    logs.configure(os.environ.get("PACKHORSE_LOG_LEVEL", "INFO"))
+    logs.configure(_log_level("INFO"))
     mgr = Manager(ctx.settings)
 
     def stop(signum: int, _frame: object) -> None:

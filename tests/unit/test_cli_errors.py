@@ -77,3 +77,15 @@ def test_status_before_init_leaves_no_database_file_behind(tmp_path: Path) -> No
     r = run_packhorse("status", "-c", str(cfg))
     assert r.returncode == 2 and "packhorse init" in r.stderr
     assert not (tmp_path / "ops.db").exists()
+
+
+@pytest.mark.parametrize("command", [("status",), ("run", "--until-idle")])
+def test_an_unknown_log_level_is_refused_naming_the_variable(tmp_path: Path, command: tuple[str, ...]) -> None:
+    # a typo must not silently log at another level (found by a new-user trial)
+    cfg = tmp_path / "packhorse.toml"
+    cfg.write_text('[database]\nurl = "sqlite:///p.db"\n', encoding="utf-8")
+    r = run_packhorse(*command, "-c", str(cfg), env={"PACKHORSE_LOG_LEVEL": "bogus"})
+    assert r.returncode == 2, r.stderr
+    assert "PACKHORSE_LOG_LEVEL: 'bogus' is not a log level" in r.stderr and "Traceback" not in r.stderr
+    ok = run_packhorse("status", "-c", str(cfg), env={"PACKHORSE_LOG_LEVEL": "debug"})
+    assert "PACKHORSE_LOG_LEVEL" not in ok.stderr
