@@ -430,7 +430,7 @@ class Settings(_Section):
                               f"{archives} long-term archive location(s); buffers would never be freed")
         disk = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.DISK and l.path]
         # realpath: two names for one folder (a symlink) would count one file as two copies
-        resolved = [(i, l, Path(os.path.realpath(self.base_dir / l.path))) for i, l in disk]
+        resolved = [(i, l, Path(os.path.realpath(self._resolve(l.path)))) for i, l in disk]
         for a in range(len(resolved)):
             for b in range(a + 1, len(resolved)):
                 ia, la, pa = resolved[a]
@@ -453,11 +453,15 @@ class Settings(_Section):
             raise ValueError("; ".join(errors))
         return self
 
+    def _resolve(self, path: str) -> Path:
+        """``path`` with a leading ``~`` (or ``~user``) expanded, relative to :attr:`base_dir`."""
+        return self.base_dir / os.path.expanduser(path)
+
     def location_path(self, name: str) -> Path:
         """Absolute root folder of disk location ``name``."""
         loc = self.location(name)
         assert loc.path is not None
-        return Path(os.path.abspath(self.base_dir / loc.path))
+        return Path(os.path.abspath(self._resolve(loc.path)))
 
     @property
     def database_url(self) -> str:
@@ -467,7 +471,7 @@ class Settings(_Section):
         if url.startswith(prefix) and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
             rel = url[len(prefix):]
             if rel and not rel.startswith(":"):
-                return prefix + os.path.abspath(self.base_dir / rel)
+                return prefix + os.path.abspath(self._resolve(rel))
         return url
 
 

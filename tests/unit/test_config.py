@@ -143,6 +143,17 @@ def test_absolute_paths_and_urls_are_kept(tmp_path: Path) -> None:
         assert settings_from_dict(d, base_dir=tmp_path, environ={}).database_url == url
 
 
+def test_a_leading_tilde_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as in a shell, not a folder named "~" next to the config (found by a new-user trial)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = write_site_config(tmp_path / "conf", source="~/telescope/raw")
+    text = path.read_text().replace('url = "sqlite:///packhorse.db"', 'url = "sqlite:///~/ops/packhorse.db"')
+    path.write_text(text)
+    s = load_config(path)
+    assert s.location_path("fyst-source") == tmp_path / "home" / "telescope" / "raw"
+    assert s.database_url == f"sqlite:///{tmp_path / 'home' / 'ops' / 'packhorse.db'}"
+
+
 def test_config_loaded_with_relative_file_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_site_config(tmp_path / "conf")
     monkeypatch.chdir(tmp_path)
