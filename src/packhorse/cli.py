@@ -119,7 +119,16 @@ def init(config: ConfigOpt = None) -> None:
 
 
 def _exit_code_after_run(ctx: StageContext) -> int:
+    from sqlalchemy import func, select
+
+    from .db.models import SkippedFile
     from .reporting import failed_operations
+
+    skipped = ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(SkippedFile))) or 0
+    if skipped:
+        # not a failure (the rest was archived), but nothing a user should miss either
+        print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "
+              "names not allowed, changed after registration); see `packhorse status`", file=sys.stderr)
 
     failed = ctx.db.read(failed_operations)
     if failed:

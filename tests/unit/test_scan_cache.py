@@ -153,3 +153,38 @@ def test_a_missing_source_folder_is_reported_not_an_error(tmp_path: Path) -> Non
             assert result.registered == 0
             assert [reason for path, reason in result.skipped if path == "."] == [
                 f"source folder {source(ctx)} does not exist"]
+
+
+def test_a_file_registered_by_another_scanner_meanwhile_is_not_an_error(ctx: StageContext,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # two `packhorse run` on one database (found by a new-user trial): the second scan hashed
+    # files the first registered after it looked. Its insert must not fail — a failed scan left
+    # the runner without the list of groups still settling, and it packaged a group whose
+    # last files then became a second package of their own.
+    write(source(ctx) / "inst/obs1/a.dat", b"a")
+    write(source(ctx) / "inst/obs1/b.dat", b"b")
+    with ThreadPoolExecutor(2) as pool:
+        assert scan_all(ctx, pool).registered == 2
+        monkeypatch.setattr(scan_module, "_registered", lambda *a, **k: {})  # looked before the other committed
+        again = scan_all(ctx, pool)
+    assert again.unsettled_groups == {"fyst-source": set()} and not again.skipped
+    rows = ctx.db.read(lambda s: s.execute(select(RawDataFile.relative_path, RawDataFile.sha256)).all())
+    assert sorted(p for p, _ in rows) == ["inst/obs1/a.dat", "inst/obs1/b.dat"]
+
+
+def test_no_packaging_after_a_failed_scan(ctx: StageContext) -> None:
+    # the runner passes None when its latest scan failed: which groups are still settling is
+    # unknown then, and a group packaged half-registered would be split in two packages
+    from packhorse.db.models import RawDataPackage
+    from packhorse.executors.local import LocalRunner
+
+    write(source(ctx) / "inst/obs1/a.dat", b"a")
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    runner = LocalRunner(ctx)
+    try:
+        assert runner.manage(None, flush=True)[0] == 0
+        assert ctx.db.read(lambda s: s.scalar(select(RawDataPackage.id))) is None
+        assert runner.manage({}, flush=True)[0] >= 1  # once a scan succeeded
+    finally:
+        runner.hash_pool.shutdown()

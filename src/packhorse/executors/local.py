@@ -350,8 +350,11 @@ class LocalRunner:
             fut.add_done_callback(lambda f, i=op_ids: self._done(i, f))
         return sum(len(t) for t in tasks)
 
-    def manage(self, unsettled: dict[str, set[str]], *, flush: bool) -> tuple[int, float | None]:
+    def manage(self, unsettled: dict[str, set[str]] | None, *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``.
+
+        ``unsettled``: the groups still settling, per source location, from the latest scan;
+        ``None`` (that scan failed) skips packaging this cycle.
 
         While :meth:`run` is going, operations a manager created are dispatched at once, so
         free workers start on them while the later managers run; otherwise (a caller driving
@@ -366,7 +369,7 @@ class LocalRunner:
                 dispatch_now()
             return n
 
-        created = packages.manage(self.ctx, unsettled, on_commit=dispatch_now)
+        created = 0 if unsettled is None else packages.manage(self.ctx, unsettled, on_commit=dispatch_now)
         faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += started(n)
@@ -381,9 +384,13 @@ class LocalRunner:
         (except sources) for partial writes older than a lease, left by a crashed process; later
         partials are removed by the next attempt at the same object, so the (possibly long)
         walk of an archive runs once per start, not every monitor interval."""
-        with self._lock:
-            queued_here = set(self.in_flight)
-        report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
+        # no dispatch meanwhile: an operation handed to the pool after the list of those queued
+        # here was taken would look lost to the reconciler (SCHEDULED, not queued here) and be
+        # reset and reported needlessly
+        with self._dispatch_lock:
+            with self._lock:
+                queued_here = set(self.in_flight)
+            report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
         if report.reset:
             log.warning("stalled_operations_reset", operation_ids=report.reset)
         if self._swept or faults.fencing_disabled():  # test-only switch: stale partials stay
@@ -443,6 +450,7 @@ class LocalRunner:
         last_scan = last_monitor = float("-inf")
         monitor_due: float | None = None  # an earlier monitor pass (lease about to expire)
         scan = ScanResult()
+        scan_failed = True  # until the first scan succeeds
         flush = False
         last_manage = manage_cost = 0.0
         try:
@@ -458,7 +466,9 @@ class LocalRunner:
                     last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= last_scan + poll or settle_due:
-                    scan = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=scan)
+                    looked = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=None)
+                    scan_failed = looked is None
+                    scan = scan if looked is None else looked
                     last_scan = time.monotonic()
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
@@ -472,7 +482,9 @@ class LocalRunner:
                 with self._lock:
                     finished_before_manage = self.finished
                 try:
-                    created, bundle_wait = self.manage(scan.unsettled_groups, flush=flush)
+                    # after a failed scan nobody knows which groups are still settling: no
+                    # packaging until a scan succeeds (a half-registered group would be split)
+                    created, bundle_wait = self.manage(None if scan_failed else scan.unsettled_groups, flush=flush)
                     self.errors.succeeded()
                 except Exception as e:  # a database blip must not end the run (issue #3 layer 3)
                     self.errors.failed(e, "managers")
@@ -505,7 +517,7 @@ class LocalRunner:
                                 continue
                             if not final.registered and not final.pending_settle:
                                 break
-                            scan = final
+                            scan, scan_failed = final, False
                             flush = False
                             continue
                     elif not running and not dispatched and soon is not None:
