@@ -188,3 +188,47 @@ def test_no_packaging_after_a_failed_scan(ctx: StageContext) -> None:
         assert runner.manage({}, flush=True)[0] >= 1  # once a scan succeeded
     finally:
         runner.hash_pool.shutdown()
+
+
+def skipped_rows(ctx: StageContext) -> set[str]:
+    from packhorse.db.models import SkippedFile
+
+    return set(ctx.db.read(lambda s: list(s.scalars(select(SkippedFile.relative_path)))))
+
+
+def test_a_folder_readable_again_leaves_the_skipped_list(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    # found by a new-user trial: after `chmod 755` the folder was archived, yet `status` listed
+    # it as "folder not readable" forever (tests run as root, so the denial is simulated)
+    write(source(ctx) / "inst/obs1/a.dat", b"a")
+    write(source(ctx) / "inst/obs2/b.dat", b"b")
+    age_folders(source(ctx))
+    real = os.scandir
+
+    def denied(path):  # type: ignore[no-untyped-def]
+        if str(path).endswith("inst/obs2"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    cache = ScanCache()
+    with ThreadPoolExecutor(2) as pool:
+        monkeypatch.setattr(os, "scandir", denied)
+        first = scan_all(ctx, pool, cache)
+        assert ("inst/obs2", "folder not readable: Permission denied") in first.skipped
+        assert skipped_rows(ctx) == {"inst/obs2"}
+        monkeypatch.setattr(os, "scandir", real)
+        scan_all(ctx, pool, cache)  # not a full listing: the cache skips inst/obs1
+    assert skipped_rows(ctx) == set()
+    assert registered(ctx) == {"inst/obs1/a.dat", "inst/obs2/b.dat"}
+
+
+def test_a_full_listing_forgets_skipped_paths_that_are_gone(ctx: StageContext) -> None:
+    write(source(ctx) / "inst/obs1/a.dat", b"a")
+    os.symlink("a.dat", source(ctx) / "inst/obs1/link.dat")
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+        assert skipped_rows(ctx) == {"inst/obs1/link.dat"}
+        scan_all(ctx, pool)  # still there: still listed
+        assert skipped_rows(ctx) == {"inst/obs1/link.dat"}
+        (source(ctx) / "inst/obs1/link.dat").unlink()
+        scan_all(ctx, pool)
+    assert skipped_rows(ctx) == set()

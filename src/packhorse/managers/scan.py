@@ -219,6 +219,7 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
     result = ScanResult()
     found: list[tuple[str, os.stat_result]] = []
     seen: dict[str, _Folder] | None = None
+    full = False  # every folder listed: every skipped path there is was seen by this scan
     if not os.path.isdir(root):
         # a typo in a path (or an unmounted disk) must not look like "nothing to archive"
         log.warning("source_folder_missing", location=location, path=root)
@@ -299,6 +300,13 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
                                   first_seen_at=stamp, last_seen_at=stamp))
             else:
                 row.reason, row.last_seen_at = reason, stamp
+        # an entry this scan did not find again is over (the folder is readable again, the
+        # link or the file is gone): a folder that could not be listed is listed again at every
+        # scan, so its entry goes at once; the others at the next full listing
+        current = {path for path, _ in result.skipped}
+        for path, row in existing.items():
+            if path not in current and (full or row.reason.startswith("folder not readable")):
+                s.delete(row)
         return len(rows)
 
     result.registered = ctx.db.transact(tx)
