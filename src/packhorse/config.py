@@ -55,9 +55,9 @@ class ExecutorConfig(_Section):
     ``workers``: operations run at once by ``packhorse run``. ``pool``: ``"process"`` (default;
     one worker process each, every core used) or ``"thread"`` (threads of the ``run``
     process; for debugging). ``prefetch_multiplier`` (local pool only, as Celery's setting of
-    that name): ``packhorse run`` hands up to ``workers × prefetch_multiplier`` operations to
-    its pool at once, so a worker that finishes one starts the next without waiting for the
-    main loop (many small operations). Celery workers always use 1 (a message is only held
+    that name): ``packhorse run`` hands up to ``workers × prefetch_multiplier`` tasks (an
+    operation, or a batch of buffer-copy deletions) to its pool at once, so a worker that
+    finishes one starts the next without waiting for the main loop (many small operations). Celery workers always use 1 (a message is only held
     while it runs, :mod:`packhorse.executors.celery_app`).
     """
 

@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, utcnow
-from .db.session import Database
+from .db.session import Database, insert_ignoring_conflicts
 from .domain import NotificationLevel, OperationKind, Status
 from .notify.outbox import enqueue, render_error_context
 
@@ -129,12 +129,7 @@ def create_operations(session: Session, *, kind: OperationKind, max_retries: int
                  destination_location_id=kw.get("destination_location_id"), site_id=kw["site_id"],
                  attempt=0, retry_count=0, stall_count=0, created_at=now, updated_at=now, bytes_done=0)
             for key, kw in wanted.items()]
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    stmt = dialect_insert(Operation).on_conflict_do_nothing(index_elements=[Operation.dedup_key])
+    stmt = insert_ignoring_conflicts(session, Operation.__table__, Operation.__table__.c.dedup_key)
     created = 0
     for i in range(0, len(rows), 500):
         created += len(session.execute(stmt.returning(Operation.id), rows[i:i + 500]).all())

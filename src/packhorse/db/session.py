@@ -38,7 +38,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import create_engine, event, exc, inspect, text
 from sqlalchemy.engine import Engine
@@ -219,6 +219,17 @@ def _discard(session: Session) -> None:
             session.invalidate()
         except Exception:
             pass
+
+
+def insert_ignoring_conflicts(session: Session, table: Any, *keys: Any) -> Any:
+    """``INSERT INTO table … ON CONFLICT (keys) DO NOTHING`` for the session's database
+    (SQLite or PostgreSQL): a row whose unique ``keys`` exist already is skipped by the database
+    itself, so two writers racing insert it once and neither fails."""
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
 #: The head of ``db/migrations`` (a unit test compares it with Alembic's view of the scripts);

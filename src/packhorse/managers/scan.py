@@ -30,7 +30,6 @@ import stat as st
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 from sqlalchemy import delete, select
@@ -38,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from ..digest import sha256_stream
 from ..db.models import RawDataFile, SkippedFile, utcnow
+from ..db.session import insert_ignoring_conflicts
 from ..domain import LocationRole, StorageType
 from ..errors import UnsafePathError
 from ..stages.base import StageContext
@@ -177,16 +177,6 @@ def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]
     return "ok", digest
 
 
-def _insert_ignoring_registered(s: Session) -> Any:
-    """``INSERT … ON CONFLICT (location_id, relative_path) DO NOTHING`` into ``raw_data_files``."""
-    if s.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    t = RawDataFile.__table__
-    return insert(t).on_conflict_do_nothing(index_elements=[t.c.location_id, t.c.relative_path])
-
-
 def _registered(ctx: StageContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
     """``{path: (size, mtime_ns)}`` of the registered files among ``paths`` (all of the
     location's when ``paths`` is long)."""
@@ -287,7 +277,9 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
             # a file another scanner (a second `packhorse run`) registered since _registered
             # looked is left as it is: registration is idempotent, never an error that would
             # cost this scan its view of which groups are still settling
-            s.execute(_insert_ignoring_registered(s), [dict(r, registered_at=stamp) for r in rows])
+            t = RawDataFile.__table__
+            s.execute(insert_ignoring_conflicts(s, t, t.c.location_id, t.c.relative_path),
+                      [dict(r, registered_at=stamp) for r in rows])
             paths = [r["relative_path"] for r in rows]
             for i in range(0, len(paths), 500):
                 s.execute(delete(SkippedFile).where(SkippedFile.location_id == loc_id,
