@@ -7,6 +7,7 @@ failure goes through the single failure path (:func:`~packhorse.operations.recor
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from typing import Any
 
@@ -78,14 +79,11 @@ def task_id(c: Claim) -> str:
 
 
 def _run_claimed(ctx: StageContext, c: Claim) -> Outcome:
-    rec = ctx.settings.recovery
     operation_id = c.operation_id
     op = c.operation if c.operation is not None else ctx.db.read(lambda s: s.get(Operation, operation_id))
     assert op is not None
     log.debug("operation_claimed")
-    keeper = LeaseKeeper(ctx.db, c, lease_seconds=rec.lease_timeout_seconds,
-                         interval_seconds=rec.heartbeat_interval_seconds,
-                         deadline_seconds=rec.renewal_deadline_seconds)
+    keeper = _keeper(ctx, c)
     work = Work(ctx, c, op, keeper)
     with keeper:
         try:
@@ -171,13 +169,11 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
     works: dict[int, Work] = {}
     for c in claims.values():
         assert c.operation is not None and c.operation.physical_copy_id is not None
-        keeper = LeaseKeeper(ctx.db, c, lease_seconds=rec.lease_timeout_seconds,
-                             interval_seconds=rec.heartbeat_interval_seconds,
-                             deadline_seconds=rec.renewal_deadline_seconds)
-        works[c.operation_id] = Work(ctx, c, c.operation, keeper)
-    for w in works.values():
-        w.lease.__enter__()
-    try:
+        works[c.operation_id] = Work(ctx, c, c.operation, _keeper(ctx, c))
+    with contextlib.ExitStack() as leases:
+        for w in works.values():
+            leases.enter_context(w.lease)
+
         def mark(s: Session) -> tuple[dict[int, PhysicalCopy], dict[int, Exception]]:
             marked: dict[int, PhysicalCopy] = {}
             blocked: dict[int, Exception] = {}
@@ -237,10 +233,14 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                 outcomes[op_id] = _failed(ctx, w.claim, exc, w.info)
-    finally:
-        for w in works.values():
-            w.lease.__exit__(None, None, None)
     return [outcomes[i] for i in operation_ids]
+
+
+def _keeper(ctx: StageContext, c: Claim) -> LeaseKeeper:
+    """The lease keeper of a claimed attempt, with the ``[recovery]`` timings."""
+    rec = ctx.settings.recovery
+    return LeaseKeeper(ctx.db, c, lease_seconds=rec.lease_timeout_seconds,
+                       interval_seconds=rec.heartbeat_interval_seconds, deadline_seconds=rec.renewal_deadline_seconds)
 
 
 def _log_context(c: Claim) -> dict[str, Any]:

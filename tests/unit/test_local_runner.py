@@ -55,14 +55,19 @@ def _runner(db: Database, outcome: Outcome, prefetch: int = 1) -> tuple[LocalRun
     return runner, ran, idle
 
 
+def _wait_completed(runner: LocalRunner, n: int, timeout: float = 10) -> None:
+    """Wait (at most ``timeout`` s) until ``n`` operations completed."""
+    deadline = time.monotonic() + timeout
+    while runner.outcomes[Outcome.COMPLETED] < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_finished_operation_dispatches_the_next_without_the_main_loop(db: Database) -> None:
     ids = _pending(db, 5)
     runner, ran, _ = _runner(db, Outcome.COMPLETED)
     try:
         assert runner.dispatch() == 1  # one worker: one operation now, the rest from completions
-        deadline = time.monotonic() + 10
-        while runner.outcomes[Outcome.COMPLETED] < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_completed(runner, 5)
     finally:
         runner.pool.shutdown(wait=True)
         runner.hash_pool.shutdown(wait=True)
@@ -79,9 +84,7 @@ def test_prefetch_keeps_the_pool_queue_filled(db: Database) -> None:
         assert runner.dispatch() == 3
         statuses = db.read(lambda s: sorted(s.scalars(select(Operation.status))))
         assert statuses.count("PENDING") <= 7  # the rest were handed over (SCHEDULED, then run)
-        deadline = time.monotonic() + 10
-        while runner.outcomes[Outcome.COMPLETED] < 10 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_completed(runner, 10)
     finally:
         runner.pool.shutdown(wait=True)
         runner.hash_pool.shutdown(wait=True)

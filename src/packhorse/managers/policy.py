@@ -149,14 +149,24 @@ def failed_fixity(session: Session, pkg_ids: list[int]) -> list[tuple[int, int, 
     one of ``pkg_ids`` is ``corrupt`` or ``missing`` (its last fixity check failed)."""
     if not pkg_ids:
         return []
-    latest = (select(func.max(PhysicalCopy.id))
-              .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-              .where(PhysicalCopy.raw_data_package_id.in_(pkg_ids),
-                     DataLocation.role == LocationRole.LONG_TERM_ARCHIVE.value)
-              .group_by(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id))
-    rows = session.execute(select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id, PhysicalCopy.status)
-                           .where(PhysicalCopy.id.in_(latest), PhysicalCopy.status.in_(FIXITY_FAILED))).all()
-    return [(r[0], r[1], r[2]) for r in rows]
+    return _failed_latest(session.execute(
+        select(PhysicalCopy.raw_data_package_id, PhysicalCopy.id, PhysicalCopy.location_id, PhysicalCopy.status,
+               DataLocation.role)
+        .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+        .where(PhysicalCopy.raw_data_package_id.in_(pkg_ids),
+               DataLocation.role == LocationRole.LONG_TERM_ARCHIVE.value)).all())
+
+
+def _failed_latest(copies: list[Any]) -> list[tuple[int, int, str]]:
+    """The rule of :func:`failed_fixity` over copy rows (``raw_data_package_id``, ``id``,
+    ``location_id``, ``status``, ``role``): per package and archive location, the latest copy
+    (highest id) holds the last fixity verdict."""
+    latest: dict[tuple[int, int], Any] = {}
+    for c in copies:
+        key = (c.raw_data_package_id, c.location_id)
+        if c.role == LocationRole.LONG_TERM_ARCHIVE.value and c.id > getattr(latest.get(key), "id", -1):
+            latest[key] = c
+    return [(c.raw_data_package_id, c.location_id, c.status) for c in latest.values() if c.status in FIXITY_FAILED]
 
 
 def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -> list[str]:
@@ -177,8 +187,8 @@ def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -
         assert pkg is not None
         # every copy of the package, once: the three rules below read the same rows
         copies = session.execute(
-            select(PhysicalCopy.id, PhysicalCopy.location_id, PhysicalCopy.status, PhysicalCopy.verified_at,
-                   DataLocation.role)
+            select(PhysicalCopy.raw_data_package_id, PhysicalCopy.id, PhysicalCopy.location_id,
+                   PhysicalCopy.status, PhysicalCopy.verified_at, DataLocation.role)
             .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
             .where(PhysicalCopy.raw_data_package_id == pkg.id)).all()
         present = [c for c in copies if c.status == CopyStatus.PRESENT.value and c.verified_at is not None]
@@ -189,11 +199,7 @@ def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -
         if not any(c.id != copy.id and c.location_id != copy.location_id for c in present):
             reasons.append("it is the last verified copy of the package")
         in_flight = operations_in_flight(session, copy, pkg.data_transfer_package_id)
-        latest: dict[int, Any] = {}  # archive location id -> its latest copy (the last fixity verdict)
-        for c in copies:
-            if c.role == LocationRole.LONG_TERM_ARCHIVE.value and c.id > getattr(latest.get(c.location_id), "id", -1):
-                latest[c.location_id] = c
-        failed = [(pkg.id, c.location_id, c.status) for c in latest.values() if c.status in FIXITY_FAILED]
+        failed = _failed_latest(copies)
     else:
         dtp = session.get(DataTransferPackage, copy.data_transfer_package_id)
         assert dtp is not None
