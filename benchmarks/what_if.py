@@ -11,7 +11,9 @@ Each argument after the data set is one run with a comma-separated list of patch
 * ``notee``: ``TeeReader.read`` without its sha256 (nothing reads ``TeeReader.hash``);
 * ``nofsync``: ``os.fsync`` does nothing (to see what durability costs; not a fix);
 * ``deferred``: SQLite ``BEGIN`` instead of ``BEGIN IMMEDIATE`` (not a fix as is);
-* ``count``: count and time the main loop's managers, dispatch and idle checks.
+* ``count``: count and time the main loop's managers, dispatch and idle checks;
+* ``trace``: print when (s after start) the main process starts, scans, runs each manager
+  (with its duration and what it returned), dispatches, and reaches the end of ``run``.
 
 The data set comes from ``run_benchmarks.py`` (generated in ``--workdir`` if missing). Every run
 is checked like a benchmark run and printed with its phase timeline (s after start). These are
@@ -101,7 +103,44 @@ def _apply(patches: set[str]) -> None:
             "".join(f"COUNT {k}: {int(v[0])} calls, {v[1]:.2f} s\n" for k, v in stats.items())))
 
 
+def _trace() -> None:
+    import atexit
+    import time
+
+    from packhorse.executors import local
+    from packhorse.managers import archives, bundles, deletions, packages, transfers, unpacks
+
+    t0 = float(os.environ.get("WHAT_IF_T0") or time.time())
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"TRACE {time.time() - t0:6.2f} {text}\n")
+
+    say("imported")
+
+    def wrap(obj, name, label, show=lambda r: ""):  # type: ignore[no-untyped-def]
+        f = getattr(obj, name)
+
+        def w(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            r = f(*a, **k)
+            el = time.perf_counter() - t
+            if el > 0.02 or show(r):
+                say(f"{label} {el:.3f} s {show(r)}")
+            return r
+
+        setattr(obj, name, w)
+
+    for m in (packages, bundles, transfers, unpacks, archives, deletions):
+        wrap(m, "manage", m.__name__.rsplit(".", 1)[1], lambda r: f"-> {r!r}" if r else "")
+    wrap(local, "scan_all", "scan_all", lambda r: f"registered {r.registered}")
+    wrap(local.LocalRunner, "dispatch", "dispatch", lambda r: f"-> {r}" if r else "")
+    wrap(local.LocalRunner, "run", "LocalRunner.run")
+    atexit.register(say, "atexit")
+
+
 def _child() -> None:
+    if "trace" in os.environ.get("WHAT_IF_PATCHES", "").split(","):
+        _trace()
     _apply(set(filter(None, os.environ.get("WHAT_IF_PATCHES", "").split(","))))
     from packhorse.cli import main
 
@@ -128,8 +167,9 @@ def _parent() -> int:
     run = a.workdir / "run"
     for variant in a.variants:
         cfg, _ = rb.setup_packhorse(source, run, a.workers)
-        env = {**os.environ, "WHAT_IF_PATCHES": "" if variant == "none" else variant, "WHAT_IF_CHILD": "1"}
         t, t0 = time.monotonic(), time.time()
+        env = {**os.environ, "WHAT_IF_PATCHES": "" if variant == "none" else variant, "WHAT_IF_CHILD": "1",
+               "WHAT_IF_T0": repr(t0)}
         p = subprocess.run([sys.executable, __file__, "run", "-c", str(cfg), "--until-idle", "--quiet"],
                            cwd=run, env=env, capture_output=True, text=True)
         elapsed = time.monotonic() - t
@@ -142,7 +182,7 @@ def _parent() -> int:
         print(f"{variant:28s} {elapsed:6.2f} s  " + "  ".join(
             f"{k}:{v['first_start']}-{v['last_finish']}" for k, v in phases.items() if isinstance(v, dict)))
         for line in p.stderr.splitlines():
-            if line.startswith("COUNT "):
+            if line.startswith(("COUNT ", "TRACE ")):
                 print("    " + line[6:])
         sys.stdout.flush()
     return 0

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from .config import DiskUsageConfig, Settings
@@ -202,10 +202,12 @@ def latest_usage(session: Session, *, max_age_seconds: float | None = None) -> d
     Args:
         max_age_seconds: leave out samples older than this (``None``: any age).
     """
-    newest = (select(DiskUsageSample.location_id, func.max(DiskUsageSample.id).label("id"))
-              .group_by(DiskUsageSample.location_id).subquery())
-    q = (select(DataLocation.name, DiskUsageSample).join(newest, newest.c.id == DiskUsageSample.id)
-         .join(DataLocation, DataLocation.id == DiskUsageSample.location_id))
+    # per location, one search on (location_id, measured_at): this runs every deletion
+    # manager cycle, and a GROUP BY would read every sample kept (keep_days of them)
+    newest = (select(DiskUsageSample.id).where(DiskUsageSample.location_id == DataLocation.id)
+              .order_by(DiskUsageSample.measured_at.desc(), DiskUsageSample.id.desc()).limit(1)
+              .correlate(DataLocation).scalar_subquery())
+    q = select(DataLocation.name, DiskUsageSample).join(DiskUsageSample, DiskUsageSample.id == newest)
     if max_age_seconds is not None:
         q = q.where(DiskUsageSample.measured_at >= utcnow() - dt.timedelta(seconds=max_age_seconds))
     return {name: sample for name, sample in session.execute(q).all()}

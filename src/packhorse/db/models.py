@@ -127,7 +127,11 @@ class RawDataFile(Base):
         UniqueConstraint("location_id", "relative_path"),
         CheckConstraint("size >= 0", name="size"),
         CheckConstraint("length(sha256) = 64", name="sha256"),
-        Index("ix_raw_data_files_unpackaged", "location_id", "raw_data_package_id"),
+        # a group's unpackaged files are found without reading the rest of the backlog; a
+        # package's files by their package (migration 0007: every lookup of a manager or stage
+        # is an index search, never a scan of a table that grows with the archive)
+        Index("ix_raw_data_files_unpackaged", "location_id", "raw_data_package_id", "group_path"),
+        Index("ix_raw_data_files_raw_data_package_id", "raw_data_package_id"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
@@ -222,13 +226,18 @@ class PhysicalCopy(Base):
             sqlite_where=text(f"data_transfer_package_id IS NOT NULL AND {_LIVE}"),
             postgresql_where=text(f"data_transfer_package_id IS NOT NULL AND {_LIVE}"),
         ),
+        # an artifact's copies in every status; a location's copies of one status (a buffer's
+        # present copies, not every copy it ever held)
+        Index("ix_physical_copies_raw_data_package_id", "raw_data_package_id"),
+        Index("ix_physical_copies_data_transfer_package_id", "data_transfer_package_id"),
+        Index("ix_physical_copies_location_status", "location_id", "status"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     raw_data_package_id: Mapped[int | None] = mapped_column(ForeignKey("raw_data_packages.id"), nullable=True)
     data_transfer_package_id: Mapped[int | None] = mapped_column(
         ForeignKey("data_transfer_packages.id"), nullable=True
     )
-    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"), index=True)
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
     path: Mapped[str] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
@@ -253,6 +262,7 @@ class Operation(Base):
         CheckConstraint("attempt >= 0 AND retry_count >= 0", name="counters"),
         Index("ix_operations_kind_status", "kind", "status"),
         Index("ix_operations_status_lease", "status", "lease_expires_at"),
+        Index("ix_operations_physical_copy_id", "physical_copy_id"),  # "has this copy a deletion?"
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))

@@ -159,6 +159,12 @@ def _start_forkserver() -> None:
             signal.signal(sig, handler)
 
 
+def _worker_ready() -> int:
+    """A task that does nothing: submitted once per worker when the run starts, so the pool's
+    processes fork and initialize while the first scan runs (:meth:`LocalRunner.warm_up`)."""
+    return os.getpid()
+
+
 def _run_in_worker_process(op_ids: tuple[int, ...]) -> list[Outcome]:
     """One task of the pool: an operation, or a batch of buffer-copy deletions."""
     assert _process_ctx is not None, "worker process not initialized"
@@ -241,6 +247,28 @@ class LocalRunner:
         _start_forkserver()
         return ProcessPoolExecutor(self.workers, mp_context=mp, initializer=_init_worker_process,
                                    initargs=(self.settings, self.ctx.topology, logs.current_config(), os.getpid()))
+
+    def warm_up(self) -> threading.Thread | None:
+        """Start the worker processes now, in a background thread, instead of at the first
+        dispatch: a process pool forks its workers one per task, each only once the fork server
+        has imported packhorse (about a second), so the first packages would otherwise wait for
+        all of that after the first scan instead of during it. Returns the thread (None with
+        ``pool = "thread"``). A failure here is left to the first real dispatch, which meets it
+        again and handles it (:meth:`_done`)."""
+        if self.settings.executor.pool != "process":
+            return None
+        pool = self.pool
+
+        def spawn() -> None:
+            try:
+                for _ in range(self.workers):
+                    pool.submit(_worker_ready)
+            except Exception as e:  # noqa: BLE001 - the first dispatch reports it
+                log.debug("worker_warm_up_failed", error=repr(e))
+
+        t = threading.Thread(target=spawn, name="pool-warm-up", daemon=True)
+        t.start()
+        return t
 
     def _done(self, op_ids: tuple[int, ...], fut: Future[list[Outcome]]) -> None:
         outcomes: list[Outcome] = []
@@ -445,6 +473,7 @@ class LocalRunner:
         """Run until stopped (or, with ``until_idle``, until no work can become runnable)."""
         if self.settings.executor.pool == "process":
             _start_forkserver()  # from the main thread, before any signal handler matters
+            self.warm_up()
         rt = self.runtime
         self._running = True
         last_scan = last_monitor = float("-inf")

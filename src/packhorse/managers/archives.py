@@ -12,7 +12,7 @@ from ..db.models import PhysicalCopy, RawDataPackage
 from ..domain import CopyStatus, LocationRole, OperationKind
 from ..operations import dedup_key
 from ..stages.base import StageContext
-from .common import create_missing, new_only
+from .common import buffer_location_ids, create_missing, new_only
 
 
 def manage(ctx: StageContext) -> int:
@@ -22,7 +22,8 @@ def manage(ctx: StageContext) -> int:
         rows = s.execute(
             select(RawDataPackage.id, RawDataPackage.source_location_id, PhysicalCopy.location_id)
             .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
-            .where(RawDataPackage.archived_at.is_(None), PhysicalCopy.status == CopyStatus.PRESENT.value)
+            .where(PhysicalCopy.location_id.in_(buffer_location_ids(ctx)),
+                   PhysicalCopy.status == CopyStatus.PRESENT.value, RawDataPackage.archived_at.is_(None))
         ).all()
         wanted: dict[str, dict[str, Any]] = {}
         for pkg_id, src_loc_id, loc_id in rows:

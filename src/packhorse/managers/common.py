@@ -10,11 +10,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..db.models import Operation
-from ..domain import OperationKind
+from ..domain import LocationRole, OperationKind
 from ..operations import create_operations
 
 if TYPE_CHECKING:
     from ..stages.base import StageContext
+
+
+def buffer_location_ids(ctx: "StageContext") -> list[int]:
+    """Ids of every buffer location. The managers look for work among the present copies of
+    these (an index search on ``physical_copies (location_id, status)``), never among every
+    copy ever made, which grows with the archive."""
+    return [i for n, i in ctx.topology.location_ids.items() if ctx.topology.location_role.get(n) is LocationRole.BUFFER]
 
 
 def existing_keys(session: Session, keys: Iterable[str]) -> set[str]:

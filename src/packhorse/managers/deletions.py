@@ -32,10 +32,10 @@ from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from ..diskusage import latest_usage, level_for
-from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, LocationRole, OperationKind
+from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind
 from ..operations import dedup_key
 from ..stages.base import StageContext
-from .common import create_missing, new_only
+from .common import buffer_location_ids, create_missing, new_only
 from .policy import deletion_blockers, last_used_times
 
 
@@ -108,8 +108,7 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
         pressure = location_pressure(ctx, s)
         by_location: dict[int, list[Candidate]] = {}
 
-        buffer_ids = [i for n, i in ctx.topology.location_ids.items()
-                      if ctx.topology.location_role.get(n) is LocationRole.BUFFER]
+        buffer_ids = buffer_location_ids(ctx)
         # a copy of a package not archived yet may go only in an emergency (with enough
         # archive copies): elsewhere the database leaves those rows out (most of them, while
         # a run is busy archiving)

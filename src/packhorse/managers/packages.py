@@ -38,6 +38,25 @@ def _name_for(group: str, taken: set[str]) -> str:
     return f"{base}+{n}"
 
 
+def names_taken(session: Session, base: str, *, batch: int = 64) -> set[str]:
+    """The package names in use among ``base``, ``base+2``, ``base+3``, … up to the first gap
+    (enough for :func:`_name_for`, which takes the lowest free one). Equality searches on the
+    unique name index, ``batch`` names per query: not ``LIKE 'base+%'``, which reads the whole
+    index and takes a ``_`` or ``%`` in a group name for a wildcard, nor a range, whose order
+    depends on the PostgreSQL database's collation."""
+    taken = set(session.scalars(select(RawDataPackage.name).where(RawDataPackage.name == base)))
+    if not taken:
+        return taken
+    first = 2
+    while True:
+        names = [f"{base}+{n}" for n in range(first, first + batch)]
+        found = set(session.scalars(select(RawDataPackage.name).where(RawDataPackage.name.in_(names))))
+        taken |= found
+        if len(found) < batch:
+            return taken
+        first += batch
+
+
 def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
     """Split rows with ``relative_path`` and ``size`` (bytes) into runs of at most ``limit`` bytes
     (sorted by path; a larger file is a run of its own)."""
@@ -96,8 +115,7 @@ def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Coll
                 if not files:
                     continue  # packaged meanwhile by another runner
                 base = group or ROOT_GROUP_NAME
-                taken = set(s.scalars(select(RawDataPackage.name).where(
-                    (RawDataPackage.name == base) | RawDataPackage.name.like(f"{base}+%"))))
+                taken = names_taken(s, base)
                 parts = _split(files, ctx.settings.packaging.max_package_bytes)
                 for part in parts:
                     now = utcnow()

@@ -11,7 +11,7 @@ from ..db.models import DataTransferPackage, PhysicalCopy
 from ..domain import CopyStatus, OperationKind
 from ..operations import dedup_key
 from ..stages.base import StageContext
-from .common import create_missing, new_only
+from .common import buffer_location_ids, create_missing, new_only
 
 
 def manage(ctx: StageContext) -> int:
@@ -21,7 +21,8 @@ def manage(ctx: StageContext) -> int:
         rows = s.execute(
             select(DataTransferPackage.id, DataTransferPackage.source_site_id, PhysicalCopy.location_id)
             .join(PhysicalCopy, PhysicalCopy.data_transfer_package_id == DataTransferPackage.id)
-            .where(PhysicalCopy.status == CopyStatus.PRESENT.value)
+            .where(PhysicalCopy.location_id.in_(buffer_location_ids(ctx)),
+                   PhysicalCopy.status == CopyStatus.PRESENT.value)
         ).all()
         wanted: dict[str, dict[str, Any]] = {}
         for dtp_id, site_id, loc_id in rows:

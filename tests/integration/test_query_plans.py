@@ -1,0 +1,92 @@
+"""Every query ``packhorse run`` makes on a growing table is an index search.
+
+The managers derive all work from the database every cycle; a query that reads a whole table
+that grows with the archive (files, packages, bundles, copies, operations, ...) makes each
+cycle cost O(archive size), and the whole run O(n²): before migration 0007 the deletion manager
+scanned ``operations`` once per buffer copy, the packaging stage scanned ``raw_data_files``
+once per package and the packaging manager read the whole backlog once per group. This test
+runs the embedded pipeline on SQLite, records every statement it executes and asks SQLite
+for each one's query plan: none may ``SCAN`` (read in full) one of those tables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select
+
+from packhorse.config import load_config
+from packhorse.db.models import RawDataPackage
+from packhorse.db.session import Database
+from packhorse.executors.local import LocalRunner
+from packhorse.stages.base import StageContext
+from packhorse.topology import sync_topology
+
+from support import write_site_config
+
+#: tables whose rows grow with the data archived (or kept for days): never read in full by a run
+GROWING = {"raw_data_files", "raw_data_packages", "data_transfer_packages", "physical_copies", "operations",
+           "failure_events", "notification_outbox", "notification_deliveries", "disk_usage_samples",
+           "skipped_files", "audit_log", "object_leases", "live_checks"}
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    old = time.time() - 60
+    os.utime(path, (old, old))
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
+    monkeypatch.setenv("PACKHORSE_EXECUTOR__POOL", "thread")  # every statement runs in this process
+    settings = load_config(write_site_config(tmp_path / "site", bundle_max_wait_seconds=0))
+    db = Database(settings.database_url)
+    db.upgrade()
+    c = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    yield c
+    db.dispose()
+
+
+def test_a_run_reads_no_growing_table_in_full(ctx: StageContext) -> None:
+    statements: dict[str, Any] = {}
+
+    @event.listens_for(ctx.db._engine, "before_cursor_execute")
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if not executemany and statement.lstrip().split(None, 1)[0].upper() in {"SELECT", "UPDATE", "DELETE",
+                                                                                  "INSERT", "WITH"}:
+            statements.setdefault(statement, parameters)
+
+    source = ctx.settings.location_path("fyst-source")
+    for g in range(3):
+        for i in range(4):
+            _write(source / "night-1" / f"obs-{g}" / f"frame-{i}.dat", os.urandom(100 + i))
+    _write(source / "top.txt", b"shallower than group_depth")
+    LocalRunner(ctx).run(until_idle=True)
+    # late files in a packaged group: a suffixed package (the name lookups), and every stage again
+    _write(source / "night-1" / "obs-0" / "late.dat", b"late")
+    LocalRunner(ctx).run(until_idle=True)
+    event.remove(ctx.db._engine, "before_cursor_execute", capture)
+    names = ctx.db.read(lambda s: set(s.scalars(select(RawDataPackage.name))))
+    assert "night-1/obs-0+2" in names
+    assert ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(RawDataPackage)
+                                          .where(RawDataPackage.archived_at.is_(None)))) == 0
+
+    scans: list[str] = []
+    con = sqlite3.connect(ctx.settings.database_url[len("sqlite:///"):])
+    try:
+        for statement, parameters in statements.items():
+            for row in con.execute("EXPLAIN QUERY PLAN " + statement, parameters or ()):
+                m = re.match(r"SCAN (\w+)", row[3])
+                if m and m.group(1) in GROWING:
+                    scans.append(f"{row[3]}\n    in: {' '.join(statement.split())[:400]}")
+    finally:
+        con.close()
+    assert len(statements) > 50  # the whole pipeline ran through this engine
+    assert not scans, "full table scans:\n" + "\n".join(scans)
