@@ -20,7 +20,7 @@ from packhorse.db.session import Database
 from packhorse.diskusage import Usage, measure_all, set_usage_provider
 from packhorse.domain import OperationKind, Status
 from packhorse.managers import deletions
-from packhorse.managers.policy import deletion_blockers
+from packhorse.managers.policy import deletion_blockers, deletion_blockers_many
 from packhorse.operations import create_operation, dedup_key
 from packhorse.stages.base import StageContext
 from packhorse.topology import sync_topology
@@ -236,6 +236,15 @@ def test_pressure_never_breaks_the_safety_rules(make_site) -> None:
     assert any("is missing (failed its last fixity check)" in r for r in reasons["gone"])
     assert any("long_term_archive operation" in r and "PENDING" in r for r in reasons["busy"])
     assert any(f"transfer operation {t} (PENDING)" in r for r in reasons["waiting"])
+    # the rules of many copies at once (the manager's batch) are each copy's own rules
+    def bundle_copy(s: Session) -> None:
+        s.add(PhysicalCopy(data_transfer_package_id=dtp_id, location_id=site.ids["fyst-buffer"], path="b.tar",
+                           size=1, sha256="b" * 64, status="present", verified_at=utcnow()))
+
+    site.db.transact(bundle_copy)
+    every = site.db.read(lambda s: {c.id: deletion_blockers(s, site.ctx, c) for c in s.scalars(select(PhysicalCopy))})
+    assert site.db.read(lambda s: deletion_blockers_many(s, site.ctx, list(s.scalars(select(PhysicalCopy))))) == every
+    assert len(every) == 18 and sum(1 for r in every.values() if not r) == 1  # "ok" alone may go
     # archive copies are never candidates
     archive_copies = site.db.read(lambda s: list(s.scalars(select(PhysicalCopy.id).where(
         PhysicalCopy.location_id == site.ids["cologne-lta"]))))

@@ -199,6 +199,9 @@ class LocalRunner:
         self.in_flight: dict[int, Future[list[Outcome]]] = {}
         self._tasks: set[Future[list[Outcome]]] = set()
         self.wake = threading.Event()
+        #: set while no operation is in the pool (cleared when one is dispatched)
+        self.drained = threading.Event()
+        self.drained.set()
         self.stop_requested = threading.Event()
         self.on_tick = on_tick
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
@@ -276,6 +279,8 @@ class LocalRunner:
             self._tasks.discard(fut)
             for op_id in op_ids:
                 self.in_flight.pop(op_id, None)
+            if not self.in_flight:
+                self.drained.set()
             self.finished += len(op_ids)
             try:
                 outcomes = fut.result()
@@ -367,6 +372,7 @@ class LocalRunner:
                     self._discard_broken_pool()
                     fut = self._submit(op_ids)
                 self._tasks.add(fut)
+                self.drained.clear()
                 for op_id in op_ids:
                     self.in_flight[op_id] = fut
             submitted.append((op_ids, fut))
@@ -503,10 +509,12 @@ class LocalRunner:
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
                 # cycle; the gap is twice the last cycle's cost, so managers never take more
                 # than about a third of this thread while workers are busy.
+                # The pause ends early once nothing is running: no burst is left to coalesce
+                # (the last operations of a run, a pipeline stage's only operation).
                 gap = last_manage + 2 * manage_cost - time.monotonic()
                 if gap > 0:
                     self._guard("dispatch", self.dispatch, default=0)
-                    time.sleep(min(gap, 0.5))
+                    self.drained.wait(min(gap, 0.5))
                 t0 = time.monotonic()
                 with self._lock:
                     finished_before_manage = self.finished

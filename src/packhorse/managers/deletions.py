@@ -36,7 +36,7 @@ from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind
 from ..operations import dedup_key
 from ..stages.base import StageContext
 from .common import buffer_location_ids, create_missing, new_only
-from .policy import deletion_blockers, last_used_times
+from .policy import deletion_blockers, deletion_blockers_many, last_used_times
 
 
 @dataclass
@@ -148,8 +148,16 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
                 .where(PhysicalCopy.location_id == loc_id, Operation.kind == OperationKind.DELETION.value,
                        Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
             loc = ctx.settings.location(ctx.location_name(loc_id))
-            chosen, loc_waits = choose(ctx, candidates, p, int(pending), now, loc.retention_seconds,
-                                       lambda c: bool(deletion_blockers(s, ctx, c.copy)))
+            # the rules for every candidate past its retention (each of those is asked) in
+            # one batch; one by one for those only disk pressure may take
+            keep = dt.timedelta(seconds=loc.retention_seconds)
+            known = deletion_blockers_many(s, ctx, [c.copy for c in candidates if c.archived and now >= c.since + keep])
+
+            def blocked(c: Candidate) -> bool:
+                reasons = known.get(c.copy.id)
+                return bool(deletion_blockers(s, ctx, c.copy) if reasons is None else reasons)
+
+            chosen, loc_waits = choose(ctx, candidates, p, int(pending), now, loc.retention_seconds, blocked)
             waits += loc_waits
             for c in chosen:
                 copy = c.copy

@@ -129,19 +129,37 @@ def operations_in_flight(session: Session, copy: PhysicalCopy, bundle_id: Any = 
 
     ``bundle_id``: for a raw package copy, its package's ``data_transfer_package_id`` if the
     caller has it (``None``: not bundled yet); looked up otherwise."""
-    at_location = or_(Operation.source_location_id == copy.location_id,
-                      Operation.destination_location_id == copy.location_id)
-    if copy.raw_data_package_id is not None:
-        dtp = bundle_id if bundle_id is not _UNKNOWN else session.scalar(
+    if copy.raw_data_package_id is not None and bundle_id is _UNKNOWN:
+        bundle_id = session.scalar(
             select(RawDataPackage.data_transfer_package_id).where(RawDataPackage.id == copy.raw_data_package_id))
-        artifact = Operation.raw_data_package_id == copy.raw_data_package_id
-        if dtp is not None:
-            artifact = or_(artifact, Operation.data_transfer_package_id == dtp)
-    else:
-        artifact = Operation.data_transfer_package_id == copy.data_transfer_package_id
-    return list(session.scalars(select(Operation).where(
-        artifact, at_location, Operation.kind != OperationKind.DELETION.value,
-        Operation.status.in_([s.value for s in ACTIVE_STATUSES])).order_by(Operation.id)))
+    return _in_flight(session, [(copy, None if bundle_id is _UNKNOWN else bundle_id)])[copy.id]
+
+
+def _in_flight(session: Session, copies: list[tuple[PhysicalCopy, int | None]]) -> dict[int, list[Operation]]:
+    """:func:`operations_in_flight` of many ``(copy, its package's bundle id or None)`` at
+    once, by copy id: one query for all of their artifacts, then the rule per copy (the same
+    artifact, at the copy's location)."""
+    raw_ids = {c.raw_data_package_id for c, _ in copies if c.raw_data_package_id is not None}
+    dtp_ids = {c.data_transfer_package_id for c, _ in copies if c.data_transfer_package_id is not None}
+    dtp_ids |= {b for c, b in copies if c.raw_data_package_id is not None and b is not None}
+    ops: list[Operation] = []
+    for column, ids in ((Operation.raw_data_package_id, sorted(raw_ids)),
+                        (Operation.data_transfer_package_id, sorted(dtp_ids))):
+        for k in range(0, len(ids), 500):
+            ops += session.scalars(select(Operation).where(
+                column.in_(ids[k:k + 500]), Operation.kind != OperationKind.DELETION.value,
+                Operation.status.in_([s.value for s in ACTIVE_STATUSES])))
+    by_id = {op.id: op for op in ops}  # an operation on a package and its bundle comes twice
+    out: dict[int, list[Operation]] = {}
+    for c, bundle in copies:
+        here = [op for op in by_id.values() if c.location_id in (op.source_location_id, op.destination_location_id)]
+        if c.raw_data_package_id is not None:
+            mine = [op for op in here if op.raw_data_package_id == c.raw_data_package_id
+                    or (bundle is not None and op.data_transfer_package_id == bundle)]
+        else:
+            mine = [op for op in here if op.data_transfer_package_id == c.data_transfer_package_id]
+        out[c.id] = sorted(mine, key=lambda op: op.id)
+    return out
 
 
 def failed_fixity(session: Session, pkg_ids: list[int]) -> list[tuple[int, int, str]]:
@@ -178,37 +196,66 @@ def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -
     carries at every destination; no operation may be in flight on it; none of its packages'
     archive copies may have failed the last fixity check.
     """
-    reasons: list[str] = []
-    loc = ctx.location_name(copy.location_id)
-    if ctx.topology.location_role.get(loc) is LocationRole.LONG_TERM_ARCHIVE:
-        return [f"{loc} is a long-term archive: archive copies are never deleted"]
-    if copy.raw_data_package_id is not None:
-        pkg = session.get(RawDataPackage, copy.raw_data_package_id)
-        assert pkg is not None
-        # every copy of the package, once: the three rules below read the same rows
-        copies = session.execute(
-            select(PhysicalCopy.raw_data_package_id, PhysicalCopy.id, PhysicalCopy.location_id,
-                   PhysicalCopy.status, PhysicalCopy.verified_at, DataLocation.role)
-            .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-            .where(PhysicalCopy.raw_data_package_id == pkg.id)).all()
-        present = [c for c in copies if c.status == CopyStatus.PRESENT.value and c.verified_at is not None]
+    return deletion_blockers_many(session, ctx, [copy])[copy.id]
+
+
+def deletion_blockers_many(session: Session, ctx: StageContext, copies: list[PhysicalCopy]) -> dict[int, list[str]]:
+    """:func:`deletion_blockers` of every one of ``copies``, by copy id, in a few queries
+    whatever their number (the raw package copies' packages, all their copies, and the
+    operations in flight on any of them, each read once; bundle copies one by one). The rules
+    are evaluated on one snapshot: for copies read in a read-only unit of work (the deletion
+    manager), not for a transaction that marks some of them in between."""
+    out: dict[int, list[str]] = {}
+    raw: list[PhysicalCopy] = []
+    for copy in copies:
+        loc = ctx.location_name(copy.location_id)
+        if ctx.topology.location_role.get(loc) is LocationRole.LONG_TERM_ARCHIVE:
+            out[copy.id] = [f"{loc} is a long-term archive: archive copies are never deleted"]
+        elif copy.raw_data_package_id is not None:
+            raw.append(copy)
+        else:
+            dtp = session.get(DataTransferPackage, copy.data_transfer_package_id)
+            assert dtp is not None
+            reasons: list[str] = []
+            if not may_delete_bundle_copy(session, ctx, dtp.id, ctx.topology.site_name(dtp.source_site_id)):
+                reasons.append("not every destination holds verified copies of every package the bundle carries")
+            out[copy.id] = reasons + _in_flight_and_fixity(
+                ctx, _in_flight(session, [(copy, None)])[copy.id], failed_fixity(session, _package_ids(session, copy)))
+    if not raw:
+        return out
+    pkg_ids = sorted({c.raw_data_package_id for c in raw if c.raw_data_package_id is not None})
+    pkgs: dict[int, RawDataPackage] = {}
+    # every copy of the packages, once: the three rules below read the same rows
+    rows_of: dict[int, list[Any]] = {i: [] for i in pkg_ids}
+    for k in range(0, len(pkg_ids), 500):
+        chunk = pkg_ids[k:k + 500]
+        pkgs.update((p.id, p) for p in session.scalars(select(RawDataPackage).where(RawDataPackage.id.in_(chunk))))
+        for row in session.execute(
+                select(PhysicalCopy.raw_data_package_id, PhysicalCopy.id, PhysicalCopy.location_id,
+                       PhysicalCopy.status, PhysicalCopy.verified_at, DataLocation.role)
+                .join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+                .where(PhysicalCopy.raw_data_package_id.in_(chunk))):
+            rows_of[row.raw_data_package_id].append(row)
+    in_flight = _in_flight(session, [(c, pkgs[c.raw_data_package_id].data_transfer_package_id)  # type: ignore[index]
+                                     for c in raw])
+    for copy in raw:
+        pkg = pkgs[copy.raw_data_package_id]  # type: ignore[index]
+        rows = rows_of[pkg.id]
+        reasons = []
+        present = [c for c in rows if c.status == CopyStatus.PRESENT.value and c.verified_at is not None]
         have = sum(1 for c in present if c.role == LocationRole.LONG_TERM_ARCHIVE.value)
         need = archive_copies_required(ctx, source_site_of_package(ctx, pkg))
         if have < need or need < 1:
             reasons.append(f"only {have} of {need} required verified archive copies exist")
         if not any(c.id != copy.id and c.location_id != copy.location_id for c in present):
             reasons.append("it is the last verified copy of the package")
-        in_flight = operations_in_flight(session, copy, pkg.data_transfer_package_id)
-        failed = _failed_latest(copies)
-    else:
-        dtp = session.get(DataTransferPackage, copy.data_transfer_package_id)
-        assert dtp is not None
-        if not may_delete_bundle_copy(session, ctx, dtp.id, ctx.topology.site_name(dtp.source_site_id)):
-            reasons.append("not every destination holds verified copies of every package the bundle carries")
-        in_flight = operations_in_flight(session, copy)
-        failed = failed_fixity(session, _package_ids(session, copy))
-    for op in in_flight:
-        reasons.append(f"{op.kind} operation {op.id} ({op.status}) still needs it")
+        out[copy.id] = reasons + _in_flight_and_fixity(ctx, in_flight[copy.id], _failed_latest(rows))
+    return out
+
+
+def _in_flight_and_fixity(ctx: StageContext, in_flight: list[Operation],
+                          failed: list[tuple[int, int, str]]) -> list[str]:
+    reasons = [f"{op.kind} operation {op.id} ({op.status}) still needs it" for op in in_flight]
     for pkg_id, loc_id, status in failed:
         reasons.append(f"the archive copy of package {pkg_id} at {ctx.location_name(loc_id)} is {status} "
                        "(failed its last fixity check)")
