@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +144,11 @@ def describe_schema(engine_url: str) -> dict[str, Any]:
             return out
     finally:
         engine.dispose()
+
+
+def write_settled(path: Path, data: bytes) -> None:
+    """Write a source file whose mtime is a minute old (settled for any test configuration)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    old = time.time() - 60
+    os.utime(path, (old, old))

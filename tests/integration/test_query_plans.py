@@ -14,21 +14,15 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import time
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import event, func, select
 
-from packhorse.config import load_config
 from packhorse.db.models import RawDataPackage
-from packhorse.db.session import Database
 from packhorse.executors.local import LocalRunner
 from packhorse.stages.base import StageContext
-from packhorse.topology import sync_topology
 
-from support import write_site_config
+from support import write_settled
 
 #: tables whose rows grow with the data archived (or kept for days): never read in full by a run
 GROWING = {"raw_data_files", "raw_data_packages", "data_transfer_packages", "physical_copies", "operations",
@@ -36,25 +30,8 @@ GROWING = {"raw_data_files", "raw_data_packages", "data_transfer_packages", "phy
            "skipped_files", "audit_log", "object_leases", "live_checks"}
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    old = time.time() - 60
-    os.utime(path, (old, old))
-
-
-@pytest.fixture
-def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
-    monkeypatch.setenv("PACKHORSE_EXECUTOR__POOL", "thread")  # every statement runs in this process
-    settings = load_config(write_site_config(tmp_path / "site", bundle_max_wait_seconds=0))
-    db = Database(settings.database_url)
-    db.upgrade()
-    c = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    yield c
-    db.dispose()
-
-
-def test_a_run_reads_no_growing_table_in_full(ctx: StageContext) -> None:
+def test_a_run_reads_no_growing_table_in_full(pipeline_ctx: StageContext) -> None:
+    ctx = pipeline_ctx
     statements: dict[str, Any] = {}
 
     @event.listens_for(ctx.db._engine, "before_cursor_execute")
@@ -66,11 +43,11 @@ def test_a_run_reads_no_growing_table_in_full(ctx: StageContext) -> None:
     source = ctx.settings.location_path("fyst-source")
     for g in range(3):
         for i in range(4):
-            _write(source / "night-1" / f"obs-{g}" / f"frame-{i}.dat", os.urandom(100 + i))
-    _write(source / "top.txt", b"shallower than group_depth")
+            write_settled(source / "night-1" / f"obs-{g}" / f"frame-{i}.dat", os.urandom(100 + i))
+    write_settled(source / "top.txt", b"shallower than group_depth")
     LocalRunner(ctx).run(until_idle=True)
     # late files in a packaged group: a suffixed package (the name lookups), and every stage again
-    _write(source / "night-1" / "obs-0" / "late.dat", b"late")
+    write_settled(source / "night-1" / "obs-0" / "late.dat", b"late")
     LocalRunner(ctx).run(until_idle=True)
     event.remove(ctx.db._engine, "before_cursor_execute", capture)
     names = ctx.db.read(lambda s: set(s.scalars(select(RawDataPackage.name))))

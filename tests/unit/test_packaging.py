@@ -23,6 +23,7 @@ from packhorse.packaging import (
     PayloadFile,
     decode_manifest_path,
     encode_manifest_path,
+    read_bag_bytes,
     read_bag_tar,
     safe_extract,
     write_bag_tar,
@@ -239,7 +240,16 @@ def reg(name: str, data: bytes) -> Member:
 
 
 def read(data: bytes) -> object:
-    return read_bag_tar(io.BytesIO(data), source="buf:pkg.tar")
+    """Both readers of a bag tar (a stream, and the bytes in memory that unpack uses for raw
+    packages) must come to the same: the same contents, or an error of the same kind."""
+    try:
+        contents = read_bag_tar(io.BytesIO(data), source="buf:pkg.tar")
+    except Exception as e:
+        with pytest.raises(type(e)):
+            read_bag_bytes(data, source="buf:pkg.tar")
+        raise
+    assert read_bag_bytes(data, source="buf:pkg.tar") == contents
+    return contents
 
 
 @pytest.fixture
@@ -516,6 +526,7 @@ def test_write_then_read_round_trips_the_manifest(tmp_path_factory: pytest.TempP
                          open=_opener(folder, i, d)) for i, (p, d) in enumerate(payload.items())]
     data = build(files)
     contents = read_bag_tar(io.BytesIO(data), source="prop")
+    assert read_bag_bytes(data, source="prop") == contents
     assert contents.files == {p: hashlib.sha256(d).hexdigest() for p, d in payload.items()}
     assert contents.bag_info["Payload-Oxum"] == f"{sum(map(len, payload.values()))}.{len(payload)}"
     assert build(files) == data

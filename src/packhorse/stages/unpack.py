@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
 from ..errors import VerificationError
-from ..packaging import TeeReader, read_bag_tar
+from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
 from ..storage.base import CHUNK_BYTES, PendingWrite
 from ..topology import bundle_key, raw_package_key
 from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
@@ -42,6 +42,29 @@ def _copy_stream(stream: BinaryIO, sink: BinaryIO | PendingWrite) -> int:
             return total
         sink.write(view[:n])
         total += n
+
+
+#: Raw packages up to this size (bytes) are taken out of the bundle into memory and their bag
+#: checked there (:func:`~packhorse.packaging.read_bag_bytes`); larger ones are streamed. A
+#: worker holds at most one such package at a time.
+IN_MEMORY_BYTES = 64 << 20
+
+
+def _read_exactly(stream: BinaryIO, size: int, source: str) -> memoryview:
+    """The next ``size`` bytes of ``stream`` (a member of the bundle tar).
+
+    Raises:
+        VerificationError: the stream ends before (a truncated bundle).
+    """
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise VerificationError(f"{source}: ends after {got} of {size} bytes", step="unpack")
+        got += n
+    return view
 
 
 def run(work: Work) -> Recorder:
@@ -75,7 +98,14 @@ def run(work: Work) -> Recorder:
         clear_partials(buf, pkey)
         source = f"{buf_name}:{key}:{path}"
         with buf.open_write(pkey) as w:
-            if _seekable(stream):
+            if size <= IN_MEMORY_BYTES:
+                # read it once into memory, write it (w hashes what it writes) and check its
+                # bag from those bytes: no file object per member
+                data = _read_exactly(stream, size, source)
+                w.write(data)
+                work.progress(size)
+                read_bag_bytes(data, source=source)
+            elif _seekable(stream):
                 # copy (w hashes what it writes), then check the raw package's own bag from the
                 # bundle's cached bytes in random-access mode: cheaper per member than
                 # parsing the tar as a stream while copying it
