@@ -139,26 +139,31 @@ def _in_flight(session: Session, copies: list[tuple[PhysicalCopy, int | None]]) 
     """:func:`operations_in_flight` of many ``(copy, its package's bundle id or None)`` at
     once, by copy id: one query for all of their artifacts, then the rule per copy (the same
     artifact, at the copy's location)."""
-    raw_ids = {c.raw_data_package_id for c, _ in copies if c.raw_data_package_id is not None}
-    dtp_ids = {c.data_transfer_package_id for c, _ in copies if c.data_transfer_package_id is not None}
-    dtp_ids |= {b for c, b in copies if c.raw_data_package_id is not None and b is not None}
-    ops: list[Operation] = []
-    for column, ids in ((Operation.raw_data_package_id, sorted(raw_ids)),
-                        (Operation.data_transfer_package_id, sorted(dtp_ids))):
-        for k in range(0, len(ids), 500):
-            ops += session.scalars(select(Operation).where(
-                column.in_(ids[k:k + 500]), Operation.kind != OperationKind.DELETION.value,
-                Operation.status.in_([s.value for s in ACTIVE_STATUSES])))
-    by_id = {op.id: op for op in ops}  # an operation on a package and its bundle comes twice
+    raw_ids = sorted({c.raw_data_package_id for c, _ in copies if c.raw_data_package_id is not None})
+    dtp_ids = sorted({c.data_transfer_package_id for c, _ in copies if c.data_transfer_package_id is not None}
+                     | {b for c, b in copies if c.raw_data_package_id is not None and b is not None})
+    by_raw: dict[int, list[Operation]] = {}
+    by_dtp: dict[int, list[Operation]] = {}
+    for k in range(0, max(len(raw_ids), len(dtp_ids)), 500):
+        about = [col.in_(ids[k:k + 500]) for col, ids in ((Operation.raw_data_package_id, raw_ids),
+                                                          (Operation.data_transfer_package_id, dtp_ids))
+                 if ids[k:k + 500]]
+        for op in session.scalars(select(Operation).where(
+                or_(*about), Operation.kind != OperationKind.DELETION.value,
+                Operation.status.in_([s.value for s in ACTIVE_STATUSES]))):
+            if op.raw_data_package_id is not None:
+                by_raw.setdefault(op.raw_data_package_id, []).append(op)
+            if op.data_transfer_package_id is not None:
+                by_dtp.setdefault(op.data_transfer_package_id, []).append(op)
     out: dict[int, list[Operation]] = {}
     for c, bundle in copies:
-        here = [op for op in by_id.values() if c.location_id in (op.source_location_id, op.destination_location_id)]
         if c.raw_data_package_id is not None:
-            mine = [op for op in here if op.raw_data_package_id == c.raw_data_package_id
-                    or (bundle is not None and op.data_transfer_package_id == bundle)]
+            about_it = by_raw.get(c.raw_data_package_id, []) + (by_dtp.get(bundle, []) if bundle is not None else [])
         else:
-            mine = [op for op in here if op.data_transfer_package_id == c.data_transfer_package_id]
-        out[c.id] = sorted(mine, key=lambda op: op.id)
+            about_it = by_dtp.get(c.data_transfer_package_id, [])  # type: ignore[arg-type]
+        # the same artifact at the copy's location (an operation on a package and its bundle once)
+        mine = {op.id: op for op in about_it if c.location_id in (op.source_location_id, op.destination_location_id)}
+        out[c.id] = [mine[i] for i in sorted(mine)]
     return out
 
 
