@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .domain import LocationRole, StorageType, TransferMethod
 from .errors import ConfigError
@@ -30,10 +32,40 @@ DEFAULT_CONFIG_FILE = "packhorse.toml"
 ENV_PREFIX = "PACKHORSE_"
 
 
-class _Section(BaseModel):
-    """Base of every settings table: unknown keys are refused."""
+class _EnvValue(str):
+    """The text of a ``PACKHORSE_*`` environment variable: converted to the key's type (a TOML
+    value must have that type already)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+def _scalar_kind(annotation: Any) -> str | None:
+    """``"number"`` for an int or float key (optional or not), ``"boolean"`` for a bool key."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    kinds = {a for a in args if a is not type(None)}
+    if kinds == {bool}:
+        return "boolean"
+    if kinds and kinds <= {int, float}:
+        return "number"
+    return None
+
+
+class _Section(BaseModel):
+    """Base of every settings table: unknown keys are refused; numbers must be finite numbers
+    (not ``inf``, ``nan``, ``true`` or ``"2"``) and booleans ``true`` or ``false``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _toml_type(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, _EnvValue) or info.field_name is None:
+            return value
+        kind = _scalar_kind(cls.model_fields[info.field_name].annotation)
+        if kind == "number" and isinstance(value, (bool, str)):
+            raise ValueError(f"{value!r} is not a number")
+        if kind == "boolean" and not isinstance(value, bool):
+            raise ValueError(f"{value!r} is not true or false")
+        return value
 
 
 class DatabaseConfig(_Section):
@@ -443,7 +475,7 @@ class Settings(_Section):
         s3 = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.S3]
         for a in range(len(s3)):
             for b in range(a + 1, len(s3)):
-                (ia, la), (ib, lb) = s3[a], s3[b]
+                (_, la), (ib, lb) = s3[a], s3[b]
                 pa, pb = la.prefix.strip("/") + "/", lb.prefix.strip("/") + "/"
                 same_store = (la.bucket, la.endpoint_url) == (lb.bucket, lb.endpoint_url)
                 if same_store and (pa.startswith(pb) or pb.startswith(pa)):
@@ -516,7 +548,7 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         *parents, leaf = key.split("__")
         for parent in parents:
             table = table.setdefault(parent, {})
-        table[leaf] = value
+        table[leaf] = _EnvValue(value)
     return out
 
 

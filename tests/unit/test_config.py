@@ -199,6 +199,30 @@ def test_env_override_with_bad_value_names_the_key() -> None:
 # ------------------------------------------------------------------------------ refusals
 
 
+@pytest.mark.parametrize(("section", "key", "value", "says"), [
+    ("packaging", "settle_seconds", float("inf"), "finite number"),   # --until-idle waited forever
+    ("packaging", "settle_seconds", float("nan"), "finite number"),
+    ("recovery", "lease_timeout_seconds", float("-inf"), "finite number"),
+    ("packaging", "group_depth", True, "True is not a number"),       # silently acted as 1
+    ("packaging", "settle_seconds", "2", "'2' is not a number"),
+    ("executor", "workers", "4", "'4' is not a number"),
+    ("deletion", "delete_source_files", 1, "1 is not true or false"),
+    ("deletion", "delete_source_files", "yes", "'yes' is not true or false"),
+])
+def test_a_value_of_the_wrong_type_is_refused_naming_the_key(section: str, key: str, value: Any, says: str) -> None:
+    msg = refuse({**minimal(), section: {key: value}})
+    assert f"{section}.{key}: " in msg and says in msg, msg
+
+
+def test_environment_text_is_converted_but_must_be_finite() -> None:
+    s = settings_from_dict(minimal(), environ={"PACKHORSE_PACKAGING__SETTLE_SECONDS": "2.5",
+                                               "PACKHORSE_EXECUTOR__WORKERS": "3",
+                                               "PACKHORSE_DELETION__DELETE_SOURCE_FILES": "true"})
+    assert (s.packaging.settle_seconds, s.executor.workers, s.deletion.delete_source_files) == (2.5, 3, True)
+    with pytest.raises(ConfigError, match="packaging.settle_seconds: Input should be a finite number"):
+        settings_from_dict(minimal(), environ={"PACKHORSE_PACKAGING__SETTLE_SECONDS": "inf"})
+
+
 def test_minimal_is_valid() -> None:
     # every refusal below is a one-key change of this document
     settings_from_dict(minimal(), environ={})
