@@ -1,11 +1,18 @@
-"""A group packaged again gets the lowest free suffixed name (``a/b+2``, ``a/b+3``, …), found
-by exact name lookups: ``_`` and ``%`` in a group name are ordinary characters."""
+"""Package names: a group packaged again gets the lowest free suffixed name (``a/b+2``, ``a/b+3``,
+…), found by exact name lookups (``_`` and ``%`` in a group name are ordinary characters); each
+name has its own bag folder inside the tar."""
 
 from __future__ import annotations
+
+import urllib.parse
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packhorse.db.models import DataLocation, RawDataPackage, Site
 from packhorse.db.session import Database
 from packhorse.managers.packages import _name_for, names_taken
+from packhorse.stages.package import bag_dir_name
 
 
 def _with_packages(db: Database, names: list[str]) -> None:
@@ -35,3 +42,24 @@ def test_long_runs_of_suffixes_are_followed_past_one_batch(empty_db: Database) -
     taken = empty_db.read(lambda s: names_taken(s, "g", batch=8))
     assert len(taken) == 149
     assert _name_for("g", taken) == "g+150"
+
+
+def _decode(bag_dir: str) -> str:
+    """The inverse of ``bag_dir_name`` (the test's own)."""
+    return "/".join(urllib.parse.unquote(part) for part in bag_dir.split("__"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text(alphabet="_a%25F+.", min_size=1, max_size=6), min_size=1, max_size=4))
+def test_bag_folder_names_are_one_to_one(parts: list[str]) -> None:
+    # two packages must never unpack into one folder: the name can be read back from it
+    name = "/".join(parts)
+    bag = bag_dir_name(name)
+    assert "/" not in bag and bag
+    assert _decode(bag) == name
+
+
+def test_bag_folder_names_of_plain_names_are_unchanged() -> None:
+    assert bag_dir_name("instrument-00/obs-0003") == "instrument-00__obs-0003"
+    assert bag_dir_name("_root+2") == "_root+2" and bag_dir_name("a_b/c_d") == "a_b__c_d"
+    assert {bag_dir_name("a__b/c"), bag_dir_name("a/b__c")} == {"a%5F%5Fb__c", "a__b%5F%5Fc"}

@@ -22,8 +22,28 @@ from .base import Recorder, Work, already_there, clear_partials, publish_verifie
 
 
 def bag_dir_name(name: str) -> str:
-    """Top folder of a package's bag inside its tar: the name with ``/`` turned into ``__``."""
-    return name.replace("/", "__")
+    """Top folder of a package's bag inside its tar: the name's folders joined by ``__``
+    (``instrument-00/obs-0003`` → ``instrument-00__obs-0003``).
+
+    One-to-one, so two packages never unpack into one folder (``a__b/c`` and ``a/b__c`` both
+    read ``a__b__c`` joined plainly, and the second bag extracted over the first broke both):
+    ``%`` is written ``%25``, and an ``_`` that would touch a ``__`` — one next to another
+    ``_``, or at a folder's end that meets the joint — is written ``%5F``. Names without
+    ``%``, ``__`` or such an edge ``_`` come out as before."""
+    parts = name.split("/")
+    out = []
+    for k, part in enumerate(parts):
+        part = part.replace("%", "%25")
+        chars = list(part)
+        for i, ch in enumerate(part):
+            if ch != "_":
+                continue
+            double = (i > 0 and part[i - 1] == "_") or (i + 1 < len(part) and part[i + 1] == "_")
+            at_joint = (i == 0 and k > 0) or (i == len(part) - 1 and k < len(parts) - 1)
+            if double or at_joint:
+                chars[i] = "%5F"
+        out.append("".join(chars))
+    return "__".join(out)
 
 
 def _epoch(d: dt.datetime) -> int:
