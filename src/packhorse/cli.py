@@ -415,19 +415,19 @@ def demo(
     workdir = workdir.resolve()
     if (workdir / "packhorse.db").exists():
         raise _fail(f"{workdir} already holds a demo; remove it or choose another --workdir", EXIT_CONFIG)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if source is None:
-        src_dir = workdir / "data" / "fyst" / "source"
-        nfiles, nbytes = generate_observatory_data(src_dir)
-        print(f"generated {nfiles} files ({nbytes:,} bytes) in {src_dir}", file=sys.stderr)
-        src_value = "data/fyst/source"
-    else:
+    if source is not None:  # checked before anything is created
         src_dir = source.resolve()
         if not src_dir.is_dir():
             raise _fail(f"--source: {source} is not a folder", EXIT_CONFIG)
         if workdir == src_dir or src_dir in workdir.parents:
             raise _fail(f"--workdir {workdir} may not be inside --source {src_dir}", EXIT_CONFIG)
         src_value = str(src_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if source is None:
+        src_dir = workdir / "data" / "fyst" / "source"
+        nfiles, nbytes = generate_observatory_data(src_dir)
+        print(f"generated {nfiles} files ({nbytes:,} bytes) in {src_dir}", file=sys.stderr)
+        src_value = "data/fyst/source"
     cfg = write_demo_config(workdir, src_value, workers=max(2, min(4, os.cpu_count() or 2)))
     print(f"configuration: {cfg}", file=sys.stderr)
     ctx_settings = _settings(cfg)

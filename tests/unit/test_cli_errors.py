@@ -89,3 +89,10 @@ def test_an_unknown_log_level_is_refused_naming_the_variable(tmp_path: Path, com
     assert "PACKHORSE_LOG_LEVEL: 'bogus' is not a log level" in r.stderr and "Traceback" not in r.stderr
     ok = run_packhorse("status", "-c", str(cfg), env={"PACKHORSE_LOG_LEVEL": "debug"})
     assert "PACKHORSE_LOG_LEVEL" not in ok.stderr
+
+
+def test_demo_with_a_missing_source_creates_nothing(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    r = run_packhorse("demo", "--source", str(tmp_path / "nonexistent"), "--workdir", str(workdir))
+    assert r.returncode == 2 and "--source:" in r.stderr and "is not a folder" in r.stderr, r.stderr
+    assert not workdir.exists()  # found by a new-user trial: an empty folder was left behind
