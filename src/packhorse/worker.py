@@ -178,9 +178,11 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
             marked: dict[int, PhysicalCopy] = {}
             blocked: dict[int, Exception] = {}
             # load every copy and its package at once: the rules then find them in the session
+            # (whose identity map holds objects only while something refers to them: these
+            # two lists do, until the last copy is marked)
             copies = list(s.scalars(select(PhysicalCopy).where(
                 PhysicalCopy.id.in_([w.op.physical_copy_id for w in works.values()]))))
-            list(s.scalars(select(RawDataPackage).where(
+            packages = list(s.scalars(select(RawDataPackage).where(
                 RawDataPackage.id.in_({c.raw_data_package_id for c in copies if c.raw_data_package_id}))))
             for op_id, w in works.items():
                 try:
@@ -190,6 +192,7 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
                     raise  # the database's trouble, not this copy's: every operation of the batch
                 except Exception as exc:  # the rules block it (or a fault of this copy alone)
                     blocked[op_id] = exc
+            del copies, packages
             return marked, blocked
 
         try:

@@ -360,3 +360,39 @@ def test_a_stale_deletion_in_a_batch_records_nothing_for_itself_alone(site: Site
     assert _copy(site, made["y"][1]).status == "deleted"
     assert _copy(site, made["x"][1]).status == "deletion_pending"  # the current attempt finishes it
     assert site.db.read(lambda s: s.get(Operation, x).status) == "IN_PROGRESS"
+
+
+def _package_reads(site: Site, fn: Any) -> int:
+    """How many statements reading ``raw_data_packages`` ``fn()`` makes."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if "FROM raw_data_packages" in statement:
+            seen.append(statement)
+
+    event.listen(site.db._engine, "before_cursor_execute", count)
+    try:
+        fn()
+    finally:
+        event.remove(site.db._engine, "before_cursor_execute", count)
+    return len(seen)
+
+
+def test_a_batch_reads_its_packages_once_whatever_its_size(make_site) -> None:
+    # the rules of every copy in the manager's batch and in a batch of deletions find the
+    # packages loaded once (not one query per copy: the preloaded objects must stay referenced,
+    # the session's identity map is weak)
+    reads = {}
+    for n in (1, 6):
+        site = make_site()
+        for i in range(n):
+            site.package(f"p{i}", archived_days_ago=10)
+        reads[n, "manager"] = _package_reads(site, site.deletion_order)
+        ops = site.db.read(lambda s: list(s.scalars(select(Operation.id).where(
+            Operation.kind == OperationKind.DELETION.value))))
+        assert len(ops) == n
+        reads[n, "deletions"] = _package_reads(site, lambda: execute_deletions(site.ctx, ops, "w"))
+    assert reads[6, "manager"] == reads[1, "manager"], reads
+    assert reads[6, "deletions"] == reads[1, "deletions"], reads

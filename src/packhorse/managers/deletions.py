@@ -132,10 +132,13 @@ def manage(ctx: StageContext) -> tuple[int, float | None]:
         for copy in bundles:
             by_location.setdefault(copy.location_id, []).append(Candidate(copy, True, copy.created_at))
 
-        # the packages the rules will look up, in one query (then found in the session)
-        pkg_ids = {c.copy.raw_data_package_id for cs in by_location.values() for c in cs if c.copy.raw_data_package_id}
+        # the packages the rules will look up, in one query; then found in the session, whose
+        # identity map holds objects only while something refers to them: `loaded` does
+        pkg_ids = sorted({c.copy.raw_data_package_id for cs in by_location.values() for c in cs
+                          if c.copy.raw_data_package_id})
+        loaded: list[RawDataPackage] = []
         for i in range(0, len(pkg_ids), 500):
-            list(s.scalars(select(RawDataPackage).where(RawDataPackage.id.in_(sorted(pkg_ids)[i:i + 500]))))
+            loaded += s.scalars(select(RawDataPackage).where(RawDataPackage.id.in_(pkg_ids[i:i + 500])))
         for loc_id, candidates in by_location.items():
             p = pressure.get(loc_id, Pressure(DiskLevel.NORMAL))
             if p.level is DiskLevel.EMERGENCY:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, UTCDateTime, utcnow
@@ -120,19 +120,15 @@ def _package_ids(session: Session, copy: PhysicalCopy) -> list[int]:
                                 .where(RawDataPackage.data_transfer_package_id == copy.data_transfer_package_id)))
 
 
-_UNKNOWN: Any = object()
-
-
-def operations_in_flight(session: Session, copy: PhysicalCopy, bundle_id: Any = _UNKNOWN) -> list[Operation]:
+def operations_in_flight(session: Session, copy: PhysicalCopy) -> list[Operation]:
     """Unfinished operations (PENDING — a retry waiting for its backoff included —, SCHEDULED,
-    IN_PROGRESS), other than deletions, that read or write ``copy``'s artifact at its location.
-
-    ``bundle_id``: for a raw package copy, its package's ``data_transfer_package_id`` if the
-    caller has it (``None``: not bundled yet); looked up otherwise."""
-    if copy.raw_data_package_id is not None and bundle_id is _UNKNOWN:
+    IN_PROGRESS), other than deletions, that read or write ``copy``'s artifact at its location
+    (for a raw package copy, its bundle's operations too)."""
+    bundle_id = None
+    if copy.raw_data_package_id is not None:
         bundle_id = session.scalar(
             select(RawDataPackage.data_transfer_package_id).where(RawDataPackage.id == copy.raw_data_package_id))
-    return _in_flight(session, [(copy, None if bundle_id is _UNKNOWN else bundle_id)])[copy.id]
+    return _in_flight(session, [(copy, bundle_id)])[copy.id]
 
 
 def _in_flight(session: Session, copies: list[tuple[PhysicalCopy, int | None]]) -> dict[int, list[Operation]]:
@@ -232,9 +228,19 @@ def deletion_blockers_many(session: Session, ctx: StageContext, copies: list[Phy
     pkgs: dict[int, RawDataPackage] = {}
     # every copy of the packages, once: the three rules below read the same rows
     rows_of: dict[int, list[Any]] = {i: [] for i in pkg_ids}
+    # packages the caller loaded into this session already (the deletion manager and a batch
+    # of deletions do) are taken from it; the others are read here, in one query per chunk
+    mapper = inspect(RawDataPackage)
+    for i in pkg_ids:
+        loaded = session.identity_map.get(mapper.identity_key_from_primary_key((i,)))
+        if loaded is not None:
+            pkgs[i] = loaded
+    missing = [i for i in pkg_ids if i not in pkgs]
+    for k in range(0, len(missing), 500):
+        pkgs.update((p.id, p) for p in session.scalars(select(RawDataPackage).where(
+            RawDataPackage.id.in_(missing[k:k + 500]))))
     for k in range(0, len(pkg_ids), 500):
         chunk = pkg_ids[k:k + 500]
-        pkgs.update((p.id, p) for p in session.scalars(select(RawDataPackage).where(RawDataPackage.id.in_(chunk))))
         for row in session.execute(
                 select(PhysicalCopy.raw_data_package_id, PhysicalCopy.id, PhysicalCopy.location_id,
                        PhysicalCopy.status, PhysicalCopy.verified_at, DataLocation.role)
