@@ -22,6 +22,8 @@
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
             ├── StorageServiceError        an object store answered with an error or was unreachable
+            │   └── StorageBusyError       "try again now": a concurrent write in the way; retried
+            │                              at once by the storage retry layer
             └── RestoreRequiredError       a cold-storage object must be restored before reading
 
 Each :class:`OperationError` carries the where/why fields of the error context
@@ -144,6 +146,17 @@ class StorageServiceError(RetryableError):
 
     The message names the location, bucket and key and the service's error code; credentials
     never appear in it.
+    """
+
+
+class StorageBusyError(StorageServiceError):
+    """The store could not do it *now* but will in a moment: a concurrent conditional write to
+    the same key is in progress (S3 ``409 ConditionalRequestConflict``), or a concurrent
+    deletion pruned the folder a write was starting in (disk).
+
+    Retried a few times at once by :class:`packhorse.storage.layers.RetryLayer` (the only
+    retry loop of the storage stack); a :meth:`~packhorse.storage.base.PendingWrite.publish`
+    that raises it leaves the pending write intact, so publishing can be tried again.
     """
 
 

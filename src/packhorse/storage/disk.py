@@ -24,10 +24,10 @@ from typing import BinaryIO
 from ..errors import (
     DestinationConflictError,
     SourceMissingError,
+    StorageBusyError,
     UnsafePathError,
     VerificationError,
 )
-from .. import faults
 from ..digest import hash_stream
 from .base import PARTIAL_SUFFIX, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
 
@@ -92,15 +92,12 @@ class _DiskPendingWrite(PendingWrite):
             self._file.close()
             os.chmod(self._tmp, 0o444)
             try:
-                if faults.fencing_disabled():  # test-only: show the chaos harness catches overwrites
-                    os.replace(self._tmp, self._final)
-                else:
-                    try:
-                        os.link(self._tmp, self._final, follow_symlinks=False)
-                    except OSError as e:
-                        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
-                            raise
-                        _renameat2_noreplace(str(self._tmp), str(self._final))
+                try:
+                    os.link(self._tmp, self._final, follow_symlinks=False)
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                        raise
+                    _renameat2_noreplace(str(self._tmp), str(self._final))
                 already = False
             except FileExistsError:
                 already = True
@@ -230,16 +227,20 @@ class DiskBackend(StorageBackend):
         return os.fdopen(fd, "rb", buffering=0)  # callers read in large blocks
 
     def open_write(self, key: str) -> PendingWrite:
-        # A concurrent delete() may prune the (then empty) folder between mkdir and creating
-        # the partial file: create the folder again and retry.
-        for attempt in range(5):
-            path = self._path(key, create_parents=True)
-            try:
-                return _DiskPendingWrite(self, key, path)
-            except FileNotFoundError:
-                if attempt == 4:
-                    raise
-        raise AssertionError("unreachable")
+        """Start the write of ``key`` in a partial file next to it (folders created as needed).
+
+        Raises:
+            StorageBusyError: a concurrent :meth:`delete` pruned the (then empty) folder
+                between its creation and the partial file's; the retry layer tries again.
+            DestinationConflictError: a file is in the way of a folder of ``key``.
+        """
+        path = self._path(key, create_parents=True)
+        try:
+            return _DiskPendingWrite(self, key, path)
+        except FileNotFoundError:
+            raise StorageBusyError(f"{self.location}: the folder of {key!r} was removed by a concurrent deletion "
+                                   "while the write started", side="destination", path=key,
+                                   host=self.location) from None
 
     def delete(self, key: str, *, prune: bool = True) -> bool:
         path = self._path(key)
