@@ -23,7 +23,7 @@ from . import __version__
 from .config import Settings, load_config
 from .db.session import Database
 from .errors import ConfigError, DatabaseNotInitializedError, PackhorseError
-from .stages.base import StageContext
+from .context import ProcessContext
 from .topology import sync_topology
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
@@ -84,13 +84,13 @@ def _database(settings: Settings, *, migrate_check: bool) -> Database:
         raise _fail(f"database.url: cannot open {settings.database.url!r}: {reason}", EXIT_CONFIG) from None
 
 
-def _context(config: Path | None, *, migrate_check: bool = True) -> StageContext:
+def _context(config: Path | None, *, migrate_check: bool = True) -> ProcessContext:
     from . import logs
 
     logs.configure(_log_level("WARNING"))
     settings = _settings(config)
     db = _database(settings, migrate_check=migrate_check)
-    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
 def _print_json(data: Any) -> None:
@@ -118,7 +118,7 @@ def init(config: ConfigOpt = None) -> None:
           file=sys.stderr)
 
 
-def _exit_code_after_run(ctx: StageContext) -> int:
+def _exit_code_after_run(ctx: ProcessContext) -> int:
     from sqlalchemy import func, select
 
     from .db.models import SkippedFile
@@ -154,7 +154,7 @@ def _exit_code_after_run(ctx: StageContext) -> int:
 class _Progress:
     """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
 
-    def __init__(self, ctx: StageContext) -> None:
+    def __init__(self, ctx: ProcessContext) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.ctx = ctx
@@ -189,7 +189,7 @@ class _Progress:
                              total=(r["files"]["bytes"] * len(lta)) // (1 << 20) or None, extra="MiB")
 
 
-def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
+def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
     """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``)."""
     from . import logs
     from .executors.local import LocalRunner
@@ -433,7 +433,7 @@ def demo(
     ctx_settings = _settings(cfg)
     db = Database.from_settings(ctx_settings)
     db.upgrade()
-    ctx = StageContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
+    ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
     elapsed, signum = _run(ctx, until_idle=True, quiet=quiet)
     code = _exit_code_after_run(ctx)
     if signum is not None and code == EXIT_OK:
@@ -465,7 +465,7 @@ def demo(
 # --- issue 4: distributed mode (Celery workers per site, manager) -------------------------------
 
 
-def _celery_settings(config: Path | None) -> StageContext:
+def _celery_settings(config: Path | None) -> ProcessContext:
     ctx = _context(config)
     if ctx.settings.executor.kind != "celery" or not ctx.settings.executor.broker_url:
         raise _fail("executor.kind: the distributed services need executor.kind = \"celery\" and "
@@ -521,7 +521,7 @@ def manager(
 # --- issue 7: notifications, disk usage
 
 
-def _serve(ctx: StageContext, service: str, body: Any) -> None:
+def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
     """Run ``body(stop_event, lifecycle)`` as a service until SIGINT/SIGTERM, with its
     started / still-alive / stopped notifications."""
     import threading
@@ -821,7 +821,7 @@ app.add_typer(token_app, name="token")
 app.add_typer(config_app, name="config")
 
 
-def serve_api(ctx: StageContext, host: str, port: int) -> "Any":
+def serve_api(ctx: ProcessContext, host: str, port: int) -> "Any":
     """Start the HTTP API in a background thread; returns the uvicorn server (``should_exit``
     stops it). Prints ``packhorse api: serving on http://HOST:PORT`` on stderr once listening."""
     import threading
@@ -1082,7 +1082,7 @@ def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entri
 
 
 # --- issue 5: object storage, staging, fixity audit
-def _check_storage(ctx: StageContext) -> None:
+def _check_storage(ctx: ProcessContext) -> None:
     """Build every active location's backend (S3 write-once probe, Object Lock check) before
     any work runs; a refused store exits 2 naming the location (issue #5)."""
     from .errors import StorageServiceError
