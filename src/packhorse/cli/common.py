@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..config import Settings, load_config
 from ..db.session import Database
 from ..errors import ConfigError, DatabaseNotInitializedError
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from ..topology import sync_topology
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def database(settings: Settings, *, migrate_check: bool) -> Database:
         raise fail(f"database.url: cannot open {settings.database.url!r}: {reason}", EXIT_CONFIG) from None
 
 
-def context(config: Path | None, *, migrate_check: bool = True) -> StageContext:
+def context(config: Path | None, *, migrate_check: bool = True) -> ProcessContext:
     """Configuration, migrated database and registered topology of ``config``; logging at
     WARNING unless ``PACKHORSE_LOG_LEVEL`` says otherwise."""
     from .. import logs
@@ -115,7 +115,7 @@ def context(config: Path | None, *, migrate_check: bool = True) -> StageContext:
     logs.configure(log_level("WARNING"))
     s = settings(config)
     db = database(s, migrate_check=migrate_check)
-    return StageContext(settings=s, db=db, topology=sync_topology(db, s))
+    return ProcessContext(settings=s, db=db, topology=sync_topology(db, s))
 
 
 def print_json(data: Any) -> None:
@@ -140,7 +140,7 @@ def parse_kind(kind: str) -> "OperationKind":
                    EXIT_CONFIG) from None
 
 
-def check_storage(ctx: StageContext) -> None:
+def check_storage(ctx: ProcessContext) -> None:
     """Build every active location's backend (S3 write-once probe, Object Lock check) before
     any work runs; a refused store exits 2 naming the location."""
     from ..domain import StorageType
@@ -160,7 +160,7 @@ def operation_action(
     kind: str,
     config: Path | None,
     as_json: bool,
-    act: Callable[[StageContext, "OperationKind"], Any],
+    act: Callable[[ProcessContext, "OperationKind"], Any],
     describe: Callable[["OperationKind", Any], str],
     *,
     refused: tuple[type[Exception], ...] = (),

@@ -13,11 +13,11 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import ConfigError
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from .common import EXIT_CONFIG, EXIT_OK, ConfigOpt, JsonOpt, app, context, fail, log_level, print_json
 
 
-def _celery_settings(config: Path | None) -> StageContext:
+def _celery_settings(config: Path | None) -> ProcessContext:
     ctx = context(config)
     if ctx.settings.executor.kind != "celery" or not ctx.settings.executor.broker_url:
         raise fail("executor.kind: the distributed services need executor.kind = \"celery\" and "
@@ -70,7 +70,7 @@ def manager(
     mgr.run(max_seconds=max_seconds)
 
 
-def _serve(ctx: StageContext, service: str, body: Any) -> None:
+def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
     """Run ``body(stop_event, lifecycle)`` as a service until SIGINT/SIGTERM, with its
     started / still-alive / stopped notifications."""
     import threading
@@ -181,7 +181,7 @@ def monitor(
         health.stop(remove=True)
 
 
-def serve_api(ctx: StageContext, host: str, port: int) -> "Any":
+def serve_api(ctx: ProcessContext, host: str, port: int) -> "Any":
     """Start the HTTP API in a background thread; returns the uvicorn server (``should_exit``
     stops it). Prints ``packhorse api: serving on http://HOST:PORT`` on stderr once listening."""
     import threading

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..audit import cli_actor
 from ..domain import OperationKind
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from .common import (EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg, OperationIdArg, ReasonOpt, app,
                      context, fail, operation_action, parse_kind, print_json, table_console)
 
@@ -36,7 +36,7 @@ def reset(
         if (operation_id is None) == (not all_failed):
             raise fail("give either an operation id or --all-failed", EXIT_CONFIG)
 
-    def act(ctx: StageContext, k: OperationKind) -> dict[str, Any]:
+    def act(ctx: ProcessContext, k: OperationKind) -> dict[str, Any]:
         ids = (reset_all_failed(ctx, k, actor=cli_actor(), reason=reason) if operation_id is None
                else reset_operation(ctx, k, operation_id, actor=cli_actor(), reason=reason))
         structlog.get_logger(__name__).warning("operations_reset", kind=k.value, operation_ids=ids, reason=reason)

@@ -18,7 +18,7 @@ from rich.table import Table
 from .. import __version__
 from ..db.session import Database
 from ..errors import ConfigError
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from ..topology import sync_topology
 from .common import (EXIT_BLOCKED, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg,
                      OperationIdArg, app,
@@ -45,7 +45,7 @@ def init(config: ConfigOpt = None) -> None:
           file=sys.stderr)
 
 
-def exit_code_after_run(ctx: StageContext) -> int:
+def exit_code_after_run(ctx: ProcessContext) -> int:
     from sqlalchemy import func, select
 
     from ..db.models import SkippedFile
@@ -81,7 +81,7 @@ def exit_code_after_run(ctx: StageContext) -> int:
 class _Progress:
     """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
 
-    def __init__(self, ctx: StageContext) -> None:
+    def __init__(self, ctx: ProcessContext) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.ctx = ctx
@@ -116,7 +116,7 @@ class _Progress:
                              total=(r["files"]["bytes"] * len(lta)) // (1 << 20) or None, extra="MiB")
 
 
-def _run(ctx: StageContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
+def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
     """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``)."""
     from .. import logs
     from ..executors.local import LocalRunner
@@ -318,7 +318,7 @@ def demo(
     ctx_settings = settings(cfg)
     db = Database.from_settings(ctx_settings)
     db.upgrade()
-    ctx = StageContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
+    ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
     elapsed, signum = _run(ctx, until_idle=True, quiet=quiet)
     code = exit_code_after_run(ctx)
     if signum is not None and code == EXIT_OK:
