@@ -540,7 +540,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
 
 
 ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion", "notifications",
-                "disk_usage", "api")
+                "disk_usage", "api", "hooks")
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

@@ -12,19 +12,30 @@
     ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
     │                                  back as PENDING with ``not_before``, no retry counted
     ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
+    ├── UnknownPackageError            no package with this id or name (API 404, CLI exit 1)
+    ├── NothingToStageError            no archived package matches a staging request
+    ├── ResetRefusedError              a reset or retry refused: not FAILED, or COMPLETED
+    ├── RuntimeSettingError            an unknown runtime-setting key or a value it refuses
+    ├── TokenError                     an API token cannot be created or revoked
+    ├── ChannelError                   a notification channel did not accept a message
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
         │   ├── UnsafePathError            a path or tar member leaves its root (I6)
         │   ├── SourceMissingError         the bytes to read are gone
-        │   └── SourceChangedError         the source no longer matches its registered sha256
+        │   ├── SourceChangedError         the source no longer matches its registered sha256
+        │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
             ├── StorageServiceError        an object store answered with an error or was unreachable
             │   └── StorageBusyError       "try again now": a concurrent write in the way; retried
             │                              at once by the storage retry layer
-            └── RestoreRequiredError       a cold-storage object must be restored before reading
+            ├── RestoreRequiredError       a cold-storage object must be restored before reading
+            └── DeletionDeferredError      another operation still needs the copy; later
+
+Every exception class of packhorse is defined here (a test holds the package to it); the
+modules that raise them import them from here.
 
 Each :class:`OperationError` carries the where/why fields of the error context
 (``step``, ``side``, ``path``, ``host``, ``diagnosis``) at the boundary where it is raised,
@@ -65,6 +76,34 @@ class UnknownOperationError(PackhorseError, LookupError):
 
     Raised by the admin actions of :mod:`packhorse.recovery.breakers` (``breaker reset``,
     ``retry``); the CLI exits 1, the API answers 404.
+    """
+
+
+class UnknownPackageError(PackhorseError, LookupError):
+    """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
+
+
+class NothingToStageError(PackhorseError, LookupError):
+    """No archived raw data package matches the requested name (``packhorse stage``)."""
+
+
+class ResetRefusedError(PackhorseError):
+    """The operation cannot be reset: unknown id, another kind, or not FAILED (reset); it is
+    COMPLETED (retry)."""
+
+
+class RuntimeSettingError(PackhorseError):
+    """An unknown runtime-setting key or a value it does not accept (the message names both)."""
+
+
+class TokenError(PackhorseError):
+    """A token cannot be created or revoked (duplicate name, unknown role, unknown token)."""
+
+
+class ChannelError(PackhorseError):
+    """A channel could not deliver a message (server down, refused, bad credentials, …).
+
+    The notifier retries the notification with backoff, then dead-letters it.
     """
 
 
@@ -133,6 +172,10 @@ class SourceChangedError(PermanentError):
     """A source file's size or sha256 differs from what was registered at scan time."""
 
 
+class DeletionNotSafeError(PermanentError):
+    """The deletion rule (I1) does not hold for this copy right now; nothing was deleted."""
+
+
 class VerificationError(RetryableError):
     """Bytes read back at the destination do not match the expected sha256 (DESIGN.md I4)."""
 
@@ -166,6 +209,11 @@ class RestoreRequiredError(RetryableError):
     Stages that read from cold locations request the restore and wait for it without holding
     a worker; reaching this error elsewhere means a read was attempted too early.
     """
+
+
+class DeletionDeferredError(RetryableError):
+    """Another operation still needs this copy (e.g. a transfer waiting between retries);
+    nothing was deleted and the deletion is tried again later."""
 
 
 class OperationDeferred(PackhorseError):

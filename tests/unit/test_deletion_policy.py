@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse import faults
 from packhorse.config import load_config
 from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, utcnow
 from packhorse.db.session import Database
-from packhorse.diskusage import Usage, measure_all, set_usage_provider
+from packhorse.diskusage import Usage, measure_all
+from fault_hooks import FaultPlan
 from packhorse.domain import OperationKind, Status
 from packhorse.managers import deletions
 from packhorse.managers.policy import deletion_blockers, deletion_blockers_many
@@ -47,7 +47,6 @@ class Site:
         self.ctx = ProcessContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
         self.ids = self.ctx.topology.location_ids
         self.usage: dict[str, Usage] = {}
-        set_usage_provider(lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
 
     def package(self, name: str, *, archived_days_ago: float | None, size: int = 1000,
                 buffer: str = "fyst-buffer", archives: dict[str, str] | None = None,
@@ -86,7 +85,7 @@ class Site:
     def pressure(self, location: str, percent: float) -> None:
         used = int(TOTAL * percent / 100)
         self.usage[location] = Usage(TOTAL, used, TOTAL - used)
-        measure_all(self.db, self.settings, self.ids)
+        measure_all(self.db, self.settings, self.ids, lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
 
     def deletion_order(self) -> list[int]:
         """Copy ids of the deletion operations, in creation (= dispatch) order."""
@@ -121,7 +120,6 @@ def make_site(tmp_path: Path, database_url: str | None):
         return made[-1]
 
     yield make
-    set_usage_provider(None)
     for s in made:
         s.db.dispose()
 
@@ -287,9 +285,7 @@ def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site
     assert site.deletion_order() == [copy]
     op = site.db.read(lambda s: s.scalar(select(Operation.id).where(Operation.physical_copy_id == copy)))
     marker = tmp_path / "deleting"
-    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", f'[{{"point": "deletion.delete", "action": "pause", '
-                                                f'"seconds": 3, "marker": "{marker}"}}]')
-    monkeypatch.setattr(faults, "_fired", {})  # hook counters of earlier tests in this process
+    site.ctx.hooks = FaultPlan([{"point": "deletion.delete", "action": "pause", "seconds": 3, "marker": str(marker)}])
     results: list[Outcome] = []
     first = threading.Thread(target=lambda: results.append(execute_operation(site.ctx, op, "deleter-1")))
     first.start()

@@ -51,13 +51,15 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from ..config import Settings
+from ..context import ProcessContext
 from ..db.models import Operation, utcnow
 from ..db.session import Database
 from ..domain import LocationRole, OperationKind, Status, StorageType
 from ..errors import ConfigError, TransientDatabaseError
+from ..hooks import hooks_for
+from ..operations import fenced
 from ..stages import STAGES
-from ..context import ProcessContext
-from ..storage.disk import DiskBackend
+from ..storage.registry import backend_for
 from ..topology import load_topology
 from ..worker import execute_operation
 
@@ -359,8 +361,7 @@ def publish(app: Celery, d: Dispatched) -> None:
 
 def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
     def tx(s: Session) -> None:
-        s.execute(update(Operation).where(Operation.id == operation_id, Operation.attempt == attempt,
-                                          Operation.status == Status.SCHEDULED.value)
+        s.execute(update(Operation).where(fenced(operation_id, attempt, Status.SCHEDULED))
                   .values(status=Status.PENDING.value, updated_at=utcnow()))
 
     with contextlib.suppress(Exception):
@@ -481,7 +482,8 @@ def cleanup_site_partials(settings: Settings, site: str) -> int:
         if loc.site == site and loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE and loc.path:
             path = settings.location_path(loc.name)
             if path.is_dir():
-                removed += DiskBackend(loc.name, path).cleanup_partials(settings.recovery.lease_timeout_seconds)
+                backend = backend_for(settings, loc.name, hooks=hooks_for(settings))
+                removed += backend.cleanup_partials(settings.recovery.lease_timeout_seconds)
     return removed
 
 

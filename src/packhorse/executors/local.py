@@ -42,20 +42,32 @@ from sqlalchemy.orm import Session
 
 from .. import logs
 from ..config import Settings
+from ..context import ProcessContext
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
-from ..managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
+from ..managers import (
+    archives,
+    bundles,
+    deletions,
+    fixity,
+    packages,
+    transfers,
+    unpacks,
+)
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
-from .. import faults
 from ..recovery.loop import ErrorCounter
 from ..recovery.monitor import recovery_cycle
 from ..runtime_settings import RuntimeSettings
-from ..context import ProcessContext
-from ..storage.disk import DiskBackend
 from ..topology import Topology
-from ..worker import DELETION_BATCH, Outcome, batchable, execute_deletions, execute_operation
+from ..worker import (
+    DELETION_BATCH,
+    Outcome,
+    batchable,
+    execute_deletions,
+    execute_operation,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -362,7 +374,7 @@ class LocalRunner:
             return [tuple(t) for t in tasks]
 
         tasks = self.ctx.db.transact(tx)
-        twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
+        twice = self.ctx.hooks.active("dispatch", "duplicate")  # hooks: at-least-once delivery
         submitted = []
         for op_ids in tasks:
             with self._lock:
@@ -404,7 +416,7 @@ class LocalRunner:
             return n
 
         created = 0 if unsettled is None else packages.manage(self.ctx, unsettled, on_commit=dispatch_now)
-        faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
+        self.ctx.hooks.hit("manager.cycle")  # hooks: e.g. a database error in the middle of a cycle
         n, bundle_wait = bundles.manage(self.ctx, flush=flush)
         created += started(n)
         for manager in (transfers, unpacks, archives):
@@ -427,14 +439,12 @@ class LocalRunner:
             report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
         if report.reset:
             log.warning("stalled_operations_reset", operation_ids=report.reset)
-        if self._swept or faults.fencing_disabled():  # test-only switch: stale partials stay
+        if self._swept:
             return
         self._swept = True
         for loc in self.settings.locations:
             if loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE:
-                b = self.ctx.backend(loc.name)
-                if isinstance(b, DiskBackend):
-                    b.cleanup_partials(self.settings.recovery.lease_timeout_seconds)
+                self.ctx.backend(loc.name).cleanup_partials(self.settings.recovery.lease_timeout_seconds)
             elif loc.storage is StorageType.S3 and loc.active:
                 # incomplete multipart uploads of crashed publishers (invisible; they only cost
                 # storage). A day, not a lease: a large upload in flight may take longer.

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from ..digest import hash_stream
 from ..errors import (
     DestinationConflictError,
     SourceMissingError,
@@ -28,8 +29,15 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
-from ..digest import hash_stream
-from .base import PARTIAL_SUFFIX, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import (
+    PARTIAL_SUFFIX,
+    RESERVED_PREFIX,
+    ObjectInfo,
+    PendingWrite,
+    PublishResult,
+    StorageBackend,
+    check_key,
+)
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20

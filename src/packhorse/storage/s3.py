@@ -70,7 +70,15 @@ from ..errors import (
     StorageServiceError,
     VerificationError,
 )
-from .base import CHUNK_BYTES, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import (
+    CHUNK_BYTES,
+    RESERVED_PREFIX,
+    ObjectInfo,
+    PendingWrite,
+    PublishResult,
+    StorageBackend,
+    check_key,
+)
 
 log = structlog.get_logger(__name__)
 

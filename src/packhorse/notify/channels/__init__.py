@@ -12,17 +12,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ...errors import PackhorseError
+from ...errors import ChannelError, PackhorseError
 
 if TYPE_CHECKING:
     from ...config import NotificationsConfig
-
-
-class ChannelError(PackhorseError):
-    """A channel could not deliver a message (server down, refused, bad credentials, …).
-
-    The notifier retries the notification with backoff, then dead-letters it.
-    """
+    from ...hooks import Hooks
 
 
 @dataclass(frozen=True)
@@ -55,8 +49,9 @@ class Channel(Protocol):
         """Deliver ``message``; raises :class:`ChannelError` if it was not accepted."""
 
 
-def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
-    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL.
+def build_channels(cfg: "NotificationsConfig", *, hooks: "Hooks | None" = None) -> list[Channel]:
+    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL
+    (``hooks``: the process's fault hooks, handed to the SMTP channel).
 
     Raises:
         ConfigError: an apprise URL apprise does not understand (named with its key).
@@ -66,7 +61,7 @@ def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
 
     out: list[Channel] = []
     if cfg.smtp is not None:
-        out.append(SmtpChannel(cfg.smtp))
+        out.append(SmtpChannel(cfg.smtp) if hooks is None else SmtpChannel(cfg.smtp, hooks=hooks))
     out.extend(apprise_channels(cfg.apprise_urls, cfg.apprise_urls_by_level))
     return out
 
