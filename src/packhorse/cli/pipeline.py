@@ -12,17 +12,36 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
+from ..context import ProcessContext
 from ..db.session import Database
 from ..errors import ConfigError
-from ..context import ProcessContext
 from ..topology import sync_topology
-from .common import (EXIT_BLOCKED, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg,
-                     OperationIdArg, app,
-                     check_storage, context, database, err, fail, log_level, parse_kind, print_json, settings)
+from .common import (
+    EXIT_BLOCKED,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ConfigOpt,
+    JsonOpt,
+    KindArg,
+    OperationIdArg,
+    app,
+    check_storage,
+    context,
+    database,
+    err,
+    fail,
+    log_level,
+    parse_kind,
+    print_json,
+    require_routes,
+    settings,
+    table_console,
+)
 
 
 @app.command()
@@ -82,7 +101,13 @@ class _Progress:
     """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
 
     def __init__(self, ctx: ProcessContext) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.ctx = ctx
         self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
@@ -180,6 +205,7 @@ def run(
                     "mode (worker processes on this machine). For the distributed mode start "
                     "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
                     "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
+    require_routes(ctx.settings)
     check_storage(ctx)
     server = None
     if with_api:
@@ -236,7 +262,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(r)
         return
-    out = Console()
+    out = table_console()
     p = r["packages"]
     out.print(f"packages: {p['total']} total, {p['archived']} archived, {p['failed']} failed; "
               f"files: {r['files']['registered']} registered ({r['files']['bytes']:,} bytes)", highlight=False)
@@ -249,6 +275,11 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     for loc, v in r["copies"].items():
         c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
     out.print(c)
+    if r["source_filters"]:
+        f = Table("source location", "include", "exclude", title="scan filters (glob patterns)")
+        for loc, v in r["source_filters"].items():
+            f.add_row(loc, ", ".join(v["include"]) or "(everything)", ", ".join(v["exclude"]) or "-")
+        out.print(f)
     if r["skipped"]:
         s = Table("location", "path", "reason", title="skipped files")
         for row in r["skipped"]:
