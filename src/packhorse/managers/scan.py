@@ -40,6 +40,7 @@ from ..db.models import RawDataFile, SkippedFile, utcnow
 from ..db.session import insert_ignoring_conflicts
 from ..domain import LocationRole, StorageType
 from ..errors import UnsafePathError
+from ..config import Settings
 from ..context import ProcessContext
 from ..storage.base import check_key
 
@@ -156,7 +157,7 @@ def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: l
             out.append((path, s))
 
 
-def list_source(ctx: ProcessContext, location: str, cache: ScanCache | None = None
+def list_source(settings: Settings, location: str, cache: ScanCache | None = None
                 ) -> tuple[list[tuple[str, os.stat_result]], list[tuple[str, str]], dict[str, _Folder] | None, bool]:
     """List source location ``location`` as a scan sees it, registering nothing: ``(found,
     skipped, seen, full)`` — the regular files to consider (path, stat), the paths that cannot
@@ -165,7 +166,7 @@ def list_source(ctx: ProcessContext, location: str, cache: ScanCache | None = No
     (:mod:`packhorse.scanfilter`) are in neither list."""
     from ..scanfilter import location_filter
 
-    root = str(ctx.settings.location_path(location))
+    root = str(settings.location_path(location))
     found: list[tuple[str, os.stat_result]] = []
     skipped: list[tuple[str, str]] = []
     seen: dict[str, _Folder] | None = None
@@ -179,7 +180,7 @@ def list_source(ctx: ProcessContext, location: str, cache: ScanCache | None = No
     previous = None if full or cache is None else cache.folders.get(location)
     seen = {} if cache is not None else None
     _walk(root, "", found, skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
-    wanted = location_filter(ctx.settings.location(location))
+    wanted = location_filter(settings.location(location))
     if wanted.active:
         found = [(p, s) for p, s in found if wanted.accepts(p)]
         # an unreadable folder may hold wanted files: it stays listed unless it is excluded itself
@@ -239,7 +240,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     root = str(settings.location_path(location))
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
-    found, result.skipped, seen, full = list_source(ctx, location, cache)
+    found, result.skipped, seen, full = list_source(ctx.settings, location, cache)
 
     def look_again(path: str) -> None:
         """The folder of ``path`` holds a file not registered yet: list it at the next scan."""
