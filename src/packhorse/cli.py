@@ -374,6 +374,22 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def validate(
+    path: Annotated[Path, typer.Argument(help="a bag folder or a bag tar (one top folder holding the bag)")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate a BagIt bag (RFC 8493, or 0.97) and list every problem. Exit 0 valid, 1 invalid."""
+    from .bagvalidation import validate_path
+
+    report = validate_path(path)
+    if as_json:
+        _print_json(report.as_dict())
+    else:
+        print(report.summary())
+    raise typer.Exit(EXIT_OK if report.valid else EXIT_PROBLEM)
+
+
+@app.command()
 def verify(
     config: ConfigOpt = None,
     location: Annotated[Optional[str], typer.Option("--location", help="only copies at this data location")] = None,
