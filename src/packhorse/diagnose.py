@@ -44,7 +44,7 @@ from .db.session import Database
 from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
 from .actions import UnknownPackageError
 from .errors import UnknownOperationError
-from .stages.base import StageContext
+from .context import ProcessContext
 from .topology import bundle_key, raw_package_key
 
 #: Error types whose cause is "the bytes to read are gone".
@@ -404,7 +404,7 @@ def _look(backend: Any, root: Path, key: str, size: int | None, expect: str, not
     return out
 
 
-def live_check(ctx: StageContext, kind: OperationKind, operation_id: int) -> dict[str, Any]:
+def live_check(ctx: ProcessContext, kind: OperationKind, operation_id: int) -> dict[str, Any]:
     """Look, now, at every object the database has for the operation at every disk location.
 
     A live copy must be there with its recorded size; a staged copy must be a bag folder; a
@@ -484,7 +484,7 @@ def request_live_check(db: Database, kind: OperationKind, operation_id: int, *, 
     return db.transact(tx)
 
 
-def run_live_check(ctx: StageContext, correlation_id: str) -> None:
+def run_live_check(ctx: ProcessContext, correlation_id: str) -> None:
     """Run the pending check ``correlation_id`` and store its result (``done``) or the error
     that stopped it (``failed``). Never raises: the database report stands either way."""
     row = ctx.db.read(lambda s: s.get(LiveCheck, correlation_id))

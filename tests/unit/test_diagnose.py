@@ -18,16 +18,16 @@ from packhorse.db.models import (
 )
 from packhorse.diagnose import diagnose_operation, live_check
 from packhorse.domain import OperationKind
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 from support import write_site_config
 
 S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nbucket = "cologne-archive"\nactive = false\n'
 
 
-def _ctx(tmp_path: Path, db) -> StageContext:
+def _ctx(tmp_path: Path, db) -> ProcessContext:
     settings = load_config(write_site_config(tmp_path / "site", extra=S3_LOCATION))
-    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
 def _op(s, ctx, kind: OperationKind, status: str, **kw) -> Operation:
@@ -39,7 +39,7 @@ def _op(s, ctx, kind: OperationKind, status: str, **kw) -> Operation:
     return op
 
 
-def _world(ctx: StageContext) -> dict[str, int]:
+def _world(ctx: ProcessContext) -> dict[str, int]:
     """A bundle whose fyst-buffer copy a deletion removed, and a transfer that then failed."""
     loc = ctx.topology.location_ids
     t0 = utcnow() - dt.timedelta(hours=1)
@@ -141,7 +141,7 @@ def test_the_live_check_of_a_healthy_package_raises_no_alarm(tmp_path: Path, emp
     from packhorse.db.models import RawDataFile
 
     settings = load_config(write_site_config(tmp_path / "site", extra=PROCESSING))
-    ctx = StageContext(settings=settings, db=empty_db, topology=sync_topology(empty_db, settings))
+    ctx = ProcessContext(settings=settings, db=empty_db, topology=sync_topology(empty_db, settings))
     loc = ctx.topology.location_ids
     src = settings.location_path("fyst-source") / "cam" / "obs1"
     src.mkdir(parents=True)

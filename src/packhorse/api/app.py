@@ -59,7 +59,7 @@ from ..metrics import registry_for, render
 from ..operations import ResetRefusedError
 from ..overview import location_usage, pipeline_overview
 from ..runtime_settings import RuntimeSettingError, RuntimeSettings, describe, set_setting, unset_setting
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from ..topology import sync_topology
 from . import schemas as m
 from .security import SecurityHeadersMiddleware
@@ -135,17 +135,17 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": m.Problem, "description": "no such operation or package"}}
 
 
-def create_app(settings: Settings, db: Database | None = None, *, ctx: StageContext | None = None) -> FastAPI:
+def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessContext | None = None) -> FastAPI:
     """Build the API for one installation.
 
     Args:
         settings: the configuration.
         db: the ops database (default: opened from ``settings``).
-        ctx: a stage context to share (``packhorse run --api``); built if not given.
+        ctx: a process context to share (``packhorse run --api``); built if not given.
     """
     if ctx is None:
         db = db or Database(settings.database_url)
-        ctx = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+        ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
     db = ctx.db
     checks = ThreadPoolExecutor(2, thread_name_prefix="live-check")
     runtime = RuntimeSettings(db, settings)
