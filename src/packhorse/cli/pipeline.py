@@ -319,13 +319,17 @@ def verify(
     location: Annotated[Optional[str], typer.Option("--location", help="only copies at this data location")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Re-read every live copy and compare it with its recorded sha256. Exit 1 on any problem."""
+    """Re-read every live copy and compare it with its recorded sha256, and check every staged
+    copy in processing locations against its bag manifests. Exit 1 on any problem."""
     from ..reporting import verify_copies
+    from ..staged import verify_staged
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
         raise fail(f"--location: unknown data location {location!r}", EXIT_CONFIG)
     r = verify_copies(ctx, location)
+    r["staged"] = verify_staged(ctx, location)
+    staged_bad = [x for x in r["staged"] if x["status"] != "ok"]
     if as_json:
         print_json(r)
     else:
@@ -339,7 +343,11 @@ def verify(
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
                   "from another verified copy if one exists)")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] else EXIT_OK)
+        print(f"staged copies: checked {len(r['staged'])}, ok {len(r['staged']) - len(staged_bad)}")
+        for x in staged_bad:
+            print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
+                  f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or staged_bad else EXIT_OK)
 
 
 @app.command()
@@ -392,6 +400,11 @@ def demo(
         if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
             continue  # raw files, not package copies
         print(f"  {loc:<16} {c['count']:>4} copies {c['bytes']:>14,} bytes")
+    for loc in ctx.settings.locations:
+        if loc.role is LocationRole.LONG_TERM_ARCHIVE:
+            where = (ctx.settings.location_path(loc.name) if loc.path
+                     else f"s3://{loc.bucket}/{loc.prefix}".rstrip("/"))
+            print(f"  archive:  {loc.name} ({loc.site}): {where}")
     if r["skipped"]:
         print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
     print(f"  verify:   {v['ok']}/{v['checked']} copies ok")
@@ -406,6 +419,8 @@ def demo(
 def stage(
     name: Annotated[str, typer.Argument(help="raw data package name or observation unit")],
     to: Annotated[str, typer.Option("--to", help="processing location to extract into")],
+    again: Annotated[bool, typer.Option("--again", help="stage again a package whose staged folder was "
+                                        "removed or no longer verifies")] = False,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -415,7 +430,7 @@ def stage(
 
     ctx = context(config)
     try:
-        rows = request_staging(ctx, name, to)
+        rows = request_staging(ctx, name, to, again=again)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
     except NothingToStageError as e:
@@ -429,4 +444,5 @@ def stage(
         elif r["created"]:
             print(f"{r['package']}: staging operation {r['operation_id']} created; `packhorse run` stages it")
         else:
-            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})")
+            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})"
+                  + ("; if its staged folder was removed, add --again" if r["status"] == "COMPLETED" else ""))

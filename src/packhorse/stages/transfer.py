@@ -34,7 +34,7 @@ from .base import Recorder, Work, already_there, clear_partials, copy_object, pu
 
 
 #: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
-SHARE_REFRESH_SECONDS = 5.0
+SHARE_REFRESH_SECONDS = 1.0
 
 
 def command_args(template: str, source: str, destination: str, bandwidth_limit: int | None = None) -> list[str]:
