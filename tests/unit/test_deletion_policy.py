@@ -22,7 +22,7 @@ from packhorse.domain import OperationKind, Status
 from packhorse.managers import deletions
 from packhorse.managers.policy import deletion_blockers, deletion_blockers_many
 from packhorse.operations import create_operation, dedup_key
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 from packhorse.worker import Outcome, execute_deletions, execute_operation
 from support import write_site_config
@@ -44,7 +44,7 @@ class Site:
         self.settings = load_config(cfg)
         self.db = Database(self.settings.database_url)
         self.db.upgrade()
-        self.ctx = StageContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
+        self.ctx = ProcessContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
         self.ids = self.ctx.topology.location_ids
         self.usage: dict[str, Usage] = {}
         set_usage_provider(lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))

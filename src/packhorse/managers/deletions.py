@@ -40,7 +40,7 @@ from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFil
 from ..diskusage import current_provider, latest_usage, level_for, monitored_locations, record_sample
 from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind
 from ..operations import dedup_key
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from .common import buffer_location_ids, create_missing, new_only
 from .policy import deletion_blockers, deletion_blockers_many, last_used_times
 
@@ -69,7 +69,7 @@ class Pressure:
     measured_at: dt.datetime | None = None
 
 
-def location_pressure(ctx: StageContext, session: Session) -> dict[int, Pressure]:
+def location_pressure(ctx: ProcessContext, session: Session) -> dict[int, Pressure]:
     """The pressure of every location with a fresh disk usage sample, by location id."""
     cfg = ctx.settings.disk_usage
     out: dict[int, Pressure] = {}
@@ -89,7 +89,7 @@ def _deleted_since(s: Session, location_id: int, since: dt.datetime | None) -> i
         PhysicalCopy.deleted_at > since)) or 0)
 
 
-def remeasure_under_pressure(ctx: StageContext) -> list[str]:
+def remeasure_under_pressure(ctx: ProcessContext) -> list[str]:
     """Measure again every disk location at critical or emergency level whose copies were
     deleted since its latest sample; returns the names measured.
 
@@ -122,7 +122,7 @@ def remeasure_under_pressure(ctx: StageContext) -> list[str]:
     return measured
 
 
-def choose(ctx: StageContext, candidates: list[Candidate], pressure: Pressure, pending_bytes: int,
+def choose(ctx: ProcessContext, candidates: list[Candidate], pressure: Pressure, pending_bytes: int,
            now: dt.datetime, retention_seconds: float,
            blocked: Callable[[Candidate], bool]) -> tuple[list[Candidate], list[float]]:
     """Pick, in order, the candidates of one location to delete at ``pressure``; also return
@@ -151,7 +151,7 @@ def choose(ctx: StageContext, candidates: list[Candidate], pressure: Pressure, p
     return chosen, waits
 
 
-def manage(ctx: StageContext) -> tuple[int, float | None]:
+def manage(ctx: ProcessContext) -> tuple[int, float | None]:
     """Create deletion operations; returns ``(created, seconds until the next retention ends)``."""
 
     def find(s: Session) -> tuple[dict[str, dict[str, Any]], float | None]:
