@@ -284,6 +284,7 @@ class BagValidator:
         self._payload_algs: set[str] = set()
         self._tag_algs: set[str] = set()
         self._early: dict[str, set[str]] = {}  # payload manifests parsed early: {name: paths}
+        self._unusable = False
         self.passes = 1
 
     # ------------------------------------------------------------------ feeding
@@ -292,6 +293,12 @@ class BagValidator:
         """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
         assert code in PROBLEM_CODES, code
         self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+
+    def unusable(self, code: str, message: str) -> None:
+        """Record that the container cannot be read at all (not a tar, no such folder): the report
+        then holds only this problem, not the consequences (no bagit.txt, no manifest...)."""
+        self.problem(code, "", message)
+        self._unusable = True
 
     def add_directory(self, path: str) -> None:
         """A directory entry (``path`` relative to the bag root, no trailing ``/``)."""
@@ -522,6 +529,9 @@ class BagValidator:
     def finish(self) -> BagReport:
         """Check everything fed so far against the rules; return the report with every problem."""
         report = BagReport(bag=self.bag, passes=self.passes)
+        if self._unusable:
+            report.problems = list(self._problems)
+            return report
         version, encoding = self._declaration()
         report.version = version
         if not self._has_data_dir:
@@ -635,10 +645,10 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
     try:
         st = os.lstat(root)
     except OSError as e:
-        v.problem("unreadable", "", f"cannot read the bag folder: {e.strerror}")
+        v.unusable("unreadable", f"cannot read the bag folder: {e.strerror}")
         return v.finish()
     if not stat.S_ISDIR(st.st_mode):
-        v.problem("not-a-bag-container", "", "is not a folder")
+        v.unusable("not-a-bag-container", "is not a folder")
         return v.finish()
     entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"), e[0].encode()))
     for rel, is_dir in entries:
@@ -708,7 +718,7 @@ def validate_tar(
     try:
         tar = _open_for_reading(fileobj)
     except tarfile.TarError as e:
-        v.problem("not-a-bag-container", "", f"not a tar archive: {e}")
+        v.unusable("not-a-bag-container", f"not a tar archive: {e}")
         return v.finish(), ""
     with tar:
         try:
@@ -826,7 +836,7 @@ def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> Bag
         f = open(path, "rb")
     except OSError as e:
         v = BagValidator(str(path))
-        v.problem("unreadable", "", f"cannot open: {e.strerror}")
+        v.unusable("unreadable", f"cannot open: {e.strerror}")
         return v.finish()
     with f:
         return validate_tar(f, bag=str(path), required_algorithms=required_algorithms)[0]
