@@ -106,11 +106,14 @@ class FaultPlan(Hooks):
         plan: the hooks; ``None`` reads ``PACKHORSE_TEST_FAULTS`` at every hit.
         disk_usage_file: a JSON file of simulated disk figures; ``None`` reads
             ``PACKHORSE_TEST_DISK_USAGE``.
+        usage: a :data:`~packhorse.diskusage.UsageProvider` of a test (wins over the file).
     """
 
-    def __init__(self, plan: list[dict[str, Any]] | None = None, *, disk_usage_file: str | None = None) -> None:
+    def __init__(self, plan: list[dict[str, Any]] | None = None, *, disk_usage_file: str | None = None,
+                 usage: UsageProvider | None = None) -> None:
         self.plan = plan
         self.disk_usage_file = disk_usage_file
+        self.usage = usage
         self.published = _Published()
         self._lock = threading.Lock()
         self._fired: dict[int, int] = {}
@@ -150,6 +153,8 @@ class FaultPlan(Hooks):
         return FaultLayer(backend, self)
 
     def disk_usage(self) -> UsageProvider | None:
+        if self.usage is not None:
+            return self.usage
         path = self.disk_usage_file or os.environ.get(DISK_USAGE_ENV)
         if not path:
             return None

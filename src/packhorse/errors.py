@@ -31,6 +31,8 @@
             ├── StorageServiceError        an object store answered with an error or was unreachable
             │   └── StorageBusyError       "try again now": a concurrent write in the way; retried
             │                              at once by the storage retry layer
+            ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
+            │                              the partial file is already removed
             ├── RestoreRequiredError       a cold-storage object must be restored before reading
             └── DeletionDeferredError      another operation still needs the copy; later
 
@@ -200,6 +202,15 @@ class StorageBusyError(StorageServiceError):
     Retried a few times at once by :class:`packhorse.storage.layers.RetryLayer` (the only
     retry loop of the storage stack); a :meth:`~packhorse.storage.base.PendingWrite.publish`
     that raises it leaves the pending write intact, so publishing can be tried again.
+    """
+
+
+class DestinationWriteError(RetryableError):
+    """Writing an object's bytes to a disk location failed (``ENOSPC``, ``EDQUOT``, ``EIO``).
+
+    Raised by :mod:`packhorse.storage.disk` after it removed the partial file (a full disk is
+    not left full of a half-written object); the message names the location and the key.
+    Retried: space may be freed by the deletions under disk pressure.
     """
 
 

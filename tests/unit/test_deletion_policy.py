@@ -10,22 +10,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_hooks import FaultPlan
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from support import write_site_config
 
 from packhorse.config import load_config
-from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.context import ProcessContext
+from packhorse.db.models import (
+    DataTransferPackage,
+    Operation,
+    PhysicalCopy,
+    RawDataPackage,
+    utcnow,
+)
 from packhorse.db.session import Database
 from packhorse.diskusage import Usage, measure_all
-from fault_hooks import FaultPlan
 from packhorse.domain import OperationKind, Status
 from packhorse.managers import deletions
 from packhorse.managers.policy import deletion_blockers, deletion_blockers_many
 from packhorse.operations import create_operation, dedup_key
-from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 from packhorse.worker import Outcome, execute_deletions, execute_operation
-from support import write_site_config
 
 TOTAL = 10_000
 DAY = dt.timedelta(days=1)
@@ -47,6 +53,8 @@ class Site:
         self.ctx = ProcessContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
         self.ids = self.ctx.topology.location_ids
         self.usage: dict[str, Usage] = {}
+        self.hooks = FaultPlan([], usage=lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
+        self.ctx.hooks = self.hooks  # simulated disk figures come in through the context's hooks
 
     def package(self, name: str, *, archived_days_ago: float | None, size: int = 1000,
                 buffer: str = "fyst-buffer", archives: dict[str, str] | None = None,
@@ -85,7 +93,7 @@ class Site:
     def pressure(self, location: str, percent: float) -> None:
         used = int(TOTAL * percent / 100)
         self.usage[location] = Usage(TOTAL, used, TOTAL - used)
-        measure_all(self.db, self.settings, self.ids, lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
+        measure_all(self.db, self.settings, self.ids, hooks=self.hooks)
 
     def deletion_order(self) -> list[int]:
         """Copy ids of the deletion operations, in creation (= dispatch) order."""
@@ -285,7 +293,7 @@ def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site
     assert site.deletion_order() == [copy]
     op = site.db.read(lambda s: s.scalar(select(Operation.id).where(Operation.physical_copy_id == copy)))
     marker = tmp_path / "deleting"
-    site.ctx.hooks = FaultPlan([{"point": "deletion.delete", "action": "pause", "seconds": 3, "marker": str(marker)}])
+    site.hooks.plan = [{"point": "deletion.delete", "action": "pause", "seconds": 3, "marker": str(marker)}]
     results: list[Outcome] = []
     first = threading.Thread(target=lambda: results.append(execute_operation(site.ctx, op, "deleter-1")))
     first.start()
@@ -392,3 +400,45 @@ def test_a_batch_reads_its_packages_once_whatever_its_size(make_site) -> None:
         reads[n, "deletions"] = _package_reads(site, lambda: execute_deletions(site.ctx, ops, "w"))
     assert reads[6, "manager"] == reads[1, "manager"], reads
     assert reads[6, "deletions"] == reads[1, "deletions"], reads
+
+
+def test_critical_counts_copies_deleted_since_the_sample_when_it_cannot_measure_again(make_site) -> None:
+    """The sample was taken before the first deletions finished: those bytes are already gone,
+    so the episode stops at the recovery threshold instead of going on from the old figure."""
+    site = make_site()
+    copies = [site.package(f"p{i}", archived_days_ago=1)[1] for i in range(9)]
+    site.pressure("fyst-buffer", 90)  # 9000 of 10000
+    first = site.deletion_order()
+    assert first == copies[:4]  # 9000 - 4 x 1000 = 5000 < 6000
+    for op_id in site.db.read(lambda s: list(s.scalars(select(Operation.id).where(
+            Operation.kind == OperationKind.DELETION.value)))):
+        assert execute_operation(site.ctx, op_id, "w") is Outcome.COMPLETED
+
+    def unmeasurable(name: str, root: Path) -> Usage:
+        raise OSError("the manager cannot see this disk")
+
+    site.hooks.usage = unmeasurable
+    assert site.deletion_order() == first  # nothing more: 9000 - 4000 deleted since the sample
+
+
+def test_critical_measures_again_after_deleting_and_stops_below_recovery(make_site) -> None:
+    site = make_site()
+    for i in range(9):
+        site.package(f"p{i}", archived_days_ago=1)
+    root = site.settings.location_path("fyst-buffer")
+
+    def on_disk(name: str, r: Path) -> Usage:
+        used = sum(p.stat().st_size for p in root.rglob("*.tar")) if name == "fyst-buffer" else 0
+        return Usage(TOTAL, used, TOTAL - used)
+
+    site.hooks.usage = on_disk
+    measure_all(site.db, site.settings, site.ids, hooks=site.hooks)
+    first = site.deletion_order()
+    assert len(first) == 4
+    for op_id in site.db.read(lambda s: list(s.scalars(select(Operation.id)))):
+        execute_operation(site.ctx, op_id, "w")
+    assert site.deletion_order() == first
+    from packhorse.diskusage import latest_usage
+
+    latest = site.db.read(lambda s: latest_usage(s)["fyst-buffer"])
+    assert (latest.used_bytes, latest.alert_level) == (5000, "normal")  # measured again, recovered

@@ -7,8 +7,8 @@ import time
 from types import SimpleNamespace
 
 from packhorse.fixity import CORRUPT, MISSING, OK, check_copy
+from packhorse.ratelimit import RateLimiter
 from packhorse.storage.disk import DiskBackend
-from packhorse.storage.layers import RateLimiter
 from packhorse.storage.registry import compose
 
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-
 from fault_hooks import FaultPlan
 from memory_backend import MemoryBackend
+
 from packhorse.errors import StorageBusyError, StorageServiceError, VerificationError
-from packhorse.storage.layers import Layer, RateLimiter, ReadRateLayer, innermost
+from packhorse.ratelimit import RateLimiter
+from packhorse.storage.layers import Layer, ReadRateLayer, innermost
 from packhorse.storage.registry import compose
 from packhorse.storage.s3 import S3Backend
 

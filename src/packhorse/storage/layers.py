@@ -13,8 +13,9 @@ order from the caller inwards::
   ``publish`` a few times with a short growing pause. Every other error goes up unchanged:
   an operation's failure is retried by the operation lifecycle, with backoff (DESIGN.md
   "Architecture"), not here.
-* :class:`ReadRateLayer` holds reads to a :class:`RateLimiter` (bytes per second), the
-  ``fixity_bytes_per_second`` of a location for the fixity audit.
+* :class:`ReadRateLayer` holds reads to a :class:`~packhorse.ratelimit.RateLimiter` (bytes
+  per second): the ``fixity_bytes_per_second`` of a location for the fixity audit, a route's
+  ``bandwidth_limit_bytes_per_second`` share for a transfer's reads.
 * the innermost layer is the one a test's :class:`~packhorse.hooks.Hooks` returns (faults
   as the medium would show them: a retry sees an injected "busy" like a real one).
 
@@ -33,6 +34,7 @@ from typing import Any, BinaryIO
 import structlog
 
 from ..errors import StorageBusyError
+from ..ratelimit import RateLimiter, ThrottledReader
 from .base import ObjectInfo, PendingWrite, PublishResult, StorageBackend
 
 log = structlog.get_logger(__name__)
@@ -241,37 +243,6 @@ class LoggingLayer(Layer):
 # ------------------------------------------------------------------------------ read rate
 
 
-class RateLimiter:
-    """A token bucket: :meth:`take` blocks so that at most ``bytes_per_second`` pass on
-    average (bursts up to one second's worth). ``None`` means unlimited. Thread-safe.
-
-    Args:
-        bytes_per_second: the rate (bytes/s), or ``None``.
-        clock / sleep: monotonic seconds and how to wait (injected by unit tests).
-    """
-
-    def __init__(self, bytes_per_second: float | None, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.rate = bytes_per_second
-        self._clock, self._sleep = clock, sleep
-        self._lock = threading.Lock()
-        self._allowance = float(bytes_per_second or 0)
-        self._last = clock()
-
-    def take(self, nbytes: int) -> None:
-        """Account for ``nbytes``; sleeps as long as needed to keep the rate."""
-        if not self.rate:
-            return
-        with self._lock:
-            now = self._clock()
-            self._allowance = min(self.rate, self._allowance + (now - self._last) * self.rate)
-            self._last = now
-            self._allowance -= nbytes
-            wait = -self._allowance / self.rate if self._allowance < 0 else 0.0
-        if wait > 0:
-            self._sleep(wait)
-
-
 _limiters: dict[str, RateLimiter] = {}
 _limiters_lock = threading.Lock()
 
@@ -286,47 +257,15 @@ def limiter_for(location: str, bytes_per_second: float | None) -> RateLimiter:
         return lim
 
 
-class _LimitedReader:
-    """A read stream that takes every block it returns from a :class:`RateLimiter`."""
-
-    def __init__(self, stream: BinaryIO, limiter: RateLimiter) -> None:
-        self._stream, self._limiter = stream, limiter
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        if data:
-            self._limiter.take(len(data))
-        return data
-
-    def readinto(self, b: Any) -> int:
-        n = self._stream.readinto(b)  # type: ignore[attr-defined]
-        if n:
-            self._limiter.take(n)
-        return n or 0
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._stream.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._stream.closed
-
-    def __enter__(self) -> "_LimitedReader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class ReadRateLayer(Layer):
-    """Holds every byte read through ``open_read`` (and so ``sha256``) to ``limiter``."""
+    """Holds every byte read through ``open_read`` (and so ``sha256``) to ``limiter``
+    (:class:`~packhorse.ratelimit.ThrottledReader`; ``on_read`` is called before each read)."""
 
-    def __init__(self, inner: StorageBackend, limiter: RateLimiter) -> None:
+    def __init__(self, inner: StorageBackend, limiter: RateLimiter,
+                 on_read: Callable[[], None] | None = None) -> None:
         super().__init__(inner)
         self.limiter = limiter
+        self.on_read = on_read
 
     def open_read(self, key: str) -> BinaryIO:
-        return _LimitedReader(self.inner.open_read(key), self.limiter)  # type: ignore[return-value]
+        return ThrottledReader(self.inner.open_read(key), self.limiter, self.on_read)  # type: ignore[return-value]

@@ -3,7 +3,8 @@
 :func:`backend_for` builds the backend of the location's storage type and hands it to
 :func:`compose`, which stacks the layers of :mod:`packhorse.storage.layers` around it, from
 the caller inwards: logging → retry → read rate (fixity reads only) → the hooks' fault layer
-(tests) → backend. Nothing else in packhorse builds a backend or a layer.
+(tests) → backend; :func:`read_limited` adds a transfer's bandwidth share on top. Nothing else
+in packhorse builds a backend or a layer.
 
 S3 locations are checked when their backend is first built in a process (issue #5): the
 write-once probe (refused with a :class:`~packhorse.errors.ConfigError` naming the location
@@ -32,6 +33,7 @@ from .layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
 if TYPE_CHECKING:
     from ..db.session import Database
     from ..hooks import Hooks
+    from ..ratelimit import RateLimiter
 
 log = structlog.get_logger(__name__)
 _probe_lock = threading.Lock()
@@ -84,6 +86,14 @@ def compose(backend: StorageBackend, *, hooks: "Hooks | None" = None, read_bytes
         stacked = ReadRateLayer(stacked, limiter_for(backend.location, read_bytes_per_second))
     stacked = RetryLayer(stacked, attempts=retry_attempts, base_delay_seconds=retry_delay_seconds, sleep=sleep)
     return LoggingLayer(stacked)
+
+
+def read_limited(backend: StorageBackend, limiter: "RateLimiter",
+                 on_read: Callable[[], None] | None = None) -> StorageBackend:
+    """``backend`` (a composed stack) with its reads held to ``limiter`` (bytes per second):
+    a transfer's share of its route's bandwidth limit (:mod:`packhorse.stages.transfer`).
+    ``on_read`` is called before each read (the transfer refreshes its share there)."""
+    return ReadRateLayer(backend, limiter, on_read)
 
 
 def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") -> StorageBackend:

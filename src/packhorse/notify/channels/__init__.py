@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ...errors import ChannelError, PackhorseError
+from ...errors import ChannelError
 
 if TYPE_CHECKING:
     from ...config import NotificationsConfig
