@@ -19,6 +19,7 @@ import gc
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -590,3 +591,42 @@ def test_disk_open_write_survives_a_concurrent_prune_of_its_folder(disk: DiskBac
         w.write(b"payload")
         w.publish()
     assert pruned and pauses == [0.05] and stack.open_read("raw/inst/obs.tar").read() == b"payload"
+
+
+def test_disk_folder_is_invisible_until_published_and_never_replaced(disk: DiskBackend) -> None:
+    with disk.open_folder_write("staged/inst/obs") as pending:
+        bag = pending.path / "obs-bag"
+        (bag / "data").mkdir(parents=True)
+        (bag / "data" / "a.dat").write_bytes(b"payload")
+        assert disk.folder("staged/inst/obs") is None and keys(disk) == []  # partial folders are not listed
+        assert pending.publish(bag) is True
+    published = disk.folder("staged/inst/obs")
+    assert published is not None and (published / "data" / "a.dat").read_bytes() == b"payload"
+    assert keys(disk) == ["staged/inst/obs/data/a.dat"]
+    with disk.open_folder_write("staged/inst/obs") as second:  # a concurrent attempt's folder
+        (second.path / "data").mkdir()
+        (second.path / "data" / "a.dat").write_bytes(b"other")
+        assert second.publish() is False  # the key was taken: nothing replaced
+    assert (published / "data" / "a.dat").read_bytes() == b"payload"
+    assert [p.name for p in published.parent.iterdir()] == ["obs"]  # both partial folders are gone
+
+
+def test_disk_partial_folder_is_removed_by_abort_and_by_cleanup(disk: DiskBackend) -> None:
+    with disk.open_folder_write("staged/a") as pending:
+        (pending.path / "f").write_bytes(b"x")
+    assert not pending.path.exists()  # left without publishing
+    crashed = disk.open_folder_write("staged/b")  # a crashed extraction
+    (crashed.path / "deep").mkdir()
+    (crashed.path / "deep" / "f").write_bytes(b"x")
+    assert disk.cleanup_partials(3600) == 0 and crashed.path.exists()  # young: an extraction may still run
+    old = time.time() - 7200
+    for p in (crashed.path / "deep" / "f", crashed.path / "deep", crashed.path):
+        os.utime(p, (old, old))
+    assert disk.cleanup_partials(3600) == 1 and not crashed.path.exists()
+    with pytest.raises(UnsafePathError):
+        disk.open_folder_write("../outside")
+    with pytest.raises(UnsafePathError, match="not inside the partial folder"):
+        disk.open_folder_write("staged/c").publish(disk.root)
+    put(disk, "staged/file", b"a file")
+    with pytest.raises(UnsafePathError, match="not a folder"):
+        disk.folder("staged/file")
