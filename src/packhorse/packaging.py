@@ -17,10 +17,11 @@ The manifest is written *before* the payload from the sha256 recorded at the sou
 payload file is hashed while it is streamed into the tar and a mismatch aborts the build with
 :class:`~packhorse.errors.SourceChangedError` (I4).
 
-Reading (:func:`read_bag_tar`) streams a bag tar once, verifying every payload file against
-the manifest and the Payload-Oxum, refusing unsafe members (I6). :func:`safe_extract`
-extracts a tar into a folder with the standard library's ``data`` filter (no absolute names,
-no ``..``, no links leaving the target, no device files).
+Reading (:func:`read_bag_tar`) streams a bag tar once through the one tar reader,
+:func:`packhorse.extraction.iter_members` (which refuses links, devices, duplicates, ``..``
+and more: I6), verifying every payload file against the manifest; :func:`check_bag` then
+checks the tag files and the Payload-Oxum. Extraction into a folder is
+:func:`packhorse.extraction.extract_tar`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import BinaryIO, Protocol
 
 from .digest import sha256_stream
 from .errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
+from .extraction import DEFAULT_LIMITS, ExtractionLimits, iter_members
 
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)
@@ -235,25 +237,6 @@ def write_bag_tar(
 # ----------------------------------------------------------------------------------- reading
 
 
-def check_member(member: tarfile.TarInfo) -> None:
-    """Refuse a tar member that could leave its target folder or is not a file/folder (I6).
-
-    Raises:
-        UnsafePathError: absolute name, ``..``, a link, a device, or any special member.
-    """
-    name = member.name
-    if name.startswith("/") or os.path.isabs(name):
-        raise UnsafePathError(f"tar member {name!r} has an absolute name", path=name, step="unpack")
-    parts = name.split("/")
-    if ".." in parts:
-        raise UnsafePathError(f"tar member {name!r} leaves the target folder ('..')", path=name, step="unpack")
-    if member.issym() or member.islnk():
-        raise UnsafePathError(f"tar member {name!r} is a link (to {member.linkname!r}); links are refused",
-                              path=name, step="unpack")
-    if not (member.isreg() or member.isdir()):
-        raise UnsafePathError(f"tar member {name!r} is not a regular file or folder", path=name, step="unpack")
-
-
 @dataclass
 class BagContents:
     """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` and payload ``files``
@@ -299,29 +282,14 @@ def _parse_bag_info(data: bytes) -> dict[str, str]:
     return info
 
 
-#: Stream buffer for reading non-seekable tars. tarfile's stream mode copies its whole
-#: remaining buffer on every small read, so a large buffer costs more than it saves.
-STREAM_BUFSIZE = 64 * 1024
-
-
-def _open_for_reading(fileobj: BinaryIO) -> tarfile.TarFile:
-    """Open a tar for one sequential pass: random access when ``fileobj`` can seek, else stream."""
-    try:
-        seekable = fileobj.seekable()  # type: ignore[union-attr]
-    except (AttributeError, OSError, ValueError):
-        seekable = False
-    if seekable:
-        return tarfile.open(fileobj=fileobj, mode="r:")
-    return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE)  # type: ignore[call-overload]
-
-
-def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str) -> BagContents:
+def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str,
+                   limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
     """:func:`read_bag_tar` of a bag tar held in memory (a raw data package taken out of a
     bundle): each payload file is hashed straight from ``data``, without a file object and a
-    copy per member, which is most of the cost for bags of many small files (issue #2
-    benchmark (b)). Same checks, same errors."""
+    copy per member, which is most of the cost for bags of many small files (docs/benchmarks.md
+    benchmark (b)). Same reader, same checks, same errors."""
     view = memoryview(data)
-    return read_bag_tar(io.BytesIO(view), source=source, _payload_bytes=view)
+    return read_bag_tar(io.BytesIO(view), source=source, limits=limits, _payload_bytes=view)
 
 
 def read_bag_tar(
@@ -329,9 +297,14 @@ def read_bag_tar(
     *,
     source: str,
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
+    limits: ExtractionLimits = DEFAULT_LIMITS,
     _payload_bytes: memoryview | None = None,
 ) -> BagContents:
     """Stream through a bag tar once, verifying it; optionally hand each payload file on.
+
+    Members come from :func:`packhorse.extraction.iter_members`, the one tar reader, with all
+    its refusal rules (links, devices, duplicates, ``..``, limits: I6); the bag itself is
+    checked by :func:`check_bag`.
 
     Args:
         fileobj: the tar, read sequentially.
@@ -340,15 +313,16 @@ def read_bag_tar(
             must read the whole stream and return the sha256 (hex) of what it read, which is
             then checked against the manifest (so the caller's own hash is not done twice).
             Without it, the payload is read and hashed here.
+        limits: member count and byte limits (``[extraction]`` settings).
 
     Returns:
         the bag's info and its manifest.
 
     Raises:
-        UnsafePathError: a member is unsafe (see :func:`check_member`) or outside the bag.
+        UnsafePathError: a member is refused by the reader, or lies outside the bag folder.
         VerificationError: missing tag files, a payload file not in the manifest or with a
             different sha256, manifest entries without a file, a wrong Payload-Oxum or a
-            wrong tag manifest.
+            wrong tag manifest; not a tar or a damaged one.
     """
     tags: dict[str, bytes] = {}
     manifest: dict[str, str] | None = None
@@ -356,69 +330,88 @@ def read_bag_tar(
     total = 0
     bag_dir: str | None = None
     try:
-        tar = _open_for_reading(fileobj)
-    except tarfile.TarError as e:
-        raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
-    with tar:
-        try:
-            for member in tar:
-                check_member(member)
-                top, _, rest = member.name.partition("/")
-                if bag_dir is None:
-                    bag_dir = top
-                if top != bag_dir:
-                    raise UnsafePathError(f"{source}: member {member.name!r} is outside the bag folder {bag_dir!r}",
-                                          path=member.name, step="unpack")
-                if member.isdir():
-                    continue
-                if not rest.startswith("data/"):
-                    if rest in tags:
-                        raise VerificationError(f"{source}: tag file {rest!r} appears twice", step="unpack")
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    tags[rest] = f.read()
-                    continue
-                path = rest[len("data/"):]
-                if manifest is None:
-                    if "manifest-sha256.txt" not in tags:
-                        raise VerificationError(f"{source}: payload before manifest-sha256.txt", step="unpack")
-                    manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-                if path not in manifest:
-                    raise VerificationError(f"{source}: payload file {path!r} is not in the manifest",
+        for member in iter_members(fileobj, source=source, limits=limits, step="unpack"):
+            top, _, rest = member.name.partition("/")
+            if bag_dir is None:
+                bag_dir = top
+            if top != bag_dir:
+                raise UnsafePathError(f"{source}: member {member.name!r} is outside the bag folder {bag_dir!r}",
+                                      path=member.name, step="unpack")
+            if member.is_dir:
+                continue
+            assert member.data is not None
+            if not rest.startswith("data/"):
+                tags[rest] = member.data.read()
+                continue
+            path = rest[len("data/"):]
+            if manifest is None:
+                if "manifest-sha256.txt" not in tags:
+                    raise VerificationError(f"{source}: payload before manifest-sha256.txt", step="unpack")
+                manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
+            if path not in manifest:
+                raise VerificationError(f"{source}: payload file {path!r} is not in the manifest",
+                                        path=path, step="unpack")
+            if _payload_bytes is not None:
+                end = member.offset_data + member.size
+                if end > len(_payload_bytes):
+                    raise VerificationError(f"{source}: damaged tar: {path!r} ends after the archive",
                                             path=path, step="unpack")
-                if path in seen:
-                    raise VerificationError(f"{source}: payload file {path!r} appears twice", path=path, step="unpack")
-                if _payload_bytes is not None and member.sparse is None:
-                    end = member.offset_data + member.size
-                    if end > len(_payload_bytes):
-                        raise VerificationError(f"{source}: damaged tar: {path!r} ends after the archive",
-                                                path=path, step="unpack")
-                    digest = hashlib.sha256(_payload_bytes[member.offset_data:end]).hexdigest()
-                else:
-                    raw = tar.extractfile(member)
-                    assert raw is not None
-                    if on_payload is not None:
-                        digest = on_payload(path, member.size, raw)  # type: ignore[arg-type]
-                        if raw.read(1):
-                            raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
-                                                    path=path, step="unpack")
-                    else:
-                        digest = sha256_stream(raw)  # type: ignore[arg-type]
-                if digest != manifest[path]:
-                    raise VerificationError(
-                        f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",
-                        path=path, step="unpack",
-                    )
-                seen[path] = digest
-                total += member.size
-        except tarfile.TarError as e:
-            raise VerificationError(f"{source}: damaged tar: {e}", step="unpack") from None
+                digest = hashlib.sha256(_payload_bytes[member.offset_data:end]).hexdigest()
+            elif on_payload is not None:
+                digest = on_payload(path, member.size, member.data)
+                if member.data.read(1):
+                    raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
+                                            path=path, step="unpack")
+            else:
+                digest = sha256_stream(member.data)
+            if digest != manifest[path]:
+                raise VerificationError(
+                    f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",
+                    path=path, step="unpack",
+                )
+            seen[path] = digest
+            total += member.size
+    except tarfile.TarError as e:
+        raise VerificationError(f"{source}: damaged tar: {e}", step="unpack") from None
+    info = check_bag(tags, seen, total, source=source)
+    return BagContents(bag_dir=bag_dir or "", bag_info=info, files=seen)
+
+
+def verify_bag_archive(fileobj: BinaryIO, *, source: str, limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
+    """Check a raw data package tar read as a stream, writing nothing: every member through
+    the tar reader, every payload file against the manifest, then :func:`check_bag`.
+
+    Used by ``staging``'s check pass (before anything is extracted); the entry point a full
+    RFC 8493 bag validator replaces. Same errors as :func:`read_bag_tar`.
+    """
+    return read_bag_tar(fileobj, source=source, limits=limits)
+
+
+def check_bag(tags: dict[str, bytes], payload: dict[str, str], payload_bytes: int, *, source: str) -> dict[str, str]:
+    """Check a bag read from a tar stream: its tag files and its payload as read.
+
+    This is the one place bag rules are applied to a stream (``unpack`` and ``staging``'s
+    check pass); a full RFC 8493 validator can take its place with the same contract.
+
+    Args:
+        tags: tag file name (relative to the bag folder) → its bytes.
+        payload: payload path under ``data/`` → the sha256 of what was read (each already
+            checked against its manifest line).
+        payload_bytes: total bytes of the payload read.
+        source: the artifact, for messages.
+
+    Returns:
+        the ``bag-info.txt`` fields.
+
+    Raises:
+        VerificationError: a missing tag file, manifest entries without a payload file, a
+            tag file not matching ``tagmanifest-sha256.txt``, a wrong Payload-Oxum.
+    """
     for name in ("bagit.txt", "bag-info.txt", "manifest-sha256.txt", "tagmanifest-sha256.txt"):
         if name not in tags:
             raise VerificationError(f"{source}: the bag has no {name}", step="unpack")
-    if manifest is None:
-        manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-    missing = sorted(set(manifest) - set(seen))
+    manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
+    missing = sorted(set(manifest) - set(payload))
     if missing:
         raise VerificationError(f"{source}: {len(missing)} manifest entries have no payload file, e.g. {missing[0]!r}",
                                 step="unpack")
@@ -428,9 +421,10 @@ def read_bag_tar(
             raise VerificationError(f"{source}: tag file {name!r} does not match tagmanifest-sha256.txt", step="unpack")
     info = _parse_bag_info(tags["bag-info.txt"])
     oxum = info.get("Payload-Oxum")
-    if oxum != f"{total}.{len(seen)}":
-        raise VerificationError(f"{source}: Payload-Oxum {oxum!r} but payload is {total}.{len(seen)}", step="unpack")
-    return BagContents(bag_dir=bag_dir or "", bag_info=info, files=seen)
+    if oxum != f"{payload_bytes}.{len(payload)}":
+        raise VerificationError(f"{source}: Payload-Oxum {oxum!r} but payload is {payload_bytes}.{len(payload)}",
+                                step="unpack")
+    return info
 
 
 class TeeReader:
@@ -452,35 +446,6 @@ class TeeReader:
         """Read (and so copy) whatever is left of the source."""
         while self.read(COPY_BUFSIZE):
             pass
-
-
-def safe_extract(fileobj: BinaryIO, target: Path, *, source: str) -> list[str]:
-    """Extract a tar into folder ``target`` refusing anything that would leave it (I6).
-
-    Uses the standard library's ``data`` extraction filter: absolute names, ``..``, links
-    pointing outside ``target``, device files and setuid bits are refused.
-
-    Returns:
-        the extracted member names.
-
-    Raises:
-        UnsafePathError: naming the offending member; nothing after it is extracted.
-    """
-    target.mkdir(parents=True, exist_ok=True)
-    names: list[str] = []
-    with tarfile.open(fileobj=fileobj, mode="r|", bufsize=COPY_BUFSIZE) as tar:  # type: ignore[call-overload]
-        for member in tar:
-            if member.name.startswith("/") or os.path.isabs(member.name):
-                # the data filter would silently strip the "/"; refuse it like check_member does
-                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: absolute name",
-                                      path=member.name, step="extract")
-            try:
-                tar.extract(member, target, filter="data")
-            except tarfile.FilterError as e:
-                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: {e}",
-                                      path=member.name, step="extract") from None
-            names.append(member.name)
-    return names
 
 
 def iter_files(root: Path) -> Iterator[Path]:
