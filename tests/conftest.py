@@ -9,6 +9,16 @@ import pytest
 
 from support import run_packhorse, write_site_config
 
+_CHAOS = Path(__file__).parent / "chaos"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under ``tests/chaos`` carries the ``chaos`` marker (left out of the default
+    selection, run by ``pytest -m "chaos or long"`` and by ``.ci/run``)."""
+    for item in items:
+        if _CHAOS in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.chaos)
+
 
 @pytest.fixture
 def site_config(tmp_path: Path):

@@ -100,26 +100,29 @@ def cve_2025_4517_chain(outside: str, *, levels: int = 16) -> list[Member]:
 
 def snapshot(root: Path, *, skip: Path | None = None) -> dict[str, tuple[Any, ...]]:
     """Every entry under ``root`` (not following links), except ``skip`` and what is below it:
-    relative path → (type, mode, size, mtime_ns, inode, links, sha256 or link target)."""
+    relative path → (type, mode, size, mtime_ns, inode, links, sha256 or link target).
+    Walks with directory descriptors, so trees deeper than PATH_MAX are read too."""
     out: dict[str, tuple[Any, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         here = Path(dirpath)
         if skip is not None:
             dirnames[:] = [d for d in dirnames if here / d != skip]
         for name in [*dirnames, *filenames]:
-            p = here / name
-            if skip is not None and p == skip:
+            if skip is not None and here / name == skip:
                 continue
-            st = os.lstat(p)
+            st = os.lstat(name, dir_fd=dirfd)
             if stat.S_ISREG(st.st_mode):
-                extra: Any = hashlib.sha256(p.read_bytes()).hexdigest()
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirfd)
+                with os.fdopen(fd, "rb") as f:
+                    extra: Any = hashlib.sha256(f.read()).hexdigest()
             elif stat.S_ISLNK(st.st_mode):
-                extra = os.readlink(p)
+                extra = os.readlink(name, dir_fd=dirfd)
             else:
                 extra = None
-            out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_size if not
-                                             stat.S_ISDIR(st.st_mode) else None, st.st_mtime_ns if not
-                                             stat.S_ISDIR(st.st_mode) else None, st.st_ino, st.st_nlink, extra)
+            is_dir = stat.S_ISDIR(st.st_mode)
+            out[str((here / name).relative_to(root))] = (
+                stat.S_IFMT(st.st_mode), st.st_mode, None if is_dir else st.st_size,
+                None if is_dir else st.st_mtime_ns, st.st_ino, st.st_nlink, extra)
     return out
 
 

@@ -25,14 +25,14 @@ from .db.models import Operation, RawDataPackage, utcnow
 from .domain import OperationKind, Status
 from .errors import PackhorseError, UnknownOperationError
 from .operations import ResetRefusedError, reset_failed
-from .stages.base import StageContext
+from .context import ProcessContext
 
 
 class UnknownPackageError(PackhorseError, LookupError):
     """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
 
 
-def reset_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,
                     reason: str | None = None) -> list[int]:
     """Reset one FAILED operation to PENDING; audited.
 
@@ -60,7 +60,7 @@ def reset_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *
     return ids
 
 
-def reset_all_failed(ctx: StageContext, kind: OperationKind, *, actor: str, reason: str | None = None) -> list[int]:
+def reset_all_failed(ctx: ProcessContext, kind: OperationKind, *, actor: str, reason: str | None = None) -> list[int]:
     """Reset every FAILED operation of ``kind``; audited. Returns the ids reset."""
     ids = reset_failed(ctx.db, kind, None)
     audit.record(ctx.db, actor=actor, action="operation.reset_all_failed", target=kind.value,
@@ -68,7 +68,7 @@ def reset_all_failed(ctx: StageContext, kind: OperationKind, *, actor: str, reas
     return ids
 
 
-def _reconcile_one(s: Session, ctx: StageContext, pkg: RawDataPackage) -> dict[str, Any] | None:
+def _reconcile_one(s: Session, ctx: ProcessContext, pkg: RawDataPackage) -> dict[str, Any] | None:
     from .managers.policy import is_archived
 
     archived = is_archived(s, ctx, pkg)
@@ -88,7 +88,7 @@ def _reconcile_one(s: Session, ctx: StageContext, pkg: RawDataPackage) -> dict[s
             "archived_at": pkg.archived_at.isoformat() if pkg.archived_at else None, "has_failed_operation": failed}
 
 
-def reconcile_package(ctx: StageContext, package_id: int, *, actor: str) -> dict[str, Any]:
+def reconcile_package(ctx: ProcessContext, package_id: int, *, actor: str) -> dict[str, Any]:
     """Recompute one raw data package's derived state; audited.
 
     Returns:
@@ -115,7 +115,7 @@ def reconcile_package(ctx: StageContext, package_id: int, *, actor: str) -> dict
     return out
 
 
-def reconcile_inconsistent(ctx: StageContext, *, actor: str) -> dict[str, Any]:
+def reconcile_inconsistent(ctx: ProcessContext, *, actor: str) -> dict[str, Any]:
     """Recompute the derived state of every raw data package; audited.
 
     Returns:
@@ -136,7 +136,7 @@ def reconcile_inconsistent(ctx: StageContext, *, actor: str) -> dict[str, Any]:
     return out
 
 
-def _audited(ctx: StageContext, action: str, kind: OperationKind, operation_id: int, actor: str, reason: str | None,
+def _audited(ctx: ProcessContext, action: str, kind: OperationKind, operation_id: int, actor: str, reason: str | None,
              fn: Any) -> dict[str, Any]:
     target = f"{kind.value}/{operation_id}"
     try:
@@ -149,7 +149,7 @@ def _audited(ctx: StageContext, action: str, kind: OperationKind, operation_id: 
     return out
 
 
-def reset_circuit_breaker(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+def reset_circuit_breaker(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,
                           reason: str | None = None) -> dict[str, Any]:
     """Close an operation's circuit breaker by hand (:func:`packhorse.recovery.breakers.reset_breaker`); audited.
 
@@ -161,7 +161,7 @@ def reset_circuit_breaker(ctx: StageContext, kind: OperationKind, operation_id: 
     return _audited(ctx, "breaker.reset", kind, operation_id, actor, reason, reset_breaker)
 
 
-def force_retry_operation(ctx: StageContext, kind: OperationKind, operation_id: int, *, actor: str,
+def force_retry_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,
                           reason: str | None = None) -> dict[str, Any]:
     """Force a retry (:func:`packhorse.recovery.breakers.force_retry`: breaker closed, PENDING,
     dispatchable now); audited.

@@ -141,6 +141,11 @@ class TarMember:
             self._data = self._tar.extractfile(self._info)  # type: ignore[assignment]
         return self._data
 
+    @property
+    def info(self) -> tarfile.TarInfo:
+        """The member's header as :mod:`tarfile` parsed it."""
+        return self._info
+
     def __repr__(self) -> str:
         return f"TarMember({self.name!r}, {'dir' if self.is_dir else f'{self.size} bytes'})"
 
@@ -226,79 +231,113 @@ def iter_members(
     casefold: bool = False,
     step: str = "extract",
 ) -> Iterator[TarMember]:
-    """Iterate the members of a tar, applying every refusal rule of this module.
-
-    The archive is read once, front to back. A member's ``data`` must be read (or left) before
-    the next member is taken; the rules are applied to a member before it is yielded, so a
-    caller never sees a refused member, and nothing after it.
-
-    Args:
-        fileobj: the tar (seekable or a stream).
-        source: the artifact for messages, ``"location:key"``.
-        limits: member count and byte limits.
-        casefold: also refuse names differing only by letter case (a case-insensitive target).
-        step: the error context's ``step``.
+    """Iterate the members of a tar, applying every refusal rule of this module; stops at the
+    first refused member (:func:`members_of` of :func:`open_tar`).
 
     Raises:
         UnsafePathError: a member is refused (see the module); names ``source`` and the member.
         VerificationError: not a tar, or a damaged one.
     """
-    tar = open_tar(fileobj, source=source)
+    with open_tar(fileobj, source=source) as tar:
+        try:
+            yield from members_of(tar, source=source, limits=limits, casefold=casefold, step=step)
+        except tarfile.TarError as e:
+            raise VerificationError(f"{source}: damaged tar: {e}", step=step) from None
+
+
+def members_of(
+    tar: tarfile.TarFile,
+    *,
+    source: str,
+    limits: ExtractionLimits = DEFAULT_LIMITS,
+    casefold: bool = False,
+    step: str = "extract",
+    on_refused: Callable[[UnsafePathError], None] | None = None,
+) -> Iterator[TarMember]:
+    """Iterate the members of the open tar ``tar`` with every refusal rule applied: the one
+    tar reader of packhorse.
+
+    The archive is read once, front to back. A member's ``data`` must be read (or left) before
+    the next member is taken; the rules are applied to a member before it is yielded, so a
+    caller never sees a refused member.
+
+    Args:
+        tar: from :func:`open_tar`.
+        source: the artifact for messages, ``"location:key"``.
+        limits: member count and byte limits.
+        casefold: also refuse names differing only by letter case (a case-insensitive target).
+        step: the error context's ``step``.
+        on_refused: without it, a refused member raises and nothing after it is read (what
+            every path that writes uses). With it, a refused member is handed to it and
+            skipped, and reading goes on (a validator listing every problem); a limit
+            exceeded still raises.
+
+    Raises:
+        UnsafePathError: a member is refused (see the module); names ``source`` and the member.
+        tarfile.TarError: a damaged tar.
+    """
     # key path -> (kind, spelled name); kind "file", "dir" (a member) or "implied" (a parent)
     entries: dict[tuple[str, ...], tuple[str, str]] = {}
     count = total = 0
-    with tar:
-        while True:
-            try:
-                member = tar.next()
-            except tarfile.TarError as e:
-                raise VerificationError(f"{source}: damaged tar: {e}", step=step) from None
-            if member is None:
-                return
-            tar.members.clear()  # tarfile keeps every header otherwise; nothing here looks back
-            count += 1
-            name, parts = _name_of(member, source, step)
-            if count > limits.max_members:
-                raise refused(source, name, f"is member number {count}, more than extraction.max_members = "
-                                            f"{limits.max_members}", step=step)
-            why = _kind_refusal(member)
-            if why:
-                raise refused(source, name, why, step=step)
-            is_dir = member.type == tarfile.DIRTYPE
-            if is_dir and member.size:
-                raise refused(source, name, f"is a folder carrying {member.size} bytes of data", step=step)
-            if member.size > limits.max_member_bytes:
-                raise refused(source, name, f"is {member.size} bytes, more than extraction.max_member_bytes = "
-                                            f"{limits.max_member_bytes}", step=step)
-            total += member.size
-            if total > limits.max_total_bytes:
-                raise refused(source, name, f"brings the archive to {total} bytes, more than "
-                                            f"extraction.max_total_bytes = {limits.max_total_bytes}", step=step)
-            keys = tuple(_key(p, casefold) for p in parts)
-            for i in range(1, len(parts)):
-                spelled = "/".join(parts[:i])
-                seen = entries.get(keys[:i])
-                if seen is None:
-                    entries[keys[:i]] = ("implied", spelled)
-                elif seen[1] != spelled:
-                    raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, seen[1])}",
-                                  step=step)
-                elif seen[0] == "file":
-                    raise refused(source, name, f"its folder {spelled!r} is a file member earlier in the archive",
-                                  step=step)
-            seen = entries.get(keys)
-            kind = "dir" if is_dir else "file"
-            if seen is None:
-                entries[keys] = (kind, name)
-            elif seen[1] != name:
-                raise refused(source, name, _merged_reason(name, seen[1]), step=step)
-            elif seen[0] == "implied" and is_dir:
-                entries[keys] = (kind, name)
-            elif seen[0] == "implied":
-                raise refused(source, name, "is a file where earlier members made a folder", step=step)
-            else:
-                raise refused(source, name, "appears twice (a second member of the same name)", step=step)
-            yield TarMember(tar, member, name, parts)
+    while True:
+        member = tar.next()
+        if member is None:
+            return
+        tar.members.clear()  # tarfile keeps every header otherwise; nothing here looks back
+        count += 1
+        if count > limits.max_members:
+            raise refused(source, member.name, f"is member number {count}, more than extraction.max_members = "
+                                               f"{limits.max_members}", step=step)
+        if member.size > limits.max_member_bytes:
+            raise refused(source, member.name, f"is {member.size} bytes, more than extraction.max_member_bytes = "
+                                               f"{limits.max_member_bytes}", step=step)
+        total += member.size
+        if total > limits.max_total_bytes:
+            raise refused(source, member.name, f"brings the archive to {total} bytes, more than "
+                                               f"extraction.max_total_bytes = {limits.max_total_bytes}", step=step)
+        try:
+            name, parts = _check(member, entries, source=source, casefold=casefold, step=step)
+        except UnsafePathError as e:
+            if on_refused is None:
+                raise
+            on_refused(e)
+            continue
+        yield TarMember(tar, member, name, parts)
+
+
+def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, str]], *, source: str,
+           casefold: bool, step: str) -> tuple[str, tuple[str, ...]]:
+    """Apply the name, type and uniqueness rules to ``member``; record it in ``entries``."""
+    name, parts = _name_of(member, source, step)
+    why = _kind_refusal(member)
+    if why:
+        raise refused(source, name, why, step=step)
+    is_dir = member.type == tarfile.DIRTYPE
+    if is_dir and member.size:
+        raise refused(source, name, f"is a folder carrying {member.size} bytes of data", step=step)
+    keys = tuple(_key(p, casefold) for p in parts)
+    for i in range(1, len(parts)):
+        spelled = "/".join(parts[:i])
+        seen = entries.get(keys[:i])
+        if seen is None:
+            continue
+        if seen[1] != spelled:
+            raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, seen[1])}", step=step)
+        if seen[0] == "file":
+            raise refused(source, name, f"its folder {spelled!r} is a file member earlier in the archive",
+                          step=step)
+    seen = entries.get(keys)
+    if seen is not None:
+        if seen[1] != name:
+            raise refused(source, name, _merged_reason(name, seen[1]), step=step)
+        if seen[0] == "implied" and not is_dir:
+            raise refused(source, name, "is a file where earlier members made a folder", step=step)
+        if seen[0] != "implied":
+            raise refused(source, name, "appears twice (a second member of the same name)", step=step)
+    for i in range(1, len(parts)):
+        entries.setdefault(keys[:i], ("implied", "/".join(parts[:i])))
+    entries[keys] = ("dir" if is_dir else "file", name)
+    return name, parts
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -35,7 +35,7 @@ from .notify.outbox import enqueue
 from .storage.base import CHUNK_BYTES, StorageBackend
 
 if TYPE_CHECKING:
-    from .stages.base import StageContext
+    from .context import ProcessContext
 
 OK, MISSING, CORRUPT = "ok", CopyStatus.MISSING.value, CopyStatus.CORRUPT.value
 
@@ -68,7 +68,7 @@ _limiters: dict[str, RateLimiter] = {}
 _limiters_lock = threading.Lock()
 
 
-def limiter_for(ctx: "StageContext", location: str) -> RateLimiter:
+def limiter_for(ctx: "ProcessContext", location: str) -> RateLimiter:
     """The process-wide :class:`RateLimiter` of ``location`` (``fixity_bytes_per_second``)."""
     with _limiters_lock:
         lim = _limiters.get(location)
@@ -159,7 +159,7 @@ def _present_copies(s: Session, f: Finding) -> int:
     return int(s.scalar(q) or 0)
 
 
-def record_findings(session: Session, ctx: "StageContext", findings: Iterable[Finding], *,
+def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[Finding], *,
                     operation_id: int | None = None) -> dict[str, list[Finding]]:
     """Record ``findings`` in the caller's transaction (see the module docstring).
 

@@ -17,11 +17,12 @@ The manifest is written *before* the payload from the sha256 recorded at the sou
 payload file is hashed while it is streamed into the tar and a mismatch aborts the build with
 :class:`~packhorse.errors.SourceChangedError` (I4).
 
-Reading (:func:`read_bag_tar`) streams a bag tar once through the one tar reader,
-:func:`packhorse.extraction.iter_members` (which refuses links, devices, duplicates, ``..``
-and more: I6), verifying every payload file against the manifest; :func:`check_bag` then
-checks the tag files and the Payload-Oxum. Extraction into a folder is
-:func:`packhorse.extraction.extract_tar`.
+Reading (:func:`read_bag_tar`, :func:`read_bag_bytes`) streams a bag tar once through the RFC 8493
+validator of :mod:`packhorse.bagvalidation` (any manifest algorithm, any member order), refusing
+unsafe members (I6), and returns every payload file's sha256. Its members come from the one
+tar reader, :func:`packhorse.extraction.members_of` (links, devices, duplicates, ``..``,
+names merged by normalization and members beyond the ``[extraction]`` limits are refused).
+Extraction into a folder is :func:`packhorse.extraction.extract_tar`.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from .digest import sha256_stream
+from .bagvalidation import UNSAFE_CODES, BagReport, validate_tar
+from .bagvalidation import decode_manifest_path as _decode
 from .errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
-from .extraction import DEFAULT_LIMITS, ExtractionLimits, iter_members
+from .extraction import DEFAULT_LIMITS, ExtractionLimits
 
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)
@@ -70,7 +72,6 @@ class PayloadFile:
 
 
 _ESCAPE = re.compile(r"%(0A|0D|25)", re.IGNORECASE)
-_UNESCAPE = {"0a": "\n", "0d": "\r", "25": "%"}
 
 
 def encode_manifest_path(path: str) -> str:
@@ -89,7 +90,7 @@ def encode_manifest_path(path: str) -> str:
 
 def decode_manifest_path(path: str) -> str:
     """Inverse of :func:`encode_manifest_path` (one pass: ``%0A``, ``%0D``, ``%25``)."""
-    return _ESCAPE.sub(lambda m: _UNESCAPE[m.group(1).lower()], path)
+    return _decode(path)
 
 
 def _sort_key(path: str) -> bytes:
@@ -239,57 +240,53 @@ def write_bag_tar(
 
 @dataclass
 class BagContents:
-    """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` and payload ``files``
-    (path under ``data/`` → sha256)."""
+    """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` (label → first value) and
+    payload ``files`` (path under ``data/`` → sha256)."""
 
     bag_dir: str
     bag_info: dict[str, str]
     files: dict[str, str]
 
 
-def _tag_lines(data: bytes) -> list[str]:
-    """Lines of a tag file: ends are LF, CR or CRLF only (BagIt 1.0 §2.1.3); not
-    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur
-    in payload file names."""
-    return re.split(r"\r\n|\r|\n", data.decode("utf-8"))
+def raise_for_problems(report: BagReport, *, step: str, side: str | None = None) -> None:
+    """Raise for a bag report with problems: :class:`UnsafePathError` when one of them is an
+    unsafe entry (I6), else :class:`VerificationError`; the message is the first such problem's,
+    followed by how many more there are and their codes. ``path`` is that problem's path
+    relative to the bag root. Returns when the report is valid."""
+    if report.valid:
+        return
+    unsafe = [p for p in report.problems if p.code in UNSAFE_CODES]
+    lead = (unsafe or report.problems)[0]
+    rest = [p for p in report.problems if p is not lead]
+    message = lead.message
+    if rest:
+        codes = sorted({p.code for p in rest})
+        message += f" (and {len(rest)} more problem(s): {', '.join(codes)})"
+    extra = {"side": side} if side else {}
+    if unsafe:
+        raise UnsafePathError(message, path=lead.path, step=step, **extra)
+    raise VerificationError(message, path=lead.path or None, step=step, **extra)
 
 
-def _parse_manifest(data: bytes, source: str, *, strip: str = "") -> dict[str, str]:
-    """Parse ``<sha256>  <path>`` lines into ``{path: sha256}``, removing prefix ``strip``."""
-    out: dict[str, str] = {}
-    for line in _tag_lines(data):
-        if not line.strip():
-            continue
-        digest, _, path = line.partition(" ")
-        path = path.lstrip(" ")
-        if not path or len(digest) != 64:
-            raise VerificationError(f"{source}: malformed manifest line {line!r}", step="unpack")
-        path = decode_manifest_path(path)
-        if strip:
-            if not path.startswith(strip):
-                raise VerificationError(f"{source}: manifest path {path!r} is not under {strip!r}", step="unpack")
-            path = path[len(strip):]
-        out[path] = digest.lower()
-    return out
-
-
-def _parse_bag_info(data: bytes) -> dict[str, str]:
-    info: dict[str, str] = {}
-    for line in _tag_lines(data):
-        if ":" in line and not line[:1].isspace():
-            k, _, v = line.partition(":")
-            info[k.strip()] = v.strip()
-    return info
+def _contents(report: BagReport, bag_dir: str) -> BagContents:
+    return BagContents(
+        bag_dir=bag_dir,
+        bag_info={k: v[0] for k, v in report.bag_info.items()},
+        files={p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()},
+    )
 
 
 def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str,
                    limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
     """:func:`read_bag_tar` of a bag tar held in memory (a raw data package taken out of a
     bundle): each payload file is hashed straight from ``data``, without a file object and a
-    copy per member, which is most of the cost for bags of many small files (docs/benchmarks.md
-    benchmark (b)). Same reader, same checks, same errors."""
+    copy per member, which is most of the cost for bags of many small files. Same checks,
+    same errors."""
     view = memoryview(data)
-    return read_bag_tar(io.BytesIO(view), source=source, limits=limits, _payload_bytes=view)
+    report, bag_dir = validate_tar(io.BytesIO(view), bag=source, required_algorithms=("sha256",),
+                                   payload_bytes=view, limits=limits)
+    raise_for_problems(report, step="unpack")
+    return _contents(report, bag_dir)
 
 
 def read_bag_tar(
@@ -298,133 +295,45 @@ def read_bag_tar(
     source: str,
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     limits: ExtractionLimits = DEFAULT_LIMITS,
-    _payload_bytes: memoryview | None = None,
 ) -> BagContents:
-    """Stream through a bag tar once, verifying it; optionally hand each payload file on.
-
-    Members come from :func:`packhorse.extraction.iter_members`, the one tar reader, with all
-    its refusal rules (links, devices, duplicates, ``..``, limits: I6); the bag itself is
-    checked by :func:`check_bag`.
+    """Stream through a bag tar once, validating it (RFC 8493, :mod:`packhorse.bagvalidation`);
+    optionally hand each payload file on.
 
     Args:
         fileobj: the tar, read sequentially.
         source: a name for messages (e.g. ``"cologne-buffer:bundles/x.tar"``).
-        on_payload: called as ``on_payload(path, size, stream)`` for every payload file; it
-            must read the whole stream and return the sha256 (hex) of what it read, which is
-            then checked against the manifest (so the caller's own hash is not done twice).
-            Without it, the payload is read and hashed here.
+        on_payload: called as ``on_payload(path, size, stream)`` for every payload file listed
+            in the manifests (or met before them); it must read the whole stream and return the
+            sha256 (hex) of what it read, which is then checked against the manifest (so the
+            caller's own hash is not done twice). Without it, the payload is hashed here.
         limits: member count and byte limits (``[extraction]`` settings).
 
     Returns:
-        the bag's info and its manifest.
+        the bag's info and the sha256 of every payload file (hashed whatever the manifests'
+        algorithms).
 
     Raises:
-        UnsafePathError: a member is refused by the reader, or lies outside the bag folder.
-        VerificationError: missing tag files, a payload file not in the manifest or with a
-            different sha256, manifest entries without a file, a wrong Payload-Oxum or a
-            wrong tag manifest; not a tar or a damaged one.
+        UnsafePathError: a member is refused by the tar reader (:mod:`packhorse.extraction`)
+            or lies outside the bag folder.
+        VerificationError: any other problem of :data:`~packhorse.bagvalidation.PROBLEM_CODES`
+            (missing tag files, a payload file not in a manifest or with another checksum,
+            manifest entries without a file, a wrong Payload-Oxum or tag manifest...); the
+            message names the first and counts the others.
     """
-    tags: dict[str, bytes] = {}
-    manifest: dict[str, str] | None = None
-    seen: dict[str, str] = {}
-    total = 0
-    bag_dir: str | None = None
-    try:
-        for member in iter_members(fileobj, source=source, limits=limits, step="unpack"):
-            top, _, rest = member.name.partition("/")
-            if bag_dir is None:
-                bag_dir = top
-            if top != bag_dir:
-                raise UnsafePathError(f"{source}: member {member.name!r} is outside the bag folder {bag_dir!r}",
-                                      path=member.name, step="unpack")
-            if member.is_dir:
-                continue
-            assert member.data is not None
-            if not rest.startswith("data/"):
-                tags[rest] = member.data.read()
-                continue
-            path = rest[len("data/"):]
-            if manifest is None:
-                if "manifest-sha256.txt" not in tags:
-                    raise VerificationError(f"{source}: payload before manifest-sha256.txt", step="unpack")
-                manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-            if path not in manifest:
-                raise VerificationError(f"{source}: payload file {path!r} is not in the manifest",
-                                        path=path, step="unpack")
-            if _payload_bytes is not None:
-                end = member.offset_data + member.size
-                if end > len(_payload_bytes):
-                    raise VerificationError(f"{source}: damaged tar: {path!r} ends after the archive",
-                                            path=path, step="unpack")
-                digest = hashlib.sha256(_payload_bytes[member.offset_data:end]).hexdigest()
-            elif on_payload is not None:
-                digest = on_payload(path, member.size, member.data)
-                if member.data.read(1):
-                    raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
-                                            path=path, step="unpack")
-            else:
-                digest = sha256_stream(member.data)
-            if digest != manifest[path]:
-                raise VerificationError(
-                    f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",
-                    path=path, step="unpack",
-                )
-            seen[path] = digest
-            total += member.size
-    except tarfile.TarError as e:
-        raise VerificationError(f"{source}: damaged tar: {e}", step="unpack") from None
-    info = check_bag(tags, seen, total, source=source)
-    return BagContents(bag_dir=bag_dir or "", bag_info=info, files=seen)
+    report, bag_dir = validate_tar(fileobj, bag=source, required_algorithms=("sha256",), on_payload=on_payload,
+                                   limits=limits)
+    raise_for_problems(report, step="unpack")
+    return _contents(report, bag_dir)
 
 
 def verify_bag_archive(fileobj: BinaryIO, *, source: str, limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
     """Check a raw data package tar read as a stream, writing nothing: every member through
-    the tar reader, every payload file against the manifest, then :func:`check_bag`.
+    the tar reader, the bag through the validator (:func:`read_bag_tar`).
 
-    Used by ``staging``'s check pass (before anything is extracted); the entry point a full
-    RFC 8493 bag validator replaces. Same errors as :func:`read_bag_tar`.
+    ``staging``'s check pass, before anything is extracted (DESIGN.md I6). Same errors as
+    :func:`read_bag_tar`.
     """
     return read_bag_tar(fileobj, source=source, limits=limits)
-
-
-def check_bag(tags: dict[str, bytes], payload: dict[str, str], payload_bytes: int, *, source: str) -> dict[str, str]:
-    """Check a bag read from a tar stream: its tag files and its payload as read.
-
-    This is the one place bag rules are applied to a stream (``unpack`` and ``staging``'s
-    check pass); a full RFC 8493 validator can take its place with the same contract.
-
-    Args:
-        tags: tag file name (relative to the bag folder) → its bytes.
-        payload: payload path under ``data/`` → the sha256 of what was read (each already
-            checked against its manifest line).
-        payload_bytes: total bytes of the payload read.
-        source: the artifact, for messages.
-
-    Returns:
-        the ``bag-info.txt`` fields.
-
-    Raises:
-        VerificationError: a missing tag file, manifest entries without a payload file, a
-            tag file not matching ``tagmanifest-sha256.txt``, a wrong Payload-Oxum.
-    """
-    for name in ("bagit.txt", "bag-info.txt", "manifest-sha256.txt", "tagmanifest-sha256.txt"):
-        if name not in tags:
-            raise VerificationError(f"{source}: the bag has no {name}", step="unpack")
-    manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-    missing = sorted(set(manifest) - set(payload))
-    if missing:
-        raise VerificationError(f"{source}: {len(missing)} manifest entries have no payload file, e.g. {missing[0]!r}",
-                                step="unpack")
-    tagmanifest = _parse_manifest(tags["tagmanifest-sha256.txt"], source)
-    for name, digest in tagmanifest.items():
-        if name not in tags or hashlib.sha256(tags[name]).hexdigest() != digest:
-            raise VerificationError(f"{source}: tag file {name!r} does not match tagmanifest-sha256.txt", step="unpack")
-    info = _parse_bag_info(tags["bag-info.txt"])
-    oxum = info.get("Payload-Oxum")
-    if oxum != f"{payload_bytes}.{len(payload)}":
-        raise VerificationError(f"{source}: Payload-Oxum {oxum!r} but payload is {payload_bytes}.{len(payload)}",
-                                step="unpack")
-    return info
 
 
 class TeeReader:

@@ -21,7 +21,7 @@ from .db.models import (
 )
 from .domain import CopyStatus, LocationRole, Status
 from .operations import counts_by_kind_status
-from .stages.base import StageContext
+from .context import ProcessContext
 
 
 def failed_operations(session: Session) -> list[dict[str, Any]]:
@@ -34,7 +34,7 @@ def failed_operations(session: Session) -> list[dict[str, Any]]:
     return out
 
 
-def status_report(ctx: StageContext) -> dict[str, Any]:
+def status_report(ctx: ProcessContext) -> dict[str, Any]:
     """The ``packhorse status --json`` document.
 
     ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"}`` (failed:
@@ -86,7 +86,7 @@ def status_report(ctx: StageContext) -> dict[str, Any]:
     return ctx.db.read(tx)
 
 
-def verify_copies(ctx: StageContext, location: str | None = None) -> dict[str, Any]:
+def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str, Any]:
     """Re-read every present copy (optionally of one location) through its backend (I4) and
     record what was found exactly as the fixity audit does (:func:`packhorse.fixity.record_findings`:
     ``verified_at`` for good copies; ``missing`` / ``corrupt`` plus an ERROR notification for

@@ -17,7 +17,7 @@ import structlog
 from .diskusage import DiskMonitor
 from .notify.lifecycle import ServiceLifecycle
 from .notify.notifier import Notifier
-from .stages.base import StageContext
+from .context import ProcessContext
 
 log = structlog.get_logger(__name__)
 
@@ -50,11 +50,11 @@ class BackgroundServices:
                 log.error("notification_drain_failed", error=repr(e))
 
 
-def start_background(ctx: StageContext, *, service: str = "run", lifecycle: bool = True) -> BackgroundServices:
+def start_background(ctx: ProcessContext, *, service: str = "run", lifecycle: bool = True) -> BackgroundServices:
     """Start the disk monitor and (if enabled with a channel) the notifier in daemon threads.
 
     Args:
-        ctx: the stage context of the run.
+        ctx: the process context of the run.
         service: the service name used in lifecycle notifications.
         lifecycle: queue "Service started" now, "still alive" daily and "stopped" at stop.
     """

@@ -22,7 +22,8 @@ from .errors import LeaseLostError, OperationDeferred, TransientDatabaseError
 from .lease import LeaseKeeper
 from .operations import Claim, build_error_context, claim, claim_many, complete_in, defer, record_failure
 from .stages import STAGES
-from .stages.base import StageContext, Work
+from .stages.base import Work
+from .context import ProcessContext
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +39,7 @@ class Outcome(str, enum.Enum):
     DEFERRED = "deferred"    # waits (a cold-storage restore): PENDING again until not_before
 
 
-def _record_stale(ctx: StageContext, c: Claim, exc: BaseException) -> None:
+def _record_stale(ctx: ProcessContext, c: Claim, exc: BaseException) -> None:
     ctx_dict = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=f"{c.owner}#{c.attempt}",
                                    retry_count=0, will_retry=False)
 
@@ -50,7 +51,7 @@ def _record_stale(ctx: StageContext, c: Claim, exc: BaseException) -> None:
     ctx.db.transact(tx)
 
 
-def execute_operation(ctx: StageContext, operation_id: int, owner: str, *, min_attempt: int | None = None) -> Outcome:
+def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, min_attempt: int | None = None) -> Outcome:
     """Claim and run operation ``operation_id`` as ``owner`` (``host:pid:thread``).
 
     Args:
@@ -78,7 +79,7 @@ def task_id(c: Claim) -> str:
     return f"{c.owner}#{c.attempt}"
 
 
-def _run_claimed(ctx: StageContext, c: Claim) -> Outcome:
+def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
     operation_id = c.operation_id
     op = c.operation if c.operation is not None else ctx.db.read(lambda s: s.get(Operation, operation_id))
     assert op is not None
@@ -106,7 +107,7 @@ def _completed(info: dict[str, Any]) -> None:
     log.info("operation_completed", **{k: v for k, v in info.items() if isinstance(v, (str, int))})
 
 
-def _failed(ctx: StageContext, c: Claim, exc: Exception, info: dict[str, Any]) -> Outcome:
+def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any]) -> Outcome:
     """What an attempt that raised ``exc`` comes to (the one place that decides it): a lost
     lease is recorded as a stale attempt; a deferral hands the operation back; a database
     outage leaves it to lease recovery; anything else goes through the single failure path."""
@@ -146,7 +147,7 @@ def batchable(kind: str, physical_copy_id: int | None) -> bool:
     return kind == OperationKind.DELETION.value and physical_copy_id is not None
 
 
-def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -> list[Outcome]:
+def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str) -> list[Outcome]:
     """Run several buffer-copy ``deletion`` operations together, with the database work of one:
     one transaction claims them all, one checks the deletion rules and marks every copy
     (:func:`~packhorse.stages.deletion.mark_copy`), one completes them all after their bytes
@@ -239,7 +240,7 @@ def execute_deletions(ctx: StageContext, operation_ids: list[int], owner: str) -
     return [outcomes[i] for i in operation_ids]
 
 
-def _keeper(ctx: StageContext, c: Claim) -> LeaseKeeper:
+def _keeper(ctx: ProcessContext, c: Claim) -> LeaseKeeper:
     """The lease keeper of a claimed attempt, with the ``[recovery]`` timings."""
     rec = ctx.settings.recovery
     return LeaseKeeper(ctx.db, c, lease_seconds=rec.lease_timeout_seconds,

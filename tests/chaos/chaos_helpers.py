@@ -14,7 +14,7 @@ from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
 from packhorse.managers.scan import scan_all
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 from packhorse.worker import execute_operation
 
@@ -33,15 +33,15 @@ def make_source(root: Path, groups: int = 3, files_per_group: int = 3, size: int
     return out
 
 
-def context(config: Path) -> StageContext:
-    """An initialized stage context for ``config`` (creates the schema)."""
+def context(config: Path) -> ProcessContext:
+    """An initialized process context for ``config`` (creates the schema)."""
     settings = load_config(config)
     db = Database(settings.database_url)
     db.upgrade()
-    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
-def drive_until_kind_exists(ctx: StageContext, kind: OperationKind, max_cycles: int = 50) -> list[int]:
+def drive_until_kind_exists(ctx: ProcessContext, kind: OperationKind, max_cycles: int = 50) -> list[int]:
     """Run managers and every other operation synchronously until operations of ``kind`` exist.
 
     Returns their ids (still PENDING).
@@ -63,7 +63,7 @@ def drive_until_kind_exists(ctx: StageContext, kind: OperationKind, max_cycles: 
     raise AssertionError(f"no {kind.value} operation appeared")
 
 
-def stop_outside_a_write(pid: int, ctx: StageContext) -> None:
+def stop_outside_a_write(pid: int, ctx: ProcessContext) -> None:
     """SIGSTOP process ``pid`` at a moment it holds no SQLite write transaction.
 
     A process stopped in the middle of one (its heartbeat thread renewing the lease, say)

@@ -19,7 +19,7 @@ from packhorse.executors.celery_app import site_queues
 from distributed_support import SITES, Cluster, write_source, postgres_database, rabbitmq_vhost, redis_url
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _broker(kind: str) -> tuple[str, object]:

@@ -22,15 +22,15 @@ INTERVAL = 2.0
 
 
 def context(config: Path):  # type: ignore[no-untyped-def]
-    """A stage context on the installation's (already initialised) database."""
+    """A process context on the installation's (already initialised) database."""
     from packhorse.config import load_config
     from packhorse.db.session import Database
-    from packhorse.stages.base import StageContext
+    from packhorse.context import ProcessContext
     from packhorse.topology import sync_topology
 
     settings = load_config(config)
     db = Database(settings.database_url)
-    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
 def _setup(tmp_path: Path, server, *, third_archive: bool) -> tuple[Pipeline, str]:  # type: ignore[no-untyped-def]

@@ -317,7 +317,7 @@ def test_unpack_refuses_a_bundle_with_unsafe_members(pipeline, tmp_path, kind):
     from packhorse.db.session import Database
     from packhorse.domain import CopyStatus, OperationKind
     from packhorse.operations import create_operation, dedup_key
-    from packhorse.stages.base import StageContext
+    from packhorse.context import ProcessContext
     from packhorse.topology import bundle_key, sync_topology
     from packhorse.worker import Outcome, execute_operation
 
@@ -327,7 +327,7 @@ def test_unpack_refuses_a_bundle_with_unsafe_members(pipeline, tmp_path, kind):
     outside.mkdir()
     settings = load_config(p.config)
     db = Database(settings.database_url)
-    ctx = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
     topo = ctx.topology
     tar_bytes = _evil_bundle(kind, outside)
     bundle = p.location("cologne-buffer") / bundle_key("evil")

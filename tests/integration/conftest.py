@@ -8,20 +8,20 @@ import pytest
 
 from packhorse.config import load_config
 from packhorse.db.session import Database
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 
 from support import write_site_config
 
 
 @pytest.fixture
-def pipeline_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StageContext:
+def pipeline_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ProcessContext:
     """A three-site configuration on SQLite whose ``LocalRunner`` runs operations in threads of
     this process (``pool = "thread"``), so a test can patch and observe every step."""
     monkeypatch.setenv("PACKHORSE_EXECUTOR__POOL", "thread")
     settings = load_config(write_site_config(tmp_path / "site", bundle_max_wait_seconds=0))
     db = Database(settings.database_url)
     db.upgrade()
-    c = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    c = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
     yield c
     db.dispose()

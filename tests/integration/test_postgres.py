@@ -203,7 +203,7 @@ def test_a_forked_child_opens_its_own_connections(pg_db: Database) -> None:
 
 def test_concurrent_dispatchers_never_pick_the_same_operation(pg_db: Database, tmp_path: Path) -> None:
     from packhorse.executors.celery_app import dispatch_pending, make_app
-    from packhorse.stages.base import StageContext
+    from packhorse.context import ProcessContext
     from packhorse.topology import sync_topology
 
     settings = settings_from_dict({
@@ -217,7 +217,7 @@ def test_concurrent_dispatchers_never_pick_the_same_operation(pg_db: Database, t
 
     def dispatcher() -> None:
         db = Database(pg_db.url, pool_size=1, max_overflow=0)
-        ctx = StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+        ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
         app = make_app(settings)
         mine: list[int] = []
         while True:
@@ -252,7 +252,8 @@ def test_two_sites_completing_the_last_archives_at_once_mark_the_package_archive
     marked archived, and its buffer copies never freed)."""
     from packhorse.config import load_config
     from packhorse.managers.policy import mark_archived_if_complete
-    from packhorse.stages.base import StageContext, record_copy
+    from packhorse.stages.base import record_copy
+    from packhorse.context import ProcessContext
     from packhorse.topology import sync_topology
     from support import write_site_config
 
@@ -273,7 +274,7 @@ def test_two_sites_completing_the_last_archives_at_once_mark_the_package_archive
 
     def complete(lta: str) -> None:
         db = Database(pg_db.url, pool_size=1, max_overflow=0)
-        ctx = StageContext(settings=settings, db=db, topology=topo)
+        ctx = ProcessContext(settings=settings, db=db, topology=topo)
 
         def tx(s: Session) -> bool:
             record_copy(s, location_id=topo.location_ids[lta], key="raw/inst/obs1.tar", size=10, sha256="b" * 64,

@@ -20,7 +20,7 @@ from sqlalchemy import event, func, select
 
 from packhorse.db.models import RawDataPackage
 from packhorse.executors.local import LocalRunner
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 
 from support import write_settled
 
@@ -30,7 +30,7 @@ GROWING = {"raw_data_files", "raw_data_packages", "data_transfer_packages", "phy
            "skipped_files", "audit_log", "object_leases", "live_checks"}
 
 
-def test_a_run_reads_no_growing_table_in_full(pipeline_ctx: StageContext) -> None:
+def test_a_run_reads_no_growing_table_in_full(pipeline_ctx: ProcessContext) -> None:
     ctx = pipeline_ctx
     statements: dict[str, Any] = {}
 

@@ -13,13 +13,13 @@ from sqlalchemy import select
 from packhorse.db.models import PhysicalCopy, RawDataPackage
 from packhorse.executors.local import LocalRunner
 from packhorse.stages import unpack
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 
 from support import write_settled
 
 
 @pytest.mark.parametrize("in_memory_bytes", [unpack.IN_MEMORY_BYTES, 0], ids=["in-memory", "streamed"])
-def test_both_ways_archive_the_same_verified_bytes(pipeline_ctx: StageContext, monkeypatch: pytest.MonkeyPatch,
+def test_both_ways_archive_the_same_verified_bytes(pipeline_ctx: ProcessContext, monkeypatch: pytest.MonkeyPatch,
                                                    in_memory_bytes: int) -> None:
     ctx = pipeline_ctx
     monkeypatch.setattr(unpack, "IN_MEMORY_BYTES", in_memory_bytes)

@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import re
+import shutil
 import stat
 import tarfile
 import unicodedata
@@ -222,23 +223,22 @@ def test_a_planted_file_symlink_is_not_followed(tmp_path: Path) -> None:
     data = tar_of([special("pkg", tarfile.DIRTYPE), reg("pkg/evil.txt", b"evil")])
 
     class Planting(io.BytesIO):
+        """Hands out one tar block per read, so the planting happens between two members."""
+
         def read(self, n: int = -1) -> bytes:  # type: ignore[override]
             if (target / "pkg").is_dir() and not (target / "pkg" / "evil.txt").is_symlink():
                 (target / "pkg" / "evil.txt").symlink_to(parent / "evil.txt")
-            return super().read(n)
+            return super().read(min(n, 512) if n and n > 0 else 512)
 
         def seekable(self) -> bool:
             return False
 
-    stream = Planting(data)
-    # tarfile reads ahead: plant before the file member's header is consumed
     before = snapshot(parent, skip=target)
-    try:
-        extract_tar(stream, target, source="x:y")
-    except UnsafePathError as e:
-        assert "already exists in the target" in str(e)
+    with pytest.raises(UnsafePathError, match="'pkg/evil.txt': already exists in the target"):
+        extract_tar(Planting(data), target, source="x:y")
     assert (parent / "evil.txt").read_bytes() == b"original"
     assert snapshot(parent, skip=target) == before
+    assert not target.exists()
 
 
 def test_case_folding_is_refused_only_for_case_insensitive_targets() -> None:
@@ -302,7 +302,6 @@ def test_staging_checks_the_sha256_before_writing_a_byte(tmp_path: Path) -> None
 
 
 def test_staging_refuses_a_hostile_copy_with_a_wrong_sha256_before_writing(tmp_path: Path) -> None:
-    good = tar_of(good_bag_members())
     parent = tmp_path / "processing"
     make_parent(parent)
     hostile = tar_of([*good_bag_members(), *cve_2025_4517_chain(str(parent / "outside"))])
@@ -417,7 +416,7 @@ def test_no_hostile_tar_changes_anything_outside_the_target(tmp_path_factory: py
             assert not (path == "extract" and must_refuse), "a hostile tar was extracted"
         # byte for byte and entry for entry, everything outside the target is as it was
         assert snapshot(parent, skip=target) == before, path
-        if target.exists():
-            for p in target.rglob("*"):
-                st_ = os.lstat(p)
-                assert stat.S_ISREG(st_.st_mode) or stat.S_ISDIR(st_.st_mode), p
+        if target.exists():  # only regular files and folders were made
+            kinds = {v[0] for v in snapshot(target).values()}
+            assert kinds <= {stat.S_IFREG, stat.S_IFDIR}, kinds
+    shutil.rmtree(parent.parent)

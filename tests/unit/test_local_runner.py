@@ -151,7 +151,7 @@ def test_a_database_outage_is_never_recorded_as_the_operations_failure(db: Datab
     import packhorse.worker as worker
     from packhorse.db.models import FailureEvent
     from packhorse.errors import TransientDatabaseError
-    from packhorse.stages.base import StageContext
+    from packhorse.context import ProcessContext
     from packhorse.topology import Topology
 
     (op_id,) = _pending(db, 1)
@@ -160,7 +160,7 @@ def test_a_database_outage_is_never_recorded_as_the_operations_failure(db: Datab
         raise TransientDatabaseError("database unavailable after 8 attempts")
 
     monkeypatch.setitem(worker.STAGES, OperationKind.DELETION, outage)
-    ctx = StageContext(settings=settings_from_dict({}, environ={}), db=db, topology=Topology())
+    ctx = ProcessContext(settings=settings_from_dict({}, environ={}), db=db, topology=Topology())
     assert worker.execute_operation(ctx, op_id, "w") is Outcome.STALE
     op = db.read(lambda s: s.get(Operation, op_id))
     assert op.status == Status.IN_PROGRESS.value and op.error_context is None  # lease recovery owns it

@@ -9,19 +9,19 @@ from packhorse.db.models import Operation, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.reporting import status_report
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 from support import write_site_config
 
 
-def _ctx(tmp_path: Path) -> StageContext:
+def _ctx(tmp_path: Path) -> ProcessContext:
     settings = load_config(write_site_config(tmp_path))
     db = Database(settings.database_url)
     db.upgrade()
-    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
-def _package(ctx: StageContext, name: str, *, archived: bool, failed_kind: OperationKind) -> None:
+def _package(ctx: ProcessContext, name: str, *, archived: bool, failed_kind: OperationKind) -> None:
     def tx(s):  # type: ignore[no-untyped-def]
         pkg = RawDataPackage(name=name, group_path=name, source_location_id=ctx.topology.location_ids["fyst-source"],
                              bagging_date="2026-11-29", file_count=1, payload_bytes=1,

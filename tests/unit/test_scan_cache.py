@@ -18,27 +18,27 @@ from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
 from packhorse.managers import scan as scan_module
 from packhorse.managers.scan import ScanCache, scan_all
-from packhorse.stages.base import StageContext
+from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 
 from support import write_site_config
 
 
-def make_ctx(folder: Path, **overrides: object) -> StageContext:
+def make_ctx(folder: Path, **overrides: object) -> ProcessContext:
     settings = load_config(write_site_config(folder, **overrides))
     db = Database(settings.database_url)
     db.upgrade()
-    return StageContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> StageContext:
+def ctx(tmp_path: Path) -> ProcessContext:
     c = make_ctx(tmp_path / "site", settle_seconds=0)
     yield c
     c.db.dispose()
 
 
-def source(ctx: StageContext) -> Path:
+def source(ctx: ProcessContext) -> Path:
     return ctx.settings.location_path("fyst-source")
 
 
@@ -56,7 +56,7 @@ def age_folders(root: Path, age: float = 10.0) -> None:
         os.utime(d, (t, t))
 
 
-def registered(ctx: StageContext) -> set[str]:
+def registered(ctx: ProcessContext) -> set[str]:
     return set(ctx.db.read(lambda s: list(s.scalars(select(RawDataFile.relative_path)))))
 
 
@@ -74,7 +74,7 @@ def listed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_unchanged_folders_are_not_listed_again_and_new_files_are_found(ctx: StageContext, listed: list[str]) -> None:
+def test_unchanged_folders_are_not_listed_again_and_new_files_are_found(ctx: ProcessContext, listed: list[str]) -> None:
     root = source(ctx)
     for g in range(3):
         write(root / f"inst/obs{g}/a.fits", b"a" * (g + 1))
@@ -111,7 +111,7 @@ def test_a_folder_with_a_settling_file_is_listed_until_the_file_is_registered(tm
 
 
 def test_a_file_added_without_changing_the_folder_mtime_is_found_by_the_full_rescan(
-        ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
+        ctx: ProcessContext, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scan_module, "FULL_RESCAN_EVERY", 3)
     root = source(ctx)
     write(root / "inst/obs0/a.fits", b"a")
@@ -129,7 +129,7 @@ def test_a_file_added_without_changing_the_folder_mtime_is_found_by_the_full_res
     assert "inst/obs0/b.fits" in registered(ctx)
 
 
-def test_a_folder_modified_just_before_the_scan_is_not_trusted(ctx: StageContext) -> None:
+def test_a_folder_modified_just_before_the_scan_is_not_trusted(ctx: ProcessContext) -> None:
     root = source(ctx)
     write(root / "inst/obs0/a.fits", b"a")  # folder mtime: now (within RACY_SECONDS)
     cache = ScanCache()
@@ -155,7 +155,7 @@ def test_a_missing_source_folder_is_reported_not_an_error(tmp_path: Path) -> Non
                 f"source folder {source(ctx)} does not exist"]
 
 
-def test_a_file_registered_by_another_scanner_meanwhile_is_not_an_error(ctx: StageContext,
+def test_a_file_registered_by_another_scanner_meanwhile_is_not_an_error(ctx: ProcessContext,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # two `packhorse run` on one database (found by a new-user trial): the second scan hashed
     # files the first registered after it looked. Its insert must not fail — a failed scan left
@@ -172,7 +172,7 @@ def test_a_file_registered_by_another_scanner_meanwhile_is_not_an_error(ctx: Sta
     assert sorted(p for p, _ in rows) == ["inst/obs1/a.dat", "inst/obs1/b.dat"]
 
 
-def test_no_packaging_after_a_failed_scan(ctx: StageContext) -> None:
+def test_no_packaging_after_a_failed_scan(ctx: ProcessContext) -> None:
     # the runner passes None when its latest scan failed: which groups are still settling is
     # unknown then, and a group packaged half-registered would be split in two packages
     from packhorse.db.models import RawDataPackage
@@ -190,13 +190,13 @@ def test_no_packaging_after_a_failed_scan(ctx: StageContext) -> None:
         runner.hash_pool.shutdown()
 
 
-def skipped_rows(ctx: StageContext) -> set[str]:
+def skipped_rows(ctx: ProcessContext) -> set[str]:
     from packhorse.db.models import SkippedFile
 
     return set(ctx.db.read(lambda s: list(s.scalars(select(SkippedFile.relative_path)))))
 
 
-def test_a_folder_readable_again_leaves_the_skipped_list(ctx: StageContext, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_folder_readable_again_leaves_the_skipped_list(ctx: ProcessContext, monkeypatch: pytest.MonkeyPatch) -> None:
     # found by a new-user trial: after `chmod 755` the folder was archived, yet `status` listed
     # it as "folder not readable" forever (tests run as root, so the denial is simulated)
     write(source(ctx) / "inst/obs1/a.dat", b"a")
@@ -221,7 +221,7 @@ def test_a_folder_readable_again_leaves_the_skipped_list(ctx: StageContext, monk
     assert registered(ctx) == {"inst/obs1/a.dat", "inst/obs2/b.dat"}
 
 
-def test_a_full_listing_forgets_skipped_paths_that_are_gone(ctx: StageContext) -> None:
+def test_a_full_listing_forgets_skipped_paths_that_are_gone(ctx: ProcessContext) -> None:
     write(source(ctx) / "inst/obs1/a.dat", b"a")
     os.symlink("a.dat", source(ctx) / "inst/obs1/link.dat")
     with ThreadPoolExecutor(2) as pool:

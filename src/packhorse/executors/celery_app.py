@@ -27,7 +27,7 @@ storage.
 no result backend, the broker's ``visibility_timeout`` from ``[executor]
 visibility_timeout_seconds`` (Redis; the reconciler floor is never below it).
 
-**Processes.** Each prefork pool child builds its own :class:`~packhorse.stages.base.StageContext`
+**Processes.** Each prefork pool child builds its own :class:`~packhorse.context.ProcessContext`
 and database engine on first use (:func:`process_context`); nothing database-related crosses
 a fork.
 """
@@ -56,7 +56,7 @@ from ..db.session import Database
 from ..domain import LocationRole, OperationKind, Status, StorageType
 from ..errors import ConfigError, TransientDatabaseError
 from ..stages import STAGES
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from ..storage.disk import DiskBackend
 from ..topology import load_topology
 from ..worker import execute_operation
@@ -115,7 +115,7 @@ def all_queues(settings: Settings) -> list[str]:
     return [q for s in settings.sites for q in site_queues(settings, s.name)]
 
 
-def operation_queue(ctx: StageContext, site_id: int, source_location_id: int | None,
+def operation_queue(ctx: ProcessContext, site_id: int, source_location_id: int | None,
                     destination_location_id: int | None, kind: str) -> str:
     """The queue of one operation: its site, the location it writes to, its kind."""
     loc_id = destination_location_id if destination_location_id is not None else source_location_id
@@ -181,18 +181,18 @@ def make_app(settings: Settings) -> Celery:
 
 # settings of each app in this process (tasks find theirs through ``self.app``)
 _SETTINGS: dict[int, Settings] = {}
-_CONTEXTS: dict[tuple[int, int], StageContext] = {}
+_CONTEXTS: dict[tuple[int, int], ProcessContext] = {}
 _CTX_LOCK = threading.Lock()
 
 
-def process_context(settings: Settings) -> StageContext:
-    """The stage context of this process: database engine and backends built here, after any fork."""
+def process_context(settings: Settings) -> ProcessContext:
+    """The process context of this process: database engine and backends built here, after any fork."""
     key = (os.getpid(), id(settings))
     with _CTX_LOCK:
         ctx = _CONTEXTS.get(key)
         if ctx is None:
             db = Database.from_settings(settings)
-            ctx = _CONTEXTS[key] = StageContext(settings=settings, db=db, topology=load_topology(db, settings))
+            ctx = _CONTEXTS[key] = ProcessContext(settings=settings, db=db, topology=load_topology(db, settings))
         return ctx
 
 
@@ -263,7 +263,7 @@ def location_lock(db: Database, location: str) -> Iterator[bool]:
         conn.close()
 
 
-def scan_location_and_package(ctx: StageContext, location: str) -> dict[str, int]:
+def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, int]:
     """Scan one source location and create the packages of its settled groups (the scan and
     packaging steps of ``packhorse run``, for one location, on its own site).
 
@@ -304,7 +304,7 @@ class Dispatched:
     queue: str
 
 
-def dispatch_pending(ctx: StageContext, app: Celery, *, batch: int = DISPATCH_BATCH) -> list[Dispatched]:
+def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_BATCH) -> list[Dispatched]:
     """Publish every due ``PENDING`` operation (up to ``batch``): ``PENDING`` → ``SCHEDULED``.
 
     The rows are picked with ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL), so two managers
@@ -367,7 +367,7 @@ def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
         db.transact(tx)
 
 
-def dispatch_scans(ctx: StageContext, app: Celery) -> list[str]:
+def dispatch_scans(ctx: ProcessContext, app: Celery) -> list[str]:
     """Publish one scan of every active source disk location to its site's scan queue.
 
     A scan message expires after three poll intervals (at least a minute): while a site's

@@ -52,7 +52,7 @@ from .. import faults
 from ..recovery.loop import ErrorCounter
 from ..recovery.monitor import recovery_cycle
 from ..runtime_settings import RuntimeSettings
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from ..storage.disk import DiskBackend
 from ..topology import Topology
 from ..worker import DELETION_BATCH, Outcome, batchable, execute_deletions, execute_operation
@@ -86,8 +86,8 @@ _SCHEDULE = (update(_OPS).where(_OPS.c.id.in_(bindparam("ids", expanding=True)),
 
 # ------------------------------------------------------------------------------ worker processes
 
-#: the stage context of a worker process (set by :func:`_init_worker_process`)
-_process_ctx: StageContext | None = None
+#: the process context of a worker process (set by :func:`_init_worker_process`)
+_process_ctx: ProcessContext | None = None
 
 
 def _die_with(parent_pid: int) -> None:
@@ -129,7 +129,7 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
-    _process_ctx = StageContext(settings=settings, db=Database(settings.database_url), topology=topology)
+    _process_ctx = ProcessContext(settings=settings, db=Database(settings.database_url), topology=topology)
     global _process_runtime
     _process_runtime = RuntimeSettings(_process_ctx.db, settings)
 
@@ -180,11 +180,11 @@ class LocalRunner:
     """Runs the whole pipeline from this process (operations in its worker pool).
 
     Args:
-        ctx: the stage context (settings, database, topology).
+        ctx: the process context (settings, database, topology).
         on_tick: called after every loop iteration (progress display).
     """
 
-    def __init__(self, ctx: StageContext, *, on_tick: Callable[[], None] | None = None) -> None:
+    def __init__(self, ctx: ProcessContext, *, on_tick: Callable[[], None] | None = None) -> None:
         self.ctx = ctx
         self.settings = ctx.settings
         self.workers = ctx.settings.executor.workers

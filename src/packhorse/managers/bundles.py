@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
 from ..domain import CopyStatus, LocationRole, OperationKind
 from ..operations import create_operation, dedup_key
-from ..stages.base import StageContext
+from ..context import ProcessContext
 
 
-def manage(ctx: StageContext, *, flush: bool = False) -> tuple[int, float | None]:
+def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | None]:
     """Create bundles; returns ``(created, seconds until a partial bundle is due or None)``."""
     created = 0
     due_in: float | None = None

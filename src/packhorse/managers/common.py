@@ -14,10 +14,10 @@ from ..domain import LocationRole, OperationKind
 from ..operations import create_operations
 
 if TYPE_CHECKING:
-    from ..stages.base import StageContext
+    from ..context import ProcessContext
 
 
-def buffer_location_ids(ctx: "StageContext") -> list[int]:
+def buffer_location_ids(ctx: "ProcessContext") -> list[int]:
     """Ids of every buffer location. The managers look for work among the present copies of
     these (an index search on ``physical_copies (location_id, status)``), never among every
     copy ever made, which grows with the archive."""
@@ -33,7 +33,7 @@ def existing_keys(session: Session, keys: Iterable[str]) -> set[str]:
     return out
 
 
-def create_missing(ctx: "StageContext", kind: OperationKind, wanted: dict[str, dict[str, Any]]) -> int:
+def create_missing(ctx: "ProcessContext", kind: OperationKind, wanted: dict[str, dict[str, Any]]) -> int:
     """Create the operations of ``wanted`` (``{dedup_key: create_operation kwargs}``) in one
     write transaction (one bulk statement); keys that exist meanwhile are skipped. Returns how
     many were created."""

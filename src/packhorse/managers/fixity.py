@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session
 from ..db.models import Operation, PhysicalCopy, utcnow
 from ..domain import ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind
 from ..operations import dedup_key
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from .common import create_missing, new_only
 
 
-def manage(ctx: StageContext) -> int:
+def manage(ctx: ProcessContext) -> int:
     """Create due ``fixity_check`` operations; returns how many."""
     archives = {ctx.topology.location_ids[l.name]: l for l in ctx.settings.locations
                 if l.role is LocationRole.LONG_TERM_ARCHIVE and l.active}

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from ..db.models import RawDataFile, RawDataPackage, utcnow
 from ..domain import LocationRole, OperationKind
 from ..operations import create_operations, dedup_key
-from ..stages.base import StageContext
+from ..context import ProcessContext
 
 ROOT_GROUP_NAME = "_root"
 _FILES = RawDataFile.__table__
@@ -74,7 +74,7 @@ def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
     return parts
 
 
-def manage(ctx: StageContext, unsettled: dict[str, set[str]], *, locations: Collection[str] | None = None,
+def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Collection[str] | None = None,
            on_commit: Callable[[], None] | None = None) -> int:
     """Create packages (and their ``raw_data_package`` operations); returns how many.
 

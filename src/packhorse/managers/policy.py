@@ -27,15 +27,15 @@ from sqlalchemy.orm import Session
 
 from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, UTCDateTime, utcnow
 from ..domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind
-from ..stages.base import StageContext
+from ..context import ProcessContext
 
 
-def source_site_of_package(ctx: StageContext, pkg: RawDataPackage) -> str:
+def source_site_of_package(ctx: ProcessContext, pkg: RawDataPackage) -> str:
     """The site of the package's source location."""
     return ctx.topology.location_site[ctx.location_name(pkg.source_location_id)]
 
 
-def archive_locations(ctx: StageContext, source_site: str) -> list[str]:
+def archive_locations(ctx: ProcessContext, source_site: str) -> list[str]:
     """Names of every active long-term archive of every destination site of the route."""
     route = ctx.settings.route_from(source_site)
     if route is None:
@@ -43,18 +43,18 @@ def archive_locations(ctx: StageContext, source_site: str) -> list[str]:
     return [l.name for d in route.destination_sites for l in ctx.settings.locations_at(d, LocationRole.LONG_TERM_ARCHIVE)]
 
 
-def archive_copies_required(ctx: StageContext, source_site: str) -> int:
+def archive_copies_required(ctx: ProcessContext, source_site: str) -> int:
     """Verified archive copies needed before buffer copies of the site's packages may go."""
     configured = ctx.settings.deletion.archive_copies_required
     return configured if configured is not None else len(archive_locations(ctx, source_site))
 
 
-def is_archived(session: Session, ctx: StageContext, pkg: RawDataPackage) -> bool:
+def is_archived(session: Session, ctx: ProcessContext, pkg: RawDataPackage) -> bool:
     """True when every required archive location holds a present, verified copy."""
     return _holds_every_archive(session, ctx, pkg.id, pkg.source_location_id)
 
 
-def _holds_every_archive(session: Session, ctx: StageContext, pkg_id: int, source_location_id: int) -> bool:
+def _holds_every_archive(session: Session, ctx: ProcessContext, pkg_id: int, source_location_id: int) -> bool:
     needed = {ctx.topology.location_ids[n] for n in archive_locations(
         ctx, ctx.topology.location_site[ctx.location_name(source_location_id)])}
     if not needed:
@@ -66,7 +66,7 @@ def _holds_every_archive(session: Session, ctx: StageContext, pkg_id: int, sourc
     return needed <= have
 
 
-def mark_archived_if_complete(session: Session, ctx: StageContext, pkg_id: int) -> bool:
+def mark_archived_if_complete(session: Session, ctx: ProcessContext, pkg_id: int) -> bool:
     """Set ``archived_at`` once the package is archived; returns whether it is.
 
     The package row is locked first (``SELECT … FOR NO KEY UPDATE`` on PostgreSQL, which does
@@ -88,7 +88,7 @@ def mark_archived_if_complete(session: Session, ctx: StageContext, pkg_id: int) 
     return True
 
 
-def may_delete_bundle_copy(session: Session, ctx: StageContext, dtp_id: int, source_site: str) -> bool:
+def may_delete_bundle_copy(session: Session, ctx: ProcessContext, dtp_id: int, source_site: str) -> bool:
     """Whether a bundle copy may go: every destination site holds a verified copy of every package."""
     route = ctx.settings.route_from(source_site)
     if route is None:
@@ -188,7 +188,7 @@ def _failed_latest(copies: list[Any]) -> list[tuple[int, int, str]]:
     return [(c.raw_data_package_id, c.location_id, c.status) for c in latest.values() if c.status in FIXITY_FAILED]
 
 
-def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -> list[str]:
+def deletion_blockers(session: Session, ctx: ProcessContext, copy: PhysicalCopy) -> list[str]:
     """Why ``copy`` may not be deleted now, whatever the disk pressure (empty: it may).
 
     The rules (DESIGN.md I1, issue #7): archive copies are never deleted; a raw data package
@@ -200,7 +200,7 @@ def deletion_blockers(session: Session, ctx: StageContext, copy: PhysicalCopy) -
     return deletion_blockers_many(session, ctx, [copy])[copy.id]
 
 
-def deletion_blockers_many(session: Session, ctx: StageContext, copies: list[PhysicalCopy]) -> dict[int, list[str]]:
+def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[PhysicalCopy]) -> dict[int, list[str]]:
     """:func:`deletion_blockers` of every one of ``copies``, by copy id, in a few queries
     whatever their number (the raw package copies' packages, all their copies, and the
     operations in flight on any of them, each read once; bundle copies one by one). The rules
@@ -264,7 +264,7 @@ def deletion_blockers_many(session: Session, ctx: StageContext, copies: list[Phy
     return out
 
 
-def _in_flight_and_fixity(ctx: StageContext, in_flight: list[Operation],
+def _in_flight_and_fixity(ctx: ProcessContext, in_flight: list[Operation],
                           failed: list[tuple[int, int, str]]) -> list[str]:
     reasons = [f"{op.kind} operation {op.id} ({op.status}) still needs it" for op in in_flight]
     for pkg_id, loc_id, status in failed:

@@ -40,7 +40,7 @@ from ..db.models import RawDataFile, SkippedFile, utcnow
 from ..db.session import insert_ignoring_conflicts
 from ..domain import LocationRole, StorageType
 from ..errors import UnsafePathError
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from ..storage.base import check_key
 
 log = structlog.get_logger(__name__)
@@ -177,7 +177,7 @@ def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]
     return "ok", digest
 
 
-def _registered(ctx: StageContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
+def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
     """``{path: (size, mtime_ns)}`` of the registered files among ``paths`` (all of the
     location's when ``paths`` is long)."""
     q = select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns).where(
@@ -195,7 +195,7 @@ def _registered(ctx: StageContext, loc_id: int, paths: list[str]) -> dict[str, t
     return ctx.db.read(tx)
 
 
-def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
+def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
                   cache: ScanCache | None = None) -> ScanResult:
     """Scan one source location and register what is new and settled.
 
@@ -307,7 +307,7 @@ def scan_location(ctx: StageContext, location: str, pool: ThreadPoolExecutor,
     return result
 
 
-def scan_all(ctx: StageContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None) -> ScanResult:
+def scan_all(ctx: ProcessContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None) -> ScanResult:
     """Scan every active disk source location; merge the results.
 
     Args:

@@ -17,14 +17,14 @@ from ..db.models import Operation, PhysicalCopy, RawDataPackage
 from ..domain import CopyStatus, LocationRole, OperationKind, StorageType
 from ..errors import ConfigError
 from ..operations import create_operation, dedup_key
-from ..stages.base import StageContext
+from ..context import ProcessContext
 
 
 class NothingToStageError(LookupError):
     """No archived raw data package matches the requested name."""
 
 
-def request_staging(ctx: StageContext, name: str, location: str) -> list[dict[str, Any]]:
+def request_staging(ctx: ProcessContext, name: str, location: str) -> list[dict[str, Any]]:
     """Create ``staging`` operations for every archived raw data package called ``name`` or
     holding observation unit ``name`` (the last part of its group path, or the whole path).
 

@@ -13,11 +13,11 @@ from sqlalchemy.orm import Session
 from ..db.models import DataTransferPackage, PhysicalCopy
 from ..domain import CopyStatus, OperationKind
 from ..operations import dedup_key
-from ..stages.base import StageContext
+from ..context import ProcessContext
 from .common import buffer_location_ids, create_missing, new_only
 
 
-def manage(ctx: StageContext) -> int:
+def manage(ctx: ProcessContext) -> int:
     """Create missing ``transfer`` operations; returns how many."""
 
     def find(s: Session) -> dict[str, dict[str, Any]]:

@@ -17,49 +17,23 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from .. import faults
-from ..config import Settings
+from ..context import ProcessContext
 from ..db.models import Operation, PhysicalCopy, utcnow
-from ..db.session import Database
 from ..domain import LIVE_COPY_STATUSES, CopyStatus
 from ..errors import DestinationConflictError, VerificationError
 from ..lease import LeaseKeeper
 from ..operations import Claim
 from ..storage.base import CHUNK_BYTES, PublishResult, StorageBackend
 from ..storage.disk import DiskBackend
-from ..topology import Topology
 
 Recorder = Callable[[Session], None]
-
-
-@dataclass
-class StageContext:
-    """Process-wide things a stage needs: settings, database, topology, backends."""
-
-    settings: Settings
-    db: Database
-    topology: Topology
-    _backends: dict[str, StorageBackend] = field(default_factory=dict)
-
-    def backend(self, location: str) -> StorageBackend:
-        """The (cached) storage backend of data location ``location``."""
-        b = self._backends.get(location)
-        if b is None:
-            from ..storage.registry import backend_for
-
-            b = self._backends[location] = backend_for(self.settings, location, db=self.db)
-        return b
-
-    def location_name(self, location_id: int | None) -> str:
-        """Name of data location ``location_id``."""
-        assert location_id is not None
-        return self.topology.location_names[location_id]
 
 
 @dataclass
 class Work:
     """One claimed operation being run: the claim, a snapshot of its row, its lease keeper."""
 
-    ctx: StageContext
+    ctx: ProcessContext
     claim: Claim
     op: Operation
     lease: LeaseKeeper

@@ -17,10 +17,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from .. import faults
+from ..context import ProcessContext
 from ..db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from ..domain import CopyStatus
 from ..errors import PermanentError, RetryableError
-from .base import Recorder, StageContext, Work
+from .base import Recorder, Work
 
 
 class DeletionNotSafeError(PermanentError):
@@ -32,7 +33,7 @@ class DeletionDeferredError(RetryableError):
     nothing was deleted and the deletion is tried again later."""
 
 
-def mark_copy(s: Session, ctx: StageContext, copy_id: int) -> PhysicalCopy:
+def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
     """In the caller's write transaction: check the deletion rules for buffer copy ``copy_id``
     and mark it ``deletion_pending`` (a copy already ``deleted`` is returned as is).
 
