@@ -477,3 +477,13 @@ def test_validate_path_reads_folders_and_tars(tmp_path: Path) -> None:
     (tmp_path / "bag.tar").write_bytes(tar_of(root, tags_first=False))
     assert validate_path(root).valid and validate_path(tmp_path / "bag.tar").valid
     assert codes(validate_path(tmp_path / "nothing")) == {"unreadable"}
+
+
+def test_forward_only_streams_refuse_to_seek_back() -> None:
+    from packhorse.bagvalidation import ForwardOnly
+
+    f = ForwardOnly(io.BufferedReader(Stream(b"0123456789")))  # type: ignore[arg-type]
+    assert f.seek(3) == 3 and f.read(2) == b"34" and f.tell() == 5
+    assert f.seek(2, io.SEEK_CUR) == 7 and f.read() == b"789"
+    with pytest.raises(io.UnsupportedOperation, match="seek back"):
+        f.seek(1)
