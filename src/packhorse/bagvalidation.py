@@ -54,7 +54,10 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from .extraction import ExtractionLimits
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
@@ -693,6 +696,7 @@ def validate_tar(
     required_algorithms: Iterable[str] = (),
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     payload_bytes: memoryview | None = None,
+    limits: "ExtractionLimits | None" = None,
 ) -> tuple[BagReport, str]:
     """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
 
@@ -705,39 +709,51 @@ def validate_tar(
             return the sha256 (hex) of what it read, which is the file's sha256 in the report
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
+        limits: member count and byte limits of the tar reader (default: its defaults).
+
+    Members come from packhorse's one tar reader (:func:`packhorse.extraction.members_of`):
+    a member it refuses (a link, a device, a duplicate, ``..``...) is an ``unsafe-member``
+    problem and is skipped; a limit exceeded is one too, and ends the reading.
 
     Returns:
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    from .packaging import _open_for_reading, check_member  # the tar member reader (I6)
-    from .errors import UnsafePathError
+    from .errors import UnsafePathError, VerificationError
+    from .extraction import DEFAULT_LIMITS, members_of, open_tar  # the one tar reader (I6)
 
     v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
     bag_dir: str | None = None
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}
     try:
-        tar = _open_for_reading(fileobj if seekable else ForwardOnly(fileobj))  # type: ignore[arg-type]
-    except tarfile.TarError as e:
-        v.unusable("not-a-bag-container", f"not a tar archive: {e}")
+        tar = open_tar(fileobj if seekable else ForwardOnly(fileobj), source=bag)  # type: ignore[arg-type]
+    except VerificationError as e:
+        v.unusable("not-a-bag-container", str(e).removeprefix(f"{bag}: "))
         return v.finish(), ""
+
+    def refused(e: UnsafePathError) -> None:
+        v.problem("unsafe-member", e.path or "", str(e).removeprefix(f"{bag}: "))
+
     with tar:
         try:
-            for member in tar:
+            reader = members_of(tar, source=bag, limits=limits or DEFAULT_LIMITS, step="unpack", on_refused=refused)
+            while True:
                 try:
-                    check_member(member)
-                except UnsafePathError as e:
-                    v.problem("unsafe-member", member.name, str(e))
-                    continue
-                name = member.name.rstrip("/")
+                    m = next(reader)
+                except StopIteration:
+                    break
+                except UnsafePathError as e:  # a limit: reading stops here
+                    refused(e)
+                    break
+                member, name = m.info, m.name
                 top, _, rest = name.partition("/")
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
                     v.problem("unsafe-member", name, f"member {name!r} is outside the bag folder {bag_dir!r}")
                     continue
-                if member.isdir():
+                if m.is_dir:
                     if rest:
                         v.add_directory(rest)
                     continue
@@ -747,9 +763,9 @@ def validate_tar(
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
                     _payload_member(v, tar, member, rest, on_payload, payload_bytes, seekable)
                 else:
-                    f = tar.extractfile(member)
+                    f = m.data
                     assert f is not None
-                    v.add(rest, member.size, f)  # type: ignore[arg-type]
+                    v.add(rest, member.size, f)
                 if seekable:
                     members[rest] = member
         except tarfile.TarError as e:
