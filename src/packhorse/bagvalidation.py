@@ -654,7 +654,8 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
     if not stat.S_ISDIR(st.st_mode):
         v.unusable("not-a-bag-container", "is not a folder")
         return v.finish()
-    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"), e[0].encode()))
+    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"),
+                                                        e[0].encode("utf-8", "surrogateescape")))
     for rel, is_dir in entries:
         if is_dir:
             v.add_directory(rel)
@@ -760,7 +761,7 @@ def validate_tar(
                     v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
-                    _payload_member(v, tar, member, rest, on_payload, payload_bytes)
+                    _payload_member(v, tar, member, rest, on_payload, payload_bytes, seekable)
                 else:
                     f = m.data
                     assert f is not None
@@ -783,7 +784,7 @@ def validate_tar(
 
 def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarInfo, rest: str,
                     on_payload: Callable[[str, int, BinaryIO], str] | None,
-                    payload_bytes: memoryview | None) -> None:
+                    payload_bytes: memoryview | None, seekable: bool) -> None:
     if not v.admit_payload(rest):
         return
     algs = v.payload_algorithms_for(rest)
@@ -801,18 +802,36 @@ def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarIn
         v.add_payload_digests(rest, size, digests, declared_size=member.size)
         return
     others = [a for a in algs if a != "sha256"]
-    reader = _HashingReader(raw, others)  # type: ignore[arg-type]
-    sha256 = on_payload(rest[len("data/"):], member.size, reader)  # type: ignore[arg-type]
+    # with nothing else to hash the consumer gets the member's own stream (seekable in a
+    # seekable tar, which unpack uses to re-read a large raw package in place)
+    # (a stream read through ForwardOnly must not look seekable to the consumer: it is not)
+    reader = _Counted(raw) if seekable and not others else _HashingReader(raw, others)  # type: ignore[arg-type]
+    sha256 = on_payload(rest[len("data/"):], member.size, reader.stream)  # type: ignore[arg-type]
     if raw.read(1):
         v.problem("unreadable", rest, f"payload file {rest!r} was not read to its end")
         hash_stream(raw, ())  # type: ignore[arg-type]
     v.add_payload_digests(rest, reader.size, {**reader.digests(), "sha256": sha256}, declared_size=member.size)
 
 
+class _Counted:
+    """A member stream handed on as it is; its size is the member's (checked read to the end)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+
+    @property
+    def size(self) -> int:
+        return self.stream.tell()
+
+    def digests(self) -> dict[str, str]:
+        return {}
+
+
 class _HashingReader:
     """Hands ``stream`` on to a consumer, hashing what it reads with ``algorithms``."""
 
     def __init__(self, stream: BinaryIO, algorithms: Iterable[str]) -> None:
+        self.stream = self
         self._stream = stream
         self._hashes = list(_new_hashes(algorithms).values())
         self._names = sorted(set(algorithms) & set(DIGEST_HEX_LENGTH))
@@ -901,7 +920,11 @@ def _seekable(stream: BinaryIO) -> bool:
 
 def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> BagReport:
     """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs)."""
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink():
+        v = BagValidator(str(path))
+        v.unusable("symlink", f"is a symlink (to {os.readlink(path)!r}); links are not followed")
+        return v.finish()
+    if path.is_dir():
         return validate_folder(path, required_algorithms=required_algorithms)
     try:
         f = open(path, "rb")
