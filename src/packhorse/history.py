@@ -41,7 +41,7 @@ from .db.models import (
     RawDataPackage,
     utcnow,
 )
-from .db.session import Database, insert_ignoring_conflicts
+from .db.session import Database
 from .domain import OperationKind, Status
 
 if TYPE_CHECKING:
@@ -71,8 +71,8 @@ def record_backlog(db: Database, *, interval_seconds: float, keep_days: float,
     """Record the backlog of every operation kind for the interval holding ``now``.
 
     One row per kind (zeros included, so a chart shows the backlog draining to nothing); a
-    row another process already wrote for this interval is kept (the first sample of an
-    interval stands). Deletes samples older than ``keep_days`` in the same transaction.
+    row already written for this interval (by this or another process) is overwritten: the
+    latest sample of an interval stands. Deletes samples older than ``keep_days`` in the same transaction.
 
     Returns:
         ``{kind: {"waiting", "running", "failed"}}`` as counted now.
@@ -89,7 +89,13 @@ def record_backlog(db: Database, *, interval_seconds: float, keep_days: float,
             col = "waiting" if status in _WAITING else "running" if status == Status.IN_PROGRESS.value else "failed"
             counts[kind][col] += int(n)
         rows = [{"measured_at": at, "kind": k, **v} for k, v in counts.items()]
-        s.execute(insert_ignoring_conflicts(s, BacklogSample.__table__, "measured_at", "kind"), rows)
+        if s.get_bind().dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        stmt = insert(BacklogSample.__table__)
+        s.execute(stmt.on_conflict_do_update(index_elements=["measured_at", "kind"], set_={
+            "waiting": stmt.excluded.waiting, "running": stmt.excluded.running, "failed": stmt.excluded.failed}), rows)
         s.execute(delete(BacklogSample).where(BacklogSample.measured_at < t - dt.timedelta(days=keep_days)))
         return counts
 

@@ -144,6 +144,11 @@ def test_backlog_samples_are_one_per_interval_and_kind_and_pruned_after_keep_day
     assert count() == len(OperationKind)
     record_backlog(empty_db, interval_seconds=60, keep_days=7, now=NOW)
     assert count() == len(OperationKind)  # the 8-day-old interval is gone
+    # a later sample of the same interval (another process, or work that moved) replaces it
+    empty_db.transact(lambda s: s.query(Operation).filter_by(status="FAILED").update({"status": "PENDING"}))
+    record_backlog(empty_db, interval_seconds=60, keep_days=7, now=NOW + dt.timedelta(seconds=20))
+    row = empty_db.read(lambda s: s.query(BacklogSample).filter_by(kind="transfer").one())
+    assert (row.waiting, row.failed) == (4, 0)
     assert empty_db.read(lambda s: {b.measured_at for b in s.query(BacklogSample)}) == {NOW.replace(second=0)}
 
 

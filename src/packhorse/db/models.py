@@ -548,7 +548,8 @@ class BacklogSample(Base):
 
     Recorded every ``[api] history_interval_seconds`` (60 s) by :mod:`packhorse.history`
     (``packhorse run`` and ``packhorse api``); ``measured_at`` is the start of the sampling
-    interval, so two processes sampling the same interval write one row (unique key). Rows
+    interval, so two processes sampling the same interval write one row (unique key; the
+    latest sample of an interval stands). Rows
     older than ``[api] history_keep_days`` (7 days) are deleted at each sample: at most
     ``keep_days × 86400 / interval`` rows per kind (10 080 a kind with the defaults).
     """
