@@ -148,6 +148,7 @@ def test_failures_grouped_by_cause_reset_in_bulk_and_the_report_survives_a_reloa
         expect(page.get_by_test_id("report")).to_be_visible()
         expect(page.locator("#report-title")).to_contain_text(f"transfer {op_id}")
         expect(page.get_by_test_id("events").get_by_test_id("event").first).to_have_attribute("open", "")
+        expect(page.locator(f"[data-testid='group-op-{op_id}']")).to_be_visible()  # the group is still expanded
         page.screenshot(path=str(ARTIFACTS / "report-after-reload.png"), full_page=True)
         opened = [e for e in _audit(base, tokens["admin"], "operation.diagnose") if e["target"] == f"transfer/{op_id}"]
         assert len(opened) == 1, opened  # opened once; the refreshes and the reload are not audited

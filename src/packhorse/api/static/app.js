@@ -15,7 +15,8 @@
   let openReport = JSON.parse(sessionStorage.getItem("packhorse-report") || "null"); // {kind, id}
   let openEvents = new Set(JSON.parse(sessionStorage.getItem("packhorse-report-events") || "[]"));
   let historyMinutes = Number(sessionStorage.getItem("packhorse-history-minutes") || 60);
-  const expandedGroups = new Set();
+  const expandedGroups = new Set(JSON.parse(sessionStorage.getItem("packhorse-groups") || "[]"));
+  const saveGroups = () => sessionStorage.setItem("packhorse-groups", JSON.stringify([...expandedGroups]));
   const groupFeedback = new Map(); // group key -> {text, group}
   const resetDrafts = new Map(); // group key or "kind:K" -> reason typed so far (kept across refreshes)
   const $ = (id) => document.getElementById(id);
@@ -152,7 +153,7 @@
     const open = expandedGroups.has(key);
     const tr = el("tr", { "data-testid": "group", "data-group": key, class: gone ? "gone" : "" },
       el("td", {}, gone ? "" : el("button", { type: "button", "data-testid": "group-toggle", "aria-expanded": String(open),
-        onclick: () => { if (open) expandedGroups.delete(key); else expandedGroups.add(key); renderFailures(); } }, open ? "▾" : "▸")),
+        onclick: () => { if (open) expandedGroups.delete(key); else expandedGroups.add(key); saveGroups(); renderFailures(); } }, open ? "▾" : "▸")),
       el("td", {}, g.kind), el("td", {}, g.location || "—"), el("td", { class: "FAILED", title: g.sample_message || "" }, g.error_type),
       el("td", { class: "num", "data-testid": "group-count" }, gone ? 0 : g.count), el("td", {}, g.last_at || "—"));
     const cell = el("td", {});

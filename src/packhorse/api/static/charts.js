@@ -26,8 +26,8 @@
         series: kinds(t).map((k) => ({ label: k, values: t[k].bytes_per_minute })) },
       { id: "throughput-files", title: "Throughput per stage (raw files per minute)", fmt: count,
         series: kinds(t).map((k) => ({ label: k, values: t[k].files_per_minute })) },
-      { id: "backlog", title: "Backlog per stage (waiting + running)", fmt: count, spanGaps: true,
-        series: kinds(b).map((k) => ({ label: k, values: b[k].waiting.map((w, i) => (w === null ? null : w + (b[k].running[i] || 0))) })) },
+      { id: "backlog", title: "Backlog per stage (not completed: waiting + running + failed)", fmt: count, spanGaps: true,
+        series: kinds(b).map((k) => ({ label: k, values: b[k].waiting.map((w, i) => (w === null ? null : w + (b[k].running[i] || 0) + (b[k].failed[i] || 0))) })) },
       { id: "disk", title: "Disk usage per location (% used; thresholds dashed)", fmt: (v) => (v === null || v === undefined ? "–" : v.toFixed(1) + " %"),
         spanGaps: true, range: [0, 100],
         series: kinds(d).map((k) => ({ label: k, values: d[k].percent })),
@@ -57,7 +57,9 @@
     const points = spec.series.reduce((n, s) => n + s.values.filter((v) => v !== null && v !== 0).length, 0);
     box.setAttribute("data-points", String(points));
     empty.textContent = spec.series.length ? "" : "no data in this window yet";
-    const lines = spec.series.map((s, i) => ({ label: s.label, stroke: PALETTE[i % PALETTE.length], width: 2, value: (u, v) => spec.fmt(v), spanGaps: !!spec.spanGaps }));
+    // sampled series (backlog, disk) are sparse: their points are drawn, so one sample shows
+    const lines = spec.series.map((s, i) => ({ label: s.label, stroke: PALETTE[i % PALETTE.length], fill: spec.spanGaps ? undefined : PALETTE[i % PALETTE.length] + "22",
+      width: 2, value: (u, v) => spec.fmt(v), spanGaps: !!spec.spanGaps, points: spec.spanGaps ? { show: true, size: 6 } : undefined }));
     const extra = (spec.thresholds || []).map((t) => ({ label: t.label, stroke: t.color, width: 1, dash: [6, 4], points: { show: false }, value: () => "" }));
     const data = [h.times, ...spec.series.map((s) => s.values), ...(spec.thresholds || []).map((t) => h.times.map(() => t.value))];
     const key = lines.map((l) => l.label).join("|") + "#" + extra.map((l) => l.label).join("|");
