@@ -15,13 +15,15 @@
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
-        │   ├── UnsafePathError            a path or tar member leaves its root (I6)
+        │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
         │   └── SourceChangedError         the source no longer matches its registered sha256
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
             ├── StorageServiceError        an object store answered with an error or was unreachable
+            ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
+            │                              the partial file is already removed
             └── RestoreRequiredError       a cold-storage object must be restored before reading
 
 Each :class:`OperationError` carries the where/why fields of the error context
@@ -120,7 +122,9 @@ class DestinationConflictError(PermanentError):
 
 
 class UnsafePathError(PermanentError):
-    """A path or tar member would leave its location root or target directory (DESIGN.md I6)."""
+    """A path would leave its location root, or a tar member is refused by the tar reader
+    (a link, a device, a duplicate, ``..``, a limit exceeded: :mod:`packhorse.extraction`;
+    DESIGN.md I6)."""
 
 
 class SourceMissingError(PermanentError):
@@ -144,6 +148,15 @@ class StorageServiceError(RetryableError):
 
     The message names the location, bucket and key and the service's error code; credentials
     never appear in it.
+    """
+
+
+class DestinationWriteError(RetryableError):
+    """Writing an object's bytes to a disk location failed (``ENOSPC``, ``EDQUOT``, ``EIO``).
+
+    Raised by :mod:`packhorse.storage.disk` after it removed the partial file (a full disk is
+    not left full of a half-written object); the message names the location and the key.
+    Retried: space may be freed by the deletions under disk pressure.
     """
 
 

@@ -17,10 +17,12 @@ The manifest is written *before* the payload from the sha256 recorded at the sou
 payload file is hashed while it is streamed into the tar and a mismatch aborts the build with
 :class:`~packhorse.errors.SourceChangedError` (I4).
 
-Reading (:func:`read_bag_tar`) streams a bag tar once, verifying every payload file against
-the manifest and the Payload-Oxum, refusing unsafe members (I6). :func:`safe_extract`
-extracts a tar into a folder with the standard library's ``data`` filter (no absolute names,
-no ``..``, no links leaving the target, no device files).
+Reading (:func:`read_bag_tar`, :func:`read_bag_bytes`) streams a bag tar once through the RFC 8493
+validator of :mod:`packhorse.bagvalidation` (any manifest algorithm, any member order), refusing
+unsafe members (I6), and returns every payload file's sha256. Its members come from the one
+tar reader, :func:`packhorse.extraction.members_of` (links, devices, duplicates, ``..``,
+names merged by normalization and members beyond the ``[extraction]`` limits are refused).
+Extraction into a folder is :func:`packhorse.extraction.extract_tar`.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from .digest import sha256_stream
+from .bagvalidation import UNSAFE_CODES, BagReport, validate_tar
+from .bagvalidation import decode_manifest_path as _decode
 from .errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
+from .extraction import DEFAULT_LIMITS, ExtractionLimits
 
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)
@@ -68,7 +72,6 @@ class PayloadFile:
 
 
 _ESCAPE = re.compile(r"%(0A|0D|25)", re.IGNORECASE)
-_UNESCAPE = {"0a": "\n", "0d": "\r", "25": "%"}
 
 
 def encode_manifest_path(path: str) -> str:
@@ -87,7 +90,7 @@ def encode_manifest_path(path: str) -> str:
 
 def decode_manifest_path(path: str) -> str:
     """Inverse of :func:`encode_manifest_path` (one pass: ``%0A``, ``%0D``, ``%25``)."""
-    return _ESCAPE.sub(lambda m: _UNESCAPE[m.group(1).lower()], path)
+    return _decode(path)
 
 
 def _sort_key(path: str) -> bytes:
@@ -235,93 +238,55 @@ def write_bag_tar(
 # ----------------------------------------------------------------------------------- reading
 
 
-def check_member(member: tarfile.TarInfo) -> None:
-    """Refuse a tar member that could leave its target folder or is not a file/folder (I6).
-
-    Raises:
-        UnsafePathError: absolute name, ``..``, a link, a device, or any special member.
-    """
-    name = member.name
-    if name.startswith("/") or os.path.isabs(name):
-        raise UnsafePathError(f"tar member {name!r} has an absolute name", path=name, step="unpack")
-    parts = name.split("/")
-    if ".." in parts:
-        raise UnsafePathError(f"tar member {name!r} leaves the target folder ('..')", path=name, step="unpack")
-    if member.issym() or member.islnk():
-        raise UnsafePathError(f"tar member {name!r} is a link (to {member.linkname!r}); links are refused",
-                              path=name, step="unpack")
-    if not (member.isreg() or member.isdir()):
-        raise UnsafePathError(f"tar member {name!r} is not a regular file or folder", path=name, step="unpack")
-
-
 @dataclass
 class BagContents:
-    """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` and payload ``files``
-    (path under ``data/`` → sha256)."""
+    """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` (label → first value) and
+    payload ``files`` (path under ``data/`` → sha256)."""
 
     bag_dir: str
     bag_info: dict[str, str]
     files: dict[str, str]
 
 
-def _tag_lines(data: bytes) -> list[str]:
-    """Lines of a tag file: ends are LF, CR or CRLF only (BagIt 1.0 §2.1.3); not
-    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur
-    in payload file names."""
-    return re.split(r"\r\n|\r|\n", data.decode("utf-8"))
+def raise_for_problems(report: BagReport, *, step: str, side: str | None = None) -> None:
+    """Raise for a bag report with problems: :class:`UnsafePathError` when one of them is an
+    unsafe entry (I6), else :class:`VerificationError`; the message is the first such problem's,
+    followed by how many more there are and their codes. ``path`` is that problem's path
+    relative to the bag root. Returns when the report is valid."""
+    if report.valid:
+        return
+    unsafe = [p for p in report.problems if p.code in UNSAFE_CODES]
+    lead = (unsafe or report.problems)[0]
+    rest = [p for p in report.problems if p is not lead]
+    message = lead.message
+    if rest:
+        codes = sorted({p.code for p in rest})
+        message += f" (and {len(rest)} more problem(s): {', '.join(codes)})"
+    extra = {"side": side} if side else {}
+    if unsafe:
+        raise UnsafePathError(message, path=lead.path, step=step, **extra)
+    raise VerificationError(message, path=lead.path or None, step=step, **extra)
 
 
-def _parse_manifest(data: bytes, source: str, *, strip: str = "") -> dict[str, str]:
-    """Parse ``<sha256>  <path>`` lines into ``{path: sha256}``, removing prefix ``strip``."""
-    out: dict[str, str] = {}
-    for line in _tag_lines(data):
-        if not line.strip():
-            continue
-        digest, _, path = line.partition(" ")
-        path = path.lstrip(" ")
-        if not path or len(digest) != 64:
-            raise VerificationError(f"{source}: malformed manifest line {line!r}", step="unpack")
-        path = decode_manifest_path(path)
-        if strip:
-            if not path.startswith(strip):
-                raise VerificationError(f"{source}: manifest path {path!r} is not under {strip!r}", step="unpack")
-            path = path[len(strip):]
-        out[path] = digest.lower()
-    return out
+def _contents(report: BagReport, bag_dir: str) -> BagContents:
+    return BagContents(
+        bag_dir=bag_dir,
+        bag_info={k: v[0] for k, v in report.bag_info.items()},
+        files={p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()},
+    )
 
 
-def _parse_bag_info(data: bytes) -> dict[str, str]:
-    info: dict[str, str] = {}
-    for line in _tag_lines(data):
-        if ":" in line and not line[:1].isspace():
-            k, _, v = line.partition(":")
-            info[k.strip()] = v.strip()
-    return info
-
-
-#: Stream buffer for reading non-seekable tars. tarfile's stream mode copies its whole
-#: remaining buffer on every small read, so a large buffer costs more than it saves.
-STREAM_BUFSIZE = 64 * 1024
-
-
-def _open_for_reading(fileobj: BinaryIO) -> tarfile.TarFile:
-    """Open a tar for one sequential pass: random access when ``fileobj`` can seek, else stream."""
-    try:
-        seekable = fileobj.seekable()  # type: ignore[union-attr]
-    except (AttributeError, OSError, ValueError):
-        seekable = False
-    if seekable:
-        return tarfile.open(fileobj=fileobj, mode="r:")
-    return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE)  # type: ignore[call-overload]
-
-
-def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str) -> BagContents:
+def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str,
+                   limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
     """:func:`read_bag_tar` of a bag tar held in memory (a raw data package taken out of a
     bundle): each payload file is hashed straight from ``data``, without a file object and a
-    copy per member, which is most of the cost for bags of many small files (issue #2
-    benchmark (b)). Same checks, same errors."""
+    copy per member, which is most of the cost for bags of many small files. Same checks,
+    same errors."""
     view = memoryview(data)
-    return read_bag_tar(io.BytesIO(view), source=source, _payload_bytes=view)
+    report, bag_dir = validate_tar(io.BytesIO(view), bag=source, required_algorithms=("sha256",),
+                                   payload_bytes=view, limits=limits)
+    raise_for_problems(report, step="unpack")
+    return _contents(report, bag_dir)
 
 
 def read_bag_tar(
@@ -329,108 +294,46 @@ def read_bag_tar(
     *,
     source: str,
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
-    _payload_bytes: memoryview | None = None,
+    limits: ExtractionLimits = DEFAULT_LIMITS,
 ) -> BagContents:
-    """Stream through a bag tar once, verifying it; optionally hand each payload file on.
+    """Stream through a bag tar once, validating it (RFC 8493, :mod:`packhorse.bagvalidation`);
+    optionally hand each payload file on.
 
     Args:
         fileobj: the tar, read sequentially.
         source: a name for messages (e.g. ``"cologne-buffer:bundles/x.tar"``).
-        on_payload: called as ``on_payload(path, size, stream)`` for every payload file; it
-            must read the whole stream and return the sha256 (hex) of what it read, which is
-            then checked against the manifest (so the caller's own hash is not done twice).
-            Without it, the payload is read and hashed here.
+        on_payload: called as ``on_payload(path, size, stream)`` for every payload file listed
+            in the manifests (or met before them); it must read the whole stream and return the
+            sha256 (hex) of what it read, which is then checked against the manifest (so the
+            caller's own hash is not done twice). Without it, the payload is hashed here.
+        limits: member count and byte limits (``[extraction]`` settings).
 
     Returns:
-        the bag's info and its manifest.
+        the bag's info and the sha256 of every payload file (hashed whatever the manifests'
+        algorithms).
 
     Raises:
-        UnsafePathError: a member is unsafe (see :func:`check_member`) or outside the bag.
-        VerificationError: missing tag files, a payload file not in the manifest or with a
-            different sha256, manifest entries without a file, a wrong Payload-Oxum or a
-            wrong tag manifest.
+        UnsafePathError: a member is refused by the tar reader (:mod:`packhorse.extraction`)
+            or lies outside the bag folder.
+        VerificationError: any other problem of :data:`~packhorse.bagvalidation.PROBLEM_CODES`
+            (missing tag files, a payload file not in a manifest or with another checksum,
+            manifest entries without a file, a wrong Payload-Oxum or tag manifest...); the
+            message names the first and counts the others.
     """
-    tags: dict[str, bytes] = {}
-    manifest: dict[str, str] | None = None
-    seen: dict[str, str] = {}
-    total = 0
-    bag_dir: str | None = None
-    try:
-        tar = _open_for_reading(fileobj)
-    except tarfile.TarError as e:
-        raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
-    with tar:
-        try:
-            for member in tar:
-                check_member(member)
-                top, _, rest = member.name.partition("/")
-                if bag_dir is None:
-                    bag_dir = top
-                if top != bag_dir:
-                    raise UnsafePathError(f"{source}: member {member.name!r} is outside the bag folder {bag_dir!r}",
-                                          path=member.name, step="unpack")
-                if member.isdir():
-                    continue
-                if not rest.startswith("data/"):
-                    if rest in tags:
-                        raise VerificationError(f"{source}: tag file {rest!r} appears twice", step="unpack")
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    tags[rest] = f.read()
-                    continue
-                path = rest[len("data/"):]
-                if manifest is None:
-                    if "manifest-sha256.txt" not in tags:
-                        raise VerificationError(f"{source}: payload before manifest-sha256.txt", step="unpack")
-                    manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-                if path not in manifest:
-                    raise VerificationError(f"{source}: payload file {path!r} is not in the manifest",
-                                            path=path, step="unpack")
-                if path in seen:
-                    raise VerificationError(f"{source}: payload file {path!r} appears twice", path=path, step="unpack")
-                if _payload_bytes is not None and member.sparse is None:
-                    end = member.offset_data + member.size
-                    if end > len(_payload_bytes):
-                        raise VerificationError(f"{source}: damaged tar: {path!r} ends after the archive",
-                                                path=path, step="unpack")
-                    digest = hashlib.sha256(_payload_bytes[member.offset_data:end]).hexdigest()
-                else:
-                    raw = tar.extractfile(member)
-                    assert raw is not None
-                    if on_payload is not None:
-                        digest = on_payload(path, member.size, raw)  # type: ignore[arg-type]
-                        if raw.read(1):
-                            raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
-                                                    path=path, step="unpack")
-                    else:
-                        digest = sha256_stream(raw)  # type: ignore[arg-type]
-                if digest != manifest[path]:
-                    raise VerificationError(
-                        f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",
-                        path=path, step="unpack",
-                    )
-                seen[path] = digest
-                total += member.size
-        except tarfile.TarError as e:
-            raise VerificationError(f"{source}: damaged tar: {e}", step="unpack") from None
-    for name in ("bagit.txt", "bag-info.txt", "manifest-sha256.txt", "tagmanifest-sha256.txt"):
-        if name not in tags:
-            raise VerificationError(f"{source}: the bag has no {name}", step="unpack")
-    if manifest is None:
-        manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-    missing = sorted(set(manifest) - set(seen))
-    if missing:
-        raise VerificationError(f"{source}: {len(missing)} manifest entries have no payload file, e.g. {missing[0]!r}",
-                                step="unpack")
-    tagmanifest = _parse_manifest(tags["tagmanifest-sha256.txt"], source)
-    for name, digest in tagmanifest.items():
-        if name not in tags or hashlib.sha256(tags[name]).hexdigest() != digest:
-            raise VerificationError(f"{source}: tag file {name!r} does not match tagmanifest-sha256.txt", step="unpack")
-    info = _parse_bag_info(tags["bag-info.txt"])
-    oxum = info.get("Payload-Oxum")
-    if oxum != f"{total}.{len(seen)}":
-        raise VerificationError(f"{source}: Payload-Oxum {oxum!r} but payload is {total}.{len(seen)}", step="unpack")
-    return BagContents(bag_dir=bag_dir or "", bag_info=info, files=seen)
+    report, bag_dir = validate_tar(fileobj, bag=source, required_algorithms=("sha256",), on_payload=on_payload,
+                                   limits=limits)
+    raise_for_problems(report, step="unpack")
+    return _contents(report, bag_dir)
+
+
+def verify_bag_archive(fileobj: BinaryIO, *, source: str, limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
+    """Check a raw data package tar read as a stream, writing nothing: every member through
+    the tar reader, the bag through the validator (:func:`read_bag_tar`).
+
+    ``staging``'s check pass, before anything is extracted (DESIGN.md I6). Same errors as
+    :func:`read_bag_tar`.
+    """
+    return read_bag_tar(fileobj, source=source, limits=limits)
 
 
 class TeeReader:
@@ -452,35 +355,6 @@ class TeeReader:
         """Read (and so copy) whatever is left of the source."""
         while self.read(COPY_BUFSIZE):
             pass
-
-
-def safe_extract(fileobj: BinaryIO, target: Path, *, source: str) -> list[str]:
-    """Extract a tar into folder ``target`` refusing anything that would leave it (I6).
-
-    Uses the standard library's ``data`` extraction filter: absolute names, ``..``, links
-    pointing outside ``target``, device files and setuid bits are refused.
-
-    Returns:
-        the extracted member names.
-
-    Raises:
-        UnsafePathError: naming the offending member; nothing after it is extracted.
-    """
-    target.mkdir(parents=True, exist_ok=True)
-    names: list[str] = []
-    with tarfile.open(fileobj=fileobj, mode="r|", bufsize=COPY_BUFSIZE) as tar:  # type: ignore[call-overload]
-        for member in tar:
-            if member.name.startswith("/") or os.path.isabs(member.name):
-                # the data filter would silently strip the "/"; refuse it like check_member does
-                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: absolute name",
-                                      path=member.name, step="extract")
-            try:
-                tar.extract(member, target, filter="data")
-            except tarfile.FilterError as e:
-                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: {e}",
-                                      path=member.name, step="extract") from None
-            names.append(member.name)
-    return names
 
 
 def iter_files(root: Path) -> Iterator[Path]:

@@ -4,6 +4,7 @@
 - ``distributed``: worker, manager, monitor, notifier, disk-monitor, api
 - ``operator``: reset, retry, breaker, diagnose, locate, reconcile, notifications
 - ``admin``: health, token, config, audit, usage
+- ``bags``: validate (a BagIt bag folder or tar; no configuration needed)
 
 ``common`` holds the application object, exit codes and the helpers they share. Exit codes:
 0 ok, 1 a check found a problem, 2 configuration error, 3 an operation FAILED, 4 work is
@@ -16,7 +17,7 @@ import sys
 
 from ..errors import PackhorseError
 # each registers its commands on ``app``; the order is the order of `packhorse --help`
-from . import pipeline, operator, distributed, admin  # noqa: F401, I001
+from . import pipeline, operator, distributed, admin, bags  # noqa: F401, I001
 from .common import EXIT_BLOCKED, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, app
 from .distributed import serve_api
 from .pipeline import exit_code_after_run

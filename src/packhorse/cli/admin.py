@@ -189,8 +189,9 @@ def usage(
         print("no disk usage recorded yet: `packhorse run` (or disk-monitor) measures every "
               f"{ctx.settings.disk_usage.interval_seconds:g} s; `packhorse usage --measure` measures now", file=sys.stderr)
         return
-    t = Table("location", "measured (UTC)", "total", "used", "free", "used %", "level", "alert", title="disk usage")
+    t = Table("location", "measured (UTC)", "age", "total", "used", "available", "used %", "level", "alert",
+              title="disk usage (used % as df: used / (used + available))")
     for r in rows:
-        t.add_row(r["location"], r["measured_at"][:19], f"{r['total_bytes']:,}", f"{r['used_bytes']:,}",
-                  f"{r['free_bytes']:,}", f"{r['percent']:.1f}", r["level"], r["alert_level"])
+        t.add_row(r["location"], r["measured_at"][:19], f"{r['age_seconds']:.0f} s", f"{r['total_bytes']:,}",
+                  f"{r['used_bytes']:,}", f"{r['free_bytes']:,}", f"{r['percent']:.1f}", r["level"], r["alert_level"])
     table_console().print(t)

@@ -12,9 +12,20 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..errors import ConfigError
 from ..context import ProcessContext
-from .common import EXIT_CONFIG, EXIT_OK, ConfigOpt, JsonOpt, app, context, fail, log_level, print_json
+from ..errors import ConfigError
+from .common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    ConfigOpt,
+    JsonOpt,
+    app,
+    context,
+    fail,
+    log_level,
+    print_json,
+    require_routes,
+)
 
 
 def _celery_settings(config: Path | None) -> ProcessContext:
@@ -58,6 +69,7 @@ def manager(
     from ..executors.celery_app import Manager
 
     ctx = _celery_settings(config)
+    require_routes(ctx.settings)
     logs.configure(log_level("INFO"))
     mgr = Manager(ctx.settings)
 

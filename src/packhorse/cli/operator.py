@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 
 import structlog
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..audit import cli_actor
@@ -167,7 +166,7 @@ def diagnose(
 
 
 def _print_report(r: dict[str, Any]) -> None:
-    out = Console(highlight=False, soft_wrap=True)
+    out = table_console(highlight=False, soft_wrap=True)
     op = r["operation"]
     out.print(f"[bold]{op['kind']} {op['id']}[/]: {op['status']}{' (stalled)' if op['stalled'] else ''}, "
               f"attempt {op['attempt']}, retries {op['retry_count']}/{op['max_retries']}, stalls {op['stall_count']}")
