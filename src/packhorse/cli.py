@@ -689,13 +689,13 @@ def monitor(
 ) -> None:
     """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
     from .recovery.health import HeartbeatThread
+    from .pipeline import recover
     from .recovery.loop import ServiceLoop
-    from .recovery.monitor import recovery_cycle
 
     ctx = _context(config)
     rec = ctx.settings.recovery
     if once:
-        report = recovery_cycle(ctx.db, ctx.settings)
+        report = recover(ctx)
         data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
                 "breakers_closed": report.breakers_closed}
         if as_json:
@@ -703,7 +703,7 @@ def monitor(
         else:
             print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
         raise typer.Exit(EXIT_OK)
-    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recovery_cycle(ctx.db, ctx.settings),
+    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx),
                        interval_seconds=rec.monitor_interval_seconds,
                        max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                        notification_cooldown_seconds=rec.notification_cooldown_seconds)
