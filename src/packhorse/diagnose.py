@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 import socket
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, or_, select, update
@@ -326,11 +327,25 @@ def diagnose_package(session: Session, name: str, now: dt.datetime | None = None
 # ------------------------------------------------------------------------------ live check
 
 
-def _expected_objects(session: Session, op: Operation) -> dict[str, list[tuple[str, int | None]]]:
-    """``{location name: [(key, expected size)]}`` to stat for the operation."""
+#: What a live check expects of an object: ``present`` (a live copy: the bytes must be there,
+#: a missing one is an alarm), ``folder`` (a staged copy: a folder holding ``bagit.txt``), ``file``
+#: (a registered raw file at a source location) or ``not_required`` (a copy deletion removed on
+#: purpose, the destination of an unfinished operation: looked at and reported, never an alarm).
+EXPECT_PRESENT, EXPECT_FOLDER, EXPECT_FILE, EXPECT_NOT_REQUIRED = "present", "folder", "file", "not_required"
+
+
+def _expected_objects(session: Session, op: Operation) -> dict[str, list[tuple[str, int | None, str, str | None]]]:
+    """``{location name: [(key, expected size, expectation, note)]}`` to look at for the operation.
+
+    What the database says must exist is a *live* physical copy (present or deletion pending:
+    DESIGN.md I3); a copy that a deletion operation removed is reported as removed, not
+    missing; the destination of an unfinished operation may not hold anything yet; a staged
+    copy is a folder; a source location holds raw files, never a package tar.
+    """
     locs = _location_names(session)
-    want: dict[str, list[tuple[str, int | None]]] = {}
-    live = [s.value for s in LIVE_COPY_STATUSES]
+    roles = dict(session.execute(select(DataLocation.name, DataLocation.role)).all())
+    want: dict[str, list[tuple[str, int | None, str, str | None]]] = {}
+    live = {s.value for s in LIVE_COPY_STATUSES}
     for artifact, art_id, _name in _artifacts(session, op):
         if artifact == "raw_data_package":
             pkg = session.get(RawDataPackage, art_id)
@@ -338,33 +353,77 @@ def _expected_objects(session: Session, op: Operation) -> dict[str, list[tuple[s
         else:
             dtp = session.get(DataTransferPackage, art_id)
             key, size, col = bundle_key(dtp.name), dtp.size, PhysicalCopy.data_transfer_package_id  # type: ignore[union-attr]
-        for c in session.scalars(select(PhysicalCopy).where(col == art_id, PhysicalCopy.status.in_(live))):
-            want.setdefault(locs[c.location_id], []).append((c.path, c.size))
-        for loc_id in (op.source_location_id, op.destination_location_id):
-            if loc_id is not None and locs.get(loc_id) not in want:
-                want.setdefault(locs[loc_id], []).append((key, size))
+        newest: dict[int, PhysicalCopy] = {}
+        for c in session.scalars(select(PhysicalCopy).where(col == art_id).order_by(PhysicalCopy.id)):
+            best = newest.get(c.location_id)
+            if best is None or c.status in live or best.status not in live:
+                newest[c.location_id] = c
+        for loc_id, c in newest.items():
+            loc = locs[loc_id]
+            if c.status in live:
+                expect = EXPECT_FOLDER if roles.get(loc) == LocationRole.PROCESSING.value else EXPECT_PRESENT
+                want.setdefault(loc, []).append((c.path, c.size, expect, None))
+            elif c.status == CopyStatus.DELETED.value:
+                note = f"removed on purpose at {_iso(c.deleted_at)}" if c.deleted_at else "removed on purpose"
+                want.setdefault(loc, []).append((c.path, None, EXPECT_NOT_REQUIRED, note))
+            else:
+                want.setdefault(loc, []).append((c.path, c.size, EXPECT_NOT_REQUIRED, f"already marked {c.status}"))
+        if op.status != Status.COMPLETED.value and op.destination_location_id is not None:
+            dest = locs.get(op.destination_location_id)
+            if dest is not None and op.destination_location_id not in newest and roles.get(dest) != LocationRole.SOURCE.value:
+                dkey = _name if roles.get(dest) == LocationRole.PROCESSING.value and artifact == "raw_data_package" else key
+                want.setdefault(dest, []).append((dkey, size, EXPECT_NOT_REQUIRED, "not written yet"))
     if op.kind == OperationKind.RAW_DATA_PACKAGE.value and op.raw_data_package_id and op.source_location_id:
         files = session.execute(select(RawDataFile.relative_path, RawDataFile.size).where(
             RawDataFile.raw_data_package_id == op.raw_data_package_id, RawDataFile.source_deleted_at.is_(None))
             .order_by(RawDataFile.relative_path).limit(LIVE_CHECK_MAX_FILES)).all()
-        want.setdefault(locs[op.source_location_id], []).extend((p, s) for p, s in files)
+        want.setdefault(locs[op.source_location_id], []).extend((p, s, EXPECT_FILE, None) for p, s in files)
     return want
 
 
+def _look(backend: Any, root: Path, key: str, size: int | None, expect: str, note: str | None) -> dict[str, Any]:
+    """Look at one object now; ``ok`` is false only when the database requires it and it is
+    absent or of another size (or, for a staged copy, not a bag folder)."""
+    out: dict[str, Any] = {"path": key, "expected_size": size, "expect": expect, "note": note}
+    if expect == EXPECT_FOLDER:
+        folder = (root / key)
+        inside = folder.resolve().is_relative_to(root.resolve())
+        exists = inside and folder.is_dir()
+        out.update(exists=exists, size=None, ok=exists and (folder / "bagit.txt").is_file())
+        return out
+    if expect == EXPECT_NOT_REQUIRED:
+        try:
+            info = backend.stat(key)
+        except Exception:  # a folder where a file was: not required either way
+            info = None
+        out.update(exists=info is not None, size=info.size if info else None, ok=True)
+        return out
+    info = backend.stat(key)
+    out.update(exists=info is not None, size=info.size if info else None,
+               ok=info is not None and (size is None or info.size == size))
+    return out
+
+
 def live_check(ctx: ProcessContext, kind: OperationKind, operation_id: int) -> dict[str, Any]:
-    """Stat, now, every object the database expects for the operation at every disk location.
+    """Look, now, at every object the database has for the operation at every disk location.
+
+    A live copy must be there with its recorded size; a staged copy must be a bag folder; a
+    registered raw file at its source; a copy removed by a deletion operation, or the
+    destination of an unfinished operation, is looked at and reported but never counts as a
+    fault (no false alarm for a healthy package).
 
     Returns:
         ``{"checked": [{"location", "storage", "ok", "error", "objects": [{"path",
-        "expected_size", "exists", "size", "ok"}]}], "skipped": [{"location", "storage",
-        "reason"}], "host", "checked_at": ISO}``. A location whose root cannot be read is listed with
-        its ``error`` and ``ok = false``; ``host`` is where the check ran (the API's host: a
+        "expected_size", "expect" (present | folder | file | not_required), "note", "exists",
+        "size", "ok"}]}], "skipped": [{"location", "storage", "reason"}], "host",
+        "checked_at": ISO}``. A location whose root cannot be read is listed with its
+        ``error`` and ``ok = false``; ``host`` is where the check ran (the API's host: a
         location not mounted there is reported unreachable, not missing).
 
     Raises:
         UnknownOperationError: no such operation.
     """
-    def load(s: Session) -> dict[str, list[tuple[str, int | None]]]:
+    def load(s: Session) -> dict[str, list[tuple[str, int | None, str, str | None]]]:
         return _expected_objects(s, _get_operation(s, kind, operation_id))
 
     want = ctx.db.read(load)
@@ -383,17 +442,17 @@ def live_check(ctx: ProcessContext, kind: OperationKind, operation_id: int) -> d
         entry: dict[str, Any] = {"location": loc, "storage": cfg.storage.value, "ok": True, "error": None, "objects": []}
         root = ctx.settings.location_path(loc)
         if not root.is_dir():  # not mounted here: "missing" would be a false alarm
-            entry["ok"], entry["error"] = False, f"the location's root {root} is not reachable from {socket.gethostname()}"
+            required = any(e != EXPECT_NOT_REQUIRED for _k, _s, e, _n in objects)
+            entry["ok"] = not required
+            entry["error"] = f"the location's root {root} is not reachable from {socket.gethostname()}"
             checked.append(entry)
             continue
         try:
             backend = ctx.backend(loc)
-            for key, size in objects:
-                info = backend.stat(key)
-                ok = info is not None and (size is None or info.size == size)
-                entry["objects"].append({"path": key, "expected_size": size, "exists": info is not None,
-                                         "size": info.size if info else None, "ok": ok})
-                entry["ok"] = entry["ok"] and ok
+            for key, size, expect, note in objects:
+                found = _look(backend, root, key, size, expect, note)
+                entry["objects"].append(found)
+                entry["ok"] = entry["ok"] and found["ok"]
         except Exception as e:  # unreachable mount, unsafe key: report it for this location
             entry["ok"], entry["error"] = False, f"{type(e).__name__}: {e}"
         checked.append(entry)

@@ -1,8 +1,10 @@
 """Disk monitoring: measure every active disk location, record it, notify threshold crossings.
 
 Every ``[disk_usage] interval_seconds`` (60 s, seed 002) :func:`measure_all` records one
-:class:`~packhorse.db.models.DiskUsageSample` per active disk location: total, used and free
-bytes and ``percent = used / total × 100``. Crossing warning (70 %), critical (85 %) or
+:class:`~packhorse.db.models.DiskUsageSample` per active disk location, stamped with the UTC
+time it was measured: total, used and free bytes and ``percent`` as ``df`` computes it,
+``used / (used + available) × 100`` — blocks reserved for root count as unavailable, so a
+file system whose writes already fail for packhorse does not read as 5 % free. Crossing warning (70 %), critical (85 %) or
 emergency (95 %) upwards queues one notification per crossing, in the same transaction as the
 sample; the alert state then stays until usage falls below recovery (60 %), which queues a
 "recovered" notification (so usage hovering around a threshold does not notify again and
@@ -10,7 +12,8 @@ again). The deletion manager reads the latest sample (:func:`latest_usage`) to c
 order and retention (:mod:`packhorse.managers.deletions`).
 
 Where the numbers come from is a :data:`UsageProvider`: by default the file system
-(``shutil.disk_usage`` of the location's folder, or its nearest existing parent). Tests set
+(``os.statvfs`` of the location's root folder; a missing root is not measured — the folder it
+would be in may be another file system, e.g. an unmounted disk's mount point's parent). Tests set
 another one with :func:`set_usage_provider`, or — for a ``packhorse`` subprocess — point the
 environment variable ``PACKHORSE_TEST_DISK_USAGE`` at a JSON file
 ``{"<location>": {"total": bytes, "used": bytes}}`` (read at every measurement; never set it in
@@ -22,7 +25,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +48,12 @@ TEST_ENV = "PACKHORSE_TEST_DISK_USAGE"
 
 @dataclass(frozen=True)
 class Usage:
-    """One measurement of a file system, in bytes."""
+    """One measurement of a file system, in bytes.
+
+    ``total`` is the size of the file system, ``used`` the bytes in use, ``free`` the bytes
+    still *available* to packhorse (not counting blocks reserved for root). With reserved
+    blocks ``used + free < total``.
+    """
 
     total: int
     used: int
@@ -54,8 +61,9 @@ class Usage:
 
     @property
     def percent(self) -> float:
-        """``used / total × 100`` (0 for an empty total)."""
-        return 100.0 * self.used / self.total if self.total else 0.0
+        """``used / (used + free) × 100``, as ``df`` reports "Use%" (0 for an empty file system)."""
+        room = self.used + self.free
+        return 100.0 * self.used / room if room > 0 else 0.0
 
 
 #: ``(location name, root folder) -> Usage``; raises ``OSError`` if it cannot measure.
@@ -63,12 +71,19 @@ UsageProvider = Callable[[str, Path], Usage]
 
 
 def filesystem_usage(location: str, root: Path) -> Usage:
-    """The usage of the file system holding ``root`` (or its nearest existing parent)."""
-    p = root
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    du = shutil.disk_usage(p)
-    return Usage(total=du.total, used=du.used, free=du.free)
+    """The usage of the file system holding folder ``root``, from ``os.statvfs`` as ``df``
+    reads it: total = ``f_blocks``, used = ``f_blocks − f_bfree``, free = ``f_bavail`` (all
+    × ``f_frsize``, bytes).
+
+    Raises:
+        FileNotFoundError: ``root`` does not exist (nothing is measured in its place).
+        OSError: the file system cannot be asked (permissions, a dead mount).
+    """
+    if not root.is_dir():
+        raise FileNotFoundError(f"{location}: root folder {root} does not exist; not measured")
+    st = os.statvfs(root)
+    return Usage(total=st.f_blocks * st.f_frsize, used=(st.f_blocks - st.f_bfree) * st.f_frsize,
+                 free=st.f_bavail * st.f_frsize)
 
 
 def _file_provider(path: str) -> UsageProvider:
@@ -154,7 +169,8 @@ def record_sample(db: Database, settings: Settings, location_id: int, name: str,
         s.add(sample)
         if event is not None:
             messages.disk_level(s, location=name, event=event, percent=usage.percent, used_bytes=usage.used,
-                                total_bytes=usage.total, free_bytes=usage.free, threshold_percent=_threshold(event, cfg))
+                                total_bytes=usage.total, free_bytes=usage.free, threshold_percent=_threshold(event, cfg),
+                                measured_at=t)
             log.warning("disk_usage_" + event, location=name, percent=round(usage.percent, 1))
         s.execute(delete(DiskUsageSample).where(DiskUsageSample.location_id == location_id,
                                                 DiskUsageSample.measured_at < t - dt.timedelta(days=cfg.keep_days)))
@@ -179,6 +195,9 @@ def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
     for name in monitored_locations(settings):
         try:
             usage = provider(name, settings.location_path(name))
+        except FileNotFoundError as e:  # nothing written there yet (roots are made on first write)
+            log.info("disk_usage_root_missing", location=name, error=str(e))
+            continue
         except (OSError, ValueError, KeyError) as e:
             log.error("disk_usage_unmeasurable", location=name, error=str(e))
             continue
@@ -187,12 +206,14 @@ def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
     return out
 
 
-def sample_dict(location: str, s: DiskUsageSample) -> dict[str, Any]:
-    """A sample as plain data: location, measured_at (ISO 8601 UTC), total/used/free bytes,
-    percent, level, alert_level."""
-    return {"location": location, "measured_at": s.measured_at.isoformat(), "total_bytes": s.total_bytes,
-            "used_bytes": s.used_bytes, "free_bytes": s.free_bytes, "percent": round(s.percent, 3),
-            "level": s.level, "alert_level": s.alert_level}
+def sample_dict(location: str, s: DiskUsageSample, now: dt.datetime | None = None) -> dict[str, Any]:
+    """A sample as plain data: location, measured_at (ISO 8601 UTC), age_seconds (how long
+    before ``now`` it was measured), total/used/free bytes, percent, level, alert_level."""
+    measured = s.measured_at if s.measured_at.tzinfo else s.measured_at.replace(tzinfo=dt.timezone.utc)
+    age = ((now or utcnow()) - measured).total_seconds()
+    return {"location": location, "measured_at": measured.isoformat(), "age_seconds": round(max(age, 0.0), 1),
+            "total_bytes": s.total_bytes, "used_bytes": s.used_bytes, "free_bytes": s.free_bytes,
+            "percent": round(s.percent, 3), "level": s.level, "alert_level": s.alert_level}
 
 
 def latest_usage(session: Session, *, max_age_seconds: float | None = None) -> dict[str, DiskUsageSample]:

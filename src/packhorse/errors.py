@@ -22,6 +22,8 @@
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
             ├── StorageServiceError        an object store answered with an error or was unreachable
+            ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
+            │                              the partial file is already removed
             └── RestoreRequiredError       a cold-storage object must be restored before reading
 
 Each :class:`OperationError` carries the where/why fields of the error context
@@ -144,6 +146,15 @@ class StorageServiceError(RetryableError):
 
     The message names the location, bucket and key and the service's error code; credentials
     never appear in it.
+    """
+
+
+class DestinationWriteError(RetryableError):
+    """Writing an object's bytes to a disk location failed (``ENOSPC``, ``EDQUOT``, ``EIO``).
+
+    Raised by :mod:`packhorse.storage.disk` after it removed the partial file (a full disk is
+    not left full of a half-written object); the message names the location and the key.
+    Retried: space may be freed by the deletions under disk pressure.
     """
 
 

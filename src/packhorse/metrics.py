@@ -18,7 +18,7 @@ Metrics (label values are the names used everywhere: operation kinds, statuses, 
 ``packhorse_physical_copy_bytes``               gauge      bytes of present copies by ``location``
 ``packhorse_notifications``                     gauge      notification outbox rows by ``status``
 ``packhorse_disk_usage_bytes``                  gauge      latest disk usage by ``location``, ``kind`` (total/used/free)
-``packhorse_disk_usage_ratio``                  gauge      latest used / total by ``location`` (0-1)
+``packhorse_disk_usage_ratio``                  gauge      latest used / (used + available) by ``location`` (0-1, df)
 ``packhorse_database_up``                       gauge      1 when the scrape could read the database
 ==============================================  =========  =====================================
 """
@@ -172,7 +172,7 @@ class DatabaseCollector(Collector):
         yield bo
         du = GaugeMetricFamily("packhorse_disk_usage_bytes", "Latest disk usage sample of a data location (bytes)",
                                labels=["location", "kind"])
-        dr = GaugeMetricFamily("packhorse_disk_usage_ratio", "Latest used / total of a data location (0-1)",
+        dr = GaugeMetricFamily("packhorse_disk_usage_ratio", "Latest used / (used + available) of a data location (0-1, as df)",
                                labels=["location"])
         for loc, (total, used, free, percent) in sorted(v["disk"].items()):
             du.add_metric([loc, "total"], total)

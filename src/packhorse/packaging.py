@@ -17,8 +17,9 @@ The manifest is written *before* the payload from the sha256 recorded at the sou
 payload file is hashed while it is streamed into the tar and a mismatch aborts the build with
 :class:`~packhorse.errors.SourceChangedError` (I4).
 
-Reading (:func:`read_bag_tar`) streams a bag tar once, verifying every payload file against
-the manifest and the Payload-Oxum, refusing unsafe members (I6). :func:`safe_extract`
+Reading (:func:`read_bag_tar`, :func:`read_bag_bytes`) streams a bag tar once through the RFC 8493
+validator of :mod:`packhorse.bagvalidation` (any manifest algorithm, any member order), refusing
+unsafe members (I6), and returns every payload file's sha256. :func:`safe_extract`
 extracts a tar into a folder with the standard library's ``data`` filter (no absolute names,
 no ``..``, no links leaving the target, no device files).
 """
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from .digest import sha256_stream
+from .bagvalidation import UNSAFE_CODES, BagReport, validate_tar
+from .bagvalidation import decode_manifest_path as _decode
 from .errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
 
 BAGIT_VERSION = "1.0"
@@ -68,7 +70,6 @@ class PayloadFile:
 
 
 _ESCAPE = re.compile(r"%(0A|0D|25)", re.IGNORECASE)
-_UNESCAPE = {"0a": "\n", "0d": "\r", "25": "%"}
 
 
 def encode_manifest_path(path: str) -> str:
@@ -87,7 +88,7 @@ def encode_manifest_path(path: str) -> str:
 
 def decode_manifest_path(path: str) -> str:
     """Inverse of :func:`encode_manifest_path` (one pass: ``%0A``, ``%0D``, ``%25``)."""
-    return _ESCAPE.sub(lambda m: _UNESCAPE[m.group(1).lower()], path)
+    return _decode(path)
 
 
 def _sort_key(path: str) -> bytes:
@@ -256,47 +257,12 @@ def check_member(member: tarfile.TarInfo) -> None:
 
 @dataclass
 class BagContents:
-    """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` and payload ``files``
-    (path under ``data/`` → sha256)."""
+    """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` (label → first value) and
+    payload ``files`` (path under ``data/`` → sha256)."""
 
     bag_dir: str
     bag_info: dict[str, str]
     files: dict[str, str]
-
-
-def _tag_lines(data: bytes) -> list[str]:
-    """Lines of a tag file: ends are LF, CR or CRLF only (BagIt 1.0 §2.1.3); not
-    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur
-    in payload file names."""
-    return re.split(r"\r\n|\r|\n", data.decode("utf-8"))
-
-
-def _parse_manifest(data: bytes, source: str, *, strip: str = "") -> dict[str, str]:
-    """Parse ``<sha256>  <path>`` lines into ``{path: sha256}``, removing prefix ``strip``."""
-    out: dict[str, str] = {}
-    for line in _tag_lines(data):
-        if not line.strip():
-            continue
-        digest, _, path = line.partition(" ")
-        path = path.lstrip(" ")
-        if not path or len(digest) != 64:
-            raise VerificationError(f"{source}: malformed manifest line {line!r}", step="unpack")
-        path = decode_manifest_path(path)
-        if strip:
-            if not path.startswith(strip):
-                raise VerificationError(f"{source}: manifest path {path!r} is not under {strip!r}", step="unpack")
-            path = path[len(strip):]
-        out[path] = digest.lower()
-    return out
-
-
-def _parse_bag_info(data: bytes) -> dict[str, str]:
-    info: dict[str, str] = {}
-    for line in _tag_lines(data):
-        if ":" in line and not line[:1].isspace():
-            k, _, v = line.partition(":")
-            info[k.strip()] = v.strip()
-    return info
 
 
 #: Stream buffer for reading non-seekable tars. tarfile's stream mode copies its whole
@@ -315,13 +281,44 @@ def _open_for_reading(fileobj: BinaryIO) -> tarfile.TarFile:
     return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE)  # type: ignore[call-overload]
 
 
+def raise_for_problems(report: BagReport, *, step: str, side: str | None = None) -> None:
+    """Raise for a bag report with problems: :class:`UnsafePathError` when one of them is an
+    unsafe entry (I6), else :class:`VerificationError`; the message is the first such problem's,
+    followed by how many more there are and their codes. ``path`` is that problem's path
+    relative to the bag root. Returns when the report is valid."""
+    if report.valid:
+        return
+    unsafe = [p for p in report.problems if p.code in UNSAFE_CODES]
+    lead = (unsafe or report.problems)[0]
+    rest = [p for p in report.problems if p is not lead]
+    message = lead.message
+    if rest:
+        codes = sorted({p.code for p in rest})
+        message += f" (and {len(rest)} more problem(s): {', '.join(codes)})"
+    extra = {"side": side} if side else {}
+    if unsafe:
+        raise UnsafePathError(message, path=lead.path, step=step, **extra)
+    raise VerificationError(message, path=lead.path or None, step=step, **extra)
+
+
+def _contents(report: BagReport, bag_dir: str) -> BagContents:
+    return BagContents(
+        bag_dir=bag_dir,
+        bag_info={k: v[0] for k, v in report.bag_info.items()},
+        files={p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()},
+    )
+
+
 def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str) -> BagContents:
     """:func:`read_bag_tar` of a bag tar held in memory (a raw data package taken out of a
     bundle): each payload file is hashed straight from ``data``, without a file object and a
-    copy per member, which is most of the cost for bags of many small files (issue #2
-    benchmark (b)). Same checks, same errors."""
+    copy per member, which is most of the cost for bags of many small files. Same checks,
+    same errors."""
     view = memoryview(data)
-    return read_bag_tar(io.BytesIO(view), source=source, _payload_bytes=view)
+    report, bag_dir = validate_tar(io.BytesIO(view), bag=source, required_algorithms=("sha256",),
+                                   payload_bytes=view)
+    raise_for_problems(report, step="unpack")
+    return _contents(report, bag_dir)
 
 
 def read_bag_tar(
@@ -329,108 +326,32 @@ def read_bag_tar(
     *,
     source: str,
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
-    _payload_bytes: memoryview | None = None,
 ) -> BagContents:
-    """Stream through a bag tar once, verifying it; optionally hand each payload file on.
+    """Stream through a bag tar once, validating it (RFC 8493, :mod:`packhorse.bagvalidation`);
+    optionally hand each payload file on.
 
     Args:
         fileobj: the tar, read sequentially.
         source: a name for messages (e.g. ``"cologne-buffer:bundles/x.tar"``).
-        on_payload: called as ``on_payload(path, size, stream)`` for every payload file; it
-            must read the whole stream and return the sha256 (hex) of what it read, which is
-            then checked against the manifest (so the caller's own hash is not done twice).
-            Without it, the payload is read and hashed here.
+        on_payload: called as ``on_payload(path, size, stream)`` for every payload file listed
+            in the manifests (or met before them); it must read the whole stream and return the
+            sha256 (hex) of what it read, which is then checked against the manifest (so the
+            caller's own hash is not done twice). Without it, the payload is hashed here.
 
     Returns:
-        the bag's info and its manifest.
+        the bag's info and the sha256 of every payload file (hashed whatever the manifests'
+        algorithms).
 
     Raises:
         UnsafePathError: a member is unsafe (see :func:`check_member`) or outside the bag.
-        VerificationError: missing tag files, a payload file not in the manifest or with a
-            different sha256, manifest entries without a file, a wrong Payload-Oxum or a
-            wrong tag manifest.
+        VerificationError: any other problem of :data:`~packhorse.bagvalidation.PROBLEM_CODES`
+            (missing tag files, a payload file not in a manifest or with another checksum,
+            manifest entries without a file, a wrong Payload-Oxum or tag manifest...); the
+            message names the first and counts the others.
     """
-    tags: dict[str, bytes] = {}
-    manifest: dict[str, str] | None = None
-    seen: dict[str, str] = {}
-    total = 0
-    bag_dir: str | None = None
-    try:
-        tar = _open_for_reading(fileobj)
-    except tarfile.TarError as e:
-        raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
-    with tar:
-        try:
-            for member in tar:
-                check_member(member)
-                top, _, rest = member.name.partition("/")
-                if bag_dir is None:
-                    bag_dir = top
-                if top != bag_dir:
-                    raise UnsafePathError(f"{source}: member {member.name!r} is outside the bag folder {bag_dir!r}",
-                                          path=member.name, step="unpack")
-                if member.isdir():
-                    continue
-                if not rest.startswith("data/"):
-                    if rest in tags:
-                        raise VerificationError(f"{source}: tag file {rest!r} appears twice", step="unpack")
-                    f = tar.extractfile(member)
-                    assert f is not None
-                    tags[rest] = f.read()
-                    continue
-                path = rest[len("data/"):]
-                if manifest is None:
-                    if "manifest-sha256.txt" not in tags:
-                        raise VerificationError(f"{source}: payload before manifest-sha256.txt", step="unpack")
-                    manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-                if path not in manifest:
-                    raise VerificationError(f"{source}: payload file {path!r} is not in the manifest",
-                                            path=path, step="unpack")
-                if path in seen:
-                    raise VerificationError(f"{source}: payload file {path!r} appears twice", path=path, step="unpack")
-                if _payload_bytes is not None and member.sparse is None:
-                    end = member.offset_data + member.size
-                    if end > len(_payload_bytes):
-                        raise VerificationError(f"{source}: damaged tar: {path!r} ends after the archive",
-                                                path=path, step="unpack")
-                    digest = hashlib.sha256(_payload_bytes[member.offset_data:end]).hexdigest()
-                else:
-                    raw = tar.extractfile(member)
-                    assert raw is not None
-                    if on_payload is not None:
-                        digest = on_payload(path, member.size, raw)  # type: ignore[arg-type]
-                        if raw.read(1):
-                            raise VerificationError(f"{source}: payload file {path!r} was not read to its end",
-                                                    path=path, step="unpack")
-                    else:
-                        digest = sha256_stream(raw)  # type: ignore[arg-type]
-                if digest != manifest[path]:
-                    raise VerificationError(
-                        f"{source}: payload file {path!r} has sha256 {digest}, manifest says {manifest[path]}",
-                        path=path, step="unpack",
-                    )
-                seen[path] = digest
-                total += member.size
-        except tarfile.TarError as e:
-            raise VerificationError(f"{source}: damaged tar: {e}", step="unpack") from None
-    for name in ("bagit.txt", "bag-info.txt", "manifest-sha256.txt", "tagmanifest-sha256.txt"):
-        if name not in tags:
-            raise VerificationError(f"{source}: the bag has no {name}", step="unpack")
-    if manifest is None:
-        manifest = _parse_manifest(tags["manifest-sha256.txt"], source, strip="data/")
-    missing = sorted(set(manifest) - set(seen))
-    if missing:
-        raise VerificationError(f"{source}: {len(missing)} manifest entries have no payload file, e.g. {missing[0]!r}",
-                                step="unpack")
-    tagmanifest = _parse_manifest(tags["tagmanifest-sha256.txt"], source)
-    for name, digest in tagmanifest.items():
-        if name not in tags or hashlib.sha256(tags[name]).hexdigest() != digest:
-            raise VerificationError(f"{source}: tag file {name!r} does not match tagmanifest-sha256.txt", step="unpack")
-    info = _parse_bag_info(tags["bag-info.txt"])
-    oxum = info.get("Payload-Oxum")
-    if oxum != f"{total}.{len(seen)}":
-        raise VerificationError(f"{source}: Payload-Oxum {oxum!r} but payload is {total}.{len(seen)}", step="unpack")
-    return BagContents(bag_dir=bag_dir or "", bag_info=info, files=seen)
+    report, bag_dir = validate_tar(fileobj, bag=source, required_algorithms=("sha256",), on_payload=on_payload)
+    raise_for_problems(report, step="unpack")
+    return _contents(report, bag_dir)
 
 
 class TeeReader:

@@ -30,8 +30,48 @@ def test_critical_buffer_is_freed_before_retention_and_normal_buffers_wait(tmp_p
     assert copies["cologne-buffer"]["count"] >= 2 and copies["cornell-buffer"]["count"] >= 2  # normal: kept
     assert copies["cologne-lta"]["count"] == 2 and copies["cornell-lta"]["count"] == 2
     assert not list((site / "sites" / "fyst" / "buffer").rglob("*.tar"))
-    rows = {u["location"]: u for u in json.loads(run_packhorse("usage", "--json", "-c", str(cfg), env=env).stdout)}
+    # a root is made by its first write: the run's first sample could not see cologne-buffer yet
+    rows = {u["location"]: u for u in json.loads(run_packhorse("usage", "--measure", "--json", "-c", str(cfg),
+                                                                env=env).stdout)}
     assert rows["fyst-buffer"]["level"] == "critical" and rows["cologne-buffer"]["level"] == "normal"
     notes = json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)
     assert [n["subject"] for n in notes if n["event"].startswith("disk_")] == [
         "Disk usage critical: fyst-buffer at 90.0%"]
+
+
+def test_a_critical_episode_stops_deleting_once_df_is_back_under_the_recovery_threshold(tmp_path: Path) -> None:
+    """Real bytes on a 64 MiB tmpfs: the buffer holds 12 archived packages (2 MiB each) and their
+    24 MiB bundle, then ballast pushes it to ~89 %. The oldest copy (the bundle) is enough to get
+    under 60 %; the episode must stop there, although the disk monitor's only sample (every
+    60 s) still says 89 % after that deletion finished."""
+    import os
+
+    from tmpfs_support import df_percent, mount_tmpfs
+
+    site = tmp_path / "site"
+    cfg = write_site_config(site)
+    cfg.write_text(cfg.read_text().replace("retention_seconds = 0", "retention_seconds = 604800"))
+    for i in range(12):
+        (site / "source" / "cam" / f"obs{i:02d}").mkdir(parents=True)
+        (site / "source" / "cam" / f"obs{i:02d}" / "a.dat").write_bytes(os.urandom(2 << 20))
+    with mount_tmpfs(site / "sites" / "fyst" / "buffer", 64) as buf:
+        assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+        r = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet")
+        assert r.returncode == 0, r.stderr
+        assert len(list((buf / "raw").rglob("*.tar"))) == 12 and len(list((buf / "bundles").glob("*.tar"))) == 1
+        (buf / "ballast").write_bytes(os.urandom(8 << 20))  # not packhorse's: never deleted
+        before = df_percent(buf)
+        assert before > 85, before
+        measured = json.loads(run_packhorse("usage", "--measure", "--json", "-c", str(cfg)).stdout)
+        row = {u["location"]: u for u in measured}["fyst-buffer"]
+        assert abs(row["percent"] - before) < 0.5 and row["level"] == "critical" and row["age_seconds"] < 60
+        r = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet")
+        assert r.returncode == 0, r.stderr
+        after = df_percent(buf)
+        assert 45 < after < 60, after  # under the recovery threshold, and not far under it
+        assert len(list((buf / "raw").rglob("*.tar"))) == 12  # the bundle was enough
+        assert not list((buf / "bundles").glob("*.tar"))
+        latest = {u["location"]: u for u in json.loads(run_packhorse("usage", "--json", "-c", str(cfg)).stdout)}
+        assert abs(latest["fyst-buffer"]["percent"] - after) < 0.5  # measured again as it went
+        notes = [n["event"] for n in json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)]
+        assert "disk_critical" in notes and "disk_recovered" in notes

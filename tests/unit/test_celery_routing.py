@@ -63,18 +63,6 @@ def test_make_app_needs_celery_and_a_broker(tmp_path: Path) -> None:
         make_app(load_config(cfg))
 
 
-def test_worker_and_manager_refuse_a_wrong_setup_with_exit_2(tmp_path: Path) -> None:
-    from support import run_packhorse
-
-    cfg = write_site_config(tmp_path)
-    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
-    r = run_packhorse("manager", "-c", str(cfg))  # executor.kind = "local"
-    assert r.returncode == 2 and 'executor.kind = "celery"' in r.stderr, r.stderr
-    env = {"PACKHORSE_EXECUTOR__KIND": "celery", "PACKHORSE_EXECUTOR__BROKER_URL": "memory://"}
-    r = run_packhorse("worker", "--site", "koeln", "-c", str(cfg), env=env)
-    assert r.returncode == 2 and "--site: unknown site 'koeln'" in r.stderr, r.stderr
-    r = run_packhorse("worker", "--site", "cologne", "--kinds", "archive", "-c", str(cfg), env=env)
-    assert r.returncode == 2 and "--kinds: unknown kind 'archive'" in r.stderr, r.stderr
 
 
 def test_workers_read_the_topology_that_init_wrote(settings, empty_db) -> None:

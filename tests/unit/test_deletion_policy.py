@@ -396,3 +396,45 @@ def test_a_batch_reads_its_packages_once_whatever_its_size(make_site) -> None:
         reads[n, "deletions"] = _package_reads(site, lambda: execute_deletions(site.ctx, ops, "w"))
     assert reads[6, "manager"] == reads[1, "manager"], reads
     assert reads[6, "deletions"] == reads[1, "deletions"], reads
+
+
+def test_critical_counts_copies_deleted_since_the_sample_when_it_cannot_measure_again(make_site) -> None:
+    """The sample was taken before the first deletions finished: those bytes are already gone,
+    so the episode stops at the recovery threshold instead of going on from the old figure."""
+    site = make_site()
+    copies = [site.package(f"p{i}", archived_days_ago=1)[1] for i in range(9)]
+    site.pressure("fyst-buffer", 90)  # 9000 of 10000
+    first = site.deletion_order()
+    assert first == copies[:4]  # 9000 - 4 x 1000 = 5000 < 6000
+    for op_id in site.db.read(lambda s: list(s.scalars(select(Operation.id).where(
+            Operation.kind == OperationKind.DELETION.value)))):
+        assert execute_operation(site.ctx, op_id, "w") is Outcome.COMPLETED
+
+    def unmeasurable(name: str, root: Path) -> Usage:
+        raise OSError("the manager cannot see this disk")
+
+    set_usage_provider(unmeasurable)
+    assert site.deletion_order() == first  # nothing more: 9000 - 4000 deleted since the sample
+
+
+def test_critical_measures_again_after_deleting_and_stops_below_recovery(make_site) -> None:
+    site = make_site()
+    for i in range(9):
+        site.package(f"p{i}", archived_days_ago=1)
+    root = site.settings.location_path("fyst-buffer")
+
+    def on_disk(name: str, r: Path) -> Usage:
+        used = sum(p.stat().st_size for p in root.rglob("*.tar")) if name == "fyst-buffer" else 0
+        return Usage(TOTAL, used, TOTAL - used)
+
+    set_usage_provider(on_disk)
+    measure_all(site.db, site.settings, site.ids)
+    first = site.deletion_order()
+    assert len(first) == 4
+    for op_id in site.db.read(lambda s: list(s.scalars(select(Operation.id)))):
+        execute_operation(site.ctx, op_id, "w")
+    assert site.deletion_order() == first
+    from packhorse.diskusage import latest_usage
+
+    latest = site.db.read(lambda s: latest_usage(s)["fyst-buffer"])
+    assert (latest.used_bytes, latest.alert_level) == (5000, "normal")  # measured again, recovered

@@ -106,13 +106,93 @@ def test_the_live_check_skips_object_storage_and_finds_missing_files(tmp_path: P
     res = live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])
     assert res["skipped"] == [{"location": "cologne-s3", "storage": "s3", "reason": "object storage is not filesystem-checkable"}]
     checked = {c["location"]: c for c in res["checked"]}
+    # the archive operation has not written its copy yet: looked at, not an alarm
     assert checked["cologne-lta"]["objects"] == [{"path": "raw/cam/obs1.tar", "expected_size": 20, "exists": False,
-                                                  "size": None, "ok": False}]
+                                                  "size": None, "ok": True, "expect": "not_required",
+                                                  "note": "not written yet"}]
+    # the bundle's buffer copy that a deletion removed on purpose is no alarm either
+    ctx.settings.location_path("fyst-buffer").mkdir(parents=True)
+    transfer = {c["location"]: c for c in live_check(ctx, OperationKind.TRANSFER, ids["transfer"])["checked"]}
+    assert transfer["fyst-buffer"]["objects"][0]["note"].startswith("removed on purpose at")
+    assert transfer["fyst-buffer"]["ok"] is True
+    # a recorded present copy that is gone is one
+    empty_db.transact(lambda s: s.add(PhysicalCopy(raw_data_package_id=s.get(Operation, ids["archive"]).raw_data_package_id,
+                                                   location_id=ctx.topology.location_ids["cologne-lta"],
+                                                   path="raw/cam/obs1.tar", size=20, sha256="b" * 64, status="present")))
+    gone = {c["location"]: c for c in live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]}
+    assert gone["cologne-lta"]["ok"] is False and gone["cologne-lta"]["objects"][0]["expect"] == "present"
     target = ctx.settings.location_path("cologne-lta") / "raw" / "cam" / "obs1.tar"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(b"x" * 20)
     again = {c["location"]: c for c in live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]}
     assert again["cologne-lta"]["ok"] is True
+    target.write_bytes(b"x" * 19)
+    short = {c["location"]: c for c in live_check(ctx, OperationKind.LONG_TERM_ARCHIVE, ids["archive"])["checked"]}
+    assert short["cologne-lta"]["ok"] is False and short["cologne-lta"]["objects"][0]["size"] == 19
+
+
+PROCESSING = '[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\npath = "sites/cologne/processing"\n'
+
+
+def test_the_live_check_of_a_healthy_package_raises_no_alarm(tmp_path: Path, empty_db) -> None:
+    """A package packaged from its source, whose buffer copy a deletion removed on purpose, that
+    is archived and staged into a processing folder: every operation on it checks ok, and a
+    real fault (the archive copy gone) is still found."""
+    from packhorse.db.models import RawDataFile
+
+    settings = load_config(write_site_config(tmp_path / "site", extra=PROCESSING))
+    ctx = ProcessContext(settings=settings, db=empty_db, topology=sync_topology(empty_db, settings))
+    loc = ctx.topology.location_ids
+    src = settings.location_path("fyst-source") / "cam" / "obs1"
+    src.mkdir(parents=True)
+    (src / "a.dat").write_bytes(b"alpha")
+    archived = settings.location_path("cologne-lta") / "raw" / "cam" / "obs1.tar"
+    archived.parent.mkdir(parents=True)
+    archived.write_bytes(b"t" * 20)
+    staged = settings.location_path("cologne-processing") / "cam" / "obs1"
+    staged.mkdir(parents=True)
+    (staged / "bagit.txt").write_text("BagIt-Version: 1.0\n")
+    settings.location_path("fyst-buffer").mkdir(parents=True)
+    t0 = utcnow() - dt.timedelta(hours=1)
+
+    def tx(s) -> dict[str, int]:
+        pkg = RawDataPackage(name="cam/obs1", group_path="cam/obs1", source_location_id=loc["fyst-source"],
+                             bagging_date="2026-11-30", file_count=1, payload_bytes=5, size=20, sha256="b" * 64)
+        s.add(pkg)
+        s.flush()
+        s.add(RawDataFile(location_id=loc["fyst-source"], relative_path="cam/obs1/a.dat", group_path="cam/obs1", size=5,
+                          sha256="c" * 64, mtime_ns=0, raw_data_package_id=pkg.id))
+        buf = PhysicalCopy(raw_data_package_id=pkg.id, location_id=loc["fyst-buffer"], path="raw/cam/obs1.tar", size=20,
+                           sha256="b" * 64, status="deleted", deleted_at=t0)
+        lta = PhysicalCopy(raw_data_package_id=pkg.id, location_id=loc["cologne-lta"], path="raw/cam/obs1.tar", size=20,
+                           sha256="b" * 64, status="present", verified_at=t0)
+        stg = PhysicalCopy(raw_data_package_id=pkg.id, location_id=loc["cologne-processing"], path="cam/obs1", size=20,
+                           sha256="b" * 64, status="present", verified_at=t0)
+        s.add_all([buf, lta, stg])
+        s.flush()
+        return {
+            "package": _op(s, ctx, OperationKind.RAW_DATA_PACKAGE, "COMPLETED", raw_data_package_id=pkg.id,
+                           source_location_id=loc["fyst-source"], destination_location_id=loc["fyst-buffer"]).id,
+            "archive": _op(s, ctx, OperationKind.LONG_TERM_ARCHIVE, "COMPLETED", raw_data_package_id=pkg.id,
+                           source_location_id=loc["cologne-buffer"], destination_location_id=loc["cologne-lta"]).id,
+            "staging": _op(s, ctx, OperationKind.STAGING, "COMPLETED", raw_data_package_id=pkg.id,
+                           destination_location_id=loc["cologne-processing"]).id,
+            "deletion": _op(s, ctx, OperationKind.DELETION, "COMPLETED", physical_copy_id=buf.id).id,
+        }
+
+    ids = empty_db.transact(tx)
+    kinds = {"package": OperationKind.RAW_DATA_PACKAGE, "archive": OperationKind.LONG_TERM_ARCHIVE,
+             "staging": OperationKind.STAGING, "deletion": OperationKind.DELETION}
+    for name, kind in kinds.items():
+        res = live_check(ctx, kind, ids[name])
+        assert res["checked"] and all(c["ok"] for c in res["checked"]), (name, res["checked"])
+    by_loc = {c["location"]: c for c in live_check(ctx, OperationKind.RAW_DATA_PACKAGE, ids["package"])["checked"]}
+    assert [o["path"] for o in by_loc["fyst-source"]["objects"]] == ["cam/obs1/a.dat"]  # raw files, no tar
+    assert by_loc["cologne-processing"]["objects"][0]["expect"] == "folder"
+    archived.unlink()
+    (staged / "bagit.txt").unlink()
+    by_loc = {c["location"]: c for c in live_check(ctx, OperationKind.RAW_DATA_PACKAGE, ids["package"])["checked"]}
+    assert not by_loc["cologne-lta"]["ok"] and not by_loc["cologne-processing"]["ok"] and by_loc["fyst-source"]["ok"]
 
 
 def test_the_overview_places_a_deletion_at_its_copy_location(tmp_path: Path, empty_db) -> None:

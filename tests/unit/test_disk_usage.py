@@ -67,17 +67,38 @@ def test_every_active_disk_location_is_recorded_with_total_used_free_percent(mon
     assert len(hist) == 2 and hist[0].measured_at <= hist[1].measured_at
 
 
-def test_real_file_system_figures_are_consistent(tmp_path: Path) -> None:
+def test_real_file_system_figure_is_dfs_used_over_used_plus_available(tmp_path: Path) -> None:
+    import os
+
     settings = load_config(write_site_config(tmp_path / "site"))
+    for loc in settings.locations:
+        settings.location_path(loc.name).mkdir(parents=True, exist_ok=True)
     db = Database(settings.database_url)
     db.upgrade()
     try:
         out = measure_all(db, settings, sync_topology(db, settings).location_ids)
+        assert sorted(r["location"] for r in out) == sorted(l.name for l in settings.locations)
+        st = os.statvfs(tmp_path)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        df = 100.0 * used / (used + st.f_bavail * st.f_frsize)
         for r in out:
-            assert r["total_bytes"] > 0 and r["used_bytes"] + r["free_bytes"] <= r["total_bytes"] + 1
-            assert 0 <= r["percent"] <= 100
+            assert r["total_bytes"] == st.f_blocks * st.f_frsize
+            assert abs(r["percent"] - df) < 0.5  # the same file system, measured a moment apart
+            assert r["age_seconds"] < 60
     finally:
         db.dispose()
+
+
+def test_reserved_blocks_count_as_unavailable() -> None:
+    # 1000 bytes, 400 used, 100 reserved for root: df says 400 / (400 + 500) = 44 %
+    assert round(Usage(total=1000, used=400, free=500).percent, 1) == 44.4
+
+
+def test_a_missing_root_is_not_measured_as_its_parent(tmp_path: Path) -> None:
+    from packhorse.diskusage import filesystem_usage
+
+    with pytest.raises(FileNotFoundError, match="fyst-buffer"):
+        filesystem_usage("fyst-buffer", tmp_path / "not-mounted")
 
 
 def test_usage_command_measures_and_prints_json(tmp_path: Path) -> None:

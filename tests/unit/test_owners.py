@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import packhorse.managers as managers_pkg
 from packhorse import operations
-from packhorse.cli import EXIT_FAILED, EXIT_OK, _exit_code_after_run
+from packhorse.cli import EXIT_FAILED, EXIT_OK, exit_code_after_run
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
@@ -183,11 +183,11 @@ def test_a_kind_without_recovery_handler_is_not_skipped_silently(db: Database, m
 
 def test_failed_of_every_kind_reaches_a_human(db: Database) -> None:
     ctx = types.SimpleNamespace(db=db)
-    assert _exit_code_after_run(ctx) == EXIT_OK  # type: ignore[arg-type]
+    assert exit_code_after_run(ctx) == EXIT_OK  # type: ignore[arg-type]
     ids = make_ops(db, list(OperationKind), Status.FAILED)
     listed = db.transact(failed_operations)
     assert sorted((f["kind"], f["id"]) for f in listed) == sorted((k.value, i) for k, i in ids.items())
-    assert _exit_code_after_run(ctx) == EXIT_FAILED  # type: ignore[arg-type]
+    assert exit_code_after_run(ctx) == EXIT_FAILED  # type: ignore[arg-type]
 
 
 def test_completed_of_every_kind_is_terminal(db: Database) -> None:

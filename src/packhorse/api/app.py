@@ -9,6 +9,10 @@ Access (checked by :class:`AuthMiddleware` *before* FastAPI parses or validates 
 * ``/`` (the dashboard page), ``/static/…``, ``/metrics`` and the OpenAPI schema and docs
   load without a token: they carry no error text.
 
+Every response carries a Content-Security-Policy, ``X-Content-Type-Options: nosniff`` and
+``X-Frame-Options: DENY`` (:mod:`packhorse.api.security`); ``/docs`` and ``/redoc`` load
+their scripts from the package, never from a CDN.
+
 Build with :func:`create_app`; serve with ``packhorse api`` or ``packhorse run --api``.
 """
 
@@ -58,10 +62,12 @@ from ..runtime_settings import RuntimeSettingError, RuntimeSettings, describe, s
 from ..context import ProcessContext
 from ..topology import sync_topology
 from . import schemas as m
+from .security import SecurityHeadersMiddleware
 from .tokens import Principal, authenticate
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 STATIC = resources.files("packhorse.api") / "static"
+DOCS_ASSETS = resources.files("fastapi_offline") / "static"
 
 
 def required_role(method: str, path: str) -> str:
@@ -158,7 +164,7 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         stop.set()
         checks.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Operator API of packhorse: spot what is stuck, diagnose why, reset it.")
     app.state.ctx = ctx
     registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds)
@@ -191,10 +197,13 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         return db.read(location_usage)
 
     # specific paths first: Starlette takes the first route whose path matches
-    @api.get("/admin/diagnose/by-package/{name}", response_model=m.PackageDiagnosis, tags=["diagnose"],
+    # ``:path``: package names hold ``/`` (``instrument-00/obs-0003``); a plain parameter
+    # stops at the first one and every raw data package answered 404
+    @api.get("/admin/diagnose/by-package/{name:path}", response_model=m.PackageDiagnosis, tags=["diagnose"],
              responses=NOT_FOUND)
     def diagnose_by_package(name: Annotated[str, Path(min_length=1, max_length=1000)], who: Caller) -> dict[str, Any]:
-        """The diagnostic reports of every operation on a package (raw data package or bundle)."""
+        """The diagnostic reports of every operation on a package (raw data package or bundle),
+        by its name (``/`` in it as it is, or encoded as ``%2F``)."""
         report = db.read(lambda s: diagnose_package(s, name))
         audit.record(db, actor=who.actor, action="package.diagnose", target=name)
         return report
@@ -322,8 +331,20 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     def dashboard() -> HTMLResponse:
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         cfg = json.dumps({"refreshSeconds": settings.api.dashboard_refresh_seconds, "version": __version__})
-        return HTMLResponse(page.replace("/*PACKHORSE_CONFIG*/{}", cfg))
+        # a JSON data block, not a script: the Content-Security-Policy forbids inline scripts
+        return HTMLResponse(page.replace("{/*PACKHORSE_CONFIG*/}", cfg.replace("<", "\\u003c")))
 
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    def swagger_ui() -> HTMLResponse:
+        return HTMLResponse((STATIC / "docs.html").read_text(encoding="utf-8"))
+
+    @app.get("/redoc", include_in_schema=False, response_class=HTMLResponse)
+    def redoc() -> HTMLResponse:
+        return HTMLResponse((STATIC / "redoc.html").read_text(encoding="utf-8"))
+
+    # Swagger UI and ReDoc from the files the fastapi-offline package ships (no CDN)
+    app.mount("/static/docs-assets", StaticFiles(directory=str(DOCS_ASSETS)), name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(AuthMiddleware, db=db)
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: 401/403 answers carry the headers too
     return app

@@ -62,7 +62,7 @@ class DiskUsageOut(_Model):
     total_bytes: int
     used_bytes: int
     free_bytes: int
-    percent: float = Field(description="used / total x 100")
+    percent: float = Field(description="used / (used + available) x 100, as df")
     level: str = Field(description="normal, warning, critical or emergency")
     measured_at: dt.datetime
 

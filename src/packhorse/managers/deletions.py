@@ -14,8 +14,14 @@ changes only which of them go and in what order (issue #7):
   archive), least recently used first, until usage would fall below ``recovery_percent``
   (expired copies go regardless).
 
-"Would fall below" subtracts the bytes of deletions already in flight at the location and of
-the copies chosen so far. Operations are created in the chosen order, so they are dispatched
+"Would fall below" starts from the latest sample's used bytes and subtracts the bytes of the
+copies deleted since that sample was measured (the sample does not know they went), of the
+deletions still in flight at the location, and of the copies chosen so far; used and the
+target are both taken over ``used + available`` (the ``df`` figure of :mod:`packhorse.diskusage`).
+Under critical or emergency pressure, in embedded mode (the manager runs where the disks are), a
+location whose copies were deleted since its latest sample is measured again first
+(:func:`remeasure_under_pressure`), so an episode stops once usage is really back under
+``recovery_percent`` (60 %), not after every copy an old sample asked for. Operations are created in the chosen order, so they are dispatched
 in it. The manager also returns how long until the next copy's retention passes, so ``run
 --until-idle`` knows that the only work left waits on a retention period.
 """
@@ -31,7 +37,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
-from ..diskusage import latest_usage, level_for
+from ..diskusage import current_provider, latest_usage, level_for, monitored_locations, record_sample
 from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind
 from ..operations import dedup_key
 from ..context import ProcessContext
@@ -51,11 +57,16 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Pressure:
-    """The disk level of one location and the figures the stop rule needs (bytes)."""
+    """The disk level of one location and the figures the stop rule needs.
+
+    ``total`` is ``used + available`` bytes (``df``'s denominator), ``used`` the used bytes of
+    the sample, ``measured_at`` (UTC) when it was taken.
+    """
 
     level: DiskLevel
     total: int = 0
     used: int = 0
+    measured_at: dt.datetime | None = None
 
 
 def location_pressure(ctx: ProcessContext, session: Session) -> dict[int, Pressure]:
@@ -64,8 +75,51 @@ def location_pressure(ctx: ProcessContext, session: Session) -> dict[int, Pressu
     out: dict[int, Pressure] = {}
     for name, s in latest_usage(session, max_age_seconds=cfg.stale_after_seconds).items():
         if name in ctx.topology.location_ids:
-            out[ctx.topology.location_ids[name]] = Pressure(level_for(s.percent, cfg), s.total_bytes, s.used_bytes)
+            out[ctx.topology.location_ids[name]] = Pressure(level_for(s.percent, cfg), s.used_bytes + s.free_bytes,
+                                                            s.used_bytes, s.measured_at)
     return out
+
+
+def _deleted_since(s: Session, location_id: int, since: dt.datetime | None) -> int:
+    """Bytes of the copies at ``location_id`` recorded deleted after ``since`` (UTC)."""
+    if since is None:
+        return 0
+    return int(s.scalar(select(func.coalesce(func.sum(PhysicalCopy.size), 0)).where(
+        PhysicalCopy.location_id == location_id, PhysicalCopy.status == CopyStatus.DELETED.value,
+        PhysicalCopy.deleted_at > since)) or 0)
+
+
+def remeasure_under_pressure(ctx: ProcessContext) -> list[str]:
+    """Measure again every disk location at critical or emergency level whose copies were
+    deleted since its latest sample; returns the names measured.
+
+    Only in embedded mode (``executor.kind = "local"``): there the manager runs on the host of
+    the disks. Elsewhere the site's disk monitor measures every ``interval_seconds`` and the
+    stop rule counts the deletions since its sample. A location that cannot be measured here
+    is left to the disk monitor (which logs it).
+    """
+    if ctx.settings.executor.kind != "local":
+        return []
+    names = set(monitored_locations(ctx.settings))
+
+    def stale(s: Session) -> list[str]:
+        out = []
+        for loc_id, p in location_pressure(ctx, s).items():
+            name = ctx.location_name(loc_id)
+            if name in names and p.level.rank >= DiskLevel.CRITICAL.rank and _deleted_since(s, loc_id, p.measured_at):
+                out.append(name)
+        return out
+
+    measured = []
+    provider = current_provider()
+    for name in ctx.db.read(stale):
+        try:
+            usage = provider(name, ctx.settings.location_path(name))
+        except (OSError, ValueError, KeyError):
+            continue
+        record_sample(ctx.db, ctx.settings, ctx.topology.location_ids[name], name, usage)
+        measured.append(name)
+    return measured
 
 
 def choose(ctx: ProcessContext, candidates: list[Candidate], pressure: Pressure, pending_bytes: int,
@@ -145,11 +199,13 @@ def manage(ctx: ProcessContext) -> tuple[int, float | None]:
                 used = last_used_times(s, loc_id, [c.copy for c in candidates])
                 for c in candidates:
                     c.last_used = used[c.copy.id]
-            pending = s.scalar(
-                select(func.coalesce(func.sum(PhysicalCopy.size), 0)).join(
-                    Operation, Operation.physical_copy_id == PhysicalCopy.id)
-                .where(PhysicalCopy.location_id == loc_id, Operation.kind == OperationKind.DELETION.value,
-                       Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0
+            pending = 0
+            if p.level.rank >= DiskLevel.CRITICAL.rank:  # only pressure stops at the recovery threshold
+                pending = _deleted_since(s, loc_id, p.measured_at) + int(s.scalar(
+                    select(func.coalesce(func.sum(PhysicalCopy.size), 0)).join(
+                        Operation, Operation.physical_copy_id == PhysicalCopy.id)
+                    .where(PhysicalCopy.location_id == loc_id, Operation.kind == OperationKind.DELETION.value,
+                           Operation.status.in_([x.value for x in ACTIVE_STATUSES]))) or 0)
             loc = ctx.settings.location(ctx.location_name(loc_id))
             # the rules for every candidate past its retention (each of those is asked) in
             # one batch; one by one for those only disk pressure may take
@@ -186,5 +242,6 @@ def manage(ctx: ProcessContext) -> tuple[int, float | None]:
                     raw_data_package_id=pkg_id, data_transfer_package_id=None)
         return new_only(s, wanted), (min(waits) if waits else None)
 
+    remeasure_under_pressure(ctx)
     wanted, wait = ctx.db.read(find)
     return create_missing(ctx, OperationKind.DELETION, wanted), wait

@@ -99,17 +99,21 @@ _DISK_LEVELS = {"warning": NotificationLevel.WARNING, "critical": NotificationLe
 
 
 def disk_level(session: Session, *, location: str, event: str, percent: float, used_bytes: int,
-               total_bytes: int, free_bytes: int, threshold_percent: float) -> Notification | None:
+               total_bytes: int, free_bytes: int, threshold_percent: float,
+               measured_at: dt.datetime | None = None) -> Notification | None:
     """"Disk usage <event>: <location> at <p>%" for ``event`` one of ``warning`` (WARNING),
     ``critical`` (ERROR), ``emergency`` (CRITICAL), ``recovered`` (INFO). Queued once per
-    crossing by the disk monitor (never cooled down: the monitor already sends one per crossing)."""
+    crossing by the disk monitor (never cooled down: the monitor already sends one per crossing).
+    ``percent`` is ``df``'s figure, used / (used + available); ``measured_at`` (UTC) is when."""
     fields = {"Location": location, "Used (%)": f"{percent:.1f}", "Threshold (%)": f"{threshold_percent:g}",
-              "Used (bytes)": f"{used_bytes:,}", "Free (bytes)": f"{free_bytes:,}", "Total (bytes)": f"{total_bytes:,}"}
+              "Measured (UTC)": measured_at, "Used (bytes)": f"{used_bytes:,}",
+              "Available (bytes)": f"{free_bytes:,}", "Total (bytes)": f"{total_bytes:,}"}
     text = ("Usage is back below the recovery threshold." if event == "recovered" else
             "Deletions now follow the disk-pressure policy for this level (docs/deletion.md); "
             "see `packhorse usage`.")
     return enqueue(session, level=_DISK_LEVELS[event], event=f"disk_{event}",
                    subject=f"Disk usage {event}: {location} at {percent:.1f}%", body=render_lines(fields, text),
                    context={"location": location, "percent": percent, "used_bytes": used_bytes,
+                            "measured_at": measured_at.isoformat() if measured_at else None,
                             "total_bytes": total_bytes, "free_bytes": free_bytes, "threshold_percent": threshold_percent},
                    cooldown_seconds=0)

@@ -12,8 +12,8 @@
    package's sha256: the archive copy is verified on the way), and extracted with
    :func:`~packhorse.packaging.safe_extract` (I6) into a hidden temporary folder of the
    processing location.
-5. Every payload file is hashed and compared with the bag's ``manifest-sha256.txt``: the
-   same set of files, the same digests.
+5. The extracted bag is validated to RFC 8493 (:mod:`~packhorse.bagvalidation`): every
+   manifest, every payload file, the tag manifests and the Payload-Oxum.
 6. The bag folder is published under ``<package name>/`` with a no-replace rename (I2); an
    existing folder from an earlier attempt counts only if it verifies the same way.
 7. The completion transaction records the staged copy (path = that folder).
@@ -40,7 +40,8 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
-from ..packaging import _parse_manifest, iter_files, safe_extract
+from ..bagvalidation import validate_folder
+from ..packaging import raise_for_problems, safe_extract
 from ..storage.base import CHUNK_BYTES, StorageBackend
 from ..storage.disk import _renameat2_noreplace
 from .base import Recorder, Work, record_copy
@@ -82,32 +83,18 @@ def ensure_readable(work: Work, backend: StorageBackend, key: str) -> None:
 
 
 def verify_bag_folder(bag: Path, *, source: str) -> dict[str, str]:
-    """Check every payload file of the bag folder ``bag`` against its ``manifest-sha256.txt``:
-    the same files, the same sha256. Returns ``{payload path: sha256}``.
+    """Validate the bag folder ``bag`` to RFC 8493 (:func:`~packhorse.bagvalidation.validate_folder`:
+    every manifest, the tag manifests, Payload-Oxum, no symlinks). Returns ``{payload path under
+    data/: sha256}``.
 
     Raises:
-        VerificationError: a file is missing, extra, or has other bytes (naming it).
+        VerificationError: the bag is not valid (a file missing, extra, with other bytes...),
+            naming the first problem and counting the others.
+        UnsafePathError: the folder holds a symlink or a special file.
     """
-    manifest_path = bag / "manifest-sha256.txt"
-    if not manifest_path.is_file():
-        raise VerificationError(f"{source}: the bag has no manifest-sha256.txt", step="staging", path=str(bag))
-    manifest = _parse_manifest(manifest_path.read_bytes(), source, strip="data/")
-    data = bag / "data"
-    found: dict[str, str] = {}
-    for p in iter_files(data) if data.is_dir() else []:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while block := f.read(CHUNK_BYTES):
-                h.update(block)
-        found[p.relative_to(data).as_posix()] = h.hexdigest()
-    missing = sorted(set(manifest) - set(found))
-    extra = sorted(set(found) - set(manifest))
-    wrong = sorted(k for k in set(manifest) & set(found) if manifest[k] != found[k])
-    for what, names in (("missing", missing), ("not in the manifest", extra), ("with other bytes", wrong)):
-        if names:
-            raise VerificationError(f"{source}: {len(names)} payload file(s) {what}, e.g. {names[0]!r}",
-                                    step="staging", side="destination", path=names[0])
-    return found
+    report = validate_folder(bag, bag=source, required_algorithms=("sha256",))
+    raise_for_problems(report, step="staging", side="destination")
+    return {p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()}
 
 
 def _nearest_source(work: Work, pkg_id: int, dst: str) -> tuple[str, str]:

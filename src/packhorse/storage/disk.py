@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 from ..errors import (
     DestinationConflictError,
+    DestinationWriteError,
     SourceMissingError,
     UnsafePathError,
     VerificationError,
@@ -82,14 +83,33 @@ class _DiskPendingWrite(PendingWrite):
         self._file = open(self._tmp, "ab", buffering=WRITE_BUFFER_BYTES)
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as e:
+            raise self._write_failed(e) from e
+
+    def _write_failed(self, e: OSError) -> DestinationWriteError:
+        """Remove the partial file at once (a full disk must not stay full of it) and name the
+        location and key in the error."""
+        self.abort()
+        what = "the file system is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "the write failed"
+        return DestinationWriteError(
+            f"{self._backend.location}: writing {self.key!r} failed after {self.size:,} bytes, {what}: "
+            f"{e.strerror or e} (partial file removed)",
+            step="write", side="destination", path=self.key, host=self._backend.location,
+            diagnosis=(f"data location {self._backend.location} is out of space; free space there (deletions "
+                       "under disk pressure: docs/deletion.md) and the retry writes it again"
+                       if e.errno in (errno.ENOSPC, errno.EDQUOT) else None))
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         try:
             sha = self.check_expected(expected_sha256, self._backend.location)
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+            except OSError as e:
+                raise self._write_failed(e) from e
             os.chmod(self._tmp, 0o444)
             try:
                 if faults.fencing_disabled():  # test-only: show the chaos harness catches overwrites
@@ -112,13 +132,19 @@ class _DiskPendingWrite(PendingWrite):
             self.abort()
 
     def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        # close() flushes the write buffer, which fails again on a full disk: the partial
+        # file is removed whatever close() says
         try:
-            os.unlink(self._tmp)
-        except FileNotFoundError:
+            if not self._file.closed:
+                self._file.close()
+        except OSError:
             pass
-        self.closed = True
+        finally:
+            try:
+                os.unlink(self._tmp)
+            except FileNotFoundError:
+                pass
+            self.closed = True
 
 
 class DiskBackend(StorageBackend):

@@ -3,7 +3,8 @@
 // diagnose / reset / breaker controls (the server enforces the roles either way).
 "use strict";
 (function () {
-  const cfg = window.PACKHORSE || {};
+  let cfg = {};
+  try { cfg = JSON.parse(document.getElementById("packhorse-config").textContent); } catch (e) { cfg = {}; }
   const refreshMs = Math.max(0.2, Number(new URLSearchParams(location.search).get("refresh") || cfg.refreshSeconds || 5)) * 1000;
   const KINDS = ["raw_data_package", "data_transfer_package", "transfer", "unpack", "long_term_archive", "staging", "deletion", "fixity_check"];
   const STATUSES = ["PENDING", "SCHEDULED", "IN_PROGRESS", "COMPLETED", "FAILED"];
@@ -186,13 +187,18 @@
       out.textContent = "live check: still pending; the database report above stands";
     } catch (e) { out.textContent = "live check unavailable (" + e.message + "); the database report above stands"; }
   }
+  function liveObject(o) {
+    if (o.expect === "not_required") return `${o.path} ${o.exists ? "present" : "absent"} (${o.note || "not required"})`;
+    if (o.expect === "folder") return `${o.path} ${o.ok ? "staged folder present" : (o.exists ? "folder without bagit.txt" : "staged folder MISSING")}`;
+    return `${o.path} ${o.exists ? (o.ok ? "present" : "present, size " + o.size + " ≠ " + o.expected_size) : "MISSING"}`;
+  }
   function renderLive(s) {
     const out = $("report-live-result");
     if (s.state === "failed") { out.textContent = "live check failed: " + (s.result && s.result.error) + "; the database report above stands"; return; }
     const items = [];
     for (const c of s.result.checked) {
       items.push(el("li", { class: c.ok ? "ok" : "bad" }, `${c.location}: ` + (c.error ? c.error :
-        c.objects.map((o) => `${o.path} ${o.exists ? (o.ok ? "present" : "present, size " + o.size + " ≠ " + o.expected_size) : "MISSING"}`).join("; "))));
+        c.objects.map(liveObject).join("; "))));
     }
     for (const k of s.result.skipped) items.push(el("li", {}, `${k.location}: skipped (${k.reason})`));
     out.replaceChildren(el("p", {}, `live check at ${s.result.checked_at}:`), el("ul", {}, ...items));

@@ -1,0 +1,197 @@
+"""Administration: service ``health``, API tokens (``token create|list|revoke``), runtime
+settings (``config set|unset|show``), the ``audit`` log and disk ``usage``. The ops database's
+migrations are applied by ``packhorse init`` (packhorse.cli.pipeline)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from .common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, app, context, fail, print_json, table_console
+
+
+@app.command()
+def health(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List services and workers with their last heartbeat; exit 1 if one is dead."""
+    from ..recovery.breakers import jsonable
+    from ..recovery.health import list_services
+
+    ctx = context(config)
+    rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=ctx.settings.recovery.service_dead_after_seconds))
+    dead = [r for r in rows if not r["alive"]]
+    if as_json:
+        print_json({"services": [jsonable(r) for r in rows], "dead": len(dead)})
+    else:
+        t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", title="services")
+        for r in rows:
+            t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
+                      r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}")
+        table_console().print(t)
+        if not rows:
+            print("no service has recorded a heartbeat")
+    raise typer.Exit(EXIT_PROBLEM if dead else EXIT_OK)
+
+
+token_app = typer.Typer(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")
+config_app = typer.Typer(no_args_is_help=True, help="Runtime settings stored in the database (picked up within 60 s).")
+app.add_typer(token_app, name="token")
+app.add_typer(config_app, name="config")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option("--role", help="observer or admin")],
+    name: Annotated[str, typer.Option("--name", help="who or what uses it")],
+    config: ConfigOpt = None,
+) -> None:
+    """Create an API token; it is printed once, alone on the last line of stdout."""
+    from .. import audit
+    from ..api.tokens import TokenError, create_token
+
+    ctx = context(config)
+    try:
+        tok = create_token(ctx.db, name=name, role=role, created_by=audit.cli_actor())
+    except TokenError as e:
+        audit.record(ctx.db, actor=audit.cli_actor(), action="token.create", target=name, details={"role": role},
+                     result="refused", message=str(e))
+        raise fail(str(e), EXIT_CONFIG) from None
+    audit.record(ctx.db, actor=audit.cli_actor(), action="token.create", target=name, details={"role": role})
+    print(f"created {role} token {name!r}; it is shown only now (packhorse stores only its hash):")
+    print(tok)
+
+
+@token_app.command("list")
+def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List tokens (never their secret)."""
+    from ..api.tokens import list_tokens
+
+    ctx = context(config)
+    rows = ctx.db.read(list_tokens)
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("name", "role", "created", "by", "last used", "revoked", title="API tokens")
+    for r in rows:
+        t.add_row(r["name"], r["role"], r["created_at"], r["created_by"], r["last_used_at"] or "-", r["revoked_at"] or "-")
+    table_console().print(t)
+
+
+@token_app.command("revoke")
+def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None,
+                 as_json: JsonOpt = False) -> None:
+    """Revoke a token: it is refused from the next request on."""
+    from .. import audit
+    from ..api.tokens import TokenError, revoke_token
+
+    ctx = context(config)
+    try:
+        revoke_token(ctx.db, name)
+    except TokenError as e:
+        audit.record(ctx.db, actor=audit.cli_actor(), action="token.revoke", target=name, result="refused",
+                     message=str(e))
+        raise fail(str(e), EXIT_PROBLEM) from None
+    audit.record(ctx.db, actor=audit.cli_actor(), action="token.revoke", target=name)
+    if as_json:
+        print_json({"revoked": name})
+    else:
+        print(f"revoked token {name!r}")
+
+
+@config_app.command("set")
+def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
+               value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Change a runtime setting; running services pick it up within a minute (audited)."""
+    from .. import audit
+    from ..runtime_settings import RuntimeSettingError, set_setting
+
+    ctx = context(config)
+    try:
+        v = set_setting(ctx.db, key, value, actor=audit.cli_actor())
+    except RuntimeSettingError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        print_json({"key": key, "value": v})
+        return
+    print(f"{key} = {v} (running services pick it up within "
+          f"{ctx.settings.managers.runtime_settings_refresh_seconds:g} s)")
+
+
+@config_app.command("unset")
+def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Drop a runtime override: the configuration file's value applies again (audited)."""
+    from .. import audit
+    from ..runtime_settings import RuntimeSettingError, unset_setting
+
+    ctx = context(config)
+    try:
+        existed = unset_setting(ctx.db, key, actor=audit.cli_actor())
+    except RuntimeSettingError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        print_json({"key": key, "removed": existed})
+        return
+    print(f"{key}: {'override removed' if existed else 'had no override'}; the configuration file's value applies")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Runtime settings: effective value, file default and where the value comes from."""
+    from ..runtime_settings import describe
+
+    ctx = context(config)
+    rows = ctx.db.read(lambda s: describe(s, ctx.settings))
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("key", "value", "source", "default", "changed", title="runtime settings")
+    for r in rows:
+        t.add_row(r["key"], str(r["value"]), r["source"], str(r["default"]),
+                  f"{r['updated_at']} by {r['updated_by']}" if r["updated_at"] else "-")
+    table_console().print(t)
+
+
+@app.command("audit")
+def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entries")] = 50,
+              config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """The audit log of admin actions, newest first."""
+    from .. import audit
+
+    ctx = context(config)
+    rows = ctx.db.read(lambda s: audit.entries(s, limit=limit))
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        print(f"{r['at']} {r['actor']} {r['action']} {r['target'] or ''} {r['result']}"
+              f"{': ' + r['message'] if r['message'] else ''}")
+
+
+@app.command()
+def usage(
+    config: ConfigOpt = None,
+    measure: Annotated[bool, typer.Option("--measure", help="measure every disk location now (and record it)")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Disk usage per data location (latest measurement): total, used, free, percent, level."""
+    from ..diskusage import latest_usage, measure_all, sample_dict
+
+    ctx = context(config)
+    if measure:
+        measure_all(ctx.db, ctx.settings, ctx.topology.location_ids)
+    rows = ctx.db.read(lambda s: [sample_dict(n, x) for n, x in sorted(latest_usage(s).items())])
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        print("no disk usage recorded yet: `packhorse run` (or disk-monitor) measures every "
+              f"{ctx.settings.disk_usage.interval_seconds:g} s; `packhorse usage --measure` measures now", file=sys.stderr)
+        return
+    t = Table("location", "measured (UTC)", "age", "total", "used", "available", "used %", "level", "alert",
+              title="disk usage (used % as df: used / (used + available))")
+    for r in rows:
+        t.add_row(r["location"], r["measured_at"][:19], f"{r['age_seconds']:.0f} s", f"{r['total_bytes']:,}",
+                  f"{r['used_bytes']:,}", f"{r['free_bytes']:,}", f"{r['percent']:.1f}", r["level"], r["alert_level"])
+    table_console().print(t)

@@ -1,0 +1,190 @@
+"""What every ``packhorse`` command shares: the typer application, exit codes, option types,
+configuration and database opening, JSON output, and the one helper behind the commands that
+act on one operation (``KIND ID [--reason] [--json]``).
+
+Exit codes: 0 ok, 1 a check found a problem, 2 configuration error, 3 an operation FAILED,
+4 work is blocked waiting for a human. Machine-readable output (``--json``) goes to stdout
+alone; logs and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..config import Settings, load_config
+from ..db.session import Database
+from ..errors import ConfigError, DatabaseNotInitializedError
+from ..context import ProcessContext
+from ..topology import sync_topology
+
+if TYPE_CHECKING:
+    from ..domain import OperationKind
+
+EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once.")
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML configuration file [default: ./packhorse.toml]")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")]
+KindArg = Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")]
+OperationIdArg = Annotated[int, typer.Argument(help="operation id")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="why (logged and notified)")]
+
+
+@app.callback()
+def _global_options(
+    log_format: Annotated[Optional[str], typer.Option(
+        "--log-format", help="Log lines on stderr: json or console [default: console on a terminal, else json]",
+        envvar="PACKHORSE_LOG_FORMAT")] = None,
+) -> None:
+    """packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once."""
+    from .. import logs
+
+    if log_format is not None:
+        if log_format not in ("json", "console"):
+            raise fail(f"--log-format: {log_format!r} is not one of json, console", EXIT_CONFIG)
+        logs.set_format(log_format)
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    """Print ``error: message`` on stderr and return the exit to raise."""
+    print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def log_level(default: str) -> str:
+    """The log level: ``PACKHORSE_LOG_LEVEL`` if set (checked: a typo must not silently log at
+    another level), else ``default``. Raises ``typer.Exit(2)`` on an unknown level."""
+    from ..runtime_settings import LOG_LEVELS
+
+    value = os.environ.get("PACKHORSE_LOG_LEVEL")
+    if value is None:
+        return default
+    if value.strip().upper() not in LOG_LEVELS:
+        raise fail(f"PACKHORSE_LOG_LEVEL: {value!r} is not a log level; one of {', '.join(LOG_LEVELS)}",
+                   EXIT_CONFIG)
+    return value.strip().upper()
+
+
+def settings(config: Path | None) -> Settings:
+    """The validated configuration of ``config`` (default ``./packhorse.toml``); a bad file
+    exits 2 with the message naming the key."""
+    try:
+        return load_config(config)
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+
+
+def database(settings: Settings, *, migrate_check: bool) -> Database:
+    """Open the ops database; an unusable URL or an un-migrated schema exits 2."""
+    url = settings.database_url
+    if migrate_check and url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
+        # do not leave an empty database file behind: only `init` creates it
+        raise fail(f"database.url: the database file {url[len('sqlite:///'):]} does not exist; "
+                   "run `packhorse init` to create it",
+                   EXIT_CONFIG)
+    try:
+        db = Database.from_settings(settings)
+        if migrate_check:
+            db.ensure_migrated()
+        else:
+            db.current_revision()  # connects: a wrong URL fails here, not half-way through
+        return db
+    except DatabaseNotInitializedError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        reason = getattr(e, "orig", None) or e
+        raise fail(f"database.url: cannot open {settings.database.url!r}: {reason}", EXIT_CONFIG) from None
+
+
+def context(config: Path | None, *, migrate_check: bool = True) -> ProcessContext:
+    """Configuration, migrated database and registered topology of ``config``; logging at
+    WARNING unless ``PACKHORSE_LOG_LEVEL`` says otherwise."""
+    from .. import logs
+
+    logs.configure(log_level("WARNING"))
+    s = settings(config)
+    db = database(s, migrate_check=migrate_check)
+    return ProcessContext(settings=s, db=db, topology=sync_topology(db, s))
+
+
+def print_json(data: Any) -> None:
+    """``data`` as indented JSON on stdout (datetimes and other objects as ``str``)."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table_console() -> Console:
+    """The console tables are printed on (stdout)."""
+    return Console()
+
+
+def parse_kind(kind: str) -> "OperationKind":
+    """``kind`` as an ``OperationKind``; an unknown kind exits 2 listing the valid ones."""
+    from ..domain import OperationKind
+
+    try:
+        return OperationKind(kind)
+    except ValueError:
+        raise fail(f"unknown operation kind {kind!r}; one of {', '.join(k.value for k in OperationKind)}",
+                   EXIT_CONFIG) from None
+
+
+def check_storage(ctx: ProcessContext) -> None:
+    """Build every active location's backend (S3 write-once probe, Object Lock check) before
+    any work runs; a refused store exits 2 naming the location."""
+    from ..domain import StorageType
+    from ..errors import StorageServiceError
+
+    try:
+        for loc in ctx.settings.locations:
+            # disk backends need no probe, and building one creates its folder: a source
+            # folder with a typo must stay missing and be reported, not appear empty
+            if loc.active and loc.storage is not StorageType.DISK:
+                ctx.backend(loc.name)
+    except (ConfigError, StorageServiceError) as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+
+
+def operation_action(
+    kind: str,
+    config: Path | None,
+    as_json: bool,
+    act: Callable[[ProcessContext, "OperationKind"], Any],
+    describe: Callable[["OperationKind", Any], str],
+    *,
+    refused: tuple[type[Exception], ...] = (),
+    precheck: Callable[[], None] | None = None,
+) -> None:
+    """The body of every command that acts on operations of one kind (reset, retry, breaker
+    reset): parse ``kind`` (unknown: exit 2), run ``precheck`` (argument checks that need no
+    database; it raises ``typer.Exit`` itself), open the configuration and database, call
+    ``act(ctx, kind)``, then print its result as JSON (``--json``) or ``describe(kind, result)``.
+
+    ``UnknownOperationError`` and the ``refused`` exceptions (the action declined, e.g. a reset of
+    an operation that is not FAILED) print ``error: ...`` and exit 1.
+    """
+    from ..errors import UnknownOperationError
+
+    k = parse_kind(kind)
+    if precheck is not None:
+        precheck()
+    ctx = context(config)
+    try:
+        out = act(ctx, k)
+    except (UnknownOperationError, *refused) as e:
+        raise fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        print_json(out)
+    else:
+        print(describe(k, out))

@@ -1,0 +1,224 @@
+"""Distributed services, each its own long-running process: Celery ``worker`` per site,
+``manager``, stalled-task ``monitor``, ``notifier``, ``disk-monitor`` and the HTTP ``api``
+(see docs/deployment.md)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ..errors import ConfigError
+from ..context import ProcessContext
+from .common import EXIT_CONFIG, EXIT_OK, ConfigOpt, JsonOpt, app, context, fail, log_level, print_json
+
+
+def _celery_settings(config: Path | None) -> ProcessContext:
+    ctx = context(config)
+    if ctx.settings.executor.kind != "celery" or not ctx.settings.executor.broker_url:
+        raise fail("executor.kind: the distributed services need executor.kind = \"celery\" and "
+                    "executor.broker_url (redis://… or amqp://…); `packhorse run` is the embedded mode",
+                    EXIT_CONFIG)
+    return ctx
+
+
+@app.command()
+def worker(
+    site: Annotated[str, typer.Option("--site", help="the site whose queues this worker consumes")],
+    kinds: Annotated[Optional[str], typer.Option("--kinds", help="only these kinds, comma separated "
+                                                 "(operation kinds and 'scan'); default all")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="pool processes "
+                                                       "[default: executor.workers]")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", help="Celery log level")] = "INFO",
+    config: ConfigOpt = None,
+) -> None:
+    """Run a Celery worker of one site: it consumes exactly that site's queues (distributed mode)."""
+    from ..executors.celery_app import run_worker
+
+    ctx = _celery_settings(config)
+    ctx.db.dispose()  # pool children open their own connections
+    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
+    try:
+        run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel)
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+
+
+@app.command()
+def manager(
+    config: ConfigOpt = None,
+    max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="stop after this long")] = None,
+) -> None:
+    """Run the managers and the dispatcher to Celery (distributed mode; one per deployment)."""
+    from .. import logs
+    from ..executors.celery_app import Manager
+
+    ctx = _celery_settings(config)
+    logs.configure(log_level("INFO"))
+    mgr = Manager(ctx.settings)
+
+    def stop(signum: int, _frame: object) -> None:
+        print(f"packhorse manager: signal {signum}: stopping", file=sys.stderr)
+        mgr.stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    mgr.run(max_seconds=max_seconds)
+
+
+def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
+    """Run ``body(stop_event, lifecycle)`` as a service until SIGINT/SIGTERM, with its
+    started / still-alive / stopped notifications."""
+    import threading
+
+    from ..notify.lifecycle import ServiceLifecycle
+
+    stop_event = threading.Event()
+    reason: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        reason.append(f"signal {signum}")
+        stop_event.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    life = ServiceLifecycle(ctx.db, service,
+                            still_alive_interval_seconds=ctx.settings.notifications.still_alive_interval_seconds)
+    life.started()
+    why = "stopped"
+    try:
+        body(stop_event, life)
+        why = reason[0] if reason else "stopped"
+    except BaseException as e:
+        why = f"error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        life.stopped(why)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@app.command()
+def notifier(config: ConfigOpt = None) -> None:
+    """Deliver the notification outbox (SMTP, apprise) until stopped: retries with backoff, dead letters."""
+    from ..notify.notifier import Notifier
+
+    ctx = context(config)
+    cfg = ctx.settings.notifications
+    if not cfg.enabled or not cfg.channels_configured:
+        raise fail("notifications: no channel configured (set [notifications.smtp] or apprise_urls) "
+                    "or notifications.enabled = false", EXIT_CONFIG)
+    try:
+        n = Notifier(cfg, ctx.db)
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)
+
+    def body(stop_event: Any, life: Any) -> None:
+        n.serve(stop_event, on_cycle=life.tick)
+
+    _serve(ctx, "notifier", body)
+    n.run_once()  # its own "stopped" message
+
+
+@app.command("disk-monitor")
+def disk_monitor(config: ConfigOpt = None) -> None:
+    """Measure every active disk location every disk_usage.interval_seconds (60 s) until stopped."""
+    from ..diskusage import DiskMonitor
+
+    ctx = context(config)
+    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids)
+
+    def body(stop_event: Any, life: Any) -> None:
+        import threading
+
+        t = threading.Thread(target=monitor.serve, args=(stop_event,), daemon=True)
+        t.start()
+        while not stop_event.wait(1.0):
+            life.tick()
+        t.join(timeout=30)
+
+    _serve(ctx, "disk-monitor", body)
+@app.command()
+def monitor(
+    config: ConfigOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="Run one cycle, print what it did, exit")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
+    from ..recovery.health import HeartbeatThread
+    from ..recovery.loop import ServiceLoop
+    from ..pipeline import recover
+
+    ctx = context(config)
+    rec = ctx.settings.recovery
+    if once:
+        report = recover(ctx)
+        data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
+                "breakers_closed": report.breakers_closed}
+        if as_json:
+            print_json(data)
+        else:
+            print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
+        raise typer.Exit(EXIT_OK)
+    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx),
+                       interval_seconds=rec.monitor_interval_seconds,
+                       max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
+                       notification_cooldown_seconds=rec.notification_cooldown_seconds)
+
+    def stop(signum: int, _frame: object) -> None:
+        loop.stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    health = HeartbeatThread(ctx.db, "monitor", interval_seconds=rec.service_heartbeat_interval_seconds).start()
+    try:
+        loop.run()
+    finally:
+        health.stop(remove=True)
+
+
+def serve_api(ctx: ProcessContext, host: str, port: int) -> "Any":
+    """Start the HTTP API in a background thread; returns the uvicorn server (``should_exit``
+    stops it). Prints ``packhorse api: serving on http://HOST:PORT`` on stderr once listening."""
+    import threading
+
+    import uvicorn
+
+    from ..api.app import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(ctx.settings, ctx=ctx), host=host, port=port,
+                                          log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.05)
+    if not server.started:
+        raise fail(f"api: cannot listen on {host}:{port}", EXIT_CONFIG)
+    bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+    print(f"packhorse api: serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+    return server
+
+
+@app.command()
+def api(
+    config: ConfigOpt = None,
+    host: Annotated[Optional[str], typer.Option("--host", help="address to listen on [default: api.host]")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help="port (0: any free port) [default: api.port]")] = None,
+) -> None:
+    """Serve the HTTP API, /metrics and the web dashboard until stopped."""
+    ctx = context(config)
+    server = serve_api(ctx, host or ctx.settings.api.host, ctx.settings.api.port if port is None else port)
+    stop = {"now": False}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop["now"] = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    while not stop["now"] and not server.should_exit:
+        time.sleep(0.2)
+    server.should_exit = True

@@ -1,0 +1,214 @@
+"""Operator actions on operations and packages: ``reset``, ``retry``, ``breaker list|reset``,
+``diagnose``, ``reconcile``, and the notification outbox (``notifications``). Every action is
+audited (see packhorse.audit)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional
+
+import structlog
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..audit import cli_actor
+from ..domain import OperationKind
+from ..context import ProcessContext
+from .common import (EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg, OperationIdArg, ReasonOpt, app,
+                     context, fail, operation_action, parse_kind, print_json, table_console)
+
+
+@app.command()
+def reset(
+    kind: KindArg,
+    operation_id: Annotated[Optional[int], typer.Argument(help="operation id (or use --all-failed)")] = None,
+    all_failed: Annotated[bool, typer.Option("--all-failed", help="every FAILED operation of KIND")] = False,
+    reason: Annotated[Optional[str], typer.Option("--reason", help="why (logged)")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
+    from ..actions import reset_all_failed, reset_operation
+    from ..operations import ResetRefusedError
+
+    def precheck() -> None:
+        if (operation_id is None) == (not all_failed):
+            raise fail("give either an operation id or --all-failed", EXIT_CONFIG)
+
+    def act(ctx: ProcessContext, k: OperationKind) -> dict[str, Any]:
+        ids = (reset_all_failed(ctx, k, actor=cli_actor(), reason=reason) if operation_id is None
+               else reset_operation(ctx, k, operation_id, actor=cli_actor(), reason=reason))
+        structlog.get_logger(__name__).warning("operations_reset", kind=k.value, operation_ids=ids, reason=reason)
+        return {"kind": k.value, "reset": ids}
+
+    operation_action(kind, config, as_json, act,
+                     lambda k, out: (f"reset {len(out['reset'])} {k.value} operation(s) to PENDING: "
+                                     f"{', '.join(map(str, out['reset'])) or '-'}; `packhorse run` picks them up"),
+                     refused=(ResetRefusedError,), precheck=precheck)
+
+
+@app.command()
+def notifications(
+    config: ConfigOpt = None,
+    dead: Annotated[bool, typer.Option("--dead", help="only dead letters (delivery gave up)")] = False,
+    requeue_dead: Annotated[bool, typer.Option("--requeue-dead", help="queue dead letters again (after fixing a channel)")] = False,
+    limit: Annotated[int, typer.Option("--limit", help="at most this many sent notifications")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead)."""
+    from ..notify.report import list_notifications, requeue_dead_letters
+
+    ctx = context(config)
+    if requeue_dead:
+        ids = requeue_dead_letters(ctx.db)
+        print(f"queued {len(ids)} dead letter(s) again: {', '.join(map(str, ids)) or '-'}", file=sys.stderr)
+    rows = list_notifications(ctx.db, dead=dead, sent_limit=limit)
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("id", "created (UTC)", "level", "status", "attempts", "next attempt", "delivered to", "repeats",
+              "subject", "last error", title="dead letters" if dead else "notifications")
+    for r in rows:
+        t.add_row(str(r["id"]), r["created_at"][:19], r["level"], r["status"], str(r["attempts"]),
+                  (r["next_attempt_at"] or "")[:19] if r["status"] == "pending" else "",
+                  ", ".join(r["delivered_to"]), str(r["repeat_count"]), r["subject"], r["last_error"] or "")
+    table_console().print(t)
+
+
+breaker_app = typer.Typer(help="Circuit breakers of stalled operations: list, reset.", no_args_is_help=True)
+app.add_typer(breaker_app, name="breaker")
+
+
+@breaker_app.command("list")
+def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List circuit breakers that counted stalls (open ones first)."""
+    from ..recovery.breakers import jsonable, list_breakers
+
+    ctx = context(config)
+    rows = ctx.db.read(list_breakers)
+    if as_json:
+        print_json([jsonable(r) for r in rows])
+        return
+    t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "closes (UTC)", title="circuit breakers")
+    for r in rows:
+        t.add_row(r["kind"], str(r["operation_id"]), r["state"], str(r["stall_count"]),
+                  r["opened_at"].strftime("%Y-%m-%d %H:%M:%S") if r["opened_at"] else "-",
+                  r["closes_at"].strftime("%Y-%m-%d %H:%M:%S") if r["closes_at"] else "-")
+    table_console().print(t)
+
+
+@breaker_app.command("reset")
+def breaker_reset(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
+                  config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Close the circuit breaker of one operation (the monitor then recovers it)."""
+    from ..actions import reset_circuit_breaker
+    from ..recovery.breakers import jsonable
+
+    operation_action(
+        kind, config, as_json,
+        lambda ctx, k: jsonable(reset_circuit_breaker(ctx, k, operation_id, reason=reason, actor=cli_actor())),
+        lambda k, out: (f"circuit breaker of {k.value} {operation_id} closed "
+                        f"(had {out['previous_stall_count']} stall(s))"))
+
+
+@app.command()
+def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
+          config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
+    from ..actions import force_retry_operation
+    from ..operations import ResetRefusedError
+
+    operation_action(
+        kind, config, as_json,
+        lambda ctx, k: force_retry_operation(ctx, k, operation_id, reason=reason, actor=cli_actor()),
+        lambda k, out: f"{k.value} {operation_id}: {out['previous_status']} -> PENDING; `packhorse run` dispatches it now",
+        refused=(ResetRefusedError,))
+
+
+@app.command()
+def diagnose(
+    kind: Annotated[Optional[str], typer.Argument(help="operation kind, e.g. transfer")] = None,
+    operation_id: Annotated[Optional[int], typer.Argument(help="operation id")] = None,
+    package: Annotated[Optional[str], typer.Option("--package", help="every operation of this package (by name)")] = None,
+    live: Annotated[bool, typer.Option("--live", help="also check now whether the bytes are on disk")] = False,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The diagnostic report of an operation: row, failure events (newest first), copies per
+    location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
+    from ..actions import UnknownPackageError
+    from ..audit import record
+    from ..diagnose import diagnose_operation, diagnose_package, live_check
+    from ..errors import UnknownOperationError
+
+    if (package is None) == (kind is None or operation_id is None):
+        raise fail("give KIND ID, or --package NAME", EXIT_CONFIG)
+    k = parse_kind(kind) if kind else None
+    ctx = context(config)
+    try:
+        if package is not None:
+            reports = ctx.db.read(lambda s: diagnose_package(s, package))["reports"]
+        else:
+            reports = [ctx.db.read(lambda s: diagnose_operation(s, k, operation_id))]
+    except (UnknownOperationError, UnknownPackageError) as e:
+        raise fail(str(e), EXIT_PROBLEM) from None
+    if live:
+        for r in reports:
+            r["live_check"] = live_check(ctx, parse_kind(r["operation"]["kind"]), r["operation"]["id"])
+    record(ctx.db, actor=cli_actor(), action="package.diagnose" if package else "operation.diagnose",
+           target=package or f"{kind}/{operation_id}")
+    if as_json:
+        print_json(reports if package else reports[0])
+    else:
+        for r in reports:
+            _print_report(r)
+    raise typer.Exit(EXIT_PROBLEM if any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    op = r["operation"]
+    out.print(f"[bold]{op['kind']} {op['id']}[/]: {op['status']}{' (stalled)' if op['stalled'] else ''}, "
+              f"attempt {op['attempt']}, retries {op['retry_count']}/{op['max_retries']}, stalls {op['stall_count']}")
+    out.print(f"  package: {op['raw_data_package'] or op['data_transfer_package'] or '-'}; "
+              f"{op['source_location'] or '-'} -> {op['destination_location'] or '-'}")
+    out.print(f"  diagnosis: {r['diagnosis']}  [{r['diagnosis_source']}]")
+    for e in r["failure_events"]:
+        out.print(f"  {e['created_at']} attempt {e['attempt']}: {e['error_type']}: {e['message']}"
+                  f"{' (retried)' if e['will_retry'] else ''}")
+    t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
+    for c in r["copies"]:
+        t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
+    out.print(t)
+    for c in r.get("live_check", {}).get("checked", []):
+        state = "ok" if c["ok"] else (c["error"] or "; ".join(
+            f"{o['path']}: {'size ' + str(o['size']) if o['exists'] else 'MISSING'}" for o in c["objects"] if not o["ok"]))
+        out.print(f"  live {c['location']}: {state}")
+    for c in r.get("live_check", {}).get("skipped", []):
+        out.print(f"  live {c['location']}: skipped ({c['reason']})")
+
+
+@app.command()
+def reconcile(
+    package_id: Annotated[Optional[int], typer.Argument(help="raw data package id (default: every package)")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute raw data packages' archived state from their verified archive copies."""
+    from ..actions import UnknownPackageError, reconcile_inconsistent, reconcile_package
+
+    ctx = context(config)
+    try:
+        out = (reconcile_package(ctx, package_id, actor=cli_actor()) if package_id is not None
+               else reconcile_inconsistent(ctx, actor=cli_actor()))
+    except UnknownPackageError as e:
+        raise fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        print_json(out)
+    elif package_id is not None:
+        print(f"{out['name']}: {out['change'] or 'consistent'} (archived: {'yes' if out['archived'] else 'no'})")
+    else:
+        print(f"checked {out['checked']} package(s), changed {len(out['changed'])}")
+        for c in out["changed"]:
+            print(f"  {c['name']}: {c['change']}")

@@ -1,0 +1,377 @@
+"""Pipeline commands: create the ops database (``init``), run the embedded mode (``run``,
+``run-operation``), the ``demo``, and look at and check the archive (``status``, ``verify``),
+request staging (``stage``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import __version__
+from ..db.session import Database
+from ..errors import ConfigError
+from ..context import ProcessContext
+from ..topology import sync_topology
+from .common import (EXIT_BLOCKED, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg,
+                     OperationIdArg, app,
+                     check_storage, context, database, err, fail, log_level, parse_kind, print_json, settings)
+
+
+@app.command()
+def version() -> None:
+    """Print the packhorse version."""
+    print(__version__)
+
+
+@app.command()
+def init(config: ConfigOpt = None) -> None:
+    """Create or upgrade the ops database (Alembic migrations) and register sites and locations."""
+    s = settings(config)
+    db = database(s, migrate_check=False)
+    before = db.current_revision()
+    db.upgrade()
+    sync_topology(db, s)
+    after = db.current_revision()
+    state = "created" if before is None else ("upgraded" if before != after else "already up to date")
+    print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
+          file=sys.stderr)
+
+
+def exit_code_after_run(ctx: ProcessContext) -> int:
+    from sqlalchemy import func, select
+
+    from ..db.models import SkippedFile
+    from ..reporting import failed_operations
+
+    skipped = ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(SkippedFile))) or 0
+    if skipped:
+        # not a failure (the rest was archived), but nothing a user should miss either
+        print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "
+              "names not allowed, changed after registration); see `packhorse status`", file=sys.stderr)
+
+    failed = ctx.db.read(failed_operations)
+    if failed:
+        print(f"{len(failed)} operation(s) FAILED:", file=sys.stderr)
+        for f in failed:
+            line = f"  {f['kind']} {f['id']}: {f['error_type']}: {f['message']}"
+            if f.get("diagnosis"):
+                line += f" — {f['diagnosis']}"
+            print(line, file=sys.stderr)
+        print("  see `packhorse status`; fix the cause, then `packhorse reset KIND ID` (or KIND --all-failed)",
+              file=sys.stderr)
+        return EXIT_FAILED
+    from ..recovery.breakers import open_breaker_count
+
+    blocked = ctx.db.read(open_breaker_count)
+    if blocked:
+        print(f"{blocked} operation(s) blocked: circuit breaker open after repeated stalls; "
+              "see `packhorse breaker list`, then `packhorse retry KIND ID --reason ...`", file=sys.stderr)
+        return EXIT_BLOCKED
+    return EXIT_OK
+
+
+class _Progress:
+    """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
+
+    def __init__(self, ctx: ProcessContext) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.ctx = ctx
+        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), console=err, transient=False)
+        self.files = self.progress.add_task("files registered", total=None, extra="")
+        self.pkgs = self.progress.add_task("packages archived", total=None, extra="")
+        self.arch = self.progress.add_task("bytes archived", total=None, extra="")
+        self._last = 0.0
+
+    def __enter__(self) -> "_Progress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        self.tick(force=True)
+        self.progress.stop()
+
+    def tick(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last < 2.0:  # counts over every row: not too often
+            return
+        self._last = time.monotonic()
+        from ..domain import LocationRole
+        from ..reporting import status_report
+
+        r = status_report(self.ctx)
+        lta = [l.name for l in self.ctx.settings.locations if l.role is LocationRole.LONG_TERM_ARCHIVE]
+        archived_bytes = sum(r["copies"].get(n, {}).get("bytes", 0) for n in lta)
+        self.progress.update(self.files, completed=r["files"]["registered"], total=r["files"]["registered"] or None)
+        self.progress.update(self.pkgs, completed=r["packages"]["archived"], total=r["packages"]["total"] or None)
+        self.progress.update(self.arch, completed=archived_bytes // (1 << 20),
+                             total=(r["files"]["bytes"] * len(lta)) // (1 << 20) or None, extra="MiB")
+
+
+def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
+    """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``)."""
+    from .. import logs
+    from ..executors.local import LocalRunner
+
+    show_bars = sys.stderr.isatty() and not quiet
+    logs.configure(log_level("ERROR" if quiet else ("WARNING" if show_bars else "INFO")))
+    bars = _Progress(ctx) if show_bars else None
+    runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
+
+    stopped_by: list[int] = []
+    from ..services import start_background
+
+    background = start_background(ctx, lifecycle=not until_idle)
+
+    def stop(signum: int, _frame: object) -> None:
+        print(f"packhorse: signal {signum}: finishing running operations, then stopping", file=sys.stderr)
+        stopped_by.append(signum)
+        runner.stop_requested.set()
+        runner.wake.set()
+        background.interrupt_drain.set()
+
+    from ..recovery.health import HeartbeatThread
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    start = time.monotonic()
+    reason = "finished"
+    health = HeartbeatThread(ctx.db, "runner",
+                             interval_seconds=ctx.settings.recovery.service_heartbeat_interval_seconds).start()
+    try:
+        if bars:
+            with bars:
+                runner.run(until_idle=until_idle)
+        else:
+            runner.run(until_idle=until_idle)
+        if stopped_by:
+            reason = f"signal {stopped_by[0]}"
+    except BaseException as e:
+        reason = f"error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        background.stop(reason, drain=until_idle and not stopped_by)
+        health.stop(remove=True)
+        for s, h in old.items():
+            signal.signal(s, h)
+    return time.monotonic() - start, (stopped_by[0] if stopped_by else None)
+
+
+@app.command()
+def run(
+    config: ConfigOpt = None,
+    until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
+    with_api: Annotated[bool, typer.Option("--api", help="also serve the HTTP API and dashboard (embedded)")] = False,
+    api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
+    api_port: Annotated[Optional[int], typer.Option("--api-port", help="API port [default: api.port]")] = None,
+) -> None:
+    """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
+    ctx = context(config)
+    if ctx.settings.executor.kind != "local":
+        raise fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
+                    "mode (worker processes on this machine). For the distributed mode start "
+                    "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
+                    "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
+    check_storage(ctx)
+    server = None
+    if with_api:
+        from .distributed import serve_api
+
+        server = serve_api(ctx, api_host or ctx.settings.api.host,
+                           ctx.settings.api.port if api_port is None else api_port)
+    try:
+        elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet)
+    finally:
+        if server is not None:
+            server.should_exit = True
+    code = exit_code_after_run(ctx)
+    if until_idle and signum is not None and code == EXIT_OK:
+        # stopped before it was idle: a cron job must not take that for "all done"
+        print(f"packhorse run: interrupted by signal {signum} after {elapsed:.1f} s, before the work was done",
+              file=sys.stderr)
+        raise typer.Exit(128 + signum)
+    if not quiet:
+        print(f"packhorse run: finished in {elapsed:.1f} s", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+@app.command("run-operation")
+def run_operation(
+    kind: KindArg,
+    operation_id: OperationIdArg,
+    config: ConfigOpt = None,
+) -> None:
+    """Claim and run one operation in the foreground (as a worker would); print the outcome."""
+    from ..operations import worker_identity
+    from ..worker import execute_operation
+
+    parse_kind(kind)
+    ctx = context(config)
+    from ..db.models import Operation
+
+    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
+    if op is None or op.kind != kind:
+        raise fail(f"no {kind} operation with id {operation_id}", EXIT_PROBLEM)
+    outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
+    print(outcome.value)
+    raise typer.Exit({"completed": 0, "skipped": 0, "deferred": 0, "retry": 1, "stale": 1,
+                      "failed": EXIT_FAILED}[outcome.value])
+
+
+@app.command()
+def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Show operations by kind and status, packages, copies per location and skipped files."""
+    from ..reporting import status_report
+
+    ctx = context(config)
+    r = status_report(ctx)
+    if as_json:
+        print_json(r)
+        return
+    out = Console()
+    p = r["packages"]
+    out.print(f"packages: {p['total']} total, {p['archived']} archived, {p['failed']} failed; "
+              f"files: {r['files']['registered']} registered ({r['files']['bytes']:,} bytes)", highlight=False)
+    t = Table("operation kind", *[s for s in ("PENDING", "SCHEDULED", "IN_PROGRESS", "COMPLETED", "FAILED")],
+              title="operations")
+    for kind, counts in sorted(r["operations"].items()):
+        t.add_row(kind, *[str(counts.get(s, 0)) for s in ("PENDING", "SCHEDULED", "IN_PROGRESS", "COMPLETED", "FAILED")])
+    out.print(t)
+    c = Table("location", "copies", "bytes", title="physical copies (present)")
+    for loc, v in r["copies"].items():
+        c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
+    out.print(c)
+    if r["skipped"]:
+        s = Table("location", "path", "reason", title="skipped files")
+        for row in r["skipped"]:
+            s.add_row(row["location"], row["path"], row["reason"])
+        out.print(s)
+    for f in r["failed_operations"]:
+        out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
+
+
+@app.command()
+def verify(
+    config: ConfigOpt = None,
+    location: Annotated[Optional[str], typer.Option("--location", help="only copies at this data location")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-read every live copy and compare it with its recorded sha256. Exit 1 on any problem."""
+    from ..reporting import verify_copies
+
+    ctx = context(config)
+    if location is not None and location not in ctx.topology.location_ids:
+        raise fail(f"--location: unknown data location {location!r}", EXIT_CONFIG)
+    r = verify_copies(ctx, location)
+    if as_json:
+        print_json(r)
+    else:
+        print(f"checked {r['checked']}, ok {r['ok']}, missing {len(r['missing'])}, corrupt {len(r['corrupt'])}")
+        for m in r["missing"]:
+            print(f"MISSING {m['location']}:{m['path']}")
+        for c in r["corrupt"]:
+            print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
+        for a in r["awaiting_restore"]:
+            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
+        for u in r["unrepaired"]:
+            print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
+                  "from another verified copy if one exists)")
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] else EXIT_OK)
+
+
+@app.command()
+def demo(
+    source: Annotated[Optional[Path], typer.Option("--source", help="archive this folder instead of generated data")] = None,
+    workdir: Annotated[Path, typer.Option("--workdir", help="where the demo's config, database and sites go")] = Path("packhorse-demo"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Archive a data set from fyst to cologne and cornell, verify it, and print a summary."""
+    from ..demo import generate_observatory_data, write_demo_config
+    from ..reporting import status_report, verify_copies
+
+    workdir = workdir.resolve()
+    if (workdir / "packhorse.db").exists():
+        raise fail(f"{workdir} already holds a demo; remove it or choose another --workdir", EXIT_CONFIG)
+    if source is not None:  # checked before anything is created
+        src_dir = source.resolve()
+        if not src_dir.is_dir():
+            raise fail(f"--source: {source} is not a folder", EXIT_CONFIG)
+        if workdir == src_dir or src_dir in workdir.parents:
+            raise fail(f"--workdir {workdir} may not be inside --source {src_dir}", EXIT_CONFIG)
+        src_value = str(src_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if source is None:
+        src_dir = workdir / "data" / "fyst" / "source"
+        nfiles, nbytes = generate_observatory_data(src_dir)
+        print(f"generated {nfiles} files ({nbytes:,} bytes) in {src_dir}", file=sys.stderr)
+        src_value = "data/fyst/source"
+    cfg = write_demo_config(workdir, src_value, workers=max(2, min(4, os.cpu_count() or 2)))
+    print(f"configuration: {cfg}", file=sys.stderr)
+    ctx_settings = settings(cfg)
+    db = Database.from_settings(ctx_settings)
+    db.upgrade()
+    ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
+    elapsed, signum = _run(ctx, until_idle=True, quiet=quiet)
+    code = exit_code_after_run(ctx)
+    if signum is not None and code == EXIT_OK:
+        print(f"packhorse demo: interrupted by signal {signum}", file=sys.stderr)
+        raise typer.Exit(128 + signum)
+    v = verify_copies(ctx)
+    r = status_report(ctx)
+    mb = r["files"]["bytes"] / 1e6
+    print(f"\npackhorse demo summary ({workdir})")
+    print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
+    print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
+          f"{r['packages']['failed']} failed")
+    from ..domain import LocationRole
+
+    for loc, c in r["copies"].items():
+        if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
+            continue  # raw files, not package copies
+        print(f"  {loc:<16} {c['count']:>4} copies {c['bytes']:>14,} bytes")
+    if r["skipped"]:
+        print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
+    print(f"  verify:   {v['ok']}/{v['checked']} copies ok")
+    print(f"  time:     {elapsed:.1f} s ({mb / elapsed if elapsed else 0:.1f} MB/s of source data)")
+    print(f"  try:      packhorse status -c {cfg}")
+    if v["missing"] or v["corrupt"]:
+        code = code or EXIT_PROBLEM
+    raise typer.Exit(code)
+
+
+@app.command()
+def stage(
+    name: Annotated[str, typer.Argument(help="raw data package name or observation unit")],
+    to: Annotated[str, typer.Option("--to", help="processing location to extract into")],
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Request staging: extract archived packages into a processing location, verified against
+    their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
+    from ..managers.staging import NothingToStageError, request_staging
+
+    ctx = context(config)
+    try:
+        rows = request_staging(ctx, name, to)
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    except NothingToStageError as e:
+        raise fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        if r["operation_id"] is None:
+            print(f"{r['package']}: not archived yet; not staged")
+        elif r["created"]:
+            print(f"{r['package']}: staging operation {r['operation_id']} created; `packhorse run` stages it")
+        else:
+            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})")
