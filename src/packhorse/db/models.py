@@ -263,6 +263,8 @@ class Operation(Base):
         Index("ix_operations_kind_status", "kind", "status"),
         Index("ix_operations_status_lease", "status", "lease_expires_at"),
         Index("ix_operations_physical_copy_id", "physical_copy_id"),  # "has this copy a deletion?"
+        # the dashboard's throughput over a time window (migration 0008)
+        Index("ix_operations_status_finished", "status", "finished_at"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -312,7 +314,9 @@ class FailureEvent(Base):
     error_context: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
-    __table_args__ = (CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),)
+    __table_args__ = (CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+                      # the dashboard's failures over a time window (migration 0008)
+                      Index("ix_failure_events_created_at", "created_at"))
 
 
 class Notification(Base):
@@ -536,3 +540,29 @@ class ObjectLease(Base):
     key: Mapped[str] = mapped_column(String(1024), primary_key=True)
     holder: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class BacklogSample(Base):
+    """The backlog of one operation kind at one minute: how many operations were waiting
+    (``PENDING`` or ``SCHEDULED``), running (``IN_PROGRESS``) and ``FAILED`` then.
+
+    Recorded every ``[api] history_interval_seconds`` (60 s) by :mod:`packhorse.history`
+    (``packhorse run`` and ``packhorse api``); ``measured_at`` is the start of the sampling
+    interval, so two processes sampling the same interval write one row (unique key; the
+    latest sample of an interval stands). Rows
+    older than ``[api] history_keep_days`` (7 days) are deleted at each sample: at most
+    ``keep_days × 86400 / interval`` rows per kind (10 080 a kind with the defaults).
+    """
+
+    __tablename__ = "backlog_samples"
+    __table_args__ = (
+        UniqueConstraint("measured_at", "kind"),
+        CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+        CheckConstraint("waiting >= 0 AND running >= 0 AND failed >= 0", name="counts"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    measured_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    waiting: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)
