@@ -258,6 +258,21 @@ def test_sparse_members_are_refused() -> None:
         list(iter_members(io.BytesIO(buf.getvalue()), source="x:y"))
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_an_oversized_extended_header_is_refused_before_it_is_read(first: bool) -> None:
+    ti, data = reg("pkg/data/a.txt", b"a")
+    ti.pax_headers = {"comment": "x" * (2 << 20)}  # 2 MiB that tarfile would hold in memory
+    members = [(ti, data)] if first else [reg("pkg/bagit.txt", b"b"), (ti, data)]
+    class Stream(io.BytesIO):
+        def seekable(self) -> bool:
+            return False
+
+    for stream in (io.BytesIO(tar_of(members)), Stream(tar_of(members))):  # random access, stream
+        where = "the first member" if first else "the member at byte 1024"
+        with pytest.raises(UnsafePathError, match=rf"refused tar member '\({where}\)': has an extended header of "):
+            list(iter_members(stream, source="x:y"))
+
+
 # ------------------------------------------------------------------ staging: checked first
 
 
