@@ -151,8 +151,10 @@ class TarMember:
 
 
 def refused(source: str, name: str, reason: str, *, step: str = "extract") -> UnsafePathError:
-    """The error for a refused member: ``"<source>: refused tar member '<name>': <reason>"``."""
-    return UnsafePathError(f"{source}: refused tar member {name!r}: {reason}", path=name, host=source, step=step)
+    """The error for a refused member: ``"<source>: refused tar member '<name>': <reason>"``
+    (``path`` = the member, ``host`` = the location, the part of ``source`` before ``:``)."""
+    return UnsafePathError(f"{source}: refused tar member {name!r}: {reason}", path=name,
+                           host=source.partition(":")[0] or None, step=step)
 
 
 def open_tar(fileobj: BinaryIO, *, source: str) -> tarfile.TarFile:

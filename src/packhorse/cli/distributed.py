@@ -163,12 +163,12 @@ def monitor(
     """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
     from ..recovery.health import HeartbeatThread
     from ..recovery.loop import ServiceLoop
-    from ..recovery.monitor import recovery_cycle
+    from ..pipeline import recover
 
     ctx = context(config)
     rec = ctx.settings.recovery
     if once:
-        report = recovery_cycle(ctx.db, ctx.settings)
+        report = recover(ctx)
         data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
                 "breakers_closed": report.breakers_closed}
         if as_json:
@@ -176,7 +176,7 @@ def monitor(
         else:
             print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
         raise typer.Exit(EXIT_OK)
-    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recovery_cycle(ctx.db, ctx.settings),
+    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx),
                        interval_seconds=rec.monitor_interval_seconds,
                        max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                        notification_cooldown_seconds=rec.notification_cooldown_seconds)
