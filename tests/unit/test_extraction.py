@@ -329,6 +329,21 @@ def test_staging_removes_the_target_when_the_copy_changes_between_passes(tmp_pat
     assert not target.exists() and snapshot(parent) == before
 
 
+def test_staging_calls_a_copy_damaged_after_the_check_pass_changed_permanently(tmp_path: Path) -> None:
+    good = tar_of(good_bag_members())
+    damaged = b"\xff" * 512 + good[512:]  # the first header broken: the second pass meets no tar
+    parent = tmp_path / "processing"
+    make_parent(parent)
+    target = parent / ".packhorse-staging-x"
+    before = snapshot(parent)
+    opened: list[str] = []
+    with pytest.raises(SourceChangedError, match=r"changed after the check pass \(.*not a tar archive") as ei:
+        extract_archive_copy(_copy(opened, [good, damaged], sha_of=good, watch=target), target,
+                             limits=DEFAULT_LIMITS)
+    assert ei.value.is_retryable is False and opened == ["open", "open"]
+    assert not target.exists() and snapshot(parent) == before
+
+
 def test_the_cve_chain_really_escapes_the_standard_library_filter(tmp_path: Path) -> None:
     # why the standard library's extraction is not used: on this interpreter the chain gets
     # a file past tarfile's "data" filter (patched interpreters refuse it: then skip)
