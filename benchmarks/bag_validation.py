@@ -20,7 +20,7 @@ the same run; the tar is deleted afterwards.
 
 Sparse (``--sparse``): a 1 GiB file with 4 KiB written is packaged with ``write_bag_tar`` (the
 package tar, as a buffer and an archive hold it), carried in a bundle tar, and extracted from the
-package tar with ``safe_extract`` (a staged copy); prints the bytes allocated on disk
+package tar with ``extract_tar`` (a staged copy); prints the bytes allocated on disk
 (``st_blocks`` × 512) at each place, and deletes everything.
 """
 
@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from packhorse.packaging import PayloadFile, safe_extract, write_bag_tar
+from packhorse.extraction import extract_tar
+from packhorse.packaging import PayloadFile, write_bag_tar
 
 FILES = 16
 BLOCK = 1 << 20
@@ -252,7 +253,7 @@ def sparse(work: Path) -> dict[str, int]:
         result["bundle_tar_allocated"] = _allocated(bundle)
         bundle.unlink()
         with open(package, "rb") as f:
-            safe_extract(f, root / "staged", source="bench")
+            extract_tar(f, root / "staged", source="bench")
         staged = root / "staged" / "pkg" / "data" / "sparse.bin"
         result["staged_file_allocated"] = _allocated(staged)
         print(json.dumps(result), flush=True)

@@ -54,7 +54,10 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from .extraction import ExtractionLimits
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
@@ -651,7 +654,8 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
     if not stat.S_ISDIR(st.st_mode):
         v.unusable("not-a-bag-container", "is not a folder")
         return v.finish()
-    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"), e[0].encode()))
+    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"),
+                                                        e[0].encode("utf-8", "surrogateescape")))
     for rel, is_dir in entries:
         if is_dir:
             v.add_directory(rel)
@@ -692,6 +696,7 @@ def validate_tar(
     required_algorithms: Iterable[str] = (),
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     payload_bytes: memoryview | None = None,
+    limits: "ExtractionLimits | None" = None,
 ) -> tuple[BagReport, str]:
     """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
 
@@ -704,39 +709,51 @@ def validate_tar(
             return the sha256 (hex) of what it read, which is the file's sha256 in the report
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
+        limits: member count and byte limits of the tar reader (default: its defaults).
+
+    Members come from packhorse's one tar reader (:func:`packhorse.extraction.members_of`):
+    a member it refuses (a link, a device, a duplicate, ``..``...) is an ``unsafe-member``
+    problem and is skipped; a limit exceeded is one too, and ends the reading.
 
     Returns:
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    from .packaging import _open_for_reading, check_member  # the tar member reader (I6)
-    from .errors import UnsafePathError
+    from .errors import UnsafePathError, VerificationError
+    from .extraction import DEFAULT_LIMITS, members_of, open_tar  # the one tar reader (I6)
 
     v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
     bag_dir: str | None = None
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}
     try:
-        tar = _open_for_reading(fileobj if seekable else ForwardOnly(fileobj))  # type: ignore[arg-type]
-    except tarfile.TarError as e:
-        v.unusable("not-a-bag-container", f"not a tar archive: {e}")
+        tar = open_tar(fileobj if seekable else ForwardOnly(fileobj), source=bag)  # type: ignore[arg-type]
+    except VerificationError as e:
+        v.unusable("not-a-bag-container", str(e).removeprefix(f"{bag}: "))
         return v.finish(), ""
+
+    def refused(e: UnsafePathError) -> None:
+        v.problem("unsafe-member", e.path or "", str(e).removeprefix(f"{bag}: "))
+
     with tar:
         try:
-            for member in tar:
+            reader = members_of(tar, source=bag, limits=limits or DEFAULT_LIMITS, step="unpack", on_refused=refused)
+            while True:
                 try:
-                    check_member(member)
-                except UnsafePathError as e:
-                    v.problem("unsafe-member", member.name, str(e))
-                    continue
-                name = member.name.rstrip("/")
+                    m = next(reader)
+                except StopIteration:
+                    break
+                except UnsafePathError as e:  # a limit: reading stops here
+                    refused(e)
+                    break
+                member, name = m.info, m.name
                 top, _, rest = name.partition("/")
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
                     v.problem("unsafe-member", name, f"member {name!r} is outside the bag folder {bag_dir!r}")
                     continue
-                if member.isdir():
+                if m.is_dir:
                     if rest:
                         v.add_directory(rest)
                     continue
@@ -744,11 +761,11 @@ def validate_tar(
                     v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
-                    _payload_member(v, tar, member, rest, on_payload, payload_bytes)
+                    _payload_member(v, tar, member, rest, on_payload, payload_bytes, seekable)
                 else:
-                    f = tar.extractfile(member)
+                    f = m.data
                     assert f is not None
-                    v.add(rest, member.size, f)  # type: ignore[arg-type]
+                    v.add(rest, member.size, f)
                 if seekable:
                     members[rest] = member
         except tarfile.TarError as e:
@@ -767,7 +784,7 @@ def validate_tar(
 
 def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarInfo, rest: str,
                     on_payload: Callable[[str, int, BinaryIO], str] | None,
-                    payload_bytes: memoryview | None) -> None:
+                    payload_bytes: memoryview | None, seekable: bool) -> None:
     if not v.admit_payload(rest):
         return
     algs = v.payload_algorithms_for(rest)
@@ -785,18 +802,36 @@ def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarIn
         v.add_payload_digests(rest, size, digests, declared_size=member.size)
         return
     others = [a for a in algs if a != "sha256"]
-    reader = _HashingReader(raw, others)  # type: ignore[arg-type]
-    sha256 = on_payload(rest[len("data/"):], member.size, reader)  # type: ignore[arg-type]
+    # with nothing else to hash the consumer gets the member's own stream (seekable in a
+    # seekable tar, which unpack uses to re-read a large raw package in place)
+    # (a stream read through ForwardOnly must not look seekable to the consumer: it is not)
+    reader = _Counted(raw) if seekable and not others else _HashingReader(raw, others)  # type: ignore[arg-type]
+    sha256 = on_payload(rest[len("data/"):], member.size, reader.stream)  # type: ignore[arg-type]
     if raw.read(1):
         v.problem("unreadable", rest, f"payload file {rest!r} was not read to its end")
         hash_stream(raw, ())  # type: ignore[arg-type]
     v.add_payload_digests(rest, reader.size, {**reader.digests(), "sha256": sha256}, declared_size=member.size)
 
 
+class _Counted:
+    """A member stream handed on as it is; its size is the member's (checked read to the end)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+
+    @property
+    def size(self) -> int:
+        return self.stream.tell()
+
+    def digests(self) -> dict[str, str]:
+        return {}
+
+
 class _HashingReader:
     """Hands ``stream`` on to a consumer, hashing what it reads with ``algorithms``."""
 
     def __init__(self, stream: BinaryIO, algorithms: Iterable[str]) -> None:
+        self.stream = self
         self._stream = stream
         self._hashes = list(_new_hashes(algorithms).values())
         self._names = sorted(set(algorithms) & set(DIGEST_HEX_LENGTH))
@@ -885,7 +920,11 @@ def _seekable(stream: BinaryIO) -> bool:
 
 def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> BagReport:
     """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs)."""
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink():
+        v = BagValidator(str(path))
+        v.unusable("symlink", f"is a symlink (to {os.readlink(path)!r}); links are not followed")
+        return v.finish()
+    if path.is_dir():
         return validate_folder(path, required_algorithms=required_algorithms)
     try:
         f = open(path, "rb")

@@ -221,6 +221,19 @@ class PackagingConfig(_Section):
     bundle_max_wait_seconds: float = Field(300.0, ge=0)
 
 
+class ExtractionConfig(_Section):
+    """``[extraction]``: limits for every tar packhorse reads back (bundles at ``unpack``, raw
+    data packages at ``unpack`` and ``staging``; :mod:`packhorse.extraction`, DESIGN.md I6).
+
+    A tar with more members than ``max_members``, a member of more than ``max_member_bytes``
+    or more than ``max_total_bytes`` in all is refused (a permanent failure naming the key).
+    """
+
+    max_members: int = Field(1_000_000, ge=1)
+    max_member_bytes: int = Field(1 << 40, ge=1)
+    max_total_bytes: int = Field(4 << 40, ge=1)
+
+
 class ManagersConfig(_Section):
     """``[managers]``: the fallback polling interval (finished work wakes managers at once) and
     how often runtime settings are re-read (issue #6)."""
@@ -385,12 +398,17 @@ class ApiConfig(_Section):
 
     ``live_check_ttl_seconds``: how long a live-check result can be fetched by its correlation
     id (seed 002: 900 s). ``dashboard_refresh_seconds``: how often the dashboard reloads.
+    ``history_interval_seconds``: how often the backlog per stage is sampled for the
+    dashboard's charts (by ``packhorse run`` and ``packhorse api``); ``history_keep_days``: how
+    long those samples are kept (:mod:`packhorse.history`).
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     live_check_ttl_seconds: float = Field(900.0, gt=0)
     dashboard_refresh_seconds: float = Field(5.0, gt=0)
+    history_interval_seconds: float = Field(60.0, ge=1)
+    history_keep_days: float = Field(7.0, gt=0)
 
 
 class HooksConfig(_Section):
@@ -415,6 +433,7 @@ class Settings(_Section):
     locations: list[LocationConfig] = Field(default_factory=list)
     routes: list[RouteConfig] = Field(default_factory=list)
     packaging: PackagingConfig = PackagingConfig()
+    extraction: ExtractionConfig = ExtractionConfig()
     managers: ManagersConfig = ManagersConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     deletion: DeletionConfig = DeletionConfig()
@@ -568,7 +587,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
     return f"{source}: " + "; ".join(parts)
 
 
-ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion", "notifications",
+ENV_SECTIONS = ("database", "executor", "packaging", "extraction", "managers", "recovery", "deletion", "notifications",
                 "disk_usage", "api", "hooks")
 
 

@@ -27,7 +27,8 @@ from packhorse.bagvalidation import (
     validate_tar,
 )
 from packhorse.errors import UnsafePathError, VerificationError
-from packhorse.packaging import PayloadFile, read_bag_tar, safe_extract, write_bag_tar
+from packhorse.extraction import extract_tar
+from packhorse.packaging import PayloadFile, read_bag_tar, write_bag_tar
 from packhorse.stages.staging import verify_bag_folder
 
 PAYLOAD = {
@@ -420,7 +421,7 @@ def test_packhorse_archives_validate_with_packhorse_and_with_bagit(tmp_path: Pat
     data = _packhorse_tar(tmp_path, PAYLOAD)
     report, bag_dir = validate_tar(io.BufferedReader(Stream(data)), bag="buf:pkg.tar")  # type: ignore[arg-type]
     assert report.valid and report.passes == 1 and bag_dir == "pkg"
-    safe_extract(io.BytesIO(data), tmp_path / "out", source="x")
+    extract_tar(io.BytesIO(data), tmp_path / "out", source="x")
     assert validate_folder(tmp_path / "out" / "pkg").valid
     assert bagit_valid(tmp_path / "out" / "pkg")
 
@@ -431,7 +432,7 @@ def test_names_bagit_python_cannot_read_back(tmp_path: Path, name: str) -> None:
     # §2.1.3 makes the path run to the line end and asks for '%' to be encoded: packhorse is right
     data = _packhorse_tar(tmp_path, {name: b"named", "ok.txt": b"ok"})
     assert validate_tar(io.BytesIO(data), bag="x")[0].valid
-    safe_extract(io.BytesIO(data), tmp_path / "out", source="x")
+    extract_tar(io.BytesIO(data), tmp_path / "out", source="x")
     bag = tmp_path / "out" / "pkg"
     assert (bag / "data" / name).read_bytes() == b"named"
     assert validate_folder(bag).valid
@@ -454,7 +455,7 @@ def test_sparse_file_round_trips_byte_identical(tmp_path: Path) -> None:
     with open(tar_path, "rb") as f:
         assert read_bag_tar(f, source="x").files == {"sparse.bin": digest}
     with open(tar_path, "rb") as f:
-        safe_extract(f, tmp_path / "out", source="x")
+        extract_tar(f, tmp_path / "out", source="x")
     assert (tmp_path / "out" / "pkg" / "data" / "sparse.bin").read_bytes() == src.read_bytes()
 
 
