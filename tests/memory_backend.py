@@ -13,6 +13,7 @@ cold store whose restores take ``restore_seconds`` of an injected clock.
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,9 @@ from packhorse.storage.base import (
     check_key,
 )
 from packhorse.storage.layers import Layer, PendingLayer
+
+#: where :class:`ColdLayer` keeps its restore requests (never listed)
+RESTORE_PREFIX = RESERVED_PREFIX + "restore/"
 
 
 class _MemoryPending(PendingWrite):
@@ -148,25 +152,32 @@ class _HotPending(PendingLayer):
 
 
 class ColdLayer(Layer):
-    """Makes the backend below a cold store: an object must be restored before it can be read,
-    and a restore takes ``restore_seconds`` after :meth:`request_restore`. Objects published
-    through this layer stay readable (the hot tier before the transition), as with S3.
+    """Makes the backend below a cold store, as tape or Glacier: an object must be restored
+    before it can be read, and a restore is ready ``restore_seconds`` after
+    :meth:`request_restore`. The request time is kept in a marker object under
+    ``_packhorse/restore/`` of the backend itself (written once), so every process of a run
+    sees the same restores. Objects published through this layer stay readable in the process
+    that published them (the hot tier before the transition), as with S3, so the read-back
+    verification after publishing works.
 
     Args:
-        clock: seconds (injected by tests).
+        clock: UTC seconds (injected by unit tests).
     """
 
     def __init__(self, inner: StorageBackend, *, restore_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__(inner)
         self.restore_seconds = restore_seconds
         self._clock = clock
-        self._requested: dict[str, float] = {}
         self._hot: set[str] = set()
 
     @property
     def cold(self) -> bool:  # type: ignore[override]
         return True
+
+    @staticmethod
+    def _marker(key: str) -> str:
+        return f"{RESTORE_PREFIX}{check_key(key)}.json"
 
     def open_write(self, key: str) -> PendingWrite:
         return _HotPending(self.inner.open_write(key), self)
@@ -175,16 +186,29 @@ class ColdLayer(Layer):
         if self.inner.stat(key) is None:
             raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
                                      host=self.location)
-        self._requested.setdefault(key, self._clock())
+        marker = self._marker(key)
+        if self.inner.stat(marker) is None:
+            body = json.dumps({"requested_at": self._clock()}).encode()
+            try:
+                with self.inner.open_write(marker) as w:
+                    w.write(body)
+                    w.publish()
+            except DestinationConflictError:
+                pass  # another process asked first: its time counts (idempotent)
+        self.inner.request_restore(key)
 
     def restore_ready(self, key: str) -> bool:
         if key in self._hot:
             return True
-        requested = self._requested.get(key)
-        return requested is not None and self._clock() >= requested + self.restore_seconds
+        try:
+            with self.inner.open_read(self._marker(key)) as f:
+                requested = float(json.loads(f.read())["requested_at"])
+        except SourceMissingError:
+            return False
+        return self._clock() >= requested + self.restore_seconds and self.inner.restore_ready(key)
 
     def open_read(self, key: str) -> BinaryIO:
         if not self.restore_ready(key):
-            raise RestoreRequiredError(f"{self.location}: {key!r} is in cold storage and not restored",
-                                       side="source", path=key, host=self.location)
+            raise RestoreRequiredError(f"{self.location}: {key!r} is in cold storage and not restored; "
+                                       "request a restore first", side="source", path=key, host=self.location)
         return self.inner.open_read(key)

@@ -18,6 +18,13 @@
     ├── RuntimeSettingError            an unknown runtime-setting key or a value it refuses
     ├── TokenError                     an API token cannot be created or revoked
     ├── ChannelError                   a notification channel did not accept a message
+    ├── EmptyReasonError               a bulk reset asked without a reason (also a ValueError)
+    ├── HistoryWindowError             a history window outside 1 minute … the maximum (ValueError)
+    ├── LocateQueryError               a locate query empty or too long (also a ValueError)
+    ├── BundledElsewhereError          a bundle's package was bundled by another manager first:
+    │                                  the bundling transaction rolls back (internal)
+    ├── ExtendedHeaderTooLargeError    a tar's extended header over the limit (also a tarfile
+    │                                  HeaderError; the tar reader turns it into UnsafePathError)
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
@@ -45,6 +52,8 @@ and ``is_retryable`` so the single failure path can classify it.
 """
 
 from __future__ import annotations
+
+import tarfile
 
 
 class PackhorseError(Exception):
@@ -107,6 +116,30 @@ class ChannelError(PackhorseError):
 
     The notifier retries the notification with backoff, then dead-letters it.
     """
+
+
+class EmptyReasonError(PackhorseError, ValueError):
+    """A bulk reset was asked without a reason (HTTP 422, CLI exit 2)."""
+
+
+class HistoryWindowError(PackhorseError, ValueError):
+    """The requested window is not between 1 minute and
+    :data:`packhorse.history.MAX_WINDOW_MINUTES`."""
+
+
+class LocateQueryError(PackhorseError, ValueError):
+    """The query is empty or too long (HTTP 422, CLI exit 2)."""
+
+
+class BundledElsewhereError(PackhorseError):
+    """A package of a bundle being made was bundled by another manager first: raised inside the
+    bundling transaction so that it rolls back (:mod:`packhorse.managers.bundles`)."""
+
+
+class ExtendedHeaderTooLargeError(PackhorseError, tarfile.HeaderError):
+    """A tar member's extended (PAX or GNU) header is larger than
+    :data:`packhorse.extraction.MAX_HEADER_BYTES`; raised before it is read
+    (:mod:`packhorse.extraction` reports it as a refused member)."""
 
 
 class OperationError(PackhorseError):
