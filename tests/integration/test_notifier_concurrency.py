@@ -34,7 +34,10 @@ class Recorder:
     def wants(self, level: str) -> bool:
         return True
 
-    def send(self, message: Message) -> None:
+    def abort(self) -> None:
+        pass
+
+    def send(self, message: Message, *, timeout: float | None = None) -> None:
         threading.Event().wait(0.002)
         with self.lock:
             self.sent.append(message.notification_id)

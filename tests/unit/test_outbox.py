@@ -14,7 +14,7 @@ from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, OperationKind, Status
 from packhorse.errors import SourceChangedError, VerificationError
-from packhorse.notify.outbox import ascii_subject, enqueue, render_error_context
+from packhorse.notify.outbox import WINDOW_START, ascii_subject, enqueue, render_error_context
 from packhorse.operations import claim, create_operation, dedup_key, record_failure
 
 
@@ -51,7 +51,9 @@ def test_permanent_failure_queues_one_error_notification_rendered_from_the_error
     assert (n.level, n.event, n.operation_kind, n.operation_id, n.status) == (
         "ERROR", "permanent_failure", "transfer", op_id, "pending")
     assert n.subject == f"Permanent failure: transfer {op_id}"
-    assert n.context == out.error_context
+    # the one error context, plus the operations of its cause (a digest) and its cooldown window
+    assert {k: v for k, v in n.context.items() if k not in ("failures", WINDOW_START)} == out.error_context
+    assert [f["operation_id"] for f in n.context["failures"]] == [op_id]
     assert "Error: source file 'x.fits' changed" in n.body
     assert "Diagnosis: the file was modified after it was registered" in n.body
     assert "Path: x.fits" in n.body

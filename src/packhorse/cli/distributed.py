@@ -118,10 +118,20 @@ def notifier(config: ConfigOpt = None) -> None:
     print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)
 
     def body(stop_event: Any, life: Any) -> None:
-        n.serve(stop_event, on_cycle=life.tick)
+        import threading
+
+        # delivery in a thread: a signal only has to set stop_event, and a send in progress is
+        # aborted, so the service stops within seconds whatever the mail server does
+        t = threading.Thread(target=n.serve, args=(stop_event,), kwargs={"on_cycle": life.tick},
+                             name="notifier", daemon=True)
+        t.start()
+        while not stop_event.wait(0.5) and t.is_alive():
+            pass
+        n.stop()
+        t.join(timeout=cfg.stop_grace_seconds)
 
     _serve(ctx, "notifier", body)
-    n.run_once()  # its own "stopped" message
+    n.flush(cfg.stop_grace_seconds)  # its own "stopped" message, if the server takes it at once
 
 
 @app.command("disk-monitor")

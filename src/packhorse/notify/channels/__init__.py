@@ -21,8 +21,17 @@ if TYPE_CHECKING:
 class ChannelError(PackhorseError):
     """A channel could not deliver a message (server down, refused, bad credentials, …).
 
-    The notifier retries the notification with backoff, then dead-letters it.
+    Args:
+        message: what failed, naming the server (never a password or token).
+        permanent: a retry cannot help (an SMTP 5xx reply: relaying denied, login refused,
+            recipient unknown): the notifier dead-letters the notification at once. Otherwise
+            (an SMTP 4xx reply, a network error or timeout) it retries with backoff, then
+            dead-letters it.
     """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -51,8 +60,12 @@ class Channel(Protocol):
     def wants(self, level: str) -> bool:
         """Whether this channel has recipients for notifications of ``level``."""
 
-    def send(self, message: Message) -> None:
-        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted."""
+    def send(self, message: Message, *, timeout: float | None = None) -> None:
+        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted.
+        ``timeout`` (seconds) caps each network step below the channel's own timeout."""
+
+    def abort(self) -> None:
+        """From another thread: make a :meth:`send` in progress fail now (the notifier stops)."""
 
 
 def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
