@@ -179,6 +179,9 @@ def run(
     if dry_run:
         _dry_run(config, as_json)
         return
+    if as_json:
+        raise fail("--json: only with --dry-run (a run reports on stderr; `packhorse status --json` after it)",
+                   EXIT_CONFIG)
     ctx = context(config)
     if ctx.settings.executor.kind != "local":
         raise fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
