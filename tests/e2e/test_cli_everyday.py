@@ -137,6 +137,7 @@ def test_bandwidth_limit_of_a_route_holds_within_20_percent(tmp_path):
     assert len(spans) == 2  # to cologne and to cornell, sharing the route's limit
     seconds = (max(f for _, f in spans) - min(s for s, _ in spans)).total_seconds()
     rate = 2 * size / seconds
+    print(f"measured {rate / limit:.3f} of the limit over {seconds:.2f} s")
     assert 0.8 * limit <= rate <= 1.2 * limit, (rate / limit, seconds)
 
 
