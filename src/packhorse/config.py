@@ -398,12 +398,17 @@ class ApiConfig(_Section):
 
     ``live_check_ttl_seconds``: how long a live-check result can be fetched by its correlation
     id (seed 002: 900 s). ``dashboard_refresh_seconds``: how often the dashboard reloads.
+    ``history_interval_seconds``: how often the backlog per stage is sampled for the
+    dashboard's charts (by ``packhorse run`` and ``packhorse api``); ``history_keep_days``: how
+    long those samples are kept (:mod:`packhorse.history`).
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     live_check_ttl_seconds: float = Field(900.0, gt=0)
     dashboard_refresh_seconds: float = Field(5.0, gt=0)
+    history_interval_seconds: float = Field(60.0, ge=1)
+    history_keep_days: float = Field(7.0, gt=0)
 
 
 class Settings(_Section):
