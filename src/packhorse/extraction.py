@@ -1,16 +1,18 @@
 """The one reader of tar archives, and the one way a tar becomes files (DESIGN.md I6).
 
-Every path that reads a tar from storage goes through :func:`iter_members`: ``unpack`` (a
-bundle, and every raw data package tar it carries, via
-:func:`~packhorse.packaging.read_bag_tar`), ``staging`` (its check pass and its
-extraction, :func:`extract_tar`) and the bag readers of :mod:`packhorse.packaging`. The
+Every path that reads a tar from storage takes its members from :func:`members_of` (or
+:func:`iter_members`, the same over a file object): the bag validator's tar front end
+(:func:`packhorse.bagvalidation.validate_tar`, under :func:`~packhorse.packaging.read_bag_tar`
+and :func:`~packhorse.packaging.read_bag_bytes`), so ``unpack`` (a bundle, and every raw data
+package tar it carries) and ``staging``'s check pass; and :func:`extract_tar`, staging's
+extraction, the only place a tar becomes files. The
 standard library's :mod:`tarfile` only parses headers here; its ``extract*`` functions and
 extraction filters are never used: the ``data`` filter is bypassable on every Python
 packhorse supports (CVE-2025-4517 and its family, cpython#135034: chains of symbolic links
 whose resolved path exceeds ``PATH_MAX`` make the filter's ``realpath`` check pass while the
 kernel follows the links out of the target).
 
-Input is treated as hostile. :func:`iter_members` refuses, with
+Input is treated as hostile. The reader refuses, with
 :class:`~packhorse.errors.UnsafePathError` (permanent, never retried) whose message starts
 with the artifact (``location:key``) and names the member:
 
@@ -23,7 +25,8 @@ with the artifact (``location:key``) and names the member:
 - two names that differ only by Unicode normalization (NFC); on a case-insensitive target
   file system also two names that differ only by letter case: such a file system would merge
   them, so the second would land on the first;
-- a directory member carrying data;
+- a directory member carrying data, an extended (PAX or GNU) header over
+  :data:`MAX_HEADER_BYTES` (tarfile would read it whole into memory);
 - more members than ``extraction.max_members``, a member larger than
   ``extraction.max_member_bytes`` or more payload than ``extraction.max_total_bytes`` (the key
   is named in the error; :class:`ExtractionLimits`).
@@ -151,8 +154,32 @@ class TarMember:
 
 
 def refused(source: str, name: str, reason: str, *, step: str = "extract") -> UnsafePathError:
-    """The error for a refused member: ``"<source>: refused tar member '<name>': <reason>"``."""
-    return UnsafePathError(f"{source}: refused tar member {name!r}: {reason}", path=name, host=source, step=step)
+    """The error for a refused member: ``"<source>: refused tar member '<name>': <reason>"``
+    (``path`` = the member, ``host`` = the location, the part of ``source`` before ``:``)."""
+    return UnsafePathError(f"{source}: refused tar member {name!r}: {reason}", path=name,
+                           host=source.partition(":")[0] or None, step=step)
+
+
+#: Largest extended header (PAX, GNU long name or link) read, bytes: tarfile reads one whole
+#: into memory before a member exists to refuse, so a larger one is refused at the header.
+MAX_HEADER_BYTES = 1 << 20
+
+
+class _HeaderTooLarge(tarfile.HeaderError):
+    pass
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A :class:`tarfile.TarInfo` that refuses extended headers above :data:`MAX_HEADER_BYTES`
+    before reading them (tarfile would hold a header of any declared size in memory)."""
+
+    _EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                 tarfile.GNUTYPE_LONGLINK)
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.type in self._EXTENDED and self.size > MAX_HEADER_BYTES:
+            raise _HeaderTooLarge(f"has an extended header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
 def open_tar(fileobj: BinaryIO, *, source: str) -> tarfile.TarFile:
@@ -167,8 +194,11 @@ def open_tar(fileobj: BinaryIO, *, source: str) -> tarfile.TarFile:
         seekable = False
     try:
         if seekable:
-            return tarfile.open(fileobj=fileobj, mode="r:")
-        return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE)  # type: ignore[call-overload]
+            return tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_BoundedTarInfo)
+        return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE,  # type: ignore[call-overload]
+                            tarinfo=_BoundedTarInfo)
+    except _HeaderTooLarge as e:
+        raise refused(source, "(the first member)", str(e)) from None
     except tarfile.TarError as e:
         raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
 
@@ -280,7 +310,11 @@ def members_of(
     entries: dict[tuple[str, ...], tuple[str, str]] = {}
     count = total = 0
     while True:
-        member = tar.next()
+        at = tar.offset
+        try:
+            member = tar.next()
+        except _HeaderTooLarge as e:
+            raise refused(source, f"(the member at byte {at})", str(e), step=step) from None
         if member is None:
             return
         tar.members.clear()  # tarfile keeps every header otherwise; nothing here looks back
@@ -435,7 +469,10 @@ def _write_member(dir_fd: int, m: TarMember, source: str, on_block: Callable[[in
         if written != m.size:
             raise VerificationError(f"{source}: damaged tar: member {m.name!r} ends after {written} of {m.size} bytes",
                                     path=m.name, step="extract")
-        os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
+        try:
+            os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
+        except (OverflowError, ValueError, OSError):
+            raise refused(source, m.name, f"has a modification time out of range ({m.mtime})") from None
     finally:
         os.close(fd)
 

@@ -127,11 +127,22 @@ def _step_seconds(minutes: int) -> int:
     return 60 * max(1, math.ceil(minutes / MAX_POINTS))
 
 
+#: Ids per ``IN (…)`` list (SQLite allows 32 766 bound parameters per statement).
+IN_CHUNK = 5000
+
+
+def _chunks(ids: set[int]) -> list[list[int]]:
+    ordered = sorted(ids)
+    return [ordered[i:i + IN_CHUNK] for i in range(0, len(ordered), IN_CHUNK)]
+
+
 def _files_carried(session: Session, ops: list[tuple[Any, ...]]) -> dict[int, int]:
     """``{operation id: raw files carried}`` for completed operations ``(id, rdp, dtp, copy)``."""
-    copies = {c: (r, d) for c, r, d in session.execute(
-        select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id, PhysicalCopy.data_transfer_package_id)
-        .where(PhysicalCopy.id.in_({o[3] for o in ops if o[3] is not None})))} if any(o[3] for o in ops) else {}
+    copies: dict[int, tuple[int | None, int | None]] = {}
+    for chunk in _chunks({o[3] for o in ops if o[3] is not None}):
+        copies.update({c: (r, d) for c, r, d in session.execute(
+            select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id, PhysicalCopy.data_transfer_package_id)
+            .where(PhysicalCopy.id.in_(chunk)))})
     subjects = []
     for op_id, rdp, dtp, copy in ops:
         if rdp is None and dtp is None and copy in copies:
@@ -139,11 +150,15 @@ def _files_carried(session: Session, ops: list[tuple[Any, ...]]) -> dict[int, in
         subjects.append((op_id, rdp, dtp))
     rdps = {r for _o, r, _d in subjects if r is not None}
     dtps = {d for _o, r, d in subjects if r is None and d is not None}
-    per_rdp = dict(session.execute(select(RawDataPackage.id, RawDataPackage.file_count)
-                                   .where(RawDataPackage.id.in_(rdps))).all()) if rdps else {}
-    per_dtp = dict(session.execute(select(RawDataPackage.data_transfer_package_id, func.sum(RawDataPackage.file_count))
-                                   .where(RawDataPackage.data_transfer_package_id.in_(dtps))
-                                   .group_by(RawDataPackage.data_transfer_package_id)).all()) if dtps else {}
+    per_rdp: dict[int, int] = {}
+    for chunk in _chunks(rdps):
+        per_rdp.update(session.execute(select(RawDataPackage.id, RawDataPackage.file_count)
+                                       .where(RawDataPackage.id.in_(chunk))).all())
+    per_dtp: dict[int, int] = {}
+    for chunk in _chunks(dtps):
+        per_dtp.update(session.execute(select(RawDataPackage.data_transfer_package_id, func.sum(RawDataPackage.file_count))
+                                       .where(RawDataPackage.data_transfer_package_id.in_(chunk))
+                                       .group_by(RawDataPackage.data_transfer_package_id)).all())
     return {o: int(per_rdp.get(r, 0) if r is not None else per_dtp.get(d, 0) or 0) for o, r, d in subjects}
 
 
@@ -214,17 +229,18 @@ def history(session: Session, settings: Settings, *, minutes: int = 60, now: dt.
             failures.setdefault(kind, [0] * n)[i] += 1
 
     disk: dict[str, dict[str, Any]] = {}
-    for name, d in session.execute(select(DataLocation.name, DiskUsageSample)
-                                   .join(DataLocation, DataLocation.id == DiskUsageSample.location_id)
-                                   .where(DiskUsageSample.measured_at >= since, DiskUsageSample.measured_at < end)
-                                   .order_by(DiskUsageSample.measured_at, DiskUsageSample.id)):
-        i = slot(d.measured_at)
-        if i is None:
-            continue
-        series_d = disk.setdefault(name, {"percent": [None] * n, "used_bytes": [None] * n, "total_bytes": None})
-        series_d["percent"][i] = round(float(d.percent), 3)  # the last sample of an interval
-        series_d["used_bytes"][i] = int(d.used_bytes)
-        series_d["total_bytes"] = int(d.total_bytes)
+    for loc_id, name in session.execute(select(DataLocation.id, DataLocation.name).order_by(DataLocation.id)):
+        # per location: a range of the (location_id, measured_at) index, not every sample kept
+        for d in session.scalars(select(DiskUsageSample).where(
+                DiskUsageSample.location_id == loc_id, DiskUsageSample.measured_at >= since,
+                DiskUsageSample.measured_at < end).order_by(DiskUsageSample.measured_at, DiskUsageSample.id)):
+            i = slot(d.measured_at)
+            if i is None:
+                continue
+            series_d = disk.setdefault(name, {"percent": [None] * n, "used_bytes": [None] * n, "total_bytes": None})
+            series_d["percent"][i] = round(float(d.percent), 3)  # the last sample of an interval
+            series_d["used_bytes"][i] = int(d.used_bytes)
+            series_d["total_bytes"] = int(d.total_bytes)
     du = settings.disk_usage
     return {"since": since.isoformat(), "until": end.isoformat(), "step_seconds": step, "times": times,
             "throughput": throughput, "backlog": backlog, "failures": failures, "disk": disk,

@@ -8,7 +8,8 @@ dashboard's search box. The query is one of (tried in this order):
 2. a registered source path: relative to its source location (``cam/obs1/a.dat``), prefixed
    with the location (``fyst-source:cam/obs1/a.dat``), or absolute under a source
    location's folder (``/data/fyst/source/cam/obs1/a.dat``, needs ``settings``);
-3. a source folder (a group, ``cam/obs1``): the files registered under it.
+3. a source folder (a group, ``cam/obs1``, or a folder above groups, ``cam``): the files
+   registered under it (at most :data:`MAX_FILES`).
 
 A *version* is one registration of a path (one row of ``raw_data_files``: a file is archived
 once, as registered; a later file under a new name is a new version) or, for a folder, each
@@ -264,8 +265,13 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
     matched = "file"
     if not files:
         for loc_id, rel in _source_candidates(session, q, settings):
+            rel = rel.rstrip("/")
+            # the group itself, or every group under the folder: a range on the
+            # (location_id, group_path) index ('0' sorts right after '/'), not LIKE, which
+            # would take '_' and '%' in names for wildcards
+            under = (RawDataFile.group_path > rel + "/") & (RawDataFile.group_path < rel + "0")
             files += list(session.scalars(select(RawDataFile).where(
-                RawDataFile.location_id == loc_id, RawDataFile.group_path == rel)
+                RawDataFile.location_id == loc_id, (RawDataFile.group_path == rel) | under)
                 .order_by(RawDataFile.relative_path).limit(MAX_FILES + 1)))
         matched = "folder"
     if not files:

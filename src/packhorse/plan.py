@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from .config import Settings
 from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from .domain import CopyStatus, LocationRole, StorageType
-from .managers.packages import ROOT_GROUP_NAME, _split
+from .managers.packages import ROOT_GROUP_NAME, _split, names_taken
 from .managers.scan import group_of, list_source
 
 
@@ -105,11 +105,13 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
         if db is not None:
             for path, group, size in db.read(lambda s: _unpackaged(s, loc.name)):
                 groups.setdefault(group, []).append(_File(path, size))
-        taken: set[str] = set(db.read(lambda s: set(s.scalars(select(RawDataPackage.name))))) if db else set()
         dest = _destinations(settings, loc.site)
+        taken: set[str] = set()
         for group in sorted(groups):
+            base = group or ROOT_GROUP_NAME
+            if db is not None:
+                taken |= db.read(lambda s: names_taken(s, base))
             for part in _split(groups[group], p.max_package_bytes):
-                base = group or ROOT_GROUP_NAME
                 name, n = base, 2
                 while name in taken:
                     name, n = f"{base}+{n}", n + 1
@@ -132,6 +134,12 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
 def _not_archived(session: Session, settings: Settings) -> list[dict[str, Any]]:
     """Registered packages not archived yet: the archives still missing their copy."""
     names = {i: n for i, n in session.execute(select(DataLocation.id, DataLocation.name))}
+    pending = select(RawDataPackage.id).where(RawDataPackage.archived_at.is_(None))
+    have: dict[int, set[str]] = {}
+    for pkg_id, loc_id in session.execute(
+            select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id)
+            .where(PhysicalCopy.raw_data_package_id.in_(pending), PhysicalCopy.status == CopyStatus.PRESENT.value)):
+        have.setdefault(pkg_id, set()).add(names[loc_id])
     out = []
     for pkg_id, name, src_loc in session.execute(
             select(RawDataPackage.id, RawDataPackage.name, RawDataPackage.source_location_id)
@@ -141,10 +149,8 @@ def _not_archived(session: Session, settings: Settings) -> list[dict[str, Any]]:
         except KeyError:
             continue
         wanted = _destinations(settings, site)["archive_at"]
-        have = {names[i] for (i,) in session.execute(
-            select(PhysicalCopy.location_id).where(PhysicalCopy.raw_data_package_id == pkg_id,
-                                                   PhysicalCopy.status == CopyStatus.PRESENT.value))}
-        out.append({"name": name, "archive_at": wanted, "missing_at": [w for w in wanted if w not in have]})
+        got = have.get(pkg_id, set())
+        out.append({"name": name, "archive_at": wanted, "missing_at": [w for w in wanted if w not in got]})
     return out
 
 

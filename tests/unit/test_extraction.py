@@ -184,6 +184,14 @@ def test_extract_writes_regular_files_with_their_mtimes_and_no_modes_from_the_ta
     assert os.lstat(tmp_path / "t" / "d").st_mode & 0o7022 == 0
 
 
+def test_extract_refuses_a_modification_time_out_of_range(tmp_path: Path) -> None:
+    ti, data = reg("pkg/a", b"a")
+    ti.mtime = 10**20  # PAX allows any number; time_t does not
+    with pytest.raises(UnsafePathError, match="'pkg/a': has a modification time out of range"):
+        extract_tar(io.BytesIO(tar_of([(ti, data)])), tmp_path / "t", source="x:y")
+    assert not (tmp_path / "t").exists()
+
+
 def test_extract_refuses_an_existing_target_and_leaves_it_alone(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "mine").write_bytes(b"mine")
@@ -258,6 +266,21 @@ def test_sparse_members_are_refused() -> None:
         list(iter_members(io.BytesIO(buf.getvalue()), source="x:y"))
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_an_oversized_extended_header_is_refused_before_it_is_read(first: bool) -> None:
+    ti, data = reg("pkg/data/a.txt", b"a")
+    ti.pax_headers = {"comment": "x" * (2 << 20)}  # 2 MiB that tarfile would hold in memory
+    members = [(ti, data)] if first else [reg("pkg/bagit.txt", b"b"), (ti, data)]
+    class Stream(io.BytesIO):
+        def seekable(self) -> bool:
+            return False
+
+    for stream in (io.BytesIO(tar_of(members)), Stream(tar_of(members))):  # random access, stream
+        where = "the first member" if first else "the member at byte 1024"
+        with pytest.raises(UnsafePathError, match=rf"refused tar member '\({where}\)': has an extended header of "):
+            list(iter_members(stream, source="x:y"))
+
+
 # ------------------------------------------------------------------ staging: checked first
 
 
@@ -326,6 +349,21 @@ def test_staging_removes_the_target_when_the_copy_changes_between_passes(tmp_pat
         extract_archive_copy(_copy(opened, [good, tampered], sha_of=good, watch=target), target,
                              limits=DEFAULT_LIMITS)
     assert opened == ["open", "open"]
+    assert not target.exists() and snapshot(parent) == before
+
+
+def test_staging_calls_a_copy_damaged_after_the_check_pass_changed_permanently(tmp_path: Path) -> None:
+    good = tar_of(good_bag_members())
+    damaged = b"\xff" * 512 + good[512:]  # the first header broken: the second pass meets no tar
+    parent = tmp_path / "processing"
+    make_parent(parent)
+    target = parent / ".packhorse-staging-x"
+    before = snapshot(parent)
+    opened: list[str] = []
+    with pytest.raises(SourceChangedError, match=r"changed after the check pass \(.*not a tar archive") as ei:
+        extract_archive_copy(_copy(opened, [good, damaged], sha_of=good, watch=target), target,
+                             limits=DEFAULT_LIMITS)
+    assert ei.value.is_retryable is False and opened == ["open", "open"]
     assert not target.exists() and snapshot(parent) == before
 
 

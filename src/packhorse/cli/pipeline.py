@@ -102,7 +102,7 @@ PROGRESS_INTERVAL_SECONDS = 30.0
 
 
 def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
-         progress_interval: float = PROGRESS_INTERVAL_SECONDS) -> tuple[float, int | None]:
+         progress_interval: float = PROGRESS_INTERVAL_SECONDS, label: str = "packhorse run") -> tuple[float, int | None]:
     """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``).
 
     Progress (:mod:`packhorse.cli.progress`): bars on a terminal; off one a summary line every
@@ -119,7 +119,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     bars: TerminalProgress | SummaryLines | None = None
     if not quiet:
         bars = (TerminalProgress(ctx.db.read, console=err) if on_terminal
-                else SummaryLines(ctx.db.read, interval=progress_interval, as_log=json_asked))
+                else SummaryLines(ctx.db.read, interval=progress_interval, as_log=json_asked, label=label))
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
     stopped_by: list[int] = []
@@ -179,6 +179,9 @@ def run(
     if dry_run:
         _dry_run(config, as_json)
         return
+    if as_json:
+        raise fail("--json: only with --dry-run (a run reports on stderr; `packhorse status --json` after it)",
+                   EXIT_CONFIG)
     ctx = context(config)
     if ctx.settings.executor.kind != "local":
         raise fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
@@ -382,7 +385,7 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
-    elapsed, signum = _run(ctx, until_idle=True, quiet=quiet)
+    elapsed, signum = _run(ctx, until_idle=True, quiet=quiet, label="packhorse demo")
     code = exit_code_after_run(ctx)
     if signum is not None and code == EXIT_OK:
         print(f"packhorse demo: interrupted by signal {signum}", file=sys.stderr)

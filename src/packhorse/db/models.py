@@ -132,6 +132,8 @@ class RawDataFile(Base):
         # is an index search, never a scan of a table that grows with the archive)
         Index("ix_raw_data_files_unpackaged", "location_id", "raw_data_package_id", "group_path"),
         Index("ix_raw_data_files_raw_data_package_id", "raw_data_package_id"),
+        # "where is my file?" by source folder (migration 0008)
+        Index("ix_raw_data_files_location_group", "location_id", "group_path"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
@@ -166,6 +168,8 @@ class RawDataPackage(Base):
     """
 
     __tablename__ = "raw_data_packages"
+    # "where is my file?" lists every package of a folder (migration 0008)
+    __table_args__ = (Index("ix_raw_data_packages_group_path", "group_path"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
     group_path: Mapped[str] = mapped_column(Text)

@@ -93,7 +93,7 @@ def _restage_key(s: Session, ctx: ProcessContext, pkg: RawDataPackage, loc_id: i
     from ..staged import check_staged
 
     keys = list(s.scalars(select(Operation.dedup_key).where(
-        or_(Operation.dedup_key == key, Operation.dedup_key.like(f"{key}#%")))))
+        or_(Operation.dedup_key == key, Operation.dedup_key.startswith(f"{key}#", autoescape=True)))))
     if not keys:
         return key
     latest = max(keys, key=lambda k: int(k.rpartition("#")[2]) if "#" in k else 1)

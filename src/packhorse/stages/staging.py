@@ -185,7 +185,14 @@ def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionL
     try:
         with copy.open() as f:
             reader = _HashingReader(f, limit=copy.size, source=copy.source, on_block=progress)
-            extract_tar(reader, target, source=copy.source, limits=limits)  # type: ignore[arg-type]
+            try:
+                extract_tar(reader, target, source=copy.source, limits=limits)  # type: ignore[arg-type]
+            except VerificationError as e:  # damaged: did the copy change since the check pass?
+                reader.drain()
+                if not reader.matches(copy.size, copy.sha256):
+                    raise copy.differs(reader, f"it changed after the check pass ({e}); the extracted folder "
+                                               "was removed") from e
+                raise
             extracted = True
             reader.drain()
         if not reader.matches(copy.size, copy.sha256):

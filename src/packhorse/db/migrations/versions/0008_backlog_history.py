@@ -3,7 +3,8 @@
 ``backlog_samples`` holds, per operation kind and sampling interval, how many operations were
 waiting, running and failed (bounded: rows older than ``[api] history_keep_days`` are deleted
 at each sample). Throughput and failures over time are read from ``operations.finished_at``
-and ``failure_events.created_at``, which get indexes so a window is an index range, not a scan.
+and ``failure_events.created_at``, which get indexes so a window is an index range, not a scan;
+"where is my file?" finds a folder's files and packages by ``group_path`` (two more indexes).
 
 Revision ID: 0008
 Revises: 0007
@@ -40,9 +41,17 @@ def upgrade() -> None:
         batch_op.create_index('ix_operations_status_finished', ['status', 'finished_at'], unique=False)
     with op.batch_alter_table('failure_events', schema=None) as batch_op:
         batch_op.create_index('ix_failure_events_created_at', ['created_at'], unique=False)
+    with op.batch_alter_table('raw_data_files', schema=None) as batch_op:
+        batch_op.create_index('ix_raw_data_files_location_group', ['location_id', 'group_path'], unique=False)
+    with op.batch_alter_table('raw_data_packages', schema=None) as batch_op:
+        batch_op.create_index('ix_raw_data_packages_group_path', ['group_path'], unique=False)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('raw_data_packages', schema=None) as batch_op:
+        batch_op.drop_index('ix_raw_data_packages_group_path')
+    with op.batch_alter_table('raw_data_files', schema=None) as batch_op:
+        batch_op.drop_index('ix_raw_data_files_location_group')
     with op.batch_alter_table('failure_events', schema=None) as batch_op:
         batch_op.drop_index('ix_failure_events_created_at')
     with op.batch_alter_table('operations', schema=None) as batch_op:

@@ -99,8 +99,52 @@ def test_include_on_a_location_that_is_not_a_source_is_refused(tmp_path):
 def test_progress_text_never_passes_100_percent_and_gives_an_eta():
     c = StageCount("transfer", done=3, failed=0, total=10, bytes_done=30 * 1024**2, bytes_total=100 * 1024**2)
     text = describe(c, 10.0)
-    assert text.startswith("shipped 3/10 operations 30.0 MiB/100.0 MiB") and "3.0 MiB/s" in text
+    assert text.startswith("shipped 3/10 bundles 30.0 MiB/100.0 MiB") and "3.0 MiB/s" in text
     assert eta_seconds(c, 10.0) == pytest.approx(70 / 3)  # 70 MiB left at 3 MiB/s
     assert "ETA 0:23" in text
     over = StageCount("long_term_archive", done=12, failed=0, total=12, bytes_done=99, bytes_total=99)
     assert describe(over, 5.0).startswith("archived 12/12") and "ETA" not in describe(over, 5.0)
+
+
+def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from sqlalchemy import func, select
+
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.models import Operation, RawDataFile
+    from packhorse.db.session import Database
+    from packhorse.managers import packages
+    from packhorse.managers.scan import scan_all
+    from packhorse.plan import plan_run
+    from packhorse.topology import sync_topology
+    from support import write_settled, write_site_config
+
+    cfg = write_site_config(tmp_path / "site", settle_seconds=30)
+    settings = load_config(cfg)
+    db = Database.from_settings(settings)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    src = settings.location_path("fyst-source")
+    write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    assert packages.manage(ctx, {}) == 1  # inst/obs1: packaged, not archived
+    write_settled(src / "inst" / "obs1" / "b.fits", b"b" * 200)  # new in the same group
+    write_settled(src / "inst" / "obs2" / "c.fits", b"c" * 300)
+    Path(src / "inst" / "obs3").mkdir()
+    (src / "inst" / "obs3" / "fresh.fits").write_bytes(b"f")  # still settling
+    rows = db.read(lambda s: (s.scalar(select(func.count()).select_from(RawDataFile)),
+                              s.scalar(select(func.count()).select_from(Operation))))
+
+    plan = plan_run(settings, db)
+    assert plan["register"][0]["files"] == 2 and plan["register"][0]["settling"] == 1
+    assert [(p["name"], p["files"], p["bytes"]) for p in plan["package"]] == [("inst/obs1+2", 1, 200),
+                                                                            ("inst/obs2", 1, 300)]
+    assert plan["continue"] == [{"name": "inst/obs1", "archive_at": ["cologne-lta", "cornell-lta"],
+                                 "missing_at": ["cologne-lta", "cornell-lta"]}]
+    assert plan["totals"]["archive_copies"] == 2 * 2 + 2
+    assert db.read(lambda s: (s.scalar(select(func.count()).select_from(RawDataFile)),
+                              s.scalar(select(func.count()).select_from(Operation)))) == rows  # nothing written
