@@ -727,7 +727,8 @@ def validate_tar(
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}
     try:
-        tar = open_tar(fileobj if seekable else ForwardOnly(fileobj), source=bag)  # type: ignore[arg-type]
+        base: BinaryIO = fileobj if seekable else ForwardOnly(fileobj)  # type: ignore[assignment]
+        tar = open_tar(base, source=bag)
     except VerificationError as e:
         v.unusable("not-a-bag-container", str(e).removeprefix(f"{bag}: "))
         return v.finish(), ""
@@ -761,7 +762,9 @@ def validate_tar(
                     v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
-                    _payload_member(v, tar, member, rest, on_payload, payload_bytes, seekable)
+                    _payload_member(v, _data(tar, base, member), member, rest, on_payload, payload_bytes, seekable)
+                elif rest.startswith("data/"):
+                    v.add(rest, member.size, _data(tar, base, member))
                 else:
                     f = m.data
                     assert f is not None
@@ -782,7 +785,57 @@ def validate_tar(
     return v.finish(), bag_dir or ""
 
 
-def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarInfo, rest: str,
+class _Window(io.RawIOBase):
+    """The data of one (non-sparse) tar member, read straight from the archive at the offset the
+    tar reader gives (``offset_data``, ``size``): :mod:`tarfile`'s own member stream copies every
+    block once more, which costs a fifth of hashlib's sha256 speed. Seekable within the member
+    when the archive is (a file), not when it is a :class:`ForwardOnly` stream."""
+
+    def __init__(self, base: BinaryIO, offset: int, size: int) -> None:
+        self._base, self._offset, self._size = base, offset, size
+        self._pos = 0
+        self._random = not isinstance(base, ForwardOnly)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._random
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset += self._size
+        if not self._random and offset < self._pos:
+            raise io.UnsupportedOperation("a member of a stream cannot seek back")
+        self._pos = max(0, min(offset, self._size))
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        self._base.seek(self._offset + self._pos)
+        got = self._base.readinto(memoryview(b)[:n]) or 0  # type: ignore[attr-defined]
+        self._pos += got
+        return got
+
+
+def _data(tar: tarfile.TarFile, base: BinaryIO, member: tarfile.TarInfo) -> BinaryIO:
+    """The data stream of a regular payload member (see :class:`_Window`)."""
+    if member.sparse is None and hasattr(base, "readinto"):
+        # a small buffer for small reads; reads of CHUNK_BYTES go straight into the caller's buffer
+        return io.BufferedReader(_Window(base, member.offset_data, member.size), 64 << 10)  # type: ignore[return-value]
+    f = tar.extractfile(member)
+    assert f is not None
+    return f  # type: ignore[return-value]
+
+
+def _payload_member(v: BagValidator, raw: BinaryIO, member: tarfile.TarInfo, rest: str,
                     on_payload: Callable[[str, int, BinaryIO], str] | None,
                     payload_bytes: memoryview | None, seekable: bool) -> None:
     if not v.admit_payload(rest):
@@ -795,8 +848,6 @@ def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarIn
             return
         v.add_payload_digests(rest, member.size, dict(v._hash_bytes(payload_bytes[member.offset_data:end], algs)))
         return
-    raw = tar.extractfile(member)
-    assert raw is not None
     if on_payload is None or v.payload_listed(rest) is False:
         size, digests = hash_stream(raw, algs)  # type: ignore[arg-type]
         v.add_payload_digests(rest, size, digests, declared_size=member.size)
