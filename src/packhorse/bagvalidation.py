@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import io
 import os
 import re
 import stat
@@ -53,7 +54,10 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from .extraction import ExtractionLimits
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
@@ -284,6 +288,7 @@ class BagValidator:
         self._payload_algs: set[str] = set()
         self._tag_algs: set[str] = set()
         self._early: dict[str, set[str]] = {}  # payload manifests parsed early: {name: paths}
+        self._unusable = False
         self.passes = 1
 
     # ------------------------------------------------------------------ feeding
@@ -292,6 +297,12 @@ class BagValidator:
         """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
         assert code in PROBLEM_CODES, code
         self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+
+    def unusable(self, code: str, message: str) -> None:
+        """Record that the container cannot be read at all (not a tar, no such folder): the report
+        then holds only this problem, not the consequences (no bagit.txt, no manifest...)."""
+        self.problem(code, "", message)
+        self._unusable = True
 
     def add_directory(self, path: str) -> None:
         """A directory entry (``path`` relative to the bag root, no trailing ``/``)."""
@@ -522,6 +533,9 @@ class BagValidator:
     def finish(self) -> BagReport:
         """Check everything fed so far against the rules; return the report with every problem."""
         report = BagReport(bag=self.bag, passes=self.passes)
+        if self._unusable:
+            report.problems = list(self._problems)
+            return report
         version, encoding = self._declaration()
         report.version = version
         if not self._has_data_dir:
@@ -635,12 +649,13 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
     try:
         st = os.lstat(root)
     except OSError as e:
-        v.problem("unreadable", "", f"cannot read the bag folder: {e.strerror}")
+        v.unusable("unreadable", f"cannot read the bag folder: {e.strerror}")
         return v.finish()
     if not stat.S_ISDIR(st.st_mode):
-        v.problem("not-a-bag-container", "", "is not a folder")
+        v.unusable("not-a-bag-container", "is not a folder")
         return v.finish()
-    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"), e[0].encode()))
+    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"),
+                                                        e[0].encode("utf-8", "surrogateescape")))
     for rel, is_dir in entries:
         if is_dir:
             v.add_directory(rel)
@@ -681,6 +696,8 @@ def validate_tar(
     required_algorithms: Iterable[str] = (),
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     payload_bytes: memoryview | None = None,
+    limits: "ExtractionLimits | None" = None,
+    stop_at_refused: bool = False,
 ) -> tuple[BagReport, str]:
     """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
 
@@ -693,39 +710,59 @@ def validate_tar(
             return the sha256 (hex) of what it read, which is the file's sha256 in the report
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
+        limits: member count and byte limits of the tar reader (default: its defaults).
+        stop_at_refused: raise the reader's :class:`~packhorse.errors.UnsafePathError` at the
+            first refused member instead of reporting it and reading on: what packhorse's own
+            readers ask for, so that nothing after a hostile member reaches ``on_payload`` (a
+            refused input is refused whole, DESIGN.md I6).
+
+    Members come from packhorse's one tar reader (:func:`packhorse.extraction.members_of`):
+    a member it refuses (a link, a device, a duplicate, ``..``...) is an ``unsafe-member``
+    problem and is skipped; a limit exceeded is one too, and ends the reading.
 
     Returns:
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    from .packaging import _open_for_reading, check_member  # the tar member reader (I6)
-    from .errors import UnsafePathError
+    from .errors import UnsafePathError, VerificationError
+    from .extraction import DEFAULT_LIMITS, members_of, open_tar  # the one tar reader (I6)
 
     v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
     bag_dir: str | None = None
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}
     try:
-        tar = _open_for_reading(fileobj)
-    except tarfile.TarError as e:
-        v.problem("not-a-bag-container", "", f"not a tar archive: {e}")
+        base: BinaryIO = fileobj if seekable else ForwardOnly(fileobj)  # type: ignore[assignment]
+        tar = open_tar(base, source=bag)
+    except VerificationError as e:
+        v.unusable("not-a-bag-container", str(e).removeprefix(f"{bag}: "))
         return v.finish(), ""
+
+    def refused(e: UnsafePathError) -> None:
+        if stop_at_refused:
+            raise e
+        v.problem("unsafe-member", e.path or "", str(e).removeprefix(f"{bag}: "))
+
     with tar:
         try:
-            for member in tar:
+            reader = members_of(tar, source=bag, limits=limits or DEFAULT_LIMITS, step="unpack", on_refused=refused)
+            while True:
                 try:
-                    check_member(member)
-                except UnsafePathError as e:
-                    v.problem("unsafe-member", member.name, str(e))
-                    continue
-                name = member.name.rstrip("/")
+                    m = next(reader)
+                except StopIteration:
+                    break
+                except UnsafePathError as e:  # a limit: reading stops here
+                    refused(e)
+                    break
+                member, name = m.info, m.name
                 top, _, rest = name.partition("/")
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
-                    v.problem("unsafe-member", name, f"member {name!r} is outside the bag folder {bag_dir!r}")
+                    refused(UnsafePathError(f"{bag}: member {name!r} is outside the bag folder {bag_dir!r}",
+                                            path=name))
                     continue
-                if member.isdir():
+                if m.is_dir:
                     if rest:
                         v.add_directory(rest)
                     continue
@@ -733,16 +770,18 @@ def validate_tar(
                     v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
-                    _payload_member(v, tar, member, rest, on_payload, payload_bytes)
+                    _payload_member(v, _data(tar, base, member), member, rest, on_payload, payload_bytes, seekable)
+                elif rest.startswith("data/"):
+                    v.add(rest, member.size, _data(tar, base, member))
                 else:
-                    f = tar.extractfile(member)
+                    f = m.data
                     assert f is not None
-                    v.add(rest, member.size, f)  # type: ignore[arg-type]
+                    v.add(rest, member.size, f)
                 if seekable:
                     members[rest] = member
         except tarfile.TarError as e:
             v.problem("not-a-bag-container", "", f"damaged tar: {e}")
-        except EOFError as e:
+        except (EOFError, io.UnsupportedOperation) as e:
             v.problem("truncated", "", f"damaged tar: {e}")
         need = v.rehash_needed()
         if need and seekable:
@@ -754,9 +793,59 @@ def validate_tar(
     return v.finish(), bag_dir or ""
 
 
-def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarInfo, rest: str,
+class _Window(io.RawIOBase):
+    """The data of one (non-sparse) tar member, read straight from the archive at the offset the
+    tar reader gives (``offset_data``, ``size``): :mod:`tarfile`'s own member stream copies every
+    block once more, which costs a fifth of hashlib's sha256 speed. Seekable within the member
+    when the archive is (a file), not when it is a :class:`ForwardOnly` stream."""
+
+    def __init__(self, base: BinaryIO, offset: int, size: int) -> None:
+        self._base, self._offset, self._size = base, offset, size
+        self._pos = 0
+        self._random = not isinstance(base, ForwardOnly)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._random
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset += self._size
+        if not self._random and offset < self._pos:
+            raise io.UnsupportedOperation("a member of a stream cannot seek back")
+        self._pos = max(0, min(offset, self._size))
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        self._base.seek(self._offset + self._pos)
+        got = self._base.readinto(memoryview(b)[:n]) or 0  # type: ignore[attr-defined]
+        self._pos += got
+        return got
+
+
+def _data(tar: tarfile.TarFile, base: BinaryIO, member: tarfile.TarInfo) -> BinaryIO:
+    """The data stream of a regular payload member (see :class:`_Window`)."""
+    if member.sparse is None and hasattr(base, "readinto"):
+        # a small buffer for small reads; reads of CHUNK_BYTES go straight into the caller's buffer
+        return io.BufferedReader(_Window(base, member.offset_data, member.size), 64 << 10)  # type: ignore[return-value]
+    f = tar.extractfile(member)
+    assert f is not None
+    return f  # type: ignore[return-value]
+
+
+def _payload_member(v: BagValidator, raw: BinaryIO, member: tarfile.TarInfo, rest: str,
                     on_payload: Callable[[str, int, BinaryIO], str] | None,
-                    payload_bytes: memoryview | None) -> None:
+                    payload_bytes: memoryview | None, seekable: bool) -> None:
     if not v.admit_payload(rest):
         return
     algs = v.payload_algorithms_for(rest)
@@ -767,25 +856,41 @@ def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarIn
             return
         v.add_payload_digests(rest, member.size, dict(v._hash_bytes(payload_bytes[member.offset_data:end], algs)))
         return
-    raw = tar.extractfile(member)
-    assert raw is not None
     if on_payload is None or v.payload_listed(rest) is False:
         size, digests = hash_stream(raw, algs)  # type: ignore[arg-type]
         v.add_payload_digests(rest, size, digests, declared_size=member.size)
         return
     others = [a for a in algs if a != "sha256"]
-    reader = _HashingReader(raw, others)  # type: ignore[arg-type]
-    sha256 = on_payload(rest[len("data/"):], member.size, reader)  # type: ignore[arg-type]
+    # with nothing else to hash the consumer gets the member's own stream (seekable in a
+    # seekable tar, which unpack uses to re-read a large raw package in place)
+    # (a stream read through ForwardOnly must not look seekable to the consumer: it is not)
+    reader = _Counted(raw) if seekable and not others else _HashingReader(raw, others)  # type: ignore[arg-type]
+    sha256 = on_payload(rest[len("data/"):], member.size, reader.stream)  # type: ignore[arg-type]
     if raw.read(1):
         v.problem("unreadable", rest, f"payload file {rest!r} was not read to its end")
         hash_stream(raw, ())  # type: ignore[arg-type]
     v.add_payload_digests(rest, reader.size, {**reader.digests(), "sha256": sha256}, declared_size=member.size)
 
 
+class _Counted:
+    """A member stream handed on as it is; its size is the member's (checked read to the end)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+
+    @property
+    def size(self) -> int:
+        return self.stream.tell()
+
+    def digests(self) -> dict[str, str]:
+        return {}
+
+
 class _HashingReader:
     """Hands ``stream`` on to a consumer, hashing what it reads with ``algorithms``."""
 
     def __init__(self, stream: BinaryIO, algorithms: Iterable[str]) -> None:
+        self.stream = self
         self._stream = stream
         self._hashes = list(_new_hashes(algorithms).values())
         self._names = sorted(set(algorithms) & set(DIGEST_HEX_LENGTH))
@@ -811,6 +916,60 @@ class _HashingReader:
         return {a: h.hexdigest() for a, h in zip(self._names, self._hashes)}
 
 
+class ForwardOnly(io.RawIOBase):
+    """A non-seekable stream (a pipe, an HTTP body) seen as seekable forwards only.
+
+    :mod:`tarfile` reads a seekable archive with one copy per block, a stream (``r|``) with
+    about four (docs/benchmarks.md: a stream validated at a third of hashlib's speed); its
+    random-access mode only ever seeks forwards when a tar is read front to back, so this
+    adapter serves such a seek by reading on. A backward seek raises
+    :class:`io.UnsupportedOperation` (an ``OSError``); a damaged tar may ask for one.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a stream cannot seek from its end")
+        if offset < self._pos:
+            raise io.UnsupportedOperation(f"a stream cannot seek back from byte {self._pos} to {offset}")
+        while self._pos < offset:
+            data = self._stream.read(min(offset - self._pos, CHUNK_BYTES))
+            if not data:
+                break
+            self._pos += len(data)
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is not None:
+            n = readinto(b) or 0
+        else:
+            data = self._stream.read(len(b))
+            n = len(data)
+            memoryview(b)[:n] = data
+        self._pos += n
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._pos += len(data)
+        return data
+
+
 def _seekable(stream: BinaryIO) -> bool:
     try:
         return bool(stream.seekable())
@@ -820,13 +979,17 @@ def _seekable(stream: BinaryIO) -> bool:
 
 def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> BagReport:
     """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs)."""
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink():
+        v = BagValidator(str(path))
+        v.unusable("symlink", f"is a symlink (to {os.readlink(path)!r}); links are not followed")
+        return v.finish()
+    if path.is_dir():
         return validate_folder(path, required_algorithms=required_algorithms)
     try:
         f = open(path, "rb")
     except OSError as e:
         v = BagValidator(str(path))
-        v.problem("unreadable", "", f"cannot open: {e.strerror}")
+        v.unusable("unreadable", f"cannot open: {e.strerror}")
         return v.finish()
     with f:
         return validate_tar(f, bag=str(path), required_algorithms=required_algorithms)[0]

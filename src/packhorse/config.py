@@ -112,6 +112,12 @@ class LocationConfig(_Section):
 
     ``retention_seconds`` is how long a buffer copy is kept after it may be deleted (default
     7 days; disk pressure may shorten it, never the safety rules: ``docs/deletion.md``).
+
+    ``include`` / ``exclude`` (source locations only): glob patterns of paths relative to the
+    location's root (``/`` separates folders, ``*`` and ``?`` stay within one name, ``**``
+    spans folders, a pattern without ``/`` matches a name at any depth), applied at scan time:
+    with ``include`` only matching files are registered; a file matching ``exclude`` never is
+    (:mod:`packhorse.scanfilter`).
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -121,6 +127,8 @@ class LocationConfig(_Section):
     path: str | None = None
     active: bool = True
     retention_seconds: float = Field(604800.0, ge=0)
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
     # -- storage = "s3" (issue #5; docs/object-storage.md). Credentials never go here: the
     # standard AWS chain (environment, profile, instance role) supplies them.
     bucket: str | None = Field(None, min_length=3, max_length=63)
@@ -158,6 +166,15 @@ class LocationConfig(_Section):
                                  "storage 's3'")
         if (self.object_lock_mode is None) != (self.object_lock_retain_days is None):
             raise ValueError(f"location {self.name!r}: object_lock_mode and object_lock_retain_days go together")
+        if (self.include or self.exclude) and self.role is not LocationRole.SOURCE:
+            raise ValueError(f"location {self.name!r}: include and exclude only apply to role 'source'")
+        from .scanfilter import check_pattern
+
+        for key in ("include", "exclude"):
+            for pattern in getattr(self, key):
+                problem = check_pattern(pattern)
+                if problem:
+                    raise ValueError(f"location {self.name!r}: {key} pattern {pattern!r}: {problem}")
         return self
 
 
@@ -165,20 +182,32 @@ class RouteConfig(_Section):
     """``[[routes]]``: raw data from ``source_site`` goes to every site in ``destination_sites``.
 
     ``method = "command"`` runs ``command`` (a template with ``{source}`` and
-    ``{destination}`` placeholders, split like a shell line, never run through a shell) to
-    move a bundle; the result is verified at the destination either way.
+    ``{destination}`` placeholders, and ``{bandwidth_limit}``, split like a shell line, never
+    run through a shell) to move a bundle; the result is verified at the destination either way.
+
+    ``bandwidth_limit_bytes_per_second``: the most bytes per second the route's transfers
+    together may read from the source (``copy``; shared fairly among the route's transfers in
+    progress, :mod:`packhorse.ratelimit`). A ``command`` gets it as ``{bandwidth_limit}`` (whole
+    bytes per second, e.g. ``rclone copyto --bwlimit {bandwidth_limit} ...``; ``rsync --bwlimit``
+    takes KiB, so use ``{bandwidth_limit_kib}``); a template that uses neither with a limit set is
+    refused, as the limit would silently not apply.
     """
 
     source_site: str
     destination_sites: list[str] = Field(min_length=1)
     method: TransferMethod = TransferMethod.COPY
     command: str | None = None
+    bandwidth_limit_bytes_per_second: int | None = Field(None, ge=1024)
 
     @model_validator(mode="after")
     def _command_template(self) -> "RouteConfig":
         if self.method is TransferMethod.COMMAND:
             if not self.command or "{source}" not in self.command or "{destination}" not in self.command:
                 raise ValueError("method 'command' needs a 'command' with {source} and {destination}")
+            if self.bandwidth_limit_bytes_per_second is not None and not any(
+                    p in self.command for p in ("{bandwidth_limit}", "{bandwidth_limit_kib}")):
+                raise ValueError("bandwidth_limit_bytes_per_second is set but 'command' uses neither "
+                                 "{bandwidth_limit} nor {bandwidth_limit_kib}: the limit would not apply")
         return self
 
 
@@ -190,6 +219,19 @@ class PackagingConfig(_Section):
     settle_seconds: float = Field(60.0, ge=0)
     bundle_target_bytes: int = Field(1024**3, gt=0)
     bundle_max_wait_seconds: float = Field(300.0, ge=0)
+
+
+class ExtractionConfig(_Section):
+    """``[extraction]``: limits for every tar packhorse reads back (bundles at ``unpack``, raw
+    data packages at ``unpack`` and ``staging``; :mod:`packhorse.extraction`, DESIGN.md I6).
+
+    A tar with more members than ``max_members``, a member of more than ``max_member_bytes``
+    or more than ``max_total_bytes`` in all is refused (a permanent failure naming the key).
+    """
+
+    max_members: int = Field(1_000_000, ge=1)
+    max_member_bytes: int = Field(1 << 40, ge=1)
+    max_total_bytes: int = Field(4 << 40, ge=1)
 
 
 class ManagersConfig(_Section):
@@ -374,12 +416,17 @@ class ApiConfig(_Section):
 
     ``live_check_ttl_seconds``: how long a live-check result can be fetched by its correlation
     id (seed 002: 900 s). ``dashboard_refresh_seconds``: how often the dashboard reloads.
+    ``history_interval_seconds``: how often the backlog per stage is sampled for the
+    dashboard's charts (by ``packhorse run`` and ``packhorse api``); ``history_keep_days``: how
+    long those samples are kept (:mod:`packhorse.history`).
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     live_check_ttl_seconds: float = Field(900.0, gt=0)
     dashboard_refresh_seconds: float = Field(5.0, gt=0)
+    history_interval_seconds: float = Field(60.0, ge=1)
+    history_keep_days: float = Field(7.0, gt=0)
 
 
 class Settings(_Section):
@@ -391,6 +438,7 @@ class Settings(_Section):
     locations: list[LocationConfig] = Field(default_factory=list)
     routes: list[RouteConfig] = Field(default_factory=list)
     packaging: PackagingConfig = PackagingConfig()
+    extraction: ExtractionConfig = ExtractionConfig()
     managers: ManagersConfig = ManagersConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     deletion: DeletionConfig = DeletionConfig()
@@ -543,7 +591,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
     return f"{source}: " + "; ".join(parts)
 
 
-ENV_SECTIONS = ("database", "executor", "packaging", "managers", "recovery", "deletion", "notifications",
+ENV_SECTIONS = ("database", "executor", "packaging", "extraction", "managers", "recovery", "deletion", "notifications",
                 "disk_usage", "api")
 
 

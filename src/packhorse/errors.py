@@ -15,7 +15,7 @@
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
-        │   ├── UnsafePathError            a path or tar member leaves its root (I6)
+        │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
         │   └── SourceChangedError         the source no longer matches its registered sha256
         └── RetryableError             retried up to the operation's ``max_retries``
@@ -122,7 +122,9 @@ class DestinationConflictError(PermanentError):
 
 
 class UnsafePathError(PermanentError):
-    """A path or tar member would leave its location root or target directory (DESIGN.md I6)."""
+    """A path would leave its location root, or a tar member is refused by the tar reader
+    (a link, a device, a duplicate, ``..``, a limit exceeded: :mod:`packhorse.extraction`;
+    DESIGN.md I6)."""
 
 
 class SourceMissingError(PermanentError):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,36 +31,13 @@ from .db.models import DataLocation, PhysicalCopy, utcnow
 from .domain import CopyStatus, NotificationLevel, OperationKind
 from .errors import SourceMissingError, UnsafePathError
 from .notify.outbox import enqueue
+from .ratelimit import RateLimiter
 from .storage.base import CHUNK_BYTES, StorageBackend
 
 if TYPE_CHECKING:
     from .context import ProcessContext
 
 OK, MISSING, CORRUPT = "ok", CopyStatus.MISSING.value, CopyStatus.CORRUPT.value
-
-
-class RateLimiter:
-    """A token bucket: :meth:`take` blocks so that at most ``bytes_per_second`` pass on
-    average (bursts up to one second's worth). ``None`` means unlimited. Thread-safe."""
-
-    def __init__(self, bytes_per_second: float | None) -> None:
-        self.rate = bytes_per_second
-        self._lock = threading.Lock()
-        self._allowance = float(bytes_per_second or 0)
-        self._last = time.monotonic()
-
-    def take(self, nbytes: int) -> None:
-        """Account for ``nbytes``; sleeps as long as needed to keep the rate."""
-        if not self.rate:
-            return
-        with self._lock:
-            now = time.monotonic()
-            self._allowance = min(self.rate, self._allowance + (now - self._last) * self.rate)
-            self._last = now
-            self._allowance -= nbytes
-            wait = -self._allowance / self.rate if self._allowance < 0 else 0.0
-        if wait > 0:
-            time.sleep(wait)
 
 
 _limiters: dict[str, RateLimiter] = {}

@@ -20,6 +20,13 @@ def set_format(fmt: str) -> None:
     _FORMAT["json"] = fmt == "json"
 
 
+def chosen_format() -> str | None:
+    """``"json"`` or ``"console"`` if one was chosen (``--log-format``), else ``None``."""
+    if "json" not in _FORMAT:
+        return None
+    return "json" if _FORMAT["json"] else "console"
+
+
 def current_config() -> dict[str, object]:
     """The arguments of the last :func:`configure` call (worker processes copy them)."""
     return dict(_current)

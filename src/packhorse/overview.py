@@ -38,6 +38,13 @@ def _package_and_location():  # type: ignore[no-untyped-def]
     return package, loc.name, join
 
 
+def package_and_location():  # type: ignore[no-untyped-def]
+    """``(package name column, location name column, join(query))``: the names of each
+    operation's package and of the data location where its work happens (the destination,
+    else the source, else a deletion's copy location); ``join`` adds the outer joins."""
+    return _package_and_location()
+
+
 def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | None = None) -> dict[str, Any]:
     """Operations grouped by kind, location and status, and the operations not yet completed.
 

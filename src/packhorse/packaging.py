@@ -19,9 +19,10 @@ payload file is hashed while it is streamed into the tar and a mismatch aborts t
 
 Reading (:func:`read_bag_tar`, :func:`read_bag_bytes`) streams a bag tar once through the RFC 8493
 validator of :mod:`packhorse.bagvalidation` (any manifest algorithm, any member order), refusing
-unsafe members (I6), and returns every payload file's sha256. :func:`safe_extract`
-extracts a tar into a folder with the standard library's ``data`` filter (no absolute names,
-no ``..``, no links leaving the target, no device files).
+unsafe members (I6), and returns every payload file's sha256. Its members come from the one
+tar reader, :func:`packhorse.extraction.members_of` (links, devices, duplicates, ``..``,
+names merged by normalization and members beyond the ``[extraction]`` limits are refused).
+Extraction into a folder is :func:`packhorse.extraction.extract_tar`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import BinaryIO, Protocol
 from .bagvalidation import UNSAFE_CODES, BagReport, validate_tar
 from .bagvalidation import decode_manifest_path as _decode
 from .errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
+from .extraction import DEFAULT_LIMITS, ExtractionLimits
 
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)
@@ -236,25 +238,6 @@ def write_bag_tar(
 # ----------------------------------------------------------------------------------- reading
 
 
-def check_member(member: tarfile.TarInfo) -> None:
-    """Refuse a tar member that could leave its target folder or is not a file/folder (I6).
-
-    Raises:
-        UnsafePathError: absolute name, ``..``, a link, a device, or any special member.
-    """
-    name = member.name
-    if name.startswith("/") or os.path.isabs(name):
-        raise UnsafePathError(f"tar member {name!r} has an absolute name", path=name, step="unpack")
-    parts = name.split("/")
-    if ".." in parts:
-        raise UnsafePathError(f"tar member {name!r} leaves the target folder ('..')", path=name, step="unpack")
-    if member.issym() or member.islnk():
-        raise UnsafePathError(f"tar member {name!r} is a link (to {member.linkname!r}); links are refused",
-                              path=name, step="unpack")
-    if not (member.isreg() or member.isdir()):
-        raise UnsafePathError(f"tar member {name!r} is not a regular file or folder", path=name, step="unpack")
-
-
 @dataclass
 class BagContents:
     """What :func:`read_bag_tar` found: ``bag_dir``, ``bag_info`` (label → first value) and
@@ -263,22 +246,6 @@ class BagContents:
     bag_dir: str
     bag_info: dict[str, str]
     files: dict[str, str]
-
-
-#: Stream buffer for reading non-seekable tars. tarfile's stream mode copies its whole
-#: remaining buffer on every small read, so a large buffer costs more than it saves.
-STREAM_BUFSIZE = 64 * 1024
-
-
-def _open_for_reading(fileobj: BinaryIO) -> tarfile.TarFile:
-    """Open a tar for one sequential pass: random access when ``fileobj`` can seek, else stream."""
-    try:
-        seekable = fileobj.seekable()  # type: ignore[union-attr]
-    except (AttributeError, OSError, ValueError):
-        seekable = False
-    if seekable:
-        return tarfile.open(fileobj=fileobj, mode="r:")
-    return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE)  # type: ignore[call-overload]
 
 
 def raise_for_problems(report: BagReport, *, step: str, side: str | None = None) -> None:
@@ -309,14 +276,15 @@ def _contents(report: BagReport, bag_dir: str) -> BagContents:
     )
 
 
-def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str) -> BagContents:
+def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str,
+                   limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
     """:func:`read_bag_tar` of a bag tar held in memory (a raw data package taken out of a
     bundle): each payload file is hashed straight from ``data``, without a file object and a
     copy per member, which is most of the cost for bags of many small files. Same checks,
     same errors."""
     view = memoryview(data)
     report, bag_dir = validate_tar(io.BytesIO(view), bag=source, required_algorithms=("sha256",),
-                                   payload_bytes=view)
+                                   payload_bytes=view, limits=limits, stop_at_refused=True)
     raise_for_problems(report, step="unpack")
     return _contents(report, bag_dir)
 
@@ -326,6 +294,7 @@ def read_bag_tar(
     *,
     source: str,
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
+    limits: ExtractionLimits = DEFAULT_LIMITS,
 ) -> BagContents:
     """Stream through a bag tar once, validating it (RFC 8493, :mod:`packhorse.bagvalidation`);
     optionally hand each payload file on.
@@ -337,21 +306,35 @@ def read_bag_tar(
             in the manifests (or met before them); it must read the whole stream and return the
             sha256 (hex) of what it read, which is then checked against the manifest (so the
             caller's own hash is not done twice). Without it, the payload is hashed here.
+        limits: member count and byte limits (``[extraction]`` settings).
 
     Returns:
         the bag's info and the sha256 of every payload file (hashed whatever the manifests'
         algorithms).
 
     Raises:
-        UnsafePathError: a member is unsafe (see :func:`check_member`) or outside the bag.
+        UnsafePathError: a member is refused by the tar reader (:mod:`packhorse.extraction`)
+            or lies outside the bag folder; raised at that member, so no later member reaches
+            ``on_payload``.
         VerificationError: any other problem of :data:`~packhorse.bagvalidation.PROBLEM_CODES`
             (missing tag files, a payload file not in a manifest or with another checksum,
             manifest entries without a file, a wrong Payload-Oxum or tag manifest...); the
             message names the first and counts the others.
     """
-    report, bag_dir = validate_tar(fileobj, bag=source, required_algorithms=("sha256",), on_payload=on_payload)
+    report, bag_dir = validate_tar(fileobj, bag=source, required_algorithms=("sha256",), on_payload=on_payload,
+                                   limits=limits, stop_at_refused=True)
     raise_for_problems(report, step="unpack")
     return _contents(report, bag_dir)
+
+
+def verify_bag_archive(fileobj: BinaryIO, *, source: str, limits: ExtractionLimits = DEFAULT_LIMITS) -> BagContents:
+    """Check a raw data package tar read as a stream, writing nothing: every member through
+    the tar reader, the bag through the validator (:func:`read_bag_tar`).
+
+    ``staging``'s check pass, before anything is extracted (DESIGN.md I6). Same errors as
+    :func:`read_bag_tar`.
+    """
+    return read_bag_tar(fileobj, source=source, limits=limits)
 
 
 class TeeReader:
@@ -373,35 +356,6 @@ class TeeReader:
         """Read (and so copy) whatever is left of the source."""
         while self.read(COPY_BUFSIZE):
             pass
-
-
-def safe_extract(fileobj: BinaryIO, target: Path, *, source: str) -> list[str]:
-    """Extract a tar into folder ``target`` refusing anything that would leave it (I6).
-
-    Uses the standard library's ``data`` extraction filter: absolute names, ``..``, links
-    pointing outside ``target``, device files and setuid bits are refused.
-
-    Returns:
-        the extracted member names.
-
-    Raises:
-        UnsafePathError: naming the offending member; nothing after it is extracted.
-    """
-    target.mkdir(parents=True, exist_ok=True)
-    names: list[str] = []
-    with tarfile.open(fileobj=fileobj, mode="r|", bufsize=COPY_BUFSIZE) as tar:  # type: ignore[call-overload]
-        for member in tar:
-            if member.name.startswith("/") or os.path.isabs(member.name):
-                # the data filter would silently strip the "/"; refuse it like check_member does
-                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: absolute name",
-                                      path=member.name, step="extract")
-            try:
-                tar.extract(member, target, filter="data")
-            except tarfile.FilterError as e:
-                raise UnsafePathError(f"{source}: refused tar member {member.name!r}: {e}",
-                                      path=member.name, step="extract") from None
-            names.append(member.name)
-    return names
 
 
 def iter_files(root: Path) -> Iterator[Path]:

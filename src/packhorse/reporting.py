@@ -41,7 +41,9 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     not archived and an operation of the package or its bundle is FAILED),
     ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
     "files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
-    "generated_at": ISO time}``. ``copies`` counts present copies only.
+    "source_filters": {location: {"include": [glob], "exclude": [glob]}}, "generated_at": ISO time}``.
+    ``copies`` counts present copies only; ``source_filters`` lists the source locations that
+    have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
 
     def tx(s: Session) -> dict[str, Any]:
@@ -80,6 +82,9 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             "skipped": skipped,
             "files": {"registered": int(nfiles), "bytes": int(nbytes), "unpackaged": unpackaged},
             "failed_operations": failed_operations(s),
+            "source_filters": {loc.name: {"include": list(loc.include), "exclude": list(loc.exclude)}
+                               for loc in ctx.settings.locations
+                               if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},
             "generated_at": utcnow().isoformat(),
         }
 

@@ -1,5 +1,5 @@
-"""The side services of ``packhorse run`` (embedded mode): the notifier and the disk monitor
-in background threads, and the run's lifecycle notifications (issue #7).
+"""The side services of ``packhorse run`` (embedded mode): the notifier, the disk monitor and
+the backlog sampler (:mod:`packhorse.history`) in background threads, and the run's lifecycle notifications (issue #7).
 
 ``packhorse run`` starts them with :func:`start_background` and stops them with
 :meth:`BackgroundServices.stop`; with ``--until-idle`` the stop delivers what it can within
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from .diskusage import DiskMonitor
+from .history import BacklogSampler
 from .notify.lifecycle import ServiceLifecycle
 from .db.session import Database
 from .notify.notifier import Notifier
@@ -91,6 +92,9 @@ def start_background(ctx: ProcessContext, *, service: str = "run", lifecycle: bo
     bg = BackgroundServices(ctx.db, notifier, life)
     monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids)
     bg.threads.append(threading.Thread(target=monitor.serve, args=(bg.stop_event,), name="disk-monitor", daemon=True))
+    sampler = BacklogSampler(ctx.db, ctx.settings)  # the dashboard's backlog history
+    bg.threads.append(threading.Thread(target=sampler.serve, args=(bg.stop_event,), name="backlog-sampler",
+                                       daemon=True))
     if notifier is not None:
         bg.threads.append(threading.Thread(target=notifier.serve, args=(bg.stop_event,),
                                            kwargs={"on_cycle": life.tick if life else None},

@@ -1,6 +1,6 @@
 """Run one operation: claim → stage → verify → fenced completion (DESIGN.md "Architecture").
 
-:func:`execute_operation` is the one entry point every executor calls (local thread pool,
+:func:`execute_operation` is the one entry point every executor calls (a local worker process,
 Celery task, ``packhorse run-operation``). It never raises for an operation failure: the
 failure goes through the single failure path (:func:`~packhorse.operations.record_failure`).
 """

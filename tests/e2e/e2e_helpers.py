@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import bagit
 
+from packhorse.bagvalidation import validate_folder, validate_path
+
 
 LTAS = ("cologne-lta", "cornell-lta")
 BUFFERS = ("fyst-buffer", "cologne-buffer", "cornell-buffer")
@@ -103,7 +105,8 @@ class Pipeline:
 
     # -- what is in an archive -----------------------------------------------------------
     def bags(self, location: str) -> list[Bag]:
-        """Extract every tar of ``location`` with GNU tar and validate each bag with ``bagit``."""
+        """Extract every tar of ``location`` with GNU tar and validate each bag with ``bagit``, and
+        with packhorse's validator as a tar and as the extracted folder."""
         objects = self.objects(location)
         partials = [k for k in objects if k.endswith(PARTIAL_SUFFIX)]
         assert not partials, f"{location}: partial writes left behind: {partials}"
@@ -117,6 +120,8 @@ class Pipeline:
             assert r.returncode == 0, f"GNU tar could not extract {location}:{key}: {r.stderr}"
             tops = list(dest.iterdir())
             assert len(tops) == 1 and tops[0].is_dir(), f"{location}:{key}: expected one bag folder, got {tops}"
+            for report in (validate_path(path), validate_folder(tops[0])):  # packhorse's own validator, both forms
+                assert report.valid, f"{location}:{key}: bag does not validate with packhorse: {report.summary()}"
             bag = bagit.Bag(str(tops[0]))
             try:
                 bag.validate()

@@ -253,3 +253,38 @@ def test_circuit_breakers_health_and_force_retry_through_the_api(inst) -> None:
     cli = run_packhorse("breaker", "reset", "transfer", str(oid), "-c", str(cfg), "--json")
     assert cli.returncode == 0
     assert json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)[0]["action"] == "breaker.reset"
+
+
+def test_locate_history_and_failure_groups_through_the_api_and_the_cli(inst) -> None:
+    cfg, api = inst
+    # where is my file: observers see that attempts failed, admins why
+    obs = api.client.get("/api/transfer/locate", params={"q": "cam/obs1/a.dat"}, headers=api.auth(api.observer))
+    assert obs.status_code == 200 and obs.json()["matched"] == "file"
+    assert ERROR_TEXT not in obs.text and "TransferCommandError" not in obs.text
+    pkg = obs.json()["packages"][0]
+    assert pkg["name"] == "cam/obs1" and "transfer failed" in [e["event"] for e in pkg["timeline"]]
+    adm = api.client.get("/api/transfer/locate", params={"q": "cam/obs1"}, headers=api.auth(api.admin)).json()
+    assert adm["matched"] == "package" and ERROR_TEXT in json.dumps(adm)
+    assert api.client.get("/api/transfer/locate", params={"q": ""}, headers=api.auth(api.observer)).status_code == 422
+    cli = run_packhorse("locate", "cam/obs1/a.dat", "--json", "-c", str(cfg))
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["packages"][0]["name"] == "cam/obs1"
+    assert run_packhorse("locate", "cam/none", "-c", str(cfg)).returncode == 1
+    # the history: completed packaging and bundling, the transfers' failures
+    h = api.client.get("/api/transfer/history", params={"minutes": 30}, headers=api.auth(api.observer))
+    assert h.status_code == 200
+    h = h.json()
+    assert sum(h["throughput"]["raw_data_package"]["files_per_minute"]) > 0 and sum(h["failures"]["transfer"]) == 2
+    assert api.client.get("/api/transfer/history", params={"minutes": 0}, headers=api.auth(api.observer)).status_code == 422
+    # failures by cause: admins only; a group reset needs a reason
+    assert api.client.get("/api/admin/failures", headers=api.auth(api.observer)).status_code == 403
+    groups = api.client.get("/api/admin/failures", headers=api.auth(api.admin)).json()["groups"]
+    assert sorted((g["location"], g["error_type"], g["count"]) for g in groups) == [
+        ("cologne-buffer", "TransferCommandError", 1), ("cornell-buffer", "TransferCommandError", 1)]
+    body = {"kind": "transfer", "location": "cologne-buffer", "error_type": "TransferCommandError"}
+    assert api.client.post("/api/admin/failures/reset", json={**body, "reason": ""},
+                           headers=api.auth(api.admin)).status_code == 422
+    r = api.client.post("/api/admin/failures/reset", json={**body, "reason": "mount back"}, headers=api.auth(api.admin))
+    assert r.status_code == 200 and r.json()["count"] == 1
+    left = api.client.get("/api/admin/failures", headers=api.auth(api.admin)).json()
+    assert [g["location"] for g in left["groups"]] == ["cornell-buffer"] and left["failed"] == 1

@@ -67,3 +67,44 @@ def test_a_run_reads_no_growing_table_in_full(pipeline_ctx: ProcessContext) -> N
         con.close()
     assert len(statements) > 50  # the whole pipeline ran through this engine
     assert not scans, "full table scans:\n" + "\n".join(scans)
+
+
+def test_the_dashboards_queries_read_no_growing_table_in_full(pipeline_ctx: ProcessContext) -> None:
+    """The charts' history, the backlog sample, failures by cause and "where is my file" run on
+    every dashboard refresh or search: index searches too (migration 0008 adds what they need)."""
+    from packhorse.failures import failure_groups
+    from packhorse.history import history, record_backlog
+    from packhorse.locate import locate
+
+    ctx = pipeline_ctx
+    source = ctx.settings.location_path("fyst-source")
+    for i in range(3):
+        write_settled(source / "night-1" / "obs-0" / f"frame-{i}.dat", os.urandom(100 + i))
+    LocalRunner(ctx).run(until_idle=True)
+    statements: dict[str, Any] = {}
+
+    @event.listens_for(ctx.db._engine, "before_cursor_execute")
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if not executemany:
+            statements.setdefault(statement, parameters)
+
+    record_backlog(ctx.db, interval_seconds=60, keep_days=7)
+    ctx.db.read(lambda s: history(s, ctx.settings, minutes=60))
+    ctx.db.read(failure_groups)
+    for q in ("night-1/obs-0", "night-1/obs-0/frame-1.dat", "night-1", "fyst-source:night-1/obs-0/frame-0.dat"):
+        assert ctx.db.read(lambda s: locate(s, q, settings=ctx.settings))["matched"], q
+    event.remove(ctx.db._engine, "before_cursor_execute", capture)
+    scans: list[str] = []
+    con = sqlite3.connect(ctx.settings.database_url[len("sqlite:///"):])
+    try:
+        for statement, parameters in statements.items():
+            if statement.lstrip().split(None, 1)[0].upper() not in {"SELECT", "UPDATE", "DELETE", "WITH"}:
+                continue
+            for row in con.execute("EXPLAIN QUERY PLAN " + statement, parameters or ()):
+                m = re.match(r"SCAN (\w+)", row[3])
+                if m and m.group(1) in GROWING | {"backlog_samples"}:
+                    scans.append(f"{row[3]}\n    in: {' '.join(statement.split())[:400]}")
+    finally:
+        con.close()
+    assert len(statements) > 10
+    assert not scans, "full table scans:\n" + "\n".join(scans)

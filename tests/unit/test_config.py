@@ -425,3 +425,18 @@ def test_not_utf8(tmp_path: Path) -> None:
     p.write_bytes(b"[database]\nurl = '\xff'\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(p)
+
+
+def test_extraction_limits_from_the_file_and_the_environment() -> None:
+    from packhorse.extraction import DEFAULT_LIMITS, ExtractionLimits
+
+    s = settings_from_dict(minimal(), environ={})
+    assert ExtractionLimits.from_settings(s) == DEFAULT_LIMITS
+    data = {**minimal(), "extraction": {"max_members": 10, "max_member_bytes": 2048}}
+    s = settings_from_dict(data, environ={"PACKHORSE_EXTRACTION__MAX_TOTAL_BYTES": "4096"})
+    assert ExtractionLimits.from_settings(s) == ExtractionLimits(max_members=10, max_member_bytes=2048,
+                                                                 max_total_bytes=4096)
+    with pytest.raises(ConfigError, match=r"site.toml: extraction.max_members: "):
+        settings_from_dict({**minimal(), "extraction": {"max_members": 0}}, source="site.toml", environ={})
+    with pytest.raises(ConfigError, match=r"extraction.max_member_bytes: .*not a number"):
+        settings_from_dict({**minimal(), "extraction": {"max_member_bytes": "1"}}, source="site.toml", environ={})

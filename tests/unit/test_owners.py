@@ -1,7 +1,7 @@
 """I5: every (OperationKind, Status) pair has an owner that moves it on.
 
 The owner map (:func:`packhorse.recovery.owners.owner_map`) is built from the live
-registrations — the stages workers run (``STAGES``), the dispatch order (``PRIORITY``), the
+registrations — the stages workers run (``STAGES``), the dispatch order (``pipeline.DISPATCH_ORDER``), the
 stalled-task monitor's handlers (``RECOVERY_HANDLERS``), the reconciler's statuses and the
 notification that hands FAILED operations to a human. The tests below remove each
 registration in turn and check that the pair it owned becomes an orphan, then exercise every
@@ -28,12 +28,13 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.executors import local
-from packhorse.executors.local import PRIORITY, LocalRunner
+from packhorse import pipeline
+from packhorse.executors.local import LocalRunner
+from packhorse.pipeline import DISPATCH_ORDER
 from packhorse.operations import claim, create_operation
 from packhorse.recovery import monitor, reconciler
 from packhorse.recovery.monitor import check_stalled
-from packhorse.recovery.owners import orphans, owner_map
+from packhorse.recovery.owners import creators, orphans, owner_map
 from packhorse.reporting import failed_operations
 from packhorse.stages import STAGES
 from packhorse.worker import Outcome
@@ -62,7 +63,7 @@ def test_removing_a_registration_leaves_an_orphan(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delitem(STAGES, kind)
         expected = {(kind.value, s) for s in ("PENDING", "SCHEDULED", "IN_PROGRESS")}
     elif registration == "dispatch":
-        monkeypatch.setattr(local, "PRIORITY", [k for k in PRIORITY if k is not kind])
+        monkeypatch.setattr(pipeline, "DISPATCH_ORDER", tuple(k for k in DISPATCH_ORDER if k is not kind))
         expected = {(kind.value, s) for s in ("PENDING", "SCHEDULED")}
     elif registration == "monitor handler":
         monkeypatch.delitem(monitor.RECOVERY_HANDLERS, kind)
@@ -78,14 +79,22 @@ def test_removing_a_registration_leaves_an_orphan(monkeypatch: pytest.MonkeyPatc
 
 def test_unbuilt_kinds_really_have_no_stage() -> None:
     # when a stage lands, remove its kind from UNBUILT_KINDS (then the owner test covers it)
-    assert [k.value for k in UNBUILT_KINDS if k in STAGES or k in PRIORITY] == []
+    assert [k.value for k in UNBUILT_KINDS if k in STAGES or k in DISPATCH_ORDER] == []
 
 
 def test_stages_and_dispatch_priority_cover_the_same_kinds() -> None:
     assert set(STAGES) == set(BUILT_KINDS)
     assert set(monitor.RECOVERY_HANDLERS) == set(STAGES)
-    assert sorted(PRIORITY, key=lambda k: k.value) == sorted(STAGES, key=lambda k: k.value)
-    assert len(PRIORITY) == len(set(PRIORITY))
+    assert sorted(DISPATCH_ORDER, key=lambda k: k.value) == sorted(STAGES, key=lambda k: k.value)
+    assert len(DISPATCH_ORDER) == len(set(DISPATCH_ORDER))
+
+
+def test_every_built_kind_is_created_by_exactly_one_pipeline_step() -> None:
+    # a kind with a stage but no step creating it would never run; two steps would race
+    made = creators()
+    assert {k: v for k, v in made.items() if k in BUILT_KINDS and len(v) != 1} == {}
+    assert [s.name for s in pipeline.STEPS] == ["scan", "package", "bundle", "transfer", "unpack", "archive",
+                                                "staging", "deletion", "fixity"]
 
 
 def test_no_manager_creates_an_unbuilt_kind() -> None:
@@ -144,9 +153,9 @@ def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) 
     assert sorted(ran) == sorted(ids.values())
     rows = db.transact(lambda s: {r.id: r.status for r in s.execute(select(Operation.id, Operation.status))})
     assert set(rows.values()) == {"SCHEDULED"}
-    # downstream first: the dispatch order is PRIORITY
+    # downstream first: the dispatch order is pipeline.DISPATCH_ORDER
     order = sorted(ids, key=lambda k: ran.index(ids[k]))
-    assert order == [k for k in PRIORITY if k in ids]
+    assert order == [k for k in DISPATCH_ORDER if k in ids]
 
 
 def test_stalled_in_progress_of_every_kind_is_recovered(db: Database) -> None:

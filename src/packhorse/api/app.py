@@ -55,6 +55,9 @@ from ..diagnose import (
 )
 from ..domain import OperationKind
 from ..errors import TransientDatabaseError, UnknownOperationError
+from ..failures import EmptyReasonError, failure_groups, reset_group
+from ..history import BacklogSampler, HistoryWindowError, history
+from ..locate import LocateQueryError, locate
 from ..metrics import registry_for, render
 from ..operations import ResetRefusedError
 from ..overview import location_usage, pipeline_overview
@@ -160,6 +163,9 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
                 stop.wait(runtime.seconds_until_refresh() + 0.01)
 
         threading.Thread(target=follow_runtime_settings, name="runtime-settings", daemon=True).start()
+        # the charts' backlog history (``packhorse run`` samples too: one row per interval)
+        threading.Thread(target=BacklogSampler(db, settings).serve, args=(stop,), name="backlog-sampler",
+                         daemon=True).start()
         yield
         stop.set()
         checks.shutdown(wait=False, cancel_futures=True)
@@ -175,7 +181,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         return handler
 
     for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404),
-                             (ResetRefusedError, 409), (RuntimeSettingError, 422), (TransientDatabaseError, 503)):
+                             (ResetRefusedError, 409), (RuntimeSettingError, 422), (LocateQueryError, 422), (EmptyReasonError, 422),
+                             (HistoryWindowError, 422), (TransientDatabaseError, 503)):
         app.add_exception_handler(exc_type, on_error(status))
 
     api = APIRouter(prefix="/api", responses=ERRORS)
@@ -195,6 +202,15 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     def locations(_who: Caller) -> list[dict[str, Any]]:
         """Per data location: present physical copies and their bytes."""
         return db.read(location_usage)
+
+    @api.get("/transfer/locate", response_model=m.LocateResult, tags=["observe"],
+             responses={422: {"model": m.Problem, "description": "empty or too long query"}})
+    def locate_route(who: Caller, q: Annotated[str, Query(min_length=1, max_length=4096,
+                                                          description="a source path or a package name")]) -> dict[str, Any]:
+        """Where is my file: every version of a source path or package, its package, every
+        physical copy with its location and when it was last verified, and its history as a
+        timeline. Failures' error text only for an admin."""
+        return db.read(lambda s: locate(s, q, include_errors=who.may("admin"), settings=settings))
 
     # specific paths first: Starlette takes the first route whose path matches
     # ``:path``: package names hold ``/`` (``instrument-00/obs-0003``); a plain parameter
@@ -219,10 +235,14 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
 
     @api.get("/admin/diagnose/{kind}/{operation_id}", response_model=m.DiagnosticReport, tags=["diagnose"],
              responses=NOT_FOUND)
-    def diagnose(kind: KindPath, operation_id: IdPath, who: Caller) -> dict[str, Any]:
-        """The diagnostic report of one operation (database only)."""
+    def diagnose(kind: KindPath, operation_id: IdPath, who: Caller,
+                 opened: Annotated[bool, Query(description="false when a page refreshes a report it already "
+                                                           "opened: not audited again")] = True) -> dict[str, Any]:
+        """The diagnostic report of one operation (database only). Opening it is audited; a
+        refresh of an open report (``opened=false``) is not."""
         report = db.read(lambda s: diagnose_operation(s, kind, operation_id))
-        audit.record(db, actor=who.actor, action="operation.diagnose", target=f"{kind.value}/{operation_id}")
+        if opened:
+            audit.record(db, actor=who.actor, action="operation.diagnose", target=f"{kind.value}/{operation_id}")
         return report
 
     @api.post("/admin/diagnose/{kind}/{operation_id}/live-check", response_model=m.LiveCheckTicket,
@@ -260,6 +280,29 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     def reconcile_all(who: Caller) -> dict[str, Any]:
         """Recompute the derived state of every raw data package; lists those that changed."""
         return reconcile_inconsistent(ctx, actor=who.actor)
+
+    @api.get("/transfer/history", response_model=m.History, tags=["observe"],
+             responses={422: {"model": m.Problem, "description": "window out of range"}})
+    def pipeline_history(_who: Caller, minutes: Annotated[int, Query(ge=1, le=7 * 24 * 60)] = 60) -> dict[str, Any]:
+        """The last ``minutes`` of throughput (bytes and files per minute) and backlog per
+        stage, disk usage per location against its thresholds, and failures per stage, on one
+        time grid (counts only: no error text)."""
+        return db.read(lambda s: history(s, settings, minutes=minutes))
+
+    @api.get("/admin/failures", response_model=m.FailureGroups, tags=["diagnose"])
+    def failures(_who: Caller) -> dict[str, Any]:
+        """FAILED operations grouped by cause (kind, location, error type) with a count, the
+        operations of each group and a sample error message."""
+        return db.read(failure_groups)
+
+    @api.post("/admin/failures/reset", response_model=m.ResetResult, tags=["act"],
+              responses={422: {"model": m.Problem, "description": "no reason given"}})
+    def failures_reset(body: m.GroupResetRequest, who: Caller) -> dict[str, Any]:
+        """Reset every operation of one failure group that is still FAILED (audited with the
+        reason). Returns the ids reset: none if the group is gone."""
+        kind = OperationKind(body.kind)
+        ids = reset_group(ctx, kind, body.location, body.error_type, actor=who.actor, reason=body.reason)
+        return {"kind": kind.value, "reset": ids, "count": len(ids)}
 
     @api.get("/health", response_model=m.Health, tags=["observe"])
     def health(_who: Caller) -> dict[str, Any]:

@@ -246,3 +246,137 @@ class AuditOut(_Model):
     details: Any
     result: str
     message: str | None
+
+
+class LocateFile(_Model):
+    location: str
+    path: str
+    size: int
+    sha256: str
+    mtime: str
+    registered_at: str | None
+    source_deleted_at: str | None
+    package: str | None
+
+
+class LocateCopy(_Model):
+    artifact: Literal["raw_data_package", "data_transfer_package"]
+    location: str
+    site: str
+    role: str
+    status: str
+    path: str
+    size: int
+    sha256: str
+    created_at: str | None
+    verified_at: str | None = Field(description="when its bytes were last read back and matched")
+    deleted_at: str | None
+
+
+class TimelineEvent(_Model):
+    at: str | None
+    event: str = Field(description="registered, packaged, bundled, shipped, unpacked, archived, staged, "
+                                   "fixity checked, repaired, deleted, attempt failed, … failed, archived everywhere")
+    kind: str | None
+    operation_id: int | None
+    status: str | None
+    location: str | None
+    detail: str | None
+    error_type: str | None = Field(description="admins only (None for an observer)")
+    message: str | None = Field(description="admins only (None for an observer)")
+
+
+class LocatePackage(_Model):
+    name: str
+    type: Literal["raw_data_package", "data_transfer_package"]
+    group: str | None
+    size: int | None
+    sha256: str | None
+    file_count: int
+    payload_bytes: int | None
+    created_at: str | None
+    archived_at: str | None
+    bundle: str | None
+    members: list[str] | None = None
+    copies: list[LocateCopy]
+    bundle_copies: list[LocateCopy]
+    timeline: list[TimelineEvent] = Field(description="oldest first")
+    files: list[LocateFile]
+
+
+class LocateResult(_Model):
+    """Where is my file: every version, its package, every copy and its history."""
+
+    query: str
+    matched: Literal["package", "bundle", "file", "folder"] | None
+    versions: list[LocateFile]
+    packages: list[LocatePackage]
+    truncated: bool
+
+
+class FailureGroupOperation(_Model):
+    operation_id: int
+    package: str | None
+    updated_at: str | None
+    retry_count: int
+    max_retries: int
+
+
+class FailureGroup(_Model):
+    kind: str
+    location: str | None
+    error_type: str
+    count: int
+    first_at: str | None
+    last_at: str | None
+    sample_message: str | None
+    operations: list[FailureGroupOperation] = Field(description="newest first, at most 200")
+
+
+class FailureGroups(_Model):
+    """FAILED operations grouped by cause: (kind, location, error type), largest first."""
+
+    groups: list[FailureGroup]
+    failed: int
+    truncated: bool
+
+
+class GroupResetRequest(_Model):
+    """Reset every FAILED operation of one failure group."""
+
+    kind: Literal["raw_data_package", "data_transfer_package", "transfer", "unpack", "long_term_archive",
+                  "staging", "deletion", "fixity_check"]
+    location: str | None = Field(max_length=100)
+    error_type: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1, max_length=2000, description="why (kept in the audit log)")
+
+
+class ThroughputSeries(_Model):
+    bytes_per_minute: list[float]
+    files_per_minute: list[float]
+
+
+class BacklogSeries(_Model):
+    waiting: list[int | None]
+    running: list[int | None]
+    failed: list[int | None]
+
+
+class DiskSeries(_Model):
+    percent: list[float | None]
+    used_bytes: list[int | None]
+    total_bytes: int | None
+
+
+class History(_Model):
+    """The pipeline over time on one grid (``times``: Unix seconds of each interval's start)."""
+
+    since: str
+    until: str
+    step_seconds: int
+    times: list[int]
+    throughput: dict[str, ThroughputSeries]
+    backlog: dict[str, BacklogSeries]
+    failures: dict[str, list[int]]
+    disk: dict[str, DiskSeries]
+    thresholds: dict[str, float]

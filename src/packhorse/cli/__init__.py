@@ -2,11 +2,12 @@
 
 - ``pipeline``: init, run, run-operation, demo, status, verify, stage
 - ``distributed``: worker, manager, monitor, notifier, disk-monitor, api
-- ``operator``: reset, retry, breaker, diagnose, reconcile, notifications
+- ``operator``: reset, retry, breaker, diagnose, locate, reconcile, notifications
 - ``admin``: health, token, config, audit, usage
 - ``bags``: validate (a BagIt bag folder or tar; no configuration needed)
 
-``common`` holds the application object, exit codes and the helpers they share. Exit codes:
+``common`` holds the application object, exit codes and the helpers they share; ``progress``
+the per-stage progress of a run (bars on a terminal, summary lines off one). Exit codes:
 0 ok, 1 a check found a problem, 2 configuration error, 3 an operation FAILED, 4 work is
 blocked waiting for a human. ``main`` is the console-script entry point (``packhorse``).
 """

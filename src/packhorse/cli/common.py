@@ -41,8 +41,18 @@ OperationIdArg = Annotated[int, typer.Argument(help="operation id")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="why (logged and notified)")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"packhorse {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
 def _global_options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the packhorse version and exit")] = False,
     log_format: Annotated[Optional[str], typer.Option(
         "--log-format", help="Log lines on stderr: json or console [default: console on a terminal, else json]",
         envvar="PACKHORSE_LOG_FORMAT")] = None,
@@ -124,9 +134,18 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def table_console() -> Console:
-    """The console tables are printed on (stdout)."""
-    return Console()
+#: Console width off a terminal (piped, redirected): wide enough that no table is cut or wrapped.
+PIPE_WIDTH = 10_000
+
+
+def table_console(**options: Any) -> Console:
+    """The console tables are printed on (stdout). On a terminal it has the terminal's width;
+    off one (a pipe, a file) rich would assume 80 columns and cut cells, so it is
+    :data:`PIPE_WIDTH` wide (columns still only as wide as their content)."""
+    console = Console(**options)
+    if not console.is_terminal:
+        console = Console(width=PIPE_WIDTH, **options)
+    return console
 
 
 def parse_kind(kind: str) -> "OperationKind":
@@ -138,6 +157,22 @@ def parse_kind(kind: str) -> "OperationKind":
     except ValueError:
         raise fail(f"unknown operation kind {kind!r}; one of {', '.join(k.value for k in OperationKind)}",
                    EXIT_CONFIG) from None
+
+
+def require_routes(settings: Settings) -> None:
+    """Refuse (exit 2, naming the key) a configuration under which registered files would never
+    be archived: no ``[[routes]]`` at all, or an active source location whose site no route
+    leaves from."""
+    from ..domain import LocationRole
+
+    if not settings.routes:
+        raise fail("routes: the configuration has no [[routes]]: nothing would ever be archived; add one, "
+                   'e.g. [[routes]] source_site = "SITE" destination_sites = ["OTHER"] (docs/configuration.md)',
+                   EXIT_CONFIG)
+    for i, loc in enumerate(settings.locations):
+        if loc.role is LocationRole.SOURCE and loc.active and settings.route_from(loc.site) is None:
+            raise fail(f"locations[{i}].site: source location {loc.name!r} is at site {loc.site!r}, which no "
+                       f"[[routes]] has as source_site: its files would never be archived", EXIT_CONFIG)
 
 
 def check_storage(ctx: ProcessContext) -> None:

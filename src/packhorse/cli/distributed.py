@@ -12,9 +12,20 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..errors import ConfigError
 from ..context import ProcessContext
-from .common import EXIT_CONFIG, EXIT_OK, ConfigOpt, JsonOpt, app, context, fail, log_level, print_json
+from ..errors import ConfigError
+from .common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    ConfigOpt,
+    JsonOpt,
+    app,
+    context,
+    fail,
+    log_level,
+    print_json,
+    require_routes,
+)
 
 
 def _celery_settings(config: Path | None) -> ProcessContext:
@@ -58,6 +69,7 @@ def manager(
     from ..executors.celery_app import Manager
 
     ctx = _celery_settings(config)
+    require_routes(ctx.settings)
     logs.configure(log_level("INFO"))
     mgr = Manager(ctx.settings)
 
@@ -161,12 +173,12 @@ def monitor(
     """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
     from ..recovery.health import HeartbeatThread
     from ..recovery.loop import ServiceLoop
-    from ..recovery.monitor import recovery_cycle
+    from ..pipeline import recover
 
     ctx = context(config)
     rec = ctx.settings.recovery
     if once:
-        report = recovery_cycle(ctx.db, ctx.settings)
+        report = recover(ctx)
         data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
                 "breakers_closed": report.breakers_closed}
         if as_json:
@@ -174,7 +186,7 @@ def monitor(
         else:
             print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
         raise typer.Exit(EXIT_OK)
-    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recovery_cycle(ctx.db, ctx.settings),
+    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx),
                        interval_seconds=rec.monitor_interval_seconds,
                        max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                        notification_cooldown_seconds=rec.notification_cooldown_seconds)
@@ -210,7 +222,23 @@ def serve_api(ctx: ProcessContext, host: str, port: int) -> "Any":
         raise fail(f"api: cannot listen on {host}:{port}", EXIT_CONFIG)
     bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
     print(f"packhorse api: serving on http://{host}:{bound}", file=sys.stderr, flush=True)
+    if not _is_loopback(host):
+        print(f"packhorse api: warning: {host} is not a loopback address and this is plain HTTP: bearer tokens "
+              "cross the network in clear text; serve it behind a TLS reverse proxy "
+              "(docs/operator-guide.md, 'Serving over TLS')", file=sys.stderr, flush=True)
     return server
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @app.command()

@@ -1,5 +1,5 @@
 """Operator actions on operations and packages: ``reset``, ``retry``, ``breaker list|reset``,
-``diagnose``, ``reconcile``, and the notification outbox (``notifications``). Every action is
+``diagnose``, ``locate``, ``reconcile``, and the notification outbox (``notifications``). Every action is
 audited (see packhorse.audit)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 
 import structlog
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..audit import cli_actor
@@ -167,7 +166,7 @@ def diagnose(
 
 
 def _print_report(r: dict[str, Any]) -> None:
-    out = Console(highlight=False, soft_wrap=True)
+    out = table_console(highlight=False, soft_wrap=True)
     op = r["operation"]
     out.print(f"[bold]{op['kind']} {op['id']}[/]: {op['status']}{' (stalled)' if op['stalled'] else ''}, "
               f"attempt {op['attempt']}, retries {op['retry_count']}/{op['max_retries']}, stalls {op['stall_count']}")
@@ -187,6 +186,59 @@ def _print_report(r: dict[str, Any]) -> None:
         out.print(f"  live {c['location']}: {state}")
     for c in r.get("live_check", {}).get("skipped", []):
         out.print(f"  live {c['location']}: skipped ({c['reason']})")
+
+
+@app.command()
+def locate(
+    query: Annotated[str, typer.Argument(help="a source path (relative, LOCATION:PATH or absolute) or a package name")],
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where is my file: every version of a source path or package, its package, every copy
+    with its location and when it was last verified, and its history. Exit 1 if nothing matches."""
+    from ..locate import LocateQueryError, locate as find
+
+    ctx = context(config)
+    try:
+        found = ctx.db.read(lambda s: find(s, query, include_errors=True, settings=ctx.settings))
+    except LocateQueryError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    if as_json:
+        print_json(found)
+    else:
+        _print_located(found)
+    raise typer.Exit(EXIT_OK if found["matched"] else EXIT_PROBLEM)
+
+
+def _print_located(r: dict[str, Any]) -> None:
+    out = table_console()
+    if not r["matched"]:
+        out.print(f"nothing registered or packaged matches {r['query']!r}", highlight=False)
+        return
+    if r["versions"]:
+        t = Table("location", "path", "size", "sha256", "registered (UTC)", "package", title="versions")
+        for v in r["versions"]:
+            t.add_row(v["location"], v["path"], str(v["size"]), v["sha256"][:12], v["registered_at"] or "-",
+                      v["package"] or "(not packaged yet)")
+        out.print(t)
+    for p in r["packages"]:
+        label = "bundle" if p["type"] == "data_transfer_package" else "package"
+        state = f"archived {p['archived_at']}" if p["archived_at"] else "not archived yet"
+        out.print(f"[bold]{label} {p['name']}[/] ({p['size'] if p['size'] is not None else '?'} bytes"
+                  f"{', bundle ' + p['bundle'] if p['bundle'] else ''}; {state})", highlight=False)
+        t = Table("of", "location", "site", "role", "status", "path", "last verified (UTC)", title="physical copies")
+        for c in p["copies"] + p["bundle_copies"]:
+            t.add_row("bundle" if c["artifact"] == "data_transfer_package" else "package", c["location"], c["site"],
+                      c["role"], c["status"], c["path"], c["verified_at"] or "-")
+        out.print(t)
+        t = Table("at (UTC)", "event", "location", "operation", "detail", title="history")
+        for e in p["timeline"]:
+            why = f": {e['error_type']}: {e['message']}" if e["error_type"] else ""
+            t.add_row(e["at"] or "-", e["event"], e["location"] or "-",
+                      f"{e['kind']} {e['operation_id']}" if e["operation_id"] else "-", (e["detail"] or "") + why)
+        out.print(t)
+    if r["truncated"]:
+        out.print("(more matches than listed)")
 
 
 @app.command()

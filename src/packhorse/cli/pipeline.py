@@ -12,17 +12,36 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
+from ..context import ProcessContext
 from ..db.session import Database
 from ..errors import ConfigError
-from ..context import ProcessContext
 from ..topology import sync_topology
-from .common import (EXIT_BLOCKED, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg,
-                     OperationIdArg, app,
-                     check_storage, context, database, err, fail, log_level, parse_kind, print_json, settings)
+from .common import (
+    EXIT_BLOCKED,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ConfigOpt,
+    JsonOpt,
+    KindArg,
+    OperationIdArg,
+    app,
+    check_storage,
+    context,
+    database,
+    err,
+    fail,
+    log_level,
+    parse_kind,
+    print_json,
+    require_routes,
+    settings,
+    table_console,
+)
 
 
 @app.command()
@@ -78,52 +97,29 @@ def exit_code_after_run(ctx: ProcessContext) -> int:
     return EXIT_OK
 
 
-class _Progress:
-    """Rich progress bars on stderr (files registered, bytes archived, packages archived)."""
-
-    def __init__(self, ctx: ProcessContext) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.ctx = ctx
-        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), console=err, transient=False)
-        self.files = self.progress.add_task("files registered", total=None, extra="")
-        self.pkgs = self.progress.add_task("packages archived", total=None, extra="")
-        self.arch = self.progress.add_task("bytes archived", total=None, extra="")
-        self._last = 0.0
-
-    def __enter__(self) -> "_Progress":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *a: object) -> None:
-        self.tick(force=True)
-        self.progress.stop()
-
-    def tick(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._last < 2.0:  # counts over every row: not too often
-            return
-        self._last = time.monotonic()
-        from ..domain import LocationRole
-        from ..reporting import status_report
-
-        r = status_report(self.ctx)
-        lta = [l.name for l in self.ctx.settings.locations if l.role is LocationRole.LONG_TERM_ARCHIVE]
-        archived_bytes = sum(r["copies"].get(n, {}).get("bytes", 0) for n in lta)
-        self.progress.update(self.files, completed=r["files"]["registered"], total=r["files"]["registered"] or None)
-        self.progress.update(self.pkgs, completed=r["packages"]["archived"], total=r["packages"]["total"] or None)
-        self.progress.update(self.arch, completed=archived_bytes // (1 << 20),
-                             total=(r["files"]["bytes"] * len(lta)) // (1 << 20) or None, extra="MiB")
+#: Default seconds between summary lines off a terminal (``run --progress-interval``).
+PROGRESS_INTERVAL_SECONDS = 30.0
 
 
-def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool) -> tuple[float, int | None]:
-    """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``)."""
+def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
+         progress_interval: float = PROGRESS_INTERVAL_SECONDS, label: str = "packhorse run") -> tuple[float, int | None]:
+    """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``).
+
+    Progress (:mod:`packhorse.cli.progress`): bars on a terminal; off one a summary line every
+    ``progress_interval`` seconds and warnings and errors, one JSON log line per operation only
+    with ``--log-format json``; with ``quiet`` errors only."""
     from .. import logs
     from ..executors.local import LocalRunner
+    from .progress import SummaryLines, TerminalProgress
 
-    show_bars = sys.stderr.isatty() and not quiet
-    logs.configure(log_level("ERROR" if quiet else ("WARNING" if show_bars else "INFO")))
-    bars = _Progress(ctx) if show_bars else None
+    on_terminal = sys.stderr.isatty()
+    json_asked = logs.chosen_format() == "json"
+    level = "ERROR" if quiet else ("INFO" if json_asked and not on_terminal else "WARNING")
+    logs.configure(log_level(level))
+    bars: TerminalProgress | SummaryLines | None = None
+    if not quiet:
+        bars = (TerminalProgress(ctx.db.read, console=err) if on_terminal
+                else SummaryLines(ctx.db.read, interval=progress_interval, as_log=json_asked, label=label))
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
     stopped_by: list[int] = []
@@ -172,17 +168,30 @@ def run(
     config: ConfigOpt = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
+    progress_interval: Annotated[float, typer.Option(
+        "--progress-interval", min=0.1, envvar="PACKHORSE_PROGRESS_INTERVAL",
+        help="Off a terminal: seconds between progress summary lines")] = PROGRESS_INTERVAL_SECONDS,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be registered, packaged, shipped, "
+                                          "archived and deleted; write nothing")] = False,
     with_api: Annotated[bool, typer.Option("--api", help="also serve the HTTP API and dashboard (embedded)")] = False,
     api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
     api_port: Annotated[Optional[int], typer.Option("--api-port", help="API port [default: api.port]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="with --dry-run: the plan as JSON on stdout")] = False,
 ) -> None:
     """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
+    if dry_run:
+        _dry_run(config, as_json)
+        return
+    if as_json:
+        raise fail("--json: only with --dry-run (a run reports on stderr; `packhorse status --json` after it)",
+                   EXIT_CONFIG)
     ctx = context(config)
     if ctx.settings.executor.kind != "local":
         raise fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
                     "mode (worker processes on this machine). For the distributed mode start "
                     "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
                     "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
+    require_routes(ctx.settings)
     check_storage(ctx)
     server = None
     if with_api:
@@ -191,7 +200,7 @@ def run(
         server = serve_api(ctx, api_host or ctx.settings.api.host,
                            ctx.settings.api.port if api_port is None else api_port)
     try:
-        elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet)
+        elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet, progress_interval=progress_interval)
     finally:
         if server is not None:
             server.should_exit = True
@@ -204,6 +213,50 @@ def run(
     if not quiet:
         print(f"packhorse run: finished in {elapsed:.1f} s", file=sys.stderr)
     raise typer.Exit(code)
+
+
+def _dry_run(config: Path | None, as_json: bool) -> None:
+    """``run --dry-run``: print :func:`packhorse.plan.plan_run`; write nothing (no database is
+    created, no topology registered, nothing in any data location)."""
+    from .. import logs
+    from ..plan import database_exists, plan_run
+
+    logs.configure(log_level("WARNING"))
+    s = settings(config)
+    require_routes(s)
+    db = database(s, migrate_check=True) if database_exists(s) else None
+    plan = plan_run(s, db)
+    if as_json:
+        print_json(plan)
+        return
+    out = table_console(highlight=False)
+    out.print(f"dry run: nothing was written (ops database: {plan['database']})")
+    for r in plan["register"]:
+        out.print(f"would register {r['location']}: {r['files']} file(s), {r['bytes']:,} bytes"
+                  + (f"; {r['settling']} still settling" if r["settling"] else ""))
+        for k in r["skipped"]:
+            out.print(f"  would skip {r['location']}:{k['path']}: {k['reason']}")
+    t = Table("raw data package", "source", "files", "bytes", "ship to", "archive at",
+              title=f"would package {len(plan['package'])} raw data package(s)")
+    for x in plan["package"]:
+        t.add_row(x["name"], x["location"], str(x["files"]), f"{x['bytes']:,}", ", ".join(x["ship_to"]),
+                  ", ".join(x["archive_at"]))
+    if plan["package"]:
+        out.print(t)
+    waiting = [c for c in plan["continue"] if c["missing_at"]]
+    if waiting:
+        c = Table("raw data package", "not yet archived at", title="registered packages not archived yet")
+        for x in waiting:
+            c.add_row(x["name"], ", ".join(x["missing_at"]))
+        out.print(c)
+    if plan["delete"]:
+        d = Table("location", "package", "path", "bytes", "when", title="buffer copies that would be deleted")
+        for x in plan["delete"]:
+            d.add_row(x["location"], x["package"], x["path"], f"{x['bytes']:,}", x["when"])
+        out.print(d)
+    n = plan["totals"]
+    out.print(f"total: {n['files']} file(s) ({n['bytes']:,} bytes) to register, {n['packages']} package(s), "
+              f"{n['transfers']} transfer(s), {n['archive_copies']} archive copies, {n['deletions']} deletion(s)")
 
 
 @app.command("run-operation")
@@ -239,7 +292,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(r)
         return
-    out = Console()
+    out = table_console()
     p = r["packages"]
     out.print(f"packages: {p['total']} total, {p['archived']} archived, {p['failed']} failed; "
               f"files: {r['files']['registered']} registered ({r['files']['bytes']:,} bytes)", highlight=False)
@@ -252,6 +305,11 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     for loc, v in r["copies"].items():
         c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
     out.print(c)
+    if r["source_filters"]:
+        f = Table("source location", "include", "exclude", title="scan filters (glob patterns)")
+        for loc, v in r["source_filters"].items():
+            f.add_row(loc, ", ".join(v["include"]) or "(everything)", ", ".join(v["exclude"]) or "-")
+        out.print(f)
     if r["skipped"]:
         s = Table("location", "path", "reason", title="skipped files")
         for row in r["skipped"]:
@@ -267,13 +325,17 @@ def verify(
     location: Annotated[Optional[str], typer.Option("--location", help="only copies at this data location")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Re-read every live copy and compare it with its recorded sha256. Exit 1 on any problem."""
+    """Re-read every live copy and compare it with its recorded sha256, and check every staged
+    copy in processing locations against its bag manifests. Exit 1 on any problem."""
     from ..reporting import verify_copies
+    from ..staged import verify_staged
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
         raise fail(f"--location: unknown data location {location!r}", EXIT_CONFIG)
     r = verify_copies(ctx, location)
+    r["staged"] = verify_staged(ctx, location)
+    staged_bad = [x for x in r["staged"] if x["status"] != "ok"]
     if as_json:
         print_json(r)
     else:
@@ -287,7 +349,11 @@ def verify(
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
                   "from another verified copy if one exists)")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] else EXIT_OK)
+        print(f"staged copies: checked {len(r['staged'])}, ok {len(r['staged']) - len(staged_bad)}")
+        for x in staged_bad:
+            print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
+                  f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or staged_bad else EXIT_OK)
 
 
 @app.command()
@@ -322,7 +388,7 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
-    elapsed, signum = _run(ctx, until_idle=True, quiet=quiet)
+    elapsed, signum = _run(ctx, until_idle=True, quiet=quiet, label="packhorse demo")
     code = exit_code_after_run(ctx)
     if signum is not None and code == EXIT_OK:
         print(f"packhorse demo: interrupted by signal {signum}", file=sys.stderr)
@@ -340,6 +406,11 @@ def demo(
         if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
             continue  # raw files, not package copies
         print(f"  {loc:<16} {c['count']:>4} copies {c['bytes']:>14,} bytes")
+    for loc in ctx.settings.locations:
+        if loc.role is LocationRole.LONG_TERM_ARCHIVE:
+            where = (ctx.settings.location_path(loc.name) if loc.path
+                     else f"s3://{loc.bucket}/{loc.prefix}".rstrip("/"))
+            print(f"  archive:  {loc.name} ({loc.site}): {where}")
     if r["skipped"]:
         print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
     print(f"  verify:   {v['ok']}/{v['checked']} copies ok")
@@ -354,6 +425,8 @@ def demo(
 def stage(
     name: Annotated[str, typer.Argument(help="raw data package name or observation unit")],
     to: Annotated[str, typer.Option("--to", help="processing location to extract into")],
+    again: Annotated[bool, typer.Option("--again", help="stage again a package whose staged folder was "
+                                        "removed or no longer verifies")] = False,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -363,7 +436,7 @@ def stage(
 
     ctx = context(config)
     try:
-        rows = request_staging(ctx, name, to)
+        rows = request_staging(ctx, name, to, again=again)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
     except NothingToStageError as e:
@@ -377,4 +450,5 @@ def stage(
         elif r["created"]:
             print(f"{r['package']}: staging operation {r['operation_id']} created; `packhorse run` stages it")
         else:
-            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})")
+            print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})"
+                  + ("; if its staged folder was removed, add --again" if r["status"] == "COMPLETED" else ""))

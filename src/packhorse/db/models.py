@@ -132,6 +132,8 @@ class RawDataFile(Base):
         # is an index search, never a scan of a table that grows with the archive)
         Index("ix_raw_data_files_unpackaged", "location_id", "raw_data_package_id", "group_path"),
         Index("ix_raw_data_files_raw_data_package_id", "raw_data_package_id"),
+        # "where is my file?" by source folder (migration 0008)
+        Index("ix_raw_data_files_location_group", "location_id", "group_path"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
@@ -166,6 +168,8 @@ class RawDataPackage(Base):
     """
 
     __tablename__ = "raw_data_packages"
+    # "where is my file?" lists every package of a folder (migration 0008)
+    __table_args__ = (Index("ix_raw_data_packages_group_path", "group_path"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
     group_path: Mapped[str] = mapped_column(Text)
@@ -263,6 +267,8 @@ class Operation(Base):
         Index("ix_operations_kind_status", "kind", "status"),
         Index("ix_operations_status_lease", "status", "lease_expires_at"),
         Index("ix_operations_physical_copy_id", "physical_copy_id"),  # "has this copy a deletion?"
+        # the dashboard's throughput over a time window (migration 0008)
+        Index("ix_operations_status_finished", "status", "finished_at"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -312,7 +318,9 @@ class FailureEvent(Base):
     error_context: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
-    __table_args__ = (CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),)
+    __table_args__ = (CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+                      # the dashboard's failures over a time window (migration 0008)
+                      Index("ix_failure_events_created_at", "created_at"))
 
 
 class Notification(Base):
@@ -536,3 +544,29 @@ class ObjectLease(Base):
     key: Mapped[str] = mapped_column(String(1024), primary_key=True)
     holder: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class BacklogSample(Base):
+    """The backlog of one operation kind at one minute: how many operations were waiting
+    (``PENDING`` or ``SCHEDULED``), running (``IN_PROGRESS``) and ``FAILED`` then.
+
+    Recorded every ``[api] history_interval_seconds`` (60 s) by :mod:`packhorse.history`
+    (``packhorse run`` and ``packhorse api``); ``measured_at`` is the start of the sampling
+    interval, so two processes sampling the same interval write one row (unique key; the
+    latest sample of an interval stands). Rows
+    older than ``[api] history_keep_days`` (7 days) are deleted at each sample: at most
+    ``keep_days × 86400 / interval`` rows per kind (10 080 a kind with the defaults).
+    """
+
+    __tablename__ = "backlog_samples"
+    __table_args__ = (
+        UniqueConstraint("measured_at", "kind"),
+        CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+        CheckConstraint("waiting >= 0 AND running >= 0 AND failed >= 0", name="counts"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    measured_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    waiting: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)

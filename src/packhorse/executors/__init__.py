@@ -1,1 +1,6 @@
-"""Executors run operations: :mod:`.local` (thread pool, embedded mode)."""
+"""Executors decide *where* an operation runs; what runs is :mod:`packhorse.pipeline`'s.
+
+:mod:`.local`: the embedded runner, operations in local worker processes (``packhorse run``).
+:mod:`.celery_app`: the distributed executor, operations on Celery queues per (site, data
+location, operation kind) (``packhorse manager`` / ``worker``).
+"""

@@ -1,8 +1,10 @@
-"""Distributed mode: Celery workers per site, a Redis or RabbitMQ broker (issue #4).
+"""Distributed mode: Celery workers per site, a Redis or RabbitMQ broker.
 
-Same stages, same guarantees, same code path as the embedded mode: a Celery task only calls
-:func:`packhorse.worker.execute_operation`, exactly like a thread of the local runner. Only the
-executor and the database URL change (DESIGN.md "Architecture").
+Same pipeline as the embedded mode (:mod:`packhorse.pipeline`: which managers run and in which
+order, which work is runnable, the recovery cycle, the partial-file sweep); this module only
+decides *where* an operation runs: a Celery queue of the operation's site. A Celery task only
+calls :func:`packhorse.worker.execute_operation`, exactly like a worker process of the local
+runner (DESIGN.md "Architecture").
 
 **Messages.** A message carries only "run operation N at attempt ≥ A" (``[N, A]``, JSON). The
 ops database is the single source of truth: a message can be lost, duplicated or delivered
@@ -47,17 +49,17 @@ from typing import Any
 import structlog
 from celery import Celery
 from kombu import Exchange, Queue
-from sqlalchemy import select, text, update
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
+from .. import pipeline
 from ..config import Settings
+from ..context import ProcessContext
 from ..db.models import Operation, utcnow
 from ..db.session import Database
 from ..domain import LocationRole, OperationKind, Status, StorageType
 from ..errors import ConfigError, TransientDatabaseError
 from ..stages import STAGES
-from ..context import ProcessContext
-from ..storage.disk import DiskBackend
 from ..topology import load_topology
 from ..worker import execute_operation
 
@@ -74,6 +76,9 @@ RUNNABLE_KINDS: tuple[OperationKind, ...] = tuple(k for k in OperationKind if k 
 EXCHANGE = Exchange("packhorse", type="direct", durable=True)
 #: Operations one dispatch cycle claims at most (one ``FOR UPDATE SKIP LOCKED`` batch).
 DISPATCH_BATCH = 200
+#: A broker's ``SCHEDULED`` operations may still be in the broker: only ``PENDING`` is taken
+#: (:func:`packhorse.pipeline.runnable_statuses`); lost messages are the reconciler's.
+_STATUSES = pipeline.runnable_statuses(executor_knows_its_queue=False)
 
 
 def queue_name(site: str, location: str, kind: OperationKind | str) -> str:
@@ -264,19 +269,14 @@ def location_lock(db: Database, location: str) -> Iterator[bool]:
 
 
 def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, int]:
-    """Scan one source location and create the packages of its settled groups (the scan and
-    packaging steps of ``packhorse run``, for one location, on its own site).
+    """The scan and package steps of the pipeline for one source location, on its own site
+    (:func:`packhorse.pipeline.scan_and_package`, on a thread pool for hashing).
 
     Returns:
         ``{"registered": files registered, "packages": packages created, "skipped": files skipped}``.
     """
-    from ..managers import packages
-    from ..managers.scan import scan_location
-
     with ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="scan") as pool:
-        result = scan_location(ctx, location, pool)
-    created = packages.manage(ctx, result.unsettled_groups, locations={location})
-    return {"registered": result.registered, "packages": created, "skipped": len(result.skipped)}
+        return pipeline.scan_and_package(ctx, location, pool)
 
 
 def scan_task(self: Any, location: str) -> dict[str, int]:
@@ -307,8 +307,9 @@ class Dispatched:
 def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_BATCH) -> list[Dispatched]:
     """Publish every due ``PENDING`` operation (up to ``batch``): ``PENDING`` → ``SCHEDULED``.
 
-    The rows are picked with ``SELECT … FOR UPDATE SKIP LOCKED`` (PostgreSQL), so two managers
-    never pick the same operation; the status change commits *before* publishing. A publish that
+    The rows are the pipeline's runnable work (:func:`packhorse.pipeline.take_runnable`, in
+    its dispatch order; ``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL, so any number of
+    managers never pick the same operation); the status change commits *before* publishing. A publish that
     fails (broker down) hands the operation back to ``PENDING`` (fenced on ``SCHEDULED`` and its
     attempt), so the next cycle tries again; if even that write fails, the reconciler finds the
     ``SCHEDULED`` row after its floor.
@@ -318,23 +319,7 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
     """
 
     def pick(s: Session) -> list[Any]:
-        now = utcnow()
-        rows = s.execute(
-            select(Operation.id, Operation.kind, Operation.attempt, Operation.site_id,
-                   Operation.source_location_id, Operation.destination_location_id)
-            .where(Operation.status == Status.PENDING.value,
-                   Operation.kind.in_([k.value for k in RUNNABLE_KINDS]),
-                   Operation.not_before.is_(None) | (Operation.not_before <= now))
-            .order_by(Operation.id).limit(batch)
-            .with_for_update(skip_locked=True)
-        ).all()
-        if not rows:
-            return []
-        taken = set(s.scalars(update(Operation).where(Operation.id.in_([r.id for r in rows]),
-                                                      Operation.status == Status.PENDING.value)
-                              .values(status=Status.SCHEDULED.value, scheduled_at=now, updated_at=now)
-                              .returning(Operation.id)))
-        return [r for r in rows if r.id in taken]
+        return pipeline.take_runnable(s.connection(), limit=batch, statuses=_STATUSES)
 
     rows = ctx.db.transact(pick)
     out: list[Dispatched] = []
@@ -401,9 +386,11 @@ class Manager:
     """``packhorse manager``: the managers of every stage and the dispatcher, in a loop.
 
     Every ``managers.poll_interval_seconds``: publish a scan of each source location to its
-    site, run the managers (bundles, transfers, unpacks, long-term archives, deletions; the
-    packages of a source are created by its scan), publish every due ``PENDING`` operation
-    (dispatch runs at least every second). A failed cycle (database or broker unreachable) is
+    site (the scan and package steps run there, :func:`scan_location_and_package`), run the
+    pipeline's other managers (:func:`packhorse.pipeline.manager_cycle`), publish every due
+    ``PENDING`` operation (dispatch runs at least every second). Any number of managers may run
+    against one database at once (high availability; :mod:`packhorse.pipeline`): together they
+    create and publish what one would. A failed cycle (database or broker unreachable) is
     logged and counted (:class:`~packhorse.recovery.loop.ErrorCounter`: CRITICAL log and
     notification after ``managers.max_consecutive_errors`` in a row) and the next cycle starts
     afresh: the manager never needs a restart. It records its health as service kind
@@ -423,16 +410,11 @@ class Manager:
 
     def cycle(self, *, scan: bool) -> int:
         """One cycle; returns how many operations it dispatched."""
-        from ..managers import archives, bundles, deletions, transfers, unpacks
-
         ctx = process_context(self.settings)
         if scan:
             dispatch_scans(ctx, self.app)
-        bundles.manage(ctx, flush=False)
-        transfers.manage(ctx)
-        unpacks.manage(ctx)
-        archives.manage(ctx)
-        deletions.manage(ctx)
+        # packaging runs with the scan on the source's site: no unsettled groups here
+        pipeline.manager_cycle(ctx, pipeline.CycleInput(unsettled=None, flush=False))
         return len(dispatch_pending(ctx, self.app))
 
     def run(self, *, max_seconds: float | None = None) -> None:
@@ -474,15 +456,16 @@ class Manager:
 
 
 def cleanup_site_partials(settings: Settings, site: str) -> int:
-    """Remove partial writes older than a lease from ``site``'s disk locations (a crashed
-    worker's leftovers; the next attempt at the same object also removes them). Returns how many."""
-    removed = 0
-    for loc in settings.locations:
-        if loc.site == site and loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE and loc.path:
-            path = settings.location_path(loc.name)
-            if path.is_dir():
-                removed += DiskBackend(loc.name, path).cleanup_partials(settings.recovery.lease_timeout_seconds)
-    return removed
+    """The pipeline's partial-file sweep (:func:`packhorse.pipeline.sweep_partials`) of
+    ``site``'s data locations (disk partials older than a lease, S3 multipart uploads older
+    than a day), run when a worker of the site starts: the site's storage is reachable from
+    its workers. Returns how many partial writes were removed."""
+    db = Database.from_settings(settings)
+    try:
+        ctx = ProcessContext(settings=settings, db=db, topology=load_topology(db, settings))
+        return pipeline.sweep_partials(ctx, sites={site})
+    finally:
+        db.dispose()
 
 
 def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = None, concurrency: int | None = None,
@@ -503,7 +486,10 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
 
     logs.configure(loglevel)
     app = make_app(settings)
-    cleanup_site_partials(settings, site)
+    try:
+        cleanup_site_partials(settings, site)
+    except Exception as e:  # noqa: BLE001 - a sweep that cannot run must not keep the worker from starting
+        log.warning("partial_sweep_failed", site=site, error=repr(e))
     n = concurrency or settings.executor.workers
     # the worker's main process records its health (service kind "worker", one row per worker)
     db = Database.from_settings(settings)

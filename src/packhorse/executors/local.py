@@ -8,10 +8,12 @@ of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of
 SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 
 :class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
-managers in pipeline order, run the stalled-task monitor and the reconciler (every monitor
-interval, :func:`packhorse.recovery.monitor.recovery_cycle`), dispatch runnable
-operations to the pool. A finished operation wakes the loop at once, so the next stage starts
-without waiting for the poll interval (issue #2). The pool holds up to ``workers ×
+managers (:func:`packhorse.pipeline.manager_cycle`), run the stalled-task monitor and the
+reconciler (every monitor interval, :func:`packhorse.pipeline.recover`), dispatch the runnable
+operations :func:`packhorse.pipeline.take_runnable` picks to the pool. What runs and in which
+order is the pipeline's (:mod:`packhorse.pipeline`); this module only decides that it runs here.
+A finished operation wakes the loop at once, so the next stage starts without waiting for the
+poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
 task is one operation, or up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
 run together (:func:`~packhorse.worker.execute_deletions`).
@@ -37,51 +39,28 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import bindparam, case, func, or_, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import logs
 from ..config import Settings
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, LocationRole, OperationKind, Status, StorageType
-from ..managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
+from ..domain import ACTIVE_STATUSES, Status
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
-from .. import faults
+from .. import faults, pipeline
 from ..recovery.loop import ErrorCounter
-from ..recovery.monitor import recovery_cycle
 from ..runtime_settings import RuntimeSettings
 from ..context import ProcessContext
-from ..storage.disk import DiskBackend
 from ..topology import Topology
 from ..worker import DELETION_BATCH, Outcome, batchable, execute_deletions, execute_operation
 
 log = structlog.get_logger(__name__)
 
-#: Age after which an incomplete S3 multipart upload counts as abandoned (seconds).
-S3_PARTIAL_AGE_SECONDS = 86400.0
-
-#: Dispatch order: downstream first, so buffers drain before new packages fill them.
-PRIORITY = [OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
-            OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.STAGING,
-            OperationKind.FIXITY_CHECK]
-
-
-_OPS = Operation.__table__
-#: Runnable operations not queued here yet: downstream kinds first, then oldest; only as many
-#: as the free task slots can take, so the cost does not grow with the backlog. Built once
-#: (Core, bound parameters): dispatch runs inside the database's write lock.
-_RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.physical_copy_id)
-             .where(_OPS.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-                    or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")),
-                    _OPS.c.id.not_in(bindparam("busy", expanding=True)))
-             .order_by(case({k.value: i for i, k in enumerate(PRIORITY)}, value=_OPS.c.kind, else_=len(PRIORITY)),
-                       _OPS.c.id)
-             .limit(bindparam("limit")))
-_SCHEDULE = (update(_OPS).where(_OPS.c.id.in_(bindparam("ids", expanding=True)),
-                                _OPS.c.status == Status.PENDING.value)
-             .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now")))
+#: The statuses this runner dispatches from: it is the only dispatcher of its database and
+#: knows every task it queued (:func:`packhorse.pipeline.runnable_statuses`).
+_STATUSES = pipeline.runnable_statuses(executor_knows_its_queue=True)
 
 
 # ------------------------------------------------------------------------------ worker processes
@@ -339,27 +318,29 @@ class LocalRunner:
             return 0
 
         def tx(s: Session) -> list[tuple[int, ...]]:
-            now = utcnow()
-            conn = s.connection()
-            rows = conn.execute(_RUNNABLE, dict(now=now, busy=sorted(busy), limit=free * DELETION_BATCH))
             tasks: list[list[int]] = []
-            batch: list[int] | None = None  # the open batch of deletions
-            for op_id, kind, copy_id in rows:
-                if batchable(kind, copy_id):
-                    if batch is None or len(batch) == DELETION_BATCH:
+
+            def choose(rows: list[Any]) -> list[int]:
+                # fill the free task slots in dispatch order; deletions of buffer copies go
+                # DELETION_BATCH to a task
+                batch: list[int] | None = None  # the open batch of deletions
+                for r in rows:
+                    if batchable(r.kind, r.physical_copy_id):
+                        if batch is None or len(batch) == DELETION_BATCH:
+                            if len(tasks) == free:
+                                break
+                            batch = []
+                            tasks.append(batch)
+                        batch.append(r.id)
+                    else:
                         if len(tasks) == free:
                             break
-                        batch = []
-                        tasks.append(batch)
-                    batch.append(op_id)
-                else:
-                    if len(tasks) == free:
-                        break
-                    tasks.append([op_id])
-            ids = [i for t in tasks for i in t]
-            if ids:
-                conn.execute(_SCHEDULE, dict(ids=ids, now=now))
-            return [tuple(t) for t in tasks]
+                        tasks.append([r.id])
+                return [i for task in tasks for i in task]
+
+            taken = {r.id for r in pipeline.take_runnable(s.connection(), limit=free * DELETION_BATCH,
+                                                          statuses=_STATUSES, exclude=busy, choose=choose)}
+            return [tuple(i for i in task if i in taken) for task in tasks if any(i in taken for i in task)]
 
         tasks = self.ctx.db.transact(tx)
         twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
@@ -398,47 +379,32 @@ class LocalRunner:
             if self._running:
                 self._guard("dispatch", self.dispatch, default=0)
 
-        def started(n: int) -> int:
-            if n:
+        def after_step(name: str, n: int) -> None:
+            if n and name != "package":  # packaging dispatches after each of its commits
                 dispatch_now()
-            return n
 
-        created = 0 if unsettled is None else packages.manage(self.ctx, unsettled, on_commit=dispatch_now)
-        faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
-        n, bundle_wait = bundles.manage(self.ctx, flush=flush)
-        created += started(n)
-        for manager in (transfers, unpacks, archives):
-            created += started(manager.manage(self.ctx))
-        n, _retention_wait = deletions.manage(self.ctx)
-        return created + started(n) + started(fixity.manage(self.ctx)), bundle_wait
+        result = pipeline.manager_cycle(
+            self.ctx, pipeline.CycleInput(unsettled=unsettled, flush=flush, on_commit=dispatch_now),
+            after_step=after_step)
+        return result.total, result.bundle_wait
 
     def recover(self) -> None:
-        """Recovery: the stalled-task monitor (circuit breakers) and the reconciler, as ``packhorse
-        monitor`` runs them. On the first call also sweep every disk location
-        (except sources) for partial writes older than a lease, left by a crashed process; later
-        partials are removed by the next attempt at the same object, so the (possibly long)
-        walk of an archive runs once per start, not every monitor interval."""
+        """Recovery (:func:`packhorse.pipeline.recover`): the stalled-task monitor (circuit
+        breakers) and the reconciler, as ``packhorse monitor`` runs them. On the first call also
+        :func:`packhorse.pipeline.sweep_partials` (every site: this runner writes to all of
+        them); later partials are removed by the next attempt at the same object, so the
+        (possibly long) walk of an archive runs once per start, not every monitor interval."""
         # no dispatch meanwhile: an operation handed to the pool after the list of those queued
         # here was taken would look lost to the reconciler (SCHEDULED, not queued here) and be
         # reset and reported needlessly
         with self._dispatch_lock:
             with self._lock:
                 queued_here = set(self.in_flight)
-            report = recovery_cycle(self.ctx.db, self.settings, exclude=queued_here)
-        if report.reset:
-            log.warning("stalled_operations_reset", operation_ids=report.reset)
-        if self._swept or faults.fencing_disabled():  # test-only switch: stale partials stay
+            pipeline.recover(self.ctx, exclude=queued_here)
+        if self._swept:
             return
         self._swept = True
-        for loc in self.settings.locations:
-            if loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE:
-                b = self.ctx.backend(loc.name)
-                if isinstance(b, DiskBackend):
-                    b.cleanup_partials(self.settings.recovery.lease_timeout_seconds)
-            elif loc.storage is StorageType.S3 and loc.active:
-                # incomplete multipart uploads of crashed publishers (invisible; they only cost
-                # storage). A day, not a lease: a large upload in flight may take longer.
-                self.ctx.backend(loc.name).cleanup_partials(S3_PARTIAL_AGE_SECONDS)
+        pipeline.sweep_partials(self.ctx)
 
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""

@@ -4,6 +4,13 @@ Packages built at a source site's buffer and not yet bundled are taken in id ord
 bundled once they reach ``bundle_target_bytes``. The rest waits until the oldest of them has
 waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (``run
 --until-idle`` sets it when nothing else is pending).
+
+Which raw packages go in which bundle is decided once, even with many managers running at the
+same time (:mod:`packhorse.pipeline`, high availability): the candidates are read again under
+row locks (``FOR UPDATE`` on PostgreSQL; SQLite's write lock), and each package joins a bundle
+only by a compare-and-set on its ``data_transfer_package_id`` (``… IS NULL``). A manager that
+loses that race for any package of a bundle rolls the whole bundle back and looks again next
+cycle, so no package is ever in two bundles and no bundle is built, shipped or unpacked twice.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from typing import Any
 
 import datetime as dt
 
+import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -19,6 +27,12 @@ from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcno
 from ..domain import CopyStatus, LocationRole, OperationKind
 from ..operations import create_operation, dedup_key
 from ..context import ProcessContext
+
+log = structlog.get_logger(__name__)
+
+
+class _BundledElsewhere(Exception):
+    """A package of a bundle being made was bundled by another manager first (rolls back)."""
 
 
 def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | None]:
@@ -33,20 +47,21 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
         buf_id = ctx.topology.location_ids[buf]
         site_id = ctx.topology.site_ids[site]
 
-        def find(s: Session) -> list[Any]:
-            return s.execute(
-                select(RawDataPackage.id, RawDataPackage.size, PhysicalCopy.created_at)
-                .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
-                .where(RawDataPackage.data_transfer_package_id.is_(None), PhysicalCopy.location_id == buf_id,
-                       PhysicalCopy.status == CopyStatus.PRESENT.value)
-                .order_by(RawDataPackage.id)
-            ).all()
+        def find(s: Session, lock: bool = False) -> list[Any]:
+            q = (select(RawDataPackage.id, RawDataPackage.size, PhysicalCopy.created_at)
+                 .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
+                 .where(RawDataPackage.data_transfer_package_id.is_(None), PhysicalCopy.location_id == buf_id,
+                        PhysicalCopy.status == CopyStatus.PRESENT.value)
+                 .order_by(RawDataPackage.id))
+            if lock:  # another manager bundling the same packages waits here, then sees them taken
+                q = q.with_for_update(of=RawDataPackage)
+            return s.execute(q).all()
 
         if not ctx.db.read(find):  # most cycles: nothing to bundle, no write lock taken
             continue
 
         def tx(s: Session, find: Any = find) -> tuple[int, float | None]:
-            rows = find(s)  # again, under the write lock: another runner may have bundled them
+            rows = find(s, lock=True)  # again, locked: another manager may have bundled them
             groups: list[list[int]] = []
             cur: list[int] = []
             size = 0
@@ -73,8 +88,11 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
                 s.add(dtp)
                 s.flush()
                 dtp.name = f"{site}-{now.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{dtp.id:06d}"
-                s.execute(update(RawDataPackage).where(RawDataPackage.id.in_(ids))
-                          .values(data_transfer_package_id=dtp.id))
+                joined = s.execute(update(RawDataPackage).where(RawDataPackage.id.in_(ids),
+                                                                RawDataPackage.data_transfer_package_id.is_(None))
+                                   .values(data_transfer_package_id=dtp.id)).rowcount
+                if joined != len(ids):
+                    raise _BundledElsewhere(f"{len(ids) - joined} of packages {ids} joined another bundle meanwhile")
                 create_operation(s, kind=OperationKind.DATA_TRANSFER_PACKAGE,
                                  dedup_key=dedup_key(OperationKind.DATA_TRANSFER_PACKAGE, f"dtp{dtp.id}"),
                                  site_id=site_id, max_retries=ctx.settings.recovery.max_retries,
@@ -82,7 +100,11 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
                 n += 1
             return n, wait
 
-        n, wait = ctx.db.transact(tx)
+        try:
+            n, wait = ctx.db.transact(tx)
+        except _BundledElsewhere as e:  # rolled back: nothing of this cycle's bundles was kept
+            log.info("bundle_race_lost", site=site, reason=str(e))
+            continue
         created += n
         if wait is not None:
             due_in = wait if due_in is None else min(due_in, wait)

@@ -40,6 +40,7 @@ from ..db.models import RawDataFile, SkippedFile, utcnow
 from ..db.session import insert_ignoring_conflicts
 from ..domain import LocationRole, StorageType
 from ..errors import UnsafePathError
+from ..config import Settings
 from ..context import ProcessContext
 from ..storage.base import check_key
 
@@ -156,6 +157,38 @@ def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: l
             out.append((path, s))
 
 
+def list_source(settings: Settings, location: str, cache: ScanCache | None = None
+                ) -> tuple[list[tuple[str, os.stat_result]], list[tuple[str, str]], dict[str, _Folder] | None, bool]:
+    """List source location ``location`` as a scan sees it, registering nothing: ``(found,
+    skipped, seen, full)`` — the regular files to consider (path, stat), the paths that cannot
+    be registered (path, reason), the folders seen (for ``cache``) and whether every folder was
+    listed. Files the location's ``include`` / ``exclude`` patterns leave out
+    (:mod:`packhorse.scanfilter`) are in neither list."""
+    from ..scanfilter import location_filter
+
+    root = str(settings.location_path(location))
+    found: list[tuple[str, os.stat_result]] = []
+    skipped: list[tuple[str, str]] = []
+    seen: dict[str, _Folder] | None = None
+    full = False  # every folder listed: every skipped path there is was seen by this scan
+    if not os.path.isdir(root):
+        # a typo in a path (or an unmounted disk) must not look like "nothing to archive"
+        log.warning("source_folder_missing", location=location, path=root)
+        skipped.append((".", f"source folder {root} does not exist"))
+        return found, skipped, seen, full
+    full = cache is None or cache.scans % FULL_RESCAN_EVERY == 0
+    previous = None if full or cache is None else cache.folders.get(location)
+    seen = {} if cache is not None else None
+    _walk(root, "", found, skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
+    wanted = location_filter(settings.location(location))
+    if wanted.active:
+        found = [(p, s) for p, s in found if wanted.accepts(p)]
+        # an unreadable folder may hold wanted files: it stays listed unless it is excluded itself
+        skipped = [(p, r) for p, r in skipped
+                   if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))]
+    return found, skipped, seen, full
+
+
 def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]:
     """Return ``("ok", sha)``, ``("changed", None)`` or ``("error", reason)``."""
     path = os.path.join(root, rel)
@@ -207,18 +240,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     root = str(settings.location_path(location))
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
-    found: list[tuple[str, os.stat_result]] = []
-    seen: dict[str, _Folder] | None = None
-    full = False  # every folder listed: every skipped path there is was seen by this scan
-    if not os.path.isdir(root):
-        # a typo in a path (or an unmounted disk) must not look like "nothing to archive"
-        log.warning("source_folder_missing", location=location, path=root)
-        result.skipped.append((".", f"source folder {root} does not exist"))
-    else:
-        full = cache is None or cache.scans % FULL_RESCAN_EVERY == 0
-        previous = None if full or cache is None else cache.folders.get(location)
-        seen = {} if cache is not None else None
-        _walk(root, "", found, result.skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
+    found, result.skipped, seen, full = list_source(ctx.settings, location, cache)
 
     def look_again(path: str) -> None:
         """The folder of ``path`` holds a file not registered yet: list it at the next scan."""

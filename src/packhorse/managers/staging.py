@@ -24,9 +24,14 @@ class NothingToStageError(LookupError):
     """No archived raw data package matches the requested name."""
 
 
-def request_staging(ctx: ProcessContext, name: str, location: str) -> list[dict[str, Any]]:
+def request_staging(ctx: ProcessContext, name: str, location: str, *, again: bool = False) -> list[dict[str, Any]]:
     """Create ``staging`` operations for every archived raw data package called ``name`` or
     holding observation unit ``name`` (the last part of its group path, or the whole path).
+
+    ``again``: stage a package whose staged folder was removed (or no longer verifies) once
+    more: its staged copy is recorded ``missing`` or ``corrupt`` (as found) and a new
+    staging operation is created. A staged copy that still verifies is left as it is, and so
+    is a staging operation still under way.
 
     Returns:
         ``[{"package", "operation_id", "created", "status"}]``, one per package.
@@ -64,6 +69,8 @@ def request_staging(ctx: ProcessContext, name: str, location: str) -> list[dict[
                             "status": "not archived yet"})
                 continue
             key = dedup_key(OperationKind.STAGING, f"rdp{p.id}", location)
+            if again:
+                key = _restage_key(s, ctx, p, loc_id, location, key)
             op = create_operation(s, kind=OperationKind.STAGING, dedup_key=key, site_id=site_id,
                                   max_retries=ctx.settings.recovery.max_retries, raw_data_package_id=p.id,
                                   destination_location_id=loc_id)
@@ -75,3 +82,31 @@ def request_staging(ctx: ProcessContext, name: str, location: str) -> list[dict[
         return out
 
     return ctx.db.transact(tx)
+
+
+def _restage_key(s: Session, ctx: ProcessContext, pkg: RawDataPackage, loc_id: int, location: str,
+                 key: str) -> str:
+    """The dedup key for staging ``pkg`` again: the latest staging operation's key while it is
+    unfinished or its staged folder still verifies, else a new one (``…#2``, ``…#3``) after the
+    gone or bad staged copy is recorded as found (``missing`` / ``corrupt``)."""
+    from ..domain import Status
+    from ..staged import check_staged
+
+    keys = list(s.scalars(select(Operation.dedup_key).where(
+        or_(Operation.dedup_key == key, Operation.dedup_key.startswith(f"{key}#", autoescape=True)))))
+    if not keys:
+        return key
+    latest = max(keys, key=lambda k: int(k.rpartition("#")[2]) if "#" in k else 1)
+    op = s.scalars(select(Operation).where(Operation.dedup_key == latest)).one()
+    if op.status != Status.COMPLETED.value:
+        return latest  # under way (or FAILED: `packhorse reset` it)
+    copy = s.scalars(select(PhysicalCopy).where(
+        PhysicalCopy.raw_data_package_id == pkg.id, PhysicalCopy.location_id == loc_id,
+        PhysicalCopy.status == CopyStatus.PRESENT.value)).first()
+    if copy is not None:
+        found = check_staged(ctx, {"copy_id": copy.id, "location": location, "package": pkg.name, "path": copy.path})
+        if found["status"] == "ok":
+            return latest
+        copy.status = found["status"]
+    n = max(int(k.rpartition("#")[2]) if "#" in k else 1 for k in keys) + 1
+    return f"{key}#{n}"

@@ -13,7 +13,9 @@ One cycle (:func:`check_stalled`):
    notification, operation left for a human.
 
 Every state change and its notification share one transaction. A lost dispatch or stall never
-counts as a retry: ``retry_count`` is left alone.
+counts as a retry: ``retry_count`` is left alone. Any number of monitors may run at once (high
+availability, :mod:`packhorse.pipeline`): each stalled operation's row is locked and re-checked
+before it is handled, so a stall is counted, recorded and notified once.
 
 :data:`RECOVERY_HANDLERS` is the live registration the owners test (I5) reads.
 """
@@ -102,9 +104,12 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         now = utcnow()
         op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.attempt == attempt,
                                                Operation.status == Status.IN_PROGRESS.value,
-                                               Operation.lease_expires_at < now)).first()
+                                               Operation.lease_expires_at < now)
+                         # locked and re-checked: another monitor handling the same stall waits
+                         # here, then finds it recovered (one stall event, count, notification)
+                         .with_for_update()).first()
         if op is None:
-            return None  # renewed, finished or recovered meanwhile
+            return None  # renewed, finished or recovered meanwhile (by this or another monitor)
         b = breakers.get_breaker(s, op.kind, op.id)
         if b is None or b.last_stall_attempt != op.attempt:
             s.add(_stall_event(op, now))

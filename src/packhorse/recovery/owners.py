@@ -5,8 +5,9 @@ For each (:class:`~packhorse.domain.OperationKind`, :class:`~packhorse.domain.St
 code actually registers — never from a hand-written table, so a kind keyed by a string no task
 registers (the seeds' bug #69) shows up as an orphan:
 
-* ``PENDING`` — the dispatcher (``executors.local.PRIORITY``) hands it to a worker, which runs
-  the stage registered in ``stages.STAGES``;
+* ``PENDING`` — the dispatcher of either mode (``pipeline.DISPATCH_ORDER``, the one list
+  both executors dispatch from) hands it to a worker, which runs the stage registered in
+  ``stages.STAGES``;
 * ``SCHEDULED`` — the same, plus the reconciler (``reconciler.RECONCILED_STATUSES``) for a lost
   dispatch;
 * ``IN_PROGRESS`` — the worker holding the lease (``stages.STAGES``), the stalled-task monitor's
@@ -18,7 +19,8 @@ registers (the seeds' bug #69) shows up as an orphan:
   ``SCHEDULED``).
 
 A pair is owned only if *every* owner its status needs is registered (a ``PENDING`` operation
-with a stage but no dispatcher would wait forever).
+with a stage but no dispatcher would wait forever). :func:`creators` names, per kind, the
+pipeline step that creates its operations (``pipeline.STEPS``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ def owner_map() -> dict[tuple[OperationKind, Status], list[str]]:
 
     An empty list means nobody moves the pair on (an I5 violation).
     """
-    from ..executors.local import PRIORITY
     from ..operations import HUMAN_NOTIFICATIONS
+    from ..pipeline import DISPATCH_ORDER
     from ..stages import STAGES
     from .monitor import RECOVERY_HANDLERS
     from .reconciler import RECONCILED_STATUSES
@@ -40,7 +42,7 @@ def owner_map() -> dict[tuple[OperationKind, Status], list[str]]:
     out: dict[tuple[OperationKind, Status], list[str]] = {}
     for kind in OperationKind:
         worker = kind in STAGES
-        dispatched = kind in PRIORITY
+        dispatched = kind in DISPATCH_ORDER
         for status in Status:
             owners: list[str] = []
             if status is Status.PENDING and worker and dispatched:
@@ -62,3 +64,11 @@ def orphans(kinds: list[OperationKind] | None = None) -> list[tuple[str, str]]:
     """The (kind, status) pairs of ``kinds`` (default: all) that no component owns."""
     wanted = set(kinds) if kinds is not None else set(OperationKind)
     return sorted((k.value, s.value) for (k, s), owners in owner_map().items() if k in wanted and not owners)
+
+
+def creators() -> dict[OperationKind, list[str]]:
+    """``{kind: [pipeline step, ...]}``: the steps of :data:`packhorse.pipeline.STEPS` that create
+    operations of each kind (an empty list: no step creates it)."""
+    from ..pipeline import STEPS
+
+    return {kind: [s.name for s in STEPS if s.kind is kind] for kind in OperationKind}

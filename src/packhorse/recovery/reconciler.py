@@ -75,7 +75,8 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
         def tx(s: Session, op_id: int = op_id, status: str = status, attempt: int = attempt) -> tuple[str, int] | None:
             t = utcnow()
             op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.status == status,
-                                                   Operation.attempt == attempt, _orphans(floor, t))).first()
+                                                   Operation.attempt == attempt, _orphans(floor, t))
+                               .with_for_update()).first()  # another reconciler waits, then skips it
             if op is None:
                 return None  # claimed or moved on meanwhile
             if op.reconcile_count >= rec.reconcile_max_resets:

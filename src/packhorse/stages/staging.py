@@ -8,12 +8,20 @@
    and raises :class:`~packhorse.errors.OperationDeferred`, so the operation goes back to
    ``PENDING`` until ``restore_poll_seconds`` later, without holding a worker; the worker that
    picks it up again finds the restore ready and goes on.
-4. The package tar is streamed out of the archive, hashed while read (it must match the
-   package's sha256: the archive copy is verified on the way), and extracted with
-   :func:`~packhorse.packaging.safe_extract` (I6) into a hidden temporary folder of the
-   processing location.
-5. The extracted bag is validated to RFC 8493 (:mod:`~packhorse.bagvalidation`): every
-   manifest, every payload file, the tag manifests and the Payload-Oxum.
+4. Check pass, nothing written: the package tar is streamed out of the archive through the
+   one tar reader (:mod:`packhorse.extraction`: no links, devices, duplicates, ``..``, names
+   merged by normalization, members beyond the ``[extraction]`` limits; I6) and the bag
+   checks (:func:`~packhorse.packaging.verify_bag_archive`: manifest, tag manifest,
+   Payload-Oxum), hashed while read; it must be exactly the package's size and sha256. An
+   archive copy with other bytes fails with :class:`~packhorse.errors.SourceChangedError`
+   and a refused member with :class:`~packhorse.errors.UnsafePathError`, both permanent:
+   the operation is not retried and the processing location is never written to.
+5. Extraction pass: the copy is read again and extracted with
+   :func:`~packhorse.extraction.extract_tar` (descriptor-relative, ``O_NOFOLLOW``,
+   ``O_EXCL``) into a hidden temporary folder of the processing location, hashed again; if
+   the bytes differ from the first pass (the copy changed in between) the folder is removed
+   and the operation fails permanently. The extracted bag is then validated to RFC 8493 (:mod:`~packhorse.bagvalidation`:
+   every manifest, every payload file, the tag manifests and the Payload-Oxum).
 6. The bag folder is published under ``<package name>/`` with a no-replace rename (I2); an
    existing folder from an earlier attempt counts only if it verifies the same way.
 7. The completion transaction records the staged copy (path = that folder).
@@ -25,6 +33,8 @@ import errno
 import hashlib
 import secrets
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +46,14 @@ from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole
 from ..errors import (
     DestinationConflictError,
     OperationDeferred,
+    SourceChangedError,
     SourceMissingError,
     UnsafePathError,
     VerificationError,
 )
 from ..bagvalidation import validate_folder
-from ..packaging import raise_for_problems, safe_extract
+from ..extraction import ExtractionLimits, extract_tar
+from ..packaging import BagContents, raise_for_problems, verify_bag_archive
 from ..storage.base import CHUNK_BYTES, StorageBackend
 from ..storage.disk import _renameat2_noreplace
 from .base import Recorder, Work, record_copy
@@ -51,10 +63,15 @@ STAGING_TMP_PREFIX = ".packhorse-staging-"
 
 
 class _HashingReader:
-    """Reads through ``stream``, hashing and counting (progress and lease checks per block)."""
+    """Reads through ``stream``, hashing and counting; calls ``on_block(bytes)`` per block
+    (lease checks, progress).
 
-    def __init__(self, stream: Any, work: Work) -> None:
-        self.stream, self.work = stream, work
+    Raises:
+        SourceChangedError: the stream goes on past ``limit`` bytes (the package's size).
+    """
+
+    def __init__(self, stream: Any, *, limit: int, source: str, on_block: Callable[[int], None]) -> None:
+        self.stream, self.limit, self.source, self.on_block = stream, limit, source, on_block
         self.hash = hashlib.sha256()
         self.size = 0
 
@@ -63,12 +80,130 @@ class _HashingReader:
         if data:
             self.hash.update(data)
             self.size += len(data)
-            self.work.progress(len(data))
+            if self.size > self.limit:
+                raise SourceChangedError(f"{self.source}: the archive copy is longer than the package's "
+                                         f"{self.limit} bytes", step="staging", side="source")
+            self.on_block(len(data))
         return data
 
     def drain(self) -> None:
         while self.read(CHUNK_BYTES):
             pass
+
+    def matches(self, size: int, sha256: str) -> bool:
+        """True when what was read is exactly ``size`` bytes with ``sha256``."""
+        return self.size == size and self.hash.hexdigest() == sha256
+
+
+@dataclass(frozen=True)
+class ArchiveCopy:
+    """One archive copy of a raw data package to stage from.
+
+    Attributes:
+        open: opens the copy's bytes for reading (called once per pass).
+        size: the package's size (bytes), as recorded when it was built.
+        sha256: the package's sha256 (hex), as recorded.
+        host: the long-term archive location's name.
+        key: the copy's key there.
+    """
+
+    open: Callable[[], Any]
+    size: int
+    sha256: str
+    host: str
+    key: str
+
+    @property
+    def source(self) -> str:
+        """``"location:key"``, how messages name the copy."""
+        return f"{self.host}:{self.key}"
+
+    def differs(self, reader: _HashingReader, why: str) -> SourceChangedError:
+        """The permanent error for a copy whose bytes are not the package's."""
+        return SourceChangedError(
+            f"{self.source}: the archive copy has {reader.size} bytes with sha256 {reader.hash.hexdigest()}, "
+            f"the package {self.size} bytes with {self.sha256}; {why}", step="staging", side="source",
+            path=self.key, host=self.host,
+            diagnosis="the archive copy is corrupt or was replaced; stage from another copy after a fixity check")
+
+
+def check_archive_copy(copy: ArchiveCopy, *, limits: ExtractionLimits,
+                       on_block: Callable[[int], None] = lambda n: None) -> BagContents:
+    """The check pass of staging: read the archive copy once through the tar reader and the
+    bag checks, writing nothing; it must be exactly the package's bytes.
+
+    Returns:
+        the bag found (its folder and manifest).
+
+    Raises:
+        SourceChangedError: the bytes are not the package's size and sha256 (permanent).
+        UnsafePathError: a member is refused (permanent; the bytes are the package's own).
+        VerificationError: the package's own bag does not check.
+    """
+    with copy.open() as f:
+        reader = _HashingReader(f, limit=copy.size, source=copy.source, on_block=on_block)
+        try:
+            contents = verify_bag_archive(reader, source=copy.source, limits=limits)  # type: ignore[arg-type]
+            reader.drain()
+        except (UnsafePathError, VerificationError) as e:
+            reader.drain()  # bounded by the package size: tells a corrupt copy from a bad package
+            if not reader.matches(copy.size, copy.sha256):
+                raise copy.differs(reader, f"nothing was extracted ({e})") from e
+            raise
+    if not reader.matches(copy.size, copy.sha256):
+        raise copy.differs(reader, "nothing was extracted")
+    return contents
+
+
+def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionLimits,
+                         check: Callable[[int], None] = lambda n: None,
+                         progress: Callable[[int], None] = lambda n: None) -> Path:
+    """Staging's extraction of one archive copy into the new folder ``target`` (steps 4-5 of
+    the module): the check pass (:func:`check_archive_copy`), then the extraction pass with
+    :func:`~packhorse.extraction.extract_tar`, hashed again, then every payload file against
+    the manifest (:func:`verify_bag_folder`).
+
+    Args:
+        copy: the archive copy.
+        target: must not exist; its parent must. Nothing is created before the check pass
+            has passed.
+        limits: member count and byte limits.
+        check: called per block read in the check pass (lease checks).
+        progress: called per block read in the extraction pass (progress and lease checks).
+
+    Returns:
+        the extracted bag folder (inside ``target``).
+
+    Raises:
+        SourceChangedError: the copy's bytes are not the package's, in either pass (permanent).
+        UnsafePathError: a member is refused (permanent).
+        VerificationError: the bag does not check.
+        On every error ``target`` does not exist afterwards.
+    """
+    contents = check_archive_copy(copy, limits=limits, on_block=check)
+    extracted = False  # extract_tar removes its target itself when it fails
+    try:
+        with copy.open() as f:
+            reader = _HashingReader(f, limit=copy.size, source=copy.source, on_block=progress)
+            try:
+                extract_tar(reader, target, source=copy.source, limits=limits)  # type: ignore[arg-type]
+            except VerificationError as e:  # damaged: did the copy change since the check pass?
+                reader.drain()
+                if not reader.matches(copy.size, copy.sha256):
+                    raise copy.differs(reader, f"it changed after the check pass ({e}); the extracted folder "
+                                               "was removed") from e
+                raise
+            extracted = True
+            reader.drain()
+        if not reader.matches(copy.size, copy.sha256):
+            raise copy.differs(reader, "it changed after the check pass; the extracted folder was removed")
+        bag = target / contents.bag_dir
+        verify_bag_folder(bag, source=copy.source)
+    except BaseException:
+        if extracted:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    return bag
 
 
 def ensure_readable(work: Work, backend: StorageBackend, key: str) -> None:
@@ -146,22 +281,12 @@ def run(work: Work) -> Recorder:
         work.info.update(source=src_name, key=key)
         src = ctx.backend(src_name)
         ensure_readable(work, src, key)
+        copy = ArchiveCopy(open=lambda: src.open_read(key), size=pkg.size, sha256=pkg.sha256, host=src_name,
+                           key=key)
         tmp = root / f"{STAGING_TMP_PREFIX}{secrets.token_hex(6)}"
         try:
-            with src.open_read(key) as f:
-                reader = _HashingReader(f, work)
-                names = safe_extract(reader, tmp, source=f"{src_name}:{key}")  # type: ignore[arg-type]
-                reader.drain()
-            if reader.hash.hexdigest() != pkg.sha256 or reader.size != pkg.size:
-                raise VerificationError(f"{src_name}:{key}: read {reader.size} bytes with sha256 "
-                                        f"{reader.hash.hexdigest()}, expected {pkg.size} with {pkg.sha256}",
-                                        step="staging", side="source", path=key, host=src_name)
-            tops = {n.split("/", 1)[0] for n in names}
-            if len(tops) != 1:
-                raise VerificationError(f"{src_name}:{key}: expected one bag folder, found {sorted(tops)}",
-                                        step="staging", path=key)
-            bag = tmp / tops.pop()
-            verify_bag_folder(bag, source=f"{src_name}:{key}")
+            bag = extract_archive_copy(copy, tmp, limits=ExtractionLimits.from_settings(ctx.settings),
+                                       check=lambda n: work.check(), progress=work.progress)
             work.check()
             final.parent.mkdir(parents=True, exist_ok=True)
             try:

@@ -8,6 +8,11 @@ Run by the destination site's workers (they pull). Methods (per route):
   final name at the destination; the arguments are split like a shell line and never passed to
   a shell. The lease is checked while the command runs; the command is killed if it is lost.
 
+A route's ``bandwidth_limit_bytes_per_second`` is shared by its transfers in progress: each
+reads at most the limit divided by their number (counted in the ops database every
+:data:`SHARE_REFRESH_SECONDS`, so it holds across worker processes and machines). A command
+gets its share as ``{bandwidth_limit}`` (bytes/s) and ``{bandwidth_limit_kib}`` (KiB/s).
+
 Either way the result is hashed and compared with the bundle's sha256 before it is published,
 then re-read and verified (I4).
 """
@@ -23,13 +28,43 @@ from sqlalchemy.orm import Session
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
 from ..errors import ConfigError, TransferCommandError
+from ..ratelimit import RateLimiter, ThrottledReads
 from ..topology import bundle_key
 from .base import Recorder, Work, already_there, clear_partials, copy_object, publish_verified, record_copy
 
 
-def command_args(template: str, source: str, destination: str) -> list[str]:
-    """Split ``template`` like a shell line and fill ``{source}``/``{destination}`` in each arg."""
-    return [a.replace("{source}", source).replace("{destination}", destination) for a in shlex.split(template)]
+#: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
+SHARE_REFRESH_SECONDS = 1.0
+
+
+def command_args(template: str, source: str, destination: str, bandwidth_limit: int | None = None) -> list[str]:
+    """Split ``template`` like a shell line and fill ``{source}``/``{destination}`` in each arg,
+    and ``{bandwidth_limit}`` (bytes/s) / ``{bandwidth_limit_kib}`` (KiB/s, at least 1) when a
+    limit is given."""
+    values = {"{source}": source, "{destination}": destination}
+    if bandwidth_limit is not None:
+        values["{bandwidth_limit}"] = str(int(bandwidth_limit))
+        values["{bandwidth_limit_kib}"] = str(max(1, int(bandwidth_limit) // 1024))
+    out = []
+    for arg in shlex.split(template):
+        for k, v in values.items():
+            arg = arg.replace(k, v)
+        out.append(arg)
+    return out
+
+
+def route_share(work: Work, limit: int) -> float:
+    """This transfer's share of a route limit of ``limit`` bytes/s: ``limit`` divided by the
+    route's transfers in progress (the same source location; this one counted at least once)."""
+    from sqlalchemy import func, select
+
+    from ..db.models import Operation
+    from ..domain import OperationKind, Status
+
+    n = work.ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(Operation).where(
+        Operation.kind == OperationKind.TRANSFER.value, Operation.status == Status.IN_PROGRESS.value,
+        Operation.source_location_id == work.op.source_location_id))) or 0
+    return limit / max(1, int(n))
 
 
 def run(work: Work) -> Recorder:
@@ -45,8 +80,10 @@ def run(work: Work) -> Recorder:
     route = ctx.settings.route_from(ctx.topology.site_name(dtp.source_site_id))
     method = route.method if route else TransferMethod.COPY
 
+    limit = route.bandwidth_limit_bytes_per_second if route else None
     if method is TransferMethod.COPY:
-        copy_object(work, src, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer")
+        source = src if limit is None else _throttled(work, src, limit)
+        copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer")  # type: ignore[arg-type]
     elif not already_there(dst, key, dtp.size, dtp.sha256):
         assert route is not None and route.command is not None
         src_path = src.local_path(key)
@@ -56,7 +93,8 @@ def run(work: Work) -> Recorder:
         with dst.open_write(key) as w:
             if w.local_path is None:
                 raise ConfigError(f"routes: method 'command' needs disk locations ({dst_name} is not)")
-            args = command_args(route.command, str(src_path), str(w.local_path))
+            share = None if limit is None else int(route_share(work, limit))
+            args = command_args(route.command, str(src_path), str(w.local_path), share)
             _run_command(work, args, key)
             w.adopt_local_file()
             publish_verified(work, w, dst, expected_sha256=dtp.sha256, point="transfer")
@@ -67,6 +105,20 @@ def run(work: Work) -> Recorder:
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, data_transfer_package_id=dtp_id)
 
     return record
+
+
+def _throttled(work: Work, backend: object, limit: int) -> ThrottledReads:
+    """``backend`` with reads kept to this transfer's share of ``limit`` (bytes/s), refreshed
+    every :data:`SHARE_REFRESH_SECONDS`."""
+    limiter = RateLimiter(route_share(work, limit), burst_seconds=0.25)
+    next_refresh = [time.monotonic() + SHARE_REFRESH_SECONDS]
+
+    def refresh() -> None:
+        if time.monotonic() >= next_refresh[0]:
+            next_refresh[0] = time.monotonic() + SHARE_REFRESH_SECONDS
+            limiter.set_rate(route_share(work, limit))
+
+    return ThrottledReads(backend, limiter, refresh)
 
 
 def _run_command(work: Work, args: list[str], key: str) -> None:

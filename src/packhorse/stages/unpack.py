@@ -1,7 +1,9 @@
 """``unpack``: take the raw data packages out of a bundle at a destination buffer.
 
-The bundle tar is read once, as a stream: every member is checked (no absolute names, no
-``..``, no links, only regular files under the bag; I6), every raw package tar is copied to
+The bundle tar is read once, as a stream, through the one tar reader
+(:func:`packhorse.extraction.iter_members`: no absolute names, no ``..``, no links, devices
+or duplicates, nothing beyond the ``[extraction]`` limits, only regular files under the bag;
+a refused member fails the operation permanently, I6), every raw package tar is copied to
 its own object while both its sha256 and its own bag (manifest, tag manifest, Payload-Oxum)
 are verified, the bundle's manifest is checked against what was read, and each published raw
 package is re-read and verified (I4). The bundle must carry exactly the packages the
@@ -10,7 +12,8 @@ database says it does.
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from collections.abc import Mapping
+from typing import BinaryIO, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -18,8 +21,9 @@ from sqlalchemy.orm import Session
 from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
 from ..errors import VerificationError
+from ..extraction import ExtractionLimits
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
-from ..storage.base import CHUNK_BYTES, PendingWrite
+from ..storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
 from ..topology import bundle_key, raw_package_key
 from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
 
@@ -67,6 +71,79 @@ def _read_exactly(stream: BinaryIO, size: int, source: str) -> memoryview:
     return view
 
 
+class _Package(Protocol):
+    id: int
+    name: str
+    size: int | None
+    sha256: str | None
+
+
+def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: str,
+                  packages: Mapping[str, _Package], limits: ExtractionLimits) -> list[tuple[int, str, int, str]]:
+    """Read the bundle tar ``stream`` once and publish every raw package it carries to ``buf``.
+
+    Args:
+        work: the claimed operation (lease checks, progress).
+        stream: the bundle tar.
+        buf: the buffer location's backend the raw packages are written to.
+        source: the bundle, ``"location:key"``, for messages.
+        packages: payload path in the bundle (``"<package name>.tar"``) → the raw package.
+        limits: member count and byte limits (the bundle's and each raw package's).
+
+    Returns:
+        ``[(package id, key, size in bytes, sha256)]`` of every raw package now in ``buf``.
+
+    Raises:
+        UnsafePathError: a member of the bundle or of a raw package is refused (permanent);
+            nothing of that raw package is published.
+        VerificationError: the bundle's or a raw package's bag does not check.
+        DestinationConflictError: ``buf`` holds other bytes under a raw package's key.
+    """
+    done: list[tuple[int, str, int, str]] = []
+
+    def on_payload(path: str, size: int, member: BinaryIO) -> str:
+        """Copy one raw package out of the bundle, verifying its own bag; returns its sha256."""
+        pkg = packages.get(path)
+        if pkg is None:
+            raise VerificationError(f"{source}: bundle carries {path!r}, which is not one of its packages",
+                                    path=path, step="unpack")
+        pkey = raw_package_key(pkg.name)
+        if already_there(buf, pkey, pkg.size, pkg.sha256):
+            done.append((pkg.id, pkey, size, pkg.sha256 or ""))
+            return sha256_stream(member)
+        clear_partials(buf, pkey)
+        psource = f"{source}:{path}"
+        with buf.open_write(pkey) as w:
+            if size <= IN_MEMORY_BYTES:
+                # read it once into memory, write it (w hashes what it writes) and check its
+                # bag from those bytes: no file object per member
+                data = _read_exactly(member, size, psource)
+                w.write(data)
+                work.progress(size)
+                read_bag_bytes(data, source=psource, limits=limits)
+            elif _seekable(member):
+                # copy (w hashes what it writes), then check the raw package's own bag from the
+                # bundle's cached bytes in random-access mode: cheaper per member than
+                # parsing the tar as a stream while copying it
+                copied = _copy_stream(member, w)
+                work.progress(copied)
+                member.seek(0)
+                read_bag_tar(member, source=psource, limits=limits)
+                member.seek(copied)
+            else:
+                tee = TeeReader(member, w)  # w hashes what passes through
+                read_bag_tar(tee, source=psource, limits=limits)  # type: ignore[arg-type]  # its own bag
+                tee.drain()
+                work.progress(tee.size)
+            digest = w.sha256
+            result = publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
+        done.append((pkg.id, pkey, result.size, result.sha256))
+        return digest
+
+    read_bag_tar(stream, source=source, on_payload=on_payload, limits=limits)
+    return done
+
+
 def run(work: Work) -> Recorder:
     """Unpack and verify every raw package of the bundle; record their copies at this buffer."""
     ctx = work.ctx
@@ -82,50 +159,9 @@ def run(work: Work) -> Recorder:
     buf = ctx.backend(buf_name)
     key = bundle_key(dtp.name)
     work.info.update(bundle=dtp.name, location=buf_name, key=key)
-    by_path = {f"{p.name}.tar": p for p in pkgs}
-    done: list[tuple[int, str, int, str]] = []
-
-    def on_payload(path: str, size: int, stream: BinaryIO) -> str:
-        """Copy one raw package out of the bundle, verifying its own bag; returns its sha256."""
-        pkg = by_path.get(path)
-        if pkg is None:
-            raise VerificationError(f"{buf_name}:{key}: bundle carries {path!r}, which is not one of its packages",
-                                    path=path, step="unpack")
-        pkey = raw_package_key(pkg.name)
-        if already_there(buf, pkey, pkg.size, pkg.sha256):
-            done.append((pkg.id, pkey, size, pkg.sha256 or ""))
-            return sha256_stream(stream)
-        clear_partials(buf, pkey)
-        source = f"{buf_name}:{key}:{path}"
-        with buf.open_write(pkey) as w:
-            if size <= IN_MEMORY_BYTES:
-                # read it once into memory, write it (w hashes what it writes) and check its
-                # bag from those bytes: no file object per member
-                data = _read_exactly(stream, size, source)
-                w.write(data)
-                work.progress(size)
-                read_bag_bytes(data, source=source)
-            elif _seekable(stream):
-                # copy (w hashes what it writes), then check the raw package's own bag from the
-                # bundle's cached bytes in random-access mode: cheaper per member than
-                # parsing the tar as a stream while copying it
-                copied = _copy_stream(stream, w)
-                work.progress(copied)
-                stream.seek(0)
-                read_bag_tar(stream, source=source)
-                stream.seek(copied)
-            else:
-                tee = TeeReader(stream, w)  # w hashes what passes through
-                read_bag_tar(tee, source=source)  # the raw package's own bag
-                tee.drain()
-                work.progress(tee.size)
-            digest = w.sha256
-            result = publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
-        done.append((pkg.id, pkey, result.size, result.sha256))
-        return digest
-
     with buf.open_read(key) as f:
-        read_bag_tar(f, source=f"{buf_name}:{key}", on_payload=on_payload)
+        done = unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
+                             limits=ExtractionLimits.from_settings(ctx.settings))
     seen_ids = {d[0] for d in done}
     missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
     if missing:

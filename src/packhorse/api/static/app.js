@@ -11,7 +11,14 @@
   let token = sessionStorage.getItem("packhorse-token") || "";
   let role = null;
   let timer = null;
-  let openReport = null; // {kind, id}
+  // the open report and its expanded failure events survive refreshes and page reloads
+  let openReport = JSON.parse(sessionStorage.getItem("packhorse-report") || "null"); // {kind, id}
+  let openEvents = new Set(JSON.parse(sessionStorage.getItem("packhorse-report-events") || "[]"));
+  let historyMinutes = Number(sessionStorage.getItem("packhorse-history-minutes") || 60);
+  const expandedGroups = new Set(JSON.parse(sessionStorage.getItem("packhorse-groups") || "[]"));
+  const saveGroups = () => sessionStorage.setItem("packhorse-groups", JSON.stringify([...expandedGroups]));
+  const groupFeedback = new Map(); // group key -> {text, group}
+  const resetDrafts = new Map(); // group key or "kind:K" -> reason typed so far (kept across refreshes)
   const $ = (id) => document.getElementById(id);
 
   function el(tag, attrs, ...children) {
@@ -43,6 +50,139 @@
     return data;
   }
 
+  // ---------------------------------------------------------------- the pipeline over time
+  function renderHistory(h) {
+    $("history-meta").textContent = `${new Date(h.since).toLocaleString()} – ${new Date(h.until).toLocaleTimeString()}, ` +
+      `one point per ${h.step_seconds / 60} min`;
+    if (window.PackhorseCharts) window.PackhorseCharts.render($("charts"), h);
+  }
+
+  // ---------------------------------------------------------------- where is my file?
+  async function locateFile(q) {
+    q = (q || "").trim();
+    const out = $("locate-result");
+    if (!q) { out.replaceChildren(); sessionStorage.removeItem("packhorse-locate"); return; }
+    sessionStorage.setItem("packhorse-locate", q);
+    out.replaceChildren(el("p", { class: "meta" }, "searching…"));
+    let r;
+    try { r = await api("GET", "/api/transfer/locate?q=" + encodeURIComponent(q)); } catch (e) {
+      out.replaceChildren(el("p", { class: "bad" }, "search failed: " + e.message)); return;
+    }
+    if (!r.matched) { out.replaceChildren(el("p", { "data-testid": "locate-none" }, `Nothing registered or packaged matches “${r.query}”.`)); return; }
+    const parts = [el("p", { class: "meta" }, `“${r.query}” is a ${r.matched}` + (r.truncated ? " (more matches than listed)" : ""))];
+    if (r.versions.length) {
+      const t = el("table", { "data-testid": "locate-versions" });
+      fill(t, ["version: location", "path", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
+        el("td", {}, v.location), el("td", {}, v.path), el("td", { class: "num" }, v.size), el("td", { title: v.sha256 }, v.sha256.slice(0, 12) + "…"),
+        el("td", {}, v.mtime), el("td", {}, v.registered_at || "—"),
+        el("td", {}, v.package || "not packaged yet", v.source_deleted_at ? ` (deleted from the source ${v.source_deleted_at})` : ""))));
+      parts.push(t);
+    }
+    for (const p of r.packages) parts.push(packageCard(p));
+    out.replaceChildren(...parts);
+  }
+  function packageCard(p) {
+    const card = el("div", { class: "package-card", "data-testid": "locate-package", "data-package": p.name });
+    const what = p.type === "data_transfer_package" ? "bundle" : "package";
+    card.append(el("h3", {}, `${what} ${p.name} `, el("small", {}, [p.size !== null ? bytes(p.size) : "size not known yet",
+      p.bundle ? "in bundle " + p.bundle : null, p.archived_at ? "archived " + p.archived_at : "not archived yet",
+      p.members ? p.members.length + " package(s)" : null].filter(Boolean).join(" · "))));
+    const copies = el("table", { "data-testid": "locate-copies" });
+    fill(copies, ["copy of", "location", "site", "role", "status", "path", "last verified"], [...p.copies, ...p.bundle_copies].map((c) => el("tr", { "data-location": c.location },
+      el("td", {}, c.artifact === "data_transfer_package" ? "bundle" : "package"), el("td", {}, c.location), el("td", {}, c.site), el("td", {}, c.role),
+      el("td", { class: c.status === "present" ? "ok" : (c.status === "deleted" ? "" : "bad") }, c.status + (c.deleted_at ? " " + c.deleted_at : "")),
+      el("td", {}, c.path), el("td", {}, c.verified_at || "—"))));
+    card.append(copies);
+    card.append(el("ol", { class: "timeline", "data-testid": "timeline" }, ...p.timeline.map((e) => el("li", {
+      class: /failed/.test(e.event) ? "bad" : "", "data-event": e.event },
+      el("time", {}, e.at ? new Date(e.at).toLocaleString() : "—"), el("strong", {}, e.event),
+      e.location ? " at " + e.location : "", e.operation_id ? ` (${e.kind} ${e.operation_id})` : "",
+      e.detail ? " — " + e.detail : "", e.error_type ? `: ${e.error_type}: ${e.message}` : ""))));
+    return card;
+  }
+
+  // ---------------------------------------------------------------- failures grouped by cause
+  const groupKey = (g) => `${g.kind}|${g.location || ""}|${g.error_type}`;
+  function reasonForm(key, label, onConfirm) {
+    const input = el("input", { type: "text", size: 28, placeholder: "reason (kept in the audit log)", "data-testid": "reset-reason" });
+    input.value = resetDrafts.get(key) || "";
+    const confirm = el("button", { type: "button", "data-testid": "reset-confirm" }, label);
+    confirm.disabled = !input.value.trim();
+    input.addEventListener("input", () => { resetDrafts.set(key, input.value); confirm.disabled = !input.value.trim(); });
+    confirm.addEventListener("click", () => onConfirm(input.value.trim()));
+    const cancel = el("button", { type: "button", "data-testid": "reset-cancel", onclick: () => { resetDrafts.delete(key); renderFailures(); } }, "Cancel");
+    return el("span", { class: "reset-form" }, input, confirm, cancel);
+  }
+  async function renderFailures() {
+    const f = role === "admin" ? await optional("/api/admin/failures") : null;
+    $("failures-section").hidden = !f;
+    if (!f) return;
+    const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest("[data-group], #failures-kinds");
+    const focusKey = focused ? (focused.getAttribute("data-group") || "kinds") : null;
+    const seen = new Set();
+    const rows = [];
+    for (const g of f.groups) {
+      const key = groupKey(g); seen.add(key);
+      rows.push(groupRow(g, key, false));
+      if (expandedGroups.has(key)) {
+        for (const o of g.operations) rows.push(el("tr", { class: "group-ops", "data-testid": "group-op-" + o.operation_id },
+          el("td", {}, ""), el("td", { colspan: 3 }, `${g.kind} ${o.operation_id} · ${o.package || "—"} · failed ${o.updated_at || "—"} · retries ${o.retry_count} / ${o.max_retries}`),
+          el("td", { colspan: 3 }, el("button", { type: "button", "data-testid": "diagnose", onclick: () => showReport(g.kind, o.operation_id) }, "Diagnose"))));
+        if (g.count > g.operations.length) rows.push(el("tr", { class: "group-ops" }, el("td", {}, ""), el("td", { colspan: 6 }, `… and ${g.count - g.operations.length} more`)));
+      }
+    }
+    for (const [key, fb] of groupFeedback) if (fb.group && !seen.has(key)) rows.push(groupRow(fb.group, key, true)); // acted on, now empty
+    fill($("failures"), ["", "stage", "location", "error type", "count", "last failed", "actions"], rows);
+    $("failures-empty").hidden = f.groups.length > 0;
+    const kinds = [...new Set(f.groups.map((g) => g.kind))].sort();
+    $("failures-kinds").replaceChildren(...kinds.map((k) => {
+      const key = "kind:" + k;
+      const n = f.groups.filter((g) => g.kind === k).reduce((a, g) => a + g.count, 0);
+      const wrap = el("span", { "data-testid": "reset-kind-" + k, "data-group": key }, " ");
+      if (resetDrafts.has(key)) wrap.append(reasonForm(key, `Reset all ${n} failed ${k}`, (reason) => resetKind(k, reason, wrap)));
+      else wrap.append(el("button", { type: "button", "data-testid": "reset-kind", onclick: () => { resetDrafts.set(key, ""); renderFailures(); } }, `Reset every failed ${k} (${n})…`));
+      if (groupFeedback.has(key)) wrap.append(" ", el("span", { class: "feedback", "data-testid": "feedback" }, groupFeedback.get(key).text));
+      return wrap;
+    }));
+    for (const [key, fb] of groupFeedback) if (key.startsWith("kind:") && !kinds.includes(key.slice(5))) {
+      $("failures-kinds").append(el("span", { "data-group": key }, " ", el("span", { class: "feedback", "data-testid": "feedback" }, fb.text)));
+    }
+    if (focusKey) { const again = document.querySelector(`[data-group="${CSS.escape(focusKey)}"] input`); if (again) again.focus(); }
+  }
+  function groupRow(g, key, gone) {
+    const open = expandedGroups.has(key);
+    const tr = el("tr", { "data-testid": "group", "data-group": key, class: gone ? "gone" : "" },
+      el("td", {}, gone ? "" : el("button", { type: "button", "data-testid": "group-toggle", "aria-expanded": String(open),
+        onclick: () => { if (open) expandedGroups.delete(key); else expandedGroups.add(key); saveGroups(); renderFailures(); } }, open ? "▾" : "▸")),
+      el("td", {}, g.kind), el("td", {}, g.location || "—"), el("td", { class: "FAILED", title: g.sample_message || "" }, g.error_type),
+      el("td", { class: "num", "data-testid": "group-count" }, gone ? 0 : g.count), el("td", {}, g.last_at || "—"));
+    const cell = el("td", {});
+    if (!gone) {
+      if (resetDrafts.has(key)) cell.append(reasonForm(key, `Reset ${g.count} operation(s)`, (reason) => resetGroup(g, key, reason)));
+      else cell.append(el("button", { type: "button", "data-testid": "group-reset", onclick: () => { resetDrafts.set(key, ""); renderFailures(); } }, "Reset group…"));
+    }
+    if (groupFeedback.has(key)) cell.append(" ", el("span", { class: "feedback", "data-testid": "feedback" }, groupFeedback.get(key).text));
+    tr.append(cell);
+    return tr;
+  }
+  async function resetGroup(g, key, reason) {
+    try {
+      const r = await api("POST", "/api/admin/failures/reset", { kind: g.kind, location: g.location, error_type: g.error_type, reason });
+      groupFeedback.set(key, { text: `reset ${r.count} operation(s) to PENDING`, group: g });
+      resetDrafts.delete(key);
+    } catch (e) { groupFeedback.set(key, { text: "reset refused: " + e.message, group: g }); }
+    await refresh();
+  }
+  async function resetKind(kind, reason) {
+    const key = "kind:" + kind;
+    try {
+      const r = await api("POST", `/api/transfer/operation/${kind}/reset-all-failed`, { reason });
+      groupFeedback.set(key, { text: `reset ${r.count} failed ${kind} operation(s) to PENDING`, group: null });
+      resetDrafts.delete(key);
+    } catch (e) { groupFeedback.set(key, { text: "reset refused: " + e.message, group: null }); }
+    await refresh();
+  }
+
   async function signIn() {
     $("whoami").textContent = "";
     role = null;
@@ -54,6 +194,7 @@
       $("notice").hidden = true;
       $("pipeline").hidden = false;
       await refresh();
+      if ($("locate-q").value.trim()) locateFile($("locate-q").value);
       clearInterval(timer);
       timer = setInterval(refresh, refreshMs);
     } catch (e) {
@@ -68,9 +209,10 @@
 
   async function refresh() {
     try {
-      const [ov, locs] = await Promise.all([api("GET", "/api/transfer/overview"), api("GET", "/api/transfer/locations")]);
-      renderCounts(ov); renderStuck(ov); renderLocations(locs);
-      await Promise.all([renderHealth(), renderBreakers()]);
+      const [ov, locs, hist] = await Promise.all([api("GET", "/api/transfer/overview"), api("GET", "/api/transfer/locations"),
+        api("GET", "/api/transfer/history?minutes=" + historyMinutes)]);
+      renderCounts(ov); renderStuck(ov); renderLocations(locs); renderHistory(hist);
+      await Promise.all([renderHealth(), renderBreakers(), renderFailures()]);
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       $("refresh-error").textContent = "";
       if (openReport && role === "admin") await showReport(openReport.kind, openReport.id, true);
@@ -152,10 +294,23 @@
     } catch (e) { $("report-action").textContent = "reset refused: " + e.message; }
     await refresh();
   }
+  function saveReportState() {
+    if (openReport) sessionStorage.setItem("packhorse-report", JSON.stringify(openReport));
+    else sessionStorage.removeItem("packhorse-report");
+    sessionStorage.setItem("packhorse-report-events", JSON.stringify([...openEvents]));
+  }
+  function closeReport() { openReport = null; openEvents = new Set(); saveReportState(); $("report").hidden = true; }
+  // quiet: a refresh of the report already open (opened=false: the server does not audit it again)
   async function showReport(kind, id, quiet) {
+    if (!quiet && !(openReport && openReport.kind === kind && openReport.id === id)) openEvents = new Set();
     openReport = { kind, id };
+    saveReportState();
     let r;
-    try { r = await api("GET", `/api/admin/diagnose/${kind}/${id}`); } catch (e) { if (!quiet) window.alert(e.message); return; }
+    try { r = await api("GET", `/api/admin/diagnose/${kind}/${id}?opened=${quiet ? "false" : "true"}`); } catch (e) {
+      if (e.status === 404) { closeReport(); return; }
+      if (!quiet) window.alert(e.message);
+      return;
+    }
     $("report").hidden = false;
     $("report-title").textContent = `${kind} ${id} (${r.operation.status}${r.operation.stalled ? ", stalled" : ""})`;
     $("report-diagnosis").textContent = r.diagnosis;
@@ -164,9 +319,13 @@
     const keys = ["status", "attempt", "retry_count", "max_retries", "stall_count", "site", "source_location", "destination_location",
       "raw_data_package", "data_transfer_package", "lease_owner", "lease_expires_at", "heartbeat_at", "not_before", "updated_at", "finished_at", "bytes_done"];
     fill($("report-snapshot"), ["field", "value"], keys.map((k) => el("tr", {}, el("th", {}, k), el("td", {}, snap[k] === null ? "—" : snap[k]))));
-    $("report-events").replaceChildren(...(r.failure_events.length ? r.failure_events.map((e) => el("details", { "data-testid": "event" },
-      el("summary", {}, `${e.created_at} attempt ${e.attempt}: ${e.error_type}: ${e.message}${e.will_retry ? " (retried)" : ""}`),
-      el("pre", {}, (e.error_context && e.error_context.traceback) || JSON.stringify(e.error_context, null, 2)))) : [el("p", {}, "No failure recorded.")]));
+    $("report-events").replaceChildren(...(r.failure_events.length ? r.failure_events.map((e) => {
+      const d = el("details", { "data-testid": "event", "data-event-id": e.id, open: openEvents.has(e.id) ? "" : null },
+        el("summary", {}, `${e.created_at} attempt ${e.attempt}: ${e.error_type}: ${e.message}${e.will_retry ? " (retried)" : ""}`),
+        el("pre", {}, (e.error_context && e.error_context.traceback) || JSON.stringify(e.error_context, null, 2)));
+      d.addEventListener("toggle", () => { if (d.open) openEvents.add(e.id); else openEvents.delete(e.id); saveReportState(); });
+      return d;
+    }) : [el("p", {}, "No failure recorded.")]));
     fill($("report-copies"), ["artifact", "location", "role", "status", "path", "size", "verified"], r.copies.map((c) => el("tr", {},
       el("td", {}, c.name), el("td", {}, c.location), el("td", {}, c.role),
       el("td", { class: c.status === "present" ? "ok" : (c.status === "absent" ? "" : "bad") }, c.status),
@@ -210,11 +369,20 @@
       ev.preventDefault();
       token = $("token").value.trim(); $("token").value = "";
       sessionStorage.setItem("packhorse-token", token);
-      openReport = null; $("report").hidden = true;
+      closeReport();
       signIn();
     });
     $("token-forget").addEventListener("click", () => { token = ""; sessionStorage.removeItem("packhorse-token"); signIn(); });
-    $("report-close").addEventListener("click", () => { openReport = null; $("report").hidden = true; });
+    $("report-close").addEventListener("click", closeReport);
+    $("history-window").value = String(historyMinutes);
+    $("history-window").addEventListener("change", () => {
+      historyMinutes = Number($("history-window").value);
+      sessionStorage.setItem("packhorse-history-minutes", String(historyMinutes));
+      refresh();
+    });
+    $("locate-form").addEventListener("submit", (ev) => { ev.preventDefault(); locateFile($("locate-q").value); });
+    const lastQuery = sessionStorage.getItem("packhorse-locate");
+    if (lastQuery) $("locate-q").value = lastQuery;
     $("report-reset").addEventListener("click", () => openReport && resetOp(openReport.kind, openReport.id));
     $("report-live").addEventListener("click", liveCheck);
     signIn();

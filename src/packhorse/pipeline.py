@@ -1,0 +1,326 @@
+"""The pipeline: *what* runs, in both modes. An executor only decides *where* it runs.
+
+One job: decide, for the embedded runner (:mod:`packhorse.executors.local`, ``packhorse run``)
+and the distributed executor (:mod:`packhorse.executors.celery_app`, ``packhorse manager`` /
+``worker`` / ``monitor``) alike,
+
+* **which managers run, in which order** (:data:`STEPS`, run by :func:`manager_cycle`): scan,
+  package, bundle, transfer, unpack, archive, staging, deletion, fixity. Every operation kind
+  is created by exactly one step (staging on request: ``packhorse stage``);
+* **which work is runnable and in what order it is handed out** (:data:`DISPATCH_ORDER`,
+  :func:`take_runnable`): due ``PENDING`` operations of a kind with a stage, downstream kinds
+  first, then oldest, each taken once (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write
+  lock on SQLite) and marked ``SCHEDULED`` in the same transaction;
+* **the recovery cycle** (:func:`recover`): the stalled-task monitor, then the reconciler;
+* **the partial-file sweep** (:func:`sweep_partials`): partial writes a crashed writer left on
+  disk (older than a lease) and incomplete S3 multipart uploads (older than a day).
+
+The I5 owner map (:mod:`packhorse.recovery.owners`) reads :data:`DISPATCH_ORDER` and
+:data:`STEPS` from here.
+
+**Many managers at once (high availability).** Any number of processes may run
+:func:`manager_cycle`, :func:`take_runnable` and :func:`recover` against one database at the
+same time; together they create exactly the work one would. There is no leader: every piece of
+work is created idempotently under concurrency, so a second manager's write is harmless and a
+killed manager leaves nothing half-decided for the others to wait out.
+
+* operations carry a unique ``dedup_key`` and are inserted with ``ON CONFLICT DO NOTHING``
+  (:func:`packhorse.operations.create_operations`);
+* a bundle's composition (which raw packages it carries) is decided by a compare-and-set on
+  each package's ``data_transfer_package_id`` (``… WHERE data_transfer_package_id IS NULL``):
+  a manager that loses the race for any package of its bundle rolls the whole bundle back
+  (:mod:`packhorse.managers.bundles`);
+* the packaging of a source location runs under that location's advisory lock (the scan task),
+  and package names are unique;
+* dispatch takes rows with ``SKIP LOCKED`` and a claim is a compare-and-set on the fencing token
+  (a duplicate message is a no-op: I3);
+* the monitor's and the reconciler's resets lock the operation row (``FOR UPDATE``) and re-check
+  it, so two monitors count a stall, write its failure event and notify once.
+
+Why not a leader lease: every write of the managers would have to carry the leader's fencing
+token to make a stale leader harmless, which is what the unique keys already give for free; a
+leader's death would stop all work for a lease; and the database already arbitrates. See
+docs/design-notes.md "One pipeline, many managers".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from sqlalchemy import bindparam, case, or_, select, update
+from sqlalchemy.engine import Connection
+
+from . import faults
+from .context import ProcessContext
+from .db.models import Operation, utcnow
+from .domain import LocationRole, OperationKind, Status, StorageType
+from .managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
+from .recovery.monitor import MonitorReport, recovery_cycle
+
+log = structlog.get_logger(__name__)
+
+#: Dispatch order: downstream first, so buffers drain before new packages fill them. Every kind
+#: with a stage, once (the I5 owner map reads this: a kind missing here is never dispatched).
+DISPATCH_ORDER: tuple[OperationKind, ...] = (
+    OperationKind.DELETION, OperationKind.LONG_TERM_ARCHIVE, OperationKind.UNPACK, OperationKind.TRANSFER,
+    OperationKind.DATA_TRANSFER_PACKAGE, OperationKind.RAW_DATA_PACKAGE, OperationKind.STAGING,
+    OperationKind.FIXITY_CHECK,
+)
+
+#: Age after which an incomplete S3 multipart upload counts as abandoned (seconds): a day, not
+#: a lease, since a large upload in flight may take longer than a lease.
+S3_PARTIAL_AGE_SECONDS = 86400.0
+
+
+# ------------------------------------------------------------------------------ the managers
+
+
+@dataclass
+class CycleResult:
+    """What one :func:`manager_cycle` did.
+
+    Attributes:
+        created: operations (and packages) created, by step name.
+        bundle_wait: seconds until a partial bundle is due (``None``: none waits).
+        retention_wait: seconds until the next buffer copy's retention passes (``None``: none).
+    """
+
+    created: dict[str, int] = field(default_factory=dict)
+    bundle_wait: float | None = None
+    retention_wait: float | None = None
+
+    @property
+    def total(self) -> int:
+        """Operations created by every step together."""
+        return sum(self.created.values())
+
+
+@dataclass(frozen=True)
+class CycleInput:
+    """What a step may need besides the process context.
+
+    Attributes:
+        unsettled: per source location name, the groups still settling (from the latest scan);
+            ``None`` skips packaging this cycle (that scan failed, or — distributed — packaging
+            runs with the scan on the source's site, :func:`scan_and_package`).
+        flush: ship a partial bundle now (``run --until-idle`` when nothing else is pending).
+        on_commit: called after each committed packaging transaction (dispatch at once).
+    """
+
+    unsettled: dict[str, set[str]] | None = None
+    flush: bool = False
+    on_commit: Callable[[], None] | None = None
+
+
+def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    if inp.unsettled is None:
+        return 0
+    return packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
+
+
+def _bundle(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    n, out.bundle_wait = bundles.manage(ctx, flush=inp.flush)
+    return n
+
+
+def _delete(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    n, out.retention_wait = deletions.manage(ctx)
+    return n
+
+
+@dataclass(frozen=True)
+class Step:
+    """One manager of the pipeline.
+
+    Attributes:
+        name: the step's name (``scan``, ``package``, …; keys of :attr:`CycleResult.created`).
+        kind: the operation kind it creates (``None``: the scan registers files, no operation).
+        manage: ``manage(ctx, input, result) -> created``, run every cycle by
+            :func:`manager_cycle`; ``None`` for a step that does not run in the cycle: the scan
+            (the executor places it: the runner's thread, or a scan task on the source's site)
+            and staging (created on request by ``packhorse stage``,
+            :func:`packhorse.managers.staging.request_staging`).
+    """
+
+    name: str
+    kind: OperationKind | None
+    manage: Callable[[ProcessContext, CycleInput, CycleResult], int] | None
+
+
+#: The managers in pipeline order (upstream first); :func:`manager_cycle` runs them in it.
+STEPS: tuple[Step, ...] = (
+    Step("scan", None, None),
+    Step("package", OperationKind.RAW_DATA_PACKAGE, _package),
+    Step("bundle", OperationKind.DATA_TRANSFER_PACKAGE, _bundle),
+    Step("transfer", OperationKind.TRANSFER, lambda ctx, inp, out: transfers.manage(ctx)),
+    Step("unpack", OperationKind.UNPACK, lambda ctx, inp, out: unpacks.manage(ctx)),
+    Step("archive", OperationKind.LONG_TERM_ARCHIVE, lambda ctx, inp, out: archives.manage(ctx)),
+    Step("staging", OperationKind.STAGING, None),
+    Step("deletion", OperationKind.DELETION, _delete),
+    Step("fixity", OperationKind.FIXITY_CHECK, lambda ctx, inp, out: fixity.manage(ctx)),
+)
+
+
+def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
+                  after_step: Callable[[str, int], None] | None = None) -> CycleResult:
+    """Run every manager of :data:`STEPS` once, in order; both modes run exactly this.
+
+    Args:
+        ctx: the process context.
+        inp: the scan's unsettled groups, the bundle flush, a commit callback (:class:`CycleInput`).
+        after_step: ``after_step(name, created)`` after each step (the embedded runner
+            dispatches what a step created while the later steps run).
+
+    Returns:
+        the :class:`CycleResult`.
+
+    Raises:
+        whatever a manager raises (a database error outliving its unit of work's retries): the
+        service loop counts it and the next cycle starts afresh.
+    """
+    out = CycleResult()
+    for step in STEPS:
+        if step.manage is None:
+            continue
+        n = step.manage(ctx, inp, out)
+        out.created[step.name] = n
+        if step.name == "package":
+            faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
+        if after_step is not None:
+            after_step(step.name, n)
+    return out
+
+
+def scan_and_package(ctx: ProcessContext, location: str, pool: Executor) -> dict[str, int]:
+    """The scan and package steps for one source location (the distributed scan task, on the
+    source's site): register its settled files, then create the packages of its settled groups.
+
+    Returns:
+        ``{"registered": files registered, "packages": packages created, "skipped": files skipped}``.
+    """
+    from .managers.scan import scan_location
+
+    result = scan_location(ctx, location, pool)
+    created = packages.manage(ctx, result.unsettled_groups, locations={location})
+    return {"registered": result.registered, "packages": created, "skipped": len(result.skipped)}
+
+
+# ------------------------------------------------------------------------------ runnable work
+
+_OPS = Operation.__table__
+#: Runnable operations: of a kind in DISPATCH_ORDER, in ``statuses``, due, not in ``exclude``;
+#: downstream kinds first, then oldest; at most ``limit``. Locked with SKIP LOCKED on
+#: PostgreSQL (two dispatchers never take the same row); SQLite holds the write lock. Built
+#: once (Core, bound parameters): dispatch runs inside the database's write lock.
+_RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS.c.source_location_id,
+                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id)
+             .where(_OPS.c.status.in_(bindparam("statuses", expanding=True)),
+                    _OPS.c.kind.in_(bindparam("kinds", expanding=True)),
+                    or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")),
+                    _OPS.c.id.not_in(bindparam("exclude", expanding=True)))
+             .order_by(case({k.value: i for i, k in enumerate(DISPATCH_ORDER)}, value=_OPS.c.kind,
+                            else_=len(DISPATCH_ORDER)), _OPS.c.id)
+             .limit(bindparam("limit"))
+             .with_for_update(skip_locked=True))
+_SCHEDULE = (update(_OPS).where(_OPS.c.id.in_(bindparam("ids", expanding=True)),
+                                _OPS.c.status.in_(bindparam("statuses", expanding=True)))
+             .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now"))
+             .returning(_OPS.c.id))
+
+
+def runnable_statuses(*, executor_knows_its_queue: bool) -> list[str]:
+    """The statuses a dispatcher takes work from.
+
+    ``PENDING`` always. ``SCHEDULED`` too for an executor that holds every message it ever
+    dispatched in its own memory (the embedded runner, the only dispatcher of its database): a
+    ``SCHEDULED`` row that is not in its queue is queued nowhere (a previous run's, or one
+    handed to a pool that broke). A broker's ``SCHEDULED`` rows may still be in the broker;
+    only the reconciler, after the broker's visibility timeout, calls them lost.
+    """
+    if executor_knows_its_queue:
+        return [Status.PENDING.value, Status.SCHEDULED.value]
+    return [Status.PENDING.value]
+
+
+def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], exclude: Collection[int] = (),
+                  choose: Callable[[list[Any]], list[int]] | None = None) -> list[Any]:
+    """Take up to ``limit`` runnable operations and mark them ``SCHEDULED`` (one transaction:
+    the caller's ``conn``). Both executors dispatch what this returns; they only decide where.
+
+    Args:
+        conn: the connection of the caller's write transaction.
+        limit: rows to look at.
+        statuses: from :func:`runnable_statuses`.
+        exclude: operation ids queued in this process right now.
+        choose: given the rows looked at (in dispatch order), the ids to take (default: all) —
+            the embedded runner fills its free task slots, batching deletions.
+
+    Returns:
+        the rows taken (``id, kind, attempt, site_id, source_location_id,
+        destination_location_id, physical_copy_id``), in dispatch order.
+    """
+    now = utcnow()
+    rows = conn.execute(_RUNNABLE, dict(now=now, statuses=list(statuses), kinds=[k.value for k in DISPATCH_ORDER],
+                                        exclude=sorted(exclude), limit=limit)).all()
+    ids = [r.id for r in rows] if choose is None else choose(rows)
+    if not ids:
+        return []
+    taken = set(conn.execute(_SCHEDULE, dict(ids=ids, statuses=list(statuses), now=now)).scalars())
+    return [r for r in rows if r.id in taken]
+
+
+# ------------------------------------------------------------------------------ recovery
+
+
+def recover(ctx: ProcessContext, *, exclude: Collection[int] = ()) -> MonitorReport:
+    """One recovery cycle: the stalled-task monitor (circuit breakers), then the reconciler.
+    ``packhorse monitor``, ``packhorse run`` and any number of them at once run exactly this.
+
+    Args:
+        exclude: operation ids queued in this process right now (not lost dispatches).
+
+    Returns:
+        the :class:`~packhorse.recovery.monitor.MonitorReport` (reset ids include the
+        reconciler's re-dispatches).
+    """
+    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude))
+    if report.reset:
+        log.warning("stalled_operations_reset", operation_ids=report.reset)
+    return report
+
+
+def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None) -> int:
+    """Remove what crashed writers left at the active data locations of ``sites`` (default:
+    every site), except sources: partial files on disk older than a lease
+    (``recovery.lease_timeout_seconds``) and incomplete S3 multipart uploads older than
+    :data:`S3_PARTIAL_AGE_SECONDS`. A later attempt at the same object also removes its own
+    partials; this sweep finds those of objects never attempted again. Run once per process
+    start (the embedded runner; each site's worker for its own site's storage), since walking an
+    archive may be long.
+
+    A location that cannot be swept (unreachable) is logged and skipped; the rest go on.
+
+    Returns:
+        how many partial writes were removed.
+    """
+    if faults.fencing_disabled():  # test-only switch: stale writers' partials stay
+        return 0
+    removed = 0
+    for loc in ctx.settings.locations:
+        if loc.role is LocationRole.SOURCE or not loc.active or (sites is not None and loc.site not in sites):
+            continue
+        if loc.storage is StorageType.DISK:
+            age = ctx.settings.recovery.lease_timeout_seconds
+        elif loc.storage is StorageType.S3:
+            age = S3_PARTIAL_AGE_SECONDS
+        else:
+            continue
+        try:
+            removed += ctx.backend(loc.name).cleanup_partials(age)
+        except Exception as e:  # noqa: BLE001 - one unreachable location must not stop the others
+            log.warning("partial_sweep_failed", location=loc.name, error=repr(e))
+    return removed

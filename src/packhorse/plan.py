@@ -1,0 +1,181 @@
+"""What ``packhorse run`` would do now, found without doing any of it (``run --dry-run``).
+
+Read-only: source locations are listed (not hashed), the ops database is only read, and when
+it does not exist yet it is not created (every settled file is then new). Nothing is written
+to any data location, no file is registered, no operation is created. The plan is what the
+next run would start with, in pipeline order:
+
+* ``register``: per source location, the settled files not registered yet that its
+  ``include`` / ``exclude`` patterns accept; files still settling; paths that would be skipped.
+* ``package``: the raw data packages those files and the registered, unpackaged ones would
+  form (one per group, split at ``packaging.max_package_bytes``; names as the package manager
+  gives them unless taken).
+* ``ship`` / ``archive``: per package, the destination sites' buffers and the long-term
+  archives it would be written to (new packages, and registered ones not archived yet).
+* ``delete``: buffer copies of archived packages that no deletion has been created for yet,
+  with the time their retention ends (``now`` when it has). The deletion rules
+  (``docs/deletion.md``) still decide at run time; a copy they would keep is listed with why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
+
+from .config import Settings
+from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
+from .domain import CopyStatus, LocationRole, StorageType
+from .managers.packages import ROOT_GROUP_NAME, _split, names_taken
+from .managers.scan import group_of, list_source
+
+
+@dataclass
+class _File:
+    relative_path: str
+    size: int
+
+
+def _registered(session: Session, location: str) -> dict[str, tuple[int, int]]:
+    q = (select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns)
+         .join(DataLocation, DataLocation.id == RawDataFile.location_id).where(DataLocation.name == location))
+    return {r.relative_path: (r.size, r.mtime_ns) for r in session.execute(q)}
+
+
+def _unpackaged(session: Session, location: str) -> list[tuple[str, str, int]]:
+    q = (select(RawDataFile.relative_path, RawDataFile.group_path, RawDataFile.size)
+         .join(DataLocation, DataLocation.id == RawDataFile.location_id)
+         .where(DataLocation.name == location, RawDataFile.raw_data_package_id.is_(None)))
+    return [(r.relative_path, r.group_path, r.size) for r in session.execute(q)]
+
+
+def _destinations(settings: Settings, site: str) -> dict[str, Any]:
+    route = settings.route_from(site)
+    if route is None:
+        return {"ship_to": [], "archive_at": []}
+    return {"ship_to": [settings.buffer_of(d).name for d in route.destination_sites],
+            "archive_at": [l.name for d in route.destination_sites
+                           for l in settings.locations_at(d, LocationRole.LONG_TERM_ARCHIVE)]}
+
+
+def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) -> dict[str, Any]:
+    """The plan of the next run (see the module docstring) as a JSON-able dict:
+
+    ``{"database": "existing" | "none yet", "register": [{"location", "files", "bytes",
+    "settling", "skipped": [{"path", "reason"}]}], "package": [{"name", "location", "files",
+    "bytes", "ship_to": [location], "archive_at": [location]}], "continue": [{"name",
+    "archive_at", "missing_at": [location]}], "delete": [{"location", "package", "path", "bytes",
+    "when": ISO time or "now"}], "totals": {"files", "bytes", "packages", "transfers",
+    "archive_copies", "deletions"}}``. Sizes are bytes.
+
+    Args:
+        db: the ops database (read only), or ``None`` when it does not exist yet.
+        now: the time (epoch seconds) that decides which files are settled.
+    """
+    t = time.time() if now is None else now
+    p = settings.packaging
+    register, packages = [], []
+    for loc in settings.locations:
+        if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
+            continue
+        found, skipped, _seen, _full = list_source(settings, loc.name)
+        known = db.read(lambda s: _registered(s, loc.name)) if db is not None else {}
+        new: list[tuple[str, int]] = []
+        settling = 0
+        for path, st_ in found:
+            before = known.get(path)
+            if before is not None:
+                if before != (st_.st_size, st_.st_mtime_ns):
+                    skipped.append((path, "modified after it was registered"))
+                continue
+            if t - st_.st_mtime < p.settle_seconds:
+                settling += 1
+            else:
+                new.append((path, st_.st_size))
+        register.append({"location": loc.name, "files": len(new), "bytes": sum(s for _, s in new),
+                         "settling": settling, "skipped": [{"path": a, "reason": b} for a, b in skipped]})
+        groups: dict[str, list[_File]] = {}
+        for path, size in new:
+            groups.setdefault(group_of(path, p.group_depth), []).append(_File(path, size))
+        if db is not None:
+            for path, group, size in db.read(lambda s: _unpackaged(s, loc.name)):
+                groups.setdefault(group, []).append(_File(path, size))
+        dest = _destinations(settings, loc.site)
+        taken: set[str] = set()
+        for group in sorted(groups):
+            base = group or ROOT_GROUP_NAME
+            if db is not None:
+                taken |= db.read(lambda s: names_taken(s, base))
+            for part in _split(groups[group], p.max_package_bytes):
+                name, n = base, 2
+                while name in taken:
+                    name, n = f"{base}+{n}", n + 1
+                taken.add(name)
+                packages.append({"name": name, "location": loc.name, "files": len(part),
+                                 "bytes": sum(f.size for f in part), **dest})
+    cont = db.read(lambda s: _not_archived(s, settings)) if db is not None else []
+    delete = db.read(lambda s: _deletable(s, settings)) if db is not None else []
+    totals = {
+        "files": sum(r["files"] for r in register), "bytes": sum(r["bytes"] for r in register),
+        "packages": len(packages),
+        "transfers": sum(len(x["ship_to"]) for x in packages),
+        "archive_copies": sum(len(x["archive_at"]) for x in packages) + sum(len(x["missing_at"]) for x in cont),
+        "deletions": len(delete),
+    }
+    return {"database": "existing" if db is not None else "none yet", "register": register, "package": packages,
+            "continue": cont, "delete": delete, "totals": totals}
+
+
+def _not_archived(session: Session, settings: Settings) -> list[dict[str, Any]]:
+    """Registered packages not archived yet: the archives still missing their copy."""
+    names = {i: n for i, n in session.execute(select(DataLocation.id, DataLocation.name))}
+    pending = select(RawDataPackage.id).where(RawDataPackage.archived_at.is_(None))
+    have: dict[int, set[str]] = {}
+    for pkg_id, loc_id in session.execute(
+            select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id)
+            .where(PhysicalCopy.raw_data_package_id.in_(pending), PhysicalCopy.status == CopyStatus.PRESENT.value)):
+        have.setdefault(pkg_id, set()).add(names[loc_id])
+    out = []
+    for pkg_id, name, src_loc in session.execute(
+            select(RawDataPackage.id, RawDataPackage.name, RawDataPackage.source_location_id)
+            .where(RawDataPackage.archived_at.is_(None)).order_by(RawDataPackage.name)):
+        try:
+            site = settings.location(names[src_loc]).site
+        except KeyError:
+            continue
+        wanted = _destinations(settings, site)["archive_at"]
+        got = have.get(pkg_id, set())
+        out.append({"name": name, "archive_at": wanted, "missing_at": [w for w in wanted if w not in got]})
+    return out
+
+
+def _deletable(session: Session, settings: Settings) -> list[dict[str, Any]]:
+    """Buffer copies of archived packages with no deletion operation yet, and when their
+    retention (``locations[].retention_seconds`` after archiving) ends."""
+    buffers = {l.name: l for l in settings.locations if l.role is LocationRole.BUFFER}
+    now = utcnow()
+    no_deletion = ~exists().where(Operation.physical_copy_id == PhysicalCopy.id)
+    out = []
+    for loc, pkg, path, size, archived_at in session.execute(
+            select(DataLocation.name, RawDataPackage.name, PhysicalCopy.path, PhysicalCopy.size,
+                   RawDataPackage.archived_at)
+            .join(PhysicalCopy, PhysicalCopy.location_id == DataLocation.id)
+            .join(RawDataPackage, RawDataPackage.id == PhysicalCopy.raw_data_package_id)
+            .where(PhysicalCopy.status == CopyStatus.PRESENT.value, DataLocation.name.in_(list(buffers)),
+                   RawDataPackage.archived_at.is_not(None), no_deletion)
+            .order_by(DataLocation.name, PhysicalCopy.path)):
+        ends = archived_at + dt.timedelta(seconds=buffers[loc].retention_seconds)
+        out.append({"location": loc, "package": pkg, "path": path, "bytes": int(size),
+                    "when": "now" if ends <= now else ends.isoformat()})
+    return out
+
+
+def database_exists(settings: Settings) -> bool:
+    """False for a SQLite database whose file does not exist (the dry run does not create it)."""
+    url = settings.database_url
+    return not url.startswith("sqlite:///") or os.path.exists(url[len("sqlite:///"):])

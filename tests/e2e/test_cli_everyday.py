@@ -1,0 +1,228 @@
+"""The command line as rsync and rclone users expect it: --version, run --dry-run writing
+nothing, include/exclude patterns, a bandwidth limit per route, progress summary lines off a
+terminal, tables not cut when piped, no-routes refusal, verify of staged copies, stage --again,
+and demo naming its archives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from packhorse.config import load_config
+from packhorse.db.models import DataTransferPackage, Operation, RawDataFile
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind
+from support import run_packhorse, write_settled, write_site_config
+
+PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'
+              'path = "sites/cologne/processing"\n')
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` except the ops database files: (size, mtime_ns)."""
+    out = {}
+    for p in root.rglob("*"):
+        if p.name.startswith("packhorse.db"):
+            continue
+        st = p.lstat()
+        out[p.relative_to(root).as_posix()] = (st.st_size if p.is_file() else 0, st.st_mtime_ns)
+    return out
+
+
+def _db(cfg: Path) -> Database:
+    return Database.from_settings(load_config(cfg))
+
+
+def _files(root: Path, n: int = 3, size: int = 1000) -> None:
+    for i in range(n):
+        write_settled(root / "inst" / f"obs{i}" / f"frame{i}.fits", os.urandom(size))
+
+
+def test_version_option_prints_the_version():
+    r = run_packhorse("--version")
+    assert r.returncode == 0 and r.stdout.startswith("packhorse ") and r.stdout.split()[1][0].isdigit()
+    assert r.stdout.split()[1] == run_packhorse("version").stdout.strip()
+
+
+def test_a_configuration_without_routes_is_refused_naming_the_key(tmp_path):
+    cfg = write_site_config(tmp_path / "site")
+    text = cfg.read_text()
+    start = text.index("[[routes]]")
+    cfg.write_text(text[:start] + text[text.index("[packaging]"):])
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0  # init and status still work
+    for args in (("run", "--until-idle"), ("run", "--dry-run")):
+        r = run_packhorse(*args, "-c", str(cfg))
+        assert r.returncode == 2, r.stderr
+        assert "routes" in r.stderr and "nothing would ever be archived" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_dry_run_writes_nothing_and_tells_what_would_happen(tmp_path):
+    cfg = write_site_config(tmp_path / "site")
+    site = cfg.parent
+    _files(site / "source")
+    before = _tree(site)
+    r = run_packhorse("run", "--dry-run", "--json", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["database"] == "none yet"
+    assert plan["totals"] == {"files": 3, "bytes": 3000, "packages": 3, "transfers": 6, "archive_copies": 6,
+                              "deletions": 0}
+    assert {p["name"] for p in plan["package"]} == {"inst/obs0", "inst/obs1", "inst/obs2"}
+    assert plan["package"][0]["archive_at"] == ["cologne-lta", "cornell-lta"]
+    assert _tree(site) == before and not (site / "packhorse.db").exists()  # no database created either
+
+    # with a database: no registration, no operation, nothing in any location
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    before = _tree(site)
+    r = run_packhorse("run", "--dry-run", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "would register fyst-source: 3 file(s), 3,000 bytes" in r.stdout and "inst/obs1" in r.stdout
+    assert _tree(site) == before
+    db = _db(cfg)
+    assert db.read(lambda s: s.scalar(select(func.count()).select_from(RawDataFile))) == 0
+    assert db.read(lambda s: s.scalar(select(func.count()).select_from(Operation))) == 0
+
+    # after a real run the dry run has nothing left to do
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    plan = json.loads(run_packhorse("run", "--dry-run", "--json", "-c", str(cfg)).stdout)
+    assert plan["totals"]["files"] == 0 and plan["package"] == [] and all(not c["missing_at"] for c in plan["continue"])
+
+
+def test_include_and_exclude_patterns_decide_what_is_registered_and_status_shows_them(tmp_path):
+    cfg = write_site_config(tmp_path / "site")
+    cfg.write_text(cfg.read_text().replace('role = "source"\n',
+                                           'role = "source"\ninclude = ["*.fits", "logs/*.txt"]\n'
+                                           'exclude = ["scratch", "inst/obs1/*"]\n', 1))
+    src = cfg.parent / "source"
+    for rel in ("inst/obs0/a.fits", "inst/obs0/a.tmp", "inst/obs1/b.fits", "inst/obs2/scratch/c.fits",
+                "inst/obs2/d.fits", "logs/run.txt", "logs/deep/x.txt"):
+        write_settled(src / rel, rel.encode() * 100)
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    r = run_packhorse("run", "--until-idle", "-q", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    db = _db(cfg)
+    registered = set(db.read(lambda s: list(s.scalars(select(RawDataFile.relative_path)))))
+    assert registered == {"inst/obs0/a.fits", "inst/obs2/d.fits", "logs/run.txt"}
+    archived = {p.relative_to(cfg.parent / "sites/cologne/archive").as_posix()
+                for p in (cfg.parent / "sites/cologne/archive").rglob("*") if p.is_file()}
+    assert not any("a.tmp" in a or "b.fits" in a or "c.fits" in a for a in archived)
+    st = json.loads(run_packhorse("status", "--json", "-c", str(cfg)).stdout)
+    assert st["source_filters"] == {"fyst-source": {"include": ["*.fits", "logs/*.txt"],
+                                                    "exclude": ["scratch", "inst/obs1/*"]}}
+    assert st["skipped"] == []  # left out on purpose is not "skipped"
+    text = run_packhorse("status", "-c", str(cfg)).stdout
+    assert "*.fits, logs/*.txt" in text and "scratch, inst/obs1/*" in text
+
+    bad = cfg.read_text().replace('exclude = ["scratch", "inst/obs1/*"]', 'exclude = ["../x"]')
+    cfg.write_text(bad)
+    r = run_packhorse("status", "-c", str(cfg))
+    assert r.returncode == 2 and "locations[0]" in r.stderr and "'../x'" in r.stderr
+
+
+def test_bandwidth_limit_of_a_route_holds_within_20_percent(tmp_path):
+    limit = 2 * 1024**2
+    cfg = write_site_config(tmp_path / "site", route_extra=f"bandwidth_limit_bytes_per_second = {limit}")
+    write_settled(cfg.parent / "source" / "inst" / "obs0" / "big.fits", os.urandom(5 * 1024**2))
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    r = run_packhorse("run", "--until-idle", "-q", "-c", str(cfg), timeout=600)
+    assert r.returncode == 0, r.stderr
+    db = _db(cfg)
+    size = db.read(lambda s: s.scalar(select(DataTransferPackage.size)))
+    spans = db.read(lambda s: [(o.started_at, o.finished_at) for o in s.scalars(
+        select(Operation).where(Operation.kind == OperationKind.TRANSFER.value))])
+    assert len(spans) == 2  # to cologne and to cornell, sharing the route's limit
+    seconds = (max(f for _, f in spans) - min(s for s, _ in spans)).total_seconds()
+    rate = 2 * size / seconds
+    print(f"measured {rate / limit:.3f} of the limit over {seconds:.2f} s")
+    assert 0.8 * limit <= rate <= 1.2 * limit, (rate / limit, seconds)
+
+
+def test_off_a_terminal_progress_is_summary_lines_not_a_line_per_operation(tmp_path):
+    cfg = write_site_config(tmp_path / "site")
+    _files(cfg.parent / "source", n=6)
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    r = run_packhorse("run", "--until-idle", "--progress-interval", "0.5", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    summaries = [l for l in lines if l.startswith("packhorse run: ") and "finished in" not in l]
+    assert summaries, r.stderr
+    assert "registered 6/6 files" in summaries[-1] or "registered 6 files" in summaries[-1]
+    assert "archived 12/12 packages" in summaries[-1]  # 6 packages x 2 archives, this run only
+    assert not [l for l in lines if l.startswith("{")]  # no JSON line per finished operation
+    assert len(lines) < 40
+
+    _files(cfg.parent / "source" / "more", n=2)  # one package (group more/inst): this run counts only its own work
+    r = run_packhorse("--log-format", "json", "run", "--until-idle", "--progress-interval", "0.5", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(l) for l in r.stderr.splitlines() if l.startswith("{")]
+    assert any(e["event"] == "operation_completed" for e in events)  # asked for: one per operation
+    progress = [e for e in events if e["event"] == "run_progress"]
+    assert progress, r.stderr
+    stages = progress[-1]["stages"]
+    assert stages["registered"]["done"] == 2
+    assert stages["packaged"]["done"] == 1 == stages["packaged"]["total"]
+    assert stages["archived"]["done"] == 2 == stages["archived"]["total"]
+
+
+def test_tables_are_not_cut_at_80_columns_when_piped(tmp_path):
+    cfg = write_site_config(tmp_path / "site")
+    long_name = "a-rather-long-folder-name-for-an-observation-unit/" * 2 + "link-that-is-not-followed.fits"
+    target = cfg.parent / "source" / long_name
+    target.parent.mkdir(parents=True)
+    target.symlink_to("/etc/hostname")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    r = run_packhorse("status", "-c", str(cfg), env={"COLUMNS": ""})
+    assert r.returncode == 0, r.stderr
+    row = [l for l in r.stdout.splitlines() if long_name in l]
+    assert row and "symbolic link (not followed)" in row[0], r.stdout
+    assert max(len(l) for l in r.stdout.splitlines()) > 80
+
+
+def test_verify_checks_staged_copies_and_stage_again_restores_a_removed_one(tmp_path):
+    cfg = write_site_config(tmp_path / "site", extra=PROCESSING)
+    _files(cfg.parent / "source", n=1, size=5000)
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    r = run_packhorse("stage", "obs0", "--to", "cologne-processing", "-c", str(cfg))
+    assert r.returncode == 0 and "created" in r.stdout, r.stderr
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    staged = cfg.parent / "sites/cologne/processing/inst/obs0"
+    payload = staged / "data" / "inst" / "obs0" / "frame0.fits"
+    good = payload.read_bytes()
+    v = run_packhorse("verify", "--json", "-c", str(cfg))
+    assert v.returncode == 0, v.stdout
+    assert [(x["path"], x["status"]) for x in json.loads(v.stdout)["staged"]] == [("inst/obs0", "ok")]
+
+    payload.write_bytes(b"x" + good[1:])  # damaged by processing
+    v = run_packhorse("verify", "-c", str(cfg))
+    assert v.returncode == 1 and "STAGED CORRUPT cologne-processing:inst/obs0" in v.stdout
+
+    shutil.rmtree(staged)
+    v = run_packhorse("verify", "-c", str(cfg))
+    assert v.returncode == 1 and "STAGED MISSING cologne-processing:inst/obs0" in v.stdout and "--again" in v.stdout
+    plain = run_packhorse("stage", "obs0", "--to", "cologne-processing", "-c", str(cfg))
+    assert plain.returncode == 0 and "already requested" in plain.stdout and "--again" in plain.stdout
+    again = run_packhorse("stage", "obs0", "--to", "cologne-processing", "--again", "-c", str(cfg))
+    assert again.returncode == 0 and "created" in again.stdout, again.stdout + again.stderr
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    assert payload.read_bytes() == good
+    assert run_packhorse("verify", "-c", str(cfg)).returncode == 0
+    twice = run_packhorse("stage", "obs0", "--to", "cologne-processing", "--again", "-c", str(cfg))
+    assert "already requested" in twice.stdout  # the new staged copy verifies: nothing to redo
+
+
+def test_demo_prints_where_the_archives_are(tmp_path):
+    data = tmp_path / "mydata"
+    write_settled(data / "inst" / "obs1" / "f.fits", os.urandom(2000))
+    r = run_packhorse("demo", "--source", str(data), "--workdir", str(tmp_path / "demo"), "-q", timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.splitlines() if l.strip().startswith("archive:")]
+    assert len(lines) == 2, r.stdout
+    for line in lines:
+        folder = Path(line.rsplit(": ", 1)[1])
+        assert folder.is_dir() and any(p.is_file() and p.name.endswith(".tar") for p in folder.rglob("*")), line

@@ -1,0 +1,58 @@
+"""``packhorse validate PATH [--json]`` as a user runs it: a bag folder or a bag tar, exit 0 when
+valid, 1 when not, every problem listed."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import bagit
+
+from support import run_packhorse
+
+
+def _bag(tmp_path: Path) -> Path:
+    root = tmp_path / "bag"
+    (root / "obs").mkdir(parents=True)
+    (root / "obs" / "a.fits").write_bytes(b"alpha")
+    (root / "b.txt").write_bytes(b"beta")
+    bagit.make_bag(str(root), checksums=["sha512"])
+    return root
+
+
+def test_validate_a_good_folder_and_tar(tmp_path: Path) -> None:
+    root = _bag(tmp_path)
+    with tarfile.open(tmp_path / "bag.tar", "w") as tar:
+        tar.add(str(root), arcname="bag")
+    for path in (root, tmp_path / "bag.tar"):
+        r = run_packhorse("validate", str(path))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.startswith(f"VALID {path} (BagIt 0.97; payload manifests: sha512;")
+    r = run_packhorse("validate", "--json", str(tmp_path / "bag.tar"))
+    assert r.returncode == 0
+    out = json.loads(r.stdout)
+    assert (out["valid"], out["payload_algorithms"], out["payload_files"], out["payload_bytes"], out["problems"]) == \
+        (True, ["sha512"], 2, 9, [])
+
+
+def test_validate_lists_every_problem_and_exits_1(tmp_path: Path) -> None:
+    root = _bag(tmp_path)
+    (root / "data" / "b.txt").write_bytes(b"BETA")
+    (root / "data" / "extra.txt").write_bytes(b"x")
+    (root / "bagit.txt").write_bytes(b"BagIt-Version : 1.0\nTag-File-Character-Encoding: UTF-8\n")
+    r = run_packhorse("validate", str(root))
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"INVALID {root}: ")
+    assert any("[checksum-mismatch]" in x and "'data/b.txt'" in x for x in lines)
+    assert any("[payload-not-in-manifest]" in x and "'data/extra.txt'" in x for x in lines)
+    assert any("[bag-declaration-invalid]" in x for x in lines)
+    r = run_packhorse("validate", "--json", str(root))
+    assert r.returncode == 1
+    problems = json.loads(r.stdout)["problems"]
+    assert {(p["code"], p["path"]) for p in problems} >= {("checksum-mismatch", "data/b.txt"),
+                                                          ("payload-not-in-manifest", "data/extra.txt"),
+                                                          ("bag-declaration-invalid", "bagit.txt")}
+    r = run_packhorse("validate", str(tmp_path / "missing"))
+    assert r.returncode == 1 and "[unreadable]" in r.stdout

@@ -1,0 +1,150 @@
+"""Pieces of the everyday command line: scan filters, the byte rate limit, transfer command
+placeholders, progress text (never above 100 %), configuration checks of the new keys."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from packhorse.cli.progress import StageCount, describe, eta_seconds
+from packhorse.config import settings_from_dict
+from packhorse.errors import ConfigError
+from packhorse.ratelimit import RateLimiter, ThrottledReader
+from packhorse.scanfilter import PathFilter, check_pattern
+from packhorse.stages.transfer import command_args
+
+
+def test_include_exclude_patterns_match_like_rsync_filters():
+    f = PathFilter(include=("*.fits", "logs/*.txt"), exclude=("scratch", "inst2/obs0*", "**/tmp_*"))
+    assert f.accepts("inst/obs1/a.fits") and f.accepts("top.fits") and f.accepts("logs/run.txt")
+    assert not f.accepts("inst/obs1/a.txt")           # not included
+    assert not f.accepts("logs/deep/run.txt")         # '*' does not cross folders
+    assert not f.accepts("a/scratch/b.fits")          # a name at any depth, folders too
+    assert not f.accepts("inst2/obs01/c.fits") and f.accepts("inst2/obs11/c.fits")  # anchored at the root
+    assert not f.accepts("x/y/tmp_1.fits")
+    assert PathFilter().accepts("anything/at/all") and not PathFilter().active
+
+
+@pytest.mark.parametrize("bad", ["", "/", "../x", "a//b", "a\\b", "[abc"])
+def test_unusable_patterns_are_named(bad):
+    assert check_pattern(bad)
+
+
+def test_rate_limiter_keeps_the_rate_with_an_injected_clock():
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    lim = RateLimiter(1000, burst_seconds=0.5, clock=lambda: now[0], sleep=sleep)
+    for _ in range(10):
+        lim.take(500)  # 5000 bytes: 500 of burst, then 4500 at 1000 bytes/s
+    assert now[0] == pytest.approx(4.5)
+    lim.set_rate(250)
+    start = now[0]
+    for _ in range(20):
+        lim.take(250)  # 5000 bytes at the new rate (plus the 500-byte debt): about 20 s
+    assert 20.0 <= now[0] - start <= 22.5
+
+
+def test_throttled_reader_reads_everything_and_accounts_every_byte():
+    taken: list[int] = []
+
+    class Counting(RateLimiter):
+        def take(self, nbytes: int) -> None:
+            taken.append(nbytes)
+
+    data = bytes(range(256)) * 100
+    r = ThrottledReader(io.BytesIO(data), Counting(1.0))
+    buf = bytearray(1000)
+    out = b""
+    while n := r.readinto(buf):
+        out += bytes(buf[:n])
+    assert out == data and sum(taken) == len(data)
+
+
+def test_command_template_gets_the_bandwidth_limit():
+    args = command_args("rsync --bwlimit={bandwidth_limit_kib} {source} {destination}", "/a b", "/c", 2 * 1024**2)
+    assert args == ["rsync", "--bwlimit=2048", "/a b", "/c"]
+    assert command_args("rclone copyto --bwlimit {bandwidth_limit} {source} {destination}", "s", "d", 5000)[3] == "5000"
+
+
+def _config(**route: object) -> dict[str, object]:
+    return {"sites": [{"name": "a"}, {"name": "b"}],
+            "locations": [{"name": "a-src", "site": "a", "role": "source", "path": "src", "include": ["*.fits"]},
+                          {"name": "a-buf", "site": "a", "role": "buffer", "path": "abuf"},
+                          {"name": "b-buf", "site": "b", "role": "buffer", "path": "bbuf"},
+                          {"name": "b-lta", "site": "b", "role": "long_term_archive", "path": "blta"}],
+            "routes": [{"source_site": "a", "destination_sites": ["b"], **route}]}
+
+
+def test_a_command_that_ignores_the_bandwidth_limit_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"routes\[0\]: .*bandwidth_limit"):
+        settings_from_dict(_config(method="command", command="cp {source} {destination}",
+                                   bandwidth_limit_bytes_per_second=10**6), base_dir=tmp_path, environ={})
+    s = settings_from_dict(_config(bandwidth_limit_bytes_per_second=10**6), base_dir=tmp_path, environ={})
+    assert s.routes[0].bandwidth_limit_bytes_per_second == 10**6
+
+
+def test_include_on_a_location_that_is_not_a_source_is_refused(tmp_path):
+    data = _config()
+    data["locations"][1]["exclude"] = ["*.tmp"]  # type: ignore[index]
+    with pytest.raises(ConfigError, match=r"locations\[1\]: .*only apply to role 'source'"):
+        settings_from_dict(data, base_dir=tmp_path, environ={})
+
+
+def test_progress_text_never_passes_100_percent_and_gives_an_eta():
+    c = StageCount("transfer", done=3, failed=0, total=10, bytes_done=30 * 1024**2, bytes_total=100 * 1024**2)
+    text = describe(c, 10.0)
+    assert text.startswith("shipped 3/10 bundles 30.0 MiB/100.0 MiB") and "3.0 MiB/s" in text
+    assert eta_seconds(c, 10.0) == pytest.approx(70 / 3)  # 70 MiB left at 3 MiB/s
+    assert "ETA 0:23" in text
+    over = StageCount("long_term_archive", done=12, failed=0, total=12, bytes_done=99, bytes_total=99)
+    assert describe(over, 5.0).startswith("archived 12/12") and "ETA" not in describe(over, 5.0)
+
+
+def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from sqlalchemy import func, select
+
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.models import Operation, RawDataFile
+    from packhorse.db.session import Database
+    from packhorse.managers import packages
+    from packhorse.managers.scan import scan_all
+    from packhorse.plan import plan_run
+    from packhorse.topology import sync_topology
+    from support import write_settled, write_site_config
+
+    cfg = write_site_config(tmp_path / "site", settle_seconds=30)
+    settings = load_config(cfg)
+    db = Database.from_settings(settings)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    src = settings.location_path("fyst-source")
+    write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    assert packages.manage(ctx, {}) == 1  # inst/obs1: packaged, not archived
+    write_settled(src / "inst" / "obs1" / "b.fits", b"b" * 200)  # new in the same group
+    write_settled(src / "inst" / "obs2" / "c.fits", b"c" * 300)
+    Path(src / "inst" / "obs3").mkdir()
+    (src / "inst" / "obs3" / "fresh.fits").write_bytes(b"f")  # still settling
+    rows = db.read(lambda s: (s.scalar(select(func.count()).select_from(RawDataFile)),
+                              s.scalar(select(func.count()).select_from(Operation))))
+
+    plan = plan_run(settings, db)
+    assert plan["register"][0]["files"] == 2 and plan["register"][0]["settling"] == 1
+    assert [(p["name"], p["files"], p["bytes"]) for p in plan["package"]] == [("inst/obs1+2", 1, 200),
+                                                                            ("inst/obs2", 1, 300)]
+    assert plan["continue"] == [{"name": "inst/obs1", "archive_at": ["cologne-lta", "cornell-lta"],
+                                 "missing_at": ["cologne-lta", "cornell-lta"]}]
+    assert plan["totals"]["archive_copies"] == 2 * 2 + 2
+    assert db.read(lambda s: (s.scalar(select(func.count()).select_from(RawDataFile)),
+                              s.scalar(select(func.count()).select_from(Operation)))) == rows  # nothing written

@@ -1,0 +1,460 @@
+"""The one tar reader and extraction routine (DESIGN.md I6; packhorse.extraction): every kind
+of hostile member is refused on every extraction path (the extraction routine, staging,
+unpack of a raw package, unpack of a bundle), permanently, naming the artifact and the
+member, with nothing outside the target changed; staging checks the sha256 before it
+writes a byte; a property test throws random hostile tars at every path."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import stat
+import tarfile
+import unicodedata
+from pathlib import Path
+
+import bagit
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hostile_tars import (
+    FOLDER_PATHS,
+    MTIME,
+    PATHS,
+    Member,
+    cve_2025_4517_chain,
+    good_bag_members,
+    good_package,
+    make_parent,
+    reg,
+    snapshot,
+    special,
+    tar_of,
+)
+from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
+from packhorse.extraction import DEFAULT_LIMITS, ExtractionLimits, extract_tar, iter_members
+from packhorse.stages.staging import ArchiveCopy, extract_archive_copy
+from packhorse.storage.disk import DiskBackend
+
+SOURCES = {
+    "extract": "lta:raw/pkg.tar",
+    "staging": "lta:raw/pkg.tar",
+    "unpack-package": "buffer:bundles/bundle.tar:pkg.tar",
+    "unpack-bundle": "buffer:bundles/bundle.tar",
+}
+NFC = unicodedata.normalize("NFC", "café.txt")
+NFD = unicodedata.normalize("NFD", "café.txt")
+assert NFC != NFD
+
+#: the total bytes of the members of the good package (its limit below lets nothing more in)
+GOOD_BYTES = sum(len(d or b"") for _m, d in good_bag_members())
+
+# kind -> (members given (parent, top folder, a payload file of the base), refused member,
+#          reason pattern, limits). Names use {top} (the bag folder: "pkg" for a raw package,
+#          "bundle" for a bundle) and {file} (a payload file of the well-formed base archive).
+KINDS = {
+    "symlink out": (lambda p: [special("{top}/data/link", tarfile.SYMTYPE, "/etc/passwd")], "{top}/data/link",
+                    r"is a symbolic link \(to '/etc/passwd'\); links are refused", DEFAULT_LIMITS),
+    "symlink inside": (lambda p: [special("{top}/data/l", tarfile.SYMTYPE, "a.txt")], "{top}/data/l",
+                       "is a symbolic link", DEFAULT_LIMITS),
+    "hard link": (lambda p: [special("{top}/data/h", tarfile.LNKTYPE, "{file}")], "{top}/data/h",
+                  r"is a hard link \(to '{file}'\)", DEFAULT_LIMITS),
+    "character device": (lambda p: [special("{top}/data/null", tarfile.CHRTYPE)], "{top}/data/null",
+                         "is a character device", DEFAULT_LIMITS),
+    "block device": (lambda p: [special("{top}/data/sda", tarfile.BLKTYPE)], "{top}/data/sda",
+                     "is a block device", DEFAULT_LIMITS),
+    "fifo": (lambda p: [special("{top}/data/pipe", tarfile.FIFOTYPE)], "{top}/data/pipe", "is a FIFO",
+             DEFAULT_LIMITS),
+    "absolute name": (lambda p: [reg(str(p / "evil.txt"), b"evil")], "{parent}/evil.txt",
+                      "has an absolute name", DEFAULT_LIMITS),
+    "dotdot": (lambda p: [reg("{top}/../../evil.txt", b"evil")], "{top}/../../evil.txt",
+               r"leaves the target folder \('\.\.'\)", DEFAULT_LIMITS),
+    "duplicate name": (lambda p: [reg("{file}", b"overwritten")], "{file}",
+                       r"appears twice \(a second member of the same name\)", DEFAULT_LIMITS),
+    "duplicate folder": (lambda p: [special("{top}/data/d", tarfile.DIRTYPE), special("{top}/data/d", tarfile.DIRTYPE)],
+                         "{top}/data/d", "appears twice", DEFAULT_LIMITS),
+    "unicode normalization": (lambda p: [special(f"{{top}}/data/{NFC}", tarfile.DIRTYPE),
+                                         special(f"{{top}}/data/{NFD}", tarfile.DIRTYPE)],
+                              f"{{top}}/data/{NFD}", "only by Unicode normalization", DEFAULT_LIMITS),
+    "file where a folder was": (lambda p: [reg("{top}/data", b"swap")], "{top}/data",
+                                "is a file where earlier members made a folder", DEFAULT_LIMITS),
+    "folder where a file was": (lambda p: [reg("{file}/x", b"swap")], "{file}/x",
+                                "its folder '{file}' is a file member", DEFAULT_LIMITS),
+    "folder then link": (lambda p: [special("{top}/data/d", tarfile.DIRTYPE),
+                                    special("{top}/data/d", tarfile.SYMTYPE, str(p / "outside"))],
+                         "{top}/data/d", "is a symbolic link", DEFAULT_LIMITS),
+    "long name": (lambda p: [reg("{top}/data/" + "/".join(["d" * 200] * 21), b"deep")],
+                  "{top}/data/" + "/".join(["d" * 200] * 21), r"PATH_MAX is 4096", DEFAULT_LIMITS),
+    "long component": (lambda p: [reg("{top}/data/" + "n" * 256, b"1")], "{top}/data/" + "n" * 256, "NAME_MAX",
+                       DEFAULT_LIMITS),
+    # limits: a bundle carries its packages as members, so on the unpack paths the bundle's
+    # member holding the package (bigger than anything in it) trips the limit first
+    "too many members": (lambda p: [], "{file}", r"is member number 5, more than extraction\.max_members = 4",
+                         ExtractionLimits(max_members=4)),
+    "member too large": (lambda p: [reg("{top}/data/big", b"b" * 1000)], "{top}/data/big",
+                         r"is \d+ bytes, more than extraction\.max_member_bytes = 999",
+                         ExtractionLimits(max_member_bytes=999)),
+    "archive too large": (lambda p: [reg("{top}/data/one-more", b"1")], "{top}/data/one-more",
+                          rf"more than extraction\.max_total_bytes = {GOOD_BYTES}",
+                          ExtractionLimits(max_total_bytes=GOOD_BYTES)),
+}
+LIMIT_KINDS = ("too many members", "member too large", "archive too large")
+
+
+def _fill(member: Member, **names: str) -> Member:
+    ti, data = member
+    ti.name = ti.name.format(**names)
+    ti.linkname = ti.linkname.format(**names)
+    return ti, data
+
+
+def _hostile(kind: str, parent: Path, path: str) -> tuple[bytes, str, str]:
+    """The hostile archive of ``kind`` for ``path``, the member it must be refused at and the
+    artifact the error must name."""
+    build, member, *_ = KINDS[kind]
+    if path == "unpack-bundle":
+        names = {"top": "bundle", "file": "bundle/data/pkg.tar", "parent": str(parent)}
+        base = good_bag_members("bundle", {"pkg.tar": tar_of(good_bag_members())})
+    else:
+        names = {"top": "pkg", "file": "pkg/data/a.txt", "parent": str(parent)}
+        base = good_bag_members()
+    data = tar_of([*base, *(_fill(m, **names) for m in build(parent))])
+    if path.startswith("unpack") and kind in LIMIT_KINDS:
+        return data, "bundle/data/pkg.tar", "buffer:bundles/bundle.tar"
+    return data, member.format(**names), SOURCES[path]
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_hostile_kind_is_refused_on_every_path(tmp_path: Path, kind: str, path: str) -> None:
+    _build, _member, reason, limits = KINDS[kind]
+    parent = tmp_path / "parent"
+    make_parent(parent)
+    target = parent / "target"
+    data, member, source = _hostile(kind, parent, path)
+    before = snapshot(parent, skip=target)
+    with pytest.raises(UnsafePathError) as ei:
+        PATHS[path](data, target, limits)
+    msg = str(ei.value)
+    assert msg.startswith(f"{source}: refused tar member {member!r}: "), msg
+    reason = reason.replace("{file}", "bundle/data/pkg.tar" if path == "unpack-bundle" else "pkg/data/a.txt")
+    assert re.search(reason, msg), msg
+    assert ei.value.path == member and ei.value.is_retryable is False
+    assert snapshot(parent, skip=target) == before
+    if path in FOLDER_PATHS:
+        assert not target.exists()  # the target is removed
+    else:
+        # nothing published but verified packages the bundle carried before the refused member
+        good, _pkg = good_package()
+        published = {o.key: (target / o.key).read_bytes() for o in DiskBackend("buffer", target).list()}
+        assert published in ({}, {"raw/pkg.tar": good}), published
+        assert sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()) == sorted(published)
+
+
+def test_good_bags_pass_every_path(tmp_path: Path) -> None:
+    data = tar_of(good_bag_members(payload={"a.txt": b"alpha", "dir/b.txt": b"beta", NFC: b"nfc"}))
+    for path, run in PATHS.items():
+        target = tmp_path / path
+        if path == "unpack-bundle":
+            continue  # a package is not a bundle of packages
+        run(data, target, DEFAULT_LIMITS)
+        if path in FOLDER_PATHS:
+            bag = target / "pkg"
+            assert (bag / "data" / "dir" / "b.txt").read_bytes() == b"beta"
+            assert (bag / "data" / NFC).read_bytes() == b"nfc"
+            bagit.Bag(str(bag)).validate()
+        else:
+            assert (target / "raw" / "pkg.tar").read_bytes() == data
+
+
+def test_extract_writes_regular_files_with_their_mtimes_and_no_modes_from_the_tar(tmp_path: Path) -> None:
+    ti, data = reg("d/run.sh", b"#!/bin/sh\n")
+    ti.mode = 0o4777  # setuid, world-writable: not taken
+    d = special("d", tarfile.DIRTYPE)
+    d[0].mode = 0o777
+    names = extract_tar(io.BytesIO(tar_of([d, (ti, data)])), tmp_path / "t", source="x:y")
+    assert names == ["d", "d/run.sh"]
+    st_file = os.lstat(tmp_path / "t" / "d" / "run.sh")
+    assert stat.S_ISREG(st_file.st_mode) and st_file.st_mode & 0o7022 == 0
+    assert int(st_file.st_mtime) == MTIME
+    assert os.lstat(tmp_path / "t" / "d").st_mode & 0o7022 == 0
+
+
+def test_extract_refuses_a_modification_time_out_of_range(tmp_path: Path) -> None:
+    ti, data = reg("pkg/a", b"a")
+    ti.mtime = 10**20  # PAX allows any number; time_t does not
+    with pytest.raises(UnsafePathError, match="'pkg/a': has a modification time out of range"):
+        extract_tar(io.BytesIO(tar_of([(ti, data)])), tmp_path / "t", source="x:y")
+    assert not (tmp_path / "t").exists()
+
+
+def test_extract_refuses_an_existing_target_and_leaves_it_alone(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "mine").write_bytes(b"mine")
+    with pytest.raises(FileExistsError):
+        extract_tar(io.BytesIO(tar_of([reg("a")])), tmp_path / "t", source="x:y")
+    assert (tmp_path / "t" / "mine").read_bytes() == b"mine"
+
+
+def test_extract_never_writes_through_an_entry_planted_in_the_target(tmp_path: Path) -> None:
+    # a concurrent writer (or a file system merging two names) puts a symlink where the next
+    # folder goes: mkdir meets it and refuses; nothing is written through it
+    parent = tmp_path / "parent"
+    make_parent(parent)
+    target = parent / "target"
+    data = tar_of([reg("pkg/data/evil.txt", b"evil")])
+
+    class Planting(io.BytesIO):
+        def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+            if target.exists() and not (target / "pkg").is_symlink():
+                (target / "pkg").symlink_to(parent / "outside")
+            return super().read(n)
+
+        def seekable(self) -> bool:
+            return False
+
+    before = snapshot(parent, skip=target)
+    with pytest.raises(UnsafePathError, match="its folder 'pkg' already exists in the target"):
+        extract_tar(Planting(data), target, source="x:y")
+    assert snapshot(parent, skip=target) == before
+    assert not target.exists()
+
+
+def test_a_planted_file_symlink_is_not_followed(tmp_path: Path) -> None:
+    parent = tmp_path / "parent"
+    make_parent(parent)
+    target = parent / "target"
+    data = tar_of([special("pkg", tarfile.DIRTYPE), reg("pkg/evil.txt", b"evil")])
+
+    class Planting(io.BytesIO):
+        """Hands out one tar block per read, so the planting happens between two members."""
+
+        def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+            if (target / "pkg").is_dir() and not (target / "pkg" / "evil.txt").is_symlink():
+                (target / "pkg" / "evil.txt").symlink_to(parent / "evil.txt")
+            return super().read(min(n, 512) if n and n > 0 else 512)
+
+        def seekable(self) -> bool:
+            return False
+
+    before = snapshot(parent, skip=target)
+    with pytest.raises(UnsafePathError, match="'pkg/evil.txt': already exists in the target"):
+        extract_tar(Planting(data), target, source="x:y")
+    assert (parent / "evil.txt").read_bytes() == b"original"
+    assert snapshot(parent, skip=target) == before
+    assert not target.exists()
+
+
+def test_case_folding_is_refused_only_for_case_insensitive_targets() -> None:
+    data = tar_of([reg("pkg/README"), reg("pkg/readme")])
+    assert [m.name for m in iter_members(io.BytesIO(data), source="x:y")] == ["pkg/README", "pkg/readme"]
+    with pytest.raises(UnsafePathError, match="'pkg/readme': differs from member 'pkg/README' only by letter case"):
+        list(iter_members(io.BytesIO(data), source="x:y", casefold=True))
+
+
+def test_sparse_members_are_refused() -> None:
+    ti, data = reg("pkg/sparse", b"abc")
+    ti.type = tarfile.GNUTYPE_SPARSE
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(ti, io.BytesIO(data))
+    with pytest.raises(UnsafePathError, match="'pkg/sparse': is a sparse file"):
+        list(iter_members(io.BytesIO(buf.getvalue()), source="x:y"))
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_an_oversized_extended_header_is_refused_before_it_is_read(first: bool) -> None:
+    ti, data = reg("pkg/data/a.txt", b"a")
+    ti.pax_headers = {"comment": "x" * (2 << 20)}  # 2 MiB that tarfile would hold in memory
+    members = [(ti, data)] if first else [reg("pkg/bagit.txt", b"b"), (ti, data)]
+    class Stream(io.BytesIO):
+        def seekable(self) -> bool:
+            return False
+
+    for stream in (io.BytesIO(tar_of(members)), Stream(tar_of(members))):  # random access, stream
+        where = "the first member" if first else "the member at byte 1024"
+        with pytest.raises(UnsafePathError, match=rf"refused tar member '\({where}\)': has an extended header of "):
+            list(iter_members(stream, source="x:y"))
+
+
+# ------------------------------------------------------------------ staging: checked first
+
+
+def _copy(opened: list[str], passes: list[bytes], *, sha_of: bytes, watch: Path) -> ArchiveCopy:
+    """An archive copy whose every read asserts that ``watch`` does not exist yet during the
+    first pass; pass ``i`` serves ``passes[i]``."""
+
+    class Stream(io.BytesIO):
+        def __init__(self, data: bytes, first: bool) -> None:
+            super().__init__(data)
+            self.first = first
+
+        def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+            if self.first:
+                assert not watch.exists(), "the target was written during the check pass"
+            return super().read(n)
+
+    def open_() -> io.BytesIO:
+        opened.append("open")
+        return Stream(passes[min(len(opened) - 1, len(passes) - 1)], len(opened) == 1)
+
+    return ArchiveCopy(open=open_, size=len(sha_of), sha256=hashlib.sha256(sha_of).hexdigest(), host="lta",
+                       key="raw/pkg.tar")
+
+
+def test_staging_checks_the_sha256_before_writing_a_byte(tmp_path: Path) -> None:
+    good = tar_of(good_bag_members())
+    # a well-formed bag of the same size with other bytes (a tampered archive copy)
+    tampered = tar_of(good_bag_members(payload={"a.txt": b"ALPHA", "dir/b.txt": b"beta"}))
+    assert len(tampered) == len(good) and tampered != good
+    parent = tmp_path / "processing"
+    make_parent(parent)
+    target = parent / ".packhorse-staging-x"
+    before = snapshot(parent)
+    opened: list[str] = []
+    with pytest.raises(SourceChangedError) as ei:
+        extract_archive_copy(_copy(opened, [tampered], sha_of=good, watch=target), target, limits=DEFAULT_LIMITS)
+    assert ei.value.is_retryable is False
+    assert str(ei.value).startswith("lta:raw/pkg.tar: the archive copy has ") and "nothing was extracted" in str(ei.value)
+    assert opened == ["open"]  # never opened for extraction
+    assert snapshot(parent) == before  # not a single entry in the processing location
+
+
+def test_staging_refuses_a_hostile_copy_with_a_wrong_sha256_before_writing(tmp_path: Path) -> None:
+    parent = tmp_path / "processing"
+    make_parent(parent)
+    hostile = tar_of([*good_bag_members(), *cve_2025_4517_chain(str(parent / "outside"))])
+    target = parent / ".packhorse-staging-x"
+    before = snapshot(parent)
+    opened: list[str] = []
+    with pytest.raises(SourceChangedError, match="nothing was extracted"):
+        extract_archive_copy(_copy(opened, [hostile], sha_of=hostile[:-1] + b"!", watch=target),
+                             target, limits=DEFAULT_LIMITS)
+    assert opened == ["open"] and snapshot(parent) == before
+
+
+def test_staging_removes_the_target_when_the_copy_changes_between_passes(tmp_path: Path) -> None:
+    good = tar_of(good_bag_members())
+    tampered = tar_of(good_bag_members(payload={"a.txt": b"ALPHA", "dir/b.txt": b"beta"}))
+    parent = tmp_path / "processing"
+    make_parent(parent)
+    target = parent / ".packhorse-staging-x"
+    before = snapshot(parent)
+    opened: list[str] = []
+    with pytest.raises(SourceChangedError, match="changed after the check pass; the extracted folder was removed"):
+        extract_archive_copy(_copy(opened, [good, tampered], sha_of=good, watch=target), target,
+                             limits=DEFAULT_LIMITS)
+    assert opened == ["open", "open"]
+    assert not target.exists() and snapshot(parent) == before
+
+
+def test_staging_calls_a_copy_damaged_after_the_check_pass_changed_permanently(tmp_path: Path) -> None:
+    good = tar_of(good_bag_members())
+    damaged = b"\xff" * 512 + good[512:]  # the first header broken: the second pass meets no tar
+    parent = tmp_path / "processing"
+    make_parent(parent)
+    target = parent / ".packhorse-staging-x"
+    before = snapshot(parent)
+    opened: list[str] = []
+    with pytest.raises(SourceChangedError, match=r"changed after the check pass \(.*not a tar archive") as ei:
+        extract_archive_copy(_copy(opened, [good, damaged], sha_of=good, watch=target), target,
+                             limits=DEFAULT_LIMITS)
+    assert ei.value.is_retryable is False and opened == ["open", "open"]
+    assert not target.exists() and snapshot(parent) == before
+
+
+def test_the_cve_chain_really_escapes_the_standard_library_filter(tmp_path: Path) -> None:
+    # why the standard library's extraction is not used: on this interpreter the chain gets
+    # a file past tarfile's "data" filter (patched interpreters refuse it: then skip)
+    parent = tmp_path / "parent"
+    make_parent(parent)
+    data = tar_of(cve_2025_4517_chain(str(parent / "outside")))
+    target = parent / "target"
+    target.mkdir()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(target, filter="data")
+    except (tarfile.FilterError, OSError):
+        pytest.skip("this interpreter's data filter refuses the CVE-2025-4517 chain")
+    if not (parent / "outside" / "evil.txt").exists():
+        pytest.skip("the chain did not escape on this interpreter")
+    assert (parent / "outside" / "evil.txt").read_bytes() == b"written outside the target"
+
+
+# ------------------------------------------------------------------------------ property
+
+_COMPONENTS = ["a", "b", "data", "pkg", "..", ".", "", NFC, NFD, "A", "d" * 200, "l" * 255, "evil.txt", "x"]
+_PREFIXES = ["", "pkg/", "pkg/data/", "/", "{parent}/", "{parent}/outside/", "../", "pkg/data/../../",
+             "pkg/data/" + ("d" * 240 + "/") * 16]
+_LINKS = ["..", "../..", "/", "{parent}", "{parent}/evil.txt", "{parent}/outside", "a", "pkg/data/a.txt",
+          "../" * 40 + "{parent}", "outside-link", "../outside-link"]
+_KINDS = {"reg": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "lnk": tarfile.LNKTYPE,
+          "chr": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE}
+
+_member = st.tuples(
+    st.sampled_from(sorted(_KINDS)),
+    st.sampled_from(_PREFIXES),
+    st.lists(st.sampled_from(_COMPONENTS), min_size=1, max_size=4).map("/".join),
+    st.sampled_from(_LINKS),
+    st.binary(max_size=16),
+)
+_archive = st.tuples(
+    st.booleans(),  # start from a good bag
+    st.lists(_member, max_size=8),
+    st.booleans(),  # add the CVE-2025-4517 chain
+    st.integers(0, 12),  # where the hostile members go among the good ones
+)
+
+
+def _build(spec: tuple[bool, list[tuple[str, str, str, str, bytes]], bool, int], parent: Path) -> tuple[bytes, bool]:
+    """The tar of ``spec`` and whether an independent oracle says it must be refused."""
+    good, hostile, chain, at = spec
+    members: list[Member] = []
+    must_refuse = False
+    for kind, prefix, rest, link, data in hostile:
+        name = (prefix + rest).format(parent=parent)
+        ti, body = (reg(name, data) if kind == "reg" else special(name, _KINDS[kind], link.format(parent=parent)))
+        members.append((ti, body))
+        parts = name.rstrip("/").split("/") if kind == "dir" else name.split("/")
+        if kind not in ("reg", "dir") or name.startswith("/") or ".." in parts:
+            must_refuse = True
+    if chain:
+        members += cve_2025_4517_chain(str(parent / "outside"))
+        must_refuse = True
+    base = good_bag_members() if good else []
+    at = min(at, len(base))
+    names = [m[0].name for m in base + members]
+    if len(set(names)) != len(names):
+        must_refuse = True
+    return tar_of([*base[:at], *members, *base[at:]]), must_refuse
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(spec=_archive)
+def test_no_hostile_tar_changes_anything_outside_the_target(tmp_path_factory: pytest.TempPathFactory,
+                                                             spec: tuple) -> None:  # type: ignore[type-arg]
+    parent = tmp_path_factory.mktemp("hostile") / "parent"
+    make_parent(parent)
+    data, must_refuse = _build(spec, parent)
+    for path, run in PATHS.items():
+        target = parent / f"target-{path}"
+        before = snapshot(parent, skip=target)
+        try:
+            run(data, target, DEFAULT_LIMITS)
+        except OperationError as e:
+            assert path != "extract" or not must_refuse or isinstance(e, UnsafePathError), e
+            if path in FOLDER_PATHS:
+                assert not target.exists()
+        else:
+            assert not (path == "extract" and must_refuse), "a hostile tar was extracted"
+        # byte for byte and entry for entry, everything outside the target is as it was
+        assert snapshot(parent, skip=target) == before, path
+        if target.exists():  # only regular files and folders were made
+            kinds = {v[0] for v in snapshot(target).values()}
+            assert kinds <= {stat.S_IFREG, stat.S_IFDIR}, kinds
+    shutil.rmtree(parent.parent)
