@@ -698,6 +698,7 @@ def validate_tar(
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     payload_bytes: memoryview | None = None,
     limits: ExtractionLimits | None = None,
+    stop_at_refused: bool = False,
 ) -> tuple[BagReport, str]:
     """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
 
@@ -711,6 +712,10 @@ def validate_tar(
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
         limits: member count and byte limits of the tar reader (default: its defaults).
+        stop_at_refused: raise the reader's :class:`~packhorse.errors.UnsafePathError` at the
+            first refused member instead of reporting it and reading on: what packhorse's own
+            readers ask for, so that nothing after a hostile member reaches ``on_payload`` (a
+            refused input is refused whole, DESIGN.md I6).
 
     Members come from packhorse's one tar reader (:func:`packhorse.extraction.members_of`):
     a member it refuses (a link, a device, a duplicate, ``..``...) is an ``unsafe-member``
@@ -732,6 +737,8 @@ def validate_tar(
         return v.finish(), ""
 
     def refused(e: UnsafePathError) -> None:
+        if stop_at_refused:
+            raise e
         v.problem("unsafe-member", e.path or "", str(e).removeprefix(f"{bag}: "))
 
     with tar:
@@ -750,7 +757,8 @@ def validate_tar(
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
-                    v.problem("unsafe-member", name, f"member {name!r} is outside the bag folder {bag_dir!r}")
+                    refused(UnsafePathError(f"{bag}: member {name!r} is outside the bag folder {bag_dir!r}",
+                                            path=name))
                     continue
                 if m.is_dir:
                     if rest:
