@@ -54,10 +54,15 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-if TYPE_CHECKING:
-    from .extraction import ExtractionLimits
+from .errors import UnsafePathError, VerificationError
+from .extraction import (  # the one tar reader (I6)
+    DEFAULT_LIMITS,
+    ExtractionLimits,
+    members_of,
+    open_tar,
+)
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
@@ -233,7 +238,7 @@ def _unsafe_reason(path: str) -> str | None:
     return None
 
 
-def _new_hashes(algorithms: Iterable[str]) -> dict[str, "hashlib._Hash"]:
+def _new_hashes(algorithms: Iterable[str]) -> dict[str, hashlib._Hash]:
     return {a: hashlib.new(a) for a in sorted(set(algorithms)) if a in DIGEST_HEX_LENGTH}
 
 
@@ -310,15 +315,11 @@ class BagValidator:
             self._has_data_dir = True
 
     def payload_algorithms_for(self, path: str) -> tuple[str, ...]:
-        """The algorithms a payload file arriving now is hashed with (see the module)."""
+        """The algorithms payload file ``path`` is hashed with if it arrives now (see the module)."""
         algs = set(self._required) | (self._payload_algs & set(DIGEST_HEX_LENGTH))
         if not self._payload_algs:
             algs |= set(EARLY_ALGORITHMS)
         return tuple(sorted(algs))
-
-    def wants(self, path: str) -> bool:
-        """Whether ``path`` (relative to the bag root) would be accepted as a new entry now."""
-        return path not in self._seen and _unsafe_reason(path) is None
 
     def add(self, path: str, size: int, stream: BinaryIO | bytes | memoryview) -> None:
         """Read one file of the bag from ``stream`` (to its end) and record what it holds.
@@ -696,7 +697,7 @@ def validate_tar(
     required_algorithms: Iterable[str] = (),
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     payload_bytes: memoryview | None = None,
-    limits: "ExtractionLimits | None" = None,
+    limits: ExtractionLimits | None = None,
     stop_at_refused: bool = False,
 ) -> tuple[BagReport, str]:
     """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
@@ -724,9 +725,6 @@ def validate_tar(
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    from .errors import UnsafePathError, VerificationError
-    from .extraction import DEFAULT_LIMITS, members_of, open_tar  # the one tar reader (I6)
-
     v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
     bag_dir: str | None = None
     seekable = _seekable(fileobj)

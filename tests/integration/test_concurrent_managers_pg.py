@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,3 +144,24 @@ def test_concurrent_monitors_recover_a_stall_once(pg_ctx: ProcessContext, monkey
     assert b.stall_count == 1
     notes = pg_ctx.db.read(lambda s: s.scalars(select(Notification.event)).all())
     assert notes == ["stalled_recovered"]
+
+
+def test_a_manager_stopped_while_bundling_holds_the_others_up_for_at_most_a_lease(pg_ctx: ProcessContext) -> None:
+    from packhorse.db.session import bound_idle_in_transaction, try_transaction_lock
+
+    _packages_at_the_source_buffer(pg_ctx, 2)
+    lease = pg_ctx.settings.recovery.lease_timeout_seconds
+    stopped = Session(pg_ctx.db.engine)  # a manager SIGSTOPped inside its bundling transaction
+    try:
+        bound_idle_in_transaction(stopped, lease)
+        assert try_transaction_lock(stopped, "packhorse-bundle:fyst")
+        assert bundles.manage(pg_ctx, flush=True)[0] == 0  # the others skip the site, without waiting
+        time.sleep(lease + 1.0)
+        assert bundles.manage(pg_ctx, flush=True)[0] == 1  # the server ended the stopped one's transaction
+        with pytest.raises(Exception):  # and whatever it writes when it wakes up changes nothing
+            stopped.execute(update(RawDataPackage).values(data_transfer_package_id=None))
+            stopped.commit()
+    finally:
+        stopped.close()
+    assert pg_ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(DataTransferPackage))) == 1
+    assert pg_ctx.db.read(lambda s: set(s.scalars(select(RawDataPackage.data_transfer_package_id)))) != {None}

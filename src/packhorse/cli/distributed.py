@@ -64,7 +64,7 @@ def manager(
     config: ConfigOpt = None,
     max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="stop after this long")] = None,
 ) -> None:
-    """Run the managers and the dispatcher to Celery (distributed mode; one per deployment)."""
+    """Run the pipeline's managers and the dispatcher to Celery (distributed mode; any number may run at once)."""
     from .. import logs
     from ..executors.celery_app import Manager
 
