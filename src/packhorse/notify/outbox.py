@@ -17,7 +17,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Notification, utcnow
@@ -116,7 +116,9 @@ def enqueue(
     * a repeat after the window (``cooldown_seconds`` after it began) is a new first message.
 
     The fold is a compare-and-set (on ``repeat_count`` and ``claim_token``), so two failures
-    folding at once, or a notifier claiming the row meanwhile, never lose a repeat.
+    folding at once, or a notifier claiming the row meanwhile, never lose a repeat; on
+    PostgreSQL a transaction-scoped advisory lock on the key keeps two first failures from
+    queuing two rows.
 
     Args:
         session: the open transaction of the state change that causes the notification.
@@ -143,6 +145,10 @@ def enqueue(
     due = now + dt.timedelta(seconds=max(gather_seconds, 0.0))
     follow_up_of: Notification | None = None
     if cooldown_seconds > 0:
+        if session.get_bind().dialect.name == "postgresql":
+            # two first failures of one cause at once must not both find "no row yet" and
+            # queue two (SQLite writers are serialized already); held until the commit
+            session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 7))"), {"k": key})
         for _ in range(10):
             earlier = session.scalars(
                 select(Notification).where(Notification.cooldown_key == key)
