@@ -283,12 +283,16 @@ class Cluster:
         return self.start(name or f"worker-{site}", "worker", "--site", site, "--concurrency", str(concurrency),
                           env=env)
 
-    def start_all(self, *, monitor: bool = False, worker_env: dict[str, dict[str, str]] | None = None) -> None:
+    def start_all(self, *, monitor: bool = False, worker_env: dict[str, dict[str, str]] | None = None,
+                  managers: int = 1, monitors: int | None = None) -> None:
+        """A worker per site, ``managers`` managers (``manager``, ``manager-2``, …) and
+        ``monitors`` monitors (default: one if ``monitor``, else none)."""
         for site in SITES:
             self.start_worker(site, env=(worker_env or {}).get(site))
-        self.start("manager", "manager")
-        if monitor:
-            self.start("monitor", "monitor")
+        for i in range(managers):
+            self.start("manager" if i == 0 else f"manager-{i + 1}", "manager")
+        for i in range(monitors if monitors is not None else int(monitor)):
+            self.start("monitor" if i == 0 else f"monitor-{i + 1}", "monitor")
 
     def log(self, name: str) -> str:
         p = self.root / f"{name}.log"
@@ -337,5 +341,33 @@ class Cluster:
             return wait_for(done, timeout, "the distributed run to finish", interval=1.0)
         except AssertionError:
             logs = "\n".join(f"--- {n}.log (tail)\n{self.log(n)[-3000:]}" for n in
-                             ["manager", "monitor", *(f"worker-{s}" for s in SITES)])
+                             ["manager", "manager-2", "monitor", "monitor-2", *(f"worker-{s}" for s in SITES)])
             raise AssertionError(f"run did not finish; status: {json.dumps(self.status()['operations'])}\n{logs}")
+
+
+def work_created(database_url: str) -> dict[str, int]:
+    """What the managers created, counted in the database: raw packages, bundles, packages the
+    bundles say they carry and packages really in one, and operations per kind (``op:<kind>``)
+    and the buffer copies that ever existed (``buffer_copies``)."""
+    from sqlalchemy import create_engine, func, select
+    from sqlalchemy.orm import Session
+
+    from packhorse.db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage
+
+    engine = create_engine(database_url)
+    try:
+        with Session(engine) as s:
+            out = {
+                "packages": s.scalar(select(func.count()).select_from(RawDataPackage)) or 0,
+                "bundles": s.scalar(select(func.count()).select_from(DataTransferPackage)) or 0,
+                "bundled_as_counted": s.scalar(select(func.coalesce(func.sum(DataTransferPackage.package_count), 0))) or 0,
+                "bundled": s.scalar(select(func.count()).select_from(RawDataPackage).where(
+                    RawDataPackage.data_transfer_package_id.is_not(None))) or 0,
+                "buffer_copies": s.scalar(select(func.count()).select_from(PhysicalCopy).join(
+                    DataLocation, DataLocation.id == PhysicalCopy.location_id).where(DataLocation.role == "buffer")) or 0,
+            }
+            for kind, n in s.execute(select(Operation.kind, func.count()).group_by(Operation.kind)):
+                out[f"op:{kind}"] = n
+            return out
+    finally:
+        engine.dispose()

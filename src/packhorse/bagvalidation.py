@@ -54,10 +54,15 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-if TYPE_CHECKING:
-    from .extraction import ExtractionLimits
+from .errors import UnsafePathError, VerificationError
+from .extraction import (  # the one tar reader (I6)
+    DEFAULT_LIMITS,
+    ExtractionLimits,
+    members_of,
+    open_tar,
+)
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
@@ -233,7 +238,7 @@ def _unsafe_reason(path: str) -> str | None:
     return None
 
 
-def _new_hashes(algorithms: Iterable[str]) -> dict[str, "hashlib._Hash"]:
+def _new_hashes(algorithms: Iterable[str]) -> dict[str, hashlib._Hash]:
     return {a: hashlib.new(a) for a in sorted(set(algorithms)) if a in DIGEST_HEX_LENGTH}
 
 
@@ -310,15 +315,11 @@ class BagValidator:
             self._has_data_dir = True
 
     def payload_algorithms_for(self, path: str) -> tuple[str, ...]:
-        """The algorithms a payload file arriving now is hashed with (see the module)."""
+        """The algorithms payload file ``path`` is hashed with if it arrives now (see the module)."""
         algs = set(self._required) | (self._payload_algs & set(DIGEST_HEX_LENGTH))
         if not self._payload_algs:
             algs |= set(EARLY_ALGORITHMS)
         return tuple(sorted(algs))
-
-    def wants(self, path: str) -> bool:
-        """Whether ``path`` (relative to the bag root) would be accepted as a new entry now."""
-        return path not in self._seen and _unsafe_reason(path) is None
 
     def add(self, path: str, size: int, stream: BinaryIO | bytes | memoryview) -> None:
         """Read one file of the bag from ``stream`` (to its end) and record what it holds.
@@ -696,7 +697,8 @@ def validate_tar(
     required_algorithms: Iterable[str] = (),
     on_payload: Callable[[str, int, BinaryIO], str] | None = None,
     payload_bytes: memoryview | None = None,
-    limits: "ExtractionLimits | None" = None,
+    limits: ExtractionLimits | None = None,
+    stop_at_refused: bool = False,
 ) -> tuple[BagReport, str]:
     """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
 
@@ -710,6 +712,10 @@ def validate_tar(
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
         limits: member count and byte limits of the tar reader (default: its defaults).
+        stop_at_refused: raise the reader's :class:`~packhorse.errors.UnsafePathError` at the
+            first refused member instead of reporting it and reading on: what packhorse's own
+            readers ask for, so that nothing after a hostile member reaches ``on_payload`` (a
+            refused input is refused whole, DESIGN.md I6).
 
     Members come from packhorse's one tar reader (:func:`packhorse.extraction.members_of`):
     a member it refuses (a link, a device, a duplicate, ``..``...) is an ``unsafe-member``
@@ -719,20 +725,20 @@ def validate_tar(
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    from .errors import UnsafePathError, VerificationError
-    from .extraction import DEFAULT_LIMITS, members_of, open_tar  # the one tar reader (I6)
-
     v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
     bag_dir: str | None = None
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}
     try:
-        tar = open_tar(fileobj if seekable else ForwardOnly(fileobj), source=bag)  # type: ignore[arg-type]
+        base: BinaryIO = fileobj if seekable else ForwardOnly(fileobj)  # type: ignore[assignment]
+        tar = open_tar(base, source=bag)
     except VerificationError as e:
         v.unusable("not-a-bag-container", str(e).removeprefix(f"{bag}: "))
         return v.finish(), ""
 
     def refused(e: UnsafePathError) -> None:
+        if stop_at_refused:
+            raise e
         v.problem("unsafe-member", e.path or "", str(e).removeprefix(f"{bag}: "))
 
     with tar:
@@ -751,7 +757,8 @@ def validate_tar(
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
-                    v.problem("unsafe-member", name, f"member {name!r} is outside the bag folder {bag_dir!r}")
+                    refused(UnsafePathError(f"{bag}: member {name!r} is outside the bag folder {bag_dir!r}",
+                                            path=name))
                     continue
                 if m.is_dir:
                     if rest:
@@ -761,7 +768,9 @@ def validate_tar(
                     v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
-                    _payload_member(v, tar, member, rest, on_payload, payload_bytes, seekable)
+                    _payload_member(v, _data(tar, base, member), member, rest, on_payload, payload_bytes, seekable)
+                elif rest.startswith("data/"):
+                    v.add(rest, member.size, _data(tar, base, member))
                 else:
                     f = m.data
                     assert f is not None
@@ -782,7 +791,57 @@ def validate_tar(
     return v.finish(), bag_dir or ""
 
 
-def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarInfo, rest: str,
+class _Window(io.RawIOBase):
+    """The data of one (non-sparse) tar member, read straight from the archive at the offset the
+    tar reader gives (``offset_data``, ``size``): :mod:`tarfile`'s own member stream copies every
+    block once more, which costs a fifth of hashlib's sha256 speed. Seekable within the member
+    when the archive is (a file), not when it is a :class:`ForwardOnly` stream."""
+
+    def __init__(self, base: BinaryIO, offset: int, size: int) -> None:
+        self._base, self._offset, self._size = base, offset, size
+        self._pos = 0
+        self._random = not isinstance(base, ForwardOnly)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._random
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset += self._size
+        if not self._random and offset < self._pos:
+            raise io.UnsupportedOperation("a member of a stream cannot seek back")
+        self._pos = max(0, min(offset, self._size))
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        self._base.seek(self._offset + self._pos)
+        got = self._base.readinto(memoryview(b)[:n]) or 0  # type: ignore[attr-defined]
+        self._pos += got
+        return got
+
+
+def _data(tar: tarfile.TarFile, base: BinaryIO, member: tarfile.TarInfo) -> BinaryIO:
+    """The data stream of a regular payload member (see :class:`_Window`)."""
+    if member.sparse is None and hasattr(base, "readinto"):
+        # a small buffer for small reads; reads of CHUNK_BYTES go straight into the caller's buffer
+        return io.BufferedReader(_Window(base, member.offset_data, member.size), 64 << 10)  # type: ignore[return-value]
+    f = tar.extractfile(member)
+    assert f is not None
+    return f  # type: ignore[return-value]
+
+
+def _payload_member(v: BagValidator, raw: BinaryIO, member: tarfile.TarInfo, rest: str,
                     on_payload: Callable[[str, int, BinaryIO], str] | None,
                     payload_bytes: memoryview | None, seekable: bool) -> None:
     if not v.admit_payload(rest):
@@ -795,8 +854,6 @@ def _payload_member(v: BagValidator, tar: tarfile.TarFile, member: tarfile.TarIn
             return
         v.add_payload_digests(rest, member.size, dict(v._hash_bytes(payload_bytes[member.offset_data:end], algs)))
         return
-    raw = tar.extractfile(member)
-    assert raw is not None
     if on_payload is None or v.payload_listed(rest) is False:
         size, digests = hash_stream(raw, algs)  # type: ignore[arg-type]
         v.add_payload_digests(rest, size, digests, declared_size=member.size)

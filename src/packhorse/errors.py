@@ -114,8 +114,17 @@ class TokenError(PackhorseError):
 class ChannelError(PackhorseError):
     """A channel could not deliver a message (server down, refused, bad credentials, …).
 
-    The notifier retries the notification with backoff, then dead-letters it.
+    Args:
+        message: what failed, naming the server (never a password or token).
+        permanent: a retry cannot help (an SMTP 5xx reply: relaying denied, login refused,
+            recipient unknown): the notifier dead-letters the notification at once. Otherwise
+            (an SMTP 4xx reply, a network error or timeout) it retries with backoff, then
+            dead-letters it.
     """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class EmptyReasonError(PackhorseError, ValueError):

@@ -1,16 +1,18 @@
 """The one reader of tar archives, and the one way a tar becomes files (DESIGN.md I6).
 
-Every path that reads a tar from storage goes through :func:`iter_members`: ``unpack`` (a
-bundle, and every raw data package tar it carries, via
-:func:`~packhorse.packaging.read_bag_tar`), ``staging`` (its check pass and its
-extraction, :func:`extract_tar`) and the bag readers of :mod:`packhorse.packaging`. The
+Every path that reads a tar from storage takes its members from :func:`members_of` (or
+:func:`iter_members`, the same over a file object): the bag validator's tar front end
+(:func:`packhorse.bagvalidation.validate_tar`, under :func:`~packhorse.packaging.read_bag_tar`
+and :func:`~packhorse.packaging.read_bag_bytes`), so ``unpack`` (a bundle, and every raw data
+package tar it carries) and ``staging``'s check pass; and :func:`extract_tar`, staging's
+extraction, the only place a tar becomes files. The
 standard library's :mod:`tarfile` only parses headers here; its ``extract*`` functions and
 extraction filters are never used: the ``data`` filter is bypassable on every Python
 packhorse supports (CVE-2025-4517 and its family, cpython#135034: chains of symbolic links
 whose resolved path exceeds ``PATH_MAX`` make the filter's ``realpath`` check pass while the
 kernel follows the links out of the target).
 
-Input is treated as hostile. :func:`iter_members` refuses, with
+Input is treated as hostile. The reader refuses, with
 :class:`~packhorse.errors.UnsafePathError` (permanent, never retried) whose message starts
 with the artifact (``location:key``) and names the member:
 
@@ -463,7 +465,10 @@ def _write_member(dir_fd: int, m: TarMember, source: str, on_block: Callable[[in
         if written != m.size:
             raise VerificationError(f"{source}: damaged tar: member {m.name!r} ends after {written} of {m.size} bytes",
                                     path=m.name, step="extract")
-        os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
+        try:
+            os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))
+        except (OverflowError, ValueError, OSError):
+            raise refused(source, m.name, f"has a modification time out of range ({m.mtime})") from None
     finally:
         os.close(fd)
 

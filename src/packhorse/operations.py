@@ -36,9 +36,8 @@ from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database, insert_ignoring_conflicts
-from .domain import NotificationLevel, OperationKind, Status
+from .domain import OperationKind, Status
 from .errors import ResetRefusedError
-from .notify.outbox import enqueue, render_error_context
 
 #: Exceptions that no retry can fix (issue #3, layer 1).
 PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
@@ -385,6 +384,7 @@ def record_failure(
     backoff_max: float,
     operation_info: dict[str, Any] | None = None,
     notification_cooldown_seconds: float = 3600.0,
+    notification_gather_seconds: float = 0.0,
     notify_retries: bool = False,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, diagnose a permanent failure that has no
@@ -395,7 +395,9 @@ def record_failure(
     ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
     and queues an ERROR notification ("Permanent failure: <kind> <id>") in the same
     transaction (I1: every FAILED operation has an error context, a failure event and a
-    notification). With ``notify_retries`` (``[notifications] development_mode``) a retry
+    notification); failures of one root cause within ``notification_cooldown_seconds`` share
+    one message, which waits ``notification_gather_seconds`` for them
+    (:func:`packhorse.notify.messages.operation_failed`). With ``notify_retries`` (``[notifications] development_mode``) a retry
     queues a DEBUG "Retry: <kind> <id>" notification too (issue #7).
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
@@ -432,11 +434,10 @@ def record_failure(
         if res.rowcount != 1:
             return None
         if new is Status.FAILED:
-            event, subject = HUMAN_NOTIFICATIONS[Status.FAILED]
-            enqueue(s, level=NotificationLevel.ERROR, event=event,
-                    subject=subject.format(kind=claim.kind.value, id=claim.operation_id),
-                    body=render_error_context(ctx), context=ctx, operation_kind=claim.kind.value,
-                    operation_id=claim.operation_id, cooldown_seconds=notification_cooldown_seconds)
+            from .notify.messages import operation_failed
+
+            operation_failed(s, ctx, cooldown_seconds=notification_cooldown_seconds,
+                             gather_seconds=notification_gather_seconds)
         elif notify_retries:
             from .notify.messages import operation_retry
 

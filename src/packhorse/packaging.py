@@ -284,7 +284,7 @@ def read_bag_bytes(data: bytes | bytearray | memoryview, *, source: str,
     same errors."""
     view = memoryview(data)
     report, bag_dir = validate_tar(io.BytesIO(view), bag=source, required_algorithms=("sha256",),
-                                   payload_bytes=view, limits=limits)
+                                   payload_bytes=view, limits=limits, stop_at_refused=True)
     raise_for_problems(report, step="unpack")
     return _contents(report, bag_dir)
 
@@ -314,14 +314,15 @@ def read_bag_tar(
 
     Raises:
         UnsafePathError: a member is refused by the tar reader (:mod:`packhorse.extraction`)
-            or lies outside the bag folder.
+            or lies outside the bag folder; raised at that member, so no later member reaches
+            ``on_payload``.
         VerificationError: any other problem of :data:`~packhorse.bagvalidation.PROBLEM_CODES`
             (missing tag files, a payload file not in a manifest or with another checksum,
             manifest entries without a file, a wrong Payload-Oxum or tag manifest...); the
             message names the first and counts the others.
     """
     report, bag_dir = validate_tar(fileobj, bag=source, required_algorithms=("sha256",), on_payload=on_payload,
-                                   limits=limits)
+                                   limits=limits, stop_at_refused=True)
     raise_for_problems(report, step="unpack")
     return _contents(report, bag_dir)
 

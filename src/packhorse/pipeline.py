@@ -28,14 +28,19 @@ killed manager leaves nothing half-decided for the others to wait out.
   (:func:`packhorse.operations.create_operations`);
 * a bundle's composition (which raw packages it carries) is decided by a compare-and-set on
   each package's ``data_transfer_package_id`` (``… WHERE data_transfer_package_id IS NULL``):
-  a manager that loses the race for any package of its bundle rolls the whole bundle back
+  a manager that loses the race for any package of its bundle rolls the whole bundle back;
+  one manager at a time bundles a site (an advisory lock the others skip without waiting)
   (:mod:`packhorse.managers.bundles`);
 * the packaging of a source location runs under that location's advisory lock (the scan task),
   and package names are unique;
 * dispatch takes rows with ``SKIP LOCKED`` and a claim is a compare-and-set on the fencing token
   (a duplicate message is a no-op: I3);
-* the monitor's and the reconciler's resets lock the operation row (``FOR UPDATE``) and re-check
-  it, so two monitors count a stall, write its failure event and notify once.
+* the monitor's and the reconciler's resets lock the operation row (``FOR UPDATE SKIP
+  LOCKED``) and re-check it, so two monitors count a stall, write its failure event and notify
+  once;
+* a transaction holding such a lock ends itself when idle for a lease
+  (:func:`packhorse.db.session.bound_idle_in_transaction`): a manager or monitor stopped
+  inside one holds the others up for at most a lease; a killed one for no time at all.
 
 Why not a leader lease: every write of the managers would have to carry the leader's fencing
 token to make a stale leader harmless, which is what the unique keys already give for free; a

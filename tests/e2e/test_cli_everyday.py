@@ -137,6 +137,7 @@ def test_bandwidth_limit_of_a_route_holds_within_20_percent(tmp_path):
     assert len(spans) == 2  # to cologne and to cornell, sharing the route's limit
     seconds = (max(f for _, f in spans) - min(s for s, _ in spans)).total_seconds()
     rate = 2 * size / seconds
+    print(f"measured {rate / limit:.3f} of the limit over {seconds:.2f} s")
     assert 0.8 * limit <= rate <= 1.2 * limit, (rate / limit, seconds)
 
 
@@ -150,7 +151,7 @@ def test_off_a_terminal_progress_is_summary_lines_not_a_line_per_operation(tmp_p
     summaries = [l for l in lines if l.startswith("packhorse run: ") and "finished in" not in l]
     assert summaries, r.stderr
     assert "registered 6/6 files" in summaries[-1] or "registered 6 files" in summaries[-1]
-    assert "archived 12/12 operations" in summaries[-1]  # 6 packages x 2 archives, this run only
+    assert "archived 12/12 packages" in summaries[-1]  # 6 packages x 2 archives, this run only
     assert not [l for l in lines if l.startswith("{")]  # no JSON line per finished operation
     assert len(lines) < 40
 

@@ -15,6 +15,9 @@ from api_support import ERROR_TEXT, failed_installation, fix_installation, start
 from support import run_packhorse
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+#: Debian's chromium as a headless test browser that reaches nothing but the page under test
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync"]
 ARTIFACTS = Path(os.environ.get("PACKHORSE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")) / "dashboard"
 
 
@@ -50,7 +53,7 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
     base, tokens, cfg = served
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         page.set_default_timeout(30_000)
         page.goto(f"{base}/?refresh=0.5")

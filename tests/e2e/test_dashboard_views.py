@@ -14,10 +14,7 @@ import urllib.request
 import pytest
 
 from api_support import ERROR_TEXT
-from test_dashboard import ARTIFACTS, CHROMIUM, served  # noqa: F401  (the fixture)
-
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync"]
+from test_dashboard import ARGS, ARTIFACTS, CHROMIUM, served  # noqa: F401  (the fixture)
 
 
 def _browser(pw):  # type: ignore[no-untyped-def]

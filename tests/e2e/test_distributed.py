@@ -1,9 +1,12 @@
-"""The whole pipeline in distributed mode (issue #4): PostgreSQL, one Celery worker process per
-site (fyst, cologne, cornell), ``packhorse manager``, with Redis and again with RabbitMQ.
+"""The whole pipeline in distributed mode: PostgreSQL, one Celery worker process per site
+(fyst, cologne, cornell), two ``packhorse manager`` and two ``packhorse monitor`` processes
+(high availability), with Redis and again with RabbitMQ.
 
 What a user checks: every source file archived once in each long-term archive (GNU tar
 extracts it, the reference ``bagit`` validates it, bytes and mtimes match), buffers freed,
-every operation COMPLETED, and each worker only ran work of its own site's queues.
+every operation COMPLETED, each worker only ran work of its own site's queues, and the two
+managers together made one manager's work: every package in exactly one bundle, each bundle
+shipped and unpacked once per destination, each buffer copy deleted once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 
 from packhorse.config import load_config
 from packhorse.executors.celery_app import site_queues
-from distributed_support import SITES, Cluster, write_source, postgres_database, rabbitmq_vhost, redis_url
+from distributed_support import SITES, Cluster, postgres_database, rabbitmq_vhost, redis_url, work_created, write_source
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -38,8 +41,9 @@ def test_pipeline_on_postgres_with_a_worker_per_site(broker: str, site_config, c
     cluster = Cluster(config, db_url, broker_url)
     try:
         cluster.init()
-        cluster.start_all()
+        cluster.start_all(managers=2, monitors=2)
         st = cluster.wait_finished(240, packages=4)
+        created = work_created(db_url)
         health = cluster.cli("health", "--json")
         services = [sv for sv in json.loads(health.stdout)["services"] if sv["alive"]] if health.stdout.strip() else []
     finally:
@@ -48,7 +52,14 @@ def test_pipeline_on_postgres_with_a_worker_per_site(broker: str, site_config, c
         p = Pipeline(config, cli, tmp_path / "extracted")
         assert_clean_finish(st)
         # every service registered its health (the manager, one worker per site)
-        assert sorted(sv["kind"] for sv in services) == ["manager", "worker", "worker", "worker"], health.stdout
+        assert sorted(sv["kind"] for sv in services) == ["manager", "manager", "monitor", "monitor", "worker", "worker",
+                                                         "worker"], health.stdout
+        # one manager's worth of work from two (two destination sites)
+        assert created["packages"] == created["bundled"] == created["bundled_as_counted"] == 4, created
+        assert created["op:data_transfer_package"] == created["bundles"], created
+        assert created["op:transfer"] == created["op:unpack"] == 2 * created["bundles"], created
+        assert created["op:long_term_archive"] == 2 * 4, created
+        assert created["op:deletion"] == created["buffer_copies"] == 3 * created["bundles"] + 3 * 4, created
         assert_archived_everywhere(p, source_files(config.parent / "source"))
         settings = load_config(config)
         for site in SITES:

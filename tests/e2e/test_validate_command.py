@@ -8,7 +8,6 @@ import tarfile
 from pathlib import Path
 
 import bagit
-
 from support import run_packhorse
 
 

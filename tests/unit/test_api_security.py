@@ -85,3 +85,10 @@ def test_a_package_name_with_slashes_reaches_its_report(api) -> None:
         assert r.status_code == 200, (url, r.text)
         assert r.json()["package"] == "instrument-00/obs-0003+2" and r.json()["type"] == "raw_data_package"
     assert client.get("/api/admin/diagnose/by-package/instrument-00/nope", headers=h).status_code == 404
+
+
+def test_a_non_loopback_host_is_told_apart_for_the_tls_warning() -> None:
+    from packhorse.cli.distributed import _is_loopback
+
+    assert all(_is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
+    assert not any(_is_loopback(h) for h in ("0.0.0.0", "192.168.1.10", "::", "packhorse.example.org"))

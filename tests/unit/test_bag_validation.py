@@ -487,3 +487,37 @@ def test_forward_only_streams_refuse_to_seek_back() -> None:
     assert f.seek(2, io.SEEK_CUR) == 7 and f.read() == b"789"
     with pytest.raises(io.UnsupportedOperation, match="seek back"):
         f.seek(1)
+
+
+def _hand_written(root: Path, version: str) -> None:
+    """A bag written by hand the way other tools do: CRLF line ends, a tab separator, upper-case
+    hex, lower-case percent-encoding, a folded bag-info value, a tag file in a tag folder, no
+    tag manifest for it... all allowed by RFC 8493 (and the 0.97 draft)."""
+    payload = {"data/a\rb.txt": b"carriage return", "data/plain.dat": b"plain", "data/50% done.txt": b"half"}
+    for rel, data in payload.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "bagit.txt").write_bytes(f"BagIt-Version: {version}\r\nTag-File-Character-Encoding: UTF-8\r\n".encode())
+    enc = {"data/a\rb.txt": "data/a%0db.txt"}
+    (root / "manifest-md5.txt").write_bytes("".join(
+        f"{hashlib.md5(d).hexdigest().upper()}\t{enc.get(p, p)}\r\n" for p, d in payload.items()).encode())
+    (root / "bag-info.txt").write_bytes(b"Source-Organization: Observatory\r\nExternal-Description: a long\r\n"
+                                        b"  value folded\r\nPayload-Oxum: 24.3\r\n")
+    (root / "meta").mkdir()
+    (root / "meta" / "notes.txt").write_bytes(b"tag file in a tag folder")
+    lines = [f"{hashlib.sha1((root / n).read_bytes()).hexdigest()} {n}\n"
+             for n in ("bagit.txt", "bag-info.txt", "manifest-md5.txt", "meta/notes.txt")]
+    (root / "tagmanifest-sha1.txt").write_text("".join(lines))
+
+
+@pytest.mark.parametrize("version", ["0.97", "1.0"])
+def test_hand_written_bags(tmp_path: Path, version: str) -> None:
+    root = tmp_path / "bag"
+    root.mkdir()
+    _hand_written(root, version)
+    assert packhorse_codes(root) == set()
+    report = validate_folder(root)
+    assert set(report.payload) == {"data/a\rb.txt", "data/plain.dat", "data/50% done.txt"}
+    assert report.bag_info["External-Description"] == ["a long value folded"]
+    (root / "meta" / "notes.txt").write_bytes(b"changed")
+    assert codes(validate_folder(root)) == {"checksum-mismatch"}

@@ -99,7 +99,7 @@ def test_include_on_a_location_that_is_not_a_source_is_refused(tmp_path):
 def test_progress_text_never_passes_100_percent_and_gives_an_eta():
     c = StageCount("transfer", done=3, failed=0, total=10, bytes_done=30 * 1024**2, bytes_total=100 * 1024**2)
     text = describe(c, 10.0)
-    assert text.startswith("shipped 3/10 operations 30.0 MiB/100.0 MiB") and "3.0 MiB/s" in text
+    assert text.startswith("shipped 3/10 bundles 30.0 MiB/100.0 MiB") and "3.0 MiB/s" in text
     assert eta_seconds(c, 10.0) == pytest.approx(70 / 3)  # 70 MiB left at 3 MiB/s
     assert "ETA 0:23" in text
     over = StageCount("long_term_archive", done=12, failed=0, total=12, bytes_done=99, bytes_total=99)

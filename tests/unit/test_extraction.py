@@ -184,6 +184,14 @@ def test_extract_writes_regular_files_with_their_mtimes_and_no_modes_from_the_ta
     assert os.lstat(tmp_path / "t" / "d").st_mode & 0o7022 == 0
 
 
+def test_extract_refuses_a_modification_time_out_of_range(tmp_path: Path) -> None:
+    ti, data = reg("pkg/a", b"a")
+    ti.mtime = 10**20  # PAX allows any number; time_t does not
+    with pytest.raises(UnsafePathError, match="'pkg/a': has a modification time out of range"):
+        extract_tar(io.BytesIO(tar_of([(ti, data)])), tmp_path / "t", source="x:y")
+    assert not (tmp_path / "t").exists()
+
+
 def test_extract_refuses_an_existing_target_and_leaves_it_alone(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "mine").write_bytes(b"mine")

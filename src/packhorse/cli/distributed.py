@@ -64,7 +64,7 @@ def manager(
     config: ConfigOpt = None,
     max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="stop after this long")] = None,
 ) -> None:
-    """Run the managers and the dispatcher to Celery (distributed mode; one per deployment)."""
+    """Run the pipeline's managers and the dispatcher to Celery (distributed mode; any number may run at once)."""
     from .. import logs
     from ..executors.celery_app import Manager
 
@@ -130,10 +130,20 @@ def notifier(config: ConfigOpt = None) -> None:
     print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)
 
     def body(stop_event: Any, life: Any) -> None:
-        n.serve(stop_event, on_cycle=life.tick)
+        import threading
+
+        # delivery in a thread: a signal only has to set stop_event, and a send in progress is
+        # aborted, so the service stops within seconds whatever the mail server does
+        t = threading.Thread(target=n.serve, args=(stop_event,), kwargs={"on_cycle": life.tick},
+                             name="notifier", daemon=True)
+        t.start()
+        while not stop_event.wait(0.5) and t.is_alive():
+            pass
+        n.stop()
+        t.join(timeout=cfg.stop_grace_seconds)
 
     _serve(ctx, "notifier", body)
-    n.run_once()  # its own "stopped" message
+    n.flush(cfg.stop_grace_seconds)  # its own "stopped" message, if the server takes it at once
 
 
 @app.command("disk-monitor")

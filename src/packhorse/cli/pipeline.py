@@ -153,7 +153,10 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
         reason = f"error: {type(e).__name__}: {e}"
         raise
     finally:
-        background.stop(reason, drain=until_idle and not stopped_by)
+        queued = background.stop(reason, drain=until_idle and not stopped_by)
+        if until_idle and queued:
+            print(f"packhorse run: {queued} notification(s) still queued in the outbox (`packhorse notifications` "
+                  "shows why); `packhorse notifier` or the next `packhorse run` delivers them", file=sys.stderr)
         health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)
@@ -179,6 +182,9 @@ def run(
     if dry_run:
         _dry_run(config, as_json)
         return
+    if as_json:
+        raise fail("--json: only with --dry-run (a run reports on stderr; `packhorse status --json` after it)",
+                   EXIT_CONFIG)
     ctx = context(config)
     if ctx.settings.executor.kind != "local":
         raise fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "

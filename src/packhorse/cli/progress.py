@@ -37,6 +37,18 @@ STAGE_NAMES: dict[str, str] = {
     OperationKind.FIXITY_CHECK.value: "fixity checked",
     OperationKind.DELETION.value: "deleted",
 }
+#: What one item of a stage is (registration counts files, the others operations on these).
+UNITS: dict[str, str] = {
+    "scan": "files",
+    OperationKind.RAW_DATA_PACKAGE.value: "packages",
+    OperationKind.DATA_TRANSFER_PACKAGE.value: "bundles",
+    OperationKind.TRANSFER.value: "bundles",
+    OperationKind.UNPACK.value: "bundles",
+    OperationKind.LONG_TERM_ARCHIVE.value: "packages",
+    OperationKind.STAGING.value: "packages",
+    OperationKind.FIXITY_CHECK.value: "copies",
+    OperationKind.DELETION.value: "copies",
+}
 #: Kinds whose bytes are not moved (a deletion): counted in operations only.
 NO_BYTES = {OperationKind.DELETION.value}
 UNFINISHED = (Status.PENDING.value, Status.SCHEDULED.value, Status.IN_PROGRESS.value)
@@ -122,9 +134,9 @@ def eta_seconds(c: StageCount, elapsed: float) -> float | None:
 
 
 def describe(c: StageCount, elapsed: float) -> str:
-    """One stage as text, e.g. ``shipped 3/10 packages 12.0 MiB/40.0 MiB, 1.2 MiB/s,
-    0.3 operations/s, ETA 0:23`` (``files`` for registration); ``failed`` when some failed."""
-    unit = "files" if c.stage == "scan" else "operations"
+    """One stage as text, e.g. ``shipped 3/10 bundles 12.0 MiB/40.0 MiB, 1.2 MiB/s,
+    0.3 bundles/s, ETA 0:23`` (:data:`UNITS`); ``N FAILED`` when some failed."""
+    unit = UNITS.get(c.stage, "operations")
     finished = c.done + c.failed
     count = f"{c.done}" if c.total is None else f"{min(finished, c.total)}/{c.total}"
     parts = [f"{c.name} {count} {unit}"]

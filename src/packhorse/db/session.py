@@ -232,6 +232,31 @@ def insert_ignoring_conflicts(session: Session, table: Any, *keys: Any) -> Any:
     return insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
 
+def bound_idle_in_transaction(session: Session, seconds: float) -> None:
+    """PostgreSQL: end this session if it sits idle inside the current transaction for more than
+    ``seconds`` (``SET LOCAL idle_in_transaction_session_timeout``), so a process stopped or hung
+    in the middle of a transaction that holds row or advisory locks others need (a manager
+    bundling, a monitor resetting an operation) releases them within a lease instead of
+    blocking every other manager for good; its late writes then fail with the connection and
+    change nothing. SQLite: nothing (one process writes an embedded database).
+
+    Call it first in the transaction; ``seconds`` is rounded up to whole milliseconds.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        ms = max(1, int(seconds * 1000 + 0.999))
+        session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms}"))
+
+
+def try_transaction_lock(session: Session, name: str) -> bool:
+    """PostgreSQL: take the transaction-level advisory lock ``name`` if nobody holds it
+    (``pg_try_advisory_xact_lock``; released at commit or rollback, or when the connection
+    dies); ``False`` if another transaction holds it. SQLite: always ``True`` (a write
+    transaction already holds the database's one write lock)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.execute(text("SELECT pg_try_advisory_xact_lock(hashtext(:k))"), {"k": name}).scalar())
+
+
 #: The head of ``db/migrations`` (a unit test compares it with Alembic's view of the scripts);
 #: a constant, so that checking a database at start needs no Alembic import.
 HEAD_REVISION = "0008"

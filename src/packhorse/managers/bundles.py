@@ -6,9 +6,12 @@ waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (`
 --until-idle`` sets it when nothing else is pending).
 
 Which raw packages go in which bundle is decided once, even with many managers running at the
-same time (:mod:`packhorse.pipeline`, high availability): the candidates are read again under
-row locks (``FOR UPDATE`` on PostgreSQL; SQLite's write lock), and each package joins a bundle
-only by a compare-and-set on its ``data_transfer_package_id`` (``… IS NULL``). A manager that
+same time (:mod:`packhorse.pipeline`, high availability): one manager at a time bundles a
+source site (a transaction-level advisory lock on PostgreSQL, taken without waiting: the others
+skip the site this cycle; SQLite's write lock), the candidates are read again under row locks,
+and each package joins a bundle only by a compare-and-set on its ``data_transfer_package_id``
+(``… IS NULL``). A manager stopped inside that transaction loses it (and the lock) after a
+lease (``idle_in_transaction_session_timeout``). A manager that
 loses that race for any package of a bundle rolls the whole bundle back and looks again next
 cycle, so no package is ever in two bundles and no bundle is built, shipped or unpacked twice.
 """
@@ -23,6 +26,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from ..context import ProcessContext
+from ..db.session import bound_idle_in_transaction, try_transaction_lock
 from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
 from ..domain import CopyStatus, LocationRole, OperationKind
 from ..errors import BundledElsewhereError
@@ -57,6 +61,11 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
             continue
 
         def tx(s: Session, find: Any = find) -> tuple[int, float | None]:
+            # one manager bundles a site at a time; the others skip it this cycle, without waiting
+            # (a manager stopped in here loses this transaction and the lock within a lease)
+            bound_idle_in_transaction(s, ctx.settings.recovery.lease_timeout_seconds)
+            if not try_transaction_lock(s, f"packhorse-bundle:{site}"):
+                return 0, None
             rows = find(s, lock=True)  # again, locked: another manager may have bundled them
             groups: list[list[int]] = []
             cur: list[int] = []

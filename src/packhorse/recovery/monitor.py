@@ -15,7 +15,8 @@ One cycle (:func:`check_stalled`):
 Every state change and its notification share one transaction. A lost dispatch or stall never
 counts as a retry: ``retry_count`` is left alone. Any number of monitors may run at once (high
 availability, :mod:`packhorse.pipeline`): each stalled operation's row is locked and re-checked
-before it is handled, so a stall is counted, recorded and notified once.
+before it is handled (a row another monitor is handling is skipped, not waited for), so a stall
+is counted, recorded and notified once.
 
 :data:`RECOVERY_HANDLERS` is the live registration the owners test (I5) reads.
 """
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from ..config import Settings
 from ..db.models import FailureEvent, Operation, utcnow
-from ..db.session import Database
+from ..db.session import Database, bound_idle_in_transaction
 from ..domain import NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
 from ..operations import fenced
@@ -101,13 +102,14 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
     rec = settings.recovery
 
     def tx(s: Session) -> str | None:
+        bound_idle_in_transaction(s, rec.lease_timeout_seconds)  # a hung monitor lets go of the row
         now = utcnow()
         op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.attempt == attempt,
                                                Operation.status == Status.IN_PROGRESS.value,
                                                Operation.lease_expires_at < now)
-                         # locked and re-checked: another monitor handling the same stall waits
-                         # here, then finds it recovered (one stall event, count, notification)
-                         .with_for_update()).first()
+                         # locked and re-checked: another monitor handling the same stall right
+                         # now skips it (one stall event, count, notification)
+                         .with_for_update(skip_locked=True)).first()
         if op is None:
             return None  # renewed, finished or recovered meanwhile (by this or another monitor)
         b = breakers.get_breaker(s, op.kind, op.id)

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from ..config import Settings
 from ..db.models import Operation, utcnow
-from ..db.session import Database
+from ..db.session import Database, bound_idle_in_transaction
 from ..domain import NotificationLevel, Status
 from ..notify.outbox import enqueue
 
@@ -73,10 +73,11 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
             continue
 
         def tx(s: Session, op_id: int = op_id, status: str = status, attempt: int = attempt) -> tuple[str, int] | None:
+            bound_idle_in_transaction(s, rec.lease_timeout_seconds)
             t = utcnow()
             op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.status == status,
                                                    Operation.attempt == attempt, _orphans(floor, t))
-                               .with_for_update()).first()  # another reconciler waits, then skips it
+                               .with_for_update(skip_locked=True)).first()  # another reconciler has it
             if op is None:
                 return None  # claimed or moved on meanwhile
             if op.reconcile_count >= rec.reconcile_max_resets:

@@ -64,6 +64,7 @@ import structlog
 from ..errors import (
     ConfigError,
     DestinationConflictError,
+    DestinationWriteError,
     RestoreRequiredError,
     SourceMissingError,
     StorageBusyError,
@@ -165,7 +166,14 @@ class _S3PendingWrite(PendingWrite):
                                                          dir=backend.spool_dir)
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
-        self._spool.write(data)
+        try:
+            self._spool.write(data)
+        except OSError as e:  # the local spool's disk is full: free it now, name where
+            self.abort()
+            raise DestinationWriteError(
+                f"{self._b.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
+                f"{self._b.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
+                step="write", side="destination", path=self.key, host=self._b.location) from e
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
@@ -189,9 +197,13 @@ class _S3PendingWrite(PendingWrite):
                 self.abort()
 
     def abort(self) -> None:
-        if not self._spool.closed:
-            self._spool.close()
-        self.closed = True
+        try:
+            if not self._spool.closed:
+                self._spool.close()  # an unlinked temporary file: closing frees its space
+        except OSError:
+            pass  # the flush of a full disk fails again; the file is closed and gone anyway
+        finally:
+            self.closed = True
 
 
 class S3Backend(StorageBackend):

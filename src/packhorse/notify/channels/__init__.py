@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from ...config import NotificationsConfig
     from ...hooks import Hooks
 
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
 
 @dataclass(frozen=True)
 class Message:
@@ -45,8 +49,12 @@ class Channel(Protocol):
     def wants(self, level: str) -> bool:
         """Whether this channel has recipients for notifications of ``level``."""
 
-    def send(self, message: Message) -> None:
-        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted."""
+    def send(self, message: Message, *, timeout: float | None = None) -> None:
+        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted.
+        ``timeout`` (seconds) caps each network step below the channel's own timeout."""
+
+    def abort(self) -> None:
+        """From another thread: make a :meth:`send` in progress fail now (the notifier stops)."""
 
 
 def build_channels(cfg: "NotificationsConfig", *, hooks: "Hooks | None" = None) -> list[Channel]:
