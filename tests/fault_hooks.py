@@ -20,6 +20,9 @@ every process, the test-only environment variables (only test code reads them):
   PATH`` stops it once that file exists.
 * ``PACKHORSE_TEST_DISK_USAGE``: a JSON file ``{"<location>": {"total": bytes, "used":
   bytes}}`` read at every measurement of the disk monitor (other locations: the file system).
+* ``PACKHORSE_TEST_COLD_RESTORE_SECONDS``: every cold location (``cold = true``) gets a
+  :class:`memory_backend.ColdLayer`: a restore is ready that many seconds after it was
+  requested (the request is a marker object in the location, seen by every process).
 * ``PACKHORSE_TEST_NO_FENCING=1``: the chaos harness's variant without fencing
   (:mod:`tests.unfenced`, loaded from the file next to this one).
 """
@@ -43,6 +46,7 @@ from packhorse.storage.layers import Layer, PendingLayer, innermost
 FAULTS_ENV = "PACKHORSE_TEST_FAULTS"
 DISK_USAGE_ENV = "PACKHORSE_TEST_DISK_USAGE"
 NO_FENCING_ENV = "PACKHORSE_TEST_NO_FENCING"
+COLD_ENV = "PACKHORSE_TEST_COLD_RESTORE_SECONDS"
 HERE = Path(__file__).resolve()
 
 
@@ -150,7 +154,11 @@ class FaultPlan(Hooks):
                 raise TransientDatabaseError(f"test fault at {point}: database unavailable")
 
     def storage_layer(self, backend: StorageBackend) -> StorageBackend:
-        return FaultLayer(backend, self)
+        layer: StorageBackend = FaultLayer(backend, self)
+        restore_seconds = os.environ.get(COLD_ENV)
+        if restore_seconds and backend.cold:
+            layer = _load_sibling("memory_backend").ColdLayer(layer, restore_seconds=float(restore_seconds))
+        return layer
 
     def disk_usage(self) -> UsageProvider | None:
         if self.usage is not None:
@@ -170,12 +178,18 @@ class FaultPlan(Hooks):
         return provider
 
 
-def _load_unfenced() -> Any:
-    spec = importlib.util.spec_from_file_location("packhorse_tests_unfenced", HERE.with_name("unfenced.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_siblings: dict[str, Any] = {}
+
+
+def _load_sibling(name: str) -> Any:
+    """The test module ``tests/<name>.py`` (loaded by path: ``tests/`` need not be importable)."""
+    if name not in _siblings:
+        spec = importlib.util.spec_from_file_location(f"packhorse_tests_{name}", HERE.with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _siblings[name] = module
+    return _siblings[name]
 
 
 def make_hooks(settings: object) -> Hooks:
@@ -183,5 +197,5 @@ def make_hooks(settings: object) -> Hooks:
     ``PACKHORSE_TEST_NO_FENCING=1`` (the chaos harness's variant)."""
     plan = FaultPlan()
     if os.environ.get(NO_FENCING_ENV) == "1":
-        return _load_unfenced().Unfenced(plan)
+        return _load_sibling("unfenced").Unfenced(plan)
     return plan

@@ -200,11 +200,11 @@ class ColdLayer(Layer):
     def restore_ready(self, key: str) -> bool:
         if key in self._hot:
             return True
-        try:
-            with self.inner.open_read(self._marker(key)) as f:
-                requested = float(json.loads(f.read())["requested_at"])
-        except SourceMissingError:
-            return False
+        marker = self._marker(key)
+        if self.inner.stat(marker) is None:  # never requested (a cold S3 store answers a read
+            return False                     # of a missing key with "restore first")
+        with self.inner.open_read(marker) as f:
+            requested = float(json.loads(f.read())["requested_at"])
         return self._clock() >= requested + self.restore_seconds and self.inner.restore_ready(key)
 
     def open_read(self, key: str) -> BinaryIO:

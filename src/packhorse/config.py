@@ -141,10 +141,8 @@ class LocationConfig(_Section):
     object_lock_retain_days: float | None = Field(None, gt=0)
     multipart_threshold_bytes: int = Field(64 * 1024**2, ge=1)
     multipart_part_bytes: int = Field(64 * 1024**2, ge=5 * 1024**2)
-    # -- cold storage and the fixity audit (issue #5). restore_delay_seconds simulates a cold
-    # store's restore time (tests, demos); it only matters with cold = true.
+    # -- cold storage and the fixity audit (issue #5)
     cold: bool = False
-    restore_delay_seconds: float | None = Field(None, ge=0)
     restore_poll_seconds: float = Field(300.0, gt=0)
     fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
     fixity_bytes_per_second: float | None = Field(None, gt=0)

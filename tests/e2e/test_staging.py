@@ -10,21 +10,20 @@ import time
 from pathlib import Path
 
 import bagit
+from e2e_helpers import Pipeline, source_files
+from s3_support import S3Server, bucket_objects, s3_location, s3_site_config
 from sqlalchemy import select
+from support import run_packhorse
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy
 from packhorse.domain import CopyStatus, OperationKind, Status
-
-from e2e_helpers import Pipeline, source_files
-from s3_support import S3Server, bucket_objects, s3_location, s3_site_config
-from support import run_packhorse
 
 PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'
               'path = "sites/cologne/processing"\n')
 
 
 def _pipeline(tmp_path: Path, server: S3Server, *, cold: bool) -> tuple[Pipeline, str]:
-    extra = {"cold": True, "restore_delay_seconds": 2.0, "restore_poll_seconds": 0.3} if cold else {}
+    extra = {"cold": True, "restore_poll_seconds": 0.3} if cold else {}
     cfg, bucket = s3_site_config(tmp_path / "site", server, s3_extra=extra, extra=PROCESSING)
     if cold:  # both archives cold: the staging source must be restored first
         text = cfg.read_text()
@@ -51,7 +50,9 @@ def _ops(p: Pipeline) -> list[Operation]:
         Operation.kind == OperationKind.STAGING.value))))
 
 
-def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(s3_server, tmp_path):
+def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(s3_server, tmp_path, monkeypatch):
+    # the test-side cold store (tests/fault_hooks.py): a restore takes 2 s in every process
+    monkeypatch.setenv("PACKHORSE_TEST_COLD_RESTORE_SECONDS", "2")
     p, bucket = _pipeline(tmp_path, s3_server, cold=True)
     expected = {rel: sha for rel, (sha, _m) in source_files(p.source).items() if rel.startswith("chai/obs01/")}
 

@@ -104,8 +104,7 @@ def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") 
                          max_pool=max(10, 2 * settings.executor.workers))
     kwargs = dict(multipart_threshold_bytes=loc.multipart_threshold_bytes,
                   multipart_part_bytes=loc.multipart_part_bytes, object_lock_mode=loc.object_lock_mode,
-                  object_lock_retain_days=loc.object_lock_retain_days, cold=loc.cold,
-                  restore_delay_seconds=loc.restore_delay_seconds)
+                  object_lock_retain_days=loc.object_lock_retain_days, cold=loc.cold)
     if not loc.write_once_probe:
         if db is None:
             raise ConfigError(f"locations: {loc.name!r} sets write_once_probe = false, which needs the ops "

@@ -34,11 +34,11 @@ tape or Glacier. :meth:`S3Backend.request_restore` asks for a restore and
 :meth:`S3Backend.restore_ready` tells when it is done; ``open_read`` of an object that is
 not restored raises :class:`~packhorse.errors.RestoreRequiredError`. Against real S3 an object
 needs a restore when its storage class is an archive class (GLACIER, DEEP_ARCHIVE) and no
-finished restore is reported. The simulation used by tests and demos
-(``restore_delay_seconds``) keeps the restore request time in a marker object under
-``_packhorse/restore/``; an object is readable once the delay has passed since the request.
-Objects this process published itself stay readable (the store's hot tier before the
-transition), so the read-back verification after publishing works.
+finished restore is reported; an object still in a warm class needs none (``RestoreObject``
+is not sent for it). Objects this process published itself stay readable (the store's hot
+tier before the transition), so the read-back verification after publishing works. Tests
+simulate the time a restore takes with a storage layer of their own (``tests/memory_backend.py``
+``ColdLayer``, handed in through :mod:`packhorse.hooks`), not with a switch here.
 
 Credentials come only from the standard AWS chain (environment, shared profile, instance
 role); they are never logged or stored by packhorse.
@@ -50,7 +50,6 @@ import base64
 import datetime as dt
 import hashlib
 import io
-import json
 import os
 import tempfile
 import threading
@@ -90,7 +89,6 @@ MAX_PARTS = 10_000
 SHA256_METADATA = "sha256"
 #: Where probe objects go (under the location's prefix; never among archived objects).
 PROBE_PREFIX = RESERVED_PREFIX + "probe/"
-RESTORE_PREFIX = RESERVED_PREFIX + "restore/"
 
 ObjectLease = Callable[[str], AbstractContextManager[Any]]
 
@@ -222,7 +220,6 @@ class S3Backend(StorageBackend):
             (required when ``conditional_writes`` is false).
         object_lock_mode / object_lock_retain_days: retention put on every published object.
         cold: objects need :meth:`request_restore` before reads.
-        restore_delay_seconds: simulated restore time of a cold location (tests).
         spool_dir: folder for local spool files of large writes (default: the system's).
     """
 
@@ -230,7 +227,7 @@ class S3Backend(StorageBackend):
                  multipart_threshold_bytes: int = 64 * 1024**2, multipart_part_bytes: int = 64 * 1024**2,
                  conditional_writes: bool = True, object_lease: ObjectLease | None = None,
                  object_lock_mode: str | None = None, object_lock_retain_days: float | None = None,
-                 cold: bool = False, restore_delay_seconds: float | None = None,
+                 cold: bool = False,
                  spool_dir: str | None = None) -> None:
         if not conditional_writes and object_lease is None:
             raise ConfigError(f"location {location!r}: without conditional writes a per-object lease is needed")
@@ -246,7 +243,6 @@ class S3Backend(StorageBackend):
         self.object_lock_mode = object_lock_mode
         self.object_lock_retain_days = object_lock_retain_days
         self.cold = cold
-        self.restore_delay_seconds = restore_delay_seconds
         self.spool_dir = spool_dir
         #: keys published by this process (readable without a restore; see the module docstring)
         self._hot: set[str] = set()
@@ -492,25 +488,19 @@ class S3Backend(StorageBackend):
         return (mode, until) if mode and until else None
 
     # -- cold storage ---------------------------------------------------------------
-    def _restore_marker(self, key: str) -> str:
-        return self.prefix + RESTORE_PREFIX + check_key(key) + ".json"
-
     def request_restore(self, key: str) -> None:
-        """Ask for ``key`` to be restored for reading (idempotent).
+        """Ask for ``key`` to be restored for reading (idempotent): S3 ``RestoreObject`` for an
+        object in an archive storage class (a restore already in progress is fine); nothing
+        for an object that can be read as it is.
 
-        Simulated (``restore_delay_seconds`` set): a marker object records the request time.
-        Otherwise S3 ``RestoreObject`` is called (a restore already in progress is fine).
+        Raises:
+            SourceMissingError: there is no object under ``key``.
+            StorageServiceError: the store refused or could not be reached.
         """
         if self.stat(key) is None:
             raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
                                      host=self.location)
-        if self.restore_delay_seconds is not None:
-            body = json.dumps({"requested_at": time.time()}).encode()
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=self._restore_marker(key), Body=body, IfNoneMatch="*")
-            except Exception as e:
-                if not _is_precondition_failed(e):
-                    raise self._error(e, key, "requesting a restore of") from e
+        if self.restore_ready(key):
             return
         try:
             self.client.restore_object(Bucket=self.bucket, Key=self._full(key), RestoreRequest={"Days": 7})
@@ -522,15 +512,6 @@ class S3Backend(StorageBackend):
         """True when ``key`` can be read (restored, or not in a cold location)."""
         if not self.cold:
             return True
-        if self.restore_delay_seconds is not None:
-            try:
-                r = self.client.get_object(Bucket=self.bucket, Key=self._restore_marker(key))
-                requested = float(json.loads(r["Body"].read())["requested_at"])
-            except Exception as e:
-                if _is_not_found(e):
-                    return False
-                raise self._error(e, key, "checking the restore of") from e
-            return time.time() >= requested + self.restore_delay_seconds
         try:
             r = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
         except Exception as e:
