@@ -9,6 +9,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 from sqlalchemy import select
@@ -19,6 +20,9 @@ from packhorse.db.session import Database
 from packhorse.managers import scan as scan_module
 from packhorse.managers.scan import ScanCache, scan_all
 from packhorse.context import ProcessContext
+from packhorse.hooks import Hooks
+from packhorse.storage.base import StorageBackend
+from packhorse.storage.layers import Layer
 from packhorse.topology import sync_topology
 
 from support import write_site_config
@@ -232,3 +236,30 @@ def test_a_full_listing_forgets_skipped_paths_that_are_gone(ctx: ProcessContext)
         (source(ctx) / "inst/obs1/link.dat").unlink()
         scan_all(ctx, pool)
     assert skipped_rows(ctx) == set()
+
+
+class _ReadLog(Hooks):
+    """Hooks whose storage layer records every read and corrupts nothing."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, str]] = []
+
+    def storage_layer(self, backend: StorageBackend) -> StorageBackend:
+        hooks = self
+
+        class Reads(Layer):
+            def open_read(self, key: str) -> BinaryIO:
+                hooks.reads.append((self.location, key))
+                return self.inner.open_read(key)
+
+        return Reads(backend)
+
+
+def test_the_scan_reads_source_files_through_the_location_backend(ctx: ProcessContext) -> None:
+    ctx.hooks = hooks = _ReadLog()
+    write(source(ctx) / "inst" / "obs" / "a.dat", b"a" * 10)
+    write(source(ctx) / "inst" / "obs" / "big.dat", os.urandom(scan_module.THREAD_HASH_MIN_BYTES))  # on the pool
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    assert sorted(hooks.reads) == [("fyst-source", "inst/obs/a.dat"), ("fyst-source", "inst/obs/big.dat")]
+    assert registered(ctx) == {"inst/obs/a.dat", "inst/obs/big.dat"}
