@@ -429,6 +429,19 @@ class ApiConfig(_Section):
     history_keep_days: float = Field(7.0, gt=0)
 
 
+class HooksConfig(_Section):
+    """``[hooks]``: a module of fault hooks, for tests and the chaos harness only.
+
+    ``module`` is a Python file path or a dotted module name that defines
+    ``make_hooks(settings) -> packhorse.hooks.Hooks``; every process that builds a stage
+    context loads it (so worker processes started by the local executor or by Celery get the
+    same hooks as the process that set it). Leave it unset in production: packhorse then runs
+    with :data:`packhorse.hooks.NO_HOOKS`, which does nothing (:mod:`packhorse.hooks`).
+    """
+
+    module: str | None = None
+
+
 class Settings(_Section):
     """The whole configuration. Build it with :func:`load_config` or :func:`settings_from_dict`."""
 
@@ -445,6 +458,7 @@ class Settings(_Section):
     notifications: NotificationsConfig = NotificationsConfig()
     disk_usage: DiskUsageConfig = DiskUsageConfig()
     api: ApiConfig = ApiConfig()
+    hooks: HooksConfig = HooksConfig()
     #: The folder relative paths were resolved against (not a TOML key).
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -592,7 +606,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
 
 
 ENV_SECTIONS = ("database", "executor", "packaging", "extraction", "managers", "recovery", "deletion", "notifications",
-                "disk_usage", "api")
+                "disk_usage", "api", "hooks")
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def start_background(ctx: ProcessContext, *, service: str = "run", lifecycle: bo
         lifecycle: queue "Service started" now, "still alive" daily and "stopped" at stop.
     """
     cfg = ctx.settings.notifications
-    notifier = Notifier(cfg, ctx.db) if cfg.enabled and cfg.channels_configured else None
+    notifier = Notifier(cfg, ctx.db, hooks=ctx.hooks) if cfg.enabled and cfg.channels_configured else None
     life = None
     if lifecycle:
         life = ServiceLifecycle(ctx.db, service, still_alive_interval_seconds=cfg.still_alive_interval_seconds,
@@ -90,7 +90,7 @@ def start_background(ctx: ProcessContext, *, service: str = "run", lifecycle: bo
                                           "locations": [l.name for l in ctx.settings.locations if l.active]})
         life.started()
     bg = BackgroundServices(ctx.db, notifier, life)
-    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids)
+    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids, hooks=ctx.hooks)
     bg.threads.append(threading.Thread(target=monitor.serve, args=(bg.stop_event,), name="disk-monitor", daemon=True))
     sampler = BacklogSampler(ctx.db, ctx.settings)  # the dashboard's backlog history
     bg.threads.append(threading.Thread(target=sampler.serve, args=(bg.stop_event,), name="backlog-sampler",

@@ -124,7 +124,7 @@ def notifier(config: ConfigOpt = None) -> None:
         raise fail("notifications: no channel configured (set [notifications.smtp] or apprise_urls) "
                     "or notifications.enabled = false", EXIT_CONFIG)
     try:
-        n = Notifier(cfg, ctx.db)
+        n = Notifier(cfg, ctx.db, hooks=ctx.hooks)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
     print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)
@@ -152,7 +152,7 @@ def disk_monitor(config: ConfigOpt = None) -> None:
     from ..diskusage import DiskMonitor
 
     ctx = context(config)
-    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids)
+    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids, hooks=ctx.hooks)
 
     def body(stop_event: Any, life: Any) -> None:
         import threading

@@ -40,11 +40,11 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from .. import faults
 from ..config import NotificationsConfig
 from ..db.models import Notification, NotificationDelivery, utcnow
 from ..db.session import Database
 from ..domain import NotificationStatus
+from ..hooks import NO_HOOKS, Hooks
 from ..operations import backoff_seconds, worker_identity
 from .channels import Channel, ChannelError, Message, build_channels
 from .outbox import ascii_subject
@@ -76,13 +76,16 @@ class Notifier:
         db: the ops database.
         channels: override the configured channels (tests).
         owner: the lease owner name (default ``host:pid:notifier``).
+        hooks: the process's fault hooks (:mod:`packhorse.hooks`; tests): points
+            ``notify.delivered`` and ``notify.smtp.session``.
     """
 
     def __init__(self, cfg: NotificationsConfig, db: Database, *, channels: list[Channel] | None = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None, hooks: Hooks = NO_HOOKS) -> None:
         self.cfg = cfg
         self.db = db
-        self.channels = build_channels(cfg) if channels is None else channels
+        self.hooks = hooks
+        self.channels = build_channels(cfg, hooks=hooks) if channels is None else channels
         self.owner = owner or worker_identity("notifier")
         smtp = cfg.smtp
         self.domain = smtp.from_address.rsplit("@", 1)[-1] if smtp else "packhorse.localhost"
@@ -211,7 +214,7 @@ class Notifier:
                 errors.append(f"{ch.name}: {type(e).__name__}: {e}")
                 log.error("notification_channel_crashed", notification_id=n.id, channel=ch.name, error=repr(e))
                 continue
-            faults.hit("notify.delivered")  # accepted, not yet recorded (tests)
+            self.hooks.hit("notify.delivered")  # accepted, not yet recorded (tests)
             self._record_delivery(c, ch.name, msg.message_id, n.attempts + 1)
         if not errors and deferred_for > 0:
             return self._release(c, deferred_for if deadline is None else 0.0, n.id)

@@ -67,10 +67,19 @@ from ..errors import (
     DestinationWriteError,
     RestoreRequiredError,
     SourceMissingError,
+    StorageBusyError,
     StorageServiceError,
     VerificationError,
 )
-from .base import CHUNK_BYTES, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import (
+    CHUNK_BYTES,
+    RESERVED_PREFIX,
+    ObjectInfo,
+    PendingWrite,
+    PublishResult,
+    StorageBackend,
+    check_key,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -168,20 +177,24 @@ class _S3PendingWrite(PendingWrite):
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
+        busy = False
         try:
             sha = self.check_expected(expected_sha256, b.location)
             digest = bytes.fromhex(sha)
             lease = b.object_lease(self.key) if b.object_lease is not None else nullcontext()
             with lease:
-                if not b.conditional_writes and b.stat(self.key) is not None:  # check-before-write
-                    b.check_same(self.key, self.size, sha)
+                if not b.conditional_writes and b.holds(self.key, self.size, sha):  # check-before-write
                     return PublishResult(self.key, self.size, sha, already_there=True)
                 created = b._create(self.key, self._spool, self.size, digest)
             if not created:
                 b.check_same(self.key, self.size, sha)
             return PublishResult(self.key, self.size, sha, already_there=not created)
+        except StorageBusyError:
+            busy = True  # the spool stays: publishing may be tried again (contract)
+            raise
         finally:
-            self.abort()
+            if not busy:
+                self.abort()
 
     def abort(self) -> None:
         try:
@@ -255,30 +268,34 @@ class S3Backend(StorageBackend):
         return {"ObjectLockMode": self.object_lock_mode, "ObjectLockRetainUntilDate": until}
 
     def _create(self, key: str, spool: Any, size: int, digest: bytes) -> bool:
-        """Create ``key`` from the spool if it does not exist; ``False`` if it existed (412)."""
+        """Create ``key`` from the spool if it does not exist; ``False`` if it existed (412).
+
+        Raises:
+            StorageBusyError: a concurrent conditional write of the key is in progress (409);
+                the retry layer tries again.
+        """
         cond = {"IfNoneMatch": "*"} if self.conditional_writes else {}
         common = dict(Bucket=self.bucket, Key=self._full(key), Metadata={SHA256_METADATA: digest.hex()},
                       **self._lock_args())
-        for attempt in range(10):
-            spool.seek(0)
-            try:
-                if size <= self.multipart_threshold_bytes:
-                    self.client.put_object(Body=spool.read(), ChecksumAlgorithm="SHA256",
-                                           ChecksumSHA256=_b64_sha256(digest), **common, **cond)
-                else:
-                    self._multipart(key, spool, size, common, cond)
-                self._hot.add(key)
-                return True
-            except Exception as e:
-                if _is_precondition_failed(e):
-                    return False
-                if _is_conditional_conflict(e) and attempt < 9:
-                    time.sleep(0.05 * (attempt + 1))
-                    continue
-                if isinstance(e, (DestinationConflictError, VerificationError)):
-                    raise
-                raise self._error(e, key, "publishing") from e
-        raise AssertionError("unreachable")
+        spool.seek(0)
+        try:
+            if size <= self.multipart_threshold_bytes:
+                self.client.put_object(Body=spool.read(), ChecksumAlgorithm="SHA256",
+                                       ChecksumSHA256=_b64_sha256(digest), **common, **cond)
+            else:
+                self._multipart(key, spool, size, common, cond)
+        except Exception as e:
+            if _is_precondition_failed(e):
+                return False
+            if _is_conditional_conflict(e):
+                raise StorageBusyError(f"{self.location}: another conditional write of {key!r} is in progress "
+                                       f"in bucket {self.bucket!r}", side="destination", path=key,
+                                       host=self.location) from e
+            if isinstance(e, (DestinationConflictError, VerificationError)):
+                raise
+            raise self._error(e, key, "publishing") from e
+        self._hot.add(key)
+        return True
 
     def _multipart(self, key: str, spool: Any, size: int, common: dict[str, Any], cond: dict[str, str]) -> None:
         part = max(self.multipart_part_bytes, -(-size // MAX_PARTS))

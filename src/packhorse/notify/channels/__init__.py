@@ -12,22 +12,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ...errors import PackhorseError
+from ...errors import ChannelError
 
 if TYPE_CHECKING:
     from ...config import NotificationsConfig
-
-
-class ChannelError(PackhorseError):
-    """A channel could not deliver a message (server down, refused, bad credentials, …).
-
-    Args:
-        message: what failed, naming the server (never a password or token).
-        permanent: a retry cannot help (an SMTP 5xx reply: relaying denied, login refused,
-            recipient unknown): the notifier dead-letters the notification at once. Otherwise
-            (an SMTP 4xx reply, a network error or timeout) it retries with backoff, then
-            dead-letters it.
-    """
+    from ...hooks import Hooks
 
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
@@ -68,8 +57,9 @@ class Channel(Protocol):
         """From another thread: make a :meth:`send` in progress fail now (the notifier stops)."""
 
 
-def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
-    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL.
+def build_channels(cfg: "NotificationsConfig", *, hooks: "Hooks | None" = None) -> list[Channel]:
+    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL
+    (``hooks``: the process's fault hooks, handed to the SMTP channel).
 
     Raises:
         ConfigError: an apprise URL apprise does not understand (named with its key).
@@ -79,7 +69,7 @@ def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
 
     out: list[Channel] = []
     if cfg.smtp is not None:
-        out.append(SmtpChannel(cfg.smtp))
+        out.append(SmtpChannel(cfg.smtp) if hooks is None else SmtpChannel(cfg.smtp, hooks=hooks))
     out.extend(apprise_channels(cfg.apprise_urls, cfg.apprise_urls_by_level))
     return out
 

@@ -17,7 +17,7 @@ import ssl
 from email.message import EmailMessage
 from typing import TYPE_CHECKING
 
-from ... import faults
+from ...hooks import NO_HOOKS, Hooks
 from . import ChannelError, Message
 
 if TYPE_CHECKING:
@@ -30,12 +30,14 @@ class SmtpChannel:
     Args:
         cfg: the ``[notifications.smtp]`` table.
         environ: where ``password_env`` is looked up (default ``os.environ``).
+        hooks: fault hooks (tests): point ``notify.smtp.session`` once connected.
     """
 
     name = "smtp"
 
-    def __init__(self, cfg: "SmtpConfig", environ: dict[str, str] | None = None) -> None:
+    def __init__(self, cfg: "SmtpConfig", environ: dict[str, str] | None = None, *, hooks: Hooks = NO_HOOKS) -> None:
         self.cfg = cfg
+        self.hooks = hooks
         self.environ = os.environ if environ is None else environ
         self._conn: smtplib.SMTP | None = None
         self._aborted = False
@@ -121,7 +123,7 @@ class SmtpChannel:
                     conn.ehlo()
                 if cfg.username:
                     conn.login(cfg.username, password or "")
-                faults.hit("notify.smtp.session")  # connected, nothing sent yet (tests)
+                self.hooks.hit("notify.smtp.session")  # connected, nothing sent yet (tests)
                 refused = conn.send_message(em, from_addr=cfg.from_address, to_addrs=rcpts)
         except smtplib.SMTPRecipientsRefused as e:
             codes = [code for code, _ in e.recipients.values()]
