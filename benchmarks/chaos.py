@@ -35,9 +35,12 @@ delays, named points — repeat; the process interleaving does not) and one line
 *Fault to recovery* is the time from the fault until the pipeline next published an object in
 any buffer or archive folder, or until every run of the round finished, whichever came first.
 
-Exit status 0 when every count that must be 0 is 0, else 1. ``--no-fencing`` sets the
-test-only ``PACKHORSE_TEST_NO_FENCING=1`` (fencing tokens ignored, publication replaces): the
-harness must then report overwritten objects and fail.
+Exit status 0 when every count that must be 0 is 0, else 1. Every run loads the test-side
+hooks ``tests/fault_hooks.py`` (``PACKHORSE_HOOKS__MODULE``; packhorse itself has no test
+switch): the fault plan goes to them in ``PACKHORSE_TEST_FAULTS``. ``--no-fencing`` sets
+``PACKHORSE_TEST_NO_FENCING=1``, which makes them load the harness's own variant without
+fencing, ``tests/unfenced.py`` (fencing tokens ignored, publication replaces): the harness must
+then report overwritten objects and fail.
 
 Usage::
 
@@ -300,6 +303,8 @@ class Harness:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PACKHORSE_LOG_LEVEL": "ERROR"}
         env.pop("PACKHORSE_TEST_FAULTS", None)
         env.pop("PACKHORSE_TEST_NO_FENCING", None)
+        # the test-side hooks (packhorse.hooks): the fault plan below, or the variant without fencing
+        env["PACKHORSE_HOOKS__MODULE"] = str(REPO / "tests" / "fault_hooks.py")
         if hooks:
             env["PACKHORSE_TEST_FAULTS"] = json.dumps(hooks)
         if self.no_fencing:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,10 @@ import pytest
 from support import run_packhorse, write_site_config
 
 _CHAOS = Path(__file__).parent / "chaos"
+#: every packhorse process a test starts (and its worker processes) loads the test-side fault
+#: hooks (packhorse.hooks, ``[hooks] module``); they do nothing unless a test sets a plan
+HOOKS_MODULE = str(Path(__file__).parent / "fault_hooks.py")
+os.environ.setdefault("PACKHORSE_HOOKS__MODULE", HOOKS_MODULE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

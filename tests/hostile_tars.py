@@ -21,9 +21,11 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from packhorse.extraction import ExtractionLimits, extract_tar
+from packhorse.hooks import NO_HOOKS
 from packhorse.packaging import PayloadFile, write_bag_tar
 from packhorse.stages.staging import ArchiveCopy, extract_archive_copy
 from packhorse.stages.unpack import unpack_bundle
@@ -146,10 +148,12 @@ def make_parent(parent: Path) -> None:
 
 
 class FakeWork:
-    """What the stage functions ask of a claimed operation: lease checks and progress."""
+    """What the stage functions ask of a claimed operation: lease checks, progress, and the
+    context's (no-op) fault hooks."""
 
     def __init__(self) -> None:
         self.bytes = 0
+        self.ctx = SimpleNamespace(hooks=NO_HOOKS)
 
     def check(self) -> None:
         pass

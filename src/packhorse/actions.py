@@ -21,15 +21,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from . import audit
+from .context import ProcessContext
 from .db.models import Operation, RawDataPackage, utcnow
 from .domain import OperationKind, Status
-from .errors import PackhorseError, UnknownOperationError
+from .errors import UnknownOperationError, UnknownPackageError
 from .operations import ResetRefusedError, reset_failed
-from .context import ProcessContext
-
-
-class UnknownPackageError(PackhorseError, LookupError):
-    """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
 
 
 def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,

@@ -312,7 +312,10 @@ class SmtpConfig(_Section):
     ``recipients_by_level = {ERROR = ["oncall@..."]}`` replaces the list for that level.
     ``password_env`` is the *name* of the environment variable holding the password (the
     password itself is never in the file). ``ssl`` opens an implicit-TLS connection (port
-    465); ``starttls`` upgrades a plain one.
+    465); ``starttls`` upgrades a plain one. ``ca_file``: a PEM file of the certificate
+    authorities to trust instead of the system ones (a site's private CA); the server's
+    certificate and host name are always checked. ``timeout_seconds`` bounds every network
+    step (connect, each reply).
     """
 
     host: str = Field(min_length=1)
@@ -325,9 +328,15 @@ class SmtpConfig(_Section):
     recipients: list[str] = Field(default_factory=list)
     recipients_by_level: dict[Level, list[str]] = Field(default_factory=dict)
     timeout_seconds: float = Field(30.0, gt=0)
+    ca_file: Path | None = None
 
     @model_validator(mode="after")
     def _tls_choice(self) -> "SmtpConfig":
+        if self.ca_file is not None:
+            if not (self.ssl or self.starttls):
+                raise ValueError("ca_file is set but neither ssl nor starttls is: the certificate would never be checked")
+            if not self.ca_file.is_file():
+                raise ValueError(f"ca_file {str(self.ca_file)!r} is not a readable file")
         if self.ssl and self.starttls:
             raise ValueError("choose either ssl (implicit TLS) or starttls, not both")
         if self.username and not self.password_env:
@@ -348,6 +357,12 @@ class NotificationsConfig(_Section):
     (``retry_backoff_base_seconds`` doubling, capped at ``retry_backoff_max_seconds``), then
     the notification is a dead letter (``packhorse notifications --dead``).
     ``development_mode`` also notifies every retry (DEBUG) and marks subjects ``[DEV]``.
+
+    ``digest_gather_seconds``: a permanent failure's message waits this long for the other
+    failures of its root cause, which it then lists (one digest, not one message each).
+    ``until_idle_delivery_seconds``: how long ``run --until-idle`` spends delivering at its end
+    (what is not delivered by then stays in the outbox for ``packhorse notifier``).
+    ``stop_grace_seconds``: how long a stopping notifier lets a delivery in progress finish.
     """
 
     enabled: bool = True
@@ -362,6 +377,9 @@ class NotificationsConfig(_Section):
     poll_interval_seconds: float = Field(5.0, gt=0)
     lease_seconds: float = Field(120.0, gt=0)
     still_alive_interval_seconds: float = Field(86400.0, gt=0)
+    digest_gather_seconds: float = Field(30.0, ge=0)
+    until_idle_delivery_seconds: float = Field(10.0, gt=0)
+    stop_grace_seconds: float = Field(2.0, gt=0, le=4)
 
     @property
     def channels_configured(self) -> bool:
@@ -411,6 +429,19 @@ class ApiConfig(_Section):
     history_keep_days: float = Field(7.0, gt=0)
 
 
+class HooksConfig(_Section):
+    """``[hooks]``: a module of fault hooks, for tests and the chaos harness only.
+
+    ``module`` is a Python file path or a dotted module name that defines
+    ``make_hooks(settings) -> packhorse.hooks.Hooks``; every process that builds a stage
+    context loads it (so worker processes started by the local executor or by Celery get the
+    same hooks as the process that set it). Leave it unset in production: packhorse then runs
+    with :data:`packhorse.hooks.NO_HOOKS`, which does nothing (:mod:`packhorse.hooks`).
+    """
+
+    module: str | None = None
+
+
 class Settings(_Section):
     """The whole configuration. Build it with :func:`load_config` or :func:`settings_from_dict`."""
 
@@ -427,6 +458,7 @@ class Settings(_Section):
     notifications: NotificationsConfig = NotificationsConfig()
     disk_usage: DiskUsageConfig = DiskUsageConfig()
     api: ApiConfig = ApiConfig()
+    hooks: HooksConfig = HooksConfig()
     #: The folder relative paths were resolved against (not a TOML key).
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -574,7 +606,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
 
 
 ENV_SECTIONS = ("database", "executor", "packaging", "extraction", "managers", "recovery", "deletion", "notifications",
-                "disk_usage", "api")
+                "disk_usage", "api", "hooks")
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ A :class:`ProcessContext` is built once per process (after any fork: the local r
 processes, every Celery pool child, each CLI command) and handed to the managers, the stages,
 the pipeline and the services. It owns nothing but references: the settings, the database
 (one engine per process; DESIGN.md "Architecture"), the topology (name ↔ id maps of sites and
-data locations) and a cache of storage backends, one per data location.
+data locations), the process's fault hooks (:mod:`packhorse.hooks`; :data:`~packhorse.hooks.NO_HOOKS`
+in production) and a cache of storage backends, one layer stack per data location and use
+(:func:`packhorse.storage.registry.backend_for`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .config import Settings
 from .db.session import Database
+from .hooks import Hooks, hooks_for
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -28,24 +31,34 @@ class ProcessContext:
         settings: the validated configuration.
         db: the ops database of this process (never shared across a fork).
         topology: ids of the configured sites and data locations (:func:`packhorse.topology.sync_topology`).
+        hooks: fault hooks handed in by a test; by default those of ``[hooks] module``
+            (:func:`packhorse.hooks.hooks_for`), i.e. none in production.
     """
 
     settings: Settings
     db: Database
     topology: Topology
-    _backends: dict[str, "StorageBackend"] = field(default_factory=dict)
+    hooks: Hooks = None  # type: ignore[assignment]  # set in __post_init__
+    _backends: dict[tuple[str, bool], "StorageBackend"] = field(default_factory=dict)
 
-    def backend(self, location: str) -> "StorageBackend":
-        """The (cached) storage backend of data location ``location``.
+    def __post_init__(self) -> None:
+        if self.hooks is None:
+            self.hooks = hooks_for(self.settings)
+
+    def backend(self, location: str, *, fixity: bool = False) -> "StorageBackend":
+        """The (cached) storage backend of data location ``location``: the composed layer
+        stack of :func:`packhorse.storage.registry.backend_for`; ``fixity=True`` gives the
+        stack whose reads keep to the location's ``fixity_bytes_per_second``.
 
         Raises:
-            KeyError: ``location`` is not configured.
+            ConfigError: ``location`` is not configured, or its store is refused.
         """
-        b = self._backends.get(location)
+        b = self._backends.get((location, fixity))
         if b is None:
             from .storage.registry import backend_for
 
-            b = self._backends[location] = backend_for(self.settings, location, db=self.db)
+            b = self._backends[(location, fixity)] = backend_for(self.settings, location, db=self.db,
+                                                                hooks=self.hooks, fixity=fixity)
         return b
 
     def location_name(self, location_id: int | None) -> str:

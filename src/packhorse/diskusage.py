@@ -11,25 +11,22 @@ sample; the alert state then stays until usage falls below recovery (60 %), whic
 again). The deletion manager reads the latest sample (:func:`latest_usage`) to choose its
 order and retention (:mod:`packhorse.managers.deletions`).
 
-Where the numbers come from is a :data:`UsageProvider`: by default the file system
-(``os.statvfs`` of the location's root folder; a missing root is not measured — the folder it
-would be in may be another file system, e.g. an unmounted disk's mount point's parent). Tests set
-another one with :func:`set_usage_provider`, or — for a ``packhorse`` subprocess — point the
-environment variable ``PACKHORSE_TEST_DISK_USAGE`` at a JSON file
-``{"<location>": {"total": bytes, "used": bytes}}`` (read at every measurement; never set it in
-production).
+Where the numbers come from is a :data:`UsageProvider`: the file system (``os.statvfs`` of
+the location's root folder; a missing root is not measured — the folder it would be in may be
+another file system, e.g. an unmounted disk's mount point's parent), unless the caller passes
+another one, or the process's hooks (:meth:`packhorse.hooks.Hooks.disk_usage`, handed in by
+tests) supply one.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import delete, select
@@ -41,10 +38,10 @@ from .db.session import Database
 from .domain import DiskLevel, StorageType
 from .notify import messages
 
+if TYPE_CHECKING:
+    from .hooks import Hooks
+
 log = structlog.get_logger(__name__)
-
-TEST_ENV = "PACKHORSE_TEST_DISK_USAGE"
-
 
 @dataclass(frozen=True)
 class Usage:
@@ -86,34 +83,10 @@ def filesystem_usage(location: str, root: Path) -> Usage:
                  free=st.f_bavail * st.f_frsize)
 
 
-def _file_provider(path: str) -> UsageProvider:
-    def provider(location: str, root: Path) -> Usage:
-        figures = json.loads(Path(path).read_text(encoding="utf-8"))
-        if location not in figures:
-            return filesystem_usage(location, root)
-        f = figures[location]
-        total, used = int(f["total"]), int(f["used"])
-        return Usage(total=total, used=used, free=int(f.get("free", total - used)))
-
-    return provider
-
-
-_provider: UsageProvider | None = None
-
-
-def set_usage_provider(provider: UsageProvider | None) -> None:
-    """Use ``provider`` for every measurement in this process (``None``: back to the default)."""
-    global _provider
-    _provider = provider
-
-
-def current_provider() -> UsageProvider:
-    """The provider in effect: :func:`set_usage_provider`'s, the test file, or the file system."""
-    if _provider is not None:
-        return _provider
-    if os.environ.get(TEST_ENV):
-        return _file_provider(os.environ[TEST_ENV])
-    return filesystem_usage
+def provider_for(hooks: "Hooks | None") -> UsageProvider:
+    """The provider in effect: the hooks' (tests), else the file system's."""
+    provided = hooks.disk_usage() if hooks is not None else None
+    return provided if provided is not None else filesystem_usage
 
 
 def level_for(percent: float, cfg: DiskUsageConfig) -> DiskLevel:
@@ -181,8 +154,9 @@ def record_sample(db: Database, settings: Settings, location_id: int, name: str,
 
 
 def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
-                provider: UsageProvider | None = None) -> list[dict[str, Any]]:
-    """Measure and record every active disk location once.
+                provider: UsageProvider | None = None, *, hooks: "Hooks | None" = None) -> list[dict[str, Any]]:
+    """Measure and record every active disk location once, with ``provider`` (default:
+    :func:`provider_for` ``hooks``).
 
     A location that cannot be measured (folder unreadable, provider error) is logged and
     skipped; the others are still recorded.
@@ -190,7 +164,7 @@ def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
     Returns:
         one dict per recorded location (see :func:`sample_dict`).
     """
-    provider = provider or current_provider()
+    provider = provider or provider_for(hooks)
     out = []
     for name in monitored_locations(settings):
         try:
@@ -246,16 +220,18 @@ class DiskMonitor:
     """Measures every ``interval_seconds`` until stopped (a thread of ``packhorse run``, or the
     ``packhorse disk-monitor`` service)."""
 
-    def __init__(self, db: Database, settings: Settings, location_ids: dict[str, int]) -> None:
+    def __init__(self, db: Database, settings: Settings, location_ids: dict[str, int], *,
+                 hooks: "Hooks | None" = None) -> None:
         self.db = db
         self.settings = settings
         self.location_ids = location_ids
+        self.hooks = hooks
 
     def serve(self, stop: threading.Event) -> None:
         """Measure at once, then every interval, until ``stop`` is set; never dies on an error."""
         while not stop.is_set():
             try:
-                measure_all(self.db, self.settings, self.location_ids)
+                measure_all(self.db, self.settings, self.location_ids, hooks=self.hooks)
             except Exception as e:  # a database blip: the next interval tries again
                 log.error("disk_monitor_cycle_failed", error=repr(e))
             stop.wait(self.settings.disk_usage.interval_seconds)

@@ -12,19 +12,39 @@
     ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
     │                                  back as PENDING with ``not_before``, no retry counted
     ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
+    ├── UnknownPackageError            no package with this id or name (API 404, CLI exit 1)
+    ├── NothingToStageError            no archived package matches a staging request
+    ├── ResetRefusedError              a reset or retry refused: not FAILED, or COMPLETED
+    ├── RuntimeSettingError            an unknown runtime-setting key or a value it refuses
+    ├── TokenError                     an API token cannot be created or revoked
+    ├── ChannelError                   a notification channel did not accept a message
+    ├── EmptyReasonError               a bulk reset asked without a reason (also a ValueError)
+    ├── HistoryWindowError             a history window outside 1 minute … the maximum (ValueError)
+    ├── LocateQueryError               a locate query empty or too long (also a ValueError)
+    ├── BundledElsewhereError          a bundle's package was bundled by another manager first:
+    │                                  the bundling transaction rolls back (internal)
+    ├── ExtendedHeaderTooLargeError    a tar's extended header over the limit (also a tarfile
+    │                                  HeaderError; the tar reader turns it into UnsafePathError)
     └── OperationError                 a failure of one operation's work; carries where/why
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
         │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
-        │   └── SourceChangedError         the source no longer matches its registered sha256
+        │   ├── SourceChangedError         the source no longer matches its registered sha256
+        │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
             ├── StorageServiceError        an object store answered with an error or was unreachable
+            │   └── StorageBusyError       "try again now": a concurrent write in the way; retried
+            │                              at once by the storage retry layer
             ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
             │                              the partial file is already removed
-            └── RestoreRequiredError       a cold-storage object must be restored before reading
+            ├── RestoreRequiredError       a cold-storage object must be restored before reading
+            └── DeletionDeferredError      another operation still needs the copy; later
+
+Every exception class of packhorse is defined here (a test holds the package to it); the
+modules that raise them import them from here.
 
 Each :class:`OperationError` carries the where/why fields of the error context
 (``step``, ``side``, ``path``, ``host``, ``diagnosis``) at the boundary where it is raised,
@@ -32,6 +52,8 @@ and ``is_retryable`` so the single failure path can classify it.
 """
 
 from __future__ import annotations
+
+import tarfile
 
 
 class PackhorseError(Exception):
@@ -66,6 +88,67 @@ class UnknownOperationError(PackhorseError, LookupError):
     Raised by the admin actions of :mod:`packhorse.recovery.breakers` (``breaker reset``,
     ``retry``); the CLI exits 1, the API answers 404.
     """
+
+
+class UnknownPackageError(PackhorseError, LookupError):
+    """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
+
+
+class NothingToStageError(PackhorseError, LookupError):
+    """No archived raw data package matches the requested name (``packhorse stage``)."""
+
+
+class ResetRefusedError(PackhorseError):
+    """The operation cannot be reset: unknown id, another kind, or not FAILED (reset); it is
+    COMPLETED (retry)."""
+
+
+class RuntimeSettingError(PackhorseError):
+    """An unknown runtime-setting key or a value it does not accept (the message names both)."""
+
+
+class TokenError(PackhorseError):
+    """A token cannot be created or revoked (duplicate name, unknown role, unknown token)."""
+
+
+class ChannelError(PackhorseError):
+    """A channel could not deliver a message (server down, refused, bad credentials, …).
+
+    Args:
+        message: what failed, naming the server (never a password or token).
+        permanent: a retry cannot help (an SMTP 5xx reply: relaying denied, login refused,
+            recipient unknown): the notifier dead-letters the notification at once. Otherwise
+            (an SMTP 4xx reply, a network error or timeout) it retries with backoff, then
+            dead-letters it.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class EmptyReasonError(PackhorseError, ValueError):
+    """A bulk reset was asked without a reason (HTTP 422, CLI exit 2)."""
+
+
+class HistoryWindowError(PackhorseError, ValueError):
+    """The requested window is not between 1 minute and
+    :data:`packhorse.history.MAX_WINDOW_MINUTES`."""
+
+
+class LocateQueryError(PackhorseError, ValueError):
+    """The query is empty or too long (HTTP 422, CLI exit 2)."""
+
+
+class BundledElsewhereError(PackhorseError):
+    """A package of a bundle being made was bundled by another manager first: raised inside the
+    bundling transaction so that it rolls back (:mod:`packhorse.managers.bundles`)."""
+
+
+class ExtendedHeaderTooLargeError(PackhorseError, tarfile.HeaderError):
+    """A tar member's extended (PAX or GNU) header is larger than
+    :data:`packhorse.extraction.MAX_HEADER_BYTES`; raised before it is read
+    (:mod:`packhorse.extraction` reports it as a refused member)."""
 
 
 class OperationError(PackhorseError):
@@ -135,6 +218,10 @@ class SourceChangedError(PermanentError):
     """A source file's size or sha256 differs from what was registered at scan time."""
 
 
+class DeletionNotSafeError(PermanentError):
+    """The deletion rule (I1) does not hold for this copy right now; nothing was deleted."""
+
+
 class VerificationError(RetryableError):
     """Bytes read back at the destination do not match the expected sha256 (DESIGN.md I4)."""
 
@@ -148,6 +235,17 @@ class StorageServiceError(RetryableError):
 
     The message names the location, bucket and key and the service's error code; credentials
     never appear in it.
+    """
+
+
+class StorageBusyError(StorageServiceError):
+    """The store could not do it *now* but will in a moment: a concurrent conditional write to
+    the same key is in progress (S3 ``409 ConditionalRequestConflict``), or a concurrent
+    deletion pruned the folder a write was starting in (disk).
+
+    Retried a few times at once by :class:`packhorse.storage.layers.RetryLayer` (the only
+    retry loop of the storage stack); a :meth:`~packhorse.storage.base.PendingWrite.publish`
+    that raises it leaves the pending write intact, so publishing can be tried again.
     """
 
 
@@ -166,6 +264,11 @@ class RestoreRequiredError(RetryableError):
     Stages that read from cold locations request the restore and wait for it without holding
     a worker; reaching this error elsewhere means a read was attempted too early.
     """
+
+
+class DeletionDeferredError(RetryableError):
+    """Another operation still needs this copy (e.g. a transfer waiting between retries);
+    nothing was deleted and the deletion is tried again later."""
 
 
 class OperationDeferred(PackhorseError):

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from .errors import UnsafePathError, VerificationError
+from .errors import ExtendedHeaderTooLargeError, UnsafePathError, VerificationError
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -165,10 +165,6 @@ def refused(source: str, name: str, reason: str, *, step: str = "extract") -> Un
 MAX_HEADER_BYTES = 1 << 20
 
 
-class _HeaderTooLarge(tarfile.HeaderError):
-    pass
-
-
 class _BoundedTarInfo(tarfile.TarInfo):
     """A :class:`tarfile.TarInfo` that refuses extended headers above :data:`MAX_HEADER_BYTES`
     before reading them (tarfile would hold a header of any declared size in memory)."""
@@ -178,7 +174,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
 
     def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
         if self.type in self._EXTENDED and self.size > MAX_HEADER_BYTES:
-            raise _HeaderTooLarge(f"has an extended header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
+            raise ExtendedHeaderTooLargeError(f"has an extended header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
         return super()._proc_member(tarfile_)  # type: ignore[misc]
 
 
@@ -197,7 +193,7 @@ def open_tar(fileobj: BinaryIO, *, source: str) -> tarfile.TarFile:
             return tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_BoundedTarInfo)
         return tarfile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFSIZE,  # type: ignore[call-overload]
                             tarinfo=_BoundedTarInfo)
-    except _HeaderTooLarge as e:
+    except ExtendedHeaderTooLargeError as e:
         raise refused(source, "(the first member)", str(e)) from None
     except tarfile.TarError as e:
         raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
@@ -313,7 +309,7 @@ def members_of(
         at = tar.offset
         try:
             member = tar.next()
-        except _HeaderTooLarge as e:
+        except ExtendedHeaderTooLargeError as e:
             raise refused(source, f"(the member at byte {at})", str(e), step=step) from None
         if member is None:
             return

@@ -23,6 +23,7 @@ from . import audit
 from .context import ProcessContext
 from .db.models import FailureEvent, Operation
 from .domain import OperationKind, Status
+from .errors import EmptyReasonError
 from .operations import ResetRefusedError, reset_failed
 from .overview import package_and_location
 
@@ -31,10 +32,6 @@ MAX_FAILED = 10000
 #: At most this many operations are listed per group (the count is always complete).
 MAX_LISTED = 200
 UNKNOWN = "unknown"
-
-
-class EmptyReasonError(ValueError):
-    """A bulk reset was asked without a reason (HTTP 422, CLI exit 2)."""
 
 
 def _failed(session: Session, kind: OperationKind | None = None) -> tuple[list[dict[str, Any]], bool]:

@@ -3,8 +3,9 @@
 One set of rules, used by the ``fixity_check`` stage (the standing audit) and by
 ``packhorse verify`` alike:
 
-* :func:`check_copy` re-reads one copy through its backend (rate limited per location by a
-  :class:`RateLimiter`, bytes per second) and returns a :class:`Finding`: ``ok``, ``missing``
+* :func:`check_copy` re-reads one copy through its backend (callers hand in the location's
+  fixity stack, ``ctx.backend(location, fixity=True)``, whose read-rate layer keeps to
+  ``fixity_bytes_per_second``; :mod:`packhorse.storage.layers`) and returns a :class:`Finding`: ``ok``, ``missing``
   (no object) or ``corrupt`` (other size or sha256).
 * :func:`record_findings` writes what was found, in the caller's transaction: ``ok`` copies
   get a fresh ``verified_at``; a bad copy is marked ``missing`` / ``corrupt`` and an ERROR
@@ -19,7 +20,6 @@ job: :mod:`packhorse.stages.fixity`.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,27 +31,12 @@ from .db.models import DataLocation, PhysicalCopy, utcnow
 from .domain import CopyStatus, NotificationLevel, OperationKind
 from .errors import SourceMissingError, UnsafePathError
 from .notify.outbox import enqueue
-from .ratelimit import RateLimiter
 from .storage.base import CHUNK_BYTES, StorageBackend
 
 if TYPE_CHECKING:
     from .context import ProcessContext
 
 OK, MISSING, CORRUPT = "ok", CopyStatus.MISSING.value, CopyStatus.CORRUPT.value
-
-
-_limiters: dict[str, RateLimiter] = {}
-_limiters_lock = threading.Lock()
-
-
-def limiter_for(ctx: "ProcessContext", location: str) -> RateLimiter:
-    """The process-wide :class:`RateLimiter` of ``location`` (``fixity_bytes_per_second``)."""
-    with _limiters_lock:
-        lim = _limiters.get(location)
-        rate = ctx.settings.location(location).fixity_bytes_per_second
-        if lim is None or lim.rate != rate:
-            lim = _limiters[location] = RateLimiter(rate)
-        return lim
 
 
 @dataclass
@@ -77,11 +62,11 @@ class Finding:
 
 
 def check_copy(backend: StorageBackend, copy: PhysicalCopy | Any, location: str, *,
-               limiter: RateLimiter | None = None, on_bytes: Callable[[int], None] | None = None) -> Finding:
+               on_bytes: Callable[[int], None] | None = None) -> Finding:
     """Re-read ``copy`` (a :class:`PhysicalCopy` or a row with the same fields) through
     ``backend`` and compare size and sha256 (never an ETag or mtime; I4).
 
-    ``limiter`` throttles the read (bytes/s); ``on_bytes(n)`` is called per block read
+    The read keeps to whatever rate ``backend``'s layers hold it to; ``on_bytes(n)`` is called per block read
     (progress, lease checks). A key that cannot be read safely (I6) counts as missing.
     """
     f = Finding(copy.id, location, copy.path, copy.size, copy.sha256, OK,
@@ -105,8 +90,6 @@ def check_copy(backend: StorageBackend, copy: PhysicalCopy | Any, location: str,
             block = stream.read(CHUNK_BYTES)
             if not block:
                 break
-            if limiter is not None:
-                limiter.take(len(block))
             h.update(block)
             if on_bytes is not None:
                 on_bytes(len(block))

@@ -43,6 +43,7 @@ from .db.models import (
 )
 from .db.session import Database
 from .domain import OperationKind, Status
+from .errors import HistoryWindowError
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -54,10 +55,6 @@ MAX_WINDOW_MINUTES = 7 * 24 * 60
 #: At most this many points per series (the grid's step grows with the window).
 MAX_POINTS = 600
 _WAITING = (Status.PENDING.value, Status.SCHEDULED.value)
-
-
-class HistoryWindowError(ValueError):
-    """The requested window is not between 1 minute and :data:`MAX_WINDOW_MINUTES`."""
 
 
 def interval_start(t: dt.datetime, interval_seconds: float) -> dt.datetime:

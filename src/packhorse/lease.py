@@ -24,7 +24,6 @@ import time
 
 import structlog
 
-from . import faults
 from .db.session import Database
 from .errors import LeaseLostError
 from .operations import Claim, heartbeat
@@ -132,8 +131,6 @@ class LeaseKeeper:
 
     def check(self) -> None:
         """Raise :class:`LeaseLostError` if the work must stop (see module docstring)."""
-        if faults.fencing_disabled():  # test-only switch of the chaos harness
-            return
         if self._lost:
             raise LeaseLostError(f"operation {self.claim.operation_id}: {self._lost}")
         silent = time.monotonic() - self._last_renewal

@@ -44,6 +44,7 @@ from .db.models import (
     Site,
 )
 from .domain import LocationRole, OperationKind, Status
+from .errors import LocateQueryError
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -64,10 +65,6 @@ DONE_EVENT = {
     OperationKind.DELETION.value: "deleted",
     OperationKind.FIXITY_CHECK.value: "fixity checked",
 }
-
-
-class LocateQueryError(ValueError):
-    """The query is empty or too long (HTTP 422, CLI exit 2)."""
 
 
 def _iso(t: dt.datetime | None) -> str | None:

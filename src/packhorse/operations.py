@@ -6,9 +6,14 @@
   destination): managers may call it every cycle.
 * :func:`claim` moves a ``PENDING``/``SCHEDULED`` operation to ``IN_PROGRESS``, increments
   ``attempt`` — the **fencing token** — and grants a lease until ``lease_expires_at``.
-* :func:`heartbeat`, :func:`complete_in` and :func:`record_failure` are compare-and-set on
-  ``(id, attempt, status = IN_PROGRESS)``: a stale attempt's writes change nothing (I3); its
-  failure is still appended as a failure event.
+* :func:`heartbeat`, :func:`complete_in`, :func:`defer` and :func:`record_failure` are
+  compare-and-set on :func:`fenced` — ``(id, attempt, status = IN_PROGRESS)`` —, the one
+  fencing predicate: a stale attempt's writes change nothing (I3); its failure is still
+  appended as a failure event. The status writes of other modules go through it too: the
+  stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`) and the Celery
+  dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``). A claim is guarded
+  by the operation being runnable (it creates the new token); :func:`reset_failed` by the
+  status ``FAILED``.
 * expired leases are handed back by the stalled-task monitor
   (:mod:`packhorse.recovery.monitor`, with circuit breakers), lost dispatches by the
   reconciler (:mod:`packhorse.recovery.reconciler`).
@@ -25,14 +30,14 @@ import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database, insert_ignoring_conflicts
-from .domain import NotificationLevel, OperationKind, Status
-from .notify.outbox import enqueue, render_error_context
+from .domain import OperationKind, Status
+from .errors import ResetRefusedError
 
 #: Exceptions that no retry can fix (issue #3, layer 1).
 PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
@@ -155,12 +160,24 @@ _CLAIM_BELOW = (update(_OPS).where(*_RUNNABLE, _OPS.c.attempt < bindparam("min_a
                 .values(**_CLAIM_VALUES).returning(*_OPS.c))
 _COMPLETE_VALUES = dict(status=Status.COMPLETED.value, finished_at=bindparam("now"), updated_at=bindparam("now"),
                         lease_owner=None, lease_expires_at=None, error_context=None)
-_COMPLETE_WHERE = (_OPS.c.id == bindparam("op_id"), _OPS.c.status == Status.IN_PROGRESS.value)
-#: by (fenced, bytes counted); unfenced only under the chaos harness's test switch (_token_is)
-_COMPLETE = {(fenced, counted): update(_OPS).where(
-                 *_COMPLETE_WHERE, _OPS.c.attempt == bindparam("token") if fenced else _OPS.c.attempt >= 0)
-             .values(**_COMPLETE_VALUES, **({"bytes_done": bindparam("counted")} if counted else {}))
-             for fenced in (False, True) for counted in (False, True)}
+
+
+def fenced(operation_id: Any, attempt: Any, status: Status = Status.IN_PROGRESS) -> ColumnElement[bool]:
+    """The fencing predicate (DESIGN.md I3, "Lease"): the row is operation ``operation_id``,
+    still at fencing token ``attempt`` and in ``status``. Every status write of an attempt is a
+    compare-and-set on it, so a stale attempt (its token superseded by a newer claim) changes
+    nothing. ``operation_id`` / ``attempt`` are values or bound parameters."""
+    return and_(_OPS.c.id == operation_id, _OPS.c.attempt == attempt, _OPS.c.status == status.value)
+
+
+def _complete_statements() -> dict[bool, Any]:
+    """The completion statements, by "bytes counted" (built once: they run inside the write lock)."""
+    return {counted: update(_OPS).where(fenced(bindparam("op_id"), bindparam("token")))
+            .values(**_COMPLETE_VALUES, **({"bytes_done": bindparam("counted")} if counted else {}))
+            for counted in (False, True)}
+
+
+_COMPLETE = _complete_statements()
 
 
 def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
@@ -219,16 +236,6 @@ def claim_many(db: Database, operation_ids: list[int], owner: str, lease_seconds
     return db.transact(tx)
 
 
-def _token_is(claim: Claim) -> Any:
-    """The fencing condition ``attempt = claim.attempt`` (always true only under the test-only
-    ``PACKHORSE_TEST_NO_FENCING`` switch of the chaos harness, :mod:`packhorse.faults`)."""
-    from . import faults
-
-    if faults.fencing_disabled():
-        return Operation.attempt >= 0
-    return Operation.attempt == claim.attempt
-
-
 def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int | None = None) -> bool:
     """Renew the lease of ``claim`` (fenced). Returns ``False`` if the token is no longer current."""
 
@@ -239,7 +246,7 @@ def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int 
             values["bytes_done"] = bytes_done
         res = s.execute(
             update(Operation)
-            .where(Operation.id == claim.operation_id, _token_is(claim), Operation.status == Status.IN_PROGRESS.value)
+            .where(fenced(claim.operation_id, claim.attempt))
             .values(**values)
         )
         return res.rowcount == 1
@@ -253,12 +260,10 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
     Returns ``False`` if the attempt is stale; the caller must then roll back whatever else it
     wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`).
     """
-    from . import faults
-
     params: dict[str, Any] = dict(op_id=claim.operation_id, now=utcnow(), token=claim.attempt)
     if bytes_done is not None:
         params["counted"] = bytes_done
-    stmt = _COMPLETE[(not faults.fencing_disabled(), bytes_done is not None)]
+    stmt = _COMPLETE[bytes_done is not None]
     res = session.connection().execute(stmt, params)
     return res.rowcount == 1
 
@@ -272,8 +277,7 @@ def defer(db: Database, claim: Claim, seconds: float) -> bool:
         now = utcnow()
         res = s.execute(
             update(Operation)
-            .where(Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
-                   Operation.status == Status.IN_PROGRESS.value)
+            .where(fenced(claim.operation_id, claim.attempt))
             .values(status=Status.PENDING.value, not_before=now + dt.timedelta(seconds=seconds), updated_at=now,
                     lease_owner=None, lease_expires_at=None)
         )
@@ -380,6 +384,7 @@ def record_failure(
     backoff_max: float,
     operation_info: dict[str, Any] | None = None,
     notification_cooldown_seconds: float = 3600.0,
+    notification_gather_seconds: float = 0.0,
     notify_retries: bool = False,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, diagnose a permanent failure that has no
@@ -390,7 +395,9 @@ def record_failure(
     ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
     and queues an ERROR notification ("Permanent failure: <kind> <id>") in the same
     transaction (I1: every FAILED operation has an error context, a failure event and a
-    notification). With ``notify_retries`` (``[notifications] development_mode``) a retry
+    notification); failures of one root cause within ``notification_cooldown_seconds`` share
+    one message, which waits ``notification_gather_seconds`` for them
+    (:func:`packhorse.notify.messages.operation_failed`). With ``notify_retries`` (``[notifications] development_mode``) a retry
     queues a DEBUG "Retry: <kind> <id>" notification too (issue #7).
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
@@ -399,7 +406,9 @@ def record_failure(
     will_retry = not stale and is_retryable(exc, op.retry_count, op.max_retries)
     auto = None
     if not will_retry and not getattr(exc, "diagnosis", None):
-        from .recovery.diagnosis import safe_diagnose  # never raises: a failing diagnoser blocks nothing
+        from .recovery.diagnosis import (
+            safe_diagnose,  # never raises: a failing diagnoser blocks nothing
+        )
 
         auto = safe_diagnose(db, claim.operation_id, exc)
     ctx = build_error_context(exc, kind=claim.kind, operation_id=claim.operation_id, task_id=
@@ -409,8 +418,7 @@ def record_failure(
 
     def tx(s: Session) -> Status | None:
         now = utcnow()
-        where = (Operation.id == claim.operation_id, Operation.attempt == claim.attempt,
-                 Operation.status == Status.IN_PROGRESS.value)
+        where = (fenced(claim.operation_id, claim.attempt),)
         if will_retry:
             values: dict[str, Any] = dict(
                 status=Status.PENDING.value, retry_count=Operation.retry_count + 1, error_context=None,
@@ -426,11 +434,10 @@ def record_failure(
         if res.rowcount != 1:
             return None
         if new is Status.FAILED:
-            event, subject = HUMAN_NOTIFICATIONS[Status.FAILED]
-            enqueue(s, level=NotificationLevel.ERROR, event=event,
-                    subject=subject.format(kind=claim.kind.value, id=claim.operation_id),
-                    body=render_error_context(ctx), context=ctx, operation_kind=claim.kind.value,
-                    operation_id=claim.operation_id, cooldown_seconds=notification_cooldown_seconds)
+            from .notify.messages import operation_failed
+
+            operation_failed(s, ctx, cooldown_seconds=notification_cooldown_seconds,
+                             gather_seconds=notification_gather_seconds)
         elif notify_retries:
             from .notify.messages import operation_retry
 
@@ -448,10 +455,6 @@ def counts_by_kind_status(session: Session) -> dict[str, dict[str, int]]:
     ):
         out.setdefault(kind, {})[status] = n
     return out
-
-
-class ResetRefusedError(Exception):
-    """The operation cannot be reset: unknown id, another kind, or not FAILED."""
 
 
 def reset_failed(db: Database, kind: OperationKind, operation_id: int | None = None) -> list[int]:

@@ -59,7 +59,6 @@ import structlog
 from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.engine import Connection
 
-from . import faults
 from .context import ProcessContext
 from .db.models import Operation, utcnow
 from .domain import LocationRole, OperationKind, Status, StorageType
@@ -194,7 +193,7 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
         n = step.manage(ctx, inp, out)
         out.created[step.name] = n
         if step.name == "package":
-            faults.hit("manager.cycle")  # test-only: a database error in the middle of a cycle
+            ctx.hooks.hit("manager.cycle")  # hooks: e.g. a database error in the middle of a cycle
         if after_step is not None:
             after_step(step.name, n)
     return out
@@ -312,8 +311,6 @@ def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None)
     Returns:
         how many partial writes were removed.
     """
-    if faults.fencing_disabled():  # test-only switch: stale writers' partials stay
-        return 0
     removed = 0
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE or not loc.active or (sites is not None and loc.site not in sites):

@@ -1,9 +1,9 @@
 """Rate limits on bytes: a token bucket and a reader that keeps to one.
 
 Used by the fixity audit (``locations[].fixity_bytes_per_second``) and by transfers
-(``routes[].bandwidth_limit_bytes_per_second``). The reader is the whole of the transfer
-limit, so a storage layer can host it unchanged: :class:`ThrottledReads` wraps a backend's
-``open_read``.
+(``routes[].bandwidth_limit_bytes_per_second``). The reader is the whole of a limit; the
+storage stack's read-rate layer (:class:`packhorse.storage.layers.ReadRateLayer`) hands it out
+from ``open_read``.
 """
 
 from __future__ import annotations
@@ -94,19 +94,3 @@ class ThrottledReader:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
-
-
-class ThrottledReads:
-    """A storage backend whose ``open_read`` returns :class:`ThrottledReader` objects; every
-    other attribute is the wrapped backend's (stat, sha256, open_write … are not limited)."""
-
-    def __init__(self, backend: Any, limiter: RateLimiter, on_read: Callable[[], None] | None = None) -> None:
-        self._backend = backend
-        self._limiter = limiter
-        self._on_read = on_read
-
-    def open_read(self, key: str) -> ThrottledReader:
-        return ThrottledReader(self._backend.open_read(key), self._limiter, self._on_read)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)

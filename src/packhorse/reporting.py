@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from .context import ProcessContext
 from .db.models import (
     DataLocation,
     Operation,
@@ -21,7 +22,6 @@ from .db.models import (
 )
 from .domain import CopyStatus, LocationRole, Status
 from .operations import counts_by_kind_status
-from .context import ProcessContext
 
 
 def failed_operations(session: Session) -> list[dict[str, Any]]:
@@ -106,7 +106,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
     not recorded: that is not evidence about the copy.
     """
-    from .fixity import check_copy, limiter_for, record_findings
+    from .fixity import check_copy, record_findings
 
     def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
         q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
@@ -122,13 +122,13 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     findings = []
     for copy, loc in rows:
         try:
-            backend = ctx.backend(loc)
+            backend = ctx.backend(loc, fixity=True)
             if backend.cold and backend.stat(copy.path) is not None and not backend.restore_ready(copy.path):
                 backend.request_restore(copy.path)  # verify cannot wait; the audit (or a later verify) reads it
                 report["awaiting_restore"].append({"location": loc, "path": copy.path})
                 continue
             report["checked"] += 1
-            f = check_copy(backend, copy, loc, limiter=limiter_for(ctx, loc))
+            f = check_copy(backend, copy, loc)
         except Exception as e:  # unknown location, unreachable store: a problem, but not a finding
             report["missing"].append({"location": loc, "path": copy.path, "error": str(e)})
             continue

@@ -28,13 +28,9 @@ from . import audit
 from .config import Settings
 from .db.models import RuntimeSetting, utcnow
 from .db.session import Database
-from .errors import PackhorseError
+from .errors import RuntimeSettingError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-class RuntimeSettingError(PackhorseError):
-    """An unknown runtime-setting key or a value it does not accept (the message names both)."""
 
 
 @dataclass(frozen=True)

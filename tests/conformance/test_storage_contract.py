@@ -5,7 +5,12 @@ only use the backend interface plus the harness' medium-level hooks (count lefto
 writes, corrupt a stored object behind the backend's back). Backends: ``disk``; ``s3``
 (moto's S3 server over HTTP on loopback, conditional creates); ``s3-leased`` (the same
 server with ``write_once_probe = false``: per-object leases in a SQLite ops database and a
-check before every write). Disk-only and S3-only checks are at the end.
+check before every write); ``memory`` (the in-memory backend of unit tests,
+``tests/memory_backend.py``); and each of these as the composed layer stack packhorse runs
+(``<backend>+stack``: logging, retry, read rate and a fault layer, composed by
+:func:`packhorse.storage.registry.compose`). Every harness is also run as a cold store
+(:class:`memory_backend.ColdLayer`: restore requested, then readable). Disk-only and S3-only
+checks are at the end.
 """
 
 from __future__ import annotations
@@ -14,15 +19,27 @@ import gc
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fault_hooks import FaultPlan
+from memory_backend import ColdLayer, MemoryBackend
 
-from packhorse.errors import DestinationConflictError, SourceMissingError, UnsafePathError, VerificationError
+from packhorse.errors import (
+    DestinationConflictError,
+    RestoreRequiredError,
+    SourceMissingError,
+    StorageBusyError,
+    UnsafePathError,
+    VerificationError,
+)
 from packhorse.storage.base import PARTIAL_SUFFIX, StorageBackend
 from packhorse.storage.disk import DiskBackend
+from packhorse.storage.layers import Layer
+from packhorse.storage.registry import compose
 
 
 @dataclass
@@ -92,10 +109,28 @@ def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
     return Harness(backend, count_partials, corrupt, partials_on_medium=False)
 
 
-HARNESSES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
+def _memory() -> Harness:
+    backend = MemoryBackend("loc")
+    return Harness(backend, lambda: 0, backend.corrupt, partials_on_medium=False)
+
+
+def _stacked(inner: Harness) -> Harness:
+    """The backend as packhorse runs it: every layer of compose(), a fault layer innermost."""
+    stack = compose(inner.backend, hooks=FaultPlan([]), read_bytes_per_second=1e12)
+    assert isinstance(stack, Layer) and stack.layers() == ["LoggingLayer", "RetryLayer", "ReadRateLayer",
+                                                          "FaultLayer", type(inner.backend).__name__]
+    return Harness(stack, inner.count_partials, inner.corrupt, inner.partials_on_medium)
+
+
+_BASES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
     "disk": lambda request, tmp_path: _disk(tmp_path),
     "s3": lambda request, tmp_path: _s3_harness(request, leased=False),
     "s3-leased": lambda request, tmp_path: _s3_harness(request, leased=True),
+    "memory": lambda request, tmp_path: _memory(),
+}
+HARNESSES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
+    **_BASES,
+    **{f"{name}+stack": (lambda request, tmp_path, f=f: _stacked(f(request, tmp_path))) for name, f in _BASES.items()},
 }
 
 
@@ -406,6 +441,36 @@ def test_unsafe_keys_are_refused(harness: Harness, tmp_path: Path, key: str) -> 
 # ---------------------------------------------------------------------------- disk-only
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_cold_store_needs_a_restore_before_reading(harness: Harness) -> None:
+    clock = FakeClock()
+    warm = harness.backend
+    put(warm, "raw/cold.tar", b"archived long ago")  # written before the location went cold
+    cold = ColdLayer(warm, restore_seconds=60, clock=clock)
+    assert cold.cold and cold.stat("raw/cold.tar") is not None  # listed and stat-able, not readable
+    assert not cold.restore_ready("raw/cold.tar")
+    with pytest.raises(RestoreRequiredError, match="'raw/cold.tar'"):
+        cold.open_read("raw/cold.tar")
+    cold.request_restore("raw/cold.tar")
+    cold.request_restore("raw/cold.tar")  # idempotent: the first request's time counts
+    clock.now += 59
+    assert not cold.restore_ready("raw/cold.tar")
+    clock.now += 1
+    assert cold.restore_ready("raw/cold.tar") and get(cold, "raw/cold.tar") == b"archived long ago"
+    assert cold.sha256("raw/cold.tar") == sha(b"archived long ago")
+    with pytest.raises(SourceMissingError):
+        cold.request_restore("raw/never-there.tar")
+    r = put(cold, "raw/new.tar", b"just published")  # the hot tier: readable for the verification
+    assert not r.already_there and get(cold, "raw/new.tar") == b"just published"
+
+
 @pytest.fixture
 def disk(tmp_path: Path) -> DiskBackend:
     return DiskBackend("loc", tmp_path / "root")
@@ -517,7 +582,51 @@ def test_disk_open_write_survives_a_concurrent_prune_of_its_folder(disk: DiskBac
         return path
 
     monkeypatch.setattr(DiskBackend, "_path", racing_path)
-    with disk.open_write("raw/inst/obs.tar") as w:
+    with pytest.raises(StorageBusyError, match="'raw/inst/obs.tar'"):  # the backend says "try again"
+        disk.open_write("raw/inst/obs.tar")
+    pruned.clear()
+    pauses: list[float] = []
+    stack = compose(disk, sleep=pauses.append)  # ... and the retry layer of the composed stack does
+    with stack.open_write("raw/inst/obs.tar") as w:
         w.write(b"payload")
         w.publish()
-    assert pruned and disk.open_read("raw/inst/obs.tar").read() == b"payload"
+    assert pruned and pauses == [0.05] and stack.open_read("raw/inst/obs.tar").read() == b"payload"
+
+
+def test_disk_folder_is_invisible_until_published_and_never_replaced(disk: DiskBackend) -> None:
+    with disk.open_folder_write("staged/inst/obs") as pending:
+        bag = pending.path / "obs-bag"
+        (bag / "data").mkdir(parents=True)
+        (bag / "data" / "a.dat").write_bytes(b"payload")
+        assert disk.folder("staged/inst/obs") is None and keys(disk) == []  # partial folders are not listed
+        assert pending.publish(bag) is True
+    published = disk.folder("staged/inst/obs")
+    assert published is not None and (published / "data" / "a.dat").read_bytes() == b"payload"
+    assert keys(disk) == ["staged/inst/obs/data/a.dat"]
+    with disk.open_folder_write("staged/inst/obs") as second:  # a concurrent attempt's folder
+        (second.path / "data").mkdir()
+        (second.path / "data" / "a.dat").write_bytes(b"other")
+        assert second.publish() is False  # the key was taken: nothing replaced
+    assert (published / "data" / "a.dat").read_bytes() == b"payload"
+    assert [p.name for p in published.parent.iterdir()] == ["obs"]  # both partial folders are gone
+
+
+def test_disk_partial_folder_is_removed_by_abort_and_by_cleanup(disk: DiskBackend) -> None:
+    with disk.open_folder_write("staged/a") as pending:
+        (pending.path / "f").write_bytes(b"x")
+    assert not pending.path.exists()  # left without publishing
+    crashed = disk.open_folder_write("staged/b")  # a crashed extraction
+    (crashed.path / "deep").mkdir()
+    (crashed.path / "deep" / "f").write_bytes(b"x")
+    assert disk.cleanup_partials(3600) == 0 and crashed.path.exists()  # young: an extraction may still run
+    old = time.time() - 7200
+    for p in (crashed.path / "deep" / "f", crashed.path / "deep", crashed.path):
+        os.utime(p, (old, old))
+    assert disk.cleanup_partials(3600) == 1 and not crashed.path.exists()
+    with pytest.raises(UnsafePathError):
+        disk.open_folder_write("../outside")
+    with pytest.raises(UnsafePathError, match="not inside the partial folder"):
+        disk.open_folder_write("staged/c").publish(disk.root)
+    put(disk, "staged/file", b"a file")
+    with pytest.raises(UnsafePathError, match="not a folder"):
+        disk.folder("staged/file")

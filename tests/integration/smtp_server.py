@@ -105,3 +105,34 @@ def smtp_settings(port: int, **notifications: Any) -> dict[str, Any]:
             "recipients": ["ops@example.org"], "timeout_seconds": 5, **notifications.pop("smtp", {})}
     return {"retry_backoff_base_seconds": 0.05, "retry_backoff_max_seconds": 0.1, "poll_interval_seconds": 0.1,
             **notifications, "smtp": smtp}
+
+
+class SilentServer:
+    """A mail server that is "down" the slow way: it accepts TCP connections on loopback and
+    never says a word (no greeting), so a client waits for its full timeout. ``accepted``
+    counts the connections."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.conns: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self.accepted += 1
+
+    def close(self) -> None:
+        self._stop = True
+        for c in self.conns:
+            c.close()
+        self.sock.close()

@@ -64,3 +64,18 @@ def test_enospc_at_the_final_flush_also_removes_the_partial_file(tmp_path: Path)
             w.publish()
         assert not [p for p in root.rglob("*") if p.name.endswith(PARTIAL_SUFFIX)]
         assert backend.stat("raw/x.tar") is None
+
+
+def test_an_s3_upload_whose_local_spool_fills_up_frees_it_and_names_location_and_key(tmp_path: Path) -> None:
+    from packhorse.storage.s3 import S3Backend
+
+    with mount_tmpfs(tmp_path / "spool", 2) as spool:
+        # nothing reaches the store: the spool fills before publish (no client needed)
+        backend = S3Backend("cologne-s3", None, "bucket", "lta", multipart_threshold_bytes=1, spool_dir=str(spool))
+        w = backend.open_write("raw/cam/obs1.tar")
+        with pytest.raises(DestinationWriteError) as err:
+            with w:
+                for _ in range(4):
+                    w.write(os.urandom(MiB))
+        assert "cologne-s3" in str(err.value) and "'raw/cam/obs1.tar'" in str(err.value)
+        assert df_percent(spool) < 5

@@ -94,14 +94,23 @@ def test_server_down_is_retried_and_delivered_when_it_comes_back(empty_db: Datab
     assert (row.status, row.attempts, row.last_error) == ("sent", 2, None)
 
 
-def test_permanently_failing_delivery_becomes_a_dead_letter_after_five_retries(
-        empty_db: Database, smtp_server: SmtpServer, tmp_path: Path) -> None:
-    smtp_server.inbox.reject_with = "554 5.7.1 relaying denied"
+def test_a_4xx_reply_is_retried_five_times_then_dead_lettered(empty_db: Database, smtp_server: SmtpServer) -> None:
+    smtp_server.inbox.reject_with = "451 4.3.0 mailbox busy, try later"
     settings = settings_from_dict({"notifications": notif_config(smtp_server.port)}, environ={})
     first = queue(empty_db, NotificationLevel.ERROR, "Doomed")
     assert Notifier(settings.notifications, empty_db).drain() == {"retry": 5, "dead": 1}
     row = rows(empty_db)[first]
-    assert (row.status, row.attempts) == ("dead", 6)
+    assert (row.status, row.attempts) == ("dead", 6) and "451" in (row.last_error or "")
+
+
+def test_a_5xx_reply_is_permanent_and_dead_letters_at_once(
+        empty_db: Database, smtp_server: SmtpServer, tmp_path: Path) -> None:
+    smtp_server.inbox.reject_with = "554 5.7.1 relaying denied"
+    settings = settings_from_dict({"notifications": notif_config(smtp_server.port)}, environ={})
+    first = queue(empty_db, NotificationLevel.ERROR, "Doomed")
+    assert Notifier(settings.notifications, empty_db).drain() == {"dead": 1}
+    row = rows(empty_db)[first]
+    assert (row.status, row.attempts) == ("dead", 1)
     assert "554" in (row.last_error or "") and "relaying denied" in (row.last_error or "")
     assert smtp_server.inbox.messages == []
     # the retry queue goes first: a retried row is taken before an older fresh one
@@ -112,7 +121,7 @@ def test_permanently_failing_delivery_becomes_a_dead_letter_after_five_retries(
                          capture_output=True, text=True, env={**env, "PACKHORSE_DATABASE__URL": str(empty_db.url)})
     assert out.returncode == 0, out.stderr
     [dead] = json.loads(out.stdout)
-    assert (dead["id"], dead["status"], dead["attempts"]) == (first, "dead", 6)
+    assert (dead["id"], dead["status"], dead["attempts"]) == (first, "dead", 1)
 
 
 def test_retried_notifications_go_before_fresh_ones(empty_db: Database, smtp_server: SmtpServer) -> None:

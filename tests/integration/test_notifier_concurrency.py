@@ -34,7 +34,10 @@ class Recorder:
     def wants(self, level: str) -> bool:
         return True
 
-    def send(self, message: Message) -> None:
+    def abort(self) -> None:
+        pass
+
+    def send(self, message: Message, *, timeout: float | None = None) -> None:
         threading.Event().wait(0.002)
         with self.lock:
             self.sent.append(message.notification_id)
@@ -68,3 +71,49 @@ def test_four_notifiers_deliver_every_notification_once(db: Database) -> None:
     assert Counter(r.status for r in rows) == {"sent": n}
     deliveries = db.read(lambda s: list(s.scalars(select(NotificationDelivery))))
     assert len(deliveries) == n
+
+
+def test_failures_of_one_cause_recorded_at_once_all_land_in_one_digest(db: Database) -> None:
+    """Eight workers fail at the same moment with one root cause: every one is listed in the one
+    waiting digest (the fold is a compare-and-set: none overwrites another's)."""
+    from sqlalchemy.orm import Session
+
+    from packhorse.db.models import Site
+    from packhorse.domain import OperationKind
+    from packhorse.errors import DestinationWriteError
+    from packhorse.operations import claim, create_operation, dedup_key, record_failure
+
+    def ops(s: Session) -> list[int]:
+        s.add(Site(name="cologne"))
+        s.flush()
+        sid = s.scalar(select(Site.id))
+        out = []
+        for i in range(8):
+            op = create_operation(s, kind=OperationKind.LONG_TERM_ARCHIVE,
+                                  dedup_key=dedup_key(OperationKind.LONG_TERM_ARCHIVE, f"p{i}"), site_id=sid,
+                                  max_retries=0)
+            assert op is not None
+            out.append(op.id)
+        return out
+
+    ids = db.transact(ops)
+    claims = [claim(db, op_id, f"w{i}", 60) for i, op_id in enumerate(ids)]
+    start = threading.Barrier(len(ids))
+
+    def fail(i: int) -> None:
+        c = claims[i]
+        assert c is not None
+        exc = DestinationWriteError(f"cologne-lta: writing 'raw/p{i}.tar' failed, the file system is full",
+                                    step="write", side="destination", path=f"raw/p{i}.tar", host="cologne-lta")
+        start.wait()
+        record_failure(db, c, exc, backoff_base=0, backoff_max=0, notification_cooldown_seconds=3600,
+                       notification_gather_seconds=60)
+
+    threads = [threading.Thread(target=fail, args=(i,)) for i in range(len(ids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    [row] = db.read(lambda s: list(s.scalars(select(Notification))))
+    assert sorted(f["operation_id"] for f in row.context["failures"]) == sorted(ids)
+    assert row.subject == "Permanent failure x8 (long_term_archive): DestinationWriteError at cologne-lta"

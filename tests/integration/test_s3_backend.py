@@ -12,6 +12,7 @@ import pytest
 
 from packhorse.config import settings_from_dict
 from packhorse.errors import ConfigError, DestinationConflictError
+from packhorse.storage.layers import innermost
 from packhorse.storage.registry import backend_for
 from packhorse.storage.s3 import MIN_PART_BYTES, S3Backend, make_client
 from s3_support import start_or_skip
@@ -143,7 +144,7 @@ def test_registry_builds_s3_backend_after_probe(s3_server, tmp_path) -> None:
     bucket = s3_server.new_bucket()
     s = _settings(tmp_path, s3_location("cologne-s3", s3_server, bucket, prefix="archive"))
     b = backend_for(s, "cologne-s3")
-    assert isinstance(b, S3Backend) and b.prefix == "archive/" and b.conditional_writes
+    assert isinstance(innermost(b), S3Backend) and b.prefix == "archive/" and b.conditional_writes
     put(b, "x", b"x")  # type: ignore[arg-type]
     assert [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]] == ["archive/x"]
 
@@ -165,7 +166,7 @@ def test_store_ignoring_if_none_match_is_refused_naming_the_location(tmp_path) -
         db.upgrade()
         s2 = _settings(tmp_path, s3_location("cologne-s3", server, bucket, write_once_probe=False))
         b = backend_for(s2, "cologne-s3", db=db)
-        assert isinstance(b, S3Backend) and not b.conditional_writes
+        assert isinstance(innermost(b), S3Backend) and not b.conditional_writes
         put(b, "k", b"first")  # type: ignore[arg-type]
         with pytest.raises(DestinationConflictError):
             put(b, "k", b"other")  # type: ignore[arg-type]
@@ -183,7 +184,7 @@ def test_object_lock_retention_is_applied(s3_server, tmp_path) -> None:
     s = _settings(tmp_path, s3_location("cologne-s3", s3_server, bucket, object_lock_mode="GOVERNANCE",
                                         object_lock_retain_days=30))
     b = backend_for(s, "cologne-s3")
-    assert isinstance(b, S3Backend)
+    assert isinstance(innermost(b), S3Backend)
     put(b, "raw/a.tar", b"locked bytes")
     put(b, "raw/big.tar", BIG)
     for key in ("raw/a.tar", "raw/big.tar"):

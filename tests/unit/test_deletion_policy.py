@@ -10,22 +10,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_hooks import FaultPlan
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from support import write_site_config
 
-from packhorse import faults
 from packhorse.config import load_config
-from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.context import ProcessContext
+from packhorse.db.models import (
+    DataTransferPackage,
+    Operation,
+    PhysicalCopy,
+    RawDataPackage,
+    utcnow,
+)
 from packhorse.db.session import Database
-from packhorse.diskusage import Usage, measure_all, set_usage_provider
+from packhorse.diskusage import Usage, measure_all
 from packhorse.domain import OperationKind, Status
 from packhorse.managers import deletions
 from packhorse.managers.policy import deletion_blockers, deletion_blockers_many
 from packhorse.operations import create_operation, dedup_key
-from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
 from packhorse.worker import Outcome, execute_deletions, execute_operation
-from support import write_site_config
 
 TOTAL = 10_000
 DAY = dt.timedelta(days=1)
@@ -47,7 +53,8 @@ class Site:
         self.ctx = ProcessContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
         self.ids = self.ctx.topology.location_ids
         self.usage: dict[str, Usage] = {}
-        set_usage_provider(lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
+        self.hooks = FaultPlan([], usage=lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))
+        self.ctx.hooks = self.hooks  # simulated disk figures come in through the context's hooks
 
     def package(self, name: str, *, archived_days_ago: float | None, size: int = 1000,
                 buffer: str = "fyst-buffer", archives: dict[str, str] | None = None,
@@ -86,7 +93,7 @@ class Site:
     def pressure(self, location: str, percent: float) -> None:
         used = int(TOTAL * percent / 100)
         self.usage[location] = Usage(TOTAL, used, TOTAL - used)
-        measure_all(self.db, self.settings, self.ids)
+        measure_all(self.db, self.settings, self.ids, hooks=self.hooks)
 
     def deletion_order(self) -> list[int]:
         """Copy ids of the deletion operations, in creation (= dispatch) order."""
@@ -121,7 +128,6 @@ def make_site(tmp_path: Path, database_url: str | None):
         return made[-1]
 
     yield make
-    set_usage_provider(None)
     for s in made:
         s.db.dispose()
 
@@ -287,9 +293,7 @@ def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site
     assert site.deletion_order() == [copy]
     op = site.db.read(lambda s: s.scalar(select(Operation.id).where(Operation.physical_copy_id == copy)))
     marker = tmp_path / "deleting"
-    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", f'[{{"point": "deletion.delete", "action": "pause", '
-                                                f'"seconds": 3, "marker": "{marker}"}}]')
-    monkeypatch.setattr(faults, "_fired", {})  # hook counters of earlier tests in this process
+    site.hooks.plan = [{"point": "deletion.delete", "action": "pause", "seconds": 3, "marker": str(marker)}]
     results: list[Outcome] = []
     first = threading.Thread(target=lambda: results.append(execute_operation(site.ctx, op, "deleter-1")))
     first.start()
@@ -413,7 +417,7 @@ def test_critical_counts_copies_deleted_since_the_sample_when_it_cannot_measure_
     def unmeasurable(name: str, root: Path) -> Usage:
         raise OSError("the manager cannot see this disk")
 
-    set_usage_provider(unmeasurable)
+    site.hooks.usage = unmeasurable
     assert site.deletion_order() == first  # nothing more: 9000 - 4000 deleted since the sample
 
 
@@ -427,8 +431,8 @@ def test_critical_measures_again_after_deleting_and_stops_below_recovery(make_si
         used = sum(p.stat().st_size for p in root.rglob("*.tar")) if name == "fyst-buffer" else 0
         return Usage(TOTAL, used, TOTAL - used)
 
-    set_usage_provider(on_disk)
-    measure_all(site.db, site.settings, site.ids)
+    site.hooks.usage = on_disk
+    measure_all(site.db, site.settings, site.ids, hooks=site.hooks)
     first = site.deletion_order()
     assert len(first) == 4
     for op_id in site.db.read(lambda s: list(s.scalars(select(Operation.id)))):

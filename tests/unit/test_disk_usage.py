@@ -13,7 +13,7 @@ from sqlalchemy import select
 from packhorse.config import load_config
 from packhorse.db.models import Notification
 from packhorse.db.session import Database
-from packhorse.diskusage import Usage, latest_usage, measure_all, set_usage_provider, usage_history
+from packhorse.diskusage import Usage, latest_usage, measure_all, usage_history
 from packhorse.topology import sync_topology
 from support import run_packhorse, write_site_config
 
@@ -27,10 +27,12 @@ def monitored(tmp_path: Path):
     db.upgrade()
     ids = sync_topology(db, settings).location_ids
     figures: dict[str, float] = {}
-    set_usage_provider(lambda name, root: Usage(1000, int(figures.get(name, 10) * 10),
-                                                1000 - int(figures.get(name, 10) * 10)))
+
+    def simulated(name: str, root: Path) -> Usage:
+        return Usage(1000, int(figures.get(name, 10) * 10), 1000 - int(figures.get(name, 10) * 10))
+
+    figures["provider"] = simulated  # type: ignore[assignment]
     yield db, settings, ids, figures
-    set_usage_provider(None)
     db.dispose()
 
 
@@ -39,7 +41,7 @@ def test_each_crossing_notifies_once_and_recovery_below_sixty_percent(monitored)
     seen = []
     for percent in [50, 72, 75, 69, 88, 97, 99, 90, 65, 61, 59, 58, 72]:
         figures["cologne-buffer"] = percent
-        measure_all(db, settings, ids)
+        measure_all(db, settings, ids, figures["provider"])
         seen.append(db.read(lambda s: latest_usage(s)["cologne-buffer"].alert_level))
     assert seen == ["normal", "warning", "warning", "warning", "critical", "emergency", "emergency", "emergency",
                     "emergency", "emergency", "normal", "normal", "warning"]
@@ -57,12 +59,12 @@ def test_each_crossing_notifies_once_and_recovery_below_sixty_percent(monitored)
 def test_every_active_disk_location_is_recorded_with_total_used_free_percent(monitored) -> None:
     db, settings, ids, figures = monitored
     figures["fyst-buffer"] = 42.5
-    out = measure_all(db, settings, ids)
+    out = measure_all(db, settings, ids, figures["provider"])
     assert sorted(r["location"] for r in out) == sorted(l.name for l in settings.locations)
     latest = db.read(latest_usage)
     s = latest["fyst-buffer"]
     assert (s.total_bytes, s.used_bytes, s.free_bytes, round(s.percent, 1), s.level) == (1000, 425, 575, 42.5, "normal")
-    measure_all(db, settings, ids)
+    measure_all(db, settings, ids, figures["provider"])
     hist = db.read(lambda x: usage_history(x, "fyst-buffer", EPOCH))
     assert len(hist) == 2 and hist[0].measured_at <= hist[1].measured_at
 

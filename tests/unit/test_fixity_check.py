@@ -1,4 +1,4 @@
-"""Fixity helpers (issue #5): the per-location rate limit and the check of one copy."""
+"""Fixity helpers (issue #5): the per-location read rate (a storage layer) and the check of one copy."""
 
 from __future__ import annotations
 
@@ -6,25 +6,39 @@ import hashlib
 import time
 from types import SimpleNamespace
 
-from packhorse.fixity import CORRUPT, MISSING, OK, RateLimiter, check_copy
+from packhorse.fixity import CORRUPT, MISSING, OK, check_copy
+from packhorse.ratelimit import RateLimiter
 from packhorse.storage.disk import DiskBackend
+from packhorse.storage.registry import compose
+
+
+class FakeClock:
+    """A monotonic clock that only moves when the limiter sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def test_rate_limiter_keeps_the_rate():
-    lim = RateLimiter(4 * 1024**2)  # 4 MiB/s, bursts up to one second's worth
-    t0 = time.monotonic()
+    clock = FakeClock()
+    lim = RateLimiter(4 * 1024**2, clock=clock, sleep=clock.sleep)  # 4 MiB/s, bursts up to one second's worth
     for _ in range(12):
-        lim.take(1024**2)  # 12 MiB: 4 MiB burst + 8 MiB at 4 MiB/s ≈ 2 s
-    elapsed = time.monotonic() - t0
-    assert 1.8 <= elapsed < 6, elapsed
+        lim.take(1024**2)  # 12 MiB: 4 MiB burst + 8 MiB at 4 MiB/s = 2 s
+    assert abs(clock.now - 2.0) < 1e-9, clock.now
 
 
 def test_unlimited_rate_limiter_never_waits():
-    lim = RateLimiter(None)
-    t0 = time.monotonic()
+    clock = FakeClock()
+    lim = RateLimiter(None, clock=clock, sleep=clock.sleep)
     for _ in range(1000):
         lim.take(1 << 30)
-    assert time.monotonic() - t0 < 0.5
+    assert clock.now == 0.0
 
 
 def test_check_copy_ok_corrupt_missing(tmp_path):
@@ -36,7 +50,7 @@ def test_check_copy_ok_corrupt_missing(tmp_path):
     copy = SimpleNamespace(id=1, path="raw/a.tar", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                            raw_data_package_id=7, data_transfer_package_id=None)
     seen: list[int] = []
-    f = check_copy(b, copy, "lta", limiter=RateLimiter(None), on_bytes=seen.append)
+    f = check_copy(b, copy, "lta", on_bytes=seen.append)
     assert (f.status, f.actual, sum(seen)) == (OK, copy.sha256, len(data))
     p = tmp_path / "lta/raw/a.tar"
     p.chmod(0o644)
@@ -59,5 +73,6 @@ def test_check_copy_is_throttled_by_the_location_rate(tmp_path):
     copy = SimpleNamespace(id=1, path="raw/big.tar", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                            raw_data_package_id=7, data_transfer_package_id=None)
     t0 = time.monotonic()
-    assert check_copy(b, copy, "lta", limiter=RateLimiter(1024**2)).status == OK  # 1 MiB/s
+    limited = compose(b, read_bytes_per_second=1024**2)  # the fixity stack: 1 MiB/s
+    assert check_copy(limited, copy, "lta").status == OK
     assert time.monotonic() - t0 >= 1.8  # 1 MiB burst, then 2 MiB at 1 MiB/s

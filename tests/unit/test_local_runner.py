@@ -16,6 +16,7 @@ from packhorse.db.models import Operation, Site
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
+from packhorse.hooks import NO_HOOKS
 from packhorse.operations import create_operation
 from packhorse.worker import Outcome
 
@@ -40,7 +41,7 @@ def _pending(db: Database, n: int) -> list[int]:
 def _runner(db: Database, outcome: Outcome, prefetch: int = 1) -> tuple[LocalRunner, list[int], threading.Event]:
     executor = {"workers": 1, "pool": "thread", "prefetch_multiplier": prefetch}
     runner = LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": executor}, environ={}),
-                                               db=db))  # type: ignore[arg-type]
+                                               db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
     ran: list[int] = []
     idle = threading.Event()
 
@@ -109,7 +110,7 @@ def test_until_idle_does_not_stop_when_an_operation_finished_after_the_managers_
     (x_id,) = _pending(db, 1)
     settings = settings_from_dict({"executor": {"workers": 2, "pool": "thread"}, "managers": {"poll_interval_seconds": 0.05}},
                                   environ={})
-    runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db))  # type: ignore[arg-type]
+    runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
     release_x = threading.Event()
     ran: list[int] = []
     state = {"y": None}

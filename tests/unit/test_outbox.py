@@ -14,7 +14,7 @@ from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, OperationKind, Status
 from packhorse.errors import SourceChangedError, VerificationError
-from packhorse.notify.outbox import ascii_subject, enqueue, render_error_context
+from packhorse.notify.outbox import WINDOW_START, ascii_subject, enqueue, render_error_context
 from packhorse.operations import claim, create_operation, dedup_key, record_failure
 
 
@@ -51,7 +51,9 @@ def test_permanent_failure_queues_one_error_notification_rendered_from_the_error
     assert (n.level, n.event, n.operation_kind, n.operation_id, n.status) == (
         "ERROR", "permanent_failure", "transfer", op_id, "pending")
     assert n.subject == f"Permanent failure: transfer {op_id}"
-    assert n.context == out.error_context
+    # the one error context, plus the operations of its cause (a digest) and its cooldown window
+    assert {k: v for k, v in n.context.items() if k not in ("failures", WINDOW_START)} == out.error_context
+    assert [f["operation_id"] for f in n.context["failures"]] == [op_id]
     assert "Error: source file 'x.fits' changed" in n.body
     assert "Diagnosis: the file was modified after it was registered" in n.body
     assert "Path: x.fits" in n.body
@@ -112,3 +114,44 @@ def test_render_skips_fields_that_are_not_set() -> None:
     assert "Diagnosis" not in body
     assert body.splitlines()[:5] == ["Task: unpack", "Operation: 3", "Retry count: 0", "Error type: E", "Error: m"]
     assert body.endswith("Traceback:\nTB")
+
+
+def test_repeats_after_the_message_went_are_reported_when_the_cooldown_ends(db: Database) -> None:
+    op_id = new_op(db)
+    t0 = utcnow()
+
+    def send(at: dt.datetime) -> Notification | None:
+        return db.transact(lambda s: enqueue(s, level=NotificationLevel.ERROR, event="breaker_open",
+                                             subject="Circuit breaker open: transfer 1", body="b",
+                                             operation_kind="transfer", operation_id=op_id, cooldown_seconds=3600,
+                                             now=at))
+
+    first = send(t0)
+    assert first is not None
+    db.transact(lambda s: s.get(Notification, first.id).__setattr__("status", "sent"))  # delivered
+    follow = send(t0 + dt.timedelta(seconds=100))
+    assert follow is not None and follow.subject == "Repeated: Circuit breaker open: transfer 1"
+    assert follow.next_attempt_at == t0 + dt.timedelta(seconds=3600)  # when the window ends
+    assert follow.context["follow_up_of"] == first.id
+    assert send(t0 + dt.timedelta(seconds=200)) is None  # folded into the follow-up
+    assert send(t0 + dt.timedelta(seconds=300)) is None
+    rows = outbox(db)
+    assert [r.repeat_count for r in rows] == [0, 2]
+    # the follow-up opens the next window: a repeat right after it went waits for its end
+    db.transact(lambda s: s.get(Notification, follow.id).__setattr__("status", "sent"))
+    later = send(t0 + dt.timedelta(seconds=3700))
+    assert later is not None and later.next_attempt_at == t0 + dt.timedelta(seconds=7200)
+
+
+def test_the_root_cause_key_ignores_what_differs_between_operations(db: Database) -> None:
+    from packhorse.notify.messages import cause_key, failure_item
+
+    def ctx(i: int, where: str = "cologne-lta") -> dict:
+        return {"error_type": "DestinationWriteError", "step": "write", "host": where,
+                "message": f"{where}: writing 'raw/obs{i}.tar' failed after {i * 1000:,} bytes, the file system is full",
+                "operation_kind": "long_term_archive", "operation_id": i, "path": f"raw/obs{i}.tar"}
+
+    keys = {cause_key(failure_item(ctx(i), {}), ctx(i)) for i in range(1, 20)}
+    assert len(keys) == 1  # keys, sizes and ids differ; the cause does not
+    other = ctx(1, "cornell-lta")
+    assert cause_key(failure_item(other, {}), other) not in keys

@@ -31,6 +31,7 @@ from packhorse.domain import OperationKind, Status
 from packhorse import pipeline
 from packhorse.executors.local import LocalRunner
 from packhorse.pipeline import DISPATCH_ORDER
+from packhorse.hooks import NO_HOOKS
 from packhorse.operations import claim, create_operation
 from packhorse.recovery import monitor, reconciler
 from packhorse.recovery.monitor import check_stalled
@@ -136,7 +137,7 @@ def make_ops(db: Database, kinds: list[OperationKind], status: Status) -> dict[O
 def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) -> None:
     ids = make_ops(db, BUILT_KINDS, status)
     settings = settings_from_dict({"executor": {"workers": len(BUILT_KINDS) + 2}}, environ={})
-    runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db))  # type: ignore[arg-type]
+    runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
     ran: list[int] = []
 
     def run_one(op_id: int) -> Outcome:  # stands in for execute_operation: the stage is not under test

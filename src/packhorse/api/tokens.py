@@ -20,16 +20,12 @@ from sqlalchemy.orm import Session
 
 from ..db.models import ApiToken, utcnow
 from ..db.session import Database
-from ..errors import PackhorseError
+from ..errors import TokenError
 
 ROLES = ("observer", "admin")
 TOKEN_PREFIX = "ph_"
 #: ``last_used_at`` is written at most this often per token (seconds): no write per request.
 LAST_USED_RESOLUTION_SECONDS = 60.0
-
-
-class TokenError(PackhorseError):
-    """A token cannot be created or revoked (duplicate name, unknown role, unknown token)."""
 
 
 @dataclass(frozen=True)

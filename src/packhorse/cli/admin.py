@@ -180,7 +180,7 @@ def usage(
 
     ctx = context(config)
     if measure:
-        measure_all(ctx.db, ctx.settings, ctx.topology.location_ids)
+        measure_all(ctx.db, ctx.settings, ctx.topology.location_ids, hooks=ctx.hooks)
     rows = ctx.db.read(lambda s: [sample_dict(n, x) for n, x in sorted(latest_usage(s).items())])
     if as_json:
         print_json(rows)

@@ -124,16 +124,26 @@ def notifier(config: ConfigOpt = None) -> None:
         raise fail("notifications: no channel configured (set [notifications.smtp] or apprise_urls) "
                     "or notifications.enabled = false", EXIT_CONFIG)
     try:
-        n = Notifier(cfg, ctx.db)
+        n = Notifier(cfg, ctx.db, hooks=ctx.hooks)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
     print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)
 
     def body(stop_event: Any, life: Any) -> None:
-        n.serve(stop_event, on_cycle=life.tick)
+        import threading
+
+        # delivery in a thread: a signal only has to set stop_event, and a send in progress is
+        # aborted, so the service stops within seconds whatever the mail server does
+        t = threading.Thread(target=n.serve, args=(stop_event,), kwargs={"on_cycle": life.tick},
+                             name="notifier", daemon=True)
+        t.start()
+        while not stop_event.wait(0.5) and t.is_alive():
+            pass
+        n.stop()
+        t.join(timeout=cfg.stop_grace_seconds)
 
     _serve(ctx, "notifier", body)
-    n.run_once()  # its own "stopped" message
+    n.flush(cfg.stop_grace_seconds)  # its own "stopped" message, if the server takes it at once
 
 
 @app.command("disk-monitor")
@@ -142,7 +152,7 @@ def disk_monitor(config: ConfigOpt = None) -> None:
     from ..diskusage import DiskMonitor
 
     ctx = context(config)
-    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids)
+    monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids, hooks=ctx.hooks)
 
     def body(stop_event: Any, life: Any) -> None:
         import threading

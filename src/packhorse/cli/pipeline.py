@@ -153,7 +153,10 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
         reason = f"error: {type(e).__name__}: {e}"
         raise
     finally:
-        background.stop(reason, drain=until_idle and not stopped_by)
+        queued = background.stop(reason, drain=until_idle and not stopped_by)
+        if until_idle and queued:
+            print(f"packhorse run: {queued} notification(s) still queued in the outbox (`packhorse notifications` "
+                  "shows why); `packhorse notifier` or the next `packhorse run` delivers them", file=sys.stderr)
         health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)

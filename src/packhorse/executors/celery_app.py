@@ -59,6 +59,7 @@ from ..db.models import Operation, utcnow
 from ..db.session import Database
 from ..domain import LocationRole, OperationKind, Status, StorageType
 from ..errors import ConfigError, TransientDatabaseError
+from ..operations import fenced
 from ..stages import STAGES
 from ..topology import load_topology
 from ..worker import execute_operation
@@ -344,8 +345,7 @@ def publish(app: Celery, d: Dispatched) -> None:
 
 def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
     def tx(s: Session) -> None:
-        s.execute(update(Operation).where(Operation.id == operation_id, Operation.attempt == attempt,
-                                          Operation.status == Status.SCHEDULED.value)
+        s.execute(update(Operation).where(fenced(operation_id, attempt, Status.SCHEDULED))
                   .values(status=Status.PENDING.value, updated_at=utcnow()))
 
     with contextlib.suppress(Exception):

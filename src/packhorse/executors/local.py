@@ -44,17 +44,23 @@ from sqlalchemy.orm import Session
 
 from .. import logs
 from ..config import Settings
+from ..context import ProcessContext
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, Status
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
-from .. import faults, pipeline
+from .. import pipeline
 from ..recovery.loop import ErrorCounter
 from ..runtime_settings import RuntimeSettings
-from ..context import ProcessContext
 from ..topology import Topology
-from ..worker import DELETION_BATCH, Outcome, batchable, execute_deletions, execute_operation
+from ..worker import (
+    DELETION_BATCH,
+    Outcome,
+    batchable,
+    execute_deletions,
+    execute_operation,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -343,7 +349,7 @@ class LocalRunner:
             return [tuple(i for i in task if i in taken) for task in tasks if any(i in taken for i in task)]
 
         tasks = self.ctx.db.transact(tx)
-        twice = faults.active("dispatch", "duplicate")  # test-only: at-least-once delivery
+        twice = self.ctx.hooks.active("dispatch", "duplicate")  # hooks: at-least-once delivery
         submitted = []
         for op_ids in tasks:
             with self._lock:

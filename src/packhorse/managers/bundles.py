@@ -18,25 +18,21 @@ cycle, so no package is ever in two bundles and no bundle is built, shipped or u
 
 from __future__ import annotations
 
-from typing import Any
-
 import datetime as dt
+from typing import Any
 
 import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from ..context import ProcessContext
 from ..db.session import bound_idle_in_transaction, try_transaction_lock
 from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
 from ..domain import CopyStatus, LocationRole, OperationKind
+from ..errors import BundledElsewhereError
 from ..operations import create_operation, dedup_key
-from ..context import ProcessContext
 
 log = structlog.get_logger(__name__)
-
-
-class _BundledElsewhere(Exception):
-    """A package of a bundle being made was bundled by another manager first (rolls back)."""
 
 
 def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | None]:
@@ -101,7 +97,7 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
                                                                 RawDataPackage.data_transfer_package_id.is_(None))
                                    .values(data_transfer_package_id=dtp.id)).rowcount
                 if joined != len(ids):
-                    raise _BundledElsewhere(f"{len(ids) - joined} of packages {ids} joined another bundle meanwhile")
+                    raise BundledElsewhereError(f"{len(ids) - joined} of packages {ids} joined another bundle meanwhile")
                 create_operation(s, kind=OperationKind.DATA_TRANSFER_PACKAGE,
                                  dedup_key=dedup_key(OperationKind.DATA_TRANSFER_PACKAGE, f"dtp{dtp.id}"),
                                  site_id=site_id, max_retries=ctx.settings.recovery.max_retries,
@@ -111,7 +107,7 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
 
         try:
             n, wait = ctx.db.transact(tx)
-        except _BundledElsewhere as e:  # rolled back: nothing of this cycle's bundles was kept
+        except BundledElsewhereError as e:  # rolled back: nothing of this cycle's bundles was kept
             log.info("bundle_race_lost", site=site, reason=str(e))
             continue
         created += n

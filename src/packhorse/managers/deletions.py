@@ -37,7 +37,7 @@ from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
-from ..diskusage import current_provider, latest_usage, level_for, monitored_locations, record_sample
+from ..diskusage import latest_usage, level_for, monitored_locations, provider_for, record_sample
 from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind
 from ..operations import dedup_key
 from ..context import ProcessContext
@@ -111,7 +111,7 @@ def remeasure_under_pressure(ctx: ProcessContext) -> list[str]:
         return out
 
     measured = []
-    provider = current_provider()
+    provider = provider_for(ctx.hooks)
     for name in ctx.db.read(stale):
         try:
             usage = provider(name, ctx.settings.location_path(name))

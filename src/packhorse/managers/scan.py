@@ -5,6 +5,9 @@ Idempotent registration, no operation row (issue #2, stage 1). Rules:
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
   *unsettled* and is not packaged yet.
 * A file whose size or mtime changes while it is hashed is not registered this cycle.
+* Files are read and stat'ed through the location's storage backend (``ctx.backend``:
+  confined to the root, ``O_NOFOLLOW``; I6). The folder walk itself lists folders with
+  ``os.scandir``, because it keeps the reasons for skipped entries and the folder cache.
 * Symlinks are not followed; unreadable files, special files, names that are not UTF-8 or
   not valid object keys (a backslash, the partial-file suffix; see
   :func:`~packhorse.storage.base.check_key`), and
@@ -35,14 +38,14 @@ import structlog
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from ..digest import sha256_stream
-from ..db.models import RawDataFile, SkippedFile, utcnow
-from ..db.session import insert_ignoring_conflicts
-from ..domain import LocationRole, StorageType
-from ..errors import UnsafePathError
 from ..config import Settings
 from ..context import ProcessContext
-from ..storage.base import check_key
+from ..db.models import RawDataFile, SkippedFile, utcnow
+from ..db.session import insert_ignoring_conflicts
+from ..digest import sha256_stream
+from ..domain import LocationRole, StorageType
+from ..errors import SourceMissingError, UnsafePathError
+from ..storage.base import StorageBackend, check_key
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -189,23 +192,30 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
     return found, skipped, seen, full
 
 
-def _hash(root: str, rel: str, before: os.stat_result) -> tuple[str, str | None]:
-    """Return ``("ok", sha)``, ``("changed", None)`` or ``("error", reason)``."""
-    path = os.path.join(root, rel)
+def _hash(backend: StorageBackend | None, rel: str, before: os.stat_result) -> tuple[str, str | None]:
+    """Hash source file ``rel`` through the location's backend (confined, ``O_NOFOLLOW``; I6).
+
+    Returns ``("ok", sha)``, ``("changed", None)`` (size or mtime differ afterwards, or it is
+    gone) or ``("error", reason)``."""
+    assert backend is not None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        f = backend.open_read(rel)
+    except SourceMissingError:
+        return "error", "not readable: No such file or directory"
+    except UnsafePathError:
+        return "error", "not readable: a symlink or outside the location"
     except OSError as e:
         return "error", f"not readable: {e.strerror}"
     try:
-        with os.fdopen(fd, "rb", buffering=0) as f:
+        with f:
             digest = sha256_stream(f)
     except OSError as e:
         return "error", f"read error: {e.strerror}"
     try:
-        after = os.lstat(path)
-    except OSError:
+        after = backend.stat(rel)
+    except (OSError, UnsafePathError):
         return "changed", None
-    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+    if after is None or (after.size, after.mtime_ns) != (before.st_size, before.st_mtime_ns):
         return "changed", None
     return "ok", digest
 
@@ -237,7 +247,6 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             ``None`` lists every folder.
     """
     settings = ctx.settings
-    root = str(settings.location_path(location))
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
     found, result.skipped, seen, full = list_source(ctx.settings, location, cache)
@@ -270,12 +279,15 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         todo.append((path, s))
 
     rows: list[dict[str, object]] = []
+    # every file read goes through the location's backend (built only when there is something
+    # to read: a disk backend creates its root, and a missing source folder must stay missing)
+    backend = ctx.backend(location) if todo else None
     # large files on the pool (batches: one future per file costs more than a small file's
     # hash), small ones here meanwhile (see the module docstring)
     large = [(p, st_) for p, st_ in todo if st_.st_size >= THREAD_HASH_MIN_BYTES]
     batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
-    pending = pool.map(lambda b: [_hash(root, p, st_) for p, st_ in b], batches)
-    digests = {p: _hash(root, p, st_) for p, st_ in todo if st_.st_size < THREAD_HASH_MIN_BYTES}
+    pending = pool.map(lambda b: [_hash(backend, p, st_) for p, st_ in b], batches)
+    digests = {p: _hash(backend, p, st_) for p, st_ in todo if st_.st_size < THREAD_HASH_MIN_BYTES}
     for batch, results in zip(batches, pending):
         digests.update((p, r) for (p, _), r in zip(batch, results))
     for path, s in todo:

@@ -13,15 +13,11 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from ..context import ProcessContext
 from ..db.models import Operation, PhysicalCopy, RawDataPackage
 from ..domain import CopyStatus, LocationRole, OperationKind, StorageType
-from ..errors import ConfigError
+from ..errors import ConfigError, NothingToStageError
 from ..operations import create_operation, dedup_key
-from ..context import ProcessContext
-
-
-class NothingToStageError(LookupError):
-    """No archived raw data package matches the requested name."""
 
 
 def request_staging(ctx: ProcessContext, name: str, location: str, *, again: bool = False) -> list[dict[str, Any]]:

@@ -4,8 +4,8 @@ caller's transaction through :func:`~packhorse.notify.outbox.enqueue` (issue #7,
 Subjects name the event in plain ASCII (``"Permanent failure: long_term_archive 17"``);
 bodies are ``Label: value`` lines, then free text. Services use :func:`service_started`,
 :func:`service_still_alive` and :func:`service_stopped`; the disk monitor uses
-:func:`disk_level`; the single failure path uses :func:`operation_retry` (only in development
-mode) besides its permanent-failure notification. The stalled-task monitor, the circuit
+:func:`disk_level`; the single failure path uses :func:`operation_failed` (a digest per root
+cause and cooldown window) and :func:`operation_retry` (only in development mode). The stalled-task monitor, the circuit
 breakers and the reconciler queue their own messages (:mod:`packhorse.recovery`).
 
 Every function returns what :func:`enqueue` returns (the row, or ``None`` when the cooldown
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from ..db.models import Notification
 from ..domain import NotificationLevel
-from .outbox import enqueue, render_error_context
+from .outbox import FOLLOW_UP_OF, ascii_subject, enqueue, render_error_context
 
 DEFAULT_COOLDOWN_SECONDS = 3600.0
 
@@ -117,3 +118,170 @@ def disk_level(session: Session, *, location: str, event: str, percent: float, u
                             "measured_at": measured_at.isoformat() if measured_at else None,
                             "total_bytes": total_bytes, "free_bytes": free_bytes, "threshold_percent": threshold_percent},
                    cooldown_seconds=0)
+
+
+# ------------------------------------------------------------------ permanent failures
+
+#: A digest lists at most this many operations in its body (all of them stay in its context).
+DIGEST_BODY_MAX = 50
+
+
+def failure_where(session: Session, operation_id: int) -> dict[str, Any]:
+    """Where a failed operation was: ``package`` (or ``bundle``), ``site``, ``source`` and
+    ``destination`` data locations, ``key`` (the physical copy's path, if the operation is
+    about one) — names, not ids; missing ones are ``None``."""
+    from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, Site
+
+    op = session.get(Operation, operation_id)
+    if op is None:
+        return {}
+
+    def name(model: Any, i: int | None) -> str | None:
+        row = session.get(model, i) if i is not None else None
+        return None if row is None else row.name
+
+    copy = session.get(PhysicalCopy, op.physical_copy_id) if op.physical_copy_id else None
+    return {"package": name(RawDataPackage, op.raw_data_package_id),
+            "bundle": name(DataTransferPackage, op.data_transfer_package_id),
+            "site": name(Site, op.site_id),
+            "source": name(DataLocation, op.source_location_id or (copy.location_id if copy else None)),
+            "destination": name(DataLocation, op.destination_location_id),
+            "key": copy.path if copy else None}
+
+
+def _masked(text: str, *literals: str | None) -> str:
+    """``text`` with the parts that differ between operations of one cause masked: the given
+    literals (package, key, …), quoted names, hex digests and numbers."""
+    for lit in sorted({x for x in literals if x}, key=len, reverse=True):
+        text = text.replace(lit, "…")
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
+    text = re.sub(r"\b[0-9a-f]{16,}\b", "#", text)
+    return re.sub(r"\d+", "N", text)
+
+
+def failure_item(ctx: dict[str, Any], where: dict[str, Any]) -> dict[str, Any]:
+    """One failed operation as a digest lists it (plain data)."""
+    info = ctx.get("operation_info") or {}
+    return {"operation_kind": ctx["operation_kind"], "operation_id": ctx["operation_id"],
+            "package": where.get("package") or info.get("package"),
+            "bundle": where.get("bundle") or info.get("bundle"),
+            "site": where.get("site"),
+            "source": where.get("source") or info.get("source") or info.get("location"),
+            "destination": where.get("destination") or info.get("destination"),
+            "key": ctx.get("path") or info.get("key") or where.get("key"),
+            "host": ctx.get("host"), "worker_host": str(ctx.get("task_id") or "").split(":", 1)[0] or None,
+            "error_type": ctx["error_type"], "message": ctx["message"], "timestamp": ctx.get("timestamp")}
+
+
+def cause_key(item: dict[str, Any], ctx: dict[str, Any]) -> str:
+    """The root-cause identity of a permanent failure: error type, step, the location where it
+    happened and the message with what differs per operation masked (package, key, names,
+    numbers). Failures of one cause share a cooldown window and a digest."""
+    where = ctx.get("host") or item.get("destination") or item.get("source") or "-"
+    message = _masked(str(ctx.get("message", "")), item.get("key"), item.get("package"), item.get("bundle"))
+    return f"cause:{ctx['error_type']}:{ctx.get('step') or '-'}:{where}:{message}"
+
+
+def _commands(items: list[dict[str, Any]]) -> list[str]:
+    first = items[0]
+    kinds = sorted({i["operation_kind"] for i in items})
+    out = [f"packhorse diagnose {first['operation_kind']} {first['operation_id']}"]
+    if first.get("package"):
+        out.append(f"packhorse diagnose --package {first['package']}")
+    if len(items) == 1:
+        out.append(f"packhorse reset {first['operation_kind']} {first['operation_id']} --reason \"<what you fixed>\"")
+    else:
+        out += [f"packhorse reset {k} --all-failed --reason \"<what you fixed>\"" for k in kinds]
+    return out
+
+
+def _where_lines(i: dict[str, Any]) -> dict[str, Any]:
+    return {"Package": i.get("package"), "Bundle": i.get("bundle"), "Site": i.get("site"),
+            "Source location": i.get("source"), "Destination location": i.get("destination"), "Key": i.get("key"),
+            "Host": i.get("host"), "Worker host": i.get("worker_host")}
+
+
+def render_failure(context: dict[str, Any]) -> tuple[str, str]:
+    """Subject and body of a permanent-failure notification from its context (the first
+    failure's error context plus ``failures``: every operation of the cause in this window).
+
+    The body says what failed, where (package, site, source and destination location, key,
+    host), why (error type, message, step, diagnosis) and what to do next with the exact
+    commands; a digest lists every operation, then the first failure in full."""
+    items: list[dict[str, Any]] = context["failures"]
+    first = items[0]
+    n = len(items)
+    kinds = sorted({i["operation_kind"] for i in items})
+    where = context.get("host") or first.get("destination") or first.get("source") or first.get("site")
+    if n == 1:
+        subject = f"Permanent failure: {first['operation_kind']} {first['operation_id']}"
+        what = (f"{first['operation_kind']} operation {first['operation_id']}"
+                + (f" of package {first['package']}" if first.get("package") else
+                   f" of bundle {first['bundle']}" if first.get("bundle") else "")
+                + f" failed permanently (after {context.get('retry_count', 0)} retries); nothing more is tried"
+                " until you reset it.")
+    else:
+        subject = f"Permanent failure x{n} ({', '.join(kinds)}): {context['error_type']} at {where}"
+        what = (f"{n} operations ({', '.join(kinds)}) failed permanently with one cause"
+                + (" since the last message about it (follow-up after the cooldown)"
+                   if context.get(FOLLOW_UP_OF) else "") + "; nothing more is tried until you reset them.")
+    parts = ["What failed: " + what, ""]
+    if n == 1:
+        parts += ["Where:", render_lines(_where_lines(first)), ""]
+    parts += ["Why:", render_lines({"Error type": context.get("error_type"), "Error": context.get("message"),
+                                    "Step": context.get("step"), "Side": context.get("side"),
+                                    "Diagnosis": context.get("diagnosis"),
+                                    "Diagnosis source": context.get("diagnosis_source")}), ""]
+    if n > 1:
+        parts.append(f"Operations ({n}):")
+        for i in items[:DIGEST_BODY_MAX]:
+            loc = " -> ".join(x for x in (i.get("source"), i.get("destination")) if x)
+            parts.append(f"  {i['operation_kind']} {i['operation_id']}"
+                         + (f"  package {i['package']}" if i.get("package") else "")
+                         + (f"  bundle {i['bundle']}" if i.get("bundle") else "")
+                         + (f"  key {i['key']}" if i.get("key") else "")
+                         + (f"  {loc}" if loc else "") + (f"  site {i['site']}" if i.get("site") else "")
+                         + (f"  at {i['timestamp'][:19]}" if i.get("timestamp") else ""))
+        if n > DIGEST_BODY_MAX:
+            parts.append(f"  … and {n - DIGEST_BODY_MAX} more (`packhorse overview`, the dashboard)")
+        parts.append("")
+    parts += ["What to do next:", "  1. See the diagnosis and the copies: " + _commands(items)[0]]
+    cmds = _commands(items)
+    if first.get("package"):
+        parts.append("     (every operation of the package: " + cmds[1] + ")")
+    parts.append("  2. Fix the cause above (the diagnosis says where to look).")
+    parts += ["  3. Hand " + ("it" if n == 1 else "them") + " back to packhorse: " + c
+              for c in cmds if c.startswith("packhorse reset")]
+    parts += ["", "First failure in full:" if n > 1 else "Details:", render_error_context(context)]
+    return subject, "\n".join(parts)
+
+
+def operation_failed(session: Session, error_context: dict[str, Any], *, cooldown_seconds: float,
+                     gather_seconds: float) -> Notification | None:
+    """ERROR "Permanent failure: <kind> <id>" for an operation marked FAILED, queued in the
+    caller's transaction (I1), rendered from the one error context and the operation's place
+    (:func:`failure_where`).
+
+    Failures of one root cause (:func:`cause_key`) are one message per cooldown window: the
+    first waits ``gather_seconds`` (seconds) for the others, which are listed in it (a digest,
+    "Permanent failure x10 (long_term_archive): DestinationWriteError at cologne-lta"); those
+    after it was sent are listed in a follow-up sent when the window ends
+    (:func:`~packhorse.notify.outbox.enqueue`)."""
+    kind, op_id = error_context["operation_kind"], error_context["operation_id"]
+    item = failure_item(error_context, failure_where(session, op_id))
+    context = {**error_context, "failures": [item]}
+    subject, body = render_failure(context)
+
+    def merge(row: Notification) -> tuple[str, str, dict[str, Any]]:
+        merged = {**(row.context or {})}
+        merged["failures"] = [*merged.get("failures", []), item]
+        s, b = render_failure(merged)
+        return s, b, merged
+
+    row = enqueue(session, level=NotificationLevel.ERROR, event="permanent_failure", subject=subject, body=body,
+                  context=context, operation_kind=kind, operation_id=op_id, cooldown_seconds=cooldown_seconds,
+                  key=cause_key(item, error_context), gather_seconds=gather_seconds, merge=merge)
+    if row is not None and (row.context or {}).get(FOLLOW_UP_OF):  # says it follows an earlier message
+        follow_subject, row.body = render_failure(row.context or {})
+        row.subject = ascii_subject(follow_subject)
+    return row

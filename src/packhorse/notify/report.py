@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Notification, NotificationDelivery, utcnow
@@ -61,3 +61,9 @@ def requeue_dead_letters(db: Database) -> list[int]:
         return ids
 
     return db.transact(tx)
+
+
+def pending_count(db: Database) -> int:
+    """Notifications of the outbox still to deliver (status ``pending``)."""
+    return int(db.read(lambda s: s.scalar(select(func.count()).select_from(Notification)
+                                          .where(Notification.status == NotificationStatus.PENDING.value))) or 0)

@@ -36,6 +36,7 @@ from ..db.models import FailureEvent, Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
 from ..domain import NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
+from ..operations import fenced
 from . import breakers
 
 log = structlog.get_logger(__name__)
@@ -51,8 +52,7 @@ def reset_for_redispatch(session: Session, op: Operation, now: dt.datetime) -> N
     The next attempt cleans the stalled attempt's partial outputs before it writes (the disk
     backend removes partial files of the same key), so nothing else needs undoing here.
     """
-    session.execute(update(Operation).where(Operation.id == op.id, Operation.attempt == op.attempt,
-                                            Operation.status == Status.IN_PROGRESS.value)
+    session.execute(update(Operation).where(fenced(op.id, op.attempt))
                     .values(status=Status.PENDING.value, lease_owner=None, lease_expires_at=None,
                             not_before=None, updated_at=now))
 

@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from .. import faults
 from ..context import ProcessContext
 from ..db.models import Operation, PhysicalCopy, utcnow
 from ..domain import LIVE_COPY_STATUSES, CopyStatus
@@ -24,7 +23,6 @@ from ..errors import DestinationConflictError, VerificationError
 from ..lease import LeaseKeeper
 from ..operations import Claim
 from ..storage.base import CHUNK_BYTES, PublishResult, StorageBackend
-from ..storage.disk import DiskBackend
 
 Recorder = Callable[[Session], None]
 
@@ -64,22 +62,17 @@ def verify_object(backend: StorageBackend, key: str, sha256: str, *, step: str =
 
 
 def already_there(backend: StorageBackend, key: str, size: int | None, sha256: str | None) -> bool:
-    """True if ``key`` already holds exactly ``size`` bytes with ``sha256`` (checked by reading).
+    """True if ``key`` already holds exactly ``size`` bytes with ``sha256``; ``False`` if there
+    is no object or nothing is known to compare with. Decided by the backend's
+    :meth:`~packhorse.storage.base.StorageBackend.holds` (reading the object back), the one
+    place that decides it.
 
     Raises:
         DestinationConflictError: the key holds different bytes (I2): never overwritten.
     """
-    info = backend.stat(key)
-    if info is None or sha256 is None or size is None:
+    if sha256 is None or size is None:
         return False
-    if info.size == size and backend.sha256(key) == sha256:
-        return True
-    raise DestinationConflictError(
-        f"{backend.location}: {key!r} already holds different bytes than expected "
-        f"(size {info.size} vs {size}); left untouched",
-        step="publish", side="destination", path=key, host=backend.location,
-        diagnosis="an object with this name but other content is already stored here",
-    )
+    return backend.holds(key, size, sha256)
 
 
 def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expected_sha256: str | None,
@@ -88,14 +81,16 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
 
     Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
     the lease check), ``<point>.publishing`` (after it, just before publishing) and
-    ``<point>.published`` (between publishing and verification).
+    ``<point>.published`` (between publishing and verification) of the context's hooks
+    (:mod:`packhorse.hooks`).
     :func:`copy_object` also hits ``<point>.writing`` after its first chunk.
     """
-    faults.hit(f"{point}.write")
+    hooks = work.ctx.hooks
+    hooks.hit(f"{point}.write")
     work.check()
-    faults.hit(f"{point}.publishing")  # after the last lease check: a stuck worker publishes late
+    hooks.hit(f"{point}.publishing")  # after the last lease check: a stuck worker publishes late
     result = pending.publish(expected_sha256)
-    faults.hit(f"{point}.published", path=backend.local_path(pending.key))
+    hooks.hit(f"{point}.published")
     verify_object(backend, pending.key, result.sha256)
     return result
 
@@ -104,10 +99,7 @@ def clear_partials(backend: StorageBackend, key: str) -> None:
     """Remove partial writes an earlier, crashed attempt left for ``key`` (disk backends; S3
     keeps unpublished bytes off the bucket, and incomplete multipart uploads are aborted by
     ``cleanup_partials``)."""
-    if faults.fencing_disabled():  # test-only: a stale writer keeps its partial file
-        return
-    if isinstance(backend, DiskBackend):
-        backend.remove_partials_of(key)
+    backend.remove_partials_of(key)
 
 
 def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBackend, dst_key: str, *,
@@ -136,7 +128,7 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
                 break
             w.write(view[:n])
             if first:
-                faults.hit(f"{point}.writing")
+                work.ctx.hooks.hit(f"{point}.writing")
                 first = False
             work.progress(n)
         return publish_verified(work, w, dst, expected_sha256=sha256, point=point)

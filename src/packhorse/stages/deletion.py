@@ -16,21 +16,14 @@ import time
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from .. import faults
 from ..context import ProcessContext
 from ..db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from ..domain import CopyStatus
-from ..errors import PermanentError, RetryableError
+from ..errors import (
+    DeletionDeferredError,
+    DeletionNotSafeError,
+)
 from .base import Recorder, Work
-
-
-class DeletionNotSafeError(PermanentError):
-    """The deletion rule (I1) does not hold for this copy right now; nothing was deleted."""
-
-
-class DeletionDeferredError(RetryableError):
-    """Another operation still needs this copy (e.g. a transfer waiting between retries);
-    nothing was deleted and the deletion is tried again later."""
 
 
 def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
@@ -66,7 +59,7 @@ def delete_bytes(work: Work, copy: PhysicalCopy) -> None:
     work.info.update(location=loc, key=copy.path)
     if copy.status != CopyStatus.DELETED.value:
         work.check()
-        faults.hit("deletion.delete")
+        work.ctx.hooks.hit("deletion.delete")
         work.check()
         work.ctx.backend(loc).delete(copy.path)
 

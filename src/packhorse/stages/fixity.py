@@ -23,8 +23,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..db.models import PhysicalCopy
-from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
-from ..fixity import Finding, check_copy, limiter_for, record_findings
+from ..domain import (
+    LIVE_COPY_STATUSES,
+    CopyStatus,
+    LocationRole,
+    NotificationLevel,
+    OperationKind,
+)
+from ..fixity import Finding, check_copy, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
 from .staging import ensure_readable
@@ -41,10 +47,10 @@ def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
 
 def _check(work: Work, copy: PhysicalCopy) -> Finding:
     loc = work.ctx.location_name(copy.location_id)
-    backend = work.ctx.backend(loc)
+    backend = work.ctx.backend(loc, fixity=True)  # reads keep to fixity_bytes_per_second
     if backend.stat(copy.path) is not None:
         ensure_readable(work, backend, copy.path)  # a cold copy: restore first, come back later
-    return check_copy(backend, copy, loc, limiter=limiter_for(work.ctx, loc), on_bytes=work.progress)
+    return check_copy(backend, copy, loc, on_bytes=work.progress)
 
 
 def run(work: Work) -> Recorder:

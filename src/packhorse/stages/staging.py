@@ -18,20 +18,20 @@
    the operation is not retried and the processing location is never written to.
 5. Extraction pass: the copy is read again and extracted with
    :func:`~packhorse.extraction.extract_tar` (descriptor-relative, ``O_NOFOLLOW``,
-   ``O_EXCL``) into a hidden temporary folder of the processing location, hashed again; if
+   ``O_EXCL``) into a hidden partial folder the processing location's disk backend hands out
+   (:meth:`~packhorse.storage.disk.DiskBackend.open_folder_write`), hashed again; if
    the bytes differ from the first pass (the copy changed in between) the folder is removed
    and the operation fails permanently. The extracted bag is then validated to RFC 8493 (:mod:`~packhorse.bagvalidation`:
    every manifest, every payload file, the tag manifests and the Payload-Oxum).
-6. The bag folder is published under ``<package name>/`` with a no-replace rename (I2); an
-   existing folder from an earlier attempt counts only if it verifies the same way.
+6. The backend publishes the bag folder under ``<package name>/`` with a no-replace rename
+   (I2); an existing folder from an earlier attempt counts only if it verifies the same way. A
+   crashed attempt's partial folder is removed by the start-up sweep.
 7. The completion transaction records the staged copy (path = that folder).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import secrets
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..bagvalidation import validate_folder
 from ..db.models import PhysicalCopy, RawDataPackage
 from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole
 from ..errors import (
@@ -51,15 +52,10 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
-from ..bagvalidation import validate_folder
 from ..extraction import ExtractionLimits, extract_tar
 from ..packaging import BagContents, raise_for_problems, verify_bag_archive
 from ..storage.base import CHUNK_BYTES, StorageBackend
-from ..storage.disk import _renameat2_noreplace
 from .base import Recorder, Work, record_copy
-
-#: Prefix of the temporary extraction folders in a processing location.
-STAGING_TMP_PREFIX = ".packhorse-staging-"
 
 
 class _HashingReader:
@@ -272,32 +268,25 @@ def run(work: Work) -> Recorder:
     if ctx.db.read(staged):
         work.info.update(result="already staged")
         return lambda s: None
-    root = ctx.settings.location_path(dst)
-    final = root / pkg.name
-    if not (final.resolve().is_relative_to(root.resolve())):
-        raise UnsafePathError(f"{dst}: package name {pkg.name!r} leaves the location root", path=pkg.name)
-    if not final.exists():
+    dst_backend = ctx.backend(dst)  # a disk location (request_staging refuses others)
+    if dst_backend.folder(pkg.name) is None:  # the key is checked and confined by the backend (I6)
         src_name, key = _nearest_source(work, pkg.id, dst)
         work.info.update(source=src_name, key=key)
         src = ctx.backend(src_name)
         ensure_readable(work, src, key)
         copy = ArchiveCopy(open=lambda: src.open_read(key), size=pkg.size, sha256=pkg.sha256, host=src_name,
                            key=key)
-        tmp = root / f"{STAGING_TMP_PREFIX}{secrets.token_hex(6)}"
-        try:
-            bag = extract_archive_copy(copy, tmp, limits=ExtractionLimits.from_settings(ctx.settings),
+        with dst_backend.open_folder_write(pkg.name) as pending:  # a hidden partial folder beside the key
+            bag = extract_archive_copy(copy, pending.path / "extracted",
+                                       limits=ExtractionLimits.from_settings(ctx.settings),
                                        check=lambda n: work.check(), progress=work.progress)
             work.check()
-            final.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                _renameat2_noreplace(str(bag), str(final))
-            except FileExistsError:
-                pass  # a concurrent attempt published it: verified below like any existing folder
-            except OSError as e:
-                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            # False: a concurrent attempt published it first; verified below like any existing folder
+            pending.publish(bag)
+    final = dst_backend.folder(pkg.name)
+    if final is None:
+        raise VerificationError(f"{dst}: {pkg.name!r} vanished right after it was staged", step="staging",
+                                side="destination", path=pkg.name, host=dst)
     try:
         verify_bag_folder(final, source=f"{dst}:{pkg.name}")
     except VerificationError as e:

@@ -28,10 +28,19 @@ from sqlalchemy.orm import Session
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
 from ..errors import ConfigError, TransferCommandError
-from ..ratelimit import RateLimiter, ThrottledReads
+from ..ratelimit import RateLimiter
+from ..storage.base import StorageBackend
+from ..storage.registry import read_limited
 from ..topology import bundle_key
-from .base import Recorder, Work, already_there, clear_partials, copy_object, publish_verified, record_copy
-
+from .base import (
+    Recorder,
+    Work,
+    already_there,
+    clear_partials,
+    copy_object,
+    publish_verified,
+    record_copy,
+)
 
 #: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
 SHARE_REFRESH_SECONDS = 1.0
@@ -107,7 +116,7 @@ def run(work: Work) -> Recorder:
     return record
 
 
-def _throttled(work: Work, backend: object, limit: int) -> ThrottledReads:
+def _throttled(work: Work, backend: StorageBackend, limit: int) -> StorageBackend:
     """``backend`` with reads kept to this transfer's share of ``limit`` (bytes/s), refreshed
     every :data:`SHARE_REFRESH_SECONDS`."""
     limiter = RateLimiter(route_share(work, limit), burst_seconds=0.25)
@@ -118,7 +127,7 @@ def _throttled(work: Work, backend: object, limit: int) -> ThrottledReads:
             next_refresh[0] = time.monotonic() + SHARE_REFRESH_SECONDS
             limiter.set_rate(route_share(work, limit))
 
-    return ThrottledReads(backend, limiter, refresh)
+    return read_limited(backend, limiter, refresh)
 
 
 def _run_command(work: Work, args: list[str], key: str) -> None:

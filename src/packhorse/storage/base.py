@@ -14,6 +14,11 @@ Contract (tested for every backend by ``tests/conformance``):
   If the key exists with the same size and sha256 the result is ``already_there=True``; with
   different bytes it raises :class:`~packhorse.errors.DestinationConflictError` and leaves the
   object untouched. Published objects are never overwritten (I2).
+* "Is the same object already there?" is decided by :meth:`StorageBackend.holds` alone,
+  by reading the object back; publishers and stages all ask it.
+* :meth:`PendingWrite.publish` may raise :class:`~packhorse.errors.StorageBusyError` ("try
+  again now"); the pending write then stays intact and publishing may be tried again (the
+  retry layer does, :mod:`packhorse.storage.layers`).
 * If ``expected_sha256`` is given to ``publish`` and the bytes written do not match, nothing
   is published and :class:`~packhorse.errors.VerificationError` is raised.
 * :meth:`StorageBackend.sha256` re-reads the stored object through the backend (I4); callers
@@ -21,7 +26,8 @@ Contract (tested for every backend by ``tests/conformance``):
 * A crash at any point leaves either nothing or the complete object under the key; partial
   writes left on the medium (disk: files with the suffix :data:`PARTIAL_SUFFIX`; S3:
   incomplete multipart uploads) are invisible to ``stat``/``open_read``/``list`` and removed
-  by :meth:`StorageBackend.cleanup_partials`. A backend may also keep unpublished bytes off
+  by :meth:`StorageBackend.cleanup_partials` (all old ones) and
+  :meth:`StorageBackend.remove_partials_of` (one key's, by the next attempt at it). A backend may also keep unpublished bytes off
   the medium altogether (S3 spools locally until ``publish``): then a killed writer leaves
   nothing at all.
 * Keys under :data:`RESERVED_PREFIX` (``_packhorse/``) belong to packhorse itself (write-once
@@ -222,20 +228,40 @@ class StorageBackend(abc.ABC):
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         return f"{QUARANTINE_PREFIX}{check_key(key)}.{stamp}-{secrets.token_hex(4)}"
 
-    def check_same(self, key: str, size: int, sha256: str) -> None:
-        """Raise :class:`DestinationConflictError` unless ``key`` holds exactly these bytes,
-        decided by reading the object back (never by ETag, metadata or size alone; I2, I4)."""
+    def holds(self, key: str, size: int, sha256: str) -> bool:
+        """Is exactly this object already there? The one place that decides it (I2, I4).
+
+        Returns ``False`` if there is no object under ``key``, ``True`` if it has ``size``
+        bytes with ``sha256``, decided by reading the object back through the backend (never
+        by ETag, metadata or size alone).
+
+        Raises:
+            DestinationConflictError: ``key`` holds other bytes; it is left untouched.
+        """
         info = self.stat(key)
         if info is None:
+            return False
+        if info.size == size and self.sha256(key) == sha256:
+            return True
+        raise DestinationConflictError(
+            f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
+            f"expected {size} with sha256 {sha256}); it is left untouched",
+            step="publish", side="destination", path=key, host=self.location,
+            diagnosis="an object with this name but other content is already stored here",
+        )
+
+    def check_same(self, key: str, size: int, sha256: str) -> None:
+        """After a refused conditional create: raise :class:`DestinationConflictError` unless
+        ``key`` holds exactly these bytes (:meth:`holds`); an object gone meanwhile is a
+        conflict too (someone deleted it under a publisher)."""
+        if not self.holds(key, size, sha256):
             raise DestinationConflictError(f"{self.location}: {key!r} vanished while publishing", path=key,
                                            host=self.location)
-        if info.size != size or self.sha256(key) != sha256:
-            raise DestinationConflictError(
-                f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
-                f"expected {size} with sha256 {sha256}); it is left untouched",
-                step="publish", side="destination", path=key, host=self.location,
-                diagnosis="an object with this name but other content is already archived here",
-            )
+
+    def remove_partials_of(self, key: str) -> int:
+        """Remove partial writes an earlier, crashed attempt left for ``key``; returns how
+        many. Backends that keep unpublished bytes off the medium (S3, memory) have none."""
+        return 0
 
     def local_path(self, key: str) -> Path | None:
         """The object's local file path if the backend is a local filesystem, else ``None``."""

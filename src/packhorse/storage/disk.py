@@ -5,6 +5,11 @@ destination folder, are fsynced, then published with a primitive that fails when
 exists: ``link(2)`` (or ``renameat2(RENAME_NOREPLACE)`` where hard links are not supported),
 then the folder is fsynced. Never exists-then-rename.
 
+Folders (staging's bag folders, :meth:`DiskBackend.open_folder_write`) are filled in a hidden
+``.<name>.<random>.packhorse-partial`` folder beside the key and published with
+``renameat2(RENAME_NOREPLACE)``; partial folders are invisible to ``list`` and removed by
+``cleanup_partials`` like partial files.
+
 Confinement (I6): keys are checked by :func:`~packhorse.storage.base.check_key`; every folder
 on the way to an object must resolve inside the root (no symlink escapes) and the object
 itself is opened with ``O_NOFOLLOW``: a destination symlink is never followed.
@@ -16,21 +21,30 @@ import ctypes
 import errno
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from ..digest import hash_stream
 from ..errors import (
     DestinationConflictError,
     DestinationWriteError,
     SourceMissingError,
+    StorageBusyError,
     UnsafePathError,
     VerificationError,
 )
-from .. import faults
-from ..digest import hash_stream
-from .base import PARTIAL_SUFFIX, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import (
+    PARTIAL_SUFFIX,
+    RESERVED_PREFIX,
+    ObjectInfo,
+    PendingWrite,
+    PublishResult,
+    StorageBackend,
+    check_key,
+)
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
@@ -112,15 +126,12 @@ class _DiskPendingWrite(PendingWrite):
                 raise self._write_failed(e) from e
             os.chmod(self._tmp, 0o444)
             try:
-                if faults.fencing_disabled():  # test-only: show the chaos harness catches overwrites
-                    os.replace(self._tmp, self._final)
-                else:
-                    try:
-                        os.link(self._tmp, self._final, follow_symlinks=False)
-                    except OSError as e:
-                        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
-                            raise
-                        _renameat2_noreplace(str(self._tmp), str(self._final))
+                try:
+                    os.link(self._tmp, self._final, follow_symlinks=False)
+                except OSError as e:
+                    if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                        raise
+                    _renameat2_noreplace(str(self._tmp), str(self._final))
                 already = False
             except FileExistsError:
                 already = True
@@ -145,6 +156,62 @@ class _DiskPendingWrite(PendingWrite):
             except FileNotFoundError:
                 pass
             self.closed = True
+
+
+class PendingFolder:
+    """A folder being filled (by an extraction) and not yet visible under its key. Use as a
+    context manager: leaving the block without :meth:`publish` removes it.
+
+    Attributes:
+        key: the folder's key once published.
+        path: the hidden partial folder to fill (inside the location root, beside the key).
+    """
+
+    def __init__(self, backend: "DiskBackend", key: str, final: Path) -> None:
+        self.key = key
+        self._backend = backend
+        self._final = final
+        self.path = final.with_name(f".{final.name}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")
+        os.mkdir(self.path, 0o755)
+
+    def publish(self, folder: Path | None = None) -> bool:
+        """Move ``folder`` (the partial folder itself, or a folder inside it) to the key with
+        ``renameat2(RENAME_NOREPLACE)``, then fsync the parent; the partial folder is removed.
+
+        Returns:
+            ``True`` if published; ``False`` if the key already existed (a concurrent attempt
+            published it): the caller must check that folder, never replace it (I2).
+
+        Raises:
+            UnsafePathError: ``folder`` is not inside the partial folder.
+        """
+        src = self.path if folder is None else Path(folder)
+        try:
+            if src != self.path and self.path not in src.parents:
+                raise UnsafePathError(f"{self._backend.location}: {str(src)!r} is not inside the partial folder of "
+                                      f"{self.key!r}", path=self.key, host=self._backend.location)
+            try:
+                _renameat2_noreplace(str(src), str(self._final))
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    return False
+                raise
+            _fsync_dir(self._final.parent)
+            return True
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Remove the partial folder and everything in it; idempotent."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> "PendingFolder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
 
 
 class DiskBackend(StorageBackend):
@@ -256,16 +323,46 @@ class DiskBackend(StorageBackend):
         return os.fdopen(fd, "rb", buffering=0)  # callers read in large blocks
 
     def open_write(self, key: str) -> PendingWrite:
-        # A concurrent delete() may prune the (then empty) folder between mkdir and creating
-        # the partial file: create the folder again and retry.
-        for attempt in range(5):
-            path = self._path(key, create_parents=True)
-            try:
-                return _DiskPendingWrite(self, key, path)
-            except FileNotFoundError:
-                if attempt == 4:
-                    raise
-        raise AssertionError("unreachable")
+        """Start the write of ``key`` in a partial file next to it (folders created as needed).
+
+        Raises:
+            StorageBusyError: a concurrent :meth:`delete` pruned the (then empty) folder
+                between its creation and the partial file's; the retry layer tries again.
+            DestinationConflictError: a file is in the way of a folder of ``key``.
+        """
+        path = self._path(key, create_parents=True)
+        try:
+            return _DiskPendingWrite(self, key, path)
+        except FileNotFoundError:
+            raise StorageBusyError(f"{self.location}: the folder of {key!r} was removed by a concurrent deletion "
+                                   "while the write started", side="destination", path=key,
+                                   host=self.location) from None
+
+    def open_folder_write(self, key: str) -> PendingFolder:
+        """Start filling a folder that will appear under ``key`` at once when published
+        (:class:`PendingFolder`; folders on the way are created, confined to the root).
+
+        Raises:
+            UnsafePathError: ``key`` is unsafe or resolves outside the root.
+            DestinationConflictError: a file is in the way of a folder of ``key``.
+        """
+        return PendingFolder(self, key, self._path(key, create_parents=True))
+
+    def folder(self, key: str) -> Path | None:
+        """The local path of the published folder ``key``, or ``None`` if there is none.
+
+        Raises:
+            UnsafePathError: ``key`` is unsafe, resolves outside the root, or is a symlink or
+                a file rather than a folder.
+        """
+        path = self._path(key)
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not os.path.stat.S_ISDIR(st.st_mode):
+            raise UnsafePathError(f"{self.location}: {key!r} is not a folder", path=key, host=self.location)
+        return path
 
     def delete(self, key: str, *, prune: bool = True) -> bool:
         path = self._path(key)
@@ -290,7 +387,7 @@ class DiskBackend(StorageBackend):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         out: list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames.sort()
+            dirnames[:] = sorted(d for d in dirnames if not d.endswith(PARTIAL_SUFFIX))
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in filenames:
                 if name.endswith(PARTIAL_SUFFIX):
@@ -326,7 +423,13 @@ class DiskBackend(StorageBackend):
     def cleanup_partials(self, older_than_seconds: float) -> int:
         removed = 0
         cutoff = time.time() - older_than_seconds
-        for dirpath, _dirs, filenames in os.walk(self.root):
+        for dirpath, dirs, filenames in os.walk(self.root):
+            for name in [d for d in dirs if d.endswith(PARTIAL_SUFFIX)]:  # partial folders
+                dirs.remove(name)
+                p = os.path.join(dirpath, name)
+                if _newest_mtime(p) <= cutoff:  # an extraction still writing deep inside is not old
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed += 1
             for name in filenames:
                 if name.endswith(PARTIAL_SUFFIX):
                     p = os.path.join(dirpath, name)
@@ -351,6 +454,18 @@ class DiskBackend(StorageBackend):
             except FileNotFoundError:
                 pass
         return removed
+
+
+def _newest_mtime(folder: str) -> float:
+    """The newest mtime (UTC s) of ``folder`` and everything under it (0 if it is gone)."""
+    newest = 0.0
+    for dirpath, _dirs, filenames in os.walk(folder):
+        for p in (dirpath, *(os.path.join(dirpath, f) for f in filenames)):
+            try:
+                newest = max(newest, os.lstat(p).st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest
 
 
 def glob_escape(name: str) -> str:

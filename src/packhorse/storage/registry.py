@@ -1,5 +1,11 @@
 """Build the storage backend of a data location: the one place where backends are composed.
 
+:func:`backend_for` builds the backend of the location's storage type and hands it to
+:func:`compose`, which stacks the layers of :mod:`packhorse.storage.layers` around it, from
+the caller inwards: logging → retry → read rate (fixity reads only) → the hooks' fault layer
+(tests) → backend; :func:`read_limited` adds a transfer's bandwidth share on top. Nothing else
+in packhorse builds a backend or a layer.
+
 S3 locations are checked when their backend is first built in a process (issue #5): the
 write-once probe (refused with a :class:`~packhorse.errors.ConfigError` naming the location
 if the store ignores ``If-None-Match: *``, unless ``write_once_probe = false``, which logs a
@@ -11,6 +17,8 @@ store is refused (exit 2) before any work runs.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -20,9 +28,12 @@ from ..domain import StorageType
 from ..errors import ConfigError
 from .base import StorageBackend
 from .disk import DiskBackend
+from .layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
 
 if TYPE_CHECKING:
     from ..db.session import Database
+    from ..hooks import Hooks
+    from ..ratelimit import RateLimiter
 
 log = structlog.get_logger(__name__)
 _probe_lock = threading.Lock()
@@ -30,12 +41,16 @@ _probe_lock = threading.Lock()
 _probed: dict[tuple[str | None, str, str], bool] = {}
 
 
-def backend_for(settings: Settings, location_name: str, *, db: "Database | None" = None) -> StorageBackend:
-    """Return the backend for data location ``location_name``.
+def backend_for(settings: Settings, location_name: str, *, db: "Database | None" = None,
+                hooks: "Hooks | None" = None, fixity: bool = False) -> StorageBackend:
+    """Return the backend of data location ``location_name``, composed (:func:`compose`).
 
     Args:
         db: the ops database; needed by S3 locations with ``write_once_probe = false``
             (per-object leases live there).
+        hooks: the process's hooks (:mod:`packhorse.hooks`); ``None``: none.
+        fixity: the stack for the fixity audit, whose reads keep to the location's
+            ``fixity_bytes_per_second``.
 
     Raises:
         ConfigError: unknown location, unsupported storage type, an S3 store that ignores
@@ -47,10 +62,38 @@ def backend_for(settings: Settings, location_name: str, *, db: "Database | None"
     except KeyError:
         raise ConfigError(f"unknown data location {location_name!r}") from None
     if loc.storage is StorageType.DISK:
-        return DiskBackend(loc.name, settings.location_path(loc.name))
-    if loc.storage is StorageType.S3:
-        return _s3_backend(settings, loc, db)
-    raise ConfigError(f"locations: storage type {loc.storage.value!r} of {loc.name!r} is not supported yet")
+        backend: StorageBackend = DiskBackend(loc.name, settings.location_path(loc.name))
+    elif loc.storage is StorageType.S3:
+        backend = _s3_backend(settings, loc, db)
+    else:
+        raise ConfigError(f"locations: storage type {loc.storage.value!r} of {loc.name!r} is not supported yet")
+    return compose(backend, hooks=hooks, read_bytes_per_second=loc.fixity_bytes_per_second if fixity else None)
+
+
+def compose(backend: StorageBackend, *, hooks: "Hooks | None" = None, read_bytes_per_second: float | None = None,
+            retry_attempts: int = 10, retry_delay_seconds: float = 0.05,
+            sleep: Callable[[float], None] = time.sleep) -> StorageBackend:
+    """Stack the layers around ``backend`` (the one function that does; see the module).
+
+    Args:
+        hooks: its :meth:`~packhorse.hooks.Hooks.storage_layer` goes innermost.
+        read_bytes_per_second: hold reads to this rate (the process-wide bucket of the
+            location, :func:`~packhorse.storage.layers.limiter_for`); ``None``: unlimited.
+        retry_attempts / retry_delay_seconds / sleep: the retry layer's (busy answers only).
+    """
+    stacked = hooks.storage_layer(backend) if hooks is not None else backend
+    if read_bytes_per_second:
+        stacked = ReadRateLayer(stacked, limiter_for(backend.location, read_bytes_per_second))
+    stacked = RetryLayer(stacked, attempts=retry_attempts, base_delay_seconds=retry_delay_seconds, sleep=sleep)
+    return LoggingLayer(stacked)
+
+
+def read_limited(backend: StorageBackend, limiter: "RateLimiter",
+                 on_read: Callable[[], None] | None = None) -> StorageBackend:
+    """``backend`` (a composed stack) with its reads held to ``limiter`` (bytes per second):
+    a transfer's share of its route's bandwidth limit (:mod:`packhorse.stages.transfer`).
+    ``on_read`` is called before each read (the transfer refreshes its share there)."""
+    return ReadRateLayer(backend, limiter, on_read)
 
 
 def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") -> StorageBackend:

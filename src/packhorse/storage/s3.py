@@ -64,12 +64,22 @@ import structlog
 from ..errors import (
     ConfigError,
     DestinationConflictError,
+    DestinationWriteError,
     RestoreRequiredError,
     SourceMissingError,
+    StorageBusyError,
     StorageServiceError,
     VerificationError,
 )
-from .base import CHUNK_BYTES, RESERVED_PREFIX, ObjectInfo, PendingWrite, PublishResult, StorageBackend, check_key
+from .base import (
+    CHUNK_BYTES,
+    RESERVED_PREFIX,
+    ObjectInfo,
+    PendingWrite,
+    PublishResult,
+    StorageBackend,
+    check_key,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -156,29 +166,44 @@ class _S3PendingWrite(PendingWrite):
                                                          dir=backend.spool_dir)
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
-        self._spool.write(data)
+        try:
+            self._spool.write(data)
+        except OSError as e:  # the local spool's disk is full: free it now, name where
+            self.abort()
+            raise DestinationWriteError(
+                f"{self._b.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
+                f"{self._b.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
+                step="write", side="destination", path=self.key, host=self._b.location) from e
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
+        busy = False
         try:
             sha = self.check_expected(expected_sha256, b.location)
             digest = bytes.fromhex(sha)
             lease = b.object_lease(self.key) if b.object_lease is not None else nullcontext()
             with lease:
-                if not b.conditional_writes and b.stat(self.key) is not None:  # check-before-write
-                    b.check_same(self.key, self.size, sha)
+                if not b.conditional_writes and b.holds(self.key, self.size, sha):  # check-before-write
                     return PublishResult(self.key, self.size, sha, already_there=True)
                 created = b._create(self.key, self._spool, self.size, digest)
             if not created:
                 b.check_same(self.key, self.size, sha)
             return PublishResult(self.key, self.size, sha, already_there=not created)
+        except StorageBusyError:
+            busy = True  # the spool stays: publishing may be tried again (contract)
+            raise
         finally:
-            self.abort()
+            if not busy:
+                self.abort()
 
     def abort(self) -> None:
-        if not self._spool.closed:
-            self._spool.close()
-        self.closed = True
+        try:
+            if not self._spool.closed:
+                self._spool.close()  # an unlinked temporary file: closing frees its space
+        except OSError:
+            pass  # the flush of a full disk fails again; the file is closed and gone anyway
+        finally:
+            self.closed = True
 
 
 class S3Backend(StorageBackend):
@@ -243,30 +268,34 @@ class S3Backend(StorageBackend):
         return {"ObjectLockMode": self.object_lock_mode, "ObjectLockRetainUntilDate": until}
 
     def _create(self, key: str, spool: Any, size: int, digest: bytes) -> bool:
-        """Create ``key`` from the spool if it does not exist; ``False`` if it existed (412)."""
+        """Create ``key`` from the spool if it does not exist; ``False`` if it existed (412).
+
+        Raises:
+            StorageBusyError: a concurrent conditional write of the key is in progress (409);
+                the retry layer tries again.
+        """
         cond = {"IfNoneMatch": "*"} if self.conditional_writes else {}
         common = dict(Bucket=self.bucket, Key=self._full(key), Metadata={SHA256_METADATA: digest.hex()},
                       **self._lock_args())
-        for attempt in range(10):
-            spool.seek(0)
-            try:
-                if size <= self.multipart_threshold_bytes:
-                    self.client.put_object(Body=spool.read(), ChecksumAlgorithm="SHA256",
-                                           ChecksumSHA256=_b64_sha256(digest), **common, **cond)
-                else:
-                    self._multipart(key, spool, size, common, cond)
-                self._hot.add(key)
-                return True
-            except Exception as e:
-                if _is_precondition_failed(e):
-                    return False
-                if _is_conditional_conflict(e) and attempt < 9:
-                    time.sleep(0.05 * (attempt + 1))
-                    continue
-                if isinstance(e, (DestinationConflictError, VerificationError)):
-                    raise
-                raise self._error(e, key, "publishing") from e
-        raise AssertionError("unreachable")
+        spool.seek(0)
+        try:
+            if size <= self.multipart_threshold_bytes:
+                self.client.put_object(Body=spool.read(), ChecksumAlgorithm="SHA256",
+                                       ChecksumSHA256=_b64_sha256(digest), **common, **cond)
+            else:
+                self._multipart(key, spool, size, common, cond)
+        except Exception as e:
+            if _is_precondition_failed(e):
+                return False
+            if _is_conditional_conflict(e):
+                raise StorageBusyError(f"{self.location}: another conditional write of {key!r} is in progress "
+                                       f"in bucket {self.bucket!r}", side="destination", path=key,
+                                       host=self.location) from e
+            if isinstance(e, (DestinationConflictError, VerificationError)):
+                raise
+            raise self._error(e, key, "publishing") from e
+        self._hot.add(key)
+        return True
 
     def _multipart(self, key: str, spool: Any, size: int, common: dict[str, Any], cond: dict[str, str]) -> None:
         part = max(self.multipart_part_bytes, -(-size // MAX_PARTS))

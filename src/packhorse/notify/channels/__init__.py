@@ -12,17 +12,15 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ...errors import PackhorseError
+from ...errors import ChannelError
 
 if TYPE_CHECKING:
     from ...config import NotificationsConfig
+    from ...hooks import Hooks
 
-
-class ChannelError(PackhorseError):
-    """A channel could not deliver a message (server down, refused, bad credentials, …).
-
-    The notifier retries the notification with backoff, then dead-letters it.
-    """
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -51,12 +49,17 @@ class Channel(Protocol):
     def wants(self, level: str) -> bool:
         """Whether this channel has recipients for notifications of ``level``."""
 
-    def send(self, message: Message) -> None:
-        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted."""
+    def send(self, message: Message, *, timeout: float | None = None) -> None:
+        """Deliver ``message``; raises :class:`ChannelError` if it was not accepted.
+        ``timeout`` (seconds) caps each network step below the channel's own timeout."""
+
+    def abort(self) -> None:
+        """From another thread: make a :meth:`send` in progress fail now (the notifier stops)."""
 
 
-def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
-    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL.
+def build_channels(cfg: "NotificationsConfig", *, hooks: "Hooks | None" = None) -> list[Channel]:
+    """The channels configured in ``[notifications]``: SMTP first, then one per apprise URL
+    (``hooks``: the process's fault hooks, handed to the SMTP channel).
 
     Raises:
         ConfigError: an apprise URL apprise does not understand (named with its key).
@@ -66,7 +69,7 @@ def build_channels(cfg: "NotificationsConfig") -> list[Channel]:
 
     out: list[Channel] = []
     if cfg.smtp is not None:
-        out.append(SmtpChannel(cfg.smtp))
+        out.append(SmtpChannel(cfg.smtp) if hooks is None else SmtpChannel(cfg.smtp, hooks=hooks))
     out.extend(apprise_channels(cfg.apprise_urls, cfg.apprise_urls_by_level))
     return out
 

@@ -39,8 +39,13 @@ class AppriseChannel:
         """True when this URL is listed for ``level``."""
         return self.levels is None or level in self.levels
 
-    def send(self, message: Message) -> None:
-        """Post ``message`` (title = subject, body = text).
+    def abort(self) -> None:
+        """Nothing to abort: apprise bounds each post by its own timeouts (4 s connect and
+        read by default; ``cto`` / ``rto`` URL arguments)."""
+
+    def send(self, message: Message, *, timeout: float | None = None) -> None:
+        """Post ``message`` (title = subject, body = text); ``timeout`` is not used (see
+        :meth:`abort`).
 
         Raises:
             ChannelError: apprise reported a failed delivery.

@@ -1,0 +1,187 @@
+"""Test-side fault hooks (:mod:`packhorse.hooks`): a JSON fault plan, simulated disk usage.
+
+Handed to packhorse either directly (``ProcessContext(..., hooks=FaultPlan([...]))``) or, for
+``packhorse`` subprocesses and their worker processes, through ``[hooks] module`` pointing at
+this file: ``tests/conftest.py`` sets ``PACKHORSE_HOOKS__MODULE`` to it for the whole test
+session (benchmarks/chaos.py does the same for its runs). :func:`make_hooks` then reads, in
+every process, the test-only environment variables (only test code reads them):
+
+* ``PACKHORSE_TEST_FAULTS``: JSON, a list of hooks ``{"point": NAME, "action": ACTION, ...}``
+  (read at every hit, so ``monkeypatch.setenv`` works in-process too). Actions:
+
+  - ``"pause"``: create the file ``marker`` (if given), then sleep ``seconds``;
+  - ``"corrupt"``: flip the first byte of the object this thread published last through the
+    fault layer (disk and memory backends), so the verification by re-reading must catch it;
+  - ``"fail"``: raise ``RuntimeError`` (a retryable failure);
+  - ``"db_error"``: raise :class:`~packhorse.errors.TransientDatabaseError`;
+  - ``"duplicate"`` (point ``dispatch``): a mode, :meth:`FaultPlan.active`.
+
+  A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
+  PATH`` stops it once that file exists.
+* ``PACKHORSE_TEST_DISK_USAGE``: a JSON file ``{"<location>": {"total": bytes, "used":
+  bytes}}`` read at every measurement of the disk monitor (other locations: the file system).
+* ``PACKHORSE_TEST_NO_FENCING=1``: the chaos harness's variant without fencing
+  (:mod:`tests.unfenced`, loaded from the file next to this one).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from packhorse.diskusage import Usage, UsageProvider, filesystem_usage
+from packhorse.errors import TransientDatabaseError
+from packhorse.hooks import Hooks
+from packhorse.storage.base import PendingWrite, PublishResult, StorageBackend
+from packhorse.storage.layers import Layer, PendingLayer, innermost
+
+FAULTS_ENV = "PACKHORSE_TEST_FAULTS"
+DISK_USAGE_ENV = "PACKHORSE_TEST_DISK_USAGE"
+NO_FENCING_ENV = "PACKHORSE_TEST_NO_FENCING"
+HERE = Path(__file__).resolve()
+
+
+def _plan_from_env() -> list[dict[str, Any]]:
+    raw = os.environ.get(FAULTS_ENV)
+    if not raw:
+        return []
+    data = json.loads(raw)
+    return data if isinstance(data, list) else [data]
+
+
+class _Published(threading.local):
+    last: tuple[StorageBackend, str] | None = None
+
+
+class _FaultPending(PendingLayer):
+    def __init__(self, inner: PendingWrite, layer: "FaultLayer") -> None:
+        super().__init__(inner)
+        self._layer = layer
+
+    def publish(self, expected_sha256: str | None = None) -> PublishResult:
+        result = self.inner.publish(expected_sha256)
+        self._layer.plan.published.last = (self._layer.inner, self.key)
+        return result
+
+
+class FaultLayer(Layer):
+    """The storage layer of a :class:`FaultPlan`: remembers what this thread published, so a
+    ``corrupt`` hook can damage it on the medium (behind the backend's back)."""
+
+    def __init__(self, inner: StorageBackend, plan: "FaultPlan") -> None:
+        super().__init__(inner)
+        self.plan = plan
+
+    def open_write(self, key: str) -> PendingWrite:
+        return _FaultPending(self.inner.open_write(key), self)
+
+
+def corrupt_object(backend: StorageBackend, key: str) -> None:
+    """Flip the first byte of ``key`` on the medium of a disk (or memory) backend."""
+    bottom = innermost(backend)
+    path = bottom.local_path(key)
+    if path is not None:
+        os.chmod(path, 0o644)
+        with open(path, "r+b") as f:
+            b = f.read(1)
+            f.seek(0)
+            f.write(bytes([(b[0] if b else 0) ^ 0xFF]))
+        os.chmod(path, 0o444)
+        return
+    corrupt = getattr(bottom, "corrupt", None)
+    if corrupt is None:
+        raise AssertionError(f"cannot corrupt {key!r} on {type(bottom).__name__}")
+    corrupt(key)
+
+
+class FaultPlan(Hooks):
+    """Hooks that run a fault plan (see the module docstring).
+
+    Args:
+        plan: the hooks; ``None`` reads ``PACKHORSE_TEST_FAULTS`` at every hit.
+        disk_usage_file: a JSON file of simulated disk figures; ``None`` reads
+            ``PACKHORSE_TEST_DISK_USAGE``.
+        usage: a :data:`~packhorse.diskusage.UsageProvider` of a test (wins over the file).
+    """
+
+    def __init__(self, plan: list[dict[str, Any]] | None = None, *, disk_usage_file: str | None = None,
+                 usage: UsageProvider | None = None) -> None:
+        self.plan = plan
+        self.disk_usage_file = disk_usage_file
+        self.usage = usage
+        self.published = _Published()
+        self._lock = threading.Lock()
+        self._fired: dict[int, int] = {}
+
+    def hooks(self) -> list[dict[str, Any]]:
+        return self.plan if self.plan is not None else _plan_from_env()
+
+    def active(self, point: str, action: str) -> bool:
+        return any(h.get("point") == point and h.get("action") == action for h in self.hooks())
+
+    def hit(self, point: str) -> None:
+        for i, hook in enumerate(self.hooks()):
+            if hook.get("point") != point:
+                continue
+            if hook.get("unless_exists") and Path(hook["unless_exists"]).exists():
+                continue
+            with self._lock:
+                times = hook.get("times")
+                if times is not None and self._fired.get(i, 0) >= int(times):
+                    continue
+                self._fired[i] = self._fired.get(i, 0) + 1
+            action = hook.get("action")
+            if action == "pause":
+                if hook.get("marker"):
+                    Path(hook["marker"]).write_text(str(os.getpid()))
+                time.sleep(float(hook.get("seconds", 1)))
+            elif action == "corrupt":
+                last = self.published.last
+                if last is not None:
+                    corrupt_object(*last)
+            elif action == "fail":
+                raise RuntimeError(f"test fault at {point}")
+            elif action == "db_error":
+                raise TransientDatabaseError(f"test fault at {point}: database unavailable")
+
+    def storage_layer(self, backend: StorageBackend) -> StorageBackend:
+        return FaultLayer(backend, self)
+
+    def disk_usage(self) -> UsageProvider | None:
+        if self.usage is not None:
+            return self.usage
+        path = self.disk_usage_file or os.environ.get(DISK_USAGE_ENV)
+        if not path:
+            return None
+
+        def provider(location: str, root: Path) -> Usage:
+            figures = json.loads(Path(path).read_text(encoding="utf-8"))
+            if location not in figures:
+                return filesystem_usage(location, root)
+            f = figures[location]
+            total, used = int(f["total"]), int(f["used"])
+            return Usage(total=total, used=used, free=int(f.get("free", total - used)))
+
+        return provider
+
+
+def _load_unfenced() -> Any:
+    spec = importlib.util.spec_from_file_location("packhorse_tests_unfenced", HERE.with_name("unfenced.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_hooks(settings: object) -> Hooks:
+    """``[hooks] module`` entry point: the environment's fault plan, and without fencing when
+    ``PACKHORSE_TEST_NO_FENCING=1`` (the chaos harness's variant)."""
+    plan = FaultPlan()
+    if os.environ.get(NO_FENCING_ENV) == "1":
+        return _load_unfenced().Unfenced(plan)
+    return plan
