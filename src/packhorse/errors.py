@@ -31,6 +31,8 @@
         │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
         │   ├── SourceChangedError         the source no longer matches its registered sha256
+        │   ├── InvalidBagError            the bytes are the recorded ones but their bag does not
+        │   │                              validate: a retry would read the same bytes
         │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
@@ -216,6 +218,12 @@ class SourceMissingError(PermanentError):
 
 class SourceChangedError(PermanentError):
     """A source file's size or sha256 differs from what was registered at scan time."""
+
+
+class InvalidBagError(PermanentError):
+    """An artifact's bytes are exactly the recorded ones (size and sha256) but the bag they
+    hold does not validate (RFC 8493, :mod:`packhorse.bagvalidation`): the fault is in what was
+    archived, not in the reading, so it is never retried (another good source is needed)."""
 
 
 class DeletionNotSafeError(PermanentError):

@@ -22,9 +22,12 @@ with the artifact (``location:key``) and names the member:
   a component longer than ``NAME_MAX`` (255 bytes), a name of ``PATH_MAX`` (4096) bytes or more;
 - a second member with the same name (the standard library would let it overwrite the first),
   a file where an earlier member made a directory and the other way round;
-- two names that differ only by Unicode normalization (NFC); on a case-insensitive target
-  file system also two names that differ only by letter case: such a file system would merge
-  them, so the second would land on the first;
+- where the target file system would merge them (so the second would land on the first), two
+  names that differ only by Unicode normalization (NFC: a normalizing file system, such as
+  APFS or ZFS with ``normalization=formD``) or only by letter case (a case-insensitive one);
+  :func:`extract_tar` probes its new target for both. Readers that create no file from a
+  member name (unpack, validation) do not refuse such pairs: on Linux file systems ``é`` in
+  NFC and in NFD are two files, a source folder may hold both, and packhorse archives both;
 - a directory member carrying data, an extended (PAX or GNU) header over
   :data:`MAX_HEADER_BYTES` (tarfile would read it whole into memory);
 - more members than ``extraction.max_members``, a member larger than
@@ -238,14 +241,14 @@ def _kind_refusal(member: tarfile.TarInfo) -> str | None:
     return f"is {what}; only regular files and folders are extracted"
 
 
-def _key(part: str, casefold: bool) -> str:
-    k = unicodedata.normalize("NFC", part)
+def _key(part: str, casefold: bool, normalization: bool) -> str:
+    k = unicodedata.normalize("NFC", part) if normalization or casefold else part
     return k.casefold() if casefold else k
 
 
 def _merged_reason(name: str, other: str) -> str:
     if unicodedata.normalize("NFC", name) == unicodedata.normalize("NFC", other):
-        return f"differs from member {other!r} only by Unicode normalization (a file system may merge them)"
+        return f"differs from member {other!r} only by Unicode normalization (the target file system merges them)"
     return f"differs from member {other!r} only by letter case (the target file system is case-insensitive)"
 
 
@@ -255,6 +258,7 @@ def iter_members(
     source: str,
     limits: ExtractionLimits = DEFAULT_LIMITS,
     casefold: bool = False,
+    normalization: bool = False,
     step: str = "extract",
 ) -> Iterator[TarMember]:
     """Iterate the members of a tar, applying every refusal rule of this module; stops at the
@@ -266,7 +270,8 @@ def iter_members(
     """
     with open_tar(fileobj, source=source) as tar:
         try:
-            yield from members_of(tar, source=source, limits=limits, casefold=casefold, step=step)
+            yield from members_of(tar, source=source, limits=limits, casefold=casefold,
+                                  normalization=normalization, step=step)
         except tarfile.TarError as e:
             raise VerificationError(f"{source}: damaged tar: {e}", step=step) from None
 
@@ -277,6 +282,7 @@ def members_of(
     source: str,
     limits: ExtractionLimits = DEFAULT_LIMITS,
     casefold: bool = False,
+    normalization: bool = False,
     step: str = "extract",
     on_refused: Callable[[UnsafePathError], None] | None = None,
 ) -> Iterator[TarMember]:
@@ -292,6 +298,8 @@ def members_of(
         source: the artifact for messages, ``"location:key"``.
         limits: member count and byte limits.
         casefold: also refuse names differing only by letter case (a case-insensitive target).
+        normalization: also refuse names differing only by Unicode normalization (a target
+            file system that normalizes names).
         step: the error context's ``step``.
         on_refused: without it, a refused member raises and nothing after it is read (what
             every path that writes uses). With it, a refused member is handed to it and
@@ -326,7 +334,8 @@ def members_of(
             raise refused(source, member.name, f"brings the archive to {total} bytes, more than "
                                                f"extraction.max_total_bytes = {limits.max_total_bytes}", step=step)
         try:
-            name, parts = _check(member, entries, source=source, casefold=casefold, step=step)
+            name, parts = _check(member, entries, source=source, casefold=casefold,
+                                 normalization=normalization, step=step)
         except UnsafePathError as e:
             if on_refused is None:
                 raise
@@ -336,7 +345,7 @@ def members_of(
 
 
 def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, str]], *, source: str,
-           casefold: bool, step: str) -> tuple[str, tuple[str, ...]]:
+           casefold: bool, normalization: bool, step: str) -> tuple[str, tuple[str, ...]]:
     """Apply the name, type and uniqueness rules to ``member``; record it in ``entries``."""
     name, parts = _name_of(member, source, step)
     why = _kind_refusal(member)
@@ -345,7 +354,7 @@ def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, st
     is_dir = member.type == tarfile.DIRTYPE
     if is_dir and member.size:
         raise refused(source, name, f"is a folder carrying {member.size} bytes of data", step=step)
-    keys = tuple(_key(p, casefold) for p in parts)
+    keys = tuple(_key(p, casefold, normalization) for p in parts)
     for i in range(1, len(parts)):
         spelled = "/".join(parts[:i])
         seen = entries.get(keys[:i])
@@ -385,6 +394,26 @@ def _case_insensitive(parent_fd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+#: The probe names of :func:`_normalizes`: "é" precomposed (NFC) and decomposed (NFD).
+_PROBE_NFC = ".packhorse-probe-\u00e9"
+_PROBE_NFD = ".packhorse-probe-e\u0301"
+
+
+def _normalizes(folder_fd: int) -> bool:
+    """True when the (new, empty) folder ``folder_fd`` merges names that differ only by Unicode
+    normalization: a probe file created under its NFC name is found under its NFD name. The
+    probe is removed again."""
+    fd = os.open(_PROBE_NFC, _FILE_FLAGS, 0o600, dir_fd=folder_fd)
+    os.close(fd)
+    try:
+        os.stat(_PROBE_NFD, dir_fd=folder_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.unlink(_PROBE_NFC, dir_fd=folder_fd)
 
 
 class _Folders:
@@ -514,7 +543,8 @@ def extract_tar(
                 names: list[str] = []
                 try:
                     for m in iter_members(fileobj, source=source, limits=limits,
-                                          casefold=_case_insensitive(parent_fd, target.name)):
+                                          casefold=_case_insensitive(parent_fd, target.name),
+                                          normalization=_normalizes(root_fd)):
                         if m.is_dir:
                             folders.fd(m.parts, m.name)
                         else:

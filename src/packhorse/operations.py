@@ -27,9 +27,11 @@ import datetime as dt
 import random
 import socket
 import traceback as tb
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -37,7 +39,9 @@ from sqlalchemy.orm import Session
 from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database, insert_ignoring_conflicts
 from .domain import OperationKind, Status
-from .errors import ResetRefusedError
+from .errors import PackhorseError, ResetRefusedError
+
+log = structlog.get_logger(__name__)
 
 #: Exceptions that no retry can fix (issue #3, layer 1).
 PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
@@ -386,6 +390,7 @@ def record_failure(
     notification_cooldown_seconds: float = 3600.0,
     notification_gather_seconds: float = 0.0,
     notify_retries: bool = False,
+    salvage: Callable[[Session], None] | None = None,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, diagnose a permanent failure that has no
     diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
@@ -398,7 +403,9 @@ def record_failure(
     notification); failures of one root cause within ``notification_cooldown_seconds`` share
     one message, which waits ``notification_gather_seconds`` for them
     (:func:`packhorse.notify.messages.operation_failed`). With ``notify_retries`` (``[notifications] development_mode``) a retry
-    queues a DEBUG "Retry: <kind> <id>" notification too (issue #7).
+    queues a DEBUG "Retry: <kind> <id>" notification too. ``salvage`` (the attempt's
+    :attr:`~packhorse.stages.base.Work.salvage`) runs in the same transaction, only when the
+    fenced status write succeeded.
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
@@ -433,6 +440,11 @@ def record_failure(
         res = s.execute(update(Operation).where(*where).values(**values))
         if res.rowcount != 1:
             return None
+        if salvage is not None:
+            try:
+                salvage(s)
+            except PackhorseError as e:  # e.g. a conflicting copy row: the failure is recorded all the same
+                log.error("operation_salvage_refused", operation_id=claim.operation_id, error=str(e))
         if new is Status.FAILED:
             from .notify.messages import operation_failed
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -98,7 +99,7 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
 
             ctx.db.transact(finish)
         except Exception as exc:
-            return _failed(ctx, c, exc, work.info)
+            return _failed(ctx, c, exc, work.info, salvage=work.salvage)
     _completed(work.info)
     return Outcome.COMPLETED
 
@@ -107,7 +108,8 @@ def _completed(info: dict[str, Any]) -> None:
     log.info("operation_completed", **{k: v for k, v in info.items() if isinstance(v, (str, int))})
 
 
-def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any]) -> Outcome:
+def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
+            salvage: Callable[[Session], None] | None = None) -> Outcome:
     """What an attempt that raised ``exc`` comes to (the one place that decides it): a lost
     lease is recorded as a stale attempt; a deferral hands the operation back; a database
     outage leaves it to lease recovery; anything else goes through the single failure path."""
@@ -130,7 +132,7 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any])
                             backoff_max=rec.retry_backoff_max_seconds, operation_info=info,
                             notification_cooldown_seconds=rec.notification_cooldown_seconds,
                             notification_gather_seconds=ctx.settings.notifications.digest_gather_seconds,
-                            notify_retries=ctx.settings.notifications.development_mode)
+                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage)
     if result.status is None:
         log.warning("operation_attempt_stale", error=str(exc))
         return Outcome.STALE

@@ -194,3 +194,50 @@ def test_unpack_of_a_bundle_carrying_a_hostile_package_fails_permanently(ctx: Pr
     # the other destination is not affected: both packages archived at cornell
     assert {p.parent.name + "/" + p.name for p in (ctx.settings.location_path("cornell-lta") / "raw").rglob("*.tar")} \
         == {"chai/obs-1.tar", "chai/obs-2.tar"}
+
+
+def test_a_package_unpacked_before_a_hostile_one_is_recorded_and_archived(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # the bundle carries chai/obs-1 (good) then chai/obs-2 (hostile): obs-1 is published and
+    # verified before obs-2 is refused; it used to stay in the buffer with no copy row, never
+    # archived and never cleaned up (found by a new-user trial)
+    monkeypatch.setenv("PACKHORSE_EXECUTOR__POOL", "thread")
+    # both packages in one bundle: it closes at their joint size (well above one package)
+    settings = load_config(write_site_config(tmp_path / "site", bundle_target_bytes=30000,
+                                             bundle_max_wait_seconds=60))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    _fill_source(ctx)
+    real_unpack = unpack.unpack_bundle
+
+    def hostile_bundle(work, stream, *, buf, **kw):  # type: ignore[no-untyped-def]
+        if buf.location != "cologne-buffer":
+            return real_unpack(work, stream, buf=buf, **kw)
+        out = []
+        for m, d in _members(stream.read()):
+            if m.name.endswith("/data/chai/obs-2.tar") and d is not None:
+                inner = _members(d)
+                d = _tar([*inner, special(inner[0][0].name.split("/")[0] + "/data/link", tarfile.SYMTYPE, "/")])
+            out.append((m, d))
+        return real_unpack(work, io.BytesIO(_tar(out)), buf=buf, **kw)
+
+    monkeypatch.setattr(unpack, "unpack_bundle", hostile_bundle)
+    LocalRunner(ctx).run(until_idle=True)
+    unpacks = [o for o in _ops(ctx, OperationKind.UNPACK)
+               if ctx.location_name(o.destination_location_id) == "cologne-buffer"]
+    assert [o.status for o in unpacks] == [Status.FAILED.value]  # one bundle, refused at obs-2
+    buffer_id = ctx.topology.location_ids["cologne-buffer"]
+
+    def copies(s):  # type: ignore[no-untyped-def]
+        return sorted(s.execute(select(RawDataPackage.name, PhysicalCopy.status).join(
+            PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id).where(
+            PhysicalCopy.location_id == buffer_id)).all())
+
+    assert [name for name, _ in ctx.db.read(copies)] == ["chai/obs-1"]  # its row, whatever its status now
+    buffer = ctx.settings.location_path("cologne-buffer")
+    assert not list(buffer.rglob("*obs-2*"))  # nothing of the hostile package, not even a partial
+    cologne = {p.relative_to(ctx.settings.location_path("cologne-lta")).as_posix()
+               for p in ctx.settings.location_path("cologne-lta").rglob("*.tar")}
+    assert cologne == {"raw/chai/obs-1.tar"}
+    db.dispose()

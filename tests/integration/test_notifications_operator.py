@@ -262,3 +262,24 @@ def test_ca_file_must_exist_and_needs_tls(tmp_path: Path) -> None:
                            environ={})
     with pytest.raises(ConfigError, match="ca_file"):
         settings_from_dict({"notifications": smtp_settings(25, smtp={"ca_file": str(tmp_path)})}, environ={})
+
+
+def test_a_flush_waits_for_a_retry_falling_due_within_its_budget(empty_db: Database, smtp_server: SmtpServer) -> None:
+    """The end of ``run --until-idle``: the notifier thread's delivery was just aborted by the
+    stop, so that row is due again a moment later; the flush delivers it rather than leaving it."""
+    import datetime as dt
+
+    from packhorse.db.models import utcnow
+    from packhorse.domain import NotificationLevel
+    from packhorse.notify.outbox import enqueue
+
+    def queue(s: Session) -> None:
+        row = enqueue(s, level=NotificationLevel.ERROR, event="t", subject="aborted once", body="b", cooldown_seconds=0)
+        assert row is not None
+        row.attempts, row.next_attempt_at = 1, utcnow() + dt.timedelta(seconds=0.5)
+
+    empty_db.transact(queue)
+    settings = settings_from_dict({"notifications": smtp_settings(smtp_server.port)}, environ={})
+    counts = Notifier(settings.notifications, empty_db).flush(5.0)
+    assert counts == {"sent": 1, "queued": 0}
+    assert smtp_server.inbox.subjects() == ["[packhorse] aborted once"]

@@ -37,7 +37,7 @@ from hostile_tars import (
 )
 from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
 from packhorse.extraction import DEFAULT_LIMITS, ExtractionLimits, extract_tar, iter_members
-from packhorse.stages.staging import ArchiveCopy, extract_archive_copy
+from packhorse.stages.staging import ArchiveCopy, check_archive_copy, extract_archive_copy
 from packhorse.storage.disk import DiskBackend
 
 SOURCES = {
@@ -77,9 +77,6 @@ KINDS = {
                        r"appears twice \(a second member of the same name\)", DEFAULT_LIMITS),
     "duplicate folder": (lambda p: [special("{top}/data/d", tarfile.DIRTYPE), special("{top}/data/d", tarfile.DIRTYPE)],
                          "{top}/data/d", "appears twice", DEFAULT_LIMITS),
-    "unicode normalization": (lambda p: [special(f"{{top}}/data/{NFC}", tarfile.DIRTYPE),
-                                         special(f"{{top}}/data/{NFD}", tarfile.DIRTYPE)],
-                              f"{{top}}/data/{NFD}", "only by Unicode normalization", DEFAULT_LIMITS),
     "file where a folder was": (lambda p: [reg("{top}/data", b"swap")], "{top}/data",
                                 "is a file where earlier members made a folder", DEFAULT_LIMITS),
     "folder where a file was": (lambda p: [reg("{file}/x", b"swap")], "{file}/x",
@@ -247,6 +244,33 @@ def test_a_planted_file_symlink_is_not_followed(tmp_path: Path) -> None:
     assert (parent / "evil.txt").read_bytes() == b"original"
     assert snapshot(parent, skip=target) == before
     assert not target.exists()
+
+
+def test_names_differing_by_unicode_normalization_are_refused_only_where_the_target_merges_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Linux source folder may hold "café.txt" in NFC and in NFD: two files, both registered and
+    # packaged; refusing the pair on every path made packhorse's own package fail at unpack and
+    # took every other package of its bundle with it (found by a new-user trial)
+    import packhorse.extraction as extraction
+    from packhorse.packaging import read_bag_bytes
+
+    data = tar_of(good_bag_members(payload={NFC: b"composed", NFD: b"decomposed"}))
+    contents = read_bag_bytes(data, source="buffer:raw/pkg.tar")  # unpack's check: both files
+    assert set(contents.files) == {NFC, NFD}
+    names = [m.name for m in iter_members(io.BytesIO(data), source="x:y")]
+    assert f"pkg/data/{NFC}" in names and f"pkg/data/{NFD}" in names
+    with pytest.raises(UnsafePathError, match="only by Unicode normalization"):
+        list(iter_members(io.BytesIO(data), source="x:y", normalization=True))
+    # this file system keeps them apart: both are extracted, each with its own bytes
+    extract_tar(io.BytesIO(data), tmp_path / "kept", source="lta:raw/pkg.tar")
+    assert (tmp_path / "kept" / "pkg" / "data" / NFC).read_bytes() == b"composed"
+    assert (tmp_path / "kept" / "pkg" / "data" / NFD).read_bytes() == b"decomposed"
+    assert not any(n.startswith(".packhorse-probe") for n in os.listdir(tmp_path / "kept"))
+    # a target that merges them (as APFS would) refuses the pair and keeps nothing
+    monkeypatch.setattr(extraction, "_normalizes", lambda fd: True)
+    with pytest.raises(UnsafePathError, match=r"refused tar member 'pkg/data/.*': differs from member 'pkg/data/.*' only by Unicode"):
+        extract_tar(io.BytesIO(data), tmp_path / "merged", source="lta:raw/pkg.tar")
+    assert not (tmp_path / "merged").exists()
 
 
 def test_case_folding_is_refused_only_for_case_insensitive_targets() -> None:
@@ -458,3 +482,22 @@ def test_no_hostile_tar_changes_anything_outside_the_target(tmp_path_factory: py
             kinds = {v[0] for v in snapshot(target).values()}
             assert kinds <= {stat.S_IFREG, stat.S_IFDIR}, kinds
     shutil.rmtree(parent.parent)
+
+
+def test_staging_fails_permanently_when_the_recorded_bytes_hold_a_bad_bag(tmp_path: Path) -> None:
+    # the archive copy is exactly the package's recorded bytes, but a payload file is missing
+    # from the manifest: every retry would read the same bytes (found by a new-user trial: three
+    # retryable VerificationErrors before FAILED)
+    from packhorse.errors import InvalidBagError
+
+    members = [m for m in good_bag_members() if not m[0].name.endswith("dir/b.txt")]
+    members.append(reg("pkg/data/unlisted.txt", b"not in the manifest"))
+    data = tar_of(members)
+    copy = ArchiveCopy(open=lambda: io.BytesIO(data), size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                       host="lta", key="raw/pkg.tar")
+    with pytest.raises(InvalidBagError, match="lta:raw/pkg.tar") as e:
+        check_archive_copy(copy, limits=DEFAULT_LIMITS)
+    assert not e.value.is_retryable
+    with pytest.raises(InvalidBagError):
+        extract_archive_copy(copy, tmp_path / "target", limits=DEFAULT_LIMITS)
+    assert not (tmp_path / "target").exists()

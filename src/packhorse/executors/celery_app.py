@@ -310,8 +310,8 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
 
     The rows are the pipeline's runnable work (:func:`packhorse.pipeline.take_runnable`, in
     its dispatch order; ``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL, so any number of
-    managers never pick the same operation); the status change commits *before* publishing. A publish that
-    fails (broker down) hands the operation back to ``PENDING`` (fenced on ``SCHEDULED`` and its
+    managers never pick the same operation); the status change commits *before* publishing.
+    A publish that fails (broker down) hands the operation back to ``PENDING`` (fenced on ``SCHEDULED`` and its
     attempt), so the next cycle tries again; if even that write fails, the reconciler finds the
     ``SCHEDULED`` row after its floor.
 

@@ -344,8 +344,16 @@ class Notifier:
                 got = self.run_once(deadline=deadline, flush=True, exclude=handled)
                 for k, v in got.items():
                     total[k] = total.get(k, 0) + v
-                if not got:
+                if got:
+                    continue
+                if all(self._channel_down(ch.name) > 0 for ch in self.channels):
                     break
+                # a row not handled yet may fall due within the budget (e.g. one whose delivery
+                # the stopping notifier thread just aborted): wait for it, else we are done
+                wait = self.seconds_until_due(exclude=handled)
+                if wait is None or wait >= deadline - time.monotonic():
+                    break
+                stop.wait(max(wait, 0.01))
         finally:
             self._down = saved_down
         total["queued"] = self.pending_count()
@@ -357,15 +365,16 @@ class Notifier:
 
         return pending_count(self.db)
 
-    def seconds_until_due(self) -> float | None:
-        """Seconds until the next pending row may be claimed (0 if one is due now); ``None``
-        when nothing is pending."""
+    def seconds_until_due(self, exclude: set[int] | frozenset[int] = frozenset()) -> float | None:
+        """Seconds until the next pending row (not in ``exclude``) may be claimed (0 if one is
+        due now); ``None`` when nothing is pending."""
 
         def q(s: Session) -> float | None:
             now = utcnow()
             due = s.scalar(select(func.min(case(
                 (Notification.lease_expires_at > Notification.next_attempt_at, Notification.lease_expires_at),
-                else_=Notification.next_attempt_at))).where(Notification.status == PENDING))
+                else_=Notification.next_attempt_at))).where(
+                    Notification.status == PENDING, *([Notification.id.not_in(sorted(exclude))] if exclude else [])))
             return None if due is None else max(0.0, (due - now).total_seconds())
 
         return self.db.read(q)

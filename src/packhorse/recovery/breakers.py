@@ -68,8 +68,8 @@ def close_expired(session: Session, now: dt.datetime | None = None) -> list[int]
     now = now or utcnow()
     closed: list[int] = []
     # locked: two monitors closing the same breaker notify once (the second skips it)
-    for b in session.scalars(select(CircuitBreaker).where(CircuitBreaker.opened_at.is_not(None),
-                                                           CircuitBreaker.closes_at <= now).with_for_update(skip_locked=True)):
+    due = select(CircuitBreaker).where(CircuitBreaker.opened_at.is_not(None), CircuitBreaker.closes_at <= now)
+    for b in session.scalars(due.with_for_update(skip_locked=True)):
         _close(session, b, reason="timeout", actor="monitor", now=now)
         closed.append(b.operation_id)
     return closed

@@ -29,13 +29,21 @@ Recorder = Callable[[Session], None]
 
 @dataclass
 class Work:
-    """One claimed operation being run: the claim, a snapshot of its row, its lease keeper."""
+    """One claimed operation being run: the claim, a snapshot of its row, its lease keeper.
+
+    ``salvage``: what an attempt that fails still records, because it is true whatever the
+    failure (e.g. the raw packages an unpack published and verified before it met a refused
+    member). A stage sets it before it raises; the failure path runs it in the same fenced
+    transaction as the failure (:func:`~packhorse.operations.record_failure`), so a stale
+    attempt records nothing (I3), and no verified object is left without its copy row.
+    """
 
     ctx: ProcessContext
     claim: Claim
     op: Operation
     lease: LeaseKeeper
     info: dict[str, Any] = field(default_factory=dict)
+    salvage: Recorder | None = None
 
     def check(self) -> None:
         """Stop (raise :class:`~packhorse.errors.LeaseLostError`) if the lease is lost."""

@@ -46,6 +46,7 @@ from ..db.models import PhysicalCopy, RawDataPackage
 from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole
 from ..errors import (
     DestinationConflictError,
+    InvalidBagError,
     OperationDeferred,
     SourceChangedError,
     SourceMissingError,
@@ -134,7 +135,7 @@ def check_archive_copy(copy: ArchiveCopy, *, limits: ExtractionLimits,
     Raises:
         SourceChangedError: the bytes are not the package's size and sha256 (permanent).
         UnsafePathError: a member is refused (permanent; the bytes are the package's own).
-        VerificationError: the package's own bag does not check.
+        InvalidBagError: the bytes are the package's but its bag does not check (permanent).
     """
     with copy.open() as f:
         reader = _HashingReader(f, limit=copy.size, source=copy.source, on_block=on_block)
@@ -145,6 +146,10 @@ def check_archive_copy(copy: ArchiveCopy, *, limits: ExtractionLimits,
             reader.drain()  # bounded by the package size: tells a corrupt copy from a bad package
             if not reader.matches(copy.size, copy.sha256):
                 raise copy.differs(reader, f"nothing was extracted ({e})") from e
+            if isinstance(e, VerificationError):  # the recorded bytes themselves: a retry reads them again
+                raise InvalidBagError(f"{e} (the archive copy holds exactly the package's recorded bytes; "
+                                      "nothing was extracted)", step="staging", path=e.path, host=e.host,
+                                      diagnosis=e.diagnosis) from e
             raise
     if not reader.matches(copy.size, copy.sha256):
         raise copy.differs(reader, "nothing was extracted")
@@ -153,7 +158,8 @@ def check_archive_copy(copy: ArchiveCopy, *, limits: ExtractionLimits,
 
 def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionLimits,
                          check: Callable[[int], None] = lambda n: None,
-                         progress: Callable[[int], None] = lambda n: None) -> Path:
+                         progress: Callable[[int], None] = lambda n: None,
+                         checked: BagContents | None = None) -> Path:
     """Staging's extraction of one archive copy into the new folder ``target`` (steps 4-5 of
     the module): the check pass (:func:`check_archive_copy`), then the extraction pass with
     :func:`~packhorse.extraction.extract_tar`, hashed again, then every payload file against
@@ -166,6 +172,9 @@ def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionL
         limits: member count and byte limits.
         check: called per block read in the check pass (lease checks).
         progress: called per block read in the extraction pass (progress and lease checks).
+        checked: what :func:`check_archive_copy` of ``copy`` returned, when the caller ran the
+            check pass itself (before it created anything the target lives in); the check
+            pass is not repeated.
 
     Returns:
         the extracted bag folder (inside ``target``).
@@ -176,7 +185,7 @@ def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionL
         VerificationError: the bag does not check.
         On every error ``target`` does not exist afterwards.
     """
-    contents = check_archive_copy(copy, limits=limits, on_block=check)
+    contents = checked if checked is not None else check_archive_copy(copy, limits=limits, on_block=check)
     extracted = False  # extract_tar removes its target itself when it fails
     try:
         with copy.open() as f:
@@ -276,10 +285,13 @@ def run(work: Work) -> Recorder:
         ensure_readable(work, src, key)
         copy = ArchiveCopy(open=lambda: src.open_read(key), size=pkg.size, sha256=pkg.sha256, host=src_name,
                            key=key)
+        limits = ExtractionLimits.from_settings(ctx.settings)
+        # the check pass first: nothing, not even the partial folder, is created in the
+        # processing location before the copy proved to be the package's bytes (I6)
+        contents = check_archive_copy(copy, limits=limits, on_block=lambda n: work.check())
         with dst_backend.open_folder_write(pkg.name) as pending:  # a hidden partial folder beside the key
-            bag = extract_archive_copy(copy, pending.path / "extracted",
-                                       limits=ExtractionLimits.from_settings(ctx.settings),
-                                       check=lambda n: work.check(), progress=work.progress)
+            bag = extract_archive_copy(copy, pending.path / "extracted", limits=limits, checked=contents,
+                                       progress=work.progress)
             work.check()
             # False: a concurrent attempt published it first; verified below like any existing folder
             pending.publish(bag)

@@ -79,7 +79,8 @@ class _Package(Protocol):
 
 
 def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: str,
-                  packages: Mapping[str, _Package], limits: ExtractionLimits) -> list[tuple[int, str, int, str]]:
+                  packages: Mapping[str, _Package], limits: ExtractionLimits,
+                  done: list[tuple[int, str, int, str]] | None = None) -> list[tuple[int, str, int, str]]:
     """Read the bundle tar ``stream`` once and publish every raw package it carries to ``buf``.
 
     Args:
@@ -89,6 +90,8 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         source: the bundle, ``"location:key"``, for messages.
         packages: payload path in the bundle (``"<package name>.tar"``) → the raw package.
         limits: member count and byte limits (the bundle's and each raw package's).
+        done: the list the published raw packages are appended to as they are verified (so a
+            caller still knows them when a later member raises); a new one by default.
 
     Returns:
         ``[(package id, key, size in bytes, sha256)]`` of every raw package now in ``buf``.
@@ -99,7 +102,7 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         VerificationError: the bundle's or a raw package's bag does not check.
         DestinationConflictError: ``buf`` holds other bytes under a raw package's key.
     """
-    done: list[tuple[int, str, int, str]] = []
+    done = [] if done is None else done
 
     def on_payload(path: str, size: int, member: BinaryIO) -> str:
         """Copy one raw package out of the bundle, verifying its own bag; returns its sha256."""
@@ -159,18 +162,23 @@ def run(work: Work) -> Recorder:
     buf = ctx.backend(buf_name)
     key = bundle_key(dtp.name)
     work.info.update(bundle=dtp.name, location=buf_name, key=key)
-    with buf.open_read(key) as f:
-        done = unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
-                             limits=ExtractionLimits.from_settings(ctx.settings))
-    seen_ids = {d[0] for d in done}
-    missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
-    if missing:
-        raise VerificationError(f"{buf_name}:{key}: bundle lacks {len(missing)} package(s), e.g. {missing[0]!r}",
-                                step="unpack")
     location_id = ctx.topology.location_ids[buf_name]
+    done: list[tuple[int, str, int, str]] = []
 
     def record(s: Session) -> None:
         for pkg_id, pkey, size, sha in done:
             record_copy(s, location_id=location_id, key=pkey, size=size, sha256=sha, raw_data_package_id=pkg_id)
 
+    # a raw package published and verified stays recorded if a later member fails the
+    # unpack (a refused member, a damaged package): no verified object is left in the buffer
+    # without its copy row, and the packages that are good go on to their archives
+    work.salvage = record
+    with buf.open_read(key) as f:
+        unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
+                      limits=ExtractionLimits.from_settings(ctx.settings), done=done)
+    seen_ids = {d[0] for d in done}
+    missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
+    if missing:
+        raise VerificationError(f"{buf_name}:{key}: bundle lacks {len(missing)} package(s), e.g. {missing[0]!r}",
+                                step="unpack")
     return record
