@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from packhorse.db.session import Database
 from support import run_packhorse, write_site_config
 
 _CHAOS = Path(__file__).parent / "chaos"
@@ -49,3 +51,22 @@ def s3_server():
     server = start_or_skip()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database file migrated once per test run (copied for each test: upgrade is the slow part)."""
+    path = tmp_path_factory.mktemp("template") / "t.db"
+    d = Database(f"sqlite:///{path}")
+    d.upgrade()
+    d.dispose()  # the last connection closing checkpoints the WAL into the file
+    return path
+
+
+@pytest.fixture
+def empty_db(tmp_path: Path, migrated_file: Path) -> Database:
+    """A fresh copy of the migrated database, for this test alone."""
+    shutil.copyfile(migrated_file, tmp_path / "t.db")
+    d = Database(f"sqlite:///{tmp_path}/t.db")
+    yield d
+    d.dispose()

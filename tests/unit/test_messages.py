@@ -30,17 +30,19 @@ def test_service_messages_carry_reason_and_uptime(empty_db: Database) -> None:
 
 
 def test_lifecycle_sends_still_alive_only_after_its_interval(empty_db: Database) -> None:
-    import time
-
     from packhorse.notify.lifecycle import ServiceLifecycle
 
-    life = ServiceLifecycle(empty_db, "monitor", still_alive_interval_seconds=0.3)
+    now = [1000.0]  # an injected monotonic clock (seconds)
+    life = ServiceLifecycle(empty_db, "monitor", still_alive_interval_seconds=0.3, clock=lambda: now[0])
     life.started()
     life.tick()
     subjects = lambda: empty_db.read(lambda s: [n.subject for n in s.scalars(select(Notification)  # noqa: E731
                                                                                .order_by(Notification.id))])
     assert [x.split(":")[0] for x in subjects()] == ["Service started"]
-    time.sleep(0.35)
+    now[0] += 0.29
+    life.tick()
+    assert [x.split(":")[0] for x in subjects()] == ["Service started"]  # not yet
+    now[0] += 0.02
     life.tick()
     life.tick()
     life.stopped("signal 2")

@@ -1,10 +1,10 @@
 """The operation lifecycle against a real SQLite database: idempotent creation, fenced claim /
-heartbeat / completion / failure, lease recovery, the failure path, and the lease keeper (I3)."""
+heartbeat / completion / failure, lease recovery and the failure path (I3). The lease keeper's
+renewal thread is tested in ``tests/integration/test_lease_threads.py``."""
 
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 import pytest
@@ -14,8 +14,7 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import DataLocation, FailureEvent, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.errors import LeaseLostError, SourceChangedError, UnsafePathError, VerificationError
-from packhorse.lease import LeaseKeeper
+from packhorse.errors import SourceChangedError, UnsafePathError, VerificationError
 from packhorse.operations import (
     Claim,
     claim,
@@ -439,48 +438,3 @@ def test_failure_event_survives_rollback_of_callers_transaction(db: Database) ->
     assert db.transact(lambda s: s.scalar(select(Site.id).where(Site.name == "written-by-the-stage"))) is None
     assert [e.error_type for e in events(db, op_id)] == ["SourceChangedError"]
     assert row(db, op_id).status == "FAILED"
-
-
-# --------------------------------------------------------------------------- LeaseKeeper
-
-
-def test_lease_keeper_renews_while_work_runs(db: Database) -> None:
-    op_id = new_op(db)
-    c = claim(db, op_id, "w1", 1)
-    assert c is not None
-    with LeaseKeeper(db, c, lease_seconds=1, interval_seconds=0.05, deadline_seconds=0.4) as keeper:
-        keeper.add_bytes(123)
-        time.sleep(0.8)  # twice the deadline: only renewals keep it alive
-        keeper.check()
-        op = row(db, op_id)
-        assert op.lease_expires_at is not None and op.lease_expires_at > utcnow() + dt.timedelta(seconds=0.5)
-        assert op.bytes_done == 123
-    assert reset_stalled(db) == []
-
-
-def test_lease_keeper_raises_after_takeover(db: Database) -> None:
-    op_id = new_op(db)
-    c = claim(db, op_id, "w1", 30)
-    assert c is not None
-    with LeaseKeeper(db, c, lease_seconds=30, interval_seconds=0.05, deadline_seconds=10) as keeper:
-        keeper.check()
-        set_cols(db, op_id, attempt=c.attempt + 1)  # someone else's claim bumped the fencing token
-        deadline = time.monotonic() + 5
-        with pytest.raises(LeaseLostError, match=f"operation {op_id}: attempt 1 is no longer"):
-            while time.monotonic() < deadline:
-                keeper.check()
-                time.sleep(0.02)
-        with pytest.raises(LeaseLostError):  # and it stays lost
-            keeper.check()
-
-
-def test_lease_keeper_raises_when_not_renewed_within_deadline(db: Database) -> None:
-    op_id = new_op(db)
-    c = claim(db, op_id, "w1", 30)
-    assert c is not None
-    # renewals every 30 s never come within the test; the deadline is 0.2 s
-    with LeaseKeeper(db, c, lease_seconds=30, interval_seconds=30, deadline_seconds=0.2) as keeper:
-        keeper.check()
-        time.sleep(0.3)
-        with pytest.raises(LeaseLostError, match=r"lease not renewed for 0\.\d s \(limit 0\.2 s\)"):
-            keeper.check()

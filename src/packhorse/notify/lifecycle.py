@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -25,10 +26,11 @@ class ServiceLifecycle:
         service: the service's name, e.g. ``"notifier"``.
         still_alive_interval_seconds: time between still-alive messages (86400 s: daily).
         settings: the main settings, shown in the "started" message.
+        clock: a monotonic clock in seconds (``time.monotonic``; tests hand their own).
     """
 
     def __init__(self, db: Database, service: str, *, still_alive_interval_seconds: float = 86400.0,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.db = db
         self.service = service
         self.interval = still_alive_interval_seconds
@@ -36,7 +38,8 @@ class ServiceLifecycle:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.started_at = utcnow()
-        self._next_alive = time.monotonic() + self.interval
+        self._clock = clock
+        self._next_alive = clock() + self.interval
 
     def _queue(self, fn: Any, **kw: Any) -> None:
         try:
@@ -51,8 +54,8 @@ class ServiceLifecycle:
 
     def tick(self, status: dict[str, Any] | None = None) -> None:
         """Queue "Service still alive" when the interval has passed since start or the last one."""
-        if time.monotonic() >= self._next_alive:
-            self._next_alive = time.monotonic() + self.interval
+        if self._clock() >= self._next_alive:
+            self._next_alive = self._clock() + self.interval
             self._queue(messages.service_still_alive, now=utcnow(), status=status)
 
     def stopped(self, reason: str) -> None:
