@@ -10,8 +10,9 @@
   compare-and-set on :func:`fenced` — ``(id, attempt, status = IN_PROGRESS)`` —, the one
   fencing predicate: a stale attempt's writes change nothing (I3); its failure is still
   appended as a failure event. The status writes of other modules go through it too: the
-  stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`) and the Celery
-  dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``). A claim is guarded
+  stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's reset of
+  a lost dispatch and a forced retry (:mod:`packhorse.recovery.breakers`: the status it read),
+  and the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``). A claim is guarded
   by the operation being runnable (it creates the new token); :func:`reset_failed` by the
   status ``FAILED``.
 * expired leases are handed back by the stalled-task monitor

@@ -325,3 +325,24 @@ def test_service_loop_session_is_closed_as_the_last_operation_of_a_cycle(db: Dat
     loop.run(max_cycles=2)
     assert len(sessions) == 2 and sessions[0] is not sessions[1]
     assert all(not s.in_transaction() for s in sessions)
+
+
+def test_force_retry_is_a_compare_and_set_on_what_it_read(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker claims the operation between the forced retry's read and its write: the reset
+    changes nothing (the fencing predicate no longer matches) and says so."""
+    op_id = new_op(db, "raced")
+    read = breakers._operation
+
+    def read_then_claimed(session: Session, kind: OperationKind, operation_id: int) -> Operation:
+        op = read(session, kind, operation_id)
+        session.execute(update(Operation.__table__).where(Operation.__table__.c.id == operation_id)
+                        .values(status="IN_PROGRESS", attempt=Operation.__table__.c.attempt + 1))
+        return op
+
+    monkeypatch.setattr(breakers, "_operation", read_then_claimed)
+    with pytest.raises(ResetRefusedError, match="changed while it was being retried"):
+        breakers.force_retry(db, KIND, op_id, reason="x", actor="t")
+    monkeypatch.undo()
+    op = op_row(db, op_id)
+    assert (op.status, op.attempt) == ("PENDING", 0)  # rolled back with the failed reset: nothing half-done
+    assert "forced_retry" not in {n.event for n in notes(db, op_id)}

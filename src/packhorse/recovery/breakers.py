@@ -29,6 +29,7 @@ from ..db.session import Database
 from ..domain import NotificationLevel, OperationKind, Status
 from ..errors import UnknownOperationError
 from ..notify.outbox import enqueue
+from ..operations import fenced
 
 log = structlog.get_logger(__name__)
 
@@ -212,7 +213,9 @@ def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason:
 
     Raises:
         UnknownOperationError: no operation ``operation_id`` of ``kind``.
-        ResetRefusedError: the operation is ``COMPLETED``.
+        ResetRefusedError: the operation is ``COMPLETED``, or it changed (claimed, finished)
+            between reading it and resetting it: the reset is a compare-and-set on
+            :func:`~packhorse.operations.fenced` with the status and attempt read.
     """
     from ..operations import ResetRefusedError
 
@@ -229,7 +232,9 @@ def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason:
                                       lease_expires_at=None, finished_at=None, updated_at=now)
         if previous == Status.FAILED.value:
             values.update(retry_count=Operation.retry_count + 1, error_context=None)
-        s.execute(update(Operation).where(Operation.id == operation_id).values(**values))
+        if s.execute(update(Operation).where(fenced(operation_id, op.attempt, Status(previous)))
+                     .values(**values)).rowcount != 1:  # claimed or finished since it was read
+            raise ResetRefusedError(f"{kind.value} {operation_id} changed while it was being retried; try again")
         enqueue(s, level=NotificationLevel.INFO, event="forced_retry",
                 subject=f"Forced retry: {kind.value} {operation_id}",
                 body=(f"Operation: {kind.value} {operation_id}\nPrevious status: {previous}\nBy: {actor}\n"

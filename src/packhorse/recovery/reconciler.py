@@ -32,6 +32,7 @@ from ..db.models import Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
 from ..domain import NotificationLevel, Status
 from ..notify.outbox import enqueue
+from ..operations import fenced
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +94,7 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
                         cooldown_seconds=rec.notification_cooldown_seconds, now=t)
                 return None
             kind, count = op.kind, op.reconcile_count + 1
-            s.execute(update(Operation).where(Operation.id == op_id).values(
+            s.execute(update(Operation).where(fenced(op_id, attempt, Status(status))).values(
                 status=Status.PENDING.value, reconcile_count=Operation.reconcile_count + 1, lease_owner=None,
                 lease_expires_at=None, not_before=None, updated_at=t))
             return kind, count
