@@ -157,18 +157,22 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
         if _present_copies(session, group[0]) == 0:
             all_bad.extend(group)
             enqueue(session, level=NotificationLevel.CRITICAL, event="fixity_all_copies_bad",
-                    subject=f"packhorse: every copy of {label} looks bad at once",
+                    subject=f"Every copy of {label} looks bad at once",
                     body="\n".join([f"Every copy of {label} failed its fixity check at the same time.",
                                     "That pattern means a storage or configuration fault (a mount gone, "
                                     "credentials, a bucket), not bit rot: nothing is repaired automatically.",
-                                    "", *lines]),
+                                    "", *lines, "",
+                                    "Next: check that these archive locations are mounted and reachable "
+                                    "(`packhorse usage --measure`, `packhorse verify`), then "
+                                    f"`packhorse diagnose --package {label}`."]),
                     context=context, operation_kind=kind, cooldown_seconds=cooldown, now=now)
             continue
         for g, line in zip(group, lines):
             enqueue(session, level=NotificationLevel.ERROR, event=f"fixity_{g.status}",
-                    subject=f"packhorse: {g.status} copy {g.location}:{g.path}",
+                    subject=f"Fixity: {g.status} copy {g.location}:{g.path}",
                     body="\n".join([f"A copy of {label} failed its fixity check.", line,
-                                    "A repair from another verified copy follows where one exists."]),
+                                    "A repair from another verified copy follows where one exists; "
+                                    f"`packhorse locate {label}` shows its copies and their history."]),
                     context={**context, "copies": [c for c in context["copies"] if c["path"] == g.path
                                                    and c["location"] == g.location]},
                     operation_kind=kind, operation_id=operation_id, cooldown_seconds=cooldown, now=now)

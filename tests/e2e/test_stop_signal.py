@@ -53,14 +53,18 @@ def test_a_stop_signal_to_the_process_group_lets_running_operations_finish(tmp_p
     assert status["packages"] == {"total": 3, "archived": 3, "failed": 0}
 
 
-def test_run_until_idle_stopped_by_a_signal_does_not_exit_0(tmp_path: Path) -> None:
-    # cron must be able to tell an interrupted run from a finished one
+@pytest.mark.parametrize("older_failure", [False, True], ids=["clean", "with-an-older-failed-operation"])
+def test_run_until_idle_stopped_by_a_signal_does_not_exit_0(tmp_path: Path, older_failure: bool) -> None:
+    # cron must be able to tell an interrupted run from a finished one, also when an older
+    # FAILED operation would make a finished run exit 3 (found by a new-user trial: it exited 3)
     site = tmp_path / "site"
     cfg = write_site_config(site)
     p = site / "source" / "cam" / "obs0" / "frame.fits"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(os.urandom(100_000))
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    if older_failure:
+        _add_failed_operation(cfg)
     marker = tmp_path / "archiving"
     faults = [{"point": "long_term_archive.writing", "action": "pause", "seconds": 1.0, "marker": str(marker),
                "times": 1}]
@@ -79,4 +83,27 @@ def test_run_until_idle_stopped_by_a_signal_does_not_exit_0(tmp_path: Path) -> N
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, err.decode(errors="replace")
     assert b"interrupted by signal 15" in err
-    assert run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet").returncode == 0
+    assert run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet").returncode == (3 if older_failure else 0)
+
+
+def _add_failed_operation(cfg: Path) -> None:
+    """An operation FAILED before the run (a deletion of nothing, as a human left it)."""
+    from sqlalchemy import update
+
+    from packhorse.config import load_config
+    from packhorse.db.models import Operation, Site
+    from packhorse.db.session import Database
+    from packhorse.domain import OperationKind, Status
+    from packhorse.operations import create_operation
+
+    db = Database(load_config(cfg).database_url)
+
+    def tx(s):  # type: ignore[no-untyped-def]
+        site_id = s.query(Site.id).filter(Site.name == "fyst").scalar()
+        op = create_operation(s, kind=OperationKind.DELETION, dedup_key="deletion:older", site_id=site_id,
+                              max_retries=0)
+        s.execute(update(Operation).where(Operation.id == op.id).values(
+            status=Status.FAILED.value, error_context={"error_type": "DeletionNotSafeError", "message": "older"}))
+
+    db.transact(tx)
+    db.dispose()

@@ -64,14 +64,19 @@ def init(config: ConfigOpt = None) -> None:
           file=sys.stderr)
 
 
-def exit_code_after_run(ctx: ProcessContext) -> int:
+def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
+    """The exit code of a finished ``run --until-idle`` / ``demo`` from the ops database:
+    :data:`EXIT_FAILED` (3) if any operation is FAILED (each listed on stderr with its error),
+    :data:`EXIT_BLOCKED` (4) if a circuit breaker is open, else :data:`EXIT_OK`. Skipped
+    source paths are counted on stderr unless ``quiet``. A run stopped by a signal before it
+    was idle exits ``128 + signal`` whatever this says (the callers decide that first)."""
     from sqlalchemy import func, select
 
     from ..db.models import SkippedFile
     from ..reporting import failed_operations
 
     skipped = ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(SkippedFile))) or 0
-    if skipped:
+    if skipped and not quiet:
         # not a failure (the rest was archived), but nothing a user should miss either
         print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "
               "names not allowed, changed after registration); see `packhorse status`", file=sys.stderr)
@@ -154,7 +159,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
         raise
     finally:
         queued = background.stop(reason, drain=until_idle and not stopped_by)
-        if until_idle and queued:
+        if until_idle and queued and not quiet:
             print(f"packhorse run: {queued} notification(s) still queued in the outbox (`packhorse notifications` "
                   "shows why); `packhorse notifier` or the next `packhorse run` delivers them", file=sys.stderr)
         health.stop(remove=True)
@@ -204,9 +209,10 @@ def run(
     finally:
         if server is not None:
             server.should_exit = True
-    code = exit_code_after_run(ctx)
-    if until_idle and signum is not None and code == EXIT_OK:
-        # stopped before it was idle: a cron job must not take that for "all done"
+    code = exit_code_after_run(ctx, quiet=quiet)
+    if until_idle and signum is not None:
+        # stopped before it was idle: a cron job must not take that for "all done", nor for
+        # "done but some failed" (an older FAILED operation would have made it exit 3)
         print(f"packhorse run: interrupted by signal {signum} after {elapsed:.1f} s, before the work was done",
               file=sys.stderr)
         raise typer.Exit(128 + signum)
@@ -389,8 +395,8 @@ def demo(
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
     elapsed, signum = _run(ctx, until_idle=True, quiet=quiet, label="packhorse demo")
-    code = exit_code_after_run(ctx)
-    if signum is not None and code == EXIT_OK:
+    code = exit_code_after_run(ctx, quiet=quiet)
+    if signum is not None:
         print(f"packhorse demo: interrupted by signal {signum}", file=sys.stderr)
         raise typer.Exit(128 + signum)
     v = verify_copies(ctx)

@@ -116,7 +116,7 @@ def run(work: Work) -> Recorder:
                         sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
                         data_transfer_package_id=bad.data_transfer_package_id)
             enqueue(s, level=NotificationLevel.INFO, event="fixity_repaired",
-                    subject=f"packhorse: repaired {bad.location}:{bad.path}",
+                    subject=f"Fixity: repaired {bad.location}:{bad.path}",
                     body="\n".join([f"The {bad.status} copy {bad.location}:{bad.path} was re-archived from "
                                     f"{source.location}:{source.path} and verified (sha256 {bad.expected}).",
                                     f"The bad object was moved aside to {quarantined}." if quarantined
