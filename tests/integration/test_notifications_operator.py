@@ -157,7 +157,7 @@ def test_run_until_idle_returns_within_seconds_when_the_mail_server_does_not_ans
         assert run_packhorse("init", "-c", str(cfg)).returncode == 0
         faults = [{"point": "long_term_archive.write", "action": "fail", "times": 2}]
         t0 = time.monotonic()
-        r = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet",
+        r = run_packhorse("run", "-c", str(cfg), "--until-idle",  # not --quiet: that leaves only errors
                           env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
         took = time.monotonic() - t0
         assert r.returncode == 3, r.stderr
