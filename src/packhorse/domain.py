@@ -23,6 +23,20 @@ class OperationKind(str, enum.Enum):
     FIXITY_CHECK = "fixity_check"
 
 
+#: The word for a completed operation of each kind, in pipeline order ("archived"): what the
+#: progress lines, ``status`` and the "Where is my file?" timeline say.
+DONE_WORD: dict[OperationKind, str] = {
+    OperationKind.RAW_DATA_PACKAGE: "packaged",
+    OperationKind.DATA_TRANSFER_PACKAGE: "bundled",
+    OperationKind.TRANSFER: "shipped",
+    OperationKind.UNPACK: "unpacked",
+    OperationKind.LONG_TERM_ARCHIVE: "archived",
+    OperationKind.STAGING: "staged",
+    OperationKind.FIXITY_CHECK: "fixity checked",
+    OperationKind.DELETION: "deleted",
+}
+
+
 class Status(str, enum.Enum):
     """Lifecycle of an operation: ``PENDING → SCHEDULED → IN_PROGRESS → COMPLETED | FAILED``."""
 

@@ -43,7 +43,7 @@ from .db.models import (
     RawDataPackage,
     Site,
 )
-from .domain import LocationRole, OperationKind, Status
+from .domain import DONE_WORD, LocationRole, OperationKind, Status
 from .errors import LocateQueryError
 
 if TYPE_CHECKING:
@@ -54,17 +54,8 @@ MAX_FILES = 200
 #: At most this many packages are described (a folder split into many parts).
 MAX_PACKAGES = 50
 
-#: The timeline word of a completed operation of each kind.
-DONE_EVENT = {
-    OperationKind.RAW_DATA_PACKAGE.value: "packaged",
-    OperationKind.DATA_TRANSFER_PACKAGE.value: "bundled",
-    OperationKind.TRANSFER.value: "shipped",
-    OperationKind.UNPACK.value: "unpacked",
-    OperationKind.LONG_TERM_ARCHIVE.value: "archived",
-    OperationKind.STAGING.value: "staged",
-    OperationKind.DELETION.value: "deleted",
-    OperationKind.FIXITY_CHECK.value: "fixity checked",
-}
+#: The timeline word of a completed operation of each kind (:data:`packhorse.domain.DONE_WORD`).
+DONE_EVENT = {k.value: w for k, w in DONE_WORD.items()}
 
 
 def _iso(t: dt.datetime | None) -> str | None:

@@ -23,20 +23,10 @@ from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage, utcnow
-from ..domain import OperationKind, Status
+from ..domain import DONE_WORD, OperationKind, Status
 
 #: Stage names shown, in pipeline order (operation kinds not named here show as their kind).
-STAGE_NAMES: dict[str, str] = {
-    "scan": "registered",
-    OperationKind.RAW_DATA_PACKAGE.value: "packaged",
-    OperationKind.DATA_TRANSFER_PACKAGE.value: "bundled",
-    OperationKind.TRANSFER.value: "shipped",
-    OperationKind.UNPACK.value: "unpacked",
-    OperationKind.LONG_TERM_ARCHIVE.value: "archived",
-    OperationKind.STAGING.value: "staged",
-    OperationKind.FIXITY_CHECK.value: "fixity checked",
-    OperationKind.DELETION.value: "deleted",
-}
+STAGE_NAMES: dict[str, str] = {"scan": "registered", **{k.value: w for k, w in DONE_WORD.items()}}
 #: What one item of a stage is (registration counts files, the others operations on these).
 UNITS: dict[str, str] = {
     "scan": "files",
