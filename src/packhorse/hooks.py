@@ -1,7 +1,7 @@
 """Fault hooks: the one way tests and the chaos harness reach into a running packhorse.
 
 Product code never switches behaviour on a test flag. Instead every process holds one
-:class:`Hooks` object, handed to the stage context (:attr:`StageContext.hooks`), the
+:class:`Hooks` object, handed to the stage context (:attr:`~packhorse.context.ProcessContext.hooks`), the
 notifier and the disk monitor; in production it is :data:`NO_HOOKS`, which does nothing.
 A test hands in its own object, either directly (in-process tests build the context with
 ``hooks=...``) or, for ``packhorse`` subprocesses and their worker processes, through the
