@@ -19,6 +19,7 @@ job: :mod:`packhorse.stages.fixity`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from .db.models import DataLocation, PhysicalCopy, utcnow
+from .db.models import DataLocation, Notification, PhysicalCopy, utcnow
 from .domain import CopyStatus, NotificationLevel, OperationKind
 from .errors import SourceMissingError, UnsafePathError
+from .notify.messages import DIGEST_BODY_MAX
 from .notify.outbox import enqueue
 from .storage.base import CHUNK_BYTES, StorageBackend
 
@@ -156,16 +158,8 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
                                                  "expected": g.expected, "actual": g.actual} for g in group]}
         if _present_copies(session, group[0]) == 0:
             all_bad.extend(group)
-            enqueue(session, level=NotificationLevel.CRITICAL, event="fixity_all_copies_bad",
-                    subject=f"Every copy of {label} looks bad at once",
-                    body="\n".join([f"Every copy of {label} failed its fixity check at the same time.",
-                                    "That pattern means a storage or configuration fault (a mount gone, "
-                                    "credentials, a bucket), not bit rot: nothing is repaired automatically.",
-                                    "", *lines, "",
-                                    "Next: check that these archive locations are mounted and reachable "
-                                    "(`packhorse usage --measure`, `packhorse verify`), then "
-                                    f"`packhorse diagnose --package {label}`."]),
-                    context=context, operation_kind=kind, cooldown_seconds=cooldown, now=now)
+            _all_copies_bad(session, label, lines, context, kind=kind, cooldown=cooldown, now=now,
+                            gather=ctx.settings.notifications.digest_gather_seconds)
             continue
         for g, line in zip(group, lines):
             enqueue(session, level=NotificationLevel.ERROR, event=f"fixity_{g.status}",
@@ -177,6 +171,44 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
                                                    and c["location"] == g.location]},
                     operation_kind=kind, operation_id=operation_id, cooldown_seconds=cooldown, now=now)
     return {"recorded": marked, "all_bad": all_bad}
+
+
+def _render_all_bad(packages: list[dict[str, Any]]) -> tuple[str, str]:
+    """Subject and body of the CRITICAL "every copy bad" message for ``packages`` (each
+    ``{"package", "lines", "locations"}``): one digest per set of locations."""
+    first = packages[0]["package"]
+    locations = sorted({loc for p in packages for loc in p["locations"]})
+    subject = (f"Every copy of {first} looks bad at once" if len(packages) == 1 else
+               f"Every copy looks bad at once: {len(packages)} packages at {', '.join(locations)}")
+    body = [f"Every copy of {len(packages)} package(s) failed its fixity check at the same time.",
+            "That pattern means a storage or configuration fault (a mount gone, credentials, a bucket), "
+            "not bit rot: nothing is repaired automatically.", ""]
+    for p in packages[:DIGEST_BODY_MAX]:
+        body += [f"{p['package']}:", *(f"  {line}" for line in p["lines"])]
+    if len(packages) > DIGEST_BODY_MAX:
+        body.append(f"… and {len(packages) - DIGEST_BODY_MAX} more packages (`packhorse verify`)")
+    body += ["", f"Next: check that {', '.join(locations)} are mounted and reachable (`packhorse usage --measure`, "
+                 "`packhorse verify`), then `packhorse diagnose --package " + first + "`."]
+    return subject, "\n".join(body)
+
+
+def _all_copies_bad(session: Session, label: str, lines: list[str], context: dict[str, Any], *, kind: str,
+                    cooldown: float, now: dt.datetime, gather: float) -> None:
+    """Queue (or fold into the waiting digest of the same locations) the CRITICAL message for a
+    package whose every copy failed at once: one root cause (a mount gone) hitting many
+    packages is one message per cooldown window, listing them."""
+    entry = {"package": label, "lines": lines, "locations": sorted({c["location"] for c in context["copies"]})}
+    subject, body = _render_all_bad([entry])
+
+    def merge(row: Notification) -> tuple[str, str, dict[str, Any]]:
+        merged = {**(row.context or {})}
+        merged["packages"] = [*merged.get("packages", []), entry]
+        s, b = _render_all_bad(merged["packages"])
+        return s, b, merged
+
+    enqueue(session, level=NotificationLevel.CRITICAL, event="fixity_all_copies_bad", subject=subject, body=body,
+            context={**context, "packages": [entry]}, operation_kind=kind, cooldown_seconds=cooldown, now=now,
+            key="fixity_all_copies_bad:" + ",".join(entry["locations"]), gather_seconds=gather, merge=merge)
 
 
 def location_name(session: Session, location_id: int) -> str:
