@@ -70,8 +70,10 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
     "settling", "skipped": [{"path", "reason"}]}], "package": [{"name", "location", "files",
     "bytes", "ship_to": [location], "archive_at": [location]}], "continue": [{"name",
     "archive_at", "missing_at": [location]}], "delete": [{"location", "package", "path", "bytes",
-    "when": ISO time or "now"}], "totals": {"files", "bytes", "packages", "transfers",
-    "archive_copies", "deletions"}}``. Sizes are bytes.
+    "when": ISO time or "now"}], "totals": {"files", "bytes", "packages", "shipments",
+    "archive_copies", "deletions"}}``. Sizes are bytes. ``shipments`` counts packages times
+    destination buffers: how the packages are bundled, hence how many transfers carry them, is
+    decided at run time.
 
     Args:
         db: the ops database (read only), or ``None`` when it does not exist yet.
@@ -123,7 +125,7 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
     totals = {
         "files": sum(r["files"] for r in register), "bytes": sum(r["bytes"] for r in register),
         "packages": len(packages),
-        "transfers": sum(len(x["ship_to"]) for x in packages),
+        "shipments": sum(len(x["ship_to"]) for x in packages),
         "archive_copies": sum(len(x["archive_at"]) for x in packages) + sum(len(x["missing_at"]) for x in cont),
         "deletions": len(delete),
     }

@@ -69,7 +69,7 @@ def test_dry_run_writes_nothing_and_tells_what_would_happen(tmp_path):
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["database"] == "none yet"
-    assert plan["totals"] == {"files": 3, "bytes": 3000, "packages": 3, "transfers": 6, "archive_copies": 6,
+    assert plan["totals"] == {"files": 3, "bytes": 3000, "packages": 3, "shipments": 6, "archive_copies": 6,
                               "deletions": 0}
     assert {p["name"] for p in plan["package"]} == {"inst/obs0", "inst/obs1", "inst/obs2"}
     assert plan["package"][0]["archive_at"] == ["cologne-lta", "cornell-lta"]

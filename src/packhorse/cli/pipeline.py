@@ -262,7 +262,7 @@ def _dry_run(config: Path | None, as_json: bool) -> None:
         out.print(d)
     n = plan["totals"]
     out.print(f"total: {n['files']} file(s) ({n['bytes']:,} bytes) to register, {n['packages']} package(s), "
-              f"{n['transfers']} transfer(s), {n['archive_copies']} archive copies, {n['deletions']} deletion(s)")
+              f"{n['shipments']} package shipment(s) to destination buffers (bundled into transfers at run time), {n['archive_copies']} archive copies, {n['deletions']} deletion(s)")
 
 
 @app.command("run-operation")
