@@ -228,15 +228,17 @@ def test_demo_prints_where_the_archives_are(tmp_path):
         assert folder.is_dir() and any(p.is_file() and p.name.endswith(".tar") for p in folder.rglob("*")), line
 
 
-def test_quiet_leaves_only_errors(tmp_path):
-    # a skipped source path is not an error: --quiet prints nothing about it (found by a new-user
-    # trial: "N source path(s) skipped" and "still queued" lines came through --quiet)
+def test_quiet_leaves_only_errors_and_the_count_of_what_was_not_archived(tmp_path):
+    # --quiet: no progress, no "finished" or "still queued" lines (found by a new-user trial);
+    # the count of skipped source paths stays, they are files not archived (I1)
     cfg = write_site_config(tmp_path / "site")
     _files(cfg.parent / "source", n=2)
     (cfg.parent / "source" / "inst" / "obs0" / "link").symlink_to("/etc/hostname")  # skipped with a reason
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     r = run_packhorse("run", "--until-idle", "--quiet", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    assert r.stderr == "", r.stderr
+    assert r.stderr.splitlines() == ["packhorse run: 1 source path(s) skipped and not archived (unreadable, "
+                                     "symbolic links, names not allowed, changed after registration); see "
+                                     "`packhorse status`"], r.stderr
     loud = run_packhorse("status", "--json", "-c", str(cfg))
     assert "link" in loud.stdout  # the skipped path is still listed where an operator looks

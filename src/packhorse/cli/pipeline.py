@@ -68,7 +68,8 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
     """The exit code of a finished ``run --until-idle`` / ``demo`` from the ops database:
     :data:`EXIT_FAILED` (3) if any operation is FAILED (each listed on stderr with its error),
     :data:`EXIT_BLOCKED` (4) if a circuit breaker is open, else :data:`EXIT_OK`. Skipped
-    source paths are counted on stderr unless ``quiet``. A run stopped by a signal before it
+    source paths are counted on stderr even when ``quiet``: they are files not archived (I1,
+    nothing silently skipped). A run stopped by a signal before it
     was idle exits ``128 + signal`` whatever this says (the callers decide that first)."""
     from sqlalchemy import func, select
 
@@ -76,7 +77,7 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
     from ..reporting import failed_operations
 
     skipped = ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(SkippedFile))) or 0
-    if skipped and not quiet:
+    if skipped:
         # not a failure (the rest was archived), but nothing a user should miss either
         print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "
               "names not allowed, changed after registration); see `packhorse status`", file=sys.stderr)
