@@ -19,12 +19,28 @@ HOOKS_MODULE = str(Path(__file__).parent / "fault_hooks.py")
 os.environ.setdefault("PACKHORSE_HOOKS__MODULE", HOOKS_MODULE)
 
 
+_E2E = Path(__file__).parent / "e2e"
+#: End-to-end modules whose tests take several seconds each (real ``packhorse`` processes
+#: running a pipeline to idle, a browser, an S3 server): marked ``long``, so the default
+#: selection stays under five minutes on a 2-core machine; ``.ci/run`` runs them.
+_LONG_E2E = frozenset({
+    "test_pipeline.py", "test_cli_everyday.py", "test_fixity.py", "test_stop_signal.py",
+    "test_recovery_cli.py", "test_staging.py", "test_runtime_settings.py", "test_disk_pressure.py",
+    "test_reset.py", "test_s3_archive.py", "test_source_deletion.py", "test_dashboard_views.py",
+    "test_dashboard.py", "test_operator_api.py",
+})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under ``tests/chaos`` carries the ``chaos`` marker (left out of the default
-    selection, run by ``pytest -m "chaos or long"`` and by ``.ci/run``)."""
+    """Every test under ``tests/chaos`` carries the ``chaos`` marker, every test of the
+    :data:`_LONG_E2E` modules the ``long`` one (both left out of the default selection, run by
+    ``pytest -m "chaos or long"`` and by ``.ci/run``)."""
     for item in items:
-        if _CHAOS in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if _CHAOS in path.parents:
             item.add_marker(pytest.mark.chaos)
+        elif path.parent == _E2E and path.name in _LONG_E2E:
+            item.add_marker(pytest.mark.long)
 
 
 @pytest.fixture
