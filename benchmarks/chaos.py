@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Chaos harness: real ``packhorse run`` processes, real signals, seeded random faults, and a
-checker that trusts nothing of packhorse (issue #3 "Chaos harness").
+checker that trusts nothing of packhorse.
 
 It generates observation data in rounds (a few raw data packages per round, hundreds over a
 long run) into the source of a three-site installation (fyst → cologne, cornell; 2 s leases),

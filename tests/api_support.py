@@ -1,4 +1,4 @@
-"""Helpers of the operator-surface tests (issue #6): a real installation whose transfers FAILED,
+"""Helpers of the operator-surface tests: a real installation whose transfers FAILED,
 an in-process API client with an admin and an observer token, and a free TCP port.
 
 ``failed_installation(folder)`` runs the real pipeline (``packhorse init`` + ``packhorse run``

@@ -141,7 +141,7 @@ class PrivatePostgres:
 
 def redis_url(db: int) -> str:
     """``redis://127.0.0.1:6379/<db>`` after emptying that database (ours: 4–9)."""
-    assert 4 <= db <= 9, "issue 4 owns Redis databases 4-9"
+    assert 4 <= db <= 9, "the distributed tests own Redis databases 4-9"
     import redis
 
     try:
@@ -218,7 +218,7 @@ def write_source(root: Path, groups: int, files_per_group: int, size: int) -> No
 
 
 def has_monitor() -> bool:
-    """True if ``packhorse monitor`` (the stalled-task monitor and reconciler, issue 3) exists."""
+    """True if ``packhorse monitor`` (the stalled-task monitor and reconciler) exists."""
     try:
         import packhorse.recovery.monitor  # noqa: F401
         import packhorse.recovery.reconciler  # noqa: F401

@@ -1,4 +1,4 @@
-"""Operator actions shared by the HTTP API and the CLI: reset and reconcile (issue #6).
+"""Operator actions shared by the HTTP API and the CLI: reset and reconcile.
 
 Every action is audited (:mod:`packhorse.audit`) with its actor and result. Resets reuse
 :func:`packhorse.operations.reset_failed` (PENDING, retry count + 1, cached error context

@@ -1,4 +1,4 @@
-"""The audit log of admin actions: who, what, when, result (issue #6 "Access").
+"""The audit log of admin actions: who, what, when, result.
 
 Every state-changing action of the HTTP API and of the CLI (reset, reconcile, breaker reset,
 force retry, runtime setting change, token create/revoke, live check) appends one

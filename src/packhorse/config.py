@@ -1,6 +1,6 @@
 """Settings: the TOML file, ``PACKHORSE_*`` environment overrides, defaults and validation.
 
-The minimum schema of issue #2 is a contract; see ``docs/configuration.md`` for every key.
+The minimum schema is a contract; see ``docs/configuration.md`` for every key.
 Every duration is in seconds and accepts floats. Relative paths (``locations[].path``, a
 relative SQLite database file) resolve against the folder of the configuration file.
 
@@ -129,7 +129,7 @@ class LocationConfig(_Section):
     retention_seconds: float = Field(604800.0, ge=0)
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
-    # -- storage = "s3" (issue #5; docs/object-storage.md). Credentials never go here: the
+    # -- storage = "s3" (docs/object-storage.md). Credentials never go here: the
     # standard AWS chain (environment, profile, instance role) supplies them.
     bucket: str | None = Field(None, min_length=3, max_length=63)
     prefix: str = ""
@@ -141,7 +141,7 @@ class LocationConfig(_Section):
     object_lock_retain_days: float | None = Field(None, gt=0)
     multipart_threshold_bytes: int = Field(64 * 1024**2, ge=1)
     multipart_part_bytes: int = Field(64 * 1024**2, ge=5 * 1024**2)
-    # -- cold storage and the fixity audit (issue #5)
+    # -- cold storage and the fixity audit
     cold: bool = False
     restore_poll_seconds: float = Field(300.0, gt=0)
     fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
@@ -234,7 +234,7 @@ class ExtractionConfig(_Section):
 
 class ManagersConfig(_Section):
     """``[managers]``: the fallback polling interval (finished work wakes managers at once) and
-    how often runtime settings are re-read (issue #6)."""
+    how often runtime settings are re-read."""
 
     poll_interval_seconds: float = Field(10.0, gt=0)
     #: how often running services re-read runtime settings (``packhorse config set``), seconds
@@ -304,7 +304,7 @@ Level = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class SmtpConfig(_Section):
-    """``[notifications.smtp]``: e-mail through an SMTP server (stdlib ``smtplib``; issue #7).
+    """``[notifications.smtp]``: e-mail through an SMTP server (stdlib ``smtplib``).
 
     ``recipients`` receive every level that ``recipients_by_level`` does not name;
     ``recipients_by_level = {ERROR = ["oncall@..."]}`` replaces the list for that level.
@@ -347,7 +347,7 @@ class SmtpConfig(_Section):
 
 
 class NotificationsConfig(_Section):
-    """``[notifications]``: delivery of the notification outbox (issue #7; DESIGN.md numbers).
+    """``[notifications]``: delivery of the notification outbox (DESIGN.md numbers).
 
     Channels: ``[notifications.smtp]`` and ``apprise_urls`` (any apprise URL: Slack, Matrix,
     ntfy, …), with ``apprise_urls_by_level`` replacing the list per level. A failed delivery
@@ -410,7 +410,7 @@ class DiskUsageConfig(_Section):
                              f"{self.critical_percent}, {self.emergency_percent})")
         return self
 class ApiConfig(_Section):
-    """``[api]``: the HTTP API and dashboard (``packhorse api``, ``packhorse run --api``; issue #6).
+    """``[api]``: the HTTP API and dashboard (``packhorse api``, ``packhorse run --api``).
 
     ``live_check_ttl_seconds``: how long a live-check result can be fetched by its correlation
     id (seed 002: 900 s). ``dashboard_refresh_seconds``: how often the dashboard reloads.

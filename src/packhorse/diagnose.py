@@ -1,4 +1,4 @@
-"""Diagnostic reports: the "why" of one operation, for admins (issue #6; seed 002 "Diagnosing and
+"""Diagnostic reports: the "why" of one operation, for admins (seed 002 "Diagnosing and
 Resetting a Stuck or Failed Operation").
 
 * :func:`diagnose_operation` — the database-only report of one operation: the row snapshot

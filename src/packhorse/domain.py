@@ -96,7 +96,7 @@ class TransferMethod(str, enum.Enum):
 
 
 class NotificationLevel(str, enum.Enum):
-    """Severity of a notification; channels route recipients per level (issue #7)."""
+    """Severity of a notification; channels route recipients per level."""
 
     DEBUG = "DEBUG"
     INFO = "INFO"
@@ -114,7 +114,7 @@ class NotificationStatus(str, enum.Enum):
 
 
 class DiskLevel(str, enum.Enum):
-    """How full a data location is (seed 002 thresholds, ``[disk_usage]``; issue #7).
+    """How full a data location is (seed 002 thresholds, ``[disk_usage]``).
 
     ``normal`` below warning (70 %), ``warning`` from 70 %, ``critical`` from 85 %,
     ``emergency`` from 95 %. Disk pressure changes the order and retention of deletions,

@@ -239,7 +239,7 @@ class TransferCommandError(RetryableError):
 
 
 class StorageServiceError(RetryableError):
-    """An object store (S3) answered with an error or could not be reached (issue #5).
+    """An object store (S3) answered with an error or could not be reached.
 
     The message names the location, bucket and key and the service's error code; credentials
     never appear in it.
@@ -267,7 +267,7 @@ class DestinationWriteError(RetryableError):
 
 
 class RestoreRequiredError(RetryableError):
-    """A cold-storage object must be restored before it can be read (issue #5, staging).
+    """A cold-storage object must be restored before it can be read (staging).
 
     Stages that read from cold locations request the restore and wait for it without holding
     a worker; reaching this error elsewhere means a read was attempted too early.
@@ -280,7 +280,7 @@ class DeletionDeferredError(RetryableError):
 
 
 class OperationDeferred(PackhorseError):
-    """The operation cannot go on yet (e.g. a cold-storage restore is in progress, issue #5).
+    """The operation cannot go on yet (e.g. a cold-storage restore is in progress).
 
     Not a failure: the worker hands the operation back as ``PENDING`` with ``not_before`` =
     now + ``seconds`` (no retry counted, no failure event) and is free for other work.

@@ -1,4 +1,4 @@
-"""Fixity: re-read a physical copy and prove its sha256 still matches (issue #5, I4).
+"""Fixity: re-read a physical copy and prove its sha256 still matches (I4).
 
 One set of rules, used by the ``fixity_check`` stage (the standing audit) and by
 ``packhorse verify`` alike:

@@ -1,4 +1,4 @@
-"""Prometheus metrics, read from the ops database at scrape time (issue #6).
+"""Prometheus metrics, read from the ops database at scrape time.
 
 The database is the single source of truth (DESIGN.md "Architecture"), so ``/metrics`` of any
 process — ``packhorse api`` on its own or embedded in ``packhorse run --api`` — reports the

@@ -44,7 +44,7 @@ from .errors import PackhorseError, ResetRefusedError
 
 log = structlog.get_logger(__name__)
 
-#: Exceptions that no retry can fix (issue #3, layer 1).
+#: Exceptions that no retry can fix (layer 1).
 PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
     FileNotFoundError,
     PermissionError,
@@ -194,7 +194,7 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
     the caller must then do nothing (a duplicate delivery).
 
     Args:
-        min_attempt: a broker message says "run operation N at attempt ≥ A" (issue #4): the
+        min_attempt: a broker message says "run operation N at attempt ≥ A": the
             claim succeeds only while the operation's attempt is below ``A``, i.e. the attempt
             this message was dispatched for has not been taken yet. A late or duplicated
             message for an attempt that already ran changes nothing; the newer dispatch of
@@ -295,7 +295,7 @@ def defer(db: Database, claim: Claim, seconds: float) -> bool:
 
 
 def is_retryable(exc: BaseException, retry_count: int, max_retries: int) -> bool:
-    """Classify a failure (issue #3 layer 1): permanent builtins and ``is_retryable = False``
+    """Classify a failure: permanent builtins and ``is_retryable = False``
     errors never retry; otherwise retry while ``retry_count`` is below the cap (the exception's
     own ``max_retries`` if it carries one, else the operation's)."""
     if isinstance(exc, PERMANENT_BUILTINS):

@@ -1,4 +1,4 @@
-"""The pipeline overview: what is stuck, for everybody (observers included; issue #6).
+"""The pipeline overview: what is stuck, for everybody (observers included).
 
 The overview says *what* (operation kind, package, location, status, retry count) and never
 *why*: it carries no error context, traceback, error message or diagnosis, for any caller —
@@ -84,7 +84,7 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
 def location_usage(session: Session) -> list[dict[str, Any]]:
     """Per data location: ``[{"name", "site", "role", "storage", "active", "copies", "bytes",
     "disk"}]`` counting present physical copies (what packhorse stored there); ``disk`` is the
-    latest disk usage sample of the location's file system (bytes, percent, level; issue #7),
+    latest disk usage sample of the location's file system (bytes, percent, level),
     ``None`` before the disk monitor measured it (or for object storage)."""
     agg = (select(PhysicalCopy.location_id, func.count().label("n"), func.coalesce(func.sum(PhysicalCopy.size), 0).label("b"))
            .where(PhysicalCopy.status == CopyStatus.PRESENT.value).group_by(PhysicalCopy.location_id).subquery())

@@ -1,4 +1,4 @@
-"""Runtime settings: a few settings an admin may change while services run (issue #6).
+"""Runtime settings: a few settings an admin may change while services run.
 
 They live in the ``runtime_settings`` table (``packhorse config set KEY VALUE`` or
 ``PUT /api/admin/settings/{key}``), override the configuration file, and are picked up by

@@ -1,5 +1,5 @@
 """The side services of ``packhorse run`` (embedded mode): the notifier, the disk monitor and
-the backlog sampler (:mod:`packhorse.history`) in background threads, and the run's lifecycle notifications (issue #7).
+the backlog sampler (:mod:`packhorse.history`) in background threads, and the run's lifecycle notifications.
 
 ``packhorse run`` starts them with :func:`start_background` and stops them with
 :meth:`BackgroundServices.stop`; with ``--until-idle`` the stop delivers what it can within

@@ -70,7 +70,7 @@ def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, min
     c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds, min_attempt=min_attempt)
     if c is None:
         return Outcome.SKIPPED
-    # every log line of the task carries these (structlog contextvars; issue #3 "Structured logs")
+    # every log line of the task carries these (structlog contextvars)
     with structlog.contextvars.bound_contextvars(**_log_context(c)):
         return _run_claimed(ctx, c)
 
@@ -157,7 +157,7 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str)
     went. Each operation keeps its own row, lease, fencing token and outcome: a copy the rules
     block, a failed delete or a stale attempt goes through the same failure path as a single
     operation (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
-    of database time; three transactions for each were most of that (issue #2 benchmark (b)).
+    of database time; three transactions for each were most of that (benchmark (b)).
 
     Returns:
         the :class:`Outcome` of each of ``operation_ids``, in order (``SKIPPED``: not claimed).
@@ -251,5 +251,5 @@ def _keeper(ctx: ProcessContext, c: Claim) -> LeaseKeeper:
 
 
 def _log_context(c: Claim) -> dict[str, Any]:
-    """The fields every log line of an attempt carries (issue #3 "Structured logs")."""
+    """The fields every log line of an attempt carries."""
     return dict(operation_kind=c.kind.value, operation_id=c.operation_id, attempt=c.attempt, task_id=task_id(c))

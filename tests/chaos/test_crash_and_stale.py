@@ -1,4 +1,4 @@
-"""Crash and stale-worker scenarios with real processes (issue #2 "Done means").
+"""Crash and stale-worker scenarios with real processes.
 
 * ``packhorse run`` SIGKILLed while a long-term archive write is in progress, then restarted:
   exactly one copy per package per archive, all verified, no partial files left.

@@ -1,4 +1,4 @@
-"""Chaos in distributed mode (issue #4): real Celery workers, a real broker and PostgreSQL.
+"""Chaos in distributed mode: real Celery workers, a real broker and PostgreSQL.
 
 * every task published twice, and tasks outliving a 2 s broker visibility timeout (the broker
   hands them to a second worker while the first still runs): one effect, no error;
@@ -49,7 +49,7 @@ from packhorse.domain import OperationKind, Status
 pytestmark = pytest.mark.slow
 
 needs_monitor = pytest.mark.skipif(
-    not has_monitor(), reason="needs `packhorse monitor` and the reconciler (packhorse.recovery, issue 3), "
+    not has_monitor(), reason="needs `packhorse monitor` and the reconciler (packhorse.recovery), "
                               "not on this branch yet")
 
 

@@ -1,4 +1,4 @@
-"""Seed 003 on S3 (issue #5): two workers archive the same package to the same key; the first
+"""Seed 003 on S3: two workers archive the same package to the same key; the first
 one got stuck *after* its last lease check, its lease expired, a second worker took the
 operation over and archived the package. When the first one wakes up it publishes late.
 

@@ -1,6 +1,6 @@
 """A worker whose lease cannot be renewed (the database refuses its heartbeats) stops its work
 before its lease can look stale to others, removes its temporary output and commits nothing
-(issue #3 layer 2; DESIGN.md "Numbers": stop after lease − 1.5 × heartbeat interval)."""
+(DESIGN.md "Numbers": stop after lease − 1.5 × heartbeat interval)."""
 
 from __future__ import annotations
 

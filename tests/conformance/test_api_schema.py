@@ -1,4 +1,4 @@
-"""The HTTP API conforms to its own OpenAPI schema (issue #6): schemathesis generates requests
+"""The HTTP API conforms to its own OpenAPI schema: schemathesis generates requests
 for every operation — as an admin on a real installation with FAILED operations, and without a
 token — and checks that no response is a 5xx and every response matches its documented schema."""
 

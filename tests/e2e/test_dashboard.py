@@ -1,4 +1,4 @@
-"""The web dashboard in headless Chromium (Debian's ``chromium`` driven by Playwright; issue #6):
+"""The web dashboard in headless Chromium (Debian's ``chromium`` driven by Playwright):
 load the page, see the stuck operations as an observer (no controls, no error text), then as
 an admin diagnose one, run a live check, reset it, and see it move to COMPLETED. Screenshots
 of every step go to ``test-artifacts/dashboard/`` (or ``$PACKHORSE_TEST_ARTIFACTS``)."""

@@ -1,4 +1,4 @@
-"""Disk pressure inside ``packhorse run`` (issue #7): the disk monitor records the injected usage,
+"""Disk pressure inside ``packhorse run``: the disk monitor records the injected usage,
 notifies the crossing, and the deletion manager frees the critical buffer before its 7-day
 retention while buffers below warning keep their copies."""
 

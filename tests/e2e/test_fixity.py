@@ -1,4 +1,4 @@
-"""The fixity audit end to end (issue #5): real ``packhorse run`` / ``verify`` processes, an S3
+"""The fixity audit end to end: real ``packhorse run`` / ``verify`` processes, an S3
 archive on moto's server and disk archives; judged by the bytes in the archives, the copy
 rows, the notification outbox and exit codes."""
 

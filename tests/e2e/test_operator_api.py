@@ -1,5 +1,5 @@
 """Spot, diagnose, reset — through the HTTP API and the CLI, on a real installation whose
-transfers FAILED (seed 002 "Diagnosing and Resetting a Stuck or Failed Operation"; issue #6)."""
+transfers FAILED (seed 002 "Diagnosing and Resetting a Stuck or Failed Operation")."""
 
 from __future__ import annotations
 

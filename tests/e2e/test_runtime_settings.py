@@ -1,4 +1,4 @@
-"""Runtime settings change a running ``packhorse run --api`` without a restart (issue #6):
+"""Runtime settings change a running ``packhorse run --api`` without a restart:
 ``packhorse config set`` stores the value in the database and the running process picks it
 up within ``managers.runtime_settings_refresh_seconds``; the embedded API serves meanwhile."""
 

@@ -1,4 +1,4 @@
-"""End-to-end with an S3 long-term archive (issue #5): ``cologne-lta`` is a bucket on moto's
+"""End-to-end with an S3 long-term archive: ``cologne-lta`` is a bucket on moto's
 S3 server, ``cornell-lta`` a folder. The rest of the pipeline runs unchanged through
 ``storage/registry.py``; judged by the objects in the bucket (bags validated with ``bagit``
 after download), ``status`` and ``verify``."""

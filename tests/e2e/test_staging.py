@@ -1,4 +1,4 @@
-"""Staging end to end (issue #5): ``packhorse stage NAME --to LOCATION`` then ``packhorse run``
+"""Staging end to end: ``packhorse stage NAME --to LOCATION`` then ``packhorse run``
 extracts archived packages into a processing location, verified against their bag manifests;
 from a cold S3 archive the operation waits for the (simulated) restore without failing."""
 

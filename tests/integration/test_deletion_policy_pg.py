@@ -1,5 +1,5 @@
 """The deletion policy's order, thresholds and never-rules on PostgreSQL, the production ops
-database (issue #7): the scenarios of ``tests/unit/test_deletion_policy.py``, collected here
+database: the scenarios of ``tests/unit/test_deletion_policy.py``, collected here
 again with a PostgreSQL ``database_url``."""
 
 from __future__ import annotations

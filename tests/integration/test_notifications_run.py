@@ -1,5 +1,5 @@
 """``packhorse run --until-idle`` delivers its notifications before it exits, and apprise URLs
-receive them (issue #7). Real processes, a real SMTP server and a real HTTP endpoint."""
+receive them. Real processes, a real SMTP server and a real HTTP endpoint."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Notification delivery against a real SMTP server on loopback (aiosmtpd): recipients per
-level, retry after an outage, dead letters, and a notifier killed mid-delivery (issue #7)."""
+level, retry after an outage, dead letters, and a notifier killed mid-delivery."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Several notifiers on one outbox (issue #7): each notification is claimed by one notifier at
+"""Several notifiers on one outbox: each notification is claimed by one notifier at
 a time (lease + fencing token), so every one is delivered exactly once per channel — on SQLite
 and on PostgreSQL."""
 

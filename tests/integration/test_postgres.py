@@ -1,4 +1,4 @@
-"""PostgreSQL as the ops database (issue #4): the migrations build exactly the models' schema
+"""PostgreSQL as the ops database: the migrations build exactly the models' schema
 and downgrade cleanly; the schema's constraints hold; transient errors (dropped connection,
 serialization failure, admin shutdown) are retried by the unit of work; engines are never
 shared across a fork; dispatch claims batches with ``FOR UPDATE SKIP LOCKED``.

@@ -1,6 +1,6 @@
 """Recovery against a real PostgreSQL: the service loop survives its connection being killed
 by the server in the middle of a cycle and recovers without a restart; the monitor and the
-reconciler work on PostgreSQL (issue #3 layer 3).
+reconciler work on PostgreSQL.
 
 Needs PostgreSQL on 127.0.0.1:5432 (trust auth, user ``postgres``); skipped when unreachable,
 except under ``CI=true``, where it fails. Each test creates and drops its own database.

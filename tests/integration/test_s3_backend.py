@@ -1,5 +1,5 @@
 """The S3 backend against moto's S3 server over HTTP: what the generic conformance suite cannot
-see from the interface (issue #5): multipart uploads and their abort, the checksum and metadata
+see from the interface: multipart uploads and their abort, the checksum and metadata
 sent with each object, the write-once probe, Object Lock, and the wiring in the registry."""
 
 from __future__ import annotations

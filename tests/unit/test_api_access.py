@@ -1,4 +1,4 @@
-"""Access to the HTTP API (issue #6): every ``/api/`` route in the OpenAPI schema refuses a
+"""Access to the HTTP API: every ``/api/`` route in the OpenAPI schema refuses a
 request without a token (401), refuses an observer on admin and state-changing routes (403),
 and decides both *before* the request is validated; the overview needs only an observer;
 ``/metrics``, the schema and the dashboard page load without a token."""
@@ -96,7 +96,7 @@ def test_a_revoked_token_is_refused_and_a_token_is_urlsafe_and_stored_only_as_a_
 
 
 def test_locations_show_each_locations_latest_disk_usage(tmp_path: Path, empty_db) -> None:
-    # issue #7: "packhorse usage, metrics and the dashboard show it" — the dashboard reads this
+    # "packhorse usage, metrics and the dashboard show it" — the dashboard reads this
     from packhorse.diskusage import Usage, record_sample
     from packhorse.topology import sync_topology
 

@@ -1,4 +1,4 @@
-"""Distributed-mode routing and Celery settings (issue #4), without a broker: queue names per
+"""Distributed-mode routing and Celery settings, without a broker: queue names per
 (site, location, kind), the queues a site's worker consumes, and the reliability settings."""
 
 from __future__ import annotations

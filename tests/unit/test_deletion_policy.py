@@ -1,4 +1,4 @@
-"""The deletion policy under disk pressure (issue #7): usage figures are injected through the
+"""The deletion policy under disk pressure: usage figures are injected through the
 usage provider; the order, the thresholds and every "never" are checked on the operations the
 deletion manager creates and on what the deletion stage does to the bytes."""
 
@@ -313,7 +313,7 @@ def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site
 
 
 def test_deletions_run_together_each_with_its_own_outcome(site: Site) -> None:
-    """A batch (issue #2 benchmark (b): the database work of one for many small deletions):
+    """A batch (benchmark (b): the database work of one for many small deletions):
     every copy the rules allow goes and its operation completes; a copy the rules block stays
     and only its operation fails (a retry while an operation still reads it, FAILED when an
     archive copy is corrupt); an operation already done is skipped."""

@@ -1,4 +1,4 @@
-"""Diagnostic reports (issue #6): the diagnosis line cross-references the database, failure
+"""Diagnostic reports: the diagnosis line cross-references the database, failure
 events come newest first, stalled operations are recognised, and the live check skips object
 storage."""
 

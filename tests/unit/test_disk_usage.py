@@ -1,4 +1,4 @@
-"""Disk monitoring (issue #7): samples are recorded per active disk location; crossing warning,
+"""Disk monitoring: samples are recorded per active disk location; crossing warning,
 critical and emergency notifies once per crossing; falling below recovery notifies recovery."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixity helpers (issue #5): the per-location read rate (a storage layer) and the check of one copy."""
+"""Fixity helpers: the per-location read rate (a storage layer) and the check of one copy."""
 
 from __future__ import annotations
 

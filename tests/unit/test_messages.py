@@ -1,4 +1,4 @@
-"""The message catalogue (issue #7): service lifecycle messages carry their reason and uptime;
+"""The message catalogue: service lifecycle messages carry their reason and uptime;
 still-alive goes out once per interval."""
 
 from __future__ import annotations

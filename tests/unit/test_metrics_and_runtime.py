@@ -1,5 +1,4 @@
-"""Prometheus metrics read from the database, and runtime settings read by running services
-(issue #6)."""
+"""Prometheus metrics read from the database, and runtime settings read by running services."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``[notifications]``, ``[notifications.smtp]`` and ``[disk_usage]`` settings (issue #7): the
+"""``[notifications]``, ``[notifications.smtp]`` and ``[disk_usage]`` settings: the
 contract keys, defaults, per-level recipients, nested environment overrides, clear refusals."""
 
 from __future__ import annotations

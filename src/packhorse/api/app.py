@@ -1,4 +1,4 @@
-"""The FastAPI application: HTTP API, ``/metrics`` and the web dashboard (issue #6).
+"""The FastAPI application: HTTP API, ``/metrics`` and the web dashboard.
 
 Access (checked by :class:`AuthMiddleware` *before* FastAPI parses or validates anything):
 
@@ -75,7 +75,7 @@ DOCS_ASSETS = resources.files("fastapi_offline") / "static"
 
 def required_role(method: str, path: str) -> str:
     """The role a request needs: ``admin`` for ``/api/admin/…`` and any state-changing method,
-    else ``observer`` (issue #6 "Access")."""
+    else ``observer``."""
     if path.startswith("/api/admin/") or method.upper() not in READ_METHODS:
         return "admin"
     return "observer"

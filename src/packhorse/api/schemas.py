@@ -1,8 +1,7 @@
 """Response and request models of the HTTP API (the OpenAPI schema is generated from them).
 
 Every model forbids fields it does not declare: the overview models in particular declare no
-error, traceback, message or diagnosis field, so none can ever be served to an observer
-(issue #6 "the payload is the same for every caller").
+error, traceback, message or diagnosis field, so none can ever be served to an observer.
 """
 
 from __future__ import annotations

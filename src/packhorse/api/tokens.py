@@ -1,4 +1,4 @@
-"""Bearer tokens of the HTTP API: create (shown once), list, revoke, authenticate (issue #6).
+"""Bearer tokens of the HTTP API: create (shown once), list, revoke, authenticate.
 
 A token is ``ph_`` + 43 URL-safe characters (256 random bits, :func:`secrets.token_urlsafe`).
 Only its sha256 is stored: with that much entropy a fast hash is enough, and a database leak

@@ -299,7 +299,7 @@ class Operation(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
     error_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    #: times the reconciler re-dispatched a lost dispatch (never counts as a retry; issue #3)
+    #: times the reconciler re-dispatched a lost dispatch (never counts as a retry)
     reconcile_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
@@ -370,7 +370,7 @@ class NotificationDelivery(Base):
 
     Written, fenced on the claim token, right after the channel accepted the message; a
     re-delivery after a crash skips channels that have a row here, so a channel that already
-    took the message is not sent it again (issue #7). ``message_id`` is the stable
+    took the message is not sent it again. ``message_id`` is the stable
     Message-ID the message carried (the same on every attempt).
     """
 
@@ -456,11 +456,11 @@ class ServiceHeartbeat(Base):
     last_seen: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-# --- issue 6: operator surface (API tokens, audit log, runtime settings, live checks) ---------
+# --- operator surface (API tokens, audit log, runtime settings, live checks) ---------
 
 
 class ApiToken(Base):
-    """A bearer token of the HTTP API with a role (``observer`` or ``admin``; issue #6).
+    """A bearer token of the HTTP API with a role (``observer`` or ``admin``).
 
     Only ``token_hash`` (sha256 hex of the token) is stored: the token itself is shown once,
     when it is created. A revoked token (``revoked_at`` set) is refused.
@@ -531,7 +531,7 @@ class LiveCheck(Base):
 
 
 class ObjectLease(Base):
-    """A per-object lease on one key of one data location (issue #5, seed 003).
+    """A per-object lease on one key of one data location (seed 003).
 
     Used by S3 locations whose store does not honour ``If-None-Match: *``
     (``write_once_probe = false``): the publisher holds the lease while it checks that the key

@@ -447,7 +447,7 @@ class Manager:
                     if scan:
                         next_scan = t0 + poll
                     errors.succeeded()
-                except Exception as exc:  # a failed cycle is never fatal (issue #3 layer 3)
+                except Exception as exc:  # a failed cycle is never fatal
                     errors.failed(exc)
                 # dispatch at least every second: finished work makes new work between polls
                 self.stop.wait(max(0.05, min(poll, 1.0) - (time.monotonic() - t0)))

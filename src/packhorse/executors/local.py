@@ -119,7 +119,7 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     _process_runtime = RuntimeSettings(_process_ctx.db, settings)
 
 
-#: runtime settings of a worker process (a changed log_level applies here too; issue #6)
+#: runtime settings of a worker process (a changed log_level applies here too)
 _process_runtime: RuntimeSettings | None = None
 
 
@@ -204,7 +204,7 @@ class LocalRunner:
                                         notification_cooldown_seconds=rec.notification_cooldown_seconds)
         self._swept = False
         self._running = False  # inside run(): managers' new operations are dispatched at once
-        #: poll intervals and log level changed at run time (``packhorse config set``, issue #6)
+        #: poll intervals and log level changed at run time (``packhorse config set``)
         self.runtime = RuntimeSettings(ctx.db, ctx.settings)
         #: operations finished so far (an idle check is only valid if none finished since the
         #: managers last looked at the database)
@@ -495,7 +495,7 @@ class LocalRunner:
                     # packaging until a scan succeeds (a half-registered group would be split)
                     created, bundle_wait = self.manage(None if scan_failed else scan.unsettled_groups, flush=flush)
                     self.errors.succeeded()
-                except Exception as e:  # a database blip must not end the run (issue #3 layer 3)
+                except Exception as e:  # a database blip must not end the run
                     self.errors.failed(e, "managers")
                     self.wake.wait(min(poll, 1.0))
                     continue

@@ -4,7 +4,7 @@ Per buffer location, the candidates are the present copies without a deletion op
 one is taken only if :func:`~.policy.deletion_blockers` lets it go (the safety rules, the same
 at every disk level; asked only of copies about to be taken). Disk pressure — the level of the location's latest disk usage sample
 (:mod:`packhorse.diskusage`; a sample older than ``stale_after_seconds`` counts as normal) —
-changes only which of them go and in what order (issue #7):
+changes only which of them go and in what order:
 
 * **normal / warning**: copies whose package is archived (every required archive holds a
   verified copy) and whose location ``retention_seconds`` has passed, oldest first.

@@ -1,4 +1,4 @@
-"""Fixity audit manager (issue #5): creates ``fixity_check`` operations.
+"""Fixity audit manager: creates ``fixity_check`` operations.
 
 * Every ``present`` copy at a long-term archive is re-verified when its last verification
   (``verified_at``, else ``created_at``) is older than its location's

@@ -9,7 +9,7 @@
   copy of every raw data package the bundle carries (and, again, after retention).
 * Source files go only with ``delete_source_files = true``, once the package is archived.
 
-Whatever the disk pressure, :func:`deletion_blockers` must find nothing (issue #7): never the
+Whatever the disk pressure, :func:`deletion_blockers` must find nothing: never the
 last verified copy of any content, never a copy that is the source (or target) of an
 operation still in flight (a transfer waiting between retries included), never a copy whose
 archive copies failed their last fixity check (latest archive copy ``corrupt`` or
@@ -191,7 +191,7 @@ def _failed_latest(copies: list[Any]) -> list[tuple[int, int, str]]:
 def deletion_blockers(session: Session, ctx: ProcessContext, copy: PhysicalCopy) -> list[str]:
     """Why ``copy`` may not be deleted now, whatever the disk pressure (empty: it may).
 
-    The rules (DESIGN.md I1, issue #7): archive copies are never deleted; a raw data package
+    The rules (DESIGN.md I1): archive copies are never deleted; a raw data package
     copy needs ``archive_copies_required`` verified archive copies and another verified copy
     elsewhere (never the last one); a bundle copy needs verified copies of every package it
     carries at every destination; no operation may be in flight on it; none of its packages'

@@ -1,6 +1,6 @@
 """Scanning: register new files of every source location (size, sha256, mtime).
 
-Idempotent registration, no operation row (issue #2, stage 1). Rules:
+Idempotent registration, no operation row (stage 1). Rules:
 
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
   *unsettled* and is not packaged yet.

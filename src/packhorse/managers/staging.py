@@ -1,4 +1,4 @@
-"""Staging requests (issue #5): ``packhorse stage NAME --to LOCATION`` creates ``staging``
+"""Staging requests: ``packhorse stage NAME --to LOCATION`` creates ``staging``
 operations; ``packhorse run`` (or a Celery worker) runs them like any other operation.
 
 There is no periodic staging manager: staging happens on request only. A request is

@@ -1,5 +1,5 @@
 """Service lifecycle notifications: started, daily still-alive, stopped with reason and uptime
-(seed 002; issue #7). One :class:`ServiceLifecycle` per long-running service process."""
+(seed 002). One :class:`ServiceLifecycle` per long-running service process."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The notification catalogue: one function per kind of message, each queuing it in the
-caller's transaction through :func:`~packhorse.notify.outbox.enqueue` (issue #7, seed 002).
+caller's transaction through :func:`~packhorse.notify.outbox.enqueue` (seed 002).
 
 Subjects name the event in plain ASCII (``"Permanent failure: long_term_archive 17"``);
 bodies are ``Label: value`` lines, then free text. Services use :func:`service_started`,

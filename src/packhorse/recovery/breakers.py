@@ -8,7 +8,7 @@ were counted the breaker is *closed* and the monitor resets the operation for re
 ``circuit_breaker_timeout_seconds`` after the last stall (with an INFO notification), or when an
 admin resets it (:func:`reset_breaker`, ``packhorse breaker reset``) or forces a retry
 (:func:`force_retry`, ``packhorse retry``). (DESIGN.md "Circuit breaker"; seed 002 "Circuit
-Breaker Pattern"; issue #3 layer 2.)
+Breaker Pattern".)
 
 Every notification here is queued in the same transaction as the breaker change.
 Times are UTC; durations are seconds.

@@ -1,5 +1,4 @@
-"""Diagnoses from the ops database alone, for permanent failures raised without one (issue #3
-layer 1; seed 002 "Diagnosing and Resetting a Stuck or Failed Operation").
+"""Diagnoses from the ops database alone, for permanent failures raised without one (seed 002 "Diagnosing and Resetting a Stuck or Failed Operation").
 
 :func:`diagnose` looks at what packhorse itself recorded — deletion operations, deleted or
 missing physical copies, deleted source files, inactive locations — and returns one

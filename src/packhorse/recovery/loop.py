@@ -1,4 +1,4 @@
-"""The resilient service loop every long-running manager / monitor runs in (issue #3 layer 3).
+"""The resilient service loop every long-running manager / monitor runs in.
 
 One *cycle* = ``work(session)`` with a **fresh database session**; the session is closed in a
 ``finally`` as the **last session operation of the cycle** — everything the loop needs to

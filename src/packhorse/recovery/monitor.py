@@ -1,4 +1,4 @@
-"""The stalled-task monitor (issue #3 layer 2; seed 002 "Stalled Task Detection & Recovery").
+"""The stalled-task monitor (seed 002 "Stalled Task Detection & Recovery").
 
 One cycle (:func:`check_stalled`):
 

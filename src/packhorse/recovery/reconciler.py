@@ -1,4 +1,4 @@
-"""The reconciler: the backstop for work that no lease covers (issue #3 layer 3; seed 000).
+"""The reconciler: the backstop for work that no lease covers (seed 000).
 
 It re-dispatches
 

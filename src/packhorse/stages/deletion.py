@@ -2,7 +2,7 @@
 
 The safety rules of :func:`packhorse.managers.policy.deletion_blockers` are checked again when
 the operation runs, in the transaction that marks the copy, not only when the operation was
-created (I1; issue #7): if one fails nothing is deleted — an operation still in flight on the
+created (I1): if one fails nothing is deleted — an operation still in flight on the
 copy defers the deletion (a retryable failure), any other rule fails it permanently. The copy
 is marked ``deletion_pending`` before its bytes go and ``deleted`` after, so a crash in
 between is finished by the retry. The lease is renewed by the worker's heartbeat while the

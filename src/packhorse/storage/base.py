@@ -34,7 +34,7 @@ Contract (tested for every backend by ``tests/conformance``):
   probes, quarantined objects, restore markers): ``list`` never yields them.
 * :meth:`StorageBackend.quarantine` moves a bad object aside to a fresh name under
   ``_packhorse/quarantine/`` without overwriting anything, freeing its key for a repair
-  (issue #5, fixity audit).
+  (fixity audit).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class StorageBackend(abc.ABC):
     """
 
     location: str
-    #: objects need :meth:`request_restore` before they can be read (tape, Glacier; issue #5)
+    #: objects need :meth:`request_restore` before they can be read (tape, Glacier)
     cold: bool = False
 
     def request_restore(self, key: str) -> None:

@@ -1,4 +1,4 @@
-"""Per-object leases in the ops database (issue #5; seed 003 "lock single objects").
+"""Per-object leases in the ops database (seed 003 "lock single objects").
 
 An S3 location whose store ignores ``If-None-Match: *`` (``write_once_probe = false``) cannot
 publish atomically. Its publications then hold a lease on the one destination key while they

@@ -6,7 +6,7 @@ the caller inwards: logging → retry → read rate (fixity reads only) → the 
 (tests) → backend; :func:`read_limited` adds a transfer's bandwidth share on top. Nothing else
 in packhorse builds a backend or a layer.
 
-S3 locations are checked when their backend is first built in a process (issue #5): the
+S3 locations are checked when their backend is first built in a process: the
 write-once probe (refused with a :class:`~packhorse.errors.ConfigError` naming the location
 if the store ignores ``If-None-Match: *``, unless ``write_once_probe = false``, which logs a
 WARNING and switches to per-object leases with a check before every write) and the Object

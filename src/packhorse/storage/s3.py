@@ -1,6 +1,6 @@
 """S3 backend: a data location stored in an S3 bucket (or an S3-compatible object store).
 
-Write-once publication (DESIGN.md I2, issue #5):
+Write-once publication (DESIGN.md I2):
 
 * Bytes written to an :class:`_S3PendingWrite` are spooled locally (in memory up to
   ``multipart_threshold_bytes``, then in a temporary file) and hashed while they arrive.

@@ -1,4 +1,4 @@
-"""recovery: circuit breakers, service heartbeats, reconcile count (issue #3)
+"""recovery: circuit breakers, service heartbeats, reconcile count
 
 One circuit breaker per (kind, operation); one health heartbeat row per service process;
 ``operations.reconcile_count`` counts the reconciler's re-dispatches (never a retry).

@@ -1,4 +1,4 @@
-"""object leases: per-object leases for S3 locations without conditional writes (issue #5)
+"""object leases: per-object leases for S3 locations without conditional writes
 
 Revision ID: 0004
 Revises: 0003

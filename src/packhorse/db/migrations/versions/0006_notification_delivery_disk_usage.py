@@ -1,4 +1,4 @@
-"""notification delivery records and outbox claims (fencing), disk usage samples (issue 7)
+"""notification delivery records and outbox claims (fencing), disk usage samples
 
 Revision ID: 0006
 Revises: 0005
