@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from .blocked import blocked_items
 from .context import ProcessContext
 from .db.models import (
     DataLocation,
@@ -41,7 +42,8 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     not archived and an operation of the package or its bundle is FAILED),
     ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
     "files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
-    "source_filters": {location: {"include": [glob], "exclude": [glob]}}, "generated_at": ISO time}``.
+    "source_filters": {location: {"include": [glob], "exclude": [glob]}},
+    "blocked": [BlockedItem.as_json()], "generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
@@ -85,6 +87,7 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             "source_filters": {loc.name: {"include": list(loc.include), "exclude": list(loc.exclude)}
                                for loc in ctx.settings.locations
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},
+            "blocked": [b.as_json() for b in blocked_items(s, ctx)],
             "generated_at": utcnow().isoformat(),
         }
 

@@ -93,6 +93,15 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
         print("  see `packhorse status`; fix the cause, then `packhorse reset KIND ID` (or KIND --all-failed)",
               file=sys.stderr)
         return EXIT_FAILED
+    from ..blocked import EXIT_NEEDS_HUMAN, blocked_items
+
+    items = ctx.db.read(lambda s: blocked_items(s, ctx))
+    for b in items:
+        print(f"blocked: {b.subject}: {b.reason}; release: {b.release}", file=sys.stderr)
+    if any(b.exit_code == EXIT_NEEDS_HUMAN for b in items):
+        return EXIT_FAILED
+    if items:
+        return EXIT_BLOCKED
     from ..recovery.breakers import open_breaker_count
 
     blocked = ctx.db.read(open_breaker_count)

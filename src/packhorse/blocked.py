@@ -1,0 +1,73 @@
+"""Work that waits on something other than the pipeline: one list, one shape, every surface.
+
+One job: answer "what is stuck, why, and what releases it?" for ``packhorse status`` (text and
+``--json`` field ``blocked``), the overview, the dashboard and the exit code of
+``run --until-idle``. Every state a package or operation can be left in only by a human or by
+the world outside (a mount coming back) appears here, each item with the reason and the
+command that releases it (DESIGN.md I5, every state has an owner: here the owner is named).
+
+Providers are small functions ``(session, ctx) -> list[BlockedItem]``, one per cause, listed in
+:data:`PROVIDERS`; a new cause adds one function there, never a second list elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from .context import ProcessContext
+
+#: ``run --until-idle`` exit code for work that waits on a human with nothing to wait for
+#: (a FAILED operation, a package with no good source left).
+EXIT_NEEDS_HUMAN = 3
+#: ``run --until-idle`` exit code for work that waits and may resume by itself or on one
+#: command (an open circuit breaker, an unavailable data location).
+EXIT_WAITING = 4
+
+
+@dataclass(frozen=True)
+class BlockedItem:
+    """One piece of blocked work.
+
+    Attributes:
+        cause: short machine name of the cause: ``"circuit_breaker"``, ``"location_unavailable"``,
+            ``"no_good_source"``, … (stable; scripts match on it).
+        subject: what is blocked, as an operator names it: ``"transfer 17"``,
+            ``"location archive-a"``, ``"package site-x_obs1_…"``.
+        reason: one sentence: why it waits.
+        release: the command that releases it (``"packhorse breaker close transfer 17"``), or
+            what a human must do when no command can (``"put the bytes back …"``).
+        exit_code: :data:`EXIT_NEEDS_HUMAN` or :data:`EXIT_WAITING`.
+        since: ISO 8601 UTC time it has been blocked since, or ``None`` if unknown.
+        detail: extra machine-readable fields (ids, locations, counts behind it).
+    """
+
+    cause: str
+    subject: str
+    reason: str
+    release: str
+    exit_code: int = EXIT_WAITING
+    since: str | None = None
+    detail: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The item as the ``status --json`` ``blocked`` list holds it (every attribute)."""
+        return asdict(self)
+
+
+Provider = Callable[[Session, "ProcessContext"], list[BlockedItem]]
+
+#: One provider per cause, in the order ``status`` lists them.
+PROVIDERS: list[Provider] = []
+
+
+def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Every blocked item from every provider of :data:`PROVIDERS` (read-only)."""
+    out: list[BlockedItem] = []
+    for provider in PROVIDERS:
+        out.extend(provider(session, ctx))
+    return out
