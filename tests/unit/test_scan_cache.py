@@ -263,3 +263,39 @@ def test_the_scan_reads_source_files_through_the_location_backend(ctx: ProcessCo
         scan_all(ctx, pool)
     assert sorted(hooks.reads) == [("fyst-source", "inst/obs/a.dat"), ("fyst-source", "inst/obs/big.dat")]
     assert registered(ctx) == {"inst/obs/a.dat", "inst/obs/big.dat"}
+
+
+class _GrowsWhileRead(Hooks):
+    """Hooks whose storage layer appends to a source file right after the scan opened it (an
+    instrument still writing it), handing the scan either the real file or a copy of its bytes
+    with no descriptor (a backend whose streams have none)."""
+
+    def __init__(self, *, descriptor: bool) -> None:
+        self.descriptor = descriptor
+
+    def storage_layer(self, backend: StorageBackend) -> StorageBackend:
+        hooks = self
+
+        class Grows(Layer):
+            def open_read(self, key: str) -> BinaryIO:
+                f = self.inner.open_read(key)
+                with open(self.inner.local_path(key), "ab") as w:  # type: ignore[attr-defined]
+                    w.write(b"more")
+                if hooks.descriptor:
+                    return f
+                import io
+
+                with f:
+                    return io.BytesIO(f.read())
+
+        return Grows(backend)
+
+
+@pytest.mark.parametrize("descriptor", [True, False], ids=["file", "stream-without-descriptor"])
+def test_a_file_that_grows_while_it_is_hashed_is_not_registered(ctx: ProcessContext, descriptor: bool) -> None:
+    ctx.hooks = _GrowsWhileRead(descriptor=descriptor)
+    write(source(ctx) / "inst" / "obs" / "a.dat", b"a" * 10)
+    with ThreadPoolExecutor(1) as pool:
+        result = scan_all(ctx, pool)
+    assert registered(ctx) == set()
+    assert result.pending_settle == 1  # looked at again later, not skipped

@@ -5,9 +5,12 @@ Idempotent registration, no operation row (stage 1). Rules:
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
   *unsettled* and is not packaged yet.
 * A file whose size or mtime changes while it is hashed is not registered this cycle.
-* Files are read and stat'ed through the location's storage backend (``ctx.backend``:
-  confined to the root, ``O_NOFOLLOW``; I6). The folder walk itself lists folders with
-  ``os.scandir``, because it keeps the reasons for skipped entries and the folder cache.
+* Files are read through the location's storage backend (``ctx.backend``: confined to the
+  root, ``O_NOFOLLOW``; I6). Whether a file changed while it was hashed is asked of the open
+  file itself (``fstat`` of the descriptor the backend opened: the very bytes hashed, no
+  second path lookup), or of the backend's ``stat`` for a stream without a descriptor. The
+  folder walk itself lists folders with ``os.scandir``, because it keeps the reasons for
+  skipped entries and the folder cache.
 * Symlinks are not followed; unreadable files, special files, names that are not UTF-8 or
   not valid object keys (a backslash, the partial-file suffix; see
   :func:`~packhorse.storage.base.check_key`), and
@@ -195,6 +198,10 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
 def _hash(backend: StorageBackend | None, rel: str, before: os.stat_result) -> tuple[str, str | None]:
     """Hash source file ``rel`` through the location's backend (confined, ``O_NOFOLLOW``; I6).
 
+    Whether it changed while it was hashed is decided on the open file (``fstat`` of the
+    backend's descriptor: the file whose bytes were hashed; one confined lookup per file, not
+    two), or through ``backend.stat`` for a stream without a descriptor.
+
     Returns ``("ok", sha)``, ``("changed", None)`` (size or mtime differ afterwards, or it is
     gone) or ``("error", reason)``."""
     assert backend is not None
@@ -209,15 +216,29 @@ def _hash(backend: StorageBackend | None, rel: str, before: os.stat_result) -> t
     try:
         with f:
             digest = sha256_stream(f)
+            after = _stat_open(f)
     except OSError as e:
         return "error", f"read error: {e.strerror}"
-    try:
-        after = backend.stat(rel)
-    except (OSError, UnsafePathError):
-        return "changed", None
-    if after is None or (after.size, after.mtime_ns) != (before.st_size, before.st_mtime_ns):
+    if after is None:
+        try:
+            info = backend.stat(rel)
+        except (OSError, UnsafePathError):
+            return "changed", None
+        after = None if info is None else (info.size, info.mtime_ns)
+    if after is None or after != (before.st_size, before.st_mtime_ns):
         return "changed", None
     return "ok", digest
+
+
+def _stat_open(f: object) -> tuple[int, int] | None:
+    """``(size in bytes, mtime in ns)`` of an open file through its descriptor, or ``None`` if
+    the stream has none (then the caller asks the backend)."""
+    try:
+        fd = f.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return None
+    s = os.fstat(fd)
+    return s.st_size, s.st_mtime_ns
 
 
 def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
