@@ -108,10 +108,41 @@ def gen_b(root: Path) -> dict[str, int]:
     return {"files": 20_000, "bytes": total, "groups": 100}
 
 
+def _gen_small(root: Path, files: int, seed: int) -> dict[str, int]:
+    """``files`` files of 0–4 KiB (uniform), 200 to a group (``instrument-NN/obs-NNNN``)."""
+    rng = random.Random(seed)
+    groups = files // 200
+    total = 0
+    for i in range(files):
+        g = i % groups
+        folder = root / f"instrument-{g // 100:02d}" / f"obs-{g % 100:04d}"
+        if i < groups:
+            folder.mkdir(parents=True, exist_ok=True)
+        size = rng.randint(0, 4 * 1024)
+        (folder / f"frame-{i:06d}.dat").write_bytes(rng.randbytes(size))
+        total += size
+    return {"files": files, "bytes": total, "groups": groups}
+
+
+def gen_c(root: Path) -> dict[str, int]:
+    """Scale reference: 20,000 files of 0–4 KiB in 100 groups of 200."""
+    return _gen_small(root, 20_000, 0xC)
+
+
+def gen_d(root: Path) -> dict[str, int]:
+    """Scale: 200,000 files of 0–4 KiB in 1,000 groups of 200 (ten times set c)."""
+    return _gen_small(root, 200_000, 0xD)
+
+
 DATASETS = {
     "a": ("2 GiB in 4 files (2 groups)", gen_a),
     "b": ("20,000 files of 0-16 KiB (100 groups)", gen_b),
+    "c": ("20,000 files of 0-4 KiB (100 groups; scale reference)", gen_c),
+    "d": ("200,000 files of 0-4 KiB (1,000 groups; scale)", gen_d),
 }
+#: Scale pairs: (large set, its reference): the large one's seconds per file against the
+#: reference's, measured in the same invocation.
+SCALE_PAIRS = (("d", "c"),)
 
 
 def ensure_dataset(workdir: Path, name: str) -> tuple[Path, dict[str, int]]:
@@ -275,14 +306,97 @@ def run_packhorse(source: Path, run_dir: Path, info: dict[str, int], workers: in
     if wrap:
         cmd = [*wrap, sys.executable, "-m", "packhorse", *cmd[len(packhorse_cmd()):]]
     t, t0 = time.monotonic(), time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=run_dir)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run_dir)
+    memory = MemorySampler(proc.pid)
+    memory.start()
+    out, err = proc.communicate()
     elapsed = time.monotonic() - t
+    memory.stop()
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if p.returncode != 0:
         raise BenchmarkError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
     checked = check_packhorse(cfg, run_dir, info)
     phases = timeline(run_dir, t0)
     cleanup(run_dir)
-    return {"seconds": elapsed, "init_seconds": init_s, "stderr": p.stderr[-2000:], **checked, "timeline": phases}
+    return {"seconds": elapsed, "init_seconds": init_s, "stderr": p.stderr[-2000:], **checked, "timeline": phases,
+            "memory": memory.result()}
+
+
+class MemorySampler:
+    """Peak memory of a process and all its descendants (``packhorse run``, its fork server and
+    worker processes), sampled from ``/proc`` every ``interval`` seconds in a thread.
+
+    ``result()``: ``tree_pss_peak_bytes`` — the largest sum over the tree of each process's
+    proportional set size (``smaps_rollup`` Pss: shared pages split between their users, so
+    the sum is what the tree really holds); ``tree_rss_peak_bytes`` — the same with plain RSS
+    (shared pages counted once per process: an upper bound); ``main_hwm_bytes`` — the
+    main process's own peak RSS (``VmHWM``); ``max_process_hwm_bytes`` — the largest ``VmHWM`` of
+    any process of the tree; ``processes`` — how many were seen."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        import threading
+
+        self.pid = pid
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.pss_peak = self.rss_peak = 0
+        self.hwm: dict[int, int] = {}
+
+    @staticmethod
+    def _children(pid: int) -> list[int]:
+        out = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+        return out
+
+    @staticmethod
+    def _field(path: str, name: str) -> int:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(name):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def sample(self) -> None:
+        tree, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            tree.append(pid)
+            todo += self._children(pid)
+        pss = rss = 0
+        for pid in tree:
+            pss += self._field(f"/proc/{pid}/smaps_rollup", "Pss:")
+            rss += self._field(f"/proc/{pid}/status", "VmRSS:")
+            hwm = self._field(f"/proc/{pid}/status", "VmHWM:")
+            if hwm:
+                self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
+        self.pss_peak = max(self.pss_peak, pss)
+        self.rss_peak = max(self.rss_peak, rss)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def result(self) -> dict[str, int]:
+        return {"tree_pss_peak_bytes": self.pss_peak, "tree_rss_peak_bytes": self.rss_peak,
+                "main_hwm_bytes": self.hwm.get(self.pid, 0),
+                "max_process_hwm_bytes": max(self.hwm.values(), default=0), "processes": len(self.hwm)}
 
 
 # ------------------------------------------------------------------------------ profiling
@@ -337,7 +451,8 @@ def machine() -> dict[str, object]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, help="folder for data sets and runs (default: a new one under /tmp)")
-    ap.add_argument("--sets", default="a,b", help="comma-separated data sets: a, b (default a,b)")
+    ap.add_argument("--sets", default="a,b", help="comma-separated data sets: a, b, c, d (default a,b; c,d: the "
+                                                  "scale pair, 20,000 and 200,000 files of 0-4 KiB)")
     ap.add_argument("--repeats", type=int, default=2, help="runs per side and data set (default 2; median taken; 0 with --profile: profile only)")
     ap.add_argument("--hashers", default="sha256sum,openssl",
                     help="baseline variants by hashing tool (default sha256sum,openssl; the first is the reference)")
@@ -372,7 +487,10 @@ def main() -> int:
                     else:
                         r = run_baseline(source, run_dir, info, side.split("-", 1)[1])
                     runs[side].append(r)
-                    extra = f" (hops {r['hops']})" if "hops" in r else f" (init {r['init_seconds']:.2f} s)"
+                    extra = (f" (hops {r['hops']})" if "hops" in r else
+                             f" (init {r['init_seconds']:.2f} s, peak memory of the process tree "
+                             f"{r['memory']['tree_pss_peak_bytes'] / 1e6:.0f} MB PSS, "
+                             f"{r['memory']['tree_rss_peak_bytes'] / 1e6:.0f} MB RSS)")
                     print(f"  ({name}) run {i + 1} {side:20s} {r['seconds']:7.2f} s{extra}", flush=True)
             probe_after = disk_probe(workdir)
             print(f"  ({name}) disk probe after: {probe_after} MB/s", flush=True)
@@ -382,6 +500,8 @@ def main() -> int:
                 med = {s: statistics.median(float(r["seconds"]) for r in runs[s]) for s in sides}  # type: ignore[arg-type]
                 entry["median_seconds"] = med
                 entry["ratio"] = {s: med["packhorse"] / med[s] for s in sides if s != "packhorse"}
+                entry["seconds_per_file"] = {s: med[s] / info["files"] for s in sides}
+                entry["peak_memory_bytes"] = max(int(r["memory"]["tree_pss_peak_bytes"]) for r in runs["packhorse"])  # type: ignore[index]
             if args.profile:
                 entry["profile"] = profile_packhorse(name, source, run_dir, info, args.workers, stamp)
             result["sets"][name] = entry  # type: ignore[index]
@@ -408,6 +528,19 @@ def main() -> int:
         line = f"{name:4s} " + " ".join(f"{med[s]:19.2f}s" for s in med)
         line += "".join(f"  {e['ratio'][f'baseline-{h}']:19.2f}x" for h in hashers)
         print(line)
+    sets_done = result["sets"]  # type: ignore[assignment]
+    for large, small in SCALE_PAIRS:
+        if "seconds_per_file" in sets_done.get(large, {}) and "seconds_per_file" in sets_done.get(small, {}):
+            a, b = sets_done[large], sets_done[small]
+            ratio = a["seconds_per_file"]["packhorse"] / b["seconds_per_file"]["packhorse"]
+            result.setdefault("scale", {})[f"{large}/{small}"] = ratio  # type: ignore[union-attr]
+            print(f"scale ({large} vs {small}): packhorse {a['seconds_per_file']['packhorse'] * 1e3:.3f} ms/file "
+                  f"vs {b['seconds_per_file']['packhorse'] * 1e3:.3f} ms/file = {ratio:.2f}x; peak memory "
+                  f"{a['peak_memory_bytes'] / 1e6:.0f} MB vs {b['peak_memory_bytes'] / 1e6:.0f} MB (PSS, process tree)")
+    for name, e in sets_done.items():
+        if "peak_memory_bytes" in e:
+            print(f"peak memory ({name}): {e['peak_memory_bytes'] / 1e6:.0f} MB PSS of packhorse run's process tree")
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\nresult: {out}" + (f" (reference baseline: {ref})" if ref else ""))
     return 0
 

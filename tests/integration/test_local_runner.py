@@ -176,10 +176,10 @@ def test_concurrent_dispatches_never_hand_out_an_operation_twice(db: Database) -
     handed: list[int] = []
     real_submit = runner._submit
 
-    def slow_submit(op_ids):  # type: ignore[no-untyped-def]
+    def slow_submit(op_ids, kind=None):  # type: ignore[no-untyped-def]
         handed.extend(op_ids)
         time.sleep(0.05)
-        return real_submit(op_ids)
+        return real_submit(op_ids, kind)
 
     runner._submit = slow_submit  # type: ignore[method-assign]
     release = threading.Event()

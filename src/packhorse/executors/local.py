@@ -15,8 +15,10 @@ order is the pipeline's (:mod:`packhorse.pipeline`); this module only decides th
 A finished operation wakes the loop at once, so the next stage starts without waiting for the
 poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
-task is one operation, or up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
-run together (:func:`~packhorse.worker.execute_deletions`).
+task is one operation, up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
+run together (:func:`~packhorse.worker.execute_deletions`), or up to
+:data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations with one claim and one
+completion transaction (:func:`~packhorse.worker.execute_batch`).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
@@ -55,11 +57,13 @@ from ..recovery.loop import ErrorCounter
 from ..runtime_settings import RuntimeSettings
 from ..topology import Topology
 from ..worker import (
+    ARCHIVE_BATCH,
+    BATCH_KINDS,
     DELETION_BATCH,
     Outcome,
     batchable,
-    execute_deletions,
     execute_operation,
+    execute_tasks,
 )
 
 log = structlog.get_logger(__name__)
@@ -150,15 +154,14 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def _run_in_worker_process(op_ids: tuple[int, ...]) -> list[Outcome]:
-    """One task of the pool: an operation, or a batch of buffer-copy deletions."""
+def _run_in_worker_process(op_ids: tuple[int, ...], kind: str | None = None) -> list[Outcome]:
+    """One task of the pool: an operation, or a batch of operations of ``kind``
+    (:func:`~packhorse.worker.execute_tasks`)."""
     assert _process_ctx is not None, "worker process not initialized"
     if _process_runtime is not None:
         _process_runtime.refresh()  # reads the table at most every refresh interval
     owner = f"{worker_identity()}:{threading.current_thread().name}"
-    if len(op_ids) == 1:
-        return [execute_operation(_process_ctx, op_ids[0], owner)]
-    return execute_deletions(_process_ctx, list(op_ids), owner)
+    return execute_tasks(_process_ctx, list(op_ids), owner, kind)
 
 
 class LocalRunner:
@@ -293,24 +296,26 @@ class LocalRunner:
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
 
-    def _submit(self, op_ids: tuple[int, ...]) -> Future[list[Outcome]]:
+    def _submit(self, op_ids: tuple[int, ...], kind: str | None = None) -> Future[list[Outcome]]:
         if isinstance(self.pool, ProcessPoolExecutor):
-            return self.pool.submit(_run_in_worker_process, op_ids)
-        return self.pool.submit(self._run_task, op_ids)
+            return self.pool.submit(_run_in_worker_process, op_ids, kind)
+        return self.pool.submit(self._run_task, op_ids, kind)
 
-    def _run_task(self, op_ids: tuple[int, ...]) -> list[Outcome]:
+    def _run_task(self, op_ids: tuple[int, ...], kind: str | None = None) -> list[Outcome]:
         if len(op_ids) == 1:
             return [self._run_one(op_ids[0])]
-        return execute_deletions(self.ctx, list(op_ids), f"{self._owner}:{threading.current_thread().name}")
+        return execute_tasks(self.ctx, list(op_ids), f"{self._owner}:{threading.current_thread().name}", kind)
 
     def _run_one(self, op_id: int) -> Outcome:
         return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
 
     def dispatch(self) -> int:
         """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
-        or queued); returns how many operations were dispatched. A task is one operation, or up
+        or queued); returns how many operations were dispatched. A task is one operation, up
         to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions run together
-        (:func:`~packhorse.worker.execute_deletions`)."""
+        (:func:`~packhorse.worker.execute_deletions`), or up to
+        :data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations run together
+        (:func:`~packhorse.worker.execute_batch`) when there are more of them than free slots."""
         # one dispatch at a time (the main loop and completion callbacks both dispatch): two
         # could otherwise select the same operations before either had queued them
         with self._dispatch_lock:
@@ -323,53 +328,62 @@ class LocalRunner:
         if free <= 0:
             return 0
 
-        def tx(s: Session) -> list[tuple[int, ...]]:
-            tasks: list[list[int]] = []
+        def tx(s: Session) -> list[tuple[str | None, tuple[int, ...]]]:
+            tasks: list[tuple[str | None, list[int]]] = []
 
             def choose(rows: list[Any]) -> list[int]:
                 # fill the free task slots in dispatch order; deletions of buffer copies go
-                # DELETION_BATCH to a task
-                batch: list[int] | None = None  # the open batch of deletions
+                # DELETION_BATCH to a task; operations of a BATCH_KINDS kind are spread over
+                # the free slots, at most ARCHIVE_BATCH to a task (one each while there are
+                # no more of them than free slots: large packages keep every worker busy)
+                per_kind = {k: min(ARCHIVE_BATCH, max(1, -(-sum(r.kind == k for r in rows) // free)))
+                            for k in BATCH_KINDS}
+                open_batch: dict[str, list[int]] = {}  # the open batch of each batched kind
                 for r in rows:
-                    if batchable(r.kind, r.physical_copy_id):
-                        if batch is None or len(batch) == DELETION_BATCH:
-                            if len(tasks) == free:
-                                break
-                            batch = []
-                            tasks.append(batch)
-                        batch.append(r.id)
-                    else:
+                    size = (DELETION_BATCH if batchable(r.kind, r.physical_copy_id)
+                            else per_kind.get(r.kind, 1))
+                    batch = open_batch.get(r.kind) if size > 1 else None
+                    if batch is None or len(batch) >= size:
                         if len(tasks) == free:
                             break
-                        tasks.append([r.id])
-                return [i for task in tasks for i in task]
+                        batch = []
+                        tasks.append((r.kind if size > 1 else None, batch))
+                        if size > 1:
+                            open_batch[r.kind] = batch
+                    batch.append(r.id)
+                return [i for _, task in tasks for i in task]
 
             taken = {r.id for r in pipeline.take_runnable(s.connection(), limit=free * DELETION_BATCH,
                                                           statuses=_STATUSES, exclude=busy, choose=choose)}
-            return [tuple(i for i in task if i in taken) for task in tasks if any(i in taken for i in task)]
+            out = []
+            for kind, task in tasks:
+                ids = tuple(i for i in task if i in taken)
+                if ids:
+                    out.append((kind if len(ids) > 1 else None, ids))
+            return out
 
         tasks = self.ctx.db.transact(tx)
         twice = self.ctx.hooks.active("dispatch", "duplicate")  # hooks: at-least-once delivery
         submitted = []
-        for op_ids in tasks:
+        for kind, op_ids in tasks:
             with self._lock:
                 try:
-                    fut = self._submit(op_ids)
+                    fut = self._submit(op_ids, kind)
                 except BrokenProcessPool:
                     self._discard_broken_pool()
-                    fut = self._submit(op_ids)
+                    fut = self._submit(op_ids, kind)
                 self._tasks.add(fut)
                 self.drained.clear()
                 for op_id in op_ids:
                     self.in_flight[op_id] = fut
             submitted.append((op_ids, fut))
             if twice:
-                self._submit(op_ids)
+                self._submit(op_ids, kind)
         # callbacks only once every task is registered: a task already done runs its callback
         # (which may dispatch again, re-entering the lock) right here
         for op_ids, fut in submitted:
             fut.add_done_callback(lambda f, i=op_ids: self._done(i, f))
-        return sum(len(t) for t in tasks)
+        return sum(len(t) for _, t in tasks)
 
     def manage(self, unsettled: dict[str, set[str]] | None, *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``.
