@@ -63,6 +63,7 @@ from .config import Settings
 from .context import ProcessContext
 from .db.models import Operation, utcnow
 from .domain import LocationRole, OperationKind, Status, StorageType
+from . import operations
 from .managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from .recovery.monitor import MonitorReport, recovery_cycle
 
@@ -235,7 +236,7 @@ _OPS = Operation.__table__
 #: PostgreSQL (two dispatchers never take the same row); SQLite holds the write lock. Built
 #: once (Core, bound parameters): dispatch runs inside the database's write lock.
 _RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS.c.source_location_id,
-                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id)
+                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id, _OPS.c.status)
              .where(_OPS.c.status.in_(bindparam("statuses", expanding=True)),
                     _OPS.c.kind.in_(bindparam("kinds", expanding=True)),
                     or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")),
@@ -244,10 +245,16 @@ _RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS
                             else_=len(DISPATCH_ORDER)), _OPS.c.id)
              .limit(bindparam("limit"))
              .with_for_update(skip_locked=True))
-_SCHEDULE = (update(_OPS).where(_OPS.c.id.in_(bindparam("ids", expanding=True)),
-                                _OPS.c.status.in_(bindparam("statuses", expanding=True)))
-             .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now"))
-             .returning(_OPS.c.id))
+
+
+def _schedule_statements() -> dict[str, Any]:
+    """``→ SCHEDULED`` by the status read: a compare-and-set on
+    :func:`packhorse.operations.fenced` at the token and status the dispatcher read (I3). Built
+    per dispatch (cheap next to the select): tests may swap the predicate."""
+    return {st.value: update(_OPS).where(operations.fenced(bindparam("op_id"), bindparam("token"), st))
+            .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now"))
+            .returning(_OPS.c.id)
+            for st in (Status.PENDING, Status.SCHEDULED)}
 
 
 def runnable_statuses(*, executor_knows_its_queue: bool) -> list[str]:
@@ -279,7 +286,10 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
 
     Returns:
         the rows taken (``id, kind, attempt, site_id, source_location_id,
-        destination_location_id, physical_copy_id``), in dispatch order.
+        destination_location_id, physical_copy_id, status`` — ``attempt`` is the fencing token
+        the operation is dispatched at, ``status`` the one it had), in dispatch order. Each is
+        marked ``SCHEDULED`` by a compare-and-set on :func:`packhorse.operations.fenced` at the
+        token and status read: a row another writer changed since is not taken.
     """
     now = utcnow()
     rows = conn.execute(_RUNNABLE, dict(now=now, statuses=list(statuses), kinds=[k.value for k in DISPATCH_ORDER],
@@ -287,7 +297,13 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
     ids = [r.id for r in rows] if choose is None else choose(rows)
     if not ids:
         return []
-    taken = set(conn.execute(_SCHEDULE, dict(ids=ids, statuses=list(statuses), now=now)).scalars())
+    wanted = set(ids)
+    schedule = _schedule_statements()
+    taken: set[int] = set()
+    for r in rows:  # each a compare-and-set on the row as it was read (fenced; I3)
+        if r.id in wanted and conn.execute(schedule[r.status], dict(op_id=r.id, token=r.attempt,
+                                                                    now=now)).first() is not None:
+            taken.add(r.id)
     return [r for r in rows if r.id in taken]
 
 
