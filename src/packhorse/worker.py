@@ -52,10 +52,13 @@ def _record_stale(ctx: ProcessContext, c: Claim, exc: BaseException) -> None:
     ctx.db.transact(tx)
 
 
-def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, min_attempt: int | None = None) -> Outcome:
+def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, token: int | None = None,
+                      min_attempt: int | None = None) -> Outcome:
     """Claim and run operation ``operation_id`` as ``owner`` (``host:pid:thread``).
 
     Args:
+        token: the fencing token the operation was dispatched at (the embedded runner's
+            dispatch; :func:`~packhorse.operations.claim`). ``None``: the current one.
         min_attempt: run only as attempt ``min_attempt`` or later (a broker message's "at
             attempt ≥ A"; see :func:`~packhorse.operations.claim`). ``None``: any attempt.
 
@@ -67,7 +70,8 @@ def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, min
         TransientDatabaseError: the database was unreachable while claiming (nothing was
             claimed; the caller may try again later).
     """
-    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds, min_attempt=min_attempt)
+    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds, token=token,
+              min_attempt=min_attempt)
     if c is None:
         return Outcome.SKIPPED
     # every log line of the task carries these (structlog contextvars)
@@ -143,10 +147,6 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
 
 #: Buffer-copy deletions run together by :func:`execute_deletions` (at most this many).
 DELETION_BATCH = 16
-#: Long-term-archive operations run together by :func:`execute_batch` (at most this many; the
-#: dispatcher spreads the runnable ones over its free task slots first, so a few large
-#: packages still go one to a worker).
-ARCHIVE_BATCH = 8
 
 
 def batchable(kind: str, physical_copy_id: int | None) -> bool:
@@ -154,105 +154,17 @@ def batchable(kind: str, physical_copy_id: int | None) -> bool:
     return kind == OperationKind.DELETION.value and physical_copy_id is not None
 
 
+#: Long-term-archive operations run together by :func:`execute_batch` (at most this many; the
+#: dispatcher spreads the runnable ones over its free task slots first, so a few large
+#: packages still go one to a worker).
+ARCHIVE_BATCH = 8
 #: Kinds whose operations :func:`execute_batch` may run together (their stage returns a
 #: recorder and writes nothing in the database before its completion).
 BATCH_KINDS: frozenset[str] = frozenset({OperationKind.LONG_TERM_ARCHIVE.value})
 
 
-def execute_tasks(ctx: ProcessContext, operation_ids: list[int], owner: str, kind: str | None = None) -> list[Outcome]:
-    """Run one task of an executor: one operation (:func:`execute_operation`), a batch of
-    buffer-copy deletions (:func:`execute_deletions`) or a batch of operations of ``kind``, one
-    of :data:`BATCH_KINDS` (:func:`execute_batch`). Returns the outcome of each, in order.
-
-    Args:
-        kind: the operation kind of every operation of a batch (the dispatcher batches one
-            kind at a time); ``None`` or any other kind: each runs alone.
-
-    Raises:
-        TransientDatabaseError: the database was unreachable while claiming.
-    """
-    if len(operation_ids) == 1:
-        return [execute_operation(ctx, operation_ids[0], owner)]
-    if kind == OperationKind.DELETION.value:
-        return execute_deletions(ctx, operation_ids, owner)
-    if kind in BATCH_KINDS:
-        return execute_batch(ctx, operation_ids, owner)
-    return [execute_operation(ctx, i, owner) for i in operation_ids]
-
-
-def execute_batch(ctx: ProcessContext, operation_ids: list[int], owner: str) -> list[Outcome]:
-    """Run several operations of :data:`BATCH_KINDS` (long-term archives of small packages)
-    one after the other with the database work of two: one transaction claims them all, one
-    completes every one that succeeded. Each operation keeps its own row, lease (renewed by
-    heartbeats while it waits its turn), fencing token, stage run, verification and outcome
-    (I3, I4): a failure, a stale attempt or a completion the database refuses (a conflicting
-    copy record) goes through the same failure path as a single operation (:func:`_failed`);
-    the others of the batch go on. Nothing is recorded before the completion transaction, so
-    a worker killed mid-batch leaves only leases to expire (lease recovery), as a single
-    operation would. The claim and completion transactions queue on SQLite's one writer
-    (benchmark (b): about half of an archive operation's time was that queueing).
-
-    Returns:
-        the :class:`Outcome` of each of ``operation_ids``, in order (``SKIPPED``: not claimed).
-
-    Raises:
-        TransientDatabaseError: the database was unreachable while claiming.
-    """
-    rec = ctx.settings.recovery
-    claims = claim_many(ctx.db, operation_ids, owner, rec.lease_timeout_seconds)
-    outcomes = {i: Outcome.SKIPPED for i in operation_ids}
-    works = {op_id: Work(ctx, c, c.operation, _keeper(ctx, c))  # type: ignore[arg-type]
-             for op_id, c in claims.items()}
-    done: dict[int, Recorder] = {}
-    failed: dict[int, Exception] = {}
-    with contextlib.ExitStack() as leases:
-        for w in works.values():
-            leases.enter_context(w.lease)
-        for op_id, w in works.items():
-            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
-                log.debug("operation_claimed")
-                try:
-                    done[op_id] = STAGES[w.claim.kind](w)
-                    w.check()
-                except Exception as exc:
-                    failed[op_id] = exc
-
-        def finish(s: Session) -> dict[int, Exception]:
-            refused: dict[int, Exception] = {}
-            for op_id, recorder in done.items():
-                w = works[op_id]
-                try:
-                    with s.begin_nested():  # one refused completion changes nothing of the others'
-                        if not complete_in(s, w.claim, w.lease.bytes_done):
-                            raise LeaseLostError(f"operation {op_id}: attempt {w.claim.attempt} is stale; "
-                                                 "completion rejected")
-                        recorder(s)
-                except SQLAlchemyError:
-                    raise  # the database's trouble, not this operation's: every one of the batch
-                except Exception as exc:
-                    refused[op_id] = exc
-            return refused
-
-        if done:
-            try:
-                refused = ctx.db.transact(finish)
-            except Exception as exc:  # each operation's failure, as if run alone
-                refused = {op_id: exc for op_id in done}
-            for op_id in done:
-                if op_id in refused:
-                    failed[op_id] = refused[op_id]
-                    continue
-                with structlog.contextvars.bound_contextvars(**_log_context(works[op_id].claim)):
-                    _completed(works[op_id].info)
-                outcomes[op_id] = Outcome.COMPLETED
-        for op_id, exc in failed.items():
-            w = works[op_id]
-            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
-                outcomes[op_id] = _failed(ctx, w.claim, exc, w.info, salvage=w.salvage)
-    return [outcomes[i] for i in operation_ids]
-
-
-def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str) -> list[Outcome]:
+def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
+                      tokens: list[int | None] | None = None) -> list[Outcome]:
     """Run several buffer-copy ``deletion`` operations together, with the database work of one:
     one transaction claims them all, one checks the deletion rules and marks every copy
     (:func:`~packhorse.stages.deletion.mark_copy`), one completes them all after their bytes
@@ -260,6 +172,8 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str)
     block, a failed delete or a stale attempt goes through the same failure path as a single
     operation (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
     of database time; three transactions for each were most of that (benchmark (b)).
+
+    ``tokens``: the fencing token each was dispatched at (``None`` or left out: the current one).
 
     Returns:
         the :class:`Outcome` of each of ``operation_ids``, in order (``SKIPPED``: not claimed).
@@ -270,7 +184,8 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str)
     from .stages.deletion import delete_bytes, mark_copy, record_deleted
 
     rec = ctx.settings.recovery
-    claims = claim_many(ctx.db, operation_ids, owner, rec.lease_timeout_seconds)
+    wanted = dict(zip(operation_ids, tokens if tokens is not None else [None] * len(operation_ids)))
+    claims = claim_many(ctx.db, wanted, owner, rec.lease_timeout_seconds)
     outcomes = {i: Outcome.SKIPPED for i in operation_ids}
     works: dict[int, Work] = {}
     for c in claims.values():
@@ -342,6 +257,82 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str)
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                 outcomes[op_id] = _failed(ctx, w.claim, exc, w.info)
+    return [outcomes[i] for i in operation_ids]
+
+
+def execute_batch(ctx: ProcessContext, operation_ids: list[int], owner: str,
+                  tokens: list[int | None] | None = None) -> list[Outcome]:
+    """Run several operations of :data:`BATCH_KINDS` (long-term archives of small packages)
+    one after the other with the database work of two: one transaction claims them all, one
+    completes every one that succeeded. Each operation keeps its own row, lease (renewed by
+    heartbeats while it waits its turn), fencing token, stage run, verification and outcome
+    (I3, I4): a failure, a stale attempt or a completion the database refuses (a conflicting
+    copy record) goes through the same failure path as a single operation (:func:`_failed`);
+    the others of the batch go on. Nothing is recorded before the completion transaction, so
+    a worker killed mid-batch leaves only leases to expire (lease recovery), as a single
+    operation would. The claim and completion transactions queue on SQLite's one writer
+    (benchmark (b): about half of an archive operation's time was that queueing).
+
+    ``tokens``: the fencing token each was dispatched at (``None`` or left out: the current one).
+
+    Returns:
+        the :class:`Outcome` of each of ``operation_ids``, in order (``SKIPPED``: not claimed).
+
+    Raises:
+        TransientDatabaseError: the database was unreachable while claiming.
+    """
+    rec = ctx.settings.recovery
+    wanted = dict(zip(operation_ids, tokens if tokens is not None else [None] * len(operation_ids)))
+    claims = claim_many(ctx.db, wanted, owner, rec.lease_timeout_seconds)
+    outcomes = {i: Outcome.SKIPPED for i in operation_ids}
+    works = {op_id: Work(ctx, c, c.operation, _keeper(ctx, c))  # type: ignore[arg-type]
+             for op_id, c in claims.items()}
+    done: dict[int, Recorder] = {}
+    failed: dict[int, Exception] = {}
+    with contextlib.ExitStack() as leases:
+        for w in works.values():
+            leases.enter_context(w.lease)
+        for op_id, w in works.items():
+            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
+                log.debug("operation_claimed")
+                try:
+                    done[op_id] = STAGES[w.claim.kind](w)
+                    w.check()
+                except Exception as exc:
+                    failed[op_id] = exc
+
+        def finish(s: Session) -> dict[int, Exception]:
+            refused: dict[int, Exception] = {}
+            for op_id, recorder in done.items():
+                w = works[op_id]
+                try:
+                    with s.begin_nested():  # one refused completion changes nothing of the others'
+                        if not complete_in(s, w.claim, w.lease.bytes_done):
+                            raise LeaseLostError(f"operation {op_id}: attempt {w.claim.attempt} is stale; "
+                                                 "completion rejected")
+                        recorder(s)
+                except SQLAlchemyError:
+                    raise  # the database's trouble, not this operation's: every one of the batch
+                except Exception as exc:
+                    refused[op_id] = exc
+            return refused
+
+        if done:
+            try:
+                refused = ctx.db.transact(finish)
+            except Exception as exc:  # each operation's failure, as if run alone
+                refused = {op_id: exc for op_id in done}
+            for op_id in done:
+                if op_id in refused:
+                    failed[op_id] = refused[op_id]
+                    continue
+                with structlog.contextvars.bound_contextvars(**_log_context(works[op_id].claim)):
+                    _completed(works[op_id].info)
+                outcomes[op_id] = Outcome.COMPLETED
+        for op_id, exc in failed.items():
+            w = works[op_id]
+            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
+                outcomes[op_id] = _failed(ctx, w.claim, exc, w.info, salvage=w.salvage)
     return [outcomes[i] for i in operation_ids]
 
 

@@ -24,7 +24,7 @@ from packhorse.executors.local import LocalRunner
 from packhorse.hooks import NO_HOOKS
 from packhorse.operations import create_operation, dedup_key
 from packhorse.topology import sync_topology
-from packhorse.worker import ARCHIVE_BATCH, Outcome, execute_batch, execute_tasks
+from packhorse.worker import ARCHIVE_BATCH, Outcome, execute_batch, execute_operation
 
 
 class Buffer:
@@ -94,7 +94,7 @@ def test_archives_run_together_each_with_its_own_outcome(buf: Buffer, monkeypatc
     clash = buf.settings.location_path("cologne-lta") / "raw/clash.tar"
     clash.parent.mkdir(parents=True, exist_ok=True)
     clash.write_bytes(b"someone else's bytes")
-    assert execute_tasks(buf.ctx, [ops["done"]], "w0") == [Outcome.COMPLETED]
+    assert execute_operation(buf.ctx, ops["done"], "w0") is Outcome.COMPLETED
 
     import packhorse.stages as stages
 
@@ -163,7 +163,7 @@ def test_the_runner_batches_archives_only_beyond_its_free_slots(tmp_path: Path, 
                                                 site_id=1, max_retries=3) for i in range(n)])
         runner = _runner(db, workers=2, prefetch=2)  # 4 free task slots
         handed: list[tuple[tuple[int, ...], str | None]] = []
-        runner._submit = lambda op_ids, kind=None: handed.append((op_ids, kind)) or _Done()  # type: ignore[method-assign]
+        runner._submit = lambda task, kind=None: handed.append((tuple(i for i, _ in task), kind)) or _Done()  # type: ignore[method-assign]
         try:
             runner.dispatch()
         finally:

@@ -62,8 +62,9 @@ from ..worker import (
     DELETION_BATCH,
     Outcome,
     batchable,
+    execute_batch,
+    execute_deletions,
     execute_operation,
-    execute_tasks,
 )
 
 log = structlog.get_logger(__name__)
@@ -154,14 +155,26 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def _run_in_worker_process(op_ids: tuple[int, ...], kind: str | None = None) -> list[Outcome]:
-    """One task of the pool: an operation, or a batch of operations of ``kind``
-    (:func:`~packhorse.worker.execute_tasks`)."""
+def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: str,
+                 kind: str | None = None) -> list[Outcome]:
+    """Run one task: ``((operation id, dispatched token), …)`` — an operation, a batch of
+    buffer-copy deletions, or a batch of operations of ``kind`` (one of
+    :data:`~packhorse.worker.BATCH_KINDS`: :func:`~packhorse.worker.execute_batch`). Each claim
+    is fenced on the token the dispatch read (I3)."""
+    if len(task) == 1:
+        return [execute_operation(ctx, task[0][0], owner, token=task[0][1])]
+    ids, tokens = [i for i, _ in task], [t for _, t in task]
+    if kind in BATCH_KINDS:
+        return execute_batch(ctx, ids, owner, tokens)  # type: ignore[arg-type]
+    return execute_deletions(ctx, ids, owner, tokens)  # type: ignore[arg-type]
+
+
+def _run_in_worker_process(task: tuple[tuple[int, int], ...], kind: str | None = None) -> list[Outcome]:
+    """One task of the pool (:func:`_run_task_in`), in a worker process."""
     assert _process_ctx is not None, "worker process not initialized"
     if _process_runtime is not None:
         _process_runtime.refresh()  # reads the table at most every refresh interval
-    owner = f"{worker_identity()}:{threading.current_thread().name}"
-    return execute_tasks(_process_ctx, list(op_ids), owner, kind)
+    return _run_task_in(_process_ctx, task, f"{worker_identity()}:{threading.current_thread().name}", kind)
 
 
 class LocalRunner:
@@ -296,18 +309,19 @@ class LocalRunner:
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
 
-    def _submit(self, op_ids: tuple[int, ...], kind: str | None = None) -> Future[list[Outcome]]:
+    def _submit(self, task: tuple[tuple[int, int], ...], kind: str | None = None) -> Future[list[Outcome]]:
         if isinstance(self.pool, ProcessPoolExecutor):
-            return self.pool.submit(_run_in_worker_process, op_ids, kind)
-        return self.pool.submit(self._run_task, op_ids, kind)
+            return self.pool.submit(_run_in_worker_process, task, kind)
+        return self.pool.submit(self._run_task, task, kind)
 
-    def _run_task(self, op_ids: tuple[int, ...], kind: str | None = None) -> list[Outcome]:
-        if len(op_ids) == 1:
-            return [self._run_one(op_ids[0])]
-        return execute_tasks(self.ctx, list(op_ids), f"{self._owner}:{threading.current_thread().name}", kind)
+    def _run_task(self, task: tuple[tuple[int, int], ...], kind: str | None = None) -> list[Outcome]:
+        if len(task) == 1:
+            return [self._run_one(*task[0])]
+        return _run_task_in(self.ctx, task, f"{self._owner}:{threading.current_thread().name}", kind)
 
-    def _run_one(self, op_id: int) -> Outcome:
-        return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
+    def _run_one(self, op_id: int, token: int | None = None) -> Outcome:
+        """One operation in a thread of this process (``pool = "thread"``), claimed at ``token``."""
+        return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}", token=token)
 
     def dispatch(self) -> int:
         """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
@@ -328,7 +342,7 @@ class LocalRunner:
         if free <= 0:
             return 0
 
-        def tx(s: Session) -> list[tuple[str | None, tuple[int, ...]]]:
+        def tx(s: Session) -> list[tuple[str | None, tuple[tuple[int, int], ...]]]:
             tasks: list[tuple[str | None, list[int]]] = []
 
             def choose(rows: list[Any]) -> list[int]:
@@ -353,32 +367,34 @@ class LocalRunner:
                     batch.append(r.id)
                 return [i for _, task in tasks for i in task]
 
-            taken = {r.id for r in pipeline.take_runnable(s.connection(), limit=free * DELETION_BATCH,
-                                                          statuses=_STATUSES, exclude=busy, choose=choose)}
+            # the token each was dispatched at: its claim is fenced on it (I3)
+            taken = {r.id: r.attempt for r in pipeline.take_runnable(
+                s.connection(), limit=free * DELETION_BATCH, statuses=_STATUSES, exclude=busy, choose=choose)}
             out = []
-            for kind, task in tasks:
-                ids = tuple(i for i in task if i in taken)
-                if ids:
-                    out.append((kind if len(ids) > 1 else None, ids))
+            for kind, ids in tasks:
+                task = tuple((i, taken[i]) for i in ids if i in taken)
+                if task:
+                    out.append((kind if len(task) > 1 else None, task))
             return out
 
         tasks = self.ctx.db.transact(tx)
         twice = self.ctx.hooks.active("dispatch", "duplicate")  # hooks: at-least-once delivery
         submitted = []
-        for kind, op_ids in tasks:
+        for kind, task in tasks:
+            op_ids = tuple(i for i, _ in task)
             with self._lock:
                 try:
-                    fut = self._submit(op_ids, kind)
+                    fut = self._submit(task, kind)
                 except BrokenProcessPool:
                     self._discard_broken_pool()
-                    fut = self._submit(op_ids, kind)
+                    fut = self._submit(task, kind)
                 self._tasks.add(fut)
                 self.drained.clear()
                 for op_id in op_ids:
                     self.in_flight[op_id] = fut
             submitted.append((op_ids, fut))
             if twice:
-                self._submit(op_ids, kind)
+                self._submit(task, kind)
         # callbacks only once every task is registered: a task already done runs its callback
         # (which may dispatch again, re-entering the lock) right here
         for op_ids, fut in submitted:
