@@ -24,6 +24,7 @@ from .lease import LeaseKeeper
 from .operations import Claim, build_error_context, claim, claim_many, complete_in, defer, record_failure
 from .stages import STAGES
 from .stages.base import Recorder, Work
+from .storage.syncbatch import deferred_folder_syncs
 from .context import ProcessContext
 
 log = structlog.get_logger(__name__)
@@ -270,7 +271,8 @@ def execute_batch(ctx: ProcessContext, operation_ids: list[int], owner: str,
     copy record) goes through the same failure path as a single operation (:func:`_failed`);
     the others of the batch go on. Nothing is recorded before the completion transaction, so
     a worker killed mid-batch leaves only leases to expire (lease recovery), as a single
-    operation would. The claim and completion transactions queue on SQLite's one writer
+    operation would. The folders the batch published into are fsynced once each, at the end of
+    its stage runs and before the completion transaction (:mod:`packhorse.storage.syncbatch`). The claim and completion transactions queue on SQLite's one writer
     (benchmark (b): about half of an archive operation's time was that queueing).
 
     ``tokens``: the fencing token each was dispatched at (``None`` or left out: the current one).
@@ -292,14 +294,21 @@ def execute_batch(ctx: ProcessContext, operation_ids: list[int], owner: str,
     with contextlib.ExitStack() as leases:
         for w in works.values():
             leases.enter_context(w.lease)
-        for op_id, w in works.items():
-            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
-                log.debug("operation_claimed")
-                try:
-                    done[op_id] = STAGES[w.claim.kind](w)
-                    w.check()
-                except Exception as exc:
-                    failed[op_id] = exc
+        try:
+            # the folders published into are fsynced once each, after the last stage run and
+            # before any completion is recorded (storage.syncbatch)
+            with deferred_folder_syncs():
+                for op_id, w in works.items():
+                    with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
+                        log.debug("operation_claimed")
+                        try:
+                            done[op_id] = STAGES[w.claim.kind](w)
+                            w.check()
+                        except Exception as exc:
+                            failed[op_id] = exc
+        except Exception as exc:  # a folder fsync failed: nothing published here is recorded
+            failed.update((op_id, exc) for op_id in done)
+            done.clear()
 
         def finish(s: Session) -> dict[int, Exception]:
             refused: dict[int, Exception] = {}

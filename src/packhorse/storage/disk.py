@@ -3,7 +3,8 @@
 Publication (DESIGN.md I2): bytes go to ``.<name>.<random>.packhorse-partial`` in the
 destination folder, are fsynced, then published with a primitive that fails when the name
 exists: ``link(2)`` (or ``renameat2(RENAME_NOREPLACE)`` where hard links are not supported),
-then the folder is fsynced. Never exists-then-rename. The writer holds the partial's ``flock``
+then the folder is fsynced (at once, or once per folder at the end of a batch of publications:
+:mod:`packhorse.storage.syncbatch`). Never exists-then-rename. The writer holds the partial's ``flock``
 from its creation to publication or abort, and :meth:`DiskBackend.cleanup_partials` never
 removes a partial a live writer holds.
 
@@ -53,6 +54,7 @@ from .base import (
     StorageBackend,
     check_key,
 )
+from .syncbatch import sync_folder
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
@@ -233,7 +235,7 @@ class _DiskPendingWrite(PendingWrite):
                 already = True
             if already:
                 self._backend.check_same(self.key, self.size, sha)
-            _fsync_dir(self._final.parent)
+            sync_folder(self._final.parent)  # now, or once at the end of a batch (syncbatch)
             return PublishResult(self.key, self.size, sha, already_there=already)
         finally:
             self.abort()
