@@ -284,6 +284,9 @@ def timeline(run_dir: Path, t0: float) -> dict[str, object]:
                 "sum((julianday(finished_at) - julianday(started_at)) * 86400) from operations "
                 "group by kind order by min(started_at)"):
             out[kind] = {"count": n, "first_start": off(first), "last_finish": off(last), "busy_seconds": round(busy, 2)}
+        # every object the pipeline published (package, bundle, its transfers, the unpacked
+        # packages, the archive copies), deleted buffer copies included: the bytes it had to write
+        out["bytes_written"] = con.execute("select coalesce(sum(size), 0) from physical_copies").fetchone()[0]
         return out
     finally:
         con.close()
@@ -501,6 +504,12 @@ def main() -> int:
                 entry["median_seconds"] = med
                 entry["ratio"] = {s: med["packhorse"] / med[s] for s in sides if s != "packhorse"}
                 entry["seconds_per_file"] = {s: med[s] / info["files"] for s in sides}
+                # the write floor: the bytes packhorse had to write at the disk's sequential
+                # fsync'd speed measured in this invocation (mean of the probes around the set)
+                written = statistics.median(int(r["timeline"]["bytes_written"]) for r in runs["packhorse"])  # type: ignore[index]
+                floor = written / ((probe + probe_after) / 2 * 1e6)
+                entry["write_floor"] = {"bytes_written": written, "seconds": floor,
+                                        "ratio": med["packhorse"] / floor}
                 entry["peak_memory_bytes"] = max(int(r["memory"]["tree_pss_peak_bytes"]) for r in runs["packhorse"])  # type: ignore[index]
             if args.profile:
                 entry["profile"] = profile_packhorse(name, source, run_dir, info, args.workers, stamp)
@@ -538,6 +547,10 @@ def main() -> int:
                   f"vs {b['seconds_per_file']['packhorse'] * 1e3:.3f} ms/file = {ratio:.2f}x; peak memory "
                   f"{a['peak_memory_bytes'] / 1e6:.0f} MB vs {b['peak_memory_bytes'] / 1e6:.0f} MB (PSS, process tree)")
     for name, e in sets_done.items():
+        if "write_floor" in e:
+            wf = e["write_floor"]
+            print(f"write floor ({name}): {wf['bytes_written'] / 1e6:,.0f} MB written at the probed speed = "
+                  f"{wf['seconds']:.2f} s; packhorse {e['median_seconds']['packhorse']:.2f} s = {wf['ratio']:.2f}x")
         if "peak_memory_bytes" in e:
             print(f"peak memory ({name}): {e['peak_memory_bytes'] / 1e6:.0f} MB PSS of packhorse run's process tree")
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -150,11 +150,12 @@ def _runner(db: Database, workers: int, prefetch: int) -> LocalRunner:
                                              db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("n", "expected"), [(3, [1, 1, 1]), (4, [1, 1, 1, 1]), (10, [3, 3, 3, 1]),
-                                              (40, [ARCHIVE_BATCH] * 4)])
+@pytest.mark.parametrize(("n", "expected"), [(3, [1, 1, 1]), (4, [1, 1, 1, 1]), (15, [1, 1, 1, 1]),
+                                              (18, [5, 5, 5, 3]), (40, [ARCHIVE_BATCH] * 4)])
 def test_the_runner_batches_archives_only_beyond_its_free_slots(tmp_path: Path, n: int, expected: list[int]) -> None:
-    """Few archives (large packages, set (a)) go one to a task, so every worker copies one; many
-    (small packages, set (b)) are spread over the free slots, at most ARCHIVE_BATCH to a task."""
+    """Few archives (large packages, set (a)) go one to a task, so every worker copies one; a
+    backlog of BATCH_BACKLOG (4) rounds of free slots or more (small packages, set (b)) is spread
+    over the free slots, at most ARCHIVE_BATCH to a task."""
     db = Database(f"sqlite:///{tmp_path}/t.db")
     db.upgrade()
     try:

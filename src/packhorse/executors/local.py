@@ -69,6 +69,10 @@ from ..worker import (
 
 log = structlog.get_logger(__name__)
 
+#: Operations of a batched kind are batched only when at least this many rounds of free task
+#: slots are runnable (see :meth:`LocalRunner.dispatch`).
+BATCH_BACKLOG = 4
+
 #: The statuses this runner dispatches from: it is the only dispatcher of its database and
 #: knows every task it queued (:func:`packhorse.pipeline.runnable_statuses`).
 _STATUSES = pipeline.runnable_statuses(executor_knows_its_queue=True)
@@ -329,7 +333,8 @@ class LocalRunner:
         to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions run together
         (:func:`~packhorse.worker.execute_deletions`), or up to
         :data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations run together
-        (:func:`~packhorse.worker.execute_batch`) when there are more of them than free slots."""
+        (:func:`~packhorse.worker.execute_batch`) when :data:`BATCH_BACKLOG` times more of them
+        than free slots are runnable."""
         # one dispatch at a time (the main loop and completion callbacks both dispatch): two
         # could otherwise select the same operations before either had queued them
         with self._dispatch_lock:
@@ -348,10 +353,14 @@ class LocalRunner:
             def choose(rows: list[Any]) -> list[int]:
                 # fill the free task slots in dispatch order; deletions of buffer copies go
                 # DELETION_BATCH to a task; operations of a BATCH_KINDS kind are spread over
-                # the free slots, at most ARCHIVE_BATCH to a task (one each while there are
-                # no more of them than free slots: large packages keep every worker busy)
-                per_kind = {k: min(ARCHIVE_BATCH, max(1, -(-sum(r.kind == k for r in rows) // free)))
-                            for k in BATCH_KINDS}
+                # the free slots, at most ARCHIVE_BATCH to a task, once their backlog is
+                # BATCH_BACKLOG rounds of free slots deep (an operation of a batch waits for
+                # its batch-mates: worth it for a long queue of small packages, not for a few
+                # large ones, which keep every worker busy one each)
+                per_kind = {}
+                for k in BATCH_KINDS:
+                    n = sum(r.kind == k for r in rows)
+                    per_kind[k] = min(ARCHIVE_BATCH, -(-n // free)) if n >= BATCH_BACKLOG * free else 1
                 open_batch: dict[str, list[int]] = {}  # the open batch of each batched kind
                 for r in rows:
                     size = (DELETION_BATCH if batchable(r.kind, r.physical_copy_id)
