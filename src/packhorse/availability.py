@@ -219,18 +219,33 @@ def mark_locations(ctx: "ProcessContext") -> list["InitResult"]:
     adopted as it is (migrating an existing deployment); an open outage of a location marked
     here is ended. Returns what was done per location.
 
+    A *source* root is never created (instruments write there; an empty folder would hide a
+    typo in its path): a missing one is reported after every other location was marked.
+
     Raises:
-        ConfigError: a root is marked as another location, or an S3 bucket is missing
-            (packhorse never creates buckets); the message names the location.
+        ConfigError: a root is marked as another location, a source folder or an S3 bucket is
+            missing (packhorse never creates either); the message names the location.
     """
     from . import __version__
+    from .domain import LocationRole
     from .storage.identity import mark_location
 
     done = []
+    missing_sources = []
     for loc in ctx.settings.locations:
         backend = ctx.backend(loc.name)
+        if loc.role is LocationRole.SOURCE and backend.root_missing() is not None:
+            # instruments write there: an empty folder made by packhorse would hide a typo in the
+            # path (or an unmounted disk) as "nothing to archive"
+            missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
+            continue
         done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
                                   storage=loc.storage.value, version=__version__))
         if loc.name in ctx.topology.location_ids:
             end_outage(ctx, loc.name)
+    if missing_sources:
+        raise ConfigError("source location folder(s) do not exist: " + "; ".join(missing_sources)
+                          + " — packhorse does not create a source folder (a typo in the path or an unmounted "
+                            "disk must not look like nothing to archive); fix the path or mount the disk, then "
+                            "run `packhorse init` again (every other location is marked)")
     return done
