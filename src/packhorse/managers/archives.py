@@ -41,9 +41,9 @@ def manage(ctx: ProcessContext) -> int:
         pkg_ids = sorted({r[0] for r in rows})
         held: set[tuple[int, int]] = set()
         for k in range(0, len(pkg_ids), 500):
-            held.update(s.execute(select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id).where(
+            held.update((r[0], r[1]) for r in s.execute(select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id).where(
                 PhysicalCopy.raw_data_package_id.in_(pkg_ids[k:k + 500]),
-                PhysicalCopy.location_id.in_(archive_ids))).tuples())
+                PhysicalCopy.location_id.in_(archive_ids))).all())
         wanted: dict[str, dict[str, Any]] = {}
         for pkg_id, src_loc_id, loc_id in rows:
             loc = ctx.location_name(loc_id)
