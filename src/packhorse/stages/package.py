@@ -201,6 +201,12 @@ def run(work: Work) -> Recorder:
             work.info.update(dropped=True)
             return _dropped(work, pkg_id)
         ctx.hooks.hit("raw_data_package.sources")  # tests: change a source file here
+        if pkg.sha256 is not None:
+            # a rebuild of a package built before (its copies were lost; DESIGN.md
+            # "Converging"): its name means the recorded bytes, so its files are never taken
+            # out — a file gone or changed fails the rebuild, permanently, naming the file
+            size, sha = _build(work, pkg, files, src, dst, key)
+            break
         stale = stale_files(src, files)
         if stale:
             withdraw(work, pkg_id, stale)
