@@ -182,6 +182,10 @@ class RouteConfig(_Section):
     ``method = "command"`` runs ``command`` (a template with ``{source}`` and
     ``{destination}`` placeholders, and ``{bandwidth_limit}``, split like a shell line, never
     run through a shell) to move a bundle; the result is verified at the destination either way.
+    A template with ``{partial}`` instead of (or as well as) ``{destination}`` declares that the
+    command resumes: it is handed the partial file an interrupted earlier attempt left, cut to
+    the prefix verified against the source (e.g. ``rsync --partial --append-verify {source}
+    {partial}``); with ``{destination}`` alone it always gets an empty partial file.
 
     ``bandwidth_limit_bytes_per_second``: the most bytes per second the route's transfers
     together may read from the source (``copy``; shared fairly among the route's transfers in
@@ -200,8 +204,10 @@ class RouteConfig(_Section):
     @model_validator(mode="after")
     def _command_template(self) -> "RouteConfig":
         if self.method is TransferMethod.COMMAND:
-            if not self.command or "{source}" not in self.command or "{destination}" not in self.command:
-                raise ValueError("method 'command' needs a 'command' with {source} and {destination}")
+            if not self.command or "{source}" not in self.command or not any(
+                    p in self.command for p in ("{destination}", "{partial}")):
+                raise ValueError("method 'command' needs a 'command' with {source} and {destination} "
+                                 "(or {partial}, for a command that resumes a partial file)")
             if self.bandwidth_limit_bytes_per_second is not None and not any(
                     p in self.command for p in ("{bandwidth_limit}", "{bandwidth_limit_kib}")):
                 raise ValueError("bandwidth_limit_bytes_per_second is set but 'command' uses neither "
