@@ -19,6 +19,7 @@ from .db.models import (
     RawDataFile,
     RawDataPackage,
     SkippedFile,
+    WithdrawnFile,
     utcnow,
 )
 from .domain import CopyStatus, LocationRole, Status
@@ -40,8 +41,10 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
 
     ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"}`` (failed:
     not archived and an operation of the package or its bundle is FAILED),
-    ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
-    "files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
+    ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}]``
+    (paths the scan could not register, then registrations taken out of their package because
+    the file changed or vanished before it was built and not registered again),
+    ``"files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
     "source_filters": {location: {"include": [glob], "exclude": [glob]}},
     "blocked": [BlockedItem.as_json()], "generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
@@ -74,6 +77,12 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
         skipped = [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
             select(DataLocation.name, SkippedFile.relative_path, SkippedFile.reason)
             .join(DataLocation, DataLocation.id == SkippedFile.location_id).order_by(SkippedFile.relative_path))]
+        # registrations taken out of their package (changed or vanished before it was built)
+        # that are not registered again: not archived either (I1)
+        skipped += [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
+            select(DataLocation.name, WithdrawnFile.relative_path, WithdrawnFile.reason)
+            .join(DataLocation, DataLocation.id == WithdrawnFile.location_id)
+            .where(WithdrawnFile.resolved_at.is_(None)).order_by(WithdrawnFile.relative_path, WithdrawnFile.id))]
         nfiles, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(RawDataFile.size), 0))).one()
         unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
                               .where(RawDataFile.raw_data_package_id.is_(None))) or 0

@@ -271,12 +271,15 @@ class AuditOut(_Model):
 class LocateFile(_Model):
     location: str
     path: str
+    version: int = Field(description="the k-th content of the path that was registered for packaging (README 'Versions')")
     size: int
     sha256: str
     mtime: str
     registered_at: str | None
     source_deleted_at: str | None
     package: str | None
+    withdrawn: str | None = Field(default=None, description="why this registration was taken out of its package "
+                                                            "before it was built (changed or vanished), else None")
 
 
 class LocateCopy(_Model):
@@ -309,6 +312,7 @@ class TimelineEvent(_Model):
 class LocatePackage(_Model):
     name: str
     type: Literal["raw_data_package", "data_transfer_package"]
+    version: int | None = Field(default=None, description="a raw data package's version (1, 2, …); None for a bundle")
     group: str | None
     size: int | None
     sha256: str | None

@@ -222,15 +222,17 @@ def _print_located(r: dict[str, Any]) -> None:
         out.print(f"nothing registered or packaged matches {r['query']!r}", highlight=False)
         return
     if r["versions"]:
-        t = Table("location", "path", "size", "sha256", "registered (UTC)", "package", title="versions")
+        t = Table("location", "path", "version", "size", "sha256", "registered (UTC)", "package", title="versions")
         for v in r["versions"]:
-            t.add_row(v["location"], v["path"], str(v["size"]), v["sha256"][:12], v["registered_at"] or "-",
-                      v["package"] or "(not packaged yet)")
+            t.add_row(v["location"], v["path"], str(v["version"]), str(v["size"]), v["sha256"][:12],
+                      v["registered_at"] or "-",
+                      f"(taken out: {v['withdrawn']})" if v.get("withdrawn") else v["package"] or "(not packaged yet)")
         out.print(t)
     for p in r["packages"]:
         label = "bundle" if p["type"] == "data_transfer_package" else "package"
         state = f"archived {p['archived_at']}" if p["archived_at"] else "not archived yet"
-        out.print(f"[bold]{label} {p['name']}[/] ({p['size'] if p['size'] is not None else '?'} bytes"
+        version = f"version {p['version']}, " if p.get("version") else ""
+        out.print(f"[bold]{label} {p['name']}[/] ({version}{p['size'] if p['size'] is not None else '?'} bytes"
                   f"{', bundle ' + p['bundle'] if p['bundle'] else ''}; {state})", highlight=False)
         t = Table("of", "location", "site", "role", "status", "path", "last verified (UTC)", title="physical copies")
         for c in p["copies"] + p["bundle_copies"]:

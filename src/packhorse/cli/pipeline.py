@@ -77,14 +77,16 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
     was idle exits ``128 + signal`` whatever this says (the callers decide that first)."""
     from sqlalchemy import func, select
 
-    from ..db.models import SkippedFile
+    from ..db.models import SkippedFile, WithdrawnFile
     from ..reporting import failed_operations
 
-    skipped = ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(SkippedFile))) or 0
+    skipped = ctx.db.read(lambda s: (s.scalar(select(func.count()).select_from(SkippedFile)) or 0)
+                          + (s.scalar(select(func.count()).select_from(WithdrawnFile)
+                                      .where(WithdrawnFile.resolved_at.is_(None))) or 0))
     if skipped:
         # not a failure (the rest was archived), but nothing a user should miss either
         print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "
-              "names not allowed, changed after registration); see `packhorse status`", file=sys.stderr)
+              "names not allowed, gone before they were packaged); see `packhorse status`", file=sys.stderr)
 
     failed = ctx.db.read(failed_operations)
     if failed:

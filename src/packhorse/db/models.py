@@ -121,11 +121,19 @@ class DataLocation(Base):
 
 
 class RawDataFile(Base):
-    """One file produced at a source location, registered with size, sha256 and mtime."""
+    """One version of a file produced at a source location, registered with size, sha256 and
+    mtime (bytes, hex, ns since the epoch UTC).
+
+    ``version`` counts the contents of one path that were packaged: 1 for the first; a path
+    whose bytes change after its package was built is registered again as ``version + 1``
+    (README "Versions"; the earlier version stays archived, written once, I2). A registration
+    whose bytes changed or vanished *before* its package was built is moved to
+    :class:`WithdrawnFile` instead, and the path is registered again under the same version.
+    """
 
     __tablename__ = "raw_data_files"
     __table_args__ = (
-        UniqueConstraint("location_id", "relative_path"),
+        UniqueConstraint("location_id", "relative_path", "version"),
         CheckConstraint("size >= 0", name="size"),
         CheckConstraint("length(sha256) = 64", name="sha256"),
         # a group's unpackaged files are found without reading the rest of the backlog; a
@@ -146,6 +154,40 @@ class RawDataFile(Base):
     registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     raw_data_package_id: Mapped[int | None] = mapped_column(ForeignKey("raw_data_packages.id"), nullable=True)
     source_deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: the k-th content of this path that is packaged (migration 0009)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+
+
+class WithdrawnFile(Base):
+    """A registration taken out of its package before the package was built, because the
+    source bytes no longer matched it (``cause = "changed"``) or were gone (``"vanished"``).
+
+    Written by the ``raw_data_package`` stage in a transaction fenced on its attempt (I3);
+    the package is then built from its other files, so siblings never wait (DESIGN.md
+    "Converging"). ``resolved_at`` is set when the scan registers the path again; until then
+    the row is listed by ``packhorse status`` (``skipped``) with its ``reason``, and the scan
+    looks at the path at every cycle. Migration 0009.
+    """
+
+    __tablename__ = "withdrawn_files"
+    __table_args__ = (
+        CheckConstraint("cause IN ('changed', 'vanished')", name="cause"),
+        Index("ix_withdrawn_files_location_resolved", "location_id", "resolved_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
+    relative_path: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    #: the package it was taken out of (a name: a package left empty is dropped)
+    package_name: Mapped[str] = mapped_column(Text)
+    cause: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    withdrawn_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class SkippedFile(Base):
@@ -185,6 +227,10 @@ class RawDataPackage(Base):
         ForeignKey("data_transfer_packages.id"), nullable=True, index=True
     )
     archived_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: which content of its files it carries: 1 for first contents, k for the k-th versions of
+    #: files that changed after their earlier package was built (name ``<group>+v<k>``;
+    #: migration 0009)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
 
 
 class DataTransferPackage(Base):

@@ -72,10 +72,10 @@
     const parts = [el("p", { class: "meta" }, `“${r.query}” is a ${r.matched}` + (r.truncated ? " (more matches than listed)" : ""))];
     if (r.versions.length) {
       const t = el("table", { "data-testid": "locate-versions" });
-      fill(t, ["version: location", "path", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
-        el("td", {}, v.location), el("td", {}, v.path), el("td", { class: "num" }, v.size), el("td", { title: v.sha256 }, v.sha256.slice(0, 12) + "…"),
+      fill(t, ["version: location", "path", "version", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
+        el("td", {}, v.location), el("td", {}, v.path), el("td", { class: "num" }, v.version), el("td", { class: "num" }, v.size), el("td", { title: v.sha256 }, v.sha256.slice(0, 12) + "…"),
         el("td", {}, v.mtime), el("td", {}, v.registered_at || "—"),
-        el("td", {}, v.package || "not packaged yet", v.source_deleted_at ? ` (deleted from the source ${v.source_deleted_at})` : ""))));
+        el("td", {}, v.withdrawn ? `taken out: ${v.withdrawn}` : (v.package || "not packaged yet"), v.source_deleted_at ? ` (deleted from the source ${v.source_deleted_at})` : ""))));
       parts.push(t);
     }
     for (const p of r.packages) parts.push(packageCard(p));
