@@ -10,16 +10,16 @@ time as the next attempt.
 (kind, site, host, instance), so a restarted one takes over its dead predecessor's row.
 Existing rows (named ``kind@host:pid``) are left to expire.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-01 13:50:00
 """
 from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0009'
-down_revision = '0008'
+revision = '0010'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 
