@@ -157,12 +157,38 @@ def diagnose(
             r["live_check"] = live_check(ctx, parse_kind(r["operation"]["kind"]), r["operation"]["id"])
     record(ctx.db, actor=cli_actor(), action="package.diagnose" if package else "operation.diagnose",
            target=package or f"{kind}/{operation_id}")
+    desired = None
+    if package is not None:
+        from ..convergence import describe
+
+        desired = ctx.db.read(lambda s: describe(s, ctx, package))
     if as_json:
         print_json(reports if package else reports[0])
     else:
         for r in reports:
             _print_report(r)
-    raise typer.Exit(EXIT_PROBLEM if any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
+        if desired is not None:
+            _print_desired(desired)
+    dead = bool(desired and desired["dead_end"])
+    raise typer.Exit(EXIT_PROBLEM if dead or any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
+
+
+def _print_desired(d: dict[str, Any]) -> None:
+    """The desired state of a raw data package against its copies (:func:`packhorse.convergence.describe`)."""
+    out = table_console(highlight=False, soft_wrap=True)
+    out.print(f"[bold]desired state[/] of {d['package']}: {'archived' if d['archived'] else 'NOT archived'}")
+    for loc, state in d["archives"].items():
+        out.print(f"  {loc}: {state}")
+    for key in d["repairs"]:
+        out.print(f"  next repair: {key}")
+    if d["dead_end"]:
+        out.print("  [bold red]no good source left[/]: every copy is bad and it cannot be rebuilt")
+        for c in d["dead_end"]["bad_copies"]:
+            out.print(f"    {c['status']}: {c['location']}:{c['path']}")
+        out.print("  tried:")
+        for t in d["dead_end"]["tried"]:
+            out.print(f"    - {t}")
+        out.print(f"  next: {d['dead_end']['release']}")
 
 
 def _print_report(r: dict[str, Any]) -> None:
