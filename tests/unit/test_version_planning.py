@@ -275,3 +275,23 @@ def test_a_tar_published_by_a_crashed_attempt_is_the_package_even_if_a_file_chan
     assert scan_all(ctx, pool).registered == 1
     packages.manage(ctx, {})
     assert versions(ctx, "cam/obs1/b.dat") == [(1, "cam/obs1"), (2, "cam/obs1+v2")]
+
+
+def test_the_rebuild_of_a_lost_package_never_takes_a_file_out(ctx, pool) -> None:
+    from packhorse.errors import SourceChangedError
+
+    write(ctx, "cam/obs1/a.dat", b"a" * 10)
+    b = write(ctx, "cam/obs1/b.dat", b"b" * 10)
+    scan_all(ctx, pool)
+    packages.manage(ctx, {})
+    mark_built(ctx, "cam/obs1")  # recorded as built: its bytes are fixed (its copies are lost)
+    b.write_bytes(b"b" * 11)
+    op_id = ctx.db.read(lambda s: s.scalar(select(Operation.id)))
+    c = claim(ctx.db, op_id, "rebuild", 60)
+    assert c is not None
+    work = Work(ctx, c, c.operation, LeaseKeeper(ctx.db, c, lease_seconds=60, interval_seconds=30,
+                                                 deadline_seconds=60))
+    with pytest.raises(SourceChangedError):
+        package_stage.run(work)
+    assert package_rows(ctx) == {"cam/obs1": (1, 2)}
+    assert ctx.db.read(lambda s: list(s.scalars(select(WithdrawnFile)))) == []

@@ -185,7 +185,9 @@ def run(work: Work) -> Recorder:
     """Build, publish and verify the package tar; record its size, sha256 and buffer copy.
 
     Files gone or changed since their registration are taken out first (:func:`withdraw`,
-    module docstring); a package left empty is dropped."""
+    module docstring); a package left empty is dropped. A package built before (a rebuild of
+    a lost package) is never changed: a source file that differs fails the rebuild
+    (``SourceChangedError`` / ``SourceMissingError``, permanent)."""
     ctx = work.ctx
     pkg_id = work.op.raw_data_package_id
     assert pkg_id is not None
@@ -215,7 +217,8 @@ def run(work: Work) -> Recorder:
             size, sha = adopted
             break
         ctx.hooks.hit("raw_data_package.sources")  # tests: change a source file here
-        stale = stale_files(src, files)
+        built = pkg.sha256 is not None  # a rebuild (convergence): exactly the recorded bytes, or nothing
+        stale = [] if built else stale_files(src, files)
         if stale:
             withdraw(work, pkg_id, stale)
             continue
@@ -223,7 +226,7 @@ def run(work: Work) -> Recorder:
             size, sha = _build(work, pkg, files, src, dst, key)
         except (SourceChangedError, SourceMissingError) as e:
             registered = {f.relative_path for f in files}
-            if e.path not in registered:
+            if built or e.path not in registered:
                 raise
             cause = VANISHED if isinstance(e, SourceMissingError) else CHANGED
             reason = ("gone from the source before it was packaged" if cause == VANISHED else
