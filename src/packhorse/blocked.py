@@ -83,8 +83,16 @@ def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]
     return out
 
 
+def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``circuit_breaker``: operations held by an open or half-open circuit breaker
+    (:func:`packhorse.recovery.breakers.blocked_by_breakers`)."""
+    from .recovery.breakers import blocked_by_breakers
+
+    return blocked_by_breakers(session, ctx)
+
+
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

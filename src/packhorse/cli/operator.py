@@ -81,7 +81,8 @@ app.add_typer(breaker_app, name="breaker")
 
 @breaker_app.command("list")
 def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """List circuit breakers that counted stalls (open ones first)."""
+    """List circuit breakers that counted stalls (open ones first, then half-open), with when an
+    open one lets the next attempt through by itself."""
     from ..recovery.breakers import jsonable, list_breakers
 
     ctx = context(config)
@@ -89,11 +90,16 @@ def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([jsonable(r) for r in rows])
         return
-    t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "closes (UTC)", title="circuit breakers")
+    def when(t: Any) -> str:
+        return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+    t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "next automatic attempt (UTC)",
+              title="circuit breakers")
     for r in rows:
-        t.add_row(r["kind"], str(r["operation_id"]), r["state"], str(r["stall_count"]),
-                  r["opened_at"].strftime("%Y-%m-%d %H:%M:%S") if r["opened_at"] else "-",
-                  r["closes_at"].strftime("%Y-%m-%d %H:%M:%S") if r["closes_at"] else "-")
+        nxt = when(r["next_attempt_at"]) if r["state"] == "open" else (
+            f"running since {when(r['half_open_at'])}" if r["state"] == "half_open" else "-")
+        t.add_row(r["kind"], str(r["operation_id"]), r["state"].replace("_", "-"), str(r["stall_count"]),
+                  when(r["opened_at"]), nxt)
     table_console().print(t)
 
 
