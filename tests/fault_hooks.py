@@ -14,6 +14,12 @@ every process, the test-only environment variables (only test code reads them):
     fault layer (disk and memory backends), so the verification by re-reading must catch it;
   - ``"fail"``: raise ``RuntimeError`` (a retryable failure);
   - ``"db_error"``: raise :class:`~packhorse.errors.TransientDatabaseError`;
+  - ``"append"``: append ``data`` (text) to the file ``path`` (a source file that grows or
+    changes at that point), then create ``marker`` if given;
+  - ``"rewrite"``: change the first byte of the file ``path``, keeping its size (other bytes,
+    same size), then create ``marker`` if given;
+  - ``"remove"``: delete the file ``path`` (a source file that vanishes), then create
+    ``marker`` if given;
   - ``"duplicate"`` (point ``dispatch``): a mode, :meth:`FaultPlan.active`.
 
   A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
@@ -213,6 +219,20 @@ class FaultPlan(Hooks):
                 raise RuntimeError(f"test fault at {point}")
             elif action == "db_error":
                 raise TransientDatabaseError(f"test fault at {point}: database unavailable")
+            elif action in ("append", "rewrite", "remove"):
+                target = Path(hook["path"])
+                if action == "append":
+                    with open(target, "a", encoding="utf-8") as f:
+                        f.write(str(hook.get("data", "more")))
+                elif action == "rewrite":
+                    with open(target, "r+b") as f:
+                        first = f.read(1)
+                        f.seek(0)
+                        f.write(bytes([(first[0] if first else 0) ^ 0x20]))
+                else:
+                    target.unlink(missing_ok=True)
+                if hook.get("marker"):
+                    Path(hook["marker"]).write_text(str(os.getpid()))
 
     def storage_layer(self, backend: StorageBackend) -> StorageBackend:
         layer: StorageBackend = FaultLayer(backend, self)

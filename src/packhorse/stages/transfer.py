@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
-from ..errors import ConfigError, TransferCommandError
+from ..errors import ConfigError, SourceMissingError, TransferCommandError
 from ..ratelimit import RateLimiter
 from ..storage.base import StorageBackend
 from ..storage.registry import read_limited
@@ -52,6 +52,7 @@ from .base import (
     already_there,
     clear_partials,
     copy_object,
+    note_lost_source,
     publish_verified,
     record_copy,
     resume_partial,
@@ -105,11 +106,20 @@ def run(work: Work) -> Recorder:
     method = route.method if route else TransferMethod.COPY
 
     limit = route.bandwidth_limit_bytes_per_second if route else None
+    src_id = work.op.source_location_id
+    ctx.hooks.hit("transfer.start")  # hooks: claimed, nothing read yet (tests lose the bundle here)
     if method is TransferMethod.COPY:
         source = src if limit is None else _throttled(work, src, limit)
-        copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer",  # type: ignore[arg-type]
-                    resume=True)
+        try:
+            copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer",  # type: ignore[arg-type]
+                        resume=True)
+        except SourceMissingError:
+            note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id)
+            raise
     elif not already_there(dst, key, dtp.size, dtp.sha256):
+        if note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id):
+            raise SourceMissingError(f"{src_name}: {key!r} does not exist", side="source", path=key, host=src_name,
+                                     step="transfer")
         assert route is not None and route.command is not None
         src_path = src.local_path(key)
         if src_path is None:
