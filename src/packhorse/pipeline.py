@@ -141,9 +141,11 @@ class CycleInput:
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    # rebuilds of lost packages from their source files run in every mode, every cycle
+    rebuilt = packages.repair(ctx)
     if inp.unsettled is None:
-        return 0
-    return packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
+        return rebuilt
+    return rebuilt + packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
 
 
 def _bundle(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:

@@ -27,9 +27,20 @@ from .operations import counts_by_kind_status
 
 
 def failed_operations(session: Session) -> list[dict[str, Any]]:
-    """``[{"id", "kind", "error_type", "message", "diagnosis", "path"}]`` for every FAILED operation."""
+    """``[{"id", "kind", "error_type", "message", "diagnosis", "path"}]`` for every FAILED
+    operation whose work is still undone: a FAILED operation that a later repair of the same
+    kind, artifact and destination COMPLETED (:func:`packhorse.convergence.superseded_failures`,
+    e.g. the transfer of a bundle that was lost and rebuilt) is history, not work for a human
+    (it stays in ``packhorse history`` and its failure events)."""
+    from .convergence import superseded_failures
+
     out = []
-    for op in session.scalars(select(Operation).where(Operation.status == Status.FAILED.value).order_by(Operation.id)):
+    failed = list(session.scalars(select(Operation).where(Operation.status == Status.FAILED.value)
+                                  .order_by(Operation.id)))
+    done = superseded_failures(session, failed)
+    for op in failed:
+        if op.id in done:
+            continue
         ec = op.error_context or {}
         out.append({"id": op.id, "kind": op.kind, "error_type": ec.get("error_type"), "message": ec.get("message"),
                     "diagnosis": ec.get("diagnosis"), "path": ec.get("path")})
@@ -206,15 +217,18 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
 
 
 def unrepaired_copies(session: Session, location: str | None = None) -> list[dict[str, Any]]:
-    """Copies recorded ``corrupt`` / ``missing`` with no live copy of the same artifact at their
-    location yet: ``[{"location", "path", "status"}]`` (what ``verify`` exits 1 for until the
-    audit repairs them or a human does)."""
+    """Archive copies recorded ``corrupt`` / ``missing`` with no live copy of the same artifact
+    at their location yet: ``[{"location", "path", "status"}]`` (what ``verify`` exits 1 for
+    until the audit repairs them or a human does). A lost buffer copy is not listed: a buffer
+    only passes bytes on, and the pipeline ships them again from another source while they are
+    still needed (:mod:`packhorse.convergence`)."""
     from .domain import LIVE_COPY_STATUSES
 
     live = {(c.location_id, c.raw_data_package_id, c.data_transfer_package_id) for c in session.scalars(
         select(PhysicalCopy).where(PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])))}
     q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-         .where(PhysicalCopy.status.in_([CopyStatus.CORRUPT.value, CopyStatus.MISSING.value]))
+         .where(PhysicalCopy.status.in_([CopyStatus.CORRUPT.value, CopyStatus.MISSING.value]),
+                DataLocation.role == LocationRole.LONG_TERM_ARCHIVE.value)
          .order_by(DataLocation.name, PhysicalCopy.id))
     if location:
         q = q.where(DataLocation.name == location)

@@ -251,3 +251,66 @@ def test_a_withdrawn_path_is_looked_at_whatever_the_folder_cache_says(ctx, pool)
     assert scan_all(ctx, pool, cache).registered == 1
     assert versions(ctx, "cam/obs1/b.dat") == [(1, None)]
     assert ctx.db.read(lambda s: s.scalar(select(WithdrawnFile.resolved_at))) is not None
+
+
+def test_a_tar_published_by_a_crashed_attempt_is_the_package_even_if_a_file_changed_since(ctx, pool) -> None:
+    write(ctx, "cam/obs1/a.dat", b"a" * 10)
+    b = write(ctx, "cam/obs1/b.dat", b"b" * 10)
+    scan_all(ctx, pool)
+    packages.manage(ctx, {})
+    op_id = ctx.db.read(lambda s: s.scalar(select(Operation.id)))
+    first = claim(ctx.db, op_id, "crashes", 60)
+    assert first is not None
+    package_stage.run(Work(ctx, first, first.operation, LeaseKeeper(ctx.db, first, lease_seconds=60,
+                                                                    interval_seconds=30, deadline_seconds=60)))
+    # published, then the worker died before its completion was recorded; the lease is recovered
+    ctx.db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id)
+                                        .values(status=Status.PENDING.value)))
+    published = ctx.backend("fyst-buffer").stat(raw_package_key("cam/obs1"))
+    b.write_bytes(b"b" * 15)  # the instrument writes on
+    run_stage(ctx, "cam/obs1")  # no conflict with the published tar, nothing taken out
+    pkg = ctx.db.read(lambda s: s.scalar(select(RawDataPackage)))
+    assert (pkg.file_count, pkg.size) == (2, published.size)
+    assert ctx.db.read(lambda s: list(s.scalars(select(WithdrawnFile)))) == []
+    # the grown file is the next version
+    assert scan_all(ctx, pool).registered == 1
+    packages.manage(ctx, {})
+    assert versions(ctx, "cam/obs1/b.dat") == [(1, "cam/obs1"), (2, "cam/obs1+v2")]
+
+
+def test_the_rebuild_of_a_lost_package_never_takes_a_file_out(ctx, pool) -> None:
+    from packhorse.errors import SourceChangedError
+
+    write(ctx, "cam/obs1/a.dat", b"a" * 10)
+    b = write(ctx, "cam/obs1/b.dat", b"b" * 10)
+    scan_all(ctx, pool)
+    packages.manage(ctx, {})
+    mark_built(ctx, "cam/obs1")  # recorded as built: its bytes are fixed (its copies are lost)
+    b.write_bytes(b"b" * 11)
+    op_id = ctx.db.read(lambda s: s.scalar(select(Operation.id)))
+    c = claim(ctx.db, op_id, "rebuild", 60)
+    assert c is not None
+    work = Work(ctx, c, c.operation, LeaseKeeper(ctx.db, c, lease_seconds=60, interval_seconds=30,
+                                                 deadline_seconds=60))
+    with pytest.raises(SourceChangedError):
+        package_stage.run(work)
+    assert package_rows(ctx) == {"cam/obs1": (1, 2)}
+    assert ctx.db.read(lambda s: list(s.scalars(select(WithdrawnFile)))) == []
+
+
+def test_a_package_that_failed_on_a_changed_file_before_builds_from_the_rest_after_a_reset(ctx, pool) -> None:
+    # an operation left FAILED with SourceChangedError by a version without withdrawal
+    from packhorse.operations import reset_failed
+
+    write(ctx, "cam/obs1/a.dat", b"a" * 10)
+    b = write(ctx, "cam/obs1/b.dat", b"b" * 10)
+    scan_all(ctx, pool)
+    packages.manage(ctx, {})
+    b.write_bytes(b"b" * 12)
+    op_id = ctx.db.read(lambda s: s.scalar(select(Operation.id)))
+    ctx.db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        status=Status.FAILED.value, error_context={"error_type": "SourceChangedError"})))
+    assert reset_failed(ctx.db, OperationKind.RAW_DATA_PACKAGE, op_id) == [op_id]
+    run_stage(ctx, "cam/obs1")
+    assert package_rows(ctx) == {"cam/obs1": (1, 1)}
+    assert ctx.db.read(lambda s: s.get(Operation, op_id).status) == Status.COMPLETED.value

@@ -25,6 +25,7 @@ from ..db.models import RawDataFile, RawDataPackage, utcnow
 from ..domain import LocationRole, OperationKind
 from ..operations import create_operations, dedup_key
 from ..context import ProcessContext
+from .common import create_missing, planned
 
 ROOT_GROUP_NAME = "_root"
 _FILES = RawDataFile.__table__
@@ -176,3 +177,11 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
             if on_commit is not None:
                 on_commit()
     return created
+
+
+def repair(ctx: ProcessContext) -> int:
+    """Create the rebuilds of lost raw data packages from their registered source files that
+    the desired state asks for (:func:`packhorse.convergence.plan`: a package whose every copy
+    is gone or bad, or a member of a lost bundle that must be rebuilt). The build is
+    deterministic (I3), so the rebuilt tar has the recorded sha256. Returns how many."""
+    return create_missing(ctx, OperationKind.RAW_DATA_PACKAGE, planned(ctx, OperationKind.RAW_DATA_PACKAGE))

@@ -13,7 +13,10 @@ attempt. Nothing is published before that, so the package's name only ever means
 is finally built from. The scan registers a changed file again (it looks at withdrawn paths at
 every cycle) and it is packaged with the next package of its group; a vanished file gets a
 WARNING notification and stays listed by ``packhorse status`` until it comes back. A package
-left with no file is dropped (its operation completes, its name is free again). Versions of
+left with no file is dropped (its operation completes, its name is free again). A tar an
+earlier attempt published but did not record is taken as the package when it is a valid bag of
+exactly the registered files (:func:`_adopt_published`), so a file that changed after that
+build becomes a new version instead of a conflict. Versions of
 two or more carry ``Packhorse-Version`` in their bag-info (version 1 bags are unchanged, I3).
 """
 
@@ -21,15 +24,23 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+import hashlib
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import Operation, RawDataFile, RawDataPackage, WithdrawnFile, utcnow
-from ..errors import DestinationConflictError, LeaseLostError, SourceChangedError, SourceMissingError, UnsafePathError
+from ..errors import (
+    DestinationConflictError,
+    LeaseLostError,
+    SourceChangedError,
+    SourceMissingError,
+    UnsafePathError,
+    VerificationError,
+)
 from ..operations import fenced
-from ..packaging import PayloadFile, write_bag_tar
+from ..packaging import PayloadFile, TeeReader, read_bag_tar, write_bag_tar
 from ..storage.base import StorageBackend
 from ..topology import raw_package_key
 from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
@@ -174,7 +185,9 @@ def run(work: Work) -> Recorder:
     """Build, publish and verify the package tar; record its size, sha256 and buffer copy.
 
     Files gone or changed since their registration are taken out first (:func:`withdraw`,
-    module docstring); a package left empty is dropped."""
+    module docstring); a package left empty is dropped. A package built before (a rebuild of
+    a lost package) is never changed: a source file that differs fails the rebuild
+    (``SourceChangedError`` / ``SourceMissingError``, permanent)."""
     ctx = work.ctx
     pkg_id = work.op.raw_data_package_id
     assert pkg_id is not None
@@ -200,8 +213,12 @@ def run(work: Work) -> Recorder:
         if not files:
             work.info.update(dropped=True)
             return _dropped(work, pkg_id)
+        if pkg.sha256 is None and (adopted := _adopt_published(dst, key, pkg, files)) is not None:
+            size, sha = adopted
+            break
         ctx.hooks.hit("raw_data_package.sources")  # tests: change a source file here
-        stale = stale_files(src, files)
+        built = pkg.sha256 is not None  # a rebuild (convergence): exactly the recorded bytes, or nothing
+        stale = [] if built else stale_files(src, files)
         if stale:
             withdraw(work, pkg_id, stale)
             continue
@@ -209,7 +226,7 @@ def run(work: Work) -> Recorder:
             size, sha = _build(work, pkg, files, src, dst, key)
         except (SourceChangedError, SourceMissingError) as e:
             registered = {f.relative_path for f in files}
-            if e.path not in registered:
+            if built or e.path not in registered:
                 raise
             cause = VANISHED if isinstance(e, SourceMissingError) else CHANGED
             reason = ("gone from the source before it was packaged" if cause == VANISHED else
@@ -232,6 +249,38 @@ def run(work: Work) -> Recorder:
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
 
     return record
+
+
+class _Sha256Sink:
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        return len(data)
+
+
+def _adopt_published(dst: StorageBackend, key: str, pkg: RawDataPackage, files: list[Any]) -> tuple[int, str] | None:
+    """An earlier attempt that published the tar and died before recording it left the object
+    at ``key``: if it is a valid bag of exactly ``files`` as registered (paths and sha256) with
+    the package's name, it is the package — returns its (size, sha256), read back (I4) — so a
+    source file that changed since cannot turn a finished build into a conflict. ``None``: no
+    object there, or one of other contents (publishing over it then fails loudly, I2)."""
+    if dst.stat(key) is None:
+        return None
+    sink = _Sha256Sink()
+    try:
+        with dst.open_read(key) as f:
+            tee = TeeReader(f, sink)
+            contents = read_bag_tar(tee, source=f"{dst.location}:{key}")  # type: ignore[arg-type]
+            tee.drain()
+    except (VerificationError, UnsafePathError, SourceMissingError):
+        return None
+    if contents.bag_info.get("External-Identifier") != pkg.name:
+        return None
+    if contents.files != {f.relative_path: f.sha256 for f in files}:
+        return None
+    return tee.size, sink.hash.hexdigest()
 
 
 def _build(work: Work, pkg: RawDataPackage, files: list[Any], src: StorageBackend, dst: StorageBackend,

@@ -5,8 +5,8 @@ operations touching it wait instead of failing, ``status`` lists it as blocked, 
 is deleted when the location is back (DESIGN.md "Architecture": storage that is absent is not
 empty).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-01 14:00:00
 """
 from alembic import op
@@ -14,8 +14,8 @@ import sqlalchemy as sa
 import packhorse.db.models
 
 
-revision = '0010'
-down_revision = '0009'
+revision = '0011'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 
