@@ -295,3 +295,21 @@ def test_the_rebuild_of_a_lost_package_never_takes_a_file_out(ctx, pool) -> None
         package_stage.run(work)
     assert package_rows(ctx) == {"cam/obs1": (1, 2)}
     assert ctx.db.read(lambda s: list(s.scalars(select(WithdrawnFile)))) == []
+
+
+def test_a_package_that_failed_on_a_changed_file_before_builds_from_the_rest_after_a_reset(ctx, pool) -> None:
+    # an operation left FAILED with SourceChangedError by a version without withdrawal
+    from packhorse.operations import reset_failed
+
+    write(ctx, "cam/obs1/a.dat", b"a" * 10)
+    b = write(ctx, "cam/obs1/b.dat", b"b" * 10)
+    scan_all(ctx, pool)
+    packages.manage(ctx, {})
+    b.write_bytes(b"b" * 12)
+    op_id = ctx.db.read(lambda s: s.scalar(select(Operation.id)))
+    ctx.db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        status=Status.FAILED.value, error_context={"error_type": "SourceChangedError"})))
+    assert reset_failed(ctx.db, OperationKind.RAW_DATA_PACKAGE, op_id) == [op_id]
+    run_stage(ctx, "cam/obs1")
+    assert package_rows(ctx) == {"cam/obs1": (1, 1)}
+    assert ctx.db.read(lambda s: s.get(Operation, op_id).status) == Status.COMPLETED.value
