@@ -117,7 +117,7 @@ class MemoryBackend(StorageBackend):
         return iter([ObjectInfo(k, len(d), t) for k, (d, t) in items
                      if k.startswith(prefix) and not k.startswith(RESERVED_PREFIX)])
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return 0  # unpublished bytes never reach the dict
 
     def quarantine(self, key: str) -> str | None:
@@ -181,6 +181,9 @@ class ColdLayer(Layer):
 
     def open_write(self, key: str) -> PendingWrite:
         return _HotPending(self.inner.open_write(key), self)
+
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        return _HotPending(self.inner.open_resumable_write(key, token), self)
 
     def request_restore(self, key: str) -> None:
         if self.inner.stat(key) is None:

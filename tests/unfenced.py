@@ -9,8 +9,8 @@ process, each of which builds its context from the same ``[hooks] module``) repl
 process only:
 
 * :func:`packhorse.operations.fenced` by a predicate without the fencing token (heartbeats,
-  completions and failures of a stale attempt are written), and the prebuilt completion
-  statements with it;
+  completions and failures of a stale attempt are written), and the prebuilt completion and
+  claim statements with it;
 * :meth:`packhorse.lease.LeaseKeeper.check` by one that never stops the work;
 * the storage stack's innermost layer by :class:`OverwritingLayer`: publication replaces an
   existing object (delete, then publish) instead of refusing to, and neither the successor
@@ -20,6 +20,7 @@ process only:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import and_
@@ -32,10 +33,11 @@ from packhorse.storage.base import PendingWrite, PublishResult, StorageBackend
 from packhorse.storage.layers import Layer, PendingLayer
 
 
-def _unfenced(operation_id: Any, attempt: Any, status: Status = Status.IN_PROGRESS) -> Any:
+def _unfenced(operation_id: Any, attempt: Any, status: Status | Collection[Status] = Status.IN_PROGRESS) -> Any:
     """:func:`packhorse.operations.fenced` without the token: any attempt of the operation."""
     t = operations.Operation.__table__
-    return and_(t.c.id == operation_id, t.c.status == status.value)
+    wanted = [status] if isinstance(status, Status) else list(status)
+    return and_(t.c.id == operation_id, t.c.status.in_([s.value for s in wanted]))
 
 
 def _install() -> None:
@@ -43,6 +45,7 @@ def _install() -> None:
         return
     operations.fenced = _unfenced  # type: ignore[assignment]
     operations._COMPLETE = operations._complete_statements()
+    operations._CLAIM = operations._claim_statement()
     lease.LeaseKeeper.check = lambda self: None  # type: ignore[method-assign]
     operations._unfenced_installed = True  # type: ignore[attr-defined]
 
@@ -64,10 +67,13 @@ class OverwritingLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _Overwriting(self.inner.open_write(key), self.inner)
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        return _Overwriting(self.inner.open_write(key), self.inner)  # no resumption without fencing
+
     def remove_partials_of(self, key: str) -> int:
         return 0
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return 0
 
 

@@ -12,9 +12,12 @@
   appended as a failure event. The status writes of other modules go through it too: the
   stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's reset of
   a lost dispatch and a forced retry (:mod:`packhorse.recovery.breakers`: the status it read),
-  and the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``). A claim is guarded
-  by the operation being runnable (it creates the new token); :func:`reset_failed` by the
-  status ``FAILED``.
+  the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``) and the
+  dispatch of both executors (:func:`packhorse.pipeline.take_runnable`: ``PENDING`` or
+  ``SCHEDULED`` → ``SCHEDULED`` at the token it read). A claim is a compare-and-set on the
+  token it was dispatched at (``fenced(id, token, PENDING | SCHEDULED)``, then the token
+  becomes ``token + 1``), :func:`reset_failed` on the token of the ``FAILED`` attempt it read:
+  a write made on a stale reading of the row changes nothing.
 * expired leases are handed back by the stalled-task monitor
   (:mod:`packhorse.recovery.monitor`, with circuit breakers), lost dispatches by the
   reconciler (:mod:`packhorse.recovery.reconciler`).
@@ -28,9 +31,9 @@ import datetime as dt
 import random
 import socket
 import traceback as tb
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
@@ -41,6 +44,9 @@ from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database, insert_ignoring_conflicts
 from .domain import OperationKind, Status
 from .errors import PackhorseError, ResetRefusedError
+
+if TYPE_CHECKING:
+    from .config import RecoveryConfig
 
 log = structlog.get_logger(__name__)
 
@@ -152,27 +158,27 @@ def dedup_key(kind: OperationKind, subject: str, destination: str | None = None)
 
 
 _OPS = Operation.__table__
-_RUNNABLE = (_OPS.c.id == bindparam("op_id"),
-             _OPS.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-             or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")))
+#: The statuses a claim takes an operation from.
+CLAIMABLE: tuple[Status, ...] = (Status.PENDING, Status.SCHEDULED)
 _CLAIM_VALUES = dict(status=Status.IN_PROGRESS.value, attempt=_OPS.c.attempt + 1, lease_owner=bindparam("owner"),
                      lease_expires_at=bindparam("expires"), heartbeat_at=bindparam("now"),
                      started_at=bindparam("now"), updated_at=bindparam("now"), bytes_done=0)
-# Built once (Core, bound parameters): a claim runs inside the database's write lock, where
-# building an ORM statement per call cost more than executing it.
-_CLAIM = update(_OPS).where(*_RUNNABLE).values(**_CLAIM_VALUES).returning(*_OPS.c)
-_CLAIM_BELOW = (update(_OPS).where(*_RUNNABLE, _OPS.c.attempt < bindparam("min_attempt"))
-                .values(**_CLAIM_VALUES).returning(*_OPS.c))
 _COMPLETE_VALUES = dict(status=Status.COMPLETED.value, finished_at=bindparam("now"), updated_at=bindparam("now"),
                         lease_owner=None, lease_expires_at=None, error_context=None)
 
 
-def fenced(operation_id: Any, attempt: Any, status: Status = Status.IN_PROGRESS) -> ColumnElement[bool]:
+def fenced(operation_id: Any, attempt: Any,
+           status: Status | Collection[Status] = Status.IN_PROGRESS) -> ColumnElement[bool]:
     """The fencing predicate (DESIGN.md I3, "Lease"): the row is operation ``operation_id``,
-    still at fencing token ``attempt`` and in ``status``. Every status write of an attempt is a
-    compare-and-set on it, so a stale attempt (its token superseded by a newer claim) changes
-    nothing. ``operation_id`` / ``attempt`` are values or bound parameters."""
-    return and_(_OPS.c.id == operation_id, _OPS.c.attempt == attempt, _OPS.c.status == status.value)
+    still at fencing token ``attempt`` and in ``status`` (one status, or any of several). Every
+    status write of an operation is a compare-and-set on it, so a write made on a stale reading
+    of the row (its token superseded by a newer claim, its status moved on) changes nothing.
+    ``operation_id`` / ``attempt`` are values or bound parameters."""
+    if isinstance(status, Status):
+        in_status: ColumnElement[bool] = _OPS.c.status == status.value
+    else:
+        in_status = _OPS.c.status.in_([s.value for s in status])
+    return and_(_OPS.c.id == operation_id, _OPS.c.attempt == attempt, in_status)
 
 
 def _complete_statements() -> dict[bool, Any]:
@@ -182,34 +188,56 @@ def _complete_statements() -> dict[bool, Any]:
             for counted in (False, True)}
 
 
+def _claim_statement() -> Any:
+    """The claim statement: compare-and-set on :func:`fenced` at the dispatched token, among the
+    :data:`CLAIMABLE` statuses, once its retry backoff has passed. Built once (Core, bound
+    parameters): a claim runs inside the database's write lock, where building an ORM statement
+    per call cost more than executing it."""
+    return (update(_OPS).where(fenced(bindparam("op_id"), bindparam("token"), CLAIMABLE),
+                               or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")))
+            .values(**_CLAIM_VALUES).returning(*_OPS.c))
+
+
+_CLAIM = _claim_statement()
+_TOKEN = select(_OPS.c.attempt).where(_OPS.c.id == bindparam("op_id"))
 _COMPLETE = _complete_statements()
 
 
 def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
-          min_attempt: int | None = None) -> Claim | None:
-    """Try to take the lease on a runnable operation.
+          token: int | None = None, min_attempt: int | None = None) -> Claim | None:
+    """Try to take the lease on a runnable operation (a compare-and-set on :func:`fenced`).
 
-    Succeeds only if the operation is ``PENDING`` or ``SCHEDULED`` and its retry backoff has
-    passed. Returns ``None`` otherwise (already running under a lease, finished, or not yet due):
-    the caller must then do nothing (a duplicate delivery).
+    Succeeds only if the operation is ``PENDING`` or ``SCHEDULED``, still at fencing token
+    ``token`` (the attempt it was dispatched at), and its retry backoff has passed; the claim
+    then holds attempt ``token + 1``. Returns ``None`` otherwise (already running under a
+    lease, finished, claimed and handed back since the dispatch, or not yet due): the caller
+    must then do nothing (a duplicate or late delivery; I3).
 
     Args:
-        min_attempt: a broker message says "run operation N at attempt ≥ A": the
-            claim succeeds only while the operation's attempt is below ``A``, i.e. the attempt
-            this message was dispatched for has not been taken yet. A late or duplicated
-            message for an attempt that already ran changes nothing; the newer dispatch of
-            that operation carries a higher ``A``.
+        token: the attempt the dispatcher read (:func:`packhorse.pipeline.take_runnable`'s
+            rows); ``None`` reads it in the claim's own transaction (a claim by hand: the CLI,
+            tests).
+        min_attempt: a broker message's "run operation N at attempt ≥ A" (Celery): the
+            message was dispatched at token ``A − 1`` (attempts only grow), so this is
+            ``token = A − 1``. A late or duplicated message for an attempt that already ran
+            changes nothing; the newer dispatch of that operation carries a higher ``A``.
     """
+    if min_attempt is not None:
+        if token is not None and token != min_attempt - 1:
+            raise ValueError(f"token {token} and min_attempt {min_attempt} disagree")
+        token = min_attempt - 1
 
     def tx(s: Session) -> Claim | None:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
-        params = dict(op_id=operation_id, now=now, owner=owner, expires=expires)
-        if min_attempt is None:
-            stmt = _CLAIM
-        else:
-            stmt, params["min_attempt"] = _CLAIM_BELOW, min_attempt
-        row = s.connection().execute(stmt, params).first()
+        conn = s.connection()
+        current = token
+        if current is None:
+            current = conn.execute(_TOKEN, dict(op_id=operation_id)).scalar()
+            if current is None:
+                return None
+        row = conn.execute(_CLAIM, dict(op_id=operation_id, token=current, now=now, owner=owner,
+                                        expires=expires)).first()
         return None if row is None else _granted(row, owner, expires)
 
     return db.transact(tx)
@@ -222,18 +250,25 @@ def _granted(row: Any, owner: str, expires: dt.datetime) -> Claim:
     return Claim(op.id, OperationKind(op.kind), op.attempt, owner, expires, op)
 
 
-def claim_many(db: Database, operation_ids: list[int], owner: str, lease_seconds: float) -> dict[int, Claim]:
-    """:func:`claim` for several operations in one transaction; returns the granted claims by
-    operation id (an operation that is not runnable is left out, as :func:`claim` returns
-    ``None`` for it)."""
+def claim_many(db: Database, operations: dict[int, int | None], owner: str,
+               lease_seconds: float) -> dict[int, Claim]:
+    """:func:`claim` for several operations in one transaction: ``operations`` maps each
+    operation id to its dispatched token (``None``: read it here). Returns the granted claims by
+    operation id (an operation that is not runnable at its token is left out, as :func:`claim`
+    returns ``None`` for it)."""
 
     def tx(s: Session) -> dict[int, Claim]:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
         out: dict[int, Claim] = {}
         conn = s.connection()
-        for op_id in operation_ids:
-            row = conn.execute(_CLAIM, dict(op_id=op_id, now=now, owner=owner, expires=expires)).first()
+        for op_id, token in operations.items():
+            if token is None:
+                token = conn.execute(_TOKEN, dict(op_id=op_id)).scalar()
+                if token is None:
+                    continue
+            row = conn.execute(_CLAIM, dict(op_id=op_id, token=token, now=now, owner=owner,
+                                            expires=expires)).first()
             if row is not None:
                 out[op_id] = _granted(row, owner, expires)
         return out
@@ -263,14 +298,24 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
     """Mark the claimed attempt ``COMPLETED`` inside the caller's transaction (fenced).
 
     Returns ``False`` if the attempt is stale; the caller must then roll back whatever else it
-    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`).
+    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`). The completion
+    of an operation that stalled before closes its open or half-open circuit breaker in the
+    same transaction (:func:`packhorse.recovery.breakers.after_success`).
     """
     params: dict[str, Any] = dict(op_id=claim.operation_id, now=utcnow(), token=claim.attempt)
     if bytes_done is not None:
         params["counted"] = bytes_done
     stmt = _COMPLETE[bytes_done is not None]
     res = session.connection().execute(stmt, params)
-    return res.rowcount == 1
+    if res.rowcount != 1:
+        return False
+    if claim.operation is None or claim.operation.stall_count:
+        # it stalled before: this may be the attempt a half-open circuit breaker let through,
+        # whose success closes the breaker (an operation that never stalled has none to close)
+        from .recovery.breakers import after_success
+
+        after_success(session, claim.kind.value, claim.operation_id, params["now"])
+    return True
 
 
 def defer(db: Database, claim: Claim, seconds: float) -> bool:
@@ -392,6 +437,7 @@ def record_failure(
     notification_gather_seconds: float = 0.0,
     notify_retries: bool = False,
     salvage: Callable[[Session], None] | None = None,
+    recovery: RecoveryConfig | None = None,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, diagnose a permanent failure that has no
     diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
@@ -406,7 +452,11 @@ def record_failure(
     (:func:`packhorse.notify.messages.operation_failed`). With ``notify_retries`` (``[notifications] development_mode``) a retry
     queues a DEBUG "Retry: <kind> <id>" notification too. ``salvage`` (the attempt's
     :attr:`~packhorse.stages.base.Work.salvage`) runs in the same transaction, only when the
-    fenced status write succeeded.
+    fenced status write succeeded. ``recovery`` (the ``[recovery]`` settings): a failure of an
+    operation that stalled before may be the attempt a half-open circuit breaker let through:
+    a retry then opens the breaker again and the operation is not due before its next
+    cool-down ends; a permanent failure closes it
+    (:func:`packhorse.recovery.breakers.after_failure`, same transaction).
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
@@ -441,6 +491,14 @@ def record_failure(
         res = s.execute(update(Operation).where(*where).values(**values))
         if res.rowcount != 1:
             return None
+        if recovery is not None and op.stall_count:
+            from .recovery.breakers import after_failure
+
+            held_until = after_failure(s, claim.kind.value, claim.operation_id, will_retry=new is Status.PENDING,
+                                       rec=recovery, now=now)
+            if held_until is not None:  # one attempt per cool-down: not due before the next one
+                s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt, Status.PENDING))
+                          .values(not_before=held_until))
         if salvage is not None:
             try:
                 salvage(s)
@@ -475,7 +533,8 @@ def reset_failed(db: Database, kind: OperationKind, operation_id: int | None = N
 
     Sets ``PENDING``, ``retry_count + 1``, clears the cached error context and any backoff;
     the failure events (the history) stay. Only ``FAILED`` operations are reset: a running one
-    has an owner already.
+    has an owner already. Each reset is a compare-and-set on :func:`fenced` at the ``FAILED``
+    attempt it read (I3): an operation another reset or a claim moved on meanwhile is left out.
 
     Args:
         kind: the operation kind (must match the operation's).
@@ -498,11 +557,15 @@ def reset_failed(db: Database, kind: OperationKind, operation_id: int | None = N
         where = [Operation.kind == kind.value, Operation.status == Status.FAILED.value]
         if operation_id is not None:
             where.append(Operation.id == operation_id)
-        ids = list(s.scalars(select(Operation.id).where(*where).order_by(Operation.id)))
-        if ids:
-            s.execute(update(Operation).where(Operation.id.in_(ids)).values(
+        read = s.execute(select(Operation.id, Operation.attempt).where(*where).order_by(Operation.id)).all()
+        ids: list[int] = []
+        stamp = utcnow()
+        for op_id, token in read:  # each a compare-and-set on the FAILED attempt read (I3)
+            res = s.execute(update(Operation).where(fenced(op_id, token, Status.FAILED)).values(
                 status=Status.PENDING.value, retry_count=Operation.retry_count + 1, error_context=None,
-                not_before=None, finished_at=None, updated_at=utcnow()))
+                not_before=None, finished_at=None, updated_at=stamp))
+            if res.rowcount == 1:
+                ids.append(op_id)
         return ids
 
     return db.transact(tx)

@@ -59,9 +59,11 @@ import structlog
 from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.engine import Connection
 
+from .config import Settings
 from .context import ProcessContext
 from .db.models import Operation, utcnow
 from .domain import LocationRole, OperationKind, Status, StorageType
+from . import operations
 from .managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from .recovery.monitor import MonitorReport, recovery_cycle
 from .recovery.reconciler import BrokerWatch
@@ -79,6 +81,19 @@ DISPATCH_ORDER: tuple[OperationKind, ...] = (
 #: Age after which an incomplete S3 multipart upload counts as abandoned (seconds): a day, not
 #: a lease, since a large upload in flight may take longer than a lease.
 S3_PARTIAL_AGE_SECONDS = 86400.0
+
+
+def resumable_partial_age(settings: "Settings") -> float:
+    """Seconds a resumable partial (a transfer's partial file named with its fencing token, an
+    incomplete S3 multipart upload) is kept since its last write, so that the retries of the
+    interrupted operation can still resume it: at least :data:`S3_PARTIAL_AGE_SECONDS`, and
+    more than the whole retry schedule (each retry waits for the stall to be seen, a lease plus
+    a monitor interval, and at most ``retry_backoff_max_seconds``; an open circuit breaker adds
+    ``circuit_breaker_timeout_seconds``). docs/reliability.md "Resumable transfers"."""
+    r = settings.recovery
+    schedule = ((r.max_retries + 1) * (r.lease_timeout_seconds + r.monitor_interval_seconds
+                                       + r.retry_backoff_max_seconds) + r.circuit_breaker_timeout_seconds)
+    return max(S3_PARTIAL_AGE_SECONDS, 2 * schedule)
 
 
 # ------------------------------------------------------------------------------ the managers
@@ -122,9 +137,11 @@ class CycleInput:
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    # rebuilds of lost packages from their source files run in every mode, every cycle
+    rebuilt = packages.repair(ctx)
     if inp.unsettled is None:
-        return 0
-    return packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
+        return rebuilt
+    return rebuilt + packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
 
 
 def _bundle(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
@@ -222,7 +239,7 @@ _OPS = Operation.__table__
 #: PostgreSQL (two dispatchers never take the same row); SQLite holds the write lock. Built
 #: once (Core, bound parameters): dispatch runs inside the database's write lock.
 _RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS.c.source_location_id,
-                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id)
+                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id, _OPS.c.status)
              .where(_OPS.c.status.in_(bindparam("statuses", expanding=True)),
                     _OPS.c.kind.in_(bindparam("kinds", expanding=True)),
                     or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")),
@@ -231,10 +248,16 @@ _RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS
                             else_=len(DISPATCH_ORDER)), _OPS.c.id)
              .limit(bindparam("limit"))
              .with_for_update(skip_locked=True))
-_SCHEDULE = (update(_OPS).where(_OPS.c.id.in_(bindparam("ids", expanding=True)),
-                                _OPS.c.status.in_(bindparam("statuses", expanding=True)))
-             .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now"))
-             .returning(_OPS.c.id))
+
+
+def _schedule_statements() -> dict[str, Any]:
+    """``→ SCHEDULED`` by the status read: a compare-and-set on
+    :func:`packhorse.operations.fenced` at the token and status the dispatcher read (I3). Built
+    per dispatch (cheap next to the select): tests may swap the predicate."""
+    return {st.value: update(_OPS).where(operations.fenced(bindparam("op_id"), bindparam("token"), st))
+            .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now"))
+            .returning(_OPS.c.id)
+            for st in (Status.PENDING, Status.SCHEDULED)}
 
 
 def runnable_statuses(*, executor_knows_its_queue: bool) -> list[str]:
@@ -266,7 +289,10 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
 
     Returns:
         the rows taken (``id, kind, attempt, site_id, source_location_id,
-        destination_location_id, physical_copy_id``), in dispatch order.
+        destination_location_id, physical_copy_id, status`` — ``attempt`` is the fencing token
+        the operation is dispatched at, ``status`` the one it had), in dispatch order. Each is
+        marked ``SCHEDULED`` by a compare-and-set on :func:`packhorse.operations.fenced` at the
+        token and status read: a row another writer changed since is not taken.
     """
     now = utcnow()
     rows = conn.execute(_RUNNABLE, dict(now=now, statuses=list(statuses), kinds=[k.value for k in DISPATCH_ORDER],
@@ -274,7 +300,13 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
     ids = [r.id for r in rows] if choose is None else choose(rows)
     if not ids:
         return []
-    taken = set(conn.execute(_SCHEDULE, dict(ids=ids, statuses=list(statuses), now=now)).scalars())
+    wanted = set(ids)
+    schedule = _schedule_statements()
+    taken: set[int] = set()
+    for r in rows:  # each a compare-and-set on the row as it was read (fenced; I3)
+        if r.id in wanted and conn.execute(schedule[r.status], dict(op_id=r.id, token=r.attempt,
+                                                                    now=now)).first() is not None:
+            taken.add(r.id)
     return [r for r in rows if r.id in taken]
 
 
@@ -304,8 +336,10 @@ def recover(ctx: ProcessContext, *, exclude: Collection[int] = (), broker: Broke
 def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None) -> int:
     """Remove what crashed writers left at the active data locations of ``sites`` (default:
     every site), except sources: partial files on disk older than a lease
-    (``recovery.lease_timeout_seconds``) and incomplete S3 multipart uploads older than
-    :data:`S3_PARTIAL_AGE_SECONDS`. A later attempt at the same object also removes its own
+    (``recovery.lease_timeout_seconds``), except those of resumable writes (transfers), and
+    incomplete S3 multipart uploads, both kept for :func:`resumable_partial_age` (at least
+    :data:`S3_PARTIAL_AGE_SECONDS`) so a retry can resume them; a partial a live writer holds is
+    never removed. A later attempt at the same object also removes its own
     partials; this sweep finds those of objects never attempted again. Run once per process
     start (the embedded runner; each site's worker for its own site's storage), since walking an
     archive may be long.
@@ -319,14 +353,15 @@ def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None)
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE or not loc.active or (sites is not None and loc.site not in sites):
             continue
+        resumable = resumable_partial_age(ctx.settings)
         if loc.storage is StorageType.DISK:
             age = ctx.settings.recovery.lease_timeout_seconds
         elif loc.storage is StorageType.S3:
-            age = S3_PARTIAL_AGE_SECONDS
+            age = resumable
         else:
             continue
         try:
-            removed += ctx.backend(loc.name).cleanup_partials(age)
+            removed += ctx.backend(loc.name).cleanup_partials(age, resumable_older_than_seconds=resumable)
         except Exception as e:  # noqa: BLE001 - one unreachable location must not stop the others
             log.warning("partial_sweep_failed", location=loc.name, error=repr(e))
     return removed

@@ -52,10 +52,13 @@ def _record_stale(ctx: ProcessContext, c: Claim, exc: BaseException) -> None:
     ctx.db.transact(tx)
 
 
-def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, min_attempt: int | None = None) -> Outcome:
+def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, token: int | None = None,
+                      min_attempt: int | None = None) -> Outcome:
     """Claim and run operation ``operation_id`` as ``owner`` (``host:pid:thread``).
 
     Args:
+        token: the fencing token the operation was dispatched at (the embedded runner's
+            dispatch; :func:`~packhorse.operations.claim`). ``None``: the current one.
         min_attempt: run only as attempt ``min_attempt`` or later (a broker message's "at
             attempt ≥ A"; see :func:`~packhorse.operations.claim`). ``None``: any attempt.
 
@@ -67,7 +70,8 @@ def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, min
         TransientDatabaseError: the database was unreachable while claiming (nothing was
             claimed; the caller may try again later).
     """
-    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds, min_attempt=min_attempt)
+    c = claim(ctx.db, operation_id, owner, ctx.settings.recovery.lease_timeout_seconds, token=token,
+              min_attempt=min_attempt)
     if c is None:
         return Outcome.SKIPPED
     # every log line of the task carries these (structlog contextvars)
@@ -132,7 +136,8 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
                             backoff_max=rec.retry_backoff_max_seconds, operation_info=info,
                             notification_cooldown_seconds=rec.notification_cooldown_seconds,
                             notification_gather_seconds=ctx.settings.notifications.digest_gather_seconds,
-                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage)
+                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage,
+                            recovery=rec)
     if result.status is None:
         log.warning("operation_attempt_stale", error=str(exc))
         return Outcome.STALE
@@ -150,7 +155,8 @@ def batchable(kind: str, physical_copy_id: int | None) -> bool:
     return kind == OperationKind.DELETION.value and physical_copy_id is not None
 
 
-def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str) -> list[Outcome]:
+def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
+                      tokens: list[int | None] | None = None) -> list[Outcome]:
     """Run several buffer-copy ``deletion`` operations together, with the database work of one:
     one transaction claims them all, one checks the deletion rules and marks every copy
     (:func:`~packhorse.stages.deletion.mark_copy`), one completes them all after their bytes
@@ -158,6 +164,8 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str)
     block, a failed delete or a stale attempt goes through the same failure path as a single
     operation (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
     of database time; three transactions for each were most of that (benchmark (b)).
+
+    ``tokens``: the fencing token each was dispatched at (``None`` or left out: the current one).
 
     Returns:
         the :class:`Outcome` of each of ``operation_ids``, in order (``SKIPPED``: not claimed).
@@ -168,7 +176,8 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str)
     from .stages.deletion import delete_bytes, mark_copy, record_deleted
 
     rec = ctx.settings.recovery
-    claims = claim_many(ctx.db, operation_ids, owner, rec.lease_timeout_seconds)
+    wanted = dict(zip(operation_ids, tokens if tokens is not None else [None] * len(operation_ids)))
+    claims = claim_many(ctx.db, wanted, owner, rec.lease_timeout_seconds)
     outcomes = {i: Outcome.SKIPPED for i in operation_ids}
     works: dict[int, Work] = {}
     for c in claims.values():

@@ -45,7 +45,7 @@ def _runner(db: Database, outcome: Outcome, prefetch: int = 1) -> tuple[LocalRun
     ran: list[int] = []
     idle = threading.Event()
 
-    def run_one(op_id: int) -> Outcome:  # stands in for execute_operation
+    def run_one(op_id: int, token: int | None = None) -> Outcome:  # stands in for execute_operation
         ran.append(op_id)
         if outcome is Outcome.COMPLETED:
             db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id)
@@ -115,7 +115,7 @@ def test_until_idle_does_not_stop_when_an_operation_finished_after_the_managers_
     ran: list[int] = []
     state = {"y": None}
 
-    def run_one(op_id: int) -> Outcome:
+    def run_one(op_id: int, token: int | None = None) -> Outcome:
         if op_id == x_id:
             release_x.wait(10)
         ran.append(op_id)
@@ -176,14 +176,14 @@ def test_concurrent_dispatches_never_hand_out_an_operation_twice(db: Database) -
     handed: list[int] = []
     real_submit = runner._submit
 
-    def slow_submit(op_ids):  # type: ignore[no-untyped-def]
-        handed.extend(op_ids)
+    def slow_submit(task):  # type: ignore[no-untyped-def]
+        handed.extend(op_id for op_id, _token in task)
         time.sleep(0.05)
-        return real_submit(op_ids)
+        return real_submit(task)
 
     runner._submit = slow_submit  # type: ignore[method-assign]
     release = threading.Event()
-    runner._run_one = lambda op_id: (release.wait(10), Outcome.SKIPPED)[1]  # type: ignore[method-assign]
+    runner._run_one = lambda op_id, token=None: (release.wait(10), Outcome.SKIPPED)[1]  # type: ignore[method-assign]
     try:
         threads = [threading.Thread(target=runner.dispatch) for _ in range(2)]
         for t in threads:

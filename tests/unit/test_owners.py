@@ -140,7 +140,7 @@ def test_local_runner_dispatches_every_built_kind(db: Database, status: Status) 
     runner = LocalRunner(types.SimpleNamespace(settings=settings, db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
     ran: list[int] = []
 
-    def run_one(op_id: int) -> Outcome:  # stands in for execute_operation: the stage is not under test
+    def run_one(op_id: int, token: int | None = None) -> Outcome:  # stands in for execute_operation: the stage is not under test
         ran.append(op_id)
         return Outcome.SKIPPED
 

@@ -151,7 +151,7 @@ def test_both_executors_take_the_same_runnable_work_in_the_same_order(ctx: Proce
                                         .values(status=Status.PENDING.value)))
     runner = LocalRunner(ctx)
     ran: list[int] = []
-    runner._run_one = lambda op_id: (ran.append(op_id), Outcome.SKIPPED)[1]  # type: ignore[method-assign]
+    runner._run_one = lambda op_id, token=None: (ran.append(op_id), Outcome.SKIPPED)[1]  # type: ignore[method-assign]
     runner.pool = ThreadPoolExecutor(1)  # one thread: runs in dispatch order
     runner.queue_limit = len(expected)  # room for every runnable operation at once
     try:

@@ -20,8 +20,9 @@ run together (:func:`~packhorse.worker.execute_deletions`).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
-else is pending) and stops when the only work left waits on a retention period or a human
-(a FAILED operation, or one whose circuit breaker is open).
+else is pending) and stops when the only work left waits on a retention period, a human (a
+FAILED operation) or the cool-down of an open circuit breaker (the next run lets one attempt
+through once it passed).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, Status
+from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import pipeline
@@ -150,15 +151,20 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def _run_in_worker_process(op_ids: tuple[int, ...]) -> list[Outcome]:
-    """One task of the pool: an operation, or a batch of buffer-copy deletions."""
+def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: str) -> list[Outcome]:
+    """Run one task: ``((operation id, dispatched token), …)`` — an operation, or a batch of
+    buffer-copy deletions. Each claim is fenced on the token the dispatch read (I3)."""
+    if len(task) == 1:
+        return [execute_operation(ctx, task[0][0], owner, token=task[0][1])]
+    return execute_deletions(ctx, [i for i, _ in task], owner, [t for _, t in task])
+
+
+def _run_in_worker_process(task: tuple[tuple[int, int], ...]) -> list[Outcome]:
+    """One task of the pool (:func:`_run_task_in`), in a worker process."""
     assert _process_ctx is not None, "worker process not initialized"
     if _process_runtime is not None:
         _process_runtime.refresh()  # reads the table at most every refresh interval
-    owner = f"{worker_identity()}:{threading.current_thread().name}"
-    if len(op_ids) == 1:
-        return [execute_operation(_process_ctx, op_ids[0], owner)]
-    return execute_deletions(_process_ctx, list(op_ids), owner)
+    return _run_task_in(_process_ctx, task, f"{worker_identity()}:{threading.current_thread().name}")
 
 
 class LocalRunner:
@@ -293,18 +299,19 @@ class LocalRunner:
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
 
-    def _submit(self, op_ids: tuple[int, ...]) -> Future[list[Outcome]]:
+    def _submit(self, task: tuple[tuple[int, int], ...]) -> Future[list[Outcome]]:
         if isinstance(self.pool, ProcessPoolExecutor):
-            return self.pool.submit(_run_in_worker_process, op_ids)
-        return self.pool.submit(self._run_task, op_ids)
+            return self.pool.submit(_run_in_worker_process, task)
+        return self.pool.submit(self._run_task, task)
 
-    def _run_task(self, op_ids: tuple[int, ...]) -> list[Outcome]:
-        if len(op_ids) == 1:
-            return [self._run_one(op_ids[0])]
-        return execute_deletions(self.ctx, list(op_ids), f"{self._owner}:{threading.current_thread().name}")
+    def _run_task(self, task: tuple[tuple[int, int], ...]) -> list[Outcome]:
+        if len(task) == 1:
+            return [self._run_one(*task[0])]
+        return _run_task_in(self.ctx, task, f"{self._owner}:{threading.current_thread().name}")
 
-    def _run_one(self, op_id: int) -> Outcome:
-        return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}")
+    def _run_one(self, op_id: int, token: int | None = None) -> Outcome:
+        """One operation in a thread of this process (``pool = "thread"``), claimed at ``token``."""
+        return execute_operation(self.ctx, op_id, f"{self._owner}:{threading.current_thread().name}", token=token)
 
     def dispatch(self) -> int:
         """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
@@ -323,7 +330,7 @@ class LocalRunner:
         if free <= 0:
             return 0
 
-        def tx(s: Session) -> list[tuple[int, ...]]:
+        def tx(s: Session) -> list[tuple[tuple[int, int], ...]]:
             tasks: list[list[int]] = []
 
             def choose(rows: list[Any]) -> list[int]:
@@ -344,27 +351,29 @@ class LocalRunner:
                         tasks.append([r.id])
                 return [i for task in tasks for i in task]
 
-            taken = {r.id for r in pipeline.take_runnable(s.connection(), limit=free * DELETION_BATCH,
-                                                          statuses=_STATUSES, exclude=busy, choose=choose)}
-            return [tuple(i for i in task if i in taken) for task in tasks if any(i in taken for i in task)]
+            # the token each was dispatched at: its claim is fenced on it (I3)
+            taken = {r.id: r.attempt for r in pipeline.take_runnable(
+                s.connection(), limit=free * DELETION_BATCH, statuses=_STATUSES, exclude=busy, choose=choose)}
+            return [tuple((i, taken[i]) for i in task if i in taken) for task in tasks if any(i in taken for i in task)]
 
         tasks = self.ctx.db.transact(tx)
         twice = self.ctx.hooks.active("dispatch", "duplicate")  # hooks: at-least-once delivery
         submitted = []
-        for op_ids in tasks:
+        for task in tasks:
+            op_ids = tuple(i for i, _ in task)
             with self._lock:
                 try:
-                    fut = self._submit(op_ids)
+                    fut = self._submit(task)
                 except BrokenProcessPool:
                     self._discard_broken_pool()
-                    fut = self._submit(op_ids)
+                    fut = self._submit(task)
                 self._tasks.add(fut)
                 self.drained.clear()
                 for op_id in op_ids:
                     self.in_flight[op_id] = fut
             submitted.append((op_ids, fut))
             if twice:
-                self._submit(op_ids)
+                self._submit(task)
         # callbacks only once every task is registered: a task already done runs its callback
         # (which may dispatch again, re-entering the lock) right here
         for op_ids, fut in submitted:
@@ -415,8 +424,9 @@ class LocalRunner:
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""
 
-        # an operation whose circuit breaker is open waits for a human (or the breaker's timeout)
-        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.opened_at.is_not(None))
+        # an operation whose circuit breaker is open waits for the cool-down (or a human): a
+        # run --until-idle does not wait for it (it exits 4; the next run lets one attempt through)
+        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.state == BreakerState.OPEN.value)
 
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
