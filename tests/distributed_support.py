@@ -382,10 +382,13 @@ class Cluster:
         ``monitors`` monitors (default: one if ``monitor``, else none)."""
         for site in SITES:
             self.start_worker(site, env=(worker_env or {}).get(site))
+        # several of one kind on this host: each its own instance name (its health identity)
         for i in range(managers):
-            self.start("manager" if i == 0 else f"manager-{i + 1}", "manager")
+            self.start("manager" if i == 0 else f"manager-{i + 1}", "manager",
+                       *(("--instance", str(i + 1)) if i else ()))
         for i in range(monitors if monitors is not None else int(monitor)):
-            self.start("monitor" if i == 0 else f"monitor-{i + 1}", "monitor")
+            self.start("monitor" if i == 0 else f"monitor-{i + 1}", "monitor",
+                       *(("--instance", str(i + 1)) if i else ()))
 
     def log(self, name: str) -> str:
         p = self.root / f"{name}.log"
