@@ -66,6 +66,7 @@ from .domain import LocationRole, OperationKind, Status, StorageType
 from . import operations
 from .managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from .recovery.monitor import MonitorReport, recovery_cycle
+from .recovery.reconciler import BrokerWatch
 
 log = structlog.get_logger(__name__)
 
@@ -320,18 +321,21 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
 # ------------------------------------------------------------------------------ recovery
 
 
-def recover(ctx: ProcessContext, *, exclude: Collection[int] = ()) -> MonitorReport:
+def recover(ctx: ProcessContext, *, exclude: Collection[int] = (), broker: BrokerWatch | None = None) -> MonitorReport:
     """One recovery cycle: the stalled-task monitor (circuit breakers), then the reconciler.
     ``packhorse monitor``, ``packhorse run`` and any number of them at once run exactly this.
 
     Args:
         exclude: operation ids queued in this process right now (not lost dispatches).
+        broker: the executor's broker, asked how many messages its queues still hold
+            (distributed mode; :class:`packhorse.executors.celery_app.BrokerQueues`): work
+            still queued there is not lost.
 
     Returns:
         the :class:`~packhorse.recovery.monitor.MonitorReport` (reset ids include the
         reconciler's re-dispatches).
     """
-    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude))
+    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude), broker=broker)
     if report.reset:
         log.warning("stalled_operations_reset", operation_ids=report.reset)
     return report
