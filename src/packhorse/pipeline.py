@@ -129,11 +129,16 @@ class CycleInput:
             runs with the scan on the source's site, :func:`scan_and_package`).
         flush: ship a partial bundle now (``run --until-idle`` when nothing else is pending).
         on_commit: called after each committed packaging transaction (dispatch at once).
+        look_at_all_locations: look at every active location's root and marker, not only
+            those with an open outage (:func:`packhorse.availability.check_outages`): the
+            embedded runner, which sees every site's storage; distributed managers see only
+            their own host's.
     """
 
     unsettled: dict[str, set[str]] | None = None
     flush: bool = False
     on_commit: Callable[[], None] | None = None
+    look_at_all_locations: bool = False
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
@@ -204,7 +209,10 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
         whatever a manager raises (a database error outliving its unit of work's retries): the
         service loop counts it and the next cycle starts afresh.
     """
+    from .availability import check_outages
+
     out = CycleResult()
+    check_outages(ctx, every_location=inp.look_at_all_locations)  # locations back from an outage: their waiting operations are due at once
     for step in STEPS:
         if step.manage is None:
             continue
