@@ -14,6 +14,12 @@ every process, the test-only environment variables (only test code reads them):
     fault layer (disk and memory backends), so the verification by re-reading must catch it;
   - ``"fail"``: raise ``RuntimeError`` (a retryable failure);
   - ``"db_error"``: raise :class:`~packhorse.errors.TransientDatabaseError`;
+  - ``"append"``: append ``data`` (text) to the file ``path`` (a source file that grows or
+    changes at that point), then create ``marker`` if given;
+  - ``"rewrite"``: change the first byte of the file ``path``, keeping its size (other bytes,
+    same size), then create ``marker`` if given;
+  - ``"remove"``: delete the file ``path`` (a source file that vanishes), then create
+    ``marker`` if given;
   - ``"duplicate"`` (point ``dispatch``): a mode, :meth:`FaultPlan.active`.
 
   A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
@@ -82,14 +88,12 @@ class _FaultPending(PendingLayer):
 
 
 def _io_write_bytes() -> int:
-    """``write_bytes`` of ``/proc/self/io`` (bytes this process caused to be sent to storage)
-    plus those of its finished child processes (a transfer command's: ``ru_oublock`` of
-    ``RUSAGE_CHILDREN``, which Linux counts in 512-byte units of the same ``write_bytes``)."""
-    import resource
-
+    """``write_bytes`` of ``/proc/self/io``: bytes this process caused to be sent to storage,
+    those of its reaped child processes (a transfer command's) included (Linux adds a child's
+    I/O accounting to its parent's when the parent waits for it)."""
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("write_bytes:"):
-            return int(line.split()[1]) + 512 * resource.getrusage(resource.RUSAGE_CHILDREN).ru_oublock
+            return int(line.split()[1])
     raise AssertionError("/proc/self/io has no write_bytes")
 
 
@@ -213,6 +217,20 @@ class FaultPlan(Hooks):
                 raise RuntimeError(f"test fault at {point}")
             elif action == "db_error":
                 raise TransientDatabaseError(f"test fault at {point}: database unavailable")
+            elif action in ("append", "rewrite", "remove"):
+                target = Path(hook["path"])
+                if action == "append":
+                    with open(target, "a", encoding="utf-8") as f:
+                        f.write(str(hook.get("data", "more")))
+                elif action == "rewrite":
+                    with open(target, "r+b") as f:
+                        first = f.read(1)
+                        f.seek(0)
+                        f.write(bytes([(first[0] if first else 0) ^ 0x20]))
+                else:
+                    target.unlink(missing_ok=True)
+                if hook.get("marker"):
+                    Path(hook["marker"]).write_text(str(os.getpid()))
 
     def storage_layer(self, backend: StorageBackend) -> StorageBackend:
         layer: StorageBackend = FaultLayer(backend, self)

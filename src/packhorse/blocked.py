@@ -61,8 +61,71 @@ class BlockedItem:
 
 Provider = Callable[[Session, "ProcessContext"], list[BlockedItem]]
 
+def location_unavailable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """One item per data location with an open outage (:mod:`packhorse.availability`): its
+    root or identity marker is missing. Cause ``location_unavailable``, :data:`EXIT_WAITING`:
+    the work resumes by itself when the location is back (or after ``packhorse init`` when only
+    the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
+    ``marker_only``, ``operations_waiting`` (``PENDING`` operations whose source or destination
+    it is), ``checked_at`` (last seen unavailable, ISO 8601 UTC)."""
+    from sqlalchemy import func, or_, select
+
+    from .availability import release_of, root_of
+    from .db.models import LocationOutage, Operation
+    from .domain import Status
+
+    items = []
+    for row in session.scalars(select(LocationOutage).order_by(LocationOutage.since)):
+        name = ctx.topology.location_names.get(row.location_id)
+        if name is None:
+            continue  # a location no longer configured
+        waiting = session.scalar(select(func.count()).select_from(Operation).where(
+            Operation.status == Status.PENDING.value,
+            or_(Operation.source_location_id == row.location_id,
+                Operation.destination_location_id == row.location_id))) or 0
+        items.append(BlockedItem(
+            cause="location_unavailable", subject=f"location {name}",
+            reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",
+            release=release_of(ctx, name, row.marker_only), exit_code=EXIT_WAITING,
+            since=row.since.isoformat(),
+            detail={"location": name, "location_id": row.location_id, "path": root_of(ctx, name),
+                    "marker_only": row.marker_only, "operations_waiting": waiting,
+                    "checked_at": row.checked_at.isoformat()}))
+    return items
+
+
+def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``no_good_source``: raw data packages with no good source of their bytes left
+    anywhere — every copy bad and no copy or source files to rebuild from
+    (:func:`packhorse.convergence.plan`, DESIGN.md "Converging": the one true dead end). Exit
+    code :data:`EXIT_NEEDS_HUMAN`; ``release`` says which bytes to put back and what to run."""
+    from .convergence import plan
+    from .managers.fixity import dead_end_release
+
+    out = []
+    for d in plan(session, ctx).dead_ends:
+        failed = ", ".join(f"{c['location']}:{c['path']} {c['status']}" for c in d.bad_copies) or "none recorded"
+        out.append(BlockedItem(
+            cause="no_good_source", subject=f"package {d.name}",
+            reason=f"no good copy of its bytes is left anywhere (bad copies: {failed}) and it cannot be rebuilt: "
+                   + "; ".join(d.tried[2:] or d.tried),
+            release=dead_end_release(d), exit_code=EXIT_NEEDS_HUMAN,
+            since=d.since.isoformat() if d.since else None,
+            detail={"package_id": d.package_id, "bad_copies": d.bad_copies, "tried": d.tried,
+                    "failed_operation": list(d.failed_operation) if d.failed_operation else None}))
+    return out
+
+
+def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``circuit_breaker``: operations held by an open or half-open circuit breaker
+    (:func:`packhorse.recovery.breakers.blocked_by_breakers`)."""
+    from .recovery.breakers import blocked_by_breakers
+
+    return blocked_by_breakers(session, ctx)
+
+
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = []
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, location_unavailable]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

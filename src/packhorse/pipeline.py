@@ -66,6 +66,7 @@ from .domain import LocationRole, OperationKind, Status, StorageType
 from . import operations
 from .managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from .recovery.monitor import MonitorReport, recovery_cycle
+from .recovery.reconciler import BrokerWatch
 
 log = structlog.get_logger(__name__)
 
@@ -88,10 +89,12 @@ def resumable_partial_age(settings: "Settings") -> float:
     interrupted operation can still resume it: at least :data:`S3_PARTIAL_AGE_SECONDS`, and
     more than the whole retry schedule (each retry waits for the stall to be seen, a lease plus
     a monitor interval, and at most ``retry_backoff_max_seconds``; an open circuit breaker adds
-    ``circuit_breaker_timeout_seconds``). docs/reliability.md "Resumable transfers"."""
+    its longest cool-down, ``circuit_breaker_timeout_seconds`` or the first cool-down if that is
+    longer). docs/reliability.md "Resumable transfers"."""
     r = settings.recovery
     schedule = ((r.max_retries + 1) * (r.lease_timeout_seconds + r.monitor_interval_seconds
-                                       + r.retry_backoff_max_seconds) + r.circuit_breaker_timeout_seconds)
+                                       + r.retry_backoff_max_seconds)
+                + max(r.circuit_breaker_timeout_seconds, r.circuit_breaker_cooldown_seconds))
     return max(S3_PARTIAL_AGE_SECONDS, 2 * schedule)
 
 
@@ -128,17 +131,24 @@ class CycleInput:
             runs with the scan on the source's site, :func:`scan_and_package`).
         flush: ship a partial bundle now (``run --until-idle`` when nothing else is pending).
         on_commit: called after each committed packaging transaction (dispatch at once).
+        look_at_all_locations: look at every active location's root and marker, not only
+            those with an open outage (:func:`packhorse.availability.check_outages`): the
+            embedded runner, which sees every site's storage; distributed managers see only
+            their own host's.
     """
 
     unsettled: dict[str, set[str]] | None = None
     flush: bool = False
     on_commit: Callable[[], None] | None = None
+    look_at_all_locations: bool = False
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    # rebuilds of lost packages from their source files run in every mode, every cycle
+    rebuilt = packages.repair(ctx)
     if inp.unsettled is None:
-        return 0
-    return packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
+        return rebuilt
+    return rebuilt + packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
 
 
 def _bundle(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
@@ -201,7 +211,10 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
         whatever a manager raises (a database error outliving its unit of work's retries): the
         service loop counts it and the next cycle starts afresh.
     """
+    from .availability import check_outages
+
     out = CycleResult()
+    check_outages(ctx, every_location=inp.look_at_all_locations)  # locations back from an outage: their waiting operations are due at once
     for step in STEPS:
         if step.manage is None:
             continue
@@ -310,18 +323,21 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
 # ------------------------------------------------------------------------------ recovery
 
 
-def recover(ctx: ProcessContext, *, exclude: Collection[int] = ()) -> MonitorReport:
+def recover(ctx: ProcessContext, *, exclude: Collection[int] = (), broker: BrokerWatch | None = None) -> MonitorReport:
     """One recovery cycle: the stalled-task monitor (circuit breakers), then the reconciler.
     ``packhorse monitor``, ``packhorse run`` and any number of them at once run exactly this.
 
     Args:
         exclude: operation ids queued in this process right now (not lost dispatches).
+        broker: the executor's broker, asked how many messages its queues still hold
+            (distributed mode; :class:`packhorse.executors.celery_app.BrokerQueues`): work
+            still queued there is not lost.
 
     Returns:
         the :class:`~packhorse.recovery.monitor.MonitorReport` (reset ids include the
         reconciler's re-dispatches).
     """
-    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude))
+    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude), broker=broker)
     if report.reset:
         log.warning("stalled_operations_reset", operation_ids=report.reset)
     return report

@@ -19,12 +19,11 @@ from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage, utcnow
 from .domain import OperationKind
-from .errors import LeaseLostError, OperationDeferred, TransientDatabaseError
+from .errors import LeaseLostError, LocationUnavailableError, OperationDeferred, TransientDatabaseError
 from .lease import LeaseKeeper
 from .operations import Claim, build_error_context, claim, claim_many, complete_in, defer, record_failure
 from .stages import STAGES
-from .stages.base import Recorder, Work
-from .storage.syncbatch import deferred_folder_syncs
+from .stages.base import Work
 from .context import ProcessContext
 
 log = structlog.get_logger(__name__)
@@ -94,6 +93,9 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
     work = Work(ctx, c, op, keeper)
     with keeper:
         try:
+            unavailable = _unavailable_location(ctx, op)
+            if unavailable is not None:  # storage that is absent is not empty: wait, write nothing
+                raise unavailable
             recorder = STAGES[c.kind](work)
             work.check()
 
@@ -128,6 +130,12 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
             return Outcome.STALE
         log.info("operation_deferred", reason=str(exc), seconds=exc.seconds)
         return Outcome.DEFERRED
+    if not isinstance(exc, (TransientDatabaseError, LocationUnavailableError)) and c.operation is not None:
+        # a stage that failed because its location went away under it (a source folder
+        # unmounted mid-read: "file not found") waits for the location like one that saw it first
+        exc = _unavailable_location(ctx, c.operation, quiet=True) or exc
+    if isinstance(exc, LocationUnavailableError):
+        return _wait_for_location(ctx, c, exc)
     if isinstance(exc, TransientDatabaseError):
         # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
         # lease expires and lease recovery hands it out again once the database is back
@@ -137,13 +145,44 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
                             backoff_max=rec.retry_backoff_max_seconds, operation_info=info,
                             notification_cooldown_seconds=rec.notification_cooldown_seconds,
                             notification_gather_seconds=ctx.settings.notifications.digest_gather_seconds,
-                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage)
+                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage,
+                            recovery=rec)
     if result.status is None:
         log.warning("operation_attempt_stale", error=str(exc))
         return Outcome.STALE
     level = log.warning if result.will_retry else log.error
     level("operation_failed", error_type=type(exc).__name__, error=str(exc), will_retry=result.will_retry)
     return Outcome.RETRY if result.will_retry else Outcome.FAILED
+
+
+def _unavailable_location(ctx: ProcessContext, op: Operation, *, quiet: bool = False
+                          ) -> LocationUnavailableError | None:
+    """The first unavailable location ``op`` touches (:func:`packhorse.availability.check_operation`),
+    else ``None``. With ``quiet`` (after a failure) a location that cannot even be looked at
+    counts as available: the original failure is then the one recorded."""
+    from .availability import check_operation
+
+    if not quiet:
+        return check_operation(ctx, op)
+    try:
+        return check_operation(ctx, op)
+    except Exception as e:  # noqa: BLE001 - the stage's own failure is the one to record
+        log.debug("location_check_after_failure_failed", error=str(e))
+        return None
+
+
+def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableError) -> Outcome:
+    """Defer the attempt while ``exc.location`` is unavailable (DESIGN.md "Architecture": work
+    on an unavailable location waits and resumes by itself): the outage is recorded (one
+    notification per outage), no retry is counted, no failure event is written."""
+    from .availability import record_outage, wait_seconds
+
+    since = record_outage(ctx, exc)
+    seconds = wait_seconds(ctx, since)
+    if not defer(ctx.db, c, seconds):
+        return Outcome.STALE
+    log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
+    return Outcome.DEFERRED
 
 
 #: Buffer-copy deletions run together by :func:`execute_deletions` (at most this many).
@@ -153,15 +192,6 @@ DELETION_BATCH = 16
 def batchable(kind: str, physical_copy_id: int | None) -> bool:
     """Whether an operation may run in a batch of :func:`execute_deletions`."""
     return kind == OperationKind.DELETION.value and physical_copy_id is not None
-
-
-#: Long-term-archive operations run together by :func:`execute_batch` (at most this many; the
-#: dispatcher spreads the runnable ones over its free task slots first, so a few large
-#: packages still go one to a worker).
-ARCHIVE_BATCH = 8
-#: Kinds whose operations :func:`execute_batch` may run together (their stage returns a
-#: recorder and writes nothing in the database before its completion).
-BATCH_KINDS: frozenset[str] = frozenset({OperationKind.LONG_TERM_ARCHIVE.value})
 
 
 def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
@@ -217,8 +247,17 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             del copies, packages
             return marked, blocked
 
+        waiting: dict[int, Work] = {}
+        for op_id, w in list(works.items()):  # a copy on an unavailable location is not touched
+            try:
+                err = _unavailable_location(ctx, w.op)
+            except Exception as exc:  # noqa: BLE001 - as if run alone
+                err = exc  # type: ignore[assignment]
+            if err is not None:
+                waiting[op_id] = works.pop(op_id)
+                w.info["_waiting_error"] = err
         try:
-            marked, failed = ctx.db.transact(mark)
+            marked, failed = ctx.db.transact(mark) if works else ({}, {})
         except Exception as exc:  # each operation's failure, as if run alone
             failed, marked = {op_id: exc for op_id in works}, {}
         deleted: list[int] = []
@@ -254,94 +293,13 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             with structlog.contextvars.bound_contextvars(**_log_context(works[op_id].claim)):
                 _completed(works[op_id].info)
             outcomes[op_id] = Outcome.COMPLETED
+        for op_id, w in waiting.items():
+            works[op_id] = w
+            failed[op_id] = w.info.pop("_waiting_error")
         for op_id, exc in failed.items():
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                 outcomes[op_id] = _failed(ctx, w.claim, exc, w.info)
-    return [outcomes[i] for i in operation_ids]
-
-
-def execute_batch(ctx: ProcessContext, operation_ids: list[int], owner: str,
-                  tokens: list[int | None] | None = None) -> list[Outcome]:
-    """Run several operations of :data:`BATCH_KINDS` (long-term archives of small packages)
-    one after the other with the database work of two: one transaction claims them all, one
-    completes every one that succeeded. Each operation keeps its own row, lease (renewed by
-    heartbeats while it waits its turn), fencing token, stage run, verification and outcome
-    (I3, I4): a failure, a stale attempt or a completion the database refuses (a conflicting
-    copy record) goes through the same failure path as a single operation (:func:`_failed`);
-    the others of the batch go on. Nothing is recorded before the completion transaction, so
-    a worker killed mid-batch leaves only leases to expire (lease recovery), as a single
-    operation would. The folders the batch published into are fsynced once each, at the end of
-    its stage runs and before the completion transaction (:mod:`packhorse.storage.syncbatch`). The claim and completion transactions queue on SQLite's one writer
-    (benchmark (b): about half of an archive operation's time was that queueing).
-
-    ``tokens``: the fencing token each was dispatched at (``None`` or left out: the current one).
-
-    Returns:
-        the :class:`Outcome` of each of ``operation_ids``, in order (``SKIPPED``: not claimed).
-
-    Raises:
-        TransientDatabaseError: the database was unreachable while claiming.
-    """
-    rec = ctx.settings.recovery
-    wanted = dict(zip(operation_ids, tokens if tokens is not None else [None] * len(operation_ids)))
-    claims = claim_many(ctx.db, wanted, owner, rec.lease_timeout_seconds)
-    outcomes = {i: Outcome.SKIPPED for i in operation_ids}
-    works = {op_id: Work(ctx, c, c.operation, _keeper(ctx, c))  # type: ignore[arg-type]
-             for op_id, c in claims.items()}
-    done: dict[int, Recorder] = {}
-    failed: dict[int, Exception] = {}
-    with contextlib.ExitStack() as leases:
-        for w in works.values():
-            leases.enter_context(w.lease)
-        try:
-            # the folders published into are fsynced once each, after the last stage run and
-            # before any completion is recorded (storage.syncbatch)
-            with deferred_folder_syncs():
-                for op_id, w in works.items():
-                    with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
-                        log.debug("operation_claimed")
-                        try:
-                            done[op_id] = STAGES[w.claim.kind](w)
-                            w.check()
-                        except Exception as exc:
-                            failed[op_id] = exc
-        except Exception as exc:  # a folder fsync failed: nothing published here is recorded
-            failed.update((op_id, exc) for op_id in done)
-            done.clear()
-
-        def finish(s: Session) -> dict[int, Exception]:
-            refused: dict[int, Exception] = {}
-            for op_id, recorder in done.items():
-                w = works[op_id]
-                try:
-                    with s.begin_nested():  # one refused completion changes nothing of the others'
-                        if not complete_in(s, w.claim, w.lease.bytes_done):
-                            raise LeaseLostError(f"operation {op_id}: attempt {w.claim.attempt} is stale; "
-                                                 "completion rejected")
-                        recorder(s)
-                except SQLAlchemyError:
-                    raise  # the database's trouble, not this operation's: every one of the batch
-                except Exception as exc:
-                    refused[op_id] = exc
-            return refused
-
-        if done:
-            try:
-                refused = ctx.db.transact(finish)
-            except Exception as exc:  # each operation's failure, as if run alone
-                refused = {op_id: exc for op_id in done}
-            for op_id in done:
-                if op_id in refused:
-                    failed[op_id] = refused[op_id]
-                    continue
-                with structlog.contextvars.bound_contextvars(**_log_context(works[op_id].claim)):
-                    _completed(works[op_id].info)
-                outcomes[op_id] = Outcome.COMPLETED
-        for op_id, exc in failed.items():
-            w = works[op_id]
-            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
-                outcomes[op_id] = _failed(ctx, w.claim, exc, w.info, salvage=w.salvage)
     return [outcomes[i] for i in operation_ids]
 
 

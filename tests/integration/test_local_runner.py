@@ -176,10 +176,10 @@ def test_concurrent_dispatches_never_hand_out_an_operation_twice(db: Database) -
     handed: list[int] = []
     real_submit = runner._submit
 
-    def slow_submit(task, kind=None):  # type: ignore[no-untyped-def]
+    def slow_submit(task):  # type: ignore[no-untyped-def]
         handed.extend(op_id for op_id, _token in task)
         time.sleep(0.05)
-        return real_submit(task, kind)
+        return real_submit(task)
 
     runner._submit = slow_submit  # type: ignore[method-assign]
     release = threading.Event()

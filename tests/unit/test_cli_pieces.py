@@ -70,6 +70,9 @@ def test_command_template_gets_the_bandwidth_limit():
     args = command_args("rsync --bwlimit={bandwidth_limit_kib} {source} {destination}", "/a b", "/c", 2 * 1024**2)
     assert args == ["rsync", "--bwlimit=2048", "/a b", "/c"]
     assert command_args("rclone copyto --bwlimit {bandwidth_limit} {source} {destination}", "s", "d", 5000)[3] == "5000"
+    # {partial}: the same partial file, for a command that resumes it
+    assert command_args("rsync --partial --append-verify {source} {partial}", "/s", "/d/.b.t2.x.packhorse-partial") == [
+        "rsync", "--partial", "--append-verify", "/s", "/d/.b.t2.x.packhorse-partial"]
 
 
 def _config(**route: object) -> dict[str, object]:
@@ -127,6 +130,9 @@ def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path)
     db = Database.from_settings(settings)
     db.upgrade()
     ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    from packhorse.availability import mark_locations
+
+    mark_locations(ctx)  # as `packhorse init` does
     src = settings.location_path("fyst-source")
     write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
     with ThreadPoolExecutor(2) as pool:

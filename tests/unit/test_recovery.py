@@ -1,4 +1,4 @@
-"""Issue #3 layers 2 and 3 against a real (SQLite) ops database: the stalled-task monitor and
+"""Recovery layers 2 and 3 (docs/recovery.md) against a real (SQLite) ops database: the stalled-task monitor and
 its circuit breakers, admin reset / force retry, the reconciler, service health and the
 resilient service loop. Each test asserts the rows a user would see (operation status,
 breaker state, notification outbox, failure events)."""
@@ -112,7 +112,8 @@ def test_breaker_opens_after_max_stalls_and_leaves_the_operation(db: Database) -
         assert check_stalled(db, s3).blocked == [op_id]
     [b] = db.read(lambda s: breakers.list_breakers(s))
     assert b["state"] == "open" and b["stall_count"] == 3
-    assert b["closes_at"] == b["opened_at"] + dt.timedelta(seconds=3600)
+    # held for the cool-down (600 s by default), then one attempt goes through by itself
+    assert b["next_attempt_at"] == b["opened_at"] + dt.timedelta(seconds=600) and b["trips"] == 1
     opened = notes(db, op_id, "breaker_open")
     assert len(opened) == 1 and opened[0].level == "ERROR" and opened[0].repeat_count == 3
     assert "packhorse retry long_term_archive" in opened[0].body
@@ -120,23 +121,6 @@ def test_breaker_opens_after_max_stalls_and_leaves_the_operation(db: Database) -
                                         .where(FailureEvent.error_type == "Stalled")))
     assert stalls == 3
     assert db.read(breakers.open_breaker_count) == 1
-
-
-def test_breaker_closes_by_itself_after_its_timeout_and_the_operation_is_recovered(db: Database) -> None:
-    s = settings(max_stall_count=1, circuit_breaker_timeout_seconds=60)
-    op_id = new_op(db)
-    stall(db, op_id)
-    assert check_stalled(db, s).blocked == [op_id]
-    # the breaker's timeout passes (its closes_at is now in the past; no sleeping in unit tests)
-    db.transact(lambda x: x.execute(update(CircuitBreaker).where(CircuitBreaker.operation_id == op_id)
-                                    .values(closes_at=utcnow() - dt.timedelta(seconds=1))))
-    report = check_stalled(db, s)
-    assert report.breakers_closed == [op_id] and report.reset == [op_id]
-    assert op_row(db, op_id).status == "PENDING"
-    closed = notes(db, op_id, "breaker_closed")
-    assert len(closed) == 1 and closed[0].level == "INFO"
-    [b] = db.read(lambda x: breakers.list_breakers(x)) or [None]  # stall_count 0: not listed
-    assert b is None
 
 
 def test_a_renewed_lease_is_never_reset(db: Database) -> None:
@@ -346,3 +330,94 @@ def test_force_retry_is_a_compare_and_set_on_what_it_read(db: Database, monkeypa
     op = op_row(db, op_id)
     assert (op.status, op.attempt) == ("PENDING", 0)  # rolled back with the failed reset: nothing half-done
     assert "forced_retry" not in {n.event for n in notes(db, op_id)}
+
+
+# ------------------------------------------------------------- reconciler: the broker's view
+
+
+class FakeBroker:
+    """A broker holding ``depth[key]`` messages per queue (``None``: cannot be asked)."""
+
+    def __init__(self, **depths: int | None) -> None:
+        self.depths_by_kind = depths
+        self.down = False
+
+    def depths(self, keys: Any) -> dict[Any, int | None]:
+        if self.down:
+            raise ConnectionError("broker unreachable")
+        return {k: self.depths_by_kind.get(k[2], 0) for k in keys}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def watch(broker: FakeBroker, clock: Clock, confirm: float = 10) -> Any:
+    from packhorse.recovery.reconciler import BrokerWatch
+
+    return BrokerWatch(broker, confirm_seconds=confirm, clock=clock)
+
+
+def test_reconciler_leaves_what_the_broker_still_queues_however_old(db: Database) -> None:
+    """A queue of 2 messages holds its 2 most recently scheduled operations (FIFO): those wait
+    behind a busy worker, for hours if need be; the oldest one's message is gone."""
+    s = settings(reconcile_floor_seconds=60)
+    oldest, older, old = new_op(db, "a"), new_op(db, "b"), new_op(db, "c")
+    schedule(db, oldest, 7200)
+    schedule(db, older, 5000)
+    schedule(db, old, 3600)
+    clock = Clock()
+    w = watch(FakeBroker(long_term_archive=2), clock)
+    assert reconcile(db, s, broker=w) == []  # absent, but not yet confirmed lost
+    clock.t += 10
+    assert reconcile(db, s, broker=w) == [oldest]
+    for _ in range(5):
+        clock.t += 3600
+        assert reconcile(db, s, broker=w) == []
+    assert [op_row(db, i).reconcile_count for i in (older, old)] == [0, 0]
+    assert [op_row(db, i).status for i in (older, old)] == ["SCHEDULED", "SCHEDULED"]
+    assert notes(db, event="reconcile_cap") == []
+
+
+def test_reconciler_counts_nothing_while_the_broker_cannot_be_asked(db: Database) -> None:
+    s = settings(reconcile_max_resets=1)
+    op_id = new_op(db)
+    schedule(db, op_id, 5)
+    broker, clock = FakeBroker(), Clock()
+    w = watch(broker, clock)
+    broker.down = True
+    for _ in range(4):
+        assert reconcile(db, s, broker=w) == []
+        clock.t += 60
+    assert (op_row(db, op_id).reconcile_count, notes(db, event="reconcile_cap")) == (0, [])
+    broker.down = False  # back, and the queue is empty: lost once confirmed
+    assert reconcile(db, s, broker=w) == []
+    clock.t += 10
+    assert reconcile(db, s, broker=w) == [op_id]
+
+
+def test_reconciler_needs_two_absences_confirm_seconds_apart(db: Database) -> None:
+    """A worker that took the message but has not claimed yet: absent once, then claimed."""
+    s = settings()
+    op_id = new_op(db)
+    schedule(db, op_id, 5)
+    broker, clock = FakeBroker(long_term_archive=1), Clock()
+    w = watch(broker, clock)
+    assert reconcile(db, s, broker=w) == []  # queued
+    broker.depths_by_kind["long_term_archive"] = 0
+    assert reconcile(db, s, broker=w) == []  # taken by a worker, not yet claimed
+    clock.t += 5
+    broker.depths_by_kind["long_term_archive"] = 1  # seen queued again: the absence starts over
+    assert reconcile(db, s, broker=w) == []
+    broker.depths_by_kind["long_term_archive"] = 0
+    clock.t += 20
+    assert reconcile(db, s, broker=w) == []  # absent since now
+    clock.t += 9
+    assert reconcile(db, s, broker=w) == []
+    clock.t += 1
+    assert reconcile(db, s, broker=w) == [op_id]  # absent for 10 s: lost
+    assert op_row(db, op_id).reconcile_count == 1

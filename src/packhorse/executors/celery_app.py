@@ -11,8 +11,11 @@ ops database is the single source of truth: a message can be lost, duplicated or
 late without harm. A task that finds its operation done, leased by a live worker, or already
 at attempt A or later returns without doing anything (the claim is a compare-and-set on the
 fencing token, :func:`packhorse.operations.claim`). Work whose message was lost is found again
-by the reconciler (``SCHEDULED`` → ``PENDING``) and the stalled-task monitor (expired lease →
-``PENDING``); :func:`dispatch_pending` then publishes a new message with a higher A.
+by the reconciler (``SCHEDULED`` → ``PENDING``; it asks the broker, :class:`BrokerQueues`,
+so a message still waiting in its queue is never taken for lost) and the stalled-task monitor
+(expired lease → ``PENDING``); :func:`dispatch_pending` then publishes a new message with a
+higher A. Workers, managers and monitors outlive a broker restart (reconnecting; Celery is
+pinned to a version whose worker does, ``pyproject.toml``).
 
 **Queues** are routed per (site, data location, operation kind) and named
 ``<site>_<location>_<kind>``, e.g. ``cologne_cologne-lta_long_term_archive``; the location is
@@ -41,7 +44,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -379,6 +382,64 @@ def declare_queues(app: Celery, queues: Sequence[str]) -> None:
             app.amqp.queues[q](channel).declare()
 
 
+class BrokerQueues:
+    """The broker's own view of its queues for the reconciler
+    (:class:`packhorse.recovery.reconciler.BrokerView`): how many messages wait in each
+    operation queue right now, by a passive queue declaration (AMQP ``queue.declare`` with
+    ``passive``; on Redis the length of the queue's lists). A queue the broker does not know
+    holds nothing (a restarted Redis, a reset RabbitMQ node).
+
+    One short-lived connection per call, with ``timeout_seconds`` (s) for connecting and for
+    every broker call, so a broker that is down or hangs costs the monitor's cycle at most
+    that, never the cycle itself: :meth:`depths` then raises and the reconciler treats every
+    queue as unknown (not lost).
+
+    Args:
+        ctx: the process context (topology: site and location names of the queues).
+        app: the Celery app (:func:`make_app`).
+        timeout_seconds: connect and socket timeout (s).
+    """
+
+    def __init__(self, ctx: ProcessContext, app: Celery, *, timeout_seconds: float = 5.0) -> None:
+        self.ctx = ctx
+        self.app = app
+        self.timeout = timeout_seconds
+
+    def queue(self, key: tuple[int, int, str]) -> str:
+        """The queue name of ``(site id, location id, operation kind)``."""
+        site_id, loc, kind = key
+        return operation_queue(self.ctx, site_id, None, loc, kind)
+
+    def depths(self, keys: Collection[tuple[int, int, str]]) -> dict[tuple[int, int, str], int | None]:
+        """Messages waiting in the queue of each key (see the class docstring).
+
+        Raises:
+            any of the broker client's connection errors (the broker is unreachable).
+        """
+        from kombu.exceptions import ChannelError
+
+        t = self.timeout
+        out: dict[tuple[int, int, str], int | None] = {}
+        with self.app.connection_for_read(connect_timeout=t, transport_options={
+                "socket_timeout": t, "socket_connect_timeout": t}) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=t)
+            for key in keys:
+                try:
+                    name = self.queue(key)
+                except Exception:  # noqa: BLE001 - a location no longer configured: unknown
+                    out[key] = None
+                    continue
+                channel = conn.channel()
+                try:
+                    out[key] = int(channel.queue_declare(queue=name, passive=True).message_count)
+                except (ChannelError, *conn.channel_errors):
+                    out[key] = 0  # no such queue: it holds nothing
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        return out
+
+
 # ------------------------------------------------------------------------------ services
 
 
@@ -401,8 +462,10 @@ class Manager:
         app: the Celery app (default: :func:`make_app`).
     """
 
-    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+    def __init__(self, settings: Settings, app: Celery | None = None, *, instance: str | None = None) -> None:
         self.settings = settings
+        #: the instance name of this manager among several on one host (its health identity)
+        self.instance = instance
         self.app = app or make_app(settings)
         self.stop = threading.Event()
         self.cycles = 0
@@ -426,8 +489,10 @@ class Manager:
         errors = ErrorCounter(ctx.db, "manager", max_consecutive_errors=self.settings.managers.max_consecutive_errors,
                               notification_cooldown_seconds=self.settings.recovery.notification_cooldown_seconds,
                               retry_seconds=1.0)
-        health = HeartbeatThread(ctx.db, "manager",
-                                 interval_seconds=self.settings.recovery.service_heartbeat_interval_seconds).start()
+        rec = self.settings.recovery
+        health = HeartbeatThread(ctx.db, "manager", instance=self.instance,
+                                 interval_seconds=rec.service_heartbeat_interval_seconds,
+                                 forget_after_seconds=rec.service_forget_after_seconds).start()
         poll = self.settings.managers.poll_interval_seconds
         started = time.monotonic()
         next_scan = 0.0
@@ -449,6 +514,9 @@ class Manager:
                     errors.succeeded()
                 except Exception as exc:  # a failed cycle is never fatal
                     errors.failed(exc)
+                    # the broker may have restarted (a reset node forgets its queues): declare
+                    # them again before the next publish
+                    declared = False
                 # dispatch at least every second: finished work makes new work between polls
                 self.stop.wait(max(0.05, min(poll, 1.0) - (time.monotonic() - t0)))
         finally:
@@ -469,20 +537,21 @@ def cleanup_site_partials(settings: Settings, site: str) -> int:
 
 
 def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = None, concurrency: int | None = None,
-               loglevel: str = "INFO", pool: str = "prefork") -> None:
+               loglevel: str = "INFO", pool: str = "prefork", instance: str | None = None) -> None:
     """Start a Celery worker of ``site`` in this process (blocks until it is stopped).
 
     It consumes exactly :func:`site_queues` of ``site``; ``concurrency`` pool processes
-    (default ``executor.workers``), each with its own database engine.
+    (default ``executor.workers``), each with its own database engine. Its health identity is
+    ``worker:SITE[:INSTANCE]@host`` (:func:`packhorse.recovery.health.service_identity`).
 
     Raises:
-        ConfigError: wrong site, kind or executor settings.
+        ConfigError: wrong site, kind or executor settings, or a bad ``instance`` name.
     """
     queues = site_queues(settings, site, kinds)
     if not queues:
         raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
     from .. import logs
-    from ..recovery.health import HeartbeatThread, service_name
+    from ..recovery.health import HeartbeatThread
 
     logs.configure(loglevel)
     app = make_app(settings)
@@ -491,10 +560,13 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     except Exception as e:  # noqa: BLE001 - a sweep that cannot run must not keep the worker from starting
         log.warning("partial_sweep_failed", site=site, error=repr(e))
     n = concurrency or settings.executor.workers
-    # the worker's main process records its health (service kind "worker", one row per worker)
+    # the worker's main process records its health: service kind "worker" of its site (one row
+    # per site, host and instance, taken over by a restarted worker)
     db = Database.from_settings(settings)
-    health = HeartbeatThread(db, "worker", service=service_name(f"worker-{site}"),
-                             interval_seconds=settings.recovery.service_heartbeat_interval_seconds).start()
+    rec = settings.recovery
+    health = HeartbeatThread(db, "worker", site=site, instance=instance,
+                             interval_seconds=rec.service_heartbeat_interval_seconds,
+                             forget_after_seconds=rec.service_forget_after_seconds).start()
     try:
         app.worker_main([
             "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,

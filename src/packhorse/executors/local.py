@@ -15,15 +15,14 @@ order is the pipeline's (:mod:`packhorse.pipeline`); this module only decides th
 A finished operation wakes the loop at once, so the next stage starts without waiting for the
 poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
-task is one operation, up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
-run together (:func:`~packhorse.worker.execute_deletions`), or up to
-:data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations with one claim and one
-completion transaction (:func:`~packhorse.worker.execute_batch`).
+task is one operation, or up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
+run together (:func:`~packhorse.worker.execute_deletions`).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
-else is pending) and stops when the only work left waits on a retention period or a human
-(a FAILED operation, or one whose circuit breaker is open).
+else is pending) and stops when the only work left waits on a retention period, a human (a
+FAILED operation) or the cool-down of an open circuit breaker (the next run lets one attempt
+through once it passed).
 """
 
 from __future__ import annotations
@@ -41,15 +40,15 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from .. import logs
 from ..config import Settings
 from ..context import ProcessContext
-from ..db.models import CircuitBreaker, Operation, utcnow
+from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
 from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, Status
+from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import pipeline
@@ -57,21 +56,14 @@ from ..recovery.loop import ErrorCounter
 from ..runtime_settings import RuntimeSettings
 from ..topology import Topology
 from ..worker import (
-    ARCHIVE_BATCH,
-    BATCH_KINDS,
     DELETION_BATCH,
     Outcome,
     batchable,
-    execute_batch,
     execute_deletions,
     execute_operation,
 )
 
 log = structlog.get_logger(__name__)
-
-#: Operations of a batched kind are batched only when at least this many rounds of free task
-#: slots are runnable (see :meth:`LocalRunner.dispatch`).
-BATCH_BACKLOG = 4
 
 #: The statuses this runner dispatches from: it is the only dispatcher of its database and
 #: knows every task it queued (:func:`packhorse.pipeline.runnable_statuses`).
@@ -159,26 +151,20 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: str,
-                 kind: str | None = None) -> list[Outcome]:
-    """Run one task: ``((operation id, dispatched token), …)`` — an operation, a batch of
-    buffer-copy deletions, or a batch of operations of ``kind`` (one of
-    :data:`~packhorse.worker.BATCH_KINDS`: :func:`~packhorse.worker.execute_batch`). Each claim
-    is fenced on the token the dispatch read (I3)."""
+def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: str) -> list[Outcome]:
+    """Run one task: ``((operation id, dispatched token), …)`` — an operation, or a batch of
+    buffer-copy deletions. Each claim is fenced on the token the dispatch read (I3)."""
     if len(task) == 1:
         return [execute_operation(ctx, task[0][0], owner, token=task[0][1])]
-    ids, tokens = [i for i, _ in task], [t for _, t in task]
-    if kind in BATCH_KINDS:
-        return execute_batch(ctx, ids, owner, tokens)  # type: ignore[arg-type]
-    return execute_deletions(ctx, ids, owner, tokens)  # type: ignore[arg-type]
+    return execute_deletions(ctx, [i for i, _ in task], owner, [t for _, t in task])
 
 
-def _run_in_worker_process(task: tuple[tuple[int, int], ...], kind: str | None = None) -> list[Outcome]:
+def _run_in_worker_process(task: tuple[tuple[int, int], ...]) -> list[Outcome]:
     """One task of the pool (:func:`_run_task_in`), in a worker process."""
     assert _process_ctx is not None, "worker process not initialized"
     if _process_runtime is not None:
         _process_runtime.refresh()  # reads the table at most every refresh interval
-    return _run_task_in(_process_ctx, task, f"{worker_identity()}:{threading.current_thread().name}", kind)
+    return _run_task_in(_process_ctx, task, f"{worker_identity()}:{threading.current_thread().name}")
 
 
 class LocalRunner:
@@ -313,15 +299,15 @@ class LocalRunner:
                 log.warning("dispatch_failed", error=repr(e))
         self.wake.set()
 
-    def _submit(self, task: tuple[tuple[int, int], ...], kind: str | None = None) -> Future[list[Outcome]]:
+    def _submit(self, task: tuple[tuple[int, int], ...]) -> Future[list[Outcome]]:
         if isinstance(self.pool, ProcessPoolExecutor):
-            return self.pool.submit(_run_in_worker_process, task, kind)
-        return self.pool.submit(self._run_task, task, kind)
+            return self.pool.submit(_run_in_worker_process, task)
+        return self.pool.submit(self._run_task, task)
 
-    def _run_task(self, task: tuple[tuple[int, int], ...], kind: str | None = None) -> list[Outcome]:
+    def _run_task(self, task: tuple[tuple[int, int], ...]) -> list[Outcome]:
         if len(task) == 1:
             return [self._run_one(*task[0])]
-        return _run_task_in(self.ctx, task, f"{self._owner}:{threading.current_thread().name}", kind)
+        return _run_task_in(self.ctx, task, f"{self._owner}:{threading.current_thread().name}")
 
     def _run_one(self, op_id: int, token: int | None = None) -> Outcome:
         """One operation in a thread of this process (``pool = "thread"``), claimed at ``token``."""
@@ -329,12 +315,9 @@ class LocalRunner:
 
     def dispatch(self) -> int:
         """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
-        or queued); returns how many operations were dispatched. A task is one operation, up
+        or queued); returns how many operations were dispatched. A task is one operation, or up
         to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions run together
-        (:func:`~packhorse.worker.execute_deletions`), or up to
-        :data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations run together
-        (:func:`~packhorse.worker.execute_batch`) when :data:`BATCH_BACKLOG` times more of them
-        than free slots are runnable."""
+        (:func:`~packhorse.worker.execute_deletions`)."""
         # one dispatch at a time (the main loop and completion callbacks both dispatch): two
         # could otherwise select the same operations before either had queued them
         with self._dispatch_lock:
@@ -347,68 +330,55 @@ class LocalRunner:
         if free <= 0:
             return 0
 
-        def tx(s: Session) -> list[tuple[str | None, tuple[tuple[int, int], ...]]]:
-            tasks: list[tuple[str | None, list[int]]] = []
+        def tx(s: Session) -> list[tuple[tuple[int, int], ...]]:
+            tasks: list[list[int]] = []
 
             def choose(rows: list[Any]) -> list[int]:
                 # fill the free task slots in dispatch order; deletions of buffer copies go
-                # DELETION_BATCH to a task; operations of a BATCH_KINDS kind are spread over
-                # the free slots, at most ARCHIVE_BATCH to a task, once their backlog is
-                # BATCH_BACKLOG rounds of free slots deep (an operation of a batch waits for
-                # its batch-mates: worth it for a long queue of small packages, not for a few
-                # large ones, which keep every worker busy one each)
-                per_kind = {}
-                for k in BATCH_KINDS:
-                    n = sum(r.kind == k for r in rows)
-                    per_kind[k] = min(ARCHIVE_BATCH, -(-n // free)) if n >= BATCH_BACKLOG * free else 1
-                open_batch: dict[str, list[int]] = {}  # the open batch of each batched kind
+                # DELETION_BATCH to a task
+                batch: list[int] | None = None  # the open batch of deletions
                 for r in rows:
-                    size = (DELETION_BATCH if batchable(r.kind, r.physical_copy_id)
-                            else per_kind.get(r.kind, 1))
-                    batch = open_batch.get(r.kind) if size > 1 else None
-                    if batch is None or len(batch) >= size:
+                    if batchable(r.kind, r.physical_copy_id):
+                        if batch is None or len(batch) == DELETION_BATCH:
+                            if len(tasks) == free:
+                                break
+                            batch = []
+                            tasks.append(batch)
+                        batch.append(r.id)
+                    else:
                         if len(tasks) == free:
                             break
-                        batch = []
-                        tasks.append((r.kind if size > 1 else None, batch))
-                        if size > 1:
-                            open_batch[r.kind] = batch
-                    batch.append(r.id)
-                return [i for _, task in tasks for i in task]
+                        tasks.append([r.id])
+                return [i for task in tasks for i in task]
 
             # the token each was dispatched at: its claim is fenced on it (I3)
             taken = {r.id: r.attempt for r in pipeline.take_runnable(
                 s.connection(), limit=free * DELETION_BATCH, statuses=_STATUSES, exclude=busy, choose=choose)}
-            out = []
-            for kind, ids in tasks:
-                task = tuple((i, taken[i]) for i in ids if i in taken)
-                if task:
-                    out.append((kind if len(task) > 1 else None, task))
-            return out
+            return [tuple((i, taken[i]) for i in task if i in taken) for task in tasks if any(i in taken for i in task)]
 
         tasks = self.ctx.db.transact(tx)
         twice = self.ctx.hooks.active("dispatch", "duplicate")  # hooks: at-least-once delivery
         submitted = []
-        for kind, task in tasks:
+        for task in tasks:
             op_ids = tuple(i for i, _ in task)
             with self._lock:
                 try:
-                    fut = self._submit(task, kind)
+                    fut = self._submit(task)
                 except BrokenProcessPool:
                     self._discard_broken_pool()
-                    fut = self._submit(task, kind)
+                    fut = self._submit(task)
                 self._tasks.add(fut)
                 self.drained.clear()
                 for op_id in op_ids:
                     self.in_flight[op_id] = fut
             submitted.append((op_ids, fut))
             if twice:
-                self._submit(task, kind)
+                self._submit(task)
         # callbacks only once every task is registered: a task already done runs its callback
         # (which may dispatch again, re-entering the lock) right here
         for op_ids, fut in submitted:
             fut.add_done_callback(lambda f, i=op_ids: self._done(i, f))
-        return sum(len(t) for _, t in tasks)
+        return sum(len(t) for t in tasks)
 
     def manage(self, unsettled: dict[str, set[str]] | None, *, flush: bool) -> tuple[int, float | None]:
         """Run every manager once; returns ``(operations created, seconds until more is due)``.
@@ -429,7 +399,8 @@ class LocalRunner:
                 dispatch_now()
 
         result = pipeline.manager_cycle(
-            self.ctx, pipeline.CycleInput(unsettled=unsettled, flush=flush, on_commit=dispatch_now),
+            self.ctx, pipeline.CycleInput(unsettled=unsettled, flush=flush, on_commit=dispatch_now,
+                                         look_at_all_locations=True),
             after_step=after_step)
         return result.total, result.bundle_wait
 
@@ -454,12 +425,19 @@ class LocalRunner:
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""
 
-        # an operation whose circuit breaker is open waits for a human (or the breaker's timeout)
-        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.opened_at.is_not(None))
+        # an operation whose circuit breaker is open waits for the cool-down (or a human): a
+        # run --until-idle does not wait for it (it exits 4; the next run lets one attempt through)
+        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.state == BreakerState.OPEN.value)
+        # one waiting on an unavailable location waits for the world outside: `status` lists it
+        # (exit 4); the next run resumes it (the managers' cycle looks at the location first)
+        out = select(LocationOutage.location_id)
+        waiting = select(Operation.id).where(Operation.status == Status.PENDING.value, or_(
+            Operation.source_location_id.in_(out), Operation.destination_location_id.in_(out)))
 
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
-                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked))) or 0
+                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked),
+                Operation.id.not_in(waiting))) or 0
             now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
                 Operation.status == Status.PENDING.value, Operation.not_before > now))

@@ -93,6 +93,28 @@ def service_stopped(session: Session, *, service: str, host: str, pid: int, star
                    context=json.loads(json.dumps(fields, default=str)), cooldown_seconds=0)
 
 
+# ------------------------------------------------------------------ source files
+
+
+def source_files_vanished(session: Session, *, location: str, package: str, paths: list[str],
+                          operation_id: int | None = None) -> Notification | None:
+    """WARNING "Source file(s) gone before packaging: <location> <package>": registered files
+    that were gone when their package was built (the ``raw_data_package`` stage took them out
+    and built the package from the others; README "Versions"). Listed by ``packhorse status``
+    under ``skipped`` until the path is registered again."""
+    fields = {"Location": location, "Package": package, "Files": paths[:50],
+              "More files": len(paths) - 50 if len(paths) > 50 else None}
+    text = ("These files were registered but had vanished from the source when their package was built. "
+            "The package was built from its other files; nothing of these files is archived. "
+            "If they come back, the next scan registers and archives them. See `packhorse status` "
+            "and `packhorse locate PATH`.")
+    return enqueue(session, level=NotificationLevel.WARNING, event="source_files_vanished",
+                   subject=f"Source file(s) gone before packaging: {location} {package}",
+                   body=render_lines(fields, text),
+                   context={"location": location, "package": package, "paths": paths},
+                   operation_kind="raw_data_package", operation_id=operation_id, cooldown_seconds=0)
+
+
 # ------------------------------------------------------------------ disk usage
 
 _DISK_LEVELS = {"warning": NotificationLevel.WARNING, "critical": NotificationLevel.ERROR,
@@ -117,6 +139,34 @@ def disk_level(session: Session, *, location: str, event: str, percent: float, u
                    context={"location": location, "percent": percent, "used_bytes": used_bytes,
                             "measured_at": measured_at.isoformat() if measured_at else None,
                             "total_bytes": total_bytes, "free_bytes": free_bytes, "threshold_percent": threshold_percent},
+                   cooldown_seconds=0)
+
+
+# ------------------------------------------------------------------ data locations
+
+
+def location_unavailable(session: Session, *, location: str, reason: str, since: dt.datetime,
+                         release: str) -> Notification | None:
+    """"Data location unavailable: <location>" (WARNING), queued once per outage by
+    :func:`packhorse.availability.record_outage` with the outage's row (no cooldown needed)."""
+    fields = {"Location": location, "Since (UTC)": since, "Reason": reason, "Release": release}
+    text = ("Operations on this location wait (nothing is failed, nothing is written elsewhere) and resume by "
+            "themselves when it is back; see `packhorse status`.")
+    return enqueue(session, level=NotificationLevel.WARNING, event="location_unavailable",
+                   subject=f"Data location unavailable: {location}", body=render_lines(fields, text),
+                   context={"location": location, "reason": reason, "since": since.isoformat(), "release": release},
+                   cooldown_seconds=0)
+
+
+def location_available(session: Session, *, location: str, since: dt.datetime,
+                       until: dt.datetime) -> Notification | None:
+    """"Data location available again: <location>" (INFO), when its outage ends."""
+    fields = {"Location": location, "Unavailable since (UTC)": since, "Back at (UTC)": until,
+              "Outage (s)": f"{(until - since).total_seconds():.0f}"}
+    return enqueue(session, level=NotificationLevel.INFO, event="location_available",
+                   subject=f"Data location available again: {location}",
+                   body=render_lines(fields, "The operations that waited on it are running again."),
+                   context={"location": location, "since": since.isoformat(), "until": until.isoformat()},
                    cooldown_seconds=0)
 
 

@@ -238,3 +238,42 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
         raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
         location_id=location_id, path=key, size=size, sha256=sha256, status=CopyStatus.PRESENT.value,
         created_at=utcnow(), verified_at=when)).inserted_primary_key[0])
+
+def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | None = None,
+              data_transfer_package_id: int | None = None) -> int:
+    """Record the present copy of an artifact at ``location_id`` as ``missing`` (a
+    compare-and-set on ``present``, so a copy repaired, deleted or being deleted meanwhile is
+    left alone). Returns the rows changed (0 or 1). The desired state then finds another
+    source of the bytes (:mod:`packhorse.convergence`)."""
+    t = PhysicalCopy.__table__
+    subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
+               else t.c.data_transfer_package_id == data_transfer_package_id)
+    return int(session.connection().execute(update(t).where(
+        subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value)
+        .values(status=CopyStatus.MISSING.value)).rowcount or 0)
+
+
+def note_lost_source(work: Work, backend: StorageBackend, key: str, *, location_id: int,
+                     raw_data_package_id: int | None = None, data_transfer_package_id: int | None = None) -> bool:
+    """After reading ``key`` failed with :class:`~packhorse.errors.SourceMissingError`: if the
+    backend confirms there is no object under ``key`` (``stat`` returns ``None``; a location
+    that cannot be asked raises, and nothing is recorded), the failure of this attempt also
+    records the copy ``missing`` (:attr:`Work.salvage`, in the same fenced transaction: a stale
+    attempt records nothing, I3). Returns whether it will.
+
+    That is what lets the pipeline converge (DESIGN.md "Converging"): a bundle deleted from
+    a buffer before its transfer is rebuilt from its packages instead of staying "present"
+    in the database for ever.
+    """
+    if backend.stat(key) is not None:
+        return False
+    earlier = work.salvage
+
+    def salvage(s: Session) -> None:
+        if earlier is not None:
+            earlier(s)
+        mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                  data_transfer_package_id=data_transfer_package_id)
+
+    work.salvage = salvage
+    return True

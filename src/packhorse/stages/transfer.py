@@ -6,7 +6,8 @@ Run by the destination site's workers (they pull). Methods (per route):
 * ``command``: run the route's ``command`` template (e.g. ``rsync -a {source} {destination}``)
   with ``{source}`` = the bundle's local path and ``{destination}`` = a partial file beside the
   final name at the destination; the arguments are split like a shell line and never passed to
-  a shell. The lease is checked while the command runs; the command is killed if it is lost.
+  a shell. The lease is checked while the command runs; the command is killed if it is lost,
+  and dies with its worker process (``PR_SET_PDEATHSIG``), so no orphaned command writes on.
   ``{partial}`` is the same partial file, but the template declares the command resumes
   (``rsync --partial --append-verify {source} {partial}``): it then gets the earlier attempt's
   partial, cut to its verified prefix, instead of an empty one.
@@ -34,12 +35,13 @@ from __future__ import annotations
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
-from ..errors import ConfigError, TransferCommandError
+from ..errors import ConfigError, SourceMissingError, TransferCommandError
 from ..ratelimit import RateLimiter
 from ..storage.base import StorageBackend
 from ..storage.registry import read_limited
@@ -50,6 +52,7 @@ from .base import (
     already_there,
     clear_partials,
     copy_object,
+    note_lost_source,
     publish_verified,
     record_copy,
     resume_partial,
@@ -103,11 +106,20 @@ def run(work: Work) -> Recorder:
     method = route.method if route else TransferMethod.COPY
 
     limit = route.bandwidth_limit_bytes_per_second if route else None
+    src_id = work.op.source_location_id
+    ctx.hooks.hit("transfer.start")  # hooks: claimed, nothing read yet (tests lose the bundle here)
     if method is TransferMethod.COPY:
         source = src if limit is None else _throttled(work, src, limit)
-        copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer",  # type: ignore[arg-type]
-                    resume=True)
+        try:
+            copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer",  # type: ignore[arg-type]
+                        resume=True)
+        except SourceMissingError:
+            note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id)
+            raise
     elif not already_there(dst, key, dtp.size, dtp.sha256):
+        if note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id):
+            raise SourceMissingError(f"{src_name}: {key!r} does not exist", side="source", path=key, host=src_name,
+                                     step="transfer")
         assert route is not None and route.command is not None
         src_path = src.local_path(key)
         if src_path is None:
@@ -150,9 +162,37 @@ def _throttled(work: Work, backend: StorageBackend, limit: int) -> StorageBacken
     return read_limited(backend, limiter, refresh)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_worker() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the command get SIGKILL when its worker dies (Linux
+    ``PR_SET_PDEATHSIG``), or ``None`` where that is not available.
+
+    A command orphaned by a killed worker would otherwise go on writing into the partial file,
+    which a later attempt may meanwhile have taken over to resume (fencing, I3)."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the worker died before the line above ran
+            os._exit(1)
+
+    return preexec
+
+
 def _run_command(work: Work, args: list[str], key: str) -> None:
     try:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=_die_with_worker())  # noqa: PLW1509 - only prctl runs there
     except OSError as e:
         raise TransferCommandError(f"transfer command {args[0]!r} could not start: {e.strerror}",
                                    step="transfer", path=key) from None

@@ -7,8 +7,7 @@ a refused member fails the operation permanently, I6), every raw package tar is 
 its own object while both its sha256 and its own bag (manifest, tag manifest, Payload-Oxum)
 are verified, the bundle's manifest is checked against what was read, and each published raw
 package is re-read and verified (I4). The bundle must carry exactly the packages the
-database says it does. The buffer folder the packages go into is fsynced once, after the last
-one and before any copy is recorded (:mod:`packhorse.storage.syncbatch`).
+database says it does.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from sqlalchemy.orm import Session
 
 from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
-from ..errors import VerificationError
+from ..errors import SourceMissingError, VerificationError
 from ..extraction import ExtractionLimits
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
 from ..storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
-from ..storage.syncbatch import deferred_folder_syncs
 from ..topology import bundle_key, raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+from .base import Recorder, Work, already_there, clear_partials, note_lost_source, publish_verified, record_copy
 
 
 def _seekable(stream: BinaryIO) -> bool:
@@ -175,15 +173,14 @@ def run(work: Work) -> Recorder:
     # unpack (a refused member, a damaged package): no verified object is left in the buffer
     # without its copy row, and the packages that are good go on to their archives
     work.salvage = record
-    # one fsync of the buffer's raw/ folder for all the packages, before anything is recorded
-    syncs = deferred_folder_syncs()
     try:
-        with syncs, buf.open_read(key) as f:
-            unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
-                          limits=ExtractionLimits.from_settings(ctx.settings), done=done)
-    finally:
-        if syncs.failed:  # the names published may not survive a crash: record none of them
-            work.salvage = None
+        stream = buf.open_read(key)
+    except SourceMissingError:  # the bundle copy is gone: recorded, so it is shipped again
+        note_lost_source(work, buf, key, location_id=location_id, data_transfer_package_id=dtp_id)
+        raise
+    with stream as f:
+        unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
+                      limits=ExtractionLimits.from_settings(ctx.settings), done=done)
     seen_ids = {d[0] for d in done}
     missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
     if missing:

@@ -3,8 +3,7 @@
 Publication (DESIGN.md I2): bytes go to ``.<name>.<random>.packhorse-partial`` in the
 destination folder, are fsynced, then published with a primitive that fails when the name
 exists: ``link(2)`` (or ``renameat2(RENAME_NOREPLACE)`` where hard links are not supported),
-then the folder is fsynced (at once, or once per folder at the end of a batch of publications:
-:mod:`packhorse.storage.syncbatch`). Never exists-then-rename. The writer holds the partial's ``flock``
+then the folder is fsynced. Never exists-then-rename. The writer holds the partial's ``flock``
 from its creation to publication or abort, and :meth:`DiskBackend.cleanup_partials` never
 removes a partial a live writer holds.
 
@@ -18,6 +17,13 @@ Folders (staging's bag folders, :meth:`DiskBackend.open_folder_write`) are fille
 ``renameat2(RENAME_NOREPLACE)``; partial folders are invisible to ``list`` and removed by
 ``cleanup_partials`` like partial files.
 
+The root folder is never created here (DESIGN.md "Architecture": storage that is absent is
+not empty): only :meth:`DiskBackend.create_root` does, for ``packhorse init``. With the root
+missing (an unmounted disk, a renamed folder) every call raises
+:class:`~packhorse.errors.LocationUnavailableError` rather than answering "no such object" or
+writing into the mount point's parent; folders below the root are created one by one, never
+the root itself.
+
 Confinement (I6): keys are checked by :func:`~packhorse.storage.base.check_key`; every folder
 on the way to an object must resolve inside the root (no symlink escapes) and the object
 itself is opened with ``O_NOFOLLOW``: a destination symlink is never followed.
@@ -29,17 +35,20 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import secrets
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 from typing import Any, BinaryIO
 
 from ..digest import hash_stream
 from ..errors import (
     DestinationConflictError,
     DestinationWriteError,
+    LocationUnavailableError,
     SourceMissingError,
     StorageBusyError,
     UnsafePathError,
@@ -48,13 +57,15 @@ from ..errors import (
 from .base import (
     PARTIAL_SUFFIX,
     RESERVED_PREFIX,
+    Entry,
+    EntryKind,
     ObjectInfo,
     PendingWrite,
     PublishResult,
+    ReuseListing,
     StorageBackend,
     check_key,
 )
-from .syncbatch import sync_folder
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
@@ -235,7 +246,7 @@ class _DiskPendingWrite(PendingWrite):
                 already = True
             if already:
                 self._backend.check_same(self.key, self.size, sha)
-            sync_folder(self._final.parent)  # now, or once at the end of a batch (syncbatch)
+            _fsync_dir(self._final.parent)
             return PublishResult(self.key, self.size, sha, already_there=already)
         finally:
             self.abort()
@@ -313,7 +324,8 @@ class PendingFolder:
 
 
 class DiskBackend(StorageBackend):
-    """A data location stored in folder ``root`` (created if missing).
+    """A data location stored in folder ``root``, which must exist (never created here; see
+    the module docstring).
 
     Args:
         location: the data location's name, for messages.
@@ -323,11 +335,51 @@ class DiskBackend(StorageBackend):
     def __init__(self, location: str, root: Path | str) -> None:
         self.location = location
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._real_root = Path(os.path.realpath(self.root))
         self._root_str = str(self.root)
+        self._resolve_root()
+
+    def _resolve_root(self) -> None:
+        self._real_root = Path(os.path.realpath(self.root))
         self._real_root_str = str(self._real_root)
         self._real_root_prefix = self._real_root_str.rstrip("/") + "/"
+
+    # -- the root -------------------------------------------------------------------
+    def root_missing(self) -> str | None:
+        """Why the root folder is not usable (missing, or not a folder), or ``None``."""
+        try:
+            st_ = os.stat(self._root_str)
+        except FileNotFoundError:
+            return (f"the root folder {self._root_str} does not exist (an unmounted disk, a renamed or removed "
+                    "folder)")
+        except OSError as e:
+            return f"the root folder {self._root_str} cannot be reached: {e.strerror or e}"
+        if not os.path.stat.S_ISDIR(st_.st_mode):
+            return f"the root {self._root_str} is not a folder"
+        if os.path.realpath(self._root_str) != self._real_root_str:
+            self._resolve_root()  # the root appeared (or was re-linked) since this backend was built
+        return None
+
+    def create_root(self) -> bool:
+        """Create the root folder (and its parents) if missing; ``packhorse init`` only."""
+        if os.path.isdir(self._root_str):
+            return False
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._resolve_root()
+        return True
+
+    def _unavailable(self, key: str | None = None) -> LocationUnavailableError | None:
+        """The error to raise if the root is missing now, else ``None`` (a missing object is
+        then really missing)."""
+        why = self.root_missing()
+        if why is None:
+            return None
+        return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                        reason=why, path=key)
+
+    def _check_root(self, key: str | None = None) -> None:
+        err = self._unavailable(key)
+        if err is not None:
+            raise err
 
     # -- paths --------------------------------------------------------------------
     def _path(self, key: str, *, create_parents: bool = False) -> Path:
@@ -335,8 +387,13 @@ class DiskBackend(StorageBackend):
         path = self.root / key
         self._confine(key, path.parent)  # before mkdir: never create folders through an escape
         if create_parents:
+            self._check_root(key)
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                self._make_folders(key)
+            except FileNotFoundError:  # the root went away meanwhile: never re-created
+                raise (self._unavailable(key) or StorageBusyError(
+                    f"{self.location}: the folder of {key!r} was removed while it was created", side="destination",
+                    path=key, host=self.location)) from None
             except (FileExistsError, NotADirectoryError):
                 raise DestinationConflictError(
                     f"{self.location}: cannot create the folder of {key!r}: a file of that name is in the way",
@@ -344,6 +401,20 @@ class DiskBackend(StorageBackend):
                 ) from None
             self._confine(key, path.parent)
         return path
+
+    def _make_folders(self, key: str) -> None:
+        """Create the folders of ``key`` below the root, one at a time: the root itself is
+        never created (a missing root makes the first ``mkdir`` fail with ENOENT)."""
+        parts = key.split("/")[:-1]
+        current = self._root_str
+        for part in parts:
+            current = os.path.join(current, part)
+            try:
+                os.mkdir(current, 0o755)
+            except FileExistsError:
+                if not os.path.isdir(current):
+                    raise
+        return None
 
     def _confine(self, key: str, folder: Path | str, real: str | None = None) -> None:
         """Raise :class:`UnsafePathError` unless ``folder`` (resolved: ``real``) is inside the root."""
@@ -388,11 +459,13 @@ class DiskBackend(StorageBackend):
     def stat(self, key: str) -> ObjectInfo | None:
         opened = self._parent_fd(key)
         if opened is None:
+            self._check_root(key)
             return None
         dfd, name = opened
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_root(key)
             return None
         finally:
             os.close(dfd)
@@ -403,12 +476,16 @@ class DiskBackend(StorageBackend):
     def open_read(self, key: str) -> BinaryIO:
         opened = self._parent_fd(key)
         if opened is None:
+            self._check_root(key)
             raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
                                      host=self.location)
         dfd, name = opened
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except (FileNotFoundError, NotADirectoryError):
+            os.close(dfd)
+            dfd = -1
+            self._check_root(key)
             raise SourceMissingError(
                 f"{self.location}: {key!r} does not exist", side="source", path=key, host=self.location
             ) from None
@@ -417,7 +494,8 @@ class DiskBackend(StorageBackend):
                 raise UnsafePathError(f"{self.location}: {key!r} is a symlink", path=key, host=self.location) from None
             raise
         finally:
-            os.close(dfd)
+            if dfd >= 0:
+                os.close(dfd)
         return os.fdopen(fd, "rb", buffering=0)  # callers read in large blocks
 
     def open_write(self, key: str) -> PendingWrite:
@@ -432,6 +510,9 @@ class DiskBackend(StorageBackend):
         try:
             return _DiskPendingWrite(self, key, path)
         except FileNotFoundError:
+            unavailable = self._unavailable(key)
+            if unavailable is not None:
+                raise unavailable from None
             raise StorageBusyError(f"{self.location}: the folder of {key!r} was removed by a concurrent deletion "
                                    "while the write started", side="destination", path=key,
                                    host=self.location) from None
@@ -538,6 +619,7 @@ class DiskBackend(StorageBackend):
         try:
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_root(key)
             return None
         if not os.path.stat.S_ISDIR(st.st_mode):
             raise UnsafePathError(f"{self.location}: {key!r} is not a folder", path=key, host=self.location)
@@ -547,7 +629,8 @@ class DiskBackend(StorageBackend):
         path = self._path(key)
         try:
             os.unlink(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            self._check_root(key)  # a missing root is not "already gone"
             return False
         try:
             _fsync_dir(path.parent)
@@ -564,6 +647,7 @@ class DiskBackend(StorageBackend):
         return True
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._check_root()  # a missing root is not an empty one
         out: list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = sorted(d for d in dirnames if not d.endswith(PARTIAL_SUFFIX))
@@ -582,6 +666,31 @@ class DiskBackend(StorageBackend):
                     out.append(ObjectInfo(key, st.st_size, st.st_mtime))
         out.sort(key=lambda o: o.key)
         return iter(out)
+
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+        """See :meth:`StorageBackend.walk`. One ``scandir`` per folder listed and one ``lstat``
+        per entry (about what ``find -printf '%s %T@'`` costs); the root itself may be a
+        symbolic link (a mount point elsewhere), nothing under it is followed. This backend's
+        own partial writes (files, and folders of :meth:`open_folder_write`, named
+        ``.<name>.<12 hex digits>`` + :data:`PARTIAL_SUFFIX`) are left out; any other name
+        ending in the suffix is reported (a source may hold one: the scan refuses it).
+
+        Raises:
+            LocationUnavailableError: the root folder is missing or not a folder.
+        """
+        self._check_root()
+        root_st = os.stat(self._root_str)
+        if prefix:
+            folder = self._path(prefix)
+            try:
+                st = os.stat(folder, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            if not S_ISDIR(st.st_mode):
+                raise UnsafePathError(f"{self.location}: {prefix!r} is not a folder", path=prefix, host=self.location)
+        else:
+            st = root_st
+        yield from _walk_folder(self._root_str, prefix, st.st_mtime_ns, reuse)
 
     def quarantine(self, key: str) -> str | None:
         """Move the object aside with a no-replace hard link, then unlink it (never overwrites)."""
@@ -605,6 +714,8 @@ class DiskBackend(StorageBackend):
         ``resumable_older_than_seconds``; a partial file a live writer holds (its ``flock``) is
         never removed, however old."""
         removed = 0
+        if self.root_missing() is not None:
+            return 0  # nothing of ours can be there; the root is never created to look
         cutoff = time.time() - older_than_seconds
         resumable_cutoff = (cutoff if resumable_older_than_seconds is None
                             else time.time() - resumable_older_than_seconds)
@@ -652,6 +763,65 @@ def _held_by_live_writer(path: str) -> bool:
         return not _try_lock(fd)
     finally:
         os.close(fd)  # releases the lock just taken
+
+
+_FOLDER, _FILE, _LINK, _SPECIAL, _UNKNOWN = (EntryKind.FOLDER, EntryKind.FILE, EntryKind.SYMLINK,
+                                             EntryKind.SPECIAL, EntryKind.UNKNOWN)
+_RESERVED_TOP = RESERVED_PREFIX.rstrip("/")
+#: the name of this backend's own partial writes (``.<name>.<12 hex digits><PARTIAL_SUFFIX>``);
+#: any other name ending in the suffix is reported (a source may hold one: the scan refuses it)
+_OWN_PARTIAL = re.compile(r"\..+\.[0-9a-f]{12}" + re.escape(PARTIAL_SUFFIX) + r"\Z", re.S)
+
+
+def _name(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None) -> Iterator[Entry]:
+    """:meth:`DiskBackend.walk` of folder ``rel`` (its ``mtime_ns`` already known). Plain
+    strings and one ``lstat`` per entry: this runs once per file of a source tree."""
+    path = f"{root}/{rel}" if rel else root
+    again = reuse(rel, mtime_ns) if reuse is not None else None
+    if again is not None:
+        yield Entry(rel, _FOLDER, 0, mtime_ns)
+        for sub in again:
+            try:
+                st = os.stat(f"{root}/{sub}", follow_symlinks=False)
+            except OSError as e:
+                yield Entry(sub, _UNKNOWN, 0, 0, e.strerror)
+                continue
+            if S_ISDIR(st.st_mode):
+                yield from _walk_folder(root, sub, st.st_mtime_ns, reuse)
+            # else: gone or replaced, which changes the parent's mtime: the next look lists it
+        return
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=_name)
+    except OSError as e:
+        yield Entry(rel, _FOLDER, 0, mtime_ns, e.strerror)
+        return
+    yield Entry(rel, _FOLDER, 0, mtime_ns)
+    base = f"{rel}/" if rel else ""
+    for entry in entries:
+        name = entry.name
+        if not rel and name == _RESERVED_TOP:
+            continue  # packhorse's own objects
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as e:
+            yield Entry(base + name, _UNKNOWN, 0, 0, e.strerror)
+            continue
+        mode = st.st_mode
+        if name[0] == "." and name.endswith(PARTIAL_SUFFIX) and _OWN_PARTIAL.match(name):
+            continue  # an unpublished write of this backend (a file or a folder being filled)
+        if S_ISREG(mode):
+            yield Entry(base + name, _FILE, st.st_size, st.st_mtime_ns)
+        elif S_ISDIR(mode):
+            yield from _walk_folder(root, base + name, st.st_mtime_ns, reuse)
+        elif S_ISLNK(mode):
+            yield Entry(base + name, _LINK, st.st_size, st.st_mtime_ns)
+        else:
+            yield Entry(base + name, _SPECIAL, 0, st.st_mtime_ns)
 
 
 def _newest_mtime(folder: str) -> float:
