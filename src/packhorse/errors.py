@@ -42,6 +42,8 @@
             │                              at once by the storage retry layer
             ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
             │                              the partial file is already removed
+            ├── LocationUnavailableError   a data location's root is not there (unmounted, no
+            │                              bucket): absent, never empty; its work waits
             ├── RestoreRequiredError       a cold-storage object must be restored before reading
             └── DeletionDeferredError      another operation still needs the copy; later
 
@@ -254,6 +256,15 @@ class StorageBusyError(StorageServiceError):
     Retried a few times at once by :class:`packhorse.storage.layers.RetryLayer` (the only
     retry loop of the storage stack); a :meth:`~packhorse.storage.base.PendingWrite.publish`
     that raises it leaves the pending write intact, so publishing can be tried again.
+    """
+
+
+class LocationUnavailableError(RetryableError):
+    """A data location's root is not there: a disk location whose root folder is missing (an
+    unmounted volume, a typo in a path), an object store without the bucket. Storage that is
+    absent is not empty (DESIGN.md "Architecture"): a listing raises this instead of listing
+    nothing, and nothing creates the missing root. The message names the location and the
+    root it looked for (``host`` = location, ``path`` = root).
     """
 
 

@@ -20,17 +20,20 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import secrets
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 from typing import BinaryIO
 
 from ..digest import hash_stream
 from ..errors import (
     DestinationConflictError,
     DestinationWriteError,
+    LocationUnavailableError,
     SourceMissingError,
     StorageBusyError,
     UnsafePathError,
@@ -39,9 +42,12 @@ from ..errors import (
 from .base import (
     PARTIAL_SUFFIX,
     RESERVED_PREFIX,
+    Entry,
+    EntryKind,
     ObjectInfo,
     PendingWrite,
     PublishResult,
+    ReuseListing,
     StorageBackend,
     check_key,
 )
@@ -215,19 +221,26 @@ class PendingFolder:
 
 
 class DiskBackend(StorageBackend):
-    """A data location stored in folder ``root`` (created if missing).
+    """A data location stored in folder ``root``.
 
     Args:
         location: the data location's name, for messages.
         root: absolute path of the location's root folder.
+        create_root: create ``root`` if it is missing (buffers and archives); ``False`` for a
+            source location, whose missing root must stay missing: :meth:`walk` then raises
+            :class:`~packhorse.errors.LocationUnavailableError`.
     """
 
-    def __init__(self, location: str, root: Path | str) -> None:
+    def __init__(self, location: str, root: Path | str, *, create_root: bool = True) -> None:
         self.location = location
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._real_root = Path(os.path.realpath(self.root))
+        if create_root:
+            self.root.mkdir(parents=True, exist_ok=True)
         self._root_str = str(self.root)
+        self._resolve_root()
+
+    def _resolve_root(self) -> None:
+        self._real_root = Path(os.path.realpath(self.root))
         self._real_root_str = str(self._real_root)
         self._real_root_prefix = self._real_root_str.rstrip("/") + "/"
 
@@ -404,6 +417,41 @@ class DiskBackend(StorageBackend):
         out.sort(key=lambda o: o.key)
         return iter(out)
 
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+        """See :meth:`StorageBackend.walk`. One ``scandir`` per folder listed and one ``lstat``
+        per entry (about what ``find -printf '%s %T@'`` costs); the root itself may be a
+        symbolic link (a mount point elsewhere), nothing under it is followed. This backend's
+        own partial writes (files, and folders of :meth:`open_folder_write`, named
+        ``.<name>.<12 hex digits>`` + :data:`PARTIAL_SUFFIX`) are left out; any other name
+        ending in the suffix is reported (a source may hold one: the scan refuses it).
+
+        Raises:
+            LocationUnavailableError: the root folder is missing or not a folder.
+        """
+        try:
+            root_st = os.stat(self._root_str)
+        except OSError as e:
+            root_st = None
+            why = e.strerror
+        if root_st is None or not S_ISDIR(root_st.st_mode):
+            raise LocationUnavailableError(
+                f"{self.location}: location unavailable: its root {self._root_str} "
+                f"{'is not a folder' if root_st is not None else f'cannot be reached ({why})'}; "
+                "an absent location is not listed as empty", side="source", path=self._root_str, host=self.location)
+        if os.path.realpath(self._root_str) != self._real_root_str:
+            self._resolve_root()  # mounted (or re-linked) since this backend was built
+        if prefix:
+            folder = self._path(prefix)
+            try:
+                st = os.stat(folder, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            if not S_ISDIR(st.st_mode):
+                raise UnsafePathError(f"{self.location}: {prefix!r} is not a folder", path=prefix, host=self.location)
+        else:
+            st = root_st
+        yield from _walk_folder(self._root_str, prefix, st.st_mtime_ns, reuse)
+
     def quarantine(self, key: str) -> str | None:
         """Move the object aside with a no-replace hard link, then unlink it (never overwrites)."""
         path = self._path(key)
@@ -454,6 +502,65 @@ class DiskBackend(StorageBackend):
             except FileNotFoundError:
                 pass
         return removed
+
+
+_FOLDER, _FILE, _LINK, _SPECIAL, _UNKNOWN = (EntryKind.FOLDER, EntryKind.FILE, EntryKind.SYMLINK,
+                                             EntryKind.SPECIAL, EntryKind.UNKNOWN)
+_RESERVED_TOP = RESERVED_PREFIX.rstrip("/")
+#: the name of this backend's own partial writes (``.<name>.<12 hex digits><PARTIAL_SUFFIX>``);
+#: any other name ending in the suffix is reported (a source may hold one: the scan refuses it)
+_OWN_PARTIAL = re.compile(r"\..+\.[0-9a-f]{12}" + re.escape(PARTIAL_SUFFIX) + r"\Z", re.S)
+
+
+def _name(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None) -> Iterator[Entry]:
+    """:meth:`DiskBackend.walk` of folder ``rel`` (its ``mtime_ns`` already known). Plain
+    strings and one ``lstat`` per entry: this runs once per file of a source tree."""
+    path = f"{root}/{rel}" if rel else root
+    again = reuse(rel, mtime_ns) if reuse is not None else None
+    if again is not None:
+        yield Entry(rel, _FOLDER, 0, mtime_ns)
+        for sub in again:
+            try:
+                st = os.stat(f"{root}/{sub}", follow_symlinks=False)
+            except OSError as e:
+                yield Entry(sub, _UNKNOWN, 0, 0, e.strerror)
+                continue
+            if S_ISDIR(st.st_mode):
+                yield from _walk_folder(root, sub, st.st_mtime_ns, reuse)
+            # else: gone or replaced, which changes the parent's mtime: the next look lists it
+        return
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=_name)
+    except OSError as e:
+        yield Entry(rel, _FOLDER, 0, mtime_ns, e.strerror)
+        return
+    yield Entry(rel, _FOLDER, 0, mtime_ns)
+    base = f"{rel}/" if rel else ""
+    for entry in entries:
+        name = entry.name
+        if not rel and name == _RESERVED_TOP:
+            continue  # packhorse's own objects
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as e:
+            yield Entry(base + name, _UNKNOWN, 0, 0, e.strerror)
+            continue
+        mode = st.st_mode
+        if name[0] == "." and name.endswith(PARTIAL_SUFFIX) and _OWN_PARTIAL.match(name):
+            continue  # an unpublished write of this backend (a file or a folder being filled)
+        if S_ISREG(mode):
+            yield Entry(base + name, _FILE, st.st_size, st.st_mtime_ns)
+        elif S_ISDIR(mode):
+            yield from _walk_folder(root, base + name, st.st_mtime_ns, reuse)
+        elif S_ISLNK(mode):
+            yield Entry(base + name, _LINK, st.st_size, st.st_mtime_ns)
+        else:
+            yield Entry(base + name, _SPECIAL, 0, st.st_mtime_ns)
 
 
 def _newest_mtime(folder: str) -> float:
