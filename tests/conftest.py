@@ -27,7 +27,7 @@ _LONG_E2E = frozenset({
     "test_pipeline.py", "test_cli_everyday.py", "test_fixity.py", "test_stop_signal.py",
     "test_recovery_cli.py", "test_staging.py", "test_runtime_settings.py", "test_disk_pressure.py",
     "test_reset.py", "test_s3_archive.py", "test_source_deletion.py", "test_dashboard_views.py",
-    "test_dashboard.py", "test_operator_api.py",
+    "test_dashboard.py", "test_operator_api.py", "test_file_versions.py", "test_convergence.py",
 })
 
 

@@ -14,6 +14,12 @@ every process, the test-only environment variables (only test code reads them):
     fault layer (disk and memory backends), so the verification by re-reading must catch it;
   - ``"fail"``: raise ``RuntimeError`` (a retryable failure);
   - ``"db_error"``: raise :class:`~packhorse.errors.TransientDatabaseError`;
+  - ``"append"``: append ``data`` (text) to the file ``path`` (a source file that grows or
+    changes at that point), then create ``marker`` if given;
+  - ``"rewrite"``: change the first byte of the file ``path``, keeping its size (other bytes,
+    same size), then create ``marker`` if given;
+  - ``"remove"``: delete the file ``path`` (a source file that vanishes), then create
+    ``marker`` if given;
   - ``"duplicate"`` (point ``dispatch``): a mode, :meth:`FaultPlan.active`.
 
   A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
@@ -23,6 +29,13 @@ every process, the test-only environment variables (only test code reads them):
 * ``PACKHORSE_TEST_COLD_RESTORE_SECONDS``: every cold location (``cold = true``) gets a
   :class:`memory_backend.ColdLayer`: a restore is ready that many seconds after it was
   requested (the request is a marker object in the location, seen by every process).
+* ``PACKHORSE_TEST_WRITE_LOG``: a file; every resumable write
+  (:meth:`~packhorse.storage.base.StorageBackend.open_resumable_write`) that is published
+  appends a JSON line ``{"location", "key", "pid", "taken_over_bytes", "kept_bytes",
+  "written_bytes", "io_write_bytes", "seconds"}``: the bytes taken over from an earlier
+  attempt's partial and kept after verification, the bytes handed to ``write`` by this
+  attempt, and the growth of the process's ``write_bytes`` (``/proc/self/io``: bytes the
+  process caused to be sent to storage) from the write's start to just before publication.
 * ``PACKHORSE_TEST_NO_FENCING=1``: the chaos harness's variant without fencing
   (:mod:`tests.unfenced`, loaded from the file next to this one).
 """
@@ -46,6 +59,7 @@ from packhorse.storage.layers import Layer, PendingLayer, innermost
 FAULTS_ENV = "PACKHORSE_TEST_FAULTS"
 DISK_USAGE_ENV = "PACKHORSE_TEST_DISK_USAGE"
 NO_FENCING_ENV = "PACKHORSE_TEST_NO_FENCING"
+WRITE_LOG_ENV = "PACKHORSE_TEST_WRITE_LOG"
 COLD_ENV = "PACKHORSE_TEST_COLD_RESTORE_SECONDS"
 HERE = Path(__file__).resolve()
 
@@ -73,6 +87,54 @@ class _FaultPending(PendingLayer):
         return result
 
 
+def _io_write_bytes() -> int:
+    """``write_bytes`` of ``/proc/self/io`` (bytes this process caused to be sent to storage)
+    plus those of its finished child processes (a transfer command's: ``ru_oublock`` of
+    ``RUSAGE_CHILDREN``, which Linux counts in 512-byte units of the same ``write_bytes``)."""
+    import resource
+
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1]) + 512 * resource.getrusage(resource.RUSAGE_CHILDREN).ru_oublock
+    raise AssertionError("/proc/self/io has no write_bytes")
+
+
+class _CountedPending(_FaultPending):
+    """A resumable write whose bytes are counted for ``PACKHORSE_TEST_WRITE_LOG``."""
+
+    def __init__(self, inner: PendingWrite, layer: "FaultLayer", log_path: str) -> None:
+        super().__init__(inner, layer)
+        self._log_path = log_path
+        self._taken_over = inner.resumed_bytes
+        self._kept = 0
+        self._written = 0
+        self._io_start = _io_write_bytes()
+        self._started = time.monotonic()
+
+    def keep_prefix(self, nbytes: int, hasher: Any) -> None:
+        self.inner.keep_prefix(nbytes, hasher)
+        self._kept = nbytes
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = self.inner.write(data)
+        self._written += n
+        return n
+
+    def adopt_local_file(self) -> None:  # a command wrote the file: count what it added
+        self.inner.adopt_local_file()
+        self._written = self.inner.size - self._kept
+
+    def publish(self, expected_sha256: str | None = None) -> PublishResult:
+        record = {"location": self._layer.location, "key": self.key, "pid": os.getpid(),
+                  "taken_over_bytes": self._taken_over, "kept_bytes": self._kept, "written_bytes": self._written,
+                  "io_write_bytes": _io_write_bytes() - self._io_start,
+                  "seconds": round(time.monotonic() - self._started, 3)}
+        result = super().publish(expected_sha256)
+        with open(self._log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        return result
+
+
 class FaultLayer(Layer):
     """The storage layer of a :class:`FaultPlan`: remembers what this thread published, so a
     ``corrupt`` hook can damage it on the medium (behind the backend's back)."""
@@ -83,6 +145,11 @@ class FaultLayer(Layer):
 
     def open_write(self, key: str) -> PendingWrite:
         return _FaultPending(self.inner.open_write(key), self)
+
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        pending = self.inner.open_resumable_write(key, token)
+        log_path = os.environ.get(WRITE_LOG_ENV)
+        return _CountedPending(pending, self, log_path) if log_path else _FaultPending(pending, self)
 
 
 def corrupt_object(backend: StorageBackend, key: str) -> None:
@@ -152,6 +219,20 @@ class FaultPlan(Hooks):
                 raise RuntimeError(f"test fault at {point}")
             elif action == "db_error":
                 raise TransientDatabaseError(f"test fault at {point}: database unavailable")
+            elif action in ("append", "rewrite", "remove"):
+                target = Path(hook["path"])
+                if action == "append":
+                    with open(target, "a", encoding="utf-8") as f:
+                        f.write(str(hook.get("data", "more")))
+                elif action == "rewrite":
+                    with open(target, "r+b") as f:
+                        first = f.read(1)
+                        f.seek(0)
+                        f.write(bytes([(first[0] if first else 0) ^ 0x20]))
+                else:
+                    target.unlink(missing_ok=True)
+                if hook.get("marker"):
+                    Path(hook["marker"]).write_text(str(os.getpid()))
 
     def storage_layer(self, backend: StorageBackend) -> StorageBackend:
         layer: StorageBackend = FaultLayer(backend, self)

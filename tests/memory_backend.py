@@ -141,7 +141,7 @@ class MemoryBackend(StorageBackend):
             if k.startswith(start) and not k.startswith(RESERVED_PREFIX):
                 yield Entry(k, EntryKind.FILE, len(d), int(t * 1e9))
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return 0  # unpublished bytes never reach the dict
 
     def quarantine(self, key: str) -> str | None:
@@ -205,6 +205,9 @@ class ColdLayer(Layer):
 
     def open_write(self, key: str) -> PendingWrite:
         return _HotPending(self.inner.open_write(key), self)
+
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        return _HotPending(self.inner.open_resumable_write(key, token), self)
 
     def request_restore(self, key: str) -> None:
         if self.inner.stat(key) is None:

@@ -67,10 +67,13 @@ class OverwritingLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _Overwriting(self.inner.open_write(key), self.inner)
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        return _Overwriting(self.inner.open_write(key), self.inner)  # no resumption without fencing
+
     def remove_partials_of(self, key: str) -> int:
         return 0
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return 0
 
 

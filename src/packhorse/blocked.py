@@ -61,8 +61,38 @@ class BlockedItem:
 
 Provider = Callable[[Session, "ProcessContext"], list[BlockedItem]]
 
+def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``no_good_source``: raw data packages with no good source of their bytes left
+    anywhere — every copy bad and no copy or source files to rebuild from
+    (:func:`packhorse.convergence.plan`, DESIGN.md "Converging": the one true dead end). Exit
+    code :data:`EXIT_NEEDS_HUMAN`; ``release`` says which bytes to put back and what to run."""
+    from .convergence import plan
+    from .managers.fixity import dead_end_release
+
+    out = []
+    for d in plan(session, ctx).dead_ends:
+        failed = ", ".join(f"{c['location']}:{c['path']} {c['status']}" for c in d.bad_copies) or "none recorded"
+        out.append(BlockedItem(
+            cause="no_good_source", subject=f"package {d.name}",
+            reason=f"no good copy of its bytes is left anywhere (bad copies: {failed}) and it cannot be rebuilt: "
+                   + "; ".join(d.tried[2:] or d.tried),
+            release=dead_end_release(d), exit_code=EXIT_NEEDS_HUMAN,
+            since=d.since.isoformat() if d.since else None,
+            detail={"package_id": d.package_id, "bad_copies": d.bad_copies, "tried": d.tried,
+                    "failed_operation": list(d.failed_operation) if d.failed_operation else None}))
+    return out
+
+
+def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``circuit_breaker``: operations held by an open or half-open circuit breaker
+    (:func:`packhorse.recovery.breakers.blocked_by_breakers`)."""
+    from .recovery.breakers import blocked_by_breakers
+
+    return blocked_by_breakers(session, ctx)
+
+
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = []
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

@@ -182,6 +182,10 @@ class RouteConfig(_Section):
     ``method = "command"`` runs ``command`` (a template with ``{source}`` and
     ``{destination}`` placeholders, and ``{bandwidth_limit}``, split like a shell line, never
     run through a shell) to move a bundle; the result is verified at the destination either way.
+    A template with ``{partial}`` instead of (or as well as) ``{destination}`` declares that the
+    command resumes: it is handed the partial file an interrupted earlier attempt left, cut to
+    the prefix verified against the source (e.g. ``rsync --partial --append-verify {source}
+    {partial}``); with ``{destination}`` alone it always gets an empty partial file.
 
     ``bandwidth_limit_bytes_per_second``: the most bytes per second the route's transfers
     together may read from the source (``copy``; shared fairly among the route's transfers in
@@ -200,8 +204,10 @@ class RouteConfig(_Section):
     @model_validator(mode="after")
     def _command_template(self) -> "RouteConfig":
         if self.method is TransferMethod.COMMAND:
-            if not self.command or "{source}" not in self.command or "{destination}" not in self.command:
-                raise ValueError("method 'command' needs a 'command' with {source} and {destination}")
+            if not self.command or "{source}" not in self.command or not any(
+                    p in self.command for p in ("{destination}", "{partial}")):
+                raise ValueError("method 'command' needs a 'command' with {source} and {destination} "
+                                 "(or {partial}, for a command that resumes a partial file)")
             if self.bandwidth_limit_bytes_per_second is not None and not any(
                     p in self.command for p in ("{bandwidth_limit}", "{bandwidth_limit_kib}")):
                 raise ValueError("bandwidth_limit_bytes_per_second is set but 'command' uses neither "
@@ -253,6 +259,9 @@ class RecoveryConfig(_Section):
     retry_backoff_base_seconds: float = Field(2.0, ge=0)
     retry_backoff_max_seconds: float = Field(300.0, ge=0)
     max_stall_count: int = Field(3, ge=1)
+    #: an open circuit breaker lets one attempt through after this cool-down (half-open)
+    circuit_breaker_cooldown_seconds: float = Field(600.0, ge=0)
+    #: the longest cool-down: each failed attempt after a cool-down doubles it, up to this
     circuit_breaker_timeout_seconds: float = Field(3600.0, ge=0)
     reconcile_floor_seconds: float | None = Field(None, ge=0)
     reconcile_max_resets: int = Field(3, ge=0)
@@ -261,6 +270,9 @@ class RecoveryConfig(_Section):
     service_heartbeat_interval_seconds: float = Field(30.0, gt=0)
     #: a service whose last heartbeat is older than this is dead (seed 002: 90 s)
     service_dead_after_seconds: float = Field(90.0, gt=0)
+    #: a dead service's row is forgotten (no longer listed or counted) this long after its
+    #: last heartbeat; a restarted service takes its row over at once
+    service_forget_after_seconds: float = Field(86400.0, gt=0)
 
     @model_validator(mode="after")
     def _heartbeat_fits_lease(self) -> "RecoveryConfig":
@@ -270,6 +282,14 @@ class RecoveryConfig(_Section):
                 f"(got {self.heartbeat_interval_seconds} and {self.lease_timeout_seconds})"
             )
         return self
+
+    def breaker_cooldown_seconds(self, trips: int) -> float:
+        """The cool-down of a circuit breaker opening for the ``trips``-th time since it last
+        closed (1 = the first opening): ``circuit_breaker_cooldown_seconds`` doubled with each
+        failed attempt after a cool-down, at most ``circuit_breaker_timeout_seconds`` (but never
+        shorter than the first cool-down). Seconds."""
+        base = self.circuit_breaker_cooldown_seconds
+        return max(base, min(self.circuit_breaker_timeout_seconds, base * 2 ** max(0, min(trips - 1, 30))))
 
     @property
     def renewal_deadline_seconds(self) -> float:

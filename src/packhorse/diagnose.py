@@ -276,14 +276,19 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
     breaker = _breaker(session, op)
     if breaker and breaker["state"] == "open" and op.status != Status.COMPLETED.value:
         line = (f"recovery is blocked by its open circuit breaker ({breaker['stall_count']} stalls) until "
-                f"{breaker['closes_at']}; fix why it stalls, then reset the breaker or force a retry — {line}")
+                f"{breaker['next_attempt_at']}, when one attempt is let through by itself; fix why it stalls, "
+                f"then reset the breaker or force a retry — {line}")
+    elif breaker and breaker["state"] == "half_open" and op.status != Status.COMPLETED.value:
+        line = (f"its circuit breaker is half-open ({breaker['stall_count']} stalls): one attempt was let through "
+                f"at {breaker['half_open_at']}; it closes if that attempt succeeds — {line}")
     return {"operation": snapshot(session, op, now), "failure_events": events, "copies": copies,
             "breaker": breaker, "diagnosis": line, "diagnosis_source": source, "generated_at": now.isoformat()}
 
 
 def _breaker(session: Session, op: Operation) -> dict[str, Any] | None:
     """The operation's circuit breaker (``state``, ``stall_count``, ``last_stall_at``,
-    ``opened_at``, ``closes_at``), or ``None`` if it never stalled."""
+    ``opened_at``, ``next_attempt_at``, …: :func:`packhorse.recovery.breakers.breaker_row`), or
+    ``None`` if it never stalled."""
     from .recovery.breakers import breaker_row, get_breaker, jsonable
 
     b = get_breaker(session, op.kind, op.id)

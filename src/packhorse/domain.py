@@ -132,6 +132,20 @@ class DiskLevel(str, enum.Enum):
         return list(DiskLevel).index(self)
 
 
+class BreakerState(str, enum.Enum):
+    """State of one operation's circuit breaker (DESIGN.md "Circuit breaker").
+
+    ``closed``: stalls are recovered automatically. ``open``: after ``max_stall_count`` stalls
+    (or a failed trial) the operation is held for a cool-down. ``half_open``: the cool-down
+    passed and one attempt is let through; its success closes the breaker, its failure or stall
+    opens it again (:mod:`packhorse.recovery.breakers`).
+    """
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
 def enum_values(e: type[enum.Enum]) -> list[str]:
     """Return the stored values of enum ``e``, in declaration order."""
     return [m.value for m in e]

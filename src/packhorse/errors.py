@@ -13,6 +13,7 @@
     │                                  back as PENDING with ``not_before``, no retry counted
     ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
     ├── UnknownPackageError            no package with this id or name (API 404, CLI exit 1)
+    ├── ServiceHealthError             ``health --forget``: no such service, or it is alive
     ├── NothingToStageError            no archived package matches a staging request
     ├── ResetRefusedError              a reset or retry refused: not FAILED, or COMPLETED
     ├── RuntimeSettingError            an unknown runtime-setting key or a value it refuses
@@ -92,6 +93,12 @@ class UnknownOperationError(PackhorseError, LookupError):
     Raised by the admin actions of :mod:`packhorse.recovery.breakers` (``breaker reset``,
     ``retry``); the CLI exits 1, the API answers 404.
     """
+
+
+class ServiceHealthError(PackhorseError):
+    """``packhorse health --forget NAME`` refused: no service of that name is recorded, or it
+    is alive (it would only reappear at its next heartbeat). Raised by
+    :func:`packhorse.recovery.health.forget_service`; the CLI exits 1."""
 
 
 class UnknownPackageError(PackhorseError, LookupError):

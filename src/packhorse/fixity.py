@@ -144,6 +144,10 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
         copy.status = f.status
         marked.append(f)
     session.flush()
+    if marked:  # "archived" follows the copies in the same transaction (DESIGN.md "Converging")
+        from .managers.policy import refresh_archived
+
+        refresh_archived(session, ctx, [f.raw_data_package_id for f in marked if f.raw_data_package_id is not None])
     all_bad: list[Finding] = []
     by_package: dict[tuple[int | None, int | None], list[Finding]] = {}
     for f in marked:

@@ -11,9 +11,12 @@ dashboard's search box. The query is one of (tried in this order):
 3. a source folder (a group, ``cam/obs1``, or a folder above groups, ``cam``): the files
    registered under it (at most :data:`MAX_FILES`).
 
-A *version* is one registration of a path (one row of ``raw_data_files``: a file is archived
-once, as registered; a later file under a new name is a new version) or, for a folder, each
-package built from it (``cam/obs1``, ``cam/obs1+2``, …: files that appeared later). For every
+A *version* is one registered content of a path (one row of ``raw_data_files``, its
+``version`` 1, 2, …: README "Versions"), newest last, each with the package that holds it
+(``cam/obs1``, then ``cam/obs1+v2``, …); registrations taken out of their package before it
+was built (the file changed or vanished meanwhile, ``withdrawn_files``) are listed too, with
+``withdrawn`` set to the reason and no package. For a folder: each package built from it
+(``cam/obs1``, ``cam/obs1+2``: files that appeared later, ``cam/obs1+v2``: new versions). For every
 package involved: every physical copy with its location, status and when it was last verified,
 and its **timeline** — registered, packaged, bundled, shipped, unpacked, archived, staged,
 fixity checks, repairs, deletions and failures — oldest first, from the operations and failure
@@ -42,6 +45,7 @@ from .db.models import (
     RawDataFile,
     RawDataPackage,
     Site,
+    WithdrawnFile,
 )
 from .domain import DONE_WORD, LocationRole, OperationKind, Status
 from .errors import LocateQueryError
@@ -84,10 +88,18 @@ def _source_candidates(session: Session, query: str, settings: Settings | None) 
 
 
 def _file_dict(f: RawDataFile, loc_name: str, pkg_name: str | None) -> dict[str, Any]:
-    return {"location": loc_name, "path": f.relative_path, "size": f.size, "sha256": f.sha256,
-            "mtime": dt.datetime.fromtimestamp(f.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
+    return {"location": loc_name, "path": f.relative_path, "version": f.version, "size": f.size,
+            "sha256": f.sha256, "mtime": dt.datetime.fromtimestamp(f.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(f.registered_at), "source_deleted_at": _iso(f.source_deleted_at),
-            "package": pkg_name}
+            "package": pkg_name, "withdrawn": None}
+
+
+def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
+    """A registration taken out of its package before it was built: as a version, no package."""
+    return {"location": loc_name, "path": w.relative_path, "version": w.version, "size": w.size,
+            "sha256": w.sha256, "mtime": dt.datetime.fromtimestamp(w.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
+            "registered_at": _iso(w.registered_at), "source_deleted_at": None, "package": None,
+            "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}"}
 
 
 def _copies(session: Session, col: Any, art_id: int) -> list[dict[str, Any]]:
@@ -169,7 +181,8 @@ def _raw_package(session: Session, pkg: RawDataPackage, locs: dict[int, str], in
                                  func.count()).where(RawDataFile.raw_data_package_id == pkg.id)).one()
     first = (f"{reg[2]} file(s), the last at {_iso(reg[1])}", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
     out: dict[str, Any] = {
-        "name": pkg.name, "type": "raw_data_package", "group": pkg.group_path, "size": pkg.size,
+        "name": pkg.name, "type": "raw_data_package", "version": pkg.version, "group": pkg.group_path,
+        "size": pkg.size,
         "sha256": pkg.sha256, "file_count": pkg.file_count, "payload_bytes": pkg.payload_bytes,
         "created_at": _iso(pkg.created_at), "archived_at": _iso(pkg.archived_at),
         "bundle": bundle.name if bundle else None,
@@ -193,7 +206,7 @@ def _bundle(session: Session, dtp: DataTransferPackage, locs: dict[int, str], in
     copy_loc = _copy_locations(session, PhysicalCopy.data_transfer_package_id == dtp.id)
     members = list(session.scalars(select(RawDataPackage.name).where(RawDataPackage.data_transfer_package_id == dtp.id)
                                    .order_by(RawDataPackage.name).limit(MAX_FILES)))
-    return {"name": dtp.name, "type": "data_transfer_package", "group": None, "size": dtp.size, "sha256": dtp.sha256,
+    return {"name": dtp.name, "type": "data_transfer_package", "version": None, "group": None, "size": dtp.size, "sha256": dtp.sha256,
             "file_count": dtp.package_count, "payload_bytes": None, "created_at": _iso(dtp.created_at),
             "archived_at": None, "bundle": None, "members": members,
             "copies": _copies(session, PhysicalCopy.data_transfer_package_id, dtp.id), "bundle_copies": [],
@@ -212,8 +225,8 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
 
     Returns:
         ``{"query", "matched": "package" | "bundle" | "file" | "folder" | None,
-        "versions": [{"location", "path", "size", "sha256", "mtime", "registered_at",
-        "source_deleted_at", "package"}], "packages": [{"name", "type", "group", "size",
+        "versions": [{"location", "path", "version", "size", "sha256", "mtime", "registered_at",
+        "source_deleted_at", "package", "withdrawn"}], "packages": [{"name", "type", "version", "group", "size",
         "sha256", "file_count", "payload_bytes", "created_at", "archived_at", "bundle",
         "copies": [{"artifact", "location", "site", "role", "status", "path", "size", "sha256",
         "created_at", "verified_at", "deleted_at"}], "bundle_copies": [...], "timeline":
@@ -247,10 +260,19 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         return out
 
     files: list[RawDataFile] = []
+    withdrawn: list[WithdrawnFile] = []
     for loc_id, rel in _source_candidates(session, q, settings):
         files += list(session.scalars(select(RawDataFile).where(RawDataFile.location_id == loc_id,
-                                                                RawDataFile.relative_path == rel)))
+                                                                RawDataFile.relative_path == rel)
+                                      .order_by(RawDataFile.version)))
+        withdrawn += list(session.scalars(select(WithdrawnFile).where(WithdrawnFile.location_id == loc_id,
+                                                                      WithdrawnFile.relative_path == rel)
+                                          .order_by(WithdrawnFile.id)))
     matched = "file"
+    if not files and withdrawn:
+        out["matched"] = matched
+        out["versions"] = [_withdrawn_dict(w, locs[w.location_id]) for w in withdrawn]
+        return out
     if not files:
         for loc_id, rel in _source_candidates(session, q, settings):
             rel = rel.rstrip("/")
@@ -271,6 +293,11 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
     pkgs = {p.id: p for p in session.scalars(select(RawDataPackage).where(RawDataPackage.id.in_(pkg_ids)))}
     out["versions"] = [_file_dict(f, locs[f.location_id], pkgs[f.raw_data_package_id].name
                                   if f.raw_data_package_id in pkgs else None) for f in files]
+    # a withdrawn registration sits before the registration that replaced it (same version)
+    for w in withdrawn:
+        at = next((i for i, v in enumerate(out["versions"])
+                   if v["location"] == locs[w.location_id] and v["version"] >= w.version), len(out["versions"]))
+        out["versions"].insert(at, _withdrawn_dict(w, locs[w.location_id]))
     out["truncated"] = out["truncated"] or len(pkg_ids) > MAX_PACKAGES
     out["packages"] = [_raw_package(session, pkgs[i], locs, include_errors, files_listed=False)
                        for i in pkg_ids[:MAX_PACKAGES]]

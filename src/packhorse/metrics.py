@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from .db.models import CircuitBreaker, DataLocation, FailureEvent, Notification, Operation, PhysicalCopy, utcnow
 from .db.session import Database
-from .domain import CopyStatus, OperationKind, Status
+from .domain import BreakerState, CopyStatus, OperationKind, Status
 
 #: Histogram buckets of stage durations (seconds): 1 s … 1 day.
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
@@ -48,7 +48,8 @@ def _duration_expr(dialect: str) -> Any:
     return cast(func.extract("epoch", Operation.finished_at - Operation.started_at), Float)
 
 
-def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[str, Any]:
+def collect_values(session: Session, dead_after_seconds: float = 90.0,
+                   forget_after_seconds: float = 86400.0) -> dict[str, Any]:
     """Every metric value as plain data (one read-only unit of work).
 
     Returns:
@@ -57,6 +58,8 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[s
         "failures": {(kind, error_type): n}, "copies": {(location, status): n},
         "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
         "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)}}``.
+        ``service`` is the service's identity (kind, site, instance, host; never a PID), so the
+        label set is bounded by the installation's services; forgotten ones are left out.
     """
     now = utcnow()
     out: dict[str, Any] = {}
@@ -92,7 +95,7 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[s
     out["notifications"] = {s: int(n) for s, n in session.execute(
         select(Notification.status, func.count()).group_by(Notification.status))}
     out["breakers_open"] = {k: int(n) for k, n in session.execute(
-        select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.opened_at.is_not(None))
+        select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.state == BreakerState.OPEN.value)
         .group_by(CircuitBreaker.kind))}
     from .diskusage import latest_usage
     from .recovery.health import list_services
@@ -101,7 +104,8 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0) -> dict[s
                    for name, u in latest_usage(session).items()}
 
     out["services"] = [(r["service"], r["kind"], r["alive"])
-                       for r in list_services(session, now, dead_after_seconds=dead_after_seconds)]
+                       for r in list_services(session, now, dead_after_seconds=dead_after_seconds,
+                                              forget_after_seconds=forget_after_seconds)]
     return out
 
 
@@ -111,14 +115,15 @@ class DatabaseCollector(Collector):
     A database error yields ``packhorse_database_up 0`` and no other metric (never a 500).
     """
 
-    def __init__(self, db: Database, dead_after_seconds: float = 90.0) -> None:
+    def __init__(self, db: Database, dead_after_seconds: float = 90.0, forget_after_seconds: float = 86400.0) -> None:
         self.db = db
         self.dead_after_seconds = dead_after_seconds
+        self.forget_after_seconds = forget_after_seconds
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("packhorse_database_up", "1 when the ops database could be read for this scrape")
         try:
-            v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds))
+            v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds, self.forget_after_seconds))
         except Exception:
             up.add_metric([], 0)
             yield up
@@ -188,11 +193,13 @@ class DatabaseCollector(Collector):
         yield up
 
 
-def registry_for(db: Database, *, dead_after_seconds: float = 90.0) -> CollectorRegistry:
+def registry_for(db: Database, *, dead_after_seconds: float = 90.0,
+                 forget_after_seconds: float = 86400.0) -> CollectorRegistry:
     """A fresh registry holding one :class:`DatabaseCollector` for ``db`` (a service is dead
-    when its last heartbeat is older than ``dead_after_seconds``)."""
+    when its last heartbeat is older than ``dead_after_seconds``, forgotten after
+    ``forget_after_seconds``)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DatabaseCollector(db, dead_after_seconds))
+    reg.register(DatabaseCollector(db, dead_after_seconds, forget_after_seconds))
     return reg
 
 

@@ -33,7 +33,7 @@ import socket
 import traceback as tb
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
@@ -44,6 +44,9 @@ from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database, insert_ignoring_conflicts
 from .domain import OperationKind, Status
 from .errors import PackhorseError, ResetRefusedError
+
+if TYPE_CHECKING:
+    from .config import RecoveryConfig
 
 log = structlog.get_logger(__name__)
 
@@ -295,14 +298,24 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
     """Mark the claimed attempt ``COMPLETED`` inside the caller's transaction (fenced).
 
     Returns ``False`` if the attempt is stale; the caller must then roll back whatever else it
-    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`).
+    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`). The completion
+    of an operation that stalled before closes its open or half-open circuit breaker in the
+    same transaction (:func:`packhorse.recovery.breakers.after_success`).
     """
     params: dict[str, Any] = dict(op_id=claim.operation_id, now=utcnow(), token=claim.attempt)
     if bytes_done is not None:
         params["counted"] = bytes_done
     stmt = _COMPLETE[bytes_done is not None]
     res = session.connection().execute(stmt, params)
-    return res.rowcount == 1
+    if res.rowcount != 1:
+        return False
+    if claim.operation is None or claim.operation.stall_count:
+        # it stalled before: this may be the attempt a half-open circuit breaker let through,
+        # whose success closes the breaker (an operation that never stalled has none to close)
+        from .recovery.breakers import after_success
+
+        after_success(session, claim.kind.value, claim.operation_id, params["now"])
+    return True
 
 
 def defer(db: Database, claim: Claim, seconds: float) -> bool:
@@ -424,6 +437,7 @@ def record_failure(
     notification_gather_seconds: float = 0.0,
     notify_retries: bool = False,
     salvage: Callable[[Session], None] | None = None,
+    recovery: RecoveryConfig | None = None,
 ) -> FailureOutcome:
     """The single failure path of every kind: classify, diagnose a permanent failure that has no
     diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
@@ -438,7 +452,11 @@ def record_failure(
     (:func:`packhorse.notify.messages.operation_failed`). With ``notify_retries`` (``[notifications] development_mode``) a retry
     queues a DEBUG "Retry: <kind> <id>" notification too. ``salvage`` (the attempt's
     :attr:`~packhorse.stages.base.Work.salvage`) runs in the same transaction, only when the
-    fenced status write succeeded.
+    fenced status write succeeded. ``recovery`` (the ``[recovery]`` settings): a failure of an
+    operation that stalled before may be the attempt a half-open circuit breaker let through:
+    a retry then opens the breaker again and the operation is not due before its next
+    cool-down ends; a permanent failure closes it
+    (:func:`packhorse.recovery.breakers.after_failure`, same transaction).
     """
     op = db.read(lambda s: s.get(Operation, claim.operation_id))
     assert op is not None
@@ -473,6 +491,14 @@ def record_failure(
         res = s.execute(update(Operation).where(*where).values(**values))
         if res.rowcount != 1:
             return None
+        if recovery is not None and op.stall_count:
+            from .recovery.breakers import after_failure
+
+            held_until = after_failure(s, claim.kind.value, claim.operation_id, will_retry=new is Status.PENDING,
+                                       rec=recovery, now=now)
+            if held_until is not None:  # one attempt per cool-down: not due before the next one
+                s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt, Status.PENDING))
+                          .values(not_before=held_until))
         if salvage is not None:
             try:
                 salvage(s)

@@ -10,13 +10,16 @@ any other field, so an error field cannot slip in.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, aliased
 
 from .db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
 from .domain import CopyStatus, Status
+
+if TYPE_CHECKING:
+    from .context import ProcessContext
 
 
 def _package_and_location():  # type: ignore[no-untyped-def]
@@ -45,7 +48,8 @@ def package_and_location():  # type: ignore[no-untyped-def]
     return _package_and_location()
 
 
-def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | None = None) -> dict[str, Any]:
+def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | None = None,
+                      ctx: "ProcessContext | None" = None) -> dict[str, Any]:
     """Operations grouped by kind, location and status, and the operations not yet completed.
 
     Args:
@@ -55,8 +59,10 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
         ``{"generated_at": ISO, "counts": [{"kind", "location", "status", "count"}],
         "totals": {STATUS: n}, "stalled": n, "operations": [{"kind", "operation_id", "package",
         "location", "status", "stalled", "retry_count", "max_retries", "updated_at"}],
-        "truncated": bool}`` — ``stalled`` is ``IN_PROGRESS`` with an expired lease; the list
-        holds FAILED and stalled operations first, then the other unfinished ones by id.
+        "truncated": bool, "blocked": [BlockedItem.as_json()]}`` — ``stalled`` is ``IN_PROGRESS``
+        with an expired lease; the list holds FAILED and stalled operations first, then the other
+        unfinished ones by id; ``blocked`` is :func:`packhorse.blocked.blocked_items` (with
+        ``ctx``; empty without it), the list ``packhorse status`` shows.
     """
     now = now or utcnow()
     package, location, join = _package_and_location()
@@ -77,8 +83,13 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
             "stalled": r[4] == Status.IN_PROGRESS.value and r[5] is not None and r[5] < now,
             "retry_count": r[6], "max_retries": r[7], "updated_at": r[8].isoformat() if r[8] else None}
            for r in rows[:limit]]
+    blocked: list[dict[str, Any]] = []
+    if ctx is not None:
+        from .blocked import blocked_items
+
+        blocked = [b.as_json() for b in blocked_items(session, ctx)]
     return {"generated_at": now.isoformat(), "counts": counts, "totals": totals, "stalled": int(stalled),
-            "operations": ops, "truncated": len(rows) > limit}
+            "operations": ops, "truncated": len(rows) > limit, "blocked": blocked}
 
 
 def location_usage(session: Session) -> list[dict[str, Any]]:

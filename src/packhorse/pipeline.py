@@ -59,6 +59,7 @@ import structlog
 from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.engine import Connection
 
+from .config import Settings
 from .context import ProcessContext
 from .db.models import Operation, utcnow
 from .domain import LocationRole, OperationKind, Status, StorageType
@@ -79,6 +80,19 @@ DISPATCH_ORDER: tuple[OperationKind, ...] = (
 #: Age after which an incomplete S3 multipart upload counts as abandoned (seconds): a day, not
 #: a lease, since a large upload in flight may take longer than a lease.
 S3_PARTIAL_AGE_SECONDS = 86400.0
+
+
+def resumable_partial_age(settings: "Settings") -> float:
+    """Seconds a resumable partial (a transfer's partial file named with its fencing token, an
+    incomplete S3 multipart upload) is kept since its last write, so that the retries of the
+    interrupted operation can still resume it: at least :data:`S3_PARTIAL_AGE_SECONDS`, and
+    more than the whole retry schedule (each retry waits for the stall to be seen, a lease plus
+    a monitor interval, and at most ``retry_backoff_max_seconds``; an open circuit breaker adds
+    ``circuit_breaker_timeout_seconds``). docs/reliability.md "Resumable transfers"."""
+    r = settings.recovery
+    schedule = ((r.max_retries + 1) * (r.lease_timeout_seconds + r.monitor_interval_seconds
+                                       + r.retry_backoff_max_seconds) + r.circuit_breaker_timeout_seconds)
+    return max(S3_PARTIAL_AGE_SECONDS, 2 * schedule)
 
 
 # ------------------------------------------------------------------------------ the managers
@@ -122,9 +136,11 @@ class CycleInput:
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
+    # rebuilds of lost packages from their source files run in every mode, every cycle
+    rebuilt = packages.repair(ctx)
     if inp.unsettled is None:
-        return 0
-    return packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
+        return rebuilt
+    return rebuilt + packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
 
 
 def _bundle(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
@@ -316,8 +332,10 @@ def recover(ctx: ProcessContext, *, exclude: Collection[int] = ()) -> MonitorRep
 def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None) -> int:
     """Remove what crashed writers left at the active data locations of ``sites`` (default:
     every site), except sources: partial files on disk older than a lease
-    (``recovery.lease_timeout_seconds``) and incomplete S3 multipart uploads older than
-    :data:`S3_PARTIAL_AGE_SECONDS`. A later attempt at the same object also removes its own
+    (``recovery.lease_timeout_seconds``), except those of resumable writes (transfers), and
+    incomplete S3 multipart uploads, both kept for :func:`resumable_partial_age` (at least
+    :data:`S3_PARTIAL_AGE_SECONDS`) so a retry can resume them; a partial a live writer holds is
+    never removed. A later attempt at the same object also removes its own
     partials; this sweep finds those of objects never attempted again. Run once per process
     start (the embedded runner; each site's worker for its own site's storage), since walking an
     archive may be long.
@@ -331,14 +349,15 @@ def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None)
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE or not loc.active or (sites is not None and loc.site not in sites):
             continue
+        resumable = resumable_partial_age(ctx.settings)
         if loc.storage is StorageType.DISK:
             age = ctx.settings.recovery.lease_timeout_seconds
         elif loc.storage is StorageType.S3:
-            age = S3_PARTIAL_AGE_SECONDS
+            age = resumable
         else:
             continue
         try:
-            removed += ctx.backend(loc.name).cleanup_partials(age)
+            removed += ctx.backend(loc.name).cleanup_partials(age, resumable_older_than_seconds=resumable)
         except Exception as e:  # noqa: BLE001 - one unreachable location must not stop the others
             log.warning("partial_sweep_failed", location=loc.name, error=repr(e))
     return removed

@@ -43,7 +43,8 @@ class _File:
 
 def _registered(session: Session, location: str) -> dict[str, tuple[int, int]]:
     q = (select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns)
-         .join(DataLocation, DataLocation.id == RawDataFile.location_id).where(DataLocation.name == location))
+         .join(DataLocation, DataLocation.id == RawDataFile.location_id).where(DataLocation.name == location)
+         .order_by(RawDataFile.version))  # the latest version of a path wins
     return {r.relative_path: (r.size, r.mtime_ns) for r in session.execute(q)}
 
 
@@ -93,7 +94,8 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             before = known.get(path)
             if before is not None:
                 if before != (st_.size, st_.mtime_ns):
-                    skipped.append((path, "modified after it was registered"))
+                    # registered again (a new version once its package is built): counted as new
+                    new.append((path, st_.size))
                 continue
             if t - st_.mtime_ns / 1e9 < p.settle_seconds:
                 settling += 1

@@ -19,6 +19,7 @@ from .db.models import (
     RawDataFile,
     RawDataPackage,
     SkippedFile,
+    WithdrawnFile,
     utcnow,
 )
 from .domain import CopyStatus, LocationRole, Status
@@ -26,9 +27,20 @@ from .operations import counts_by_kind_status
 
 
 def failed_operations(session: Session) -> list[dict[str, Any]]:
-    """``[{"id", "kind", "error_type", "message", "diagnosis", "path"}]`` for every FAILED operation."""
+    """``[{"id", "kind", "error_type", "message", "diagnosis", "path"}]`` for every FAILED
+    operation whose work is still undone: a FAILED operation that a later repair of the same
+    kind, artifact and destination COMPLETED (:func:`packhorse.convergence.superseded_failures`,
+    e.g. the transfer of a bundle that was lost and rebuilt) is history, not work for a human
+    (it stays in ``packhorse history`` and its failure events)."""
+    from .convergence import superseded_failures
+
     out = []
-    for op in session.scalars(select(Operation).where(Operation.status == Status.FAILED.value).order_by(Operation.id)):
+    failed = list(session.scalars(select(Operation).where(Operation.status == Status.FAILED.value)
+                                  .order_by(Operation.id)))
+    done = superseded_failures(session, failed)
+    for op in failed:
+        if op.id in done:
+            continue
         ec = op.error_context or {}
         out.append({"id": op.id, "kind": op.kind, "error_type": ec.get("error_type"), "message": ec.get("message"),
                     "diagnosis": ec.get("diagnosis"), "path": ec.get("path")})
@@ -40,8 +52,10 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
 
     ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"}`` (failed:
     not archived and an operation of the package or its bundle is FAILED),
-    ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}],
-    "files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
+    ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}]``
+    (paths the scan could not register, then registrations taken out of their package because
+    the file changed or vanished before it was built and not registered again),
+    ``"files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
     "source_filters": {location: {"include": [glob], "exclude": [glob]}},
     "blocked": [BlockedItem.as_json()], "generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
@@ -74,6 +88,12 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
         skipped = [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
             select(DataLocation.name, SkippedFile.relative_path, SkippedFile.reason)
             .join(DataLocation, DataLocation.id == SkippedFile.location_id).order_by(SkippedFile.relative_path))]
+        # registrations taken out of their package (changed or vanished before it was built)
+        # that are not registered again: not archived either (I1)
+        skipped += [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
+            select(DataLocation.name, WithdrawnFile.relative_path, WithdrawnFile.reason)
+            .join(DataLocation, DataLocation.id == WithdrawnFile.location_id)
+            .where(WithdrawnFile.resolved_at.is_(None)).order_by(WithdrawnFile.relative_path, WithdrawnFile.id))]
         nfiles, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(RawDataFile.size), 0))).one()
         unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
                               .where(RawDataFile.raw_data_package_id.is_(None))) or 0
@@ -148,15 +168,18 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
 
 
 def unrepaired_copies(session: Session, location: str | None = None) -> list[dict[str, Any]]:
-    """Copies recorded ``corrupt`` / ``missing`` with no live copy of the same artifact at their
-    location yet: ``[{"location", "path", "status"}]`` (what ``verify`` exits 1 for until the
-    audit repairs them or a human does)."""
+    """Archive copies recorded ``corrupt`` / ``missing`` with no live copy of the same artifact
+    at their location yet: ``[{"location", "path", "status"}]`` (what ``verify`` exits 1 for
+    until the audit repairs them or a human does). A lost buffer copy is not listed: a buffer
+    only passes bytes on, and the pipeline ships them again from another source while they are
+    still needed (:mod:`packhorse.convergence`)."""
     from .domain import LIVE_COPY_STATUSES
 
     live = {(c.location_id, c.raw_data_package_id, c.data_transfer_package_id) for c in session.scalars(
         select(PhysicalCopy).where(PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])))}
     q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-         .where(PhysicalCopy.status.in_([CopyStatus.CORRUPT.value, CopyStatus.MISSING.value]))
+         .where(PhysicalCopy.status.in_([CopyStatus.CORRUPT.value, CopyStatus.MISSING.value]),
+                DataLocation.role == LocationRole.LONG_TERM_ARCHIVE.value)
          .order_by(DataLocation.name, PhysicalCopy.id))
     if location:
         q = q.where(DataLocation.name == location)

@@ -136,7 +136,8 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
                             backoff_max=rec.retry_backoff_max_seconds, operation_info=info,
                             notification_cooldown_seconds=rec.notification_cooldown_seconds,
                             notification_gather_seconds=ctx.settings.notifications.digest_gather_seconds,
-                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage)
+                            notify_retries=ctx.settings.notifications.development_mode, salvage=salvage,
+                            recovery=rec)
     if result.status is None:
         log.warning("operation_attempt_stale", error=str(exc))
         return Outcome.STALE

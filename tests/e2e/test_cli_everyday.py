@@ -238,7 +238,7 @@ def test_quiet_leaves_only_errors_and_the_count_of_what_was_not_archived(tmp_pat
     r = run_packhorse("run", "--until-idle", "--quiet", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == ["packhorse run: 1 source path(s) skipped and not archived (unreadable, "
-                                     "symbolic links, names not allowed, changed after registration); see "
+                                     "symbolic links, names not allowed, gone before they were packaged); see "
                                      "`packhorse status`"], r.stderr
     loud = run_packhorse("status", "--json", "-c", str(cfg))
     assert "link" in loud.stdout  # the skipped path is still listed where an operator looks

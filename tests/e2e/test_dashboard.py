@@ -91,9 +91,13 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(rows).to_have_count(1)
         page.screenshot(path=str(ARTIFACTS / "4-after-reset.png"), full_page=True)
 
-        # the other transfer is held by an open circuit breaker: force a retry from the page
+        # the other transfer is held by an open circuit breaker: it is listed as blocked, with
+        # the command that releases it; force a retry from the page
         other = int(rows.first.get_attribute("data-testid").rsplit("-", 1)[-1])  # type: ignore[union-attr]
         _open_breaker(cfg, other)
+        held = page.get_by_test_id(f"blocked-circuit_breaker-transfer-{other}")
+        expect(held.get_by_test_id("release")).to_have_text(f"packhorse retry transfer {other}")
+        expect(held).to_contain_text("next automatic attempt")
         breaker = page.get_by_test_id(f"breaker-transfer-{other}")
         expect(breaker).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "5-open-breaker.png"), full_page=True)
@@ -102,22 +106,34 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(breaker).to_have_count(0)
         expect(rows).to_have_count(0, timeout=60_000)
         expect(page.locator("#stuck-empty")).to_be_visible()
+        expect(page.locator("#blocked-empty")).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "6-all-done.png"), full_page=True)
         browser.close()
     assert (ARTIFACTS / "6-all-done.png").stat().st_size > 0
 
 
 def _open_breaker(cfg, operation_id: int) -> None:  # type: ignore[no-untyped-def]
-    """Record an open circuit breaker for the operation (as the monitor does after 3 stalls)."""
+    """Leave the operation as the monitor does after its third stall: IN_PROGRESS with an
+    expired lease, held by an open circuit breaker for an hour."""
     import datetime as dt
 
+    from sqlalchemy import update
+
     from packhorse.config import load_config
-    from packhorse.db.models import CircuitBreaker, utcnow
+    from packhorse.db.models import CircuitBreaker, Operation, utcnow
     from packhorse.db.session import Database
 
     db = Database(load_config(cfg).database_url)
     now = utcnow()
-    db.transact(lambda s: s.add(CircuitBreaker(kind="transfer", operation_id=operation_id, stall_count=3,
-                                               last_stall_attempt=1, last_stall_at=now, opened_at=now,
-                                               closes_at=now + dt.timedelta(hours=1))))
+
+    def tx(s):  # type: ignore[no-untyped-def]
+        op = s.get(Operation, operation_id)
+        s.execute(update(Operation).where(Operation.id == operation_id).values(
+            status="IN_PROGRESS", lease_owner="killed-worker", lease_expires_at=now - dt.timedelta(seconds=5),
+            error_context=None, finished_at=None))
+        s.add(CircuitBreaker(kind="transfer", operation_id=operation_id, stall_count=3, state="open", trips=1,
+                             last_stall_attempt=op.attempt, last_stall_at=now, opened_at=now,
+                             next_attempt_at=now + dt.timedelta(hours=1)))
+
+    db.transact(tx)
     db.dispose()

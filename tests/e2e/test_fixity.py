@@ -116,28 +116,34 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
     assert code == 0 and report["checked"] == report["ok"] == 3, report
 
 
-def test_every_copy_bad_at_once_is_one_critical_notification_and_no_repair(s3_server, tmp_path):
+def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source(s3_server, tmp_path):
     p, bucket = _setup(tmp_path, s3_server, third_archive=False)
     ctx = context(p.config)
     pkg = _package(ctx)
     key = f"raw/{pkg.name}.tar"
+    good = (p.root / "sites/cornell/archive" / key).read_bytes()
     time.sleep(INTERVAL + 0.5)
     rotten = _flip_s3(s3_server, bucket, f"lta/{key}")
     _delete_disk(p.root / "sites/cornell/archive" / key)
 
     p.run()
 
+    # found at once: one CRITICAL message, no ERROR per copy
     notes = _notifications(ctx)
-    assert notes == [("CRITICAL", "fixity_all_copies_bad")]
-    assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key)]
-    assert _copies(ctx, "cornell-lta") == [(CopyStatus.MISSING.value, key)]
-    # nothing automatic: the bad object stays where it is, nothing re-archived
-    assert bucket_objects(s3_server, bucket) == {f"lta/{key}": rotten}
-    assert not (p.root / "sites/cornell/archive" / key).exists()
-    p.run()  # a second pass does not notify again or touch anything
-    assert _notifications(ctx) == [("CRITICAL", "fixity_all_copies_bad")]
+    assert [n for n in notes if n[0] != "INFO"] == [("CRITICAL", "fixity_all_copies_bad")]
+    # the source files are still there: the package is rebuilt, byte-identical, and repaired
+    # into both archives; the rotten object is moved aside, never overwritten (I2)
+    assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
+    assert _copies(ctx, "cornell-lta") == [(CopyStatus.MISSING.value, key), (CopyStatus.PRESENT.value, key)]
+    objects = bucket_objects(s3_server, bucket)
+    assert objects[f"lta/{key}"] == good
+    assert [v for k, v in objects.items() if k.startswith(f"lta/_packhorse/quarantine/{key}.")] == [rotten]
+    assert (p.root / "sites/cornell/archive" / key).read_bytes() == good
+    assert notes.count(("INFO", "fixity_repaired")) == 2
+    st = p.status()
+    assert st["packages"]["archived"] == 1 and st["failed_operations"] == [] and st["blocked"] == []
     code, report = p.verify()
-    assert code == 1 and [u["location"] for u in report["unrepaired"]] == ["cologne-lta", "cornell-lta"]
+    assert code == 0 and report["unrepaired"] == [], report
 
 
 def test_verify_records_like_the_audit_and_run_repairs(s3_server, tmp_path):

@@ -227,7 +227,8 @@ def test_circuit_breakers_health_and_force_retry_through_the_api(inst) -> None:
     db = Database(load_config(cfg).database_url)
     now = utcnow()
     db.transact(lambda s: s.add(CircuitBreaker(kind="transfer", operation_id=oid, stall_count=3, last_stall_attempt=1,
-                                               last_stall_at=now, opened_at=now, closes_at=now + dt.timedelta(hours=1))))
+                                               last_stall_at=now, opened_at=now, state="open", trips=1,
+                                               next_attempt_at=now + dt.timedelta(hours=1))))
     listed = api.client.get("/api/admin/breakers", headers=h).json()
     assert [(b["kind"], b["operation_id"], b["state"], b["stall_count"]) for b in listed] == [("transfer", oid, "open", 3)]
     assert 'packhorse_circuit_breakers_open{kind="transfer"} 1.0' in api.client.get("/metrics").text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -36,10 +37,18 @@ def test_source_files_go_only_after_the_retention_and_only_if_unchanged(tmp_path
     # the instrument appends to b.dat after it was archived; then the retention is over
     with open(source / "cam/obs1/b.dat", "ab") as f:
         f.write(b"late bytes")
+    os.utime(source / "cam/obs1/b.dat", (1_700_000_100, 1_700_000_100))
     now = write_site_config(site, extra="[deletion]\ndelete_source_files = true\nsource_retention_seconds = 0\n")
     _run(now)
     assert not (source / "cam/obs1/a.dat").exists() and not (source / "cam/obs2/c.dat").exists()
-    assert (source / "cam/obs1/b.dat").read_bytes() == b"b" * 200 + b"late bytes"  # changed: stays
     assert (source / "cam/obs2").is_dir()  # folders stay for the instrument
-    status = json.loads(run_packhorse("status", "-c", str(now), "--json").stdout)
-    assert any(s["path"] == "cam/obs1/b.dat" and "modified" in s["reason"] for s in status["skipped"])
+    # b.dat changed after cam/obs1 was archived: cam/obs1's deletion left it (not the bytes it
+    # archived); its new content became version 2, and only once that was archived did it go
+    found = json.loads(run_packhorse("locate", "cam/obs1/b.dat", "--json", "-c", str(now)).stdout)
+    versions = {v["version"]: v for v in found["versions"]}
+    assert versions[1]["package"] == "cam/obs1" and versions[1]["source_deleted_at"] is None
+    assert versions[2]["package"] == "cam/obs1+v2" and versions[2]["source_deleted_at"] is not None
+    assert versions[2]["sha256"] == hashlib.sha256(b"b" * 200 + b"late bytes").hexdigest()
+    v2 = next(p for p in found["packages"] if p["name"] == "cam/obs1+v2")
+    assert v2["archived_at"] is not None and v2["archived_at"] < versions[2]["source_deleted_at"]
+    assert not (source / "cam/obs1/b.dat").exists()

@@ -173,7 +173,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Operator API of packhorse: spot what is stuck, diagnose why, reset it.")
     app.state.ctx = ctx
-    registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds)
+    registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds,
+                            forget_after_seconds=settings.recovery.service_forget_after_seconds)
 
     def on_error(status: int):  # type: ignore[no-untyped-def]
         async def handler(_request: Request, exc: Exception) -> JSONResponse:
@@ -196,7 +197,7 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     def overview(_who: Caller, limit: Annotated[int, Query(ge=1, le=10000)] = 500) -> dict[str, Any]:
         """Operations grouped by kind, location and status, and the unfinished ones (stuck
         first): what is stuck, never why. The same payload for every role."""
-        return db.read(lambda s: pipeline_overview(s, limit=limit))
+        return db.read(lambda s: pipeline_overview(s, limit=limit, ctx=ctx))
 
     @api.get("/transfer/locations", response_model=list[m.LocationOut], tags=["observe"])
     def locations(_who: Caller) -> list[dict[str, Any]]:
@@ -310,7 +311,9 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         from ..recovery.breakers import jsonable
         from ..recovery.health import list_services
 
-        rows = db.read(lambda s: list_services(s, dead_after_seconds=settings.recovery.service_dead_after_seconds))
+        rec = settings.recovery
+        rows = db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
+                                               forget_after_seconds=rec.service_forget_after_seconds))
         return {"services": [jsonable(r) for r in rows], "dead": sum(1 for r in rows if not r["alive"])}
 
     @api.get("/admin/breakers", response_model=list[m.BreakerOut], tags=["breakers"])

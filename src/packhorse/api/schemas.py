@@ -46,6 +46,19 @@ class OverviewOperation(_Model):
     updated_at: str | None
 
 
+class BlockedOut(_Model):
+    """One piece of blocked work (:class:`packhorse.blocked.BlockedItem`): what waits, on what,
+    and the command that releases it. No error text."""
+
+    cause: str = Field(description="circuit_breaker, location_unavailable, no_good_source, ...")
+    subject: str = Field(description='what is blocked, e.g. "transfer 17"')
+    reason: str
+    release: str = Field(description="the command that releases it")
+    exit_code: int = Field(description="run --until-idle exit code it causes: 3 needs a human, 4 waits")
+    since: str | None
+    detail: dict[str, Any] | None
+
+
 class Overview(_Model):
     """The pipeline overview: what is stuck, never why."""
 
@@ -55,6 +68,8 @@ class Overview(_Model):
     stalled: int
     operations: list[OverviewOperation]
     truncated: bool
+    blocked: list[BlockedOut] = Field(default_factory=list,
+                                      description="blocked work, as `packhorse status --json` lists it")
 
 
 class DiskUsageOut(_Model):
@@ -137,9 +152,12 @@ class BreakerOut(_Model):
     operation_id: int
     stall_count: int
     last_stall_at: str | None
+    state: Literal["open", "half_open", "closed"] = Field(
+        description="open: held for a cool-down; half_open: one attempt let through; closed")
+    trips: int = Field(description="times opened since it last closed")
     opened_at: str | None
-    closes_at: str | None
-    state: Literal["open", "closed"]
+    next_attempt_at: str | None = Field(description="while open: when one attempt is let through by itself (UTC)")
+    half_open_at: str | None = Field(description="while half-open: when the attempt was let through (UTC)")
 
 
 class ForceRetryResult(_Model):
@@ -150,13 +168,16 @@ class ForceRetryResult(_Model):
 
 
 class ServiceOut(_Model):
-    service: str
+    service: str = Field(description="the identity: kind[:site][:instance]@host (never a PID)")
     kind: str
+    site: str | None
+    instance: str | None
     host: str
-    pid: int
+    pid: int = Field(description="the current (or last) process")
     started_at: str | None
     last_seen: str | None
     age_seconds: float
+    restarts: int = Field(description="times a restarted process took this service over")
     alive: bool
 
 
@@ -250,12 +271,15 @@ class AuditOut(_Model):
 class LocateFile(_Model):
     location: str
     path: str
+    version: int = Field(description="the k-th content of the path that was registered for packaging (README 'Versions')")
     size: int
     sha256: str
     mtime: str
     registered_at: str | None
     source_deleted_at: str | None
     package: str | None
+    withdrawn: str | None = Field(default=None, description="why this registration was taken out of its package "
+                                                            "before it was built (changed or vanished), else None")
 
 
 class LocateCopy(_Model):
@@ -288,6 +312,7 @@ class TimelineEvent(_Model):
 class LocatePackage(_Model):
     name: str
     type: Literal["raw_data_package", "data_transfer_package"]
+    version: int | None = Field(default=None, description="a raw data package's version (1, 2, …); None for a bundle")
     group: str | None
     size: int | None
     sha256: str | None

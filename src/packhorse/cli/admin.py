@@ -5,7 +5,7 @@ migrations are applied by ``packhorse init`` (packhorse.cli.pipeline)."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -14,24 +14,56 @@ from .common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, app,
 
 
 @app.command()
-def health(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """List services and workers with their last heartbeat; exit 1 if one is dead."""
+def health(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    forget: Annotated[Optional[str], typer.Option(
+        "--forget", metavar="NAME", help="forget a dead service (one taken out of the installation)")] = None,
+) -> None:
+    """List services and workers with their last heartbeat; exit 1 if one is dead now.
+
+    A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
+    dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
+    or by --forget NAME."""
+    from .. import audit
+    from ..errors import ServiceHealthError
     from ..recovery.breakers import jsonable
-    from ..recovery.health import list_services
+    from ..recovery.health import forget_service, list_services
 
     ctx = context(config)
-    rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=ctx.settings.recovery.service_dead_after_seconds))
+    rec = ctx.settings.recovery
+    if forget is not None:
+        try:
+            gone = forget_service(ctx.db, forget, dead_after_seconds=rec.service_dead_after_seconds)
+        except ServiceHealthError as e:
+            audit.record(ctx.db, actor=audit.cli_actor(), action="service.forget", target=forget, result="refused",
+                         message=str(e))
+            raise fail(str(e), EXIT_PROBLEM) from None
+        audit.record(ctx.db, actor=audit.cli_actor(), action="service.forget", target=forget,
+                     details={"last_seen": gone["last_seen"].isoformat(), "pid": gone["pid"]})
+        if as_json:
+            print_json({"forgotten": jsonable(gone)})
+        else:
+            print(f"forgot {forget} (last heartbeat {gone['last_seen']:%Y-%m-%d %H:%M:%S} UTC)", file=sys.stderr)
+        return
+    rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
+                                               forget_after_seconds=rec.service_forget_after_seconds))
     dead = [r for r in rows if not r["alive"]]
     if as_json:
         print_json({"services": [jsonable(r) for r in rows], "dead": len(dead)})
     else:
-        t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", title="services")
+        t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", "restarts",
+                  title="services")
         for r in rows:
             t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
-                      r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}")
+                      r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}", str(r["restarts"]))
         table_console().print(t)
         if not rows:
             print("no service has recorded a heartbeat")
+        for r in dead:
+            print(f"dead: {r['service']}: restart it, or if it was taken out: packhorse health --forget {r['service']} "
+                  f"(forgotten by itself {rec.service_forget_after_seconds:g} s after its last heartbeat)",
+                  file=sys.stderr)
     raise typer.Exit(EXIT_PROBLEM if dead else EXIT_OK)
 
 

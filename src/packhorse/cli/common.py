@@ -3,7 +3,7 @@ configuration and database opening, JSON output, and the one helper behind the c
 act on one operation (``KIND ID [--reason] [--json]``).
 
 Exit codes: 0 ok, 1 a check found a problem, 2 configuration error, 3 an operation FAILED,
-4 work is blocked waiting for a human. Machine-readable output (``--json``) goes to stdout
+4 work is blocked and waits (by itself or on one command: :mod:`packhorse.blocked`). Machine-readable output (``--json``) goes to stdout
 alone; logs and progress go to stderr.
 """
 
@@ -39,6 +39,26 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 KindArg = Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")]
 OperationIdArg = Annotated[int, typer.Argument(help="operation id")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="why (logged and notified)")]
+#: The instance name of a service among several of one kind on one host: part of its health
+#: identity (packhorse.recovery.health.service_identity)
+InstanceOpt = Annotated[Optional[str], typer.Option(
+    "--instance", envvar="PACKHORSE_INSTANCE",
+    help="name of this service among several of its kind on this host (its health identity)")]
+
+
+def heartbeat(ctx: "ProcessContext", kind: str, *, instance: str | None, site: str | None = None) -> Any:
+    """A started :class:`~packhorse.recovery.health.HeartbeatThread` of this service (kind,
+    site, instance; intervals from ``[recovery]``); a bad ``--instance`` exits 2 naming it."""
+    from ..recovery.health import HeartbeatThread
+
+    rec = ctx.settings.recovery
+    try:
+        t = HeartbeatThread(ctx.db, kind, site=site, instance=instance,
+                            interval_seconds=rec.service_heartbeat_interval_seconds,
+                            forget_after_seconds=rec.service_forget_after_seconds)
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    return t.start()
 
 
 def _print_version(value: bool) -> None:

@@ -18,10 +18,12 @@ from .common import (
     EXIT_CONFIG,
     EXIT_OK,
     ConfigOpt,
+    InstanceOpt,
     JsonOpt,
     app,
     context,
     fail,
+    heartbeat,
     log_level,
     print_json,
     require_routes,
@@ -46,6 +48,7 @@ def worker(
                                                        "[default: executor.workers]")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", help="Celery log level")] = "INFO",
     config: ConfigOpt = None,
+    instance: InstanceOpt = None,
 ) -> None:
     """Run a Celery worker of one site: it consumes exactly that site's queues (distributed mode)."""
     from ..executors.celery_app import run_worker
@@ -54,7 +57,7 @@ def worker(
     ctx.db.dispose()  # pool children open their own connections
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
     try:
-        run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel)
+        run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel, instance=instance)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
 
@@ -63,6 +66,7 @@ def worker(
 def manager(
     config: ConfigOpt = None,
     max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="stop after this long")] = None,
+    instance: InstanceOpt = None,
 ) -> None:
     """Run the pipeline's managers and the dispatcher to Celery (distributed mode; any number may run at once)."""
     from .. import logs
@@ -71,7 +75,12 @@ def manager(
     ctx = _celery_settings(config)
     require_routes(ctx.settings)
     logs.configure(log_level("INFO"))
-    mgr = Manager(ctx.settings)
+    from ..recovery.health import check_instance
+
+    try:
+        mgr = Manager(ctx.settings, instance=check_instance(instance))
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
 
     def stop(signum: int, _frame: object) -> None:
         print(f"packhorse manager: signal {signum}: stopping", file=sys.stderr)
@@ -169,9 +178,9 @@ def monitor(
     config: ConfigOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Run one cycle, print what it did, exit")] = False,
     as_json: JsonOpt = False,
+    instance: InstanceOpt = None,
 ) -> None:
     """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
-    from ..recovery.health import HeartbeatThread
     from ..recovery.loop import ServiceLoop
     from ..pipeline import recover
 
@@ -180,7 +189,7 @@ def monitor(
     if once:
         report = recover(ctx)
         data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
-                "breakers_closed": report.breakers_closed}
+                "let_through": report.let_through}
         if as_json:
             print_json(data)
         else:
@@ -196,7 +205,7 @@ def monitor(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
-    health = HeartbeatThread(ctx.db, "monitor", interval_seconds=rec.service_heartbeat_interval_seconds).start()
+    health = heartbeat(ctx, "monitor", instance=instance)
     try:
         loop.run()
     finally:

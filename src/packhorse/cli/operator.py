@@ -81,7 +81,8 @@ app.add_typer(breaker_app, name="breaker")
 
 @breaker_app.command("list")
 def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """List circuit breakers that counted stalls (open ones first)."""
+    """List circuit breakers that counted stalls (open ones first, then half-open), with when an
+    open one lets the next attempt through by itself."""
     from ..recovery.breakers import jsonable, list_breakers
 
     ctx = context(config)
@@ -89,11 +90,16 @@ def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([jsonable(r) for r in rows])
         return
-    t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "closes (UTC)", title="circuit breakers")
+    def when(t: Any) -> str:
+        return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+    t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "next automatic attempt (UTC)",
+              title="circuit breakers")
     for r in rows:
-        t.add_row(r["kind"], str(r["operation_id"]), r["state"], str(r["stall_count"]),
-                  r["opened_at"].strftime("%Y-%m-%d %H:%M:%S") if r["opened_at"] else "-",
-                  r["closes_at"].strftime("%Y-%m-%d %H:%M:%S") if r["closes_at"] else "-")
+        nxt = when(r["next_attempt_at"]) if r["state"] == "open" else (
+            f"running since {when(r['half_open_at'])}" if r["state"] == "half_open" else "-")
+        t.add_row(r["kind"], str(r["operation_id"]), r["state"].replace("_", "-"), str(r["stall_count"]),
+                  when(r["opened_at"]), nxt)
     table_console().print(t)
 
 
@@ -157,12 +163,38 @@ def diagnose(
             r["live_check"] = live_check(ctx, parse_kind(r["operation"]["kind"]), r["operation"]["id"])
     record(ctx.db, actor=cli_actor(), action="package.diagnose" if package else "operation.diagnose",
            target=package or f"{kind}/{operation_id}")
+    desired = None
+    if package is not None:
+        from ..convergence import describe
+
+        desired = ctx.db.read(lambda s: describe(s, ctx, package))
     if as_json:
         print_json(reports if package else reports[0])
     else:
         for r in reports:
             _print_report(r)
-    raise typer.Exit(EXIT_PROBLEM if any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
+        if desired is not None:
+            _print_desired(desired)
+    dead = bool(desired and desired["dead_end"])
+    raise typer.Exit(EXIT_PROBLEM if dead or any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
+
+
+def _print_desired(d: dict[str, Any]) -> None:
+    """The desired state of a raw data package against its copies (:func:`packhorse.convergence.describe`)."""
+    out = table_console(highlight=False, soft_wrap=True)
+    out.print(f"[bold]desired state[/] of {d['package']}: {'archived' if d['archived'] else 'NOT archived'}")
+    for loc, state in d["archives"].items():
+        out.print(f"  {loc}: {state}")
+    for key in d["repairs"]:
+        out.print(f"  next repair: {key}")
+    if d["dead_end"]:
+        out.print("  [bold red]no good source left[/]: every copy is bad and it cannot be rebuilt")
+        for c in d["dead_end"]["bad_copies"]:
+            out.print(f"    {c['status']}: {c['location']}:{c['path']}")
+        out.print("  tried:")
+        for t in d["dead_end"]["tried"]:
+            out.print(f"    - {t}")
+        out.print(f"  next: {d['dead_end']['release']}")
 
 
 def _print_report(r: dict[str, Any]) -> None:
@@ -216,15 +248,17 @@ def _print_located(r: dict[str, Any]) -> None:
         out.print(f"nothing registered or packaged matches {r['query']!r}", highlight=False)
         return
     if r["versions"]:
-        t = Table("location", "path", "size", "sha256", "registered (UTC)", "package", title="versions")
+        t = Table("location", "path", "version", "size", "sha256", "registered (UTC)", "package", title="versions")
         for v in r["versions"]:
-            t.add_row(v["location"], v["path"], str(v["size"]), v["sha256"][:12], v["registered_at"] or "-",
-                      v["package"] or "(not packaged yet)")
+            t.add_row(v["location"], v["path"], str(v["version"]), str(v["size"]), v["sha256"][:12],
+                      v["registered_at"] or "-",
+                      f"(taken out: {v['withdrawn']})" if v.get("withdrawn") else v["package"] or "(not packaged yet)")
         out.print(t)
     for p in r["packages"]:
         label = "bundle" if p["type"] == "data_transfer_package" else "package"
         state = f"archived {p['archived_at']}" if p["archived_at"] else "not archived yet"
-        out.print(f"[bold]{label} {p['name']}[/] ({p['size'] if p['size'] is not None else '?'} bytes"
+        version = f"version {p['version']}, " if p.get("version") else ""
+        out.print(f"[bold]{label} {p['name']}[/] ({version}{p['size'] if p['size'] is not None else '?'} bytes"
                   f"{', bundle ' + p['bundle'] if p['bundle'] else ''}; {state})", highlight=False)
         t = Table("of", "location", "site", "role", "status", "path", "last verified (UTC)", title="physical copies")
         for c in p["copies"] + p["bundle_copies"]:

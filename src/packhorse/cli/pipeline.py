@@ -26,6 +26,7 @@ from .common import (
     EXIT_OK,
     EXIT_PROBLEM,
     ConfigOpt,
+    InstanceOpt,
     JsonOpt,
     KindArg,
     OperationIdArg,
@@ -35,6 +36,7 @@ from .common import (
     database,
     err,
     fail,
+    heartbeat,
     log_level,
     parse_kind,
     print_json,
@@ -67,20 +69,24 @@ def init(config: ConfigOpt = None) -> None:
 def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
     """The exit code of a finished ``run --until-idle`` / ``demo`` from the ops database:
     :data:`EXIT_FAILED` (3) if any operation is FAILED (each listed on stderr with its error),
-    :data:`EXIT_BLOCKED` (4) if a circuit breaker is open, else :data:`EXIT_OK`. Skipped
+    :data:`EXIT_BLOCKED` (4) if work is blocked and may resume by itself or on one command (the
+    items of :mod:`packhorse.blocked`, each printed with its releasing command: an open circuit
+    breaker, …), else :data:`EXIT_OK`. Skipped
     source paths are counted on stderr even when ``quiet``: they are files not archived (I1,
     nothing silently skipped). A run stopped by a signal before it
     was idle exits ``128 + signal`` whatever this says (the callers decide that first)."""
     from sqlalchemy import func, select
 
-    from ..db.models import SkippedFile
+    from ..db.models import SkippedFile, WithdrawnFile
     from ..reporting import failed_operations
 
-    skipped = ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(SkippedFile))) or 0
+    skipped = ctx.db.read(lambda s: (s.scalar(select(func.count()).select_from(SkippedFile)) or 0)
+                          + (s.scalar(select(func.count()).select_from(WithdrawnFile)
+                                      .where(WithdrawnFile.resolved_at.is_(None))) or 0))
     if skipped:
         # not a failure (the rest was archived), but nothing a user should miss either
         print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "
-              "names not allowed, changed after registration); see `packhorse status`", file=sys.stderr)
+              "names not allowed, gone before they were packaged); see `packhorse status`", file=sys.stderr)
 
     failed = ctx.db.read(failed_operations)
     if failed:
@@ -102,13 +108,6 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
         return EXIT_FAILED
     if items:
         return EXIT_BLOCKED
-    from ..recovery.breakers import open_breaker_count
-
-    blocked = ctx.db.read(open_breaker_count)
-    if blocked:
-        print(f"{blocked} operation(s) blocked: circuit breaker open after repeated stalls; "
-              "see `packhorse breaker list`, then `packhorse retry KIND ID --reason ...`", file=sys.stderr)
-        return EXIT_BLOCKED
     return EXIT_OK
 
 
@@ -117,12 +116,14 @@ PROGRESS_INTERVAL_SECONDS = 30.0
 
 
 def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
-         progress_interval: float = PROGRESS_INTERVAL_SECONDS, label: str = "packhorse run") -> tuple[float, int | None]:
+         progress_interval: float = PROGRESS_INTERVAL_SECONDS, label: str = "packhorse run",
+         instance: str | None = None) -> tuple[float, int | None]:
     """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``).
 
     Progress (:mod:`packhorse.cli.progress`): bars on a terminal; off one a summary line every
     ``progress_interval`` seconds and warnings and errors, one JSON log line per operation only
-    with ``--log-format json``; with ``quiet`` errors only."""
+    with ``--log-format json``; with ``quiet`` errors only. Health: the run records itself as
+    service ``runner`` (with ``instance``: :func:`packhorse.recovery.health.service_identity`)."""
     from .. import logs
     from ..executors.local import LocalRunner
     from .progress import SummaryLines, TerminalProgress
@@ -149,13 +150,10 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
         runner.wake.set()
         background.interrupt_drain.set()
 
-    from ..recovery.health import HeartbeatThread
-
+    health = heartbeat(ctx, "runner", instance=instance)
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     start = time.monotonic()
     reason = "finished"
-    health = HeartbeatThread(ctx.db, "runner",
-                             interval_seconds=ctx.settings.recovery.service_heartbeat_interval_seconds).start()
     try:
         if bars:
             with bars:
@@ -192,6 +190,7 @@ def run(
     api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
     api_port: Annotated[Optional[int], typer.Option("--api-port", help="API port [default: api.port]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="with --dry-run: the plan as JSON on stdout")] = False,
+    instance: InstanceOpt = None,
 ) -> None:
     """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
     if dry_run:
@@ -215,7 +214,8 @@ def run(
         server = serve_api(ctx, api_host or ctx.settings.api.host,
                            ctx.settings.api.port if api_port is None else api_port)
     try:
-        elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet, progress_interval=progress_interval)
+        elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet, progress_interval=progress_interval,
+                               instance=instance)
     finally:
         if server is not None:
             server.should_exit = True
@@ -331,6 +331,11 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         for row in r["skipped"]:
             s.add_row(row["location"], row["path"], row["reason"])
         out.print(s)
+    if r["blocked"]:
+        b = Table("blocked", "cause", "why", "releases it", title="blocked work (waits until released)")
+        for x in r["blocked"]:
+            b.add_row(x["subject"], x["cause"], x["reason"], x["release"])
+        out.print(b)
     for f in r["failed_operations"]:
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
 

@@ -34,6 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from ..domain import (
     LIVE_COPY_STATUSES,
+    BreakerState,
     CopyStatus,
     DiskLevel,
     LocationRole,
@@ -120,11 +121,19 @@ class DataLocation(Base):
 
 
 class RawDataFile(Base):
-    """One file produced at a source location, registered with size, sha256 and mtime."""
+    """One version of a file produced at a source location, registered with size, sha256 and
+    mtime (bytes, hex, ns since the epoch UTC).
+
+    ``version`` counts the contents of one path that were packaged: 1 for the first; a path
+    whose bytes change after its package was built is registered again as ``version + 1``
+    (README "Versions"; the earlier version stays archived, written once, I2). A registration
+    whose bytes changed or vanished *before* its package was built is moved to
+    :class:`WithdrawnFile` instead, and the path is registered again under the same version.
+    """
 
     __tablename__ = "raw_data_files"
     __table_args__ = (
-        UniqueConstraint("location_id", "relative_path"),
+        UniqueConstraint("location_id", "relative_path", "version"),
         CheckConstraint("size >= 0", name="size"),
         CheckConstraint("length(sha256) = 64", name="sha256"),
         # a group's unpackaged files are found without reading the rest of the backlog; a
@@ -145,6 +154,40 @@ class RawDataFile(Base):
     registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     raw_data_package_id: Mapped[int | None] = mapped_column(ForeignKey("raw_data_packages.id"), nullable=True)
     source_deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: the k-th content of this path that is packaged (migration 0009)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+
+
+class WithdrawnFile(Base):
+    """A registration taken out of its package before the package was built, because the
+    source bytes no longer matched it (``cause = "changed"``) or were gone (``"vanished"``).
+
+    Written by the ``raw_data_package`` stage in a transaction fenced on its attempt (I3);
+    the package is then built from its other files, so siblings never wait (DESIGN.md
+    "Converging"). ``resolved_at`` is set when the scan registers the path again; until then
+    the row is listed by ``packhorse status`` (``skipped``) with its ``reason``, and the scan
+    looks at the path at every cycle. Migration 0009.
+    """
+
+    __tablename__ = "withdrawn_files"
+    __table_args__ = (
+        CheckConstraint("cause IN ('changed', 'vanished')", name="cause"),
+        Index("ix_withdrawn_files_location_resolved", "location_id", "resolved_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"))
+    relative_path: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    #: the package it was taken out of (a name: a package left empty is dropped)
+    package_name: Mapped[str] = mapped_column(Text)
+    cause: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    withdrawn_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class SkippedFile(Base):
@@ -184,6 +227,10 @@ class RawDataPackage(Base):
         ForeignKey("data_transfer_packages.id"), nullable=True, index=True
     )
     archived_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: which content of its files it carries: 1 for first contents, k for the k-th versions of
+    #: files that changed after their earlier package was built (name ``<group>+v<k>``;
+    #: migration 0009)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
 
 
 class DataTransferPackage(Base):
@@ -415,18 +462,22 @@ class DiskUsageSample(Base):
 class CircuitBreaker(Base):
     """The circuit breaker of one operation: stalls counted by the stalled-task monitor.
 
+    ``state`` is ``closed``, ``open`` or ``half_open`` (:data:`packhorse.domain.BreakerState`).
     ``stall_count`` counts stalls since the breaker last closed; at ``max_stall_count`` the
-    breaker opens (``opened_at`` set) and the monitor stops resetting the operation until
-    ``circuit_breaker_timeout_seconds`` after the last stall, or until an admin resets it
-    (DESIGN.md "Circuit breaker", seed 002). ``last_stall_attempt`` is the attempt (fencing
-    token) whose stall was counted last, so one expired lease is counted once; ``closes_at``
-    is set when the breaker opens.
+    breaker opens (``opened_at`` set, ``trips`` 1): the monitor stops resetting the operation
+    until ``next_attempt_at`` (the cool-down, ``circuit_breaker_cooldown_seconds``), then lets one
+    attempt through (``half_open``, ``half_open_at`` set). That attempt's success closes the
+    breaker; its failure or stall opens it again (``trips`` + 1, the cool-down doubled up to
+    ``circuit_breaker_timeout_seconds``). An admin may close it at any time (DESIGN.md "Circuit
+    breaker", seed 002; :mod:`packhorse.recovery.breakers`). ``last_stall_attempt`` is the
+    attempt (fencing token) whose stall was counted last, so one expired lease is counted once.
     """
 
     __tablename__ = "circuit_breakers"
     __table_args__ = (
         UniqueConstraint("kind", "operation_id"),
         CheckConstraint(_in("kind", enum_values(OperationKind)), name="kind"),
+        CheckConstraint(_in("state", enum_values(BreakerState)), name="state"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -434,16 +485,26 @@ class CircuitBreaker(Base):
     stall_count: Mapped[int] = mapped_column(Integer, default=0)
     last_stall_attempt: Mapped[int] = mapped_column(Integer, default=0)
     last_stall_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: when the breaker last opened (``None`` while closed)
     opened_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    #: when an open breaker closes by itself (last stall + the timeout configured when it opened)
-    closes_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: while open: when the cool-down ends and one attempt is let through (UTC)
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default=BreakerState.CLOSED.value,
+                                       server_default=BreakerState.CLOSED.value)
+    #: while half-open: when the one attempt was let through (UTC)
+    half_open_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: how many times the breaker opened since it last closed (1 at the first opening)
+    trips: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
 
 class ServiceHeartbeat(Base):
-    """The health heartbeat of one service or worker process (every 30 s; dead after 90 s).
+    """The health heartbeat of one service, identified by what it is, not by its process.
 
-    ``service`` is unique (e.g. ``runner@host:pid``); ``kind`` says what it is (``runner``,
-    ``monitor``, ``worker``, ``api``, ``notifier`` ...).
+    ``service`` is the identity (unique): ``kind[:site][:instance]@host``, e.g. ``runner@obs1``,
+    ``worker:cologne@dc1``, ``worker:cologne:2@dc1`` (:func:`packhorse.recovery.health.service_identity`).
+    A restarted service takes over its predecessor's row (``pid`` and ``started_at`` are the
+    current process's, ``restarts`` counts the take-overs). Heartbeat every 30 s; dead after
+    90 s; a dead row is forgotten after ``service_forget_after_seconds`` (a day).
     """
 
     __tablename__ = "service_heartbeats"
@@ -454,6 +515,9 @@ class ServiceHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    site: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    instance: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
 
 # --- operator surface (API tokens, audit log, runtime settings, live checks) ---------

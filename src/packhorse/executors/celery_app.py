@@ -401,8 +401,10 @@ class Manager:
         app: the Celery app (default: :func:`make_app`).
     """
 
-    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+    def __init__(self, settings: Settings, app: Celery | None = None, *, instance: str | None = None) -> None:
         self.settings = settings
+        #: the instance name of this manager among several on one host (its health identity)
+        self.instance = instance
         self.app = app or make_app(settings)
         self.stop = threading.Event()
         self.cycles = 0
@@ -426,8 +428,10 @@ class Manager:
         errors = ErrorCounter(ctx.db, "manager", max_consecutive_errors=self.settings.managers.max_consecutive_errors,
                               notification_cooldown_seconds=self.settings.recovery.notification_cooldown_seconds,
                               retry_seconds=1.0)
-        health = HeartbeatThread(ctx.db, "manager",
-                                 interval_seconds=self.settings.recovery.service_heartbeat_interval_seconds).start()
+        rec = self.settings.recovery
+        health = HeartbeatThread(ctx.db, "manager", instance=self.instance,
+                                 interval_seconds=rec.service_heartbeat_interval_seconds,
+                                 forget_after_seconds=rec.service_forget_after_seconds).start()
         poll = self.settings.managers.poll_interval_seconds
         started = time.monotonic()
         next_scan = 0.0
@@ -469,20 +473,21 @@ def cleanup_site_partials(settings: Settings, site: str) -> int:
 
 
 def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = None, concurrency: int | None = None,
-               loglevel: str = "INFO", pool: str = "prefork") -> None:
+               loglevel: str = "INFO", pool: str = "prefork", instance: str | None = None) -> None:
     """Start a Celery worker of ``site`` in this process (blocks until it is stopped).
 
     It consumes exactly :func:`site_queues` of ``site``; ``concurrency`` pool processes
-    (default ``executor.workers``), each with its own database engine.
+    (default ``executor.workers``), each with its own database engine. Its health identity is
+    ``worker:SITE[:INSTANCE]@host`` (:func:`packhorse.recovery.health.service_identity`).
 
     Raises:
-        ConfigError: wrong site, kind or executor settings.
+        ConfigError: wrong site, kind or executor settings, or a bad ``instance`` name.
     """
     queues = site_queues(settings, site, kinds)
     if not queues:
         raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
     from .. import logs
-    from ..recovery.health import HeartbeatThread, service_name
+    from ..recovery.health import HeartbeatThread
 
     logs.configure(loglevel)
     app = make_app(settings)
@@ -491,10 +496,13 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     except Exception as e:  # noqa: BLE001 - a sweep that cannot run must not keep the worker from starting
         log.warning("partial_sweep_failed", site=site, error=repr(e))
     n = concurrency or settings.executor.workers
-    # the worker's main process records its health (service kind "worker", one row per worker)
+    # the worker's main process records its health: service kind "worker" of its site (one row
+    # per site, host and instance, taken over by a restarted worker)
     db = Database.from_settings(settings)
-    health = HeartbeatThread(db, "worker", service=service_name(f"worker-{site}"),
-                             interval_seconds=settings.recovery.service_heartbeat_interval_seconds).start()
+    rec = settings.recovery
+    health = HeartbeatThread(db, "worker", site=site, instance=instance,
+                             interval_seconds=rec.service_heartbeat_interval_seconds,
+                             forget_after_seconds=rec.service_forget_after_seconds).start()
     try:
         app.worker_main([
             "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,

@@ -20,8 +20,9 @@ run together (:func:`~packhorse.worker.execute_deletions`).
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
-else is pending) and stops when the only work left waits on a retention period or a human
-(a FAILED operation, or one whose circuit breaker is open).
+else is pending) and stops when the only work left waits on a retention period, a human (a
+FAILED operation) or the cool-down of an open circuit breaker (the next run lets one attempt
+through once it passed).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, Status
+from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import pipeline
@@ -423,8 +424,9 @@ class LocalRunner:
     def _active_summary(self) -> tuple[int, float | None]:
         """(active operations, seconds until one of them may become runnable by itself)."""
 
-        # an operation whose circuit breaker is open waits for a human (or the breaker's timeout)
-        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.opened_at.is_not(None))
+        # an operation whose circuit breaker is open waits for the cool-down (or a human): a
+        # run --until-idle does not wait for it (it exits 4; the next run lets one attempt through)
+        blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.state == BreakerState.OPEN.value)
 
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(

@@ -31,6 +31,7 @@ from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcno
 from ..domain import CopyStatus, LocationRole, OperationKind
 from ..errors import BundledElsewhereError
 from ..operations import create_operation, dedup_key
+from .common import create_missing, planned
 
 log = structlog.get_logger(__name__)
 
@@ -113,4 +114,8 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
         created += n
         if wait is not None:
             due_in = wait if due_in is None else min(due_in, wait)
+    # a bundle lost before every destination got what it carries is rebuilt, byte-identical
+    # (I3), once its packages are back at the source buffer (:mod:`packhorse.convergence`)
+    created += create_missing(ctx, OperationKind.DATA_TRANSFER_PACKAGE,
+                              planned(ctx, OperationKind.DATA_TRANSFER_PACKAGE))
     return created, due_in

@@ -48,3 +48,11 @@ def new_only(session: Session, wanted: dict[str, dict[str, Any]]) -> dict[str, d
     """``wanted`` without the keys that already name an operation."""
     have = existing_keys(session, wanted)
     return {k: v for k, v in wanted.items() if k not in have}
+
+
+def planned(ctx: "ProcessContext", kind: OperationKind) -> dict[str, dict[str, Any]]:
+    """The repair operations of ``kind`` the desired state asks for and that do not exist yet
+    (:func:`packhorse.convergence.plan`, read-only)."""
+    from ..convergence import plan
+
+    return ctx.db.read(lambda s: new_only(s, plan(s, ctx).wanted.get(kind, {})))

@@ -5,8 +5,11 @@
   ``fixity_interval_seconds`` (default 30 days). The dedup key carries that time, so each
   cadence cycle gets one operation and a FAILED one is not silently recreated.
 * A copy marked ``corrupt``/``missing`` at a long-term archive (by ``packhorse verify`` or an
-  audit whose repair did not finish) with no live copy at its location and a ``present`` copy
-  elsewhere gets one repair operation.
+  audit whose repair did not finish) with no live copy at its location gets one repair
+  operation per good source: a present copy at a long-term archive or at the same site
+  (a package re-shipped to that site's buffer included; :mod:`packhorse.convergence`).
+* Every cycle also clears stale ``archived_at`` marks and notifies the packages with no good
+  source left (:func:`converge`).
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..db.models import Operation, PhysicalCopy, utcnow
-from ..domain import ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind
+from ..domain import ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
 from ..operations import dedup_key
 from ..context import ProcessContext
 from .common import create_missing, new_only
+from ..convergence import DeadEnd, repair_sources
 
 
 def manage(ctx: ProcessContext) -> int:
-    """Create due ``fixity_check`` operations; returns how many."""
+    """Create due ``fixity_check`` operations and repairs, and keep derived state and dead
+    ends true (:func:`converge`); returns how many operations it created."""
+    converge(ctx)
     archives = {ctx.topology.location_ids[l.name]: l for l in ctx.settings.locations
                 if l.role is LocationRole.LONG_TERM_ARCHIVE and l.active}
     if not archives:
@@ -59,9 +65,12 @@ def manage(ctx: ProcessContext) -> int:
                     continue
                 key = dedup_key(OperationKind.FIXITY_CHECK, f"copy{cid}@{last.timestamp():.6f}", loc.name)
             else:
-                if not _repairable(s, loc_id, rdp, dtp):
+                source = _repair_source(ctx, s, loc_id, rdp, dtp)
+                if source is None:
                     continue
-                key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}", loc.name)
+                # one repair per (bad copy, source copy): a repair whose source turned out bad
+                # too is followed by one from the next good source (DESIGN.md "Converging")
+                key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}@copy{source}", loc.name)
             wanted[key] = dict(physical_copy_id=cid, raw_data_package_id=rdp, data_transfer_package_id=dtp,
                                destination_location_id=loc_id,
                                site_id=ctx.topology.site_ids[ctx.topology.location_site[loc.name]])
@@ -70,14 +79,58 @@ def manage(ctx: ProcessContext) -> int:
     return create_missing(ctx, OperationKind.FIXITY_CHECK, ctx.db.read(find))
 
 
-def _repairable(s: Session, loc_id: int, rdp: int | None, dtp: int | None) -> bool:
-    """No live copy at ``loc_id`` yet, and a present copy elsewhere to repair from."""
+def _repair_source(ctx: ProcessContext, s: Session, loc_id: int, rdp: int | None, dtp: int | None) -> int | None:
+    """The copy a bad copy at ``loc_id`` can be repaired from (lowest id), or ``None``: no
+    live copy at ``loc_id`` yet, and a present copy at a long-term archive or at the same site
+    (:func:`packhorse.convergence.repair_sources`)."""
     col = PhysicalCopy.raw_data_package_id if rdp is not None else PhysicalCopy.data_transfer_package_id
     subject = rdp if rdp is not None else dtp
-    live_here = s.scalar(select(PhysicalCopy.id).where(
-        col == subject, PhysicalCopy.location_id == loc_id,
-        PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1))
-    elsewhere = s.scalar(select(PhysicalCopy.id).where(
-        col == subject, PhysicalCopy.location_id != loc_id,
-        PhysicalCopy.status == CopyStatus.PRESENT.value).limit(1))
-    return live_here is None and elsewhere is not None
+    copies = s.execute(select(PhysicalCopy.id, PhysicalCopy.location_id, PhysicalCopy.status).where(
+        col == subject)).all()
+    if any(c.location_id == loc_id and c.status in [x.value for x in LIVE_COPY_STATUSES] for c in copies):
+        return None
+    sources = repair_sources(ctx, ctx.location_name(loc_id), copies)
+    return min((c.id for c in sources), default=None)
+
+
+def converge(ctx: ProcessContext) -> int:
+    """Keep the derived state true and the one dead end loud (:mod:`packhorse.convergence`):
+    clear ``archived_at`` of packages whose required archive copies are no longer all present
+    and verified (a cache that must never outlive its copies, I1), and queue one CRITICAL
+    notification per cooldown window for every package with no good source of its bytes left.
+    Returns how many packages it changed or notified about (0 on an idle cycle: one query)."""
+    from ..convergence import plan
+    from ..notify.outbox import enqueue
+
+    p = ctx.db.read(lambda s: plan(s, ctx))
+    if not p.stale_archived and not p.dead_ends:
+        return 0
+
+    def tx(s: Session) -> int:
+        from .policy import refresh_archived
+
+        n = refresh_archived(s, ctx, p.stale_archived)
+        for d in p.dead_ends:
+            lines = [f"{c['status'].upper()} {c['location']}:{c['path']}" for c in d.bad_copies]
+            enqueue(s, level=NotificationLevel.CRITICAL, event="no_good_source",
+                    subject=f"No good source left for package {d.name}",
+                    body="\n".join([f"Raw data package {d.name} has no good copy of its bytes anywhere, and "
+                                    "packhorse cannot rebuild it. Copies that failed:", *(f"  {x}" for x in lines),
+                                    "Tried:", *(f"  - {x}" for x in d.tried), "",
+                                    f"Next: {dead_end_release(d)}"]),
+                    context={"package": d.name, "package_id": d.package_id, "bad_copies": d.bad_copies,
+                             "tried": d.tried},
+                    cooldown_seconds=ctx.settings.recovery.notification_cooldown_seconds,
+                    key=f"no_good_source:rdp{d.package_id}")
+            n += 1
+        return n
+
+    return ctx.db.transact(tx)
+
+
+def dead_end_release(d: "DeadEnd") -> str:
+    """What a human must do for dead end ``d`` (the ``release`` of its blocked item)."""
+    step = (f"then `packhorse reset {d.failed_operation[0]} {d.failed_operation[1]}`" if d.failed_operation
+            else "then `packhorse run`")
+    return (f"put the bytes back: restore the source files of {d.name} (`packhorse locate {d.name}` lists them) "
+            f"or a copy with the recorded sha256 as raw/{d.name}.tar in one of its archives, {step}")

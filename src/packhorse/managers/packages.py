@@ -4,6 +4,11 @@ Files of one group (see :func:`~packhorse.managers.scan.group_of`) form one pack
 at ``max_package_bytes`` (a larger file gets a package of its own). A group that already has
 a package gets a new one with a suffixed name (``a/b+2``, ``a/b+3``, ...). Files shallower
 than ``group_depth`` form a package of their own folder (``_root`` for the location root).
+
+Versions (README "Versions"): a package holds registrations of one ``version`` only. The
+first contents of files go into ``a/b``, ``a/b+2``, …; the k-th versions of files whose
+bytes changed after their earlier package was built into ``a/b+vk``, ``a/b+vk+2``, … with
+``version = k`` (:func:`package_base`). A name, once given, always means the same bytes (I3).
 Groups with unsettled files wait. A group's packages and their operations are created in one
 transaction with its files' assignment, :data:`GROUPS_PER_COMMIT` groups per transaction.
 """
@@ -20,6 +25,7 @@ from ..db.models import RawDataFile, RawDataPackage, utcnow
 from ..domain import LocationRole, OperationKind
 from ..operations import create_operations, dedup_key
 from ..context import ProcessContext
+from .common import create_missing, planned
 
 ROOT_GROUP_NAME = "_root"
 _FILES = RawDataFile.__table__
@@ -28,8 +34,29 @@ _PACKAGES = RawDataPackage.__table__
 GROUPS_PER_COMMIT = 10
 
 
-def _name_for(group: str, taken: set[str]) -> str:
+def package_base(group: str, version: int = 1) -> str:
+    """The first name tried for a package of ``group`` holding files of ``version``: the group
+    (``_root`` for the location root) for version 1, ``<group>+v<version>`` after."""
     base = group or ROOT_GROUP_NAME
+    return base if version == 1 else f"{base}+v{version}"
+
+
+def plan_group(files: Sequence[Any], limit: int) -> list[tuple[int, list[Any]]]:
+    """How the unpackaged registrations of one group are packaged: ``[(version, files)]``, one
+    entry per package, versions ascending, each split at ``limit`` bytes (:func:`_split`).
+
+    Args:
+        files: rows with ``relative_path``, ``size`` (bytes) and ``version``.
+        limit: ``max_package_bytes``.
+    """
+    by_version: dict[int, list[Any]] = {}
+    for f in files:
+        by_version.setdefault(int(f.version), []).append(f)
+    return [(v, part) for v in sorted(by_version) for part in _split(by_version[v], limit)]
+
+
+def _name_for(group: str, taken: set[str], version: int = 1) -> str:
+    base = package_base(group, version)
     if base not in taken:
         return base
     n = 2
@@ -109,22 +136,25 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
             wanted: dict[str, dict[str, Any]] = {}
             conn = s.connection()
             for group in chunk:
-                files = s.execute(select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.size).where(
+                files = s.execute(select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.size,
+                                         RawDataFile.version).where(
                     RawDataFile.location_id == loc_id, RawDataFile.group_path == group,
                     RawDataFile.raw_data_package_id.is_(None))).all()
                 if not files:
                     continue  # packaged meanwhile by another runner
-                base = group or ROOT_GROUP_NAME
-                taken = names_taken(s, base)
-                parts = _split(files, ctx.settings.packaging.max_package_bytes)
-                for part in parts:
+                parts = plan_group(files, ctx.settings.packaging.max_package_bytes)
+                taken_by_version: dict[int, set[str]] = {}
+                for version, part in parts:
+                    if version not in taken_by_version:
+                        taken_by_version[version] = names_taken(s, package_base(group, version))
+                    taken = taken_by_version[version]
                     now = utcnow()
-                    name = _name_for(group, taken)
+                    name = _name_for(group, taken, version)
                     taken.add(name)
                     # Core statements: this transaction holds the database's write lock
                     pkg_id = conn.execute(insert(_PACKAGES).values(
                         name=name, group_path=group, source_location_id=loc_id, created_at=now,
-                        bagging_date=now.strftime("%Y-%m-%d"), file_count=len(part),
+                        bagging_date=now.strftime("%Y-%m-%d"), file_count=len(part), version=version,
                         payload_bytes=sum(f.size for f in part))).inserted_primary_key[0]
                     unassigned = (_FILES.c.location_id == loc_id, _FILES.c.group_path == group,
                                   _FILES.c.raw_data_package_id.is_(None))
@@ -147,3 +177,11 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
             if on_commit is not None:
                 on_commit()
     return created
+
+
+def repair(ctx: ProcessContext) -> int:
+    """Create the rebuilds of lost raw data packages from their registered source files that
+    the desired state asks for (:func:`packhorse.convergence.plan`: a package whose every copy
+    is gone or bad, or a member of a lost bundle that must be rebuilt). The build is
+    deterministic (I3), so the rebuilt tar has the recorded sha256. Returns how many."""
+    return create_missing(ctx, OperationKind.RAW_DATA_PACKAGE, planned(ctx, OperationKind.RAW_DATA_PACKAGE))

@@ -88,6 +88,32 @@ def mark_archived_if_complete(session: Session, ctx: ProcessContext, pkg_id: int
     return True
 
 
+def refresh_archived(session: Session, ctx: ProcessContext, pkg_ids: list[int]) -> int:
+    """Recompute ``archived_at`` of ``pkg_ids`` from their copies now, in the caller's
+    transaction (rows locked as in :func:`mark_archived_if_complete`): set when every required
+    archive holds a present, verified copy, cleared when one does not. Called in the same
+    transaction as every change of an archive copy's status (:mod:`packhorse.fixity`, the
+    archive and repair stages) and by the fixity manager's sweep, so "archived" is always what
+    the copies say (DESIGN.md "Converging"; I1: buffer deletions and source deletions read it,
+    and check the verified archive copies again before the bytes go). Returns how many changed."""
+    t = RawDataPackage.__table__
+    conn = session.connection()
+    changed = 0
+    for pkg_id in sorted(set(pkg_ids)):
+        row = conn.execute(select(t.c.archived_at, t.c.source_location_id).where(t.c.id == pkg_id)
+                           .with_for_update(key_share=True)).first()
+        if row is None:
+            continue
+        archived = _holds_every_archive(session, ctx, pkg_id, row.source_location_id)
+        if archived and row.archived_at is None:
+            conn.execute(update(t).where(t.c.id == pkg_id).values(archived_at=utcnow()))
+            changed += 1
+        elif not archived and row.archived_at is not None:
+            conn.execute(update(t).where(t.c.id == pkg_id).values(archived_at=None))
+            changed += 1
+    return changed
+
+
 def may_delete_bundle_copy(session: Session, ctx: ProcessContext, dtp_id: int, source_site: str) -> bool:
     """Whether a bundle copy may go: every destination site holds a verified copy of every package."""
     route = ctx.settings.route_from(source_site)

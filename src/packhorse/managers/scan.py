@@ -9,11 +9,16 @@ Idempotent registration, no operation row (stage 1). Rules:
   (``ctx.backend``: :meth:`~packhorse.storage.base.StorageBackend.walk`, ``open_read``,
   ``stat``; confined to the root, nothing followed, ``O_NOFOLLOW``; I6). A source whose root
   is not there is reported (one skipped entry ``"."``), never scanned as empty.
-* Symlinks are not followed; unreadable files, special files, names that are not UTF-8 or
+* Symlinks are not followed; unreadable files, special files and names that are not UTF-8 or
   not valid object keys (a backslash, the partial-file suffix; see
-  :func:`~packhorse.storage.base.check_key`), and
-  registered files modified afterwards are recorded in ``skipped_files`` with a reason (shown by
-  ``packhorse status``); the rest of the tree goes on.
+  :func:`~packhorse.storage.base.check_key`) are recorded in ``skipped_files`` with a reason
+  (shown by ``packhorse status``); the rest of the tree goes on.
+* A registered file whose size or mtime differs now (README "Versions"): not packaged yet →
+  registered again in place once it settles; in a package not built yet → left to the
+  ``raw_data_package`` stage, which takes the registration out (:class:`WithdrawnFile`) and
+  builds the package from the other files; in a built package → registered as a new
+  ``version`` (the same bytes again, a ``touch``: no new version). A withdrawn path is looked
+  at at every scan, whatever the folder cache says, until it is registered again.
 * Files of :data:`THREAD_HASH_MIN_BYTES` or more are hashed on a thread pool (sha256 and the
   reads release the GIL for large buffers); smaller ones in the scanning thread, one after the
   other: for them the threads would only pass the GIL around (20,000 files of 0–16 KiB: 0.5 s
@@ -33,14 +38,15 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from ..config import Settings
 from ..context import ProcessContext
-from ..db.models import RawDataFile, SkippedFile, utcnow
+from ..db.models import RawDataFile, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
 from ..db.session import insert_ignoring_conflicts
 from ..digest import sha256_stream
 from ..domain import LocationRole, StorageType
@@ -229,21 +235,132 @@ def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str,
 
 
 def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
-    """``{path: (size, mtime_ns)}`` of the registered files among ``paths`` (all of the
-    location's when ``paths`` is long)."""
-    q = select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns).where(
+    """``{path: (size, mtime_ns)}`` of the latest registered version of the files among
+    ``paths`` (all of the location's when ``paths`` is long)."""
+    q = select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns, RawDataFile.version).where(
         RawDataFile.location_id == loc_id)
 
     def tx(s: Session) -> dict[str, tuple[int, int]]:
-        if len(paths) > 2000:
-            return {r.relative_path: (r.size, r.mtime_ns) for r in s.execute(q)}
         out: dict[str, tuple[int, int]] = {}
+        latest: dict[str, int] = {}
+
+        def add(r: Any) -> None:
+            if r.version >= latest.get(r.relative_path, 0):
+                latest[r.relative_path] = r.version
+                out[r.relative_path] = (r.size, r.mtime_ns)
+
+        if len(paths) > 2000:
+            for r in s.execute(q):
+                add(r)
+            return out
         for i in range(0, len(paths), 500):
             for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))):
-                out[r.relative_path] = (r.size, r.mtime_ns)
+                add(r)
         return out
 
     return ctx.db.read(tx)
+
+
+# ----------------------------------------------- versions: registrations their file no longer matches
+
+
+@dataclass(frozen=True)
+class Change:
+    """What the scan does with a registered path whose size or mtime differs now.
+
+    Attributes:
+        action: ``"update"`` (the registration is not packaged: register the new bytes in its
+            place), ``"version"`` (its package is built: register version ``version``), or
+            ``"wait"`` (its package is planned but not built: the ``raw_data_package`` stage
+            takes the registration out; README "Versions").
+        row_id: the registration's id (``"update"``).
+        version: the version the new registration gets.
+        old: ``(size, mtime_ns, sha256)`` registered (bytes, ns, hex).
+    """
+
+    action: str
+    row_id: int
+    version: int
+    old: tuple[int, int, str]
+
+
+def plan_changes(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, Change]:
+    """The :class:`Change` for each of ``paths`` (registered at location ``loc_id``, their size or
+    mtime differs now), from the latest version of each and the state of its package."""
+    q = (select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.version, RawDataFile.size,
+                RawDataFile.mtime_ns, RawDataFile.sha256, RawDataFile.raw_data_package_id,
+                RawDataPackage.sha256.label("package_sha256"))
+         .outerjoin(RawDataPackage, RawDataPackage.id == RawDataFile.raw_data_package_id)
+         .where(RawDataFile.location_id == loc_id))
+
+    def tx(s: Session) -> dict[str, Change]:
+        latest: dict[str, Any] = {}
+        for i in range(0, len(paths), 500):
+            for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))):
+                if r.relative_path not in latest or r.version > latest[r.relative_path].version:
+                    latest[r.relative_path] = r
+        out: dict[str, Change] = {}
+        for path, r in latest.items():
+            old = (r.size, r.mtime_ns, r.sha256)
+            if r.raw_data_package_id is None:
+                out[path] = Change("update", r.id, r.version, old)
+            elif r.package_sha256 is None:
+                out[path] = Change("wait", r.id, r.version, old)
+            else:
+                out[path] = Change("version", r.id, r.version + 1, old)
+        return out
+
+    return ctx.db.read(tx) if paths else {}
+
+
+def withdrawn_paths(ctx: ProcessContext, loc_id: int) -> set[str]:
+    """The paths of location ``loc_id`` whose registration was withdrawn and that are not
+    registered again yet (:class:`~packhorse.db.models.WithdrawnFile`, ``resolved_at`` unset):
+    the scan looks at them at every cycle (their folder may look unchanged to the cache)."""
+    return set(ctx.db.read(lambda s: list(s.scalars(select(WithdrawnFile.relative_path).where(
+        WithdrawnFile.location_id == loc_id, WithdrawnFile.resolved_at.is_(None))))))
+
+
+def _stat_withdrawn(backend: StorageBackend, paths: set[str], found: list[tuple[str, Entry]]) -> None:
+    """Add the withdrawn ``paths`` that exist as regular files in the location to ``found``
+    (those the folder walk did not list: the cache skipped their folder); looked at through
+    the location's backend (confined, no link followed; I6)."""
+    listed = {p for p, _ in found}
+    for path in sorted(paths - listed):
+        try:
+            info = backend.stat(path)
+        except (OSError, UnsafePathError):
+            continue  # not a regular file (a link, a folder), or unreadable: not registered
+        if info is None:
+            continue  # still gone: its withdrawn row says so (packhorse status)
+        found.append((path, Entry(path, EntryKind.FILE, info.size,
+                                  info.mtime_ns if info.mtime_ns is not None else int(info.mtime * 1e9))))
+
+
+def _resolve_withdrawn(s: Session, loc_id: int, paths: list[str], stamp: Any) -> None:
+    """The withdrawn registrations of ``paths`` are over: the paths are registered again."""
+    for i in range(0, len(paths), 500):
+        s.execute(update(WithdrawnFile).where(WithdrawnFile.location_id == loc_id,
+                                              WithdrawnFile.resolved_at.is_(None),
+                                              WithdrawnFile.relative_path.in_(paths[i:i + 500]))
+                  .values(resolved_at=stamp))
+
+
+def _apply_updates(s: Session, updates: list[tuple[Change, dict[str, Any]]], stamp: Any) -> list[str]:
+    """Register new bytes in place of unpackaged registrations (compare-and-set on the old size,
+    mtime and sha256 and on "not packaged": one packaged meanwhile is left to the stage).
+    Returns the paths updated."""
+    done: list[str] = []
+    t = RawDataFile.__table__
+    for change, row in updates:
+        size, mtime_ns, sha = change.old
+        res = s.execute(update(t).where(t.c.id == change.row_id, t.c.raw_data_package_id.is_(None),
+                                        t.c.size == size, t.c.mtime_ns == mtime_ns, t.c.sha256 == sha)
+                        .values(size=row["size"], sha256=row["sha256"], mtime_ns=row["mtime_ns"],
+                                registered_at=stamp))
+        if res.rowcount:
+            done.append(str(row["relative_path"]))
+    return done
 
 
 def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
@@ -265,19 +382,27 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         if seen is not None and (folder := seen.get(os.path.dirname(path))) is not None:
             folder.clean = False
 
+    withdrawn = withdrawn_paths(ctx, loc_id)
+    if withdrawn and seen is not None:  # only a cached walk may have skipped their folder
+        _stat_withdrawn(backend, withdrawn, found)
     registered = _registered(ctx, loc_id, [p for p, _ in found])
     now = time.time()
     settle = settings.packaging.settle_seconds
     depth = settings.packaging.group_depth
     unsettled: set[str] = set()
     todo: list[tuple[str, Entry]] = []
+    differs = [(path, s) for path, s in found
+               if (known := registered.get(path)) is not None and known != (s.size, s.mtime_ns)]
+    changes = plan_changes(ctx, loc_id, [p for p, _ in differs])
     for path, s in found:
         known = registered.get(path)
         if known is not None:
-            if known != (s.size, s.mtime_ns):
-                result.skipped.append((path, "modified after it was registered (size or mtime differs); "
-                                             "the registered version is the one packaged"))
-            continue
+            change = changes.get(path)
+            if change is None or known == (s.size, s.mtime_ns):
+                continue
+            if change.action == "wait":
+                look_again(path)  # the package stage takes it out; registered again after that
+                continue
         if now - s.mtime_ns / 1e9 < settle:
             look_again(path)
             unsettled.add(group_of(path, depth))
@@ -296,11 +421,19 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     digests = {p: _hash(backend, p, st_) for p, st_ in todo if st_.size < THREAD_HASH_MIN_BYTES}
     for batch, results in zip(batches, pending):
         digests.update((p, r) for (p, _), r in zip(batch, results))
+    updates: list[tuple[Change, dict[str, Any]]] = []
     for path, s in todo:
         state, value = digests[path]
         if state == "ok":
-            rows.append(dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
-                             size=s.size, sha256=value, mtime_ns=s.mtime_ns))
+            row = dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
+                       size=s.size, sha256=value, mtime_ns=s.mtime_ns, version=1)
+            change = changes.get(path)
+            if change is None:
+                rows.append(row)
+            elif change.action == "update":
+                updates.append((change, row))
+            elif value != change.old[2]:  # "version": new bytes (the same bytes again: nothing to do)
+                rows.append(dict(row, version=change.version))
         elif state == "changed":
             look_again(path)
             unsettled.add(group_of(path, depth))
@@ -313,14 +446,17 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
 
     def tx(s: Session) -> int:
         stamp = utcnow()
+        paths = [str(r["relative_path"]) for r in rows] + _apply_updates(s, updates, stamp)
         if rows:
             # a file another scanner (a second `packhorse run`) registered since _registered
             # looked is left as it is: registration is idempotent, never an error that would
             # cost this scan its view of which groups are still settling
             t = RawDataFile.__table__
-            s.execute(insert_ignoring_conflicts(s, t, t.c.location_id, t.c.relative_path),
+            s.execute(insert_ignoring_conflicts(s, t, t.c.location_id, t.c.relative_path, t.c.version),
                       [dict(r, registered_at=stamp) for r in rows])
-            paths = [r["relative_path"] for r in rows]
+        if paths:
+            if withdrawn:
+                _resolve_withdrawn(s, loc_id, [p for p in paths if p in withdrawn], stamp)
             for i in range(0, len(paths), 500):
                 s.execute(delete(SkippedFile).where(SkippedFile.location_id == loc_id,
                                                     SkippedFile.relative_path.in_(paths[i:i + 500])))
@@ -339,7 +475,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         for path, row in existing.items():
             if path not in current and (full or row.reason.startswith("folder not readable")):
                 s.delete(row)
-        return len(rows)
+        return len(paths)
 
     result.registered = ctx.db.transact(tx)
     if cache is not None and seen is not None:  # only once what was seen is registered

@@ -14,7 +14,7 @@ from ..db.models import DataTransferPackage, PhysicalCopy
 from ..domain import CopyStatus, OperationKind
 from ..operations import dedup_key
 from ..context import ProcessContext
-from .common import buffer_location_ids, create_missing, new_only
+from .common import buffer_location_ids, create_missing, new_only, planned
 
 
 def manage(ctx: ProcessContext) -> int:
@@ -41,4 +41,5 @@ def manage(ctx: ProcessContext) -> int:
                                    site_id=ctx.topology.site_ids[dest])
         return new_only(s, wanted)
 
-    return create_missing(ctx, OperationKind.TRANSFER, ctx.db.read(find))
+    # the forward flow's first operations, and the repairs of lost copies (:mod:`packhorse.convergence`)
+    return create_missing(ctx, OperationKind.TRANSFER, {**ctx.db.read(find), **planned(ctx, OperationKind.TRANSFER)})

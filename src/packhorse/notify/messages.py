@@ -93,6 +93,28 @@ def service_stopped(session: Session, *, service: str, host: str, pid: int, star
                    context=json.loads(json.dumps(fields, default=str)), cooldown_seconds=0)
 
 
+# ------------------------------------------------------------------ source files
+
+
+def source_files_vanished(session: Session, *, location: str, package: str, paths: list[str],
+                          operation_id: int | None = None) -> Notification | None:
+    """WARNING "Source file(s) gone before packaging: <location> <package>": registered files
+    that were gone when their package was built (the ``raw_data_package`` stage took them out
+    and built the package from the others; README "Versions"). Listed by ``packhorse status``
+    under ``skipped`` until the path is registered again."""
+    fields = {"Location": location, "Package": package, "Files": paths[:50],
+              "More files": len(paths) - 50 if len(paths) > 50 else None}
+    text = ("These files were registered but had vanished from the source when their package was built. "
+            "The package was built from its other files; nothing of these files is archived. "
+            "If they come back, the next scan registers and archives them. See `packhorse status` "
+            "and `packhorse locate PATH`.")
+    return enqueue(session, level=NotificationLevel.WARNING, event="source_files_vanished",
+                   subject=f"Source file(s) gone before packaging: {location} {package}",
+                   body=render_lines(fields, text),
+                   context={"location": location, "package": package, "paths": paths},
+                   operation_kind="raw_data_package", operation_id=operation_id, cooldown_seconds=0)
+
+
 # ------------------------------------------------------------------ disk usage
 
 _DISK_LEVELS = {"warning": NotificationLevel.WARNING, "critical": NotificationLevel.ERROR,

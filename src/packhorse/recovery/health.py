@@ -1,20 +1,33 @@
-"""Service health: every service and worker process records a heartbeat in the ops database.
+"""Service health: every long-running service records a heartbeat in the ops database.
+
+A service is identified by *what it is*, never by its process (seed 002 "Health Check
+Service"; DESIGN.md "Numbers"): its **identity** is its kind, its site (workers), the host it
+runs on and, for several services of one kind on one host, an instance name
+(``--instance`` / ``PACKHORSE_INSTANCE``) — :func:`service_identity`, e.g. ``runner@obs1``,
+``worker:cologne@dc1``, ``monitor:b@dc1``. Consequences:
+
+* a restarted service takes over the row of its dead predecessor (one row, alive again; its
+  ``pid`` and ``started_at`` are the new process's, ``restarts`` counts the take-overs);
+* the ``service`` label of ``packhorse_service_up`` is the identity, so the label set is bounded
+  by the services an installation has, not by how often they crashed;
+* a clean stop removes the row (a stop is not a death); a dead row (no heartbeat for
+  ``recovery.service_dead_after_seconds``, 90 s) is listed and makes ``packhorse health`` exit 1
+  until the service comes back, is forgotten (``packhorse health --forget NAME``) or expires
+  ``recovery.service_forget_after_seconds`` (a day) after its last heartbeat — then it is
+  neither listed nor counted, and the next heartbeat of any service deletes it.
 
 A process calls :func:`record_heartbeat` every ``recovery.service_heartbeat_interval_seconds``
-(30 s; :class:`HeartbeatThread` does it in the background); a service whose last heartbeat is
-older than ``recovery.service_dead_after_seconds`` (90 s) is reported dead (seed 002 "Health
-Check Service"; DESIGN.md "Numbers"). ``packhorse health [--json]`` lists them.
-
-Service names are unique per process, e.g. ``runner@obs1:4242``; ``kind`` says what the
-process is (``runner``, ``monitor``, ``worker``, ``api``, ``notifier``, ...).
+(30 s; :class:`HeartbeatThread` does it in the background). Times are UTC, durations seconds.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -23,76 +36,173 @@ from sqlalchemy.orm import Session
 
 from ..db.models import ServiceHeartbeat, utcnow
 from ..db.session import Database
+from ..errors import ConfigError, ServiceHealthError
 
 log = structlog.get_logger(__name__)
 
-#: Defaults of seed 002 (also ``[recovery]`` keys): update every 30 s, dead after 90 s.
+#: Defaults of seed 002 (also ``[recovery]`` keys): update every 30 s, dead after 90 s; a dead
+#: service is forgotten a day after its last heartbeat.
 HEARTBEAT_INTERVAL_SECONDS = 30.0
 DEAD_AFTER_SECONDS = 90.0
+FORGET_AFTER_SECONDS = 86400.0
+
+#: What an instance name (and a site name inside an identity) may be.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def service_name(kind: str) -> str:
-    """The unique name of this process as a service of ``kind``: ``kind@host:pid``."""
-    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
+def check_instance(instance: str | None) -> str:
+    """``instance`` as stored (``""`` for none), or :class:`~packhorse.errors.ConfigError`
+    naming the value: 1-64 letters, digits, ``_ . -``, starting with a letter or digit."""
+    if instance is None or instance == "":
+        return ""
+    if not _NAME.fullmatch(instance):
+        raise ConfigError(f"--instance / PACKHORSE_INSTANCE: {instance!r} is not a valid instance name "
+                          "(1-64 letters, digits, '_', '.', '-', starting with a letter or digit)")
+    return instance
 
 
-def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: int) -> None:
-    """Record that ``service`` is alive now (insert or update its row; one short transaction).
+def service_identity(kind: str, *, site: str | None = None, instance: str | None = None,
+                     host: str | None = None) -> str:
+    """The identity of a service: ``kind[:site][:instance]@host`` (host: this machine's name).
+
+    Raises:
+        ConfigError: ``instance`` is not a valid name (:func:`check_instance`).
+    """
+    parts = [kind, *(p for p in (site, check_instance(instance)) if p)]
+    return f"{':'.join(parts)}@{host or socket.gethostname()}"
+
+
+def expire_services(session: Session, now: dt.datetime, forget_after_seconds: float = FORGET_AFTER_SECONDS) -> int:
+    """Delete the rows of services whose last heartbeat is older than ``forget_after_seconds``;
+    returns how many."""
+    cutoff = now - dt.timedelta(seconds=forget_after_seconds)
+    return session.execute(delete(ServiceHeartbeat).where(ServiceHeartbeat.last_seen < cutoff)).rowcount or 0
+
+
+def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: int, site: str | None = None,
+                     instance: str = "", started_at: dt.datetime | None = None,
+                     forget_after_seconds: float = FORGET_AFTER_SECONDS, now: dt.datetime | None = None) -> None:
+    """Record that ``service`` is alive now (one short transaction): insert its row, or update
+    it — another process (another ``started_at``, or without one another ``pid``) is a restart
+    that takes the row over (``restarts`` + 1). Rows expired for ``forget_after_seconds`` are
+    deleted in passing.
 
     Args:
-        service: unique service name (see :func:`service_name`).
-        kind: what the service is (``runner``, ``monitor``, ``worker`` ...).
-        host, pid: where it runs.
+        service: the service's identity (:func:`service_identity`).
+        kind: what the service is (``runner``, ``monitor``, ``manager``, ``worker`` ...).
+        host, pid: where it runs now. site, instance: the rest of its identity.
+        started_at: when this process started serving (UTC; tells a restart from the same
+            process even where every process is pid 1, as in containers); default: now.
+        now: the time of the heartbeat (tests; default: the clock).
     """
 
     def tx(s: Session) -> None:
-        now = utcnow()
+        t = now or utcnow()
+        expire_services(s, t, forget_after_seconds)
         row = s.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.service == service)).first()
         if row is None:
-            s.add(ServiceHeartbeat(service=service, kind=kind, host=host, pid=pid, started_at=now, last_seen=now))
-        else:
-            row.kind, row.host, row.pid, row.last_seen = kind, host, pid, now
+            s.add(ServiceHeartbeat(service=service, kind=kind, host=host, pid=pid, site=site, instance=instance,
+                                   started_at=started_at or t, last_seen=t, restarts=0))
+            return
+        if (row.started_at != started_at) if started_at is not None else (row.pid != pid):
+            log.warning("service_restarted", service=service, previous_pid=row.pid, pid=pid,
+                        previous_last_seen=row.last_seen.isoformat())
+            row.restarts = (row.restarts or 0) + 1
+            row.started_at = started_at or t
+        row.kind, row.host, row.pid, row.site, row.instance, row.last_seen = kind, host, pid, site, instance, t
 
     db.transact(tx)
 
 
-def list_services(session: Session, now: dt.datetime | None = None,
-                  dead_after_seconds: float = DEAD_AFTER_SECONDS) -> list[dict[str, Any]]:
-    """Every service that ever recorded a heartbeat, alive ones first, then by name.
+def list_services(session: Session, now: dt.datetime | None = None, dead_after_seconds: float = DEAD_AFTER_SECONDS,
+                  forget_after_seconds: float = FORGET_AFTER_SECONDS) -> list[dict[str, Any]]:
+    """Every service that recorded a heartbeat and is not forgotten, alive ones first, then by name.
 
     Returns:
-        dicts with ``service``, ``kind``, ``host``, ``pid``, ``started_at``, ``last_seen`` (UTC),
-        ``age_seconds`` and ``alive`` (last heartbeat at most ``dead_after_seconds`` old).
+        dicts with ``service`` (the identity), ``kind``, ``site``, ``instance``, ``host``,
+        ``pid`` (the current or last process), ``started_at``, ``last_seen`` (UTC),
+        ``age_seconds``, ``restarts`` and ``alive`` (last heartbeat at most
+        ``dead_after_seconds`` old). Rows older than ``forget_after_seconds`` are left out.
     """
     now = now or utcnow()
     out = []
     for r in session.scalars(select(ServiceHeartbeat)):
         age = (now - r.last_seen).total_seconds()
-        out.append({"service": r.service, "kind": r.kind, "host": r.host, "pid": r.pid, "started_at": r.started_at,
-                    "last_seen": r.last_seen, "age_seconds": round(age, 1), "alive": age <= dead_after_seconds})
+        if age > forget_after_seconds:
+            continue
+        out.append({"service": r.service, "kind": r.kind, "site": r.site, "instance": r.instance or None,
+                    "host": r.host, "pid": r.pid, "started_at": r.started_at, "last_seen": r.last_seen,
+                    "age_seconds": round(age, 1), "restarts": r.restarts or 0, "alive": age <= dead_after_seconds})
     return sorted(out, key=lambda d: (not d["alive"], d["service"]))
+
+
+def forget_service(db: Database, service: str, *, dead_after_seconds: float = DEAD_AFTER_SECONDS,
+                   now: dt.datetime | None = None) -> dict[str, Any]:
+    """Forget a dead service (``packhorse health --forget NAME``): delete its row, so it is no
+    longer listed nor counted (a service taken out of the installation).
+
+    Returns:
+        the row as :func:`list_services` showed it.
+
+    Raises:
+        ServiceHealthError: no service ``service`` is recorded, or it is alive (it would only
+            reappear at its next heartbeat: stop it first).
+    """
+
+    def tx(s: Session) -> dict[str, Any]:
+        t = now or utcnow()
+        row = s.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.service == service)).first()
+        if row is None:
+            known = ", ".join(sorted(s.scalars(select(ServiceHeartbeat.service)))) or "none"
+            raise ServiceHealthError(f"--forget: no service {service!r} is recorded (recorded: {known})")
+        age = (t - row.last_seen).total_seconds()
+        if age <= dead_after_seconds:
+            raise ServiceHealthError(f"--forget: {service} is alive (last heartbeat {age:.0f} s ago); stop it "
+                                     "first: a clean stop removes it by itself")
+        out = {"service": row.service, "kind": row.kind, "host": row.host, "pid": row.pid,
+               "last_seen": row.last_seen, "age_seconds": round(age, 1)}
+        s.delete(row)
+        return out
+
+    return db.transact(tx)
 
 
 class HeartbeatThread:
     """Records this process's heartbeat every ``interval_seconds`` from a daemon thread.
 
-    A failed write (database blip) is logged and retried on the next tick; it never stops the
-    service. Use as a context manager or call :meth:`start` / :meth:`stop`.
+    The service is recorded under its identity (:func:`service_identity` of ``kind``, ``site``,
+    ``instance``, this host), or under ``service`` if given. A failed write (database blip) is
+    logged and retried on the next tick; it never stops the service. Use as a context manager
+    or call :meth:`start` / :meth:`stop`.
+
+    Raises:
+        ConfigError: ``instance`` is not a valid name.
     """
 
     def __init__(self, db: Database, kind: str, *, interval_seconds: float = HEARTBEAT_INTERVAL_SECONDS,
-                 service: str | None = None) -> None:
+                 site: str | None = None, instance: str | None = None, service: str | None = None,
+                 forget_after_seconds: float = FORGET_AFTER_SECONDS,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
         self.db = db
         self.kind = kind
-        self.service = service or service_name(kind)
+        self.site = site
+        self.instance = check_instance(instance)
+        self.service = service or service_identity(kind, site=site, instance=self.instance)
         self.interval = interval_seconds
+        self.forget_after_seconds = forget_after_seconds
+        self._clock = clock
+        #: when this process started serving: its incarnation (a restart has another one)
+        self.started_at = clock() if clock else utcnow()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"health-{kind}", daemon=True)
 
     def beat(self) -> bool:
         """Record one heartbeat now; ``False`` (logged) if the database refused it."""
         try:
-            record_heartbeat(self.db, self.service, kind=self.kind, host=socket.gethostname(), pid=os.getpid())
+            record_heartbeat(self.db, self.service, kind=self.kind, host=socket.gethostname(), pid=os.getpid(),
+                             site=self.site, instance=self.instance, started_at=self.started_at,
+                             forget_after_seconds=self.forget_after_seconds,
+                             now=self._clock() if self._clock else None)
             return True
         except Exception as e:  # never let health reporting kill the service
             log.error("health_heartbeat_failed", service=self.service, error=str(e))
@@ -109,13 +219,16 @@ class HeartbeatThread:
         return self
 
     def stop(self, *, remove: bool = False) -> None:
-        """Stop beating; ``remove``: delete this service's row (a clean shutdown is not a death)."""
+        """Stop beating; ``remove``: delete this service's row (a clean shutdown is not a
+        death) — only while it is still this process's (a successor may have taken it over)."""
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
         if remove:
             try:
                 self.db.transact(lambda s: s.execute(
-                    delete(ServiceHeartbeat).where(ServiceHeartbeat.service == self.service)))
+                    delete(ServiceHeartbeat).where(ServiceHeartbeat.service == self.service,
+                                                   ServiceHeartbeat.started_at == self.started_at)))
             except Exception as e:
                 log.error("health_unregister_failed", service=self.service, error=str(e))
 

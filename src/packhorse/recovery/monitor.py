@@ -2,11 +2,13 @@
 
 One cycle (:func:`check_stalled`):
 
-1. close every circuit breaker whose timeout passed (INFO notification each);
+1. let one attempt through every open circuit breaker whose cool-down passed (half-open:
+   the held operation is reset to ``PENDING``; INFO notification each);
 2. for every ``IN_PROGRESS`` operation whose lease expired (a *stalled* operation): append a
    ``Stalled`` failure event and count the stall on its breaker — once per attempt;
-3. if the breaker is open (``max_stall_count`` stalls): leave the operation and queue one ERROR
-   notification per cooldown window; otherwise run the recovery handler registered for the
+3. if the breaker is open (``max_stall_count`` stalls, or the attempt let through after a
+   cool-down stalled): leave the operation for the cool-down and queue one ERROR notification
+   per cooldown window; otherwise run the recovery handler registered for the
    operation's kind, which resets it to ``PENDING`` for re-dispatch (fenced on the attempt, so
    a worker that renewed meanwhile is never disturbed) and queue a WARNING notification;
 4. a kind with no registered handler (the seeds' bug #69) is never skipped silently: ERROR
@@ -34,7 +36,7 @@ from sqlalchemy.orm import Session
 from ..config import Settings
 from ..db.models import FailureEvent, Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
-from ..domain import NotificationLevel, OperationKind, Status
+from ..domain import BreakerState, NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
 from ..operations import fenced
 from . import breakers
@@ -83,7 +85,8 @@ class MonitorReport:
     reset: list[int] = field(default_factory=list)
     blocked: list[int] = field(default_factory=list)      # left: breaker open
     unhandled: list[int] = field(default_factory=list)    # left: no recovery handler
-    breakers_closed: list[int] = field(default_factory=list)
+    #: let through: an open breaker's cool-down passed (half-open, one attempt)
+    let_through: list[int] = field(default_factory=list)
 
 
 def _stall_event(op: Operation, now: dt.datetime) -> FailureEvent:
@@ -116,7 +119,7 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         if b is None or b.last_stall_attempt != op.attempt:
             s.add(_stall_event(op, now))
             b = breakers.count_stall(s, op, rec, now)
-        if b.opened_at is not None:
+        if b.state == BreakerState.OPEN.value:
             breakers.notify_open(s, b, op, rec, now)
             return "blocked"
         handler = RECOVERY_HANDLERS.get(OperationKind(op.kind))
@@ -162,7 +165,7 @@ def check_stalled(db: Database, settings: Settings) -> MonitorReport:
         of its unit of work (the service loop counts it).
     """
     report = MonitorReport()
-    report.breakers_closed = db.transact(breakers.close_expired)
+    report.let_through = db.transact(lambda s: breakers.let_trials_through(s, settings.recovery))
     now = utcnow()
     stalled = db.read(lambda s: [(r.id, r.attempt) for r in s.execute(
         select(Operation.id, Operation.attempt).where(Operation.status == Status.IN_PROGRESS.value,

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from ..db.models import RawDataPackage
 from ..topology import raw_package_key
-from .base import Recorder, Work, copy_object, record_copy
+from ..errors import SourceMissingError
+from .base import Recorder, Work, copy_object, note_lost_source, record_copy
 
 
 def run(work: Work) -> Recorder:
@@ -25,8 +26,13 @@ def run(work: Work) -> Recorder:
     dst_name = ctx.location_name(work.op.destination_location_id)
     key = raw_package_key(pkg.name)
     work.info.update(package=pkg.name, source=src_name, destination=dst_name, key=key)
-    copy_object(work, ctx.backend(src_name), key, ctx.backend(dst_name), key, size=pkg.size, sha256=pkg.sha256,
-                point="long_term_archive")
+    src = ctx.backend(src_name)
+    try:
+        copy_object(work, src, key, ctx.backend(dst_name), key, size=pkg.size, sha256=pkg.sha256,
+                    point="long_term_archive")
+    except SourceMissingError:  # the buffer copy is gone: recorded, so it is shipped again
+        note_lost_source(work, src, key, location_id=work.op.source_location_id, raw_data_package_id=pkg.id)
+        raise
     location_id = ctx.topology.location_ids[dst_name]
     size, sha, pkg_id = pkg.size, pkg.sha256, pkg.id
 

@@ -9,9 +9,12 @@ sizes). If the attempt is stale the transaction rolls back and nothing is record
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
+
+import structlog
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
@@ -22,7 +25,9 @@ from ..domain import LIVE_COPY_STATUSES, CopyStatus
 from ..errors import DestinationConflictError, VerificationError
 from ..lease import LeaseKeeper
 from ..operations import Claim
-from ..storage.base import CHUNK_BYTES, PublishResult, StorageBackend
+from ..storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
+
+log = structlog.get_logger(__name__)
 
 Recorder = Callable[[Session], None]
 
@@ -110,13 +115,69 @@ def clear_partials(backend: StorageBackend, key: str) -> None:
     backend.remove_partials_of(key)
 
 
+def resume_partial(work: Work, f: BinaryIO, w: PendingWrite, size: int) -> bytes:
+    """Verify the bytes ``w`` took over from an earlier attempt's partial against the source
+    and keep the longest equal prefix (docs/reliability.md "Resumable transfers"; I4).
+
+    Both are read: the source ``f`` (from its start) and the partial, block by block
+    (:data:`CHUNK_BYTES`), compared byte for byte; the first block that differs (a crash's
+    garbage tail, another object's bytes) and everything after it is dropped
+    (:meth:`~packhorse.storage.base.PendingWrite.keep_prefix`), as is anything beyond ``size``.
+    The source is read sequentially only (it need not be seekable).
+
+    Returns:
+        the source bytes read past the kept prefix (the differing block; often empty): the
+        caller writes them first, then copies the rest of ``f``.
+
+    Raises:
+        LeaseLostError: the lease was lost meanwhile (nothing is published).
+    """
+    hasher = hashlib.sha256()
+    limit = min(w.resumed_bytes, size)
+    kept = 0
+    leftover = b""
+    a, b = bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES)
+    with w.open_resumed() as p:
+        while kept < limit:
+            want = min(CHUNK_BYTES, limit - kept)
+            n, m = _read_exactly(f, a, want), _read_exactly(p, b, want)
+            if n != m or a[:n] != b[:m] or n != want:
+                leftover = bytes(a[:n])
+                break
+            hasher.update(memoryview(a)[:n])
+            kept += n
+            work.progress(n)
+    w.keep_prefix(kept, hasher)
+    work.info.update(resumed_bytes=kept, partial_bytes_dropped=w.resumed_bytes - kept)
+    log.info("partial_resumed", key=w.key, taken_over_bytes=w.resumed_bytes, kept_bytes=kept,
+             to_write_bytes=size - kept)
+    return leftover
+
+
+def _read_exactly(f: BinaryIO, buf: bytearray, n: int) -> int:
+    """Read up to ``n`` bytes into ``buf`` (looping over short reads); returns how many."""
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        r = f.readinto(view[got:n])  # type: ignore[attr-defined]
+        if not r:
+            break
+        got += r
+    return got
+
+
 def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBackend, dst_key: str, *,
-                size: int, sha256: str, point: str) -> PublishResult:
+                size: int, sha256: str, point: str, resume: bool = False) -> PublishResult:
     """Copy one object between backends, write-once, verified (I2, I4).
 
     If the destination already holds the same bytes nothing is written ("already there").
     The bytes are hashed while copied and compared with ``sha256`` *before* publishing, so a
     bad copy is never published; after publishing the object is re-read and verified.
+
+    With ``resume`` the write is resumable under the attempt's fencing token
+    (:meth:`~packhorse.storage.base.StorageBackend.open_resumable_write`): the partial an
+    interrupted earlier attempt left is verified against the source (:func:`resume_partial`)
+    and only the rest is written; the result is checked exactly as a fresh copy's.
 
     Raises:
         DestinationConflictError: the destination holds different bytes.
@@ -125,10 +186,17 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
     """
     if already_there(dst, dst_key, size, sha256):
         return PublishResult(dst_key, size, sha256, already_there=True)
-    clear_partials(dst, dst_key)
+    if not resume:
+        clear_partials(dst, dst_key)
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)
-    with src.open_read(src_key) as f, dst.open_write(dst_key) as w:
+    with src.open_read(src_key) as f, (dst.open_resumable_write(dst_key, work.claim.attempt) if resume
+                                       else dst.open_write(dst_key)) as w:
+        if w.resumed_bytes:
+            leftover = resume_partial(work, f, w, size)
+            if leftover:
+                w.write(leftover)
+                work.progress(len(leftover))
         first = True
         while True:
             n = f.readinto(buf)  # type: ignore[attr-defined]
@@ -170,3 +238,42 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
         raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
         location_id=location_id, path=key, size=size, sha256=sha256, status=CopyStatus.PRESENT.value,
         created_at=utcnow(), verified_at=when)).inserted_primary_key[0])
+
+def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | None = None,
+              data_transfer_package_id: int | None = None) -> int:
+    """Record the present copy of an artifact at ``location_id`` as ``missing`` (a
+    compare-and-set on ``present``, so a copy repaired, deleted or being deleted meanwhile is
+    left alone). Returns the rows changed (0 or 1). The desired state then finds another
+    source of the bytes (:mod:`packhorse.convergence`)."""
+    t = PhysicalCopy.__table__
+    subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
+               else t.c.data_transfer_package_id == data_transfer_package_id)
+    return int(session.connection().execute(update(t).where(
+        subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value)
+        .values(status=CopyStatus.MISSING.value)).rowcount or 0)
+
+
+def note_lost_source(work: Work, backend: StorageBackend, key: str, *, location_id: int,
+                     raw_data_package_id: int | None = None, data_transfer_package_id: int | None = None) -> bool:
+    """After reading ``key`` failed with :class:`~packhorse.errors.SourceMissingError`: if the
+    backend confirms there is no object under ``key`` (``stat`` returns ``None``; a location
+    that cannot be asked raises, and nothing is recorded), the failure of this attempt also
+    records the copy ``missing`` (:attr:`Work.salvage`, in the same fenced transaction: a stale
+    attempt records nothing, I3). Returns whether it will.
+
+    That is what lets the pipeline converge (DESIGN.md "Converging"): a bundle deleted from
+    a buffer before its transfer is rebuilt from its packages instead of staying "present"
+    in the database for ever.
+    """
+    if backend.stat(key) is not None:
+        return False
+    earlier = work.salvage
+
+    def salvage(s: Session) -> None:
+        if earlier is not None:
+            earlier(s)
+        mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                  data_transfer_package_id=data_transfer_package_id)
+
+    work.salvage = salvage
+    return True

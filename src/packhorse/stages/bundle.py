@@ -12,10 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, RawDataPackage
-from ..errors import DestinationConflictError
+from ..errors import DestinationConflictError, SourceMissingError
 from ..packaging import PayloadFile, write_bag_tar
 from ..topology import bundle_key, raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+from .base import Recorder, Work, already_there, clear_partials, note_lost_source, publish_verified, record_copy
 
 
 def run(work: Work) -> Recorder:
@@ -45,12 +45,18 @@ def run(work: Work) -> Recorder:
         ]
         site = ctx.topology.site_name(dtp.source_site_id)
         clear_partials(buf, key)
-        with buf.open_write(key) as w:
-            write_bag_tar(w, bag_dir=dtp.name, files=payload,
-                          bag_info={"Packhorse-Source-Site": site, "Packhorse-Package-Count": str(len(pkgs))},
-                          bagging_date=dtp.bagging_date, external_identifier=dtp.name, tag_mtime=mtime,
-                          on_bytes=work.progress)
-            result = publish_verified(work, w, buf, expected_sha256=dtp.sha256, point="data_transfer_package")
+        try:
+            with buf.open_write(key) as w:
+                write_bag_tar(w, bag_dir=dtp.name, files=payload,
+                              bag_info={"Packhorse-Source-Site": site, "Packhorse-Package-Count": str(len(pkgs))},
+                              bagging_date=dtp.bagging_date, external_identifier=dtp.name, tag_mtime=mtime,
+                              on_bytes=work.progress)
+                result = publish_verified(work, w, buf, expected_sha256=dtp.sha256, point="data_transfer_package")
+        except SourceMissingError:  # a package tar is gone from the buffer: recorded, so it is rebuilt
+            buf_id = work.op.destination_location_id
+            for p in pkgs:
+                note_lost_source(work, buf, raw_package_key(p.name), location_id=buf_id, raw_data_package_id=p.id)
+            raise
         size, sha = result.size, result.sha256
     assert size is not None and sha is not None
     location_id = ctx.topology.location_ids[buf_name]

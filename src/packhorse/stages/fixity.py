@@ -34,6 +34,7 @@ from ..fixity import Finding, check_copy, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
 from .staging import ensure_readable
+from ..convergence import repair_sources
 
 
 def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
@@ -79,7 +80,8 @@ def run(work: Work) -> Recorder:
         good = [f for f in findings if not f.bad]
         to_repair = list(outcome["recorded"])
     elif copy.status in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
-        findings = [_check(work, c) for c in present]
+        # only the copies it may be repaired from (an archive, or its own site)
+        findings = [_check(work, c) for c in repair_sources(ctx, loc, present)]
         ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))
         good = [f for f in findings if not f.bad]
         to_repair = [Finding(copy.id, loc, copy.path, copy.size, copy.sha256, copy.status,
@@ -92,9 +94,14 @@ def run(work: Work) -> Recorder:
         work.info.update(result="no verified copy to repair from" if not good else "nothing to repair")
         return lambda s: None
     good.sort(key=lambda f: ctx.settings.location(f.location).cold)  # warm sources first
-    source = good[0]
-    repaired: list[tuple[Finding, str | None]] = []
+    by_id = {c.id: c for c in present}
+    repaired: list[tuple[Finding, str | None, Finding]] = []
     for bad in to_repair:
+        eligible = {c.id for c in repair_sources(ctx, bad.location, [by_id[f.copy_id] for f in good
+                                                                     if f.copy_id in by_id])}
+        source = next((f for f in good if f.copy_id in eligible), None)
+        if source is None:
+            continue  # no source it may be repaired from: re-shipped along the route first
         if ctx.db.read(lambda s, b=bad: _live_copy_at(s, b)):
             continue  # repaired meanwhile
         dst = ctx.backend(bad.location)
@@ -105,16 +112,21 @@ def run(work: Work) -> Recorder:
         work.check()
         copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,
                     sha256=bad.expected, point="fixity_check")
-        repaired.append((bad, quarantined))
-    work.info.update(repaired=[f"{b.location}:{b.path}" for b, _ in repaired], source=source.location)
+        repaired.append((bad, quarantined, source))
+    work.info.update(repaired=[f"{b.location}:{b.path}" for b, _, _ in repaired],
+                     source=sorted({src.location for _, _, src in repaired}))
 
     def record(s: Session) -> None:
-        for bad, quarantined in repaired:
+        for bad, quarantined, source in repaired:
             if _live_copy_at(s, bad):
                 continue  # a concurrent audit of a sibling copy recorded this repair first
             record_copy(s, location_id=ctx.topology.location_ids[bad.location], key=bad.path, size=bad.size,
                         sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
                         data_transfer_package_id=bad.data_transfer_package_id)
+            if bad.raw_data_package_id is not None:
+                from ..managers.policy import mark_archived_if_complete
+
+                mark_archived_if_complete(s, ctx, bad.raw_data_package_id)
             enqueue(s, level=NotificationLevel.INFO, event="fixity_repaired",
                     subject=f"Fixity: repaired {bad.location}:{bad.path}",
                     body="\n".join([f"The {bad.status} copy {bad.location}:{bad.path} was re-archived from "

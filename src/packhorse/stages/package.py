@@ -3,22 +3,50 @@
 The tar is deterministic (DESIGN.md I3): a rebuild after a crash yields the same bytes and
 meets "already there". Source bytes are checked against the sha256 registered by the scan
 while they stream into the tar (I4); the published tar is re-read and verified.
+
+Files that no longer match their registration (README "Versions"; DESIGN.md "Converging":
+siblings never wait). Before the tar is built, every file is stat'ed; while it is built, every
+file is hashed. A file that is gone, or whose size or bytes differ from its registration, is
+taken out of the package — its registration moves to ``withdrawn_files`` with the reason, in a
+transaction fenced on this attempt (I3) — and the package is built from the others in the same
+attempt. Nothing is published before that, so the package's name only ever means the bytes it
+is finally built from. The scan registers a changed file again (it looks at withdrawn paths at
+every cycle) and it is packaged with the next package of its group; a vanished file gets a
+WARNING notification and stays listed by ``packhorse status`` until it comes back. A package
+left with no file is dropped (its operation completes, its name is free again). A tar an
+earlier attempt published but did not record is taken as the package when it is a valid bag of
+exactly the registered files (:func:`_adopt_published`), so a file that changed after that
+build becomes a new version instead of a conflict. Versions of
+two or more carry ``Packhorse-Version`` in their bag-info (version 1 bags are unchanged, I3).
 """
 
 from __future__ import annotations
 
 import calendar
 import datetime as dt
+import hashlib
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import RawDataFile, RawDataPackage
-from ..errors import DestinationConflictError
-from ..packaging import PayloadFile, write_bag_tar
+from ..db.models import Operation, RawDataFile, RawDataPackage, WithdrawnFile, utcnow
+from ..errors import (
+    DestinationConflictError,
+    LeaseLostError,
+    SourceChangedError,
+    SourceMissingError,
+    UnsafePathError,
+    VerificationError,
+)
+from ..operations import fenced
+from ..packaging import PayloadFile, TeeReader, read_bag_tar, write_bag_tar
+from ..storage.base import StorageBackend
 from ..topology import raw_package_key
 from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+
+#: ``withdrawn_files.cause`` and the reason recorded (and shown by ``packhorse status``).
+CHANGED, VANISHED = "changed", "vanished"
 
 
 def bag_dir_name(name: str) -> str:
@@ -60,10 +88,109 @@ def _bagging_day_epoch(bagging_date: str) -> int:
     return _epoch(dt.datetime.strptime(bagging_date, "%Y-%m-%d").replace(tzinfo=dt.timezone.utc))
 
 
+def stale_files(src: StorageBackend, files: list[Any]) -> list[tuple[str, str, str]]:
+    """The registered ``files`` (rows with ``relative_path``, ``size``) that are gone or whose
+    size differs now, by a ``stat`` through the source backend: ``[(path, cause, reason)]``
+    with cause :data:`CHANGED` or :data:`VANISHED`. (A file whose bytes changed without its
+    size is found by the hash while the tar is built; an mtime alone changes nothing: the
+    registered bytes are what is packaged.)"""
+    out: list[tuple[str, str, str]] = []
+    for f in files:
+        try:
+            info = src.stat(f.relative_path)
+        except (OSError, SourceMissingError):
+            info = None
+        except UnsafePathError:
+            out.append((f.relative_path, VANISHED, "no longer a regular file in the location (a symbolic link?)"))
+            continue
+        if info is None:
+            out.append((f.relative_path, VANISHED, "gone from the source before it was packaged"))
+        elif info.size != f.size:
+            out.append((f.relative_path, CHANGED, f"changed before it was packaged ({info.size} bytes, registered "
+                                                  f"with {f.size}); registered again when it settles"))
+    return out
+
+
+def withdraw(work: Work, pkg_id: int, stale: list[tuple[str, str, str]]) -> None:
+    """Take the ``stale`` files (``[(path, cause, reason)]``) out of package ``pkg_id``, which is
+    not built yet: their registrations move to ``withdrawn_files``, the package's file count and
+    payload bytes follow, vanished files get one WARNING notification. One transaction, fenced
+    on this attempt (I3).
+
+    Raises:
+        LeaseLostError: the attempt is stale; nothing was changed.
+    """
+    from ..notify.messages import source_files_vanished
+
+    ctx = work.ctx
+    claim = work.claim
+
+    def tx(s: Session) -> None:
+        conn = s.connection()
+        ops = Operation.__table__
+        if conn.execute(update(ops).where(fenced(claim.operation_id, claim.attempt))
+                        .values(updated_at=utcnow())).rowcount != 1:
+            raise LeaseLostError(f"operation {claim.operation_id}: attempt {claim.attempt} is stale; "
+                                 "its files stay in the package")
+        t = RawDataFile.__table__
+        pkg = conn.execute(select(RawDataPackage.__table__.c.name, RawDataPackage.__table__.c.sha256)
+                           .where(RawDataPackage.__table__.c.id == pkg_id)).one()
+        assert pkg.sha256 is None, f"package {pkg.name!r} is built: its files are never taken out"
+        now = utcnow()
+        vanished: list[str] = []
+        location = ""
+        for path, cause, reason in stale:
+            row = conn.execute(select(t).where(t.c.raw_data_package_id == pkg_id, t.c.relative_path == path)).first()
+            if row is None:
+                continue
+            conn.execute(WithdrawnFile.__table__.insert().values(
+                location_id=row.location_id, relative_path=path, version=row.version, size=row.size,
+                sha256=row.sha256, mtime_ns=row.mtime_ns, registered_at=row.registered_at, package_name=pkg.name,
+                cause=cause, reason=f"{reason} (taken out of package {pkg.name})", withdrawn_at=now))
+            conn.execute(delete(t).where(t.c.id == row.id))
+            location = ctx.location_name(row.location_id)
+            if cause == VANISHED:
+                vanished.append(path)
+        count, payload = conn.execute(select(func.count(), func.coalesce(func.sum(t.c.size), 0))
+                                      .where(t.c.raw_data_package_id == pkg_id)).one()
+        conn.execute(update(RawDataPackage.__table__).where(RawDataPackage.__table__.c.id == pkg_id)
+                     .values(file_count=count, payload_bytes=payload))
+        if vanished:
+            source_files_vanished(s, location=location, package=pkg.name, paths=vanished,
+                                  operation_id=claim.operation_id)
+
+    ctx.db.transact(tx)
+    work.info.setdefault("withdrawn", []).extend(f"{cause}: {path}" for path, cause, _ in stale)
+
+
+def _dropped(work: Work, pkg_id: int) -> Recorder:
+    """The recorder of a package left with no file: the package row goes (it was never built),
+    its operation completes and stays as history, its dedup key freed (SQLite may give the id to
+    the next package)."""
+    op_id = work.claim.operation_id
+
+    def record(s: Session) -> None:
+        ops = Operation.__table__
+        conn = s.connection()
+        key = conn.execute(select(ops.c.dedup_key).where(ops.c.id == op_id)).scalar_one()
+        conn.execute(update(ops).where(ops.c.id == op_id)
+                     .values(raw_data_package_id=None, dedup_key=f"{key}:dropped-op{op_id}"))
+        t = RawDataPackage.__table__
+        conn.execute(delete(t).where(t.c.id == pkg_id, t.c.sha256.is_(None)))
+
+    return record
+
+
 def run(work: Work) -> Recorder:
-    """Build, publish and verify the package tar; record its size, sha256 and buffer copy."""
+    """Build, publish and verify the package tar; record its size, sha256 and buffer copy.
+
+    Files gone or changed since their registration are taken out first (:func:`withdraw`,
+    module docstring); a package left empty is dropped. A package built before (a rebuild of
+    a lost package) is never changed: a source file that differs fails the rebuild
+    (``SourceChangedError`` / ``SourceMissingError``, permanent)."""
     ctx = work.ctx
     pkg_id = work.op.raw_data_package_id
+    assert pkg_id is not None
 
     def load(s: Session) -> tuple[RawDataPackage, list[Any]]:
         pkg = s.get(RawDataPackage, pkg_id)
@@ -73,34 +200,41 @@ def run(work: Work) -> Recorder:
                                  RawDataFile.mtime_ns).where(RawDataFile.raw_data_package_id == pkg_id)).all()
         return pkg, files
 
-    pkg, files = ctx.db.read(load)
     src = ctx.backend(ctx.location_name(work.op.source_location_id))
     dst_name = ctx.location_name(work.op.destination_location_id)
     dst = ctx.backend(dst_name)
-    key = raw_package_key(pkg.name)
-    work.info.update(package=pkg.name, destination=dst_name, key=key)
-
-    if already_there(dst, key, pkg.size, pkg.sha256):
-        size, sha = pkg.size, pkg.sha256
-    else:
-        payload = [
-            PayloadFile(path=f.relative_path, size=f.size, sha256=f.sha256, mtime=f.mtime_ns // 1_000_000_000,
-                        open=(lambda p=f.relative_path: src.open_read(p)))
-            for f in files
-        ]
-        loc = ctx.settings.location(ctx.location_name(pkg.source_location_id))
-        bag_info = {
-            "Packhorse-Group": pkg.group_path,
-            "Packhorse-Source-Site": loc.site,
-            "Packhorse-Source-Location": loc.name,
-        }
-        clear_partials(dst, key)
-        with dst.open_write(key) as w:
-            write_bag_tar(w, bag_dir=bag_dir_name(pkg.name), files=payload, bag_info=bag_info,
-                          bagging_date=pkg.bagging_date, external_identifier=pkg.name,
-                          tag_mtime=_bagging_day_epoch(pkg.bagging_date), on_bytes=work.progress)
-            result = publish_verified(work, w, dst, expected_sha256=pkg.sha256, point="raw_data_package")
-        size, sha = result.size, result.sha256
+    while True:  # each round takes at least one file out, or ends
+        pkg, files = ctx.db.read(load)
+        key = raw_package_key(pkg.name)
+        work.info.update(package=pkg.name, destination=dst_name, key=key)
+        if already_there(dst, key, pkg.size, pkg.sha256):
+            size, sha = pkg.size, pkg.sha256
+            break
+        if not files:
+            work.info.update(dropped=True)
+            return _dropped(work, pkg_id)
+        if pkg.sha256 is None and (adopted := _adopt_published(dst, key, pkg, files)) is not None:
+            size, sha = adopted
+            break
+        ctx.hooks.hit("raw_data_package.sources")  # tests: change a source file here
+        built = pkg.sha256 is not None  # a rebuild (convergence): exactly the recorded bytes, or nothing
+        stale = [] if built else stale_files(src, files)
+        if stale:
+            withdraw(work, pkg_id, stale)
+            continue
+        try:
+            size, sha = _build(work, pkg, files, src, dst, key)
+        except (SourceChangedError, SourceMissingError) as e:
+            registered = {f.relative_path for f in files}
+            if built or e.path not in registered:
+                raise
+            cause = VANISHED if isinstance(e, SourceMissingError) else CHANGED
+            reason = ("gone from the source before it was packaged" if cause == VANISHED else
+                      f"changed before it was packaged ({e}); registered again when it settles")
+            clear_partials(dst, key)
+            withdraw(work, pkg_id, [(e.path, cause, reason)])
+            continue
+        break
     assert size is not None and sha is not None
     location_id = ctx.topology.location_ids[dst_name]
 
@@ -115,3 +249,66 @@ def run(work: Work) -> Recorder:
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
 
     return record
+
+
+class _Sha256Sink:
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        return len(data)
+
+
+def _adopt_published(dst: StorageBackend, key: str, pkg: RawDataPackage, files: list[Any]) -> tuple[int, str] | None:
+    """An earlier attempt that published the tar and died before recording it left the object
+    at ``key``: if it is a valid bag of exactly ``files`` as registered (paths and sha256) with
+    the package's name, it is the package — returns its (size, sha256), read back (I4) — so a
+    source file that changed since cannot turn a finished build into a conflict. ``None``: no
+    object there, or one of other contents (publishing over it then fails loudly, I2)."""
+    if dst.stat(key) is None:
+        return None
+    sink = _Sha256Sink()
+    try:
+        with dst.open_read(key) as f:
+            tee = TeeReader(f, sink)
+            contents = read_bag_tar(tee, source=f"{dst.location}:{key}")  # type: ignore[arg-type]
+            tee.drain()
+    except (VerificationError, UnsafePathError, SourceMissingError):
+        return None
+    if contents.bag_info.get("External-Identifier") != pkg.name:
+        return None
+    if contents.files != {f.relative_path: f.sha256 for f in files}:
+        return None
+    return tee.size, sink.hash.hexdigest()
+
+
+def _build(work: Work, pkg: RawDataPackage, files: list[Any], src: StorageBackend, dst: StorageBackend,
+           key: str) -> tuple[int, str]:
+    """Write, publish and verify the tar of ``pkg`` from ``files``; returns (size, sha256).
+
+    Raises:
+        SourceChangedError, SourceMissingError: a payload file differs from its registration.
+    """
+    ctx = work.ctx
+    payload = [
+        PayloadFile(path=f.relative_path, size=f.size, sha256=f.sha256, mtime=f.mtime_ns // 1_000_000_000,
+                    open=(lambda p=f.relative_path: src.open_read(p)))
+        for f in files
+    ]
+    loc = ctx.settings.location(ctx.location_name(pkg.source_location_id))
+    bag_info = {
+        "Packhorse-Group": pkg.group_path,
+        "Packhorse-Source-Site": loc.site,
+        "Packhorse-Source-Location": loc.name,
+    }
+    if pkg.version > 1:  # version 1 bags keep the bytes they always had (I3)
+        bag_info["Packhorse-Version"] = str(pkg.version)
+    clear_partials(dst, key)
+    with dst.open_write(key) as w:
+        write_bag_tar(w, bag_dir=bag_dir_name(pkg.name), files=payload, bag_info=bag_info,
+                      bagging_date=pkg.bagging_date, external_identifier=pkg.name,
+                      tag_mtime=_bagging_day_epoch(pkg.bagging_date), on_bytes=work.progress)
+        result = publish_verified(work, w, dst, expected_sha256=pkg.sha256, point="raw_data_package")
+    assert result.size is not None and result.sha256 is not None
+    return result.size, result.sha256

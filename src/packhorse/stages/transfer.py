@@ -7,11 +7,23 @@ Run by the destination site's workers (they pull). Methods (per route):
   with ``{source}`` = the bundle's local path and ``{destination}`` = a partial file beside the
   final name at the destination; the arguments are split like a shell line and never passed to
   a shell. The lease is checked while the command runs; the command is killed if it is lost.
+  ``{partial}`` is the same partial file, but the template declares the command resumes
+  (``rsync --partial --append-verify {source} {partial}``): it then gets the earlier attempt's
+  partial, cut to its verified prefix, instead of an empty one.
+
+Resumption (docs/reliability.md "Resumable transfers"): both methods write the partial under
+the attempt's fencing token (:meth:`~packhorse.storage.base.StorageBackend.open_resumable_write`).
+A later attempt takes over the partial an interrupted one left, reads it and the source's
+prefix and compares them block by block (:func:`~packhorse.stages.base.resume_partial`), keeps
+the equal prefix and writes only the rest; an S3 destination continues the interrupted
+multipart upload with the parts that verify. The verification before and after publishing is
+the same as for a fresh copy.
 
 A route's ``bandwidth_limit_bytes_per_second`` is shared by its transfers in progress: each
 reads at most the limit divided by their number (counted in the ops database every
 :data:`SHARE_REFRESH_SECONDS`, so it holds across worker processes and machines). A command
-gets its share as ``{bandwidth_limit}`` (bytes/s) and ``{bandwidth_limit_kib}`` (KiB/s).
+gets its share as ``{bandwidth_limit}`` (bytes/s) and ``{bandwidth_limit_kib}`` (KiB/s). The
+source reads that verify a resumed partial's prefix keep to the same share.
 
 Either way the result is hashed and compared with the bundle's sha256 before it is published,
 then re-read and verified (I4).
@@ -27,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
-from ..errors import ConfigError, TransferCommandError
+from ..errors import ConfigError, SourceMissingError, TransferCommandError
 from ..ratelimit import RateLimiter
 from ..storage.base import StorageBackend
 from ..storage.registry import read_limited
@@ -38,8 +50,10 @@ from .base import (
     already_there,
     clear_partials,
     copy_object,
+    note_lost_source,
     publish_verified,
     record_copy,
+    resume_partial,
 )
 
 #: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
@@ -47,10 +61,10 @@ SHARE_REFRESH_SECONDS = 1.0
 
 
 def command_args(template: str, source: str, destination: str, bandwidth_limit: int | None = None) -> list[str]:
-    """Split ``template`` like a shell line and fill ``{source}``/``{destination}`` in each arg,
-    and ``{bandwidth_limit}`` (bytes/s) / ``{bandwidth_limit_kib}`` (KiB/s, at least 1) when a
-    limit is given."""
-    values = {"{source}": source, "{destination}": destination}
+    """Split ``template`` like a shell line and fill ``{source}`` and ``{destination}`` /
+    ``{partial}`` (both the partial file ``destination``) in each arg, and ``{bandwidth_limit}``
+    (bytes/s) / ``{bandwidth_limit_kib}`` (KiB/s, at least 1) when a limit is given."""
+    values = {"{source}": source, "{destination}": destination, "{partial}": destination}
     if bandwidth_limit is not None:
         values["{bandwidth_limit}"] = str(int(bandwidth_limit))
         values["{bandwidth_limit_kib}"] = str(max(1, int(bandwidth_limit) // 1024))
@@ -90,18 +104,34 @@ def run(work: Work) -> Recorder:
     method = route.method if route else TransferMethod.COPY
 
     limit = route.bandwidth_limit_bytes_per_second if route else None
+    src_id = work.op.source_location_id
+    ctx.hooks.hit("transfer.start")  # hooks: claimed, nothing read yet (tests lose the bundle here)
     if method is TransferMethod.COPY:
         source = src if limit is None else _throttled(work, src, limit)
-        copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer")  # type: ignore[arg-type]
+        try:
+            copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer",  # type: ignore[arg-type]
+                        resume=True)
+        except SourceMissingError:
+            note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id)
+            raise
     elif not already_there(dst, key, dtp.size, dtp.sha256):
+        if note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id):
+            raise SourceMissingError(f"{src_name}: {key!r} does not exist", side="source", path=key, host=src_name,
+                                     step="transfer")
         assert route is not None and route.command is not None
         src_path = src.local_path(key)
         if src_path is None:
             raise ConfigError(f"routes: method 'command' needs disk locations ({src_name} is not)")
-        clear_partials(dst, key)
-        with dst.open_write(key) as w:
+        resumes = "{partial}" in route.command
+        if not resumes:
+            clear_partials(dst, key)
+        with (dst.open_resumable_write(key, work.claim.attempt) if resumes else dst.open_write(key)) as w:
             if w.local_path is None:
                 raise ConfigError(f"routes: method 'command' needs disk locations ({dst_name} is not)")
+            if w.resumed_bytes:
+                source = src if limit is None else _throttled(work, src, limit)
+                with source.open_read(key) as f:
+                    resume_partial(work, f, w, dtp.size)  # the command writes the rest itself
             share = None if limit is None else int(route_share(work, limit))
             args = command_args(route.command, str(src_path), str(w.local_path), share)
             _run_command(work, args, key)

@@ -20,12 +20,12 @@ from sqlalchemy.orm import Session
 
 from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
-from ..errors import VerificationError
+from ..errors import SourceMissingError, VerificationError
 from ..extraction import ExtractionLimits
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
 from ..storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
 from ..topology import bundle_key, raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+from .base import Recorder, Work, already_there, clear_partials, note_lost_source, publish_verified, record_copy
 
 
 def _seekable(stream: BinaryIO) -> bool:
@@ -173,7 +173,12 @@ def run(work: Work) -> Recorder:
     # unpack (a refused member, a damaged package): no verified object is left in the buffer
     # without its copy row, and the packages that are good go on to their archives
     work.salvage = record
-    with buf.open_read(key) as f:
+    try:
+        stream = buf.open_read(key)
+    except SourceMissingError:  # the bundle copy is gone: recorded, so it is shipped again
+        note_lost_source(work, buf, key, location_id=location_id, data_transfer_package_id=dtp_id)
+        raise
+    with stream as f:
         unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
                       limits=ExtractionLimits.from_settings(ctx.settings), done=done)
     seen_ids = {d[0] for d in done}

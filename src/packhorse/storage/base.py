@@ -30,6 +30,18 @@ Contract (tested for every backend by ``tests/conformance``):
   :meth:`StorageBackend.remove_partials_of` (one key's, by the next attempt at it). A backend may also keep unpublished bytes off
   the medium altogether (S3 spools locally until ``publish``): then a killed writer leaves
   nothing at all.
+* Resumption (``transfer``: docs/reliability.md "Resumable transfers"):
+  :meth:`StorageBackend.open_resumable_write` with the operation's fencing token (its attempt)
+  starts a write that may take over the partial an earlier, interrupted attempt of the same key
+  left (disk: a partial named with a lower token whose lock no live writer holds; the partial is
+  locked by its writer for as long as it writes, so a stale attempt never appends to the partial
+  a newer one resumes). :attr:`PendingWrite.resumed_bytes` says how many bytes were taken over;
+  they are *unverified*: the caller reads them (:meth:`PendingWrite.open_resumed`), compares
+  them with the source and keeps only the equal prefix (:meth:`PendingWrite.keep_prefix`).
+  Partials of resumable writes carry the token in their name (``.<name>.t<token>.<random>``)
+  and are swept later than others (``cleanup_partials(..., resumable_older_than_seconds=)``).
+  S3 resumes in ``publish``: an incomplete multipart upload of the key is continued with the
+  parts whose size, MD5 (ETag) and sha256 checksum equal the new bytes'.
 * Keys under :data:`RESERVED_PREFIX` (``_packhorse/``) belong to packhorse itself (write-once
   probes, quarantined objects, restore markers): ``list`` and ``walk`` never yield them.
 * :meth:`StorageBackend.walk` is the listing of what is on the medium (the scan of a source
@@ -176,6 +188,29 @@ class PendingWrite(abc.ABC):
             )
         return sha
 
+    #: bytes of an earlier attempt's partial this write took over, not yet verified
+    #: (:meth:`StorageBackend.open_resumable_write`); 0 when it starts empty
+    resumed_bytes: int = 0
+
+    def open_resumed(self) -> BinaryIO:
+        """Open the taken-over bytes (the first :attr:`resumed_bytes` of the partial) for reading.
+
+        Raises:
+            NotImplementedError: nothing was taken over (``resumed_bytes == 0``).
+        """
+        raise NotImplementedError("this write took over no partial")
+
+    def keep_prefix(self, nbytes: int, hasher: "hashlib._Hash") -> None:
+        """Keep the first ``nbytes`` of the taken-over bytes (the caller compared them with the
+        source; ``hasher`` is the sha256 state over exactly those bytes) and drop the rest; later
+        :meth:`write` calls append after them. ``nbytes`` = 0 drops everything.
+
+        Raises:
+            ValueError: ``nbytes`` is negative or more than :attr:`resumed_bytes`.
+        """
+        if nbytes != 0 or self.resumed_bytes:
+            raise NotImplementedError("this write took over no partial")
+
     @property
     def local_path(self) -> Path | None:
         """A local file an external command may write instead (disk backends), else ``None``.
@@ -242,6 +277,14 @@ class StorageBackend(abc.ABC):
     def open_write(self, key: str) -> PendingWrite:
         """Start a write-once write of ``key`` (see :class:`PendingWrite`)."""
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        """Start a write-once write of ``key`` that may take over the partial of an earlier,
+        interrupted attempt (see "Resumption" in the module docstring). ``token`` is the
+        operation's fencing token (its attempt, >= 1): only partials written under a lower token,
+        which no live writer holds, are taken over. Backends that keep no partials on the medium
+        return a plain :meth:`open_write` (``resumed_bytes == 0``)."""
+        return self.open_write(key)
+
     @abc.abstractmethod
     def delete(self, key: str, *, prune: bool = True) -> bool:
         """Remove the object; returns ``False`` if it was already gone. ``prune`` also removes
@@ -281,8 +324,11 @@ class StorageBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def cleanup_partials(self, older_than_seconds: float) -> int:
-        """Remove unpublished partial writes older than this; returns how many were removed."""
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
+        """Remove unpublished partial writes older than ``older_than_seconds`` (seconds since their
+        last write); those of resumable writes (:meth:`open_resumable_write`) only once older than
+        ``resumable_older_than_seconds`` (default: the same age), so a retry can still resume
+        them. Returns how many were removed."""
 
     @abc.abstractmethod
     def quarantine(self, key: str) -> str | None:

@@ -3,7 +3,14 @@
 Publication (DESIGN.md I2): bytes go to ``.<name>.<random>.packhorse-partial`` in the
 destination folder, are fsynced, then published with a primitive that fails when the name
 exists: ``link(2)`` (or ``renameat2(RENAME_NOREPLACE)`` where hard links are not supported),
-then the folder is fsynced. Never exists-then-rename.
+then the folder is fsynced. Never exists-then-rename. The writer holds the partial's ``flock``
+from its creation to publication or abort, and :meth:`DiskBackend.cleanup_partials` never
+removes a partial a live writer holds.
+
+Resumable writes (:meth:`DiskBackend.open_resumable_write`, the ``transfer`` stage) name their
+partial ``.<name>.t<token>.<random>.packhorse-partial`` after the operation's fencing token; a
+later attempt takes over the largest free one of a lower token (renamed to its own name while
+locked), so a stale attempt never appends to the partial a newer attempt writes.
 
 Folders (staging's bag folders, :meth:`DiskBackend.open_folder_write`) are filled in a hidden
 ``.<name>.<random>.packhorse-partial`` folder beside the key and published with
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -27,7 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..digest import hash_stream
 from ..errors import (
@@ -75,34 +83,123 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def partial_name(final_name: str, token: int | None) -> str:
+    """A fresh partial file name for the object ``final_name``: ``.<name>.<random>`` + suffix,
+    or ``.<name>.t<token>.<random>`` + suffix for a resumable write under fencing token ``token``."""
+    tag = f"t{token}." if token is not None else ""
+    return f".{final_name}.{tag}{secrets.token_hex(6)}{PARTIAL_SUFFIX}"
+
+
+def partial_token(final_name: str, name: str) -> int | None:
+    """The fencing token in the name of a resumable partial of ``final_name``, else ``None``
+    (not a partial of that object, or a plain one)."""
+    head = f".{final_name}.t"
+    if not (name.startswith(head) and name.endswith(PARTIAL_SUFFIX)):
+        return None
+    token, dot, rand = name[len(head):-len(PARTIAL_SUFFIX)].partition(".")
+    if not (dot and token.isdigit() and len(rand) == 12 and all(c in "0123456789abcdef" for c in rand)):
+        return None
+    return int(token)
+
+
+def _is_resumable_partial(name: str) -> bool:
+    """Whether a partial file's name carries a fencing token (``….t<token>.<random>`` + suffix)."""
+    stem = name[:-len(PARTIAL_SUFFIX)]
+    head, _, rand = stem.rpartition(".")
+    tag = head.rpartition(".")[2]
+    return len(rand) == 12 and tag[:1] == "t" and tag[1:].isdigit()
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock of an open partial file without waiting; ``False`` if a live
+    writer holds it (a writer holds it from creation to publication or abort)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _move_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to the fresh name ``dst`` without ever replacing a file there."""
+    try:
+        _renameat2_noreplace(src, dst)
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        os.link(src, dst, follow_symlinks=False)
+        os.unlink(src)
+
+
 class _DiskPendingWrite(PendingWrite):
-    def __init__(self, backend: "DiskBackend", key: str, final: Path) -> None:
+    """A write into a partial file beside the final name; the writer holds the partial's
+    ``flock`` from creation until publication or abort (a resumer never takes over a partial a
+    live writer holds). With ``taken_over`` (an fd of an earlier attempt's partial, locked and
+    already renamed to ``tmp``) the write starts from those bytes (:meth:`keep_prefix`)."""
+
+    def __init__(self, backend: "DiskBackend", key: str, final: Path, *, token: int | None = None,
+                 taken_over: tuple[int, Path] | None = None) -> None:
         super().__init__(key)
         self._backend = backend
         self._final = final
-        self._tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}{PARTIAL_SUFFIX}")
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        self._file = os.fdopen(fd, "wb", buffering=WRITE_BUFFER_BYTES)  # tar headers are 512-byte writes
+        self._decided = taken_over is None
+        if taken_over is not None:
+            fd, self._tmp = taken_over
+            self.resumed_bytes = os.fstat(fd).st_size
+        else:
+            self._tmp = final.with_name(partial_name(final.name, token))
+            fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh file: nobody else holds it
+        self._file = os.fdopen(fd, "r+b", buffering=WRITE_BUFFER_BYTES)  # tar headers are 512-byte writes
 
     @property
     def local_path(self) -> Path:
         return self._tmp
 
-    def adopt_local_file(self) -> None:
-        self._file.close()
+    def open_resumed(self) -> BinaryIO:
+        if not self.resumed_bytes:
+            return super().open_resumed()
+        return open(self._tmp, "rb", buffering=0)
+
+    def keep_prefix(self, nbytes: int, hasher: Any) -> None:
+        if nbytes < 0 or nbytes > self.resumed_bytes:
+            raise ValueError(f"{self.key!r}: cannot keep {nbytes} of {self.resumed_bytes} taken-over bytes")
         try:
-            with open(self._tmp, "rb", buffering=0) as f:
-                digest = hash_stream(f)
+            self._file.flush()
+            os.ftruncate(self._file.fileno(), nbytes)
+            self._file.seek(nbytes)
+        except OSError as e:
+            raise self._write_failed(e) from e
+        self._hash = hasher.copy()
+        self.size = nbytes
+        self._decided = True
+
+    def adopt_local_file(self) -> None:
+        try:
+            self._file.flush()
+            st = os.stat(self._tmp, follow_symlinks=False)
         except FileNotFoundError:
             raise VerificationError(
                 f"{self._backend.location}: the transfer command left no file for {self.key!r}",
                 side="destination", path=self.key, host=self._backend.location,
             ) from None
-        self._hash = digest
-        self.size = os.stat(self._tmp).st_size
-        self._file = open(self._tmp, "ab", buffering=WRITE_BUFFER_BYTES)
+        mine = os.fstat(self._file.fileno())
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            # the command replaced the partial by a rename (rsync without --inplace): hold the new file
+            fd = os.open(self._tmp, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._file.close()
+            self._file = os.fdopen(fd, "r+b", buffering=WRITE_BUFFER_BYTES)
+        with open(self._tmp, "rb", buffering=0) as f:
+            self._hash = hash_stream(f)
+        self.size = os.fstat(self._file.fileno()).st_size
+        self._file.seek(self.size)
+        self._decided = True
 
     def _write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._decided:
+            raise RuntimeError(f"{self.key!r}: keep_prefix() must decide what to keep of the taken-over "
+                               "partial before new bytes are written")
         try:
             self._file.write(data)
         except OSError as e:
@@ -127,11 +224,10 @@ class _DiskPendingWrite(PendingWrite):
             try:
                 self._file.flush()
                 os.fsync(self._file.fileno())
-                self._file.close()
             except OSError as e:
                 raise self._write_failed(e) from e
-            os.chmod(self._tmp, 0o444)
-            try:
+            os.fchmod(self._file.fileno(), 0o444)
+            try:  # still holding the partial's lock: no resumer takes it over while it is linked
                 try:
                     os.link(self._tmp, self._final, follow_symlinks=False)
                 except OSError as e:
@@ -351,6 +447,87 @@ class DiskBackend(StorageBackend):
                                    "while the write started", side="destination", path=key,
                                    host=self.location) from None
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        """Start the write of ``key`` under fencing token ``token``, taking over the partial an
+        earlier attempt left if there is one (see "Resumption" in :mod:`packhorse.storage.base`).
+
+        Of the partials of ``key`` that no live writer holds (their ``flock`` is free: the
+        writer was killed or finished), the largest one written under a lower token is renamed
+        to this write's own name (``.<name>.t<token>.<random>``, no-replace) and its bytes become
+        :attr:`~packhorse.storage.base.PendingWrite.resumed_bytes`; the other such partials are
+        removed. Partials under this or a higher token (a newer attempt's: this one is stale) and
+        partials a live writer holds are left alone. ``flock`` works on local file systems and
+        on NFS (Linux emulates it with POSIX locks there).
+
+        Raises:
+            StorageBusyError / DestinationConflictError: as :meth:`open_write`.
+        """
+        path = self._path(key, create_parents=True)
+        taken = self._take_over(path, token)
+        try:
+            return _DiskPendingWrite(self, key, path, token=token, taken_over=taken)
+        except FileNotFoundError:
+            raise StorageBusyError(f"{self.location}: the folder of {key!r} was removed by a concurrent deletion "
+                                   "while the write started", side="destination", path=key,
+                                   host=self.location) from None
+
+    def _take_over(self, final: Path, token: int) -> tuple[int, Path] | None:
+        """Lock and rename to a fresh name of ``token`` the largest free partial of ``final``
+        from a lower token; remove the other free partials of ``final``. Returns (locked fd,
+        new path) or ``None``."""
+        try:
+            entries = list(os.scandir(final.parent))
+        except FileNotFoundError:
+            return None
+        prefix = f".{final.name}."
+        candidates: list[tuple[int, int, str]] = []  # (resumable?, size, name)
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(PARTIAL_SUFFIX)):
+                continue
+            own = partial_token(final.name, name)
+            if own is None:
+                rest = name[len(prefix):-len(PARTIAL_SUFFIX)]
+                if not (len(rest) == 12 and all(c in "0123456789abcdef" for c in rest)):
+                    continue  # another object's partial (a key that extends this one's name)
+            elif own >= token:
+                continue  # a newer attempt's (or this attempt's own): never touched
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if os.path.stat.S_ISREG(st.st_mode):
+                candidates.append((int(own is not None), st.st_size, name))
+        candidates.sort(reverse=True)
+        taken: tuple[int, Path] | None = None
+        for resumable, _size, name in candidates:
+            p = final.parent / name
+            try:
+                fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            keep = False
+            try:
+                if not _try_lock(fd):
+                    continue  # a live (stale) writer still holds it
+                try:
+                    st = os.stat(p, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                mine = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+                    continue  # renamed away and replaced meanwhile
+                if taken is None and resumable:
+                    new = final.with_name(partial_name(final.name, token))
+                    _move_noreplace(str(p), str(new))
+                    taken, keep = (fd, new), True
+                else:
+                    os.unlink(p)
+            finally:
+                if not keep:
+                    os.close(fd)
+        return taken
+
     def open_folder_write(self, key: str) -> PendingFolder:
         """Start filling a folder that will appear under ``key`` at once when published
         (:class:`PendingFolder`; folders on the way are created, confined to the root).
@@ -468,9 +645,15 @@ class DiskBackend(StorageBackend):
         self.delete(key)
         return target_key
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
+        """Remove partial folders and files older than ``older_than_seconds``; partial files of
+        resumable writes (named with a fencing token) only when older than
+        ``resumable_older_than_seconds``; a partial file a live writer holds (its ``flock``) is
+        never removed, however old."""
         removed = 0
         cutoff = time.time() - older_than_seconds
+        resumable_cutoff = (cutoff if resumable_older_than_seconds is None
+                            else time.time() - resumable_older_than_seconds)
         for dirpath, dirs, filenames in os.walk(self.root):
             for name in [d for d in dirs if d.endswith(PARTIAL_SUFFIX)]:  # partial folders
                 dirs.remove(name)
@@ -481,8 +664,9 @@ class DiskBackend(StorageBackend):
             for name in filenames:
                 if name.endswith(PARTIAL_SUFFIX):
                     p = os.path.join(dirpath, name)
+                    limit = resumable_cutoff if _is_resumable_partial(name) else cutoff
                     try:
-                        if os.lstat(p).st_mtime <= cutoff:
+                        if os.lstat(p).st_mtime <= limit and not _held_by_live_writer(p):
                             os.unlink(p)
                             removed += 1
                     except FileNotFoundError:
@@ -502,6 +686,18 @@ class DiskBackend(StorageBackend):
             except FileNotFoundError:
                 pass
         return removed
+
+
+def _held_by_live_writer(path: str) -> bool:
+    """Whether a live writer holds the ``flock`` of the partial file ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return not _try_lock(fd)
+    finally:
+        os.close(fd)  # releases the lock just taken
 
 
 _FOLDER, _FILE, _LINK, _SPECIAL, _UNKNOWN = (EntryKind.FOLDER, EntryKind.FILE, EntryKind.SYMLINK,

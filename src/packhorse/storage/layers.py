@@ -66,6 +66,16 @@ class PendingLayer(PendingWrite):
     def _write(self, data: bytes | bytearray | memoryview) -> None:  # pragma: no cover - write() is forwarded
         self.inner.write(data)
 
+    @property  # type: ignore[override]
+    def resumed_bytes(self) -> int:
+        return self.inner.resumed_bytes
+
+    def open_resumed(self) -> BinaryIO:
+        return self.inner.open_resumed()
+
+    def keep_prefix(self, nbytes: int, hasher: Any) -> None:
+        self.inner.keep_prefix(nbytes, hasher)
+
     @property
     def local_path(self) -> Path | None:
         return self.inner.local_path
@@ -116,6 +126,9 @@ class Layer(StorageBackend):
     def open_write(self, key: str) -> PendingWrite:
         return self.inner.open_write(key)
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        return self.inner.open_resumable_write(key, token)
+
     def delete(self, key: str, *, prune: bool = True) -> bool:
         return self.inner.delete(key, prune=prune)
 
@@ -125,8 +138,8 @@ class Layer(StorageBackend):
     def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
         return self.inner.walk(prefix, reuse=reuse)
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
-        return self.inner.cleanup_partials(older_than_seconds)
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
+        return self.inner.cleanup_partials(older_than_seconds, resumable_older_than_seconds=resumable_older_than_seconds)
 
     def remove_partials_of(self, key: str) -> int:
         return self.inner.remove_partials_of(key)
@@ -195,6 +208,10 @@ class RetryLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _RetryingPending(self._retry("open_write", key, lambda: self.inner.open_write(key)), self)
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        return _RetryingPending(self._retry("open_write", key, lambda: self.inner.open_resumable_write(key, token)),
+                                self)
+
 
 # ------------------------------------------------------------------------------ logging
 
@@ -224,6 +241,13 @@ class LoggingLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _LoggedPending(self.inner.open_write(key), self.location)
 
+    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+        pending = self.inner.open_resumable_write(key, token)
+        if pending.resumed_bytes:
+            log.info("storage_partial_taken_over", location=self.location, key=key, attempt=token,
+                     unverified_bytes=pending.resumed_bytes)
+        return _LoggedPending(pending, self.location)
+
     def delete(self, key: str, *, prune: bool = True) -> bool:
         removed = self.inner.delete(key, prune=prune)
         log.debug("storage_deleted", location=self.location, key=key, existed=removed)
@@ -235,11 +259,11 @@ class LoggingLayer(Layer):
             log.warning("storage_quarantined", location=self.location, key=key, moved_to=moved)
         return moved
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
-        n = self.inner.cleanup_partials(older_than_seconds)
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
+        n = self.inner.cleanup_partials(older_than_seconds, resumable_older_than_seconds=resumable_older_than_seconds)
         if n:
             log.info("storage_partials_removed", location=self.location, count=n,
-                     older_than_seconds=older_than_seconds)
+                     older_than_seconds=older_than_seconds, resumable_older_than_seconds=resumable_older_than_seconds)
         return n
 
 

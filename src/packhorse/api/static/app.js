@@ -72,10 +72,10 @@
     const parts = [el("p", { class: "meta" }, `“${r.query}” is a ${r.matched}` + (r.truncated ? " (more matches than listed)" : ""))];
     if (r.versions.length) {
       const t = el("table", { "data-testid": "locate-versions" });
-      fill(t, ["version: location", "path", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
-        el("td", {}, v.location), el("td", {}, v.path), el("td", { class: "num" }, v.size), el("td", { title: v.sha256 }, v.sha256.slice(0, 12) + "…"),
+      fill(t, ["version: location", "path", "version", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
+        el("td", {}, v.location), el("td", {}, v.path), el("td", { class: "num" }, v.version), el("td", { class: "num" }, v.size), el("td", { title: v.sha256 }, v.sha256.slice(0, 12) + "…"),
         el("td", {}, v.mtime), el("td", {}, v.registered_at || "—"),
-        el("td", {}, v.package || "not packaged yet", v.source_deleted_at ? ` (deleted from the source ${v.source_deleted_at})` : ""))));
+        el("td", {}, v.withdrawn ? `taken out: ${v.withdrawn}` : (v.package || "not packaged yet"), v.source_deleted_at ? ` (deleted from the source ${v.source_deleted_at})` : ""))));
       parts.push(t);
     }
     for (const p of r.packages) parts.push(packageCard(p));
@@ -211,7 +211,7 @@
     try {
       const [ov, locs, hist] = await Promise.all([api("GET", "/api/transfer/overview"), api("GET", "/api/transfer/locations"),
         api("GET", "/api/transfer/history?minutes=" + historyMinutes)]);
-      renderCounts(ov); renderStuck(ov); renderLocations(locs); renderHistory(hist);
+      renderCounts(ov); renderBlocked(ov); renderStuck(ov); renderLocations(locs); renderHistory(hist);
       await Promise.all([renderHealth(), renderBreakers(), renderFailures()]);
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       $("refresh-error").textContent = "";
@@ -230,6 +230,17 @@
       ...STATUSES.map((s) => el("td", { class: "num " + (s === "FAILED" && by[k][s] ? "FAILED" : ""), "data-status": s }, by[k][s] || 0)),
       el("td", { class: "num " + (stalled[k] ? "stalled" : "") }, stalled[k] || 0)));
     fill($("counts"), ["stage", ...STATUSES, "stalled"], rows);
+  }
+  function renderBlocked(ov) {
+    const items = ov.blocked || [];
+    $("blocked-empty").hidden = items.length > 0;
+    const next = (b) => (b.detail && b.detail.state === "half_open") ? "half-open: one attempt running"
+      : (b.detail && b.detail.next_attempt_at) ? "next automatic attempt " + b.detail.next_attempt_at : "";
+    fill($("blocked"), ["what", "cause", "why", "releases it", "since"], items.map((b) => el("tr", {
+        "data-testid": "blocked-" + b.cause + "-" + b.subject.replace(/\s+/g, "-") },
+      el("td", {}, b.subject), el("td", {}, b.cause.replace(/_/g, " ")),
+      el("td", {}, b.reason, next(b) ? el("br", {}) : "", next(b)),
+      el("td", {}, el("code", { "data-testid": "release" }, b.release)), el("td", {}, b.since || "—"))));
   }
   function renderStuck(ov) {
     const stuck = ov.operations.filter((o) => o.status === "FAILED" || o.stalled);
@@ -274,10 +285,10 @@
     const b = role === "admin" ? await optional("/api/admin/breakers") : null;
     $("breakers-section").hidden = !b;
     if (!b) return;
-    const open = b.filter((x) => x.state === "open");
-    fill($("breakers"), ["kind", "operation", "stalls", "last stall", "closes at", "actions"], open.map((x) => el("tr", { "data-testid": "breaker-" + x.kind + "-" + x.operation_id },
+    const open = b.filter((x) => x.state === "open" || x.state === "half_open");
+    fill($("breakers"), ["kind", "operation", "stalls", "last stall", "next automatic attempt", "actions"], open.map((x) => el("tr", { "data-testid": "breaker-" + x.kind + "-" + x.operation_id },
       el("td", {}, x.kind), el("td", { class: "num" }, x.operation_id), el("td", { class: "num" }, x.stall_count),
-      el("td", {}, x.last_stall_at), el("td", {}, x.closes_at),
+      el("td", {}, x.last_stall_at), el("td", {}, x.state === "open" ? x.next_attempt_at : "half-open: trying since " + x.half_open_at),
       el("td", {}, el("button", { type: "button", "data-testid": "breaker-reset", onclick: () => breakerAction(x, "reset") }, "Reset breaker"), " ",
         el("button", { type: "button", "data-testid": "force-retry", onclick: () => breakerAction(x, "force-retry") }, "Force retry")))));
   }

@@ -1,0 +1,233 @@
+"""Desired state, converged (DESIGN.md "Converging, not only advancing"), end to end: real
+``packhorse`` processes after a fault, judged from outside — the bytes in every archive (GNU
+tar, ``bagit``, sha256 against the source files), the quarantined bad objects, the copy rows,
+the notification outbox and exit codes. No ``reset``, no SQL, no configuration change between
+the fault and the plain ``packhorse run --until-idle`` that must converge.
+
+The faults: every archive copy of a package corrupt (source files still there); a bundle
+deleted from the source buffer before its transfer; and the one dead end — every copy bad and
+the source files gone — which must be loud (exit 3, ``blocked``, CRITICAL notification).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.orm import Session
+
+from packhorse.db.models import Notification, PhysicalCopy, RawDataPackage
+
+from e2e_helpers import LTAS, QUARANTINE_PREFIX, Pipeline, assert_archived_everywhere, sha256_file, source_files
+from support import SRC, write_settled
+
+# two observation units: two packages, one bundle (a repair of one must rebuild its sibling too)
+GROUPS = ("inst/obs01", "inst/obs02")
+
+
+def write_source(p: Pipeline) -> None:
+    for i, g in enumerate(GROUPS):
+        write_settled(p.source / g / "frame.fits", os.urandom(200_000 + i))
+        write_settled(p.source / g / "meta.txt", f"observation {g}\n".encode())
+
+
+def db_url(p: Pipeline) -> str:
+    return os.environ.get("PACKHORSE_DATABASE__URL") or f"sqlite:///{p.root / 'packhorse.db'}"
+
+
+def query(p: Pipeline, fn: Any) -> Any:
+    """Plain reads of the ops database, from outside packhorse's own code paths."""
+    engine = create_engine(db_url(p))
+    try:
+        with Session(engine) as s:
+            return fn(s)
+    finally:
+        engine.dispose()
+
+
+def package_names(p: Pipeline) -> list[str]:
+    return query(p, lambda s: sorted(s.scalars(select(RawDataPackage.name))))
+
+
+def corrupt_archive_copies(p: Pipeline, name: str) -> dict[str, bytes]:
+    """Flip one byte of the package's tar in every archive; returns the bad bytes per archive."""
+    out = {}
+    for lta in LTAS:
+        path = p.location(lta) / f"raw/{name}.tar"
+        os.chmod(path, 0o644)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+        os.chmod(path, 0o444)
+        out[lta] = bytes(data)
+    return out
+
+
+def quarantined(p: Pipeline, lta: str, name: str) -> list[bytes]:
+    return [path.read_bytes() for key, path in sorted(p.objects(lta).items())
+            if key.startswith(f"{QUARANTINE_PREFIX}raw/{name}.tar.")]
+
+
+def copy_statuses(p: Pipeline, name: str) -> dict[str, list[str]]:
+    def q(s: Session) -> dict[str, list[str]]:
+        rows = s.execute(text(
+            "SELECT l.name, c.status FROM physical_copies c JOIN data_locations l ON l.id = c.location_id "
+            "JOIN raw_data_packages r ON r.id = c.raw_data_package_id WHERE r.name = :n ORDER BY c.id"), {"n": name})
+        out: dict[str, list[str]] = {}
+        for loc, st in rows:
+            out.setdefault(loc, []).append(st)
+        return out
+
+    return query(p, q)
+
+
+def notifications(p: Pipeline) -> list[tuple[str, str, str, str]]:
+    return query(p, lambda s: [(n.level, n.event, n.subject, n.body) for n in
+                               s.scalars(select(Notification).order_by(Notification.id))])
+
+
+def assert_converged(p: Pipeline) -> None:
+    """Every source file archived and verified in every archive, nothing left in the buffers,
+    nothing waiting on a human."""
+    assert_archived_everywhere(p, source_files(p.source))
+    st = p.status()
+    pk = st["packages"]
+    assert pk["total"] == len(GROUPS) and pk["archived"] == pk["total"] and pk["failed"] == 0, pk
+    assert st["failed_operations"] == [] and st["blocked"] == [], (st["failed_operations"], st["blocked"])
+    for lta in LTAS:
+        assert st["copies"][lta]["count"] == len(GROUPS), st["copies"]
+    code, report = p.verify()
+    assert code == 0 and report["ok"] == report["checked"] == 2 * len(GROUPS), report
+    assert report["unrepaired"] == [], report
+
+
+def archived_once(pipeline: Any, **config: Any) -> Pipeline:
+    p = pipeline(**config)
+    write_source(p)
+    p.init()
+    p.run()
+    st = p.status()
+    assert st["packages"]["archived"] == st["packages"]["total"] == len(GROUPS), st["packages"]
+    return p
+
+
+def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipeline) -> None:
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5)
+    name = package_names(p)[0]
+    good = {lta: sha256_file(p.location(lta) / f"raw/{name}.tar") for lta in LTAS}
+    bad = corrupt_archive_copies(p, name)
+    code, report = p.verify()
+    assert code == 1 and sorted(c["location"] for c in report["corrupt"]) == list(LTAS), report
+    st = p.status()
+    assert st["packages"]["archived"] == len(GROUPS) - 1, st["packages"]  # derived from the copies, at once
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    for lta in LTAS:
+        assert sha256_file(p.location(lta) / f"raw/{name}.tar") == good[lta]
+        assert quarantined(p, lta, name) == [bad[lta]], f"{lta}: the bad object must be moved aside, unchanged"
+        assert copy_statuses(p, name)[lta] == ["corrupt", "present"]
+    events = [(lvl, ev) for lvl, ev, _, _ in notifications(p)]
+    assert ("CRITICAL", "no_good_source") not in events
+    assert events.count(("INFO", "fixity_repaired")) == len(LTAS), events
+
+
+def lose_bundle_before_transfer(p: Pipeline, tmp_path: Path, start: Any, stop: Any) -> dict[str, str]:
+    """Run until a transfer has claimed the bundle and not read it yet (a pause hook), then
+    delete the bundle from the source buffer. ``start(env)`` starts packhorse with the hook,
+    ``stop()`` is called once the bundle is gone (``None``: keep running). Returns the env."""
+    marker = tmp_path / "transfer-paused"
+    deleted = tmp_path / "bundle-deleted"
+    env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": "transfer.start", "action": "pause", "seconds": 4,
+                                                 "marker": str(marker), "unless_exists": str(deleted)}])}
+    start(env)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline, "no transfer started"
+        time.sleep(0.1)
+    bundles = [path for key, path in p.objects("fyst-buffer").items() if key.startswith("bundles/")]
+    assert len(bundles) == 1, bundles
+    os.chmod(bundles[0], 0o644)
+    bundles[0].unlink()
+    deleted.write_text("")
+    if stop is not None:
+        stop()
+    return env
+
+
+def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(pipeline, tmp_path: Path) -> None:
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(env: dict[str, str]) -> None:
+        procs.append(subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "--quiet", "-c",
+                                       str(p.config)], cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC), **env},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    def stop() -> None:  # the run dies with the transfers in flight (a crash, a reboot)
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(30)
+
+    lose_bundle_before_transfer(p, tmp_path, start, stop)
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    assert p.objects("fyst-buffer") == {}, "the rebuilt bundle and packages are freed once archived"
+    # the transfers that met the missing bundle failed (history), the rebuilt one shipped it
+    ops = query(p, lambda s: s.execute(text(
+        "SELECT kind, dedup_key, status FROM operations WHERE kind IN ('data_transfer_package', 'transfer') "
+        "ORDER BY id")).all())
+    assert [o.status for o in ops if o.kind == "data_transfer_package"] == ["COMPLETED", "COMPLETED"], ops
+    assert sorted(o.status for o in ops if o.kind == "transfer") == ["COMPLETED", "COMPLETED", "FAILED", "FAILED"], ops
+
+
+SOURCE_DELETION = "[deletion]\ndelete_source_files = true\nsource_retention_seconds = 0\n"
+
+
+def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -> None:
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5, extra=SOURCE_DELETION)
+    assert source_files(p.source) == {}, "the source files were deleted once archived"
+    name, sibling = package_names(p)
+    bad = corrupt_archive_copies(p, name)
+    code, _ = p.verify()
+    assert code == 1
+
+    r = p.run(expect=3)
+
+    assert f"blocked: package {name}:" in r.stderr, r.stderr[-3000:]
+    st = p.status()
+    items = [b for b in st["blocked"] if b["cause"] == "no_good_source"]
+    assert [b["subject"] for b in items] == [f"package {name}"], st["blocked"]
+    item = items[0]
+    assert item["exit_code"] == 3 and item["since"], item
+    assert "no good copy" in item["reason"] and "deleted" in item["reason"], item
+    assert "restore the source files" in item["release"] and f"raw/{name}.tar" in item["release"], item
+    assert sorted(c["location"] for c in item["detail"]["bad_copies"]) == list(LTAS), item
+    assert st["packages"]["archived"] == 1, st["packages"]  # the sibling only
+    # loud: one CRITICAL notification naming the package and every copy that failed
+    critical = [(subj, body) for lvl, ev, subj, body in notifications(p) if lvl == "CRITICAL" and ev == "no_good_source"]
+    assert critical, notifications(p)
+    subj, body = critical[0]
+    assert name in subj and all(f"{lta}:raw/{name}.tar" in body for lta in LTAS), body
+    # nothing was overwritten, nothing rebuilt: the bad bytes are where they were
+    for lta in LTAS:
+        assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]
+    assert p.objects("fyst-buffer") == {}
+    # the diagnostic report says what was tried
+    d = p.cli("diagnose", "--package", name)
+    assert d.returncode == 1, d.stderr
+    assert "no good source left" in d.stdout and "tried:" in d.stdout and "deleted" in d.stdout, d.stdout
+    p.run(expect=3)  # still a dead end, still loud, still nothing touched
+    for lta in LTAS:
+        assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]

@@ -1,0 +1,162 @@
+"""Resumable writes on a disk location (storage/base.py "Resumption", docs/reliability.md
+"Resumable transfers"): which partial a later attempt takes over, what it keeps of it, and
+what the partial sweep leaves for a retry."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from packhorse.config import load_config
+from packhorse.pipeline import S3_PARTIAL_AGE_SECONDS, resumable_partial_age
+from packhorse.stages.base import resume_partial
+from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX
+from packhorse.storage.disk import DiskBackend, partial_name
+
+from support import write_site_config
+
+KEY = "bundles/b1.tar"
+
+
+def _work() -> SimpleNamespace:
+    done: list[int] = []
+    return SimpleNamespace(progress=done.append, info={}, done=done)
+
+
+def _leave_partial(backend: DiskBackend, key: str, data: bytes, token: int | None, age: float = 0.0) -> Path:
+    """What a writer killed under fencing token ``token`` leaves: its partial file."""
+    final = backend.local_path(key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    p = final.with_name(partial_name(final.name, token))
+    p.write_bytes(data)
+    if age:
+        t = time.time() - age
+        os.utime(p, (t, t))
+    return p
+
+
+def _copy_resuming(backend: DiskBackend, key: str, source: bytes, token: int) -> tuple[int, int]:
+    """Copy ``source`` to ``key`` as attempt ``token`` would; returns (bytes kept, bytes written)."""
+    written = 0
+    with backend.open_resumable_write(key, token) as w:
+        f = io.BytesIO(source)
+        work = _work()
+        kept = 0
+        if w.resumed_bytes:
+            leftover = resume_partial(work, f, w, len(source))  # type: ignore[arg-type]
+            kept = w.size
+            if leftover:
+                written += w.write(leftover)
+        while chunk := f.read(CHUNK_BYTES):
+            written += w.write(chunk)
+        w.publish(hashlib.sha256(source).hexdigest())
+    return kept, written
+
+
+def test_a_later_attempt_keeps_the_verified_prefix_and_drops_a_garbage_tail(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    source = os.urandom(3 * CHUNK_BYTES + 12345)
+    _leave_partial(backend, KEY, source[:2 * CHUNK_BYTES] + b"\x00garbage a crash left" * 5000, token=1)
+    kept, written = _copy_resuming(backend, KEY, source, token=2)
+    assert kept == 2 * CHUNK_BYTES
+    assert written == len(source) - kept
+    assert (tmp_path / "buf" / KEY).read_bytes() == source
+    assert not list((tmp_path / "buf").rglob(f"*{PARTIAL_SUFFIX}"))
+
+
+def test_a_partial_of_another_object_is_never_trusted(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    source = os.urandom(2 * CHUNK_BYTES)
+    _leave_partial(backend, KEY, os.urandom(CHUNK_BYTES + 7), token=1)
+    kept, written = _copy_resuming(backend, KEY, source, token=2)
+    assert (kept, written) == (0, len(source))
+    assert (tmp_path / "buf" / KEY).read_bytes() == source
+
+
+def test_a_partial_longer_than_the_source_is_cut(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    source = os.urandom(CHUNK_BYTES + 99)
+    _leave_partial(backend, KEY, source + b"tail", token=3)
+    assert _copy_resuming(backend, KEY, source, token=4) == (len(source), 0)
+    assert (tmp_path / "buf" / KEY).read_bytes() == source
+
+
+def test_only_partials_of_lower_tokens_that_no_live_writer_holds_are_taken_over(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    newer = _leave_partial(backend, KEY, b"n" * 1000, token=7)
+    with backend.open_resumable_write(KEY, 5) as stale:  # attempt 5 after attempt 7 started: stale
+        assert stale.resumed_bytes == 0
+    assert newer.read_bytes() == b"n" * 1000  # the newer attempt's partial is left alone
+
+    live = backend.open_resumable_write(KEY, 8)  # a live writer holding the token-7 partial now
+    assert live.resumed_bytes == 1000 and not newer.exists()
+    with backend.open_resumable_write(KEY, 9) as other:
+        assert other.resumed_bytes == 0  # held by a live writer: never taken over
+    assert live.local_path.exists()
+    live.abort()
+
+
+def test_a_stale_attempt_never_appends_to_the_partial_a_newer_attempt_resumed(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    source = os.urandom(2 * CHUNK_BYTES)
+    _leave_partial(backend, KEY, source[:CHUNK_BYTES], token=1)
+    newer = backend.open_resumable_write(KEY, 2)
+    assert newer.resumed_bytes == CHUNK_BYTES
+    # the stale attempt 1 comes back and starts again: it gets a partial of its own
+    with backend.open_resumable_write(KEY, 1) as stale:
+        assert stale.resumed_bytes == 0 and stale.local_path != newer.local_path
+        stale.write(b"stale bytes")
+    h = hashlib.sha256(source[:CHUNK_BYTES])
+    newer.keep_prefix(CHUNK_BYTES, h)
+    newer.write(source[CHUNK_BYTES:])
+    newer.publish(hashlib.sha256(source).hexdigest())
+    assert (tmp_path / "buf" / KEY).read_bytes() == source
+
+
+def test_other_free_partials_of_the_key_are_removed_when_one_is_taken_over(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    _leave_partial(backend, KEY, b"a" * 10, token=1)
+    _leave_partial(backend, KEY, b"b" * 20, token=2)
+    plain = _leave_partial(backend, KEY, b"c" * 5, token=None)
+    other_key = _leave_partial(backend, KEY + ".t1", b"d", token=1)  # another object's partial
+    with backend.open_resumable_write(KEY, 3) as w:
+        assert w.resumed_bytes == 20
+        left = sorted(p.name for p in (tmp_path / "buf/bundles").iterdir())
+        assert left == sorted([w.local_path.name, other_key.name])
+    assert not plain.exists()
+
+
+def test_the_sweep_keeps_resumable_partials_for_the_retry(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    plain = _leave_partial(backend, "a.tar", b"x", token=None, age=600)
+    resumable = _leave_partial(backend, "b.tar", b"y", token=2, age=600)
+    ancient = _leave_partial(backend, "c.tar", b"z", token=2, age=3 * 86400)
+    assert backend.cleanup_partials(300, resumable_older_than_seconds=86400) == 2
+    assert resumable.exists() and not plain.exists() and not ancient.exists()
+
+
+def test_the_sweep_never_removes_a_partial_a_live_writer_holds(tmp_path):
+    backend = DiskBackend("buf", tmp_path / "buf")
+    with backend.open_write("a.tar") as w:
+        w.write(b"still writing")
+        w._file.flush()  # type: ignore[attr-defined]
+        old = time.time() - 3600
+        os.utime(w.local_path, (old, old))  # a slow writer whose partial looks old
+        assert backend.cleanup_partials(300) == 0
+        assert w.local_path.exists()
+        w.publish()
+    assert (tmp_path / "buf/a.tar").read_bytes() == b"still writing"
+
+
+def test_resumable_partials_outlive_the_retry_schedule(tmp_path):
+    settings = load_config(write_site_config(tmp_path / "site"))
+    assert resumable_partial_age(settings) >= S3_PARTIAL_AGE_SECONDS
+    r = settings.recovery.model_copy(update={"circuit_breaker_timeout_seconds": 10 * 86400.0})
+    slow = settings.model_copy(update={"recovery": r})
+    assert resumable_partial_age(slow) > 10 * 86400.0
