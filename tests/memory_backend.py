@@ -129,8 +129,8 @@ class MemoryBackend(StorageBackend):
         Raises :class:`LocationUnavailableError` while :attr:`available` is false (a test's
         unmounted volume)."""
         if not self.available:
-            raise LocationUnavailableError(f"{self.location}: location unavailable (memory backend switched off)",
-                                           host=self.location)
+            raise LocationUnavailableError(f"data location {self.location}: location unavailable (memory backend "
+                                           "switched off)", location=self.location, reason="switched off")
         if prefix:
             check_key(prefix)
         start = f"{prefix}/" if prefix else ""

@@ -38,14 +38,17 @@ def _free_port() -> int:
 class S3Server:
     """moto's S3 server on ``127.0.0.1:<free port>``; ``endpoint_url`` for clients."""
 
-    def __init__(self, *, ignore_if_none_match: bool = False) -> None:
+    def __init__(self, *, ignore_if_none_match: bool = False, upload_log: str | None = None,
+                 real_initiated_times: bool = False) -> None:
         self.port = _free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **TEST_CREDENTIALS}
         # the request log goes to a file: a pipe nobody reads would fill up and block the server
         self.log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([sys.executable, str(LAUNCHER), str(self.port),
-                                      *(["--ignore-if-none-match"] if ignore_if_none_match else [])], env=env,
+                                      *(["--ignore-if-none-match"] if ignore_if_none_match else []),
+                                      *(["--upload-log", upload_log] if upload_log else []),
+                                      *(["--real-initiated-times"] if real_initiated_times else [])], env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:

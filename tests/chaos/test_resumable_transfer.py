@@ -97,7 +97,11 @@ def _run_and_kill_at(cfg: Path, dest: Path, threshold: int, env: dict[str, str],
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
     time.sleep(1.0)  # the worker processes die with the run (they watch it); let them go
-    return max(p.stat().st_size for p in _partials(dest))
+    left = max(p.stat().st_size for p in _partials(dest))
+    time.sleep(2.0)
+    # killed means killed: nothing (no orphaned transfer command) writes on into the partial
+    assert max(p.stat().st_size for p in _partials(dest)) == left
+    return left
 
 
 def _archived_payload_sha(lta: Path, rel: str) -> str:
@@ -141,6 +145,7 @@ def _resume_and_check(site: Path, cfg: Path, tmp_path: Path, rel: str, source_sh
             assert rec["taken_over_bytes"] >= KILL_AT * GIB * 0.98
             assert rec["kept_bytes"] >= KILL_AT * GIB * 0.98
             assert rec["kept_bytes"] + rec["written_bytes"] == dtp.size
+            assert rec["written_bytes"] >= 0.2 * dtp.size  # the rerun copied the rest itself
             # the rerun wrote less than half of the bundle again (counted at the backend, and by the kernel)
             assert rec["written_bytes"] < dtp.size / 2
             assert rec["io_write_bytes"] < dtp.size / 2
@@ -180,6 +185,7 @@ def big_site(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_copy_transfer_killed_at_60_percent_resumes(big_site, tmp_path):
     cfg = _config(big_site, f"bandwidth_limit_bytes_per_second = {LIMIT}")
     rel, sha = _big_source(big_site / "source")
@@ -188,6 +194,7 @@ def test_copy_transfer_killed_at_60_percent_resumes(big_site, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
 def test_rsync_command_transfer_killed_at_60_percent_resumes(big_site, tmp_path):
     template = "rsync --partial --append-verify --bwlimit={bandwidth_limit_kib} {source} {partial}"
@@ -196,3 +203,90 @@ def test_rsync_command_transfer_killed_at_60_percent_resumes(big_site, tmp_path)
     rel, sha = _big_source(big_site / "source")
     rec = _resume_and_check(big_site, cfg, tmp_path, rel, sha)
     print(f"rsync: rewritten on resume {rec}")
+
+
+def _parts_uploaded(client, bucket: str, key: str) -> int:  # type: ignore[no-untyped-def]
+    uploads = [u for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) if u["Key"] == key]
+    if not uploads:
+        return 0
+    return max(len(client.list_parts(Bucket=bucket, Key=key, UploadId=u["UploadId"]).get("Parts", []))
+               for u in uploads)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_s3_multipart_archive_killed_at_60_percent_resumes(big_site, tmp_path):
+    """The long-term archive's 1 GiB multipart upload to S3 (moto's server over HTTP) is killed
+    with about 60 % of its parts uploaded; the rerun continues that upload, sends less than half
+    of the package again (counted by the store), and the archived object verifies."""
+    from s3_support import S3Server, s3_location, start_or_skip
+
+    start_or_skip().stop()  # skips without moto
+    upload_log = tmp_path / "uploads.log"
+    server = S3Server(upload_log=str(upload_log), real_initiated_times=True)
+    try:
+        bucket = server.new_bucket()
+        cfg = _config(big_site, "")
+        text = cfg.read_text(encoding="utf-8")
+        disk_block = ('[[locations]]\nname = "cologne-lta"\nsite = "cologne"\nrole = "long_term_archive"\n'
+                      'path = "sites/cologne/archive"\n')
+        assert disk_block in text
+        cfg.write_text(text.replace(disk_block, s3_location("cologne-lta", server, bucket, prefix="lta")),
+                       encoding="utf-8")
+        _big_source(big_site / "source")
+        assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+        client = server.client()
+        key = "lta/raw/inst/obs00.tar"
+        part = 64 * 1024**2  # the location's default multipart_part_bytes
+        n_parts = -(-(GIB + 64 * 1024) // part)  # a 1 GiB payload's bag tar: 17 parts
+        kill_at = round(KILL_AT * n_parts)
+
+        proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(cfg), "--until-idle",
+                                 "--quiet"], env={**os.environ, "PYTHONPATH": str(SRC)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 900
+            while _parts_uploaded(client, bucket, key) < kill_at:
+                assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
+                assert time.monotonic() < deadline, "the archive upload did not reach the kill point"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == -signal.SIGKILL
+        time.sleep(1.0)
+        before = _parts_uploaded(client, bucket, key)
+        assert kill_at <= before < 0.8 * n_parts
+        sent_before = len(upload_log.read_text().splitlines())
+
+        rerun = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet", timeout=1200)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+
+        lines = upload_log.read_text().splitlines()[sent_before:]
+        resent = sum(int(line.split()[2]) for line in lines if line.split()[0].endswith(key))
+        ctx = context(cfg)
+        try:
+            with ctx.db.session() as s:
+                pkg = s.scalars(select(RawDataPackage)).one()
+                assert pkg.archived_at is not None
+                assert resent < pkg.size / 2, (resent, pkg.size)
+                loc_id = ctx.topology.location_ids["cologne-lta"]
+                copy = s.scalars(select(PhysicalCopy).where(PhysicalCopy.raw_data_package_id == pkg.id,
+                                                            PhysicalCopy.location_id == loc_id)).one()
+                assert copy.sha256 == pkg.sha256 and copy.verified_at is not None
+                h = hashlib.sha256()
+                body = client.get_object(Bucket=bucket, Key=key)["Body"]
+                while chunk := body.read(1 << 20):
+                    h.update(chunk)
+                assert h.hexdigest() == pkg.sha256
+        finally:
+            ctx.db.dispose()
+        assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+        verify = run_packhorse("verify", "-c", str(cfg), "--json")
+        assert verify.returncode == 0, verify.stdout
+        print(f"s3: parts before the kill {before}/{n_parts}, bytes sent again on resume {resent} "
+              f"of {pkg.size} ({resent / pkg.size:.1%})")
+    finally:
+        server.stop()

@@ -55,14 +55,19 @@ class Harness:
     #: an unpublished writer leaves a partial on the medium (disk) rather than nothing (S3
     #: spools unpublished bytes locally)
     partials_on_medium: bool = True
-    #: a backend of the same kind (and stack) whose location root is not there (an unmounted
-    #: volume, a missing bucket)
-    absent: Callable[[], StorageBackend] | None = None
+    #: a backend of the same kind over a root that does not exist, and a check that it still
+    #: does not (``None``: the backend has no root of its own, as the memory backend)
+    missing_root: Callable[[], tuple[StorageBackend, Callable[[], bool]]] | None = None
 
 
 def _disk(tmp_path: Path) -> Harness:
     root = tmp_path / "root"
+    root.mkdir()  # `packhorse init` creates roots; a backend never does
     backend = DiskBackend("loc", root)
+
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        absent = tmp_path / "unmounted" / "root"
+        return DiskBackend("loc", absent), lambda: (tmp_path / "unmounted").exists()
 
     def count_partials() -> int:
         return sum(1 for p in root.rglob("*") if p.name.endswith(PARTIAL_SUFFIX))
@@ -74,8 +79,7 @@ def _disk(tmp_path: Path) -> Harness:
         os.chmod(p, 0o644)  # published objects are read-only
         p.write_bytes(bytes(data))
 
-    return Harness(backend, count_partials, corrupt,
-                   absent=lambda: DiskBackend("loc", tmp_path / "unmounted", create_root=False))
+    return Harness(backend, count_partials, corrupt, missing_root=missing_root)
 
 
 def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
@@ -111,21 +115,17 @@ def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
         # an unconditional overwrite behind packhorse's back, keeping the recorded metadata
         raw.put_object(Bucket=bucket, Key=full, Body=bytes(data), Metadata=obj["Metadata"])
 
-    def absent() -> StorageBackend:
-        return S3Backend("loc", client, f"{bucket}-never-created", "archive root/", **kwargs)  # type: ignore[arg-type]
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        absent = f"{bucket}-absent"
+        b = S3Backend("loc", client, absent, "archive root/", **kwargs)  # type: ignore[arg-type]
+        return b, lambda: absent in {x["Name"] for x in raw.list_buckets()["Buckets"]}
 
-    return Harness(backend, count_partials, corrupt, partials_on_medium=False, absent=absent)
+    return Harness(backend, count_partials, corrupt, partials_on_medium=False, missing_root=missing_root)
 
 
 def _memory() -> Harness:
     backend = MemoryBackend("loc")
-
-    def absent() -> StorageBackend:
-        off = MemoryBackend("loc")
-        off.available = False
-        return off
-
-    return Harness(backend, lambda: 0, backend.corrupt, partials_on_medium=False, absent=absent)
+    return Harness(backend, lambda: 0, backend.corrupt, partials_on_medium=False)
 
 
 def _stacked(inner: Harness) -> Harness:
@@ -133,9 +133,15 @@ def _stacked(inner: Harness) -> Harness:
     stack = compose(inner.backend, hooks=FaultPlan([]), read_bytes_per_second=1e12)
     assert isinstance(stack, Layer) and stack.layers() == ["LoggingLayer", "RetryLayer", "ReadRateLayer",
                                                           "FaultLayer", type(inner.backend).__name__]
-    absent = inner.absent
+    missing = inner.missing_root
+
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        assert missing is not None
+        b, exists = missing()
+        return compose(b, hooks=FaultPlan([]), read_bytes_per_second=1e12), exists
+
     return Harness(stack, inner.count_partials, inner.corrupt, inner.partials_on_medium,
-                   absent=None if absent is None else lambda: compose(absent(), hooks=FaultPlan([])))
+                   missing_root=missing_root if missing is not None else None)
 
 
 _BASES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
@@ -495,10 +501,15 @@ def test_walk_leaves_out_unpublished_writes_and_packhorses_own_objects(harness: 
 
 
 def test_walk_of_an_absent_location_raises_never_lists_empty(harness: Harness) -> None:
-    assert harness.absent is not None
-    gone = harness.absent()
-    with pytest.raises(LocationUnavailableError, match="location unavailable"):
+    if harness.missing_root is None:  # no root of its own: the memory backend switched off
+        gone: StorageBackend = MemoryBackend("loc")
+        gone.available = False  # type: ignore[attr-defined]
+        exists = None
+    else:
+        gone, exists = harness.missing_root()
+    with pytest.raises(LocationUnavailableError, match="data location loc"):
         list(gone.walk())
+    assert exists is None or not exists()  # and the walk did not create it
 
 
 def test_walk_refuses_an_unsafe_start(backend: StorageBackend) -> None:
@@ -515,6 +526,58 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+# ------------------------------------------------------------------------------ absent storage
+
+
+def test_no_backend_creates_a_missing_root(harness: Harness) -> None:
+    """Storage that is absent is not empty (DESIGN.md "Architecture"): over a missing root every
+    call says "unavailable" (never "no such object", never an empty listing) and nothing is
+    created — no folder, no bucket."""
+    if harness.missing_root is None:
+        pytest.skip("this backend has no root of its own")
+    b, exists = harness.missing_root()
+    assert b.root_missing() is not None
+    for call in (lambda: b.stat("raw/a.tar"), lambda: b.open_read("raw/a.tar"), lambda: keys(b),
+                 lambda: b.delete("raw/a.tar"), lambda: b.quarantine("raw/a.tar"),
+                 lambda: put(b, "raw/a.tar", b"bytes that must not land anywhere"),
+                 lambda: put(b, "top-level.tar", b"nor here")):
+        with pytest.raises(LocationUnavailableError) as e:
+            call()
+        assert e.value.location == "loc" and not e.value.marker_only
+        assert not exists(), "a backend created its missing root"
+    assert b.cleanup_partials(0) == 0
+    assert not exists()
+
+
+def test_root_taken_away_and_back(harness: Harness, tmp_path: Path) -> None:
+    """A root that goes away after objects were published (an unmounted disk) is unavailable,
+    not empty; back in place, the same objects are there again."""
+    b = harness.backend
+    root = getattr(innermost_of(b), "root", None)
+    if root is None:
+        pytest.skip("only a folder root can be taken away here (an S3 bucket: the missing-bucket test)")
+    put(b, "raw/a.tar", b"archived")
+    away = tmp_path / "away"
+    os.rename(root, away)
+    try:
+        with pytest.raises(LocationUnavailableError):
+            b.stat("raw/a.tar")
+        with pytest.raises(LocationUnavailableError):
+            keys(b)
+        with pytest.raises(LocationUnavailableError):
+            put(b, "raw/b.tar", b"new")
+        assert not Path(root).exists()
+    finally:
+        os.rename(away, root)
+    assert get(b, "raw/a.tar") == b"archived" and keys(b) == ["raw/a.tar"]
+
+
+def innermost_of(b: StorageBackend) -> StorageBackend:
+    from packhorse.storage.layers import innermost
+
+    return innermost(b)
 
 
 def test_cold_store_needs_a_restore_before_reading(harness: Harness) -> None:
@@ -541,6 +604,7 @@ def test_cold_store_needs_a_restore_before_reading(harness: Harness) -> None:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> DiskBackend:
+    (tmp_path / "root").mkdir()
     return DiskBackend("loc", tmp_path / "root")
 
 
@@ -757,7 +821,7 @@ def test_disk_walk_reuses_an_unchanged_folder_and_walks_its_subfolders(disk: Dis
 
 
 def test_disk_walk_never_creates_a_missing_root(tmp_path: Path) -> None:
-    b = DiskBackend("src", tmp_path / "not-mounted", create_root=False)
+    b = DiskBackend("src", tmp_path / "not-mounted")
     with pytest.raises(LocationUnavailableError, match="not-mounted"):
         list(b.walk())
     assert not (tmp_path / "not-mounted").exists()

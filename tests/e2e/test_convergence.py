@@ -231,3 +231,27 @@ def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -
     p.run(expect=3)  # still a dead end, still loud, still nothing touched
     for lta in LTAS:
         assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]
+
+
+def test_every_copy_bad_and_the_source_files_removed_by_hand_fails_the_rebuild_loudly(pipeline) -> None:
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5)
+    name = package_names(p)[0]
+    bad = corrupt_archive_copies(p, name)
+    for path in (p.source / name).iterdir():  # gone behind packhorse's back
+        path.unlink()
+    assert p.verify()[0] == 1
+
+    r = p.run(expect=3)
+
+    # the rebuild was tried, from the registered files, and failed naming the file; the
+    # package keeps its name and recorded bytes (never rebuilt from fewer files)
+    assert "raw_data_package" in r.stderr and "SourceMissingError" in r.stderr, r.stderr[-3000:]
+    assert package_names(p) == sorted(f"inst/{g.split('/')[1]}" for g in GROUPS)
+    st = p.status()
+    item = next(b for b in st["blocked"] if b["cause"] == "no_good_source")
+    assert item["subject"] == f"package {name}" and "FAILED" in item["reason"], item
+    failed = item["detail"]["failed_operation"]
+    assert failed[0] == "raw_data_package" and f"packhorse reset raw_data_package {failed[1]}" in item["release"]
+    assert any(lvl == "CRITICAL" and ev == "no_good_source" and name in subj for lvl, ev, subj, _ in notifications(p))
+    for lta in LTAS:
+        assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]

@@ -68,50 +68,87 @@ def test_single_put_sends_the_sha256_as_s3_checksum(s3_server) -> None:
     assert head["Metadata"]["sha256"] == sha(b"small object")
 
 
-def test_failed_multipart_upload_is_aborted_and_nothing_is_visible(s3_server, monkeypatch) -> None:
-    bucket = s3_server.new_bucket()
-    b = backend(s3_server, bucket)
+def _count_parts(monkeypatch, b: S3Backend, fail_at: int | None = None,  # type: ignore[no-untyped-def]
+                 exc: BaseException | None = None) -> list[int]:
     real = b.client.upload_part
-    calls = []
+    calls: list[int] = []
 
-    def failing_upload_part(**kw):  # type: ignore[no-untyped-def]
+    def upload_part(**kw):  # type: ignore[no-untyped-def]
         calls.append(kw["PartNumber"])
-        if kw["PartNumber"] == 2:
-            raise ConnectionError("network gone")
+        if kw["PartNumber"] == fail_at:
+            raise exc  # type: ignore[misc]
         return real(**kw)
 
-    monkeypatch.setattr(b.client, "upload_part", failing_upload_part)
+    monkeypatch.setattr(b.client, "upload_part", upload_part)
+    return calls
+
+
+def test_a_failed_multipart_upload_is_kept_and_the_retry_sends_only_the_missing_parts(s3_server,
+                                                                                      monkeypatch) -> None:
+    bucket = s3_server.new_bucket()
+    b = backend(s3_server, bucket)
+    calls = _count_parts(monkeypatch, b, fail_at=2, exc=ConnectionError("network gone"))
     with pytest.raises(Exception, match="network gone"):
         put(b, "raw/big.tar", BIG)
     assert calls == [1, 2]
-    assert b.stat("raw/big.tar") is None and list(b.list()) == []
-    assert b.incomplete_uploads() == []  # aborted
-    monkeypatch.setattr(b.client, "upload_part", real)
+    assert b.stat("raw/big.tar") is None and list(b.list()) == []  # nothing visible under the key
+    assert len(b.incomplete_uploads()) == 1  # kept for the retry
+    monkeypatch.undo()
+    calls = _count_parts(monkeypatch, b)
+    sent_before = b.bytes_uploaded
     assert put(b, "raw/big.tar", BIG).already_there is False
+    assert calls == [2, 3]  # part 1 was there and verified
+    assert b.bytes_uploaded - sent_before == len(BIG) - MIN_PART_BYTES
+    assert b.sha256("raw/big.tar") == sha(BIG) and b.incomplete_uploads() == []
 
 
-def test_crash_mid_multipart_leaves_an_invisible_upload_that_cleanup_aborts(s3_server, monkeypatch) -> None:
+def test_a_crash_mid_multipart_upload_is_resumed_by_the_next_publication(s3_server, monkeypatch) -> None:
     bucket = s3_server.new_bucket()
     b = backend(s3_server, bucket)
-    real = b.client.upload_part
-
-    def crash(**kw):  # type: ignore[no-untyped-def]
-        if kw["PartNumber"] == 2:
-            raise SystemExit("process killed")  # nothing after this runs in a real crash
-        return real(**kw)
-
-    monkeypatch.setattr(b.client, "upload_part", crash)
+    _count_parts(monkeypatch, b, fail_at=3, exc=SystemExit("process killed"))
     monkeypatch.setattr(b, "_abort_upload", lambda *a: None)  # a killed process aborts nothing
     with pytest.raises(SystemExit):
         put(b, "raw/big.tar", BIG)
     monkeypatch.undo()
     assert len(b.incomplete_uploads()) == 1
     assert b.stat("raw/big.tar") is None and list(b.list()) == []
-    # a retry of the operation publishes the full object; the leftover upload is cleaned later
+    fresh = backend(s3_server, bucket)  # the retry runs in another process
+    calls = _count_parts(monkeypatch, fresh)
+    assert put(fresh, "raw/big.tar", BIG).already_there is False
+    assert calls == [3] and fresh.bytes_uploaded == len(BIG) - 2 * MIN_PART_BYTES
+    assert fresh.incomplete_uploads() == [] and fresh.cleanup_partials(0) == 0
+    assert fresh.sha256("raw/big.tar") == sha(BIG)
+
+
+def test_a_part_that_does_not_verify_is_uploaded_again(s3_server, monkeypatch) -> None:
+    bucket = s3_server.new_bucket()
+    b = backend(s3_server, bucket)
+    raw = s3_server.client()
+    # an earlier writer's upload of the key: part 1 of other bytes (same size), part 2 right
+    up = raw.create_multipart_upload(Bucket=bucket, Key="lta/raw/big.tar", ChecksumAlgorithm="SHA256")
+    for number, data in ((1, os.urandom(MIN_PART_BYTES)), (2, BIG[MIN_PART_BYTES:2 * MIN_PART_BYTES])):
+        raw.upload_part(Bucket=bucket, Key="lta/raw/big.tar", UploadId=up["UploadId"], PartNumber=number, Body=data,
+                        ChecksumAlgorithm="SHA256",
+                        ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
+    calls = _count_parts(monkeypatch, b)
     assert put(b, "raw/big.tar", BIG).already_there is False
-    # (moto reports a fixed 2010 "Initiated" time, so the age cut-off cannot be shown here)
-    assert b.cleanup_partials(0) == 1 and b.incomplete_uploads() == []
-    assert b.sha256("raw/big.tar") == sha(BIG)
+    assert calls == [1, 3]
+    assert b.sha256("raw/big.tar") == sha(BIG) and b.incomplete_uploads() == []
+
+
+def test_part_matching_needs_size_and_a_digest_of_the_bytes() -> None:
+    from packhorse.storage.s3 import _b64_sha256, _part_matches
+
+    data = b"x" * 100
+    checksum = _b64_sha256(hashlib.sha256(data).digest())
+    md5 = hashlib.md5(data).hexdigest()
+    assert _part_matches({"Size": 100, "ETag": f'"{md5}"', "ChecksumSHA256": checksum}, data, checksum)
+    assert _part_matches({"Size": 100, "ETag": f'"{md5}"'}, data, checksum)  # no checksum: the MD5 ETag decides
+    assert _part_matches({"Size": 100, "ETag": '"kms-opaque"', "ChecksumSHA256": checksum}, data, checksum)
+    assert not _part_matches({"Size": 100, "ETag": '"kms-opaque"'}, data, checksum)  # nothing to prove it
+    assert not _part_matches({"Size": 99, "ETag": f'"{md5}"', "ChecksumSHA256": checksum}, data, checksum)
+    assert not _part_matches({"Size": 100, "ETag": '"' + "0" * 32 + '"', "ChecksumSHA256": checksum}, data, checksum)
+    assert not _part_matches({"Size": 100, "ETag": f'"{md5}"', "ChecksumSHA256": "other"}, data, checksum)
 
 
 def test_probe_key_is_removed_and_never_listed(s3_server) -> None:

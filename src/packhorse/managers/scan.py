@@ -371,9 +371,17 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         cache: folders seen by earlier scans of this process (see the module docstring);
             ``None`` lists every folder.
     """
+    from ..availability import look, record_outage
+
     settings = ctx.settings
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
+    unavailable = look(ctx, location)
+    if unavailable is not None:
+        # storage that is absent is not empty: record the outage; register, skip and forget nothing
+        record_outage(ctx, unavailable)
+        result.unsettled_groups[location] = set()
+        return result
     backend = ctx.backend(location)  # every listing and read goes through it (I6)
     found, result.skipped, seen, full = list_source(ctx.settings, location, cache, backend)
 

@@ -6,7 +6,8 @@ Run by the destination site's workers (they pull). Methods (per route):
 * ``command``: run the route's ``command`` template (e.g. ``rsync -a {source} {destination}``)
   with ``{source}`` = the bundle's local path and ``{destination}`` = a partial file beside the
   final name at the destination; the arguments are split like a shell line and never passed to
-  a shell. The lease is checked while the command runs; the command is killed if it is lost.
+  a shell. The lease is checked while the command runs; the command is killed if it is lost,
+  and dies with its worker process (``PR_SET_PDEATHSIG``), so no orphaned command writes on.
   ``{partial}`` is the same partial file, but the template declares the command resumes
   (``rsync --partial --append-verify {source} {partial}``): it then gets the earlier attempt's
   partial, cut to its verified prefix, instead of an empty one.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
@@ -160,9 +162,37 @@ def _throttled(work: Work, backend: StorageBackend, limit: int) -> StorageBacken
     return read_limited(backend, limiter, refresh)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_worker() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the command get SIGKILL when its worker dies (Linux
+    ``PR_SET_PDEATHSIG``), or ``None`` where that is not available.
+
+    A command orphaned by a killed worker would otherwise go on writing into the partial file,
+    which a later attempt may meanwhile have taken over to resume (fencing, I3)."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the worker died before the line above ran
+            os._exit(1)
+
+    return preexec
+
+
 def _run_command(work: Work, args: list[str], key: str) -> None:
     try:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=_die_with_worker())  # noqa: PLW1509 - only prctl runs there
     except OSError as e:
         raise TransferCommandError(f"transfer command {args[0]!r} could not start: {e.strerror}",
                                    step="transfer", path=key) from None

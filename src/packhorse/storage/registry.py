@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from ..config import LocationConfig, Settings
-from ..domain import LocationRole, StorageType
+from ..domain import StorageType
 from ..errors import ConfigError
 from .base import StorageBackend
 from .disk import DiskBackend
@@ -62,10 +62,7 @@ def backend_for(settings: Settings, location_name: str, *, db: "Database | None"
     except KeyError:
         raise ConfigError(f"unknown data location {location_name!r}") from None
     if loc.storage is StorageType.DISK:
-        # a source's root is the instrument's, never made here: a missing one stays missing and
-        # its walk says "location unavailable" (an unmounted disk is not an empty one)
-        backend: StorageBackend = DiskBackend(loc.name, settings.location_path(loc.name),
-                                              create_root=loc.role is not LocationRole.SOURCE)
+        backend: StorageBackend = DiskBackend(loc.name, settings.location_path(loc.name))
     elif loc.storage is StorageType.S3:
         backend = _s3_backend(settings, loc, db)
     else:

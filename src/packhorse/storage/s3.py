@@ -8,9 +8,11 @@ Write-once publication (DESIGN.md I2):
   before publishing leaves nothing in the bucket.
 * ``publish`` sends the object with a conditional create, ``If-None-Match: *``: a single
   ``PutObject`` up to the threshold, a multipart upload above it (the condition is on
-  ``CompleteMultipartUpload``). A failed multipart upload is aborted; one interrupted by a
-  crash stays an *incomplete multipart upload*, invisible under the key, and is aborted by
-  :meth:`S3Backend.cleanup_partials`.
+  ``CompleteMultipartUpload``). A multipart upload interrupted by a crash or a failure stays
+  an *incomplete multipart upload*, invisible under the key; the next publication of the key
+  continues it with the parts whose size, MD5 (ETag) and sha256 checksum equal its own parts'
+  (uploading only the others), and :meth:`S3Backend.cleanup_partials` aborts those never
+  resumed. One whose key turned out taken (412) or whose bytes were refused is aborted at once.
 * The sha256 goes into the object metadata (``x-amz-meta-sha256``, hex) and is sent as the
   S3 checksum (``x-amz-checksum-sha256`` of the object, or of every part of a multipart
   upload), so the store itself refuses bytes damaged on the wire.
@@ -40,6 +42,13 @@ tier before the transition), so the read-back verification after publishing work
 simulate the time a restore takes with a storage layer of their own (``tests/memory_backend.py``
 ``ColdLayer``, handed in through :mod:`packhorse.hooks`), not with a switch here.
 
+A missing bucket is never created (DESIGN.md "Architecture": storage that is absent is not
+empty): the bucket is made by whoever provisions the store (with Object Lock if wanted), and
+``packhorse init`` writes the location's identity marker as an object
+(:mod:`packhorse.storage.identity`). Calls on a bucket that does not exist raise
+:class:`~packhorse.errors.LocationUnavailableError`, and a "no such key" is only believed
+once the bucket is known to be there.
+
 Credentials come only from the standard AWS chain (environment, shared profile, instance
 role); they are never logged or stored by packhorse.
 """
@@ -65,6 +74,7 @@ from ..errors import (
     DestinationConflictError,
     DestinationWriteError,
     LocationUnavailableError,
+    OperationError,
     RestoreRequiredError,
     SourceMissingError,
     StorageBusyError,
@@ -122,6 +132,23 @@ def _is_conditional_conflict(e: Exception) -> bool:
 
 def _b64_sha256(digest: bytes) -> str:
     return base64.b64encode(digest).decode("ascii")
+
+
+def _part_matches(have: dict[str, Any], data: bytes, checksum: str) -> bool:
+    """Does an uploaded part (``ListParts`` entry) hold exactly ``data``? Its size must match,
+    and its sha256 checksum (the store computed it over the bytes it received) where the store
+    reports one, and its ETag where the ETag is the part's MD5 (a plain upload; with SSE-KMS it
+    is not, and the checksum decides). A part with neither is never trusted."""
+    if int(have.get("Size", -1)) != len(data):
+        return False
+    etag = str(have.get("ETag", "")).strip('"')
+    md5_etag = len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+    known = have.get("ChecksumSHA256")
+    if known is not None and known != checksum:
+        return False
+    if md5_etag and etag.lower() != hashlib.md5(data, usedforsecurity=False).hexdigest():
+        return False
+    return known is not None or md5_etag
 
 
 def make_client(*, endpoint_url: str | None, region: str | None, path_style: bool, max_pool: int = 32) -> Any:
@@ -250,12 +277,19 @@ class S3Backend(StorageBackend):
         self.spool_dir = spool_dir
         #: keys published by this process (readable without a restore; see the module docstring)
         self._hot: set[str] = set()
+        #: payload bytes this backend sent in multipart ``UploadPart`` requests (parts an
+        #: interrupted upload already held and that verified are not sent again)
+        self.bytes_uploaded = 0
 
     # -- helpers --------------------------------------------------------------------
     def _full(self, key: str) -> str:
         return self.prefix + check_key(key)
 
-    def _error(self, e: Exception, key: str | None, action: str) -> StorageServiceError:
+    def _error(self, e: Exception, key: str | None, action: str) -> OperationError:
+        if _code(e) == "NoSuchBucket":
+            why = f"the bucket {self.bucket!r} does not exist"
+            return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                            reason=why, path=key)
         return StorageServiceError(
             f"{self.location}: {action} {key!r} in bucket {self.bucket!r} failed: {_code(e) or type(e).__name__}: {e}",
             side="destination", path=key, host=self.location,
@@ -287,6 +321,14 @@ class S3Backend(StorageBackend):
         except Exception as e:
             if _is_precondition_failed(e):
                 return False
+            if _code(e) == "NoSuchUpload":
+                # a concurrent publisher of the key completed (or aborted) the upload this one
+                # continued: the object there decides (check_same), else publish again
+                if self.stat(key) is not None:
+                    return False
+                raise StorageBusyError(f"{self.location}: the multipart upload of {key!r} ended under this "
+                                       "publisher (a concurrent one completed or aborted it)", side="destination",
+                                       path=key, host=self.location) from e
             if _is_conditional_conflict(e):
                 raise StorageBusyError(f"{self.location}: another conditional write of {key!r} is in progress "
                                        f"in bucket {self.bucket!r}", side="destination", path=key,
@@ -298,33 +340,124 @@ class S3Backend(StorageBackend):
         return True
 
     def _multipart(self, key: str, spool: Any, size: int, common: dict[str, Any], cond: dict[str, str]) -> None:
+        """Upload the spool as a multipart upload and complete it under ``cond``.
+
+        Resumption: an incomplete multipart upload of the same key (one an interrupted earlier
+        attempt left) is continued: every part it already holds whose size, ETag (the part's
+        MD5 for a plain upload) and sha256 checksum equal those of the spool's part of that
+        number is kept, every other part is uploaded (again). The part size is derived from the
+        object's size alone, so a retry cuts the same parts. The completed object is verified
+        by reading it back, as a fresh one is (I4). A failed attempt leaves its upload for the
+        retry to resume, except when the key is taken (412) or the bytes were refused; the
+        partial sweep aborts uploads older than the resumable age (a day at least).
+        """
         part = max(self.multipart_part_bytes, -(-size // MAX_PARTS))
-        up = self.client.create_multipart_upload(ChecksumAlgorithm="SHA256", **common)
-        upload_id = up["UploadId"]
+        full = common["Key"]
+        upload_id, uploaded = self._resumable_upload(full)
+        if upload_id is None:
+            up = self.client.create_multipart_upload(ChecksumAlgorithm="SHA256", **common)
+            upload_id = up["UploadId"]
+        keep_upload = True
         try:
             parts = []
             number = 1
+            reused = sent = 0
             while True:
                 data = spool.read(part)
                 if not data:
                     break
-                checksum = _b64_sha256(hashlib.sha256(data).digest())
-                r = self.client.upload_part(Bucket=self.bucket, Key=common["Key"], UploadId=upload_id,
-                                            PartNumber=number, Body=data, ChecksumAlgorithm="SHA256",
-                                            ChecksumSHA256=checksum)
-                parts.append({"PartNumber": number, "ETag": r["ETag"], "ChecksumSHA256": checksum})
+                digest = hashlib.sha256(data).digest()
+                checksum = _b64_sha256(digest)
+                have = uploaded.get(number)
+                if have is not None and _part_matches(have, data, checksum):
+                    etag = have["ETag"]
+                    reused += len(data)
+                else:
+                    r = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                                PartNumber=number, Body=data, ChecksumAlgorithm="SHA256",
+                                                ChecksumSHA256=checksum)
+                    etag = r["ETag"]
+                    sent += len(data)
+                    self.bytes_uploaded += len(data)
+                parts.append({"PartNumber": number, "ETag": etag, "ChecksumSHA256": checksum})
                 number += 1
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=common["Key"], UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts}, **cond)
-        except BaseException:
-            self._abort_upload(common["Key"], upload_id)
+            if reused:
+                log.info("s3_multipart_resumed", location=self.location, key=full, upload_id=upload_id,
+                         reused_bytes=reused, uploaded_bytes=sent, size=size)
+            try:
+                self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                                      MultipartUpload={"Parts": parts}, **cond)
+            except Exception as e:
+                if _is_precondition_failed(e):
+                    keep_upload = False  # the key is taken: nothing left to resume
+                raise
+        except (DestinationConflictError, VerificationError):
+            keep_upload = False
             raise
+        finally:
+            if not keep_upload:
+                self._abort_upload(full, upload_id)
+
+    def _resumable_upload(self, full_key: str) -> tuple[str | None, dict[int, dict[str, Any]]]:
+        """The newest incomplete multipart upload of exactly ``full_key`` and its parts
+        (``{part number: {"ETag", "Size", "ChecksumSHA256"?}}``), or ``(None, {})``."""
+        try:
+            uploads = [u for u in self.incomplete_uploads(prefix=full_key) if u[0] == full_key]
+        except Exception as e:  # listing refused (permissions): upload afresh
+            log.warning("s3_list_uploads_failed", location=self.location, key=full_key, error=str(e))
+            return None, {}
+        if not uploads:
+            return None, {}
+        _key, upload_id, _initiated = max(uploads, key=lambda u: u[2])
+        parts: dict[int, dict[str, Any]] = {}
+        try:
+            for page in self.client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=full_key,
+                                                                        UploadId=upload_id):
+                for p in page.get("Parts", []):
+                    parts[int(p["PartNumber"])] = p
+        except Exception as e:
+            if _code(e) == "NoSuchUpload":  # completed or aborted meanwhile
+                return None, {}
+            raise
+        return upload_id, parts
 
     def _abort_upload(self, full_key: str, upload_id: str) -> None:
         try:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
         except Exception as e:  # cleanup_partials aborts it later
             log.warning("s3_abort_multipart_failed", location=self.location, key=full_key, error=str(e))
+
+    # -- the root -------------------------------------------------------------------
+    def root_missing(self) -> str | None:
+        """``None`` if the bucket exists (``HeadBucket``), else why not.
+
+        Raises:
+            StorageServiceError: the store could not be asked (unreachable, access denied).
+        """
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as e:
+            if _is_not_found(e) or _code(e) == "NoSuchBucket":
+                return f"the bucket {self.bucket!r} does not exist"
+            raise self._error(e, None, "looking up the bucket") from e
+        return None
+
+    def create_root(self) -> bool:
+        """Never creates a bucket: a missing one is refused with a
+        :class:`~packhorse.errors.ConfigError` naming it (the store's owner creates buckets)."""
+        why = self.root_missing()
+        if why is not None:
+            raise ConfigError(f"data location {self.location}: {why}; packhorse does not create buckets: create it "
+                              f"(with Object Lock if the location asks for it), then run `packhorse init` again")
+        return False
+
+    def _missing(self, key: str) -> None:
+        """After a "not found" for ``key``: raise :class:`LocationUnavailableError` if the
+        bucket itself is gone (a HEAD of a key in a missing bucket answers a bare 404 too)."""
+        why = self.root_missing()
+        if why is not None:
+            raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                           reason=why, path=key)
 
     # -- interface ------------------------------------------------------------------
     def stat(self, key: str) -> ObjectInfo | None:
@@ -333,6 +466,7 @@ class S3Backend(StorageBackend):
             r = self.client.head_object(Bucket=self.bucket, Key=full)
         except Exception as e:
             if _is_not_found(e):
+                self._missing(key)
                 return None
             raise self._error(e, key, "looking up") from e
         mtime = r["LastModified"].timestamp()
@@ -358,7 +492,8 @@ class S3Backend(StorageBackend):
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=full)
         except Exception as e:
-            if _is_not_found(e):
+            if _is_not_found(e) and _code(e) != "NoSuchBucket":
+                self._missing(key)
                 raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
                                          host=self.location) from None
             raise self._error(e, key, "reading") from e
@@ -419,27 +554,32 @@ class S3Backend(StorageBackend):
                     yield Entry(key, EntryKind.FILE, int(o["Size"]), int(stamp.timestamp()) * 1_000_000_000
                                 + stamp.microsecond * 1000)
         except Exception as e:
-            if _code(e) == "NoSuchBucket":
-                raise LocationUnavailableError(
-                    f"{self.location}: location unavailable: bucket {self.bucket!r} does not exist; an absent "
-                    "location is not listed as empty", side="source", path=self.prefix or "/",
-                    host=self.location) from e
-            raise self._error(e, prefix, "listing") from e
+            raise self._error(e, prefix, "listing") from e  # a missing bucket: LocationUnavailableError
 
-    def incomplete_uploads(self) -> list[tuple[str, str, float]]:
-        """``[(full key, upload id, initiated UTC s)]`` of incomplete multipart uploads here."""
+    def incomplete_uploads(self, prefix: str | None = None) -> list[tuple[str, str, float]]:
+        """``[(full key, upload id, initiated UTC s)]`` of incomplete multipart uploads here
+        (under the full key prefix ``prefix``; default: the location's)."""
         out = []
         paginator = self.client.get_paginator("list_multipart_uploads")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix if prefix is None else prefix):
             for u in page.get("Uploads", []):
                 out.append((u["Key"], u["UploadId"], u["Initiated"].timestamp()))
         return out
 
-    def cleanup_partials(self, older_than_seconds: float) -> int:
-        """Abort incomplete multipart uploads (a crashed publisher's) older than this."""
-        cutoff = time.time() - older_than_seconds
+    def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
+        """Abort incomplete multipart uploads (a crashed publisher's) initiated longer ago than
+        this; every upload can be resumed (:meth:`_multipart`), so ``resumable_older_than_seconds``,
+        when given, is the age used."""
+        age = older_than_seconds if resumable_older_than_seconds is None else resumable_older_than_seconds
+        cutoff = time.time() - age
         removed = 0
-        for full, upload_id, initiated in self.incomplete_uploads():
+        try:
+            uploads = self.incomplete_uploads()
+        except Exception as e:
+            if _code(e) == "NoSuchBucket":
+                return 0  # nothing of ours can be there; a bucket is never created to look
+            raise
+        for full, upload_id, initiated in uploads:
             if initiated <= cutoff:
                 self._abort_upload(full, upload_id)
                 removed += 1
