@@ -34,6 +34,7 @@ Idempotent registration, no operation row (stage 1). Rules:
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -234,6 +235,9 @@ def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str,
     return "ok", digest
 
 
+_VERSION = operator.itemgetter(3)
+
+
 def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
     """``{path: (size, mtime_ns)}`` of the latest registered version of the files among
     ``paths`` (all of the location's when ``paths`` is long)."""
@@ -241,22 +245,13 @@ def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str,
         RawDataFile.location_id == loc_id)
 
     def tx(s: Session) -> dict[str, tuple[int, int]]:
-        out: dict[str, tuple[int, int]] = {}
-        latest: dict[str, int] = {}
-
-        def add(r: Any) -> None:
-            if r.version >= latest.get(r.relative_path, 0):
-                latest[r.relative_path] = r.version
-                out[r.relative_path] = (r.size, r.mtime_ns)
-
         if len(paths) > 2000:
-            for r in s.execute(q):
-                add(r)
-            return out
-        for i in range(0, len(paths), 500):
-            for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))):
-                add(r)
-        return out
+            rows = list(s.execute(q).tuples())
+        else:
+            rows = [r for i in range(0, len(paths), 500)
+                    for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))).tuples()]
+        rows.sort(key=_VERSION)  # stable, nearly sorted (most files have one version): later versions win
+        return {path: (size, mtime_ns) for path, size, mtime_ns, _ in rows}
 
     return ctx.db.read(tx)
 

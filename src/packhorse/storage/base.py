@@ -93,7 +93,7 @@ def check_key(key: str) -> str:
     if key.startswith("/") or "\\" in key or "\x00" in key:
         raise UnsafePathError(f"unsafe object key {key!r}: absolute or contains a backslash/NUL", path=key)
     parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if "" in parts or "." in parts or ".." in parts:  # (list membership: runs once per file scanned)
         raise UnsafePathError(f"unsafe object key {key!r}: empty, '.' or '..' component", path=key)
     if parts[-1].endswith(PARTIAL_SUFFIX):
         raise UnsafePathError(f"object key {key!r} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
