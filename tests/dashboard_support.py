@@ -18,6 +18,7 @@ from packhorse.db.models import (
     RawDataPackage,
 )
 from packhorse.domain import OperationKind
+from packhorse.availability import mark_locations
 from packhorse.topology import sync_topology
 from support import write_site_config
 
@@ -26,7 +27,9 @@ NOW = dt.datetime(2026, 12, 1, 12, 0, 30, tzinfo=dt.timezone.utc)
 
 def make_ctx(tmp_path: Path, db) -> ProcessContext:
     settings = load_config(write_site_config(tmp_path / "site"))
-    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)  # as `packhorse init` does: every location root exists and is marked
+    return ctx
 
 
 def _op(s, ctx, kind: OperationKind, status: str, n: int, at: dt.datetime, **kw) -> Operation:

@@ -158,26 +158,119 @@ class PrivateRedis:
         exe = shutil.which("redis-server")
         if exe is None:
             unavailable("redis-server is not installed")
+        self.exe = exe
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ph4-redis-"))
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
         self.client = redis.Redis(port=self.port)
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (nothing persisted: ``--save "" --appendonly no``; it starts empty)."""
+        self.proc = subprocess.Popen([self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self.client.ping, 20, "private redis-server")
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM; every client connection drops, every message is lost)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def close(self) -> None:
-        self.proc.terminate()
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivateRabbitMQ:
+    """A RabbitMQ node of our own (its own node name, AMQP and distribution ports, database and
+    log folders under a temp folder; the shared node on 5672 is never touched), so a test may
+    stop and start it. Durable queues and persistent messages survive its restart, as in
+    production. Booting takes some 10-30 s on this machine.
+
+    Skips (locally) or fails (``CI=true``) when ``rabbitmq-server`` / ``rabbitmqctl`` are missing
+    or the node does not boot.
+    """
+
+    def __init__(self) -> None:
+        for exe in ("rabbitmq-server", "rabbitmqctl"):
+            if shutil.which(exe) is None:
+                unavailable(f"{exe} is not installed (needed for a private RabbitMQ node)")
+        self.dir = Path(tempfile.mkdtemp(prefix="ph4-rabbit-"))
+        self.port, dist = free_port(), free_port()
+        self.node = f"ph4b-{uuid.uuid4().hex[:8]}@localhost"
+        for sub in ("mnesia", "log"):
+            (self.dir / sub).mkdir()
+        (self.dir / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.dir / "enabled_plugins").write_text("[].\n")  # no management listener on a shared port
+        if os.geteuid() == 0:  # the server scripts run as the rabbitmq user
+            import pwd
+
+            pw = pwd.getpwnam("rabbitmq")
+            for p in [self.dir, *self.dir.rglob("*")]:
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+        self.env = {**os.environ, "RABBITMQ_NODENAME": self.node, "RABBITMQ_NODE_PORT": str(self.port),
+                    "RABBITMQ_DIST_PORT": str(dist), "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+                    "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+                    "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
+                    "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+                    "RABBITMQ_PID_FILE": str(self.dir / "pid")}
         try:
-            self.proc.wait(10)
+            self.start()
+        except AssertionError as e:
+            self.close()
+            unavailable(f"a private RabbitMQ node did not start: {e}")
+
+    def _ctl(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["rabbitmqctl", "-q", "-n", self.node, *args], capture_output=True, text=True,
+                              env=self.env, timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self) -> None:
+        """Boot the node and wait until it accepts AMQP connections."""
+        r = subprocess.run(["rabbitmq-server", "-detached"], capture_output=True, text=True, env=self.env,
+                           timeout=60)
+        if r.returncode != 0:
+            raise AssertionError(f"rabbitmq-server -detached: {r.stdout}{r.stderr}")
+        # the detached node takes a while to register with epmd; await_startup fails at once
+        # on a node that is not registered yet, so ask again until it answers
+        end = time.monotonic() + 150
+        while True:
+            r = self._ctl("await_startup", "--timeout", "120")
+            if r.returncode == 0:
+                break
+            if time.monotonic() > end:
+                log = "\n".join(p.read_text(errors="replace")[-2000:] for p in (self.dir / "log").glob("*.log"))
+                raise AssertionError(f"await_startup: {r.stdout}{r.stderr[-1500:]}\n{log}")
+            time.sleep(1)
+
+        def port_open() -> bool:
+            socket.create_connection(("127.0.0.1", self.port), timeout=3).close()
+            return True
+
+        wait_for(port_open, 30, "the private RabbitMQ AMQP port")
+
+    def stop(self) -> None:
+        """Shut the node down (every client connection drops) and wait for its process to end."""
+        self._ctl("shutdown")
+
+    def close(self) -> None:
+        try:
+            self.stop()
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -289,10 +382,13 @@ class Cluster:
         ``monitors`` monitors (default: one if ``monitor``, else none)."""
         for site in SITES:
             self.start_worker(site, env=(worker_env or {}).get(site))
+        # several of one kind on this host: each its own instance name (its health identity)
         for i in range(managers):
-            self.start("manager" if i == 0 else f"manager-{i + 1}", "manager")
+            self.start("manager" if i == 0 else f"manager-{i + 1}", "manager",
+                       *(("--instance", str(i + 1)) if i else ()))
         for i in range(monitors if monitors is not None else int(monitor)):
-            self.start("monitor" if i == 0 else f"monitor-{i + 1}", "monitor")
+            self.start("monitor" if i == 0 else f"monitor-{i + 1}", "monitor",
+                       *(("--instance", str(i + 1)) if i else ()))
 
     def log(self, name: str) -> str:
         p = self.root / f"{name}.log"

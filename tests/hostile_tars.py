@@ -185,6 +185,7 @@ def run_unpack_package(data: bytes, target: Path, limits: ExtractionLimits) -> N
     payload = {"pkg.tar": data}
     bundle = tar_of(good_bag_members("bundle", payload))
     pkg = Package(1, "pkg", len(data), hashlib.sha256(data).hexdigest())
+    target.mkdir(parents=True, exist_ok=True)  # a location root: made by `packhorse init`, never by a backend
     unpack_bundle(FakeWork(), io.BytesIO(bundle), buf=DiskBackend("buffer", target),  # type: ignore[arg-type]
                   source="buffer:bundles/bundle.tar", packages={"pkg.tar": pkg}, limits=limits)
 
@@ -197,6 +198,7 @@ def good_package() -> tuple[bytes, Package]:
 
 def run_unpack_bundle(data: bytes, target: Path, limits: ExtractionLimits) -> None:
     """``data`` as the bundle itself, said to carry the well-formed raw package ``pkg``."""
+    target.mkdir(parents=True, exist_ok=True)  # a location root: made by `packhorse init`, never by a backend
     unpack_bundle(FakeWork(), io.BytesIO(data), buf=DiskBackend("buffer", target),  # type: ignore[arg-type]
                   source="buffer:bundles/bundle.tar", packages={"pkg.tar": good_package()[1]}, limits=limits)
 

@@ -61,6 +61,39 @@ class BlockedItem:
 
 Provider = Callable[[Session, "ProcessContext"], list[BlockedItem]]
 
+def location_unavailable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """One item per data location with an open outage (:mod:`packhorse.availability`): its
+    root or identity marker is missing. Cause ``location_unavailable``, :data:`EXIT_WAITING`:
+    the work resumes by itself when the location is back (or after ``packhorse init`` when only
+    the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
+    ``marker_only``, ``operations_waiting`` (``PENDING`` operations whose source or destination
+    it is), ``checked_at`` (last seen unavailable, ISO 8601 UTC)."""
+    from sqlalchemy import func, or_, select
+
+    from .availability import release_of, root_of
+    from .db.models import LocationOutage, Operation
+    from .domain import Status
+
+    items = []
+    for row in session.scalars(select(LocationOutage).order_by(LocationOutage.since)):
+        name = ctx.topology.location_names.get(row.location_id)
+        if name is None:
+            continue  # a location no longer configured
+        waiting = session.scalar(select(func.count()).select_from(Operation).where(
+            Operation.status == Status.PENDING.value,
+            or_(Operation.source_location_id == row.location_id,
+                Operation.destination_location_id == row.location_id))) or 0
+        items.append(BlockedItem(
+            cause="location_unavailable", subject=f"location {name}",
+            reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",
+            release=release_of(ctx, name, row.marker_only), exit_code=EXIT_WAITING,
+            since=row.since.isoformat(),
+            detail={"location": name, "location_id": row.location_id, "path": root_of(ctx, name),
+                    "marker_only": row.marker_only, "operations_waiting": waiting,
+                    "checked_at": row.checked_at.isoformat()}))
+    return items
+
+
 def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``no_good_source``: raw data packages with no good source of their bytes left
     anywhere — every copy bad and no copy or source files to rebuild from
@@ -92,7 +125,7 @@ def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedIte
 
 
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, location_unavailable]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

@@ -44,7 +44,9 @@
             ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
             │                              the partial file is already removed
             ├── RestoreRequiredError       a cold-storage object must be restored before reading
-            └── DeletionDeferredError      another operation still needs the copy; later
+            ├── DeletionDeferredError      another operation still needs the copy; later
+            └── LocationUnavailableError   a location's root or identity marker is missing: the
+                                           operation waits for it (deferred, never FAILED)
 
 Every exception class of packhorse is defined here (a test holds the package to it); the
 modules that raise them import them from here.
@@ -284,6 +286,34 @@ class RestoreRequiredError(RetryableError):
 class DeletionDeferredError(RetryableError):
     """Another operation still needs this copy (e.g. a transfer waiting between retries);
     nothing was deleted and the deletion is tried again later."""
+
+
+class LocationUnavailableError(RetryableError):
+    """A data location cannot be used now: its root is missing (an unmounted disk, a renamed
+    folder, a missing bucket) or its identity marker is missing or names another location
+    (DESIGN.md "Architecture": storage that is absent is not empty; :mod:`packhorse.availability`).
+
+    Never an operation's failure: the worker defers the operation until the location is back
+    (no retry counted) and records the outage once. Backends raise it instead of creating a
+    missing root or answering "no such object" from a root that is not there.
+
+    Args:
+        message: names the location and its path or bucket.
+        location: the data location's name.
+        reason: why it is unavailable (one sentence).
+        marker_only: ``True`` when the root is there but its identity marker is missing
+            (released by ``packhorse init``), ``False`` when the root itself is missing.
+    """
+
+    def __init__(self, message: str, *, location: str, reason: str | None = None, marker_only: bool = False,
+                 path: str | None = None) -> None:
+        super().__init__(message, side="destination", path=path, host=location,
+                         diagnosis=("run `packhorse init` to mark the location (an existing root with data and no "
+                                    "marker is adopted), or mount the storage that belongs there" if marker_only else
+                                    "remount / restore the location's root; packhorse resumes by itself"))
+        self.location = location
+        self.reason = reason or message
+        self.marker_only = marker_only
 
 
 class OperationDeferred(PackhorseError):

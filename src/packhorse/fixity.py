@@ -13,6 +13,12 @@ One set of rules, used by the ``fixity_check`` stage (the standing audit) and by
   left anywhere, every copy looked bad at once: that is a storage fault, not rot, so instead
   of the ERRORs one CRITICAL notification is queued and nothing is repaired automatically.
 
+* :func:`recognise_returned` records a copy marked ``missing`` whose bytes are back (a
+  remounted disk, a restored folder) and read back with the recorded size and sha256: the same
+  copy is ``present`` again with a fresh ``verified_at`` — recognised, never written again.
+  Copies on an unavailable location are never judged (:mod:`packhorse.availability`): a
+  missing root or marker is not evidence about a copy.
+
 Repairs (moving the bad object aside, re-archiving from a verified copy) are the stage's
 job: :mod:`packhorse.stages.fixity`.
 """
@@ -175,6 +181,43 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
                                                    and c["location"] == g.location]},
                     operation_kind=kind, operation_id=operation_id, cooldown_seconds=cooldown, now=now)
     return {"recorded": marked, "all_bad": all_bad}
+
+
+def recognise_returned(session: Session, findings: Iterable[Finding], *,
+                       operation_id: int | None = None) -> list[Finding]:
+    """Mark copies recorded ``missing`` whose read-back was ``ok`` as ``present`` again (in the
+    caller's transaction; DESIGN.md "Architecture": storage that was absent is not lost). A copy
+    is changed only while it is still ``missing`` with the same sha256 and no other live copy of
+    its artifact is at its location (a repair meanwhile wins; the unique constraint on live
+    copies, I3). Queues one INFO notification per copy recognised; returns those findings."""
+    from .domain import LIVE_COPY_STATUSES
+
+    now = utcnow()
+    back: list[Finding] = []
+    for f in findings:
+        if f.bad:
+            continue
+        copy = session.get(PhysicalCopy, f.copy_id)
+        if copy is None or copy.status != CopyStatus.MISSING.value or copy.sha256 != f.expected:
+            continue
+        col = PhysicalCopy.raw_data_package_id if copy.raw_data_package_id is not None else \
+            PhysicalCopy.data_transfer_package_id
+        subject = copy.raw_data_package_id if copy.raw_data_package_id is not None else copy.data_transfer_package_id
+        live = session.scalar(select(PhysicalCopy.id).where(
+            col == subject, PhysicalCopy.location_id == copy.location_id, PhysicalCopy.id != copy.id,
+            PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1))
+        if live is not None:
+            continue
+        copy.status, copy.verified_at = CopyStatus.PRESENT.value, now
+        back.append(f)
+        enqueue(session, level=NotificationLevel.INFO, event="fixity_copy_back",
+                subject=f"Fixity: copy back {f.location}:{f.path}",
+                body=(f"The copy {f.location}:{f.path}, recorded missing, is there again and read back with its "
+                      f"recorded size {f.size} and sha256 {f.expected}: it counts as present (not rewritten)."),
+                context={"location": f.location, "path": f.path, "sha256": f.expected},
+                operation_kind=OperationKind.FIXITY_CHECK.value, operation_id=operation_id, cooldown_seconds=0)
+    session.flush()
+    return back
 
 
 def _render_all_bad(packages: list[dict[str, Any]]) -> tuple[str, str]:

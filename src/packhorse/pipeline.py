@@ -66,6 +66,7 @@ from .domain import LocationRole, OperationKind, Status, StorageType
 from . import operations
 from .managers import archives, bundles, deletions, fixity, packages, transfers, unpacks
 from .recovery.monitor import MonitorReport, recovery_cycle
+from .recovery.reconciler import BrokerWatch
 
 log = structlog.get_logger(__name__)
 
@@ -128,11 +129,16 @@ class CycleInput:
             runs with the scan on the source's site, :func:`scan_and_package`).
         flush: ship a partial bundle now (``run --until-idle`` when nothing else is pending).
         on_commit: called after each committed packaging transaction (dispatch at once).
+        look_at_all_locations: look at every active location's root and marker, not only
+            those with an open outage (:func:`packhorse.availability.check_outages`): the
+            embedded runner, which sees every site's storage; distributed managers see only
+            their own host's.
     """
 
     unsettled: dict[str, set[str]] | None = None
     flush: bool = False
     on_commit: Callable[[], None] | None = None
+    look_at_all_locations: bool = False
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
@@ -203,7 +209,10 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
         whatever a manager raises (a database error outliving its unit of work's retries): the
         service loop counts it and the next cycle starts afresh.
     """
+    from .availability import check_outages
+
     out = CycleResult()
+    check_outages(ctx, every_location=inp.look_at_all_locations)  # locations back from an outage: their waiting operations are due at once
     for step in STEPS:
         if step.manage is None:
             continue
@@ -312,18 +321,21 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
 # ------------------------------------------------------------------------------ recovery
 
 
-def recover(ctx: ProcessContext, *, exclude: Collection[int] = ()) -> MonitorReport:
+def recover(ctx: ProcessContext, *, exclude: Collection[int] = (), broker: BrokerWatch | None = None) -> MonitorReport:
     """One recovery cycle: the stalled-task monitor (circuit breakers), then the reconciler.
     ``packhorse monitor``, ``packhorse run`` and any number of them at once run exactly this.
 
     Args:
         exclude: operation ids queued in this process right now (not lost dispatches).
+        broker: the executor's broker, asked how many messages its queues still hold
+            (distributed mode; :class:`packhorse.executors.celery_app.BrokerQueues`): work
+            still queued there is not lost.
 
     Returns:
         the :class:`~packhorse.recovery.monitor.MonitorReport` (reset ids include the
         reconciler's re-dispatches).
     """
-    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude))
+    report = recovery_cycle(ctx.db, ctx.settings, exclude=set(exclude), broker=broker)
     if report.reset:
         log.warning("stalled_operations_reset", operation_ids=report.reset)
     return report

@@ -119,42 +119,82 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     record what was found exactly as the fixity audit does (:func:`packhorse.fixity.record_findings`:
     ``verified_at`` for good copies; ``missing`` / ``corrupt`` plus an ERROR notification for
     bad ones, or one CRITICAL notification when every copy of a package is bad). Repairs are
-    left to the audit (``packhorse run``).
+    left to the audit (``packhorse run``). Copies recorded ``missing`` (with no live copy at
+    their location) are read back too: bytes that are back and match are recognised, the copy
+    is ``present`` again (:func:`packhorse.fixity.recognise_returned`).
+
+    A location that is unavailable (root or identity marker missing, :mod:`packhorse.availability`)
+    is not judged: its copies are neither checked nor marked, it is listed under
+    ``unavailable`` and its outage recorded.
 
     Returns ``{"checked": n, "ok": n, "missing": [{"location", "path"[, "error"]}], "corrupt":
     [{"location", "path", "expected", "actual"}], "awaiting_restore": [{"location", "path"}],
-    "unrepaired": [...]}``. ``awaiting_restore``: copies in cold storage that are not restored;
-    a restore is requested and they are not checked now (not a problem by itself).
+    "recognised": [{"location", "path"}], "unavailable": [{"location", "reason", "copies",
+    "release"}], "unrepaired": [...]}``. ``awaiting_restore``: copies in cold storage that are
+    not restored; a restore is requested and they are not checked now (not a problem by itself).
     ``unrepaired``: see :func:`unrepaired_copies`. A copy whose storage could not be asked
     (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
     not recorded: that is not evidence about the copy.
     """
-    from .fixity import check_copy, record_findings
+    from .availability import probe, record_outage, release_of
+    from .domain import LIVE_COPY_STATUSES
+    from .errors import LocationUnavailableError
+    from .fixity import check_copy, recognise_returned, record_findings
 
     def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
         q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-             .where(PhysicalCopy.status == CopyStatus.PRESENT.value,
+             .where(PhysicalCopy.status.in_([CopyStatus.PRESENT.value, CopyStatus.MISSING.value]),
                     DataLocation.role != LocationRole.PROCESSING.value)  # staged folders: verified at staging
              .order_by(PhysicalCopy.id))
         if location:
             q = q.where(DataLocation.name == location)
-        return [(c, n) for c, n in s.execute(q)]
+        live = {(c.location_id, c.raw_data_package_id, c.data_transfer_package_id) for c in s.scalars(
+            select(PhysicalCopy).where(PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])))}
+        return [(c, n) for c, n in s.execute(q)
+                if c.status == CopyStatus.PRESENT.value
+                or (c.location_id, c.raw_data_package_id, c.data_transfer_package_id) not in live]
 
     rows = ctx.db.read(load)
-    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": [], "awaiting_restore": []}
+    report: dict[str, Any] = {"checked": 0, "ok": 0, "missing": [], "corrupt": [], "awaiting_restore": [],
+                              "recognised": [], "unavailable": []}
     findings = []
+    returned = []
+    away: dict[str, LocationUnavailableError | None] = {}
+    skipped: dict[str, int] = {}
     for copy, loc in rows:
+        if loc not in away:
+            try:
+                away[loc] = probe(ctx, loc)
+            except Exception:  # unknown location, unreachable store: reported per copy below
+                away[loc] = None
+            if away[loc] is not None:
+                record_outage(ctx, away[loc])  # type: ignore[arg-type]
+        if away[loc] is not None:
+            skipped[loc] = skipped.get(loc, 0) + 1
+            continue
+        was_missing = copy.status == CopyStatus.MISSING.value
         try:
             backend = ctx.backend(loc, fixity=True)
             if backend.cold and backend.stat(copy.path) is not None and not backend.restore_ready(copy.path):
                 backend.request_restore(copy.path)  # verify cannot wait; the audit (or a later verify) reads it
                 report["awaiting_restore"].append({"location": loc, "path": copy.path})
                 continue
-            report["checked"] += 1
+            if not was_missing:
+                report["checked"] += 1
             f = check_copy(backend, copy, loc)
-        except Exception as e:  # unknown location, unreachable store: a problem, but not a finding
-            report["missing"].append({"location": loc, "path": copy.path, "error": str(e)})
+        except LocationUnavailableError as e:  # went away while verifying: not evidence either
+            away[loc] = e
+            record_outage(ctx, e)
+            skipped[loc] = skipped.get(loc, 0) + 1
             continue
+        except Exception as e:  # unknown location, unreachable store: a problem, but not a finding
+            if not was_missing:
+                report["missing"].append({"location": loc, "path": copy.path, "error": str(e)})
+            continue
+        if was_missing:
+            if not f.bad:
+                returned.append(f)
+            continue  # still missing: listed under "unrepaired"
         findings.append(f)
         if f.status == "ok":
             report["ok"] += 1
@@ -162,7 +202,16 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
             report["missing"].append({"location": loc, "path": copy.path, **({"error": f.error} if f.error else {})})
         else:
             report["corrupt"].append({"location": loc, "path": copy.path, "expected": f.expected, "actual": f.actual})
-    ctx.db.transact(lambda s: record_findings(s, ctx, findings))
+
+    def record(s: Session) -> list[Any]:
+        record_findings(s, ctx, findings)
+        return recognise_returned(s, returned)
+
+    back = ctx.db.transact(record)
+    report["recognised"] = [{"location": f.location, "path": f.path} for f in back]
+    report["unavailable"] = [{"location": loc, "reason": err.reason, "copies": skipped.get(loc, 0),
+                              "release": release_of(ctx, loc, err.marker_only)}
+                             for loc, err in away.items() if err is not None]
     report["unrepaired"] = ctx.db.read(lambda s: unrepaired_copies(s, location))
     return report
 

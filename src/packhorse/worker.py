@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage, utcnow
 from .domain import OperationKind
-from .errors import LeaseLostError, OperationDeferred, TransientDatabaseError
+from .errors import LeaseLostError, LocationUnavailableError, OperationDeferred, TransientDatabaseError
 from .lease import LeaseKeeper
 from .operations import Claim, build_error_context, claim, claim_many, complete_in, defer, record_failure
 from .stages import STAGES
@@ -93,6 +93,9 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
     work = Work(ctx, c, op, keeper)
     with keeper:
         try:
+            unavailable = _unavailable_location(ctx, op)
+            if unavailable is not None:  # storage that is absent is not empty: wait, write nothing
+                raise unavailable
             recorder = STAGES[c.kind](work)
             work.check()
 
@@ -127,6 +130,12 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
             return Outcome.STALE
         log.info("operation_deferred", reason=str(exc), seconds=exc.seconds)
         return Outcome.DEFERRED
+    if not isinstance(exc, (TransientDatabaseError, LocationUnavailableError)) and c.operation is not None:
+        # a stage that failed because its location went away under it (a source folder
+        # unmounted mid-read: "file not found") waits for the location like one that saw it first
+        exc = _unavailable_location(ctx, c.operation, quiet=True) or exc
+    if isinstance(exc, LocationUnavailableError):
+        return _wait_for_location(ctx, c, exc)
     if isinstance(exc, TransientDatabaseError):
         # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
         # lease expires and lease recovery hands it out again once the database is back
@@ -144,6 +153,36 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
     level = log.warning if result.will_retry else log.error
     level("operation_failed", error_type=type(exc).__name__, error=str(exc), will_retry=result.will_retry)
     return Outcome.RETRY if result.will_retry else Outcome.FAILED
+
+
+def _unavailable_location(ctx: ProcessContext, op: Operation, *, quiet: bool = False
+                          ) -> LocationUnavailableError | None:
+    """The first unavailable location ``op`` touches (:func:`packhorse.availability.check_operation`),
+    else ``None``. With ``quiet`` (after a failure) a location that cannot even be looked at
+    counts as available: the original failure is then the one recorded."""
+    from .availability import check_operation
+
+    if not quiet:
+        return check_operation(ctx, op)
+    try:
+        return check_operation(ctx, op)
+    except Exception as e:  # noqa: BLE001 - the stage's own failure is the one to record
+        log.debug("location_check_after_failure_failed", error=str(e))
+        return None
+
+
+def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableError) -> Outcome:
+    """Defer the attempt while ``exc.location`` is unavailable (DESIGN.md "Architecture": work
+    on an unavailable location waits and resumes by itself): the outage is recorded (one
+    notification per outage), no retry is counted, no failure event is written."""
+    from .availability import record_outage, wait_seconds
+
+    since = record_outage(ctx, exc)
+    seconds = wait_seconds(ctx, since)
+    if not defer(ctx.db, c, seconds):
+        return Outcome.STALE
+    log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
+    return Outcome.DEFERRED
 
 
 #: Buffer-copy deletions run together by :func:`execute_deletions` (at most this many).
@@ -208,8 +247,17 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             del copies, packages
             return marked, blocked
 
+        waiting: dict[int, Work] = {}
+        for op_id, w in list(works.items()):  # a copy on an unavailable location is not touched
+            try:
+                err = _unavailable_location(ctx, w.op)
+            except Exception as exc:  # noqa: BLE001 - as if run alone
+                err = exc  # type: ignore[assignment]
+            if err is not None:
+                waiting[op_id] = works.pop(op_id)
+                w.info["_waiting_error"] = err
         try:
-            marked, failed = ctx.db.transact(mark)
+            marked, failed = ctx.db.transact(mark) if works else ({}, {})
         except Exception as exc:  # each operation's failure, as if run alone
             failed, marked = {op_id: exc for op_id in works}, {}
         deleted: list[int] = []
@@ -245,6 +293,9 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             with structlog.contextvars.bound_contextvars(**_log_context(works[op_id].claim)):
                 _completed(works[op_id].info)
             outcomes[op_id] = Outcome.COMPLETED
+        for op_id, w in waiting.items():
+            works[op_id] = w
+            failed[op_id] = w.info.pop("_waiting_error")
         for op_id, exc in failed.items():
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):

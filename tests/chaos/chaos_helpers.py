@@ -15,6 +15,7 @@ from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
 from packhorse.managers.scan import scan_all
 from packhorse.context import ProcessContext
+from packhorse.availability import mark_locations
 from packhorse.topology import sync_topology
 from packhorse.worker import execute_operation
 
@@ -38,7 +39,9 @@ def context(config: Path) -> ProcessContext:
     settings = load_config(config)
     db = Database(settings.database_url)
     db.upgrade()
-    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)  # as `packhorse init` does: every location root exists and is marked
+    return ctx
 
 
 def drive_until_kind_exists(ctx: ProcessContext, kind: OperationKind, max_cycles: int = 50) -> list[int]:

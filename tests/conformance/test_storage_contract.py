@@ -30,6 +30,7 @@ from memory_backend import ColdLayer, MemoryBackend
 
 from packhorse.errors import (
     DestinationConflictError,
+    LocationUnavailableError,
     RestoreRequiredError,
     SourceMissingError,
     StorageBusyError,
@@ -54,11 +55,19 @@ class Harness:
     #: an unpublished writer leaves a partial on the medium (disk) rather than nothing (S3
     #: spools unpublished bytes locally)
     partials_on_medium: bool = True
+    #: a backend of the same kind over a root that does not exist, and a check that it still
+    #: does not (``None``: the backend has no root of its own, as the memory backend)
+    missing_root: Callable[[], tuple[StorageBackend, Callable[[], bool]]] | None = None
 
 
 def _disk(tmp_path: Path) -> Harness:
     root = tmp_path / "root"
+    root.mkdir()  # `packhorse init` creates roots; a backend never does
     backend = DiskBackend("loc", root)
+
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        absent = tmp_path / "unmounted" / "root"
+        return DiskBackend("loc", absent), lambda: (tmp_path / "unmounted").exists()
 
     def count_partials() -> int:
         return sum(1 for p in root.rglob("*") if p.name.endswith(PARTIAL_SUFFIX))
@@ -70,7 +79,7 @@ def _disk(tmp_path: Path) -> Harness:
         os.chmod(p, 0o644)  # published objects are read-only
         p.write_bytes(bytes(data))
 
-    return Harness(backend, count_partials, corrupt)
+    return Harness(backend, count_partials, corrupt, missing_root=missing_root)
 
 
 def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
@@ -106,7 +115,12 @@ def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
         # an unconditional overwrite behind packhorse's back, keeping the recorded metadata
         raw.put_object(Bucket=bucket, Key=full, Body=bytes(data), Metadata=obj["Metadata"])
 
-    return Harness(backend, count_partials, corrupt, partials_on_medium=False)
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        absent = f"{bucket}-absent"
+        b = S3Backend("loc", client, absent, "archive root/", **kwargs)  # type: ignore[arg-type]
+        return b, lambda: absent in {x["Name"] for x in raw.list_buckets()["Buckets"]}
+
+    return Harness(backend, count_partials, corrupt, partials_on_medium=False, missing_root=missing_root)
 
 
 def _memory() -> Harness:
@@ -119,7 +133,15 @@ def _stacked(inner: Harness) -> Harness:
     stack = compose(inner.backend, hooks=FaultPlan([]), read_bytes_per_second=1e12)
     assert isinstance(stack, Layer) and stack.layers() == ["LoggingLayer", "RetryLayer", "ReadRateLayer",
                                                           "FaultLayer", type(inner.backend).__name__]
-    return Harness(stack, inner.count_partials, inner.corrupt, inner.partials_on_medium)
+    missing = inner.missing_root
+
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        assert missing is not None
+        b, exists = missing()
+        return compose(b, hooks=FaultPlan([]), read_bytes_per_second=1e12), exists
+
+    return Harness(stack, inner.count_partials, inner.corrupt, inner.partials_on_medium,
+                   missing_root=missing_root if missing is not None else None)
 
 
 _BASES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
@@ -449,6 +471,58 @@ class FakeClock:
         return self.now
 
 
+# ------------------------------------------------------------------------------ absent storage
+
+
+def test_no_backend_creates_a_missing_root(harness: Harness) -> None:
+    """Storage that is absent is not empty (DESIGN.md "Architecture"): over a missing root every
+    call says "unavailable" (never "no such object", never an empty listing) and nothing is
+    created — no folder, no bucket."""
+    if harness.missing_root is None:
+        pytest.skip("this backend has no root of its own")
+    b, exists = harness.missing_root()
+    assert b.root_missing() is not None
+    for call in (lambda: b.stat("raw/a.tar"), lambda: b.open_read("raw/a.tar"), lambda: keys(b),
+                 lambda: b.delete("raw/a.tar"), lambda: b.quarantine("raw/a.tar"),
+                 lambda: put(b, "raw/a.tar", b"bytes that must not land anywhere"),
+                 lambda: put(b, "top-level.tar", b"nor here")):
+        with pytest.raises(LocationUnavailableError) as e:
+            call()
+        assert e.value.location == "loc" and not e.value.marker_only
+        assert not exists(), "a backend created its missing root"
+    assert b.cleanup_partials(0) == 0
+    assert not exists()
+
+
+def test_root_taken_away_and_back(harness: Harness, tmp_path: Path) -> None:
+    """A root that goes away after objects were published (an unmounted disk) is unavailable,
+    not empty; back in place, the same objects are there again."""
+    b = harness.backend
+    root = getattr(innermost_of(b), "root", None)
+    if root is None:
+        pytest.skip("only a folder root can be taken away here (an S3 bucket: the missing-bucket test)")
+    put(b, "raw/a.tar", b"archived")
+    away = tmp_path / "away"
+    os.rename(root, away)
+    try:
+        with pytest.raises(LocationUnavailableError):
+            b.stat("raw/a.tar")
+        with pytest.raises(LocationUnavailableError):
+            keys(b)
+        with pytest.raises(LocationUnavailableError):
+            put(b, "raw/b.tar", b"new")
+        assert not Path(root).exists()
+    finally:
+        os.rename(away, root)
+    assert get(b, "raw/a.tar") == b"archived" and keys(b) == ["raw/a.tar"]
+
+
+def innermost_of(b: StorageBackend) -> StorageBackend:
+    from packhorse.storage.layers import innermost
+
+    return innermost(b)
+
+
 def test_cold_store_needs_a_restore_before_reading(harness: Harness) -> None:
     clock = FakeClock()
     warm = harness.backend
@@ -473,6 +547,7 @@ def test_cold_store_needs_a_restore_before_reading(harness: Harness) -> None:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> DiskBackend:
+    (tmp_path / "root").mkdir()
     return DiskBackend("loc", tmp_path / "root")
 
 

@@ -27,6 +27,8 @@ from packhorse.bagvalidation import validate_folder, validate_path
 LTAS = ("cologne-lta", "cornell-lta")
 BUFFERS = ("fyst-buffer", "cologne-buffer", "cornell-buffer")
 PARTIAL_SUFFIX = ".packhorse-partial"
+#: the identity marker every location root carries (packhorse.storage.identity.MARKER_KEY)
+MARKER_KEY = "_packhorse/location.json"
 #: Where repairs move bad objects (``StorageBackend.quarantine``), never overwriting them.
 QUARANTINE_PREFIX = "_packhorse/quarantine/"
 
@@ -88,13 +90,16 @@ class Pipeline:
         return self.root / "sites" / site / ("archive" if role == "lta" else "buffer")
 
     def objects(self, location: str) -> dict[str, Path]:
-        """Every file under a location's folder, by key (partial writes included)."""
+        """Every file under a location's folder, by key (partial writes included; the
+        location's identity marker ``_packhorse/location.json`` left out)."""
         root = self.location(location)
         out = {}
         for dirpath, _dirs, files in os.walk(root):
             for name in files:
                 p = Path(dirpath) / name
-                out[p.relative_to(root).as_posix()] = p
+                key = p.relative_to(root).as_posix()
+                if key != MARKER_KEY:
+                    out[key] = p
         return out
 
     def snapshot(self, location: str) -> dict[str, tuple[int, int, int, str]]:
@@ -144,9 +149,12 @@ class Pipeline:
 
 def source_files(root: Path) -> dict[str, tuple[str, int]]:
     """``{relative path: (sha256, mtime in whole seconds)}`` of every archivable source file:
-    regular files (symlinks not followed) whose path is valid UTF-8."""
+    regular files (symlinks not followed) whose path is valid UTF-8, packhorse's own folder
+    ``_packhorse/`` (the identity marker) left out."""
     out = {}
     for dirpath, dirs, files in os.walk(root):
+        if Path(dirpath) == Path(root) and "_packhorse" in dirs:
+            dirs.remove("_packhorse")
         for name in dirs + files:
             p = Path(dirpath) / name
             s = os.lstat(p)

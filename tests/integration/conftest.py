@@ -9,6 +9,7 @@ import pytest
 from packhorse.config import load_config
 from packhorse.db.session import Database
 from packhorse.context import ProcessContext
+from packhorse.availability import mark_locations
 from packhorse.topology import sync_topology
 
 from support import write_site_config
@@ -23,5 +24,6 @@ def pipeline_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ProcessCont
     db = Database(settings.database_url)
     db.upgrade()
     c = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(c)  # as `packhorse init` does: every location root exists and is marked
     yield c
     db.dispose()

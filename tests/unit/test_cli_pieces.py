@@ -127,6 +127,9 @@ def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path)
     db = Database.from_settings(settings)
     db.upgrade()
     ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    from packhorse.availability import mark_locations
+
+    mark_locations(ctx)  # as `packhorse init` does
     src = settings.location_path("fyst-source")
     write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
     with ThreadPoolExecutor(2) as pool:

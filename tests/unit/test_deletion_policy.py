@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from support import write_site_config
 
+from packhorse.availability import mark_locations
 from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.db.models import (
@@ -51,6 +52,7 @@ class Site:
         self.db = Database(self.settings.database_url)
         self.db.upgrade()
         self.ctx = ProcessContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
+        mark_locations(self.ctx)  # as `packhorse init` does: every location root exists and is marked
         self.ids = self.ctx.topology.location_ids
         self.usage: dict[str, Usage] = {}
         self.hooks = FaultPlan([], usage=lambda name, root: self.usage.get(name, Usage(TOTAL, 0, TOTAL)))

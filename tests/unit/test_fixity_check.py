@@ -42,6 +42,7 @@ def test_unlimited_rate_limiter_never_waits():
 
 
 def test_check_copy_ok_corrupt_missing(tmp_path):
+    (tmp_path / "lta").mkdir()
     b = DiskBackend("lta", tmp_path / "lta")
     data = b"archived bytes" * 1000
     with b.open_write("raw/a.tar") as w:
@@ -65,6 +66,7 @@ def test_check_copy_ok_corrupt_missing(tmp_path):
 
 
 def test_check_copy_is_throttled_by_the_location_rate(tmp_path):
+    (tmp_path / "lta").mkdir()
     b = DiskBackend("lta", tmp_path / "lta")
     data = bytes(3 * 1024**2)
     with b.open_write("raw/big.tar") as w:

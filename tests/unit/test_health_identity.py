@@ -104,3 +104,19 @@ def test_a_clean_stop_removes_only_its_own_row_not_a_successors(empty_db: Databa
     assert row["started_at"] == at(50) and row["restarts"] == 1
     successor.stop(remove=True)
     assert services(empty_db, 60) == []
+
+
+def test_two_live_processes_sharing_one_identity_are_reported(empty_db: Database) -> None:
+    import os
+    import socket
+
+    from structlog.testing import capture_logs
+
+    other = os.getppid()  # a live process on this host that is not this one
+    health.record_heartbeat(empty_db, "manager@" + socket.gethostname(), kind="manager", host=socket.gethostname(),
+                            pid=other, started_at=at(0), now=at(0))
+    t = health.HeartbeatThread(empty_db, "manager", clock=lambda: at(5))
+    with capture_logs() as logs:
+        assert t.beat() and t.beat()
+    shared = [e for e in logs if e["event"] == "service_identity_shared"]
+    assert len(shared) == 1 and shared[0]["other_pid"] == other and "--instance" in shared[0]["hint"]

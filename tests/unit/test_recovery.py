@@ -330,3 +330,94 @@ def test_force_retry_is_a_compare_and_set_on_what_it_read(db: Database, monkeypa
     op = op_row(db, op_id)
     assert (op.status, op.attempt) == ("PENDING", 0)  # rolled back with the failed reset: nothing half-done
     assert "forced_retry" not in {n.event for n in notes(db, op_id)}
+
+
+# ------------------------------------------------------------- reconciler: the broker's view
+
+
+class FakeBroker:
+    """A broker holding ``depth[key]`` messages per queue (``None``: cannot be asked)."""
+
+    def __init__(self, **depths: int | None) -> None:
+        self.depths_by_kind = depths
+        self.down = False
+
+    def depths(self, keys: Any) -> dict[Any, int | None]:
+        if self.down:
+            raise ConnectionError("broker unreachable")
+        return {k: self.depths_by_kind.get(k[2], 0) for k in keys}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def watch(broker: FakeBroker, clock: Clock, confirm: float = 10) -> Any:
+    from packhorse.recovery.reconciler import BrokerWatch
+
+    return BrokerWatch(broker, confirm_seconds=confirm, clock=clock)
+
+
+def test_reconciler_leaves_what_the_broker_still_queues_however_old(db: Database) -> None:
+    """A queue of 2 messages holds its 2 most recently scheduled operations (FIFO): those wait
+    behind a busy worker, for hours if need be; the oldest one's message is gone."""
+    s = settings(reconcile_floor_seconds=60)
+    oldest, older, old = new_op(db, "a"), new_op(db, "b"), new_op(db, "c")
+    schedule(db, oldest, 7200)
+    schedule(db, older, 5000)
+    schedule(db, old, 3600)
+    clock = Clock()
+    w = watch(FakeBroker(long_term_archive=2), clock)
+    assert reconcile(db, s, broker=w) == []  # absent, but not yet confirmed lost
+    clock.t += 10
+    assert reconcile(db, s, broker=w) == [oldest]
+    for _ in range(5):
+        clock.t += 3600
+        assert reconcile(db, s, broker=w) == []
+    assert [op_row(db, i).reconcile_count for i in (older, old)] == [0, 0]
+    assert [op_row(db, i).status for i in (older, old)] == ["SCHEDULED", "SCHEDULED"]
+    assert notes(db, event="reconcile_cap") == []
+
+
+def test_reconciler_counts_nothing_while_the_broker_cannot_be_asked(db: Database) -> None:
+    s = settings(reconcile_max_resets=1)
+    op_id = new_op(db)
+    schedule(db, op_id, 5)
+    broker, clock = FakeBroker(), Clock()
+    w = watch(broker, clock)
+    broker.down = True
+    for _ in range(4):
+        assert reconcile(db, s, broker=w) == []
+        clock.t += 60
+    assert (op_row(db, op_id).reconcile_count, notes(db, event="reconcile_cap")) == (0, [])
+    broker.down = False  # back, and the queue is empty: lost once confirmed
+    assert reconcile(db, s, broker=w) == []
+    clock.t += 10
+    assert reconcile(db, s, broker=w) == [op_id]
+
+
+def test_reconciler_needs_two_absences_confirm_seconds_apart(db: Database) -> None:
+    """A worker that took the message but has not claimed yet: absent once, then claimed."""
+    s = settings()
+    op_id = new_op(db)
+    schedule(db, op_id, 5)
+    broker, clock = FakeBroker(long_term_archive=1), Clock()
+    w = watch(broker, clock)
+    assert reconcile(db, s, broker=w) == []  # queued
+    broker.depths_by_kind["long_term_archive"] = 0
+    assert reconcile(db, s, broker=w) == []  # taken by a worker, not yet claimed
+    clock.t += 5
+    broker.depths_by_kind["long_term_archive"] = 1  # seen queued again: the absence starts over
+    assert reconcile(db, s, broker=w) == []
+    broker.depths_by_kind["long_term_archive"] = 0
+    clock.t += 20
+    assert reconcile(db, s, broker=w) == []  # absent since now
+    clock.t += 9
+    assert reconcile(db, s, broker=w) == []
+    clock.t += 1
+    assert reconcile(db, s, broker=w) == [op_id]  # absent for 10 s: lost
+    assert op_row(db, op_id).reconcile_count == 1

@@ -14,6 +14,8 @@ from typing import BinaryIO
 import pytest
 from sqlalchemy import select
 
+from packhorse.availability import mark_locations
+from packhorse.storage.identity import MARKER_KEY
 from packhorse.config import load_config
 from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
@@ -32,7 +34,10 @@ def make_ctx(folder: Path, **overrides: object) -> ProcessContext:
     settings = load_config(write_site_config(folder, **overrides))
     db = Database(settings.database_url)
     db.upgrade()
-    return ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    c = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(c)  # as `packhorse init` does: every location root exists and is marked
+    c._backends.clear()  # a test may hand in its own hooks afterwards
+    return c
 
 
 @pytest.fixture
@@ -146,17 +151,30 @@ def test_a_folder_modified_just_before_the_scan_is_not_trusted(ctx: ProcessConte
         assert scan_all(ctx, pool, cache).registered == 1  # listed again: its mtime was too recent
 
 
-def test_a_missing_source_folder_is_reported_not_an_error(tmp_path: Path) -> None:
-    # a typo in a source path: every scan (with or without a cache) reports it as skipped
-    ctx = make_ctx(tmp_path / "site", source="srcc-typo")
-    source(ctx).rmdir()
-    cache = ScanCache()
+def test_a_missing_source_folder_is_an_outage_and_nothing_is_forgotten(ctx: ProcessContext, tmp_path: Path) -> None:
+    # an unmounted source disk (or a renamed folder): every scan (with or without a cache)
+    # records the outage and registers, skips and forgets nothing; back, the scan goes on
+    from sqlalchemy import func, select
+
+    from packhorse.db.models import LocationOutage, RawDataFile
+
+    write(source(ctx) / "inst/obs1/a.dat", b"a")
     with ThreadPoolExecutor(2) as pool:
+        assert scan_all(ctx, pool).registered == 1
+        away = tmp_path / "unmounted"
+        source(ctx).rename(away)
+        cache = ScanCache()
         for c in (cache, cache, None):
             result = scan_all(ctx, pool, c)
-            assert result.registered == 0
-            assert [reason for path, reason in result.skipped if path == "."] == [
-                f"source folder {source(ctx)} does not exist"]
+            assert result.registered == 0 and result.skipped == []
+        assert not source(ctx).exists()  # never re-created
+        assert ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(RawDataFile))) == 1
+        [outage] = ctx.db.read(lambda s: list(s.scalars(select(LocationOutage))))
+        assert "does not exist" in outage.reason and not outage.marker_only
+        away.rename(source(ctx))
+        write(source(ctx) / "inst/obs2/b.dat", b"b")
+        assert scan_all(ctx, pool).registered == 1
+    assert ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(LocationOutage))) == 0
 
 
 def test_a_file_registered_by_another_scanner_meanwhile_is_not_an_error(ctx: ProcessContext,
@@ -261,5 +279,7 @@ def test_the_scan_reads_source_files_through_the_location_backend(ctx: ProcessCo
     write(source(ctx) / "inst" / "obs" / "big.dat", os.urandom(scan_module.THREAD_HASH_MIN_BYTES))  # on the pool
     with ThreadPoolExecutor(2) as pool:
         scan_all(ctx, pool)
-    assert sorted(hooks.reads) == [("fyst-source", "inst/obs/a.dat"), ("fyst-source", "inst/obs/big.dat")]
+    # (the identity marker is read too: the scan looks at the location first)
+    assert sorted(r for r in hooks.reads if r[1] != MARKER_KEY) == [("fyst-source", "inst/obs/a.dat"),
+                                                                   ("fyst-source", "inst/obs/big.dat")]
     assert registered(ctx) == {"inst/obs/a.dat", "inst/obs/big.dat"}

@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from packhorse.availability import mark_locations
 from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.db.models import Notification, Operation, RawDataFile, RawDataPackage, WithdrawnFile
@@ -41,7 +42,7 @@ def ctx(tmp_path: Path):
     db = Database(settings.database_url)
     db.upgrade()
     c = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    c.settings.location_path("fyst-buffer").mkdir(parents=True, exist_ok=True)
+    mark_locations(c)  # as `packhorse init` does: every location root exists and is marked
     yield c
     db.dispose()
 

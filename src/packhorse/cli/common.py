@@ -201,12 +201,16 @@ def check_storage(ctx: ProcessContext) -> None:
     from ..domain import StorageType
     from ..errors import StorageServiceError
 
+    from ..errors import LocationUnavailableError
+
     try:
         for loc in ctx.settings.locations:
-            # disk backends need no probe, and building one creates its folder: a source
-            # folder with a typo must stay missing and be reported, not appear empty
+            # disk backends need no probe (and never create their root)
             if loc.active and loc.storage is not StorageType.DISK:
-                ctx.backend(loc.name)
+                try:
+                    ctx.backend(loc.name)
+                except LocationUnavailableError as e:  # a missing bucket: its work waits for it
+                    err.print(f"warning: {e}; work on it waits until it is there", markup=False)
     except (ConfigError, StorageServiceError) as e:
         raise fail(str(e), EXIT_CONFIG) from None
 

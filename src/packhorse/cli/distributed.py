@@ -186,8 +186,16 @@ def monitor(
 
     ctx = context(config)
     rec = ctx.settings.recovery
+    broker = None
+    if ctx.settings.executor.kind == "celery":  # the reconciler asks the broker what is still queued
+        from ..executors.celery_app import BrokerQueues, make_app
+        from ..recovery.reconciler import BrokerWatch
+
+        broker = BrokerWatch.for_settings(BrokerQueues(ctx, make_app(ctx.settings)), ctx.settings)
+        if once:  # one pass: what the broker no longer holds now is lost
+            broker.confirm = 0.0
     if once:
-        report = recover(ctx)
+        report = recover(ctx, broker=broker)
         data = {"reset": report.reset, "blocked": report.blocked, "unhandled": report.unhandled,
                 "let_through": report.let_through}
         if as_json:
@@ -195,7 +203,7 @@ def monitor(
         else:
             print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
         raise typer.Exit(EXIT_OK)
-    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx),
+    loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx, broker=broker),
                        interval_seconds=rec.monitor_interval_seconds,
                        max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                        notification_cooldown_seconds=rec.notification_cooldown_seconds)

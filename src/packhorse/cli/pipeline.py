@@ -54,16 +54,35 @@ def version() -> None:
 
 @app.command()
 def init(config: ConfigOpt = None) -> None:
-    """Create or upgrade the ops database (Alembic migrations) and register sites and locations."""
+    """Create or upgrade the ops database (Alembic migrations), register sites and locations,
+    and create and mark every location's root with its identity marker.
+
+    An existing root with data and no marker (a deployment from before markers) is marked and
+    keeps its data; a root marked as another location is refused (exit 2)."""
+    from ..availability import mark_locations
+    from ..errors import StorageServiceError
+
     s = settings(config)
     db = database(s, migrate_check=False)
     before = db.current_revision()
     db.upgrade()
-    sync_topology(db, s)
+    topo = sync_topology(db, s)
     after = db.current_revision()
     state = "created" if before is None else ("upgraded" if before != after else "already up to date")
     print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
           file=sys.stderr)
+    ctx = ProcessContext(settings=s, db=db, topology=topo)
+    try:
+        marked = mark_locations(ctx)
+    except (ConfigError, StorageServiceError, OSError) as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    from ..availability import root_of
+
+    for m in marked:
+        if m.action != "already marked":
+            extra = f" ({m.objects} object(s) kept as they are)" if m.action == "adopted" else ""
+            print(f"location {m.location}: {m.action} and marked at {root_of(ctx, m.location)}{extra}",
+                  file=sys.stderr)
 
 
 def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
@@ -301,6 +320,8 @@ def run_operation(
 @app.command()
 def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Show operations by kind and status, packages, copies per location and skipped files."""
+    from rich.markup import escape
+
     from ..reporting import status_report
 
     ctx = context(config)
@@ -338,6 +359,10 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         out.print(b)
     for f in r["failed_operations"]:
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
+    for b in r["blocked"]:  # every cause of blocked.py, with what releases it
+        since = f" since {b['since']}" if b.get("since") else ""
+        out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + since + ': ' + b['reason'])}", highlight=False)
+        out.print(f"  release: {b['release']}", highlight=False, markup=False)
 
 
 @app.command()
@@ -365,6 +390,11 @@ def verify(
             print(f"MISSING {m['location']}:{m['path']}")
         for c in r["corrupt"]:
             print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
+        for b in r["recognised"]:
+            print(f"BACK {b['location']}:{b['path']} (recorded missing; its bytes are there again and verified)")
+        for u in r["unavailable"]:
+            print(f"UNAVAILABLE {u['location']}: {u['reason']}; {u['copies']} copies not checked "
+                  f"(release: {u['release']})")
         for a in r["awaiting_restore"]:
             print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
         for u in r["unrepaired"]:
@@ -374,7 +404,8 @@ def verify(
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or staged_bad else EXIT_OK)
+    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad
+                     else EXIT_OK)
 
 
 @app.command()
@@ -409,6 +440,9 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
+    from ..availability import mark_locations
+
+    mark_locations(ctx)
     elapsed, signum = _run(ctx, until_idle=True, quiet=quiet, label="packhorse demo")
     code = exit_code_after_run(ctx, quiet=quiet)
     if signum is not None:

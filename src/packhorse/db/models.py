@@ -459,6 +459,25 @@ class DiskUsageSample(Base):
     alert_level: Mapped[str] = mapped_column(String(16))
 
 
+class LocationOutage(Base):
+    """A data location that is unavailable now: its root or identity marker is missing, or the
+    marker names another location (DESIGN.md "Architecture": storage that is absent is not
+    empty; :mod:`packhorse.availability`). One row per location while the outage lasts; the row
+    is deleted when the location is seen again, which releases the operations waiting on it.
+
+    ``since`` is when the outage was first seen (UTC), ``checked_at`` when it was last seen;
+    ``marker_only`` is true when the root is there without its marker (``packhorse init``
+    releases it). The notification is queued with the insert, so once per outage.
+    """
+
+    __tablename__ = "location_outages"
+    location_id: Mapped[int] = mapped_column(ForeignKey("data_locations.id"), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    marker_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    since: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    checked_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
 class CircuitBreaker(Base):
     """The circuit breaker of one operation: stalls counted by the stalled-task monitor.
 

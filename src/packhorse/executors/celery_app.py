@@ -379,6 +379,64 @@ def declare_queues(app: Celery, queues: Sequence[str]) -> None:
             app.amqp.queues[q](channel).declare()
 
 
+class BrokerQueues:
+    """The broker's own view of its queues for the reconciler
+    (:class:`packhorse.recovery.reconciler.BrokerView`): how many messages wait in each
+    operation queue right now, by a passive queue declaration (AMQP ``queue.declare`` with
+    ``passive``; on Redis the length of the queue's lists). A queue the broker does not know
+    holds nothing (a restarted Redis, a reset RabbitMQ node).
+
+    One short-lived connection per call, with ``timeout_seconds`` (s) for connecting and for
+    every broker call, so a broker that is down or hangs costs the monitor's cycle at most
+    that, never the cycle itself: :meth:`depths` then raises and the reconciler treats every
+    queue as unknown (not lost).
+
+    Args:
+        ctx: the process context (topology: site and location names of the queues).
+        app: the Celery app (:func:`make_app`).
+        timeout_seconds: connect and socket timeout (s).
+    """
+
+    def __init__(self, ctx: ProcessContext, app: Celery, *, timeout_seconds: float = 5.0) -> None:
+        self.ctx = ctx
+        self.app = app
+        self.timeout = timeout_seconds
+
+    def queue(self, key: tuple[int, int, str]) -> str:
+        """The queue name of ``(site id, location id, operation kind)``."""
+        site_id, loc, kind = key
+        return operation_queue(self.ctx, site_id, None, loc, kind)
+
+    def depths(self, keys: Any) -> dict[tuple[int, int, str], int | None]:
+        """Messages waiting in the queue of each key (see the class docstring).
+
+        Raises:
+            any of the broker client's connection errors (the broker is unreachable).
+        """
+        from kombu.exceptions import ChannelError
+
+        t = self.timeout
+        out: dict[tuple[int, int, str], int | None] = {}
+        with self.app.connection_for_read(connect_timeout=t, transport_options={
+                "socket_timeout": t, "socket_connect_timeout": t}) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=t)
+            for key in keys:
+                try:
+                    name = self.queue(key)
+                except Exception:  # noqa: BLE001 - a location no longer configured: unknown
+                    out[key] = None
+                    continue
+                channel = conn.channel()
+                try:
+                    out[key] = int(channel.queue_declare(queue=name, passive=True).message_count)
+                except (ChannelError, *conn.channel_errors):
+                    out[key] = 0  # no such queue: it holds nothing
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        return out
+
+
 # ------------------------------------------------------------------------------ services
 
 
@@ -453,6 +511,9 @@ class Manager:
                     errors.succeeded()
                 except Exception as exc:  # a failed cycle is never fatal
                     errors.failed(exc)
+                    # the broker may have restarted (a reset node forgets its queues): declare
+                    # them again before the next publish
+                    declared = False
                 # dispatch at least every second: finished work makes new work between polls
                 self.stop.wait(max(0.05, min(poll, 1.0) - (time.monotonic() - t0)))
         finally:

@@ -40,13 +40,13 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from .. import logs
 from ..config import Settings
 from ..context import ProcessContext
-from ..db.models import CircuitBreaker, Operation, utcnow
+from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers.scan import ScanCache, ScanResult, scan_all
@@ -399,7 +399,8 @@ class LocalRunner:
                 dispatch_now()
 
         result = pipeline.manager_cycle(
-            self.ctx, pipeline.CycleInput(unsettled=unsettled, flush=flush, on_commit=dispatch_now),
+            self.ctx, pipeline.CycleInput(unsettled=unsettled, flush=flush, on_commit=dispatch_now,
+                                         look_at_all_locations=True),
             after_step=after_step)
         return result.total, result.bundle_wait
 
@@ -427,10 +428,16 @@ class LocalRunner:
         # an operation whose circuit breaker is open waits for the cool-down (or a human): a
         # run --until-idle does not wait for it (it exits 4; the next run lets one attempt through)
         blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.state == BreakerState.OPEN.value)
+        # one waiting on an unavailable location waits for the world outside: `status` lists it
+        # (exit 4); the next run resumes it (the managers' cycle looks at the location first)
+        out = select(LocationOutage.location_id)
+        waiting = select(Operation.id).where(Operation.status == Status.PENDING.value, or_(
+            Operation.source_location_id.in_(out), Operation.destination_location_id.in_(out)))
 
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
-                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked))) or 0
+                Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked),
+                Operation.id.not_in(waiting))) or 0
             now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
                 Operation.status == Status.PENDING.value, Operation.not_before > now))

@@ -10,6 +10,10 @@
   (a package re-shipped to that site's buffer included; :mod:`packhorse.convergence`).
 * Every cycle also clears stale ``archived_at`` marks and notifies the packages with no good
   source left (:func:`converge`).
+* A copy marked ``missing`` with no live copy at its location is looked at again once per
+  :data:`RECHECK_SECONDS` even with nothing to repair from: its bytes may be back (a remounted
+  disk), and are then recognised after a read-back (:mod:`packhorse.stages.fixity`). Copies on
+  a location with an open outage (:mod:`packhorse.availability`) get no operation meanwhile.
 """
 
 from __future__ import annotations
@@ -20,12 +24,17 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ..db.models import Operation, PhysicalCopy, utcnow
-from ..domain import ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
+from ..db.models import LocationOutage, Operation, PhysicalCopy, utcnow
+from ..domain import (ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind,
+                      Status)
 from ..operations import dedup_key
 from ..context import ProcessContext
 from .common import create_missing, new_only
 from ..convergence import DeadEnd, repair_sources
+
+
+#: How often a ``missing`` copy is looked at again (seconds; the dedup key carries the period).
+RECHECK_SECONDS = 3600.0
 
 
 def manage(ctx: ProcessContext) -> int:
@@ -54,9 +63,12 @@ def manage(ctx: ProcessContext) -> int:
         busy = set(s.scalars(select(Operation.physical_copy_id).where(
             Operation.kind == OperationKind.FIXITY_CHECK.value,
             Operation.status.in_([x.value for x in ACTIVE_STATUSES]))))
+        failed = set(s.scalars(select(Operation.physical_copy_id).where(
+            Operation.kind == OperationKind.FIXITY_CHECK.value, Operation.status == Status.FAILED.value)))
+        out = set(s.scalars(select(LocationOutage.location_id)))  # absent is not empty: judge nothing there
         wanted: dict[str, dict[str, Any]] = {}
         for cid, loc_id, status, verified_at, created_at, rdp, dtp in rows:
-            if cid in busy:
+            if cid in busy or loc_id in out:
                 continue
             loc = archives[loc_id]
             if status == CopyStatus.PRESENT.value:
@@ -64,6 +76,9 @@ def manage(ctx: ProcessContext) -> int:
                 if last > now - dt.timedelta(seconds=loc.fixity_interval_seconds):
                     continue
                 key = dedup_key(OperationKind.FIXITY_CHECK, f"copy{cid}@{last.timestamp():.6f}", loc.name)
+            elif status == CopyStatus.MISSING.value and cid not in failed and _live_here(s, loc_id, rdp, dtp) is None:
+                period = int(now.timestamp() // RECHECK_SECONDS)
+                key = dedup_key(OperationKind.FIXITY_CHECK, f"recheck-copy{cid}@{period}", loc.name)
             else:
                 source = _repair_source(ctx, s, loc_id, rdp, dtp)
                 if source is None:
@@ -77,6 +92,15 @@ def manage(ctx: ProcessContext) -> int:
         return new_only(s, wanted)
 
     return create_missing(ctx, OperationKind.FIXITY_CHECK, ctx.db.read(find))
+
+
+def _live_here(s: Session, loc_id: int, rdp: int | None, dtp: int | None) -> int | None:
+    """The id of a live copy of the artifact at ``loc_id``, or ``None``."""
+    col = PhysicalCopy.raw_data_package_id if rdp is not None else PhysicalCopy.data_transfer_package_id
+    subject = rdp if rdp is not None else dtp
+    return s.scalar(select(PhysicalCopy.id).where(
+        col == subject, PhysicalCopy.location_id == loc_id,
+        PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1))
 
 
 def _repair_source(ctx: ProcessContext, s: Session, loc_id: int, rdp: int | None, dtp: int | None) -> int | None:

@@ -51,7 +51,7 @@ from ..db.session import insert_ignoring_conflicts
 from ..digest import sha256_stream
 from ..domain import LocationRole, StorageType
 from ..errors import SourceMissingError, UnsafePathError
-from ..storage.base import StorageBackend, check_key
+from ..storage.base import RESERVED_PREFIX, StorageBackend, check_key
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -136,6 +136,8 @@ def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: l
             folder.clean = False
         return
     for entry in sorted(entries, key=lambda e: e.name):
+        if not rel and entry.name == RESERVED_PREFIX.rstrip("/"):
+            continue  # packhorse's own (the location's identity marker), never a raw data file
         path = f"{rel}/{entry.name}" if rel else entry.name
         try:
             s = entry.stat(follow_symlinks=False)
@@ -360,9 +362,17 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         cache: folders seen by earlier scans of this process (see the module docstring);
             ``None`` lists every folder.
     """
+    from ..availability import look, record_outage
+
     settings = ctx.settings
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
+    unavailable = look(ctx, location)
+    if unavailable is not None:
+        # storage that is absent is not empty: record the outage; register, skip and forget nothing
+        record_outage(ctx, unavailable)
+        result.unsettled_groups[location] = set()
+        return result
     found, result.skipped, seen, full = list_source(ctx.settings, location, cache)
 
     def look_again(path: str) -> None:

@@ -142,6 +142,34 @@ def disk_level(session: Session, *, location: str, event: str, percent: float, u
                    cooldown_seconds=0)
 
 
+# ------------------------------------------------------------------ data locations
+
+
+def location_unavailable(session: Session, *, location: str, reason: str, since: dt.datetime,
+                         release: str) -> Notification | None:
+    """"Data location unavailable: <location>" (WARNING), queued once per outage by
+    :func:`packhorse.availability.record_outage` with the outage's row (no cooldown needed)."""
+    fields = {"Location": location, "Since (UTC)": since, "Reason": reason, "Release": release}
+    text = ("Operations on this location wait (nothing is failed, nothing is written elsewhere) and resume by "
+            "themselves when it is back; see `packhorse status`.")
+    return enqueue(session, level=NotificationLevel.WARNING, event="location_unavailable",
+                   subject=f"Data location unavailable: {location}", body=render_lines(fields, text),
+                   context={"location": location, "reason": reason, "since": since.isoformat(), "release": release},
+                   cooldown_seconds=0)
+
+
+def location_available(session: Session, *, location: str, since: dt.datetime,
+                       until: dt.datetime) -> Notification | None:
+    """"Data location available again: <location>" (INFO), when its outage ends."""
+    fields = {"Location": location, "Unavailable since (UTC)": since, "Back at (UTC)": until,
+              "Outage (s)": f"{(until - since).total_seconds():.0f}"}
+    return enqueue(session, level=NotificationLevel.INFO, event="location_available",
+                   subject=f"Data location available again: {location}",
+                   body=render_lines(fields, "The operations that waited on it are running again."),
+                   context={"location": location, "since": since.isoformat(), "until": until.isoformat()},
+                   cooldown_seconds=0)
+
+
 # ------------------------------------------------------------------ permanent failures
 
 #: A digest lists at most this many operations in its body (all of them stay in its context).

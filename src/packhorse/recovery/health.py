@@ -81,7 +81,8 @@ def expire_services(session: Session, now: dt.datetime, forget_after_seconds: fl
 
 def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: int, site: str | None = None,
                      instance: str = "", started_at: dt.datetime | None = None,
-                     forget_after_seconds: float = FORGET_AFTER_SECONDS, now: dt.datetime | None = None) -> None:
+                     forget_after_seconds: float = FORGET_AFTER_SECONDS,
+                     now: dt.datetime | None = None) -> tuple[str, int] | None:
     """Record that ``service`` is alive now (one short transaction): insert its row, or update
     it — another process (another ``started_at``, or without one another ``pid``) is a restart
     that takes the row over (``restarts`` + 1). Rows expired for ``forget_after_seconds`` are
@@ -94,24 +95,40 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
         started_at: when this process started serving (UTC; tells a restart from the same
             process even where every process is pid 1, as in containers); default: now.
         now: the time of the heartbeat (tests; default: the clock).
+
+    Returns:
+        ``(host, pid)`` of the predecessor whose row this heartbeat took over, else ``None``.
     """
 
-    def tx(s: Session) -> None:
+    def tx(s: Session) -> tuple[str, int] | None:
         t = now or utcnow()
         expire_services(s, t, forget_after_seconds)
         row = s.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.service == service)).first()
         if row is None:
             s.add(ServiceHeartbeat(service=service, kind=kind, host=host, pid=pid, site=site, instance=instance,
                                    started_at=started_at or t, last_seen=t, restarts=0))
-            return
+            return None
+        previous = None
         if (row.started_at != started_at) if started_at is not None else (row.pid != pid):
+            previous = (row.host, row.pid)
             log.warning("service_restarted", service=service, previous_pid=row.pid, pid=pid,
                         previous_last_seen=row.last_seen.isoformat())
             row.restarts = (row.restarts or 0) + 1
             row.started_at = started_at or t
         row.kind, row.host, row.pid, row.site, row.instance, row.last_seen = kind, host, pid, site, instance, t
+        return previous
 
-    db.transact(tx)
+    return db.transact(tx)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def list_services(session: Session, now: dt.datetime | None = None, dead_after_seconds: float = DEAD_AFTER_SECONDS,
@@ -191,6 +208,7 @@ class HeartbeatThread:
         self.interval = interval_seconds
         self.forget_after_seconds = forget_after_seconds
         self._clock = clock
+        self._warned_duplicate = False
         #: when this process started serving: its incarnation (a restart has another one)
         self.started_at = clock() if clock else utcnow()
         self._stop = threading.Event()
@@ -199,10 +217,18 @@ class HeartbeatThread:
     def beat(self) -> bool:
         """Record one heartbeat now; ``False`` (logged) if the database refused it."""
         try:
-            record_heartbeat(self.db, self.service, kind=self.kind, host=socket.gethostname(), pid=os.getpid(),
-                             site=self.site, instance=self.instance, started_at=self.started_at,
-                             forget_after_seconds=self.forget_after_seconds,
-                             now=self._clock() if self._clock else None)
+            host = socket.gethostname()
+            previous = record_heartbeat(self.db, self.service, kind=self.kind, host=host, pid=os.getpid(),
+                                        site=self.site, instance=self.instance, started_at=self.started_at,
+                                        forget_after_seconds=self.forget_after_seconds,
+                                        now=self._clock() if self._clock else None)
+            if (previous is not None and previous[0] == host and previous[1] != os.getpid()
+                    and _process_alive(previous[1]) and not self._warned_duplicate):
+                # not a restart: two live processes share one identity and take the row from
+                # each other at every heartbeat
+                self._warned_duplicate = True
+                log.error("service_identity_shared", service=self.service, other_pid=previous[1], pid=os.getpid(),
+                          hint="give each service of one kind on one host its own --instance NAME")
             return True
         except Exception as e:  # never let health reporting kill the service
             log.error("health_heartbeat_failed", service=self.service, error=str(e))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 from sqlalchemy import select, update
@@ -40,6 +41,9 @@ from ..domain import BreakerState, NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
 from ..operations import fenced
 from . import breakers
+
+if TYPE_CHECKING:
+    from .reconciler import BrokerWatch
 
 log = structlog.get_logger(__name__)
 
@@ -175,15 +179,18 @@ def check_stalled(db: Database, settings: Settings) -> MonitorReport:
     return report
 
 
-def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...] | set[int] = ()) -> MonitorReport:
+def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...] | set[int] = (),
+                   broker: BrokerWatch | None = None) -> MonitorReport:
     """One full recovery pass: the stalled-task monitor, then the reconciler (``packhorse
     monitor`` and the lease recovery of ``packhorse run`` both run exactly this).
 
     ``exclude``: operation ids queued in this process right now (not lost dispatches).
+    ``broker``: the broker's view of its queues (distributed mode): work still queued there
+    is not lost (:func:`packhorse.recovery.reconciler.reconcile`).
     The reconciler's re-dispatched ids are added to ``report.reset``.
     """
     from .reconciler import reconcile
 
     report = check_stalled(db, settings)
-    report.reset += reconcile(db, settings, exclude=exclude)
+    report.reset += reconcile(db, settings, exclude=exclude, broker=broker)
     return report

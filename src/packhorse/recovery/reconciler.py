@@ -4,7 +4,20 @@ It re-dispatches
 
 * ``SCHEDULED`` operations whose dispatch was lost — never claimed, scheduled longer ago than
   the *floor* (``Settings.reconcile_floor_seconds``: 0 embedded; at least the broker's
-  ``visibility_timeout_seconds`` with Celery, so it never races the broker's own redelivery);
+  ``visibility_timeout_seconds`` with Celery, so it never races the broker's own redelivery)
+  **and not still waiting in the broker**. Old is not lost: a message queued behind a busy
+  worker may wait far longer than any floor. With a broker (:class:`BrokerView`, given by
+  ``packhorse monitor`` in distributed mode) the reconciler asks it how many messages each
+  queue holds right now. Queues are first in, first out, so a queue holding *n* messages can
+  hold the messages of at most its *n* most recently scheduled ``SCHEDULED`` operations;
+  those are still queued, not lost, and are left alone (INFO ``reconciler_still_queued``).
+  Only older ones, whose messages the queue can no longer hold, were lost (a broker restart
+  without persistence, a flush) — once the broker said so in two passes some time apart
+  (:class:`BrokerWatch`), so a message a worker has just taken but not yet claimed is not
+  mistaken for a loss. A queue the broker cannot be asked about (unreachable) is
+  left alone for this pass: unknown is not lost. Messages that are not operations' (a
+  duplicate publish, a stale redelivery) only make the reconciler wait longer, never reset
+  work that is queued. The embedded runner knows its own queue (``exclude``);
 * ``IN_PROGRESS`` operations that no lease covers (no ``lease_expires_at``: a worker that died
   between the status write and its lease, or a row edited by hand). Expired leases are the
   stalled-task monitor's, not the reconciler's.
@@ -21,10 +34,12 @@ same transaction.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Protocol
 
 import structlog
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..config import Settings
@@ -39,6 +54,101 @@ log = structlog.get_logger(__name__)
 #: The statuses the reconciler looks at (read by the owners test).
 RECONCILED_STATUSES = (Status.SCHEDULED, Status.IN_PROGRESS)
 
+#: One broker queue, as the operations name it: ``(site id, id of the data location the
+#: operation writes to — its destination, else its source —, operation kind)``.
+QueueKey = tuple[int, int, str]
+
+
+class BrokerView(Protocol):
+    """The broker's own view of its queues (DESIGN.md "Architecture": a broker only carries
+    "please run operation N" messages; this says how many it still holds)."""
+
+    def depths(self, keys: Collection[QueueKey]) -> Mapping[QueueKey, int | None]:
+        """Messages waiting (ready, not delivered) in the queue of each key right now;
+        ``None`` for a queue the broker could not be asked about. May raise any error when
+        the broker is unreachable (the reconciler then treats every queue as unknown)."""
+        ...
+
+
+def _queue_key(site_id: int, source_location_id: int | None, destination_location_id: int | None,
+               kind: str) -> QueueKey:
+    loc = destination_location_id if destination_location_id is not None else source_location_id
+    return (site_id, loc if loc is not None else -1, kind)
+
+
+class BrokerWatch:
+    """The reconciler's view of a broker across its passes: which ``SCHEDULED`` operations'
+    messages are lost, not merely queued (see the module docstring).
+
+    An operation counts as lost only when the broker showed, in two passes at least
+    ``confirm_seconds`` apart, that its queue no longer holds its message: a worker that has
+    just taken the message from the queue but not yet claimed the operation (a short window)
+    is never mistaken for a loss.
+
+    Args:
+        view: the broker (:class:`BrokerView`).
+        confirm_seconds: how long (s) an operation must stay absent from its queue before it
+            is lost (:meth:`for_settings`: twice the monitor interval, at least the floor up to
+            30 s).
+        clock: monotonic seconds (tests inject one).
+    """
+
+    def __init__(self, view: BrokerView, *, confirm_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.view = view
+        self.confirm = confirm_seconds
+        self.clock = clock
+        self._absent: dict[int, float] = {}  # operation id -> when first seen not queued
+
+    @classmethod
+    def for_settings(cls, view: BrokerView, settings: Settings) -> BrokerWatch:
+        """A watch with the confirmation time of ``settings`` (see the class docstring)."""
+        confirm = max(2 * settings.recovery.monitor_interval_seconds, min(30.0, settings.reconcile_floor_seconds))
+        return cls(view, confirm_seconds=confirm)
+
+    def lost(self, db: Database, candidates: list[tuple[int, QueueKey]]) -> set[int]:
+        """The ``SCHEDULED`` ``candidates`` (id, queue key) whose message is lost.
+
+        Per queue holding *n* messages, its *n* most recently scheduled ``SCHEDULED``
+        operations may still be in it (FIFO) and are not lost; nor is any operation of a
+        queue of unknown depth (broker unreachable); the rest are lost once they stayed so
+        for ``confirm_seconds``."""
+        keys = {k for _, k in candidates}
+        try:
+            depths: Mapping[QueueKey, int | None] = self.view.depths(keys)
+        except Exception as e:  # noqa: BLE001 - a broker that cannot be asked loses nothing
+            log.warning("reconciler_broker_unavailable", error=repr(e), queues=len(keys))
+            depths = {}
+        now = self.clock()
+        absent: set[int] = set()
+        for key in sorted(keys):
+            mine = {op_id for op_id, k in candidates if k == key}
+            n = depths.get(key)
+            if n is None:
+                continue  # unknown: not lost
+            queued = self._newest_scheduled(db, key, n) & mine if n > 0 else set()
+            if queued:
+                site_id, loc, kind = key
+                log.info("reconciler_still_queued", operation_kind=kind, site_id=site_id, location_id=loc,
+                         queued_messages=n, waiting=len(queued), operation_ids=sorted(queued)[:20])
+            absent |= mine - queued
+        self._absent = {op_id: self._absent.get(op_id, now) for op_id in absent}
+        return {op_id for op_id, since in self._absent.items() if now - since >= self.confirm}
+
+    @staticmethod
+    def _newest_scheduled(db: Database, key: QueueKey, n: int) -> set[int]:
+        site_id, loc, kind = key
+        written = func.coalesce(Operation.destination_location_id, Operation.source_location_id)
+
+        def newest(s: Session) -> list[int]:
+            return list(s.scalars(
+                select(Operation.id).where(Operation.status == Status.SCHEDULED.value, Operation.kind == kind,
+                                           Operation.site_id == site_id,
+                                           written == loc if loc != -1 else written.is_(None))
+                .order_by(Operation.scheduled_at.desc().nulls_last(), Operation.id.desc()).limit(n)))
+
+        return set(db.read(newest))
+
 
 def _orphans(floor: float, now: dt.datetime):  # type: ignore[no-untyped-def]
     older = now - dt.timedelta(seconds=floor)
@@ -50,8 +160,9 @@ def _orphans(floor: float, now: dt.datetime):  # type: ignore[no-untyped-def]
     )
 
 
-def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()) -> list[int]:
-    """Re-dispatch lost work (see the module docstring).
+def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = (),
+              broker: BrokerWatch | None = None) -> list[int]:
+    """Re-dispatch lost work (see the module docstring; seed 000 "heartbeat-gated reconciler").
 
     Args:
         db: the ops database.
@@ -59,19 +170,28 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
             (``recovery.reconcile_max_resets``) and notification cooldown.
         exclude: operation ids this process knows are queued in it right now (the local
             runner's in-flight set): not lost.
+        broker: the broker's view of its queues (distributed mode, :class:`BrokerWatch`):
+            ``SCHEDULED`` work whose message may still be in its queue is not lost. ``None``:
+            no broker (embedded).
 
     Returns:
-        the ids reset to ``PENDING`` (re-dispatched), in id order.
+        the ids reset to ``PENDING`` (re-dispatched), in id order. Work still queued is never
+        reset, never counted in ``reconcile_count`` and never notified.
     """
     rec = settings.recovery
     floor = settings.reconcile_floor_seconds
     now = utcnow()
-    found = db.read(lambda s: [(r.id, r.status, r.attempt) for r in s.execute(
-        select(Operation.id, Operation.status, Operation.attempt).where(_orphans(floor, now)).order_by(Operation.id))])
+    found = db.read(lambda s: [tuple(r) for r in s.execute(
+        select(Operation.id, Operation.status, Operation.attempt, Operation.site_id, Operation.source_location_id,
+               Operation.destination_location_id, Operation.kind)
+        .where(_orphans(floor, now)).order_by(Operation.id))])
+    found = [r for r in found if r[0] not in exclude]
+    scheduled = [(r[0], _queue_key(r[3], r[4], r[5], r[6])) for r in found if r[1] == Status.SCHEDULED.value]
+    lost = broker.lost(db, scheduled) if broker is not None else set()
     done: list[int] = []
-    for op_id, status, attempt in found:
-        if op_id in exclude:
-            continue
+    for op_id, status, attempt, *_where in found:
+        if broker is not None and status == Status.SCHEDULED.value and op_id not in lost:
+            continue  # still queued in the broker, or not yet confirmed lost
 
         def tx(s: Session, op_id: int = op_id, status: str = status, attempt: int = attempt) -> tuple[str, int] | None:
             bound_idle_in_transaction(s, rec.lease_timeout_seconds)

@@ -14,7 +14,9 @@ every bad copy at a long-term archive is repaired from a copy just verified:
 3. the completion transaction records the new ``present`` copy and an INFO notification.
 
 An operation created for a copy already marked ``corrupt``/``missing`` (by ``packhorse
-verify`` or an earlier attempt) skips straight to the repair.
+verify`` or an earlier attempt) skips straight to the repair — except that a ``missing`` copy
+is read back first: if its bytes are back (a remounted disk) and match, the same copy is
+``present`` again (:func:`~packhorse.fixity.recognise_returned`), nothing is written.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..domain import (
     NotificationLevel,
     OperationKind,
 )
-from ..fixity import Finding, check_copy, record_findings
+from ..fixity import Finding, check_copy, recognise_returned, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
 from .staging import ensure_readable
@@ -80,6 +82,15 @@ def run(work: Work) -> Recorder:
         good = [f for f in findings if not f.bad]
         to_repair = list(outcome["recorded"])
     elif copy.status in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
+        if copy.status == CopyStatus.MISSING.value:
+            again = _check(work, copy)  # the bytes may be back (a remounted disk): never rewrite them
+            if not again.bad:
+                work.info.update(result="copy back: recognised after read-back")
+
+                def back(s: Session) -> None:
+                    recognise_returned(s, [again], operation_id=op_id)
+
+                return back
         # only the copies it may be repaired from (an archive, or its own site)
         findings = [_check(work, c) for c in repair_sources(ctx, loc, present)]
         ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))

@@ -44,6 +44,12 @@ Contract (tested for every backend by ``tests/conformance``):
   parts whose size, MD5 (ETag) and sha256 checksum equal the new bytes'.
 * Keys under :data:`RESERVED_PREFIX` (``_packhorse/``) belong to packhorse itself (write-once
   probes, quarantined objects, restore markers): ``list`` never yields them.
+* No backend creates a missing root (DESIGN.md "Architecture": storage that is absent is not
+  empty). Only :meth:`StorageBackend.create_root` does, called by ``packhorse init``
+  (:mod:`packhorse.storage.identity`). With the root missing, ``stat``, ``open_read``,
+  ``open_write``, ``delete`` and ``list`` raise
+  :class:`~packhorse.errors.LocationUnavailableError` instead of answering "no such object"
+  or writing; :meth:`StorageBackend.root_missing` says why the root is not there.
 * :meth:`StorageBackend.quarantine` moves a bad object aside to a fresh name under
   ``_packhorse/quarantine/`` without overwriting anything, freeing its key for a repair
   (fixity audit).
@@ -219,6 +225,17 @@ class StorageBackend(abc.ABC):
     def restore_ready(self, key: str) -> bool:
         """True when ``key`` can be read now (always, for warm storage)."""
         return True
+
+    def root_missing(self) -> str | None:
+        """Why the location's root is not there (a sentence naming the path or bucket), or
+        ``None`` if it is. Read-only; never creates anything. Backends without a root of their
+        own (memory) return ``None``."""
+        return None
+
+    def create_root(self) -> bool:
+        """Create the location's root if it is missing (``packhorse init`` only; nothing else
+        creates a root). Returns ``True`` if it was created, ``False`` if it was there."""
+        return False
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:

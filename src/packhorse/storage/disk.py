@@ -17,6 +17,13 @@ Folders (staging's bag folders, :meth:`DiskBackend.open_folder_write`) are fille
 ``renameat2(RENAME_NOREPLACE)``; partial folders are invisible to ``list`` and removed by
 ``cleanup_partials`` like partial files.
 
+The root folder is never created here (DESIGN.md "Architecture": storage that is absent is
+not empty): only :meth:`DiskBackend.create_root` does, for ``packhorse init``. With the root
+missing (an unmounted disk, a renamed folder) every call raises
+:class:`~packhorse.errors.LocationUnavailableError` rather than answering "no such object" or
+writing into the mount point's parent; folders below the root are created one by one, never
+the root itself.
+
 Confinement (I6): keys are checked by :func:`~packhorse.storage.base.check_key`; every folder
 on the way to an object must resolve inside the root (no symlink escapes) and the object
 itself is opened with ``O_NOFOLLOW``: a destination symlink is never followed.
@@ -39,6 +46,7 @@ from ..digest import hash_stream
 from ..errors import (
     DestinationConflictError,
     DestinationWriteError,
+    LocationUnavailableError,
     SourceMissingError,
     StorageBusyError,
     UnsafePathError,
@@ -311,7 +319,8 @@ class PendingFolder:
 
 
 class DiskBackend(StorageBackend):
-    """A data location stored in folder ``root`` (created if missing).
+    """A data location stored in folder ``root``, which must exist (never created here; see
+    the module docstring).
 
     Args:
         location: the data location's name, for messages.
@@ -321,11 +330,51 @@ class DiskBackend(StorageBackend):
     def __init__(self, location: str, root: Path | str) -> None:
         self.location = location
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._real_root = Path(os.path.realpath(self.root))
         self._root_str = str(self.root)
+        self._resolve_root()
+
+    def _resolve_root(self) -> None:
+        self._real_root = Path(os.path.realpath(self.root))
         self._real_root_str = str(self._real_root)
         self._real_root_prefix = self._real_root_str.rstrip("/") + "/"
+
+    # -- the root -------------------------------------------------------------------
+    def root_missing(self) -> str | None:
+        """Why the root folder is not usable (missing, or not a folder), or ``None``."""
+        try:
+            st_ = os.stat(self._root_str)
+        except FileNotFoundError:
+            return (f"the root folder {self._root_str} does not exist (an unmounted disk, a renamed or removed "
+                    "folder)")
+        except OSError as e:
+            return f"the root folder {self._root_str} cannot be reached: {e.strerror or e}"
+        if not os.path.stat.S_ISDIR(st_.st_mode):
+            return f"the root {self._root_str} is not a folder"
+        if os.path.realpath(self._root_str) != self._real_root_str:
+            self._resolve_root()  # the root appeared (or was re-linked) since this backend was built
+        return None
+
+    def create_root(self) -> bool:
+        """Create the root folder (and its parents) if missing; ``packhorse init`` only."""
+        if os.path.isdir(self._root_str):
+            return False
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._resolve_root()
+        return True
+
+    def _unavailable(self, key: str | None = None) -> LocationUnavailableError | None:
+        """The error to raise if the root is missing now, else ``None`` (a missing object is
+        then really missing)."""
+        why = self.root_missing()
+        if why is None:
+            return None
+        return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                        reason=why, path=key)
+
+    def _check_root(self, key: str | None = None) -> None:
+        err = self._unavailable(key)
+        if err is not None:
+            raise err
 
     # -- paths --------------------------------------------------------------------
     def _path(self, key: str, *, create_parents: bool = False) -> Path:
@@ -333,8 +382,13 @@ class DiskBackend(StorageBackend):
         path = self.root / key
         self._confine(key, path.parent)  # before mkdir: never create folders through an escape
         if create_parents:
+            self._check_root(key)
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                self._make_folders(key)
+            except FileNotFoundError:  # the root went away meanwhile: never re-created
+                raise (self._unavailable(key) or StorageBusyError(
+                    f"{self.location}: the folder of {key!r} was removed while it was created", side="destination",
+                    path=key, host=self.location)) from None
             except (FileExistsError, NotADirectoryError):
                 raise DestinationConflictError(
                     f"{self.location}: cannot create the folder of {key!r}: a file of that name is in the way",
@@ -342,6 +396,20 @@ class DiskBackend(StorageBackend):
                 ) from None
             self._confine(key, path.parent)
         return path
+
+    def _make_folders(self, key: str) -> None:
+        """Create the folders of ``key`` below the root, one at a time: the root itself is
+        never created (a missing root makes the first ``mkdir`` fail with ENOENT)."""
+        parts = key.split("/")[:-1]
+        current = self._root_str
+        for part in parts:
+            current = os.path.join(current, part)
+            try:
+                os.mkdir(current, 0o755)
+            except FileExistsError:
+                if not os.path.isdir(current):
+                    raise
+        return None
 
     def _confine(self, key: str, folder: Path | str, real: str | None = None) -> None:
         """Raise :class:`UnsafePathError` unless ``folder`` (resolved: ``real``) is inside the root."""
@@ -386,11 +454,13 @@ class DiskBackend(StorageBackend):
     def stat(self, key: str) -> ObjectInfo | None:
         opened = self._parent_fd(key)
         if opened is None:
+            self._check_root(key)
             return None
         dfd, name = opened
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_root(key)
             return None
         finally:
             os.close(dfd)
@@ -401,12 +471,16 @@ class DiskBackend(StorageBackend):
     def open_read(self, key: str) -> BinaryIO:
         opened = self._parent_fd(key)
         if opened is None:
+            self._check_root(key)
             raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
                                      host=self.location)
         dfd, name = opened
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except (FileNotFoundError, NotADirectoryError):
+            os.close(dfd)
+            dfd = -1
+            self._check_root(key)
             raise SourceMissingError(
                 f"{self.location}: {key!r} does not exist", side="source", path=key, host=self.location
             ) from None
@@ -415,7 +489,8 @@ class DiskBackend(StorageBackend):
                 raise UnsafePathError(f"{self.location}: {key!r} is a symlink", path=key, host=self.location) from None
             raise
         finally:
-            os.close(dfd)
+            if dfd >= 0:
+                os.close(dfd)
         return os.fdopen(fd, "rb", buffering=0)  # callers read in large blocks
 
     def open_write(self, key: str) -> PendingWrite:
@@ -430,6 +505,9 @@ class DiskBackend(StorageBackend):
         try:
             return _DiskPendingWrite(self, key, path)
         except FileNotFoundError:
+            unavailable = self._unavailable(key)
+            if unavailable is not None:
+                raise unavailable from None
             raise StorageBusyError(f"{self.location}: the folder of {key!r} was removed by a concurrent deletion "
                                    "while the write started", side="destination", path=key,
                                    host=self.location) from None
@@ -536,6 +614,7 @@ class DiskBackend(StorageBackend):
         try:
             st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_root(key)
             return None
         if not os.path.stat.S_ISDIR(st.st_mode):
             raise UnsafePathError(f"{self.location}: {key!r} is not a folder", path=key, host=self.location)
@@ -545,7 +624,8 @@ class DiskBackend(StorageBackend):
         path = self._path(key)
         try:
             os.unlink(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            self._check_root(key)  # a missing root is not "already gone"
             return False
         try:
             _fsync_dir(path.parent)
@@ -562,6 +642,7 @@ class DiskBackend(StorageBackend):
         return True
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._check_root()  # a missing root is not an empty one
         out: list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = sorted(d for d in dirnames if not d.endswith(PARTIAL_SUFFIX))
@@ -603,6 +684,8 @@ class DiskBackend(StorageBackend):
         ``resumable_older_than_seconds``; a partial file a live writer holds (its ``flock``) is
         never removed, however old."""
         removed = 0
+        if self.root_missing() is not None:
+            return 0  # nothing of ours can be there; the root is never created to look
         cutoff = time.time() - older_than_seconds
         resumable_cutoff = (cutoff if resumable_older_than_seconds is None
                             else time.time() - resumable_older_than_seconds)

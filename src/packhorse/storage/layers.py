@@ -117,6 +117,12 @@ class Layer(StorageBackend):
     def restore_ready(self, key: str) -> bool:
         return self.inner.restore_ready(key)
 
+    def root_missing(self) -> str | None:
+        return self.inner.root_missing()
+
+    def create_root(self) -> bool:
+        return self.inner.create_root()
+
     def stat(self, key: str) -> ObjectInfo | None:
         return self.inner.stat(key)
 

@@ -42,6 +42,13 @@ tier before the transition), so the read-back verification after publishing work
 simulate the time a restore takes with a storage layer of their own (``tests/memory_backend.py``
 ``ColdLayer``, handed in through :mod:`packhorse.hooks`), not with a switch here.
 
+A missing bucket is never created (DESIGN.md "Architecture": storage that is absent is not
+empty): the bucket is made by whoever provisions the store (with Object Lock if wanted), and
+``packhorse init`` writes the location's identity marker as an object
+(:mod:`packhorse.storage.identity`). Calls on a bucket that does not exist raise
+:class:`~packhorse.errors.LocationUnavailableError`, and a "no such key" is only believed
+once the bucket is known to be there.
+
 Credentials come only from the standard AWS chain (environment, shared profile, instance
 role); they are never logged or stored by packhorse.
 """
@@ -66,6 +73,8 @@ from ..errors import (
     ConfigError,
     DestinationConflictError,
     DestinationWriteError,
+    LocationUnavailableError,
+    OperationError,
     RestoreRequiredError,
     SourceMissingError,
     StorageBusyError,
@@ -273,7 +282,11 @@ class S3Backend(StorageBackend):
     def _full(self, key: str) -> str:
         return self.prefix + check_key(key)
 
-    def _error(self, e: Exception, key: str | None, action: str) -> StorageServiceError:
+    def _error(self, e: Exception, key: str | None, action: str) -> OperationError:
+        if _code(e) == "NoSuchBucket":
+            why = f"the bucket {self.bucket!r} does not exist"
+            return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                            reason=why, path=key)
         return StorageServiceError(
             f"{self.location}: {action} {key!r} in bucket {self.bucket!r} failed: {_code(e) or type(e).__name__}: {e}",
             side="destination", path=key, host=self.location,
@@ -411,6 +424,38 @@ class S3Backend(StorageBackend):
         except Exception as e:  # cleanup_partials aborts it later
             log.warning("s3_abort_multipart_failed", location=self.location, key=full_key, error=str(e))
 
+    # -- the root -------------------------------------------------------------------
+    def root_missing(self) -> str | None:
+        """``None`` if the bucket exists (``HeadBucket``), else why not.
+
+        Raises:
+            StorageServiceError: the store could not be asked (unreachable, access denied).
+        """
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as e:
+            if _is_not_found(e) or _code(e) == "NoSuchBucket":
+                return f"the bucket {self.bucket!r} does not exist"
+            raise self._error(e, None, "looking up the bucket") from e
+        return None
+
+    def create_root(self) -> bool:
+        """Never creates a bucket: a missing one is refused with a
+        :class:`~packhorse.errors.ConfigError` naming it (the store's owner creates buckets)."""
+        why = self.root_missing()
+        if why is not None:
+            raise ConfigError(f"data location {self.location}: {why}; packhorse does not create buckets: create it "
+                              f"(with Object Lock if the location asks for it), then run `packhorse init` again")
+        return False
+
+    def _missing(self, key: str) -> None:
+        """After a "not found" for ``key``: raise :class:`LocationUnavailableError` if the
+        bucket itself is gone (a HEAD of a key in a missing bucket answers a bare 404 too)."""
+        why = self.root_missing()
+        if why is not None:
+            raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                           reason=why, path=key)
+
     # -- interface ------------------------------------------------------------------
     def stat(self, key: str) -> ObjectInfo | None:
         full = self._full(key)
@@ -418,6 +463,7 @@ class S3Backend(StorageBackend):
             r = self.client.head_object(Bucket=self.bucket, Key=full)
         except Exception as e:
             if _is_not_found(e):
+                self._missing(key)
                 return None
             raise self._error(e, key, "looking up") from e
         mtime = r["LastModified"].timestamp()
@@ -443,7 +489,8 @@ class S3Backend(StorageBackend):
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=full)
         except Exception as e:
-            if _is_not_found(e):
+            if _is_not_found(e) and _code(e) != "NoSuchBucket":
+                self._missing(key)
                 raise SourceMissingError(f"{self.location}: {key!r} does not exist", side="source", path=key,
                                          host=self.location) from None
             raise self._error(e, key, "reading") from e
@@ -495,7 +542,13 @@ class S3Backend(StorageBackend):
         age = older_than_seconds if resumable_older_than_seconds is None else resumable_older_than_seconds
         cutoff = time.time() - age
         removed = 0
-        for full, upload_id, initiated in self.incomplete_uploads():
+        try:
+            uploads = self.incomplete_uploads()
+        except Exception as e:
+            if _code(e) == "NoSuchBucket":
+                return 0  # nothing of ours can be there; a bucket is never created to look
+            raise
+        for full, upload_id, initiated in uploads:
             if initiated <= cutoff:
                 self._abort_upload(full, upload_id)
                 removed += 1

@@ -1,0 +1,251 @@
+"""Unavailable data locations: work waits for them instead of failing (DESIGN.md "Architecture").
+
+Storage that is absent is not empty. A data location is *available* when its root is there
+and carries the identity marker that names it (:mod:`packhorse.storage.identity`, written by
+``packhorse init``). Otherwise — an unmounted disk, a renamed folder, a deleted bucket, an
+empty mount point, the wrong disk mounted — it is *unavailable*, and:
+
+* an operation touching it (its source or destination location) is not run and not failed:
+  the worker defers it (``PENDING`` with ``not_before``, no retry counted) with a growing
+  pause (:func:`wait_seconds`: the outage's age, between ``[recovery]
+  retry_backoff_base_seconds`` and ``retry_backoff_max_seconds``) — before the stage runs
+  (:func:`check_operation`) and also when the stage failed while the location went away
+  under it;
+* the outage is recorded once (:class:`~packhorse.db.models.LocationOutage`), with one
+  notification per outage, and listed by ``packhorse status`` as blocked work
+  (:func:`packhorse.blocked.location_unavailable`);
+* the managers' cycle looks at every open outage again (:func:`check_outages`); when the
+  location is back the outage ends and the operations waiting on it are due at once
+  (resumed by themselves; nothing to reset).
+
+A scan of a source location whose root is missing records the outage and registers, skips
+and forgets nothing (:mod:`packhorse.managers.scan`); the fixity audit and ``verify`` judge no
+copy on an unavailable location.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+import structlog
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from .db.models import LocationOutage, Operation, utcnow
+from .db.session import insert_ignoring_conflicts
+from .domain import Status
+from .errors import ConfigError, LocationUnavailableError, StorageServiceError
+
+if TYPE_CHECKING:
+    from .context import ProcessContext
+    from .storage.identity import InitResult
+
+log = structlog.get_logger(__name__)
+#: locations this process saw unavailable: a worker that finds one back ends its outage
+_seen_out: set[str] = set()
+
+
+def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
+    """Look at ``location`` now: ``None`` if it is available, else the reason as a
+    :class:`~packhorse.errors.LocationUnavailableError` (read-only: a stat of the root and a
+    read of the small marker; never creates anything).
+
+    Raises:
+        ConfigError: ``location`` is not configured or its store is refused.
+        StorageServiceError: an object store could not be asked (not an outage of the location).
+    """
+    from .storage.identity import check_identity
+
+    try:
+        check_identity(ctx.backend(location), location)
+    except LocationUnavailableError as e:
+        return e
+    return None
+
+
+def wait_seconds(ctx: "ProcessContext", since: dt.datetime | None, now: dt.datetime | None = None) -> float:
+    """How long an operation waits before looking at an unavailable location again (seconds):
+    the outage's age so far, at least ``retry_backoff_base_seconds`` and at most
+    ``retry_backoff_max_seconds`` of ``[recovery]`` (a short blip is retried soon, a long outage
+    is not polled hard)."""
+    rec = ctx.settings.recovery
+    age = 0.0 if since is None else ((now or utcnow()) - since).total_seconds()
+    return max(rec.retry_backoff_base_seconds, min(rec.retry_backoff_max_seconds, age))
+
+
+def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.datetime:
+    """Record that ``error.location`` is unavailable; returns since when (UTC).
+
+    The first record of an outage inserts its row and queues one WARNING notification in the
+    same transaction; later records only refresh ``checked_at`` and the reason.
+    """
+    from .notify.messages import location_unavailable as notify_unavailable
+
+    loc_id = ctx.topology.location_ids[error.location]
+    _seen_out.add(error.location)
+
+    def tx(s: Session) -> dt.datetime:
+        now = utcnow()
+        t = LocationOutage.__table__
+        res = s.execute(insert_ignoring_conflicts(s, t, t.c.location_id).values(
+            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now))
+        if res.rowcount == 1:
+            log.warning("location_unavailable", location=error.location, reason=error.reason)
+            notify_unavailable(s, location=error.location, reason=error.reason, since=now,
+                               release=release_of(ctx, error.location, error.marker_only))
+            return now
+        s.execute(update(LocationOutage).where(LocationOutage.location_id == loc_id).values(
+            checked_at=now, reason=error.reason[:2000], marker_only=error.marker_only))
+        since = s.scalar(select(LocationOutage.since).where(LocationOutage.location_id == loc_id))
+        return since or now
+
+    return ctx.db.transact(tx)
+
+
+def end_outage(ctx: "ProcessContext", location: str) -> int | None:
+    """The location is available again: delete its outage and make the operations waiting on
+    it due now. Returns how many operations were released, ``None`` if there was no outage."""
+    from .notify.messages import location_available as notify_available
+
+    loc_id = ctx.topology.location_ids[location]
+
+    def tx(s: Session) -> int | None:
+        row = s.get(LocationOutage, loc_id)
+        if row is None:
+            return None
+        since = row.since
+        if s.execute(delete(LocationOutage).where(LocationOutage.location_id == loc_id)).rowcount != 1:
+            return None  # another process ended it
+        now = utcnow()
+        res = s.execute(update(Operation).where(
+            Operation.status == Status.PENDING.value, Operation.not_before > now,
+            or_(Operation.source_location_id == loc_id, Operation.destination_location_id == loc_id),
+        ).values(not_before=now, updated_at=now))
+        notify_available(s, location=location, since=since, until=now)
+        log.warning("location_available_again", location=location, since=since.isoformat(),
+                    operations_released=res.rowcount)
+        return int(res.rowcount)
+
+    return ctx.db.transact(tx)
+
+
+def open_outages(ctx: "ProcessContext") -> dict[str, LocationOutage]:
+    """The open outages by location name (read-only)."""
+
+    def tx(s: Session) -> dict[str, LocationOutage]:
+        rows = list(s.scalars(select(LocationOutage)))
+        for r in rows:
+            s.expunge(r)
+        return {ctx.topology.location_names[r.location_id]: r for r in rows
+                if r.location_id in ctx.topology.location_names}
+
+    return ctx.db.read(tx)
+
+
+def check_outages(ctx: "ProcessContext", *, every_location: bool = False) -> list[str]:
+    """Look at every location with an open outage again (the managers' cycle): end those that
+    are back (their waiting operations become due at once). Returns the locations that came
+    back. A location that cannot be looked at (its object store unreachable) stays as it is.
+
+    With ``every_location`` (the embedded runner, which sees all storage) every active
+    location is looked at, so an outage is recorded (and notified) as soon as a cycle sees it,
+    before any operation meets it."""
+    back = []
+    names = list(open_outages(ctx))
+    out = set(names)
+    if every_location:
+        names += [l.name for l in ctx.settings.locations if l.active and l.name not in names
+                  and l.name in ctx.topology.location_ids]
+    for name in names:
+        try:
+            err = probe(ctx, name)
+        except (ConfigError, StorageServiceError) as e:
+            log.info("location_check_failed", location=name, error=str(e))
+            continue
+        if err is None:
+            _seen_out.discard(name)
+            if name in out and end_outage(ctx, name) is not None:
+                back.append(name)
+        else:
+            record_outage(ctx, err)
+    return back
+
+
+def look(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
+    """:func:`probe` ``location``; if it is available and this process saw it away, end its
+    outage (once; a no-op if another process ended it): a worker or a scan may see the
+    location back before the managers do (distributed: only the site's workers may see its
+    storage). Unavailable: the outage is *not* recorded here (the caller does, once it decided
+    to wait)."""
+    err = probe(ctx, location)
+    if err is None and location in _seen_out:
+        _seen_out.discard(location)
+        end_outage(ctx, location)
+    return err
+
+
+def check_operation(ctx: "ProcessContext", op: Operation) -> LocationUnavailableError | None:
+    """The first unavailable location among those ``op`` touches (its source and destination
+    locations; :func:`look`), or ``None`` if all are available."""
+    for loc_id in dict.fromkeys((op.source_location_id, op.destination_location_id)):
+        if loc_id is None or loc_id not in ctx.topology.location_names:
+            continue
+        err = look(ctx, ctx.location_name(loc_id))
+        if err is not None:
+            return err
+    return None
+
+
+def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:
+    """What releases an outage of ``location``: ``packhorse init`` when only its marker is
+    missing, else putting its root back (packhorse resumes by itself)."""
+    if marker_only:
+        return f"packhorse init -c CONFIG (marks the root of {location}; an existing root keeps its data)"
+    return f"remount / restore {root_of(ctx, location)}; packhorse resumes by itself"
+
+
+def root_of(ctx: "ProcessContext", location: str) -> str:
+    """The location's root as an operator names it: its folder, or ``s3://bucket/prefix``."""
+    loc = ctx.settings.location(location)
+    if loc.bucket:
+        return f"s3://{loc.bucket}/{(loc.prefix or '').strip('/')}"
+    return str(ctx.settings.location_path(location))
+
+
+def mark_locations(ctx: "ProcessContext") -> list["InitResult"]:
+    """Create and mark the root of every configured data location (``packhorse init``; the
+    only code that creates a location root). An existing root with data and no marker is
+    adopted as it is (migrating an existing deployment); an open outage of a location marked
+    here is ended. Returns what was done per location.
+
+    A *source* root is never created (instruments write there; an empty folder would hide a
+    typo in its path): a missing one is reported after every other location was marked.
+
+    Raises:
+        ConfigError: a root is marked as another location, a source folder or an S3 bucket is
+            missing (packhorse never creates either); the message names the location.
+    """
+    from . import __version__
+    from .domain import LocationRole
+    from .storage.identity import mark_location
+
+    done = []
+    missing_sources = []
+    for loc in ctx.settings.locations:
+        backend = ctx.backend(loc.name)
+        if loc.role is LocationRole.SOURCE and backend.root_missing() is not None:
+            # instruments write there: an empty folder made by packhorse would hide a typo in the
+            # path (or an unmounted disk) as "nothing to archive"
+            missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
+            continue
+        done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
+                                  storage=loc.storage.value, version=__version__))
+        if loc.name in ctx.topology.location_ids:
+            end_outage(ctx, loc.name)
+    if missing_sources:
+        raise ConfigError("source location folder(s) do not exist: " + "; ".join(missing_sources)
+                          + " — packhorse does not create a source folder (a typo in the path or an unmounted "
+                            "disk must not look like nothing to archive); fix the path or mount the disk, then "
+                            "run `packhorse init` again (every other location is marked)")
+    return done

@@ -1,0 +1,153 @@
+"""The identity marker of a data location: storage that is absent is not empty.
+
+DESIGN.md "Architecture": every location root carries an identity marker written by
+``packhorse init`` (as NGAS marks each of its volumes with a volume-id file); no backend
+creates a missing root; work on an unavailable location waits and resumes by itself
+(:mod:`packhorse.availability`).
+
+The marker is the object :data:`MARKER_KEY` (``_packhorse/location.json``) under the
+location's root (disk: a file below the root folder; S3: an object under the location's
+prefix), under the reserved prefix, so ``list`` never yields it and a scan never registers it.
+It is written once (the backend's write-once publication, I2) and holds JSON::
+
+    {"format": "packhorse-location-identity/1", "location": "cologne-lta", "site": "cologne",
+     "role": "long_term_archive", "storage": "disk", "uuid": "…", "created_at": "2026-…Z",
+     "packhorse_version": "…"}
+
+A location is *available* when its root is there and its marker names it
+(:func:`check_identity`); a missing root (an unmounted disk, a renamed folder, a deleted
+bucket), an empty mount point without the marker, or a marker naming another location (the
+wrong disk mounted) make it *unavailable*, never "empty".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DestinationConflictError, LocationUnavailableError, SourceMissingError
+from .base import RESERVED_PREFIX, StorageBackend
+
+#: Key of the identity marker under every location root.
+MARKER_KEY = RESERVED_PREFIX + "location.json"
+#: Value of the marker's ``format`` field.
+MARKER_FORMAT = "packhorse-location-identity/1"
+#: Largest marker read (bytes): anything bigger is not a packhorse marker.
+MAX_MARKER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What :func:`mark_location` did: ``action`` is ``"created"`` (a new, empty root),
+    ``"adopted"`` (an existing root with objects and no marker: an existing deployment),
+    ``"marked"`` (an existing empty root) or ``"already marked"``; ``objects`` counts the objects
+    found under an adopted root."""
+
+    location: str
+    action: str
+    objects: int = 0
+
+
+def where(backend: StorageBackend) -> str:
+    """The location root as an operator names it: a folder path, or ``s3://bucket/prefix``."""
+    root = getattr(backend, "root", None)
+    if root is not None:
+        return str(root)
+    bucket = getattr(backend, "bucket", None)
+    if bucket is not None:
+        return f"s3://{bucket}/{getattr(backend, 'prefix', '')}"
+    return backend.location
+
+
+def read_marker(backend: StorageBackend) -> dict[str, Any] | None:
+    """The location's marker as a dict, ``None`` if there is none.
+
+    Raises:
+        LocationUnavailableError: the root itself is missing (the backend says so).
+        ValueError: the marker is not valid marker JSON (message names the location).
+    """
+    try:
+        if backend.stat(MARKER_KEY) is None:
+            return None
+        with backend.open_read(MARKER_KEY) as f:
+            raw = f.read(MAX_MARKER_BYTES + 1)
+    except SourceMissingError:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{backend.location}: identity marker {MARKER_KEY} at {where(backend)} is not JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT or not isinstance(data.get("location"), str):
+        raise ValueError(f"{backend.location}: {MARKER_KEY} at {where(backend)} is not a packhorse location marker")
+    return data
+
+
+def check_identity(backend: StorageBackend, location: str) -> None:
+    """Raise :class:`LocationUnavailableError` unless ``backend``'s root is there and its
+    marker names ``location`` (DESIGN.md "Architecture"; read-only, a stat and a small read).
+
+    Raises:
+        LocationUnavailableError: ``marker_only=False`` for a missing root; ``marker_only=True``
+            for a root without a marker (an unmounted mount point, or an existing deployment not
+            yet marked); ``marker_only=False`` for a marker naming another location or unreadable.
+    """
+    root = backend.root_missing()
+    if root is not None:
+        raise LocationUnavailableError(f"data location {location}: {root}", location=location, reason=root)
+    try:
+        marker = read_marker(backend)
+    except ValueError as e:
+        raise LocationUnavailableError(str(e), location=location, reason=str(e)) from None
+    if marker is None:
+        reason = (f"the root {where(backend)} has no identity marker {MARKER_KEY} (an unmounted mount point, or "
+                  "storage not marked yet: `packhorse init` marks an existing root and keeps its data)")
+        raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
+                                       marker_only=True)
+    if marker["location"] != location:
+        reason = (f"the root {where(backend)} is marked as location {marker['location']!r}, not {location!r} "
+                  "(other storage mounted there?)")
+        raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason)
+
+
+def mark_location(backend: StorageBackend, *, location: str, site: str, role: str, storage: str,
+                  version: str) -> InitResult:
+    """Create the root of ``location`` if needed and write its identity marker (``packhorse
+    init``; the only code that creates a root). An existing root with objects and no marker is
+    adopted (an existing deployment: its objects are kept as they are).
+
+    Raises:
+        ConfigError: the root is marked as another location (never re-marked).
+        StorageServiceError / OSError: the root could not be created or written.
+    """
+    from ..errors import ConfigError
+
+    created = backend.create_root()
+    try:
+        marker = read_marker(backend)
+    except ValueError as e:
+        raise ConfigError(f"{e}; move it aside if this storage belongs to {location!r}") from None
+    if marker is not None:
+        if marker["location"] != location:
+            raise ConfigError(f"data location {location}: the root {where(backend)} is already marked as location "
+                              f"{marker['location']!r}; refusing to re-mark it (check the path or bucket in the "
+                              "configuration)")
+        return InitResult(location, "already marked")
+    objects = 0 if created else sum(1 for _ in backend.list())
+    body = json.dumps({
+        "format": MARKER_FORMAT, "location": location, "site": site, "role": role, "storage": storage,
+        "uuid": str(uuid.uuid4()), "created_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "packhorse_version": version,
+    }, indent=2, sort_keys=True).encode("utf-8") + b"\n"
+    try:
+        with backend.open_write(MARKER_KEY) as w:
+            w.write(body)
+            w.publish()
+    except DestinationConflictError:  # a concurrent `packhorse init` marked it first
+        again = read_marker(backend)
+        if again is None or again["location"] != location:
+            raise
+        return InitResult(location, "already marked")
+    return InitResult(location, "created" if created else ("adopted" if objects else "marked"), objects)

@@ -1,0 +1,200 @@
+"""Storage that is absent is not empty (DESIGN.md "Architecture"), with real processes.
+
+A source root and an archive root taken away during a run (an unmounted disk, a renamed
+folder) are never re-created or written into; the work on them waits, ``status`` lists them as
+blocked, and once they are back the next plain ``packhorse run --until-idle`` finishes
+everything and exits 0 — no reset, no SQL, no configuration change. An empty mount point (the
+root without its identity marker) blocks writes too; a root with data and no marker (a
+deployment from before markers) is adopted by ``packhorse init``. Copies recorded ``missing``
+whose bytes are back are recognised after a read-back, never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from e2e_helpers import MARKER_KEY, Pipeline, assert_archived_everywhere, source_files
+from support import SRC
+
+
+def _source(p: Pipeline, groups: int, start: int = 0, size: int = 300_000) -> None:
+    for g in range(start, start + groups):
+        for f in range(2):
+            path = p.source / "cam" / f"obs{g}" / f"frame{f}.fits"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(size))
+
+
+def _blocked(p: Pipeline) -> dict[str, dict]:
+    return {b["detail"]["location"]: b for b in p.status()["blocked"] if b["cause"] == "location_unavailable"}
+
+
+def _db(p: Pipeline) -> sqlite3.Connection:
+    return sqlite3.connect(p.root / "packhorse.db")
+
+
+def test_source_and_archive_roots_taken_away_during_a_run_wait_and_resume(pipeline, tmp_path: Path) -> None:
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=4)
+    p.init()
+    expected = source_files(p.source)
+    assert len(expected) == 8
+    archive = p.location("cologne-lta")
+    assert (archive / MARKER_KEY).is_file() and (p.source / MARKER_KEY).is_file()  # marked by init
+
+    marker = tmp_path / "packaging"
+    faults = [{"point": "raw_data_package.write", "action": "pause", "seconds": 3, "marker": str(marker),
+               "times": 1}]
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_FAULTS": json.dumps(faults)}
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--until-idle",
+                             "--quiet"], env=env, cwd=p.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    source_away, archive_away = tmp_path / "source-unmounted", tmp_path / "archive-unmounted"
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no package was being written"
+            time.sleep(0.02)
+        # the disks go away in the middle of the run: one package is being written, the others wait
+        os.rename(p.source, source_away)
+        os.rename(archive, archive_away)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = err.decode(errors="replace")
+    # the only work left waits for the world outside: exit 4 (blocked), not 0, not 3 (failed)
+    assert proc.returncode == 4, stderr[-4000:]
+    assert "blocked: location cologne-lta" in stderr and "blocked: location fyst-source" in stderr, stderr[-4000:]
+    # nothing was created or written under the missing paths
+    assert not p.source.exists() and not archive.exists()
+
+    status = p.status()
+    assert status["failed_operations"] == [] and status["packages"]["failed"] == 0
+    blocked = _blocked(p)
+    assert set(blocked) == {"fyst-source", "cologne-lta"}, status["blocked"]
+    for name, path in (("fyst-source", p.source), ("cologne-lta", archive)):
+        b = blocked[name]
+        assert b["exit_code"] == 4 and b["since"] and b["detail"]["path"] == str(path)
+        assert f"remount / restore {path}" in b["release"] and "resumes by itself" in b["release"]
+    assert blocked["fyst-source"]["detail"]["operations_waiting"] >= 1  # the packages not yet written
+    assert blocked["cologne-lta"]["detail"]["operations_waiting"] >= 1  # the archive copies
+    text = p.cli("status")
+    assert "BLOCKED location cologne-lta" in text.stdout and "remount / restore" in text.stdout, text.stdout
+    code, report = p.verify()
+    assert not [m for m in report["missing"] if m["location"] == "cologne-lta"] and not archive.exists()
+    with _db(p) as db:
+        assert db.execute("SELECT count(*) FROM physical_copies WHERE status IN ('missing', 'corrupt')").fetchone()[0] == 0
+        # one notification per outage, however often the locations were looked at
+        events = db.execute("SELECT context FROM notification_outbox WHERE event = 'location_unavailable'").fetchall()
+        assert sorted(json.loads(c)["location"] for (c,) in events) == ["cologne-lta", "fyst-source"]
+
+    # the disks come back: a plain run finishes everything by itself
+    os.rename(source_away, p.source)
+    os.rename(archive_away, archive)
+    p.run(expect=0)
+    assert_archived_everywhere(p, expected)
+    status = p.status()
+    assert status["blocked"] == [] and status["failed_operations"] == []
+    assert status["packages"]["archived"] == status["packages"]["total"] >= 4
+    code, report = p.verify()
+    assert code == 0, report
+    with _db(p) as db:
+        back = db.execute("SELECT context FROM notification_outbox WHERE event = 'location_available'").fetchall()
+        assert sorted(json.loads(c)["location"] for (c,) in back) == ["cologne-lta", "fyst-source"]
+
+
+def test_an_empty_mount_point_blocks_writes_and_init_adopts_an_unmarked_root_with_data(pipeline, tmp_path: Path) -> None:
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=1)
+    p.init()
+    p.run(expect=0)
+    archive = p.location("cologne-lta")
+    before = p.snapshot("cologne-lta")
+
+    # "unmounted": the archive disk is gone, an empty mount point is left where it was
+    os.rename(archive, tmp_path / "disk")
+    archive.mkdir()
+    _source(p, groups=1, start=1)
+    r = p.run(expect=4)
+    assert os.listdir(archive) == [], "packhorse wrote into the empty mount point"
+    b = _blocked(p)["cologne-lta"]
+    assert b["detail"]["marker_only"] is True and "packhorse init" in b["release"]
+    assert "no identity marker" in b["reason"] and "blocked: location cologne-lta" in r.stderr
+    # verify judges none of the copies there: an empty mount point is not evidence of loss
+    code, report = p.verify()
+    assert code == 1 and [(u["location"], u["copies"]) for u in report["unavailable"]] == [("cologne-lta", 1)]
+    assert report["missing"] == [] and report["unrepaired"] == []
+    assert os.listdir(archive) == []
+
+    # "mounted" again: everything is archived, the old objects untouched
+    archive.rmdir()
+    os.rename(tmp_path / "disk", archive)
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+    after = p.snapshot("cologne-lta")
+    assert {k: v for k, v in after.items() if k in before} == before
+
+    # a deployment from before markers: a root with data and no marker waits for `packhorse init`
+    os.chmod(archive / "_packhorse", 0o755)
+    os.unlink(archive / MARKER_KEY)
+    _source(p, groups=1, start=2)
+    r = p.run(expect=4)
+    assert "packhorse init" in r.stderr and "no identity marker" in r.stderr, r.stderr[-3000:]
+    init = p.cli("init")
+    assert init.returncode == 0 and "location cologne-lta: adopted" in init.stderr, init.stderr
+    assert json.loads((archive / MARKER_KEY).read_text())["location"] == "cologne-lta"
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+    assert p.status()["blocked"] == []
+
+
+def test_a_root_marked_as_another_location_is_unavailable_and_never_re_marked(pipeline) -> None:
+    p = pipeline()
+    _source(p, groups=1)
+    p.init()
+    cologne, cornell = p.location("cologne-lta"), p.location("cornell-lta")
+    # the wrong disk mounted: cornell's marker on cologne's root
+    os.chmod(cologne / "_packhorse", 0o755)
+    os.unlink(cologne / MARKER_KEY)
+    (cologne / MARKER_KEY).write_bytes((cornell / MARKER_KEY).read_bytes())
+    p.run(expect=4)
+    assert not [k for k in p.objects("cologne-lta")], "packhorse wrote onto another location's storage"
+    assert "marked as location 'cornell-lta'" in _blocked(p)["cologne-lta"]["reason"]
+    r = p.cli("init")
+    assert r.returncode == 2 and "already marked as location 'cornell-lta'" in r.stderr, r.stderr
+
+
+def test_copies_recorded_missing_whose_bytes_are_back_are_recognised_not_rewritten(pipeline) -> None:
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=2)
+    p.init()
+    p.run(expect=0)
+    before = p.snapshot("cologne-lta")
+    with _db(p) as db:  # as an older packhorse left them after an audit ran while the disk was away
+        ids = [i for (i,) in db.execute(
+            "SELECT c.id FROM physical_copies c JOIN data_locations l ON l.id = c.location_id "
+            "WHERE l.name = 'cologne-lta' AND c.status = 'present' ORDER BY c.id")]
+        assert len(ids) == 2
+        db.execute("UPDATE physical_copies SET status = 'missing' WHERE id IN (?, ?)", ids)
+    # `verify` reads the first back and recognises it...
+    code, report = p.verify()
+    assert code == 0, report
+    assert len(report["recognised"]) == 2 and {r["location"] for r in report["recognised"]} == {"cologne-lta"}
+    with _db(p) as db:
+        db.execute("UPDATE physical_copies SET status = 'missing' WHERE id = ?", (ids[1],))
+    # ...and the audit of a plain run recognises the other by itself
+    p.run(expect=0)
+    with _db(p) as db:
+        rows = db.execute("SELECT status FROM physical_copies WHERE id IN (?, ?)", ids).fetchall()
+        assert [s for (s,) in rows] == ["present", "present"]
+        assert db.execute("SELECT count(*) FROM physical_copies c JOIN data_locations l ON l.id = c.location_id "
+                          "WHERE l.name = 'cologne-lta'").fetchone()[0] == 2  # no second copy recorded
+    assert p.snapshot("cologne-lta") == before  # same inodes, same bytes: nothing rewritten
