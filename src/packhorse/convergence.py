@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage
+from .db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage
 from .domain import ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status
 from .operations import dedup_key
 
@@ -138,7 +138,7 @@ def _bad_rows(s: Session, ctx: "ProcessContext") -> list[Any]:
     status)`` index (both columns bound: no scan of the copy table, whatever its size)."""
     return list(s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
                                  PhysicalCopy.data_transfer_package_id, PhysicalCopy.location_id)
-                          .where(PhysicalCopy.location_id.in_(sorted(ctx.topology.location_ids.values())),
+                          .where(PhysicalCopy.location_id.in_(select(DataLocation.id)),
                                  PhysicalCopy.status.in_(_BAD))).all())
 
 
