@@ -88,14 +88,12 @@ class _FaultPending(PendingLayer):
 
 
 def _io_write_bytes() -> int:
-    """``write_bytes`` of ``/proc/self/io`` (bytes this process caused to be sent to storage)
-    plus those of its finished child processes (a transfer command's: ``ru_oublock`` of
-    ``RUSAGE_CHILDREN``, which Linux counts in 512-byte units of the same ``write_bytes``)."""
-    import resource
-
+    """``write_bytes`` of ``/proc/self/io``: bytes this process caused to be sent to storage,
+    those of its reaped child processes (a transfer command's) included (Linux adds a child's
+    I/O accounting to its parent's when the parent waits for it)."""
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("write_bytes:"):
-            return int(line.split()[1]) + 512 * resource.getrusage(resource.RUSAGE_CHILDREN).ru_oublock
+            return int(line.split()[1])
     raise AssertionError("/proc/self/io has no write_bytes")
 
 

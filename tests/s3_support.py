@@ -133,10 +133,13 @@ def s3_site_config(folder: Path, server: S3Server, *, s3_extra: dict[str, Any] |
 
 
 def bucket_objects(server: S3Server, bucket: str) -> dict[str, bytes]:
-    """Every object in ``bucket``: ``{key: bytes}``."""
+    """Every object in ``bucket``: ``{key: bytes}``, the locations' identity markers
+    (``<prefix>_packhorse/location.json``, written by ``packhorse init``) left out."""
     c = server.client()
     out = {}
     for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for o in page.get("Contents", []):
+            if o["Key"].endswith("_packhorse/location.json"):
+                continue
             out[o["Key"]] = c.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
     return out

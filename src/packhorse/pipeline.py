@@ -89,10 +89,12 @@ def resumable_partial_age(settings: "Settings") -> float:
     interrupted operation can still resume it: at least :data:`S3_PARTIAL_AGE_SECONDS`, and
     more than the whole retry schedule (each retry waits for the stall to be seen, a lease plus
     a monitor interval, and at most ``retry_backoff_max_seconds``; an open circuit breaker adds
-    ``circuit_breaker_timeout_seconds``). docs/reliability.md "Resumable transfers"."""
+    its longest cool-down, ``circuit_breaker_timeout_seconds`` or the first cool-down if that is
+    longer). docs/reliability.md "Resumable transfers"."""
     r = settings.recovery
     schedule = ((r.max_retries + 1) * (r.lease_timeout_seconds + r.monitor_interval_seconds
-                                       + r.retry_backoff_max_seconds) + r.circuit_breaker_timeout_seconds)
+                                       + r.retry_backoff_max_seconds)
+                + max(r.circuit_breaker_timeout_seconds, r.circuit_breaker_cooldown_seconds))
     return max(S3_PARTIAL_AGE_SECONDS, 2 * schedule)
 
 

@@ -271,7 +271,7 @@ def test_s3_multipart_archive_killed_at_60_percent_resumes(big_site, tmp_path):
             with ctx.db.session() as s:
                 pkg = s.scalars(select(RawDataPackage)).one()
                 assert pkg.archived_at is not None
-                assert resent < pkg.size / 2, (resent, pkg.size)
+                assert resent < pkg.size / 2, (resent, pkg.size, rerun.stderr[-4000:])
                 loc_id = ctx.topology.location_ids["cologne-lta"]
                 copy = s.scalars(select(PhysicalCopy).where(PhysicalCopy.raw_data_package_id == pkg.id,
                                                             PhysicalCopy.location_id == loc_id)).one()

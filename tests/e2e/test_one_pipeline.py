@@ -163,8 +163,8 @@ def test_same_scenario_same_operations_embedded_and_with_two_managers_and_two_mo
         for site in ("fyst", "cologne", "cornell"):
             cluster.start_worker(site)
         for i in (1, 2):
-            cluster.start(f"manager-{i}", "manager")
-            cluster.start(f"monitor-{i}", "monitor")
+            cluster.start(f"manager-{i}", "manager", "--instance", str(i))
+            cluster.start(f"monitor-{i}", "monitor", "--instance", str(i))
         # kill the first manager in the middle of the run: once bundling has started
         wait_for(lambda: _bundles(db_url) >= 1, 180, "the first bundle")
         first = cluster.procs["manager-1"]

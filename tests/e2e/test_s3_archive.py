@@ -75,7 +75,10 @@ def test_run_refuses_a_store_ignoring_if_none_match(tmp_path):
         (cfg.parent / "source" / "inst" / "obs").mkdir(parents=True)
         (cfg.parent / "source" / "inst" / "obs" / "f").write_bytes(b"x")
         p = Pipeline(cfg, run_packhorse, tmp_path / "x")
-        p.init()
+        # refused already by `packhorse init` (it writes the location's identity marker), and by `run`
+        r = p.cli("init")
+        assert r.returncode == 2 and "'cologne-lta'" in r.stderr and "If-None-Match" in r.stderr, r.stderr
+        assert "packhorse-test-secret" not in r.stderr
         r = p.cli("run", "--until-idle", "--quiet")
         assert r.returncode == 2, r.stderr
         assert "'cologne-lta'" in r.stderr and "If-None-Match" in r.stderr

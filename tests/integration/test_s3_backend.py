@@ -136,6 +136,32 @@ def test_a_part_that_does_not_verify_is_uploaded_again(s3_server, monkeypatch) -
     assert b.sha256("raw/big.tar") == sha(BIG) and b.incomplete_uploads() == []
 
 
+@pytest.mark.parametrize("order", [(2, 1), (1, 2)], ids=["fuller-first", "fuller-last"])
+def test_of_two_interrupted_uploads_the_fuller_one_is_continued_and_the_other_aborted(s3_server, monkeypatch,
+                                                                                       order) -> None:
+    bucket = s3_server.new_bucket()
+    b = backend(s3_server, bucket)
+    raw = s3_server.client()
+    full = "lta/raw/big.tar"
+
+    def leave_upload(parts: int) -> str:  # what an attempt killed after ``parts`` parts leaves
+        up = raw.create_multipart_upload(Bucket=bucket, Key=full, ChecksumAlgorithm="SHA256")
+        for number in range(1, parts + 1):
+            data = BIG[(number - 1) * MIN_PART_BYTES:number * MIN_PART_BYTES]
+            raw.upload_part(Bucket=bucket, Key=full, UploadId=up["UploadId"], PartNumber=number, Body=data,
+                            ChecksumAlgorithm="SHA256",
+                            ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
+        return up["UploadId"]
+
+    for parts in order:  # two attempts of the same operation, killed after 2 and after 1 part
+        leave_upload(parts)
+    calls = _count_parts(monkeypatch, b)
+    assert put(b, "raw/big.tar", BIG).already_there is False
+    assert calls == [3]  # the upload holding parts 1 and 2 was continued
+    assert b.incomplete_uploads() == []  # the other one is aborted once the object is published
+    assert b.sha256("raw/big.tar") == sha(BIG)
+
+
 def test_part_matching_needs_size_and_a_digest_of_the_bytes() -> None:
     from packhorse.storage.s3 import _b64_sha256, _part_matches
 

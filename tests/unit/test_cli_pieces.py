@@ -70,6 +70,9 @@ def test_command_template_gets_the_bandwidth_limit():
     args = command_args("rsync --bwlimit={bandwidth_limit_kib} {source} {destination}", "/a b", "/c", 2 * 1024**2)
     assert args == ["rsync", "--bwlimit=2048", "/a b", "/c"]
     assert command_args("rclone copyto --bwlimit {bandwidth_limit} {source} {destination}", "s", "d", 5000)[3] == "5000"
+    # {partial}: the same partial file, for a command that resumes it
+    assert command_args("rsync --partial --append-verify {source} {partial}", "/s", "/d/.b.t2.x.packhorse-partial") == [
+        "rsync", "--partial", "--append-verify", "/s", "/d/.b.t2.x.packhorse-partial"]
 
 
 def _config(**route: object) -> dict[str, object]:

@@ -383,6 +383,8 @@ def test_command_method_without_template() -> None:
     assert "routes[0]:" in refuse(d)
     d["routes"][0]["command"] = "rsync {source} {destination}"
     assert settings_from_dict(d, environ={}).routes[0].command == "rsync {source} {destination}"
+    d["routes"][0]["command"] = "rsync --partial --append-verify {source} {partial}"  # resumes
+    assert "{partial}" in settings_from_dict(d, environ={}).routes[0].command
 
 
 def test_heartbeat_must_fit_lease() -> None:

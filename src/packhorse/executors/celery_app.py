@@ -11,8 +11,11 @@ ops database is the single source of truth: a message can be lost, duplicated or
 late without harm. A task that finds its operation done, leased by a live worker, or already
 at attempt A or later returns without doing anything (the claim is a compare-and-set on the
 fencing token, :func:`packhorse.operations.claim`). Work whose message was lost is found again
-by the reconciler (``SCHEDULED`` → ``PENDING``) and the stalled-task monitor (expired lease →
-``PENDING``); :func:`dispatch_pending` then publishes a new message with a higher A.
+by the reconciler (``SCHEDULED`` → ``PENDING``; it asks the broker, :class:`BrokerQueues`,
+so a message still waiting in its queue is never taken for lost) and the stalled-task monitor
+(expired lease → ``PENDING``); :func:`dispatch_pending` then publishes a new message with a
+higher A. Workers, managers and monitors outlive a broker restart (reconnecting; Celery is
+pinned to a version whose worker does, ``pyproject.toml``).
 
 **Queues** are routed per (site, data location, operation kind) and named
 ``<site>_<location>_<kind>``, e.g. ``cologne_cologne-lta_long_term_archive``; the location is
@@ -41,7 +44,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -407,7 +410,7 @@ class BrokerQueues:
         site_id, loc, kind = key
         return operation_queue(self.ctx, site_id, None, loc, kind)
 
-    def depths(self, keys: Any) -> dict[tuple[int, int, str], int | None]:
+    def depths(self, keys: Collection[tuple[int, int, str]]) -> dict[tuple[int, int, str], int | None]:
         """Messages waiting in the queue of each key (see the class docstring).
 
         Raises:

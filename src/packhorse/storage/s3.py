@@ -342,8 +342,9 @@ class S3Backend(StorageBackend):
     def _multipart(self, key: str, spool: Any, size: int, common: dict[str, Any], cond: dict[str, str]) -> None:
         """Upload the spool as a multipart upload and complete it under ``cond``.
 
-        Resumption: an incomplete multipart upload of the same key (one an interrupted earlier
-        attempt left) is continued: every part it already holds whose size, ETag (the part's
+        Resumption: the incomplete multipart upload of the same key holding the most bytes (one
+        an interrupted earlier attempt left) is continued, and the key's other incomplete
+        uploads are aborted once the object is published: every part it already holds whose size, ETag (the part's
         MD5 for a plain upload) and sha256 checksum equal those of the spool's part of that
         number is kept, every other part is uploaded (again). The part size is derived from the
         object's size alone, so a retry cuts the same parts. The completed object is verified
@@ -353,7 +354,7 @@ class S3Backend(StorageBackend):
         """
         part = max(self.multipart_part_bytes, -(-size // MAX_PARTS))
         full = common["Key"]
-        upload_id, uploaded = self._resumable_upload(full)
+        upload_id, uploaded, others = self._resumable_upload(full)
         if upload_id is None:
             up = self.client.create_multipart_upload(ChecksumAlgorithm="SHA256", **common)
             upload_id = up["UploadId"]
@@ -373,6 +374,11 @@ class S3Backend(StorageBackend):
                     etag = have["ETag"]
                     reused += len(data)
                 else:
+                    if have is not None:
+                        log.warning("s3_part_not_reused", location=self.location, key=full, part=number,
+                                    listed_size=have.get("Size"), listed_etag=have.get("ETag"),
+                                    listed_checksum=have.get("ChecksumSHA256"), size=len(data),
+                                    detail="the part the interrupted upload holds differs from this one; sent again")
                     r = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
                                                 PartNumber=number, Body=data, ChecksumAlgorithm="SHA256",
                                                 ChecksumSHA256=checksum)
@@ -391,6 +397,8 @@ class S3Backend(StorageBackend):
                 if _is_precondition_failed(e):
                     keep_upload = False  # the key is taken: nothing left to resume
                 raise
+            for other in others:  # the key is published: the other uploads of it are of no use
+                self._abort_upload(full, other)
         except (DestinationConflictError, VerificationError):
             keep_upload = False
             raise
@@ -398,28 +406,33 @@ class S3Backend(StorageBackend):
             if not keep_upload:
                 self._abort_upload(full, upload_id)
 
-    def _resumable_upload(self, full_key: str) -> tuple[str | None, dict[int, dict[str, Any]]]:
-        """The newest incomplete multipart upload of exactly ``full_key`` and its parts
-        (``{part number: {"ETag", "Size", "ChecksumSHA256"?}}``), or ``(None, {})``."""
+    def _resumable_upload(self, full_key: str) -> tuple[str | None, dict[int, dict[str, Any]], list[str]]:
+        """The incomplete multipart upload of exactly ``full_key`` holding the most bytes, its
+        parts (``{part number: {"ETag", "Size", "ChecksumSHA256"?}}``) and the ids of the key's
+        other incomplete uploads (two attempts of one operation may each have started one);
+        ``(None, {}, [...])`` when there is none to continue."""
         try:
             uploads = [u for u in self.incomplete_uploads(prefix=full_key) if u[0] == full_key]
         except Exception as e:  # listing refused (permissions): upload afresh
             log.warning("s3_list_uploads_failed", location=self.location, key=full_key, error=str(e))
-            return None, {}
-        if not uploads:
-            return None, {}
-        _key, upload_id, _initiated = max(uploads, key=lambda u: u[2])
-        parts: dict[int, dict[str, Any]] = {}
-        try:
-            for page in self.client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=full_key,
-                                                                        UploadId=upload_id):
-                for p in page.get("Parts", []):
-                    parts[int(p["PartNumber"])] = p
-        except Exception as e:
-            if _code(e) == "NoSuchUpload":  # completed or aborted meanwhile
-                return None, {}
-            raise
-        return upload_id, parts
+            return None, {}, []
+        best: tuple[int, str | None, dict[int, dict[str, Any]]] = (-1, None, {})
+        for _key, upload_id, _initiated in uploads:
+            parts: dict[int, dict[str, Any]] = {}
+            try:
+                for page in self.client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=full_key,
+                                                                            UploadId=upload_id):
+                    for p in page.get("Parts", []):
+                        parts[int(p["PartNumber"])] = p
+            except Exception as e:
+                if _code(e) == "NoSuchUpload":  # completed or aborted meanwhile
+                    continue
+                raise
+            held = sum(int(p.get("Size", 0)) for p in parts.values())
+            if held > best[0]:
+                best = (held, upload_id, parts)
+        others = [u[1] for u in uploads if u[1] != best[1]]
+        return best[1], best[2], others
 
     def _abort_upload(self, full_key: str, upload_id: str) -> None:
         try:
