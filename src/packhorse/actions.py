@@ -9,8 +9,11 @@ cleared, failure history kept); circuit-breaker resets and forced retries reuse
 physical copies (DESIGN.md I1: archived = every long-term archive of every destination site of
 its route holds a present, verified copy). It sets ``archived_at`` when the package is archived
 but was never marked so (e.g. a crash between the last archive copy and the mark), and clears
-it when a required archive copy is no longer present and verified (e.g. a fixity check found
-it missing or corrupt), so the package shows as not archived again.
+it when a required archive copy is no longer present and verified, so the package shows as
+not archived again. The pipeline keeps that state itself — recomputed in the same transaction
+as every change of an archive copy's status, and swept by the fixity manager
+(:func:`packhorse.managers.policy.refresh_archived`, DESIGN.md "Converging") — so this is a
+check an operator may run, never a step anything waits for.
 """
 
 from __future__ import annotations

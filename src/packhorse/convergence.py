@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage
+from .db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage
 from .domain import ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status
 from .operations import dedup_key
 
@@ -133,12 +133,21 @@ def _copies(s: Session, col: Any, ids: Iterable[int]) -> list[_Copy]:
     return out
 
 
-def lost_copies(s: Session) -> list[Any]:
+def _bad_rows(s: Session, ctx: "ProcessContext") -> list[Any]:
+    """Every copy row recorded ``corrupt`` / ``missing``, found through the ``(location_id,
+    status)`` index (both columns bound: no scan of the copy table, whatever its size)."""
+    return list(s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
+                                 PhysicalCopy.data_transfer_package_id, PhysicalCopy.location_id)
+                          .where(PhysicalCopy.location_id.in_(select(DataLocation.id)),
+                                 PhysicalCopy.status.in_(_BAD))).all())
+
+
+def lost_copies(s: Session, ctx: "ProcessContext", bad: list[Any] | None = None) -> list[Any]:
     """Copy rows recorded ``corrupt`` / ``missing`` (``id, raw_data_package_id,
     data_transfer_package_id, location_id``) whose artifact has no live copy at that location:
-    where the pipeline lost bytes and nothing has replaced them yet."""
-    bad = s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id, PhysicalCopy.data_transfer_package_id,
-                           PhysicalCopy.location_id).where(PhysicalCopy.status.in_(_BAD))).all()
+    where the pipeline lost bytes and nothing has replaced them yet. ``bad``: the rows of
+    :func:`_bad_rows` when the caller has them."""
+    bad = _bad_rows(s, ctx) if bad is None else bad
     if not bad:
         return []
     live = {(c.raw, c.dtp, c.loc) for c in
@@ -149,12 +158,10 @@ def lost_copies(s: Session) -> list[Any]:
     return [b for b in bad if (b.raw_data_package_id, b.data_transfer_package_id, b.location_id) not in live]
 
 
-def _unfinished_losses(s: Session) -> list[Any]:
-    """Copy rows recorded ``corrupt`` / ``missing`` whose raw data package — or one of the
-    packages of whose bundle — is not archived yet: a loss replaced at its own location (a
-    rebuilt bundle) still drives the steps after it until the packages are archived."""
-    bad = s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id, PhysicalCopy.data_transfer_package_id,
-                           PhysicalCopy.location_id).where(PhysicalCopy.status.in_(_BAD))).all()
+def _unfinished_losses(s: Session, bad: list[Any]) -> list[Any]:
+    """The rows of ``bad`` (:func:`_bad_rows`) whose raw data package — or one of the packages
+    of whose bundle — is not archived yet: a loss replaced at its own location (a rebuilt
+    bundle) still drives the steps after it until the packages are archived."""
     if not bad:
         return []
     raw = sorted({b.raw_data_package_id for b in bad if b.raw_data_package_id is not None})
@@ -197,8 +204,11 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
     out = Plan()
     # losses nothing replaced yet (stale "archived" marks among them), and losses replaced at
     # their own location whose packages are still on their way to the archives
+    bad = _bad_rows(s, ctx)
+    if not bad:
+        return out
     seen: set[int] = set()
-    lost = [b for b in lost_copies(s) + _unfinished_losses(s) if not (b.id in seen or seen.add(b.id))]
+    lost = [b for b in lost_copies(s, ctx, bad) + _unfinished_losses(s, bad) if not (b.id in seen or seen.add(b.id))]
     if not lost:
         return out
     topo = ctx.topology

@@ -11,7 +11,10 @@ One set of rules, used by the ``fixity_check`` stage (the standing audit) and by
   get a fresh ``verified_at``; a bad copy is marked ``missing`` / ``corrupt`` and an ERROR
   notification is queued with it. If after these findings a package has no ``present`` copy
   left anywhere, every copy looked bad at once: that is a storage fault, not rot, so instead
-  of the ERRORs one CRITICAL notification is queued and nothing is repaired automatically.
+  of the ERRORs one CRITICAL notification is queued, and no copy is repaired from another
+  (none is good): the desired state (:mod:`packhorse.convergence`) re-archives the package
+  from its source files while they exist — the bad objects quarantined, never overwritten —
+  or reports the package blocked (``no_good_source``) when nothing is left to rebuild from.
 
 * :func:`recognise_returned` records a copy marked ``missing`` whose bytes are back (a
   remounted disk, a restored folder) and read back with the recorded size and sha256: the same
@@ -229,7 +232,9 @@ def _render_all_bad(packages: list[dict[str, Any]]) -> tuple[str, str]:
                f"Every copy looks bad at once: {len(packages)} packages at {', '.join(locations)}")
     body = [f"Every copy of {len(packages)} package(s) failed its fixity check at the same time.",
             "That pattern means a storage or configuration fault (a mount gone, credentials, a bucket), "
-            "not bit rot: nothing is repaired automatically.", ""]
+            "not bit rot: no copy is repaired from another. Where the source files still exist the package is "
+            "rebuilt from them and re-archived (bad objects are quarantined, never overwritten); where they do not, "
+            "`packhorse status` lists it as blocked (no_good_source).", ""]
     for p in packages[:DIGEST_BODY_MAX]:
         body += [f"{p['package']}:", *(f"  {line}" for line in p["lines"])]
     if len(packages) > DIGEST_BODY_MAX:

@@ -53,7 +53,7 @@ def test_pipeline_on_postgres_with_a_worker_per_site(broker: str, site_config, c
         assert_clean_finish(st)
         # every service registered its health (the manager, one worker per site)
         assert sorted(sv["kind"] for sv in services) == ["manager", "manager", "monitor", "monitor", "worker", "worker",
-                                                         "worker"], health.stdout
+                                                         "worker"], (health.returncode, health.stdout, health.stderr[-3000:])
         # one manager's worth of work from two (two destination sites)
         assert created["packages"] == created["bundled"] == created["bundled_as_counted"] == 4, created
         assert created["op:data_transfer_package"] == created["bundles"], created

@@ -142,6 +142,7 @@ def test_the_sweep_keeps_resumable_partials_for_the_retry(tmp_path):
 
 
 def test_the_sweep_never_removes_a_partial_a_live_writer_holds(tmp_path):
+    (tmp_path / "buf").mkdir()
     backend = DiskBackend("buf", tmp_path / "buf")
     with backend.open_write("a.tar") as w:
         w.write(b"still writing")

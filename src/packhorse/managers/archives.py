@@ -32,7 +32,11 @@ def manage(ctx: ProcessContext) -> int:
             select(RawDataPackage.id, RawDataPackage.source_location_id, PhysicalCopy.location_id)
             .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
             .where(PhysicalCopy.location_id.in_(buffer_location_ids(ctx)),
-                   PhysicalCopy.status == CopyStatus.PRESENT.value)
+                   PhysicalCopy.status == CopyStatus.PRESENT.value,
+                   # archived_at follows the copies in the same transaction as every archive
+                   # copy's status change (policy.refresh_archived), so an archived package
+                   # holds a live copy at every archive: none of its rows can want work
+                   RawDataPackage.archived_at.is_(None))
         ).all()
         if not rows:
             return {}

@@ -3,8 +3,10 @@
 The check and what is recorded follow :mod:`packhorse.fixity` (shared with ``packhorse
 verify``). A bad copy makes the stage check every other ``present`` copy of the same package
 at once (rate limited like the first): if none is good, :func:`~packhorse.fixity.record_findings`
-queues one CRITICAL notification and nothing is repaired (a storage fault, not rot). Otherwise
-every bad copy at a long-term archive is repaired from a copy just verified:
+queues one CRITICAL notification and no copy is repaired from another (a storage fault, not
+rot; the desired state rebuilds it from its source files, :mod:`packhorse.convergence`).
+Otherwise every bad copy at a long-term archive is repaired from a copy just verified that it
+may be repaired from (:func:`packhorse.convergence.repair_sources`: an archive, or its own site):
 
 1. the bad object is moved aside with :meth:`~packhorse.storage.base.StorageBackend.quarantine`
    (``_packhorse/quarantine/<key>.<UTC stamp>-<random>``; never overwriting), unless the key
