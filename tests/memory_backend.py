@@ -21,14 +21,18 @@ from typing import BinaryIO
 
 from packhorse.errors import (
     DestinationConflictError,
+    LocationUnavailableError,
     RestoreRequiredError,
     SourceMissingError,
 )
 from packhorse.storage.base import (
     RESERVED_PREFIX,
+    Entry,
+    EntryKind,
     ObjectInfo,
     PendingWrite,
     PublishResult,
+    ReuseListing,
     StorageBackend,
     check_key,
 )
@@ -77,6 +81,8 @@ class MemoryBackend(StorageBackend):
         self._clock = clock
         self._lock = threading.Lock()
         self._objects: dict[str, tuple[bytes, float]] = {}
+        #: false: the location is "unmounted" (:meth:`walk` raises LocationUnavailableError)
+        self.available = True
 
     def _create(self, key: str, data: bytes) -> bool:
         with self._lock:
@@ -116,6 +122,24 @@ class MemoryBackend(StorageBackend):
             items = sorted(self._objects.items())
         return iter([ObjectInfo(k, len(d), t) for k, (d, t) in items
                      if k.startswith(prefix) and not k.startswith(RESERVED_PREFIX)])
+
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+        """Like an object store's (no folders of its own, ``reuse`` never called): the start
+        ``FOLDER`` entry, then every object under ``prefix`` as a ``FILE``, sorted by key.
+        Raises :class:`LocationUnavailableError` while :attr:`available` is false (a test's
+        unmounted volume)."""
+        if not self.available:
+            raise LocationUnavailableError(f"data location {self.location}: location unavailable (memory backend "
+                                           "switched off)", location=self.location, reason="switched off")
+        if prefix:
+            check_key(prefix)
+        start = f"{prefix}/" if prefix else ""
+        with self._lock:
+            items = sorted(self._objects.items())
+        yield Entry(prefix, EntryKind.FOLDER, 0, 0)
+        for k, (d, t) in items:
+            if k.startswith(start) and not k.startswith(RESERVED_PREFIX):
+                yield Entry(k, EntryKind.FILE, len(d), int(t * 1e9))
 
     def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return 0  # unpublished bytes never reach the dict

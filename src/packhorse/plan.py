@@ -93,14 +93,14 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
         for path, st_ in found:
             before = known.get(path)
             if before is not None:
-                if before != (st_.st_size, st_.st_mtime_ns):
+                if before != (st_.size, st_.mtime_ns):
                     # registered again (a new version once its package is built): counted as new
-                    new.append((path, st_.st_size))
+                    new.append((path, st_.size))
                 continue
-            if t - st_.st_mtime < p.settle_seconds:
+            if t - st_.mtime_ns / 1e9 < p.settle_seconds:
                 settling += 1
             else:
-                new.append((path, st_.st_size))
+                new.append((path, st_.size))
         register.append({"location": loc.name, "files": len(new), "bytes": sum(s for _, s in new),
                          "settling": settling, "skipped": [{"path": a, "reason": b} for a, b in skipped]})
         groups: dict[str, list[_File]] = {}

@@ -37,7 +37,7 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
-from packhorse.storage.base import PARTIAL_SUFFIX, StorageBackend
+from packhorse.storage.base import PARTIAL_SUFFIX, EntryKind, StorageBackend
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.layers import Layer
 from packhorse.storage.registry import compose
@@ -460,6 +460,63 @@ def test_unsafe_keys_are_refused(harness: Harness, tmp_path: Path, key: str) -> 
     assert not (tmp_path / "x").exists()
 
 
+# ------------------------------------------------------------------------------ walk
+
+
+def files_walked(b: StorageBackend, prefix: str = "") -> list[tuple[str, int]]:
+    return [(e.path, e.size) for e in b.walk(prefix) if e.kind is EntryKind.FILE]
+
+
+def test_walk_yields_every_object_with_size_and_mtime_below_its_start(harness: Harness) -> None:
+    b = harness.backend
+    for key, data in [("night-1/obs-2/b.dat", b"bb"), ("night-1/obs-2/a.dat", b"a"), ("night-1/obs-10/c.dat", b"ccc"),
+                      ("night-2/d.dat", b""), ("top.txt", b"top")]:
+        put(b, key, data)
+    entries = list(b.walk())
+    assert (entries[0].path, entries[0].kind) == ("", EntryKind.FOLDER)  # the start comes first
+    files = [e for e in entries if e.kind is EntryKind.FILE]
+    assert sorted((e.path, e.size) for e in files) == [
+        ("night-1/obs-10/c.dat", 3), ("night-1/obs-2/a.dat", 1), ("night-1/obs-2/b.dat", 2), ("night-2/d.dat", 0),
+        ("top.txt", 3)]
+    for e in files:  # the walk's size and mtime are the object's
+        info = b.stat(e.path)
+        assert info is not None and info.size == e.size
+        assert abs(e.mtime_ns / 1e9 - info.mtime) < 1.0
+        assert e.error is None
+    # within one folder, entries come sorted by name
+    assert [p for p, _ in files_walked(b, "night-1/obs-2")] == ["night-1/obs-2/a.dat", "night-1/obs-2/b.dat"]
+    assert files_walked(b, "night-2") == [("night-2/d.dat", 0)]
+    assert files_walked(b, "night-3") == []  # a folder with nothing in it: nothing, not an error
+
+
+def test_walk_leaves_out_unpublished_writes_and_packhorses_own_objects(harness: Harness) -> None:
+    b = harness.backend
+    put(b, "keep/a.dat", b"a")
+    put(b, "bad/b.dat", b"b")
+    assert b.quarantine("bad/b.dat") is not None  # now under _packhorse/quarantine/
+    with b.open_write("keep/half.dat") as w:
+        w.write(b"not yet")
+        assert [p for p, _ in files_walked(b)] == ["keep/a.dat"]
+    assert not any(e.path.startswith("_packhorse") for e in b.walk())
+
+
+def test_walk_of_an_absent_location_raises_never_lists_empty(harness: Harness) -> None:
+    if harness.missing_root is None:  # no root of its own: the memory backend switched off
+        gone: StorageBackend = MemoryBackend("loc")
+        gone.available = False  # type: ignore[attr-defined]
+        exists = None
+    else:
+        gone, exists = harness.missing_root()
+    with pytest.raises(LocationUnavailableError, match="data location loc"):
+        list(gone.walk())
+    assert exists is None or not exists()  # and the walk did not create it
+
+
+def test_walk_refuses_an_unsafe_start(backend: StorageBackend) -> None:
+    with pytest.raises(UnsafePathError):
+        list(backend.walk("../elsewhere"))
+
+
 # ---------------------------------------------------------------------------- disk-only
 
 
@@ -705,3 +762,70 @@ def test_disk_partial_folder_is_removed_by_abort_and_by_cleanup(disk: DiskBacken
     put(disk, "staged/file", b"a file")
     with pytest.raises(UnsafePathError, match="not a folder"):
         disk.folder("staged/file")
+
+
+def test_disk_walk_reports_links_and_special_files_without_following_them(disk: DiskBackend, tmp_path: Path) -> None:
+    root = disk.root
+    put(disk, "obs/a.dat", b"a")
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "secret.dat").write_bytes(b"not the location's")
+    os.symlink(outside, root / "obs" / "linked-folder")
+    os.symlink(outside / "deep" / "secret.dat", root / "obs" / "linked-file")
+    os.symlink(root / "obs" / "nowhere", root / "obs" / "dangling")
+    os.mkfifo(root / "obs" / "pipe")
+    (root / "obs" / "left.packhorse-partial").write_bytes(b"a source may hold such a name")
+    kinds = {e.path: e.kind for e in disk.walk()}
+    assert kinds == {"": EntryKind.FOLDER, "obs": EntryKind.FOLDER, "obs/a.dat": EntryKind.FILE,
+                     "obs/dangling": EntryKind.SYMLINK, "obs/left.packhorse-partial": EntryKind.FILE,
+                     "obs/linked-file": EntryKind.SYMLINK, "obs/linked-folder": EntryKind.SYMLINK,
+                     "obs/pipe": EntryKind.SPECIAL}
+
+
+def test_disk_walk_reports_names_that_are_not_utf8_as_they_are(disk: DiskBackend) -> None:
+    os.makedirs(disk.root / "obs")
+    with open(os.path.join(os.fsencode(disk.root), b"obs", b"caf\xe9.dat"), "wb") as f:
+        f.write(b"latin-1 name")
+    [entry] = [e for e in disk.walk() if e.kind is EntryKind.FILE]
+    assert os.fsencode(entry.path) == b"obs/caf\xe9.dat" and entry.size == 12
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every folder")
+def test_disk_walk_reports_an_unreadable_folder_and_goes_on(disk: DiskBackend) -> None:
+    put(disk, "closed/a.dat", b"a")
+    put(disk, "open/b.dat", b"b")
+    os.chmod(disk.root / "closed", 0)
+    try:
+        entries = {e.path: e for e in disk.walk()}
+    finally:
+        os.chmod(disk.root / "closed", 0o755)
+    assert entries["closed"].kind is EntryKind.FOLDER and entries["closed"].error == "Permission denied"
+    assert "closed/a.dat" not in entries and entries["open/b.dat"].kind is EntryKind.FILE
+
+
+def test_disk_walk_reuses_an_unchanged_folder_and_walks_its_subfolders(disk: DiskBackend) -> None:
+    put(disk, "night/a.dat", b"a")
+    put(disk, "night/obs/b.dat", b"b")
+    asked: list[tuple[str, int]] = []
+    night_mtime = os.stat(disk.root / "night").st_mtime_ns
+
+    def reuse(path: str, mtime_ns: int) -> list[str] | None:
+        asked.append((path, mtime_ns))
+        return ["night/obs"] if path == "night" else None
+
+    entries = [(e.path, e.kind) for e in disk.walk(reuse=reuse)]
+    # night's own files are not listed again; its subfolder is walked afresh
+    assert entries == [("", EntryKind.FOLDER), ("night", EntryKind.FOLDER), ("night/obs", EntryKind.FOLDER),
+                       ("night/obs/b.dat", EntryKind.FILE)]
+    assert ("night", night_mtime) in asked
+
+
+def test_disk_walk_never_creates_a_missing_root(tmp_path: Path) -> None:
+    b = DiskBackend("src", tmp_path / "not-mounted")
+    with pytest.raises(LocationUnavailableError, match="not-mounted"):
+        list(b.walk())
+    assert not (tmp_path / "not-mounted").exists()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.dat").write_bytes(b"x")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "not-mounted")  # mounted later, as a link
+    assert files_walked(b) == [("x.dat", 1)]

@@ -29,6 +29,7 @@ from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
 from packhorse.managers.staging import request_staging
 from packhorse.stages import unpack
+from packhorse.availability import mark_locations
 from packhorse.topology import sync_topology
 
 from support import write_settled, write_site_config
@@ -44,6 +45,7 @@ def ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ProcessContext:
     db = Database(settings.database_url)
     db.upgrade()
     c = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(c)  # as `packhorse init` does: every location root exists and is marked
     yield c
     db.dispose()
 
@@ -154,7 +156,8 @@ def test_staging_a_hostile_package_is_refused_and_nothing_outside_changes(ctx: P
     assert "raw/chai/obs-1.tar: refused tar member " in failure.message and "is a symbolic link" in failure.message
     assert snapshot(site / "sites", skip=root) == before
     assert not list(outside.glob("evil*"))
-    assert not root.exists() or [p.name for p in root.iterdir() if not p.name.startswith(".packhorse-location")] == []
+    # nothing staged; only the location's own folder (its identity marker, `_packhorse/`) is there
+    assert not root.exists() or [p.name for p in root.iterdir() if p.name != "_packhorse"] == []
 
 
 def test_unpack_of_a_bundle_carrying_a_hostile_package_fails_permanently(ctx: ProcessContext,
@@ -208,6 +211,7 @@ def test_a_package_unpacked_before_a_hostile_one_is_recorded_and_archived(tmp_pa
     db = Database(settings.database_url)
     db.upgrade()
     ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)  # as `packhorse init` does
     _fill_source(ctx)
     real_unpack = unpack.unpack_bundle
 

@@ -2,7 +2,7 @@
 package and under which name, what the scan does with a registered file whose bytes differ,
 and what the ``raw_data_package`` stage does with a file that changed or vanished before its
 package was built. In-process, against a real SQLite ops database; the stage runs in this
-thread with an unentered lease keeper (no heartbeat thread, no subprocess)."""
+thread with an unentered lease keeper (no heartbeat thread, no child process)."""
 
 from __future__ import annotations
 

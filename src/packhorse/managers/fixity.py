@@ -76,16 +76,19 @@ def manage(ctx: ProcessContext) -> int:
                 if last > now - dt.timedelta(seconds=loc.fixity_interval_seconds):
                     continue
                 key = dedup_key(OperationKind.FIXITY_CHECK, f"copy{cid}@{last.timestamp():.6f}", loc.name)
-            elif status == CopyStatus.MISSING.value and cid not in failed and _live_here(s, loc_id, rdp, dtp) is None:
-                period = int(now.timestamp() // RECHECK_SECONDS)
-                key = dedup_key(OperationKind.FIXITY_CHECK, f"recheck-copy{cid}@{period}", loc.name)
             else:
                 source = _repair_source(ctx, s, loc_id, rdp, dtp)
-                if source is None:
+                if source is not None:
+                    # one repair per (bad copy, source copy): a repair whose source turned out bad
+                    # too is followed by one from the next good source (DESIGN.md "Converging");
+                    # a missing copy's repair reads the copy itself back first (bytes back?)
+                    key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}@copy{source}", loc.name)
+                elif status == CopyStatus.MISSING.value and cid not in failed and _live_here(s, loc_id, rdp, dtp) is None:
+                    # nothing to repair from: look again now and then, its bytes may come back
+                    period = int(now.timestamp() // RECHECK_SECONDS)
+                    key = dedup_key(OperationKind.FIXITY_CHECK, f"recheck-copy{cid}@{period}", loc.name)
+                else:
                     continue
-                # one repair per (bad copy, source copy): a repair whose source turned out bad
-                # too is followed by one from the next good source (DESIGN.md "Converging")
-                key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}@copy{source}", loc.name)
             wanted[key] = dict(physical_copy_id=cid, raw_data_package_id=rdp, data_transfer_package_id=dtp,
                                destination_location_id=loc_id,
                                site_id=ctx.topology.site_ids[ctx.topology.location_site[loc.name]])

@@ -5,9 +5,10 @@ Idempotent registration, no operation row (stage 1). Rules:
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
   *unsettled* and is not packaged yet.
 * A file whose size or mtime changes while it is hashed is not registered this cycle.
-* Files are read and stat'ed through the location's storage backend (``ctx.backend``:
-  confined to the root, ``O_NOFOLLOW``; I6). The folder walk itself lists folders with
-  ``os.scandir``, because it keeps the reasons for skipped entries and the folder cache.
+* Folders are listed and files read and stat'ed through the location's storage backend
+  (``ctx.backend``: :meth:`~packhorse.storage.base.StorageBackend.walk`, ``open_read``,
+  ``stat``; confined to the root, nothing followed, ``O_NOFOLLOW``; I6). A source whose root
+  is not there is reported (one skipped entry ``"."``), never scanned as empty.
 * Symlinks are not followed; unreadable files, special files and names that are not UTF-8 or
   not valid object keys (a backslash, the partial-file suffix; see
   :func:`~packhorse.storage.base.check_key`) are recorded in ``skipped_files`` with a reason
@@ -33,8 +34,8 @@ Idempotent registration, no operation row (stage 1). Rules:
 
 from __future__ import annotations
 
+import operator
 import os
-import stat as st
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,8 +51,8 @@ from ..db.models import RawDataFile, RawDataPackage, SkippedFile, WithdrawnFile,
 from ..db.session import insert_ignoring_conflicts
 from ..digest import sha256_stream
 from ..domain import LocationRole, StorageType
-from ..errors import SourceMissingError, UnsafePathError
-from ..storage.base import RESERVED_PREFIX, StorageBackend, check_key
+from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
+from ..storage.base import Entry, EntryKind, StorageBackend, check_key
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -107,54 +108,34 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: list[tuple[str, str]],
+def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[tuple[str, str]],
           previous: dict[str, _Folder] | None = None, seen: dict[str, _Folder] | None = None,
           trusted_before_ns: int = 0) -> None:
-    """List folder ``rel`` of ``root`` (recursively) into ``out`` (regular files) and
-    ``skipped``; with ``previous``/``seen`` (a :class:`ScanCache`'s folders), reuse a clean,
-    unchanged folder's listing instead of stat-ing its files again."""
-    folder_path = os.path.join(root, rel) if rel else root
-    folder: _Folder | None = None
-    if seen is not None:
-        try:
-            mtime_ns = os.stat(folder_path, follow_symlinks=not rel).st_mtime_ns
-        except OSError as e:
-            skipped.append((_printable(rel or "."), f"folder not readable: {e.strerror}"))
-            return
+    """List the location through its backend's :meth:`~packhorse.storage.base.StorageBackend.walk`
+    into ``out`` (regular files with their entry) and ``skipped`` (path, reason); with
+    ``previous``/``seen`` (a :class:`ScanCache`'s folders), a clean, unchanged folder's listing
+    is reused instead of stat-ing its files again (the walk's ``reuse``).
+
+    Raises:
+        LocationUnavailableError: the location's root is not there.
+    """
+    reused: set[str] = set()
+
+    def reuse(rel: str, mtime_ns: int) -> list[str] | None:
         before = previous.get(rel) if previous else None
         if before is not None and before.clean and before.mtime_ns == mtime_ns and mtime_ns < trusted_before_ns:
-            seen[rel] = before
-            for sub in before.subfolders:
-                _walk(root, sub, out, skipped, previous, seen, trusted_before_ns)
-            return
-        folder = seen[rel] = _Folder(mtime_ns, [], clean=mtime_ns < trusted_before_ns)
-    try:
-        entries = list(os.scandir(folder_path))
-    except OSError as e:
-        skipped.append((_printable(rel or "."), f"folder not readable: {e.strerror}"))
-        if folder is not None:
+            reused.add(rel)
+            return before.subfolders
+        return None
+
+    def unclean(path: str) -> None:
+        if seen is not None and (folder := seen.get(path.rpartition("/")[0])) is not None:
             folder.clean = False
-        return
-    for entry in sorted(entries, key=lambda e: e.name):
-        if not rel and entry.name == RESERVED_PREFIX.rstrip("/"):
-            continue  # packhorse's own (the location's identity marker), never a raw data file
-        path = f"{rel}/{entry.name}" if rel else entry.name
-        try:
-            s = entry.stat(follow_symlinks=False)
-        except OSError as e:
-            skipped.append((_printable(path), f"cannot stat: {e.strerror}"))
-            if folder is not None:
-                folder.clean = False
-            continue
-        if st.S_ISLNK(s.st_mode):
-            skipped.append((_printable(path), "symbolic link (not followed)"))
-        elif st.S_ISDIR(s.st_mode):
-            if folder is not None:
-                folder.subfolders.append(path)
-            _walk(root, path, out, skipped, previous, seen, trusted_before_ns)
-        elif not st.S_ISREG(s.st_mode):
-            skipped.append((_printable(path), "not a regular file"))
-        else:
+
+    append, FILE = out.append, EntryKind.FILE
+    for e in backend.walk(reuse=reuse if seen is not None else None):
+        path = e.path
+        if e.kind is FILE:
             try:
                 path.encode("utf-8")
             except UnicodeEncodeError:
@@ -162,35 +143,61 @@ def _walk(root: str, rel: str, out: list[tuple[str, os.stat_result]], skipped: l
                 continue
             try:
                 check_key(path)
-            except UnsafePathError as e:
-                skipped.append((path, f"name not allowed in an archive: {e}"))
+            except UnsafePathError as err:
+                skipped.append((path, f"name not allowed in an archive: {err}"))
                 continue
-            out.append((path, s))
+            append((path, e))
+        elif e.kind is EntryKind.FOLDER:
+            if seen is not None:
+                if path in reused:
+                    seen[path] = previous[path]  # type: ignore[index]
+                else:
+                    seen[path] = _Folder(e.mtime_ns, [], clean=e.mtime_ns < trusted_before_ns)
+                    if path and (parent := seen.get(path.rpartition("/")[0])) is not None \
+                            and path.rpartition("/")[0] not in reused:
+                        parent.subfolders.append(path)
+            if e.error is not None:
+                skipped.append((_printable(path or "."), f"folder not readable: {e.error}"))
+                if seen is not None:
+                    seen[path].clean = False
+        elif e.kind is EntryKind.SYMLINK:
+            skipped.append((_printable(path), "symbolic link (not followed)"))
+        elif e.kind is EntryKind.SPECIAL:
+            skipped.append((_printable(path), "not a regular file"))
+        else:
+            skipped.append((_printable(path), f"cannot stat: {e.error}"))
+            unclean(path)
 
 
-def list_source(settings: Settings, location: str, cache: ScanCache | None = None
-                ) -> tuple[list[tuple[str, os.stat_result]], list[tuple[str, str]], dict[str, _Folder] | None, bool]:
+def list_source(settings: Settings, location: str, cache: ScanCache | None = None,
+                backend: StorageBackend | None = None
+                ) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]], dict[str, _Folder] | None, bool]:
     """List source location ``location`` as a scan sees it, registering nothing: ``(found,
-    skipped, seen, full)`` — the regular files to consider (path, stat), the paths that cannot
-    be registered (path, reason), the folders seen (for ``cache``) and whether every folder was
-    listed. Files the location's ``include`` / ``exclude`` patterns leave out
-    (:mod:`packhorse.scanfilter`) are in neither list."""
-    from ..scanfilter import location_filter
+    skipped, seen, full)`` — the regular files to consider (path, :class:`Entry`: size, mtime),
+    the paths that cannot be registered (path, reason), the folders seen (for ``cache``) and
+    whether every folder was listed. Files the location's ``include`` / ``exclude`` patterns
+    leave out (:mod:`packhorse.scanfilter`) are in neither list. The listing goes through the
+    location's storage backend (``backend``, else built from ``settings``; I6: nothing followed).
 
-    root = str(settings.location_path(location))
-    found: list[tuple[str, os.stat_result]] = []
+    A location whose root is not there is reported as one skipped entry (``"."``) and lists
+    nothing: a typo in a path or an unmounted disk must not look like "nothing to archive".
+    """
+    from ..scanfilter import location_filter
+    from ..storage.registry import backend_for
+
+    if backend is None:
+        backend = backend_for(settings, location)
+    found: list[tuple[str, Entry]] = []
     skipped: list[tuple[str, str]] = []
-    seen: dict[str, _Folder] | None = None
-    full = False  # every folder listed: every skipped path there is was seen by this scan
-    if not os.path.isdir(root):
-        # a typo in a path (or an unmounted disk) must not look like "nothing to archive"
-        log.warning("source_folder_missing", location=location, path=root)
-        skipped.append((".", f"source folder {root} does not exist"))
-        return found, skipped, seen, full
     full = cache is None or cache.scans % FULL_RESCAN_EVERY == 0
     previous = None if full or cache is None else cache.folders.get(location)
-    seen = {} if cache is not None else None
-    _walk(root, "", found, skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
+    seen: dict[str, _Folder] | None = {} if cache is not None else None
+    try:
+        _walk(backend, found, skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
+    except LocationUnavailableError as e:
+        root = str(settings.location_path(location))
+        log.warning("source_folder_missing", location=location, path=root, error=str(e))
+        return [], [(".", f"source folder {root} does not exist")], None, False
     wanted = location_filter(settings.location(location))
     if wanted.active:
         found = [(p, s) for p, s in found if wanted.accepts(p)]
@@ -200,7 +207,7 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
     return found, skipped, seen, full
 
 
-def _hash(backend: StorageBackend | None, rel: str, before: os.stat_result) -> tuple[str, str | None]:
+def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str, str | None]:
     """Hash source file ``rel`` through the location's backend (confined, ``O_NOFOLLOW``; I6).
 
     Returns ``("ok", sha)``, ``("changed", None)`` (size or mtime differ afterwards, or it is
@@ -223,9 +230,12 @@ def _hash(backend: StorageBackend | None, rel: str, before: os.stat_result) -> t
         after = backend.stat(rel)
     except (OSError, UnsafePathError):
         return "changed", None
-    if after is None or (after.size, after.mtime_ns) != (before.st_size, before.st_mtime_ns):
+    if after is None or (after.size, after.mtime_ns) != (before.size, before.mtime_ns):
         return "changed", None
     return "ok", digest
+
+
+_VERSION = operator.itemgetter(3)
 
 
 def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
@@ -235,22 +245,13 @@ def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str,
         RawDataFile.location_id == loc_id)
 
     def tx(s: Session) -> dict[str, tuple[int, int]]:
-        out: dict[str, tuple[int, int]] = {}
-        latest: dict[str, int] = {}
-
-        def add(r: Any) -> None:
-            if r.version >= latest.get(r.relative_path, 0):
-                latest[r.relative_path] = r.version
-                out[r.relative_path] = (r.size, r.mtime_ns)
-
         if len(paths) > 2000:
-            for r in s.execute(q):
-                add(r)
-            return out
-        for i in range(0, len(paths), 500):
-            for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))):
-                add(r)
-        return out
+            rows = list(s.execute(q).tuples())
+        else:
+            rows = [r for i in range(0, len(paths), 500)
+                    for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))).tuples()]
+        rows.sort(key=_VERSION)  # stable, nearly sorted (most files have one version): later versions win
+        return {path: (size, mtime_ns) for path, size, mtime_ns, _ in rows}
 
     return ctx.db.read(tx)
 
@@ -315,17 +316,20 @@ def withdrawn_paths(ctx: ProcessContext, loc_id: int) -> set[str]:
         WithdrawnFile.location_id == loc_id, WithdrawnFile.resolved_at.is_(None))))))
 
 
-def _stat_withdrawn(root: str, paths: set[str], found: list[tuple[str, os.stat_result]]) -> None:
-    """Add the withdrawn ``paths`` that exist as regular files under ``root`` to ``found`` (those
-    the folder walk did not list: the cache skipped their folder)."""
+def _stat_withdrawn(backend: StorageBackend, paths: set[str], found: list[tuple[str, Entry]]) -> None:
+    """Add the withdrawn ``paths`` that exist as regular files in the location to ``found``
+    (those the folder walk did not list: the cache skipped their folder); looked at through
+    the location's backend (confined, no link followed; I6)."""
     listed = {p for p, _ in found}
     for path in sorted(paths - listed):
         try:
-            s = os.lstat(os.path.join(root, path))
-        except OSError:
+            info = backend.stat(path)
+        except (OSError, UnsafePathError):
+            continue  # not a regular file (a link, a folder), or unreadable: not registered
+        if info is None:
             continue  # still gone: its withdrawn row says so (packhorse status)
-        if st.S_ISREG(s.st_mode):
-            found.append((path, s))
+        found.append((path, Entry(path, EntryKind.FILE, info.size,
+                                  info.mtime_ns if info.mtime_ns is not None else int(info.mtime * 1e9))))
 
 
 def _resolve_withdrawn(s: Session, loc_id: int, paths: list[str], stamp: Any) -> None:
@@ -373,7 +377,8 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         record_outage(ctx, unavailable)
         result.unsettled_groups[location] = set()
         return result
-    found, result.skipped, seen, full = list_source(ctx.settings, location, cache)
+    backend = ctx.backend(location)  # every listing and read goes through it (I6)
+    found, result.skipped, seen, full = list_source(ctx.settings, location, cache, backend)
 
     def look_again(path: str) -> None:
         """The folder of ``path`` holds a file not registered yet: list it at the next scan."""
@@ -381,45 +386,42 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             folder.clean = False
 
     withdrawn = withdrawn_paths(ctx, loc_id)
-    if withdrawn and os.path.isdir(settings.location_path(location)):
-        _stat_withdrawn(str(settings.location_path(location)), withdrawn, found)
+    if withdrawn and seen is not None:  # only a cached walk may have skipped their folder
+        _stat_withdrawn(backend, withdrawn, found)
     registered = _registered(ctx, loc_id, [p for p, _ in found])
     now = time.time()
     settle = settings.packaging.settle_seconds
     depth = settings.packaging.group_depth
     unsettled: set[str] = set()
-    todo: list[tuple[str, os.stat_result]] = []
+    todo: list[tuple[str, Entry]] = []
     differs = [(path, s) for path, s in found
-               if (known := registered.get(path)) is not None and known != (s.st_size, s.st_mtime_ns)]
+               if (known := registered.get(path)) is not None and known != (s.size, s.mtime_ns)]
     changes = plan_changes(ctx, loc_id, [p for p, _ in differs])
     for path, s in found:
         known = registered.get(path)
         if known is not None:
             change = changes.get(path)
-            if change is None or known == (s.st_size, s.st_mtime_ns):
+            if change is None or known == (s.size, s.mtime_ns):
                 continue
             if change.action == "wait":
                 look_again(path)  # the package stage takes it out; registered again after that
                 continue
-        if now - s.st_mtime < settle:
+        if now - s.mtime_ns / 1e9 < settle:
             look_again(path)
             unsettled.add(group_of(path, depth))
             result.pending_settle += 1
-            ready_at = s.st_mtime + settle
+            ready_at = s.mtime_ns / 1e9 + settle
             result.next_settle_at = ready_at if result.next_settle_at is None else min(result.next_settle_at, ready_at)
             continue
         todo.append((path, s))
 
     rows: list[dict[str, object]] = []
-    # every file read goes through the location's backend (built only when there is something
-    # to read: a disk backend creates its root, and a missing source folder must stay missing)
-    backend = ctx.backend(location) if todo else None
     # large files on the pool (batches: one future per file costs more than a small file's
     # hash), small ones here meanwhile (see the module docstring)
-    large = [(p, st_) for p, st_ in todo if st_.st_size >= THREAD_HASH_MIN_BYTES]
+    large = [(p, st_) for p, st_ in todo if st_.size >= THREAD_HASH_MIN_BYTES]
     batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
     pending = pool.map(lambda b: [_hash(backend, p, st_) for p, st_ in b], batches)
-    digests = {p: _hash(backend, p, st_) for p, st_ in todo if st_.st_size < THREAD_HASH_MIN_BYTES}
+    digests = {p: _hash(backend, p, st_) for p, st_ in todo if st_.size < THREAD_HASH_MIN_BYTES}
     for batch, results in zip(batches, pending):
         digests.update((p, r) for (p, _), r in zip(batch, results))
     updates: list[tuple[Change, dict[str, Any]]] = []
@@ -427,7 +429,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         state, value = digests[path]
         if state == "ok":
             row = dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
-                       size=s.st_size, sha256=value, mtime_ns=s.st_mtime_ns, version=1)
+                       size=s.size, sha256=value, mtime_ns=s.mtime_ns, version=1)
             change = changes.get(path)
             if change is None:
                 rows.append(row)

@@ -43,7 +43,15 @@ Contract (tested for every backend by ``tests/conformance``):
   S3 resumes in ``publish``: an incomplete multipart upload of the key is continued with the
   parts whose size, MD5 (ETag) and sha256 checksum equal the new bytes'.
 * Keys under :data:`RESERVED_PREFIX` (``_packhorse/``) belong to packhorse itself (write-once
-  probes, quarantined objects, restore markers): ``list`` never yields them.
+  probes, quarantined objects, restore markers): ``list`` and ``walk`` never yield them.
+* :meth:`StorageBackend.walk` is the listing of what is on the medium (the scan of a source
+  location reads its folders through it): every entry under a folder, recursively, as
+  :class:`Entry` (relative path, kind, size, ``mtime_ns``). Symbolic links and special files
+  (FIFOs, sockets, devices) are reported as such and never followed or opened; names that are
+  not valid keys (not UTF-8, a backslash, the partial-file suffix) are reported as they are,
+  for the caller to refuse with a reason. A location whose root is not there raises
+  :class:`~packhorse.errors.LocationUnavailableError`: an absent location never lists as an
+  empty one.
 * No backend creates a missing root (DESIGN.md "Architecture": storage that is absent is not
   empty). Only :meth:`StorageBackend.create_root` does, called by ``packhorse init``
   (:mod:`packhorse.storage.identity`). With the root missing, ``stat``, ``open_read``,
@@ -58,11 +66,12 @@ Contract (tested for every backend by ``tests/conformance``):
 from __future__ import annotations
 
 import abc
+import enum
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..digest import sha256_stream
 from ..errors import DestinationConflictError, UnsafePathError, VerificationError
@@ -84,7 +93,7 @@ def check_key(key: str) -> str:
     if key.startswith("/") or "\\" in key or "\x00" in key:
         raise UnsafePathError(f"unsafe object key {key!r}: absolute or contains a backslash/NUL", path=key)
     parts = key.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if "" in parts or "." in parts or ".." in parts:  # (list membership: runs once per file scanned)
         raise UnsafePathError(f"unsafe object key {key!r}: empty, '.' or '..' component", path=key)
     if parts[-1].endswith(PARTIAL_SUFFIX):
         raise UnsafePathError(f"object key {key!r} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
@@ -100,6 +109,42 @@ class ObjectInfo:
     size: int
     mtime: float
     mtime_ns: int | None = None
+
+
+class EntryKind(enum.StrEnum):
+    """What a :class:`Entry` of :meth:`StorageBackend.walk` is on the medium."""
+
+    FILE = "file"          #: a regular file (an object, or a name the caller must refuse)
+    FOLDER = "folder"      #: a folder (disk); object stores have none of their own
+    SYMLINK = "symlink"    #: a symbolic link: reported, never followed (I6)
+    SPECIAL = "special"    #: a FIFO, socket or device: reported, never opened
+    UNKNOWN = "unknown"    #: could not be looked at (``Entry.error`` says why)
+
+
+class Entry(NamedTuple):
+    """One entry of :meth:`StorageBackend.walk` (a named tuple: a walk yields millions).
+
+    Attributes:
+        path: relative to the location root, ``/``-separated; ``""`` is the root itself. On
+            disk a name that is not UTF-8 keeps its bytes as surrogate escapes (``os.fsdecode``).
+        kind: :class:`EntryKind`.
+        size: bytes (a file's; a link's target length; 0 for folders and unknown entries).
+        mtime_ns: modification time, integer nanoseconds since the epoch (UTC); 0 if unknown.
+        error: why the entry could not be looked at (``UNKNOWN``), or why a ``FOLDER`` could
+            not be listed (its contents are then missing from the walk); else ``None``.
+    """
+
+    path: str
+    kind: EntryKind
+    size: int
+    mtime_ns: int
+    error: str | None = None
+
+
+#: ``reuse(folder path, folder mtime_ns)`` of :meth:`StorageBackend.walk`: the subfolder paths
+#: an earlier listing of that folder found (walk them instead of listing the folder), or ``None``
+#: (list it).
+ReuseListing = Callable[[str, int], Sequence[str] | None]
 
 
 @dataclass(frozen=True)
@@ -265,6 +310,35 @@ class StorageBackend(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield every published object whose key starts with ``prefix``, sorted by key."""
+
+    @abc.abstractmethod
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+        """Walk folder ``prefix`` (``""``: the root) recursively: yield an :class:`Entry` for
+        it, then for everything under it, depth first, each folder's entries sorted by name and
+        a folder's own entry before its contents. Nothing is followed: a symbolic link is a
+        ``SYMLINK`` entry, a FIFO, socket or device a ``SPECIAL`` one; an entry that cannot be
+        looked at is ``UNKNOWN`` and a folder that cannot be listed carries ``error``, and the
+        walk goes on with the rest. Names are reported as they are on the medium (invalid
+        keys included, for the caller to refuse); keys under :data:`RESERVED_PREFIX` and
+        unpublished partial writes of this backend's own writers (partial folders; S3 uploads)
+        are not. Backends without folders (S3) yield one ``FOLDER`` entry, the start, then
+        every object under ``prefix`` as a ``FILE``.
+
+        Args:
+            prefix: a folder key (:func:`check_key`), or ``""``.
+            reuse: for backends that keep folder modification times (disk): asked before a
+                folder is listed, with the folder's path and ``mtime_ns``; a sequence of
+                subfolder paths means "unchanged since an earlier listing": the folder's own
+                entry is yielded, its files are not, and the walk goes on into those subfolders
+                (each looked at afresh). ``None`` lists it. Backends without folder times never
+                call it. A tree of settled files then costs one ``stat`` per folder.
+
+        Raises:
+            LocationUnavailableError: the location's root is not there (an unmounted disk, a
+                missing bucket): never an empty walk (DESIGN.md "storage that is absent is
+                not empty").
+            UnsafePathError: ``prefix`` is not a safe key or resolves outside the root (I6).
+        """
 
     @abc.abstractmethod
     def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:

@@ -35,7 +35,7 @@ import structlog
 
 from ..errors import StorageBusyError
 from ..ratelimit import RateLimiter, ThrottledReader
-from .base import ObjectInfo, PendingWrite, PublishResult, StorageBackend
+from .base import Entry, ObjectInfo, PendingWrite, PublishResult, ReuseListing, StorageBackend
 
 log = structlog.get_logger(__name__)
 
@@ -140,6 +140,9 @@ class Layer(StorageBackend):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         return self.inner.list(prefix)
+
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+        return self.inner.walk(prefix, reuse=reuse)
 
     def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return self.inner.cleanup_partials(older_than_seconds, resumable_older_than_seconds=resumable_older_than_seconds)

@@ -84,9 +84,12 @@ from ..errors import (
 from .base import (
     CHUNK_BYTES,
     RESERVED_PREFIX,
+    Entry,
+    EntryKind,
     ObjectInfo,
     PendingWrite,
     PublishResult,
+    ReuseListing,
     StorageBackend,
     check_key,
 )
@@ -537,6 +540,34 @@ class S3Backend(StorageBackend):
             raise self._error(e, prefix, "listing") from e
         out.sort(key=lambda o: o.key)
         return iter(out)
+
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+        """See :meth:`StorageBackend.walk`: an object store has no folders, symbolic links or
+        special files, so this yields one ``FOLDER`` entry (``prefix``, mtime 0), then every
+        object under ``prefix`` as a ``FILE`` (size, ``LastModified`` in ns), sorted by key,
+        one ``ListObjectsV2`` page at a time; ``reuse`` is never called (no folder mtimes).
+        Incomplete multipart uploads are not objects and are not yielded.
+
+        Raises:
+            LocationUnavailableError: the bucket does not exist (``NoSuchBucket``).
+            StorageServiceError: the listing failed otherwise.
+        """
+        if prefix:
+            check_key(prefix)
+        start = f"{prefix}/" if prefix else ""
+        yield Entry(prefix, EntryKind.FOLDER, 0, 0)
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + start):
+                for o in page.get("Contents", []):
+                    key = o["Key"][len(self.prefix):]
+                    if key.startswith(RESERVED_PREFIX):
+                        continue
+                    stamp = o["LastModified"]
+                    yield Entry(key, EntryKind.FILE, int(o["Size"]), int(stamp.timestamp()) * 1_000_000_000
+                                + stamp.microsecond * 1000)
+        except Exception as e:
+            raise self._error(e, prefix, "listing") from e  # a missing bucket: LocationUnavailableError
 
     def incomplete_uploads(self, prefix: str | None = None) -> list[tuple[str, str, float]]:
         """``[(full key, upload id, initiated UTC s)]`` of incomplete multipart uploads here
