@@ -26,7 +26,8 @@ copy on an unavailable location.
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import delete, or_, select, update
@@ -198,10 +199,13 @@ def check_operation(ctx: "ProcessContext", op: Operation) -> LocationUnavailable
 
 
 def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:
-    """What releases an outage of ``location``: ``packhorse init`` when only its marker is
-    missing, else putting its root back (packhorse resumes by itself)."""
+    """What releases an outage of ``location``: mounting its storage back (packhorse resumes by
+    itself); when only its marker is missing, also the two ``packhorse init`` cases (a root with
+    data from before markers; ``--replace`` for new empty storage)."""
     if marker_only:
-        return f"packhorse init -c CONFIG (marks the root of {location}; an existing root keeps its data)"
+        return (f"mount the storage of {location} (packhorse resumes by itself); if its root holds data from "
+                f"before identity markers, `packhorse init -c CONFIG` marks it and keeps the data; new empty "
+                f"storage replacing lost storage: `packhorse init -c CONFIG --replace {location}`")
     return f"remount / restore {root_of(ctx, location)}; packhorse resumes by itself"
 
 
@@ -213,23 +217,97 @@ def root_of(ctx: "ProcessContext", location: str) -> str:
     return str(ctx.settings.location_path(location))
 
 
-def mark_locations(ctx: "ProcessContext") -> list["InitResult"]:
+def _recorded_copies(ctx: "ProcessContext", location: str) -> int:
+    """How many live or missing copies the ops database records at ``location`` (0 for a
+    location not registered yet)."""
+    from sqlalchemy import func, select
+
+    from .db.models import PhysicalCopy
+    from .domain import CopyStatus
+
+    loc_id = ctx.topology.location_ids.get(location)
+    if loc_id is None:
+        return 0
+    statuses = [CopyStatus.PRESENT.value, CopyStatus.DELETION_PENDING.value, CopyStatus.MISSING.value]
+    return ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(PhysicalCopy).where(
+        PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(statuses)))) or 0
+
+
+def _refuse_empty_root_with_copies(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool) -> None:
+    """Refuse to mark an empty, unmarked root where the database records copies (an unmounted
+    mount point looks exactly like that: DESIGN.md "Storage that is absent is not empty"),
+    unless the operator said it replaces lost storage (``packhorse init --replace LOCATION``).
+
+    Raises:
+        ConfigError: naming the location, its root, the copies recorded and both ways on.
+    """
+    if replacing:
+        return
+    if next(iter(backend.list()), None) is not None:
+        return  # a root with data and no marker: an existing deployment, adopted as it is
+    n = _recorded_copies(ctx, location)
+    if n:
+        raise ConfigError(
+            f"data location {location}: the root {root_of(ctx, location)} is empty and unmarked, but the ops "
+            f"database records {n} copy(ies) there — an unmounted disk or a missing bucket? Mount the storage "
+            f"that holds them (packhorse resumes by itself). If this really is new, empty storage replacing lost "
+            f"storage, run `packhorse init --replace {location}`: its copies are recorded missing and made again "
+            "from good sources")
+
+
+def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
+    """After ``init --replace``: every live copy recorded at ``location`` is recorded
+    ``missing`` (the storage holding it is gone), and "archived" is recomputed in the same
+    transaction, so convergence makes the copies again (DESIGN.md "Converging")."""
+    from sqlalchemy import select, update
+
+    from .db.models import PhysicalCopy
+    from .domain import CopyStatus
+    from .managers.policy import refresh_archived
+
+    loc_id = ctx.topology.location_ids.get(location)
+    if loc_id is None:
+        return
+    live = [CopyStatus.PRESENT.value, CopyStatus.DELETION_PENDING.value]
+
+    def tx(s: Any) -> None:
+        pkgs = [p for p in s.scalars(select(PhysicalCopy.raw_data_package_id).where(
+            PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(live))) if p is not None]
+        s.execute(update(PhysicalCopy).where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(live))
+                  .values(status=CopyStatus.MISSING.value))
+        refresh_archived(s, ctx, pkgs)
+
+    ctx.db.transact(tx)
+
+
+def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list["InitResult"]:
     """Create and mark the root of every configured data location (``packhorse init``; the
     only code that creates a location root). An existing root with data and no marker is
     adopted as it is (migrating an existing deployment); an open outage of a location marked
     here is ended. Returns what was done per location.
 
+    An *empty* unmarked root where the database records copies is refused (an unmounted mount
+    point looks like that) unless its location is in ``replace`` (``init --replace LOCATION``:
+    new storage replacing lost storage; its recorded copies become ``missing`` and are made
+    again by convergence).
+
     A *source* root is never created (instruments write there; an empty folder would hide a
     typo in its path): a missing one is reported after every other location was marked.
 
     Raises:
-        ConfigError: a root is marked as another location, a source folder or an S3 bucket is
+        ConfigError: a root is marked as another location, an empty root would hide recorded
+            copies, ``replace`` names no location, a source folder or an S3 bucket is
             missing (packhorse never creates either); the message names the location.
     """
     from . import __version__
     from .domain import LocationRole
     from .storage.identity import mark_location
 
+    from .storage.identity import read_marker
+
+    unknown = sorted(set(replace) - {loc.name for loc in ctx.settings.locations})
+    if unknown:
+        raise ConfigError(f"--replace names no configured data location: {', '.join(unknown)}")
     done = []
     missing_sources = []
     for loc in ctx.settings.locations:
@@ -239,8 +317,12 @@ def mark_locations(ctx: "ProcessContext") -> list["InitResult"]:
             # path (or an unmounted disk) as "nothing to archive"
             missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
             continue
+        if loc.role is not LocationRole.SOURCE and backend.root_missing() is None and read_marker(backend) is None:
+            _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace)
         done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
                                   storage=loc.storage.value, version=__version__))
+        if loc.name in replace:
+            _record_copies_missing(ctx, loc.name)
         if loc.name in ctx.topology.location_ids:
             end_outage(ctx, loc.name)
     if missing_sources:

@@ -133,6 +133,11 @@ def test_an_empty_mount_point_blocks_writes_and_init_adopts_an_unmarked_root_wit
     assert code == 1 and [(u["location"], u["copies"]) for u in report["unavailable"]] == [("cologne-lta", 1)]
     assert report["missing"] == [] and report["unrepaired"] == []
     assert os.listdir(archive) == []
+    # following the release advice must not adopt the empty mount point: the database records
+    # copies there, so `init` refuses and writes nothing (it says how to replace lost storage)
+    init = p.cli("init")
+    assert init.returncode == 2 and "--replace cologne-lta" in init.stderr and "empty" in init.stderr, init.stderr
+    assert os.listdir(archive) == [], "init marked an empty mount point holding none of the recorded copies"
 
     # "mounted" again: everything is archived, the old objects untouched
     archive.rmdir()
@@ -154,6 +159,24 @@ def test_an_empty_mount_point_blocks_writes_and_init_adopts_an_unmarked_root_wit
     p.run(expect=0)
     assert_archived_everywhere(p, source_files(p.source))
     assert p.status()["blocked"] == []
+
+
+def test_init_replace_marks_new_empty_storage_and_the_lost_copies_are_made_again(pipeline, tmp_path: Path) -> None:
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=2)
+    p.init()
+    p.run(expect=0)
+    archive = p.location("cologne-lta")
+    os.rename(archive, tmp_path / "lost-disk")  # the disk died; a new, empty one is mounted
+    archive.mkdir()
+    init = p.cli("init", "--replace", "cologne-lta")
+    assert init.returncode == 0 and "replacing lost storage" in init.stderr, init.stderr
+    assert json.loads((archive / MARKER_KEY).read_text())["location"] == "cologne-lta"
+    assert p.cli("init", "--replace", "no-such-location").returncode == 2
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+    code, report = p.verify()
+    assert code == 0 and report["missing"] == [] and report["unrepaired"] == [], report
 
 
 def test_a_root_marked_as_another_location_is_unavailable_and_never_re_marked(pipeline) -> None:

@@ -53,12 +53,19 @@ def version() -> None:
 
 
 @app.command()
-def init(config: ConfigOpt = None) -> None:
+def init(config: ConfigOpt = None,
+         replace: Annotated[list[str] | None, typer.Option(
+             "--replace", metavar="LOCATION",
+             help="new, empty storage replaces the lost storage of LOCATION: mark it, and record the copies "
+                  "the database holds there as missing (made again from good sources); repeatable")] = None,
+         ) -> None:
     """Create or upgrade the ops database (Alembic migrations), register sites and locations,
     and create and mark every location's root with its identity marker.
 
     An existing root with data and no marker (a deployment from before markers) is marked and
-    keeps its data; a root marked as another location is refused (exit 2)."""
+    keeps its data; a root marked as another location is refused (exit 2), and so is an empty
+    unmarked root where the database records copies (an unmounted disk), unless ``--replace``
+    names it."""
     from ..availability import mark_locations
     from ..errors import StorageServiceError
 
@@ -73,7 +80,7 @@ def init(config: ConfigOpt = None) -> None:
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     try:
-        marked = mark_locations(ctx)
+        marked = mark_locations(ctx, replace=replace or ())
     except (ConfigError, StorageServiceError, OSError) as e:
         raise fail(str(e), EXIT_CONFIG) from None
     from ..availability import root_of
@@ -81,7 +88,10 @@ def init(config: ConfigOpt = None) -> None:
     for m in marked:
         if m.action != "already marked":
             extra = f" ({m.objects} object(s) kept as they are)" if m.action == "adopted" else ""
-            print(f"location {m.location}: {m.action} and marked at {root_of(ctx, m.location)}{extra}",
+            done = {"created": "created and marked", "adopted": "adopted and marked"}.get(m.action, m.action)
+            if m.location in (replace or ()):
+                done += " (replacing lost storage: its recorded copies are now missing and will be made again)"
+            print(f"location {m.location}: {done} at {root_of(ctx, m.location)}{extra}",
                   file=sys.stderr)
 
 
