@@ -88,6 +88,17 @@ def encode_manifest_path(path: str) -> str:
     return path.replace("\n", "%0A").replace("\r", "%0D")
 
 
+def bag_info_value(value: str) -> str:
+    """A ``bag-info.txt`` value as written: ``value`` itself, or — when it holds CR or LF —
+    encoded as a manifest path is (:func:`encode_manifest_path`).
+
+    A tag value cannot hold a line break (RFC 8493 §2.2.2), but an observation unit's folder,
+    hence a package's name and group, may (instruments name folders as they like; DESIGN.md I6
+    safe input: handled, not refused). Every other value is written as it is, so bags built
+    before stay byte-identical (I3)."""
+    return encode_manifest_path(value) if ("\n" in value or "\r" in value) else value
+
+
 def decode_manifest_path(path: str) -> str:
     """Inverse of :func:`encode_manifest_path` (one pass: ``%0A``, ``%0D``, ``%25``)."""
     return _decode(path)
@@ -111,9 +122,10 @@ def bag_tag_files(
         ("Payload-Oxum", oxum),
         *sorted((k, v) for k, v in bag_info.items()),
     ]
-    for k, v in info_lines:
-        if "\n" in k or "\n" in v or ":" in k:
-            raise ValueError(f"bag-info value for {k!r} may not contain a newline")
+    info_lines = [(k, bag_info_value(v)) for k, v in info_lines]
+    for k, _ in info_lines:
+        if "\n" in k or "\r" in k or ":" in k:
+            raise ValueError(f"bag-info label {k!r} may not contain a line break or a colon")
     info_txt = "".join(f"{k}: {v}\n" for k, v in info_lines).encode("utf-8")
     manifest = "".join(f"{f.sha256}  data/{encode_manifest_path(f.path)}\n" for f in ordered).encode("utf-8")
     tags = [("bagit.txt", bagit_txt), ("bag-info.txt", info_txt), ("manifest-sha256.txt", manifest)]

@@ -496,3 +496,23 @@ def _opener(folder: Path, i: int, data: bytes) -> Callable[[], io.BufferedReader
     p = folder / f"{i}.bin"
     p.write_bytes(data)
     return lambda: open(p, "rb")
+
+
+def test_a_package_name_and_group_with_a_line_break_make_a_valid_bag(tmp_path: Path) -> None:
+    # an observation unit's folder named with a newline (instruments name folders as they like)
+    # used to fail the build ("bag-info value may not contain a newline") and was retried forever
+    name = "cam14/obs\nnl"
+    out = io.BytesIO()
+    write_bag_tar(out, bag_dir="pkg", files=make_payload(tmp_path / "src", BAGIT_SAFE),
+                  bag_info={"Packhorse-Group": name}, bagging_date="2024-05-06", external_identifier=name,
+                  tag_mtime=MTIME)
+    contents = read_bag_tar(io.BytesIO(out.getvalue()), source="test")
+    assert contents.bag_info["External-Identifier"] == "cam14/obs%0Anl"
+    assert contents.bag_info["Packhorse-Group"] == "cam14/obs%0Anl"
+    assert decode_manifest_path(contents.bag_info["External-Identifier"]) == name
+    root = _extract_independently(tmp_path, out.getvalue())
+    bag = bagit.Bag(str(root))
+    bag.validate()
+    assert bag.info["External-Identifier"] == "cam14/obs%0Anl"
+    # a name without a line break is written as it always was (bags built before: I3)
+    assert b"External-Identifier: instr/ou1\n" in build(make_payload(tmp_path / "src2", BAGIT_SAFE))

@@ -40,7 +40,7 @@ from ..errors import (
     VerificationError,
 )
 from ..operations import fenced
-from ..packaging import PayloadFile, TeeReader, read_bag_tar, write_bag_tar
+from ..packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
 from ..storage.base import StorageBackend
 from ..topology import raw_package_key
 from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
@@ -276,7 +276,7 @@ def _adopt_published(dst: StorageBackend, key: str, pkg: RawDataPackage, files: 
             tee.drain()
     except (VerificationError, UnsafePathError, SourceMissingError):
         return None
-    if contents.bag_info.get("External-Identifier") != pkg.name:
+    if contents.bag_info.get("External-Identifier") != bag_info_value(pkg.name):
         return None
     if contents.files != {f.relative_path: f.sha256 for f in files}:
         return None
