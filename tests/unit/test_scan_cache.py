@@ -321,3 +321,19 @@ def test_a_file_that_grows_while_it_is_hashed_is_not_registered(ctx: ProcessCont
         result = scan_all(ctx, pool)
     assert registered(ctx) == set()
     assert result.pending_settle == 1  # looked at again later, not skipped
+
+
+def test_files_in_a_folder_named_with_the_partial_suffix_are_listed_as_skipped(tmp_path: Path) -> None:
+    # such files were dropped without a trace: neither registered nor in the skipped list
+    from packhorse.storage.disk import DiskBackend
+
+    root = tmp_path / "src"
+    (root / "cam14" / ".packhorse-partial").mkdir(parents=True)
+    (root / "cam14" / ".packhorse-partial" / "f.txt").write_bytes(b"x")
+    (root / "cam14" / "ok.txt").write_bytes(b"y")
+    found: list = []
+    skipped: list[tuple[str, str]] = []
+    scan_module._walk(DiskBackend("src", root), found, skipped)
+    assert [p for p, _ in found] == ["cam14/ok.txt"]
+    assert [p for p, _ in skipped] == ["cam14/.packhorse-partial/f.txt"]
+    assert "reserved suffix" in skipped[0][1]
