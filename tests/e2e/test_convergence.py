@@ -140,10 +140,12 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
     assert events.count(("INFO", "fixity_repaired")) == len(LTAS), events
 
 
-def lose_bundle_before_transfer(p: Pipeline, tmp_path: Path, start: Any, stop: Any) -> dict[str, str]:
+def lose_bundle_before_transfer(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *,
+                                corrupt: bool = False) -> dict[str, str]:
     """Run until a transfer has claimed the bundle and not read it yet (a pause hook), then
-    delete the bundle from the source buffer. ``start(env)`` starts packhorse with the hook,
-    ``stop()`` is called once the bundle is gone (``None``: keep running). Returns the env."""
+    delete the bundle from the source buffer (``corrupt``: overwrite four of its bytes in
+    place instead). ``start(env)`` starts packhorse with the hook, ``stop()`` is called once
+    the bundle is gone (``None``: keep running). Returns the env."""
     marker = tmp_path / "transfer-paused"
     deleted = tmp_path / "bundle-deleted"
     env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": "transfer.start", "action": "pause", "seconds": 4,
@@ -156,7 +158,12 @@ def lose_bundle_before_transfer(p: Pipeline, tmp_path: Path, start: Any, stop: A
     bundles = [path for key, path in p.objects("fyst-buffer").items() if key.startswith("bundles/")]
     assert len(bundles) == 1, bundles
     os.chmod(bundles[0], 0o644)
-    bundles[0].unlink()
+    if corrupt:
+        with open(bundles[0], "r+b") as f:
+            f.seek(bundles[0].stat().st_size // 2)
+            f.write(b"\xde\xad\xbe\xef")
+    else:
+        bundles[0].unlink()
     deleted.write_text("")
     if stop is not None:
         stop()
@@ -190,6 +197,32 @@ def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(pipeline, tmp
         "ORDER BY id")).all())
     assert [o.status for o in ops if o.kind == "data_transfer_package"] == ["COMPLETED", "COMPLETED"], ops
     assert sorted(o.status for o in ops if o.kind == "transfer") == ["COMPLETED", "COMPLETED", "FAILED", "FAILED"], ops
+
+
+def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(pipeline, tmp_path: Path) -> None:
+    # a bundle whose bytes rotted in the buffer used to fail every transfer, and the rebuild then
+    # met different bytes under its name (DestinationConflictError): a dead end
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(env: dict[str, str]) -> None:
+        procs.append(subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "--quiet", "-c",
+                                       str(p.config)], cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC), **env},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    def stop() -> None:
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(30)
+
+    lose_bundle_before_transfer(p, tmp_path, start, stop, corrupt=True)
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    quarantined = [f for f in (p.location("fyst-buffer") / "_packhorse" / "quarantine").rglob("*") if f.is_file()]
+    assert len(quarantined) == 1 and b"\xde\xad\xbe\xef" in quarantined[0].read_bytes(), quarantined
 
 
 SOURCE_DELETION = "[deletion]\ndelete_source_files = true\nsource_retention_seconds = 0\n"

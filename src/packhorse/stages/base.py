@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from ..context import ProcessContext
 from ..db.models import Operation, PhysicalCopy, utcnow
 from ..domain import LIVE_COPY_STATUSES, CopyStatus
-from ..errors import DestinationConflictError, VerificationError
+from ..errors import DestinationConflictError, SourceMissingError, VerificationError
 from ..lease import LeaseKeeper
 from ..operations import Claim
 from ..storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
@@ -251,6 +251,48 @@ def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | 
     return int(session.connection().execute(update(t).where(
         subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value)
         .values(status=CopyStatus.MISSING.value)).rowcount or 0)
+
+
+def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expected_sha256: str, location_id: int,
+                        data_transfer_package_id: int | None = None, raw_data_package_id: int | None = None) -> bool:
+    """After a copy from ``key`` failed verification (:class:`~packhorse.errors.VerificationError`):
+    read the source object again and, if its own sha256 is not ``expected_sha256`` (the bytes
+    at rest rotted or were changed, not the transfer), move it aside into the location's
+    quarantine (never overwritten or deleted, I2) and have this attempt's failure record the
+    copy ``missing`` at its key (:attr:`Work.salvage`, fenced: I3), as :func:`note_lost_source`
+    does for a copy that is gone. Returns whether it did.
+
+    That is what keeps a corrupt bundle in a buffer from being a dead end (DESIGN.md
+    "Converging"): its key is free again, so the bundle is rebuilt byte-identical from its
+    packages and shipped, instead of every transfer failing and every rebuild meeting
+    different bytes under the name (``DestinationConflictError``).
+
+    Raises:
+        LocationUnavailableError / StorageServiceError: the source cannot be read (nothing recorded).
+    """
+    h = hashlib.sha256()
+    try:
+        with backend.open_read(key) as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except SourceMissingError:
+        return note_lost_source(work, backend, key, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                                data_transfer_package_id=data_transfer_package_id)
+    if h.hexdigest() == expected_sha256:
+        return False  # the source is good: the transfer or the destination was at fault
+    moved = backend.quarantine(key)
+    log.warning("source_copy_corrupt_quarantined", location=backend.location, key=key, quarantined_as=moved,
+                sha256=h.hexdigest(), expected=expected_sha256)
+    earlier = work.salvage
+
+    def salvage(s: Session) -> None:
+        if earlier is not None:
+            earlier(s)
+        mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                  data_transfer_package_id=data_transfer_package_id)
+
+    work.salvage = salvage
+    return True
 
 
 def note_lost_source(work: Work, backend: StorageBackend, key: str, *, location_id: int,

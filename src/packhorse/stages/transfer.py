@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
-from ..errors import ConfigError, SourceMissingError, TransferCommandError
+from ..errors import ConfigError, SourceMissingError, TransferCommandError, VerificationError
 from ..ratelimit import RateLimiter
 from ..storage.base import StorageBackend
 from ..storage.registry import read_limited
@@ -52,6 +52,7 @@ from .base import (
     already_there,
     clear_partials,
     copy_object,
+    note_corrupt_source,
     note_lost_source,
     publish_verified,
     record_copy,
@@ -116,6 +117,10 @@ def run(work: Work) -> Recorder:
         except SourceMissingError:
             note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id)
             raise
+        except VerificationError:
+            note_corrupt_source(work, src, key, expected_sha256=dtp.sha256, location_id=src_id,
+                                data_transfer_package_id=dtp.id)
+            raise
     elif not already_there(dst, key, dtp.size, dtp.sha256):
         if note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id):
             raise SourceMissingError(f"{src_name}: {key!r} does not exist", side="source", path=key, host=src_name,
@@ -138,7 +143,12 @@ def run(work: Work) -> Recorder:
             args = command_args(route.command, str(src_path), str(w.local_path), share)
             _run_command(work, args, key)
             w.adopt_local_file()
-            publish_verified(work, w, dst, expected_sha256=dtp.sha256, point="transfer")
+            try:
+                publish_verified(work, w, dst, expected_sha256=dtp.sha256, point="transfer")
+            except VerificationError:
+                note_corrupt_source(work, src, key, expected_sha256=dtp.sha256, location_id=src_id,
+                                    data_transfer_package_id=dtp.id)
+                raise
     location_id = ctx.topology.location_ids[dst_name]
     size, sha, dtp_id = dtp.size, dtp.sha256, dtp.id
 
