@@ -98,7 +98,8 @@ def test_open_breaker_blocks_run_with_exit_4_until_an_admin_retries(site_config,
 
     final = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet", timeout=600)
     assert final.returncode == 0, final.stderr
-    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*") if p.is_file()}
+    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*")
+                if p.is_file() and p.relative_to(src).parts[0] != "_packhorse"}  # not the identity marker
     for lta in ("sites/cologne/archive", "sites/cornell/archive"):
         assert _payloads(site / lta) == expected
     listed = json.loads(run_packhorse("breaker", "list", "-c", str(cfg), "--json").stdout)
@@ -179,6 +180,7 @@ def test_run_survives_database_errors_in_the_middle_of_manager_cycles(site_confi
     failed = [json.loads(l) for l in out.stderr.splitlines()
               if l.startswith("{") and "service_loop_cycle_failed" in l]
     assert len(failed) == 3 and all(f["where"] == "managers" for f in failed)
-    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*") if p.is_file()}
+    expected = {p.relative_to(src).as_posix(): sha256_file(p) for p in src.rglob("*")
+                if p.is_file() and p.relative_to(src).parts[0] != "_packhorse"}  # not the identity marker
     for lta in ("sites/cologne/archive", "sites/cornell/archive"):
         assert _payloads(cfg.parent / lta) == expected
