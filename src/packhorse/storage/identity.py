@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DestinationConflictError, LocationUnavailableError, SourceMissingError
+from ..errors import DestinationConflictError, LocationUnavailableError, RestoreRequiredError, SourceMissingError
 from .base import RESERVED_PREFIX, StorageBackend
 
 #: Key of the identity marker under every location root.
@@ -65,6 +65,13 @@ def where(backend: StorageBackend) -> str:
 def read_marker(backend: StorageBackend) -> dict[str, Any] | None:
     """The location's marker as a dict, ``None`` if there is none.
 
+    On cold storage (tape, Glacier: ``backend.cold``) the marker may itself have moved to the
+    archive tier, where reading it needs a restore (hours, and billed). Its presence is then
+    known from the store's listing and the name in it is not: the dict returned is
+    ``{"format": MARKER_FORMAT, "location": None, "in_cold_storage": True}`` and the callers
+    take the location as marked (an empty bucket or prefix still has no marker, so storage
+    that is absent is still never taken for empty).
+
     Raises:
         LocationUnavailableError: the root itself is missing (the backend says so).
         ValueError: the marker is not valid marker JSON (message names the location).
@@ -76,6 +83,8 @@ def read_marker(backend: StorageBackend) -> dict[str, Any] | None:
             raw = f.read(MAX_MARKER_BYTES + 1)
     except SourceMissingError:
         return None
+    except RestoreRequiredError:
+        return {"format": MARKER_FORMAT, "location": None, "in_cold_storage": True}
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -106,7 +115,7 @@ def check_identity(backend: StorageBackend, location: str) -> None:
                   "storage not marked yet: `packhorse init` marks an existing root and keeps its data)")
         raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
                                        marker_only=True)
-    if marker["location"] != location:
+    if marker["location"] is not None and marker["location"] != location:
         reason = (f"the root {where(backend)} is marked as location {marker['location']!r}, not {location!r} "
                   "(other storage mounted there?)")
         raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason)
@@ -130,7 +139,7 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
     except ValueError as e:
         raise ConfigError(f"{e}; move it aside if this storage belongs to {location!r}") from None
     if marker is not None:
-        if marker["location"] != location:
+        if marker["location"] is not None and marker["location"] != location:
             raise ConfigError(f"data location {location}: the root {where(backend)} is already marked as location "
                               f"{marker['location']!r}; refusing to re-mark it (check the path or bucket in the "
                               "configuration)")
@@ -147,7 +156,7 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
             w.publish()
     except DestinationConflictError:  # a concurrent `packhorse init` marked it first
         again = read_marker(backend)
-        if again is None or again["location"] != location:
+        if again is None or again["location"] not in (None, location):
             raise
         return InitResult(location, "already marked")
     return InitResult(location, "created" if created else ("adopted" if objects else "marked"), objects)
