@@ -139,11 +139,41 @@ class PrivatePostgres:
 # ------------------------------------------------------------------------------ brokers
 
 
-def redis_url(db: int) -> str:
-    """``redis://127.0.0.1:6379/<db>`` after emptying that database (ours: 4–9)."""
-    assert 4 <= db <= 9, "the distributed tests own Redis databases 4-9"
+#: The Redis databases of 127.0.0.1:6379 this suite owns.
+OWN_REDIS_DBS = range(4, 10)
+#: (database number, open lock file) this test process holds, taken at its first ``redis_url``
+_held_redis_db: tuple[int, Any] | None = None
+
+
+def _own_redis_db() -> int:
+    """The Redis database this test process owns for its whole life: the first of
+    :data:`OWN_REDIS_DBS` whose lock file (``$TMPDIR/packhorse-tests-redis-<db>.lock``) it can
+    lock exclusively, so parallel pytest workers (``-n``) never share a broker database."""
+    global _held_redis_db
+    if _held_redis_db is None:
+        import fcntl
+
+        for db in OWN_REDIS_DBS:
+            f = open(Path(tempfile.gettempdir()) / f"packhorse-tests-redis-{db}.lock", "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            _held_redis_db = (db, f)
+            break
+        else:
+            raise AssertionError(f"every Redis database this suite owns ({OWN_REDIS_DBS.start}-"
+                                 f"{OWN_REDIS_DBS.stop - 1}) is held by another test process: run fewer in parallel")
+    return _held_redis_db[0]
+
+
+def redis_url() -> str:
+    """``redis://127.0.0.1:6379/<db>`` of this test process's own database (one of 4–9,
+    :func:`_own_redis_db`), emptied first."""
     import redis
 
+    db = _own_redis_db()
     try:
         redis.Redis(port=REDIS_PORT, db=db, socket_connect_timeout=3).flushdb()
     except Exception as e:

@@ -103,7 +103,7 @@ def test_every_task_published_twice_has_one_effect(pg: str, site_config, cli, tm
 
     config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5)
     write_source(config.parent / "source", groups=3, files_per_group=2, size=128 << 10)
-    broker = redis_url(5)
+    broker = redis_url()
     cluster = Cluster(config, pg, broker)
     cluster.init()
     published: list[int] = []
@@ -142,7 +142,7 @@ def test_a_task_outliving_the_visibility_timeout_is_not_run_twice(pg: str, site_
     # every archive write takes 5 s: well past the 2 s visibility timeout, the broker hands the
     # message to the second cologne worker while the first still runs (and renews its lease)
     slow = json.dumps([{"point": "long_term_archive.writing", "action": "pause", "seconds": 5}])
-    cluster = Cluster(config, pg, redis_url(6), visibility_timeout=2, env={"PACKHORSE_TEST_FAULTS": slow})
+    cluster = Cluster(config, pg, redis_url(), visibility_timeout=2, env={"PACKHORSE_TEST_FAULTS": slow})
     cluster.init()
     try:
         cluster.start_worker("fyst")
@@ -176,7 +176,7 @@ def test_sigkill_of_a_pool_child_in_the_middle_of_an_archive_write(pg: str, site
     marker = tmp_path / "archive-writing.pid"
     hook = json.dumps([{"point": "long_term_archive.writing", "action": "pause", "seconds": 120,
                         "marker": str(marker), "unless_exists": str(marker)}])
-    cluster = Cluster(config, pg, redis_url(7), visibility_timeout=5)
+    cluster = Cluster(config, pg, redis_url(), visibility_timeout=5)
     cluster.init()
     try:
         cluster.start_all(monitor=True, worker_env={"cologne": {"PACKHORSE_TEST_FAULTS": hook}})
@@ -255,7 +255,7 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
                              heartbeat_interval_seconds=0.5)
         write_source(config.parent / "source", groups=4, files_per_group=1, size=256 << 10)
         slow = json.dumps([{"point": "long_term_archive.writing", "action": "pause", "seconds": 3}])
-        cluster = Cluster(config, url, redis_url(8), env={"PACKHORSE_TEST_FAULTS": slow})
+        cluster = Cluster(config, url, redis_url(), env={"PACKHORSE_TEST_FAULTS": slow})
         cluster.init()
         db = Database(url, pool_size=1, max_overflow=0)
         try:

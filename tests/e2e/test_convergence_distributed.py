@@ -38,7 +38,7 @@ class _Installation:
                  worker_env: dict[str, dict[str, str]] | None = None) -> None:
         self.db_url, self.drop = postgres_database()
         config = site_config(bundle_max_wait_seconds=1, poll_interval_seconds=0.5, extra=extra)
-        self.cluster = Cluster(config, self.db_url, redis_url(7))
+        self.cluster = Cluster(config, self.db_url, redis_url())
         self.p = Pipeline(config, cli, tmp_path / "extracted")
         os.environ["PACKHORSE_DATABASE__URL"] = self.db_url  # for the helpers' plain reads and p.cli
         self.worker_env = worker_env

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 def _broker(kind: str) -> tuple[str, object]:
     if kind == "redis":
-        return redis_url(4), None
+        return redis_url(), None
     url, delete = rabbitmq_vhost()
     return url, delete
 

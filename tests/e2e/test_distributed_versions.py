@@ -36,7 +36,7 @@ def test_changed_files_on_postgres_with_a_worker_per_site(site_config, cli, tmp_
     marker = tmp_path / "grown"
     faults = [{"point": "raw_data_package.sources", "action": "append", "path": str(source / "cam/obs1/b.dat"),
                "data": "still being written", "marker": str(marker), "unless_exists": str(marker)}]
-    cluster = Cluster(config, db_url, redis_url(5), env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
+    cluster = Cluster(config, db_url, redis_url(), env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
     p = Pipeline(config, cli, tmp_path / "extracted")
     try:
         cluster.init()

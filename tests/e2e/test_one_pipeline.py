@@ -157,7 +157,7 @@ def test_same_scenario_same_operations_embedded_and_with_two_managers_and_two_mo
     config = write_site_config(other / "site", **CONFIG)
     _write_source(config.parent / "source")
     db_url, drop = postgres_database()
-    cluster = Cluster(config, db_url, redis_url(8))
+    cluster = Cluster(config, db_url, redis_url())
     try:
         cluster.init()
         for site in ("fyst", "cologne", "cornell"):

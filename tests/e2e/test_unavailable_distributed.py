@@ -20,7 +20,7 @@ def test_an_archive_root_away_in_distributed_mode_waits_and_resumes(site_config,
     db_url, drop = postgres_database()
     config = site_config(bundle_max_wait_seconds=1, poll_interval_seconds=0.5)
     write_source(config.parent / "source", groups=3, files_per_group=2, size=128 << 10)
-    cluster = Cluster(config, db_url, redis_url(9))
+    cluster = Cluster(config, db_url, redis_url())
     p = Pipeline(config, cli, tmp_path / "extracted")
     archive = p.location("cologne-lta")
     away = tmp_path / "cologne-archive-unmounted"
