@@ -5,7 +5,8 @@ the notification outbox and exit codes. No ``reset``, no SQL, no configuration c
 the fault and the plain ``packhorse run --until-idle`` that must converge.
 
 The faults: every archive copy of a package corrupt (source files still there); a bundle
-deleted from the source buffer before its transfer; and the one dead end — every copy bad and
+deleted from the source buffer before its transfer; a bundle or a package whose bytes rot in a
+buffer before the operation that reads it (transfer, unpack, archive); and the one dead end — every copy bad and
 the source files gone — which must be loud (exit 3, ``blocked``, CRITICAL notification).
 """
 
@@ -140,40 +141,42 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
     assert events.count(("INFO", "fixity_repaired")) == len(LTAS), events
 
 
-def lose_bundle_before_transfer(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *,
-                                corrupt: bool = False) -> dict[str, str]:
-    """Run until a transfer has claimed the bundle and not read it yet (a pause hook), then
-    delete the bundle from the source buffer (``corrupt``: overwrite four of its bytes in
-    place instead). ``start(env)`` starts packhorse with the hook, ``stop()`` is called once
-    the bundle is gone (``None``: keep running). Returns the env."""
-    marker = tmp_path / "transfer-paused"
-    deleted = tmp_path / "bundle-deleted"
-    env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": "transfer.start", "action": "pause", "seconds": 4,
-                                                 "marker": str(marker), "unless_exists": str(deleted)}])}
+def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, point: str = "transfer.start",
+                       locations: tuple[str, ...] = ("fyst-buffer",), prefix: str = "bundles/",
+                       corrupt: bool = False) -> list[Path]:
+    """Run until an operation has been claimed and paused at hook ``point`` (nothing read
+    yet), then delete every object under ``prefix`` in ``locations`` (``corrupt``: overwrite
+    four bytes in the middle of each in place instead). ``start(env)`` starts packhorse with
+    the hook, ``stop()`` is called once the objects are damaged (``None``: keep running).
+    Returns the damaged files."""
+    marker = tmp_path / "paused"
+    damaged = tmp_path / "damaged"
+    env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": point, "action": "pause", "seconds": 4,
+                                                 "marker": str(marker), "unless_exists": str(damaged)}])}
     start(env)
     deadline = time.monotonic() + 120
     while not marker.exists():
-        assert time.monotonic() < deadline, "no transfer started"
+        assert time.monotonic() < deadline, f"no operation reached {point}"
         time.sleep(0.1)
-    bundles = [path for key, path in p.objects("fyst-buffer").items() if key.startswith("bundles/")]
-    assert len(bundles) == 1, bundles
-    os.chmod(bundles[0], 0o644)
-    if corrupt:
-        with open(bundles[0], "r+b") as f:
-            f.seek(bundles[0].stat().st_size // 2)
-            f.write(b"\xde\xad\xbe\xef")
-    else:
-        bundles[0].unlink()
-    deleted.write_text("")
+    files = [path for loc in locations for key, path in p.objects(loc).items() if key.startswith(prefix)]
+    assert files, (locations, prefix)
+    for f in files:
+        os.chmod(f, 0o644)
+        if corrupt:
+            with open(f, "r+b") as fh:
+                fh.seek(f.stat().st_size // 2)
+                fh.write(b"\xde\xad\xbe\xef")
+        else:
+            f.unlink()
+    damaged.write_text("")
     if stop is not None:
         stop()
-    return env
+    return files
 
 
-def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(pipeline, tmp_path: Path) -> None:
-    p = pipeline(bundle_max_wait_seconds=0.5)
-    write_source(p)
-    p.init()
+def killable_run(p: Pipeline) -> tuple[Any, Any]:
+    """``(start, stop)`` for :func:`damage_when_paused`: ``packhorse run --until-idle`` in a
+    process group of its own, and its SIGKILL."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(env: dict[str, str]) -> None:
@@ -181,11 +184,24 @@ def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(pipeline, tmp
                                        str(p.config)], cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC), **env},
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
 
-    def stop() -> None:  # the run dies with the transfers in flight (a crash, a reboot)
+    def stop() -> None:
         os.killpg(procs[0].pid, signal.SIGKILL)
         procs[0].wait(30)
 
-    lose_bundle_before_transfer(p, tmp_path, start, stop)
+    return start, stop
+
+
+def quarantined_files(p: Pipeline, location: str) -> list[Path]:
+    """The files moved into ``location``'s quarantine."""
+    return [f for f in (p.location(location) / "_packhorse" / "quarantine").rglob("*") if f.is_file()]
+
+
+def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(pipeline, tmp_path: Path) -> None:
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    start, stop = killable_run(p)  # the run dies with the transfers in flight (a crash, a reboot)
+    damage_when_paused(p, tmp_path, start, stop)
 
     p.run()  # a plain run: no reset, no SQL, no configuration change
 
@@ -205,24 +221,49 @@ def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(
     p = pipeline(bundle_max_wait_seconds=0.5)
     write_source(p)
     p.init()
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(env: dict[str, str]) -> None:
-        procs.append(subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "--quiet", "-c",
-                                       str(p.config)], cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC), **env},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-
-    def stop() -> None:
-        os.killpg(procs[0].pid, signal.SIGKILL)
-        procs[0].wait(30)
-
-    lose_bundle_before_transfer(p, tmp_path, start, stop, corrupt=True)
+    start, stop = killable_run(p)
+    damage_when_paused(p, tmp_path, start, stop, corrupt=True)
 
     p.run()  # a plain run: no reset, no SQL, no configuration change
 
     assert_converged(p)
-    quarantined = [f for f in (p.location("fyst-buffer") / "_packhorse" / "quarantine").rglob("*") if f.is_file()]
-    assert len(quarantined) == 1 and b"\xde\xad\xbe\xef" in quarantined[0].read_bytes(), quarantined
+    bad = quarantined_files(p, "fyst-buffer")
+    assert len(bad) == 1 and b"\xde\xad\xbe\xef" in bad[0].read_bytes(), bad
+
+
+def test_bundle_corrupt_in_a_destination_buffer_before_its_unpack_is_quarantined_and_shipped_again(
+        pipeline, tmp_path: Path) -> None:
+    # the unpack of a bundle whose bytes rotted in the destination buffer failed on every retry
+    # and nothing shipped it again
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    start, stop = killable_run(p)
+    damaged = damage_when_paused(p, tmp_path, start, stop, point="unpack.start",
+                                 locations=("cologne-buffer", "cornell-buffer"), corrupt=True)
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    bad = quarantined_files(p, "cologne-buffer") + quarantined_files(p, "cornell-buffer")
+    assert len(bad) == len(damaged) and all(b"\xde\xad\xbe\xef" in f.read_bytes() for f in bad), (bad, damaged)
+
+
+def test_package_corrupt_in_a_destination_buffer_before_its_archive_is_quarantined_and_shipped_again(
+        pipeline, tmp_path: Path) -> None:
+    # an archive operation whose buffer copy rotted failed on every retry: no archive copy, ever
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    start, stop = killable_run(p)
+    damaged = damage_when_paused(p, tmp_path, start, stop, point="long_term_archive.start",
+                                 locations=("cologne-buffer", "cornell-buffer"), prefix="raw/", corrupt=True)
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    bad = quarantined_files(p, "cologne-buffer") + quarantined_files(p, "cornell-buffer")
+    assert bad and all(b"\xde\xad\xbe\xef" in f.read_bytes() for f in bad), (bad, damaged)
 
 
 SOURCE_DELETION = "[deletion]\ndelete_source_files = true\nsource_retention_seconds = 0\n"

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from ..db.models import RawDataPackage
 from ..topology import raw_package_key
-from ..errors import SourceMissingError
-from .base import Recorder, Work, copy_object, note_lost_source, record_copy
+from ..errors import SourceMissingError, VerificationError
+from .base import Recorder, Work, copy_object, note_corrupt_source, note_lost_source, record_copy
 
 
 def run(work: Work) -> Recorder:
@@ -27,11 +27,16 @@ def run(work: Work) -> Recorder:
     key = raw_package_key(pkg.name)
     work.info.update(package=pkg.name, source=src_name, destination=dst_name, key=key)
     src = ctx.backend(src_name)
+    ctx.hooks.hit("long_term_archive.start")  # hooks: claimed, nothing read yet
     try:
         copy_object(work, src, key, ctx.backend(dst_name), key, size=pkg.size, sha256=pkg.sha256,
                     point="long_term_archive")
     except SourceMissingError:  # the buffer copy is gone: recorded, so it is shipped again
         note_lost_source(work, src, key, location_id=work.op.source_location_id, raw_data_package_id=pkg.id)
+        raise
+    except VerificationError:  # the buffer copy rotted: quarantined and recorded missing, shipped again
+        note_corrupt_source(work, src, key, expected_sha256=pkg.sha256, location_id=work.op.source_location_id,
+                            raw_data_package_id=pkg.id)
         raise
     location_id = ctx.topology.location_ids[dst_name]
     size, sha, pkg_id = pkg.size, pkg.sha256, pkg.id

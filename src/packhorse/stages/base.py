@@ -253,6 +253,21 @@ def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | 
         .values(status=CopyStatus.MISSING.value)).rowcount or 0)
 
 
+def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id: int | None,
+                            data_transfer_package_id: int | None) -> None:
+    """Chain onto :attr:`Work.salvage` the recording of the copy at ``location_id`` as
+    ``missing`` (:func:`mark_lost`), run in the attempt's fenced failure transaction (I3)."""
+    earlier = work.salvage
+
+    def salvage(s: Session) -> None:
+        if earlier is not None:
+            earlier(s)
+        mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                  data_transfer_package_id=data_transfer_package_id)
+
+    work.salvage = salvage
+
+
 def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expected_sha256: str, location_id: int,
                         data_transfer_package_id: int | None = None, raw_data_package_id: int | None = None) -> bool:
     """After a copy from ``key`` failed verification (:class:`~packhorse.errors.VerificationError`):
@@ -283,15 +298,8 @@ def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expect
     moved = backend.quarantine(key)
     log.warning("source_copy_corrupt_quarantined", location=backend.location, key=key, quarantined_as=moved,
                 sha256=h.hexdigest(), expected=expected_sha256)
-    earlier = work.salvage
-
-    def salvage(s: Session) -> None:
-        if earlier is not None:
-            earlier(s)
-        mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
-                  data_transfer_package_id=data_transfer_package_id)
-
-    work.salvage = salvage
+    _record_lost_on_failure(work, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                            data_transfer_package_id=data_transfer_package_id)
     return True
 
 
@@ -309,13 +317,6 @@ def note_lost_source(work: Work, backend: StorageBackend, key: str, *, location_
     """
     if backend.stat(key) is not None:
         return False
-    earlier = work.salvage
-
-    def salvage(s: Session) -> None:
-        if earlier is not None:
-            earlier(s)
-        mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
-                  data_transfer_package_id=data_transfer_package_id)
-
-    work.salvage = salvage
+    _record_lost_on_failure(work, location_id=location_id, raw_data_package_id=raw_data_package_id,
+                            data_transfer_package_id=data_transfer_package_id)
     return True

@@ -25,7 +25,16 @@ from ..extraction import ExtractionLimits
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
 from ..storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
 from ..topology import bundle_key, raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, note_lost_source, publish_verified, record_copy
+from .base import (
+    Recorder,
+    Work,
+    already_there,
+    clear_partials,
+    note_corrupt_source,
+    note_lost_source,
+    publish_verified,
+    record_copy,
+)
 
 
 def _seekable(stream: BinaryIO) -> bool:
@@ -173,17 +182,25 @@ def run(work: Work) -> Recorder:
     # unpack (a refused member, a damaged package): no verified object is left in the buffer
     # without its copy row, and the packages that are good go on to their archives
     work.salvage = record
+    ctx.hooks.hit("unpack.start")  # hooks: claimed, nothing read yet
     try:
         stream = buf.open_read(key)
     except SourceMissingError:  # the bundle copy is gone: recorded, so it is shipped again
         note_lost_source(work, buf, key, location_id=location_id, data_transfer_package_id=dtp_id)
         raise
-    with stream as f:
-        unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
-                      limits=ExtractionLimits.from_settings(ctx.settings), done=done)
-    seen_ids = {d[0] for d in done}
-    missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
-    if missing:
-        raise VerificationError(f"{buf_name}:{key}: bundle lacks {len(missing)} package(s), e.g. {missing[0]!r}",
-                                step="unpack")
+    try:
+        with stream as f:
+            unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
+                          limits=ExtractionLimits.from_settings(ctx.settings), done=done)
+        seen_ids = {d[0] for d in done}
+        missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
+        if missing:
+            raise VerificationError(f"{buf_name}:{key}: bundle lacks {len(missing)} package(s), e.g. {missing[0]!r}",
+                                    step="unpack")
+    except VerificationError:
+        # the bundle copy rotted in this buffer: quarantined and recorded missing (the packages
+        # already published stay recorded), so it is shipped again (DESIGN.md "Converging")
+        note_corrupt_source(work, buf, key, expected_sha256=dtp.sha256, location_id=location_id,
+                            data_transfer_package_id=dtp_id)
+        raise
     return record
