@@ -186,8 +186,17 @@ def compile_bytecode() -> None:
     subprocess.run([str(python if python.exists() else sys.executable), "-c", code], check=True)
 
 
+#: packhorse's own folder under every location root (the identity marker ``init`` writes, the
+#: quarantine): not data, left out of the checks of what a run left behind
+RESERVED = "_packhorse"
+
+
 def files_under(path: Path) -> list[Path]:
-    return [Path(d) / f for d, _, fs in os.walk(path) for f in fs] if path.exists() else []
+    """Every file below ``path`` outside packhorse's reserved folder of the root."""
+    if not path.exists():
+        return []
+    return [Path(d) / f for d, _, fs in os.walk(path) for f in fs
+            if Path(d).relative_to(path).parts[:1] != (RESERVED,)]
 
 
 def fresh(run_dir: Path) -> None:
