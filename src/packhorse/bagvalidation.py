@@ -54,7 +54,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import UnsafePathError, VerificationError
 from .extraction import (  # the one tar reader (I6)
@@ -238,6 +238,12 @@ def _unsafe_reason(path: str) -> str | None:
     return None
 
 
+#: hashlib constructor of each algorithm a manifest may use (``hashlib.sha256`` is cheaper per
+#: call than ``hashlib.new("sha256")``)
+_HASHERS: dict[str, Callable[..., Any]] = {
+    a: getattr(hashlib, a, None) or (lambda data=b"", _a=a: hashlib.new(_a, data)) for a in DIGEST_HEX_LENGTH}
+
+
 def _new_hashes(algorithms: Iterable[str]) -> dict[str, hashlib._Hash]:
     return {a: hashlib.new(a) for a in sorted(set(algorithms)) if a in DIGEST_HEX_LENGTH}
 
@@ -334,7 +340,7 @@ class BagValidator:
         if path.startswith("data/"):
             self._has_data_dir = True
             if isinstance(stream, (bytes, bytearray, memoryview)):
-                n, digests = len(stream), {a: h for a, h in self._hash_bytes(stream, self.payload_algorithms_for(path))}
+                n, digests = len(stream), self._hash_bytes(stream, self.payload_algorithms_for(path))
             else:
                 n, digests = hash_stream(stream, self.payload_algorithms_for(path))
             self.add_payload_digests(path, n, digests, declared_size=size)
@@ -357,7 +363,7 @@ class BagValidator:
             return
         algs = set(ALGORITHMS) | (self._tag_algs & set(DIGEST_HEX_LENGTH))
         if isinstance(stream, (bytes, bytearray, memoryview)):
-            self._tag_digests[name] = dict(self._hash_bytes(stream, algs))
+            self._tag_digests[name] = self._hash_bytes(stream, algs)
         else:
             _, self._tag_digests[name] = hash_stream(stream, algs)
 
@@ -392,10 +398,10 @@ class BagValidator:
         return True
 
     @staticmethod
-    def _hash_bytes(data: bytes | bytearray | memoryview, algorithms: Iterable[str]) -> Iterator[tuple[str, str]]:
-        for a, h in _new_hashes(algorithms).items():
-            h.update(data)
-            yield a, h.hexdigest()
+    def _hash_bytes(data: bytes | bytearray | memoryview, algorithms: Iterable[str]) -> dict[str, str]:
+        """{algorithm: hex digest} of ``data`` for each known algorithm (one call per payload
+        file of a bag held in memory: no stream, no generator)."""
+        return {a: _HASHERS[a](data).hexdigest() for a in sorted(set(algorithms)) if a in _HASHERS}
 
     def payload_listed(self, path: str) -> bool | None:
         """Whether a payload path (``data/...``) is listed in the payload manifests seen so far
@@ -768,7 +774,8 @@ def validate_tar(
                     v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
-                    _payload_member(v, _data(tar, base, member), member, rest, on_payload, payload_bytes, seekable)
+                    _payload_member(v, lambda: _data(tar, base, member), member, rest, on_payload, payload_bytes,
+                                    seekable)
                 elif rest.startswith("data/"):
                     v.add(rest, member.size, _data(tar, base, member))
                 else:
@@ -841,9 +848,12 @@ def _data(tar: tarfile.TarFile, base: BinaryIO, member: tarfile.TarInfo) -> Bina
     return f  # type: ignore[return-value]
 
 
-def _payload_member(v: BagValidator, raw: BinaryIO, member: tarfile.TarInfo, rest: str,
+def _payload_member(v: BagValidator, open_data: Callable[[], BinaryIO], member: tarfile.TarInfo, rest: str,
                     on_payload: Callable[[str, int, BinaryIO], str] | None,
                     payload_bytes: memoryview | None, seekable: bool) -> None:
+    """Hash (or hand to ``on_payload``) one payload member; ``open_data()`` gives its data
+    stream, opened only when the bytes are not already in ``payload_bytes`` (a stream costs a
+    64 KiB buffer, per member of a bag of thousands of small files)."""
     if not v.admit_payload(rest):
         return
     algs = v.payload_algorithms_for(rest)
@@ -852,8 +862,9 @@ def _payload_member(v: BagValidator, raw: BinaryIO, member: tarfile.TarInfo, res
         if end > len(payload_bytes):
             v.problem("truncated", rest, f"damaged tar: {rest!r} ends after the archive")
             return
-        v.add_payload_digests(rest, member.size, dict(v._hash_bytes(payload_bytes[member.offset_data:end], algs)))
+        v.add_payload_digests(rest, member.size, v._hash_bytes(payload_bytes[member.offset_data:end], algs))
         return
+    raw = open_data()
     if on_payload is None or v.payload_listed(rest) is False:
         size, digests = hash_stream(raw, algs)  # type: ignore[arg-type]
         v.add_payload_digests(rest, size, digests, declared_size=member.size)

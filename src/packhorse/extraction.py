@@ -223,9 +223,11 @@ def _name_of(member: tarfile.TarInfo, source: str, step: str) -> tuple[str, tupl
         raise refused(source, raw, "has an empty or '.' path component", step=step)
     if len(encoded) >= PATH_MAX:
         raise refused(source, raw, f"has a name of {len(encoded)} bytes (PATH_MAX is {PATH_MAX})", step=step)
-    for p in parts:
-        if len(p.encode("utf-8")) > NAME_MAX:
-            raise refused(source, raw, f"has a path component longer than {NAME_MAX} bytes (NAME_MAX)", step=step)
+    if len(encoded) > NAME_MAX:  # else no component can be longer than NAME_MAX
+        for p in parts:
+            if len(p.encode("utf-8")) > NAME_MAX:
+                raise refused(source, raw, f"has a path component longer than {NAME_MAX} bytes (NAME_MAX)",
+                              step=step)
     return name, parts
 
 
@@ -354,17 +356,24 @@ def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, st
     is_dir = member.type == tarfile.DIRTYPE
     if is_dir and member.size:
         raise refused(source, name, f"is a folder carrying {member.size} bytes of data", step=step)
-    keys = tuple(_key(p, casefold, normalization) for p in parts)
-    for i in range(1, len(parts)):
-        spelled = "/".join(parts[:i])
-        seen = entries.get(keys[:i])
-        if seen is None:
-            continue
-        if seen[1] != spelled:
-            raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, seen[1])}", step=step)
-        if seen[0] == "file":
-            raise refused(source, name, f"its folder {spelled!r} is a file member earlier in the archive",
-                          step=step)
+    keys = tuple(_key(p, casefold, normalization) for p in parts) if casefold or normalization else parts
+    folder = name.rpartition("/")[0]
+    parent = entries.get(keys[:-1]) if folder else None
+    if parent is not None and parent[0] != "file" and parent[1] == folder:
+        # the folder is known, spelled alike and not a file: its own folders were checked and
+        # recorded when it was (entries only grow, and a file never replaces a folder)
+        pass
+    else:
+        for i in range(1, len(parts)):
+            seen = entries.get(keys[:i])
+            if seen is None:
+                continue
+            spelled = "/".join(parts[:i])
+            if seen[1] != spelled:
+                raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, seen[1])}", step=step)
+            if seen[0] == "file":
+                raise refused(source, name, f"its folder {spelled!r} is a file member earlier in the archive",
+                              step=step)
     seen = entries.get(keys)
     if seen is not None:
         if seen[1] != name:
@@ -373,8 +382,9 @@ def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, st
             raise refused(source, name, "is a file where earlier members made a folder", step=step)
         if seen[0] != "implied":
             raise refused(source, name, "appears twice (a second member of the same name)", step=step)
-    for i in range(1, len(parts)):
-        entries.setdefault(keys[:i], ("implied", "/".join(parts[:i])))
+    if parent is None:  # a known folder's own folders are recorded already
+        for i in range(1, len(parts)):
+            entries.setdefault(keys[:i], ("implied", "/".join(parts[:i])))
     entries[keys] = ("dir" if is_dir else "file", name)
     return name, parts
 
