@@ -27,6 +27,7 @@ from sqlalchemy import and_
 
 import packhorse.lease as lease
 import packhorse.operations as operations
+import packhorse.pipeline as pipeline
 from packhorse.domain import Status
 from packhorse.hooks import Hooks
 from packhorse.storage.base import PendingWrite, PublishResult, StorageBackend
@@ -46,6 +47,7 @@ def _install() -> None:
     operations.fenced = _unfenced  # type: ignore[assignment]
     operations._COMPLETE = operations._complete_statements()
     operations._CLAIM = operations._claim_statement()
+    pipeline._SCHEDULE = pipeline._schedule_statements()
     lease.LeaseKeeper.check = lambda self: None  # type: ignore[method-assign]
     operations._unfenced_installed = True  # type: ignore[attr-defined]
 

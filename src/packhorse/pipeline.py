@@ -60,6 +60,7 @@ from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.engine import Connection
 
 from .config import Settings
+from .convergence import Plan, plan
 from .context import ProcessContext
 from .db.models import Operation, utcnow
 from .domain import LocationRole, OperationKind, Status, StorageType
@@ -109,11 +110,14 @@ class CycleResult:
         created: operations (and packages) created, by step name.
         bundle_wait: seconds until a partial bundle is due (``None``: none waits).
         retention_wait: seconds until the next buffer copy's retention passes (``None``: none).
+        repairs: the repair plan of the desired state (:func:`packhorse.convergence.plan`),
+            derived once at the start of the cycle and read by every manager.
     """
 
     created: dict[str, int] = field(default_factory=dict)
     bundle_wait: float | None = None
     retention_wait: float | None = None
+    repairs: Plan = field(default_factory=Plan)
 
     @property
     def total(self) -> int:
@@ -145,14 +149,14 @@ class CycleInput:
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
     # rebuilds of lost packages from their source files run in every mode, every cycle
-    rebuilt = packages.repair(ctx)
+    rebuilt = packages.repair(ctx, out.repairs)
     if inp.unsettled is None:
         return rebuilt
     return rebuilt + packages.manage(ctx, inp.unsettled, on_commit=inp.on_commit)
 
 
 def _bundle(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
-    n, out.bundle_wait = bundles.manage(ctx, flush=inp.flush)
+    n, out.bundle_wait = bundles.manage(ctx, flush=inp.flush, repairs=out.repairs)
     return n
 
 
@@ -185,12 +189,12 @@ STEPS: tuple[Step, ...] = (
     Step("scan", None, None),
     Step("package", OperationKind.RAW_DATA_PACKAGE, _package),
     Step("bundle", OperationKind.DATA_TRANSFER_PACKAGE, _bundle),
-    Step("transfer", OperationKind.TRANSFER, lambda ctx, inp, out: transfers.manage(ctx)),
-    Step("unpack", OperationKind.UNPACK, lambda ctx, inp, out: unpacks.manage(ctx)),
-    Step("archive", OperationKind.LONG_TERM_ARCHIVE, lambda ctx, inp, out: archives.manage(ctx)),
+    Step("transfer", OperationKind.TRANSFER, lambda ctx, inp, out: transfers.manage(ctx, out.repairs)),
+    Step("unpack", OperationKind.UNPACK, lambda ctx, inp, out: unpacks.manage(ctx, out.repairs)),
+    Step("archive", OperationKind.LONG_TERM_ARCHIVE, lambda ctx, inp, out: archives.manage(ctx, out.repairs)),
     Step("staging", OperationKind.STAGING, None),
     Step("deletion", OperationKind.DELETION, _delete),
-    Step("fixity", OperationKind.FIXITY_CHECK, lambda ctx, inp, out: fixity.manage(ctx)),
+    Step("fixity", OperationKind.FIXITY_CHECK, lambda ctx, inp, out: fixity.manage(ctx, out.repairs)),
 )
 
 
@@ -213,8 +217,10 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
     """
     from .availability import check_outages
 
-    out = CycleResult()
     check_outages(ctx, every_location=inp.look_at_all_locations)  # locations back from an outage: their waiting operations are due at once
+    # the desired state's repairs, derived once for every manager of the cycle (one small
+    # query when no copy was lost)
+    out = CycleResult(repairs=ctx.db.read(lambda s: plan(s, ctx)))
     for step in STEPS:
         if step.manage is None:
             continue
@@ -263,11 +269,15 @@ _RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS
 def _schedule_statements() -> dict[str, Any]:
     """``→ SCHEDULED`` by the status read: a compare-and-set on
     :func:`packhorse.operations.fenced` at the token and status the dispatcher read (I3). Built
-    per dispatch (cheap next to the select): tests may swap the predicate."""
+    once, as the claim and completion statements are (building them took a fifth of a dispatch);
+    the chaos harness's unfenced variant rebuilds them (``tests/unfenced.py``)."""
     return {st.value: update(_OPS).where(operations.fenced(bindparam("op_id"), bindparam("token"), st))
             .values(status=Status.SCHEDULED.value, scheduled_at=bindparam("now"), updated_at=bindparam("now"))
             .returning(_OPS.c.id)
             for st in (Status.PENDING, Status.SCHEDULED)}
+
+
+_SCHEDULE = _schedule_statements()
 
 
 def runnable_statuses(*, executor_knows_its_queue: bool) -> list[str]:
@@ -311,7 +321,7 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
     if not ids:
         return []
     wanted = set(ids)
-    schedule = _schedule_statements()
+    schedule = _SCHEDULE
     taken: set[int] = set()
     for r in rows:  # each a compare-and-set on the row as it was read (fenced; I3)
         if r.id in wanted and conn.execute(schedule[r.status], dict(op_id=r.id, token=r.attempt,

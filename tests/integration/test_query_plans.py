@@ -108,3 +108,28 @@ def test_the_dashboards_queries_read_no_growing_table_in_full(pipeline_ctx: Proc
         con.close()
     assert len(statements) > 10
     assert not scans, "full table scans:\n" + "\n".join(scans)
+
+
+def test_an_idle_manager_cycle_derives_the_repair_plan_once(pipeline_ctx: ProcessContext) -> None:
+    """Every manager asks the desired state for its repairs: one derivation per cycle, shared
+    (each manager deriving it again made every cycle cost one copy query per manager)."""
+    from packhorse.pipeline import CycleInput, manager_cycle
+
+    ctx = pipeline_ctx
+    bad_copy_queries: list[str] = []
+
+    @event.listens_for(ctx.db._engine, "before_cursor_execute")
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        flat = " ".join(statement.split())
+        if flat.startswith("SELECT physical_copies.id, physical_copies.raw_data_package_id, "
+                           "physical_copies.data_transfer_package_id, physical_copies.location_id FROM "
+                           "physical_copies WHERE physical_copies.location_id IN (SELECT"):
+            bad_copy_queries.append(flat)
+
+    try:
+        for _ in range(3):
+            result = manager_cycle(ctx, CycleInput(unsettled={}))
+            assert result.total == 0
+    finally:
+        event.remove(ctx.db._engine, "before_cursor_execute", capture)
+    assert len(bad_copy_queries) == 3, bad_copy_queries

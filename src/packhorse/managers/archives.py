@@ -10,7 +10,7 @@ generation) comes from :func:`packhorse.convergence.plan`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -21,9 +21,13 @@ from ..operations import dedup_key
 from ..context import ProcessContext
 from .common import buffer_location_ids, create_missing, new_only, planned
 
+if TYPE_CHECKING:
+    from ..convergence import Plan
 
-def manage(ctx: ProcessContext) -> int:
-    """Create missing ``long_term_archive`` operations; returns how many."""
+
+def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
+    """Create missing ``long_term_archive`` operations; returns how many. ``repairs``: the
+    cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
     archive_ids = [i for n, i in ctx.topology.location_ids.items()
                    if ctx.topology.location_role.get(n) is LocationRole.LONG_TERM_ARCHIVE]
 
@@ -66,4 +70,4 @@ def manage(ctx: ProcessContext) -> int:
         return new_only(s, wanted)
 
     return create_missing(ctx, OperationKind.LONG_TERM_ARCHIVE,
-                          {**ctx.db.read(find), **planned(ctx, OperationKind.LONG_TERM_ARCHIVE)})
+                          {**ctx.db.read(find), **planned(ctx, OperationKind.LONG_TERM_ARCHIVE, repairs)})

@@ -19,7 +19,7 @@ cycle, so no package is ever in two bundles and no bundle is built, shipped or u
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import select, update
@@ -33,11 +33,15 @@ from ..errors import BundledElsewhereError
 from ..operations import create_operation, dedup_key
 from .common import create_missing, planned
 
+if TYPE_CHECKING:
+    from ..convergence import Plan
+
 log = structlog.get_logger(__name__)
 
 
-def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | None]:
-    """Create bundles; returns ``(created, seconds until a partial bundle is due or None)``."""
+def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" = None) -> tuple[int, float | None]:
+    """Create bundles; returns ``(created, seconds until a partial bundle is due or None)``.
+    ``repairs``: the cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
     created = 0
     due_in: float | None = None
     cfg = ctx.settings.packaging
@@ -117,5 +121,5 @@ def manage(ctx: ProcessContext, *, flush: bool = False) -> tuple[int, float | No
     # a bundle lost before every destination got what it carries is rebuilt, byte-identical
     # (I3), once its packages are back at the source buffer (:mod:`packhorse.convergence`)
     created += create_missing(ctx, OperationKind.DATA_TRANSFER_PACKAGE,
-                              planned(ctx, OperationKind.DATA_TRANSFER_PACKAGE))
+                              planned(ctx, OperationKind.DATA_TRANSFER_PACKAGE, repairs))
     return created, due_in

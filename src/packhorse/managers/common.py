@@ -15,6 +15,7 @@ from ..operations import create_operations
 
 if TYPE_CHECKING:
     from ..context import ProcessContext
+    from ..convergence import Plan
 
 
 def buffer_location_ids(ctx: "ProcessContext") -> list[int]:
@@ -50,9 +51,18 @@ def new_only(session: Session, wanted: dict[str, dict[str, Any]]) -> dict[str, d
     return {k: v for k, v in wanted.items() if k not in have}
 
 
-def planned(ctx: "ProcessContext", kind: OperationKind) -> dict[str, dict[str, Any]]:
-    """The repair operations of ``kind`` the desired state asks for and that do not exist yet
-    (:func:`packhorse.convergence.plan`, read-only)."""
+def planned(ctx: "ProcessContext", kind: OperationKind, repairs: "Plan | None" = None) -> dict[str, dict[str, Any]]:
+    """The repair operations of ``kind`` the desired state asks for and that do not exist yet.
+
+    Args:
+        repairs: the manager cycle's :func:`packhorse.convergence.plan`, derived once per
+            cycle by :func:`packhorse.pipeline.manager_cycle` for every manager; ``None``
+            derives it now (read-only).
+    """
     from ..convergence import plan
 
-    return ctx.db.read(lambda s: new_only(s, plan(s, ctx).wanted.get(kind, {})))
+    def read(s: Session) -> dict[str, dict[str, Any]]:
+        p = plan(s, ctx) if repairs is None else repairs
+        return new_only(s, p.wanted.get(kind, {}))
+
+    return ctx.db.read(read)

@@ -30,17 +30,18 @@ from ..domain import (ACTIVE_STATUSES, LIVE_COPY_STATUSES, CopyStatus, LocationR
 from ..operations import dedup_key
 from ..context import ProcessContext
 from .common import create_missing, new_only
-from ..convergence import DeadEnd, repair_sources
+from ..convergence import DeadEnd, Plan, repair_sources
 
 
 #: How often a ``missing`` copy is looked at again (seconds; the dedup key carries the period).
 RECHECK_SECONDS = 3600.0
 
 
-def manage(ctx: ProcessContext) -> int:
+def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     """Create due ``fixity_check`` operations and repairs, and keep derived state and dead
-    ends true (:func:`converge`); returns how many operations it created."""
-    converge(ctx)
+    ends true (:func:`converge`); returns how many operations it created. ``repairs``: the
+    cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    converge(ctx, repairs)
     archives = {ctx.topology.location_ids[l.name]: l for l in ctx.settings.locations
                 if l.role is LocationRole.LONG_TERM_ARCHIVE and l.active}
     if not archives:
@@ -120,7 +121,7 @@ def _repair_source(ctx: ProcessContext, s: Session, loc_id: int, rdp: int | None
     return min((c.id for c in sources), default=None)
 
 
-def converge(ctx: ProcessContext) -> int:
+def converge(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     """Keep the derived state true and the one dead end loud (:mod:`packhorse.convergence`):
     clear ``archived_at`` of packages whose required archive copies are no longer all present
     and verified (a cache that must never outlive its copies, I1), and queue one CRITICAL
@@ -129,7 +130,7 @@ def converge(ctx: ProcessContext) -> int:
     from ..convergence import plan
     from ..notify.outbox import enqueue
 
-    p = ctx.db.read(lambda s: plan(s, ctx))
+    p = ctx.db.read(lambda s: plan(s, ctx)) if repairs is None else repairs
     if not p.stale_archived and not p.dead_ends:
         return 0
 

@@ -16,7 +16,7 @@ transaction with its files' assignment, :data:`GROUPS_PER_COMMIT` groups per tra
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
@@ -26,6 +26,9 @@ from ..domain import LocationRole, OperationKind
 from ..operations import create_operations, dedup_key
 from ..context import ProcessContext
 from .common import create_missing, planned
+
+if TYPE_CHECKING:
+    from ..convergence import Plan
 
 ROOT_GROUP_NAME = "_root"
 _FILES = RawDataFile.__table__
@@ -179,9 +182,10 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
     return created
 
 
-def repair(ctx: ProcessContext) -> int:
+def repair(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     """Create the rebuilds of lost raw data packages from their registered source files that
     the desired state asks for (:func:`packhorse.convergence.plan`: a package whose every copy
     is gone or bad, or a member of a lost bundle that must be rebuilt). The build is
-    deterministic (I3), so the rebuilt tar has the recorded sha256. Returns how many."""
-    return create_missing(ctx, OperationKind.RAW_DATA_PACKAGE, planned(ctx, OperationKind.RAW_DATA_PACKAGE))
+    deterministic (I3), so the rebuilt tar has the recorded sha256. Returns how many.
+    ``repairs``: the cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    return create_missing(ctx, OperationKind.RAW_DATA_PACKAGE, planned(ctx, OperationKind.RAW_DATA_PACKAGE, repairs))

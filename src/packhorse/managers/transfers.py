@@ -5,7 +5,7 @@ The operation belongs to the destination site (its workers pull the bundle).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -16,9 +16,13 @@ from ..operations import dedup_key
 from ..context import ProcessContext
 from .common import buffer_location_ids, create_missing, new_only, planned
 
+if TYPE_CHECKING:
+    from ..convergence import Plan
 
-def manage(ctx: ProcessContext) -> int:
-    """Create missing ``transfer`` operations; returns how many."""
+
+def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
+    """Create missing ``transfer`` operations; returns how many. ``repairs``: the
+    cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
 
     def find(s: Session) -> dict[str, dict[str, Any]]:
         rows = s.execute(
@@ -42,4 +46,4 @@ def manage(ctx: ProcessContext) -> int:
         return new_only(s, wanted)
 
     # the forward flow's first operations, and the repairs of lost copies (:mod:`packhorse.convergence`)
-    return create_missing(ctx, OperationKind.TRANSFER, {**ctx.db.read(find), **planned(ctx, OperationKind.TRANSFER)})
+    return create_missing(ctx, OperationKind.TRANSFER, {**ctx.db.read(find), **planned(ctx, OperationKind.TRANSFER, repairs)})
