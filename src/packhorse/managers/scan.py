@@ -268,16 +268,18 @@ _VERSION = operator.itemgetter(3)
 def _registered(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, tuple[int, int]]:
     """``{path: (size, mtime_ns)}`` of the latest registered version of the files among
     ``paths`` (all of the location's when ``paths`` is long)."""
-    q = select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns, RawDataFile.version).where(
-        RawDataFile.location_id == loc_id)
+    t = RawDataFile.__table__  # plain rows (Core): a full scan reads every registration of the location
+    q = select(t.c.relative_path, t.c.size, t.c.mtime_ns, t.c.version).where(t.c.location_id == loc_id)
 
     def tx(s: Session) -> dict[str, tuple[int, int]]:
+        conn = s.connection()
         if len(paths) > 2000:
-            rows = list(s.execute(q).tuples())
+            rows = conn.execute(q).all()
         else:
             rows = [r for i in range(0, len(paths), 500)
-                    for r in s.execute(q.where(RawDataFile.relative_path.in_(paths[i:i + 500]))).tuples()]
-        rows.sort(key=_VERSION)  # stable, nearly sorted (most files have one version): later versions win
+                    for r in conn.execute(q.where(t.c.relative_path.in_(paths[i:i + 500]))).all()]
+        if any(r[3] != 1 for r in rows):  # most files have one version: nothing to order then
+            rows.sort(key=_VERSION)  # stable: later versions win
         return {path: (size, mtime_ns) for path, size, mtime_ns, _ in rows}
 
     return ctx.db.read(tx)
