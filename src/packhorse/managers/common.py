@@ -61,6 +61,9 @@ def planned(ctx: "ProcessContext", kind: OperationKind, repairs: "Plan | None" =
     """
     from ..convergence import plan
 
+    if repairs is not None and not repairs.wanted.get(kind):
+        return {}  # the cycle's plan asks for nothing of this kind: no read at all
+
     def read(s: Session) -> dict[str, dict[str, Any]]:
         p = plan(s, ctx) if repairs is None else repairs
         return new_only(s, p.wanted.get(kind, {}))
