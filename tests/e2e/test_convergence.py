@@ -229,7 +229,9 @@ def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(
 
     assert_converged(p)
     bad = quarantined_files(p, "fyst-buffer")
-    assert len(bad) == 1 and b"\xde\xad\xbe\xef" in bad[0].read_bytes(), bad
+    # the transfers to both destinations may meet the bad bytes at once: each moves them aside
+    # (no-replace hard links of the one bad file; nothing is overwritten or lost)
+    assert 1 <= len(bad) <= 2 and all(b"\xde\xad\xbe\xef" in f.read_bytes() for f in bad), bad
 
 
 @pytest.mark.parametrize("point, prefix", [("unpack.start", "bundles/"), ("long_term_archive.start", "raw/")],
