@@ -444,7 +444,7 @@ def test_keys_with_spaces_and_non_ascii(backend: StorageBackend, key: str) -> No
 
 
 UNSAFE = ["../x", "a/../../x", "/abs", "/etc/passwd", "a//b", "a/./b", "./a", "a/", "", "a\\b", "a\x00b",
-          "k" + PARTIAL_SUFFIX, "dir/.k.abc" + PARTIAL_SUFFIX]
+          "k" + PARTIAL_SUFFIX, "dir/.k.abc" + PARTIAL_SUFFIX, "dir" + PARTIAL_SUFFIX + "/k"]
 
 
 @pytest.mark.parametrize("key", UNSAFE)

@@ -55,7 +55,7 @@ from ..db.session import insert_ignoring_conflicts
 from ..digest import sha256_stream
 from ..domain import LocationRole, StorageType
 from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
-from ..storage.base import PARTIAL_SUFFIX, Entry, EntryKind, StorageBackend, check_key
+from ..storage.base import Entry, EntryKind, StorageBackend, check_key
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -148,12 +148,6 @@ def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[t
                 check_key(path)
             except UnsafePathError as err:
                 skipped.append((path, f"name not allowed in an archive: {err}"))
-                continue
-            if PARTIAL_SUFFIX in path and any(p.endswith(PARTIAL_SUFFIX) for p in path.split("/")[:-1]):
-                # a folder named like packhorse's partial writes: its files cannot be stored
-                # under that name at a destination (I6), so they are listed, never dropped silently
-                reason = f"name not allowed in an archive: a folder of {path!r} uses the reserved suffix {PARTIAL_SUFFIX}"
-                skipped.append((_printable(path), reason))
                 continue
             append((path, e))
         elif e.kind is EntryKind.FOLDER:

@@ -95,7 +95,9 @@ def check_key(key: str) -> str:
     parts = key.split("/")
     if "" in parts or "." in parts or ".." in parts:  # (list membership: runs once per file scanned)
         raise UnsafePathError(f"unsafe object key {key!r}: empty, '.' or '..' component", path=key)
-    if parts[-1].endswith(PARTIAL_SUFFIX):
+    if PARTIAL_SUFFIX in key and any(p.endswith(PARTIAL_SUFFIX) for p in parts):
+        # in any component: a disk backend's partial writes are files and folders named so, and
+        # its sweep removes them (a file stored below such a folder would be swept with it)
         raise UnsafePathError(f"object key {key!r} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
     return key
 
