@@ -30,12 +30,12 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import LocationOutage, Operation, utcnow
+from .db.models import LocationOutage, Operation, PhysicalCopy, utcnow
 from .db.session import insert_ignoring_conflicts
-from .domain import Status
+from .domain import LIVE_COPY_STATUSES, CopyStatus, Status
 from .errors import ConfigError, LocationUnavailableError, StorageServiceError
 
 if TYPE_CHECKING:
@@ -220,15 +220,10 @@ def root_of(ctx: "ProcessContext", location: str) -> str:
 def _recorded_copies(ctx: "ProcessContext", location: str) -> int:
     """How many live or missing copies the ops database records at ``location`` (0 for a
     location not registered yet)."""
-    from sqlalchemy import func, select
-
-    from .db.models import PhysicalCopy
-    from .domain import CopyStatus
-
     loc_id = ctx.topology.location_ids.get(location)
     if loc_id is None:
         return 0
-    statuses = [CopyStatus.PRESENT.value, CopyStatus.DELETION_PENDING.value, CopyStatus.MISSING.value]
+    statuses = [c.value for c in LIVE_COPY_STATUSES] + [CopyStatus.MISSING.value]
     return ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(PhysicalCopy).where(
         PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(statuses)))) or 0
 
@@ -259,16 +254,12 @@ def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
     """After ``init --replace``: every live copy recorded at ``location`` is recorded
     ``missing`` (the storage holding it is gone), and "archived" is recomputed in the same
     transaction, so convergence makes the copies again (DESIGN.md "Converging")."""
-    from sqlalchemy import select, update
-
-    from .db.models import PhysicalCopy
-    from .domain import CopyStatus
     from .managers.policy import refresh_archived
 
     loc_id = ctx.topology.location_ids.get(location)
     if loc_id is None:
         return
-    live = [CopyStatus.PRESENT.value, CopyStatus.DELETION_PENDING.value]
+    live = [c.value for c in LIVE_COPY_STATUSES]
 
     def tx(s: Any) -> None:
         pkgs = [p for p in s.scalars(select(PhysicalCopy.raw_data_package_id).where(
@@ -301,9 +292,7 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
     """
     from . import __version__
     from .domain import LocationRole
-    from .storage.identity import mark_location
-
-    from .storage.identity import read_marker
+    from .storage.identity import mark_location, read_marker
 
     unknown = sorted(set(replace) - {loc.name for loc in ctx.settings.locations})
     if unknown:
