@@ -133,37 +133,6 @@ def bag_tag_files(
     return [*tags, ("tagmanifest-sha256.txt", tagmanifest)]
 
 
-class _HashingReader:
-    """Wraps a source file: hashes what is read and counts bytes."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self._f = f
-        self.hash = hashlib.sha256()
-        self.size = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self.hash.update(data)
-        self.size += len(data)
-        return data
-
-
-class _TellingWriter:
-    """Gives a write-only sink the ``tell()`` that :mod:`tarfile` asks for."""
-
-    def __init__(self, out: _Writable) -> None:
-        self._out = out
-        self.pos = 0
-
-    def write(self, data: bytes) -> int:
-        self._out.write(data)
-        self.pos += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.pos
-
-
 def _tarinfo(name: str, size: int, mtime: int) -> tarfile.TarInfo:
     ti = tarfile.TarInfo(name)
     ti.size = size
@@ -173,6 +142,96 @@ def _tarinfo(name: str, size: int, mtime: int) -> tarfile.TarInfo:
     ti.uname = ti.gname = ""
     ti.type = tarfile.REGTYPE
     return ti
+
+
+#: ``tarfile``'s PAX writer's fixed fields for every member packhorse writes (mode 0644, owner
+#: and group 0 with empty names, a regular file; see :func:`_tarinfo`).
+_MODE_FIELD, _ID_FIELD = b"0000644\0", b"0000000\0"
+_MAX_OCTAL_11 = 8 ** 11  # size and mtime fields: 11 octal digits
+
+
+class _TarWriter:
+    """Writes the members of a bag tar to ``out`` byte for byte as :mod:`tarfile` in
+    ``PAX_FORMAT`` writes them (determinism across versions, I3: a package built before this
+    writer existed is rebuilt to the same bytes and meets "already there").
+
+    A member whose name is ASCII and at most 100 bytes, whose size and mtime fit 11 octal
+    digits, gets its plain ustar header here (what ``tarfile`` writes for it: no extended
+    header); any other member's header is :mod:`tarfile`'s own (``TarInfo.tobuf``: a PAX
+    extended header first). A small member goes to ``out`` in one ``write`` (header, data and
+    padding): a write through the storage layers and the hash costs more than a small file's
+    bytes. ``tests/unit/test_packaging.py`` compares the output with ``tarfile``'s.
+    """
+
+    #: members up to this size (bytes) are written in one piece
+    ONE_WRITE_BYTES = 64 << 10
+
+    def __init__(self, out: _Writable) -> None:
+        self._out = out
+        self.offset = 0
+
+    @staticmethod
+    def header(name: str, size: int, mtime: int) -> bytes:
+        """The header block(s) of member ``name`` (a regular file of ``size`` bytes)."""
+        try:
+            encoded = name.encode("ascii")
+        except UnicodeEncodeError:
+            encoded = b""
+        if not encoded or len(encoded) > 100 or not (0 <= size < _MAX_OCTAL_11) or not (0 <= mtime < _MAX_OCTAL_11):
+            return _tarinfo(name, size, mtime).tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+        buf = bytearray(512)
+        buf[0:len(encoded)] = encoded
+        buf[100:124] = _MODE_FIELD + _ID_FIELD + _ID_FIELD
+        buf[124:156] = b"%011o\0%011o\0        " % (size, mtime)
+        buf[156] = 0x30  # REGTYPE "0"; linkname, uname, gname, devices, prefix stay NUL
+        buf[257:265] = tarfile.POSIX_MAGIC
+        buf[148:155] = b"%06o\0" % sum(buf)  # the checksum field counted as spaces, as tar does
+        return bytes(buf)
+
+    def _emit(self, data: bytes | bytearray | memoryview) -> None:
+        self._out.write(data)
+        self.offset += len(data)
+
+    def add_bytes(self, name: str, data: bytes, mtime: int) -> None:
+        """Add member ``name`` holding ``data``."""
+        pad = -len(data) % 512
+        self._emit(b"".join((self.header(name, len(data), mtime), data, bytes(pad))))
+
+    def add_file(self, name: str, size: int, mtime: int, src: BinaryIO, hasher: hashlib._Hash) -> None:
+        """Add member ``name``: exactly ``size`` bytes read from ``src``, each also fed to ``hasher``.
+
+        Raises:
+            EOFError: ``src`` ends before ``size`` bytes.
+        """
+        head = self.header(name, size, mtime)
+        pad = -size % 512
+        if size <= self.ONE_WRITE_BYTES:
+            data = src.read(size) if size else b""
+            while len(data) < size:  # a short read is not the end
+                more = src.read(size - len(data))
+                if not more:
+                    raise EOFError(f"{len(data)} of {size} bytes")
+                data += more
+            hasher.update(data)
+            self._emit(b"".join((head, data, bytes(pad))))
+            return
+        self._emit(head)
+        left = size
+        while left:
+            chunk = src.read(min(COPY_BUFSIZE, left))
+            if not chunk:
+                raise EOFError(f"{size - left} of {size} bytes")
+            hasher.update(chunk)
+            self._emit(chunk)
+            left -= len(chunk)
+        if pad:
+            self._emit(bytes(pad))
+
+    def close(self) -> None:
+        """End the archive: two zero blocks, then zeros to a whole 10,240-byte record (as
+        ``tarfile`` and ``tar -b20`` do)."""
+        end = self.offset + 1024
+        self._emit(bytes(1024 + (-end % tarfile.RECORDSIZE)))
 
 
 def write_bag_tar(
@@ -204,47 +263,42 @@ def write_bag_tar(
     """
     if not bag_dir or "/" in bag_dir or bag_dir in (".", ".."):
         raise UnsafePathError(f"bad bag folder name {bag_dir!r}")
-    sink = _TellingWriter(out)
-    tar = tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT, copybufsize=COPY_BUFSIZE)  # type: ignore[call-overload]
-    try:
-        for name, data in bag_tag_files(
-            files, bag_info=bag_info, bagging_date=bagging_date, external_identifier=external_identifier
-        ):
-            tar.addfile(_tarinfo(f"{bag_dir}/{name}", len(data), tag_mtime), io.BytesIO(data))
-        for pf in sorted(files, key=lambda f: _sort_key(f.path)):
+    tar = _TarWriter(out)
+    for name, data in bag_tag_files(
+        files, bag_info=bag_info, bagging_date=bagging_date, external_identifier=external_identifier
+    ):
+        tar.add_bytes(f"{bag_dir}/{name}", data, int(tag_mtime))
+    for pf in sorted(files, key=lambda f: _sort_key(f.path)):
+        try:
+            src = pf.open()
+        except (FileNotFoundError, NotADirectoryError):
+            raise SourceMissingError(f"source file {pf.path!r} is gone", side="source", path=pf.path, step="package") from None
+        with src:
             try:
-                src = pf.open()
-            except (FileNotFoundError, NotADirectoryError):
-                raise SourceMissingError(f"source file {pf.path!r} is gone", side="source", path=pf.path, step="package") from None
-            with src:
-                try:
-                    actual = os.fstat(src.fileno()).st_size
-                except (AttributeError, OSError, ValueError):  # not an OS file (BytesIO, an HTTP body)
-                    actual = pf.size
-                if actual != pf.size:
-                    raise SourceChangedError(
-                        f"source file {pf.path!r} is {actual} bytes, registered with {pf.size}",
-                        side="source", path=pf.path, step="package",
-                        diagnosis="the file was modified after it was registered",
-                    )
-                reader = _HashingReader(src)
-                try:
-                    tar.addfile(_tarinfo(f"{bag_dir}/data/{pf.path}", pf.size, pf.mtime), reader)  # type: ignore[arg-type]
-                except OSError as e:
-                    if "unexpected end of data" in str(e):
-                        raise SourceChangedError(f"source file {pf.path!r} shrank while it was packaged",
-                                                 side="source", path=pf.path, step="package") from None
-                    raise
-                if reader.hash.hexdigest() != pf.sha256:
-                    raise SourceChangedError(
-                        f"source file {pf.path!r} has sha256 {reader.hash.hexdigest()}, registered {pf.sha256}",
-                        side="source", path=pf.path, step="package",
-                        diagnosis="the file's content changed after it was registered (or the disk corrupted it)",
-                    )
-            if on_bytes:
-                on_bytes(pf.size)
-    finally:
-        tar.close()
+                actual = os.fstat(src.fileno()).st_size
+            except (AttributeError, OSError, ValueError):  # not an OS file (BytesIO, an HTTP body)
+                actual = pf.size
+            if actual != pf.size:
+                raise SourceChangedError(
+                    f"source file {pf.path!r} is {actual} bytes, registered with {pf.size}",
+                    side="source", path=pf.path, step="package",
+                    diagnosis="the file was modified after it was registered",
+                )
+            hasher = hashlib.sha256()
+            try:
+                tar.add_file(f"{bag_dir}/data/{pf.path}", pf.size, int(pf.mtime), src, hasher)
+            except EOFError:
+                raise SourceChangedError(f"source file {pf.path!r} shrank while it was packaged",
+                                         side="source", path=pf.path, step="package") from None
+            if hasher.hexdigest() != pf.sha256:
+                raise SourceChangedError(
+                    f"source file {pf.path!r} has sha256 {hasher.hexdigest()}, registered {pf.sha256}",
+                    side="source", path=pf.path, step="package",
+                    diagnosis="the file's content changed after it was registered (or the disk corrupted it)",
+                )
+        if on_bytes:
+            on_bytes(pf.size)
+    tar.close()
 
 
 # ----------------------------------------------------------------------------------- reading

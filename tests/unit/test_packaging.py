@@ -96,6 +96,68 @@ def test_different_metadata_gives_different_bytes(tricky: list[PayloadFile]) -> 
     assert build(tricky) != build(tricky, info={"Packhorse-Group": "instr/ou2"})
 
 
+def _tarfile_build(files: list[PayloadFile], *, bag_dir: str = "pkg", info: dict[str, str] | None = None) -> bytes:
+    """The same bag written by :mod:`tarfile` in PAX format, the way packhorse wrote every bag
+    before its own tar writer: the bytes every existing package holds."""
+    from packhorse.packaging import bag_tag_files
+
+    def ti(name: str, size: int, mtime: int) -> tarfile.TarInfo:
+        t = tarfile.TarInfo(name)
+        t.size, t.mtime, t.mode, t.uid, t.gid, t.uname, t.gname = size, mtime, 0o644, 0, 0, "", ""
+        return t
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in bag_tag_files(files, bag_info=info or {"Packhorse-Group": "instr/ou1"},
+                                        bagging_date="2024-05-06", external_identifier="instr/ou1"):
+            tar.addfile(ti(f"{bag_dir}/{name}", len(data), MTIME), io.BytesIO(data))
+        for pf in sorted(files, key=lambda f: f.path.encode()):
+            with pf.open() as src:
+                tar.addfile(ti(f"{bag_dir}/data/{pf.path}", pf.size, pf.mtime), src)
+    return out.getvalue()
+
+
+def test_bags_are_byte_identical_to_the_tarfile_pax_writer(tricky: list[PayloadFile]) -> None:
+    # packages built by earlier versions (tarfile's writer) must be rebuilt to the same bytes (I3)
+    assert build(tricky) == _tarfile_build(tricky)
+
+
+_NAMES = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="/"), min_size=1,
+            max_size=120),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1,
+            max_size=40),
+).filter(lambda n: n not in (".", ".."))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=st.lists(st.tuples(_NAMES, st.sampled_from([0, 1, 511, 512, 513, 65536, 65537, (1 << 20) + 3]),
+                                  st.sampled_from([0, 1, MTIME, 8 ** 11 - 1, 8 ** 11, 2 ** 40])),
+                        min_size=1, max_size=4, unique_by=lambda e: e[0]))
+def test_any_member_is_written_as_tarfile_writes_it(tmp_path: Path, entries: list[tuple[str, int, int]]) -> None:
+    # names past 100 bytes or not ASCII, sizes around the block and one-write limits, mtimes
+    # beyond 11 octal digits (a PAX extended header): each as tarfile writes it
+    files = []
+    for i, (name, size, mtime) in enumerate(entries):
+        data = bytes([i + 1]) * size
+        files.append(PayloadFile(path=name, size=size, sha256=hashlib.sha256(data).hexdigest(), mtime=mtime,
+                                 open=(lambda data=data: io.BytesIO(data))))
+    assert build(files) == _tarfile_build(files)
+
+
+def test_a_source_that_returns_short_reads_is_read_to_its_end(tmp_path: Path) -> None:
+    data = b"0123456789" * 500
+
+    class Trickle(io.BytesIO):
+        def read(self, n: int | None = -1) -> bytes:  # type: ignore[override]
+            return super().read(min(7, len(data) if n is None or n < 0 else n))
+
+    pf = PayloadFile(path="f", size=len(data), sha256=hashlib.sha256(data).hexdigest(), mtime=MTIME,
+                     open=lambda: Trickle(data))
+    with tarfile.open(fileobj=io.BytesIO(build([pf]))) as tar:
+        assert tar.extractfile("pkg/data/f").read() == data  # type: ignore[union-attr]
+
+
 def _extract_independently(tmp_path: Path, data: bytes) -> Path:
     """Extract a bag tar packhorse built with a reader that is not packhorse's (the standard
     library's, on this trusted input; GNU tar reads every archived bag in the e2e tests)."""
