@@ -501,3 +501,59 @@ def test_staging_fails_permanently_when_the_recorded_bytes_hold_a_bad_bag(tmp_pa
     with pytest.raises(InvalidBagError):
         extract_archive_copy(copy, tmp_path / "target", limits=DEFAULT_LIMITS)
     assert not (tmp_path / "target").exists()
+
+
+# ------------------------------------------------------------------ the header parser
+
+_SLOTS = ("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type", "linkname", "uname", "gname",
+          "devmajor", "devminor", "pax_headers", "sparse", "_sparse_structs")
+
+
+def _parsed(parse, buf: bytes) -> tuple[str, object]:
+    try:
+        info = parse(buf, "utf-8", "surrogateescape")
+    except Exception as e:  # noqa: BLE001 - the kind of refusal is what is compared
+        return "raises", type(e)
+    return "info", tuple(getattr(info, s, None) for s in _SLOTS)
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.text(min_size=1, max_size=160).filter(lambda n: "\x00" not in n),
+       kind=st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.AREGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE,
+                             tarfile.CHRTYPE, tarfile.FIFOTYPE, tarfile.GNUTYPE_SPARSE]),
+       size=st.sampled_from([0, 1, 512, 8 ** 11 - 1, 8 ** 11, 2 ** 40]),
+       mtime=st.sampled_from([0, MTIME, 8 ** 11 - 1, 8 ** 11]),
+       mode=st.sampled_from([0o644, 0o755, 0o7777]),
+       fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+       damage=st.lists(st.tuples(st.integers(0, 511), st.integers(0, 255)), max_size=3),
+       fix_checksum=st.booleans())
+def test_the_readers_header_parse_is_tarfiles(name: str, kind: bytes, size: int, mtime: int, mode: int, fmt: int,
+                                              damage: list[tuple[int, int]], fix_checksum: bool) -> None:
+    # the one reader parses common headers itself (speed); on any header, well-formed or
+    # damaged, it must read exactly what tarfile reads, or refuse it the same way
+    from packhorse.extraction import _BoundedTarInfo
+
+    ti = tarfile.TarInfo(name)
+    ti.type, ti.size, ti.mtime, ti.mode = kind, size, mtime, mode
+    if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+        ti.linkname = "target"
+    try:
+        buf = bytearray(ti.tobuf(fmt, "utf-8", "surrogateescape")[-512:])
+    except ValueError:  # not representable in this format
+        return
+    for at, value in damage:
+        buf[at] = value
+    if fix_checksum:  # damage behind a right checksum: only the fields decide
+        buf[148:156] = b"        "
+        buf[148:155] = b"%06o\0" % sum(buf)
+    assert _parsed(_BoundedTarInfo.frombuf, bytes(buf)) == _parsed(tarfile.TarInfo.frombuf, bytes(buf))
+
+
+def test_the_readers_own_header_parse_is_used_for_plain_members() -> None:
+    from packhorse.extraction import _ustar_header
+
+    for kind in (tarfile.REGTYPE, tarfile.DIRTYPE):
+        ti = tarfile.TarInfo("bag/data/file.dat")
+        ti.type, ti.size = kind, 0 if kind == tarfile.DIRTYPE else 1234
+        buf = ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        assert _ustar_header(tarfile.TarInfo, buf, "utf-8", "surrogateescape") is not None
