@@ -261,15 +261,26 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
         except Exception as exc:  # each operation's failure, as if run alone
             failed, marked = {op_id: exc for op_id in works}, {}
         deleted: list[int] = []
-        for op_id, copy in marked.items():
-            w = works[op_id]
-            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
-                try:
-                    delete_bytes(w, copy)
-                    w.check()
-                    deleted.append(op_id)
-                except Exception as exc:
-                    failed[op_id] = exc
+        # each folder the batch deleted from is synced once, when the last copy went and
+        # before any deletion is recorded (StorageBackend.deferred_sync)
+        try:
+            with contextlib.ExitStack() as syncs:
+                synced: set[int] = set()
+                for op_id, copy in marked.items():
+                    w = works[op_id]
+                    if copy.location_id not in synced:
+                        synced.add(copy.location_id)
+                        syncs.enter_context(ctx.backend(ctx.location_name(copy.location_id)).deferred_sync())
+                    with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
+                        try:
+                            delete_bytes(w, copy)
+                            w.check()
+                            deleted.append(op_id)
+                        except Exception as exc:
+                            failed[op_id] = exc
+        except OSError as exc:  # a folder sync failed: none of these deletions is recorded as done
+            failed.update((op_id, exc) for op_id in deleted)
+            deleted = []
 
         def finish(s: Session) -> list[int]:
             stale = []

@@ -110,6 +110,7 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
             nothing of that raw package is published.
         VerificationError: the bundle's or a raw package's bag does not check.
         DestinationConflictError: ``buf`` holds other bytes under a raw package's key.
+        OSError: a folder of ``buf`` could not be synced.
     """
     done = [] if done is None else done
 
@@ -152,7 +153,10 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         done.append((pkg.id, pkey, result.size, result.sha256))
         return digest
 
-    read_bag_tar(stream, source=source, on_payload=on_payload, limits=limits)
+    # one sync of each folder the raw packages went into, when the bundle has been read and
+    # before anything is recorded (the caller records ``done`` after this returns or raises)
+    with buf.deferred_sync():
+        read_bag_tar(stream, source=source, on_payload=on_payload, limits=limits)
     return done
 
 

@@ -66,6 +66,7 @@ Contract (tested for every backend by ``tests/conformance``):
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
@@ -283,6 +284,20 @@ class StorageBackend(abc.ABC):
         """Create the location's root if it is missing (``packhorse init`` only; nothing else
         creates a root). Returns ``True`` if it was created, ``False`` if it was there."""
         return False
+
+    def deferred_sync(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the folder syncs that make publications and deletions durable are
+        gathered, and made once per folder when the block ends (on disk: one ``fsync`` of each
+        folder written into, instead of one per object). The caller records nothing of what it
+        did inside the block until the block has ended (I2: no copy is recorded that a crash
+        of the machine could undo). Each object's own bytes are still synced before it is
+        published. Nested blocks sync when the outermost ends; per thread. Backends without
+        folders (S3, memory) have nothing to gather: a block changes nothing.
+
+        Raises (when the block ends):
+            OSError: a folder could not be synced (the disk's error).
+        """
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:

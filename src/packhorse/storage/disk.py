@@ -31,6 +31,7 @@ itself is opened with ``O_NOFOLLOW``: a destination symlink is never followed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -38,6 +39,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +90,14 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _sync_existing(folder: Path | str) -> None:
+    """``fsync`` ``folder``; one a deletion pruned meanwhile (it was left empty) has nothing to sync."""
+    try:
+        _fsync_dir(Path(folder))
+    except FileNotFoundError:
+        pass
 
 
 def partial_name(final_name: str, token: int | None) -> str:
@@ -246,7 +256,7 @@ class _DiskPendingWrite(PendingWrite):
                 already = True
             if already:
                 self._backend.check_same(self.key, self.size, sha)
-            _fsync_dir(self._final.parent)
+            self._backend._sync_folder(self._final.parent)
             return PublishResult(self.key, self.size, sha, already_there=already)
         finally:
             self.abort()
@@ -337,6 +347,30 @@ class DiskBackend(StorageBackend):
         self.root = Path(root)
         self._root_str = str(self.root)
         self._resolve_root()
+        self._deferred = threading.local()  # .folders: the folders to sync when the block ends
+
+    @contextlib.contextmanager
+    def deferred_sync(self) -> Iterator[None]:
+        if getattr(self._deferred, "folders", None) is not None:  # nested: the outermost syncs
+            yield
+            return
+        folders: set[str] = set()
+        self._deferred.folders = folders
+        try:
+            yield
+        finally:  # a block that raised still syncs: what it published may be recorded (salvage)
+            self._deferred.folders = None
+            for folder in sorted(folders):
+                _sync_existing(folder)
+
+    def _sync_folder(self, folder: Path | str) -> None:
+        """Make the entries of ``folder`` durable now, or when the :meth:`deferred_sync` block
+        of this thread ends."""
+        folders = getattr(self._deferred, "folders", None)
+        if folders is None:
+            _sync_existing(folder)
+        else:
+            folders.add(str(folder))
 
     def _resolve_root(self) -> None:
         self._real_root = Path(os.path.realpath(self.root))
@@ -632,10 +666,7 @@ class DiskBackend(StorageBackend):
         except (FileNotFoundError, NotADirectoryError):
             self._check_root(key)  # a missing root is not "already gone"
             return False
-        try:
-            _fsync_dir(path.parent)
-        except FileNotFoundError:
-            pass  # a concurrent delete already pruned the folder (it was empty): nothing to sync
+        self._sync_folder(path.parent)
         # prune empty folders up to the root
         parent = path.parent
         while prune and parent != self.root and self.root in parent.parents:

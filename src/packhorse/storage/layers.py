@@ -25,6 +25,7 @@ forwarded to the backend inside.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -122,6 +123,9 @@ class Layer(StorageBackend):
 
     def create_root(self) -> bool:
         return self.inner.create_root()
+
+    def deferred_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self.inner.deferred_sync()
 
     def stat(self, key: str) -> ObjectInfo | None:
         return self.inner.stat(key)
