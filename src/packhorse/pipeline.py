@@ -235,15 +235,23 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
 
 def scan_and_package(ctx: ProcessContext, location: str, pool: Executor) -> dict[str, int]:
     """The scan and package steps for one source location (the distributed scan task, on the
-    source's site): register its settled files, then create the packages of its settled groups.
+    source's site): register its settled files, creating the packages of its settled groups as
+    each chunk of them is registered (:func:`packhorse.managers.scan.scan_location`), then of
+    any settled group left.
 
     Returns:
         ``{"registered": files registered, "packages": packages created, "skipped": files skipped}``.
     """
     from .managers.scan import scan_location
 
-    result = scan_location(ctx, location, pool)
-    created = packages.manage(ctx, result.unsettled_groups, locations={location})
+    created = 0
+
+    def package_now(loc: str, groups: list[str]) -> None:  # groups the scan has just registered
+        nonlocal created
+        created += packages.manage(ctx, {}, locations={loc}, groups=groups)
+
+    result = scan_location(ctx, location, pool, on_registered=package_now)
+    created += packages.manage(ctx, result.unsettled_groups, locations={location})
     return {"registered": result.registered, "packages": created, "skipped": len(result.skipped)}
 
 

@@ -49,6 +49,7 @@ from ..context import ProcessContext
 from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, BreakerState, Status
+from ..managers import packages as packages_manager
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import pipeline
@@ -404,6 +405,13 @@ class LocalRunner:
             after_step=after_step)
         return result.total, result.bundle_wait
 
+    def _package_registered(self, location: str, groups: list[str]) -> None:
+        """The scan's ``on_registered``: package the groups it has just registered and dispatch
+        them at once, so workers build the first packages while the scan hashes the rest. A
+        failure here is the scan's (counted; the cycle after the scan packages them)."""
+        dispatch = (lambda: self._guard("dispatch", self.dispatch, default=0)) if self._running else None
+        packages_manager.manage(self.ctx, {}, locations={location}, groups=groups, on_commit=dispatch)
+
     def recover(self) -> None:
         """Recovery (:func:`packhorse.pipeline.recover`): the stalled-task monitor (circuit
         breakers) and the reconciler, as ``packhorse monitor`` runs them. On the first call also
@@ -490,7 +498,8 @@ class LocalRunner:
                     last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= last_scan + poll or settle_due:
-                    looked = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=None)
+                    looked = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache,
+                                         self._package_registered, default=None)
                     scan_failed = looked is None
                     scan = scan if looked is None else looked
                     last_scan = time.monotonic()

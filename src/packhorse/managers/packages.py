@@ -105,13 +105,15 @@ def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
 
 
 def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Collection[str] | None = None,
-           on_commit: Callable[[], None] | None = None) -> int:
+           groups: Collection[str] | None = None, on_commit: Callable[[], None] | None = None) -> int:
     """Create packages (and their ``raw_data_package`` operations); returns how many.
 
     Args:
         unsettled: per source location name, the groups whose files have not settled yet.
         locations: only these source locations (the distributed scan task packages its own
             location right after scanning it); default every source location.
+        groups: only these groups (those a scan has just registered wholly:
+            :func:`packhorse.managers.scan.scan_location`'s ``on_registered``); default all.
         on_commit: called after each committed transaction (of up to :data:`GROUPS_PER_COMMIT`
             groups), so the first packages can be dispatched while the rest are made.
     """
@@ -128,11 +130,14 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
         buffer_name = ctx.settings.buffer_of(loc.site).name
         waiting = unsettled.get(loc.name, set())
 
-        def groups(s: Session) -> list[str]:
-            return list(s.scalars(select(RawDataFile.group_path).where(
-                RawDataFile.location_id == loc_id, RawDataFile.raw_data_package_id.is_(None)).distinct()))
+        def unpackaged(s: Session) -> list[str]:
+            q = select(RawDataFile.group_path).where(RawDataFile.location_id == loc_id,
+                                                     RawDataFile.raw_data_package_id.is_(None))
+            if groups is not None:
+                q = q.where(RawDataFile.group_path.in_(sorted(groups)))
+            return list(s.scalars(q.distinct()))
 
-        ready = [g for g in sorted(ctx.db.read(groups)) if g not in waiting]
+        ready = [g for g in sorted(ctx.db.read(unpackaged)) if g not in waiting]
 
         def tx(s: Session, chunk: list[str], loc_id: int = loc_id, site: str = loc.site,
                buffer_name: str = buffer_name) -> int:

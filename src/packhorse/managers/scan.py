@@ -42,6 +42,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -62,6 +63,9 @@ log = structlog.get_logger(__name__)
 HASH_BATCH = 64
 #: Smaller files are hashed in the scanning thread itself (see the module docstring), bytes.
 THREAD_HASH_MIN_BYTES = 1 << 20
+#: Files hashed and registered per transaction of a scan (whole groups: a chunk ends at a
+#: group's end), so the first groups are packaged while the rest are hashed.
+REGISTER_CHUNK_FILES = 2000
 #: A folder whose mtime is less than this many seconds older than the scan is listed again.
 RACY_SECONDS = 2.0
 #: Every this many scans with a :class:`ScanCache`, every folder is listed again.
@@ -381,13 +385,59 @@ def _apply_updates(s: Session, updates: list[tuple[Change, dict[str, Any]]], sta
     return done
 
 
+def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[tuple[str, Entry]],
+                changes: dict[str, Change], loc_id: int, depth: int, result: ScanResult, unsettled: set[str],
+                look_again: Callable[[str], None], now: float, settle: float
+                ) -> tuple[list[dict[str, object]], list[tuple[Change, dict[str, Any]]]]:
+    """Hash the files of ``chunk`` (large ones on ``pool``, in batches; small ones here, see the
+    module docstring); returns the rows to register and the registrations to update. A file
+    that changed while hashed makes its group unsettled; an unreadable one is skipped."""
+    rows: list[dict[str, object]] = []
+    large = [(p, st_) for p, st_ in chunk if st_.size >= THREAD_HASH_MIN_BYTES]
+    batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
+    pending = pool.map(lambda b: [_hash(backend, p, st_) for p, st_ in b], batches)
+    digests = {p: _hash(backend, p, st_) for p, st_ in chunk if st_.size < THREAD_HASH_MIN_BYTES}
+    for batch, results in zip(batches, pending):
+        digests.update((p, r) for (p, _), r in zip(batch, results))
+    updates: list[tuple[Change, dict[str, Any]]] = []
+    for path, s in chunk:
+        state, value = digests[path]
+        if state == "ok":
+            row = dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
+                       size=s.size, sha256=value, mtime_ns=s.mtime_ns, version=1)
+            change = changes.get(path)
+            if change is None:
+                rows.append(row)
+            elif change.action == "update":
+                updates.append((change, row))
+            elif value != change.old[2]:  # "version": new bytes (the same bytes again: nothing to do)
+                rows.append(dict(row, version=change.version))
+        elif state == "changed":
+            look_again(path)
+            unsettled.add(group_of(path, depth))
+            result.pending_settle += 1
+            result.next_settle_at = now + max(settle, 0.5)
+        else:
+            look_again(path)  # unreadable now, perhaps not later
+            result.skipped.append((path, str(value)))
+    return rows, updates
+
+
 def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
-                  cache: ScanCache | None = None) -> ScanResult:
+                  cache: ScanCache | None = None,
+                  on_registered: Callable[[str, list[str]], None] | None = None) -> ScanResult:
     """Scan one source location and register what is new and settled.
+
+    Files are hashed and registered in chunks of about :data:`REGISTER_CHUNK_FILES`, whole
+    groups each, in group order, one transaction per chunk.
 
     Args:
         cache: folders seen by earlier scans of this process (see the module docstring);
             ``None`` lists every folder.
+        on_registered: ``on_registered(location, groups)`` after each chunk's transaction, with
+            the chunk's groups that are settled and now wholly registered: the caller may
+            package them while the next chunk is hashed (the first packages start before the
+            scan of a large tree ends). Not called for a chunk whose groups all wait.
     """
     from ..availability import look, record_outage
 
@@ -438,54 +488,49 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             continue
         todo.append((path, s))
 
-    rows: list[dict[str, object]] = []
-    # large files on the pool (batches: one future per file costs more than a small file's
-    # hash), small ones here meanwhile (see the module docstring)
-    large = [(p, st_) for p, st_ in todo if st_.size >= THREAD_HASH_MIN_BYTES]
-    batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
-    pending = pool.map(lambda b: [_hash(backend, p, st_) for p, st_ in b], batches)
-    digests = {p: _hash(backend, p, st_) for p, st_ in todo if st_.size < THREAD_HASH_MIN_BYTES}
-    for batch, results in zip(batches, pending):
-        digests.update((p, r) for (p, _), r in zip(batch, results))
-    updates: list[tuple[Change, dict[str, Any]]] = []
-    for path, s in todo:
-        state, value = digests[path]
-        if state == "ok":
-            row = dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
-                       size=s.size, sha256=value, mtime_ns=s.mtime_ns, version=1)
-            change = changes.get(path)
-            if change is None:
-                rows.append(row)
-            elif change.action == "update":
-                updates.append((change, row))
-            elif value != change.old[2]:  # "version": new bytes (the same bytes again: nothing to do)
-                rows.append(dict(row, version=change.version))
-        elif state == "changed":
-            look_again(path)
-            unsettled.add(group_of(path, depth))
-            result.pending_settle += 1
-            result.next_settle_at = now + max(settle, 0.5)
-        else:
-            look_again(path)  # unreadable now, perhaps not later
-            result.skipped.append((path, str(value)))
+    # hashed and registered in chunks of whole groups, in group order: each chunk's settled
+    # groups can be packaged (``on_registered``) while the next chunk is hashed
+    todo.sort(key=lambda e: (group_of(e[0], depth), e[0]))
+    registered_paths: list[str] = []
+    start = 0
+    while start < len(todo):
+        end = min(start + REGISTER_CHUNK_FILES, len(todo))
+        while end < len(todo) and group_of(todo[end][0], depth) == group_of(todo[end - 1][0], depth):
+            end += 1  # a group is never split between two chunks
+        chunk = todo[start:end]
+        start = end
+        rows, updates = _hash_chunk(backend, pool, chunk, changes, loc_id, depth, result, unsettled, look_again,
+                                    now, settle)
+
+        def register(s: Session, rows: list[dict[str, object]] = rows,
+                     updates: list[tuple[Change, dict[str, Any]]] = updates) -> list[str]:
+            stamp = utcnow()
+            paths = [str(r["relative_path"]) for r in rows] + _apply_updates(s, updates, stamp)
+            if rows:
+                # a file another scanner (a second `packhorse run`) registered since _registered
+                # looked is left as it is: registration is idempotent, never an error that would
+                # cost this scan its view of which groups are still settling
+                t = RawDataFile.__table__
+                s.execute(insert_ignoring_conflicts(s, t, t.c.location_id, t.c.relative_path, t.c.version),
+                          [dict(r, registered_at=stamp) for r in rows])
+            if paths:
+                if withdrawn:
+                    _resolve_withdrawn(s, loc_id, [p for p in paths if p in withdrawn], stamp)
+                for i in range(0, len(paths), 500):
+                    s.execute(delete(SkippedFile).where(SkippedFile.location_id == loc_id,
+                                                        SkippedFile.relative_path.in_(paths[i:i + 500])))
+            return paths
+
+        if rows or updates:
+            registered_paths += ctx.db.transact(register)
+        if on_registered is not None:
+            ready = sorted({group_of(p, depth) for p, _ in chunk} - unsettled)
+            if ready:
+                on_registered(location, ready)
     result.unsettled_groups[location] = unsettled
 
     def tx(s: Session) -> int:
         stamp = utcnow()
-        paths = [str(r["relative_path"]) for r in rows] + _apply_updates(s, updates, stamp)
-        if rows:
-            # a file another scanner (a second `packhorse run`) registered since _registered
-            # looked is left as it is: registration is idempotent, never an error that would
-            # cost this scan its view of which groups are still settling
-            t = RawDataFile.__table__
-            s.execute(insert_ignoring_conflicts(s, t, t.c.location_id, t.c.relative_path, t.c.version),
-                      [dict(r, registered_at=stamp) for r in rows])
-        if paths:
-            if withdrawn:
-                _resolve_withdrawn(s, loc_id, [p for p in paths if p in withdrawn], stamp)
-            for i in range(0, len(paths), 500):
-                s.execute(delete(SkippedFile).where(SkippedFile.location_id == loc_id,
-                                                    SkippedFile.relative_path.in_(paths[i:i + 500])))
         existing = {k.relative_path: k for k in s.scalars(select(SkippedFile).where(SkippedFile.location_id == loc_id))}
         for path, reason in result.skipped:
             row = existing.get(path)
@@ -501,7 +546,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         for path, row in existing.items():
             if path not in current and (full or row.reason.startswith("folder not readable")):
                 s.delete(row)
-        return len(paths)
+        return len(registered_paths)
 
     result.registered = ctx.db.transact(tx)
     if cache is not None and seen is not None:  # only once what was seen is registered
@@ -509,18 +554,20 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     return result
 
 
-def scan_all(ctx: ProcessContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None) -> ScanResult:
+def scan_all(ctx: ProcessContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None,
+             on_registered: Callable[[str, list[str]], None] | None = None) -> ScanResult:
     """Scan every active disk source location; merge the results.
 
     Args:
         cache: kept between the scans of one process to skip unchanged folders (see the
             module docstring); ``None`` lists every folder.
+        on_registered: see :func:`scan_location`.
     """
     total = ScanResult()
     for loc in ctx.settings.locations:
         if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
             continue
-        r = scan_location(ctx, loc.name, pool, cache)
+        r = scan_location(ctx, loc.name, pool, cache, on_registered)
         total.registered += r.registered
         total.skipped += r.skipped
         total.pending_settle += r.pending_settle
