@@ -205,8 +205,16 @@ def _octal(field: bytes) -> int:
     return int(field.decode("ascii").strip() or "0", 8)
 
 
+#: number field bytes → value (:func:`_octal`): most fields repeat member after member (mode,
+#: owner, mtime, the device fields); bounded, emptied when full
+_OCTALS: dict[bytes, int] = {}
+_OCTALS_MAX = 4096
+
+
 def _text(field: bytes, encoding: str, errors: str) -> str:
     """``tarfile.nts``."""
+    if not field[0]:
+        return ""
     end = field.find(b"\0")
     if end != -1:
         field = field[:end]
@@ -222,14 +230,24 @@ def _ustar_header(cls: type[tarfile.TarInfo], buf: bytes, encoding: str, errors:
     kind = buf[156:157]
     if kind != tarfile.REGTYPE and kind != tarfile.DIRTYPE:
         return None
+    octals = _OCTALS
+    numbers = []
     try:
-        numbers = []
         for a, b in _NUMBER_FIELDS:
-            if buf[a] in (0o200, 0o377):  # base-256: tarfile's own
-                return None
-            numbers.append(_octal(buf[a:b]))
+            field = buf[a:b]
+            value = octals.get(field)
+            if value is None:
+                if field[0] in (0o200, 0o377):  # base-256: tarfile's own
+                    return None
+                value = _octal(field)
+                if len(octals) >= _OCTALS_MAX:
+                    octals.clear()
+                octals[field] = value
+            numbers.append(value)
         mode, uid, gid, size, mtime, chksum, devmajor, devminor = numbers
-        if chksum != 256 + sum(buf[:148]) + sum(buf[156:]):  # a signed checksum, or wrong: tarfile decides
+        # the unsigned checksum (NUL bytes add nothing, so they are dropped before summing);
+        # a signed checksum, or a wrong one, is tarfile's to decide
+        if chksum != 256 + sum(buf.translate(None, b"\0")) - sum(buf[148:156]):
             return None
         obj = cls()
         name = _text(buf[0:100], encoding, errors)
