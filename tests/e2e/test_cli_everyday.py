@@ -216,11 +216,30 @@ def test_verify_checks_staged_copies_and_stage_again_restores_a_removed_one(tmp_
     assert "already requested" in twice.stdout  # the new staged copy verifies: nothing to redo
 
 
+def _debug_or_info_lines(stderr: str) -> list[str]:
+    """Log lines below WARNING (console or JSON rendering)."""
+    return [line for line in stderr.splitlines()
+            if "[debug" in line or "[info" in line or '"level": "debug"' in line or '"level": "info"' in line]
+
+
+def test_init_prints_what_it_did_and_no_debug_log_lines(tmp_path):
+    # found by a new-user trial: init (and demo) logged every marker write at debug level, on
+    # stdout (structlog's default before any configuration), where scripts read results
+    cfg = write_site_config(tmp_path / "site")
+    r = run_packhorse("init", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "created and marked" in r.stderr and not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)
+    assert r.stdout == ""
+    loud = run_packhorse("init", "-c", str(cfg), env={"PACKHORSE_LOG_LEVEL": "debug"})
+    assert loud.returncode == 0  # a level asked for still applies
+
+
 def test_demo_prints_where_the_archives_are(tmp_path):
     data = tmp_path / "mydata"
     write_settled(data / "inst" / "obs1" / "f.fits", os.urandom(2000))
     r = run_packhorse("demo", "--source", str(data), "--workdir", str(tmp_path / "demo"), "-q", timeout=600)
     assert r.returncode == 0, r.stderr
+    assert not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)  # -q: errors only
     lines = [l for l in r.stdout.splitlines() if l.strip().startswith("archive:")]
     assert len(lines) == 2, r.stdout
     for line in lines:

@@ -28,8 +28,13 @@ __all__ = ["EXIT_BLOCKED", "EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_PROBLE
 
 
 def main() -> None:
-    """Console-script entry point: run the command; a ``PackhorseError`` that escapes a command
-    prints ``error: ...`` and exits 1."""
+    """Console-script entry point: run the command (logging at WARNING until the command sets
+    its own level); a ``PackhorseError`` that escapes a command prints ``error: ...`` and exits 1."""
+    from .. import logs
+
+    # until a command sets its own level: warnings and errors only (structlog's default would
+    # print every debug line)
+    logs.configure("WARNING")
     try:
         app()
     except PackhorseError as e:

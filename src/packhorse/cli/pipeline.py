@@ -66,9 +66,11 @@ def init(config: ConfigOpt = None,
     keeps its data; a root marked as another location is refused (exit 2), and so is an empty
     unmarked root where the database records copies (an unmounted disk), unless ``--replace``
     names it."""
+    from .. import logs
     from ..availability import mark_locations
     from ..errors import StorageServiceError
 
+    logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
     s = settings(config)
     db = database(s, migrate_check=False)
     before = db.current_revision()
@@ -450,8 +452,10 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
+    from .. import logs
     from ..availability import mark_locations
 
+    logs.configure(log_level("WARNING"))  # the run below sets its own level
     mark_locations(ctx)
     elapsed, signum = _run(ctx, until_idle=True, quiet=quiet, label="packhorse demo")
     code = exit_code_after_run(ctx, quiet=quiet)
