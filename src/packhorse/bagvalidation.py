@@ -202,7 +202,7 @@ _DECLARATION = re.compile(
     r"BagIt-Version: (?P<version>[0-9]+\.[0-9]+)(?:\r\n|\r|\n)"
     r"Tag-File-Character-Encoding: (?P<encoding>[^\s:]+)(?:\r\n|\r|\n)"
 )
-_MANIFEST_NAME = re.compile(r"(tag)?manifest-([A-Za-z0-9]+)\.txt")
+_MANIFEST_NAME = re.compile(r"(tag)?manifest-([A-Za-z0-9][A-Za-z0-9_-]*)\.txt")  # sha3-256 too
 _MANIFEST_LINE = re.compile(r"([0-9A-Fa-f]+)[ \t]+(.*)", re.DOTALL)
 _PERCENT = re.compile(r"%(0A|0D|25)", re.IGNORECASE)
 _PERCENT_VALUE = {"0a": "\n", "0d": "\r", "25": "%"}

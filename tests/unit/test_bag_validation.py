@@ -351,6 +351,16 @@ CASES["an algorithm packhorse does not verify (blake2b)"] = Case(
     _blake2b, {"unsupported-algorithm", "payload-not-in-manifest"}, bagit_valid=True)
 
 
+def _sha3_256(root: Path) -> None:
+    # a name with a hyphen is a manifest too (found by a new-user trial: it was ignored, so a
+    # wrong checksum in it went unnoticed)
+    (root / "manifest-sha3-256.txt").write_text(f"{'0' * 64}  data/a.txt\n")
+
+
+CASES["an algorithm whose name has a hyphen (sha3-256)"] = Case(
+    _sha3_256, {"unsupported-algorithm", "payload-not-in-manifest"}, bagit_valid=True)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_corpus_verdicts(tmp_path: Path, name: str) -> None:
     case = CASES[name]
