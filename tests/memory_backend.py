@@ -123,7 +123,8 @@ class MemoryBackend(StorageBackend):
         return iter([ObjectInfo(k, len(d), t) for k, (d, t) in items
                      if k.startswith(prefix) and not k.startswith(RESERVED_PREFIX)])
 
-    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None,
+             everything: bool = False) -> Iterator[Entry]:
         """Like an object store's (no folders of its own, ``reuse`` never called): the start
         ``FOLDER`` entry, then every object under ``prefix`` as a ``FILE``, sorted by key.
         Raises :class:`LocationUnavailableError` while :attr:`available` is false (a test's
@@ -138,7 +139,7 @@ class MemoryBackend(StorageBackend):
             items = sorted(self._objects.items())
         yield Entry(prefix, EntryKind.FOLDER, 0, 0)
         for k, (d, t) in items:
-            if k.startswith(start) and not k.startswith(RESERVED_PREFIX):
+            if k.startswith(start) and (everything or not k.startswith(RESERVED_PREFIX)):
                 yield Entry(k, EntryKind.FILE, len(d), int(t * 1e9))
 
     def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:

@@ -64,3 +64,19 @@ def test_without_a_callback_a_scan_registers_everything_as_before(ctx) -> None: 
     with ThreadPoolExecutor(2) as pool:
         assert scan_all(ctx, pool).registered == 3
     assert not ctx.db.read(lambda s: list(s.scalars(select(RawDataPackage.name))))  # the cycle packages them
+
+
+def test_files_named_like_packhorse_s_own_are_reported_not_left_out(ctx) -> None:  # type: ignore[no-untyped-def]
+    # found by a new-user trial: a source file named like a partial write of packhorse's, or
+    # put in its reserved folder, was neither archived nor listed as skipped (I1)
+    root = source(ctx)
+    write(root / "inst/obs1/good.dat", b"good")
+    write(root / "inst/obs1/.raw.0123456789ab.packhorse-partial", b"the instrument's")
+    write(root / "_packhorse/notes.txt", b"an operator's note")
+    with ThreadPoolExecutor(2) as pool:
+        result = scan_all(ctx, pool)
+    assert result.registered == 1
+    reasons = dict(result.skipped)
+    assert "reserved suffix" in reasons["inst/obs1/.raw.0123456789ab.packhorse-partial"]
+    assert "identity marker" in reasons["_packhorse/notes.txt"]
+    assert "_packhorse/location.json" not in reasons  # the marker itself is packhorse's own

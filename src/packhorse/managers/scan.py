@@ -56,7 +56,8 @@ from ..db.session import insert_ignoring_conflicts
 from ..digest import sha256_stream
 from ..domain import LocationRole, StorageType
 from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
-from ..storage.base import Entry, EntryKind, StorageBackend, check_key
+from ..storage.base import RESERVED_PREFIX, Entry, EntryKind, StorageBackend, check_key
+from ..storage.identity import MARKER_KEY
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -140,8 +141,16 @@ def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[t
             folder.clean = False
 
     append, FILE = out.append, EntryKind.FILE
-    for e in backend.walk(reuse=reuse if seen is not None else None):
+    # everything: a source holds only the instrument's files besides packhorse's identity
+    # marker, so a file named like packhorse's partial writes, or put in its reserved folder,
+    # is reported below instead of being left out unseen (I1)
+    for e in backend.walk(reuse=reuse if seen is not None else None, everything=True):
         path = e.path
+        if path.startswith(RESERVED_PREFIX):
+            if e.kind is not EntryKind.FOLDER and path != MARKER_KEY:
+                skipped.append((_printable(path), f"in the folder packhorse keeps for its identity marker "
+                                                  f"({RESERVED_PREFIX}); not archived: move it elsewhere"))
+            continue
         if e.kind is FILE:
             try:
                 path.encode("utf-8")

@@ -329,7 +329,8 @@ class StorageBackend(abc.ABC):
         """Yield every published object whose key starts with ``prefix``, sorted by key."""
 
     @abc.abstractmethod
-    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None,
+             everything: bool = False) -> Iterator[Entry]:
         """Walk folder ``prefix`` (``""``: the root) recursively: yield an :class:`Entry` for
         it, then for everything under it, depth first, each folder's entries sorted by name and
         a folder's own entry before its contents. Nothing is followed: a symbolic link is a
@@ -349,6 +350,11 @@ class StorageBackend(abc.ABC):
                 entry is yielded, its files are not, and the walk goes on into those subfolders
                 (each looked at afresh). ``None`` lists it. Backends without folder times never
                 call it. A tree of settled files then costs one ``stat`` per folder.
+            everything: also yield what the walk leaves out by default (the keys under
+                :data:`RESERVED_PREFIX`, names of this backend's own partial writes), each as the
+                kind it is: a source location, which packhorse never writes but for its identity
+                marker, where a file of such a name is the instrument's and must be reported
+                (I1: nothing left out silently), not hidden.
 
         Raises:
             LocationUnavailableError: the location's root is not there (an unmounted disk, a

@@ -698,13 +698,15 @@ class DiskBackend(StorageBackend):
         out.sort(key=lambda o: o.key)
         return iter(out)
 
-    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None,
+             everything: bool = False) -> Iterator[Entry]:
         """See :meth:`StorageBackend.walk`. One ``scandir`` per folder listed and one ``lstat``
         per entry (about what ``find -printf '%s %T@'`` costs); the root itself may be a
         symbolic link (a mount point elsewhere), nothing under it is followed. This backend's
         own partial writes (files, and folders of :meth:`open_folder_write`, named
-        ``.<name>.<12 hex digits>`` + :data:`PARTIAL_SUFFIX`) are left out; any other name
-        ending in the suffix is reported (a source may hold one: the scan refuses it).
+        ``.<name>.<12 hex digits>`` + :data:`PARTIAL_SUFFIX`) and the reserved top folder are
+        left out unless ``everything``; any other name ending in the suffix is reported (a
+        source may hold one: the scan refuses it).
 
         Raises:
             LocationUnavailableError: the root folder is missing or not a folder.
@@ -721,7 +723,7 @@ class DiskBackend(StorageBackend):
                 raise UnsafePathError(f"{self.location}: {prefix!r} is not a folder", path=prefix, host=self.location)
         else:
             st = root_st
-        yield from _walk_folder(self._root_str, prefix, st.st_mtime_ns, reuse)
+        yield from _walk_folder(self._root_str, prefix, st.st_mtime_ns, reuse, everything)
 
     def quarantine(self, key: str) -> str | None:
         """Move the object aside with a no-replace hard link, then unlink it (never overwrites)."""
@@ -808,7 +810,8 @@ def _name(entry: os.DirEntry[str]) -> str:
     return entry.name
 
 
-def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None) -> Iterator[Entry]:
+def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None,
+                 everything: bool = False) -> Iterator[Entry]:
     """:meth:`DiskBackend.walk` of folder ``rel`` (its ``mtime_ns`` already known). Plain
     strings and one ``lstat`` per entry: this runs once per file of a source tree."""
     path = f"{root}/{rel}" if rel else root
@@ -822,7 +825,7 @@ def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None)
                 yield Entry(sub, _UNKNOWN, 0, 0, e.strerror)
                 continue
             if S_ISDIR(st.st_mode):
-                yield from _walk_folder(root, sub, st.st_mtime_ns, reuse)
+                yield from _walk_folder(root, sub, st.st_mtime_ns, reuse, everything)
             # else: gone or replaced, which changes the parent's mtime: the next look lists it
         return
     try:
@@ -835,7 +838,7 @@ def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None)
     base = f"{rel}/" if rel else ""
     for entry in entries:
         name = entry.name
-        if not rel and name == _RESERVED_TOP:
+        if not rel and name == _RESERVED_TOP and not everything:
             continue  # packhorse's own objects
         try:
             st = entry.stat(follow_symlinks=False)
@@ -843,12 +846,12 @@ def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None)
             yield Entry(base + name, _UNKNOWN, 0, 0, e.strerror)
             continue
         mode = st.st_mode
-        if name[0] == "." and name.endswith(PARTIAL_SUFFIX) and _OWN_PARTIAL.match(name):
+        if name[0] == "." and name.endswith(PARTIAL_SUFFIX) and _OWN_PARTIAL.match(name) and not everything:
             continue  # an unpublished write of this backend (a file or a folder being filled)
         if S_ISREG(mode):
             yield Entry(base + name, _FILE, st.st_size, st.st_mtime_ns)
         elif S_ISDIR(mode):
-            yield from _walk_folder(root, base + name, st.st_mtime_ns, reuse)
+            yield from _walk_folder(root, base + name, st.st_mtime_ns, reuse, everything)
         elif S_ISLNK(mode):
             yield Entry(base + name, _LINK, st.st_size, st.st_mtime_ns)
         else:

@@ -145,8 +145,9 @@ class Layer(StorageBackend):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         return self.inner.list(prefix)
 
-    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
-        return self.inner.walk(prefix, reuse=reuse)
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None,
+             everything: bool = False) -> Iterator[Entry]:
+        return self.inner.walk(prefix, reuse=reuse, everything=everything)
 
     def cleanup_partials(self, older_than_seconds: float, *, resumable_older_than_seconds: float | None = None) -> int:
         return self.inner.cleanup_partials(older_than_seconds, resumable_older_than_seconds=resumable_older_than_seconds)

@@ -541,7 +541,8 @@ class S3Backend(StorageBackend):
         out.sort(key=lambda o: o.key)
         return iter(out)
 
-    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None) -> Iterator[Entry]:
+    def walk(self, prefix: str = "", *, reuse: ReuseListing | None = None,
+             everything: bool = False) -> Iterator[Entry]:
         """See :meth:`StorageBackend.walk`: an object store has no folders, symbolic links or
         special files, so this yields one ``FOLDER`` entry (``prefix``, mtime 0), then every
         object under ``prefix`` as a ``FILE`` (size, ``LastModified`` in ns), sorted by key,
@@ -561,7 +562,7 @@ class S3Backend(StorageBackend):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + start):
                 for o in page.get("Contents", []):
                     key = o["Key"][len(self.prefix):]
-                    if key.startswith(RESERVED_PREFIX):
+                    if key.startswith(RESERVED_PREFIX) and not everything:
                         continue
                     stamp = o["LastModified"]
                     yield Entry(key, EntryKind.FILE, int(o["Size"]), int(stamp.timestamp()) * 1_000_000_000
