@@ -219,9 +219,17 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
             return db.read(lambda s: s.scalar(select(func.count()).select_from(Operation).where(
                 Operation.kind == OperationKind.TRANSFER.value, Operation.status == Status.SCHEDULED.value))) >= 2
 
-        # the destination sites' workers are not up yet: their transfer messages wait in Redis
-        wait_for(transfers_queued, 120, "transfer messages queued for cologne and cornell")
-        assert redis.client.dbsize() > 0
+        def transfer_messages_in_redis() -> int:
+            # kombu's Redis transport keeps a queue's messages in a list named after the queue
+            # (with a priority suffix for non-default priorities)
+            return sum(redis.client.llen(k) for k in redis.client.scan_iter(match="*_transfer*")
+                       if redis.client.type(k) in (b"list", "list"))
+
+        # the destination sites' workers are not up yet: their transfer messages wait in Redis.
+        # The dispatcher commits SCHEDULED before it publishes, so the rows alone do not say the
+        # messages are there yet (a flush in between lost nothing, and nothing was re-dispatched)
+        wait_for(transfers_queued, 120, "transfer operations scheduled for cologne and cornell")
+        wait_for(lambda: transfer_messages_in_redis() >= 2, 60, "transfer messages in Redis")
         redis.client.flushall()  # every queued message is gone
         assert redis.client.dbsize() == 0
         cluster.start_worker("cologne")
