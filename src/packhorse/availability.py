@@ -228,22 +228,29 @@ def _recorded_copies(ctx: "ProcessContext", location: str) -> int:
         PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(statuses)))) or 0
 
 
-def _refuse_empty_root_with_copies(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool) -> None:
-    """Refuse to mark an empty, unmarked root where the database records copies (an unmounted
-    mount point looks exactly like that: DESIGN.md "Storage that is absent is not empty"),
-    unless the operator said it replaces lost storage (``packhorse init --replace LOCATION``).
+def _refuse_empty_root_with_copies(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool,
+                                   root_missing: bool = False) -> None:
+    """Refuse to mark an empty, unmarked root, or to create a missing one, where the database
+    records copies (an unmounted mount point looks exactly like that, and so does the folder
+    of a disk mounted below it when the disk is not: DESIGN.md "Storage that is absent is not
+    empty"), unless the operator said it replaces lost storage (``packhorse init --replace
+    LOCATION``).
+
+    Args:
+        root_missing: the root itself is not there (``init`` would create it).
 
     Raises:
         ConfigError: naming the location, its root, the copies recorded and both ways on.
     """
     if replacing:
         return
-    if next(iter(backend.list()), None) is not None:
+    if not root_missing and next(iter(backend.list()), None) is not None:
         return  # a root with data and no marker: an existing deployment, adopted as it is
     n = _recorded_copies(ctx, location)
     if n:
+        state = "is missing" if root_missing else "is empty and unmarked"
         raise ConfigError(
-            f"data location {location}: the root {root_of(ctx, location)} is empty and unmarked, but the ops "
+            f"data location {location}: the root {root_of(ctx, location)} {state}, but the ops "
             f"database records {n} copy(ies) there — an unmounted disk or a missing bucket? Mount the storage "
             f"that holds them (packhorse resumes by itself). If this really is new, empty storage replacing lost "
             f"storage, run `packhorse init --replace {location}`: its copies are recorded missing and made again "
@@ -277,8 +284,9 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
     adopted as it is (migrating an existing deployment); an open outage of a location marked
     here is ended. Returns what was done per location.
 
-    An *empty* unmarked root where the database records copies is refused (an unmounted mount
-    point looks like that) unless its location is in ``replace`` (``init --replace LOCATION``:
+    An *empty* unmarked root, or a *missing* one, where the database records copies is refused
+    (an unmounted mount point looks like the first, the folder of a disk mounted below it like
+    the second: neither is ever created or marked over its copies) unless its location is in ``replace`` (``init --replace LOCATION``:
     new storage replacing lost storage; its recorded copies become ``missing`` and are made
     again by convergence).
 
@@ -306,8 +314,11 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
             # path (or an unmounted disk) as "nothing to archive"
             missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
             continue
-        if loc.role is not LocationRole.SOURCE and backend.root_missing() is None and read_marker(backend) is None:
-            _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace)
+        if loc.role is not LocationRole.SOURCE:
+            root_missing = backend.root_missing() is not None
+            if root_missing or read_marker(backend) is None:
+                _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace,
+                                               root_missing=root_missing)
         done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
                                   storage=loc.storage.value, version=__version__))
         if loc.name in replace:

@@ -161,6 +161,35 @@ def test_an_empty_mount_point_blocks_writes_and_init_adopts_an_unmarked_root_wit
     assert p.status()["blocked"] == []
 
 
+def test_init_never_creates_a_missing_root_that_holds_recorded_copies(pipeline, tmp_path: Path) -> None:
+    # an archive disk mounted at /mnt/x with its root /mnt/x/packhorse: unmounted, the root
+    # itself is gone. Following `packhorse init` (the upgrade routine) must not create a fresh
+    # root there and archive everything again onto the wrong disk
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=1)
+    p.init()
+    p.run(expect=0)
+    archive = p.location("cologne-lta")
+    os.rename(archive, tmp_path / "disk")
+    init = p.cli("init")
+    assert init.returncode == 2, init.stderr
+    assert "cologne-lta" in init.stderr and "is missing" in init.stderr and "--replace cologne-lta" in init.stderr
+    assert not archive.exists(), "init created the missing root of a location holding recorded copies"
+    p.run(expect=4)
+    assert not archive.exists(), "packhorse wrote under the missing root"
+    # mounted again: nothing to do but resume
+    os.rename(tmp_path / "disk", archive)
+    assert p.cli("init").returncode == 0
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+    # new storage replacing lost storage, where the root is created afresh: said explicitly
+    os.rename(archive, tmp_path / "lost")
+    init = p.cli("init", "--replace", "cologne-lta")
+    assert init.returncode == 0 and json.loads((archive / MARKER_KEY).read_text())["location"] == "cologne-lta"
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+
+
 def test_init_replace_marks_new_empty_storage_and_the_lost_copies_are_made_again(pipeline, tmp_path: Path) -> None:
     p = pipeline(bundle_max_wait_seconds=0)
     _source(p, groups=2)
