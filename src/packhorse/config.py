@@ -551,6 +551,12 @@ class Settings(_Section):
                     errors.append(
                         f"routes[{i}].destination_sites: site {dest!r} has no active 'long_term_archive' location"
                     )
+        if self.extraction.max_member_bytes < self.packaging.max_package_bytes:
+            # a bundle's members are its raw package tars: every bundle of full packages would be
+            # refused at unpack, permanently
+            errors.append(f"extraction.max_member_bytes: {self.extraction.max_member_bytes} is less than "
+                          f"packaging.max_package_bytes = {self.packaging.max_package_bytes}; a bundle's members "
+                          "are its raw packages, so every unpack of a full package would be refused")
         required = self.deletion.archive_copies_required
         for i, route in enumerate(self.routes):
             archives = sum(len(self.locations_at(d, LocationRole.LONG_TERM_ARCHIVE)) for d in route.destination_sites)
@@ -559,12 +565,17 @@ class Settings(_Section):
                               f"exist for routes[{i}] (source_site {route.source_site!r}), which has "
                               f"{archives} long-term archive location(s); buffers would never be freed")
         disk = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.DISK and l.path]
-        # realpath: two names for one folder (a symlink) would count one file as two copies
+        # realpath: two names for one folder (a symlink) would count one file as two copies.
+        # Distributed, each site's folders are on that site's own hosts (its workers write only
+        # there): one path at two sites is two folders; embedded, every site is on this host
+        one_host = self.executor.kind == "local"
         resolved = [(i, l, Path(os.path.realpath(self._resolve(l.path)))) for i, l in disk]
         for a in range(len(resolved)):
             for b in range(a + 1, len(resolved)):
                 ia, la, pa = resolved[a]
                 ib, lb, pb = resolved[b]
+                if not one_host and la.site != lb.site:
+                    continue
                 if pa == pb or pa in pb.parents or pb in pa.parents:
                     errors.append(
                         f"locations[{ib}].path: {lb.path!r} (location {lb.name!r}) overlaps "

@@ -434,7 +434,8 @@ def test_extraction_limits_from_the_file_and_the_environment() -> None:
 
     s = settings_from_dict(minimal(), environ={})
     assert ExtractionLimits.from_settings(s) == DEFAULT_LIMITS
-    data = {**minimal(), "extraction": {"max_members": 10, "max_member_bytes": 2048}}
+    data = {**minimal(), "extraction": {"max_members": 10, "max_member_bytes": 2048},
+            "packaging": {"max_package_bytes": 2048}}
     s = settings_from_dict(data, environ={"PACKHORSE_EXTRACTION__MAX_TOTAL_BYTES": "4096"})
     assert ExtractionLimits.from_settings(s) == ExtractionLimits(max_members=10, max_member_bytes=2048,
                                                                  max_total_bytes=4096)
@@ -442,3 +443,42 @@ def test_extraction_limits_from_the_file_and_the_environment() -> None:
         settings_from_dict({**minimal(), "extraction": {"max_members": 0}}, source="site.toml", environ={})
     with pytest.raises(ConfigError, match=r"extraction.max_member_bytes: .*not a number"):
         settings_from_dict({**minimal(), "extraction": {"max_member_bytes": "1"}}, source="site.toml", environ={})
+
+
+def test_one_path_at_two_sites_is_two_folders_when_distributed_one_when_embedded() -> None:
+    # distributed, each site's workers write only to that site's own hosts: the same path at
+    # cologne and at cornell names two folders; embedded, every site is on this one host
+    d = minimal()
+    d["sites"].append({"name": "cornell"})
+    d["locations"] += [{"name": "cornell-buffer", "site": "cornell", "role": "buffer", "path": "cb"},
+                       {"name": "cornell-lta", "site": "cornell", "role": "long_term_archive", "path": "ca"}]
+    d["routes"][0]["destination_sites"] = ["cologne", "cornell"]
+    assert "locations[4].path: 'cb' (location 'cornell-buffer') overlaps 'cb' (location 'cologne-buffer')" in refuse(d)
+    d["executor"] = {"kind": "celery", "broker_url": "redis://127.0.0.1:6379/0"}
+    d["database"] = {"url": "postgresql+psycopg://postgres@127.0.0.1/x"}
+    settings = settings_from_dict(d, source="site.toml", environ={})
+    assert settings.location("cornell-buffer").path == settings.location("cologne-buffer").path
+    # within one site the folders still must not overlap
+    d["locations"][3]["path"] = "cb/archive"
+    assert "locations[3].path: 'cb/archive' (location 'cologne-lta') overlaps 'cb'" in refuse(d)
+
+
+def test_the_distributed_example_of_the_deployment_guide_is_a_valid_configuration() -> None:
+    import re
+    import tomllib
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", doc, re.S) if "[[locations]]" in b]
+    assert blocks, "docs/deployment.md has no example configuration"
+    for block in blocks:
+        settings = settings_from_dict(tomllib.loads(block), source="deployment.md", environ={})
+        assert settings.executor.kind == "celery"
+
+
+def test_an_extraction_limit_below_the_package_size_is_refused_at_start() -> None:
+    d = minimal()
+    d["extraction"] = {"max_member_bytes": 100_000}
+    msg = refuse(d)
+    assert "extraction.max_member_bytes: 100000 is less than packaging.max_package_bytes" in msg
+    d["packaging"] = {"max_package_bytes": 100_000}
+    settings_from_dict(d, source="site.toml", environ={})
