@@ -172,6 +172,22 @@ def test_run_until_idle_returns_within_seconds_when_the_mail_server_does_not_ans
         silent.close()
 
 
+def test_run_until_idle_without_a_channel_says_nothing_can_send_the_notifications(tmp_path: Path) -> None:
+    # no channel: "the next run delivers them" would be false; the line says why they stay
+    site = tmp_path / "site"
+    cfg = write_site_config(site, max_retries=0)
+    (site / "source" / "cam" / "obs1").mkdir(parents=True)
+    (site / "source" / "cam" / "obs1" / "a.dat").write_bytes(b"alpha")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    faults = [{"point": "long_term_archive.write", "action": "fail", "times": 2}]
+    r = run_packhorse("run", "-c", str(cfg), "--until-idle", env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
+    assert r.returncode == 3, r.stderr
+    assert "not sent: no notification channel is configured" in r.stderr, r.stderr[-2000:]
+    assert "delivers them" not in r.stderr
+    listed = json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)
+    assert any(n["event"] == "permanent_failure" and n["status"] == "pending" for n in listed)
+
+
 def test_notifier_stops_within_five_seconds_of_sigterm_mid_delivery(tmp_path: Path) -> None:
     silent = SilentServer()
     try:

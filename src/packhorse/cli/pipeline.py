@@ -146,6 +146,17 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
 PROGRESS_INTERVAL_SECONDS = 30.0
 
 
+def _queued_notifications_line(queued: int, channels_configured: bool) -> str:
+    """The line ``run --until-idle`` ends with when notifications are left in the outbox: what
+    delivers them, or that nothing can (no channel configured)."""
+    if not channels_configured:
+        return (f"packhorse run: {queued} notification(s) in the outbox, not sent: no notification channel is "
+                "configured ([notifications.smtp] or [notifications] apprise_urls, docs/notifications.md); `packhorse "
+                "notifications` lists them")
+    return (f"packhorse run: {queued} notification(s) still queued in the outbox (`packhorse notifications` "
+            "shows why); `packhorse notifier` or the next `packhorse run` delivers them")
+
+
 def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
          progress_interval: float = PROGRESS_INTERVAL_SECONDS, label: str = "packhorse run",
          instance: str | None = None) -> tuple[float, int | None]:
@@ -199,8 +210,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     finally:
         queued = background.stop(reason, drain=until_idle and not stopped_by)
         if until_idle and queued and not quiet:
-            print(f"packhorse run: {queued} notification(s) still queued in the outbox (`packhorse notifications` "
-                  "shows why); `packhorse notifier` or the next `packhorse run` delivers them", file=sys.stderr)
+            print(_queued_notifications_line(queued, ctx.settings.notifications.channels_configured), file=sys.stderr)
         health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)
