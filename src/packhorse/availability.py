@@ -33,7 +33,7 @@ import structlog
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import LocationOutage, Operation, PhysicalCopy, utcnow
+from .db.models import DataLocation, LocationOutage, Operation, PhysicalCopy, utcnow
 from .db.session import insert_ignoring_conflicts
 from .domain import LIVE_COPY_STATUSES, CopyStatus, Status
 from .errors import ConfigError, LocationUnavailableError, StorageServiceError
@@ -58,10 +58,20 @@ def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | No
     """
     from .storage.identity import check_identity
 
+    backend = ctx.backend(location)
     try:
-        check_identity(ctx.backend(location), location)
+        check_identity(backend, location, ctx.topology.location_marker.get(location))
     except LocationUnavailableError as e:
-        return e
+        if not e.wrong_uuid:
+            return e
+        # `packhorse init --replace` may have marked new storage since this process started
+        recorded = ctx.db.read(lambda s: s.scalar(select(DataLocation.marker_uuid).where(
+            DataLocation.name == location)))
+        ctx.topology.location_marker[location] = recorded
+        try:
+            check_identity(backend, location, recorded)
+        except LocationUnavailableError as again:
+            return again
     return None
 
 
@@ -278,6 +288,35 @@ def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
     ctx.db.transact(tx)
 
 
+def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, Any] | None, *,
+                        replacing: bool) -> None:
+    """Record the uuid of ``location``'s identity marker in the ops database (``packhorse
+    init``), so that storage carrying a marker of the same name but another uuid is never taken
+    for it (:func:`probe`). A marker without a uuid, or one in cold storage, records nothing.
+
+    Raises:
+        ConfigError: the database already records another uuid and ``replacing`` is false
+            (storage of another installation, or a marker copied onto blank storage).
+    """
+    found = marker.get("uuid") if marker else None
+    loc_id = ctx.topology.location_ids.get(location)
+    recorded = ctx.topology.location_marker.get(location)
+    if not isinstance(found, str) or loc_id is None or found == recorded:
+        return
+    if recorded is not None and not replacing:
+        raise ConfigError(
+            f"data location {location}: the root {root_of(ctx, location)} carries an identity marker of "
+            f"{location!r} with uuid {found}, but this installation marked {location!r} with uuid {recorded} — "
+            "storage of another installation, or a marker copied onto other storage? Mount the storage that "
+            f"belongs there; if this storage really replaces the old, run `packhorse init --replace {location}`")
+
+    def tx(s: Session) -> None:
+        s.execute(update(DataLocation).where(DataLocation.id == loc_id).values(marker_uuid=found))
+
+    ctx.db.transact(tx)
+    ctx.topology.location_marker[location] = found
+
+
 def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list["InitResult"]:
     """Create and mark the root of every configured data location (``packhorse init``; the
     only code that creates a location root). An existing root with data and no marker is
@@ -294,7 +333,8 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
     typo in its path): a missing one is reported after every other location was marked.
 
     Raises:
-        ConfigError: a root is marked as another location, an empty root would hide recorded
+        ConfigError: a root is marked as another location, or as this location with another
+            uuid than the one recorded (without ``replace``), an empty root would hide recorded
             copies, ``replace`` names no location, a source folder or an S3 bucket is
             missing (packhorse never creates either); the message names the location.
     """
@@ -321,6 +361,7 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
                                                root_missing=root_missing)
         done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
                                   storage=loc.storage.value, version=__version__))
+        _record_marker_uuid(ctx, loc.name, read_marker(backend), replacing=loc.name in replace)
         if loc.name in replace:
             _record_copies_missing(ctx, loc.name)
         if loc.name in ctx.topology.location_ids:

@@ -303,10 +303,12 @@ class LocationUnavailableError(RetryableError):
         reason: why it is unavailable (one sentence).
         marker_only: ``True`` when the root is there but its identity marker is missing
             (released by ``packhorse init``), ``False`` when the root itself is missing.
+        wrong_uuid: ``True`` when the marker names the location but carries another uuid than
+            the one ``packhorse init`` recorded (storage of another installation).
     """
 
     def __init__(self, message: str, *, location: str, reason: str | None = None, marker_only: bool = False,
-                 path: str | None = None) -> None:
+                 path: str | None = None, wrong_uuid: bool = False) -> None:
         super().__init__(message, side="destination", path=path, host=location,
                          diagnosis=("run `packhorse init` to mark the location (an existing root with data and no "
                                     "marker is adopted), or mount the storage that belongs there" if marker_only else
@@ -314,6 +316,7 @@ class LocationUnavailableError(RetryableError):
         self.location = location
         self.reason = reason or message
         self.marker_only = marker_only
+        self.wrong_uuid = wrong_uuid
 
 
 class OperationDeferred(PackhorseError):

@@ -36,6 +36,8 @@ class Topology:
     location_names: dict[int, str] = field(default_factory=dict)
     location_site: dict[str, str] = field(default_factory=dict)
     location_role: dict[str, LocationRole] = field(default_factory=dict)
+    #: the identity marker's uuid recorded by ``packhorse init`` per location (``None``: not yet)
+    location_marker: dict[str, str | None] = field(default_factory=dict)
 
     def site_name(self, site_id: int) -> str:
         """The name of site ``site_id``."""
@@ -78,6 +80,7 @@ def sync_topology(db: Database, settings: Settings) -> Topology:
             topo.location_names[row.id] = loc.name
             topo.location_site[loc.name] = loc.site
             topo.location_role[loc.name] = loc.role
+            topo.location_marker[loc.name] = row.marker_uuid
         for name, row in existing.items():
             if name not in configured:
                 row.active = False
@@ -111,6 +114,7 @@ def load_topology(db: Database, settings: Settings) -> Topology:
             topo.location_names[row.id] = row.name
             topo.location_site[row.name] = names[row.site_id]
             topo.location_role[row.name] = LocationRole(row.role)
+            topo.location_marker[row.name] = row.marker_uuid
         missing = [x.name for x in settings.sites if x.name not in topo.site_ids]
         missing += [x.name for x in settings.locations if x.name not in topo.location_ids]
         if missing:

@@ -224,6 +224,42 @@ def test_a_root_marked_as_another_location_is_unavailable_and_never_re_marked(pi
     assert r.returncode == 2 and "already marked as location 'cornell-lta'" in r.stderr, r.stderr
 
 
+def test_a_marker_naming_the_location_with_another_uuid_is_unavailable_until_replaced(pipeline, tmp_path: Path) -> None:
+    # a disk of another installation (or a marker copied onto blank storage) names the location
+    # but is not its storage: nothing is written there, `init` refuses it without --replace
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=1)
+    p.init()
+    p.run(expect=0)
+    archive = p.location("cologne-lta")
+    mine = json.loads((archive / MARKER_KEY).read_text())
+    os.rename(archive, tmp_path / "disk")
+    (archive / "_packhorse").mkdir(parents=True)
+    (archive / MARKER_KEY).write_text(json.dumps({**mine, "uuid": "00000000-0000-4000-8000-000000000000"}))
+    _source(p, groups=1, start=1)
+    r = p.run(expect=4)
+    assert not [k for k in p.objects("cologne-lta")], "packhorse wrote onto another installation's storage"
+    reason = _blocked(p)["cologne-lta"]["reason"]
+    assert "00000000-0000-4000-8000-000000000000" in reason and mine["uuid"] in reason, reason
+    assert "blocked: location cologne-lta" in r.stderr
+    init = p.cli("init")
+    assert init.returncode == 2 and mine["uuid"] in init.stderr and "--replace cologne-lta" in init.stderr, init.stderr
+    # the right disk back: resumes by itself
+    (archive / MARKER_KEY).unlink()
+    (archive / "_packhorse").rmdir()
+    archive.rmdir()
+    os.rename(tmp_path / "disk", archive)
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+    # new storage that really replaces it, carrying a marker of its own: said explicitly
+    os.rename(archive, tmp_path / "old")
+    (archive / "_packhorse").mkdir(parents=True)
+    (archive / MARKER_KEY).write_text(json.dumps({**mine, "uuid": "11111111-1111-4111-8111-111111111111"}))
+    assert p.cli("init", "--replace", "cologne-lta").returncode == 0
+    p.run(expect=0)
+    assert_archived_everywhere(p, source_files(p.source))
+
+
 def test_copies_recorded_missing_whose_bytes_are_back_are_recognised_not_rewritten(pipeline) -> None:
     p = pipeline(bundle_max_wait_seconds=0)
     _source(p, groups=2)

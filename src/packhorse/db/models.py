@@ -104,7 +104,10 @@ class Site(Base):
 
 
 class DataLocation(Base):
-    """A storage area at a site (mirrors ``[[locations]]``); ``uri`` is its root path or URL."""
+    """A storage area at a site (mirrors ``[[locations]]``); ``uri`` is its root path or URL;
+    ``marker_uuid`` the ``uuid`` of the identity marker ``packhorse init`` found or wrote at its
+    root (``None`` until then): storage whose marker has another uuid is not this location's,
+    even if it names it (DESIGN.md "Storage that is absent is not empty")."""
 
     __tablename__ = "data_locations"
     __table_args__ = (
@@ -118,6 +121,7 @@ class DataLocation(Base):
     storage_type: Mapped[str] = mapped_column(String(16))
     uri: Mapped[str] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
+    marker_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class RawDataFile(Base):

@@ -94,14 +94,18 @@ def read_marker(backend: StorageBackend) -> dict[str, Any] | None:
     return data
 
 
-def check_identity(backend: StorageBackend, location: str) -> None:
+def check_identity(backend: StorageBackend, location: str, expected_uuid: str | None = None) -> None:
     """Raise :class:`LocationUnavailableError` unless ``backend``'s root is there and its
-    marker names ``location`` (DESIGN.md "Architecture"; read-only, a stat and a small read).
+    marker names ``location`` and, when ``expected_uuid`` is given (the uuid ``packhorse init``
+    recorded in the ops database), carries that uuid (DESIGN.md "Architecture"; read-only, a
+    stat and a small read). A marker in cold storage cannot be read and is not compared.
 
     Raises:
         LocationUnavailableError: ``marker_only=False`` for a missing root; ``marker_only=True``
             for a root without a marker (an unmounted mount point, or an existing deployment not
-            yet marked); ``marker_only=False`` for a marker naming another location or unreadable.
+            yet marked); ``marker_only=False`` for a marker naming another location, carrying
+            another uuid (``wrong_uuid=True``: storage of another installation, or a marker
+            copied onto blank storage) or unreadable.
     """
     root = backend.root_missing()
     if root is not None:
@@ -119,6 +123,14 @@ def check_identity(backend: StorageBackend, location: str) -> None:
         reason = (f"the root {where(backend)} is marked as location {marker['location']!r}, not {location!r} "
                   "(other storage mounted there?)")
         raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason)
+    found = marker.get("uuid")
+    if expected_uuid is not None and found is not None and found != expected_uuid:
+        reason = (f"the root {where(backend)} carries an identity marker of {location!r} with uuid {found}, but "
+                  f"this installation marked {location!r} with uuid {expected_uuid} (storage of another "
+                  f"installation, or a marker copied onto other storage?); if this storage really replaces "
+                  f"the old: `packhorse init --replace {location}`")
+        raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
+                                       wrong_uuid=True)
 
 
 def mark_location(backend: StorageBackend, *, location: str, site: str, role: str, storage: str,
