@@ -144,12 +144,12 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
 
 def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, point: str = "transfer.start",
                        locations: tuple[str, ...] = ("fyst-buffer",), prefix: str = "bundles/",
-                       corrupt: bool = False) -> list[Path]:
+                       corrupt: bool = False, replace_with: Path | None = None) -> list[Path]:
     """Run until an operation has been claimed and paused at hook ``point`` (nothing read
     yet), then delete every object under ``prefix`` in ``locations`` (``corrupt``: overwrite
-    four bytes in the middle of each in place instead). ``start(env)`` starts packhorse with
-    the hook, ``stop()`` is called once the objects are damaged (``None``: keep running).
-    Returns the damaged files."""
+    four bytes in the middle of each in place instead; ``replace_with``: copy that file's
+    bytes over each). ``start(env)`` starts packhorse with the hook, ``stop()`` is called once
+    the objects are damaged (``None``: keep running). Returns the damaged files."""
     marker = tmp_path / "paused"
     damaged = tmp_path / "damaged"
     env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": point, "action": "pause", "seconds": 4,
@@ -163,7 +163,9 @@ def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, po
     assert files, (locations, prefix)
     for f in files:
         os.chmod(f, 0o644)
-        if corrupt:
+        if replace_with is not None:
+            f.write_bytes(replace_with.read_bytes())
+        elif corrupt:
             with open(f, "r+b") as fh:
                 fh.seek(f.stat().st_size // 2)
                 fh.write(b"\xde\xad\xbe\xef")
@@ -190,6 +192,27 @@ def killable_run(p: Pipeline) -> tuple[Any, Any]:
         procs[0].wait(30)
 
     return start, stop
+
+
+def background_run(p: Pipeline) -> tuple[Any, Any]:
+    """``(start, wait)`` for :func:`damage_when_paused`: ``packhorse run --until-idle`` left to
+    go on after the fault, and ``wait()`` for its exit code."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(env: dict[str, str]) -> None:
+        procs.append(subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "--quiet", "-c",
+                                       str(p.config)], cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC), **env},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    def wait() -> int:
+        try:
+            return procs[0].wait(240)
+        except subprocess.TimeoutExpired:
+            os.killpg(procs[0].pid, signal.SIGKILL)
+            procs[0].wait(30)
+            raise
+
+    return start, wait
 
 
 def quarantined_files(p: Pipeline, location: str) -> list[Path]:
@@ -232,6 +255,50 @@ def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(
     # the transfers to both destinations may meet the bad bytes at once: each moves them aside
     # (no-replace hard links of the one bad file; nothing is overwritten or lost)
     assert 1 <= len(bad) <= 2 and all(b"\xde\xad\xbe\xef" in f.read_bytes() for f in bad), bad
+
+
+@pytest.mark.parametrize("damage", ["deleted", "replaced"])
+def test_a_package_lost_or_damaged_in_the_source_buffer_before_bundling_is_rebuilt_and_bundled(
+        pipeline, tmp_path: Path, damage: str) -> None:
+    # the bundle build met a raw package tar gone (SourceMissingError) or holding another
+    # package's bytes (SourceChangedError) and FAILED for good: the package was rebuilt (or not
+    # even that), the bundle never built again, every run exited 3 until a `reset`
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    start, wait = background_run(p)
+    # "replaced": another valid package tar (its sibling in the bundle) copied over it
+    sibling = p.location("fyst-buffer") / f"raw/{GROUPS[0]}.tar" if damage == "replaced" else None
+    damaged = damage_when_paused(p, tmp_path, start, None, point="data_transfer_package.start",
+                                 prefix=f"raw/{GROUPS[1]}.tar", replace_with=sibling)
+    bad_bytes = damaged[0].read_bytes() if damage == "replaced" else None
+    assert [f.name for f in damaged] == ["obs02.tar"], damaged
+    first = wait()  # the run that met the fault goes on by itself
+
+    p.run()  # and a plain run after it: no reset, no SQL, no configuration change
+
+    assert first == 0, "the run that met the fault heals it itself"
+    assert_converged(p)
+    assert [k for k in p.objects("fyst-buffer") if not k.startswith(QUARANTINE_PREFIX)] == [], \
+        "the rebuilt bundle and packages are freed once archived"
+    ops = query(p, lambda s: s.execute(text(
+        "SELECT kind, status, error_context FROM operations WHERE kind IN ('data_transfer_package', 'raw_data_package') "
+        "ORDER BY id")).all())
+    bundles = [(o.status, _json(o.error_context).get("error_type")) for o in ops if o.kind == "data_transfer_package"]
+    # the build that met the bad package failed (history now), the rebuilt bundle completed
+    expected_error = "SourceMissingError" if damage == "deleted" else "SourceChangedError"
+    assert bundles == [("FAILED", expected_error), ("COMPLETED", None)], bundles
+    assert [o.status for o in ops if o.kind == "raw_data_package"] == ["COMPLETED"] * 3, ops
+    bad = quarantined_files(p, "fyst-buffer")
+    if damage == "replaced":  # moved aside as it was, never overwritten
+        assert [f.read_bytes() for f in bad] == [bad_bytes], bad
+    else:
+        assert bad == []
+
+
+def _json(value: Any) -> dict[str, Any]:
+    """A JSON column read with plain SQL: text on SQLite, already decoded on PostgreSQL."""
+    return (json.loads(value) if isinstance(value, str) else value) or {}
 
 
 @pytest.mark.parametrize("point, prefix", [("unpack.start", "bundles/"), ("long_term_archive.start", "raw/")],
