@@ -388,3 +388,59 @@ def test_every_copy_bad_and_the_source_files_removed_by_hand_fails_the_rebuild_l
     assert any(lvl == "CRITICAL" and ev == "no_good_source" and name in subj for lvl, ev, subj, _ in notifications(p))
     for lta in LTAS:
         assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]
+
+
+def wait_until(what: str, check: Any, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_deletion_not_safe_yet_waits_and_frees_the_buffers_once_the_lost_copy_is_made_again(
+        pipeline, tmp_path: Path) -> None:
+    # a package deleted from a destination buffer between its unpack and its archive: the bundle
+    # deletions planned while every destination held every package then met their rule broken
+    # and FAILED for good (DeletionNotSafeError); every run exited 3, the bundle stayed in all
+    # buffers until `reset deletion --all-failed`
+    p = pipeline(bundle_max_wait_seconds=0.5, workers=6)
+    write_source(p)
+    p.init()
+    go, released, repair = tmp_path / "go", tmp_path / "released", tmp_path / "repair"
+    archiving, deleting = tmp_path / "archiving", tmp_path / "deleting"
+    start, wait = background_run(p)
+    # every archive waits (claimed, nothing read) until `go`; every deletion (claimed, its rule
+    # not checked yet) until `released`; after the fault, the unpack that makes the lost copy
+    # again until `repair`: the test orders plan, fault, deletion and repair exactly
+    start({"PACKHORSE_TEST_FAULTS": json.dumps([
+        {"point": "long_term_archive.start", "action": "wait_for", "path": str(go), "marker": str(archiving)},
+        {"point": "deletion.start", "action": "wait_for", "path": str(released), "marker": str(deleting)},
+        {"point": "unpack.start", "action": "wait_for", "path": str(repair), "if_exists": str(go)}])})
+    wait_until("the bundle deletions planned while every destination holds every package", lambda: query(
+        p, lambda s: s.scalar(text("SELECT count(*) FROM operations WHERE kind = 'deletion' "
+                                   "AND data_transfer_package_id IS NOT NULL"))) >= 1 and archiving.exists())
+    lost = p.location("cologne-buffer") / f"raw/{GROUPS[0]}.tar"
+    os.chmod(lost, 0o644)
+    lost.unlink()  # by hand, behind packhorse's back
+    go.write_text("")
+    wait_until("the lost copy recorded missing", lambda: copy_statuses(p, GROUPS[0]).get("cologne-buffer", [])[:1]
+               == ["missing"])
+    released.write_text("")
+    # the deletions check their rule while the lost copy is still missing
+    wait_until("the deletions decided", lambda: query(p, lambda s: s.scalar(text(
+        "SELECT count(*) FROM operations WHERE kind = 'deletion' AND status IN ('SCHEDULED', 'IN_PROGRESS')"))) == 0)
+    repair.write_text("")
+    first = wait()
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert first == 0, "the run that met the fault heals it itself"
+    assert_converged(p)
+    for buf in ("fyst-buffer", "cologne-buffer", "cornell-buffer"):
+        assert p.objects(buf) == {}, f"{buf}: every copy is freed once it is safe"
+    deletions = query(p, lambda s: s.execute(text(
+        "SELECT status, count(*) FROM operations WHERE kind = 'deletion' GROUP BY status")).all())
+    assert dict(deletions).keys() == {"COMPLETED"}, deletions
+    events = query(p, lambda s: s.scalar(text(
+        "SELECT count(*) FROM failure_events f JOIN operations o ON o.id = f.operation_id WHERE o.kind = 'deletion'")))
+    assert events == 0, "waiting for the rule is not a failure"
