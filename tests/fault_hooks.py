@@ -10,6 +10,8 @@ every process, the test-only environment variables (only test code reads them):
   (read at every hit, so ``monkeypatch.setenv`` works in-process too). Actions:
 
   - ``"pause"``: create the file ``marker`` (if given), then sleep ``seconds``;
+  - ``"wait_for"``: create the file ``marker`` (if given), then wait until the file ``path``
+    exists (at most ``seconds``, default 60): the test decides when the work goes on;
   - ``"corrupt"``: flip the first byte of the object this thread published last through the
     fault layer (disk and memory backends), so the verification by re-reading must catch it;
   - ``"fail"``: raise ``RuntimeError`` (a retryable failure);
@@ -23,7 +25,8 @@ every process, the test-only environment variables (only test code reads them):
   - ``"duplicate"`` (point ``dispatch``): a mode, :meth:`FaultPlan.active`.
 
   A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
-  PATH`` stops it once that file exists.
+  PATH`` stops it once that file exists; ``"if_exists": PATH`` starts it only once that file
+  exists.
 * ``PACKHORSE_TEST_DISK_USAGE``: a JSON file ``{"<location>": {"total": bytes, "used":
   bytes}}`` read at every measurement of the disk monitor (other locations: the file system).
 * ``PACKHORSE_TEST_COLD_RESTORE_SECONDS``: every cold location (``cold = true``) gets a
@@ -199,6 +202,8 @@ class FaultPlan(Hooks):
                 continue
             if hook.get("unless_exists") and Path(hook["unless_exists"]).exists():
                 continue
+            if hook.get("if_exists") and not Path(hook["if_exists"]).exists():
+                continue
             with self._lock:
                 times = hook.get("times")
                 if times is not None and self._fired.get(i, 0) >= int(times):
@@ -209,6 +214,12 @@ class FaultPlan(Hooks):
                 if hook.get("marker"):
                     Path(hook["marker"]).write_text(str(os.getpid()))
                 time.sleep(float(hook.get("seconds", 1)))
+            elif action == "wait_for":
+                if hook.get("marker"):
+                    Path(hook["marker"]).write_text(str(os.getpid()))
+                deadline = time.monotonic() + float(hook.get("seconds", 60))
+                while not Path(hook["path"]).exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
             elif action == "corrupt":
                 last = self.published.last
                 if last is not None:

@@ -33,9 +33,9 @@ import structlog
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from .db.models import DataLocation, LocationOutage, Operation, PhysicalCopy, utcnow
+from .db.models import DataLocation, LocationOutage, Operation, PhysicalCopy, RawDataPackage, utcnow
 from .db.session import insert_ignoring_conflicts
-from .domain import LIVE_COPY_STATUSES, CopyStatus, Status
+from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Status
 from .errors import ConfigError, LocationUnavailableError, StorageServiceError
 
 if TYPE_CHECKING:
@@ -228,14 +228,48 @@ def root_of(ctx: "ProcessContext", location: str) -> str:
 
 
 def _recorded_copies(ctx: "ProcessContext", location: str) -> int:
-    """How many live or missing copies the ops database records at ``location`` (0 for a
-    location not registered yet)."""
+    """How many copies the ops database records at ``location`` whose bytes should be in its
+    root (0 for a location not registered yet): the evidence that an empty, unmarked root is
+    an unmounted disk rather than new storage.
+
+    * live copies (``present``, ``deletion_pending``) count;
+    * a ``missing`` copy counts only while it is still *owed* there: no later copy of the same
+      artifact was recorded at that location (it was made again there, whatever became of it
+      since), and, at a buffer, its package is not archived (a buffer copy of an archived
+      package would be freed anyway; for a bundle: every package it carries archived). A
+      missing copy superseded so is history, not bytes that may come back;
+    * ``deleted`` and ``corrupt`` copies do not (packhorse removed the one and quarantined
+      the other).
+    """
     loc_id = ctx.topology.location_ids.get(location)
     if loc_id is None:
         return 0
-    statuses = [c.value for c in LIVE_COPY_STATUSES] + [CopyStatus.MISSING.value]
-    return ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(PhysicalCopy).where(
-        PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(statuses)))) or 0
+    buffer = ctx.topology.location_role.get(location) is LocationRole.BUFFER
+
+    def read(s: Any) -> int:
+        live = s.scalar(select(func.count()).select_from(PhysicalCopy).where(
+            PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_([c.value for c in LIVE_COPY_STATUSES]))) or 0
+        missing = s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
+                                   PhysicalCopy.data_transfer_package_id).where(
+            PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.MISSING.value)).all()
+        owed = 0
+        for m in missing:
+            subject = (PhysicalCopy.raw_data_package_id == m.raw_data_package_id if m.raw_data_package_id is not None
+                       else PhysicalCopy.data_transfer_package_id == m.data_transfer_package_id)
+            if s.scalar(select(func.count()).select_from(PhysicalCopy).where(
+                    subject, PhysicalCopy.location_id == loc_id, PhysicalCopy.id > m.id)):
+                continue  # made again there since
+            if buffer:
+                pkgs = (RawDataPackage.id == m.raw_data_package_id if m.raw_data_package_id is not None
+                        else RawDataPackage.data_transfer_package_id == m.data_transfer_package_id)
+                total, archived = s.execute(select(func.count(), func.count(RawDataPackage.archived_at))
+                                            .where(pkgs)).one()
+                if total and total == archived:
+                    continue  # its packages are archived: the buffer copy is owed nowhere
+            owed += 1
+        return int(live) + owed
+
+    return ctx.db.read(read)
 
 
 def _refuse_empty_root_with_copies(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool,

@@ -21,14 +21,18 @@ site, the next step from the nearest good source of the right bytes that still e
 2. a present copy of its bundle at the destination buffer: unpack it again;
 3. a present copy of its bundle at the source buffer: transfer it again;
 4. every package of the bundle present at the source buffer: rebuild the bundle (builds are
-   deterministic, I3: the same bytes, recorded sha256, "already there" downstream);
+   deterministic, I3: the same bytes, recorded sha256, "already there" downstream); this is
+   also how a bundle whose first build FAILED on a package tar lost or damaged in the source
+   buffer is built once the package has been rebuilt;
 5. otherwise rebuild the missing packages of the bundle from their registered source files
    (again byte-identical, I3).
 
 A step already in flight (an active operation on the package or its bundle towards that
 site) is waited for. Each repair operation has its own dedup key: the first-generation key
-with a ``#g<n>`` suffix, where ``n`` counts the copies of the artifact at the locations that
-step reads or fills which are gone (deleted, missing, corrupt). Counts only grow, so any number
+with a ``#g<n>`` suffix, where ``n`` counts the copies of the artifacts that step reads or
+fills, at the locations it reads or fills, which are gone (deleted, missing, corrupt): for a
+bundle build, the bundle's and its packages' copies at the source buffer; for an unpack, the
+bundle's and its packages' at the destination buffer. Counts only grow, so any number
 of managers derive the same key (DESIGN.md "One pipeline, many managers"), a repair is never
 blocked by the COMPLETED first-generation operation, and a repair that FAILED stays FAILED
 (a human's) instead of being recreated in a loop.
@@ -364,7 +368,10 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
         bcs = bcopies_of.get(bid, [])
         absent = [m for m in sorted(members.get(bid, [])) if present_at(copies_of.get(m, []), sbuf) is None]
         if not absent:
-            gen = gone_at(bcs, [sbuf])
+            # the build reads its packages at the source buffer and fills the bundle's copy
+            # there: a build that FAILED because a package was gone or bad (recorded so by its
+            # failure) is followed by a new generation once that package is rebuilt
+            gen = gone_at(bcs, [sbuf]) + sum(gone_at(copies_of.get(m, []), [sbuf]) for m in members.get(bid, []))
             out.want(OperationKind.DATA_TRANSFER_PACKAGE,
                      generation_key(OperationKind.DATA_TRANSFER_PACKAGE, f"dtp{bid}", None, gen),
                      site_id=topo.site_ids[site], data_transfer_package_id=bid, destination_location_id=sbuf)

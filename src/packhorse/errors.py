@@ -10,7 +10,10 @@
     ├── LeaseLostError                 this worker's lease / fencing token is no longer current;
     │                                  the work stops and nothing is committed (I3)
     ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
-    │                                  back as PENDING with ``not_before``, no retry counted
+    │   │                              back as PENDING with ``not_before``, no retry counted
+    │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now:
+    │       │                          nothing deleted; it waits and is checked again
+    │       └── DeletionDeferredError  only operations still in flight on the copy block it
     ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
     ├── UnknownPackageError            no package with this id or name (API 404, CLI exit 1)
     ├── ServiceHealthError             ``health --forget``: no such service, or it is alive
@@ -32,9 +35,8 @@
         │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
         │   ├── SourceChangedError         the source no longer matches its registered sha256
-        │   ├── InvalidBagError            the bytes are the recorded ones but their bag does not
-        │   │                              validate: a retry would read the same bytes
-        │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now
+        │   └── InvalidBagError            the bytes are the recorded ones but their bag does not
+        │                                  validate: a retry would read the same bytes
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
@@ -44,7 +46,6 @@
             ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
             │                              the partial file is already removed
             ├── RestoreRequiredError       a cold-storage object must be restored before reading
-            ├── DeletionDeferredError      another operation still needs the copy; later
             └── LocationUnavailableError   a location's root or identity marker is missing: the
                                            operation waits for it (deferred, never FAILED)
 
@@ -235,10 +236,6 @@ class InvalidBagError(PermanentError):
     archived, not in the reading, so it is never retried (another good source is needed)."""
 
 
-class DeletionNotSafeError(PermanentError):
-    """The deletion rule (I1) does not hold for this copy right now; nothing was deleted."""
-
-
 class VerificationError(RetryableError):
     """Bytes read back at the destination do not match the expected sha256 (DESIGN.md I4)."""
 
@@ -281,11 +278,6 @@ class RestoreRequiredError(RetryableError):
     Stages that read from cold locations request the restore and wait for it without holding
     a worker; reaching this error elsewhere means a read was attempted too early.
     """
-
-
-class DeletionDeferredError(RetryableError):
-    """Another operation still needs this copy (e.g. a transfer waiting between retries);
-    nothing was deleted and the deletion is tried again later."""
 
 
 class LocationUnavailableError(RetryableError):
@@ -333,3 +325,36 @@ class OperationDeferred(PackhorseError):
     def __init__(self, message: str, *, seconds: float) -> None:
         super().__init__(message)
         self.seconds = seconds
+
+
+class DeletionNotSafeError(OperationDeferred):
+    """The deletion rule (I1) does not hold for this copy (or these source files) now; nothing
+    was deleted.
+
+    The deletion manager creates a deletion only when the rule holds, so this means one of its
+    preconditions changed between planning and running (a buffer copy of a package the bundle
+    carries was lost and is being made again, an archive copy failed its fixity check, the
+    package is no longer archived). That is not a failure: the worker hands the operation back
+    ``PENDING`` with ``not_before`` (a backoff growing with its attempts, up to
+    ``[recovery] retry_backoff_max_seconds``; no retry counted, no failure event) and a note of
+    why it waits, the deletion manager makes it due again as soon as the rule holds
+    (:func:`packhorse.managers.deletions.wake_safe_deletions`), and the stage checks the rule
+    again before any byte goes. ``run --until-idle`` does not wait for a deletion that waits
+    only on this when nothing else is left to run.
+
+    Args:
+        message: which rule blocks it, naming the copy.
+        seconds: how long to wait; ``None`` lets the worker choose the backoff.
+        step, side, path, host: where, as for :class:`OperationError`.
+    """
+
+    def __init__(self, message: str, *, seconds: float | None = None, step: str | None = None,
+                 side: str | None = None, path: str | None = None, host: str | None = None) -> None:
+        super().__init__(message, seconds=0.0 if seconds is None else seconds)
+        self.backoff = seconds is None
+        self.step, self.side, self.path, self.host = step, side, path, host
+
+
+class DeletionDeferredError(DeletionNotSafeError):
+    """Only operations still in flight on this copy (e.g. a transfer waiting between retries)
+    block its deletion; nothing was deleted and it waits like any :class:`DeletionNotSafeError`."""

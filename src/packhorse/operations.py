@@ -318,19 +318,26 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
     return True
 
 
-def defer(db: Database, claim: Claim, seconds: float) -> bool:
+#: ``error_context["waiting"]`` of an operation handed back by :func:`defer` because the
+#: deletion rule does not hold yet (:class:`~packhorse.errors.DeletionNotSafeError`).
+WAITING_DELETION_RULE = "deletion_rule"
+
+
+def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | None = None) -> bool:
     """Hand the claimed attempt back as ``PENDING`` until now + ``seconds`` (fenced), without
-    counting a retry: the operation waits (a cold-storage restore) without holding a worker.
+    counting a retry: the operation waits (a cold-storage restore, a deletion whose rule does
+    not hold yet) without holding a worker. ``note``: why it waits, kept as the row's
+    ``error_context`` (``{"waiting": …, "message": …}``; cleared by its completion) so
+    ``diagnose`` and the idle check can tell; ``None`` leaves the column as it is.
     Returns ``False`` if the attempt is stale."""
 
     def tx(s: Session) -> bool:
         now = utcnow()
-        res = s.execute(
-            update(Operation)
-            .where(fenced(claim.operation_id, claim.attempt))
-            .values(status=Status.PENDING.value, not_before=now + dt.timedelta(seconds=seconds), updated_at=now,
-                    lease_owner=None, lease_expires_at=None)
-        )
+        values: dict[str, Any] = dict(status=Status.PENDING.value, not_before=now + dt.timedelta(seconds=seconds),
+                                      updated_at=now, lease_owner=None, lease_expires_at=None)
+        if note is not None:
+            values["error_context"] = note
+        res = s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt)).values(**values))
         return res.rowcount == 1
 
     return db.transact(tx)

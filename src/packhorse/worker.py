@@ -19,9 +19,25 @@ from sqlalchemy.orm import Session
 
 from .db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage, utcnow
 from .domain import OperationKind
-from .errors import LeaseLostError, LocationUnavailableError, OperationDeferred, TransientDatabaseError
+from .errors import (
+    DeletionNotSafeError,
+    LeaseLostError,
+    LocationUnavailableError,
+    OperationDeferred,
+    TransientDatabaseError,
+)
 from .lease import LeaseKeeper
-from .operations import Claim, build_error_context, claim, claim_many, complete_in, defer, record_failure
+from .operations import (
+    WAITING_DELETION_RULE,
+    Claim,
+    backoff_seconds,
+    build_error_context,
+    claim,
+    claim_many,
+    complete_in,
+    defer,
+    record_failure,
+)
 from .stages import STAGES
 from .stages.base import Work
 from .context import ProcessContext
@@ -125,6 +141,8 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
         log.warning("operation_attempt_stale", error=str(exc))
         _record_stale(ctx, c, exc)
         return Outcome.STALE
+    if isinstance(exc, DeletionNotSafeError):
+        return _wait_for_deletion_rule(ctx, c, exc)
     if isinstance(exc, OperationDeferred):
         if not defer(ctx.db, c, exc.seconds):
             return Outcome.STALE
@@ -169,6 +187,31 @@ def _unavailable_location(ctx: ProcessContext, op: Operation, *, quiet: bool = F
     except Exception as e:  # noqa: BLE001 - the stage's own failure is the one to record
         log.debug("location_check_after_failure_failed", error=str(e))
         return None
+
+
+def _wait_for_deletion_rule(ctx: ProcessContext, c: Claim, exc: DeletionNotSafeError) -> Outcome:
+    """Hand back a deletion whose rule (I1) does not hold now (nothing was deleted): ``PENDING``
+    until a backoff growing with its attempts has passed (``[recovery]`` base and cap; no retry
+    counted, no failure event), with a note of why it waits in its ``error_context``
+    (``waiting = "deletion_rule"``). It is never FAILED for it: its preconditions changed after
+    it was planned (a copy being made again, a fixity finding being repaired), and the deletion
+    manager makes it due again as soon as the rule holds
+    (:func:`packhorse.managers.deletions.wake_safe_deletions`); the stage checks the rule again
+    before any byte goes."""
+    rec = ctx.settings.recovery
+    seconds = (backoff_seconds(max(c.attempt - 1, 0), rec.retry_backoff_base_seconds, rec.retry_backoff_max_seconds)
+               if exc.backoff else exc.seconds)
+    note = {"waiting": WAITING_DELETION_RULE, "error_type": type(exc).__name__, "message": str(exc),
+            "operation_kind": c.kind.value, "operation_id": c.operation_id, "attempt": c.attempt,
+            "timestamp": utcnow().isoformat(), "diagnosis": "not safe yet: it is checked again once the copies "
+            "it waits for are there (no action needed)"}
+    for field in ("step", "path", "host"):
+        if getattr(exc, field, None) is not None:
+            note[field] = getattr(exc, field)
+    if not defer(ctx.db, c, seconds, note=note):
+        return Outcome.STALE
+    log.info("deletion_waits_for_rule", reason=str(exc), seconds=round(seconds, 3))
+    return Outcome.DEFERRED
 
 
 def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableError) -> Outcome:
@@ -256,6 +299,8 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             if err is not None:
                 waiting[op_id] = works.pop(op_id)
                 w.info["_waiting_error"] = err
+        if works:
+            ctx.hooks.hit("deletion.start")  # hooks: claimed, the rules not checked yet
         try:
             marked, failed = ctx.db.transact(mark) if works else ({}, {})
         except Exception as exc:  # each operation's failure, as if run alone

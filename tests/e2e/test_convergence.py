@@ -144,12 +144,12 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
 
 def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, point: str = "transfer.start",
                        locations: tuple[str, ...] = ("fyst-buffer",), prefix: str = "bundles/",
-                       corrupt: bool = False) -> list[Path]:
+                       corrupt: bool = False, replace_with: Path | None = None) -> list[Path]:
     """Run until an operation has been claimed and paused at hook ``point`` (nothing read
     yet), then delete every object under ``prefix`` in ``locations`` (``corrupt``: overwrite
-    four bytes in the middle of each in place instead). ``start(env)`` starts packhorse with
-    the hook, ``stop()`` is called once the objects are damaged (``None``: keep running).
-    Returns the damaged files."""
+    four bytes in the middle of each in place instead; ``replace_with``: copy that file's
+    bytes over each). ``start(env)`` starts packhorse with the hook, ``stop()`` is called once
+    the objects are damaged (``None``: keep running). Returns the damaged files."""
     marker = tmp_path / "paused"
     damaged = tmp_path / "damaged"
     env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": point, "action": "pause", "seconds": 4,
@@ -163,7 +163,9 @@ def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, po
     assert files, (locations, prefix)
     for f in files:
         os.chmod(f, 0o644)
-        if corrupt:
+        if replace_with is not None:
+            f.write_bytes(replace_with.read_bytes())
+        elif corrupt:
             with open(f, "r+b") as fh:
                 fh.seek(f.stat().st_size // 2)
                 fh.write(b"\xde\xad\xbe\xef")
@@ -190,6 +192,27 @@ def killable_run(p: Pipeline) -> tuple[Any, Any]:
         procs[0].wait(30)
 
     return start, stop
+
+
+def background_run(p: Pipeline) -> tuple[Any, Any]:
+    """``(start, wait)`` for :func:`damage_when_paused`: ``packhorse run --until-idle`` left to
+    go on after the fault, and ``wait()`` for its exit code."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(env: dict[str, str]) -> None:
+        procs.append(subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "--quiet", "-c",
+                                       str(p.config)], cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC), **env},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+    def wait() -> int:
+        try:
+            return procs[0].wait(240)
+        except subprocess.TimeoutExpired:
+            os.killpg(procs[0].pid, signal.SIGKILL)
+            procs[0].wait(30)
+            raise
+
+    return start, wait
 
 
 def quarantined_files(p: Pipeline, location: str) -> list[Path]:
@@ -232,6 +255,50 @@ def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(
     # the transfers to both destinations may meet the bad bytes at once: each moves them aside
     # (no-replace hard links of the one bad file; nothing is overwritten or lost)
     assert 1 <= len(bad) <= 2 and all(b"\xde\xad\xbe\xef" in f.read_bytes() for f in bad), bad
+
+
+@pytest.mark.parametrize("damage", ["deleted", "replaced"])
+def test_a_package_lost_or_damaged_in_the_source_buffer_before_bundling_is_rebuilt_and_bundled(
+        pipeline, tmp_path: Path, damage: str) -> None:
+    # the bundle build met a raw package tar gone (SourceMissingError) or holding another
+    # package's bytes (SourceChangedError) and FAILED for good: the package was rebuilt (or not
+    # even that), the bundle never built again, every run exited 3 until a `reset`
+    p = pipeline(bundle_max_wait_seconds=0.5)
+    write_source(p)
+    p.init()
+    start, wait = background_run(p)
+    # "replaced": another valid package tar (its sibling in the bundle) copied over it
+    sibling = p.location("fyst-buffer") / f"raw/{GROUPS[0]}.tar" if damage == "replaced" else None
+    damaged = damage_when_paused(p, tmp_path, start, None, point="data_transfer_package.start",
+                                 prefix=f"raw/{GROUPS[1]}.tar", replace_with=sibling)
+    bad_bytes = damaged[0].read_bytes() if damage == "replaced" else None
+    assert [f.name for f in damaged] == ["obs02.tar"], damaged
+    first = wait()  # the run that met the fault goes on by itself
+
+    p.run()  # and a plain run after it: no reset, no SQL, no configuration change
+
+    assert first == 0, "the run that met the fault heals it itself"
+    assert_converged(p)
+    assert [k for k in p.objects("fyst-buffer") if not k.startswith(QUARANTINE_PREFIX)] == [], \
+        "the rebuilt bundle and packages are freed once archived"
+    ops = query(p, lambda s: s.execute(text(
+        "SELECT kind, status, error_context FROM operations WHERE kind IN ('data_transfer_package', 'raw_data_package') "
+        "ORDER BY id")).all())
+    bundles = [(o.status, _json(o.error_context).get("error_type")) for o in ops if o.kind == "data_transfer_package"]
+    # the build that met the bad package failed (history now), the rebuilt bundle completed
+    expected_error = "SourceMissingError" if damage == "deleted" else "SourceChangedError"
+    assert bundles == [("FAILED", expected_error), ("COMPLETED", None)], bundles
+    assert [o.status for o in ops if o.kind == "raw_data_package"] == ["COMPLETED"] * 3, ops
+    bad = quarantined_files(p, "fyst-buffer")
+    if damage == "replaced":  # moved aside as it was, never overwritten
+        assert [f.read_bytes() for f in bad] == [bad_bytes], bad
+    else:
+        assert bad == []
+
+
+def _json(value: Any) -> dict[str, Any]:
+    """A JSON column read with plain SQL: text on SQLite, already decoded on PostgreSQL."""
+    return (json.loads(value) if isinstance(value, str) else value) or {}
 
 
 @pytest.mark.parametrize("point, prefix", [("unpack.start", "bundles/"), ("long_term_archive.start", "raw/")],
@@ -321,3 +388,59 @@ def test_every_copy_bad_and_the_source_files_removed_by_hand_fails_the_rebuild_l
     assert any(lvl == "CRITICAL" and ev == "no_good_source" and name in subj for lvl, ev, subj, _ in notifications(p))
     for lta in LTAS:
         assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]
+
+
+def wait_until(what: str, check: Any, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_deletion_not_safe_yet_waits_and_frees_the_buffers_once_the_lost_copy_is_made_again(
+        pipeline, tmp_path: Path) -> None:
+    # a package deleted from a destination buffer between its unpack and its archive: the bundle
+    # deletions planned while every destination held every package then met their rule broken
+    # and FAILED for good (DeletionNotSafeError); every run exited 3, the bundle stayed in all
+    # buffers until `reset deletion --all-failed`
+    p = pipeline(bundle_max_wait_seconds=0.5, workers=6)
+    write_source(p)
+    p.init()
+    go, released, repair = tmp_path / "go", tmp_path / "released", tmp_path / "repair"
+    archiving, deleting = tmp_path / "archiving", tmp_path / "deleting"
+    start, wait = background_run(p)
+    # every archive waits (claimed, nothing read) until `go`; every deletion (claimed, its rule
+    # not checked yet) until `released`; after the fault, the unpack that makes the lost copy
+    # again until `repair`: the test orders plan, fault, deletion and repair exactly
+    start({"PACKHORSE_TEST_FAULTS": json.dumps([
+        {"point": "long_term_archive.start", "action": "wait_for", "path": str(go), "marker": str(archiving)},
+        {"point": "deletion.start", "action": "wait_for", "path": str(released), "marker": str(deleting)},
+        {"point": "unpack.start", "action": "wait_for", "path": str(repair), "if_exists": str(go)}])})
+    wait_until("the bundle deletions planned while every destination holds every package", lambda: query(
+        p, lambda s: s.scalar(text("SELECT count(*) FROM operations WHERE kind = 'deletion' "
+                                   "AND data_transfer_package_id IS NOT NULL"))) >= 1 and archiving.exists())
+    lost = p.location("cologne-buffer") / f"raw/{GROUPS[0]}.tar"
+    os.chmod(lost, 0o644)
+    lost.unlink()  # by hand, behind packhorse's back
+    go.write_text("")
+    wait_until("the lost copy recorded missing", lambda: copy_statuses(p, GROUPS[0]).get("cologne-buffer", [])[:1]
+               == ["missing"])
+    released.write_text("")
+    # the deletions check their rule while the lost copy is still missing
+    wait_until("the deletions decided", lambda: query(p, lambda s: s.scalar(text(
+        "SELECT count(*) FROM operations WHERE kind = 'deletion' AND status IN ('SCHEDULED', 'IN_PROGRESS')"))) == 0)
+    repair.write_text("")
+    first = wait()
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert first == 0, "the run that met the fault heals it itself"
+    assert_converged(p)
+    for buf in ("fyst-buffer", "cologne-buffer", "cornell-buffer"):
+        assert p.objects(buf) == {}, f"{buf}: every copy is freed once it is safe"
+    deletions = query(p, lambda s: s.execute(text(
+        "SELECT status, count(*) FROM operations WHERE kind = 'deletion' GROUP BY status")).all())
+    assert dict(deletions).keys() == {"COMPLETED"}, deletions
+    events = query(p, lambda s: s.scalar(text(
+        "SELECT count(*) FROM failure_events f JOIN operations o ON o.id = f.operation_id WHERE o.kind = 'deletion'")))
+    assert events == 0, "waiting for the rule is not a failure"

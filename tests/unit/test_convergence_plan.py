@@ -106,7 +106,8 @@ def test_every_archive_copy_bad_walks_back_to_the_source_files_then_forward(tmp_
     assert _keys(ctx) == {"raw_data_package": [f"raw_data_package:rdp{a}#g1", f"raw_data_package:rdp{b}#g1"]}
     _add(ctx, raw=a, loc="fyst-buffer")
     _add(ctx, raw=b, loc="fyst-buffer")
-    assert _keys(ctx) == {"data_transfer_package": [f"data_transfer_package:dtp{dtp}#g1"]}
+    # gone at the source buffer before: the bundle's copy and both packages' (freed once archived)
+    assert _keys(ctx) == {"data_transfer_package": [f"data_transfer_package:dtp{dtp}#g3"]}
     _add(ctx, dtp=dtp, loc="fyst-buffer")
     # gone before: one bundle copy at the source buffer, one at each destination buffer
     assert _keys(ctx) == {"transfer": [f"transfer:dtp{dtp}->cologne-buffer#g2", f"transfer:dtp{dtp}->cornell-buffer#g2"]}
@@ -118,6 +119,44 @@ def test_every_archive_copy_bad_walks_back_to_the_source_files_then_forward(tmp_
     _add(ctx, raw=a, loc="cornell-lta")  # cornell repaired meanwhile from an archive copy
     # a is at the cologne buffer: the fixity repair of cologne-lta takes it from there
     assert _keys(ctx) == {}
+
+
+def test_a_bundle_build_that_failed_on_a_lost_package_is_built_again_once_the_package_is_rebuilt(
+        tmp_path: Path) -> None:
+    # the first build met a package tar gone from the source buffer (or damaged there: moved to
+    # quarantine) and FAILED, recording that copy missing; the bundle has never had a copy
+    ctx = _ctx(tmp_path)
+    ids = ctx.topology.location_ids
+
+    def tx(s: Session) -> tuple[int, int, int]:
+        dtp = DataTransferPackage(name="b2", source_site_id=ctx.topology.site_ids["fyst"], bagging_date="2026-12-01",
+                                  package_count=2)
+        s.add(dtp)
+        s.flush()
+        out = []
+        for name in ("inst/a", "inst/b"):
+            p = RawDataPackage(name=name, group_path=name, source_location_id=ids["fyst-source"],
+                               bagging_date="2026-12-01", file_count=1, payload_bytes=5, size=5, sha256=SHA,
+                               data_transfer_package_id=dtp.id)
+            s.add(p)
+            s.flush()
+            s.add(PhysicalCopy(raw_data_package_id=p.id, location_id=ids["fyst-buffer"], path=f"raw/{name}.tar",
+                               size=5, sha256=SHA, status="present", verified_at=utcnow()))
+            out.append(p.id)
+        op = create_operation(s, kind=OperationKind.DATA_TRANSFER_PACKAGE,
+                              dedup_key=dedup_key(OperationKind.DATA_TRANSFER_PACKAGE, f"dtp{dtp.id}"),
+                              site_id=ctx.topology.site_ids["fyst"], max_retries=3, data_transfer_package_id=dtp.id,
+                              destination_location_id=ids["fyst-buffer"])
+        s.flush()
+        s.execute(update(Operation).where(Operation.id == op.id).values(status=Status.FAILED.value))
+        return out[0], out[1], dtp.id
+
+    a, _, dtp = ctx.db.transact(tx)
+    _set(ctx, "missing", raw=a, loc="fyst-buffer")
+    assert _keys(ctx) == {"raw_data_package": [f"raw_data_package:rdp{a}#g1"]}  # rebuilt from its source files
+    _add(ctx, raw=a, loc="fyst-buffer")
+    # then the bundle, under a key of its own: the FAILED first build does not block it
+    assert _keys(ctx) == {"data_transfer_package": [f"data_transfer_package:dtp{dtp}#g1"]}
 
 
 def test_the_source_gone_is_a_dead_end_and_no_sibling_is_rebuilt(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.db.models import (
     DataTransferPackage,
+    FailureEvent,
     Operation,
     PhysicalCopy,
     RawDataPackage,
@@ -267,24 +268,42 @@ def test_the_stage_checks_again_before_the_bytes_go(site: Site) -> None:
     pkg, copy = site.package("late-trouble", archived_days_ago=10)
     assert site.deletion_order() == [copy]
     op = site.db.read(lambda s: s.scalar(select(Operation.id).where(Operation.physical_copy_id == copy)))
-    # after the operation was created, an operation starts reading the copy: deferred, not deleted
+    # after the operation was created, an operation starts reading the copy: it waits, not deleted
     other = site.add_operation(OperationKind.LONG_TERM_ARCHIVE, "again", raw_data_package_id=pkg,
                                source_location_id=site.ids["fyst-buffer"])
-    assert execute_operation(site.ctx, op, "w1") is Outcome.RETRY
+    assert execute_operation(site.ctx, op, "w1") is Outcome.DEFERRED
     assert _copy(site, copy).status == "present"
     assert (site.settings.location_path("fyst-buffer") / "raw/late-trouble.tar").exists()
     site.db.transact(lambda s: setattr(s.get(Operation, other), "status", Status.COMPLETED.value))
-    # then the fixity audit finds an archive copy corrupt: refused for good
+    # then the fixity audit finds an archive copy corrupt: not safe yet, never a permanent failure
     site.db.transact(lambda s: s.execute(
         PhysicalCopy.__table__.update().where(PhysicalCopy.raw_data_package_id == pkg,
                                               PhysicalCopy.location_id == site.ids["cornell-lta"])
         .values(status="corrupt")))
     site.db.transact(lambda s: setattr(s.get(Operation, op), "not_before", None))
-    assert execute_operation(site.ctx, op, "w1") is Outcome.FAILED
+    assert execute_operation(site.ctx, op, "w1") is Outcome.DEFERRED
     assert _copy(site, copy).status == "present"
     assert (site.settings.location_path("fyst-buffer") / "raw/late-trouble.tar").exists()
-    ctx = site.db.read(lambda s: s.get(Operation, op).error_context)
-    assert ctx["error_type"] == "DeletionNotSafeError" and "corrupt" in ctx["message"]
+    row = site.db.read(lambda s: s.get(Operation, op))
+    assert (row.status, row.retry_count) == ("PENDING", 0) and row.not_before is not None
+    assert row.error_context["waiting"] == "deletion_rule" and "corrupt" in row.error_context["message"]
+    assert site.db.read(lambda s: s.query(FailureEvent).filter(FailureEvent.operation_id == op).count()) == 0
+    # a long backoff (set here, so the test does not depend on the clock): while the rule does
+    # not hold, the manager leaves it waiting
+    later = utcnow() + dt.timedelta(hours=1)
+    site.db.transact(lambda s: setattr(s.get(Operation, op), "not_before", later))
+    deletions.manage(site.ctx)
+    assert site.db.read(lambda s: s.get(Operation, op).not_before) == later
+    # the archive copy repaired: the manager makes it due at once, and it deletes
+    site.db.transact(lambda s: s.execute(
+        PhysicalCopy.__table__.update().where(PhysicalCopy.raw_data_package_id == pkg,
+                                              PhysicalCopy.location_id == site.ids["cornell-lta"])
+        .values(status="present")))
+    assert deletions.wake_safe_deletions(site.ctx) == 1
+    assert execute_operation(site.ctx, op, "w1") is Outcome.COMPLETED
+    assert _copy(site, copy).status == "deleted"
+    assert not (site.settings.location_path("fyst-buffer") / "raw/late-trouble.tar").exists()
+    assert site.db.read(lambda s: s.get(Operation, op).error_context) is None
 
 
 def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site, monkeypatch: pytest.MonkeyPatch,
@@ -317,8 +336,8 @@ def test_a_slow_deletion_keeps_its_claim_and_two_deleters_delete_once(site: Site
 def test_deletions_run_together_each_with_its_own_outcome(site: Site) -> None:
     """A batch (benchmark (b): the database work of one for many small deletions):
     every copy the rules allow goes and its operation completes; a copy the rules block stays
-    and only its operation fails (a retry while an operation still reads it, FAILED when an
-    archive copy is corrupt); an operation already done is skipped."""
+    and only its operation waits (handed back PENDING, never FAILED: while an operation still
+    reads it, and while an archive copy is corrupt); an operation already done is skipped."""
     made = {name: site.package(name, archived_days_ago=10) for name in ("a", "b", "busy", "rotten", "c")}
     assert sorted(site.deletion_order()) == sorted(c for _, c in made.values())
     ops = site.db.read(lambda s: {c: i for i, c in s.execute(select(Operation.id, Operation.physical_copy_id))})
@@ -332,17 +351,18 @@ def test_deletions_run_together_each_with_its_own_outcome(site: Site) -> None:
     assert execute_operation(site.ctx, done, "w0") is Outcome.COMPLETED
     order = [ops[made[n][1]] for n in ("a", "busy", "b", "rotten", "c")]
     outcomes = execute_deletions(site.ctx, order, "w1")
-    assert outcomes == [Outcome.COMPLETED, Outcome.RETRY, Outcome.COMPLETED, Outcome.FAILED, Outcome.SKIPPED]
+    assert outcomes == [Outcome.COMPLETED, Outcome.DEFERRED, Outcome.COMPLETED, Outcome.DEFERRED, Outcome.SKIPPED]
     buffer = site.settings.location_path("fyst-buffer")
     for name, gone in (("a", True), ("b", True), ("c", True), ("busy", False), ("rotten", False)):
         assert (buffer / f"raw/{name}.tar").exists() is not gone, name
         assert _copy(site, made[name][1]).status == ("deleted" if gone else "present"), name
     rows = site.db.read(lambda s: {i: (st, a) for i, st, a in s.execute(
         select(Operation.id, Operation.status, Operation.attempt).where(Operation.id.in_(order)))})
-    assert [rows[i] for i in order] == [("COMPLETED", 1), ("PENDING", 1), ("COMPLETED", 1), ("FAILED", 1),
+    assert [rows[i] for i in order] == [("COMPLETED", 1), ("PENDING", 1), ("COMPLETED", 1), ("PENDING", 1),
                                         ("COMPLETED", 1)]
     ctx = site.db.read(lambda s: s.get(Operation, ops[made["rotten"][1]]).error_context)
     assert ctx["error_type"] == "DeletionNotSafeError" and "corrupt" in ctx["message"]
+    assert ctx["waiting"] == "deletion_rule"
 
 
 def test_a_stale_deletion_in_a_batch_records_nothing_for_itself_alone(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,3 +51,72 @@ def test_an_empty_cold_location_is_still_unavailable():
     with pytest.raises(LocationUnavailableError) as e:
         check_identity(ColdLayer(MemoryBackend("cologne-lta"), restore_seconds=1, clock=lambda: 0.0), "cologne-lta")
     assert e.value.marker_only
+
+
+def _site(tmp_path):
+    from support import write_site_config
+
+    from packhorse.availability import mark_locations
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.session import Database
+    from packhorse.topology import sync_topology
+
+    settings = load_config(write_site_config(tmp_path / "site"))
+    (settings.location_path("fyst-source")).mkdir(parents=True, exist_ok=True)
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)
+    return ctx
+
+
+def test_init_counts_only_copies_whose_bytes_should_be_there(tmp_path):
+    """A copy recorded missing and since made again at its location (or, at a buffer, whose
+    package is archived) is history: it does not make an empty, unmarked root look like an
+    unmounted disk. A missing copy still owed there does; so does a live one."""
+    import shutil
+
+    from packhorse.availability import _recorded_copies, mark_locations
+    from packhorse.db.models import PhysicalCopy, RawDataPackage, utcnow
+
+    ctx = _site(tmp_path)
+    ids = ctx.topology.location_ids
+
+    def add(s, pkg, loc, status):
+        s.add(PhysicalCopy(raw_data_package_id=pkg, location_id=ids[loc], path="raw/x.tar", size=1,
+                           sha256="a" * 64, status=status, verified_at=utcnow()))
+        s.flush()
+
+    def tx(s):
+        pkg = RawDataPackage(name="inst/x", group_path="inst/x", source_location_id=ids["fyst-source"],
+                             bagging_date="2026-12-01", file_count=1, payload_bytes=1, size=1, sha256="a" * 64)
+        s.add(pkg)
+        s.flush()
+        add(s, pkg.id, "cologne-buffer", "missing")  # deleted by hand before its archive
+        add(s, pkg.id, "cornell-lta", "missing")     # an archive copy not made again yet
+        return pkg.id
+
+    pkg = ctx.db.transact(tx)
+    assert _recorded_copies(ctx, "cologne-buffer") == 1  # owed: nothing replaced it, not archived
+    assert _recorded_copies(ctx, "cornell-lta") == 1
+    ctx.db.transact(lambda s: add(s, pkg, "cologne-buffer", "deleted"))  # unpacked again, archived, freed
+    assert _recorded_copies(ctx, "cologne-buffer") == 0
+    # the trial: that buffer's root emptied and unmarked; init marks it again
+    root = ctx.settings.location_path("cologne-buffer")
+    shutil.rmtree(root)
+    root.mkdir()
+    mark_locations(ctx)
+    assert read_marker(ctx.backend("cologne-buffer")) is not None
+    # a missing buffer copy of an archived package is owed nowhere either
+    ctx.db.transact(lambda s: add(s, pkg, "cornell-buffer", "missing"))
+    assert _recorded_copies(ctx, "cornell-buffer") == 1
+    ctx.db.transact(lambda s: setattr(s.get(RawDataPackage, pkg), "archived_at", utcnow()))
+    assert _recorded_copies(ctx, "cornell-buffer") == 0
+    assert _recorded_copies(ctx, "cornell-lta") == 1  # an archive copy is owed whatever the package's state
+    # and an empty, unmarked archive root where a copy is owed is still refused
+    root = ctx.settings.location_path("cornell-lta")
+    shutil.rmtree(root)
+    root.mkdir()
+    with pytest.raises(ConfigError, match="records 1 copy"):
+        mark_locations(ctx)

@@ -50,6 +50,7 @@ from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers import packages as packages_manager
+from ..managers.deletions import waiting_on_rule
 from ..managers.scan import ScanCache, ScanResult, scan_all
 from ..operations import worker_identity
 from .. import pipeline
@@ -441,11 +442,17 @@ class LocalRunner:
         out = select(LocationOutage.location_id)
         waiting = select(Operation.id).where(Operation.status == Status.PENDING.value, or_(
             Operation.source_location_id.in_(out), Operation.destination_location_id.in_(out)))
+        # a deletion handed back because its rule (I1) does not hold yet waits on other work (a
+        # copy being made again): counted only while other work is active; alone, nothing in
+        # this run can make it safe, and the deletion manager makes it due once it is
+        rule = select(Operation.id).where(waiting_on_rule())
 
         def tx(s: Session) -> tuple[int, float | None]:
             n = s.scalar(select(func.count()).select_from(Operation).where(
                 Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked),
-                Operation.id.not_in(waiting))) or 0
+                Operation.id.not_in(waiting), Operation.id.not_in(rule))) or 0
+            if n:
+                n += s.scalar(select(func.count()).select_from(Operation).where(Operation.id.in_(rule))) or 0
             now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
                 Operation.status == Status.PENDING.value, Operation.not_before > now))

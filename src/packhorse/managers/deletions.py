@@ -33,13 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import and_, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from ..diskusage import latest_usage, level_for, monitored_locations, provider_for, record_sample
-from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind
-from ..operations import dedup_key
+from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind, Status
+from ..operations import WAITING_DELETION_RULE, dedup_key, fenced
 from ..context import ProcessContext
 from .common import buffer_location_ids, create_missing, new_only
 from .policy import deletion_blockers, deletion_blockers_many, last_used_times
@@ -151,8 +151,55 @@ def choose(ctx: ProcessContext, candidates: list[Candidate], pressure: Pressure,
     return chosen, waits
 
 
+def waiting_on_rule() -> Any:
+    """The SQL condition "a deletion handed back because its rule (I1) did not hold, still
+    within its backoff" (:func:`packhorse.worker._wait_for_deletion_rule`): ``PENDING``,
+    ``not_before`` in the future, ``error_context["waiting"] = "deletion_rule"``."""
+    return and_(Operation.kind == OperationKind.DELETION.value, Operation.status == Status.PENDING.value,
+                Operation.not_before > utcnow(),
+                Operation.error_context["waiting"].as_string() == WAITING_DELETION_RULE)
+
+
+def wake_safe_deletions(ctx: ProcessContext) -> int:
+    """Make due at once every deletion waiting on its rule (:func:`waiting_on_rule`) for which
+    the rule holds again now (:func:`~.policy.deletion_blockers`; source files: the package is
+    archived), so a deletion held back while a lost copy was being made again runs as soon as
+    that is done, not after its backoff. Each is a compare-and-set on the ``PENDING`` attempt
+    read (:func:`~packhorse.operations.fenced`). The stage checks the rule again before any
+    byte goes (I1). Returns how many were made due."""
+
+    def find(s: Session) -> list[tuple[int, int]]:
+        rows = s.execute(select(Operation.id, Operation.attempt, Operation.physical_copy_id,
+                                Operation.raw_data_package_id).where(waiting_on_rule())).all()
+        if not rows:
+            return []
+        copies = list(s.scalars(select(PhysicalCopy).where(
+            PhysicalCopy.id.in_([r.physical_copy_id for r in rows if r.physical_copy_id is not None]))))
+        blockers = deletion_blockers_many(s, ctx, copies) if copies else {}
+        archived = set(s.scalars(select(RawDataPackage.id).where(
+            RawDataPackage.id.in_([r.raw_data_package_id for r in rows if r.physical_copy_id is None]),
+            RawDataPackage.archived_at.is_not(None))))
+        return [(r.id, r.attempt) for r in rows
+                if (r.physical_copy_id is None and r.raw_data_package_id in archived)
+                or (r.physical_copy_id is not None and r.physical_copy_id in blockers
+                    and not blockers[r.physical_copy_id])]
+
+    due = ctx.db.read(find)
+    if not due:
+        return 0
+
+    def tx(s: Session) -> int:
+        now = utcnow()
+        return sum(s.execute(update(Operation).where(fenced(op_id, attempt, Status.PENDING))
+                             .values(not_before=now, updated_at=now)).rowcount or 0 for op_id, attempt in due)
+
+    return ctx.db.transact(tx)
+
+
 def manage(ctx: ProcessContext) -> tuple[int, float | None]:
-    """Create deletion operations; returns ``(created, seconds until the next retention ends)``."""
+    """Create deletion operations, and make due the waiting ones whose rule holds again
+    (:func:`wake_safe_deletions`); returns ``(created + made due, seconds until the next
+    retention ends)``."""
 
     def find(s: Session) -> tuple[dict[str, dict[str, Any]], float | None]:
         now = utcnow()
@@ -243,5 +290,6 @@ def manage(ctx: ProcessContext) -> tuple[int, float | None]:
         return new_only(s, wanted), (min(waits) if waits else None)
 
     remeasure_under_pressure(ctx)
+    woken = wake_safe_deletions(ctx)
     wanted, wait = ctx.db.read(find)
-    return create_missing(ctx, OperationKind.DELETION, wanted), wait
+    return create_missing(ctx, OperationKind.DELETION, wanted) + woken, wait

@@ -2,6 +2,13 @@
 
 The bundle's payload is the raw package tars, ``data/<package name>.tar``; its manifest
 carries their sha256 so the destination verifies each one on unpack.
+
+A raw package tar that is gone from the buffer (``SourceMissingError``), or whose bytes are not
+its recorded size and sha256 (``SourceChangedError``: it rotted, or another file was put under
+its name), fails the build permanently; the failure also records that copy ``missing`` (a bad
+one is first moved into the buffer's quarantine, never overwritten: I2), fenced with the
+failure (I3). The desired state then rebuilds the package from its source files and builds the
+bundle again (:mod:`packhorse.convergence`), whose completion makes this failure history.
 """
 
 from __future__ import annotations
@@ -12,10 +19,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage, RawDataPackage
-from ..errors import DestinationConflictError, SourceMissingError
+from ..errors import DestinationConflictError, SourceChangedError, SourceMissingError
 from ..packaging import PayloadFile, write_bag_tar
 from ..topology import bundle_key, raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, note_lost_source, publish_verified, record_copy
+from .base import (
+    Recorder,
+    Work,
+    already_there,
+    clear_partials,
+    note_corrupt_source,
+    note_lost_source,
+    publish_verified,
+    record_copy,
+)
 
 
 def run(work: Work) -> Recorder:
@@ -34,6 +50,7 @@ def run(work: Work) -> Recorder:
     buf = ctx.backend(buf_name)
     key = bundle_key(dtp.name)
     work.info.update(bundle=dtp.name, destination=buf_name, key=key)
+    ctx.hooks.hit("data_transfer_package.start")  # hooks: claimed, nothing read yet
     if already_there(buf, key, dtp.size, dtp.sha256):
         size, sha = dtp.size, dtp.sha256
     else:
@@ -57,6 +74,19 @@ def run(work: Work) -> Recorder:
             for p in pkgs:
                 note_lost_source(work, buf, raw_package_key(p.name), location_id=buf_id, raw_data_package_id=p.id)
             raise
+        except SourceChangedError as e:  # a package tar is not its recorded bytes: quarantined, rebuilt
+            bad = next((p for p in pkgs if f"{p.name}.tar" == e.path), None)
+            if bad is None or bad.sha256 is None:
+                raise
+            pkey = raw_package_key(bad.name)
+            moved = note_corrupt_source(work, buf, pkey, expected_sha256=bad.sha256,
+                                        location_id=work.op.destination_location_id, raw_data_package_id=bad.id)
+            raise SourceChangedError(
+                f"{buf_name}:{pkey}: the raw package tar is not its recorded bytes ({e})", step="data_transfer_package",
+                side="source", path=pkey, host=buf_name,
+                diagnosis=("the package tar was damaged or replaced in the buffer: moved into the buffer's quarantine; "
+                           "the package is rebuilt from its source files and the bundle built again" if moved else
+                           e.diagnosis)) from e
         size, sha = result.size, result.sha256
     assert size is not None and sha is not None
     location_id = ctx.topology.location_ids[buf_name]

@@ -2,8 +2,12 @@
 
 The safety rules of :func:`packhorse.managers.policy.deletion_blockers` are checked again when
 the operation runs, in the transaction that marks the copy, not only when the operation was
-created (I1): if one fails nothing is deleted — an operation still in flight on the
-copy defers the deletion (a retryable failure), any other rule fails it permanently. The copy
+created (I1): if one fails nothing is deleted and the deletion waits
+(:class:`~packhorse.errors.DeletionNotSafeError`: handed back ``PENDING`` with a backoff, never
+FAILED, made due again by the deletion manager once the rule holds). The manager planned it
+when the rule held, so a rule that fails here is a precondition that changed since (a copy lost
+and being made again, an archive copy found corrupt and being repaired, an operation still in
+flight on the copy): waiting is right, deleting is not, and a human has nothing to do. The copy
 is marked ``deletion_pending`` before its bytes go and ``deleted`` after, so a crash in
 between is finished by the retry. The lease is renewed by the worker's heartbeat while the
 bytes go, and the claim's fencing token makes sure one attempt alone records the deletion.
@@ -32,7 +36,8 @@ def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
 
     Raises:
         DeletionDeferredError: only operations still in flight on the copy block it.
-        DeletionNotSafeError: any other rule blocks it (I1); nothing was changed.
+        DeletionNotSafeError: any other rule blocks it (I1); nothing was changed. Both make
+            the operation wait (:func:`packhorse.worker._wait_for_deletion_rule`).
     """
     from ..managers.policy import deletion_blockers, operations_in_flight
 
@@ -76,6 +81,7 @@ def run(work: Work) -> Recorder:
     if work.op.physical_copy_id is None:
         return _delete_source_files(work)
     copy_id = work.op.physical_copy_id
+    work.ctx.hooks.hit("deletion.start")  # hooks: claimed, the rules not checked yet
     delete_bytes(work, work.ctx.db.transact(lambda s: mark_copy(s, work.ctx, copy_id)))
     return lambda s: record_deleted(s, copy_id)
 
