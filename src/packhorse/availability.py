@@ -328,6 +328,10 @@ def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, 
     init``), so that storage carrying a marker of the same name but another uuid is never taken
     for it (:func:`probe`). A marker without a uuid, or one in cold storage, records nothing.
 
+    Args:
+        replacing: the marker replaces the recorded one (``init --replace``, or a root marked
+            by this ``init`` after the checks for recorded copies).
+
     Raises:
         ConfigError: the database already records another uuid and ``replacing`` is false
             (storage of another installation, or a marker copied onto blank storage).
@@ -395,7 +399,10 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
                                                root_missing=root_missing)
         done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
                                   storage=loc.storage.value, version=__version__))
-        _record_marker_uuid(ctx, loc.name, read_marker(backend), replacing=loc.name in replace)
+        # a root marked just now passed the checks above (nothing owed there is hidden): its new
+        # marker is the location's from now on; one found marked must carry the recorded uuid
+        _record_marker_uuid(ctx, loc.name, read_marker(backend),
+                            replacing=loc.name in replace or done[-1].action != "already marked")
         if loc.name in replace:
             _record_copies_missing(ctx, loc.name)
         if loc.name in ctx.topology.location_ids:
