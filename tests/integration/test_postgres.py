@@ -1,7 +1,8 @@
 """PostgreSQL as the ops database: the migrations build exactly the models' schema
 and downgrade cleanly; the schema's constraints hold; transient errors (dropped connection,
 serialization failure, admin shutdown) are retried by the unit of work; engines are never
-shared across a fork; dispatch claims batches with ``FOR UPDATE SKIP LOCKED``.
+shared across a fork; dispatch claims batches with ``FOR UPDATE SKIP LOCKED``; a unit makes no
+round trip besides its statements; batch claims racing over shared operations grant each once.
 
 Runs against the shared server at 127.0.0.1:5432 in a database of its own (skipped when
 unreachable; failed with ``CI=true``).
@@ -367,3 +368,42 @@ def test_statements_unit_is_retried_after_the_server_killed_its_connection(pg_db
         assert len(pids) == 2 and pids[0] != pids[1]
     finally:
         killer.dispose()
+
+
+def test_batch_claims_racing_over_shared_operations_grant_each_once(pg_db: Database) -> None:
+    from packhorse.operations import claim_many, complete_many
+
+    _seed(pg_db)
+
+    def add(s: Session) -> list[int]:
+        ops = [_op(i) for i in range(60)]
+        s.add_all(ops)
+        s.flush()
+        return [o.id for o in ops]
+
+    ids = pg_db.transact(add)
+    start = threading.Barrier(4, timeout=30)
+    granted: dict[str, dict[int, Any]] = {}
+    completed: dict[str, set[int]] = {}
+
+    def worker(name: str, mine: list[int]) -> None:
+        db = Database(pg_db.url, pool_size=1, max_overflow=0)
+        start.wait()
+        claims = claim_many(db, {i: 0 for i in mine}, name, 60)
+        granted[name] = claims
+        completed[name] = db.transact(lambda s: complete_many(s, claims.values(), {i: 5 for i in claims}))
+        db.dispose()
+
+    # every operation offered to two workers at once, in opposite orders
+    offers = {"w0": ids[:40], "w1": ids[20:] + ids[:20][::-1], "w2": ids[::-1][:40], "w3": ids[10:50]}
+    threads = [threading.Thread(target=worker, args=(n, m)) for n, m in offers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everyone = [i for claims in granted.values() for i in claims]
+    assert sorted(everyone) == sorted(ids)  # each granted exactly once
+    assert all(completed[n] == set(granted[n]) for n in granted)
+    rows = pg_db.read(lambda s: s.execute(select(Operation.status, Operation.attempt, Operation.bytes_done)
+                                          .where(Operation.id.in_(ids))).all())
+    assert set(rows) == {("COMPLETED", 1, 5)}
