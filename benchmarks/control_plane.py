@@ -76,6 +76,7 @@ def _claims_worker(url: str, jobs: list[tuple[int, int]], batch: int, start: Any
     db = Database(url)
     owner = f"bench:{os.getpid()}"
     done = refused = 0
+    out.put("ready")
     start.wait()
     t0 = time.perf_counter()
     if batch <= 1:
@@ -140,7 +141,10 @@ def claims_run(url: str, *, operations: int, workers: int, batch: int) -> dict[s
     procs = [ctx.Process(target=_claims_worker, args=(url, s, batch, start, out)) for s in stripes]
     for p in procs:
         p.start()
-    time.sleep(2.0)  # every worker imported and waiting
+    # every worker imported and waiting (on 2 cores 8 imports take longer than the 2 s slept
+    # here before, and a late import ran inside the timed window)
+    for _ in procs:
+        assert out.get(timeout=600) == "ready"
     start.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
