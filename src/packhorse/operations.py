@@ -6,18 +6,18 @@
   destination): managers may call it every cycle.
 * :func:`claim` moves a ``PENDING``/``SCHEDULED`` operation to ``IN_PROGRESS``, increments
   ``attempt`` — the **fencing token** — and grants a lease until ``lease_expires_at``.
-* :func:`heartbeat`, :func:`complete_in`, :func:`defer` and :func:`record_failure` are
-  compare-and-set on :func:`fenced` — ``(id, attempt, status = IN_PROGRESS)`` —, the one
-  fencing predicate: a stale attempt's writes change nothing (I3); its failure is still
-  appended as a failure event. The status writes of other modules go through it too: the
-  stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's reset of
-  a lost dispatch and a forced retry (:mod:`packhorse.recovery.breakers`: the status it read),
-  the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``) and the
-  dispatch of both executors (:func:`packhorse.pipeline.take_runnable`: ``PENDING`` or
-  ``SCHEDULED`` → ``SCHEDULED`` at the token it read). A claim is a compare-and-set on the
-  token it was dispatched at (``fenced(id, token, PENDING | SCHEDULED)``, then the token
-  becomes ``token + 1``), :func:`reset_failed` on the token of the ``FAILED`` attempt it read:
-  a write made on a stale reading of the row changes nothing.
+* :func:`heartbeat`, :func:`complete_in` (:func:`complete_many` for a batch), :func:`defer` and
+  :func:`record_failure` are compare-and-set on :func:`fenced` — ``(id, attempt, status =
+  IN_PROGRESS)`` —, the one fencing predicate: a stale attempt's writes change nothing (I3); its
+  failure is still appended as a failure event. The status writes of other modules go through it
+  too: the stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's
+  reset of a lost dispatch and a forced retry (:mod:`packhorse.recovery.breakers`: the status it
+  read), the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``) and
+  the dispatch of both executors (:func:`packhorse.pipeline.take_runnable`: ``PENDING`` or
+  ``SCHEDULED`` → ``SCHEDULED`` at the token it read). A claim is a compare-and-set on the token
+  it was dispatched at (``fenced(id, token, PENDING | SCHEDULED)``, then the token becomes
+  ``token + 1``), :func:`reset_failed` on the token of the ``FAILED`` attempt it read: a write
+  made on a stale reading of the row changes nothing.
 * expired leases are handed back by the stalled-task monitor
   (:mod:`packhorse.recovery.monitor`, with circuit breakers), lost dispatches by the
   reconciler (:mod:`packhorse.recovery.reconciler`).
@@ -174,7 +174,8 @@ def fenced(operation_id: Any, attempt: Any,
     still at fencing token ``attempt`` and in ``status`` (one status, or any of several). Every
     status write of an operation is a compare-and-set on it, so a write made on a stale reading
     of the row (its token superseded by a newer claim, its status moved on) changes nothing.
-    ``operation_id`` / ``attempt`` are values or bound parameters."""
+    ``operation_id`` / ``attempt`` are values, bound parameters or the columns of a batch's
+    rows (:func:`claim_many`, :func:`complete_many`: each row is its own compare-and-set)."""
     if isinstance(status, Status):
         in_status: ColumnElement[bool] = _OPS.c.status == status.value
     else:
