@@ -10,8 +10,8 @@ and every run checks its outcome (a wrong result aborts the benchmark):
   they were dispatched at (:func:`packhorse.operations.claim`) and completes each claim with a
   fenced completion (:func:`packhorse.operations.complete_in`), one transaction each. One
   operation in ten is also handed to a second worker (a duplicate delivery), whose claim must be
-  refused. Batched mode (``--batch N``) claims N at once (``claim_many``) and completes them in
-  one transaction. Afterwards every operation must be ``COMPLETED`` at attempt 1, each
+  refused. Batched mode (``--batches``, N > 1) claims N at once (``claim_many``) and completes
+  them in one transaction (``complete_many``), as the deletion batch of a worker does. Afterwards every operation must be ``COMPLETED`` at attempt 1, each
   completed once (I3), and the refused claims must be exactly the duplicates. Reported:
   completed operations per second over the wall time of all workers (start barrier to the last
   one done), the median of ``--repeats`` runs, on SQLite (a file in the work folder, WAL) and on
@@ -71,11 +71,12 @@ KIND = OperationKind.TRANSFER
 
 
 def _claims_worker(url: str, jobs: list[tuple[int, int]], batch: int, start: Any, out: Any) -> None:
-    from packhorse.operations import claim, claim_many, complete_in
+    from packhorse.operations import claim, claim_many, complete_in, complete_many
 
     db = Database(url)
     owner = f"bench:{os.getpid()}"
     done = refused = 0
+    out.put("ready")
     start.wait()
     t0 = time.perf_counter()
     if batch <= 1:
@@ -97,7 +98,7 @@ def _claims_worker(url: str, jobs: list[tuple[int, int]], batch: int, start: Any
             refused += len(part) - len(claims)
 
             def finish_all(s: Any, claims: Any = claims) -> int:
-                return sum(complete_in(s, c) for c in claims.values())
+                return len(complete_many(s, claims.values()))
 
             done += db.transact(finish_all)
     out.put((done, refused, t0, time.perf_counter()))
@@ -140,7 +141,10 @@ def claims_run(url: str, *, operations: int, workers: int, batch: int) -> dict[s
     procs = [ctx.Process(target=_claims_worker, args=(url, s, batch, start, out)) for s in stripes]
     for p in procs:
         p.start()
-    time.sleep(2.0)  # every worker imported and waiting
+    # every worker imported and waiting (on 2 cores 8 imports take longer than the 2 s slept
+    # here before, and a late import ran inside the timed window)
+    for _ in procs:
+        assert out.get(timeout=600) == "ready"
     start.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:

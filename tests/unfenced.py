@@ -10,7 +10,7 @@ process only:
 
 * :func:`packhorse.operations.fenced` by a predicate without the fencing token (heartbeats,
   completions and failures of a stale attempt are written), and the prebuilt completion and
-  claim statements with it;
+  claim statements with it (the batch statements are built again on first use);
 * :meth:`packhorse.lease.LeaseKeeper.check` by one that never stops the work;
 * the storage stack's innermost layer by :class:`OverwritingLayer`: publication replaces an
   existing object (delete, then publish) instead of refusing to, and neither the successor
@@ -47,6 +47,8 @@ def _install() -> None:
     operations.fenced = _unfenced  # type: ignore[assignment]
     operations._COMPLETE = operations._complete_statements()
     operations._CLAIM = operations._claim_statement()
+    operations._CLAIM_MANY.clear()  # rebuilt with the unfenced predicate on first use
+    operations._COMPLETE_MANY.clear()
     pipeline._SCHEDULE = pipeline._schedule_statements()
     lease.LeaseKeeper.check = lambda self: None  # type: ignore[method-assign]
     operations._unfenced_installed = True  # type: ignore[attr-defined]

@@ -6,18 +6,18 @@
   destination): managers may call it every cycle.
 * :func:`claim` moves a ``PENDING``/``SCHEDULED`` operation to ``IN_PROGRESS``, increments
   ``attempt`` — the **fencing token** — and grants a lease until ``lease_expires_at``.
-* :func:`heartbeat`, :func:`complete_in`, :func:`defer` and :func:`record_failure` are
-  compare-and-set on :func:`fenced` — ``(id, attempt, status = IN_PROGRESS)`` —, the one
-  fencing predicate: a stale attempt's writes change nothing (I3); its failure is still
-  appended as a failure event. The status writes of other modules go through it too: the
-  stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's reset of
-  a lost dispatch and a forced retry (:mod:`packhorse.recovery.breakers`: the status it read),
-  the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``) and the
-  dispatch of both executors (:func:`packhorse.pipeline.take_runnable`: ``PENDING`` or
-  ``SCHEDULED`` → ``SCHEDULED`` at the token it read). A claim is a compare-and-set on the
-  token it was dispatched at (``fenced(id, token, PENDING | SCHEDULED)``, then the token
-  becomes ``token + 1``), :func:`reset_failed` on the token of the ``FAILED`` attempt it read:
-  a write made on a stale reading of the row changes nothing.
+* :func:`heartbeat`, :func:`complete_in` (:func:`complete_many` for a batch), :func:`defer` and
+  :func:`record_failure` are compare-and-set on :func:`fenced` — ``(id, attempt, status =
+  IN_PROGRESS)`` —, the one fencing predicate: a stale attempt's writes change nothing (I3); its
+  failure is still appended as a failure event. The status writes of other modules go through it
+  too: the stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's
+  reset of a lost dispatch and a forced retry (:mod:`packhorse.recovery.breakers`: the status it
+  read), the Celery dispatcher's unscheduling (``fenced(id, attempt, Status.SCHEDULED)``) and
+  the dispatch of both executors (:func:`packhorse.pipeline.take_runnable`: ``PENDING`` or
+  ``SCHEDULED`` → ``SCHEDULED`` at the token it read). A claim is a compare-and-set on the token
+  it was dispatched at (``fenced(id, token, PENDING | SCHEDULED)``, then the token becomes
+  ``token + 1``), :func:`reset_failed` on the token of the ``FAILED`` attempt it read: a write
+  made on a stale reading of the row changes nothing.
 * expired leases are handed back by the stalled-task monitor
   (:mod:`packhorse.recovery.monitor`, with circuit breakers), lost dispatches by the
   reconciler (:mod:`packhorse.recovery.reconciler`).
@@ -31,12 +31,13 @@ import datetime as dt
 import random
 import socket
 import traceback as tb
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
+from sqlalchemy import BigInteger, ColumnElement, Integer, and_, bindparam, func, or_, select, union_all, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -173,7 +174,8 @@ def fenced(operation_id: Any, attempt: Any,
     still at fencing token ``attempt`` and in ``status`` (one status, or any of several). Every
     status write of an operation is a compare-and-set on it, so a write made on a stale reading
     of the row (its token superseded by a newer claim, its status moved on) changes nothing.
-    ``operation_id`` / ``attempt`` are values or bound parameters."""
+    ``operation_id`` / ``attempt`` are values, bound parameters or the columns of a batch's
+    rows (:func:`claim_many`, :func:`complete_many`: each row is its own compare-and-set)."""
     if isinstance(status, Status):
         in_status: ColumnElement[bool] = _OPS.c.status == status.value
     else:
@@ -200,7 +202,43 @@ def _claim_statement() -> Any:
 
 _CLAIM = _claim_statement()
 _TOKEN = select(_OPS.c.attempt).where(_OPS.c.id == bindparam("op_id"))
+_TOKENS = select(_OPS.c.id, _OPS.c.attempt).where(_OPS.c.id.in_(bindparam("op_ids", expanding=True)))
 _COMPLETE = _complete_statements()
+
+#: Rows per batch statement (:func:`claim_many`, :func:`complete_many`): 2–3 bound parameters a
+#: row, far below SQLite's limit of 32,766.
+BATCH_ROWS = 100
+#: The batch statements by row count, built on first use (cleared by the test-only unfenced
+#: variant, tests/unfenced.py, like the prebuilt statements above).
+_CLAIM_MANY: dict[int, Any] = {}
+_COMPLETE_MANY: dict[int, Any] = {}
+
+
+def _batch_rows(n: int, name: str, *cols: tuple[str, Any]) -> Any:
+    """``n`` rows of typed bound parameters ``:<col>_<k>`` as the subquery ``name(<cols>)``, for
+    an ``UPDATE … FROM`` (PostgreSQL; SQLite ≥ 3.33). A ``UNION ALL`` of one-row ``SELECT`` s,
+    not ``VALUES``: SQLite cannot name the columns of a ``VALUES`` subquery."""
+    return union_all(*(select(*(bindparam(f"{c}_{k}", type_=t).label(c) for c, t in cols))
+                       for k in range(n))).subquery(name)
+
+
+def _claim_many_statement(n: int) -> Any:
+    """The claim of ``n`` operations in one statement: :data:`_CLAIM` joined to ``n`` rows of
+    (operation id, dispatched token), each row a compare-and-set on :func:`fenced` of its own."""
+    wanted = _batch_rows(n, "wanted", ("op_id", Integer), ("token", Integer))
+    return (update(_OPS).where(fenced(wanted.c.op_id, wanted.c.token, CLAIMABLE),
+                               or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")))
+            .values(**_CLAIM_VALUES).returning(*_OPS.c))
+
+
+def _complete_many_statement(n: int) -> Any:
+    """The completion of ``n`` claimed attempts in one statement: :data:`_COMPLETE` joined to
+    ``n`` rows of (operation id, token, bytes counted or NULL to keep), each row a
+    compare-and-set on :func:`fenced` of its own."""
+    done = _batch_rows(n, "done", ("op_id", Integer), ("token", Integer), ("counted", BigInteger))
+    return (update(_OPS).where(fenced(done.c.op_id, done.c.token))
+            .values(**_COMPLETE_VALUES, bytes_done=func.coalesce(done.c.counted, _OPS.c.bytes_done))
+            .returning(_OPS.c.id))
 
 
 def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
@@ -213,10 +251,13 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
     lease, finished, claimed and handed back since the dispatch, or not yet due): the caller
     must then do nothing (a duplicate or late delivery; I3).
 
+    One statement, run without a transaction around it on PostgreSQL
+    (:meth:`~packhorse.db.session.Database.statements`): the compare-and-set needs none.
+
     Args:
         token: the attempt the dispatcher read (:func:`packhorse.pipeline.take_runnable`'s
-            rows); ``None`` reads it in the claim's own transaction (a claim by hand: the CLI,
-            tests).
+            rows); ``None`` reads it just before the claim, which is then a compare-and-set
+            on the token read (a claim by hand: the CLI, tests).
         min_attempt: a broker message's "run operation N at attempt ≥ A" (Celery): the
             message was dispatched at token ``A − 1`` (attempts only grow), so this is
             ``token = A − 1``. A late or duplicated message for an attempt that already ran
@@ -227,10 +268,9 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
             raise ValueError(f"token {token} and min_attempt {min_attempt} disagree")
         token = min_attempt - 1
 
-    def tx(s: Session) -> Claim | None:
+    def run(conn: Connection) -> Claim | None:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
-        conn = s.connection()
         current = token
         if current is None:
             current = conn.execute(_TOKEN, dict(op_id=operation_id)).scalar()
@@ -240,7 +280,7 @@ def claim(db: Database, operation_id: int, owner: str, lease_seconds: float, *,
                                         expires=expires)).first()
         return None if row is None else _granted(row, owner, expires)
 
-    return db.transact(tx)
+    return db.statements(run)
 
 
 def _granted(row: Any, owner: str, expires: dt.datetime) -> Claim:
@@ -252,28 +292,41 @@ def _granted(row: Any, owner: str, expires: dt.datetime) -> Claim:
 
 def claim_many(db: Database, operations: dict[int, int | None], owner: str,
                lease_seconds: float) -> dict[int, Claim]:
-    """:func:`claim` for several operations in one transaction: ``operations`` maps each
-    operation id to its dispatched token (``None``: read it here). Returns the granted claims by
-    operation id (an operation that is not runnable at its token is left out, as :func:`claim`
-    returns ``None`` for it)."""
+    """:func:`claim` for several operations at once: ``operations`` maps each operation id to
+    its dispatched token (``None``: read it here, then compare with what was read). Returns the
+    granted claims by operation id (an operation that is not runnable at its token is left out,
+    as :func:`claim` returns ``None`` for it).
 
-    def tx(s: Session) -> dict[int, Claim]:
+    The claims are one statement per :data:`BATCH_ROWS` operations (``UPDATE operations … FROM``
+    the rows (id, token)), each row of it a compare-and-set on :func:`fenced` at its own
+    token, as :func:`claim` is, run without a transaction around it on PostgreSQL
+    (:meth:`~packhorse.db.session.Database.statements`): one round trip for the batch. The ids
+    are sent in ascending order, so two batches that share operations lock them in one order.
+    """
+
+    def run(conn: Connection) -> dict[int, Claim]:
         now = utcnow()
         expires = now + dt.timedelta(seconds=lease_seconds)
+        tokens = {op_id: token for op_id, token in operations.items() if token is not None}
+        unread = [op_id for op_id, token in operations.items() if token is None]
+        if unread:
+            tokens.update((op_id, token) for op_id, token in conn.execute(_TOKENS, dict(op_ids=unread)))
         out: dict[int, Claim] = {}
-        conn = s.connection()
-        for op_id, token in operations.items():
-            if token is None:
-                token = conn.execute(_TOKEN, dict(op_id=op_id)).scalar()
-                if token is None:
-                    continue
-            row = conn.execute(_CLAIM, dict(op_id=op_id, token=token, now=now, owner=owner,
-                                            expires=expires)).first()
-            if row is not None:
-                out[op_id] = _granted(row, owner, expires)
+        wanted = sorted(tokens.items())
+        for i in range(0, len(wanted), BATCH_ROWS):
+            part = wanted[i:i + BATCH_ROWS]
+            stmt = _CLAIM_MANY.get(len(part))
+            if stmt is None:
+                stmt = _CLAIM_MANY[len(part)] = _claim_many_statement(len(part))
+            params: dict[str, Any] = dict(now=now, owner=owner, expires=expires)
+            for k, (op_id, token) in enumerate(part):
+                params[f"op_id_{k}"] = op_id
+                params[f"token_{k}"] = token
+            for row in conn.execute(stmt, params):
+                out[row.id] = _granted(row, owner, expires)
         return out
 
-    return db.transact(tx)
+    return db.statements(run)
 
 
 def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int | None = None) -> bool:
@@ -316,6 +369,48 @@ def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -
 
         after_success(session, claim.kind.value, claim.operation_id, params["now"])
     return True
+
+
+def complete_many(session: Session, claims: Iterable[Claim],
+                  bytes_done: Mapping[int, int | None] | None = None) -> set[int]:
+    """:func:`complete_in` for several claimed attempts in one statement (per
+    :data:`BATCH_ROWS`), inside the caller's transaction: each row of the statement is a
+    compare-and-set on :func:`fenced` at its own claim's token.
+
+    Args:
+        claims: the claimed attempts (at most one per operation).
+        bytes_done: bytes counted by operation id, written as the row's ``bytes_done``; an
+            operation left out or mapped to ``None`` keeps its own (as :func:`complete_in`
+            without ``bytes_done``).
+
+    Returns:
+        the ids of the operations completed; an attempt that is stale is left out, and the
+        caller must then roll back (or not write) whatever else it meant for it, as with
+        :func:`complete_in` returning ``False``. An operation that stalled before has its
+        circuit breaker closed in the same transaction, as :func:`complete_in` does.
+    """
+    todo = sorted(claims, key=lambda c: c.operation_id)
+    counted = bytes_done or {}
+    now = utcnow()
+    conn = session.connection()
+    completed: set[int] = set()
+    for i in range(0, len(todo), BATCH_ROWS):
+        part = todo[i:i + BATCH_ROWS]
+        stmt = _COMPLETE_MANY.get(len(part))
+        if stmt is None:
+            stmt = _COMPLETE_MANY[len(part)] = _complete_many_statement(len(part))
+        params: dict[str, Any] = dict(now=now)
+        for k, c in enumerate(part):
+            params[f"op_id_{k}"] = c.operation_id
+            params[f"token_{k}"] = c.attempt
+            params[f"counted_{k}"] = counted.get(c.operation_id)
+        completed.update(conn.execute(stmt, params).scalars())
+    for c in todo:
+        if c.operation_id in completed and (c.operation is None or c.operation.stall_count):
+            from .recovery.breakers import after_success  # as in complete_in
+
+            after_success(session, c.kind.value, c.operation_id, now)
+    return completed
 
 
 #: ``error_context["waiting"]`` of an operation handed back by :func:`defer` because the

@@ -35,6 +35,7 @@ from .operations import (
     claim,
     claim_many,
     complete_in,
+    complete_many,
     defer,
     record_failure,
 )
@@ -242,8 +243,8 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
     """Run several buffer-copy ``deletion`` operations together, with the database work of one:
     one transaction claims them all, one checks the deletion rules and marks every copy
     (:func:`~packhorse.stages.deletion.mark_copy`), one completes them all after their bytes
-    went. Each operation keeps its own row, lease, fencing token and outcome: a copy the rules
-    block, a failed delete or a stale attempt goes through the same failure path as a single
+    went (:func:`~packhorse.operations.complete_many`: one fenced statement). Each operation
+    keeps its own row, lease, fencing token and outcome: a copy the rules block, a failed delete or a stale attempt goes through the same failure path as a single
     operation (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
     of database time; three transactions for each were most of that (benchmark (b)).
 
@@ -328,11 +329,12 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             deleted = []
 
         def finish(s: Session) -> list[int]:
+            completed = complete_many(s, [works[op_id].claim for op_id in deleted],
+                                      {op_id: works[op_id].lease.bytes_done for op_id in deleted})
             stale = []
             for op_id in deleted:
-                w = works[op_id]
-                if complete_in(s, w.claim, w.lease.bytes_done):
-                    record_deleted(s, w.op.physical_copy_id)  # type: ignore[arg-type]
+                if op_id in completed:
+                    record_deleted(s, works[op_id].op.physical_copy_id)  # type: ignore[arg-type]
                 else:
                     stale.append(op_id)
             return stale

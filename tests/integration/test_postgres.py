@@ -1,7 +1,8 @@
 """PostgreSQL as the ops database: the migrations build exactly the models' schema
 and downgrade cleanly; the schema's constraints hold; transient errors (dropped connection,
 serialization failure, admin shutdown) are retried by the unit of work; engines are never
-shared across a fork; dispatch claims batches with ``FOR UPDATE SKIP LOCKED``.
+shared across a fork; dispatch claims batches with ``FOR UPDATE SKIP LOCKED``; a unit makes no
+round trip besides its statements; batch claims racing over shared operations grant each once.
 
 Runs against the shared server at 127.0.0.1:5432 in a database of its own (skipped when
 unreachable; failed with ``CI=true``).
@@ -292,3 +293,117 @@ def test_two_sites_completing_the_last_archives_at_once_mark_the_package_archive
         t.join(60)
     assert sorted(results.values()) == [False, True], results  # the second to commit saw both copies
     assert pg_db.read(lambda s: s.get(RawDataPackage, pkg_id).archived_at) is not None
+
+
+def _round_trips(db: Database, unit: Any) -> list[str]:
+    """The messages the client sent to the server while running ``unit()`` on ``db``'s single
+    pooled connection (psycopg's protocol trace): one entry per message type sent."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as trace:
+        raw = db.engine.raw_connection()
+        pgconn = raw.driver_connection.pgconn  # type: ignore[union-attr]
+        raw.close()  # back to the pool: the unit checks out this very connection
+        pgconn.trace(trace.fileno())
+        try:
+            unit()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        return [line.split("\t")[3] for line in trace.read().splitlines() if line.split("\t")[1] == "F"]
+
+
+def test_units_of_work_make_no_round_trip_besides_their_own(pg_url: str) -> None:
+    # a ping before each unit (pool_pre_ping) was a fourth round trip of a one-statement
+    # transaction; a unit of Database.statements has no BEGIN and COMMIT either
+    db = Database(pg_url, pool_size=1, max_overflow=0)
+    db.upgrade()
+    _seed(db)
+    try:
+        one = text("SELECT :x").bindparams(x=1)  # a bound parameter: the extended protocol, one Sync
+        db.transact(lambda s: s.execute(one))  # the pool holds its one connection
+        sent = _round_trips(db, lambda: db.transact(lambda s: s.execute(one)))
+        assert sent.count("Query") == 2 and sent.count("Sync") == 1, sent  # BEGIN, statement, COMMIT
+        sent = _round_trips(db, lambda: db.statements(lambda c: c.execute(one).scalar()))
+        assert sent.count("Query") == 0 and sent.count("Sync") == 1, sent  # the statement alone
+    finally:
+        db.dispose()
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_before_use(pg_url: str) -> None:
+    db = Database(pg_url, pool_size=1, max_overflow=0)
+    try:
+        with db.engine.connect() as c:
+            pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
+        killer = create_engine(pg_url)
+        with killer.connect() as k:
+            k.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            k.commit()
+        killer.dispose()
+        import time
+
+        time.sleep(0.2)  # the server's goodbye reaches the idle socket
+        # no retry here (a bare connection, not a unit of work): the checkout itself must
+        # notice that the pooled connection is dead and open another
+        with db.engine.connect() as c:
+            assert c.execute(text("SELECT pg_backend_pid()")).scalar() != pid
+    finally:
+        db.dispose()
+
+
+def test_statements_unit_is_retried_after_the_server_killed_its_connection(pg_db: Database, pg_url: str) -> None:
+    killer = create_engine(pg_url)
+    pids: list[int] = []
+
+    def unit(c: Any) -> int:
+        pids.append(c.execute(text("SELECT pg_backend_pid()")).scalar())
+        if len(pids) == 1:
+            with killer.connect() as k:
+                k.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pids[0]})
+                k.commit()
+        return c.execute(text("SELECT 7")).scalar()
+
+    try:
+        assert pg_db.statements(unit) == 7
+        assert len(pids) == 2 and pids[0] != pids[1]
+    finally:
+        killer.dispose()
+
+
+def test_batch_claims_racing_over_shared_operations_grant_each_once(pg_db: Database) -> None:
+    from packhorse.operations import claim_many, complete_many
+
+    _seed(pg_db)
+
+    def add(s: Session) -> list[int]:
+        ops = [_op(i) for i in range(60)]
+        s.add_all(ops)
+        s.flush()
+        return [o.id for o in ops]
+
+    ids = pg_db.transact(add)
+    start = threading.Barrier(4, timeout=30)
+    granted: dict[str, dict[int, Any]] = {}
+    completed: dict[str, set[int]] = {}
+
+    def worker(name: str, mine: list[int]) -> None:
+        db = Database(pg_db.url, pool_size=1, max_overflow=0)
+        start.wait()
+        claims = claim_many(db, {i: 0 for i in mine}, name, 60)
+        granted[name] = claims
+        completed[name] = db.transact(lambda s: complete_many(s, claims.values(), {i: 5 for i in claims}))
+        db.dispose()
+
+    # every operation offered to two workers at once, in opposite orders
+    offers = {"w0": ids[:40], "w1": ids[20:] + ids[:20][::-1], "w2": ids[::-1][:40], "w3": ids[10:50]}
+    threads = [threading.Thread(target=worker, args=(n, m)) for n, m in offers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everyone = [i for claims in granted.values() for i in claims]
+    assert sorted(everyone) == sorted(ids)  # each granted exactly once
+    assert all(completed[n] == set(granted[n]) for n in granted)
+    rows = pg_db.read(lambda s: s.execute(select(Operation.status, Operation.attempt, Operation.bytes_done)
+                                          .where(Operation.id.in_(ids))).all())
+    assert set(rows) == {("COMPLETED", 1, 5)}

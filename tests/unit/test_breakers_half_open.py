@@ -18,7 +18,7 @@ from packhorse.db.models import CircuitBreaker, Notification, Operation, Site, u
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import SourceChangedError, VerificationError
-from packhorse.operations import claim, complete_in, create_operation, record_failure
+from packhorse.operations import claim, claim_many, complete_in, complete_many, create_operation, record_failure
 from packhorse.recovery import breakers
 from packhorse.recovery.monitor import check_stalled
 
@@ -101,6 +101,20 @@ def test_the_cool_down_lets_one_attempt_through_and_its_success_closes_the_break
     assert db.read(breakers.list_breakers) == []  # closed, stall count 0
     assert db.read(lambda x: breakers.get_breaker(x, KIND, op_id)).state == "closed"
     assert events(db, op_id)[-2:] == ["breaker_half_open", "breaker_closed"]
+
+
+def test_a_batch_completion_closes_the_breaker_of_the_attempt_let_through_and_no_other(db: Database) -> None:
+    s = settings()
+    op_id = opened(db, s)
+    cool_down_passes(db, op_id)
+    assert check_stalled(db, s).let_through == [op_id]
+    healthy = new_op(db, "b")
+    claims = claim_many(db, {op_id: None, healthy: 0}, "healthy-worker", 30)
+    assert db.transact(lambda x: complete_many(x, claims.values())) == {op_id, healthy}
+    assert db.read(breakers.list_breakers) == []
+    assert db.read(lambda x: breakers.get_breaker(x, KIND, op_id)).state == "closed"
+    assert events(db, op_id)[-2:] == ["breaker_half_open", "breaker_closed"]
+    assert events(db, healthy) == []
 
 
 def test_a_stall_of_the_attempt_let_through_opens_the_breaker_again_for_a_doubled_cool_down(db: Database) -> None:

@@ -156,6 +156,8 @@ def test_every_status_write_of_an_operation_goes_through_the_fencing_predicate(d
         assert ca is not None
         assert db.transact(lambda s: operations.complete_in(s, ca))
         cb = operations.claim_many(db, {b: tokens[b]}, "w", 60)[b]
+        cd = operations.claim_many(db, {new_op(db, "d"): None}, "w", 60)
+        assert db.transact(lambda s: operations.complete_many(s, cd.values())) == set(cd)
         assert operations.record_failure(db, cb, SourceChangedError("x"), backoff_base=0,
                                          backoff_max=0).status is Status.FAILED
         assert operations.reset_failed(db, KIND, b) == [b]

@@ -18,7 +18,9 @@ from packhorse.errors import SourceChangedError, UnsafePathError, VerificationEr
 from packhorse.operations import (
     Claim,
     claim,
+    claim_many,
     complete_in,
+    complete_many,
     create_operation,
     dedup_key,
     heartbeat,
@@ -233,6 +235,77 @@ def test_complete_twice_second_is_rejected(db: Database) -> None:
     assert c is not None
     assert db.transact(lambda s: complete_in(s, c)) is True
     assert db.transact(lambda s: complete_in(s, c)) is False
+
+
+def _statements(db: Database, run: Any) -> tuple[Any, list[str]]:
+    """``run()`` and the UPDATE statements it sent to ``db``."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().startswith("UPDATE"):
+            sent.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", capture)
+    try:
+        return run(), sent
+    finally:
+        event.remove(db.engine, "before_cursor_execute", capture)
+
+
+def test_claim_many_claims_each_runnable_operation_at_its_token_in_one_statement(db: Database) -> None:
+    ready, scheduled, unread, stale, running, later, done = (new_op(db, f"pkg-{i}") for i in range(7))
+    set_cols(db, scheduled, status="SCHEDULED", attempt=2)
+    set_cols(db, stale, status="SCHEDULED", attempt=3)  # dispatched again since token 2
+    assert claim(db, running, "w0", 30) is not None
+    set_cols(db, later, not_before=utcnow() + dt.timedelta(seconds=60))
+    set_cols(db, done, status="COMPLETED")
+    wanted: dict[int, int | None] = {ready: 0, scheduled: 2, unread: None, stale: 2, running: 0, later: 0, done: 0,
+                                     9999: None, 9998: 0}
+    claims, sent = _statements(db, lambda: claim_many(db, wanted, "w1", 30))
+    assert len(sent) == 1, sent  # the whole batch in one UPDATE
+    assert {i: c.attempt for i, c in claims.items()} == {ready: 1, scheduled: 3, unread: 1}
+    for i, c in claims.items():
+        op = row(db, i)
+        assert (op.status, op.attempt, op.lease_owner, op.lease_expires_at) == ("IN_PROGRESS", c.attempt, "w1",
+                                                                                c.expires_at)
+        assert c.operation is not None and (c.operation.id, c.operation.attempt) == (i, c.attempt)
+        assert (c.kind, c.owner) == (KIND, "w1")
+    assert (row(db, stale).status, row(db, stale).attempt) == ("SCHEDULED", 3)
+    assert (row(db, running).lease_owner, row(db, running).attempt) == ("w0", 1)
+    assert row(db, later).attempt == 0 and row(db, done).status == "COMPLETED"
+    assert claim_many(db, {ready: 0, scheduled: 2}, "w2", 30) == {}  # a duplicate delivery of the batch
+    assert claim_many(db, {}, "w2", 30) == {}
+
+
+def test_claim_many_of_more_than_one_statement_holds(db: Database) -> None:
+    from packhorse import operations
+
+    ids = [new_op(db, f"many-{i}") for i in range(operations.BATCH_ROWS + 3)]
+    claims, sent = _statements(db, lambda: claim_many(db, {i: 0 for i in ids}, "w1", 30))
+    assert sorted(claims) == ids and len(sent) == 2
+    done, sent = _statements(db, lambda: db.transact(lambda s: complete_many(s, claims.values())))
+    assert done == set(ids) and len(sent) == 2
+
+
+def test_complete_many_completes_the_current_attempts_in_one_statement_and_leaves_stale_ones(db: Database) -> None:
+    a, b, c = (new_op(db, f"pkg-{i}") for i in range(3))
+    claims = claim_many(db, {a: 0, b: 0, c: 0}, "w1", 30)
+    c_now = take_over(db, claims[c])  # attempt 1 of c is stale
+    before_c = snapshot(db, c)
+    done, sent = _statements(db, lambda: db.transact(lambda s: complete_many(
+        s, claims.values(), {a: 77, b: None})))
+    assert done == {a, b} and len(sent) == 1, sent
+    for i, counted in ((a, 77), (b, 0)):
+        op = row(db, i)
+        assert (op.status, op.bytes_done, op.lease_owner, op.lease_expires_at, op.error_context) == (
+            "COMPLETED", counted, None, None, None)
+        assert op.finished_at is not None
+    assert snapshot(db, c) == before_c
+    assert db.transact(lambda s: complete_many(s, claims.values())) == set()  # done once (I3)
+    assert db.transact(lambda s: complete_many(s, [c_now])) == {c}
+    assert db.transact(lambda s: complete_many(s, [])) == set()
 
 
 # ---------------------------------------------------------------------- reset_stalled

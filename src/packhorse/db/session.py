@@ -16,9 +16,16 @@ managers wrote at the same time; the queue hands the lock over at once.
 
 PostgreSQL (``postgresql+psycopg://user@host:5432/db``, psycopg 3) gets a connection pool of
 ``pool_size`` connections plus ``max_overflow`` extra ones per process (``[database]``
-``pool_size`` / ``max_overflow``, default 5 + 5), pre-pinged so a connection the server
-dropped is replaced before use, recycled after 30 minutes. Read-only units run in a
-``READ ONLY`` transaction. Transient errors are recognized by their SQLSTATE: connection
+``pool_size`` / ``max_overflow``, default 5 + 5), recycled after 30 minutes. A pooled
+connection is checked before use without a round trip (:func:`_closed_by_server`: a server
+that restarted or terminated the session has sent its goodbye and closed the socket, which is
+then readable) and replaced if the server dropped it; a connection that dies later, in the
+middle of a unit, is a transient error and the unit is retried on a fresh one (SQLAlchemy
+then invalidates every older connection of the pool). A ``SELECT 1`` before every unit
+(``pool_pre_ping``) cost one of the four round trips of a one-statement unit. Read-only units
+run in a ``READ ONLY`` transaction; :meth:`Database.statements` runs units whose every
+statement is correct on its own (a compare-and-set) in autocommit: one round trip per
+statement, no ``BEGIN`` and ``COMMIT`` around it. Transient errors are recognized by their SQLSTATE: connection
 exceptions (class ``08``), serialization failure ``40001``, deadlock ``40P01``, admin / crash
 shutdown and "cannot connect now" ``57P01``–``57P03``, too many connections ``53300``.
 
@@ -33,6 +40,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import select
 import threading
 import time
 import weakref
@@ -41,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import create_engine, event, exc, inspect, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import DatabaseNotInitializedError, TransientDatabaseError
@@ -152,9 +160,10 @@ class WriterQueue:
 def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW) -> Engine:
     """Create an engine for ``url`` in this process.
 
-    SQLite gets WAL, ``BEGIN IMMEDIATE`` and a busy timeout; PostgreSQL a pre-pinged pool of
-    ``pool_size`` (+ ``max_overflow``) connections, a 10 s connect timeout and TCP keepalives
-    (a server that vanished is noticed in about a minute, not after the kernel's two hours).
+    SQLite gets WAL, ``BEGIN IMMEDIATE`` and a busy timeout; PostgreSQL a pool of ``pool_size``
+    (+ ``max_overflow``) connections, each checked at checkout without a round trip
+    (:func:`_closed_by_server`), a 10 s connect timeout and TCP keepalives (a server that
+    vanished is noticed in about a minute, not after the kernel's two hours).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False},
@@ -180,13 +189,42 @@ def make_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: i
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
-    connect_args: dict[str, object] = {}
-    if url.startswith("postgresql"):
-        connect_args = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
-                        "keepalives_interval": 10, "keepalives_count": 3,
-                        "application_name": f"packhorse:{os.getpid()}"}
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow,
-                         pool_recycle=1800, pool_timeout=30, connect_args=connect_args)
+    if not url.startswith("postgresql"):
+        return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow,
+                             pool_recycle=1800, pool_timeout=30)
+    connect_args = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
+                    "keepalives_interval": 10, "keepalives_count": 3,
+                    "application_name": f"packhorse:{os.getpid()}"}
+    engine = create_engine(url, pool_size=pool_size, max_overflow=max_overflow,
+                           pool_recycle=1800, pool_timeout=30, connect_args=connect_args)
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, _record, _proxy):  # type: ignore[no-untyped-def]
+        if _closed_by_server(dbapi_conn):
+            # the pool drops this connection and checks out (or opens) another
+            raise exc.DisconnectionError("the server closed this pooled connection")
+
+    return engine
+
+
+def _closed_by_server(dbapi_conn: Any) -> bool:
+    """Whether an idle pooled PostgreSQL connection is dead, seen without a round trip.
+
+    An idle connection receives nothing unasked (packhorse uses no ``LISTEN``), so a socket
+    that is readable, closed or in error means the server said goodbye (a restart, an
+    administrator's ``pg_terminate_backend``, a crash: it sends its ``FATAL`` and closes the
+    socket) or the connection broke. A false alarm costs one reconnection. A peer that vanished
+    without a word is not seen here: the statement then fails with a connection error, which
+    :meth:`Database.transact` retries on a fresh connection, as it did after a ping.
+    """
+    if getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False):
+        return True
+    try:
+        poller = select.poll()
+        poller.register(dbapi_conn.fileno(), select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return True
 
 
 #: Every Database of this process: a forked child drops their inherited connections at once
@@ -295,8 +333,10 @@ class Database:
         if self.url.startswith("sqlite:///") and ":memory:" not in self.url:
             self._write_lock = WriterQueue(self._engine.url.database or self.url[len("sqlite:///"):])
         read_options: dict[str, object] = {"packhorse_read_only": True}
+        self._autocommit: Engine | None = None
         if self.url.startswith("postgresql"):
             read_options["postgresql_readonly"] = True
+            self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._read_sessions = sessionmaker(self._engine.execution_options(**read_options), expire_on_commit=False)
 
     def _after_fork(self) -> None:
@@ -333,6 +373,48 @@ class Database:
             return self._run(fn, self._sessions, attempts=attempts)
         with self._write_lock:
             return self._run(fn, self._sessions, attempts=attempts)
+
+    def statements(self, fn: Callable[[Connection], T], *, attempts: int = 8) -> T:
+        """Run ``fn(connection)``, a unit whose every statement is atomic and correct on its own,
+        with the fewest round trips; retried on a transient error like :meth:`transact`.
+
+        For units that need no transaction around their statements: each write is a single
+        statement that decides by itself whether it applies (a compare-and-set on
+        :func:`packhorse.operations.fenced`, an ``INSERT … ON CONFLICT DO NOTHING``), and a
+        read before it only supplies the value it compares with. On PostgreSQL the statements
+        run in autocommit: each is one round trip and is committed, as durably as any commit
+        (``synchronous_commit`` is the server's), before its result comes back — where a
+        transaction adds ``BEGIN`` and ``COMMIT``, two more round trips. On SQLite the unit is
+        a write unit of :meth:`transact` (the write lock is taken either way).
+
+        ``fn`` must be safe to run again from the start. As with a ``COMMIT`` whose answer is
+        lost, a statement that took effect just before the connection died is run again and
+        then finds the row moved on (a claim is refused; the lease it took expires unused).
+
+        Returns:
+            whatever ``fn`` returns.
+
+        Raises:
+            TransientDatabaseError: the database stayed unavailable for every attempt.
+            Any other exception ``fn`` raises.
+        """
+        self._after_fork()
+        engine = self._autocommit
+        if engine is None:
+            return self.transact(lambda s: fn(s.connection()), attempts=attempts)
+        delay = 0.05
+        for i in range(attempts):
+            try:
+                with engine.connect() as conn:
+                    return fn(conn)
+            except exc.SQLAlchemyError as err:
+                if not _is_transient(err):
+                    raise
+                if i == attempts - 1:
+                    raise TransientDatabaseError(f"database unavailable after {attempts} attempts: {err}") from err
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
 
     def read(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
         """Run a read-only ``fn(session)`` in one consistent snapshot; retried like :meth:`transact`.
