@@ -134,11 +134,14 @@ def _copies(s: Session, col: Any, ids: Iterable[int]) -> list[_Copy]:
 
 
 def _bad_rows(s: Session, ctx: "ProcessContext") -> list[Any]:
-    """Every copy row recorded ``corrupt`` / ``missing``, found through the ``(location_id,
-    status)`` index (both columns bound: no scan of the copy table, whatever its size)."""
+    """Every copy row recorded ``corrupt`` / ``missing`` outside processing locations (a staged
+    folder is no copy of the package's bytes, :func:`holds_artifact_bytes`), found through the
+    ``(location_id, status)`` index (both columns bound: no scan of the copy table, whatever
+    its size)."""
     return list(s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
                                  PhysicalCopy.data_transfer_package_id, PhysicalCopy.location_id)
-                          .where(PhysicalCopy.location_id.in_(select(DataLocation.id)),
+                          .where(PhysicalCopy.location_id.in_(select(DataLocation.id).where(
+                                     DataLocation.role != LocationRole.PROCESSING.value)),  # staged folders: not lost bytes
                                  PhysicalCopy.status.in_(_BAD))).all())
 
 
@@ -178,16 +181,28 @@ def _unfinished_losses(s: Session, bad: list[Any]) -> list[Any]:
     return [b for b in bad if b.raw_data_package_id in open_raw or b.data_transfer_package_id in open_dtp]
 
 
+def holds_artifact_bytes(ctx: "ProcessContext", location: str) -> bool:
+    """Whether a copy recorded at ``location`` is its artifact's bytes (one object with the
+    recorded size and sha256: a buffer or long-term-archive copy). A copy at a ``processing``
+    location is not: it is a folder ``packhorse stage`` extracted the package into, a working
+    copy the processing team may change. It is never a source of a package's bytes, never
+    checked or repaired as one, and never counts for or against archiving, repairs, dead ends
+    or deletions (I1; :mod:`packhorse.staged` checks staged folders)."""
+    return ctx.topology.location_role.get(location) is not LocationRole.PROCESSING
+
+
 def repair_sources(ctx: "ProcessContext", location: str, copies: Iterable[Any]) -> list[Any]:
     """The copies (rows with ``location_id`` and ``status``) a bad copy at ``location`` may be
     repaired from by the fixity stage: present copies at any long-term archive, or at another
-    location of the same site. A buffer at another site is not one: bytes cross sites only by
-    transfer, along the route (its method and bandwidth limit)."""
+    location of the same site that holds the package's bytes (a buffer;
+    :func:`holds_artifact_bytes`: a staged folder at a processing location is not a source).
+    A buffer at another site is not one: bytes cross sites only by transfer, along the route
+    (its method and bandwidth limit)."""
     site = ctx.topology.location_site.get(location)
     out = []
     for c in copies:
         name = ctx.location_name(c.location_id)
-        if c.status != CopyStatus.PRESENT.value or name == location:
+        if c.status != CopyStatus.PRESENT.value or name == location or not holds_artifact_bytes(ctx, name):
             continue
         if ctx.topology.location_role.get(name) is LocationRole.LONG_TERM_ARCHIVE or \
                 ctx.topology.location_site.get(name) == site:
@@ -230,7 +245,8 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
     names = dict(s.execute(select(RawDataPackage.id, RawDataPackage.name).where(RawDataPackage.id.in_(sorted(all_pkgs)))).all())
     copies_of: dict[int, list[_Copy]] = {}
     for c in _copies(s, PhysicalCopy.raw_data_package_id, all_pkgs):
-        copies_of.setdefault(c.raw, []).append(c)  # type: ignore[arg-type]
+        if holds_artifact_bytes(ctx, ctx.location_name(c.loc)):  # a staged folder is no source, nor a loss
+            copies_of.setdefault(c.raw, []).append(c)  # type: ignore[arg-type]
     bcopies_of: dict[int, list[_Copy]] = {}
     for c in _copies(s, PhysicalCopy.data_transfer_package_id, bundle_ids):
         bcopies_of.setdefault(c.dtp, []).append(c)  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .db.models import DataLocation, Notification, PhysicalCopy, utcnow
-from .domain import CopyStatus, NotificationLevel, OperationKind
+from .domain import CopyStatus, LocationRole, NotificationLevel, OperationKind
 from .errors import SourceMissingError, UnsafePathError
 from .notify.messages import DIGEST_BODY_MAX
 from .notify.outbox import enqueue
@@ -121,7 +121,10 @@ def _package_label(s: Session, f: Finding) -> str:
 
 
 def _present_copies(s: Session, f: Finding) -> int:
-    q = select(func.count()).select_from(PhysicalCopy).where(PhysicalCopy.status == CopyStatus.PRESENT.value)
+    """Present copies of ``f``'s artifact that hold its bytes (a staged folder at a processing
+    location is not one: :func:`packhorse.convergence.holds_artifact_bytes`)."""
+    q = (select(func.count()).select_from(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+         .where(PhysicalCopy.status == CopyStatus.PRESENT.value, DataLocation.role != LocationRole.PROCESSING.value))
     if f.raw_data_package_id is not None:
         q = q.where(PhysicalCopy.raw_data_package_id == f.raw_data_package_id)
     else:

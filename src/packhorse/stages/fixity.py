@@ -26,7 +26,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db.models import PhysicalCopy
+from ..db.models import DataLocation, PhysicalCopy
 from ..domain import (
     LIVE_COPY_STATUSES,
     CopyStatus,
@@ -42,7 +42,11 @@ from ..convergence import repair_sources
 
 
 def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
-    q = select(PhysicalCopy).where(PhysicalCopy.id != copy.id)
+    """The other copies of ``copy``'s artifact that hold its bytes: staged folders at processing
+    locations left out (:func:`packhorse.convergence.holds_artifact_bytes`: they are neither
+    checked as package copies nor sources of a repair)."""
+    q = (select(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+         .where(PhysicalCopy.id != copy.id, DataLocation.role != LocationRole.PROCESSING.value))
     if copy.raw_data_package_id is not None:
         q = q.where(PhysicalCopy.raw_data_package_id == copy.raw_data_package_id)
     else:
