@@ -183,3 +183,47 @@ def test_a_staged_folder_is_no_source_of_a_repair_and_never_checked_as_a_package
     loc_id = ctx.topology.location_ids["cologne-processing"]
     assert ctx.db.read(lambda s: [c.status for c in s.scalars(select(PhysicalCopy).where(
         PhysicalCopy.location_id == loc_id))]) == [CopyStatus.PRESENT.value]
+
+
+def test_stage_again_moves_a_damaged_staged_folder_aside_and_stages_a_verified_copy(pipeline):
+    # a new-user trial: `stage --again` (as README and `verify` suggest) failed with
+    # DestinationConflictError "already exists and does not match the package", exit 3
+    p = _staged_pipeline(pipeline)
+    processing = p.root / "sites/cologne/processing"
+    staged = processing / "inst/obs01"
+    payload = staged / "data/inst/obs01/frame.fits"
+    good = payload.read_bytes()
+    payload.write_bytes(b"x" + good[1:])  # damaged by processing
+    (staged / "data/inst/obs01/notes.txt").write_bytes(b"added by hand\n")
+    damaged = _staged_tree(staged)
+
+    # without --again nothing touches it: staging twice is a no-op
+    plain = p.cli("stage", "obs01", "--to", "cologne-processing")
+    assert plain.returncode == 0 and "already requested" in plain.stdout, plain.stdout
+    p.run()
+    assert _staged_tree(staged) == damaged
+    v = p.cli("verify")
+    assert v.returncode == 1 and "STAGED CORRUPT cologne-processing:inst/obs01" in v.stdout and "--again" in v.stdout
+
+    again = p.cli("stage", "obs01", "--to", "cologne-processing", "--again")
+    assert again.returncode == 0 and "created" in again.stdout, again.stdout + again.stderr
+    p.run()  # exit 0
+
+    assert payload.read_bytes() == good and not (staged / "data/inst/obs01/notes.txt").exists()
+    bagit.Bag(str(staged)).validate()
+    # the damaged folder moved aside whole into the location's quarantine, not changed
+    (aside,) = [f for f in (processing / "_packhorse/quarantine/inst").iterdir()]
+    assert aside.name.startswith("obs01.")
+    assert _staged_tree(aside) == damaged  # same inodes, times and bytes: renamed, not copied
+    code, report = p.verify()
+    assert code == 0 and [(x["path"], x["status"]) for x in report["staged"]] == [("inst/obs01", "ok")], report
+    st = p.status()
+    assert st["failed_operations"] == [] and st["blocked"] == [], st
+    from test_fixity import context
+
+    ctx = context(p.config)
+    loc_id = ctx.topology.location_ids["cologne-processing"]
+    assert ctx.db.read(lambda s: [c.status for c in s.scalars(select(PhysicalCopy).where(
+        PhysicalCopy.location_id == loc_id).order_by(PhysicalCopy.id))]) == [CopyStatus.CORRUPT.value,
+                                                                              CopyStatus.PRESENT.value]
+    assert not [x for x in processing.iterdir() if x.name.startswith(".packhorse") or x.name.endswith("partial")]
