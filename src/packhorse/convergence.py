@@ -41,7 +41,12 @@ blocked by the COMPLETED first-generation operation, and a repair that FAILED st
 bad, and its source files deleted or a rebuild from them FAILED), :func:`plan` reports a
 :class:`DeadEnd`: ``status`` lists it in ``blocked`` (cause ``no_good_source``, exit code 3),
 a CRITICAL notification names the package and the copies that failed, and ``packhorse
-diagnose --package`` says what was tried (:func:`describe`).
+diagnose --package`` says what was tried (:func:`describe`). Its release: a copy with the
+recorded sha256 put back under the key of one of its bad archive copies is read back and
+recognised by the fixity audit (once per ``packhorse run``, and hourly;
+:mod:`packhorse.managers.fixity`) or by ``packhorse verify``, and the other copies are repaired
+from it; or, where a rebuild FAILED, its source files restored as they were built and that
+rebuild reset.
 """
 
 from __future__ import annotations
@@ -88,6 +93,11 @@ class DeadEnd:
         tried: one sentence per source looked for and why it cannot serve.
         since: when its last copy was found bad (UTC), if known.
         failed_operation: ``(kind, id)`` of a FAILED rebuild, if one was tried.
+        sha256: the package's recorded sha256 (hex), what a copy put back must have.
+        source_deleted: its source files were deleted after archiving (restoring them does
+            not make it rebuildable again).
+        archive_keys: ``location:key`` of its bad copies at long-term archives, where a good
+            copy put back is recognised.
     """
 
     package_id: int
@@ -96,6 +106,9 @@ class DeadEnd:
     tried: list[str]
     since: dt.datetime | None = None
     failed_operation: tuple[str, int] | None = None
+    sha256: str | None = None
+    source_deleted: bool = False
+    archive_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -138,11 +151,14 @@ def _copies(s: Session, col: Any, ids: Iterable[int]) -> list[_Copy]:
 
 
 def _bad_rows(s: Session, ctx: "ProcessContext") -> list[Any]:
-    """Every copy row recorded ``corrupt`` / ``missing``, found through the ``(location_id,
-    status)`` index (both columns bound: no scan of the copy table, whatever its size)."""
+    """Every copy row recorded ``corrupt`` / ``missing`` outside processing locations (a staged
+    folder is no copy of the package's bytes, :func:`holds_artifact_bytes`), found through the
+    ``(location_id, status)`` index (both columns bound: no scan of the copy table, whatever
+    its size)."""
     return list(s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
                                  PhysicalCopy.data_transfer_package_id, PhysicalCopy.location_id)
-                          .where(PhysicalCopy.location_id.in_(select(DataLocation.id)),
+                          .where(PhysicalCopy.location_id.in_(select(DataLocation.id).where(
+                                     DataLocation.role != LocationRole.PROCESSING.value)),  # staged folders: not lost bytes
                                  PhysicalCopy.status.in_(_BAD))).all())
 
 
@@ -182,16 +198,28 @@ def _unfinished_losses(s: Session, bad: list[Any]) -> list[Any]:
     return [b for b in bad if b.raw_data_package_id in open_raw or b.data_transfer_package_id in open_dtp]
 
 
+def holds_artifact_bytes(ctx: "ProcessContext", location: str) -> bool:
+    """Whether a copy recorded at ``location`` is its artifact's bytes (one object with the
+    recorded size and sha256: a buffer or long-term-archive copy). A copy at a ``processing``
+    location is not: it is a folder ``packhorse stage`` extracted the package into, a working
+    copy the processing team may change. It is never a source of a package's bytes, never
+    checked or repaired as one, and never counts for or against archiving, repairs, dead ends
+    or deletions (I1; :mod:`packhorse.staged` checks staged folders)."""
+    return ctx.topology.location_role.get(location) is not LocationRole.PROCESSING
+
+
 def repair_sources(ctx: "ProcessContext", location: str, copies: Iterable[Any]) -> list[Any]:
     """The copies (rows with ``location_id`` and ``status``) a bad copy at ``location`` may be
     repaired from by the fixity stage: present copies at any long-term archive, or at another
-    location of the same site. A buffer at another site is not one: bytes cross sites only by
-    transfer, along the route (its method and bandwidth limit)."""
+    location of the same site that holds the package's bytes (a buffer;
+    :func:`holds_artifact_bytes`: a staged folder at a processing location is not a source).
+    A buffer at another site is not one: bytes cross sites only by transfer, along the route
+    (its method and bandwidth limit)."""
     site = ctx.topology.location_site.get(location)
     out = []
     for c in copies:
         name = ctx.location_name(c.location_id)
-        if c.status != CopyStatus.PRESENT.value or name == location:
+        if c.status != CopyStatus.PRESENT.value or name == location or not holds_artifact_bytes(ctx, name):
             continue
         if ctx.topology.location_role.get(name) is LocationRole.LONG_TERM_ARCHIVE or \
                 ctx.topology.location_site.get(name) == site:
@@ -234,7 +262,8 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
     names = dict(s.execute(select(RawDataPackage.id, RawDataPackage.name).where(RawDataPackage.id.in_(sorted(all_pkgs)))).all())
     copies_of: dict[int, list[_Copy]] = {}
     for c in _copies(s, PhysicalCopy.raw_data_package_id, all_pkgs):
-        copies_of.setdefault(c.raw, []).append(c)  # type: ignore[arg-type]
+        if holds_artifact_bytes(ctx, ctx.location_name(c.loc)):  # a staged folder is no source, nor a loss
+            copies_of.setdefault(c.raw, []).append(c)  # type: ignore[arg-type]
     bcopies_of: dict[int, list[_Copy]] = {}
     for c in _copies(s, PhysicalCopy.data_transfer_package_id, bundle_ids):
         bcopies_of.setdefault(c.dtp, []).append(c)  # type: ignore[arg-type]
@@ -398,19 +427,48 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
                  "no copy of the package or of its bundle at any buffer", *why]
         out.dead_ends.append(DeadEnd(pid, names[pid], [{"location": ctx.location_name(c.loc), "path": c.path,
                                                         "status": c.status} for c in bad], tried,
-                                     max((c.created_at for c in bad), default=None), failed))
+                                     max((c.created_at for c in bad), default=None), failed,
+                                     sha256=s.scalar(select(RawDataPackage.sha256).where(RawDataPackage.id == pid)),
+                                     source_deleted=pid in source_gone,
+                                     archive_keys=[f"{ctx.location_name(c.loc)}:{c.path}" for c in bad
+                                                   if topo.location_role.get(ctx.location_name(c.loc))
+                                                   is LocationRole.LONG_TERM_ARCHIVE]))
     return out
 
 
 def superseded_failures(s: Session, failed: list[Any]) -> set[int]:
     """Ids among ``failed`` operations (rows with ``id, kind, raw_data_package_id,
-    data_transfer_package_id, destination_location_id``) whose work a later operation of the
-    same kind, artifact and destination COMPLETED (a repair generation, module docstring): the
-    failure is history, not work left for a human."""
+    data_transfer_package_id, destination_location_id``) of the converging kinds whose work is
+    done by other means: a later operation of the same kind, artifact and destination
+    COMPLETED (a repair generation, module docstring), or the raw data package it was for (for
+    a bundle's operation: every package the bundle carries) is archived now — e.g. a rebuild
+    from changed source files that FAILED, made pointless by a good copy put back in an archive.
+    The failure is history, not work left for a human."""
     kinds = {k.value for k in CONVERGING_KINDS}
     mine = [f for f in failed if f.kind in kinds]
     if not mine:
         return set()
+    raw_ids = sorted({f.raw_data_package_id for f in mine if f.raw_data_package_id})
+    dtp_ids = sorted({f.data_transfer_package_id for f in mine if f.data_transfer_package_id})
+    archived: set[int] = set()
+    open_bundles: set[int] = set()
+    bundled: set[int] = set()
+    for k in range(0, max(len(raw_ids), len(dtp_ids)), 500):
+        if raw_ids[k:k + 500]:
+            archived |= set(s.scalars(select(RawDataPackage.id).where(
+                RawDataPackage.id.in_(raw_ids[k:k + 500]), RawDataPackage.archived_at.is_not(None))))
+        if dtp_ids[k:k + 500]:
+            for bid, at in s.execute(select(RawDataPackage.data_transfer_package_id, RawDataPackage.archived_at)
+                                     .where(RawDataPackage.data_transfer_package_id.in_(dtp_ids[k:k + 500]))):
+                bundled.add(bid)
+                if at is None:
+                    open_bundles.add(bid)
+    out = {f.id for f in mine
+           if (f.raw_data_package_id in archived if f.raw_data_package_id else
+               f.data_transfer_package_id in bundled and f.data_transfer_package_id not in open_bundles)}
+    mine = [f for f in mine if f.id not in out]
+    if not mine:
+        return out
     done = s.execute(select(Operation.id, Operation.kind, Operation.raw_data_package_id,
                             Operation.data_transfer_package_id, Operation.destination_location_id)
                      .where(Operation.status == Status.COMPLETED.value, Operation.kind.in_(sorted(kinds)),
@@ -422,9 +480,9 @@ def superseded_failures(s: Session, failed: list[Any]) -> set[int]:
     for d in done:
         k = (d.kind, d.raw_data_package_id, d.data_transfer_package_id, d.destination_location_id)
         latest[k] = max(latest.get(k, 0), d.id)
-    return {f.id for f in mine
-            if latest.get((f.kind, f.raw_data_package_id, f.data_transfer_package_id, f.destination_location_id), 0)
-            > f.id}
+    return out | {f.id for f in mine
+                  if latest.get((f.kind, f.raw_data_package_id, f.data_transfer_package_id,
+                                 f.destination_location_id), 0) > f.id}
 
 
 def describe(s: Session, ctx: "ProcessContext", name: str) -> dict[str, Any] | None:

@@ -16,9 +16,10 @@ One set of rules, used by the ``fixity_check`` stage (the standing audit) and by
   from its source files while they exist — the bad objects quarantined, never overwritten —
   or reports the package blocked (``no_good_source``) when nothing is left to rebuild from.
 
-* :func:`recognise_returned` records a copy marked ``missing`` whose bytes are back (a
-  remounted disk, a restored folder) and read back with the recorded size and sha256: the same
-  copy is ``present`` again with a fresh ``verified_at`` — recognised, never written again.
+* :func:`recognise_returned` records a copy marked ``missing`` or ``corrupt`` whose bytes are
+  back (a remounted disk, a restored folder, a good copy put back by hand under its key) and
+  read back with the recorded size and sha256: the same copy is ``present`` again with a fresh
+  ``verified_at`` — recognised, never written again — and "archived" follows it.
   Copies on an unavailable location are never judged (:mod:`packhorse.availability`): a
   missing root or marker is not evidence about a copy.
 
@@ -38,7 +39,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .db.models import DataLocation, Notification, PhysicalCopy, utcnow
-from .domain import CopyStatus, NotificationLevel, OperationKind
+from .domain import CopyStatus, LocationRole, NotificationLevel, OperationKind
 from .errors import SourceMissingError, UnsafePathError
 from .notify.messages import DIGEST_BODY_MAX
 from .notify.outbox import enqueue
@@ -121,7 +122,10 @@ def _package_label(s: Session, f: Finding) -> str:
 
 
 def _present_copies(s: Session, f: Finding) -> int:
-    q = select(func.count()).select_from(PhysicalCopy).where(PhysicalCopy.status == CopyStatus.PRESENT.value)
+    """Present copies of ``f``'s artifact that hold its bytes (a staged folder at a processing
+    location is not one: :func:`packhorse.convergence.holds_artifact_bytes`)."""
+    q = (select(func.count()).select_from(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+         .where(PhysicalCopy.status == CopyStatus.PRESENT.value, DataLocation.role != LocationRole.PROCESSING.value))
     if f.raw_data_package_id is not None:
         q = q.where(PhysicalCopy.raw_data_package_id == f.raw_data_package_id)
     else:
@@ -186,13 +190,17 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
     return {"recorded": marked, "all_bad": all_bad}
 
 
-def recognise_returned(session: Session, findings: Iterable[Finding], *,
+def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterable[Finding], *,
                        operation_id: int | None = None) -> list[Finding]:
-    """Mark copies recorded ``missing`` whose read-back was ``ok`` as ``present`` again (in the
-    caller's transaction; DESIGN.md "Architecture": storage that was absent is not lost). A copy
-    is changed only while it is still ``missing`` with the same sha256 and no other live copy of
-    its artifact is at its location (a repair meanwhile wins; the unique constraint on live
-    copies, I3). Queues one INFO notification per copy recognised; returns those findings."""
+    """Mark copies recorded ``missing`` or ``corrupt`` whose read-back was ``ok`` (the recorded
+    size and sha256, I4) as ``present`` again, in the caller's transaction (DESIGN.md
+    "Architecture": storage that was absent is not lost; a good copy put back under its key is
+    the release of a package with no good source left). A copy is changed only while it is
+    still ``missing``/``corrupt`` with the same sha256 and no other live copy of its artifact is
+    at its location (a repair meanwhile wins; the unique constraint on live copies, I3).
+    ``archived_at`` of the packages concerned is recomputed in the same transaction
+    (:func:`packhorse.managers.policy.refresh_archived`). Queues one INFO notification
+    (``fixity_copy_back``) per copy recognised; returns those findings."""
     from .domain import LIVE_COPY_STATUSES
 
     now = utcnow()
@@ -201,8 +209,9 @@ def recognise_returned(session: Session, findings: Iterable[Finding], *,
         if f.bad:
             continue
         copy = session.get(PhysicalCopy, f.copy_id)
-        if copy is None or copy.status != CopyStatus.MISSING.value or copy.sha256 != f.expected:
+        if copy is None or copy.status not in (MISSING, CORRUPT) or copy.sha256 != f.expected:
             continue
+        was = copy.status
         col = PhysicalCopy.raw_data_package_id if copy.raw_data_package_id is not None else \
             PhysicalCopy.data_transfer_package_id
         subject = copy.raw_data_package_id if copy.raw_data_package_id is not None else copy.data_transfer_package_id
@@ -215,11 +224,15 @@ def recognise_returned(session: Session, findings: Iterable[Finding], *,
         back.append(f)
         enqueue(session, level=NotificationLevel.INFO, event="fixity_copy_back",
                 subject=f"Fixity: copy back {f.location}:{f.path}",
-                body=(f"The copy {f.location}:{f.path}, recorded missing, is there again and read back with its "
-                      f"recorded size {f.size} and sha256 {f.expected}: it counts as present (not rewritten)."),
-                context={"location": f.location, "path": f.path, "sha256": f.expected},
+                body=(f"The copy {f.location}:{f.path}, recorded {was}, holds its bytes again and read back with "
+                      f"its recorded size {f.size} and sha256 {f.expected}: it counts as present (not rewritten)."),
+                context={"location": f.location, "path": f.path, "sha256": f.expected, "was": was},
                 operation_kind=OperationKind.FIXITY_CHECK.value, operation_id=operation_id, cooldown_seconds=0)
     session.flush()
+    if back:  # "archived" follows the copies in the same transaction (DESIGN.md "Converging")
+        from .managers.policy import refresh_archived
+
+        refresh_archived(session, ctx, [f.raw_data_package_id for f in back if f.raw_data_package_id is not None])
     return back
 
 

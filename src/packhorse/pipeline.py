@@ -139,12 +139,16 @@ class CycleInput:
             those with an open outage (:func:`packhorse.availability.check_outages`): the
             embedded runner, which sees every site's storage; distributed managers see only
             their own host's.
+        started_at: when the embedded runner started (epoch seconds; ``None`` for the
+            distributed managers): bad archive copies with nothing to repair them from are read
+            back once per start (:func:`packhorse.managers.fixity.recheck_key`).
     """
 
     unsettled: dict[str, set[str]] | None = None
     flush: bool = False
     on_commit: Callable[[], None] | None = None
     look_at_all_locations: bool = False
+    started_at: float | None = None
 
 
 def _package(ctx: ProcessContext, inp: CycleInput, out: CycleResult) -> int:
@@ -194,7 +198,8 @@ STEPS: tuple[Step, ...] = (
     Step("archive", OperationKind.LONG_TERM_ARCHIVE, lambda ctx, inp, out: archives.manage(ctx, out.repairs)),
     Step("staging", OperationKind.STAGING, None),
     Step("deletion", OperationKind.DELETION, _delete),
-    Step("fixity", OperationKind.FIXITY_CHECK, lambda ctx, inp, out: fixity.manage(ctx, out.repairs)),
+    Step("fixity", OperationKind.FIXITY_CHECK,
+         lambda ctx, inp, out: fixity.manage(ctx, out.repairs, started_at=inp.started_at)),
 )
 
 

@@ -119,9 +119,11 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     record what was found exactly as the fixity audit does (:func:`packhorse.fixity.record_findings`:
     ``verified_at`` for good copies; ``missing`` / ``corrupt`` plus an ERROR notification for
     bad ones, or one CRITICAL notification when every copy of a package is bad). Repairs are
-    left to the audit (``packhorse run``). Copies recorded ``missing`` (with no live copy at
-    their location) are read back too: bytes that are back and match are recognised, the copy
-    is ``present`` again (:func:`packhorse.fixity.recognise_returned`).
+    left to the audit (``packhorse run``). Copies recorded ``missing`` or ``corrupt`` (with no
+    live copy at their location) are read back too: bytes that are back and match the recorded
+    size and sha256 (a remounted disk, a good copy put back by hand under its key) are
+    recognised, the copy is ``present`` again (:func:`packhorse.fixity.recognise_returned`);
+    still bad, they stay as recorded (listed under ``unrepaired``).
 
     A location that is unavailable (root or identity marker missing, :mod:`packhorse.availability`)
     is not judged: its copies are neither checked nor marked, it is listed under
@@ -143,7 +145,8 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
 
     def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
         q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
-             .where(PhysicalCopy.status.in_([CopyStatus.PRESENT.value, CopyStatus.MISSING.value]),
+             .where(PhysicalCopy.status.in_([CopyStatus.PRESENT.value, CopyStatus.MISSING.value,
+                                             CopyStatus.CORRUPT.value]),
                     DataLocation.role != LocationRole.PROCESSING.value)  # staged folders: verified at staging
              .order_by(PhysicalCopy.id))
         if location:
@@ -172,7 +175,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
         if away[loc] is not None:
             skipped[loc] = skipped.get(loc, 0) + 1
             continue
-        was_missing = copy.status == CopyStatus.MISSING.value
+        was_missing = copy.status != CopyStatus.PRESENT.value  # recorded missing or corrupt: bytes back?
         try:
             backend = ctx.backend(loc, fixity=True)
             if backend.cold and backend.stat(copy.path) is not None and not backend.restore_ready(copy.path):
@@ -205,7 +208,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
 
     def record(s: Session) -> list[Any]:
         record_findings(s, ctx, findings)
-        return recognise_returned(s, returned)
+        return recognise_returned(s, ctx, returned)
 
     back = ctx.db.transact(record)
     report["recognised"] = [{"location": f.location, "path": f.path} for f in back]

@@ -743,6 +743,25 @@ def test_disk_folder_is_invisible_until_published_and_never_replaced(disk: DiskB
     assert [p.name for p in published.parent.iterdir()] == ["obs"]  # both partial folders are gone
 
 
+def test_disk_quarantine_folder_moves_a_published_folder_aside_whole_and_frees_the_key(disk: DiskBackend) -> None:
+    with disk.open_folder_write("inst/obs") as pending:
+        (pending.path / "data").mkdir()
+        (pending.path / "data" / "a.dat").write_bytes(b"damaged")
+        assert pending.publish() is True
+    before = os.stat(disk.folder("inst/obs") / "data" / "a.dat")  # type: ignore[operator]
+    aside = disk.quarantine_folder("inst/obs")
+    assert aside is not None and aside.startswith("_packhorse/quarantine/inst/obs.")
+    assert disk.folder("inst/obs") is None  # the key is free for a new folder
+    moved = disk.root / aside / "data" / "a.dat"
+    after = os.stat(moved)
+    assert moved.read_bytes() == b"damaged" and (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+    assert disk.quarantine_folder("inst/obs") is None  # nothing there: nothing moved
+    put(disk, "inst/file", b"x")
+    with pytest.raises(UnsafePathError):  # a file is not a folder: left where it is
+        disk.quarantine_folder("inst/file")
+    assert get(disk, "inst/file") == b"x"
+
+
 def test_disk_partial_folder_is_removed_by_abort_and_by_cleanup(disk: DiskBackend) -> None:
     with disk.open_folder_write("staged/a") as pending:
         (pending.path / "f").write_bytes(b"x")

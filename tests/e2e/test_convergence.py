@@ -12,6 +12,7 @@ the source files gone — which must be loud (exit 3, ``blocked``, CRITICAL noti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -345,7 +346,9 @@ def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -
     item = items[0]
     assert item["exit_code"] == 3 and item["since"], item
     assert "no good copy" in item["reason"] and "deleted" in item["reason"], item
-    assert "restore the source files" in item["release"] and f"raw/{name}.tar" in item["release"], item
+    # what works: a good copy put back at an archive key; the deleted source files are not read again
+    assert all(f"{lta}:raw/{name}.tar" in item["release"] for lta in LTAS) and "`packhorse run`" in item["release"], item
+    assert "restoring its source files does not help" in item["release"], item
     assert sorted(c["location"] for c in item["detail"]["bad_copies"]) == list(LTAS), item
     assert st["packages"]["archived"] == 1, st["packages"]  # the sibling only
     # loud: one CRITICAL notification naming the package and every copy that failed
@@ -444,3 +447,79 @@ def test_a_deletion_not_safe_yet_waits_and_frees_the_buffers_once_the_lost_copy_
     events = query(p, lambda s: s.scalar(text(
         "SELECT count(*) FROM failure_events f JOIN operations o ON o.id = f.operation_id WHERE o.kind = 'deletion'")))
     assert events == 0, "waiting for the rule is not a failure"
+
+
+def _put_back(p: Pipeline, lta: str, name: str, data: bytes) -> Path:
+    """Write ``data`` over the package's (bad) object in ``lta``, by hand, as an operator would."""
+    path = p.location(lta) / f"raw/{name}.tar"
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+    return path
+
+
+def test_no_good_source_released_by_a_good_copy_put_back_converges_on_a_plain_run(pipeline) -> None:
+    # a new-user trial: every archive copy rotten and a source file changed (the rebuild fails
+    # with SourceChangedError): blocked, as documented; the good bytes written back as the
+    # release text said stayed recorded corrupt, were never read again, and every run exited 3
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5)
+    name = package_names(p)[0]
+    good = (p.location(LTAS[0]) / f"raw/{name}.tar").read_bytes()
+    bad = corrupt_archive_copies(p, name)
+    meta = p.source / name / "meta.txt"
+    write_settled(meta, meta.read_bytes() + b"appended later\n")
+    assert p.verify()[0] == 1
+
+    r = p.run(expect=3)
+
+    assert "SourceChangedError" in r.stderr, r.stderr[-3000:]
+    item = next(b for b in p.status()["blocked"] if b["cause"] == "no_good_source")
+    assert item["subject"] == f"package {name}", item
+    sha = hashlib.sha256(good).hexdigest()
+    release = item["release"]
+    assert sha in release and f"{LTAS[0]}:raw/{name}.tar" in release and "`packhorse run`" in release, release
+    p.run(expect=3)  # looked at again: still bad, still blocked, nothing touched
+    for lta in LTAS:
+        assert (p.location(lta) / f"raw/{name}.tar").read_bytes() == bad[lta]
+
+    put = _put_back(p, LTAS[0], name, good)  # what the release text says
+    inode = os.stat(put).st_ino
+
+    p.run()  # a plain run: no reset, no SQL, exit 0
+
+    assert os.stat(put).st_ino == inode and put.read_bytes() == good  # recognised, not rewritten
+    assert (p.location(LTAS[1]) / f"raw/{name}.tar").read_bytes() == good  # repaired from it
+    assert quarantined(p, LTAS[1], name) == [bad[LTAS[1]]] and quarantined(p, LTAS[0], name) == []
+    statuses = copy_statuses(p, name)
+    assert statuses[LTAS[0]] == ["present"] and statuses[LTAS[1]] == ["corrupt", "present"], statuses
+    st = p.status()
+    assert st["blocked"] == [] and st["failed_operations"] == [], (st["blocked"], st["failed_operations"])
+    assert st["packages"]["archived"] == st["packages"]["total"] == len(GROUPS) + 1, st["packages"]  # + the new version
+    assert ("INFO", "fixity_copy_back") in [(lvl, ev) for lvl, ev, _, _ in notifications(p)]
+    code, report = p.verify()
+    assert code == 0 and report["unrepaired"] == [], report
+
+
+def test_no_good_source_released_by_a_good_copy_put_back_is_recognised_by_verify(pipeline) -> None:
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5, extra=SOURCE_DELETION)
+    name = package_names(p)[0]
+    good = (p.location(LTAS[1]) / f"raw/{name}.tar").read_bytes()
+    bad = corrupt_archive_copies(p, name)
+    assert p.verify()[0] == 1
+    p.run(expect=3)
+    item = next(b for b in p.status()["blocked"] if b["cause"] == "no_good_source")
+    # the source files were deleted by packhorse: restoring them is no way out, and not offered
+    assert "reset" not in item["release"] and "does not help" in item["release"], item["release"]
+
+    _put_back(p, LTAS[1], name, good)
+    code, report = p.verify()
+    assert code == 1 and report["recognised"] == [{"location": LTAS[1], "path": f"raw/{name}.tar"}], report
+    assert [(u["location"], u["status"]) for u in report["unrepaired"]] == [(LTAS[0], "corrupt")], report
+    assert p.status()["packages"]["archived"] == 1  # not yet: one archive copy is still bad
+
+    p.run()
+
+    assert (p.location(LTAS[0]) / f"raw/{name}.tar").read_bytes() == good
+    assert quarantined(p, LTAS[0], name) == [bad[LTAS[0]]]
+    st = p.status()
+    assert st["blocked"] == [] and st["failed_operations"] == [] and st["packages"]["archived"] == len(GROUPS), st
+    assert p.verify()[0] == 0

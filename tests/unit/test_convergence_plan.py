@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from support import write_site_config
 
@@ -195,8 +195,16 @@ def test_a_failed_operation_is_superseded_only_by_a_later_completed_one_of_the_s
         return first.id, other.id
 
     first, other = ctx.db.transact(tx)
+    archived = ctx.db.read(lambda s: dict(s.execute(select(RawDataPackage.id, RawDataPackage.archived_at).where(
+        RawDataPackage.data_transfer_package_id == dtp)).all()))
+    ctx.db.transact(lambda s: s.execute(update(RawDataPackage).where(RawDataPackage.id == min(archived))
+                                        .values(archived_at=None)))  # one package not archived yet
     failed = ctx.db.read(lambda s: list(s.query(Operation).filter(Operation.status == "FAILED")))
     assert ctx.db.read(lambda s: superseded_failures(s, failed)) == {first}  # cornell's is still a human's
+    # once every package the bundle carries is archived (by any means), its failures are history
+    ctx.db.transact(lambda s: s.execute(update(RawDataPackage).where(RawDataPackage.id == min(archived))
+                                        .values(archived_at=archived[min(archived)])))
+    assert ctx.db.read(lambda s: superseded_failures(s, failed)) == {first, other}
 
 
 def test_archived_is_what_the_copies_say(tmp_path: Path) -> None:

@@ -530,4 +530,4 @@ def stage(
             print(f"{r['package']}: staging operation {r['operation_id']} created; `packhorse run` stages it")
         else:
             print(f"{r['package']}: already requested (staging operation {r['operation_id']}, {r['status']})"
-                  + ("; if its staged folder was removed, add --again" if r["status"] == "COMPLETED" else ""))
+                  + ("; if its staged folder was removed or damaged, add --again" if r["status"] == "COMPLETED" else ""))

@@ -180,6 +180,7 @@ class LocalRunner:
     def __init__(self, ctx: ProcessContext, *, on_tick: Callable[[], None] | None = None) -> None:
         self.ctx = ctx
         self.settings = ctx.settings
+        self.started_at = time.time()  # bad copies with nothing to repair them from: read back once per start
         self.workers = ctx.settings.executor.workers
         #: tasks handed to the pool at once (running + queued in it): a worker that
         #: finishes one takes the next from the pool's queue, not after a round trip through
@@ -402,7 +403,7 @@ class LocalRunner:
 
         result = pipeline.manager_cycle(
             self.ctx, pipeline.CycleInput(unsettled=unsettled, flush=flush, on_commit=dispatch_now,
-                                         look_at_all_locations=True),
+                                         look_at_all_locations=True, started_at=self.started_at),
             after_step=after_step)
         return result.total, result.bundle_wait
 

@@ -10,10 +10,13 @@
   (a package re-shipped to that site's buffer included; :mod:`packhorse.convergence`).
 * Every cycle also clears stale ``archived_at`` marks and notifies the packages with no good
   source left (:func:`converge`).
-* A copy marked ``missing`` with no live copy at its location is looked at again once per
-  :data:`RECHECK_SECONDS` even with nothing to repair from: its bytes may be back (a remounted
-  disk), and are then recognised after a read-back (:mod:`packhorse.stages.fixity`). Copies on
-  a location with an open outage (:mod:`packhorse.availability`) get no operation meanwhile.
+* A copy marked ``missing`` or ``corrupt`` with no live copy at its location and nothing to
+  repair it from (a package with no good source left) is looked at again once per
+  :data:`RECHECK_SECONDS`, and once per start of the embedded runner (``packhorse run``): its
+  bytes may be back (a remounted disk, a copy put back by hand with the recorded sha256), and
+  are then recognised after a read-back (:mod:`packhorse.stages.fixity`), never rewritten.
+  Copies on a location with an open outage (:mod:`packhorse.availability`) get no operation
+  meanwhile.
 """
 
 from __future__ import annotations
@@ -33,14 +36,26 @@ from .common import create_missing, new_only
 from ..convergence import DeadEnd, Plan, repair_sources
 
 
-#: How often a ``missing`` copy is looked at again (seconds; the dedup key carries the period).
+#: How often a bad copy with nothing to repair it from is looked at again (seconds; the dedup
+#: key carries the period).
 RECHECK_SECONDS = 3600.0
 
 
-def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
+def recheck_key(copy_id: int, now: float, started_at: float | None = None) -> str:
+    """The subject of the dedup key of a look at bad copy ``copy_id`` whose bytes may be back:
+    one per :data:`RECHECK_SECONDS` period of ``now`` (epoch seconds), and one per runner start
+    ``started_at`` (epoch seconds; ``None`` for the distributed managers, which run for good)."""
+    period = int(now // RECHECK_SECONDS)
+    return f"recheck-copy{copy_id}@{period}" + (f"-run{started_at:.6f}" if started_at is not None else "")
+
+
+def manage(ctx: ProcessContext, repairs: "Plan | None" = None, *, started_at: float | None = None) -> int:
     """Create due ``fixity_check`` operations and repairs, and keep derived state and dead
     ends true (:func:`converge`); returns how many operations it created. ``repairs``: the
-    cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    cycle's repair plan (:func:`packhorse.managers.common.planned`). ``started_at``: when the
+    embedded runner started (epoch seconds): a bad copy with nothing to repair it from is read
+    back once per start too (:func:`recheck_key`), so a plain ``packhorse run`` recognises bytes
+    put back (the release of a package with no good source left)."""
     converge(ctx, repairs)
     archives = {ctx.topology.location_ids[l.name]: l for l in ctx.settings.locations
                 if l.role is LocationRole.LONG_TERM_ARCHIVE and l.active}
@@ -84,10 +99,11 @@ def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
                     # too is followed by one from the next good source (DESIGN.md "Converging");
                     # a missing copy's repair reads the copy itself back first (bytes back?)
                     key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}@copy{source}", loc.name)
-                elif status == CopyStatus.MISSING.value and cid not in failed and _live_here(s, loc_id, rdp, dtp) is None:
-                    # nothing to repair from: look again now and then, its bytes may come back
-                    period = int(now.timestamp() // RECHECK_SECONDS)
-                    key = dedup_key(OperationKind.FIXITY_CHECK, f"recheck-copy{cid}@{period}", loc.name)
+                elif cid not in failed and _live_here(s, loc_id, rdp, dtp) is None:
+                    # nothing to repair from: look again now and then (and once per run), its
+                    # bytes may come back (a remounted disk, a good copy put back by hand)
+                    key = dedup_key(OperationKind.FIXITY_CHECK, recheck_key(cid, now.timestamp(), started_at),
+                                    loc.name)
                 else:
                     continue
             wanted[key] = dict(physical_copy_id=cid, raw_data_package_id=rdp, data_transfer_package_id=dtp,
@@ -157,8 +173,21 @@ def converge(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
 
 
 def dead_end_release(d: "DeadEnd") -> str:
-    """What a human must do for dead end ``d`` (the ``release`` of its blocked item)."""
-    step = (f"then `packhorse reset {d.failed_operation[0]} {d.failed_operation[1]}`" if d.failed_operation
-            else "then `packhorse run`")
-    return (f"put the bytes back: restore the source files of {d.name} (`packhorse locate {d.name}` lists them) "
-            f"or a copy with the recorded sha256 as raw/{d.name}.tar in one of its archives, {step}")
+    """What a human must do for dead end ``d`` (the ``release`` of its blocked item): only what
+    works. A copy with the recorded sha256 put back under the key of one of its bad archive
+    copies is read back and recognised by the next ``packhorse run`` (:func:`recheck_key`) or
+    ``packhorse verify``, and the other copies are repaired from it. Restoring the source files
+    helps only where a rebuild from them FAILED (then that operation is reset); after packhorse
+    deleted them (``delete_source_files``) they are not read again."""
+    keys = d.archive_keys or [f"raw/{d.name}.tar in one of its archives"]
+    sha = f" {d.sha256}" if d.sha256 else ""
+    text = (f"put the bytes back: write a copy with the recorded sha256{sha} as {' or '.join(keys)}, then "
+            "`packhorse run` (or `packhorse verify`): it is read back and recognised, and the other copies are "
+            "repaired from it")
+    if d.failed_operation:
+        text += (f"; or restore the source files of {d.name} exactly as they were when it was built "
+                 f"(`packhorse locate {d.name}` lists them), then `packhorse reset {d.failed_operation[0]} "
+                 f"{d.failed_operation[1]}`")
+    elif d.source_deleted:
+        text += "; restoring its source files does not help: packhorse deleted them after archiving"
+    return text

@@ -115,7 +115,9 @@ def refresh_archived(session: Session, ctx: ProcessContext, pkg_ids: list[int]) 
 
 
 def may_delete_bundle_copy(session: Session, ctx: ProcessContext, dtp_id: int, source_site: str) -> bool:
-    """Whether a bundle copy may go: every destination site holds a verified copy of every package."""
+    """Whether a bundle copy may go: every destination site holds a verified copy of every
+    package (at a buffer or long-term archive; a staged folder at a processing location does
+    not count, I1)."""
     route = ctx.settings.route_from(source_site)
     if route is None:
         return False
@@ -123,7 +125,8 @@ def may_delete_bundle_copy(session: Session, ctx: ProcessContext, dtp_id: int, s
     if not pkg_ids:
         return False
     for dest in route.destination_sites:
-        loc_ids = [i for n, i in ctx.topology.location_ids.items() if ctx.topology.location_site.get(n) == dest]
+        loc_ids = [i for n, i in ctx.topology.location_ids.items() if ctx.topology.location_site.get(n) == dest
+                   and ctx.topology.location_role.get(n) is not LocationRole.PROCESSING]  # staged folders do not count
         covered = set(session.scalars(
             select(PhysicalCopy.raw_data_package_id).where(
                 PhysicalCopy.raw_data_package_id.in_(pkg_ids), PhysicalCopy.location_id.in_(loc_ids),
@@ -221,7 +224,8 @@ def deletion_blockers(session: Session, ctx: ProcessContext, copy: PhysicalCopy)
     copy needs ``archive_copies_required`` verified archive copies and another verified copy
     elsewhere (never the last one); a bundle copy needs verified copies of every package it
     carries at every destination; no operation may be in flight on it; none of its packages'
-    archive copies may have failed the last fixity check.
+    archive copies may have failed the last fixity check. Staged folders (processing
+    locations) count for none of these: they are working copies, not the package's bytes.
     """
     return deletion_blockers_many(session, ctx, [copy])[copy.id]
 
@@ -279,7 +283,9 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
         pkg = pkgs[copy.raw_data_package_id]  # type: ignore[index]
         rows = rows_of[pkg.id]
         reasons = []
-        present = [c for c in rows if c.status == CopyStatus.PRESENT.value and c.verified_at is not None]
+        # a staged folder (processing location) is a working copy, not a copy of the package's bytes
+        present = [c for c in rows if c.status == CopyStatus.PRESENT.value and c.verified_at is not None
+                   and c.role != LocationRole.PROCESSING.value]
         have = sum(1 for c in present if c.role == LocationRole.LONG_TERM_ARCHIVE.value)
         need = archive_copies_required(ctx, source_site_of_package(ctx, pkg))
         if have < need or need < 1:

@@ -26,8 +26,10 @@ def request_staging(ctx: ProcessContext, name: str, location: str, *, again: boo
 
     ``again``: stage a package whose staged folder was removed (or no longer verifies) once
     more: its staged copy is recorded ``missing`` or ``corrupt`` (as found) and a new
-    staging operation is created. A staged copy that still verifies is left as it is, and so
-    is a staging operation still under way.
+    staging operation is created, which moves a damaged folder aside into the location's
+    quarantine before it extracts a verified archive copy (:mod:`packhorse.stages.staging`).
+    A staged copy that still verifies is left as it is, and so is a staging operation still
+    under way.
 
     Returns:
         ``[{"package", "operation_id", "created", "status"}]``, one per package.

@@ -16,9 +16,10 @@ may be repaired from (:func:`packhorse.convergence.repair_sources`: an archive, 
 3. the completion transaction records the new ``present`` copy and an INFO notification.
 
 An operation created for a copy already marked ``corrupt``/``missing`` (by ``packhorse
-verify`` or an earlier attempt) skips straight to the repair — except that a ``missing`` copy
-is read back first: if its bytes are back (a remounted disk) and match, the same copy is
-``present`` again (:func:`~packhorse.fixity.recognise_returned`), nothing is written.
+verify`` or an earlier attempt) reads that copy back first: if its bytes are back (a
+remounted disk, a good copy put back by hand under its key) and match the recorded size and
+sha256, the same copy is ``present`` again (:func:`~packhorse.fixity.recognise_returned`),
+nothing is written; otherwise it goes on to the repair.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db.models import PhysicalCopy
+from ..db.models import DataLocation, PhysicalCopy
 from ..domain import (
     LIVE_COPY_STATUSES,
     CopyStatus,
@@ -34,6 +35,7 @@ from ..domain import (
     NotificationLevel,
     OperationKind,
 )
+from ..errors import SourceMissingError
 from ..fixity import Finding, check_copy, recognise_returned, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
@@ -42,7 +44,11 @@ from ..convergence import repair_sources
 
 
 def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
-    q = select(PhysicalCopy).where(PhysicalCopy.id != copy.id)
+    """The other copies of ``copy``'s artifact that hold its bytes: staged folders at processing
+    locations left out (:func:`packhorse.convergence.holds_artifact_bytes`: they are neither
+    checked as package copies nor sources of a repair)."""
+    q = (select(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
+         .where(PhysicalCopy.id != copy.id, DataLocation.role != LocationRole.PROCESSING.value))
     if copy.raw_data_package_id is not None:
         q = q.where(PhysicalCopy.raw_data_package_id == copy.raw_data_package_id)
     else:
@@ -84,15 +90,15 @@ def run(work: Work) -> Recorder:
         good = [f for f in findings if not f.bad]
         to_repair = list(outcome["recorded"])
     elif copy.status in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
-        if copy.status == CopyStatus.MISSING.value:
-            again = _check(work, copy)  # the bytes may be back (a remounted disk): never rewrite them
-            if not again.bad:
-                work.info.update(result="copy back: recognised after read-back")
+        # the bytes may be back (a remounted disk, a good copy put back by hand): never rewrite them
+        again = _check(work, copy)
+        if not again.bad:
+            work.info.update(result="copy back: recognised after read-back")
 
-                def back(s: Session) -> None:
-                    recognise_returned(s, [again], operation_id=op_id)
+            def back(s: Session) -> None:
+                recognise_returned(s, ctx, [again], operation_id=op_id)
 
-                return back
+            return back
         # only the copies it may be repaired from (an archive, or its own site)
         findings = [_check(work, c) for c in repair_sources(ctx, loc, present)]
         ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))
@@ -120,8 +126,12 @@ def run(work: Work) -> Recorder:
         dst = ctx.backend(bad.location)
         quarantined = None
         info = dst.stat(bad.path)
-        if info is not None and not (info.size == bad.size and dst.sha256(bad.path) == bad.expected):
-            quarantined = dst.quarantine(bad.path)
+        try:
+            if info is not None and not (info.size == bad.size and dst.sha256(bad.path) == bad.expected):
+                quarantined = dst.quarantine(bad.path)
+        except SourceMissingError:
+            pass  # moved aside meanwhile by a concurrent repair of the same copy: nothing left to move
+
         work.check()
         result = copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,
                              sha256=bad.expected, point="fixity_check")

@@ -24,8 +24,15 @@
    and the operation fails permanently. The extracted bag is then validated to RFC 8493 (:mod:`~packhorse.bagvalidation`:
    every manifest, every payload file, the tag manifests and the Payload-Oxum).
 6. The backend publishes the bag folder under ``<package name>/`` with a no-replace rename
-   (I2); an existing folder from an earlier attempt counts only if it verifies the same way. A
-   crashed attempt's partial folder is removed by the start-up sweep.
+   (I2); an existing folder from an earlier attempt counts only if it verifies the same way,
+   else the operation fails (:class:`~packhorse.errors.DestinationConflictError`) and leaves it
+   untouched. Staging again (``packhorse stage --again``, which records the staged copy it found
+   damaged ``corrupt``): a staged folder of the package that no longer verifies is first moved
+   aside whole into the location's quarantine
+   (:meth:`~packhorse.storage.disk.DiskBackend.quarantine_folder`:
+   ``_packhorse/quarantine/<name>.<UTC stamp>-<random>``, never overwritten or deleted), with
+   an INFO notification naming where it went. A crashed attempt's partial folder is removed by
+   the start-up sweep.
 7. The completion transaction records the staged copy (path = that folder).
 """
 
@@ -57,6 +64,9 @@ from ..extraction import ExtractionLimits, extract_tar
 from ..packaging import BagContents, raise_for_problems, verify_bag_archive
 from ..storage.base import CHUNK_BYTES, StorageBackend
 from .base import Recorder, Work, record_copy
+
+#: Statuses of a staged copy recorded damaged or gone (by ``packhorse stage --again``).
+_BAD_STAGED = (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value)
 
 
 class _HashingReader:
@@ -274,11 +284,28 @@ def run(work: Work) -> Recorder:
             PhysicalCopy.raw_data_package_id == pkg.id, PhysicalCopy.location_id == dst_id,
             PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES]))) is not None
 
+    def recorded_bad(s: Session) -> bool:
+        return s.scalar(select(PhysicalCopy.id).where(
+            PhysicalCopy.raw_data_package_id == pkg.id, PhysicalCopy.location_id == dst_id,
+            PhysicalCopy.status.in_(_BAD_STAGED)).limit(1)) is not None
+
     if ctx.db.read(staged):
         work.info.update(result="already staged")
         return lambda s: None
     dst_backend = ctx.backend(dst)  # a disk location (request_staging refuses others)
-    if dst_backend.folder(pkg.name) is None:  # the key is checked and confined by the backend (I6)
+    existing = dst_backend.folder(pkg.name)  # the key is checked and confined by the backend (I6)
+    moved_aside = None
+    if existing is not None and ctx.db.read(recorded_bad):
+        # staging again (`packhorse stage --again`): the staged folder packhorse made here was
+        # found damaged; it is moved aside whole, never overwritten or deleted (I2)
+        try:
+            verify_bag_folder(existing, source=f"{dst}:{pkg.name}")
+        except (VerificationError, UnsafePathError):
+            work.check()
+            moved_aside = dst_backend.quarantine_folder(pkg.name)
+            work.info.update(moved_aside=moved_aside)
+            existing = None
+    if existing is None:
         src_name, key = _nearest_source(work, pkg.id, dst)
         work.info.update(source=src_name, key=key)
         src = ctx.backend(src_name)
@@ -309,5 +336,16 @@ def run(work: Work) -> Recorder:
     def record(s: Session) -> None:
         record_copy(s, location_id=dst_id, key=pkg.name, size=pkg.size, sha256=pkg.sha256,
                     raw_data_package_id=pkg.id)
+        if moved_aside:
+            from ..domain import NotificationLevel, OperationKind
+            from ..notify.outbox import enqueue
+
+            enqueue(s, level=NotificationLevel.INFO, event="staged_folder_moved_aside",
+                    subject=f"Staging: damaged folder {dst}:{pkg.name} moved aside",
+                    body=(f"The staged folder {dst}:{pkg.name} of raw data package {pkg.name} no longer matched its "
+                          f"bag manifests; it was moved aside, unchanged, to {dst}:{moved_aside} and the package "
+                          "was staged again from a verified archive copy."),
+                    context={"location": dst, "path": pkg.name, "quarantined_as": moved_aside},
+                    operation_kind=OperationKind.STAGING.value, operation_id=work.op.id, cooldown_seconds=0)
 
     return record

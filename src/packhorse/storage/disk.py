@@ -659,6 +659,33 @@ class DiskBackend(StorageBackend):
             raise UnsafePathError(f"{self.location}: {key!r} is not a folder", path=key, host=self.location)
         return path
 
+    def quarantine_folder(self, key: str) -> str | None:
+        """Move the published folder ``key`` (a staged bag folder) aside, whole, to
+        :meth:`quarantine_key` with ``renameat2(RENAME_NOREPLACE)`` (never overwriting, never
+        deleting anything in it), then fsync both parents; returns the new key, ``None`` if
+        there was no folder. Afterwards ``key`` is free for a new folder.
+
+        Raises:
+            UnsafePathError: ``key`` is unsafe, resolves outside the root, or is a symlink or a
+                file rather than a folder (left where it is).
+            DestinationConflictError: the quarantine name is taken (nothing moved).
+        """
+        path = self.folder(key)
+        if path is None:
+            return None
+        target_key = self.quarantine_key(key)
+        target = self._path(target_key, create_parents=True)
+        try:
+            _renameat2_noreplace(str(path), str(target))
+        except OSError as e:
+            if isinstance(e, FileExistsError) or e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise DestinationConflictError(f"{self.location}: quarantine name {target_key!r} is taken",
+                                               path=target_key, host=self.location) from None
+            raise
+        _fsync_dir(target.parent)
+        _sync_existing(path.parent)
+        return target_key
+
     def delete(self, key: str, *, prune: bool = True) -> bool:
         path = self._path(key)
         try:
