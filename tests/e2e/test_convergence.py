@@ -297,6 +297,46 @@ def test_a_package_lost_or_damaged_in_the_source_buffer_before_bundling_is_rebui
         assert bad == []
 
 
+def test_a_package_damaged_in_the_source_buffer_and_recorded_corrupt_by_verify_is_rebuilt(
+        pipeline, tmp_path: Path) -> None:
+    # packages at rest in the source buffer, not bundled yet; one damaged and found by `verify`
+    # before any bundle build met it: the rebuild of the package met the bad bytes under its key
+    # (DestinationConflictError), FAILED for good, and status called the package "no good
+    # source" although its source files were intact
+    p = pipeline(bundle_max_wait_seconds=3600)
+    write_source(p)
+    p.init()
+    run = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--quiet", "-c", str(p.config)], cwd=p.root,
+                           env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len([k for k in p.objects("fyst-buffer") if k.startswith("raw/")]) < len(GROUPS) \
+                or copy_statuses(p, GROUPS[1]).get("fyst-buffer") != ["present"]:
+            assert time.monotonic() < deadline, "the packages were not built"
+            time.sleep(0.1)
+    finally:
+        os.killpg(run.pid, signal.SIGTERM)
+        run.wait(60)
+    assert query(p, lambda s: s.scalar(text(
+        "SELECT count(*) FROM operations WHERE kind = 'data_transfer_package'"))) == 0, "bundled too early"
+    tar = p.location("fyst-buffer") / f"raw/{GROUPS[1]}.tar"
+    os.chmod(tar, 0o644)
+    with open(tar, "r+b") as fh:
+        fh.seek(tar.stat().st_size // 2)
+        fh.write(b"\xde\xad\xbe\xef")
+    bad_bytes = tar.read_bytes()
+    code, report = p.verify()
+    assert code == 1 and [c["location"] for c in report["corrupt"]] == ["fyst-buffer"], report
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    assert [f.read_bytes() for f in quarantined_files(p, "fyst-buffer")] == [bad_bytes], \
+        "the damaged package tar is moved aside as it was, never overwritten"
+    assert p.status()["blocked"] == []
+
+
 def _json(value: Any) -> dict[str, Any]:
     """A JSON column read with plain SQL: text on SQLite, already decoded on PostgreSQL."""
     return (json.loads(value) if isinstance(value, str) else value) or {}

@@ -111,7 +111,10 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
     assert (p.root / "sites/cornell/archive" / key).read_bytes() == good
     notes = _notifications(ctx)
     assert sorted(n for n in notes if n[0] != "INFO") == [("ERROR", "fixity_corrupt"), ("ERROR", "fixity_missing")]
-    assert notes.count(("INFO", "fixity_repaired")) == 2
+    # each bad copy is announced: repaired, or — the missing copy's own audit reading back
+    # the bytes the other audit's repair had just written — recognised as back (fixity_copy_back)
+    repaired, back = notes.count(("INFO", "fixity_repaired")), notes.count(("INFO", "fixity_copy_back"))
+    assert repaired >= 1 and repaired + back >= 2, notes
     assert ("CRITICAL", "fixity_all_copies_bad") not in notes
     ops = ctx.db.read(lambda s: [o.status for o in s.scalars(select(Operation).where(
         Operation.kind == OperationKind.FIXITY_CHECK.value))])

@@ -88,6 +88,27 @@ def already_there(backend: StorageBackend, key: str, size: int | None, sha256: s
     return backend.holds(key, size, sha256)
 
 
+def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sha256: str | None) -> bool:
+    """:func:`already_there` for a buffer, where the key belongs to one artifact whose bytes are
+    recorded: other bytes under it are that artifact's copy damaged at rest (found by ``verify``
+    or the audit, which recorded it ``corrupt``, or by nobody yet). They are moved into the
+    location's quarantine (never overwritten or deleted, I2) and ``False`` is returned, so the
+    caller writes the artifact again instead of meeting a conflict it cannot leave (DESIGN.md
+    "Converging"). Archives keep :func:`already_there`'s loud conflict: their bad copies are the
+    fixity repair's, which quarantines after its own read-back.
+
+    Raises:
+        DestinationConflictError: the quarantine name is taken (nothing moved).
+    """
+    try:
+        return already_there(backend, key, size, sha256)
+    except DestinationConflictError:
+        moved = backend.quarantine(key)
+        log.warning("buffer_copy_damaged_quarantined", location=backend.location, key=key, quarantined_as=moved,
+                    expected_sha256=sha256)
+        return False
+
+
 def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expected_sha256: str | None,
                      point: str) -> PublishResult:
     """Publish a finished :class:`~packhorse.storage.PendingWrite` and verify it by re-reading.
@@ -167,7 +188,8 @@ def _read_exactly(f: BinaryIO, buf: bytearray, n: int) -> int:
 
 
 def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBackend, dst_key: str, *,
-                size: int, sha256: str, point: str, resume: bool = False) -> PublishResult:
+                size: int, sha256: str, point: str, resume: bool = False,
+                to_buffer: bool = False) -> PublishResult:
     """Copy one object between backends, write-once, verified (I2, I4).
 
     If the destination already holds the same bytes nothing is written ("already there").
@@ -179,12 +201,15 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
     interrupted earlier attempt left is verified against the source (:func:`resume_partial`)
     and only the rest is written; the result is checked exactly as a fresh copy's.
 
+    With ``to_buffer`` the destination is a buffer: other bytes under ``dst_key`` are moved
+    aside first (:func:`there_or_moved_aside`) instead of raising.
+
     Raises:
-        DestinationConflictError: the destination holds different bytes.
+        DestinationConflictError: the destination holds different bytes (not ``to_buffer``).
         VerificationError: the bytes read from the source or back from the destination differ.
         LeaseLostError: the lease was lost; nothing is published.
     """
-    if already_there(dst, dst_key, size, sha256):
+    if (there_or_moved_aside if to_buffer else already_there)(dst, dst_key, size, sha256):
         return PublishResult(dst_key, size, sha256, already_there=True)
     if not resume:
         clear_partials(dst, dst_key)

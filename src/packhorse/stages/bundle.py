@@ -25,12 +25,12 @@ from ..topology import bundle_key, raw_package_key
 from .base import (
     Recorder,
     Work,
-    already_there,
     clear_partials,
     note_corrupt_source,
     note_lost_source,
     publish_verified,
     record_copy,
+    there_or_moved_aside,
 )
 
 
@@ -51,7 +51,7 @@ def run(work: Work) -> Recorder:
     key = bundle_key(dtp.name)
     work.info.update(bundle=dtp.name, destination=buf_name, key=key)
     ctx.hooks.hit("data_transfer_package.start")  # hooks: claimed, nothing read yet
-    if already_there(buf, key, dtp.size, dtp.sha256):
+    if there_or_moved_aside(buf, key, dtp.size, dtp.sha256):
         size, sha = dtp.size, dtp.sha256
     else:
         mtime = calendar.timegm(dtp.created_at.utctimetuple())

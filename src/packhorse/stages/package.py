@@ -18,6 +18,13 @@ earlier attempt published but did not record is taken as the package when it is 
 exactly the registered files (:func:`_adopt_published`), so a file that changed after that
 build becomes a new version instead of a conflict. Versions of
 two or more carry ``Packhorse-Version`` in their bag-info (version 1 bags are unchanged, I3).
+
+A rebuild (the package's sha256 is recorded) that finds other bytes under the package's key in
+the buffer (a copy damaged at rest, which ``verify`` or the audit recorded corrupt) moves that
+object into the buffer's quarantine (never overwritten or deleted, I2) and builds the package
+again: the key belongs to the package and its bytes are known, so other bytes there are
+damage, never a second truth (DESIGN.md "Converging": a rebuild must not meet a conflict it
+cannot leave).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from ..operations import fenced
 from ..packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
 from ..storage.base import Entry, EntryKind, StorageBackend
 from ..topology import raw_package_key
-from .base import Recorder, Work, already_there, clear_partials, publish_verified, record_copy
+from .base import Recorder, Work, clear_partials, publish_verified, record_copy, there_or_moved_aside
 
 #: ``withdrawn_files.cause`` and the reason recorded (and shown by ``packhorse status``).
 CHANGED, VANISHED = "changed", "vanished"
@@ -227,7 +234,7 @@ def run(work: Work) -> Recorder:
         pkg, files = ctx.db.read(load)
         key = raw_package_key(pkg.name)
         work.info.update(package=pkg.name, destination=dst_name, key=key)
-        if already_there(dst, key, pkg.size, pkg.sha256):
+        if there_or_moved_aside(dst, key, pkg.size, pkg.sha256):
             size, sha = pkg.size, pkg.sha256
             break
         if not files:

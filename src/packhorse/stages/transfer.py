@@ -49,7 +49,6 @@ from ..topology import bundle_key
 from .base import (
     Recorder,
     Work,
-    already_there,
     clear_partials,
     copy_object,
     note_corrupt_source,
@@ -57,6 +56,7 @@ from .base import (
     publish_verified,
     record_copy,
     resume_partial,
+    there_or_moved_aside,
 )
 
 #: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
@@ -113,7 +113,7 @@ def run(work: Work) -> Recorder:
         source = src if limit is None else _throttled(work, src, limit)
         try:
             copy_object(work, source, key, dst, key, size=dtp.size, sha256=dtp.sha256, point="transfer",  # type: ignore[arg-type]
-                        resume=True)
+                        resume=True, to_buffer=True)
         except SourceMissingError:
             note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id)
             raise
@@ -121,7 +121,7 @@ def run(work: Work) -> Recorder:
             note_corrupt_source(work, src, key, expected_sha256=dtp.sha256, location_id=src_id,
                                 data_transfer_package_id=dtp.id)
             raise
-    elif not already_there(dst, key, dtp.size, dtp.sha256):
+    elif not there_or_moved_aside(dst, key, dtp.size, dtp.sha256):
         if note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id):
             raise SourceMissingError(f"{src_name}: {key!r} does not exist", side="source", path=key, host=src_name,
                                      step="transfer")

@@ -28,12 +28,12 @@ from ..topology import bundle_key, raw_package_key
 from .base import (
     Recorder,
     Work,
-    already_there,
     clear_partials,
     note_corrupt_source,
     note_lost_source,
     publish_verified,
     record_copy,
+    there_or_moved_aside,
 )
 
 
@@ -109,7 +109,9 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         UnsafePathError: a member of the bundle or of a raw package is refused (permanent);
             nothing of that raw package is published.
         VerificationError: the bundle's or a raw package's bag does not check.
-        DestinationConflictError: ``buf`` holds other bytes under a raw package's key.
+        DestinationConflictError: a quarantine name is taken (other bytes under a raw
+            package's key in ``buf`` are a copy damaged at rest: moved aside first,
+            :func:`~packhorse.stages.base.there_or_moved_aside`).
         OSError: a folder of ``buf`` could not be synced.
     """
     done = [] if done is None else done
@@ -121,7 +123,7 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
             raise VerificationError(f"{source}: bundle carries {path!r}, which is not one of its packages",
                                     path=path, step="unpack")
         pkey = raw_package_key(pkg.name)
-        if already_there(buf, pkey, pkg.size, pkg.sha256):
+        if there_or_moved_aside(buf, pkey, pkg.size, pkg.sha256):
             done.append((pkg.id, pkey, size, pkg.sha256 or ""))
             return sha256_stream(member)
         clear_partials(buf, pkey)
