@@ -325,8 +325,8 @@ def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
 def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, Any] | None, *,
                         replacing: bool) -> None:
     """Record the uuid of ``location``'s identity marker in the ops database (``packhorse
-    init``), so that storage carrying a marker of the same name but another uuid is never taken
-    for it (:func:`probe`). A marker without a uuid, or one in cold storage, records nothing.
+    init``), so that storage carrying a marker of the same name but another uuid, or none, is
+    never taken for it (:func:`probe`). A marker in cold storage (unreadable) records nothing.
 
     Args:
         replacing: the marker replaces the recorded one (``init --replace``, or a root marked
@@ -336,10 +336,12 @@ def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, 
         ConfigError: the database already records another uuid and ``replacing`` is false
             (storage of another installation, or a marker copied onto blank storage).
     """
-    found = marker.get("uuid") if marker else None
+    if marker is None or marker.get("in_cold_storage"):
+        return  # nothing readable to compare or record
+    found = marker.get("uuid")
     loc_id = ctx.topology.location_ids.get(location)
     recorded = ctx.topology.location_marker.get(location)
-    if not isinstance(found, str) or loc_id is None or found == recorded:
+    if loc_id is None or found == recorded:
         return
     if recorded is not None and not replacing:
         raise ConfigError(
@@ -347,12 +349,13 @@ def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, 
             f"{location!r} with uuid {found}, but this installation marked {location!r} with uuid {recorded} — "
             "storage of another installation, or a marker copied onto other storage? Mount the storage that "
             f"belongs there; if this storage really replaces the old, run `packhorse init --replace {location}`")
+    uuid_ = found if isinstance(found, str) else None  # a hand-made marker without one: nothing to compare
 
     def tx(s: Session) -> None:
-        s.execute(update(DataLocation).where(DataLocation.id == loc_id).values(marker_uuid=found))
+        s.execute(update(DataLocation).where(DataLocation.id == loc_id).values(marker_uuid=uuid_))
 
     ctx.db.transact(tx)
-    ctx.topology.location_marker[location] = found
+    ctx.topology.location_marker[location] = uuid_
 
 
 def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list["InitResult"]:

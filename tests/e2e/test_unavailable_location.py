@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from e2e_helpers import MARKER_KEY, Pipeline, assert_archived_everywhere, source_files
 from support import SRC
 
@@ -224,9 +226,12 @@ def test_a_root_marked_as_another_location_is_unavailable_and_never_re_marked(pi
     assert r.returncode == 2 and "already marked as location 'cornell-lta'" in r.stderr, r.stderr
 
 
-def test_a_marker_naming_the_location_with_another_uuid_is_unavailable_until_replaced(pipeline, tmp_path: Path) -> None:
-    # a disk of another installation (or a marker copied onto blank storage) names the location
-    # but is not its storage: nothing is written there, `init` refuses it without --replace
+@pytest.mark.parametrize("impostor", ["00000000-0000-4000-8000-000000000000", None])
+def test_a_marker_naming_the_location_with_another_uuid_is_unavailable_until_replaced(
+        pipeline, tmp_path: Path, impostor: str | None) -> None:
+    # a disk of another installation (or a marker copied onto blank storage, its uuid left out)
+    # names the location but is not its storage: nothing is written there, `init` refuses it
+    # without --replace
     p = pipeline(bundle_max_wait_seconds=0)
     _source(p, groups=1)
     p.init()
@@ -235,12 +240,15 @@ def test_a_marker_naming_the_location_with_another_uuid_is_unavailable_until_rep
     mine = json.loads((archive / MARKER_KEY).read_text())
     os.rename(archive, tmp_path / "disk")
     (archive / "_packhorse").mkdir(parents=True)
-    (archive / MARKER_KEY).write_text(json.dumps({**mine, "uuid": "00000000-0000-4000-8000-000000000000"}))
+    fake = {k: v for k, v in mine.items() if k != "uuid"}
+    if impostor is not None:
+        fake["uuid"] = impostor
+    (archive / MARKER_KEY).write_text(json.dumps(fake))
     _source(p, groups=1, start=1)
     r = p.run(expect=4)
     assert not [k for k in p.objects("cologne-lta")], "packhorse wrote onto another installation's storage"
     reason = _blocked(p)["cologne-lta"]["reason"]
-    assert "00000000-0000-4000-8000-000000000000" in reason and mine["uuid"] in reason, reason
+    assert f"uuid {impostor}" in reason and mine["uuid"] in reason, reason
     assert "blocked: location cologne-lta" in r.stderr
     init = p.cli("init")
     assert init.returncode == 2 and mine["uuid"] in init.stderr and "--replace cologne-lta" in init.stderr, init.stderr

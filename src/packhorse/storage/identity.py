@@ -124,7 +124,8 @@ def check_identity(backend: StorageBackend, location: str, expected_uuid: str | 
                   "(other storage mounted there?)")
         raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason)
     found = marker.get("uuid")
-    if expected_uuid is not None and found is not None and found != expected_uuid:
+    if expected_uuid is not None and not marker.get("in_cold_storage") and found != expected_uuid:
+        # a marker without a uuid is not this location's either: every marker init writes has one
         reason = (f"the root {where(backend)} carries an identity marker of {location!r} with uuid {found}, but "
                   f"this installation marked {location!r} with uuid {expected_uuid} (storage of another "
                   f"installation, or a marker copied onto other storage?); if this storage really replaces "
