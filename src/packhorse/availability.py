@@ -358,11 +358,15 @@ def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, 
     ctx.topology.location_marker[location] = uuid_
 
 
-def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list["InitResult"]:
+def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
+                   sites: Collection[str] | None = None) -> list["InitResult"]:
     """Create and mark the root of every configured data location (``packhorse init``; the
     only code that creates a location root). An existing root with data and no marker is
     adopted as it is (migrating an existing deployment); an open outage of a location marked
     here is ended. Returns what was done per location.
+
+    ``sites``: mark only the locations of these sites (``packhorse init --site``: in a
+    distributed deployment each site's folders are on its own hosts); ``None``: every site.
 
     An *empty* unmarked root, or a *missing* one, where the database records copies is refused
     (an unmounted mount point looks like the first, the folder of a disk mounted below it like
@@ -376,7 +380,8 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
     Raises:
         ConfigError: a root is marked as another location, or as this location with another
             uuid than the one recorded (without ``replace``), an empty root would hide recorded
-            copies, ``replace`` names no location, a source folder or an S3 bucket is
+            copies, ``replace`` names no location (or one of a site not in ``sites``), ``sites``
+            names no site, a source folder or an S3 bucket is
             missing (packhorse never creates either); the message names the location.
     """
     from . import __version__
@@ -386,9 +391,18 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
     unknown = sorted(set(replace) - {loc.name for loc in ctx.settings.locations})
     if unknown:
         raise ConfigError(f"--replace names no configured data location: {', '.join(unknown)}")
+    if sites is not None:
+        unknown = sorted(set(sites) - {s.name for s in ctx.settings.sites})
+        if unknown:
+            raise ConfigError(f"--site names no configured site: {', '.join(unknown)}")
+        elsewhere = sorted(name for name in replace if ctx.settings.location(name).site not in sites)
+        if elsewhere:
+            raise ConfigError(f"--replace names a location of a site not marked here (--site): {', '.join(elsewhere)}")
     done = []
     missing_sources = []
     for loc in ctx.settings.locations:
+        if sites is not None and loc.site not in sites:
+            continue  # another site's folders are on its own hosts
         backend = ctx.backend(loc.name)
         if loc.role is LocationRole.SOURCE and backend.root_missing() is not None:
             # instruments write there: an empty folder made by packhorse would hide a typo in the
@@ -400,8 +414,14 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = ()) -> list
             if root_missing or read_marker(backend) is None:
                 _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace,
                                                root_missing=root_missing)
-        done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
-                                  storage=loc.storage.value, version=__version__))
+        try:
+            done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
+                                      storage=loc.storage.value, version=__version__))
+        except ConfigError as e:
+            if sites is None and ctx.settings.executor.kind == "celery":
+                raise ConfigError(f"{e} (distributed: each site's folders are on its own hosts; run `packhorse "
+                                  f"init --site SITE` on a host of each site)") from None
+            raise
         # a root marked just now passed the checks above (nothing owed there is hidden): its new
         # marker is the location's from now on; one found marked must carry the recorded uuid
         _record_marker_uuid(ctx, loc.name, read_marker(backend),

@@ -120,3 +120,26 @@ def test_init_counts_only_copies_whose_bytes_should_be_there(tmp_path):
     root.mkdir()
     with pytest.raises(ConfigError, match="records 1 copy"):
         mark_locations(ctx)
+
+
+def test_init_of_one_site_marks_only_that_sites_locations(tmp_path):
+    # distributed: each site's folders are on its own hosts, so `init --site` on a host of each
+    # site marks that site's locations and never creates another site's folders here
+    import shutil
+
+    from packhorse.availability import mark_locations
+
+    ctx = _site(tmp_path)
+    for loc in ctx.settings.locations:
+        if loc.role.value != "source":
+            shutil.rmtree(ctx.settings.location_path(loc.name))
+    done = mark_locations(ctx, sites=["cologne"])
+    cologne = sorted(l.name for l in ctx.settings.locations if l.site == "cologne")
+    assert sorted(r.location for r in done) == cologne
+    for loc in ctx.settings.locations:
+        made = ctx.settings.location_path(loc.name).exists()
+        assert made == (loc.site == "cologne" or loc.role.value == "source"), loc.name
+    with pytest.raises(ConfigError, match="--site names no configured site: nowhere"):
+        mark_locations(ctx, sites=["nowhere"])
+    with pytest.raises(ConfigError, match="--replace names a location of a site not marked here"):
+        mark_locations(ctx, replace=["fyst-buffer"], sites=["cologne"])

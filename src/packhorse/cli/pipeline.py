@@ -58,6 +58,10 @@ def init(config: ConfigOpt = None,
              "--replace", metavar="LOCATION",
              help="new, empty storage replaces the lost storage of LOCATION: mark it, and record the copies "
                   "the database holds there as missing (made again from good sources); repeatable")] = None,
+         site: Annotated[list[str] | None, typer.Option(
+             "--site", metavar="SITE",
+             help="mark only the data locations of SITE (distributed: run on a host of each site, where its "
+                  "folders are); repeatable; default every site")] = None,
          ) -> None:
     """Create or upgrade the ops database (Alembic migrations), register sites and locations,
     and create and mark every location's root with its identity marker.
@@ -65,7 +69,8 @@ def init(config: ConfigOpt = None,
     An existing root with data and no marker (a deployment from before markers) is marked and
     keeps its data; a root marked as another location is refused (exit 2), and so is an empty
     unmarked root where the database records copies (an unmounted disk), unless ``--replace``
-    names it."""
+    names it. ``--site`` marks the locations of those sites only (in a distributed deployment
+    each site's folders are on its own hosts); the database is created or upgraded either way."""
     from .. import logs
     from ..availability import mark_locations
     from ..errors import StorageServiceError
@@ -82,7 +87,7 @@ def init(config: ConfigOpt = None,
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     try:
-        marked = mark_locations(ctx, replace=replace or ())
+        marked = mark_locations(ctx, replace=replace or (), sites=site or None)
     except (ConfigError, StorageServiceError, OSError) as e:
         raise fail(str(e), EXIT_CONFIG) from None
     from ..availability import root_of
