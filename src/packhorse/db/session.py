@@ -300,6 +300,29 @@ def try_transaction_lock(session: Session, name: str) -> bool:
 HEAD_REVISION = "0012"
 
 
+def _retrying(once: Callable[[], T], attempts: int) -> T:
+    """Run ``once()`` until it returns, retrying a transient database error (:func:`_is_transient`)
+    with exponential backoff and jitter (0.05 s doubling, capped at 5 s) up to ``attempts``
+    times in all; any other error is raised at once (DESIGN.md "Architecture": a transient
+    database error is retried by the unit of work that met it, never an operation's failure).
+
+    Raises:
+        TransientDatabaseError: the database stayed unavailable for every attempt.
+    """
+    delay = 0.05
+    for i in range(attempts):
+        try:
+            return once()
+        except exc.SQLAlchemyError as err:
+            if not _is_transient(err):
+                raise
+            if i == attempts - 1:
+                raise TransientDatabaseError(f"database unavailable after {attempts} attempts: {err}") from err
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
+
+
 class Database:
     """The ops database of one process.
 
@@ -402,19 +425,12 @@ class Database:
         engine = self._autocommit
         if engine is None:
             return self.transact(lambda s: fn(s.connection()), attempts=attempts)
-        delay = 0.05
-        for i in range(attempts):
-            try:
-                with engine.connect() as conn:
-                    return fn(conn)
-            except exc.SQLAlchemyError as err:
-                if not _is_transient(err):
-                    raise
-                if i == attempts - 1:
-                    raise TransientDatabaseError(f"database unavailable after {attempts} attempts: {err}") from err
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+
+        def once() -> T:
+            with engine.connect() as conn:
+                return fn(conn)
+
+        return _retrying(once, attempts)
 
     def read(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
         """Run a read-only ``fn(session)`` in one consistent snapshot; retried like :meth:`transact`.
@@ -426,8 +442,7 @@ class Database:
         return self._run(fn, self._read_sessions, attempts=attempts)
 
     def _run(self, fn: Callable[[Session], T], factory: sessionmaker[Session], *, attempts: int) -> T:
-        delay = 0.05
-        for i in range(attempts):
+        def once() -> T:
             session = factory()
             try:
                 result = fn(session)
@@ -435,20 +450,13 @@ class Database:
                 # the objects it returns
                 session.commit()
                 return result
-            except exc.SQLAlchemyError as err:
-                _discard(session)
-                if not _is_transient(err):
-                    raise
-                if i == attempts - 1:
-                    raise TransientDatabaseError(f"database unavailable after {attempts} attempts: {err}") from err
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 5.0)
             except BaseException:
                 _discard(session)
                 raise
             finally:
                 session.close()
-        raise AssertionError("unreachable")
+
+        return _retrying(once, attempts)
 
     def dispose(self) -> None:
         """Close every pooled connection of this process (at exit)."""
