@@ -409,9 +409,13 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             # path (or an unmounted disk) as "nothing to archive"
             missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
             continue
+        try:
+            marker = None if backend.root_missing() is not None else read_marker(backend)
+        except ValueError as e:  # a marker that is not one: never re-marked, never taken as ours
+            raise ConfigError(f"{e}; move it aside if this storage belongs to {loc.name!r}") from None
         if loc.role is not LocationRole.SOURCE:
             root_missing = backend.root_missing() is not None
-            if root_missing or read_marker(backend) is None:
+            if root_missing or marker is None:
                 _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace,
                                                root_missing=root_missing)
         try:

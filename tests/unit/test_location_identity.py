@@ -143,3 +143,15 @@ def test_init_of_one_site_marks_only_that_sites_locations(tmp_path):
         mark_locations(ctx, sites=["nowhere"])
     with pytest.raises(ConfigError, match="--replace names a location of a site not marked here"):
         mark_locations(ctx, replace=["fyst-buffer"], sites=["cologne"])
+
+
+def test_init_refuses_a_marker_that_is_not_json_naming_it_without_a_traceback(tmp_path):
+    from packhorse.availability import mark_locations
+
+    ctx = _site(tmp_path)
+    marker = ctx.settings.location_path("cologne-lta") / MARKER_KEY
+    marker.chmod(0o644)
+    marker.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"is not JSON.*move it aside if this storage belongs to 'cologne-lta'"):
+        mark_locations(ctx)
+    assert marker.read_text() == "{not json"
