@@ -182,7 +182,7 @@ def test_run_until_idle_without_a_channel_says_nothing_can_send_the_notification
     faults = [{"point": "long_term_archive.write", "action": "fail", "times": 2}]
     r = run_packhorse("run", "-c", str(cfg), "--until-idle", env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
     assert r.returncode == 3, r.stderr
-    assert "not sent: no notification channel is configured" in r.stderr, r.stderr[-2000:]
+    assert "not sent: notifications are disabled or no channel is configured" in r.stderr, r.stderr[-2000:]
     assert "delivers them" not in r.stderr
     listed = json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)
     assert any(n["event"] == "permanent_failure" and n["status"] == "pending" for n in listed)

@@ -151,13 +151,14 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
 PROGRESS_INTERVAL_SECONDS = 30.0
 
 
-def _queued_notifications_line(queued: int, channels_configured: bool) -> str:
+def _queued_notifications_line(queued: int, deliverable: bool) -> str:
     """The line ``run --until-idle`` ends with when notifications are left in the outbox: what
-    delivers them, or that nothing can (no channel configured)."""
-    if not channels_configured:
-        return (f"packhorse run: {queued} notification(s) in the outbox, not sent: no notification channel is "
-                "configured ([notifications.smtp] or [notifications] apprise_urls, docs/notifications.md); `packhorse "
-                "notifications` lists them")
+    delivers them, or that nothing can (``deliverable`` false: notifications disabled, or no
+    channel configured)."""
+    if not deliverable:
+        return (f"packhorse run: {queued} notification(s) in the outbox, not sent: notifications are disabled or no "
+                "channel is configured ([notifications] enabled, [notifications.smtp] or apprise_urls, "
+                "docs/notifications.md); `packhorse notifications` lists them")
     return (f"packhorse run: {queued} notification(s) still queued in the outbox (`packhorse notifications` "
             "shows why); `packhorse notifier` or the next `packhorse run` delivers them")
 
@@ -215,7 +216,8 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     finally:
         queued = background.stop(reason, drain=until_idle and not stopped_by)
         if until_idle and queued and not quiet:
-            print(_queued_notifications_line(queued, ctx.settings.notifications.channels_configured), file=sys.stderr)
+            cfg = ctx.settings.notifications
+            print(_queued_notifications_line(queued, cfg.enabled and cfg.channels_configured), file=sys.stderr)
         health.stop(remove=True)
         for s, h in old.items():
             signal.signal(s, h)
