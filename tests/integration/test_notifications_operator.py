@@ -172,10 +172,15 @@ def test_run_until_idle_returns_within_seconds_when_the_mail_server_does_not_ans
         silent.close()
 
 
-def test_run_until_idle_without_a_channel_says_nothing_can_send_the_notifications(tmp_path: Path) -> None:
-    # no channel: "the next run delivers them" would be false; the line says why they stay
+@pytest.mark.parametrize("notifications", [None, {"enabled": False, "apprise_urls": ["json://127.0.0.1:9/"]}],
+                         ids=["no-channel", "disabled"])
+def test_run_until_idle_without_a_channel_says_nothing_can_send_the_notifications(
+        tmp_path: Path, notifications: dict[str, Any] | None) -> None:
+    # no channel, or notifications disabled: "the next run delivers them" would be false; the
+    # line says why they stay
     site = tmp_path / "site"
-    cfg = write_site_config(site, max_retries=0)
+    extra = toml_table("notifications", notifications) if notifications else ""
+    cfg = write_site_config(site, max_retries=0, extra=extra)
     (site / "source" / "cam" / "obs1").mkdir(parents=True)
     (site / "source" / "cam" / "obs1" / "a.dat").write_bytes(b"alpha")
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
