@@ -245,27 +245,40 @@ def _recorded_copies(ctx: "ProcessContext", location: str) -> int:
     if loc_id is None:
         return 0
     buffer = ctx.topology.location_role.get(location) is LocationRole.BUFFER
+    here = PhysicalCopy.location_id == loc_id
 
     def read(s: Any) -> int:
         live = s.scalar(select(func.count()).select_from(PhysicalCopy).where(
-            PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_([c.value for c in LIVE_COPY_STATUSES]))) or 0
+            here, PhysicalCopy.status.in_([c.value for c in LIVE_COPY_STATUSES]))) or 0
         missing = s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
                                    PhysicalCopy.data_transfer_package_id).where(
-            PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.MISSING.value)).all()
+            here, PhysicalCopy.status == CopyStatus.MISSING.value)).all()
+        if not missing:
+            return int(live)
+        # the newest copy of each artifact recorded here, and (at a buffer) whether every
+        # package of it is archived: one grouped read per kind of artifact, not one per copy
+        newest: dict[tuple[str, int], int] = {}
+        archived: dict[tuple[str, int], bool] = {}
+        for kind, col, pkg_col in (("raw", PhysicalCopy.raw_data_package_id, RawDataPackage.id),
+                                   ("dtp", PhysicalCopy.data_transfer_package_id,
+                                    RawDataPackage.data_transfer_package_id)):
+            ids = sorted({getattr(m, col.key) for m in missing if getattr(m, col.key) is not None})
+            if not ids:
+                continue
+            newest.update(((kind, a), n) for a, n in s.execute(
+                select(col, func.max(PhysicalCopy.id)).where(here, col.in_(ids)).group_by(col)))
+            if buffer:
+                archived.update(((kind, a), bool(total) and total == done) for a, total, done in s.execute(
+                    select(pkg_col, func.count(), func.count(RawDataPackage.archived_at))
+                    .where(pkg_col.in_(ids)).group_by(pkg_col)))
         owed = 0
         for m in missing:
-            subject = (PhysicalCopy.raw_data_package_id == m.raw_data_package_id if m.raw_data_package_id is not None
-                       else PhysicalCopy.data_transfer_package_id == m.data_transfer_package_id)
-            if s.scalar(select(func.count()).select_from(PhysicalCopy).where(
-                    subject, PhysicalCopy.location_id == loc_id, PhysicalCopy.id > m.id)):
+            subject = ("raw", m.raw_data_package_id) if m.raw_data_package_id is not None else \
+                ("dtp", m.data_transfer_package_id)
+            if newest.get(subject, m.id) > m.id:
                 continue  # made again there since
-            if buffer:
-                pkgs = (RawDataPackage.id == m.raw_data_package_id if m.raw_data_package_id is not None
-                        else RawDataPackage.data_transfer_package_id == m.data_transfer_package_id)
-                total, archived = s.execute(select(func.count(), func.count(RawDataPackage.archived_at))
-                                            .where(pkgs)).one()
-                if total and total == archived:
-                    continue  # its packages are archived: the buffer copy is owed nowhere
+            if archived.get(subject, False):
+                continue  # its packages are archived: the buffer copy is owed nowhere
             owed += 1
         return int(live) + owed
 
@@ -409,12 +422,12 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             # path (or an unmounted disk) as "nothing to archive"
             missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
             continue
+        root_missing = backend.root_missing() is not None
         try:
-            marker = None if backend.root_missing() is not None else read_marker(backend)
+            marker = None if root_missing else read_marker(backend)
         except ValueError as e:  # a marker that is not one: never re-marked, never taken as ours
             raise ConfigError(f"{e}; move it aside if this storage belongs to {loc.name!r}") from None
         if loc.role is not LocationRole.SOURCE:
-            root_missing = backend.root_missing() is not None
             if root_missing or marker is None:
                 _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace,
                                                root_missing=root_missing)

@@ -259,7 +259,10 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
             RawDataPackage.data_transfer_package_id.in_(sorted(bundle_ids)))):
         members.setdefault(bid, []).append(pid)
     all_pkgs = set(pkgs) | {m for ms in members.values() for m in ms}
-    names = dict(s.execute(select(RawDataPackage.id, RawDataPackage.name).where(RawDataPackage.id.in_(sorted(all_pkgs)))).all())
+    rows = s.execute(select(RawDataPackage.id, RawDataPackage.name, RawDataPackage.sha256)
+                     .where(RawDataPackage.id.in_(sorted(all_pkgs)))).all()
+    names = {r.id: r.name for r in rows}
+    shas = {r.id: r.sha256 for r in rows}
     copies_of: dict[int, list[_Copy]] = {}
     for c in _copies(s, PhysicalCopy.raw_data_package_id, all_pkgs):
         if holds_artifact_bytes(ctx, ctx.location_name(c.loc)):  # a staged folder is no source, nor a loss
@@ -428,7 +431,7 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
         out.dead_ends.append(DeadEnd(pid, names[pid], [{"location": ctx.location_name(c.loc), "path": c.path,
                                                         "status": c.status} for c in bad], tried,
                                      max((c.created_at for c in bad), default=None), failed,
-                                     sha256=s.scalar(select(RawDataPackage.sha256).where(RawDataPackage.id == pid)),
+                                     sha256=shas.get(pid),
                                      source_deleted=pid in source_gone,
                                      archive_keys=[f"{ctx.location_name(c.loc)}:{c.path}" for c in bad
                                                    if topo.location_role.get(ctx.location_name(c.loc))

@@ -202,13 +202,12 @@ def _wait_for_deletion_rule(ctx: ProcessContext, c: Claim, exc: DeletionNotSafeE
     rec = ctx.settings.recovery
     seconds = (backoff_seconds(max(c.attempt - 1, 0), rec.retry_backoff_base_seconds, rec.retry_backoff_max_seconds)
                if exc.backoff else exc.seconds)
-    note = {"waiting": WAITING_DELETION_RULE, "error_type": type(exc).__name__, "message": str(exc),
-            "operation_kind": c.kind.value, "operation_id": c.operation_id, "attempt": c.attempt,
-            "timestamp": utcnow().isoformat(), "diagnosis": "not safe yet: it is checked again once the copies "
-            "it waits for are there (no action needed)"}
-    for field in ("step", "path", "host"):
-        if getattr(exc, field, None) is not None:
-            note[field] = getattr(exc, field)
+    # the one error-context dict (DESIGN.md "Error context"), with why it waits
+    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
+                               retry_count=c.operation.retry_count if c.operation is not None else 0,
+                               will_retry=True, auto_diagnosis="not safe yet: it is checked again once the "
+                               "copies it waits for are there (no action needed)")
+    note.update(waiting=WAITING_DELETION_RULE, attempt=c.attempt)
     if not defer(ctx.db, c, seconds, note=note):
         return Outcome.STALE
     log.info("deletion_waits_for_rule", reason=str(exc), seconds=round(seconds, 3))
@@ -244,8 +243,9 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
     one transaction claims them all, one checks the deletion rules and marks every copy
     (:func:`~packhorse.stages.deletion.mark_copy`), one completes them all after their bytes
     went (:func:`~packhorse.operations.complete_many`: one fenced statement). Each operation
-    keeps its own row, lease, fencing token and outcome: a copy the rules block, a failed delete or a stale attempt goes through the same failure path as a single
-    operation (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
+    keeps its own row, lease, fencing token and outcome: a copy the rules block, a failed
+    delete or a stale attempt goes through the same failure path as a single operation
+    (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
     of database time; three transactions for each were most of that (benchmark (b)).
 
     ``tokens``: the fencing token each was dispatched at (``None`` or left out: the current one).

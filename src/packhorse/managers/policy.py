@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, UTCDateTime, utcnow
 from ..domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind
 from ..context import ProcessContext
+from ..convergence import holds_artifact_bytes
 
 
 def source_site_of_package(ctx: ProcessContext, pkg: RawDataPackage) -> str:
@@ -126,7 +127,7 @@ def may_delete_bundle_copy(session: Session, ctx: ProcessContext, dtp_id: int, s
         return False
     for dest in route.destination_sites:
         loc_ids = [i for n, i in ctx.topology.location_ids.items() if ctx.topology.location_site.get(n) == dest
-                   and ctx.topology.location_role.get(n) is not LocationRole.PROCESSING]  # staged folders do not count
+                   and holds_artifact_bytes(ctx, n)]  # staged folders do not count
         covered = set(session.scalars(
             select(PhysicalCopy.raw_data_package_id).where(
                 PhysicalCopy.raw_data_package_id.in_(pkg_ids), PhysicalCopy.location_id.in_(loc_ids),
