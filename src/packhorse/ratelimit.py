@@ -14,6 +14,10 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 
+#: The longest single sleep of :meth:`RateLimiter.take` when it is given ``on_wait``, seconds.
+WAIT_SLICE_SECONDS = 0.1
+
+
 class RateLimiter:
     """A token bucket: :meth:`take` blocks so that at most ``bytes_per_second`` pass on
     average, with bursts up to ``burst_seconds`` worth (the bucket starts full). ``None``
@@ -37,31 +41,57 @@ class RateLimiter:
     def set_rate(self, bytes_per_second: float | None) -> None:
         """Change the rate from now on (bytes per second; ``None``: no limit)."""
         with self._lock:
+            if self.rate:
+                self._refill()  # the time so far earns at the old rate
+            else:
+                self._last = self._clock()
             self.rate = bytes_per_second
             if bytes_per_second:
                 self._allowance = min(self._allowance, bytes_per_second * self.burst_seconds)
 
-    def take(self, nbytes: int) -> None:
-        """Account for ``nbytes``; sleeps as long as needed to keep the rate."""
+    def take(self, nbytes: int, on_wait: Callable[[], None] | None = None) -> None:
+        """Account for ``nbytes``; sleeps as long as needed to keep the rate.
+
+        With ``on_wait``, a long wait is slept in slices of at most :data:`WAIT_SLICE_SECONDS`
+        and ``on_wait`` is called between them, so a rate it changes (:meth:`set_rate`: a
+        transfer's share of its route's limit when another transfer starts) applies to the rest
+        of this wait, not only from the next read: a transfer that started alone and is given
+        half the limit keeps to it within a slice, not a whole chunk later."""
         if not self.rate:
             return
         with self._lock:
-            rate = self.rate
-            now = self._clock()
-            self._allowance = min(rate * self.burst_seconds, self._allowance + (now - self._last) * rate)
-            self._last = now
+            self._refill()
             self._allowance -= nbytes
-            wait = -self._allowance / rate if self._allowance < 0 else 0.0
-        if wait > 0:
-            self._sleep(wait)
+        while True:
+            with self._lock:
+                if not self.rate:
+                    return
+                self._refill()
+                if self._allowance >= 0:
+                    return
+                wait = -self._allowance / self.rate
+            if on_wait is None or wait <= WAIT_SLICE_SECONDS:
+                self._sleep(wait)
+                with self._lock:  # the sleep refills exactly the debt: nothing more is owed
+                    self._refill()
+                return
+            self._sleep(min(wait, WAIT_SLICE_SECONDS))
+            on_wait()
+
+    def _refill(self) -> None:
+        """Add the allowance earned since the last look (caller holds the lock; rate set)."""
+        rate = float(self.rate or 0)
+        now = self._clock()
+        self._allowance = min(rate * self.burst_seconds, self._allowance + (now - self._last) * rate)
+        self._last = now
 
 
 class ThrottledReader:
     """A binary file object whose reads keep to ``limiter`` (``read`` and ``readinto``; the
     rest is the wrapped file's). Closing it closes the wrapped file.
 
-    ``on_read`` (optional) is called before each read: the transfer refreshes its fair share
-    of the route's limit there.
+    ``on_read`` (optional) is called before each read and between the slices of a long wait
+    (:meth:`RateLimiter.take`): the transfer refreshes its fair share of the route's limit there.
     """
 
     def __init__(self, raw: BinaryIO, limiter: RateLimiter, on_read: Callable[[], None] | None = None) -> None:
@@ -73,14 +103,14 @@ class ThrottledReader:
         if self._on_read:
             self._on_read()
         data = self._raw.read(size)
-        self._limiter.take(len(data))
+        self._limiter.take(len(data), self._on_read)
         return data
 
     def readinto(self, buffer: Any) -> int:
         if self._on_read:
             self._on_read()
         n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
-        self._limiter.take(n or 0)
+        self._limiter.take(n or 0, self._on_read)
         return n
 
     def close(self) -> None:

@@ -21,6 +21,11 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 ARTIFACTS = Path(os.environ.get("PACKHORSE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")) / "dashboard"
 
 
+#: How long a page assertion waits, milliseconds. Playwright's default (5 s) is too short under
+#: CI's four test processes on 2 cores: ReDoc took longer than that to render its first section.
+EXPECT_TIMEOUT_MS = 30_000
+
+
 def _need_browser() -> None:
     why = None
     try:
@@ -33,6 +38,9 @@ def _need_browser() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 
 
 @pytest.fixture

@@ -50,11 +50,37 @@ def test_rate_limiter_keeps_the_rate_with_an_injected_clock():
     assert 20.0 <= now[0] - start <= 22.5
 
 
+def test_a_rate_lowered_during_a_wait_holds_for_the_rest_of_that_wait():
+    """A transfer that started alone and learns mid-wait that it has half the route's limit
+    keeps to the half from that slice on, not from its next 1 MiB read (the route's limit was
+    exceeded by 20 % when two transfers started a moment apart)."""
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    lim = RateLimiter(1000, burst_seconds=0.0, clock=lambda: now[0], sleep=sleep)
+    lowered: list[float] = []
+
+    def on_wait() -> None:
+        if not lowered:
+            lowered.append(now[0])
+            lim.set_rate(500)
+
+    lim.take(1000, on_wait)  # one slice (0.1 s, 100 bytes) at 1000/s, then 900 bytes at 500/s
+    assert lowered == [pytest.approx(0.1)]
+    assert now[0] == pytest.approx(0.1 + 900 / 500)
+    now[0] = 0.0
+    plain = RateLimiter(1000, burst_seconds=0.0, clock=lambda: now[0], sleep=sleep)
+    plain.take(1000)  # without on_wait: one sleep at the rate of the moment
+    assert now[0] == pytest.approx(1.0)
+
+
 def test_throttled_reader_reads_everything_and_accounts_every_byte():
     taken: list[int] = []
 
     class Counting(RateLimiter):
-        def take(self, nbytes: int) -> None:
+        def take(self, nbytes: int, on_wait=None) -> None:  # type: ignore[no-untyped-def]
             taken.append(nbytes)
 
     data = bytes(range(256)) * 100

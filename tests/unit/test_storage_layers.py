@@ -100,7 +100,7 @@ class CountingLimiter(RateLimiter):
         super().__init__(None)
         self.taken = 0
 
-    def take(self, nbytes: int) -> None:
+    def take(self, nbytes: int, on_wait=None) -> None:  # type: ignore[no-untyped-def]
         self.taken += nbytes
 
 

@@ -60,7 +60,7 @@ from .base import (
 )
 
 #: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
-SHARE_REFRESH_SECONDS = 1.0
+SHARE_REFRESH_SECONDS = 0.25
 
 
 def command_args(template: str, source: str, destination: str, bandwidth_limit: int | None = None) -> list[str]:
