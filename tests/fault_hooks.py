@@ -22,6 +22,8 @@ every process, the test-only environment variables (only test code reads them):
     same size), then create ``marker`` if given;
   - ``"remove"``: delete the file ``path`` (a source file that vanishes), then create
     ``marker`` if given;
+  - ``"rename"``: rename ``path`` to ``to`` if ``path`` is there and ``to`` is not (a folder
+    or a location's root taken away: an unmounted disk), then create ``marker`` if given;
   - ``"duplicate"`` (point ``dispatch``): a mode, :meth:`FaultPlan.active`.
 
   A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
@@ -51,12 +53,13 @@ import os
 import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from packhorse.diskusage import Usage, UsageProvider, filesystem_usage
 from packhorse.errors import TransientDatabaseError
 from packhorse.hooks import Hooks
-from packhorse.storage.base import PendingWrite, PublishResult, StorageBackend
+from packhorse.storage.base import Entry, PendingWrite, PublishResult, StorageBackend
 from packhorse.storage.layers import Layer, PendingLayer, innermost
 
 FAULTS_ENV = "PACKHORSE_TEST_FAULTS"
@@ -147,6 +150,21 @@ class FaultLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _FaultPending(self.inner.open_write(key), self)
 
+    def walk(self, prefix: str = "", *, reuse: Any = None, everything: bool = False) -> Iterator[Entry]:
+        """The inner walk; a walk of a folder (``prefix`` given, as the package stage looks at
+        its files) hits ``storage.walk_folder`` once the folder was found, before its entries
+        are looked at: a root taken away there is gone in the middle of the listing."""
+        entries = self.inner.walk(prefix, reuse=reuse, everything=everything)
+        if not prefix:
+            yield from entries
+            return
+        first = next(entries, None)
+        if first is None:
+            return
+        self.plan.hit("storage.walk_folder")
+        yield first
+        yield from entries
+
     def open_resumable_write(self, key: str, token: int) -> PendingWrite:
         pending = self.inner.open_resumable_write(key, token)
         log_path = os.environ.get(WRITE_LOG_ENV)
@@ -228,6 +246,12 @@ class FaultPlan(Hooks):
                 raise RuntimeError(f"test fault at {point}")
             elif action == "db_error":
                 raise TransientDatabaseError(f"test fault at {point}: database unavailable")
+            elif action == "rename":
+                source, to = Path(hook["path"]), Path(hook["to"])
+                if source.exists() and not to.exists():
+                    source.rename(to)
+                if hook.get("marker"):
+                    Path(hook["marker"]).write_text(str(os.getpid()))
             elif action in ("append", "rewrite", "remove"):
                 target = Path(hook["path"])
                 if action == "append":

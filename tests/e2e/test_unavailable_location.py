@@ -294,3 +294,34 @@ def test_copies_recorded_missing_whose_bytes_are_back_are_recognised_not_rewritt
         assert db.execute("SELECT count(*) FROM physical_copies c JOIN data_locations l ON l.id = c.location_id "
                           "WHERE l.name = 'cologne-lta'").fetchone()[0] == 2  # no second copy recorded
     assert p.snapshot("cologne-lta") == before  # same inodes, same bytes: nothing rewritten
+
+
+def test_a_source_root_taken_away_while_a_package_looks_at_its_files_loses_none_of_them(pipeline, tmp_path: Path) -> None:
+    # the root goes while the package stage lists its files (after the walk found the root and
+    # the folder, before it looked at the files): every file looks gone, but the location is
+    # what is missing; the package waits for it, no file is taken out of it
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=2, size=1000)
+    p.init()
+    expected = source_files(p.source)
+    away, armed, marker = tmp_path / "source-unmounted", tmp_path / "packaging", tmp_path / "renamed"
+    faults = [{"point": "raw_data_package.sources", "action": "pause", "seconds": 0, "marker": str(armed)},
+              {"point": "storage.walk_folder", "action": "rename", "path": str(p.source), "to": str(away),
+               "if_exists": str(armed), "marker": str(marker), "unless_exists": str(marker)}]
+    r = p.cli("run", "--until-idle", "--quiet", env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
+    assert marker.exists() and not p.source.exists()
+    assert r.returncode == 4, r.stderr[-4000:]
+    status = p.status()
+    assert status["skipped"] == [] and status["failed_operations"] == [], status
+    assert set(_blocked(p)) == {"fyst-source"}, status["blocked"]
+    with _db(p) as db:
+        assert db.execute("SELECT count(*) FROM withdrawn_files").fetchone()[0] == 0
+        assert db.execute("SELECT count(*) FROM notification_outbox WHERE event = 'source_files_vanished'"
+                          ).fetchone()[0] == 0
+
+    os.rename(away, p.source)
+    p.run(expect=0)
+    assert_archived_everywhere(p, expected)
+    status = p.status()
+    assert status["skipped"] == [] and status["blocked"] == []
+    assert status["packages"]["archived"] == status["packages"]["total"] == 2

@@ -138,6 +138,22 @@ def stale_files(src: StorageBackend, files: list[Any]) -> list[tuple[str, str, s
     return out
 
 
+def _source_available(work: Work) -> None:
+    """Before a missing source file is taken for gone: is the source location there at all?
+    An unmounted or renamed root (or its identity marker missing) makes every file look gone;
+    the package must then wait for the location (deferred, DESIGN.md "storage that is absent is
+    not empty"), not lose its files to ``withdrawn_files``.
+
+    Raises:
+        LocationUnavailableError: the source location's root or marker is missing.
+    """
+    from ..availability import look
+
+    err = look(work.ctx, work.ctx.location_name(work.op.source_location_id))
+    if err is not None:
+        raise err
+
+
 def withdraw(work: Work, pkg_id: int, stale: list[tuple[str, str, str]]) -> None:
     """Take the ``stale`` files (``[(path, cause, reason)]``) out of package ``pkg_id``, which is
     not built yet: their registrations move to ``withdrawn_files``, the package's file count and
@@ -247,11 +263,15 @@ def run(work: Work) -> Recorder:
         built = pkg.sha256 is not None  # a rebuild (convergence): exactly the recorded bytes, or nothing
         stale = [] if built else stale_files(src, files)
         if stale:
+            if any(cause == VANISHED for _, cause, _ in stale):
+                _source_available(work)
             withdraw(work, pkg_id, stale)
             continue
         try:
             size, sha = _build(work, pkg, files, src, dst, key)
         except (SourceChangedError, SourceMissingError) as e:
+            if isinstance(e, SourceMissingError):
+                _source_available(work)
             registered = {f.relative_path for f in files}
             if built or e.path not in registered:
                 raise

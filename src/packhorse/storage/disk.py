@@ -745,6 +745,7 @@ class DiskBackend(StorageBackend):
             try:
                 st = os.stat(folder, follow_symlinks=False)
             except (FileNotFoundError, NotADirectoryError):
+                self._check_root()  # the root went away since it was looked at: absent, not empty
                 return
             if not S_ISDIR(st.st_mode):
                 raise UnsafePathError(f"{self.location}: {prefix!r} is not a folder", path=prefix, host=self.location)
