@@ -84,10 +84,28 @@ class Claim:
 
 
 def worker_identity(suffix: str = "") -> str:
-    """``host:pid[:suffix]`` — who holds a lease."""
+    """``host:pid[:suffix]`` — who holds a lease. The embedded runner's leases name the
+    runner's own pid (``host:pid:<thread>``), whichever of its worker processes runs the
+    operation; a Celery pool child's name the child (``host:pid:celery-<task id>``,
+    :data:`CELERY_OWNER_TAG`)."""
     import os
 
     return f"{socket.gethostname()}:{os.getpid()}" + (f":{suffix}" if suffix else "")
+
+
+#: What marks the lease owner of a Celery pool child (its pid is the child's, not its service's).
+CELERY_OWNER_TAG = "celery-"
+
+
+def runner_of(owner: str | None) -> tuple[str, int] | None:
+    """``(host, pid)`` of the embedded runner an operation's lease owner names
+    (:func:`worker_identity`), or ``None`` for any other owner: a Celery pool child, a claim by
+    hand, an owner of another form. The runner's death ends every lease it holds at once (its
+    worker processes go with it); a worker process of a live runner dying does not change it."""
+    parts = (owner or "").split(":")
+    if len(parts) < 2 or not parts[1].isdigit() or any(p.startswith(CELERY_OWNER_TAG) for p in parts[2:]):
+        return None
+    return parts[0], int(parts[1])
 
 
 def create_operation(

@@ -213,3 +213,47 @@ def test_the_cool_down_doubles_with_each_failed_attempt_up_to_the_timeout(trips:
 def test_a_cool_down_longer_than_the_timeout_is_kept() -> None:
     rec = settings(circuit_breaker_cooldown_seconds=7200, circuit_breaker_timeout_seconds=3600).recovery
     assert rec.breaker_cooldown_seconds(1) == rec.breaker_cooldown_seconds(5) == 7200
+
+
+
+def _no_such_pid() -> int:
+    """A pid no process can have: above the kernel's ``pid_max``."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        return int(f.read()) + 1
+
+
+def stall_held_by(db: Database, op_id: int, owner: str) -> None:
+    """The operation is claimed by ``owner`` and its lease expires unrenewed."""
+    assert claim(db, op_id, owner, 30) is not None
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+
+
+def test_stalls_of_a_runner_that_is_gone_open_no_breaker_but_a_live_runners_workers_do(db: Database) -> None:
+    # `packhorse run` killed five times in the middle of one transfer (a crash loop, reboots):
+    # the operation is not the suspect, so it is recovered each time and never held
+    import os
+    import socket
+
+    s = settings()
+    host = socket.gethostname()
+    restarted = new_op(db, "restarted")
+    for _ in range(5):
+        stall_held_by(db, restarted, f"{host}:{_no_such_pid()}:ThreadPoolExecutor-0_1")
+        report = check_stalled(db, s)
+        assert report.reset == [restarted] and report.blocked == []
+    row = op_row(db, restarted)
+    assert row.status == "PENDING" and row.retry_count == 0
+    assert [b for b in db.read(breakers.list_breakers) if b["operation_id"] == restarted
+            and b["state"] != "closed"] == []
+
+    # a worker process dying under a runner that lives (this process), a Celery pool child and a
+    # runner on another host are counted: three stalls open the breaker
+    for name, owner in (("worker", f"{host}:{os.getpid()}:ThreadPoolExecutor-0_1"),
+                        ("celery", f"{host}:{_no_such_pid()}:celery-1a2b3c4d"),
+                        ("elsewhere", f"not-{host}:{_no_such_pid()}:ThreadPoolExecutor-0_1")):
+        op_id = new_op(db, name)
+        for _ in range(3):
+            stall_held_by(db, op_id, owner)
+            check_stalled(db, s)
+        assert breaker(db, op_id)["state"] == "open", name

@@ -62,7 +62,7 @@ from ..db.models import Operation, utcnow
 from ..db.session import Database
 from ..domain import LocationRole, OperationKind, Status, StorageType
 from ..errors import ConfigError, TransientDatabaseError
-from ..operations import fenced
+from ..operations import CELERY_OWNER_TAG, fenced
 from ..stages import STAGES
 from ..topology import load_topology
 from ..worker import execute_operation
@@ -206,7 +206,7 @@ def process_context(settings: Settings) -> ProcessContext:
 
 
 def _owner(task_id: str | None) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:celery-{(task_id or '-')[:8]}"
+    return f"{socket.gethostname()}:{os.getpid()}:{CELERY_OWNER_TAG}{(task_id or '-')[:8]}"
 
 
 def _retry_later(task: Any, exc: BaseException) -> Any:

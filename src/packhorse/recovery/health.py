@@ -121,7 +121,8 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
     return db.transact(tx)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (``kill(pid, 0)``; a process of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -223,7 +224,7 @@ class HeartbeatThread:
                                         forget_after_seconds=self.forget_after_seconds,
                                         now=self._clock() if self._clock else None)
             if (previous is not None and previous[0] == host and previous[1] != os.getpid()
-                    and _process_alive(previous[1]) and not self._warned_duplicate):
+                    and process_alive(previous[1]) and not self._warned_duplicate):
                 # not a restart: two live processes share one identity and take the row from
                 # each other at every heartbeat
                 self._warned_duplicate = True

@@ -5,7 +5,9 @@ One cycle (:func:`check_stalled`):
 1. let one attempt through every open circuit breaker whose cool-down passed (half-open:
    the held operation is reset to ``PENDING``; INFO notification each);
 2. for every ``IN_PROGRESS`` operation whose lease expired (a *stalled* operation): append a
-   ``Stalled`` failure event and count the stall on its breaker — once per attempt;
+   ``Stalled`` failure event and count the stall on its breaker — once per attempt, and not
+   when the attempt's embedded runner is gone with it (:func:`died_with_its_runner`: the whole
+   service was stopped, not the operation's fault);
 3. if the breaker is open (``max_stall_count`` stalls, or the attempt let through after a
    cool-down stalled): leave the operation for the cool-down and queue one ERROR notification
    per cooldown window; otherwise run the recovery handler registered for the
@@ -26,6 +28,7 @@ is counted, recorded and notified once.
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -39,8 +42,9 @@ from ..db.models import FailureEvent, Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
 from ..domain import BreakerState, NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
-from ..operations import fenced
+from ..operations import fenced, runner_of
 from . import breakers
+from .health import process_alive
 
 if TYPE_CHECKING:
     from .reconciler import BrokerWatch
@@ -105,6 +109,17 @@ def _stall_event(op: Operation, now: dt.datetime) -> FailureEvent:
                         created_at=now)
 
 
+def died_with_its_runner(owner: str | None) -> bool:
+    """Whether a stalled attempt's lease holder was an embedded runner of this host that is gone
+    (:func:`~packhorse.operations.runner_of`; its pid no longer runs): the whole service stopped
+    (killed, a host reboot, a crash loop), so the operation is not a suspect and no stall is
+    counted on its circuit breaker. A worker process dying under a live runner, a Celery pool
+    child, a holder on another host or a pid now reused count as before (DESIGN.md "Circuit
+    breaker": the breaker holds an operation that keeps killing or hanging its worker)."""
+    held = runner_of(owner)
+    return held is not None and held[0] == socket.gethostname() and not process_alive(held[1])
+
+
 def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport) -> None:
     rec = settings.recovery
 
@@ -122,8 +137,9 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         b = breakers.get_breaker(s, op.kind, op.id)
         if b is None or b.last_stall_attempt != op.attempt:
             s.add(_stall_event(op, now))
-            b = breakers.count_stall(s, op, rec, now)
-        if b.state == BreakerState.OPEN.value:
+            if not died_with_its_runner(op.lease_owner):
+                b = breakers.count_stall(s, op, rec, now)
+        if b is not None and b.state == BreakerState.OPEN.value:
             breakers.notify_open(s, b, op, rec, now)
             return "blocked"
         handler = RECOVERY_HANDLERS.get(OperationKind(op.kind))
@@ -137,11 +153,13 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
                     context={"operation_kind": op.kind, "operation_id": op.id}, operation_kind=op.kind,
                     operation_id=op.id, cooldown_seconds=rec.notification_cooldown_seconds, now=now)
             return "unhandled"
-        context = {**breakers.jsonable(breakers.breaker_row(b)), "attempt": op.attempt,
+        context = {**(breakers.jsonable(breakers.breaker_row(b)) if b is not None else {}), "attempt": op.attempt,
                    "lease_owner": op.lease_owner}
+        counted = (f"Stall count: {b.stall_count} of {rec.max_stall_count} before the circuit breaker opens."
+                   if b is not None else "Its runner is gone (the whole service stopped): no stall is counted "
+                   "against the operation.")
         body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} stopped renewing "
-                f"its lease.\nStall count: {b.stall_count} of {rec.max_stall_count} before the circuit "
-                "breaker opens.\nThe operation was reset to PENDING and will be dispatched again.")
+                f"its lease.\n{counted}\nThe operation was reset to PENDING and will be dispatched again.")
         kind, oid = op.kind, op.id
         handler(s, op, now)
         enqueue(s, level=NotificationLevel.WARNING, event="stalled_recovered",
