@@ -85,9 +85,9 @@ class Claim:
 
 def worker_identity(suffix: str = "") -> str:
     """``host:pid[:suffix]`` — who holds a lease. The embedded runner's leases name the
-    runner's own pid (``host:pid:<thread>``), whichever of its worker processes runs the
-    operation; a Celery pool child's name the child (``host:pid:celery-<task id>``,
-    :data:`CELERY_OWNER_TAG`)."""
+    runner's own pid (``host:pid:<thread>``, or ``host:<runner pid>:worker-<pid>:<thread>`` from
+    one of its worker processes, :func:`runner_worker_identity`); a Celery pool child's name
+    the child (``host:pid:celery-<task id>``, :data:`CELERY_OWNER_TAG`)."""
     import os
 
     return f"{socket.gethostname()}:{os.getpid()}" + (f":{suffix}" if suffix else "")
@@ -95,6 +95,15 @@ def worker_identity(suffix: str = "") -> str:
 
 #: What marks the lease owner of a Celery pool child (its pid is the child's, not its service's).
 CELERY_OWNER_TAG = "celery-"
+
+
+def runner_worker_identity(runner_pid: int) -> str:
+    """``host:<runner pid>:worker-<pid>`` — a worker process of the embedded runner
+    ``runner_pid``, as its leases name it: the runner first (:func:`runner_of`), then the
+    worker process itself."""
+    import os
+
+    return f"{socket.gethostname()}:{runner_pid}:worker-{os.getpid()}"
 
 
 def runner_of(owner: str | None) -> tuple[str, int] | None:

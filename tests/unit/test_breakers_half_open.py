@@ -238,8 +238,9 @@ def test_stalls_of_a_runner_that_is_gone_open_no_breaker_but_a_live_runners_work
     s = settings()
     host = socket.gethostname()
     restarted = new_op(db, "restarted")
-    for _ in range(5):
-        stall_held_by(db, restarted, f"{host}:{_no_such_pid()}:ThreadPoolExecutor-0_1")
+    for k in range(5):  # held by the runner's thread, or by one of its worker processes
+        holder = "ThreadPoolExecutor-0_1" if k % 2 else f"worker-{_no_such_pid()}:MainThread"
+        stall_held_by(db, restarted, f"{host}:{_no_such_pid()}:{holder}")
         report = check_stalled(db, s)
         assert report.reset == [restarted] and report.blocked == []
     row = op_row(db, restarted)
@@ -247,9 +248,10 @@ def test_stalls_of_a_runner_that_is_gone_open_no_breaker_but_a_live_runners_work
     assert [b for b in db.read(breakers.list_breakers) if b["operation_id"] == restarted
             and b["state"] != "closed"] == []
 
-    # a worker process dying under a runner that lives (this process), a Celery pool child and a
-    # runner on another host are counted: three stalls open the breaker
-    for name, owner in (("worker", f"{host}:{os.getpid()}:ThreadPoolExecutor-0_1"),
+    # a worker process dying under a runner that lives (this process), a hung thread of it, a
+    # Celery pool child and a runner on another host are counted: three stalls open the breaker
+    for name, owner in (("worker", f"{host}:{os.getpid()}:worker-{_no_such_pid()}:MainThread"),
+                        ("thread", f"{host}:{os.getpid()}:ThreadPoolExecutor-0_1"),
                         ("celery", f"{host}:{_no_such_pid()}:celery-1a2b3c4d"),
                         ("elsewhere", f"not-{host}:{_no_such_pid()}:ThreadPoolExecutor-0_1")):
         op_id = new_op(db, name)

@@ -52,7 +52,7 @@ from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers import packages as packages_manager
 from ..managers.deletions import waiting_on_rule
 from ..managers.scan import ScanCache, ScanResult, scan_all
-from ..operations import worker_identity
+from ..operations import runner_worker_identity, worker_identity
 from .. import pipeline
 from ..recovery.loop import ErrorCounter
 from ..runtime_settings import RuntimeSettings
@@ -112,9 +112,10 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     DESIGN.md "Architecture"), the parent's logging, death with the parent (:func:`_die_with`).
     SIGINT and SIGTERM (Ctrl-C on a terminal, systemd stopping the unit's whole cgroup) are
     left to the parent, which lets running operations finish and then ends the pool."""
-    global _process_ctx
+    global _process_ctx, _runner_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _runner_pid = parent_pid
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
     _process_ctx = ProcessContext(settings=settings, db=Database(settings.database_url), topology=topology)
@@ -124,6 +125,8 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
 
 #: runtime settings of a worker process (a changed log_level applies here too)
 _process_runtime: RuntimeSettings | None = None
+#: the pid of the runner a worker process serves: its leases name it (operations.worker_identity)
+_runner_pid: int | None = None
 
 
 def _start_forkserver() -> None:
@@ -166,7 +169,9 @@ def _run_in_worker_process(task: tuple[tuple[int, int], ...]) -> list[Outcome]:
     assert _process_ctx is not None, "worker process not initialized"
     if _process_runtime is not None:
         _process_runtime.refresh()  # reads the table at most every refresh interval
-    return _run_task_in(_process_ctx, task, f"{worker_identity()}:{threading.current_thread().name}")
+    assert _runner_pid is not None
+    owner = f"{runner_worker_identity(_runner_pid)}:{threading.current_thread().name}"
+    return _run_task_in(_process_ctx, task, owner)
 
 
 class LocalRunner:
