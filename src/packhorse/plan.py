@@ -1,15 +1,20 @@
 """What ``packhorse run`` would do now, found without doing any of it (``run --dry-run``).
 
-Read-only: source locations are listed (not hashed), the ops database is only read, and when
-it does not exist yet it is not created (every settled file is then new). Nothing is written
-to any data location, no file is registered, no operation is created. The plan is what the
-next run would start with, in pipeline order:
+Read-only: source locations are listed, the ops database is only read, and when it does not
+exist yet it is not created (every settled file is then new). A registered file whose size or
+mtime differs now is decided as the scan decides it
+(:func:`~packhorse.managers.scan.look_at_change`: hashed, read only, when its size is the
+same), so a ``touch`` is no new version here either. Nothing is written to any data location,
+no file is registered, no operation is created. The plan is what the next run would start
+with, in pipeline order:
 
 * ``register``: per source location, the settled files not registered yet that its
-  ``include`` / ``exclude`` patterns accept; files still settling; paths that would be skipped.
+  ``include`` / ``exclude`` patterns accept, and the registered ones the scan would register
+  again (not packaged yet and modified: in place; packaged and new bytes: a new ``version``);
+  files still settling; paths that would be skipped.
 * ``package``: the raw data packages those files and the registered, unpackaged ones would
-  form (one per group, split at ``packaging.max_package_bytes``; names as the package manager
-  gives them unless taken).
+  form (one per group and version, split at ``packaging.max_package_bytes``; names as the
+  package manager gives them: :func:`~packhorse.managers.packages.plan_group`).
 * ``ship`` / ``archive``: per package, the destination sites' buffers and the long-term
   archives it would be written to (new packages, and registered ones not archived yet).
 * ``delete``: buffer copies of archived packages that no deletion has been created for yet,
@@ -31,14 +36,16 @@ from sqlalchemy.orm import Session
 from .config import Settings
 from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from .domain import CopyStatus, LocationRole, StorageType
-from .managers.packages import ROOT_GROUP_NAME, _split, names_taken
-from .managers.scan import group_of, list_source
+from .managers.packages import _name_for, names_taken, package_base, plan_group
+from .managers.scan import Change, group_of, list_source, look_at_change, plan_changes
+from .storage.registry import backend_for
 
 
 @dataclass
 class _File:
     relative_path: str
     size: int
+    version: int = 1
 
 
 def _registered(session: Session, location: str) -> dict[str, tuple[int, int]]:
@@ -48,11 +55,15 @@ def _registered(session: Session, location: str) -> dict[str, tuple[int, int]]:
     return {r.relative_path: (r.size, r.mtime_ns) for r in session.execute(q)}
 
 
-def _unpackaged(session: Session, location: str) -> list[tuple[str, str, int]]:
-    q = (select(RawDataFile.relative_path, RawDataFile.group_path, RawDataFile.size)
+def _unpackaged(session: Session, location: str) -> list[tuple[str, str, int, int]]:
+    q = (select(RawDataFile.relative_path, RawDataFile.group_path, RawDataFile.size, RawDataFile.version)
          .join(DataLocation, DataLocation.id == RawDataFile.location_id)
          .where(DataLocation.name == location, RawDataFile.raw_data_package_id.is_(None)))
-    return [(r.relative_path, r.group_path, r.size) for r in session.execute(q)]
+    return [(r.relative_path, r.group_path, r.size, r.version) for r in session.execute(q)]
+
+
+def _location_id(session: Session, location: str) -> int | None:
+    return session.scalar(select(DataLocation.id).where(DataLocation.name == location))
 
 
 def _destinations(settings: Settings, site: str) -> dict[str, Any]:
@@ -83,43 +94,58 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
     t = time.time() if now is None else now
     p = settings.packaging
     register, packages = [], []
+    taken: dict[str, set[str]] = {}  # package names in use, by base name (package_base)
     for loc in settings.locations:
         if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
             continue
-        found, skipped, _seen, _full = list_source(settings, loc.name)
+        backend = backend_for(settings, loc.name)
+        found, skipped, _seen, _full = list_source(settings, loc.name, backend=backend)
         known = db.read(lambda s: _registered(s, loc.name)) if db is not None else {}
-        new: list[tuple[str, int]] = []
+        differs = [path for path, st_ in found
+                   if (k := known.get(path)) is not None and k != (st_.size, st_.mtime_ns)]
+        loc_id = db.read(lambda s: _location_id(s, loc.name)) if db is not None and differs else None
+        changes = plan_changes(db, loc_id, differs) if loc_id is not None else {}
+        new: list[_File] = []
         settling = 0
         for path, st_ in found:
-            before = known.get(path)
-            if before is not None:
-                if before != (st_.size, st_.mtime_ns):
-                    # registered again (a new version once its package is built): counted as new
-                    new.append((path, st_.size))
-                continue
+            change: Change | None = None
+            if path in known:
+                change = changes.get(path)
+                if change is None:
+                    continue  # unchanged (or registered again since it was listed)
             if t - st_.mtime_ns / 1e9 < p.settle_seconds:
                 settling += 1
-            else:
-                new.append((path, st_.size))
-        register.append({"location": loc.name, "files": len(new), "bytes": sum(s for _, s in new),
+                continue
+            if change is not None and change.action != "update":
+                # packaged: a new version, or (package not built yet) taken out by the package
+                # stage and registered again, only for new bytes; the scan's own decision
+                state, reason = look_at_change(backend, path, st_, change)
+                if state == "same":
+                    continue  # a touch
+                if state == "changed":
+                    settling += 1
+                    continue
+                if state == "error":
+                    skipped.append((path, str(reason)))
+                    continue
+            new.append(_File(path, st_.size, 1 if change is None else change.version))
+        register.append({"location": loc.name, "files": len(new), "bytes": sum(f.size for f in new),
                          "settling": settling, "skipped": [{"path": a, "reason": b} for a, b in skipped]})
-        groups: dict[str, list[_File]] = {}
-        for path, size in new:
-            groups.setdefault(group_of(path, p.group_depth), []).append(_File(path, size))
+        # keyed by (path, version): a registration the scan updates in place is packaged once
+        groups: dict[str, dict[tuple[str, int], _File]] = {}
         if db is not None:
-            for path, group, size in db.read(lambda s: _unpackaged(s, loc.name)):
-                groups.setdefault(group, []).append(_File(path, size))
+            for path, group, size, version in db.read(lambda s: _unpackaged(s, loc.name)):
+                groups.setdefault(group, {})[(path, version)] = _File(path, size, version)
+        for f in new:
+            groups.setdefault(group_of(f.relative_path, p.group_depth), {})[(f.relative_path, f.version)] = f
         dest = _destinations(settings, loc.site)
-        taken: set[str] = set()
         for group in sorted(groups):
-            base = group or ROOT_GROUP_NAME
-            if db is not None:
-                taken |= db.read(lambda s: names_taken(s, base))
-            for part in _split(groups[group], p.max_package_bytes):
-                name, n = base, 2
-                while name in taken:
-                    name, n = f"{base}+{n}", n + 1
-                taken.add(name)
+            for version, part in plan_group(list(groups[group].values()), p.max_package_bytes):
+                base = package_base(group, version)
+                if base not in taken:
+                    taken[base] = db.read(lambda s: names_taken(s, base)) if db is not None else set()
+                name = _name_for(group, taken[base], version)
+                taken[base].add(name)
                 packages.append({"name": name, "location": loc.name, "files": len(part),
                                  "bytes": sum(f.size for f in part), **dest})
     cont = db.read(lambda s: _not_archived(s, settings)) if db is not None else []

@@ -136,6 +136,48 @@ def test_a_file_modified_after_archiving_is_archived_as_a_second_version_and_the
     assert len(_locate(p, "cam/obs1/b.dat")["versions"]) == 2
 
 
+def _dry_run(p) -> dict:
+    r = p.cli("run", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_dry_run_predicts_no_new_version_for_a_touched_file_and_one_for_new_bytes(pipeline):
+    # the dry run decides as the scan does: a registered file whose mtime differs is hashed
+    # (read-only) and is a new version only if its bytes differ from its registration
+    p = pipeline(settle_seconds=0)
+    _unit(p.source)
+    p.init()
+    p.run()
+    assert _dry_run(p)["totals"]["files"] == 0
+
+    os.utime(p.source / "cam/obs1/b.dat", (OLD + 100, OLD + 100))  # a touch: same bytes, new mtime
+    for _ in range(2):  # before the real run and after it (which registers nothing)
+        plan = _dry_run(p)
+        assert plan["register"] == [{"location": "fyst-source", "files": 0, "bytes": 0, "settling": 0,
+                                     "skipped": []}], plan["register"]
+        assert plan["package"] == [] and plan["totals"]["packages"] == 0, plan["package"]
+        assert plan["totals"]["archive_copies"] == 0 and plan["totals"]["shipments"] == 0, plan["totals"]
+        p.run()
+        assert p.status()["packages"]["total"] == 1
+        assert len(_locate(p, "cam/obs1/b.dat")["versions"]) == 1
+    text = p.cli("run", "--dry-run")
+    assert text.returncode == 0 and "would register fyst-source: 0 file(s)" in text.stdout, text.stdout
+    assert "to register, 0 package(s)" in text.stdout and " 0 archive copies" in text.stdout, text.stdout
+
+    # new bytes of the same size (only the hash can tell): version 2 is predicted, and made
+    write(p.source, "cam/obs1/b.dat", b"B" * 2000, mtime=OLD + 200)
+    plan = _dry_run(p)
+    assert plan["register"][0]["files"] == 1 and plan["register"][0]["bytes"] == 2000, plan["register"]
+    assert [(x["name"], x["files"], x["bytes"]) for x in plan["package"]] == [("cam/obs1+v2", 1, 2000)]
+    assert plan["totals"]["archive_copies"] == len(LTAS), plan["totals"]
+    p.run()
+    assert p.status()["packages"]["total"] == 2
+    assert [v["version"] for v in _locate(p, "cam/obs1/b.dat")["versions"]] == [1, 2]
+    plan = _dry_run(p)
+    assert plan["totals"]["files"] == 0 and plan["package"] == [], plan
+
+
 def test_a_file_gone_before_packaging_is_recorded_with_a_reason_and_a_notification(pipeline, tmp_path):
     p = pipeline(settle_seconds=0)
     _unit(p.source)

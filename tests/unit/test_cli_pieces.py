@@ -135,6 +135,53 @@ def test_progress_text_never_passes_100_percent_and_gives_an_eta():
     assert describe(over, 5.0).startswith("archived 12/12") and "ETA" not in describe(over, 5.0)
 
 
+def test_the_plan_decides_modified_registrations_as_the_scan_does(tmp_path):
+    # a registration in a package not built yet ("wait") touched: nothing; with new bytes of the
+    # same size: registered again into a package of its own; an unpackaged registration
+    # modified ("update"): registered again in place and packaged once, not twice
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packhorse.availability import mark_locations
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.session import Database
+    from packhorse.managers import packages
+    from packhorse.managers.scan import scan_all
+    from packhorse.plan import plan_run
+    from packhorse.topology import sync_topology
+    from support import write_settled, write_site_config
+
+    settings = load_config(write_site_config(tmp_path / "site", settle_seconds=30))
+    db = Database.from_settings(settings)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)
+    src = settings.location_path("fyst-source")
+    write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    assert packages.manage(ctx, {}) == 1  # inst/obs1: planned, not built
+    write_settled(src / "inst" / "obs2" / "b.fits", b"b" * 200)
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)  # inst/obs2 registered, not packaged
+
+    later = time.time() - 45  # settled still (settle_seconds = 30), another mtime
+    os.utime(src / "inst" / "obs1" / "a.fits", (later, later))  # a touch
+    (src / "inst" / "obs2" / "b.fits").write_bytes(b"B" * 200)
+    os.utime(src / "inst" / "obs2" / "b.fits", (later, later))
+    plan = plan_run(settings, db)
+    assert (plan["register"][0]["files"], plan["register"][0]["bytes"]) == (1, 200), plan["register"]
+    assert [(x["name"], x["files"], x["bytes"]) for x in plan["package"]] == [("inst/obs2", 1, 200)]
+
+    (src / "inst" / "obs1" / "a.fits").write_bytes(b"A" * 100)  # new bytes, same size and mtime as the touch
+    os.utime(src / "inst" / "obs1" / "a.fits", (later, later))
+    plan = plan_run(settings, db)
+    assert plan["register"][0]["files"] == 2, plan["register"]
+    assert [(x["name"], x["files"]) for x in plan["package"]] == [("inst/obs1+2", 1), ("inst/obs2", 1)]
+
+
 def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path

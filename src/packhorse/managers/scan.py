@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session
 from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import RawDataFile, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
-from ..db.session import insert_ignoring_conflicts
+from ..db.session import Database, insert_ignoring_conflicts
 from ..digest import sha256_stream
 from ..domain import LocationRole, StorageType
 from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
@@ -315,9 +315,10 @@ class Change:
     old: tuple[int, int, str]
 
 
-def plan_changes(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str, Change]:
+def plan_changes(db: Database, loc_id: int, paths: list[str]) -> dict[str, Change]:
     """The :class:`Change` for each of ``paths`` (registered at location ``loc_id``, their size or
-    mtime differs now), from the latest version of each and the state of its package."""
+    mtime differs now), from the latest version of each and the state of its package. Only
+    reads ``db`` (the scan and ``run --dry-run`` both ask it)."""
     q = (select(RawDataFile.id, RawDataFile.relative_path, RawDataFile.version, RawDataFile.size,
                 RawDataFile.mtime_ns, RawDataFile.sha256, RawDataFile.raw_data_package_id,
                 RawDataPackage.sha256.label("package_sha256"))
@@ -341,7 +342,34 @@ def plan_changes(ctx: ProcessContext, loc_id: int, paths: list[str]) -> dict[str
                 out[path] = Change("version", r.id, r.version + 1, old)
         return out
 
-    return ctx.db.read(tx) if paths else {}
+    return db.read(tx) if paths else {}
+
+
+def is_new_content(change: Change, sha256: str) -> bool:
+    """Whether a registered file whose size or mtime differs now (``change``) holds new bytes:
+    its ``sha256`` (hex, of the bytes now) is not the one registered. The same bytes with a new
+    mtime (a ``touch``) are not new content: no new version, nothing to package (README
+    "Versions"). The one rule for it: the scan applies it to what it hashed, ``run --dry-run``
+    through :func:`look_at_change`."""
+    return sha256 != change.old[2]
+
+
+def look_at_change(backend: StorageBackend, path: str, entry: Entry, change: Change) -> tuple[str, str | None]:
+    """Whether registered file ``path``, whose size or mtime differs now (``entry``: as listed;
+    ``change``: from :func:`plan_changes`), holds new bytes, found as the scan finds it: a
+    different size is new content; otherwise the file is hashed through ``backend``, read only
+    (confined, ``O_NOFOLLOW``; I6), and :func:`is_new_content` decides.
+
+    Returns ``("new", None)``, ``("same", None)`` (a touch), ``("changed", None)`` (it changed
+    while hashed, or is gone: the scan leaves it for a later cycle) or ``("error", reason)``
+    (unreadable: the scan skips it with that reason)."""
+    if entry.size != change.old[0]:
+        return "new", None  # other bytes whatever they are (the scan hashes them to register them)
+    state, value = _hash(backend, path, entry)
+    if state != "ok":
+        return state, value
+    assert value is not None
+    return ("new" if is_new_content(change, value) else "same"), None
 
 
 def withdrawn_paths(ctx: ProcessContext, loc_id: int) -> set[str]:
@@ -419,7 +447,7 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
                 rows.append(row)
             elif change.action == "update":
                 updates.append((change, row))
-            elif value != change.old[2]:  # "version": new bytes (the same bytes again: nothing to do)
+            elif is_new_content(change, value):  # "version": new bytes (a touch: nothing to do)
                 rows.append(dict(row, version=change.version))
         elif state == "changed":
             look_again(path)
@@ -478,7 +506,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     todo: list[tuple[str, Entry]] = []
     differs = [(path, s) for path, s in found
                if (known := registered.get(path)) is not None and known != (s.size, s.mtime_ns)]
-    changes = plan_changes(ctx, loc_id, [p for p, _ in differs])
+    changes = plan_changes(ctx.db, loc_id, [p for p, _ in differs])
     for path, s in found:
         known = registered.get(path)
         if known is not None:
