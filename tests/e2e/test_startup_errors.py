@@ -56,6 +56,20 @@ def test_demo_with_a_missing_source_creates_nothing(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--source:" in r.stderr and "is not a folder" in r.stderr, r.stderr
     assert not workdir.exists()  # found by a new-user trial: an empty folder was left behind
 
+
+def test_demo_refuses_a_source_marked_by_another_installation_with_exit_2(tmp_path: Path) -> None:
+    # a folder another installation archives carries that installation's identity marker:
+    # the demo must neither re-mark it nor fail like a crash (exit 1); it is a setup error
+    cfg = write_site_config(tmp_path / "other")
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace('"fyst-source"', '"telescope-raw"'), encoding="utf-8")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    source = cfg.parent / "source"
+    marker = (source / "_packhorse" / "location.json").read_bytes()
+    r = run_packhorse("demo", "--source", str(source), "--workdir", str(tmp_path / "demo"), "--quiet")
+    assert r.returncode == 2, r.stderr
+    assert "already marked as location" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (source / "_packhorse" / "location.json").read_bytes() == marker  # left as it was
+
 def test_worker_and_manager_refuse_a_wrong_setup_with_exit_2(tmp_path: Path) -> None:
     cfg = write_site_config(tmp_path)
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0

@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -46,6 +46,19 @@ from .common import (
 )
 
 
+def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
+    """:func:`~packhorse.availability.mark_locations` for ``init`` and ``demo``: a root that is
+    missing, marked as another location or refused by its store exits 2 (``EXIT_CONFIG``)
+    naming it, as any other setup error."""
+    from ..availability import mark_locations
+    from ..errors import StorageServiceError
+
+    try:
+        return mark_locations(ctx, **kwargs)
+    except (ConfigError, StorageServiceError, OSError) as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+
+
 @app.command()
 def version() -> None:
     """Print the packhorse version."""
@@ -72,8 +85,6 @@ def init(config: ConfigOpt = None,
     names it. ``--site`` marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
     from .. import logs
-    from ..availability import mark_locations
-    from ..errors import StorageServiceError
 
     logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
     s = settings(config)
@@ -86,10 +97,7 @@ def init(config: ConfigOpt = None,
     print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
-    try:
-        marked = mark_locations(ctx, replace=replace or (), sites=site or None)
-    except (ConfigError, StorageServiceError, OSError) as e:
-        raise fail(str(e), EXIT_CONFIG) from None
+    marked = _mark(ctx, replace=replace or (), sites=site or None)
     from ..availability import root_of
 
     for m in marked:
@@ -470,10 +478,9 @@ def demo(
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
     from .. import logs
-    from ..availability import mark_locations
 
     logs.configure(log_level("WARNING"))  # the run below sets its own level
-    mark_locations(ctx)
+    _mark(ctx)
     elapsed, signum = _run(ctx, until_idle=True, quiet=quiet, label="packhorse demo")
     code = exit_code_after_run(ctx, quiet=quiet)
     if signum is not None:
