@@ -479,6 +479,8 @@ class Settings(_Section):
     hooks: HooksConfig = HooksConfig()
     #: The folder relative paths were resolved against (not a TOML key).
     base_dir: Path = Field(default=Path("."), exclude=True)
+    #: The file the settings were read from, as error messages name it (not a TOML key).
+    config_file: str = Field(default="<config>", exclude=True)
 
     # -- lookups -----------------------------------------------------------------------
     def location(self, name: str) -> LocationConfig:
@@ -694,10 +696,11 @@ def settings_from_dict(
         if section in merged and not isinstance(merged[section], dict):
             continue
         _deep_update(merged.setdefault(section, {}), values)
-    if "base_dir" in merged:
-        raise ConfigError(f"{source}: base_dir: unknown key")
+    for internal in ("base_dir", "config_file"):
+        if internal in merged:
+            raise ConfigError(f"{source}: {internal}: unknown key")
     try:
-        return Settings(**merged, base_dir=Path(os.path.abspath(base_dir)))
+        return Settings(**merged, base_dir=Path(os.path.abspath(base_dir)), config_file=source)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(source, exc, merged)) from None
     except TypeError as exc:  # e.g. a table where a list was expected

@@ -57,7 +57,8 @@ def test_a_configuration_without_routes_is_refused_naming_the_key(tmp_path):
     for args in (("run", "--until-idle"), ("run", "--dry-run")):
         r = run_packhorse(*args, "-c", str(cfg))
         assert r.returncode == 2, r.stderr
-        assert "routes" in r.stderr and "nothing would ever be archived" in r.stderr and "Traceback" not in r.stderr
+        assert ": routes:" in r.stderr and "nothing would ever be archived" in r.stderr and "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"error: {cfg}")  # the file, then the key
 
 
 def test_dry_run_writes_nothing_and_tells_what_would_happen(tmp_path):

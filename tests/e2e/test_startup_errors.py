@@ -17,7 +17,8 @@ def test_unusable_database_url_exits_2_naming_the_key(tmp_path: Path, url: str, 
     cfg.write_text(f'[database]\nurl = "{url}"\n', encoding="utf-8")
     r = run_packhorse(command, "-c", str(cfg))
     assert r.returncode == 2, r.stderr
-    assert "database.url" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: {cfg}") and ": database.url:" in r.stderr  # the file, then the key
+    assert "Traceback" not in r.stderr
 
 
 def test_run_refuses_an_executor_that_is_not_available(tmp_path: Path) -> None:
@@ -25,7 +26,7 @@ def test_run_refuses_an_executor_that_is_not_available(tmp_path: Path) -> None:
     cfg.write_text('[executor]\nkind = "celery"\n', encoding="utf-8")
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     r = run_packhorse("run", "-c", str(cfg), "--until-idle")
-    assert r.returncode == 2 and "executor.kind" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {cfg}") and ": executor.kind:" in r.stderr
     # it says what to start instead
     assert "packhorse manager" in r.stderr and "packhorse worker --site" in r.stderr and "packhorse monitor" in r.stderr
 

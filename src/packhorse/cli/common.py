@@ -120,7 +120,8 @@ def database(settings: Settings, *, migrate_check: bool) -> Database:
     url = settings.database_url
     if migrate_check and url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
         # do not leave an empty database file behind: only `init` creates it
-        raise fail(f"database.url: the database file {url[len('sqlite:///'):]} does not exist; "
+        raise fail(f"{settings.config_file}: database.url: the database file {url[len('sqlite:///'):]} does not "
+                   "exist; "
                    "run `packhorse init` to create it",
                    EXIT_CONFIG)
     try:
@@ -134,7 +135,8 @@ def database(settings: Settings, *, migrate_check: bool) -> Database:
         raise fail(str(e), EXIT_CONFIG) from None
     except (SQLAlchemyError, ImportError, ValueError) as e:
         reason = getattr(e, "orig", None) or e
-        raise fail(f"database.url: cannot open {settings.database.url!r}: {reason}", EXIT_CONFIG) from None
+        raise fail(f"{settings.config_file}: database.url: cannot open {settings.database.url!r}: {reason}",
+                   EXIT_CONFIG) from None
 
 
 def context(config: Path | None, *, migrate_check: bool = True) -> ProcessContext:
@@ -186,12 +188,14 @@ def require_routes(settings: Settings) -> None:
     from ..domain import LocationRole
 
     if not settings.routes:
-        raise fail("routes: the configuration has no [[routes]]: nothing would ever be archived; add one, "
+        raise fail(f"{settings.config_file}: routes: the configuration has no [[routes]]: nothing would ever be "
+                   "archived; add one, "
                    'e.g. [[routes]] source_site = "SITE" destination_sites = ["OTHER"] (docs/configuration.md)',
                    EXIT_CONFIG)
     for i, loc in enumerate(settings.locations):
         if loc.role is LocationRole.SOURCE and loc.active and settings.route_from(loc.site) is None:
-            raise fail(f"locations[{i}].site: source location {loc.name!r} is at site {loc.site!r}, which no "
+            raise fail(f"{settings.config_file}: locations[{i}].site: source location {loc.name!r} is at site "
+                       f"{loc.site!r}, which no "
                        f"[[routes]] has as source_site: its files would never be archived", EXIT_CONFIG)
 
 

@@ -257,10 +257,10 @@ def run(
                    EXIT_CONFIG)
     ctx = context(config)
     if ctx.settings.executor.kind != "local":
-        raise fail(f"executor.kind: is {ctx.settings.executor.kind!r}, but packhorse run is the embedded "
-                    "mode (worker processes on this machine). For the distributed mode start "
-                    "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
-                    "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
+        raise fail(f"{ctx.settings.config_file}: executor.kind: is {ctx.settings.executor.kind!r}, but packhorse "
+                   "run is the embedded mode (worker processes on this machine). For the distributed mode start "
+                   "`packhorse manager`, `packhorse monitor` and one `packhorse worker --site NAME` per site "
+                   "(see docs/deployment.md), or set executor.kind = \"local\"", EXIT_CONFIG)
     require_routes(ctx.settings)
     check_storage(ctx)
     server = None
