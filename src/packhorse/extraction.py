@@ -283,7 +283,27 @@ def open_tar(fileobj: BinaryIO, *, source: str) -> tarfile.TarFile:
     except ExtendedHeaderTooLargeError as e:
         raise refused(source, "(the first member)", str(e)) from None
     except tarfile.TarError as e:
+        packed = _compression_of(fileobj) if seekable else None
+        if packed is not None:
+            raise VerificationError(f"{source}: not a tar archive: a {packed}-compressed file; bags are read as "
+                                    f"uncompressed tars: decompress it first", step="unpack") from None
         raise VerificationError(f"{source}: not a tar archive: {e}", step="unpack") from None
+
+
+#: Leading bytes of the compressed formats a tar is commonly shipped in (never opened: the
+#: reader takes plain tars only, one pass, nothing decompressed behind the caller's back).
+_COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+                      (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
+
+
+def _compression_of(fileobj: BinaryIO) -> str | None:
+    """The compression format ``fileobj`` (seekable) starts with, or ``None``."""
+    try:
+        fileobj.seek(0)
+        head = fileobj.read(6)
+    except (OSError, ValueError):
+        return None
+    return next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
 
 
 def _name_of(member: tarfile.TarInfo, source: str, step: str) -> tuple[str, tuple[str, ...]]:

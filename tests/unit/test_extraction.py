@@ -557,3 +557,23 @@ def test_the_readers_own_header_parse_is_used_for_plain_members() -> None:
         ti.type, ti.size = kind, 0 if kind == tarfile.DIRTYPE else 1234
         buf = ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
         assert _ustar_header(tarfile.TarInfo, buf, "utf-8", "surrogateescape") is not None
+
+
+@pytest.mark.parametrize("compress, name", [("gzip", "gzip"), ("bz2", "bzip2"), ("lzma", "xz")])
+def test_a_compressed_tar_is_refused_saying_what_it_is(compress: str, name: str) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    plain = io.BytesIO()
+    with tarfile.open(fileobj=plain, mode="w") as tar:
+        info = tarfile.TarInfo("bag/bagit.txt")
+        data = b"BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    packed = {"gzip": gzip, "bz2": bz2, "lzma": lzma}[compress].compress(plain.getvalue())
+    with pytest.raises(OperationError, match=rf"bag\.tar\.x: not a tar archive: a {name}-compressed file; .*"
+                                             "decompress it first"):
+        list(iter_members(io.BytesIO(packed), source="bag.tar.x"))
+    with pytest.raises(OperationError, match=r"not a tar archive: (?!a gzip)"):  # other bytes: the parser's reason
+        list(iter_members(io.BytesIO(b"\x00\x01 not a tar" * 100), source="junk"))
