@@ -848,3 +848,22 @@ def test_disk_walk_never_creates_a_missing_root(tmp_path: Path) -> None:
     (tmp_path / "elsewhere" / "x.dat").write_bytes(b"x")
     os.symlink(tmp_path / "elsewhere", tmp_path / "not-mounted")  # mounted later, as a link
     assert files_walked(b) == [("x.dat", 1)]
+
+
+def test_disk_quarantine_moves_a_folder_or_link_standing_at_a_key_aside_unread(disk: DiskBackend, tmp_path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"not the archive's")
+    (disk.root / "raw").mkdir()
+    (disk.root / "raw" / "dir.tar").mkdir()
+    (disk.root / "raw" / "dir.tar" / "notes").write_bytes(b"someone's folder")
+    os.symlink(outside, disk.root / "raw" / "link.tar")
+    for key in ("raw/dir.tar", "raw/link.tar"):
+        aside = disk.quarantine(key)
+        assert aside is not None and aside.startswith(f"_packhorse/quarantine/{key}.")
+        assert not os.path.lexists(disk.root / key)  # the key is free for the copy it must hold
+        assert put(disk, key, b"the copy").already_there is False and get(disk, key) == b"the copy"
+    moved = sorted((disk.root / "_packhorse/quarantine/raw").iterdir())
+    assert [m.name.split(".tar.")[0] for m in moved] == ["dir", "link"]
+    assert (moved[0] / "notes").read_bytes() == b"someone's folder"
+    assert os.path.islink(moved[1]) and os.readlink(moved[1]) == str(outside)  # moved, never followed
+    assert outside.read_bytes() == b"not the archive's"

@@ -143,6 +143,32 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
     assert events.count(("INFO", "fixity_repaired")) == len(LTAS), events
 
 
+def test_a_folder_standing_at_an_archive_key_is_moved_aside_and_the_copy_made_again(pipeline) -> None:
+    # someone replaced an archive copy by a folder of the same name: the copy counts as
+    # missing; the repair moves the folder aside whole (unread, nothing lost) and writes the copy
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5)
+    name = package_names(p)[0]
+    archive = p.location("cologne-lta")
+    key = archive / f"raw/{name}.tar"
+    good = sha256_file(key)
+    key.unlink()
+    key.mkdir()
+    (key / "notes.txt").write_text("not a package copy", encoding="utf-8")
+    code, report = p.verify()
+    assert code == 1 and [(m["location"], m["path"]) for m in report["missing"]] == [
+        ("cologne-lta", f"raw/{name}.tar")], report
+
+    p.run()  # a plain run: no reset, no SQL, no configuration change
+
+    assert_converged(p)
+    assert key.is_file() and sha256_file(key) == good
+    [moved] = [f for f in (archive / QUARANTINE_PREFIX).rglob("notes.txt")]
+    assert moved.read_text(encoding="utf-8") == "not a package copy" and moved.parent.name.startswith(
+        f"{name.rpartition('/')[2]}.tar.")
+    code, report = p.verify()
+    assert code == 0, report
+
+
 def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, point: str = "transfer.start",
                        locations: tuple[str, ...] = ("fyst-buffer",), prefix: str = "bundles/",
                        corrupt: bool = False, replace_with: Path | None = None) -> list[Path]:

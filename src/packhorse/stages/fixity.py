@@ -10,7 +10,8 @@ may be repaired from (:func:`packhorse.convergence.repair_sources`: an archive, 
 
 1. the bad object is moved aside with :meth:`~packhorse.storage.base.StorageBackend.quarantine`
    (``_packhorse/quarantine/<key>.<UTC stamp>-<random>``; never overwriting), unless the key
-   already holds exactly the right bytes (an earlier attempt's repair);
+   already holds exactly the right bytes (an earlier attempt's repair); a folder, a link or a
+   special file standing at the key (the copy counts as missing) is moved aside whole, unread;
 2. the package is copied write-once from the good copy (bytes hashed while copied,
    compared before publishing, re-read after: I2, I4);
 3. the completion transaction records the new ``present`` copy and an INFO notification.
@@ -35,7 +36,7 @@ from ..domain import (
     NotificationLevel,
     OperationKind,
 )
-from ..errors import SourceMissingError
+from ..errors import SourceMissingError, UnsafePathError
 from ..fixity import Finding, check_copy, recognise_returned, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
@@ -59,7 +60,11 @@ def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
 def _check(work: Work, copy: PhysicalCopy) -> Finding:
     loc = work.ctx.location_name(copy.location_id)
     backend = work.ctx.backend(loc, fixity=True)  # reads keep to fixity_bytes_per_second
-    if backend.stat(copy.path) is not None:
+    try:
+        there = backend.stat(copy.path) is not None
+    except UnsafePathError:
+        there = False  # not a regular file at the key (a folder, a link): check_copy says missing
+    if there:
         ensure_readable(work, backend, copy.path)  # a cold copy: restore first, come back later
     return check_copy(backend, copy, loc, on_bytes=work.progress)
 
@@ -125,12 +130,15 @@ def run(work: Work) -> Recorder:
             continue  # repaired meanwhile
         dst = ctx.backend(bad.location)
         quarantined = None
-        info = dst.stat(bad.path)
         try:
+            info = dst.stat(bad.path)
             if info is not None and not (info.size == bad.size and dst.sha256(bad.path) == bad.expected):
                 quarantined = dst.quarantine(bad.path)
         except SourceMissingError:
             pass  # moved aside meanwhile by a concurrent repair of the same copy: nothing left to move
+        except UnsafePathError:
+            # a folder, a link or a special file stands at the key: moved aside whole, unread
+            quarantined = dst.quarantine(bad.path)
 
         work.check()
         result = copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,

@@ -373,7 +373,9 @@ class StorageBackend(abc.ABC):
     @abc.abstractmethod
     def quarantine(self, key: str) -> str | None:
         """Move the object at ``key`` aside to :meth:`quarantine_key` (never overwriting) and
-        return that new key; ``None`` if there was no object. Afterwards ``key`` is free.
+        return that new key; ``None`` if there was no object. Afterwards ``key`` is free. On a
+        backend with folders, a folder, link or special file standing at ``key`` is moved aside
+        whole, nothing under it followed or read.
 
         Raises:
             DestinationConflictError: the quarantine name is taken (nothing moved).

@@ -673,6 +673,15 @@ class DiskBackend(StorageBackend):
         path = self.folder(key)
         if path is None:
             return None
+        return self._move_aside(key, path)
+
+    def _move_aside(self, key: str, path: Path) -> str:
+        """Rename whatever is at ``path`` (the entry of ``key``; not followed) to a fresh
+        :meth:`quarantine_key` with ``renameat2(RENAME_NOREPLACE)``, then fsync both parents.
+
+        Raises:
+            DestinationConflictError: the quarantine name is taken (nothing moved).
+        """
         target_key = self.quarantine_key(key)
         target = self._path(target_key, create_parents=True)
         try:
@@ -754,10 +763,19 @@ class DiskBackend(StorageBackend):
         yield from _walk_folder(self._root_str, prefix, st.st_mtime_ns, reuse, everything)
 
     def quarantine(self, key: str) -> str | None:
-        """Move the object aside with a no-replace hard link, then unlink it (never overwrites)."""
+        """Move the object aside with a no-replace hard link, then unlink it (never overwrites).
+
+        Whatever else stands at ``key`` — a folder, a symbolic link, a special file (put there
+        by hand or by another program: never a copy packhorse wrote) — is moved aside whole
+        with ``renameat2(RENAME_NOREPLACE)``, nothing under it followed or read, so the key is
+        free for the copy it must hold (DESIGN.md "No dead ends").
+        """
         path = self._path(key)
-        if self.stat(key) is None:
-            return None
+        try:
+            if self.stat(key) is None:
+                return None
+        except UnsafePathError:  # a folder, a link or a special file at the key
+            return self._move_aside(key, path)
         target_key = self.quarantine_key(key)
         target = self._path(target_key, create_parents=True)
         try:
