@@ -17,6 +17,21 @@ from typing import Any, BinaryIO
 #: The longest single sleep of :meth:`RateLimiter.take` when it is given ``on_wait``, seconds.
 WAIT_SLICE_SECONDS = 0.1
 
+#: A rate-limited ``readinto`` returns at most this many seconds of the rate ...
+PIECE_SECONDS = 1.0
+#: ... but never caps a read below this many bytes.
+MIN_PIECE_BYTES = 64 * 1024
+
+
+def piece_bytes(bytes_per_second: float | None) -> int | None:
+    """The most bytes one rate-limited read hands out at ``bytes_per_second``: about
+    :data:`PIECE_SECONDS` of the rate, at least :data:`MIN_PIECE_BYTES`; ``None`` (no cap) when
+    there is no limit. A copy writes each piece before it pays for the next, so a writer killed
+    while it waits for the limiter loses at most one piece (a transfer resumes from the rest)."""
+    if not bytes_per_second:
+        return None
+    return max(MIN_PIECE_BYTES, int(bytes_per_second * PIECE_SECONDS))
+
 
 class RateLimiter:
     """A token bucket: :meth:`take` blocks so that at most ``bytes_per_second`` pass on
@@ -90,6 +105,12 @@ class ThrottledReader:
     """A binary file object whose reads keep to ``limiter`` (``read`` and ``readinto``; the
     rest is the wrapped file's). Closing it closes the wrapped file.
 
+    ``readinto`` fills at most :func:`piece_bytes` of the limiter's rate at the time (about a
+    second's worth, at least 64 KiB; the whole buffer when there is no rate), so a copy loop
+    over it writes each piece as soon as it is paid for instead of holding a 1 MiB block for
+    seconds (callers loop over short reads, as ``readinto`` allows). ``read(n)`` returns what
+    the wrapped file returns.
+
     ``on_read`` (optional) is called before each read and between the slices of a long wait
     (:meth:`RateLimiter.take`): the transfer refreshes its fair share of the route's limit there.
     """
@@ -109,7 +130,12 @@ class ThrottledReader:
     def readinto(self, buffer: Any) -> int:
         if self._on_read:
             self._on_read()
-        n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        cap = piece_bytes(self._limiter.rate)
+        if cap is None:
+            n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        else:
+            with memoryview(buffer) as view:
+                n = self._raw.readinto(view[:cap])  # type: ignore[attr-defined]
         self._limiter.take(n or 0, self._on_read)
         return n
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fault_hooks import FaultPlan
@@ -37,7 +38,9 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
-from packhorse.storage.base import PARTIAL_SUFFIX, EntryKind, StorageBackend
+from packhorse.hooks import NO_HOOKS
+from packhorse.stages.base import copy_object
+from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX, EntryKind, StorageBackend
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.layers import Layer
 from packhorse.storage.registry import compose
@@ -350,6 +353,39 @@ def test_killed_writer_leaves_only_a_partial_that_cleanup_removes(harness: Harne
     assert keys(b) == ["a/done"] and get(b, "a/done") == b"complete"
     # the key is free for a new attempt
     assert put(b, "a/k", b"retry").already_there is False
+
+
+def _transfer_work(attempt: int) -> SimpleNamespace:
+    """What :func:`~packhorse.stages.base.copy_object` needs of a claimed operation: its attempt
+    (the fencing token), hooks, the lease checks (never lost here) and the progress count."""
+    done: list[int] = []
+    return SimpleNamespace(ctx=SimpleNamespace(hooks=NO_HOOKS), claim=SimpleNamespace(attempt=attempt), info={},
+                           check=lambda: None, progress=done.append, done=done)
+
+
+@pytest.mark.parametrize("killed_at", [0, 1000, CHUNK_BYTES + 5], ids=["empty", "small", "over-a-chunk"])
+def test_a_killed_resumable_write_of_any_size_is_finished_by_the_next_attempt(harness: Harness,
+                                                                              killed_at: int) -> None:
+    # attempt 1 of a transfer is killed with ``killed_at`` bytes written (0: the partial was
+    # created and nothing had reached it yet); attempt 2 copies through the transfer's own path
+    # and must finish in that one attempt, whatever the partial holds
+    b = harness.backend
+    data = os.urandom(2 * CHUNK_BYTES + 123)
+    source = MemoryBackend("src")
+    put(source, "bundles/b.tar", data)
+    w = b.open_resumable_write("bundles/b.tar", 1)
+    w.write(data[:killed_at])
+    del w  # a killed process: neither publish nor abort ever runs
+    gc.collect()
+    assert harness.count_partials() == (1 if harness.partials_on_medium else 0)
+    work = _transfer_work(attempt=2)
+    result = copy_object(work, source, "bundles/b.tar", b, "bundles/b.tar", size=len(data),  # type: ignore[arg-type]
+                         sha256=sha(data), point="transfer", resume=True, to_buffer=True)
+    assert result.already_there is False and result.sha256 == sha(data)
+    assert get(b, "bundles/b.tar") == data
+    assert harness.count_partials() == 0
+    assert work.info.get("resumed_bytes", 0) == (killed_at if harness.partials_on_medium else 0)
+    assert sum(work.done) == len(data)
 
 
 # -------------------------------------------------------------------------- read / sha256

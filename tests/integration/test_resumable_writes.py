@@ -14,11 +14,15 @@ from types import SimpleNamespace
 import pytest
 
 from packhorse.config import load_config
+from packhorse.hooks import NO_HOOKS
 from packhorse.pipeline import S3_PARTIAL_AGE_SECONDS, resumable_partial_age
-from packhorse.stages.base import resume_partial
+from packhorse.ratelimit import MIN_PIECE_BYTES, RateLimiter
+from packhorse.stages.base import copy_object, resume_partial
 from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX
 from packhorse.storage.disk import DiskBackend, partial_name
+from packhorse.storage.registry import read_limited
 
+from memory_backend import MemoryBackend
 from support import write_site_config
 
 KEY = "bundles/b1.tar"
@@ -161,3 +165,41 @@ def test_resumable_partials_outlive_the_retry_schedule(tmp_path):
     r = settings.recovery.model_copy(update={"circuit_breaker_timeout_seconds": 10 * 86400.0})
     slow = settings.model_copy(update={"recovery": r})
     assert resumable_partial_age(slow) > 10 * 86400.0
+
+
+def _partial_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob(f"*{PARTIAL_SUFFIX}"))
+
+
+@pytest.mark.parametrize("rate", [20_000, 300_000])
+def test_a_rate_limited_transfer_keeps_its_partial_within_a_piece_of_what_it_read(tmp_path, rate):
+    """A transfer killed while it waits for the bandwidth limiter leaves in its partial every
+    byte it was let through but the piece it is paying for: about a second of the rate, at
+    least 64 KiB (the partial once stayed empty for 20 s at 100 kB/s: 1 MiB read and paid for
+    before it was written, then held in the partial's 1 MiB write buffer)."""
+    (tmp_path / "buf").mkdir()
+    dst = DiskBackend("buf", tmp_path / "buf")
+    source = MemoryBackend("src")
+    data = os.urandom(CHUNK_BYTES + 300_000)
+    with source.open_write(KEY) as w:
+        w.write(data)
+        w.publish()
+    now = [0.0]
+    lag: list[int] = []  # at each wait: bytes let through so far that are not in the partial
+
+    def sleep(seconds: float) -> None:
+        # a kill during the wait, at its end at the latest, leaves the partial as it is; by then
+        # the limiter has let through its burst plus the time so far at the rate
+        now[0] += seconds
+        lag.append(int(rate * (now[0] + limiter.burst_seconds)) - _partial_bytes(tmp_path / "buf"))
+
+    limiter = RateLimiter(rate, burst_seconds=0.25, clock=lambda: now[0], sleep=sleep)
+    work = SimpleNamespace(ctx=SimpleNamespace(hooks=NO_HOOKS), claim=SimpleNamespace(attempt=1), info={},
+                           check=lambda: None, progress=lambda n: None)
+    copy_object(work, read_limited(source, limiter, lambda: None), KEY, dst, KEY, size=len(data),  # type: ignore[arg-type]
+                sha256=hashlib.sha256(data).hexdigest(), point="transfer", resume=True, to_buffer=True)
+    assert (tmp_path / "buf" / KEY).read_bytes() == data
+    piece = max(MIN_PIECE_BYTES, rate)
+    assert lag and max(lag) <= piece + rate * 0.25  # one piece (plus the burst it started with)
+    assert now[0] == pytest.approx(len(data) / rate - limiter.burst_seconds, rel=0.02)  # the rate held
+

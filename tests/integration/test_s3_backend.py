@@ -120,6 +120,25 @@ def test_a_crash_mid_multipart_upload_is_resumed_by_the_next_publication(s3_serv
     assert fresh.sha256("raw/big.tar") == sha(BIG)
 
 
+def test_a_crash_before_the_first_part_leaves_an_empty_upload_the_next_publication_continues(s3_server,
+                                                                                             monkeypatch) -> None:
+    # the S3 counterpart of an empty partial file: killed between CreateMultipartUpload and
+    # the first UploadPart, the upload holds no part; the retry continues it in one attempt
+    bucket = s3_server.new_bucket()
+    b = backend(s3_server, bucket)
+    _count_parts(monkeypatch, b, fail_at=1, exc=SystemExit("process killed"))
+    monkeypatch.setattr(b, "_abort_upload", lambda *a: None)  # a killed process aborts nothing
+    with pytest.raises(SystemExit):
+        put(b, "raw/big.tar", BIG)
+    monkeypatch.undo()
+    assert len(b.incomplete_uploads()) == 1 and b.stat("raw/big.tar") is None
+    fresh = backend(s3_server, bucket)
+    calls = _count_parts(monkeypatch, fresh)
+    assert put(fresh, "raw/big.tar", BIG).already_there is False
+    assert calls == [1, 2, 3] and fresh.bytes_uploaded == len(BIG)
+    assert fresh.incomplete_uploads() == [] and fresh.sha256("raw/big.tar") == sha(BIG)
+
+
 def test_a_part_that_does_not_verify_is_uploaded_again(s3_server, monkeypatch) -> None:
     bucket = s3_server.new_bucket()
     b = backend(s3_server, bucket)

@@ -92,6 +92,19 @@ def test_throttled_reader_reads_everything_and_accounts_every_byte():
     assert out == data and sum(taken) == len(data)
 
 
+@pytest.mark.parametrize(("rate", "piece"), [(None, 1 << 20), (1e9, 1 << 20), (300_000, 300_000), (1000, 64 * 1024)])
+def test_throttled_reads_come_in_pieces_of_about_a_second_and_whole_blocks_without_a_limit(rate, piece):
+    # a rate-limited copy writes what it was let through about every second (at least 64 KiB
+    # at a time); an unlimited one keeps its 1 MiB blocks
+    data = bytes(3 << 20)
+    r = ThrottledReader(io.BytesIO(data), RateLimiter(rate, sleep=lambda s: None))
+    buf = bytearray(1 << 20)
+    sizes = []
+    while n := r.readinto(buf):
+        sizes.append(n)
+    assert sum(sizes) == len(data) and max(sizes) == piece
+
+
 def test_command_template_gets_the_bandwidth_limit():
     args = command_args("rsync --bwlimit={bandwidth_limit_kib} {source} {destination}", "/a b", "/c", 2 * 1024**2)
     assert args == ["rsync", "--bwlimit=2048", "/a b", "/c"]

@@ -24,7 +24,10 @@ A route's ``bandwidth_limit_bytes_per_second`` is shared by its transfers in pro
 reads at most the limit divided by their number (counted in the ops database every
 :data:`SHARE_REFRESH_SECONDS`, so it holds across worker processes and machines). A command
 gets its share as ``{bandwidth_limit}`` (bytes/s) and ``{bandwidth_limit_kib}`` (KiB/s). The
-source reads that verify a resumed partial's prefix keep to the same share.
+source reads that verify a resumed partial's prefix keep to the same share. A throttled ``copy``
+reads and writes in pieces of about a second of its share (at least 64 KiB,
+:func:`~packhorse.ratelimit.piece_bytes`), each in the partial file before the next is paid
+for, so a transfer killed while it waits for the limiter loses at most one piece.
 
 Either way the result is hashed and compared with the bundle's sha256 before it is published,
 then re-read and verified (I4).

@@ -37,7 +37,9 @@ Contract (tested for every backend by ``tests/conformance``):
   locked by its writer for as long as it writes, so a stale attempt never appends to the partial
   a newer one resumes). :attr:`PendingWrite.resumed_bytes` says how many bytes were taken over;
   they are *unverified*: the caller reads them (:meth:`PendingWrite.open_resumed`), compares
-  them with the source and keeps only the equal prefix (:meth:`PendingWrite.keep_prefix`).
+  them with the source and keeps only the equal prefix (:meth:`PendingWrite.keep_prefix`)
+  before writing; with ``resumed_bytes == 0`` (nothing taken over, or an empty partial a writer
+  killed before its first bytes left) the write is used as a fresh one, no decision needed.
   Partials of resumable writes carry the token in their name (``.<name>.t<token>.<random>``)
   and are swept later than others (``cleanup_partials(..., resumable_older_than_seconds=)``).
   S3 resumes in ``publish``: an incomplete multipart upload of the key is continued with the
@@ -198,7 +200,9 @@ class PendingWrite(abc.ABC):
         return sha
 
     #: bytes of an earlier attempt's partial this write took over, not yet verified
-    #: (:meth:`StorageBackend.open_resumable_write`); 0 when it starts empty
+    #: (:meth:`StorageBackend.open_resumable_write`); 0 when it starts empty, also when the
+    #: partial it took over was empty. Above 0 the caller calls :meth:`keep_prefix` before any
+    #: :meth:`write`; at 0 there is nothing to decide and writes start at byte 0
     resumed_bytes: int = 0
 
     def open_resumed(self) -> BinaryIO:

@@ -152,14 +152,14 @@ class _DiskPendingWrite(PendingWrite):
     """A write into a partial file beside the final name; the writer holds the partial's
     ``flock`` from creation until publication or abort (a resumer never takes over a partial a
     live writer holds). With ``taken_over`` (an fd of an earlier attempt's partial, locked and
-    already renamed to ``tmp``) the write starts from those bytes (:meth:`keep_prefix`)."""
+    already renamed to ``tmp``) the write starts from those bytes (:meth:`keep_prefix`); an empty
+    one taken over is written as a fresh partial is."""
 
     def __init__(self, backend: "DiskBackend", key: str, final: Path, *, token: int | None = None,
                  taken_over: tuple[int, Path] | None = None) -> None:
         super().__init__(key)
         self._backend = backend
         self._final = final
-        self._decided = taken_over is None
         if taken_over is not None:
             fd, self._tmp = taken_over
             self.resumed_bytes = os.fstat(fd).st_size
@@ -167,6 +167,12 @@ class _DiskPendingWrite(PendingWrite):
             self._tmp = final.with_name(partial_name(final.name, token))
             fd = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh file: nobody else holds it
+        # keep_prefix() decides about taken-over bytes; an empty partial taken over (its writer
+        # was killed before its first bytes reached the file) holds none: nothing to decide
+        self._decided = self.resumed_bytes == 0
+        # a resumable write (a transfer's) hands each write to the file at once: what it wrote
+        # is in the partial when its process is killed, for the next attempt to resume from
+        self._write_through = token is not None or taken_over is not None
         self._file = os.fdopen(fd, "r+b", buffering=WRITE_BUFFER_BYTES)  # tar headers are 512-byte writes
 
     @property
@@ -219,6 +225,8 @@ class _DiskPendingWrite(PendingWrite):
                                "partial before new bytes are written")
         try:
             self._file.write(data)
+            if self._write_through:
+                self._file.flush()
         except OSError as e:
             raise self._write_failed(e) from e
 
