@@ -221,8 +221,9 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
 
 def unrepaired_copies(session: Session, location: str | None = None) -> list[dict[str, Any]]:
     """Archive copies recorded ``corrupt`` / ``missing`` with no live copy of the same artifact
-    at their location yet: ``[{"location", "path", "status"}]`` (what ``verify`` exits 1 for
-    until the audit repairs them or a human does). A lost buffer copy is not listed: a buffer
+    at their location yet: ``[{"location", "path", "status"}]``, one per copy owed (its latest
+    record: a copy repaired and bad again is listed once), what ``verify`` exits 1 for until
+    the audit repairs it or a human does. A lost buffer copy is not listed: a buffer
     only passes bytes on, and the pipeline ships them again from another source while they are
     still needed (:mod:`packhorse.convergence`)."""
     from .domain import LIVE_COPY_STATUSES
@@ -235,5 +236,10 @@ def unrepaired_copies(session: Session, location: str | None = None) -> list[dic
          .order_by(DataLocation.name, PhysicalCopy.id))
     if location:
         q = q.where(DataLocation.name == location)
-    return [{"location": name, "path": c.path, "status": c.status} for c, name in session.execute(q)
-            if (c.location_id, c.raw_data_package_id, c.data_transfer_package_id) not in live]
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}  # one entry per copy owed: its latest record
+    for c, name in session.execute(q):
+        owed = (c.location_id, c.raw_data_package_id, c.data_transfer_package_id)
+        if owed not in live:
+            latest.pop(owed, None)  # an older record of the same copy (repaired, then bad again)
+            latest[owed] = {"location": name, "path": c.path, "status": c.status}
+    return sorted(latest.values(), key=lambda r: r["location"])

@@ -172,3 +172,7 @@ def test_verify_records_like_the_audit_and_run_repairs(s3_server, tmp_path):
     assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
     code, report = p.verify()
     assert code == 0 and report["ok"] == 2 and report["unrepaired"] == []
+
+    _flip_s3(s3_server, bucket, f"lta/{key}")  # the repaired copy goes bad as well: one copy owed, listed once
+    code, report = p.verify()
+    assert code == 1 and report["unrepaired"] == [{"location": "cologne-lta", "path": key, "status": "corrupt"}]
