@@ -329,7 +329,7 @@ def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
         pkgs = [p for p in s.scalars(select(PhysicalCopy.raw_data_package_id).where(
             PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(live))) if p is not None]
         s.execute(update(PhysicalCopy).where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(live))
-                  .values(status=CopyStatus.MISSING.value))
+                  .values(status=CopyStatus.MISSING.value, found_bad_at=utcnow()))
         refresh_archived(s, ctx, pkgs)
 
     ctx.db.transact(tx)

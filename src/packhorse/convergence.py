@@ -135,6 +135,7 @@ class _Copy:
     path: str
     verified: bool
     created_at: dt.datetime
+    found_bad_at: dt.datetime | None = None
 
 
 def _copies(s: Session, col: Any, ids: Iterable[int]) -> list[_Copy]:
@@ -142,11 +143,12 @@ def _copies(s: Session, col: Any, ids: Iterable[int]) -> list[_Copy]:
     out: list[_Copy] = []
     for k in range(0, len(ids), 500):
         out += [_Copy(r.id, r.raw_data_package_id, r.data_transfer_package_id, r.location_id, r.status, r.path,
-                      r.verified_at is not None, r.created_at)
+                      r.verified_at is not None, r.created_at, r.found_bad_at)
                 for r in s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
                                           PhysicalCopy.data_transfer_package_id, PhysicalCopy.location_id,
                                           PhysicalCopy.status, PhysicalCopy.path, PhysicalCopy.verified_at,
-                                          PhysicalCopy.created_at).where(col.in_(ids[k:k + 500])))]
+                                          PhysicalCopy.created_at, PhysicalCopy.found_bad_at)
+                                   .where(col.in_(ids[k:k + 500])))]
     return out
 
 
@@ -430,7 +432,7 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
                  "no copy of the package or of its bundle at any buffer", *why]
         out.dead_ends.append(DeadEnd(pid, names[pid], [{"location": ctx.location_name(c.loc), "path": c.path,
                                                         "status": c.status} for c in bad], tried,
-                                     max((c.created_at for c in bad), default=None), failed,
+                                     max((c.found_bad_at or c.created_at for c in bad), default=None), failed,
                                      sha256=shas.get(pid),
                                      source_deleted=pid in source_gone,
                                      archive_keys=[f"{ctx.location_name(c.loc)}:{c.path}" for c in bad

@@ -154,7 +154,7 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
         if not f.bad:
             copy.verified_at = now
             continue
-        copy.status = f.status
+        copy.status, copy.found_bad_at = f.status, now
         marked.append(f)
     session.flush()
     if marked:  # "archived" follows the copies in the same transaction (DESIGN.md "Converging")

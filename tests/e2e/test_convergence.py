@@ -12,6 +12,7 @@ the source files gone — which must be loud (exit 3, ``blocked``, CRITICAL noti
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -399,6 +400,8 @@ def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -
     p = archived_once(pipeline, bundle_max_wait_seconds=0.5, extra=SOURCE_DELETION)
     assert source_files(p.source) == {}, "the source files were deleted once archived"
     name, sibling = package_names(p)
+    time.sleep(1.1)  # the copies were written over a second before they are found bad
+    found_bad = dt.datetime.now(dt.UTC).replace(microsecond=0)
     bad = corrupt_archive_copies(p, name)
     code, _ = p.verify()
     assert code == 1
@@ -411,6 +414,8 @@ def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -
     assert [b["subject"] for b in items] == [f"package {name}"], st["blocked"]
     item = items[0]
     assert item["exit_code"] == 3 and item["since"], item
+    # since the copies were found bad, not since they were written
+    assert dt.datetime.fromisoformat(item["since"]) >= found_bad, (item["since"], found_bad)
     assert "no good copy" in item["reason"] and "deleted" in item["reason"], item
     # what works: a good copy put back at an archive key; the deleted source files are not read again
     assert all(f"{lta}:raw/{name}.tar" in item["release"] for lta in LTAS) and "`packhorse run`" in item["release"], item

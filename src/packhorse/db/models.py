@@ -300,6 +300,8 @@ class PhysicalCopy(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: when the copy's status last became ``corrupt`` or ``missing`` (UTC; ``None`` before that)
+    found_bad_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Operation(Base):

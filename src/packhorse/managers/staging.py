@@ -14,7 +14,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ..context import ProcessContext
-from ..db.models import Operation, PhysicalCopy, RawDataPackage
+from ..db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
 from ..domain import CopyStatus, LocationRole, OperationKind, StorageType
 from ..errors import ConfigError, NothingToStageError
 from ..operations import create_operation, dedup_key
@@ -105,6 +105,6 @@ def _restage_key(s: Session, ctx: ProcessContext, pkg: RawDataPackage, loc_id: i
         found = check_staged(ctx, {"copy_id": copy.id, "location": location, "package": pkg.name, "path": copy.path})
         if found["status"] == "ok":
             return latest
-        copy.status = found["status"]
+        copy.status, copy.found_bad_at = found["status"], utcnow()
     n = max(int(k.rpartition("#")[2]) if "#" in k else 1 for k in keys) + 1
     return f"{key}#{n}"

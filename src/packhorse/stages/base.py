@@ -275,7 +275,7 @@ def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | 
                else t.c.data_transfer_package_id == data_transfer_package_id)
     return int(session.connection().execute(update(t).where(
         subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value)
-        .values(status=CopyStatus.MISSING.value)).rowcount or 0)
+        .values(status=CopyStatus.MISSING.value, found_bad_at=utcnow())).rowcount or 0)
 
 
 def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id: int | None,
