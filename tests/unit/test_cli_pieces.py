@@ -240,3 +240,19 @@ def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path)
     assert plan["totals"]["archive_copies"] == 2 * 2 + 2
     assert db.read(lambda s: (s.scalar(select(func.count()).select_from(RawDataFile)),
                               s.scalar(select(func.count()).select_from(Operation)))) == rows  # nothing written
+
+
+def test_a_name_with_a_newline_or_markup_is_one_row_of_the_locate_table(capsys) -> None:
+    from packhorse.cli.common import shown
+    from packhorse.cli.operator import _print_located
+
+    assert shown("obs1/new\nline.txt") == "obs1/new\\nline.txt"
+    assert shown("ünï cödé.fits") == "ünï cödé.fits"  # printable names as they are
+    found = {"matched": True, "query": "new", "truncated": False, "packages": [],
+             "versions": [{"location": "fyst-source", "path": "inst/obs1/new\nline[bold].txt", "version": 1,
+                           "size": 3, "sha256": "ab" * 32, "registered_at": "2026-12-03T12:00:00",
+                           "package": "inst/obs1"}]}
+    _print_located(found)
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if "fyst-source" in line]
+    assert "inst/obs1/new\\nline[bold].txt" in row  # one row, the newline shown, the brackets kept

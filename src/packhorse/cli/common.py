@@ -170,6 +170,17 @@ def table_console(**options: Any) -> Console:
     return console
 
 
+def shown(name: str) -> str:
+    """A path or name as a table cell shows it: control characters (a newline, a tab, ESC) as
+    escapes (``\\n``, ``\\x1b``), so one name stays one row and cannot move the terminal's
+    cursor, and ``[`` escaped so rich never reads a file name as markup. ``--json`` keeps the
+    name itself."""
+    from rich.markup import escape
+
+    out = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in name)
+    return escape(out)
+
+
 def parse_kind(kind: str) -> "OperationKind":
     """``kind`` as an ``OperationKind``; an unknown kind exits 2 listing the valid ones."""
     from ..domain import OperationKind

@@ -15,7 +15,7 @@ from ..audit import cli_actor
 from ..domain import OperationKind
 from ..context import ProcessContext
 from .common import (EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg, OperationIdArg, ReasonOpt, app,
-                     context, fail, operation_action, parse_kind, print_json, table_console)
+                     context, fail, operation_action, parse_kind, print_json, shown, table_console)
 
 
 @app.command()
@@ -245,12 +245,12 @@ def locate(
 def _print_located(r: dict[str, Any]) -> None:
     out = table_console()
     if not r["matched"]:
-        out.print(f"nothing registered or packaged matches {r['query']!r}", highlight=False)
+        out.print(f"nothing registered or packaged matches {shown(repr(r['query']))}", highlight=False)
         return
     if r["versions"]:
         t = Table("location", "path", "version", "size", "sha256", "registered (UTC)", "package", title="versions")
         for v in r["versions"]:
-            t.add_row(v["location"], v["path"], str(v["version"]), str(v["size"]), v["sha256"][:12],
+            t.add_row(v["location"], shown(v["path"]), str(v["version"]), str(v["size"]), v["sha256"][:12],
                       v["registered_at"] or "-",
                       f"(taken out: {v['withdrawn']})" if v.get("withdrawn") else v["package"] or "(not packaged yet)")
         out.print(t)
@@ -258,12 +258,12 @@ def _print_located(r: dict[str, Any]) -> None:
         label = "bundle" if p["type"] == "data_transfer_package" else "package"
         state = f"archived {p['archived_at']}" if p["archived_at"] else "not archived yet"
         version = f"version {p['version']}, " if p.get("version") else ""
-        out.print(f"[bold]{label} {p['name']}[/] ({version}{p['size'] if p['size'] is not None else '?'} bytes"
+        out.print(f"[bold]{label} {shown(p['name'])}[/] ({version}{p['size'] if p['size'] is not None else '?'} bytes"
                   f"{', bundle ' + p['bundle'] if p['bundle'] else ''}; {state})", highlight=False)
         t = Table("of", "location", "site", "role", "status", "path", "last verified (UTC)", title="physical copies")
         for c in p["copies"] + p["bundle_copies"]:
             t.add_row("bundle" if c["artifact"] == "data_transfer_package" else "package", c["location"], c["site"],
-                      c["role"], c["status"], c["path"], c["verified_at"] or "-")
+                      c["role"], c["status"], shown(c["path"]), c["verified_at"] or "-")
         out.print(t)
         t = Table("at (UTC)", "event", "location", "operation", "detail", title="history")
         for e in p["timeline"]:

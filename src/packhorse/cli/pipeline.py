@@ -42,6 +42,7 @@ from .common import (
     print_json,
     require_routes,
     settings,
+    shown,
     table_console,
 )
 
@@ -387,7 +388,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if r["skipped"]:
         s = Table("location", "path", "reason", title="skipped files")
         for row in r["skipped"]:
-            s.add_row(row["location"], row["path"], row["reason"])
+            s.add_row(row["location"], shown(row["path"]), shown(row["reason"]))
         out.print(s)
     if r["blocked"]:
         b = Table("blocked", "cause", "why", "releases it", title="blocked work (waits until released)")
