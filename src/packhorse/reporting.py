@@ -85,15 +85,24 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             copies[name] = {"count": int(n), "bytes": int(b)}
         for loc in ctx.settings.locations:
             copies.setdefault(loc.name, {"count": 0, "bytes": 0})
-        skipped = [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
+        rows = list(s.execute(
             select(DataLocation.name, SkippedFile.relative_path, SkippedFile.reason)
-            .join(DataLocation, DataLocation.id == SkippedFile.location_id).order_by(SkippedFile.relative_path))]
+            .join(DataLocation, DataLocation.id == SkippedFile.location_id).order_by(SkippedFile.relative_path)))
         # registrations taken out of their package (changed or vanished before it was built)
         # that are not registered again: not archived either (I1)
-        skipped += [{"location": loc, "path": p, "reason": r} for loc, p, r in s.execute(
+        rows += s.execute(
             select(DataLocation.name, WithdrawnFile.relative_path, WithdrawnFile.reason)
             .join(DataLocation, DataLocation.id == WithdrawnFile.location_id)
-            .where(WithdrawnFile.resolved_at.is_(None)).order_by(WithdrawnFile.relative_path, WithdrawnFile.id))]
+            .where(WithdrawnFile.resolved_at.is_(None)).order_by(WithdrawnFile.relative_path, WithdrawnFile.id))
+        # one entry per path, every reason it is not archived for (a link now, and taken out of
+        # its package for it)
+        by_path: dict[tuple[str, str], list[str]] = {}
+        for loc, path, reason in rows:
+            reasons = by_path.setdefault((loc, path), [])
+            if reason not in reasons:
+                reasons.append(reason)
+        skipped = [{"location": loc, "path": path, "reason": "; ".join(reasons)}
+                   for (loc, path), reasons in by_path.items()]
         nfiles, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(RawDataFile.size), 0))).one()
         unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
                               .where(RawDataFile.raw_data_package_id.is_(None))) or 0

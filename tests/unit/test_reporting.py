@@ -43,3 +43,26 @@ def test_failed_deletion_of_an_archived_package_is_not_a_failed_package(tmp_path
     r = status_report(ctx)
     assert r["packages"] == {"total": 2, "archived": 1, "failed": 1}
     assert sorted(f["kind"] for f in r["failed_operations"]) == ["deletion", "long_term_archive"]
+
+
+def test_a_path_skipped_and_taken_out_of_its_package_is_one_entry_with_both_reasons(tmp_path: Path) -> None:
+    from packhorse.db.models import SkippedFile, WithdrawnFile
+
+    ctx = _ctx(tmp_path)
+    src = ctx.topology.location_ids["fyst-source"]
+    now = utcnow()
+
+    def tx(s):  # type: ignore[no-untyped-def]
+        s.add(SkippedFile(location_id=src, relative_path="i/o/f", reason="symbolic link (not followed)"))
+        s.add(SkippedFile(location_id=src, relative_path="i/o/g", reason="not a regular file"))
+        s.add(WithdrawnFile(location_id=src, relative_path="i/o/f", version=1, size=3, sha256="a" * 64, mtime_ns=1,
+                            registered_at=now, package_name="i/o", cause="vanished", withdrawn_at=now,
+                            reason="no longer a regular file in the location (a symbolic link?) (taken out of package i/o)"))
+
+    ctx.db.transact(tx)
+    r = status_report(ctx)
+    assert r["skipped"] == [
+        {"location": "fyst-source", "path": "i/o/f",
+         "reason": "symbolic link (not followed); no longer a regular file in the location (a symbolic link?) "
+                   "(taken out of package i/o)"},
+        {"location": "fyst-source", "path": "i/o/g", "reason": "not a regular file"}]
