@@ -424,7 +424,8 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
                     + "; ".join(reasons))
     for pid, why in sorted(stuck.items()):
         mine = copies_of.get(pid, [])
-        bad = [c for c in mine if c.status in _BAD]
+        # one per place: a copy repaired and bad again has two records, the latest speaks
+        bad = list({(c.loc, c.path): c for c in sorted(mine, key=lambda c: c.id) if c.status in _BAD}.values())
         failed = next(((o.kind, o.id) for o in sorted(ops, key=lambda o: -o.id)
                        if o.raw_data_package_id == pid and o.kind == OperationKind.RAW_DATA_PACKAGE.value
                        and o.status == Status.FAILED.value), None)

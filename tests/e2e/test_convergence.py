@@ -400,6 +400,13 @@ def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -
     p = archived_once(pipeline, bundle_max_wait_seconds=0.5, extra=SOURCE_DELETION)
     assert source_files(p.source) == {}, "the source files were deleted once archived"
     name, sibling = package_names(p)
+    # one copy goes bad first and is repaired from the other: its place then has two records
+    path = p.location(LTAS[0]) / f"raw/{name}.tar"
+    os.chmod(path, 0o644)
+    path.write_bytes(path.read_bytes()[:-1])
+    assert p.verify()[0] == 1
+    p.run()
+    assert p.verify()[0] == 0 and copy_statuses(p, name)[LTAS[0]] == ["corrupt", "present"]
     time.sleep(1.1)  # the copies were written over a second before they are found bad
     found_bad = dt.datetime.now(dt.UTC).replace(microsecond=0)
     bad = corrupt_archive_copies(p, name)
@@ -420,7 +427,7 @@ def test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end(pipeline) -
     # what works: a good copy put back at an archive key; the deleted source files are not read again
     assert all(f"{lta}:raw/{name}.tar" in item["release"] for lta in LTAS) and "`packhorse run`" in item["release"], item
     assert "restoring its source files does not help" in item["release"], item
-    assert sorted(c["location"] for c in item["detail"]["bad_copies"]) == list(LTAS), item
+    assert sorted(c["location"] for c in item["detail"]["bad_copies"]) == list(LTAS), item  # each place once
     assert st["packages"]["archived"] == 1, st["packages"]  # the sibling only
     # loud: one CRITICAL notification naming the package and every copy that failed
     critical = [(subj, body) for lvl, ev, subj, body in notifications(p) if lvl == "CRITICAL" and ev == "no_good_source"]
