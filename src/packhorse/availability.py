@@ -371,8 +371,48 @@ def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, 
     ctx.topology.location_marker[location] = uuid_
 
 
+def installation_uuid(ctx: "ProcessContext") -> str:
+    """The uuid of this installation (:class:`~packhorse.db.models.Installation`), created by
+    the first call (``packhorse init``); concurrent first calls agree on one row."""
+    import uuid
+
+    from .db.models import Installation
+
+    def tx(s: Session) -> str:
+        found = s.scalar(select(Installation.uuid).where(Installation.id == 1))
+        if found is None:
+            s.execute(insert_ignoring_conflicts(s, Installation.__table__, Installation.__table__.c.id),
+                      [{"id": 1, "uuid": str(uuid.uuid4()), "created_at": utcnow()}])
+            found = s.scalar(select(Installation.uuid).where(Installation.id == 1))
+        return str(found)
+
+    return ctx.db.transact(tx)
+
+
+def _refuse_another_installations(ctx: "ProcessContext", location: str, marker: dict[str, Any] | None,
+                                  ours: str, adopting: bool) -> None:
+    """Refuse a root already marked, as ``location``, by another installation, when this
+    database has recorded no marker for it yet (a fresh database meeting a root some other
+    ops database owns: its archive, its source), unless ``adopting`` (``init --adopt``: this
+    database takes that installation's place).
+
+    Raises:
+        ConfigError: naming the location, its root, the other installation and the way out.
+    """
+    if marker is None or adopting or ctx.topology.location_marker.get(location) is not None:
+        return
+    other = marker.get("installation")
+    if isinstance(other, str) and other != ours:
+        raise ConfigError(
+            f"data location {location}: the root {root_of(ctx, location)} is marked by another packhorse "
+            f"installation (installation {other}, marker uuid {marker.get('uuid')}); refusing to take it over: "
+            "its copies belong to that installation's ops database. Check the path or bucket in the "
+            "configuration; if this database really replaces that installation's (its database was lost), run "
+            f"`packhorse init --adopt {location}`")
+
+
 def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
-                   sites: Collection[str] | None = None) -> list["InitResult"]:
+                   sites: Collection[str] | None = None, adopt: Collection[str] = ()) -> list["InitResult"]:
     """Create and mark the root of every configured data location (``packhorse init``; the
     only code that creates a location root). An existing root with data and no marker is
     adopted as it is (migrating an existing deployment); an open outage of a location marked
@@ -380,6 +420,11 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
 
     ``sites``: mark only the locations of these sites (``packhorse init --site``: in a
     distributed deployment each site's folders are on its own hosts); ``None``: every site.
+
+    A root already marked as its location by *another installation* (the marker's
+    ``installation`` is not :func:`installation_uuid`) is refused while this database records
+    no marker for it, unless its location is in ``adopt`` (``init --adopt LOCATION``: this
+    database replaces that installation's).
 
     An *empty* unmarked root, or a *missing* one, where the database records copies is refused
     (an unmounted mount point looks like the first, the folder of a disk mounted below it like
@@ -401,9 +446,11 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
     from .domain import LocationRole
     from .storage.identity import mark_location, read_marker
 
-    unknown = sorted(set(replace) - {loc.name for loc in ctx.settings.locations})
-    if unknown:
-        raise ConfigError(f"--replace names no configured data location: {', '.join(unknown)}")
+    for option, names in (("--replace", replace), ("--adopt", adopt)):
+        unknown = sorted(set(names) - {loc.name for loc in ctx.settings.locations})
+        if unknown:
+            raise ConfigError(f"{option} names no configured data location: {', '.join(unknown)}")
+    ours = installation_uuid(ctx)
     if sites is not None:
         unknown = sorted(set(sites) - {s.name for s in ctx.settings.sites})
         if unknown:
@@ -431,9 +478,11 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             if root_missing or marker is None:
                 _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace,
                                                root_missing=root_missing)
+        if marker is not None and marker.get("location") == loc.name:
+            _refuse_another_installations(ctx, loc.name, marker, ours, adopting=loc.name in adopt)
         try:
             done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
-                                      storage=loc.storage.value, version=__version__))
+                                      storage=loc.storage.value, version=__version__, installation=ours))
         except ConfigError as e:
             if sites is None and ctx.settings.executor.kind == "celery":
                 raise ConfigError(f"{e} (distributed: each site's folders are on its own hosts; run `packhorse "

@@ -325,3 +325,35 @@ def test_a_source_root_taken_away_while_a_package_looks_at_its_files_loses_none_
     status = p.status()
     assert status["skipped"] == [] and status["blocked"] == []
     assert status["packages"]["archived"] == status["packages"]["total"] == 2
+
+
+def test_a_root_another_installation_marked_is_refused_until_adopted(pipeline, tmp_path: Path) -> None:
+    # a second installation (its own ops database) configured onto the first one's archive, or
+    # a demo pointed at its source: neither takes over what the other's database owns
+    from support import run_packhorse, write_site_config
+
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=1, size=1000)
+    p.init()
+    p.run(expect=0)
+    archive = p.location("cologne-lta")
+    before = {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()}
+
+    other = write_site_config(tmp_path / "other")
+    other.write_text(other.read_text(encoding="utf-8").replace('path = "sites/cologne/archive"',
+                                                               f'path = "{archive}"'), encoding="utf-8")
+    r = run_packhorse("init", "-c", str(other))
+    assert r.returncode == 2, r.stderr
+    assert "cologne-lta" in r.stderr and "marked by another packhorse installation" in r.stderr, r.stderr
+    assert "packhorse init --adopt cologne-lta" in r.stderr, r.stderr
+    run_packhorse("run", "-c", str(other), "--until-idle", "--quiet")  # whatever it says: it writes nothing there
+    demo = run_packhorse("demo", "--source", str(p.source), "--workdir", str(tmp_path / "demo"), "--quiet")
+    assert demo.returncode == 2 and "marked by another packhorse installation" in demo.stderr, demo.stderr
+    assert {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()} == before
+
+    # this database really replaces the other one's: adopted, the marker kept as it is
+    r = run_packhorse("init", "-c", str(other), "--adopt", "cologne-lta")
+    assert r.returncode == 0, r.stderr
+    assert {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()} == before
+    assert run_packhorse("init", "-c", str(other)).returncode == 0  # recorded now: no --adopt needed again
+    p.run(expect=0)  # the first installation is untouched by all this

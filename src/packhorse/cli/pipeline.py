@@ -76,6 +76,10 @@ def init(config: ConfigOpt = None,
              "--site", metavar="SITE",
              help="mark only the data locations of SITE (distributed: run on a host of each site, where its "
                   "folders are); repeatable; default every site")] = None,
+         adopt: Annotated[list[str] | None, typer.Option(
+             "--adopt", metavar="LOCATION",
+             help="take over the root of LOCATION although another packhorse installation marked it (this "
+                  "database replaces that installation's lost one); repeatable")] = None,
          ) -> None:
     """Create or upgrade the ops database (Alembic migrations), register sites and locations,
     and create and mark every location's root with its identity marker.
@@ -83,6 +87,7 @@ def init(config: ConfigOpt = None,
     An existing root with data and no marker (a deployment from before markers) is marked and
     keeps its data; a root marked as another location is refused (exit 2), and so is an empty
     unmarked root where the database records copies (an unmounted disk), unless ``--replace``
+    names it, and a root marked by another packhorse installation (exit 2), unless ``--adopt``
     names it. ``--site`` marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
     from .. import logs
@@ -98,7 +103,7 @@ def init(config: ConfigOpt = None,
     print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
-    marked = _mark(ctx, replace=replace or (), sites=site or None)
+    marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
     from ..availability import root_of
 
     for m in marked:

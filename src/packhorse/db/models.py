@@ -583,6 +583,18 @@ class AuditEntry(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class Installation(Base):
+    """The identity of this installation (its ops database): one row, written by the first
+    ``packhorse init``. Every identity marker it writes names ``uuid`` (``installation``), so a
+    root marked by another installation is never taken over by a fresh database
+    (:func:`packhorse.availability.mark_locations`; DESIGN.md "Storage that is absent is not empty")."""
+
+    __tablename__ = "installation"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class RuntimeSetting(Base):
     """A setting changed while services run (``packhorse config set``); overrides the file.
 

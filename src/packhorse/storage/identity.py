@@ -11,8 +11,11 @@ prefix), under the reserved prefix, so ``list`` never yields it and a scan never
 It is written once (the backend's write-once publication, I2) and holds JSON::
 
     {"format": "packhorse-location-identity/1", "location": "cologne-lta", "site": "cologne",
-     "role": "long_term_archive", "storage": "disk", "uuid": "…", "created_at": "2026-…Z",
-     "packhorse_version": "…"}
+     "role": "long_term_archive", "storage": "disk", "uuid": "…", "installation": "…",
+     "created_at": "2026-…Z", "packhorse_version": "…"}
+
+``installation`` is the uuid of the installation (ops database) that marked it
+(:class:`~packhorse.db.models.Installation`; absent in markers written before it existed).
 
 A location is *available* when its root is there and its marker names it
 (:func:`check_identity`); a missing root (an unmounted disk, a renamed folder, a deleted
@@ -135,7 +138,7 @@ def check_identity(backend: StorageBackend, location: str, expected_uuid: str | 
 
 
 def mark_location(backend: StorageBackend, *, location: str, site: str, role: str, storage: str,
-                  version: str) -> InitResult:
+                  version: str, installation: str | None = None) -> InitResult:
     """Create the root of ``location`` if needed and write its identity marker (``packhorse
     init``; the only code that creates a root). An existing root with objects and no marker is
     adopted (an existing deployment: its objects are kept as they are).
@@ -160,7 +163,7 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
     objects = 0 if created else sum(1 for _ in backend.list())
     body = json.dumps({
         "format": MARKER_FORMAT, "location": location, "site": site, "role": role, "storage": storage,
-        "uuid": str(uuid.uuid4()), "created_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "uuid": str(uuid.uuid4()), **({"installation": installation} if installation else {}), "created_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
         "packhorse_version": version,
     }, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     try:
