@@ -52,6 +52,8 @@ def main() -> int:
         run = a.workdir / "run"
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
+        # a new installation each run: the source's marker of the last one would be refused
+        shutil.rmtree(Path(src) / "_packhorse", ignore_errors=True)
         code = (f"from pathlib import Path; from packhorse.demo import write_demo_config; "
                 f"print(write_demo_config(Path({str(run)!r}), {str(src)!r}, workers=4))")
         cfg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

@@ -303,6 +303,10 @@ def timeline(run_dir: Path, t0: float) -> dict[str, object]:
 
 def setup_packhorse(source: Path, run_dir: Path, workers: int) -> tuple[Path, float]:
     fresh(run_dir)
+    # every run is a new installation (its own ops database) over the same data set: the
+    # marker the last run's installation left in the source would be refused (another
+    # installation's root), and it is none of the data set's files
+    shutil.rmtree(source / "_packhorse", ignore_errors=True)
     cfg = write_demo_config(run_dir, str(source), workers=workers)
     t = time.monotonic()
     p = subprocess.run([*packhorse_cmd(), "init", "-c", str(cfg)], capture_output=True, text=True, cwd=run_dir)
