@@ -28,7 +28,8 @@ _LONG_E2E = frozenset({
     "test_recovery_cli.py", "test_staging.py", "test_runtime_settings.py", "test_disk_pressure.py",
     "test_reset.py", "test_s3_archive.py", "test_source_deletion.py", "test_dashboard_views.py",
     "test_dashboard.py", "test_operator_api.py", "test_file_versions.py", "test_convergence.py",
-    "test_unavailable_location.py",
+    "test_unavailable_location.py", "test_startup_errors.py", "test_disk_usage_commands.py", "test_api_command.py",
+    "test_missing_source.py",
     "test_convergence_distributed.py", "test_distributed_versions.py", "test_unavailable_distributed.py",
     "test_distributed_breaker.py",
 })

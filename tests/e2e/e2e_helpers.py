@@ -64,8 +64,10 @@ class Pipeline:
         """``packhorse <args> -c <config>`` in a subprocess, from the installation folder."""
         return self._cli(*args, "-c", str(self.config), env=env, cwd=self.root)
 
-    def init(self) -> None:
-        r = self.cli("init")
+    def init(self, *, adopt: tuple[str, ...] = ()) -> None:
+        """``packhorse init``; ``adopt``: locations whose roots an earlier installation (a lost
+        ops database) marked, taken over with ``--adopt``."""
+        r = self.cli("init", *(a for name in adopt for a in ("--adopt", name)))
         assert r.returncode == 0, f"packhorse init exited {r.returncode}\n{r.stderr}"
 
     def run(self, expect: int | None = 0) -> subprocess.CompletedProcess[str]:

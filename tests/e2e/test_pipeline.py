@@ -198,6 +198,11 @@ def _same_bagging_day(first: set[str]) -> None:
         pytest.skip("the UTC day changed between the two runs; Bagging-Date differs by design")
 
 
+#: The roots a lost ops database's installation marked that keep their data (the buffers are
+#: wiped with the database): a new database takes them over with ``init --adopt``.
+LOST_DATABASE_ROOTS = ("fyst-source", "cologne-lta", "cornell-lta", "fyst-buffer", "cologne-buffer", "cornell-buffer")
+
+
 def test_rerun_after_losing_the_database_meets_already_there_and_rewrites_nothing(pipeline):
     """Ops database and buffers lost, source and archives kept: a fresh run rebuilds the same
     deterministic packages, finds them already archived, and does not rewrite them (I2/I3)."""
@@ -210,7 +215,8 @@ def test_rerun_after_losing_the_database_meets_already_there_and_rewrites_nothin
     before = {lta: p.snapshot(lta) for lta in LTAS}
 
     _wipe_database_and_buffers(p)
-    p.init()
+    # a fresh database meets roots the lost one marked: it must say it takes them over
+    p.init(adopt=LOST_DATABASE_ROOTS)
     p.run()
     _same_bagging_day(day)
 
@@ -240,7 +246,7 @@ def test_destination_holding_different_bytes_is_a_loud_conflict_and_is_never_ove
     os.chmod(victim, 0o444)
     victim_before = (os.stat(victim).st_ino, sha256_file(victim))
 
-    p.init()
+    p.init(adopt=LOST_DATABASE_ROOTS)
     r = p.run(expect=None)
     _same_bagging_day(day)
     assert r.returncode == 3, r.stderr
