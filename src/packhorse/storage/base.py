@@ -95,10 +95,12 @@ def check_key(key: str) -> str:
         raise UnsafePathError(f"empty object key {key!r}", path=str(key))
     if key.startswith("/") or "\\" in key or "\x00" in key:
         raise UnsafePathError(f"unsafe object key {key!r}: absolute or contains a backslash/NUL", path=key)
-    parts = key.split("/")
-    if "" in parts or "." in parts or ".." in parts:  # (list membership: runs once per file scanned)
+    # an empty, "." or ".." component, as substrings of "/key/" (this runs once per file of
+    # every full scan: no split, no list)
+    framed = f"/{key}/"
+    if "//" in framed or "/./" in framed or "/../" in framed:
         raise UnsafePathError(f"unsafe object key {key!r}: empty, '.' or '..' component", path=key)
-    if PARTIAL_SUFFIX in key and any(p.endswith(PARTIAL_SUFFIX) for p in parts):
+    if PARTIAL_SUFFIX in key and f"{PARTIAL_SUFFIX}/" in f"{key}/":
         # in any component: a disk backend's partial writes are files and folders named so, and
         # its sweep removes them (a file stored below such a folder would be swept with it)
         raise UnsafePathError(f"object key {key!r} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
