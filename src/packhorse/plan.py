@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from .config import Settings
@@ -49,10 +49,12 @@ class _File:
 
 
 def _registered(session: Session, location: str) -> dict[str, tuple[int, int]]:
-    q = (select(RawDataFile.relative_path, RawDataFile.size, RawDataFile.mtime_ns)
+    # as the scan compares (managers.scan._registered): a touched file's confirmed mtime counts
+    q = (select(RawDataFile.relative_path, RawDataFile.size,
+                func.coalesce(RawDataFile.confirmed_mtime_ns, RawDataFile.mtime_ns))
          .join(DataLocation, DataLocation.id == RawDataFile.location_id).where(DataLocation.name == location)
          .order_by(RawDataFile.version))  # the latest version of a path wins
-    return {r.relative_path: (r.size, r.mtime_ns) for r in session.execute(q)}
+    return {path: (size, mtime_ns) for path, size, mtime_ns in session.execute(q)}
 
 
 def _unpackaged(session: Session, location: str) -> list[tuple[str, str, int, int]]:

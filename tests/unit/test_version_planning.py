@@ -314,3 +314,40 @@ def test_a_package_that_failed_on_a_changed_file_before_builds_from_the_rest_aft
     run_stage(ctx, "cam/obs1")
     assert package_rows(ctx) == {"cam/obs1": (1, 1)}
     assert ctx.db.read(lambda s: s.get(Operation, op_id).status) == Status.COMPLETED.value
+
+
+def test_a_touched_file_is_hashed_once_not_at_every_full_scan(ctx, pool, monkeypatch) -> None:
+    """A file of a built package touched (same bytes, new mtime) is hashed by the next full scan,
+    which finds the registered bytes and records the new mtime as confirmed: the scans after it
+    do not read the file again. New bytes at a later mtime are still a new version."""
+    from packhorse.managers import scan as scan_module
+
+    a = write(ctx, "cam/obs1/a.dat", b"a" * 10)
+    write(ctx, "cam/obs1/b.dat", b"b" * 10)
+    scan_all(ctx, pool)
+    packages.manage(ctx, {})
+    mark_built(ctx, "cam/obs1")
+
+    hashed: list[str] = []
+    real = scan_module._hash
+
+    def counting(backend, rel, before):  # type: ignore[no-untyped-def]
+        hashed.append(rel)
+        return real(backend, rel, before)
+
+    monkeypatch.setattr(scan_module, "_hash", counting)
+    t = time.time() - 30
+    os.utime(a, (t, t))
+    assert scan_all(ctx, pool).registered == 0
+    assert hashed == ["cam/obs1/a.dat"]
+    row = ctx.db.read(lambda s: s.scalars(select(RawDataFile).where(RawDataFile.relative_path == "cam/obs1/a.dat")).one())
+    assert row.confirmed_mtime_ns == a.stat().st_mtime_ns
+    assert row.mtime_ns != row.confirmed_mtime_ns  # what the package's tar holds is left as it was (I3)
+    assert scan_all(ctx, pool).registered == 0
+    assert hashed == ["cam/obs1/a.dat"]  # not read again
+
+    a.write_bytes(b"A" * 10)  # new bytes of the same size
+    t = time.time() - 20
+    os.utime(a, (t, t))
+    assert scan_all(ctx, pool).registered == 1
+    assert [v for v, _ in versions(ctx, "cam/obs1/a.dat")] == [1, 2]

@@ -160,6 +160,11 @@ class RawDataFile(Base):
     source_deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: the k-th content of this path that is packaged (migration 0009)
     version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    #: the source file's mtime (ns, UTC) at which a scan last hashed it and found these very
+    #: bytes (a touch): scans take ``(size, confirmed_mtime_ns)`` as unchanged, so the file is
+    #: not hashed again at every full scan; ``mtime_ns`` stays what the package's tar holds (I3)
+    #: (migration 0015)
+    confirmed_mtime_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class WithdrawnFile(Base):

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from ..config import Settings
@@ -308,14 +308,18 @@ _VERSION = operator.itemgetter(3)
 
 def _registered(ctx: ProcessContext, loc_id: int, paths: list[str] | None) -> dict[str, tuple[int, int]]:
     """``{path: (size in bytes, mtime in ns)}`` of the latest registered version of the files
-    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long).
+    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long). The
+    mtime is the one a scan last confirmed the registered bytes at (``confirmed_mtime_ns``, a
+    touched file) where there is one, else the registered one: the file is unchanged if its
+    ``(size, mtime)`` is this.
 
     The whole location is read with the database driver's own cursor (plain tuples, no
     SQLAlchemy row per registration): a full scan reads every registration of its location,
     millions in a large archive, and a SQLAlchemy row for each cost about as much as the
     walk's ``lstat`` of the file (docs/benchmarks.md "Control plane")."""
     t = RawDataFile.__table__  # plain rows (Core): a full scan reads every registration of the location
-    q = select(t.c.relative_path, t.c.size, t.c.mtime_ns, t.c.version).where(t.c.location_id == loc_id)
+    q = select(t.c.relative_path, t.c.size, func.coalesce(t.c.confirmed_mtime_ns, t.c.mtime_ns), t.c.version
+               ).where(t.c.location_id == loc_id)
 
     def tx(s: Session) -> dict[str, tuple[int, int]]:
         conn = s.connection()
@@ -473,9 +477,12 @@ def _apply_updates(s: Session, updates: list[tuple[Change, dict[str, Any]]], sta
 def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[tuple[str, Entry]],
                 changes: dict[str, Change], loc_id: int, depth: int, result: ScanResult, unsettled: set[str],
                 look_again: Callable[[str], None], now: float, settle: float
-                ) -> tuple[list[dict[str, object]], list[tuple[Change, dict[str, Any]]]]:
+                ) -> tuple[list[dict[str, object]], list[tuple[Change, dict[str, Any]]], list[dict[str, Any]]]:
     """Hash the files of ``chunk`` (large ones on ``pool``, in batches; small ones here, see the
-    module docstring); returns the rows to register and the registrations to update. A file
+    module docstring); returns the rows to register, the registrations to update, and the
+    registrations whose file holds the registered bytes at a new mtime (a touch: ``{"touched_id",
+    "touched_sha256", "touched_mtime_ns"}`` to record as confirmed, so the file is not hashed
+    again). A file
     that changed while hashed makes its group unsettled; an unreadable one is skipped."""
     rows: list[dict[str, object]] = []
     large = [(p, st_) for p, st_ in chunk if st_.size >= THREAD_HASH_MIN_BYTES]
@@ -485,6 +492,7 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
     for batch, results in zip(batches, pending):
         digests.update((p, r) for (p, _), r in zip(batch, results))
     updates: list[tuple[Change, dict[str, Any]]] = []
+    touched: list[dict[str, Any]] = []
     for path, s in chunk:
         state, value = digests[path]
         if state == "ok":
@@ -495,8 +503,10 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
                 rows.append(row)
             elif change.action == "update":
                 updates.append((change, row))
-            elif is_new_content(change, value):  # "version": new bytes (a touch: nothing to do)
+            elif is_new_content(change, value):  # "version": new bytes
                 rows.append(dict(row, version=change.version))
+            else:  # a touch: no new version; the next scans take this mtime as unchanged
+                touched.append({"touched_id": change.row_id, "touched_sha256": value, "touched_mtime_ns": s.mtime_ns})
         elif state == "changed":
             look_again(path)
             unsettled.add(group_of(path, depth))
@@ -505,7 +515,7 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
         else:
             look_again(path)  # unreadable now, perhaps not later
             result.skipped.append((path, str(value)))
-    return rows, updates
+    return rows, updates, touched
 
 
 def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
@@ -590,12 +600,18 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             end += 1  # a group is never split between two chunks
         chunk = todo[start:end]
         start = end
-        rows, updates = _hash_chunk(backend, pool, chunk, changes, loc_id, depth, result, unsettled, look_again,
-                                    now, settle)
+        rows, updates, touched = _hash_chunk(backend, pool, chunk, changes, loc_id, depth, result, unsettled,
+                                             look_again, now, settle)
 
         def register(s: Session, rows: list[dict[str, object]] = rows,
-                     updates: list[tuple[Change, dict[str, Any]]] = updates) -> list[str]:
+                     updates: list[tuple[Change, dict[str, Any]]] = updates,
+                     touched: list[dict[str, Any]] = touched) -> list[str]:
             stamp = utcnow()
+            if touched:  # compare-and-set on the bytes hashed: a registration replaced meanwhile is left
+                t = RawDataFile.__table__
+                s.execute(update(t).where(t.c.id == bindparam("touched_id"),
+                                          t.c.sha256 == bindparam("touched_sha256"))
+                          .values(confirmed_mtime_ns=bindparam("touched_mtime_ns")), touched)
             paths = [str(r["relative_path"]) for r in rows] + _apply_updates(s, updates, stamp)
             if rows:
                 # a file another scanner (a second `packhorse run`) registered since _registered
@@ -612,7 +628,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
                                                         SkippedFile.relative_path.in_(paths[i:i + 500])))
             return paths
 
-        if rows or updates:
+        if rows or updates or touched:
             registered_paths += ctx.db.transact(register)
         if on_registered is not None:
             ready = sorted({group_of(p, depth) for p, _ in chunk} - unsettled)
