@@ -482,8 +482,8 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
     module docstring); returns the rows to register, the registrations to update, and the
     registrations whose file holds the registered bytes at a new mtime (a touch: ``{"touched_id",
     "touched_sha256", "touched_mtime_ns"}`` to record as confirmed, so the file is not hashed
-    again). A file
-    that changed while hashed makes its group unsettled; an unreadable one is skipped."""
+    again). A file that changed while hashed makes its group unsettled; an unreadable one is
+    skipped."""
     rows: list[dict[str, object]] = []
     large = [(p, st_) for p, st_ in chunk if st_.size >= THREAD_HASH_MIN_BYTES]
     batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
