@@ -20,8 +20,13 @@ Idempotent registration, no operation row (stage 1). Rules:
   registered again in place once it settles; in a package not built yet → left to the
   ``raw_data_package`` stage, which takes the registration out (:class:`WithdrawnFile`) and
   builds the package from the other files; in a built package → registered as a new
-  ``version`` (the same bytes again, a ``touch``: no new version). A withdrawn path is looked
-  at at every scan, whatever the folder cache says, until it is registered again.
+  ``version`` (the same bytes again, a ``touch``: no new version; the mtime they were found
+  at is recorded as ``confirmed_mtime_ns`` and compared from then on, so the file is hashed
+  once). A withdrawn path is looked at at every scan, whatever the folder cache says, until it
+  is registered again.
+* A full listing reads every registration of the location at once (the driver's cursor) and
+  leaves every file whose ``(size, mtime)`` matches in one pass, with the cyclic garbage
+  collector paused meanwhile (:func:`_cycle_collection_paused`).
 * Files of :data:`THREAD_HASH_MIN_BYTES` or more are hashed on a thread pool (sha256 and the
   reads release the GIL for large buffers); smaller ones in the scanning thread, one after the
   other: for them the threads would only pass the GIL around (20,000 files of 0–16 KiB: 0.5 s
