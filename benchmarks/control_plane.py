@@ -21,8 +21,9 @@ and every run checks its outcome (a wrong result aborts the benchmark):
   files (default 1,000,000) in ``--packages`` archived raw data packages (default 100,000),
   each with its verified archive copy and its completed operations, bulk-inserted; then one
   :func:`packhorse.pipeline.manager_cycle` (no scan) is timed ``--repeats`` times: it must
-  create nothing. Target: the median under 1 s. The query plans of the cycle on SQLite are
-  checked for full reads of a growing table (``EXPLAIN QUERY PLAN``: ``SCAN <table>``).
+  create nothing. Target: the median under 1 s. The query plans of the cycle are checked for
+  full reads of a growing table (SQLite ``EXPLAIN QUERY PLAN``: ``SCAN <table>``; PostgreSQL
+  ``EXPLAIN``: ``Seq Scan on <table>``, after ``VACUUM ANALYZE``).
 * ``scan``: a tree of ``--tree-files`` empty files (default 1,000,000; 1,000 files per
   ``<instrument>/<obs unit>`` folder) in a temporary folder of ``--workdir``, all registered;
   timed ``--repeats`` times, interleaved: ``find ROOT -printf '%s %T@\\n' > /dev/null``, the
