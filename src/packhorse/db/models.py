@@ -220,8 +220,15 @@ class RawDataPackage(Base):
     """
 
     __tablename__ = "raw_data_packages"
-    # "where is my file?" lists every package of a folder (migration 0008)
-    __table_args__ = (Index("ix_raw_data_packages_group_path", "group_path"),)
+    __table_args__ = (
+        # "where is my file?" lists every package of a folder (migration 0008)
+        Index("ix_raw_data_packages_group_path", "group_path"),
+        # the packages not archived yet, found by the archive manager every cycle without
+        # reading the whole archive's (migration 0016: PostgreSQL chose a Seq Scan of 100,000
+        # packages in an idle cycle, docs/benchmarks.md "Control plane")
+        Index("ix_raw_data_packages_not_archived", "id",
+              sqlite_where=text("archived_at IS NULL"), postgresql_where=text("archived_at IS NULL")),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
     group_path: Mapped[str] = mapped_column(Text)
