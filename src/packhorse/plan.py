@@ -30,14 +30,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from .config import Settings
 from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from .domain import CopyStatus, LocationRole, StorageType
 from .managers.packages import _name_for, names_taken, package_base, plan_group
-from .managers.scan import Change, group_of, list_source, look_at_change, plan_changes
+from .managers.scan import Change, group_of, list_source, look_at_change, plan_changes, registered_files
 from .storage.registry import backend_for
 
 
@@ -46,15 +46,6 @@ class _File:
     relative_path: str
     size: int
     version: int = 1
-
-
-def _registered(session: Session, location: str) -> dict[str, tuple[int, int]]:
-    # as the scan compares (managers.scan._registered): a touched file's confirmed mtime counts
-    q = (select(RawDataFile.relative_path, RawDataFile.size,
-                func.coalesce(RawDataFile.confirmed_mtime_ns, RawDataFile.mtime_ns))
-         .join(DataLocation, DataLocation.id == RawDataFile.location_id).where(DataLocation.name == location)
-         .order_by(RawDataFile.version))  # the latest version of a path wins
-    return {path: (size, mtime_ns) for path, size, mtime_ns in session.execute(q)}
 
 
 def _unpackaged(session: Session, location: str) -> list[tuple[str, str, int, int]]:
@@ -102,10 +93,11 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             continue
         backend = backend_for(settings, loc.name)
         found, skipped, _seen, _full = list_source(settings, loc.name, backend=backend)
-        known = db.read(lambda s: _registered(s, loc.name)) if db is not None else {}
+        loc_id = db.read(lambda s: _location_id(s, loc.name)) if db is not None else None
+        # the scan's own reading of the registrations (a touched file's confirmed mtime counts)
+        known = db.read(lambda s: registered_files(s.connection(), loc_id)) if loc_id is not None else {}
         differs = [path for path, st_ in found
                    if (k := known.get(path)) is not None and k != (st_.size, st_.mtime_ns)]
-        loc_id = db.read(lambda s: _location_id(s, loc.name)) if db is not None and differs else None
         changes = plan_changes(db, loc_id, differs) if loc_id is not None else {}
         new: list[_File] = []
         settling = 0

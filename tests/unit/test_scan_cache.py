@@ -187,7 +187,7 @@ def test_a_file_registered_by_another_scanner_meanwhile_is_not_an_error(ctx: Pro
     write(source(ctx) / "inst/obs1/b.dat", b"b")
     with ThreadPoolExecutor(2) as pool:
         assert scan_all(ctx, pool).registered == 2
-        monkeypatch.setattr(scan_module, "_registered", lambda *a, **k: {})  # looked before the other committed
+        monkeypatch.setattr(scan_module, "registered_files", lambda *a, **k: {})  # looked before the other committed
         again = scan_all(ctx, pool)
     assert again.unsettled_groups == {"fyst-source": set()} and not again.skipped
     rows = ctx.db.read(lambda s: s.execute(select(RawDataFile.relative_path, RawDataFile.sha256)).all())

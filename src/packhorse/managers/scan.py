@@ -55,6 +55,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from ..config import Settings
@@ -311,42 +312,38 @@ def _stat_open(f: object) -> tuple[int, int] | None:
 _VERSION = operator.itemgetter(3)
 
 
-def _registered(ctx: ProcessContext, loc_id: int, paths: list[str] | None) -> dict[str, tuple[int, int]]:
+def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """``{path: (size in bytes, mtime in ns)}`` of the latest registered version of the files
-    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long). The
-    mtime is the one a scan last confirmed the registered bytes at (``confirmed_mtime_ns``, a
-    touched file) where there is one, else the registered one: the file is unchanged if its
-    ``(size, mtime)`` is this.
+    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long), read
+    on ``conn``. The mtime is the one a scan last confirmed the registered bytes at
+    (``confirmed_mtime_ns``, a touched file) where there is one, else the registered one: a
+    file is unchanged if its ``(size, mtime)`` is this. The one rule of the scan and of ``run
+    --dry-run`` (:mod:`packhorse.plan`).
 
     The whole location is read with the database driver's own cursor (plain tuples, no
     SQLAlchemy row per registration): a full scan reads every registration of its location,
     millions in a large archive, and a SQLAlchemy row for each cost about as much as the
     walk's ``lstat`` of the file (docs/benchmarks.md "Control plane")."""
-    t = RawDataFile.__table__  # plain rows (Core): a full scan reads every registration of the location
+    t = RawDataFile.__table__
     q = select(t.c.relative_path, t.c.size, func.coalesce(t.c.confirmed_mtime_ns, t.c.mtime_ns), t.c.version
                ).where(t.c.location_id == loc_id)
-
-    def tx(s: Session) -> dict[str, tuple[int, int]]:
-        conn = s.connection()
-        rows: list[Any]
-        if paths is None or len(paths) > 2000:
-            # the location id is an integer of ours: inlined, the statement needs no parameters
-            # and so no paramstyle of the driver's (qmark on SQLite, format on psycopg)
-            sql = str(q.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-            cursor = conn.connection.cursor()
-            try:
-                cursor.execute(sql)
-                rows = cursor.fetchall()
-            finally:
-                cursor.close()
-        else:
-            rows = [r for i in range(0, len(paths), 500)
-                    for r in conn.execute(q.where(t.c.relative_path.in_(paths[i:i + 500]))).all()]
-        if any(r[3] != 1 for r in rows):  # most files have one version: nothing to order then
-            rows.sort(key=_VERSION)  # stable: later versions win
-        return {path: (size, mtime_ns) for path, size, mtime_ns, _ in rows}
-
-    return ctx.db.read(tx)
+    rows: list[Any]
+    if paths is None or len(paths) > 2000:
+        # the location id is an integer of ours: inlined, the statement needs no parameters
+        # and so no paramstyle of the driver's (qmark on SQLite, format on psycopg)
+        sql = str(q.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
+    else:
+        rows = [r for i in range(0, len(paths), 500)
+                for r in conn.execute(q.where(t.c.relative_path.in_(paths[i:i + 500]))).all()]
+    if any(r[3] != 1 for r in rows):  # most files have one version: nothing to order then
+        rows.sort(key=_VERSION)  # stable: later versions win
+    return {path: (size, mtime_ns) for path, size, mtime_ns, _ in rows}
 
 
 # ----------------------------------------------- versions: registrations their file no longer matches
@@ -564,7 +561,8 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             _stat_withdrawn(backend, withdrawn, found)
         # read after the walk, not on another thread during it: the two only took turns at the
         # GIL, and the scan took half as long again
-        registered = _registered(ctx, loc_id, None if full else [p for p, _ in found])
+        listed = None if full else [p for p, _ in found]
+        registered = ctx.db.read(lambda s: registered_files(s.connection(), loc_id, listed))
         # the files whose registration matches (size, mtime) are left at once: all but a few of
         # a full scan's, and this line runs once per file of the location
         get = registered.get
