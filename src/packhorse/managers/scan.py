@@ -477,7 +477,8 @@ def _apply_updates(s: Session, updates: list[tuple[Change, dict[str, Any]]], sta
 
 
 def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[tuple[str, Entry]],
-                changes: dict[str, Change], loc_id: int, depth: int, result: ScanResult, unsettled: set[str],
+                changes: dict[str, Change], loc_id: int, groups: dict[str, str], result: ScanResult,
+                unsettled: set[str],
                 look_again: Callable[[str], None], now: float, settle: float
                 ) -> tuple[list[dict[str, object]], list[tuple[Change, dict[str, Any]]], list[dict[str, Any]]]:
     """Hash the files of ``chunk`` (large ones on ``pool``, in batches; small ones here, see the
@@ -485,7 +486,7 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
     registrations whose file holds the registered bytes at a new mtime (a touch: ``{"touched_id",
     "touched_sha256", "touched_mtime_ns"}`` to record as confirmed, so the file is not hashed
     again). A file that changed while hashed makes its group unsettled; an unreadable one is
-    skipped."""
+    skipped. ``groups``: the package group of each path of ``chunk`` (:func:`group_of`)."""
     rows: list[dict[str, object]] = []
     large = [(p, st_) for p, st_ in chunk if st_.size >= THREAD_HASH_MIN_BYTES]
     batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
@@ -498,7 +499,7 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
     for path, s in chunk:
         state, value = digests[path]
         if state == "ok":
-            row = dict(location_id=loc_id, relative_path=path, group_path=group_of(path, depth),
+            row = dict(location_id=loc_id, relative_path=path, group_path=groups[path],
                        size=s.size, sha256=value, mtime_ns=s.mtime_ns, version=1)
             change = changes.get(path)
             if change is None:
@@ -511,7 +512,7 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
                 touched.append({"touched_id": change.row_id, "touched_sha256": value, "touched_mtime_ns": s.mtime_ns})
         elif state == "changed":
             look_again(path)
-            unsettled.add(group_of(path, depth))
+            unsettled.add(groups[path])
             result.pending_settle += 1
             result.next_settle_at = now + max(settle, 0.5)
         else:
@@ -594,16 +595,17 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
 
     # hashed and registered in chunks of whole groups, in group order: each chunk's settled
     # groups can be packaged (``on_registered``) while the next chunk is hashed
-    todo.sort(key=lambda e: (group_of(e[0], depth), e[0]))
+    groups = {path: group_of(path, depth) for path, _ in todo}  # (once per file: split and join)
+    todo.sort(key=lambda e: (groups[e[0]], e[0]))
     registered_paths: list[str] = []
     start = 0
     while start < len(todo):
         end = min(start + REGISTER_CHUNK_FILES, len(todo))
-        while end < len(todo) and group_of(todo[end][0], depth) == group_of(todo[end - 1][0], depth):
+        while end < len(todo) and groups[todo[end][0]] == groups[todo[end - 1][0]]:
             end += 1  # a group is never split between two chunks
         chunk = todo[start:end]
         start = end
-        rows, updates, touched = _hash_chunk(backend, pool, chunk, changes, loc_id, depth, result, unsettled,
+        rows, updates, touched = _hash_chunk(backend, pool, chunk, changes, loc_id, groups, result, unsettled,
                                              look_again, now, settle)
 
         def register(s: Session, rows: list[dict[str, object]] = rows,
@@ -634,7 +636,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         if rows or updates or touched:
             registered_paths += ctx.db.transact(register)
         if on_registered is not None:
-            ready = sorted({group_of(p, depth) for p, _ in chunk} - unsettled)
+            ready = sorted({groups[p] for p, _ in chunk} - unsettled)
             if ready:
                 on_registered(location, ready)
     result.unsettled_groups[location] = unsettled
