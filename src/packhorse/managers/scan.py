@@ -619,7 +619,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
                           .values(confirmed_mtime_ns=bindparam("touched_mtime_ns")), touched)
             paths = [str(r["relative_path"]) for r in rows] + _apply_updates(s, updates, stamp)
             if rows:
-                # a file another scanner (a second `packhorse run`) registered since _registered
+                # a file another scanner (a second `packhorse run`) registered since registered_files
                 # looked is left as it is: registration is idempotent, never an error that would
                 # cost this scan its view of which groups are still settling
                 t = RawDataFile.__table__
