@@ -3,7 +3,10 @@
 Idempotent registration, no operation row (stage 1). Rules:
 
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
-  *unsettled* and is not packaged yet.
+  *unsettled* and is not packaged yet. A file whose mtime is ahead of this host's clock (by
+  more than :data:`FUTURE_MTIME_TOLERANCE_SECONDS`: the writer's clock is ahead) settles once
+  scans have seen it unchanged for ``settle_seconds`` (:attr:`ScanCache.future`); meanwhile it
+  is listed as skipped with that reason, and its registration is logged as a warning.
 * A file whose size or mtime changes while it is hashed is not registered this cycle.
 * Folders are listed and files read through the location's storage backend (``ctx.backend``:
   :meth:`~packhorse.storage.base.StorageBackend.walk`, ``open_read``; confined to the root,
@@ -80,6 +83,10 @@ REGISTER_CHUNK_FILES = 2000
 RACY_SECONDS = 2.0
 #: Every this many scans with a :class:`ScanCache`, every folder is listed again.
 FULL_RESCAN_EVERY = 30
+#: A file whose mtime is more than this many seconds ahead of this host's clock was written by
+#: a clock that is ahead (an instrument's, a file server's): its age says nothing about whether
+#: it settled, so it settles by being seen unchanged for ``settle_seconds`` instead.
+FUTURE_MTIME_TOLERANCE_SECONDS = 2.0
 
 
 _gc_lock = threading.Lock()
@@ -130,6 +137,9 @@ class ScanCache:
 
     folders: dict[str, dict[str, _Folder]] = field(default_factory=dict)
     scans: int = 0
+    #: files with an mtime ahead of this host's clock: ``(location, path) → (size, mtime_ns,
+    #: first seen so, UTC s)``; such a file settles once seen unchanged for ``settle_seconds``
+    future: dict[tuple[str, str], tuple[int, int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -584,11 +594,25 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             if change.action == "wait":
                 look_again(path)  # the package stage takes it out; registered again after that
                 continue
-        if now - s.mtime_ns / 1e9 < settle:
+        age = now - s.mtime_ns / 1e9
+        if age < settle:
+            ready_at = s.mtime_ns / 1e9 + settle
+            if age < -FUTURE_MTIME_TOLERANCE_SECONDS:
+                # written by a clock ahead of ours: settled once seen unchanged for settle_seconds
+                # (waiting for its mtime to age would hold its group back until that clock's
+                # time comes, unreported)
+                ready_at = _future_file_ready_at(cache, location, path, s, now, settle)
+                if ready_at <= now:
+                    log.warning("source_mtime_in_future", location=location, path=path,
+                                ahead_seconds=round(-age, 1))
+                    todo.append((path, s))
+                    continue
+                result.skipped.append((path, f"modification time {-age:.0f} s ahead of this host's clock (the "
+                                             f"writer's clock is ahead?): registered once it has not changed for "
+                                             f"settle_seconds ({settle:g} s)"))
             look_again(path)
             unsettled.add(group_of(path, depth))
             result.pending_settle += 1
-            ready_at = s.mtime_ns / 1e9 + settle
             result.next_settle_at = ready_at if result.next_settle_at is None else min(result.next_settle_at, ready_at)
             continue
         todo.append((path, s))
@@ -664,6 +688,23 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     if cache is not None and seen is not None:  # only once what was seen is registered
         cache.folders[location] = seen
     return result
+
+
+def _future_file_ready_at(cache: ScanCache | None, location: str, path: str, entry: Entry, now: float,
+                          settle: float) -> float:
+    """When (UTC s) file ``path``, whose mtime is ahead of this host's clock, counts as settled:
+    ``settle`` seconds after a scan first saw it with its present size and mtime (kept in
+    ``cache``; without one, every scan is the first look, so it waits for a scan with a cache,
+    or has settled at once when ``settle`` is 0)."""
+    if cache is None:
+        return now + settle
+    key = (location, path)
+    seen = cache.future.get(key)
+    if seen is None or seen[:2] != (entry.size, entry.mtime_ns):
+        cache.future[key] = seen = (entry.size, entry.mtime_ns, now)
+    if seen[2] + settle <= now:
+        del cache.future[key]
+    return seen[2] + settle
 
 
 def scan_all(ctx: ProcessContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None,
