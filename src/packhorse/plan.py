@@ -37,7 +37,8 @@ from .config import Settings
 from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from .domain import CopyStatus, LocationRole, StorageType
 from .managers.packages import _name_for, names_taken, package_base, plan_group
-from .managers.scan import Change, group_of, list_source, look_at_change, plan_changes, registered_files
+from .managers.scan import (FUTURE_MTIME_TOLERANCE_SECONDS, Change, group_of, list_source, look_at_change,
+                            plan_changes, registered_files)
 from .storage.registry import backend_for
 
 
@@ -107,7 +108,11 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
                 change = changes.get(path)
                 if change is None:
                     continue  # unchanged (or registered again since it was listed)
-            if t - st_.mtime_ns / 1e9 < p.settle_seconds:
+            age = t - st_.mtime_ns / 1e9
+            # as the scan decides it: a file from a clock ahead of ours settles by being seen
+            # unchanged for settle_seconds (a run's first look), at once when that is 0
+            ahead = age < -FUTURE_MTIME_TOLERANCE_SECONDS
+            if (ahead and p.settle_seconds > 0) or (not ahead and age < p.settle_seconds):
                 settling += 1
                 continue
             if change is not None and change.action != "update":
