@@ -39,6 +39,8 @@ from .domain import CopyStatus, LocationRole, StorageType
 from .managers.packages import _name_for, names_taken, package_base, plan_group
 from .managers.scan import (FUTURE_MTIME_TOLERANCE_SECONDS, Change, group_of, list_source, look_at_change,
                             plan_changes, registered_files)
+from .errors import LocationUnavailableError
+from .storage.identity import check_identity
 from .storage.registry import backend_for
 
 
@@ -73,7 +75,8 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
     """The plan of the next run (see the module docstring) as a JSON-able dict:
 
     ``{"database": "existing" | "none yet", "register": [{"location", "files", "bytes",
-    "settling", "skipped": [{"path", "reason"}]}], "package": [{"name", "location", "files",
+    "settling", "skipped": [{"path", "reason"}], "unavailable": reason (only when the location
+    is not there: the run would wait for it)}], "package": [{"name", "location", "files",
     "bytes", "ship_to": [location], "archive_at": [location]}], "continue": [{"name",
     "archive_at", "missing_at": [location]}], "delete": [{"location", "package", "path", "bytes",
     "when": ISO time or "now"}], "totals": {"files", "bytes", "packages", "shipments",
@@ -93,8 +96,18 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
         if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
             continue
         backend = backend_for(settings, loc.name)
-        found, skipped, _seen, _full = list_source(settings, loc.name, backend=backend)
         loc_id = db.read(lambda s: _location_id(s, loc.name)) if db is not None else None
+        if loc_id is not None:
+            # as the run looks before it scans: storage that is absent (or an empty folder
+            # where it was) is not empty; the run would wait for it (exit 4), register nothing
+            try:
+                check_identity(backend, loc.name, db.read(lambda s: s.scalar(
+                    select(DataLocation.marker_uuid).where(DataLocation.id == loc_id))))
+            except LocationUnavailableError as e:
+                register.append({"location": loc.name, "files": 0, "bytes": 0, "settling": 0, "skipped": [],
+                                 "unavailable": str(e)})
+                continue
+        found, skipped, _seen, _full = list_source(settings, loc.name, backend=backend)
         # the scan's own reading of the registrations (a touched file's confirmed mtime counts)
         known = db.read(lambda s: registered_files(s.connection(), loc_id)) if loc_id is not None else {}
         differs = [path for path, st_ in found

@@ -256,3 +256,31 @@ def test_a_name_with_a_newline_or_markup_is_one_row_of_the_locate_table(capsys) 
     out = capsys.readouterr().out
     [row] = [line for line in out.splitlines() if "fyst-source" in line]
     assert "inst/obs1/new\\nline[bold].txt" in row  # one row, the newline shown, the brackets kept
+
+
+def test_the_plan_names_a_source_location_that_is_not_there(tmp_path):
+    # found by a trial: with the source folder moved away (or an empty folder in its place) the
+    # dry run said "would register 0 file(s)" while the real run waits for it and exits 4
+    from packhorse.availability import mark_locations
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.session import Database
+    from packhorse.plan import plan_run
+    from packhorse.topology import sync_topology
+    from support import write_settled, write_site_config
+
+    settings = load_config(write_site_config(tmp_path / "site", settle_seconds=0))
+    db = Database.from_settings(settings)
+    db.upgrade()
+    mark_locations(ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings)))
+    src = settings.location_path("fyst-source")
+    write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
+    assert plan_run(settings, db)["register"][0]["files"] == 1
+
+    src.rename(src.with_name("moved-away"))
+    entry = plan_run(settings, db)["register"][0]
+    assert entry["files"] == 0 and "fyst-source" in entry["unavailable"]
+    src.mkdir()  # an empty folder where the marked root was
+    entry = plan_run(settings, db)["register"][0]
+    assert "identity marker" in entry["unavailable"]
+    db.dispose()

@@ -310,6 +310,10 @@ def _dry_run(config: Path | None, as_json: bool) -> None:
     out = table_console(highlight=False)
     out.print(f"dry run: nothing was written (ops database: {plan['database']})")
     for r in plan["register"]:
+        if r.get("unavailable"):
+            out.print(f"{r['location']} is unavailable: {r['unavailable']}; a run would register nothing there "
+                      "and wait for it (exit 4)")
+            continue
         out.print(f"would register {r['location']}: {r['files']} file(s), {r['bytes']:,} bytes"
                   + (f"; {r['settling']} still settling" if r["settling"] else ""))
         for k in r["skipped"]:
