@@ -17,7 +17,7 @@ from sqlalchemy import select
 from packhorse.availability import mark_locations
 from packhorse.storage.identity import MARKER_KEY
 from packhorse.config import load_config
-from packhorse.db.models import RawDataFile, SkippedFile
+from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
 from packhorse.managers import scan as scan_module
 from packhorse.managers.scan import ScanCache, scan_all
@@ -338,50 +338,3 @@ def test_files_in_a_folder_named_with_the_partial_suffix_are_listed_as_skipped(t
     assert [p for p, _ in skipped] == ["cam14/.packhorse-partial/f.txt"]
     assert "reserved suffix" in skipped[0][1]
 
-
-def test_a_file_from_a_clock_ahead_settles_by_being_seen_unchanged(tmp_path: Path) -> None:
-    # found by a trial: a file whose mtime was an hour ahead (an instrument's clock) held its
-    # observation unit back until that hour came, and `run --until-idle` waited for it, saying
-    # nothing; one dated 2031 was left out of the archive without a word
-    ctx = make_ctx(tmp_path / "site", settle_seconds=1)
-    try:
-        root = source(ctx)
-        write(root / "inst/obs1/ahead.dat", b"ahead", age=-3600)  # an hour in the future
-        write(root / "inst/obs1/past.dat", b"past")
-        write(root / "inst/obs2/far.dat", b"far", age=-5 * 365 * 86400)
-        cache = ScanCache()
-        with ThreadPoolExecutor(2) as pool:
-            first = scan_all(ctx, pool, cache)
-            assert registered(ctx) == {"inst/obs1/past.dat"}
-            assert first.unsettled_groups["fyst-source"] == {"inst/obs1", "inst/obs2"}  # not packaged yet
-            reasons = dict(first.skipped)
-            assert set(reasons) == {"inst/obs1/ahead.dat", "inst/obs2/far.dat"}
-            assert "ahead of this host's clock" in reasons["inst/obs1/ahead.dat"]
-            assert first.pending_settle == 2 and first.next_settle_at is not None
-            assert first.next_settle_at - time.time() <= 1.0  # the run waits a settle time, not an hour
-            time.sleep(max(0.0, first.next_settle_at - time.time()) + 0.05)
-            second = scan_all(ctx, pool, cache)
-        assert registered(ctx) == {"inst/obs1/past.dat", "inst/obs1/ahead.dat", "inst/obs2/far.dat"}
-        assert not second.skipped and not second.pending_settle
-        assert second.unsettled_groups["fyst-source"] == set()
-        assert not ctx.db.read(lambda s: list(s.scalars(select(SkippedFile))))  # nothing left listed
-    finally:
-        ctx.db.dispose()
-
-
-def test_a_file_from_a_clock_ahead_that_still_changes_waits(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path / "site", settle_seconds=0.5)
-    try:
-        f = source(ctx) / "inst/obs1/growing.dat"
-        write(f, b"a", age=-3600)
-        cache = ScanCache()
-        with ThreadPoolExecutor(2) as pool:
-            scan_all(ctx, pool, cache)
-            time.sleep(0.6)
-            write(f, b"ab", age=-3590)  # written again meanwhile: seen anew
-            assert scan_all(ctx, pool, cache).registered == 0
-            time.sleep(0.6)
-            assert scan_all(ctx, pool, cache).registered == 1
-        assert registered(ctx) == {"inst/obs1/growing.dat"}
-    finally:
-        ctx.db.dispose()
