@@ -1,6 +1,6 @@
 """Files written by a clock ahead of this host's (an instrument's, a file server's): their mtime
 cannot age into ``settle_seconds``, so they settle by being seen unchanged for that long
-(:attr:`packhorse.managers.scan.ScanCache.future`), are listed as skipped with the reason
+(``packhorse.managers.scan._FUTURE_SEEN``, with or without a scan cache: both modes), are listed as skipped with the reason
 meanwhile, and hold their observation unit back only that long. Real time passes here (the
 settle time), hence not a unit test."""
 
@@ -18,7 +18,7 @@ from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.db.models import RawDataFile, SkippedFile
 from packhorse.db.session import Database
-from packhorse.managers.scan import ScanCache, scan_all
+from packhorse.managers.scan import ScanCache, scan_all, scan_location
 from packhorse.topology import sync_topology
 
 from support import write_site_config
@@ -88,5 +88,22 @@ def test_a_file_from_a_clock_ahead_that_still_changes_waits(tmp_path: Path) -> N
             time.sleep(0.6)
             assert scan_all(ctx, pool, cache).registered == 1
         assert _registered(ctx) == {"inst/obs1/growing.dat"}
+    finally:
+        ctx.db.dispose()
+
+
+def test_the_scan_without_a_folder_cache_settles_it_too(tmp_path: Path) -> None:
+    # the distributed scan task (pipeline.scan_and_package) keeps no ScanCache: a file from a
+    # clock ahead must settle there as in `packhorse run`, not wait for its mtime to come
+    ctx = _ctx(tmp_path / "site", settle=0.5)
+    try:
+        _write(ctx.settings.location_path("fyst-source") / "inst/obs1/ahead.dat", b"ahead", age=-3600)
+        with ThreadPoolExecutor(2) as pool:
+            first = scan_location(ctx, "fyst-source", pool)
+            assert first.registered == 0 and first.next_settle_at is not None
+            assert first.next_settle_at - time.time() <= 0.5
+            time.sleep(max(0.0, first.next_settle_at - time.time()) + 0.05)
+            assert scan_location(ctx, "fyst-source", pool).registered == 1
+        assert _registered(ctx) == {"inst/obs1/ahead.dat"}
     finally:
         ctx.db.dispose()

@@ -5,7 +5,8 @@ Idempotent registration, no operation row (stage 1). Rules:
 * Files modified less than ``settle_seconds`` ago are left for a later cycle; their group is
   *unsettled* and is not packaged yet. A file whose mtime is ahead of this host's clock (by
   more than :data:`FUTURE_MTIME_TOLERANCE_SECONDS`: the writer's clock is ahead) settles once
-  scans have seen it unchanged for ``settle_seconds`` (:attr:`ScanCache.future`); meanwhile it
+  scans of this process have seen it unchanged for ``settle_seconds`` (:data:`_FUTURE_SEEN`,
+  kept with or without a :class:`ScanCache`, so the distributed scan task does the same); meanwhile it
   is listed as skipped with that reason, and its registration is logged as a warning.
 * A file whose size or mtime changes while it is hashed is not registered this cycle.
 * Folders are listed and files read through the location's storage backend (``ctx.backend``:
@@ -137,9 +138,6 @@ class ScanCache:
 
     folders: dict[str, dict[str, _Folder]] = field(default_factory=dict)
     scans: int = 0
-    #: files with an mtime ahead of this host's clock: ``(location, path) → (size, mtime_ns,
-    #: first seen so, UTC s)``; such a file settles once seen unchanged for ``settle_seconds``
-    future: dict[tuple[str, str], tuple[int, int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -601,7 +599,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
                 # written by a clock ahead of ours: settled once seen unchanged for settle_seconds
                 # (waiting for its mtime to age would hold its group back until that clock's
                 # time comes, unreported)
-                ready_at = _future_file_ready_at(cache, location, path, s, now, settle)
+                ready_at = _future_file_ready_at(location, path, s, now, settle)
                 if ready_at <= now:
                     log.warning("source_mtime_in_future", location=location, path=path,
                                 ahead_seconds=round(-age, 1))
@@ -690,20 +688,22 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     return result
 
 
-def _future_file_ready_at(cache: ScanCache | None, location: str, path: str, entry: Entry, now: float,
-                          settle: float) -> float:
+#: Files of this process's scans with an mtime ahead of this host's clock: ``(location, path) →
+#: (size, mtime_ns, first seen so, UTC s)``. Kept by the process whether or not its scans keep a
+#: :class:`ScanCache` (a distributed scan task has none), so both modes settle such a file alike.
+_FUTURE_SEEN: dict[tuple[str, str], tuple[int, int, float]] = {}
+
+
+def _future_file_ready_at(location: str, path: str, entry: Entry, now: float, settle: float) -> float:
     """When (UTC s) file ``path``, whose mtime is ahead of this host's clock, counts as settled:
-    ``settle`` seconds after a scan first saw it with its present size and mtime (kept in
-    ``cache``; without one, every scan is the first look, so it waits for a scan with a cache,
-    or has settled at once when ``settle`` is 0)."""
-    if cache is None:
-        return now + settle
+    ``settle`` seconds after a scan of this process first saw it with its present size and
+    mtime (:data:`_FUTURE_SEEN`); at once when ``settle`` is 0."""
     key = (location, path)
-    seen = cache.future.get(key)
+    seen = _FUTURE_SEEN.get(key)
     if seen is None or seen[:2] != (entry.size, entry.mtime_ns):
-        cache.future[key] = seen = (entry.size, entry.mtime_ns, now)
+        _FUTURE_SEEN[key] = seen = (entry.size, entry.mtime_ns, now)
     if seen[2] + settle <= now:
-        del cache.future[key]
+        _FUTURE_SEEN.pop(key, None)
     return seen[2] + settle
 
 
