@@ -40,7 +40,7 @@ from .operations import (
     record_failure,
 )
 from .stages import STAGES
-from .stages.base import Work
+from .stages.base import Recorder, Work
 from .context import ProcessContext
 
 log = structlog.get_logger(__name__)
@@ -110,11 +110,7 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
     work = Work(ctx, c, op, keeper)
     with keeper:
         try:
-            unavailable = _unavailable_location(ctx, op)
-            if unavailable is not None:  # storage that is absent is not empty: wait, write nothing
-                raise unavailable
-            recorder = STAGES[c.kind](work)
-            work.check()
+            recorder = _run_stage(ctx, work)
 
             def finish(s: Session) -> None:
                 if not complete_in(s, c, keeper.bytes_done):
@@ -126,6 +122,20 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
             return _failed(ctx, c, exc, work.info, salvage=work.salvage)
     _completed(work.info)
     return Outcome.COMPLETED
+
+
+def _run_stage(ctx: ProcessContext, work: Work) -> Recorder:
+    """Run the stage of a claimed attempt and return what its completion records; nothing is
+    recorded here. Raises what the stage raises, :class:`~packhorse.errors.LocationUnavailableError`
+    before anything is read if a location it touches is unavailable (storage that is absent is
+    not empty: wait, write nothing), and :class:`~packhorse.errors.LeaseLostError` if the lease
+    was lost meanwhile."""
+    unavailable = _unavailable_location(ctx, work.op)
+    if unavailable is not None:
+        raise unavailable
+    recorder = STAGES[work.claim.kind](work)
+    work.check()
+    return recorder
 
 
 def _completed(info: dict[str, Any]) -> None:
@@ -228,13 +238,124 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
     return Outcome.DEFERRED
 
 
-#: Buffer-copy deletions run together by :func:`execute_deletions` (at most this many).
+#: Buffer-copy deletions one task runs together (:func:`execute_task`; at most this many).
 DELETION_BATCH = 16
+#: Long-term-archive operations of small raw data packages one task runs together
+#: (:func:`execute_task`): at most this many, of at most :data:`ARCHIVE_BATCH_BYTES` in all.
+ARCHIVE_BATCH = 8
+#: The most package bytes one task of archive operations holds (bytes). A larger package is
+#: archived alone: its completion must not wait for others' bytes, and its per-operation
+#: costs are small beside its bytes.
+ARCHIVE_BATCH_BYTES = 64 * 2**20
 
 
 def batchable(kind: str, physical_copy_id: int | None) -> bool:
-    """Whether an operation may run in a batch of :func:`execute_deletions`."""
+    """Whether an operation may run in a batch of buffer-copy deletions."""
     return kind == OperationKind.DELETION.value and physical_copy_id is not None
+
+
+def execute_task(ctx: ProcessContext, operations: list[tuple[int, int | None]], owner: str) -> list[Outcome]:
+    """Run one task of an executor: ``[(operation id, dispatched fencing token or None), …]``.
+
+    One operation runs through :func:`execute_operation`. Several are claimed in one
+    transaction (:func:`~packhorse.operations.claim_many`, each a compare-and-set at its own
+    token, I3), then buffer-copy deletions run as :func:`execute_deletions` runs them and every
+    other operation as :func:`_run_claimed_together` does: each keeps its own row, lease,
+    fencing token, stage run, read-back verification (I4) and outcome. The embedded runner
+    puts up to :data:`DELETION_BATCH` deletions, or up to :data:`ARCHIVE_BATCH` long-term
+    archive operations of small packages, in a task; a few milliseconds of database work per
+    operation were most of a small operation's cost (benchmark (b), docs/benchmarks.md).
+
+    Returns:
+        the :class:`Outcome` of each operation, in order (``SKIPPED``: not claimed).
+
+    Raises:
+        TransientDatabaseError: the database was unreachable while claiming (nothing was
+            claimed; the caller may try again later).
+    """
+    if len(operations) == 1:
+        return [execute_operation(ctx, operations[0][0], owner, token=operations[0][1])]
+    claims = claim_many(ctx.db, dict(operations), owner, ctx.settings.recovery.lease_timeout_seconds)
+    outcomes = {i: Outcome.SKIPPED for i, _ in operations}
+    deletions = {i: c for i, c in claims.items()
+                 if c.operation is not None and batchable(c.kind.value, c.operation.physical_copy_id)}
+    if deletions:
+        outcomes.update(_run_deletions(ctx, deletions))
+    others = {i: c for i, c in claims.items() if i not in deletions}
+    if others:
+        outcomes.update(_run_claimed_together(ctx, others))
+    return [outcomes[i] for i, _ in operations]
+
+
+def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
+    """Run claimed attempts one after the other and complete every one that succeeded in one
+    transaction, each in its own savepoint (a completion refused, stale or conflicting, changes
+    nothing of the others'). Each destination folder is synced once for the task, before the
+    completion transaction (a failed folder sync fails every operation of the task). Every lease is renewed by its heartbeats while its attempt waits
+    its turn. Nothing is recorded before that transaction, so a worker killed mid-task leaves
+    only leases to expire (lease recovery), as a single attempt would; a failure of one goes
+    through the single failure path (:func:`_failed`) and the others go on."""
+    works = {op_id: Work(ctx, c, c.operation if c.operation is not None
+                         else ctx.db.read(lambda s, i=op_id: s.get(Operation, i)), _keeper(ctx, c))
+             for op_id, c in claims.items()}
+    outcomes: dict[int, Outcome] = {}
+    done: dict[int, Recorder] = {}
+    failed: dict[int, Exception] = {}
+    with contextlib.ExitStack() as leases:
+        for w in works.values():
+            leases.enter_context(w.lease)
+        try:
+            # each folder the task published into is synced once, after its last object and
+            # before anything is recorded (StorageBackend.deferred_sync; each object's bytes
+            # are still synced before it is published, I2)
+            with contextlib.ExitStack() as syncs:
+                for location_id in sorted({w.op.destination_location_id for w in works.values()
+                                           if w.op.destination_location_id is not None}):
+                    syncs.enter_context(ctx.backend(ctx.location_name(location_id)).deferred_sync())
+                for op_id, w in works.items():
+                    with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
+                        log.debug("operation_claimed")
+                        try:
+                            done[op_id] = _run_stage(ctx, w)
+                        except Exception as exc:
+                            failed[op_id] = exc
+        except OSError as exc:  # a folder sync failed: nothing the task published is recorded
+            failed.update((op_id, exc) for op_id in done)
+            done = {}
+
+        def finish(s: Session) -> dict[int, Exception]:
+            refused: dict[int, Exception] = {}
+            for op_id, recorder in done.items():
+                w = works[op_id]
+                try:
+                    with s.begin_nested():
+                        if not complete_in(s, w.claim, w.lease.bytes_done):
+                            raise LeaseLostError(f"operation {op_id}: attempt {w.claim.attempt} is stale; "
+                                                 "completion rejected")
+                        recorder(s)
+                except SQLAlchemyError:
+                    raise  # the database's trouble, not this operation's: every one of the task
+                except Exception as exc:  # noqa: BLE001 - this operation's own, as if run alone
+                    refused[op_id] = exc
+            return refused
+
+        if done:
+            try:
+                refused = ctx.db.transact(finish)
+            except Exception as exc:  # each operation's failure, as if run alone
+                refused = {op_id: exc for op_id in done}
+            for op_id in done:
+                if op_id in refused:
+                    failed[op_id] = refused[op_id]
+                    continue
+                with structlog.contextvars.bound_contextvars(**_log_context(works[op_id].claim)):
+                    _completed(works[op_id].info)
+                outcomes[op_id] = Outcome.COMPLETED
+        for op_id, exc in failed.items():
+            w = works[op_id]
+            with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
+                outcomes[op_id] = _failed(ctx, w.claim, exc, w.info, salvage=w.salvage)
+    return outcomes
 
 
 def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
@@ -256,12 +377,19 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
     Raises:
         TransientDatabaseError: the database was unreachable while claiming.
     """
-    from .stages.deletion import delete_bytes, mark_copy, record_deleted
-
     rec = ctx.settings.recovery
     wanted = dict(zip(operation_ids, tokens if tokens is not None else [None] * len(operation_ids)))
     claims = claim_many(ctx.db, wanted, owner, rec.lease_timeout_seconds)
     outcomes = {i: Outcome.SKIPPED for i in operation_ids}
+    outcomes.update(_run_deletions(ctx, claims))
+    return [outcomes[i] for i in operation_ids]
+
+
+def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
+    """The claimed deletions of :func:`execute_deletions`: their outcomes by operation id."""
+    from .stages.deletion import delete_bytes, mark_copy, record_deleted
+
+    outcomes: dict[int, Outcome] = {}
     works: dict[int, Work] = {}
     for c in claims.values():
         assert c.operation is not None and c.operation.physical_copy_id is not None
@@ -358,7 +486,7 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                 outcomes[op_id] = _failed(ctx, w.claim, exc, w.info)
-    return [outcomes[i] for i in operation_ids]
+    return outcomes
 
 
 def _keeper(ctx: ProcessContext, c: Claim) -> LeaseKeeper:

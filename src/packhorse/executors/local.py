@@ -1,7 +1,7 @@
 """Embedded mode: managers, a local pool of worker processes and recovery, one command.
 
 Operations run in ``[executor] workers`` worker processes (``pool = "process"``, the default):
-each has its own database engine and runs :func:`~packhorse.worker.execute_operation`, so
+each has its own database engine and runs :func:`~packhorse.worker.execute_task`, so
 packaging, unpacking and the database work of many small operations use every core instead
 of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of this process
 (debugging, tests that replace the stage). Worker processes die with ``packhorse run``: a
@@ -15,8 +15,12 @@ order is the pipeline's (:mod:`packhorse.pipeline`); this module only decides th
 A finished operation wakes the loop at once, so the next stage starts without waiting for the
 poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
-task is one operation, or up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions
-run together (:func:`~packhorse.worker.execute_deletions`).
+task is one operation, up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions,
+or up to :data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations of small raw data
+packages (:data:`~packhorse.worker.ARCHIVE_BATCH_BYTES` in all) run together
+(:func:`~packhorse.worker.execute_task`): archive operations go to a task together only when
+more of them are runnable than there are free task slots, so a few packages still go one to a
+worker.
 
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
@@ -46,9 +50,9 @@ from sqlalchemy.orm import Session
 from .. import logs
 from ..config import Settings
 from ..context import ProcessContext
-from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
+from ..db.models import CircuitBreaker, LocationOutage, Operation, RawDataPackage, utcnow
 from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, BreakerState, Status
+from ..domain import ACTIVE_STATUSES, BreakerState, OperationKind, Status
 from ..managers import packages as packages_manager
 from ..managers.deletions import waiting_on_rule
 from ..managers.scan import ScanCache, ScanResult, scan_all
@@ -58,11 +62,13 @@ from ..recovery.loop import ErrorCounter
 from ..runtime_settings import RuntimeSettings
 from ..topology import Topology
 from ..worker import (
+    ARCHIVE_BATCH,
+    ARCHIVE_BATCH_BYTES,
     DELETION_BATCH,
     Outcome,
     batchable,
-    execute_deletions,
     execute_operation,
+    execute_task,
 )
 
 log = structlog.get_logger(__name__)
@@ -157,11 +163,27 @@ def _worker_ready() -> int:
 
 
 def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: str) -> list[Outcome]:
-    """Run one task: ``((operation id, dispatched token), …)`` — an operation, or a batch of
-    buffer-copy deletions. Each claim is fenced on the token the dispatch read (I3)."""
-    if len(task) == 1:
-        return [execute_operation(ctx, task[0][0], owner, token=task[0][1])]
-    return execute_deletions(ctx, [i for i, _ in task], owner, [t for _, t in task])
+    """Run one task: ``((operation id, dispatched token), …)`` — an operation, or a batch
+    (:func:`~packhorse.worker.execute_task`). Each claim is fenced on the token the dispatch
+    read (I3)."""
+    return execute_task(ctx, list(task), owner)
+
+
+_DELETIONS, _ARCHIVES = "deletions", "archives"  # the kinds of batch a dispatch fills
+_ARCHIVE_KIND = OperationKind.LONG_TERM_ARCHIVE.value
+
+
+def _small_archives(s: Session, rows: list[Any]) -> dict[int, int]:
+    """``{operation id: package size in bytes}`` of the long-term-archive operations among
+    ``rows`` whose raw data package is at most :data:`~packhorse.worker.ARCHIVE_BATCH_BYTES`
+    (those a task may run together); one query, and none without archive operations."""
+    ids = [r.id for r in rows if r.kind == _ARCHIVE_KIND]
+    if not ids:
+        return {}
+    q = (select(Operation.id, RawDataPackage.size)
+         .join(RawDataPackage, RawDataPackage.id == Operation.raw_data_package_id)
+         .where(Operation.id.in_(ids), RawDataPackage.size <= ARCHIVE_BATCH_BYTES))
+    return {op_id: size for op_id, size in s.execute(q)}
 
 
 def _run_in_worker_process(task: tuple[tuple[int, int], ...]) -> list[Outcome]:
@@ -343,20 +365,27 @@ class LocalRunner:
 
             def choose(rows: list[Any]) -> list[int]:
                 # fill the free task slots in dispatch order; deletions of buffer copies go
-                # DELETION_BATCH to a task
-                batch: list[int] | None = None  # the open batch of deletions
+                # DELETION_BATCH to a task, archive operations of small packages up to
+                # ARCHIVE_BATCH (spread over the free slots first) and ARCHIVE_BATCH_BYTES
+                small = _small_archives(s, rows)
+                per_task = {_DELETIONS: DELETION_BATCH,
+                            _ARCHIVES: min(ARCHIVE_BATCH, max(1, -(-len(small) // free)))}
+                open_batch: dict[str, tuple[list[int], list[int]]] = {}  # kind → (ids, [bytes])
                 for r in rows:
-                    if batchable(r.kind, r.physical_copy_id):
-                        if batch is None or len(batch) == DELETION_BATCH:
-                            if len(tasks) == free:
-                                break
-                            batch = []
-                            tasks.append(batch)
-                        batch.append(r.id)
-                    else:
+                    group = (_DELETIONS if batchable(r.kind, r.physical_copy_id)
+                             else _ARCHIVES if r.id in small else None)
+                    size = small.get(r.id, 0)
+                    batch = open_batch.get(group) if group is not None else None
+                    if batch is None or len(batch[0]) >= per_task[group] \
+                            or batch[1][0] + size > ARCHIVE_BATCH_BYTES:  # type: ignore[index]
                         if len(tasks) == free:
                             break
-                        tasks.append([r.id])
+                        batch = ([], [0])
+                        tasks.append(batch[0])
+                        if group is not None:
+                            open_batch[group] = batch
+                    batch[0].append(r.id)
+                    batch[1][0] += size
                 return [i for task in tasks for i in task]
 
             # the token each was dispatched at: its claim is fenced on it (I3)

@@ -4,8 +4,9 @@ The bundle tar is read once, as a stream, through the one tar reader
 (:func:`packhorse.extraction.iter_members`: no absolute names, no ``..``, no links, devices
 or duplicates, nothing beyond the ``[extraction]`` limits, only regular files under the bag;
 a refused member fails the operation permanently, I6), every raw package tar is copied to
-its own object while both its sha256 and its own bag (manifest, tag manifest, Payload-Oxum)
-are verified, the bundle's manifest is checked against what was read, and each published raw
+its own object while its sha256 is verified, and its own bag (manifest, tag manifest,
+Payload-Oxum) too unless its bytes are the package as built (its recorded sha256), the
+bundle's manifest is checked against what was read, and each published raw
 package is re-read and verified (I4). The bundle must carry exactly the packages the
 database says it does.
 """
@@ -80,6 +81,17 @@ def _read_exactly(stream: BinaryIO, size: int, source: str) -> memoryview:
     return view
 
 
+def _as_built(w: PendingWrite, pkg: "_Package") -> bool:
+    """Whether the bytes written to ``w`` are the raw package as the packaging stage built it:
+    the sha256 recorded when it was built, published and read back (I4). Such bytes hold the
+    bag that stage wrote from source files it verified against their scanned sha256, so their
+    bag check is not repeated here; any other bytes are checked member by member (I6) before
+    the sha256 comparison refuses them (:func:`~packhorse.stages.base.publish_verified`), so a
+    hostile package is reported as refused, permanently, not as a damaged copy. Nothing of a
+    raw package is extracted at unpack; staging checks every member it extracts."""
+    return pkg.sha256 is not None and w.size == pkg.size and w.sha256 == pkg.sha256
+
+
 class _Package(Protocol):
     id: int
     name: str
@@ -131,20 +143,23 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         with buf.open_write(pkey) as w:
             if size <= IN_MEMORY_BYTES:
                 # read it once into memory, write it (w hashes what it writes) and check its
-                # bag from those bytes: no file object per member
+                # bag from those bytes unless they are the package as built: no file object
+                # per member
                 data = _read_exactly(member, size, psource)
                 w.write(data)
                 work.progress(size)
-                read_bag_bytes(data, source=psource, limits=limits)
+                if not _as_built(w, pkg):
+                    read_bag_bytes(data, source=psource, limits=limits)
             elif _seekable(member):
-                # copy (w hashes what it writes), then check the raw package's own bag from the
-                # bundle's cached bytes in random-access mode: cheaper per member than
-                # parsing the tar as a stream while copying it
+                # copy (w hashes what it writes), then check the raw package's own bag unless
+                # it is the package as built, from the bundle's cached bytes in random-access
+                # mode: cheaper per member than parsing the tar as a stream while copying it
                 copied = _copy_stream(member, w)
                 work.progress(copied)
-                member.seek(0)
-                read_bag_tar(member, source=psource, limits=limits)
-                member.seek(copied)
+                if not _as_built(w, pkg):
+                    member.seek(0)
+                    read_bag_tar(member, source=psource, limits=limits)
+                    member.seek(copied)
             else:
                 tee = TeeReader(member, w)  # w hashes what passes through
                 read_bag_tar(tee, source=psource, limits=limits)  # type: ignore[arg-type]  # its own bag

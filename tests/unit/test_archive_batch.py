@@ -1,0 +1,288 @@
+"""Long-term-archive operations of small packages run together in one task
+(:func:`packhorse.worker.execute_task`): one claim and one completion transaction for the task,
+yet every operation keeps its own bytes, fencing token and outcome (I2, I3, I4); the embedded
+runner puts archive operations together only when more of them are runnable than it has free
+task slots, and never a package larger than ``ARCHIVE_BATCH_BYTES``."""
+
+from __future__ import annotations
+
+import hashlib
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+from support import write_site_config
+
+from packhorse.availability import mark_locations
+from packhorse.config import load_config, settings_from_dict
+from packhorse.context import ProcessContext
+from packhorse.db.models import DataLocation, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind, Status
+from packhorse.executors.local import LocalRunner
+from packhorse.hooks import NO_HOOKS
+from packhorse.operations import create_operation, dedup_key
+from packhorse.topology import raw_package_key, sync_topology
+from packhorse.worker import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, Outcome, execute_operation, execute_task
+
+LTA = OperationKind.LONG_TERM_ARCHIVE
+
+
+class Buffer:
+    """A three-site configuration whose cologne buffer holds raw packages waiting for the archive."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.settings = load_config(write_site_config(tmp_path / "site"))
+        self.db = Database(self.settings.database_url)
+        self.db.upgrade()
+        self.ctx = ProcessContext(settings=self.settings, db=self.db, topology=sync_topology(self.db, self.settings))
+        mark_locations(self.ctx)  # as `packhorse init` does: every location root exists and is marked
+        self.ids = self.ctx.topology.location_ids
+
+    def waiting(self, name: str, data: bytes) -> int:
+        """A raw package at cologne-buffer (its bytes and a verified copy row) and its archive
+        operation to cologne-lta; returns the operation id."""
+        key = raw_package_key(name)
+        path = self.settings.location_path("cologne-buffer") / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+
+        def tx(s: Session) -> int:
+            now = utcnow()
+            pkg = RawDataPackage(name=name, group_path=name, source_location_id=self.ids["fyst-source"],
+                                 created_at=now, bagging_date="2026-01-01", file_count=1,
+                                 payload_bytes=len(data), size=len(data), sha256=sha)
+            s.add(pkg)
+            s.flush()
+            s.add(PhysicalCopy(raw_data_package_id=pkg.id, location_id=self.ids["cologne-buffer"], path=key,
+                               size=len(data), sha256=sha, status="present", created_at=now, verified_at=now))
+            op = create_operation(s, kind=LTA, dedup_key=dedup_key(LTA, f"{name}:cologne-lta"),
+                                  site_id=self.ctx.topology.site_ids["cologne"], max_retries=3,
+                                  raw_data_package_id=pkg.id, source_location_id=self.ids["cologne-buffer"],
+                                  destination_location_id=self.ids["cologne-lta"])
+            assert op is not None
+            return op.id
+
+        return self.db.transact(tx)
+
+    def archived(self, name: str) -> bytes | None:
+        path = self.settings.location_path("cologne-lta") / raw_package_key(name)
+        return path.read_bytes() if path.exists() else None
+
+    def copy_rows(self) -> set[str]:
+        return set(self.db.read(lambda s: list(s.scalars(select(PhysicalCopy.path).where(
+            PhysicalCopy.location_id == self.ids["cologne-lta"])))))
+
+    def statuses(self, ops: list[int]) -> list[str]:
+        rows = self.db.read(lambda s: dict(s.execute(select(Operation.id, Operation.status)
+                                                      .where(Operation.id.in_(ops))).all()))
+        return [rows[i] for i in ops]
+
+
+@pytest.fixture
+def buf(tmp_path: Path) -> Iterator[Buffer]:
+    b = Buffer(tmp_path)
+    yield b
+    b.db.dispose()
+
+
+def _task(ops: list[int]) -> list[tuple[int, int | None]]:
+    return [(i, None) for i in ops]
+
+
+def test_archives_run_together_each_with_its_own_outcome(buf: Buffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Good packages are archived, verified and recorded; a key holding other bytes fails alone
+    (DestinationConflictError, never overwritten); an attempt taken over meanwhile records
+    nothing (its bytes are there, its completion is refused); one already done is skipped."""
+    ops = {name: buf.waiting(name, name.encode() * 1000) for name in ("a", "clash", "b", "stale", "done")}
+    clash = buf.settings.location_path("cologne-lta") / raw_package_key("clash")
+    clash.parent.mkdir(parents=True, exist_ok=True)
+    clash.write_bytes(b"someone else's bytes")
+    assert execute_operation(buf.ctx, ops["done"], "w0") is Outcome.COMPLETED
+
+    import packhorse.stages as stages
+
+    real = stages.STAGES[LTA]
+
+    def takeover(work: Any) -> Any:
+        recorder = real(work)
+        if work.op.id == ops["stale"]:  # another attempt claims it after the bytes went
+            buf.db.transact(lambda s: s.execute(update(Operation).where(Operation.id == ops["stale"])
+                                                .values(attempt=Operation.attempt + 1)))
+        return recorder
+
+    monkeypatch.setitem(stages.STAGES, LTA, takeover)
+    order = [ops[n] for n in ("a", "clash", "b", "stale", "done")]
+    assert execute_task(buf.ctx, _task(order), "w1") == [Outcome.COMPLETED, Outcome.FAILED, Outcome.COMPLETED,
+                                                         Outcome.STALE, Outcome.SKIPPED]
+    assert buf.archived("a") == b"a" * 1000 and buf.archived("b") == b"b" * 1000
+    assert clash.read_bytes() == b"someone else's bytes"  # I2: never overwritten
+    assert buf.copy_rows() == {raw_package_key(n) for n in ("a", "b", "done")}  # nothing for clash or stale
+    assert buf.statuses(order) == ["COMPLETED", "FAILED", "COMPLETED", "IN_PROGRESS", "COMPLETED"]
+    ctx = buf.db.read(lambda s: s.get(Operation, ops["clash"]).error_context)
+    assert ctx["error_type"] == "DestinationConflictError"
+    archived = buf.db.read(lambda s: dict(s.execute(select(RawDataPackage.name, RawDataPackage.archived_at)).all()))
+    assert archived["a"] is None  # cornell-lta holds no copy yet: not archived everywhere
+
+
+def test_a_refused_completion_in_a_task_fails_that_operation_alone(buf: Buffer,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # the recorder of one operation raises inside the shared completion transaction: its
+    # savepoint rolls back, the other operations' completions and copy rows stay
+    ops = [buf.waiting(n, n.encode() * 10) for n in ("p", "q")]
+    import packhorse.stages as stages
+
+    real = stages.STAGES[LTA]
+
+    def refuse_q(work: Any) -> Any:
+        recorder = real(work)
+        if work.op.id != ops[1]:
+            return recorder
+
+        def record(s: Session) -> None:
+            recorder(s)
+            raise RuntimeError("copy record refused")
+
+        return record
+
+    monkeypatch.setitem(stages.STAGES, LTA, refuse_q)
+    assert execute_task(buf.ctx, _task(ops), "w") == [Outcome.COMPLETED, Outcome.RETRY]
+    assert buf.copy_rows() == {raw_package_key("p")}
+    assert buf.statuses(ops) == ["COMPLETED", "PENDING"]
+
+
+def test_a_worker_dying_mid_task_records_nothing_and_the_rerun_completes(buf: Buffer,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of a task is recorded before its completion transaction: a worker that dies after
+    the first package's bytes went leaves both operations leased and no copy row; once the
+    leases are taken over, a rerun finds the first object already there (same bytes: no
+    rewrite, I2/I3), writes the second, and records both."""
+    ops = [buf.waiting(n, n.encode() * 100) for n in ("x", "y")]
+    import packhorse.stages as stages
+
+    real = stages.STAGES[LTA]
+
+    class Died(BaseException):
+        pass
+
+    def die_on_y(work: Any) -> Any:
+        if work.op.id == ops[1]:
+            raise Died()
+        return real(work)
+
+    monkeypatch.setitem(stages.STAGES, LTA, die_on_y)
+    with pytest.raises(Died):
+        execute_task(buf.ctx, _task(ops), "w-dies")
+    assert buf.archived("x") == b"x" * 100 and buf.copy_rows() == set()
+    assert buf.statuses(ops) == ["IN_PROGRESS", "IN_PROGRESS"]
+    monkeypatch.setitem(stages.STAGES, LTA, real)
+    # lease recovery's effect: back to PENDING at a new fencing token
+    buf.db.transact(lambda s: s.execute(update(Operation).where(Operation.id.in_(ops)).values(
+        status=Status.PENDING.value, attempt=Operation.attempt + 1, lease_owner=None, lease_expires_at=None)))
+    assert execute_task(buf.ctx, _task(ops), "w2") == [Outcome.COMPLETED, Outcome.COMPLETED]
+    assert buf.copy_rows() == {raw_package_key("x"), raw_package_key("y")}
+    assert buf.archived("y") == b"y" * 100
+
+
+def test_a_task_syncs_each_archive_folder_once_and_records_nothing_if_that_fails(
+        buf: Buffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packages of a task published into one archive folder: that folder is synced once,
+    after the last of them and before anything is recorded; when that sync fails, no copy of
+    the task is recorded (a crash of the machine could still undo the links), every operation
+    goes through the failure path, and the retry completes them from the bytes already there."""
+    import packhorse.storage.disk as disk
+
+    ops = [buf.waiting(f"inst/obs-{i}", bytes([i]) * 500) for i in range(3)]
+    lta_folder = str(buf.settings.location_path("cologne-lta").resolve() / "raw" / "inst")
+    synced: list[str] = []
+    real_sync = disk._fsync_dir
+
+    def failing_sync(folder: Path) -> None:
+        synced.append(str(folder))
+        if str(folder) == lta_folder:
+            raise OSError(5, "Input/output error")
+        real_sync(folder)
+
+    monkeypatch.setattr(disk, "_fsync_dir", failing_sync)
+    assert execute_task(buf.ctx, _task(ops), "w") == [Outcome.RETRY] * 3
+    assert synced.count(lta_folder) == 1  # once for the task, not once per package
+    assert buf.copy_rows() == set() and buf.statuses(ops) == ["PENDING"] * 3
+    assert all(buf.archived(f"inst/obs-{i}") == bytes([i]) * 500 for i in range(3))
+    monkeypatch.setattr(disk, "_fsync_dir", real_sync)
+    buf.db.transact(lambda s: s.execute(update(Operation).where(Operation.id.in_(ops)).values(not_before=None)))
+    assert execute_task(buf.ctx, _task(ops), "w2") == [Outcome.COMPLETED] * 3
+    assert buf.copy_rows() == {raw_package_key(f"inst/obs-{i}") for i in range(3)}
+
+
+def _runner(db: Database, workers: int, prefetch: int) -> LocalRunner:
+    executor = {"workers": workers, "pool": "thread", "prefetch_multiplier": prefetch}
+    return LocalRunner(types.SimpleNamespace(settings=settings_from_dict({"executor": executor}, environ={}),
+                                             db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
+
+
+BIG = ARCHIVE_BATCH_BYTES + 1
+THIRD = ARCHIVE_BATCH_BYTES // 3
+
+
+@pytest.mark.parametrize(("sizes", "expected"), [
+    ([10] * 3, [1, 1, 1]),
+    ([10] * 4, [1, 1, 1, 1]),
+    ([10] * 15, [4, 4, 4, 3]),
+    ([10] * 18, [5, 5, 5, 3]),
+    ([10] * 40, [ARCHIVE_BATCH] * 4),
+    ([BIG] * 10, [1, 1, 1, 1]),                         # large packages: one to a task, always
+    ([10, BIG, 10, 10, BIG, 10, 10, 10, 10], [2, 1, 2, 1]),
+    ([THIRD + 1] * 12, [2, 2, 2, 2]),                   # at most ARCHIVE_BATCH_BYTES to a task
+], ids=["3", "4", "15", "18", "40", "large", "mixed", "bytes"])
+def test_the_runner_puts_small_archives_together_beyond_its_free_slots(tmp_path: Path, sizes: list[int],
+                                                                        expected: list[int]) -> None:
+    """Few archive operations go one to a task, so every worker copies one; more than the free
+    task slots are spread over them, at most ARCHIVE_BATCH and ARCHIVE_BATCH_BYTES to a task;
+    a package larger than ARCHIVE_BATCH_BYTES is always archived alone."""
+    db = Database(f"sqlite:///{tmp_path}/t.db")
+    db.upgrade()
+    try:
+        def seed(s: Session) -> None:
+            s.add(Site(id=1, name="fyst"))
+            s.flush()
+            s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/x"))
+            s.flush()
+            for i, size in enumerate(sizes):
+                pkg = RawDataPackage(name=f"p{i}", group_path=f"p{i}", source_location_id=1, bagging_date="2026-01-01",
+                                     file_count=1, payload_bytes=size, size=size, sha256="0" * 64)
+                s.add(pkg)
+                s.flush()
+                create_operation(s, kind=LTA, dedup_key=f"lta:{i}", site_id=1, max_retries=3,
+                                 raw_data_package_id=pkg.id)
+
+        db.transact(seed)
+        runner = _runner(db, workers=2, prefetch=2)  # 4 free task slots
+        handed: list[tuple[int, ...]] = []
+        runner._submit = lambda task: handed.append(tuple(i for i, _ in task)) or _Done()  # type: ignore[method-assign]
+        try:
+            runner.dispatch()
+        finally:
+            runner.hash_pool.shutdown(wait=True)
+        assert [len(ids) for ids in handed] == expected
+        ids = [i for task in handed for i in task]
+        size_of = db.read(lambda s: dict(s.execute(select(Operation.id, RawDataPackage.size).join(
+            RawDataPackage, RawDataPackage.id == Operation.raw_data_package_id)).all()))
+        assert all(len(t) == 1 or sum(size_of[i] for i in t) <= ARCHIVE_BATCH_BYTES for t in handed)
+        scheduled = db.read(lambda s: set(s.scalars(select(Operation.id).where(
+            Operation.status == Status.SCHEDULED.value))))
+        assert scheduled == set(ids)
+        assert db.read(lambda s: s.scalar(select(func.count()).select_from(Operation))) == len(sizes)
+    finally:
+        db.dispose()
+
+
+class _Done:
+    """A future that never finishes (the test only looks at what was handed over)."""
+
+    def add_done_callback(self, fn: Any) -> None:
+        pass
