@@ -4,8 +4,9 @@ The bundle tar is read once, as a stream, through the one tar reader
 (:func:`packhorse.extraction.iter_members`: no absolute names, no ``..``, no links, devices
 or duplicates, nothing beyond the ``[extraction]`` limits, only regular files under the bag;
 a refused member fails the operation permanently, I6), every raw package tar is copied to
-its own object while its sha256 is verified, and its own bag (manifest, tag manifest,
-Payload-Oxum) too unless its bytes are the package as built (its recorded sha256), the
+its own object while its sha256 is verified; every member of it goes through the one tar
+reader's refusal rules, and its own bag (manifest, tag manifest, Payload-Oxum) is validated
+too unless its bytes are the package as built (its recorded sha256), the
 bundle's manifest is checked against what was read, and each published raw
 package is re-read and verified (I4). The bundle must carry exactly the packages the
 database says it does.
@@ -13,6 +14,7 @@ database says it does.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from typing import BinaryIO, Protocol
 
@@ -21,8 +23,8 @@ from sqlalchemy.orm import Session
 
 from ..digest import sha256_stream
 from ..db.models import DataTransferPackage, RawDataPackage
-from ..errors import SourceMissingError, VerificationError
-from ..extraction import ExtractionLimits
+from ..errors import SourceMissingError, UnsafePathError, VerificationError
+from ..extraction import ExtractionLimits, iter_members
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
 from ..storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
 from ..topology import bundle_key, raw_package_key
@@ -85,11 +87,31 @@ def _as_built(w: PendingWrite, pkg: "_Package") -> bool:
     """Whether the bytes written to ``w`` are the raw package as the packaging stage built it:
     the sha256 recorded when it was built, published and read back (I4). Such bytes hold the
     bag that stage wrote from source files it verified against their scanned sha256, so their
-    bag check is not repeated here; any other bytes are checked member by member (I6) before
-    the sha256 comparison refuses them (:func:`~packhorse.stages.base.publish_verified`), so a
-    hostile package is reported as refused, permanently, not as a damaged copy. Nothing of a
-    raw package is extracted at unpack; staging checks every member it extracts."""
+    payload is not hashed again file by file here (:func:`_check_members` still applies every
+    refusal rule to them, I6); any other bytes get the full bag check before the sha256
+    comparison refuses them (:func:`~packhorse.stages.base.publish_verified`), so a hostile
+    package is reported as refused, permanently, not as a damaged copy."""
     return pkg.sha256 is not None and w.size == pkg.size and w.sha256 == pkg.sha256
+
+
+def _check_members(stream: BinaryIO, *, source: str, limits: ExtractionLimits) -> None:
+    """Pass every member of the raw package tar ``stream`` (seekable) through the one tar
+    reader (:func:`packhorse.extraction.iter_members`) without reading any member's data, and
+    require one top folder, the bag's: a recorded sha256 says the bytes are the ones built,
+    not that they are safe (I6: every input is checked, whoever wrote it).
+
+    Raises:
+        UnsafePathError: a member is refused, or lies outside the first member's top folder;
+            names ``source`` and the member (permanent).
+        VerificationError: not a tar, or a damaged one.
+    """
+    top = None
+    for m in iter_members(stream, source=source, limits=limits, step="unpack"):
+        first = m.name.partition("/")[0]
+        top = first if top is None else top
+        if first != top:
+            raise UnsafePathError(f"{source}: member {m.name!r} is outside the bag folder {top!r}",
+                                  path=m.name, step="unpack")
 
 
 class _Package(Protocol):
@@ -148,7 +170,9 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
                 data = _read_exactly(member, size, psource)
                 w.write(data)
                 work.progress(size)
-                if not _as_built(w, pkg):
+                if _as_built(w, pkg):
+                    _check_members(io.BytesIO(data), source=psource, limits=limits)
+                else:
                     read_bag_bytes(data, source=psource, limits=limits)
             elif _seekable(member):
                 # copy (w hashes what it writes), then check the raw package's own bag unless
@@ -156,10 +180,12 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
                 # mode: cheaper per member than parsing the tar as a stream while copying it
                 copied = _copy_stream(member, w)
                 work.progress(copied)
-                if not _as_built(w, pkg):
-                    member.seek(0)
+                member.seek(0)
+                if _as_built(w, pkg):
+                    _check_members(member, source=psource, limits=limits)
+                else:
                     read_bag_tar(member, source=psource, limits=limits)
-                    member.seek(copied)
+                member.seek(copied)
             else:
                 tee = TeeReader(member, w)  # w hashes what passes through
                 read_bag_tar(tee, source=psource, limits=limits)  # type: ignore[arg-type]  # its own bag
