@@ -28,8 +28,10 @@ and every run checks its outcome (a wrong result aborts the benchmark):
   ``<instrument>/<obs unit>`` folder) in a temporary folder of ``--workdir``, all registered;
   timed ``--repeats`` times, interleaved: ``find ROOT -printf '%s %T@\\n' > /dev/null``, the
   full scan (:func:`packhorse.managers.scan.scan_location` without a cache: what a fresh
-  process and every 30th scan of ``packhorse run`` do) and the scan of ``packhorse run``
-  (with its :class:`~packhorse.managers.scan.ScanCache`, after one warming scan). Each scan
+  ``packhorse run`` and every 30th scan of one do, in as many processes as its runner allows,
+  :mod:`packhorse.managers.scanshards`), the same full scan in one process, and the scan of
+  ``packhorse run`` (with its :class:`~packhorse.managers.scan.ScanCache`, after one warming
+  scan). Each scan
   must register nothing and skip nothing. Target: the scan no slower than 2× ``find``. The
   tree is deleted as soon as it is measured.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import shutil
@@ -257,9 +258,18 @@ def part_scan(args: argparse.Namespace) -> dict[str, Any]:
         cache = ScanCache()
         scan_location(ctx, "fyst-source", pool, cache)  # the warming scan of a `packhorse run`
         cache.scans = 1  # the steady state: not a 30th (full) scan
-        times: dict[str, list[float]] = {"find": [], "full scan": [], "packhorse run scan": []}
+        # "full scan": what a fresh `packhorse run` and every 30th scan of one do (processes as
+        # its runner gives them: min(workers, cores)); "full scan, one process": the same listing
+        # made by this process alone (a location below SHARD_MIN_FILES, or the distributed scan)
+        processes = max(1, min(2, os.cpu_count() or 1))
+        # as the runner's fork server does (packhorse.executors.local): the listing processes
+        # start with packhorse's modules loaded
+        multiprocessing.set_forkserver_preload(["packhorse.managers.scanshards", "packhorse.managers.scan",
+                                                "packhorse.storage.registry"])
+        kinds = ["find", "full scan", "full scan, one process", "packhorse run scan"]
+        times: dict[str, list[float]] = {k: [] for k in kinds}
         for r in range(args.repeats):
-            order = ["find", "full scan", "packhorse run scan"]
+            order = list(kinds)
             if r % 2:
                 order.reverse()
             for what in order:
@@ -267,7 +277,8 @@ def part_scan(args: argparse.Namespace) -> dict[str, Any]:
                     times[what].append(_find(tree))
                     continue
                 t = time.perf_counter()
-                res = scan_location(ctx, "fyst-source", pool, None if what == "full scan" else cache)
+                res = scan_location(ctx, "fyst-source", pool, None if what.startswith("full scan") else cache,
+                                    processes=1 if what == "full scan, one process" else processes)
                 times[what].append(time.perf_counter() - t)
                 if res.registered or res.skipped or res.pending_settle:
                     raise SystemExit(f"scan: an unchanged tree changed: {res.registered} registered, "
@@ -276,7 +287,7 @@ def part_scan(args: argparse.Namespace) -> dict[str, Any]:
         ctx.db.dispose()
         med = {k: statistics.median(v) for k, v in times.items()}
         out: dict[str, Any] = {"files": made, "first_scan_seconds": register, "runs": times, "median": med}
-        for what in ("full scan", "packhorse run scan"):
+        for what in kinds[1:]:
             ratio = med[what] / med["find"]
             out[f"{what} / find"] = ratio
             print(f"scan of an unchanged tree of {made:,} files, {what}: median {med[what]:.2f} s vs find "

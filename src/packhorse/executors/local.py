@@ -144,7 +144,8 @@ def _start_forkserver() -> None:
     # workers fork with packhorse already imported; the CLI too: a worker process re-runs the
     # `packhorse` console script as __mp_main__, which would import typer and rich in each
     # (and forkserver_exit: the fork server itself exits at once; see that module)
-    multiprocessing.set_forkserver_preload([__name__, "packhorse.cli", "packhorse.executors.forkserver_exit"])
+    multiprocessing.set_forkserver_preload([__name__, "packhorse.cli", "packhorse.managers.scanshards",
+                                            "packhorse.executors.forkserver_exit"])
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return
@@ -209,6 +210,8 @@ class LocalRunner:
         self.settings = ctx.settings
         self.started_at = time.time()  # bad copies with nothing to repair them from: read back once per start
         self.workers = ctx.settings.executor.workers
+        #: processes a full listing of a large source location may use (managers.scanshards)
+        self.scan_processes = max(1, min(self.workers, os.cpu_count() or 1))
         #: tasks handed to the pool at once (running + queued in it): a worker that
         #: finishes one takes the next from the pool's queue, not after a round trip through
         #: this process's dispatch (which competes with the managers for the interpreter)
@@ -541,7 +544,7 @@ class LocalRunner:
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
                 if now >= last_scan + poll or settle_due:
                     looked = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache,
-                                         self._package_registered, default=None)
+                                         self._package_registered, self.scan_processes, default=None)
                     scan_failed = looked is None
                     scan = scan if looked is None else looked
                     last_scan = time.monotonic()
@@ -588,7 +591,8 @@ class LocalRunner:
                             flush = True  # nothing else pending: ship the partial bundle now
                             continue
                         else:
-                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, default=None)
+                            final = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache, None,
+                                                self.scan_processes, default=None)
                             if final is None:  # files that arrived meanwhile: could not look
                                 self.wake.wait(min(poll, 1.0))  # counted; try again, not in a busy loop
                                 continue

@@ -163,13 +163,32 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+@dataclass(frozen=True)
+class Shard:
+    """The part of a full listing one process makes (:mod:`packhorse.managers.scanshards`):
+    shard ``index`` lists the folders two levels down whose paths (with a trailing ``/``) lie
+    in ``[lo, hi)`` (``hi`` ``None``: no upper end) and reports exactly the entries whose path
+    lies there; shard 0 also keeps the root and the top-level folders in its ``seen``."""
+
+    index: int
+    lo: str
+    hi: str | None
+
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` (a file's, or a folder's with its trailing ``/``) lies in this shard's range."""
+        return self.lo <= path and (self.hi is None or path < self.hi)
+
+
 def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[tuple[str, str]],
           previous: dict[str, _Folder] | None = None, seen: dict[str, _Folder] | None = None,
-          trusted_before_ns: int = 0) -> None:
+          trusted_before_ns: int = 0, shard: Shard | None = None, unclean_out: list[str] | None = None) -> None:
     """List the location through its backend's :meth:`~packhorse.storage.base.StorageBackend.walk`
     into ``out`` (regular files with their entry) and ``skipped`` (path, reason); with
     ``previous``/``seen`` (a :class:`ScanCache`'s folders), a clean, unchanged folder's listing
-    is reused instead of stat-ing its files again (the walk's ``reuse``).
+    is reused instead of stat-ing its files again (the walk's ``reuse``). With ``shard``, only
+    that shard's part of the location (:class:`Shard`); the paths whose folder must be listed
+    again at the next scan are then appended to ``unclean_out`` (their folder may be in another
+    shard's ``seen``).
 
     Raises:
         LocationUnavailableError: the location's root is not there.
@@ -177,6 +196,8 @@ def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[t
     reused: set[str] = set()
 
     def reuse(rel: str, mtime_ns: int) -> list[str] | None:
+        if shard is not None and rel.count("/") == 1 and not shard.holds(rel + "/"):
+            return []  # another shard lists this folder
         before = previous.get(rel) if previous else None
         if before is not None and before.clean and before.mtime_ns == mtime_ns and mtime_ns < trusted_before_ns:
             reused.add(rel)
@@ -184,15 +205,19 @@ def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[t
         return None
 
     def unclean(path: str) -> None:
-        if seen is not None and (folder := seen.get(path.rpartition("/")[0])) is not None:
+        if unclean_out is not None:
+            unclean_out.append(path)
+        elif seen is not None and (folder := seen.get(path.rpartition("/")[0])) is not None:
             folder.clean = False
 
     append, FILE = out.append, EntryKind.FILE
     # everything: a source holds only the instrument's files besides packhorse's identity
     # marker, so a file named like packhorse's partial writes, or put in its reserved folder,
     # is reported below instead of being left out unseen (I1)
-    for e in backend.walk(reuse=reuse if seen is not None else None, everything=True):
+    for e in backend.walk(reuse=reuse if seen is not None or shard is not None else None, everything=True):
         path = e.path
+        if shard is not None and not (shard.holds(path) if e.kind is FILE else _in_shard(shard, e, seen)):
+            continue
         if path.startswith(RESERVED_PREFIX):
             if e.kind is not EntryKind.FOLDER and path != MARKER_KEY:
                 skipped.append((_printable(path), f"in the folder packhorse keeps for its identity marker "
@@ -231,6 +256,26 @@ def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[t
         else:
             skipped.append((_printable(path), f"cannot stat: {e.error}"))
             unclean(path)
+
+
+def _in_shard(shard: Shard, e: Entry, seen: dict[str, _Folder] | None) -> bool:
+    """Whether entry ``e`` of a sharded walk is ``shard``'s to report (each entry is exactly
+    one shard's). A folder two levels down belongs to the shard holding its path with a trailing
+    ``/`` (so do all entries under it); the root and the top-level folders to shard 0, which
+    also records every folder two levels down as a subfolder of its parent in ``seen``, whoever
+    lists it; every other entry to the shard holding its path."""
+    if e.kind is not EntryKind.FOLDER:
+        return shard.holds(e.path)
+    depth = e.path.count("/") + 1 if e.path else 0
+    if depth < 2:
+        return shard.index == 0
+    if shard.holds(e.path + "/"):
+        return True
+    if depth == 2 and shard.index == 0 and seen is not None:
+        parent = seen.get(e.path.rpartition("/")[0])
+        if parent is not None:
+            parent.subfolders.append(e.path)
+    return False
 
 
 def list_source(settings: Settings, location: str, cache: ScanCache | None = None,
@@ -320,10 +365,11 @@ def _stat_open(f: object) -> tuple[int, int] | None:
 _VERSION = operator.itemgetter(3)
 
 
-def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = None) -> dict[str, tuple[int, int]]:
+def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = None, *,
+                     lo: str = "", hi: str | None = None) -> dict[str, tuple[int, int]]:
     """``{path: (size in bytes, mtime in ns)}`` of the latest registered version of the files
-    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long), read
-    on ``conn``. The mtime is the one a scan last confirmed the registered bytes at
+    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long) whose
+    path lies in ``[lo, hi)`` (code-point order; ``hi`` ``None``: no upper end), read on ``conn``. The mtime is the one a scan last confirmed the registered bytes at
     (``confirmed_mtime_ns``, a touched file) where there is one, else the registered one: a
     file is unchanged if its ``(size, mtime)`` is this. The one rule of the scan and of ``run
     --dry-run`` (:mod:`packhorse.plan`).
@@ -337,12 +383,20 @@ def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = No
                ).where(t.c.location_id == loc_id)
     rows: list[Any]
     if paths is None or len(paths) > 2000:
-        # the location id is an integer of ours: inlined, the statement needs no parameters
-        # and so no paramstyle of the driver's (qmark on SQLite, format on psycopg)
-        sql = str(q.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+        # code-point order on either database: SQLite compares text as UTF-8 bytes, PostgreSQL
+        # by the database's collation unless told "C" (bytes)
+        path = t.c.relative_path.collate("C") if conn.dialect.name == "postgresql" else t.c.relative_path
+        if lo:
+            q = q.where(path >= lo)
+        if hi is not None:
+            q = q.where(path < hi)
+        compiled = q.compile(dialect=conn.dialect)
+        params: Any = compiled.params
+        if compiled.positional:  # qmark (SQLite); named (psycopg's pyformat) takes the dict
+            params = tuple(params[name] for name in compiled.positiontup or ())
         cursor = conn.connection.cursor()
         try:
-            cursor.execute(sql)
+            cursor.execute(str(compiled), params)
             rows = cursor.fetchall()
         finally:
             cursor.close()
@@ -529,9 +583,30 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
     return rows, updates, touched
 
 
+def _list_in_shards(ctx: ProcessContext, location: str, loc_id: int, cache: ScanCache | None,
+                    processes: int) -> Any:
+    """The full listing of ``location`` made by ``processes`` processes
+    (:func:`packhorse.managers.scanshards.list_in_shards`) when this scan lists every folder,
+    the location holds at least :data:`~packhorse.managers.scanshards.SHARD_MIN_FILES`
+    registrations and this process may start processes; else ``None`` (list it here)."""
+    import multiprocessing
+
+    from . import scanshards
+
+    if processes < 2 or (cache is not None and cache.scans % FULL_RESCAN_EVERY != 0):
+        return None
+    if multiprocessing.current_process().daemon:  # a daemonic process may not start any
+        return None
+    if scanshards.registered_count(ctx.db, loc_id) < scanshards.SHARD_MIN_FILES:
+        return None
+    return scanshards.list_in_shards(ctx.settings, location, loc_id, str(ctx.settings.location_path(location)),
+                                     processes, cache is not None, time.time_ns() - int(RACY_SECONDS * 1e9))
+
+
 def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
                   cache: ScanCache | None = None,
-                  on_registered: Callable[[str, list[str]], None] | None = None) -> ScanResult:
+                  on_registered: Callable[[str, list[str]], None] | None = None,
+                  processes: int = 1) -> ScanResult:
     """Scan one source location and register what is new and settled.
 
     Files are hashed and registered in chunks of about :data:`REGISTER_CHUNK_FILES`, whole
@@ -540,6 +615,8 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     Args:
         cache: folders seen by earlier scans of this process (see the module docstring);
             ``None`` lists every folder.
+        processes: how many processes may make a full listing of a large location together
+            (:mod:`packhorse.managers.scanshards`); 1: this process alone.
         on_registered: ``on_registered(location, groups)`` after each chunk's transaction, with
             the chunk's groups that are settled and now wholly registered: the caller may
             package them while the next chunk is hashed (the first packages start before the
@@ -564,20 +641,27 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             folder.clean = False
 
     with _cycle_collection_paused():  # a listing and its registrations: no cycles, see there
-        found, result.skipped, seen, full = list_source(ctx.settings, location, cache, backend)
         withdrawn = withdrawn_paths(ctx, loc_id)
-        if withdrawn and seen is not None:  # only a cached walk may have skipped their folder
-            _stat_withdrawn(backend, withdrawn, found)
-        # read after the walk, not on another thread during it: the two only took turns at the
-        # GIL, and the scan took half as long again
-        listed = None if full else [p for p, _ in found]
-        registered = ctx.db.read(lambda s: registered_files(s.connection(), loc_id, listed))
-        # the files whose registration matches (size, mtime) are left at once: all but a few of
-        # a full scan's, and this line runs once per file of the location
-        get = registered.get
-        new_or_changed = [(path, s) for path, s in found if get(path) != (s.size, s.mtime_ns)]
-        differs = {path for path, _ in new_or_changed if path in registered}
-        del found, registered, get
+        sharded = _list_in_shards(ctx, location, loc_id, cache, processes)
+        if sharded is not None:  # a full listing, compared in several processes
+            new_or_changed, differs, result.skipped = sharded.new_or_changed, sharded.differs, sharded.skipped
+            seen, full = sharded.seen, True  # type: ignore[assignment]
+            for path in sharded.unclean:
+                look_again(path)
+        else:
+            found, result.skipped, seen, full = list_source(ctx.settings, location, cache, backend)
+            if withdrawn and seen is not None:  # only a cached walk may have skipped their folder
+                _stat_withdrawn(backend, withdrawn, found)
+            # read after the walk, not on another thread during it: the two only took turns at
+            # the GIL, and the scan took half as long again
+            listed = None if full else [p for p, _ in found]
+            registered = ctx.db.read(lambda s: registered_files(s.connection(), loc_id, listed))
+            # the files whose registration matches (size, mtime) are left at once: all but a few
+            # of a full scan's, and this line runs once per file of the location
+            get = registered.get
+            new_or_changed = [(path, s) for path, s in found if get(path) != (s.size, s.mtime_ns)]
+            differs = {path for path, _ in new_or_changed if path in registered}
+            del found, registered, get
     now = time.time()
     settle = settings.packaging.settle_seconds
     depth = settings.packaging.group_depth
@@ -708,19 +792,19 @@ def _future_file_ready_at(location: str, path: str, entry: Entry, now: float, se
 
 
 def scan_all(ctx: ProcessContext, pool: ThreadPoolExecutor, cache: ScanCache | None = None,
-             on_registered: Callable[[str, list[str]], None] | None = None) -> ScanResult:
+             on_registered: Callable[[str, list[str]], None] | None = None, processes: int = 1) -> ScanResult:
     """Scan every active disk source location; merge the results.
 
     Args:
         cache: kept between the scans of one process to skip unchanged folders (see the
             module docstring); ``None`` lists every folder.
-        on_registered: see :func:`scan_location`.
+        on_registered, processes: see :func:`scan_location`.
     """
     total = ScanResult()
     for loc in ctx.settings.locations:
         if loc.role is not LocationRole.SOURCE or not loc.active or loc.storage is not StorageType.DISK:
             continue
-        r = scan_location(ctx, loc.name, pool, cache, on_registered)
+        r = scan_location(ctx, loc.name, pool, cache, on_registered, processes)
         total.registered += r.registered
         total.skipped += r.skipped
         total.pending_settle += r.pending_settle
