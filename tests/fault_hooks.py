@@ -14,6 +14,10 @@ every process, the test-only environment variables (only test code reads them):
     exists (at most ``seconds``, default 60): the test decides when the work goes on;
   - ``"corrupt"``: flip the first byte of the object this thread published last through the
     fault layer (disk and memory backends), so the verification by re-reading must catch it;
+  - ``"corrupt_partial"``: flip the first byte of the unpublished file of the write this
+    thread opened last through the fault layer (disk: its partial file, after its buffer is
+    flushed): bytes damaged on the medium after they were written and before they are
+    published, which the read-back before publication must refuse;
   - ``"fail"``: raise ``RuntimeError`` (a retryable failure);
   - ``"db_error"``: raise :class:`~packhorse.errors.TransientDatabaseError`;
   - ``"append"``: append ``data`` (text) to the file ``path`` (a source file that grows or
@@ -52,6 +56,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
@@ -80,12 +85,14 @@ def _plan_from_env() -> list[dict[str, Any]]:
 
 class _Published(threading.local):
     last: tuple[StorageBackend, str] | None = None
+    writing: "weakref.ref[PendingWrite] | None" = None  # weak: a dropped write must be collectable
 
 
 class _FaultPending(PendingLayer):
     def __init__(self, inner: PendingWrite, layer: "FaultLayer") -> None:
         super().__init__(inner)
         self._layer = layer
+        layer.plan.published.writing = weakref.ref(self)
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         result = self.inner.publish(expected_sha256)
@@ -171,6 +178,21 @@ class FaultLayer(Layer):
         return _CountedPending(pending, self, log_path) if log_path else _FaultPending(pending, self)
 
 
+def corrupt_partial(pending: PendingWrite) -> None:
+    """Flip the first byte of the unpublished file of the disk write ``pending`` (flushed first)."""
+    bottom: Any = pending
+    while isinstance(bottom, PendingLayer):
+        bottom = bottom.inner
+    path = bottom.local_path
+    if path is None:
+        raise AssertionError(f"cannot corrupt the unpublished bytes of {type(bottom).__name__}")
+    bottom._file.flush()
+    with open(path, "r+b") as f:
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([(b[0] if b else 0) ^ 0xFF]))
+
+
 def corrupt_object(backend: StorageBackend, key: str) -> None:
     """Flip the first byte of ``key`` on the medium of a disk (or memory) backend."""
     bottom = innermost(backend)
@@ -242,6 +264,10 @@ class FaultPlan(Hooks):
                 last = self.published.last
                 if last is not None:
                     corrupt_object(*last)
+            elif action == "corrupt_partial":
+                writing = self.published.writing() if self.published.writing is not None else None
+                if writing is not None:
+                    corrupt_partial(writing)
             elif action == "fail":
                 raise RuntimeError(f"test fault at {point}")
             elif action == "db_error":

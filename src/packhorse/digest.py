@@ -40,6 +40,27 @@ def hash_stream(f: BinaryIO) -> "hashlib._Hash":
         h.update(view[:n])
 
 
+def hash_fd(fd: int) -> tuple[int, "hashlib._Hash"]:
+    """Read the open file ``fd`` from byte 0 to its end with ``pread`` (its offset is left
+    alone); return ``(bytes read, sha256 hash object)``.
+
+    Raises:
+        OSError: the read failed.
+    """
+    import os
+
+    h = hashlib.sha256()
+    buf = _buffer()
+    view = memoryview(buf)
+    at = 0
+    while True:
+        n = os.preadv(fd, [buf], at)
+        if not n:
+            return at, h
+        h.update(view[:n])
+        at += n
+
+
 def sha256_stream(f: BinaryIO) -> str:
     """Read ``f`` to its end and return the sha256 (hex) of what was read."""
     return hash_stream(f).hexdigest()

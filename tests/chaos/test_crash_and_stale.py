@@ -171,14 +171,17 @@ def test_stale_worker_paused_past_its_lease(site_config, tmp_path):
             if p.is_file() and p.relative_to(lta_root).parts[0] != "_packhorse"] == [key]  # besides its identity marker
 
 
-def test_corruption_between_publish_and_verify_is_caught(site_config, monkeypatch):
+def test_bytes_damaged_between_write_and_publication_are_refused_and_nothing_is_published(site_config, monkeypatch):
     cfg = site_config(max_retries=0)
     site = cfg.parent
     make_source(site / "source", groups=1, files_per_group=1, size=1 << 20)
     ctx = context(cfg)
     op_id = drive_until_kind_exists(ctx, OperationKind.LONG_TERM_ARCHIVE)[0]
-    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": "long_term_archive.published",
-                                                             "action": "corrupt"}]))
+    # the archive copy's bytes are damaged on the disk after they were written, just before
+    # they are published: the read-back before publication refuses them (I4), so the
+    # write-once archive never holds them under the package's key (I2)
+    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": "long_term_archive.publishing",
+                                                             "action": "corrupt_partial"}]))
     from packhorse.worker import Outcome, execute_operation
 
     assert execute_operation(ctx, op_id, "test") == Outcome.FAILED
@@ -186,5 +189,8 @@ def test_corruption_between_publish_and_verify_is_caught(site_config, monkeypatc
         op = s.get(Operation, op_id)
         assert op is not None and op.status == Status.FAILED.value
         assert op.error_context["error_type"] == "VerificationError"
+        assert "before publishing" in op.error_context["message"]
         assert s.scalars(select(PhysicalCopy).where(
             PhysicalCopy.location_id == op.destination_location_id)).first() is None
+        lta_root = Path(ctx.settings.location_path(ctx.location_name(op.destination_location_id)))
+    assert [p for p in lta_root.rglob("*") if p.is_file() and p.relative_to(lta_root).parts[0] != "_packhorse"] == []

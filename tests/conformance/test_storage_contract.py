@@ -42,7 +42,7 @@ from packhorse.hooks import NO_HOOKS
 from packhorse.stages.base import copy_object
 from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX, EntryKind, StorageBackend
 from packhorse.storage.disk import DiskBackend
-from packhorse.storage.layers import Layer
+from packhorse.storage.layers import Layer, innermost
 from packhorse.storage.registry import compose
 
 
@@ -903,3 +903,57 @@ def test_disk_quarantine_moves_a_folder_or_link_standing_at_a_key_aside_unread(d
     assert (moved[0] / "notes").read_bytes() == b"someone's folder"
     assert os.path.islink(moved[1]) and os.readlink(moved[1]) == str(outside)  # moved, never followed
     assert outside.read_bytes() == b"not the archive's"
+
+
+# ------------------------------------------------------------------------------ deferred hash
+
+
+def _deferred_put(b: StorageBackend, key: str, data: bytes, expected: str) -> tuple[bool, object]:
+    with b.open_write(key) as w:
+        deferred = w.defer_hash()
+        for i in range(0, len(data), 7):
+            w.write(data[i:i + 7])
+        return deferred, w.publish(expected)
+
+
+def test_a_write_with_a_deferred_hash_is_checked_and_published(harness: Harness) -> None:
+    b = harness.backend
+    data = b"archived bytes\n" * 50
+    deferred, r = _deferred_put(b, "raw/a.tar", data, sha(data))
+    # disk reads its partial back before publishing; the others hash as they write
+    assert deferred is isinstance(innermost(b), DiskBackend)
+    assert (r.size, r.sha256, r.already_there, r.read_back) == (len(data), sha(data), False, deferred)
+    assert get(b, "raw/a.tar") == data
+    # the same bytes again: already there, checked the same way
+    assert _deferred_put(b, "raw/a.tar", data, sha(data))[1].already_there is True
+    assert harness.count_partials() == 0
+
+
+def test_a_write_with_a_deferred_hash_and_other_bytes_publishes_nothing(harness: Harness) -> None:
+    b = harness.backend
+    with pytest.raises(VerificationError, match="nothing published") as ei:
+        _deferred_put(b, "k", b"bytes", "0" * 64)
+    assert ei.value.path == "k"
+    assert b.stat("k") is None and keys(b) == [] and harness.count_partials() == 0
+
+
+def test_a_hash_cannot_be_deferred_once_bytes_are_written(backend: StorageBackend) -> None:
+    with backend.open_write("k") as w:
+        w.write(b"x")
+        with pytest.raises(RuntimeError, match="after 1 bytes were written"):
+            w.defer_hash()
+
+
+def test_disk_bytes_damaged_after_writing_are_refused_before_they_are_published(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    b = DiskBackend("loc", root)
+    data = os.urandom(2 * 1024**2)
+    with b.open_write("raw/a.tar") as w:
+        assert w.defer_hash() is True
+        w.write(data)  # one write larger than the file's buffer: on the medium at once
+        with open(w.local_path, "r+b") as f:  # damaged behind the writer's back
+            f.write(bytes([data[0] ^ 0xFF]))
+        with pytest.raises(VerificationError, match="before publishing, expected .*; nothing published"):
+            w.publish(sha(data))
+    assert b.stat("raw/a.tar") is None and [p for p in root.rglob("*") if p.is_file()] == []

@@ -111,7 +111,9 @@ def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sh
 
 def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expected_sha256: str | None,
                      point: str) -> PublishResult:
-    """Publish a finished :class:`~packhorse.storage.PendingWrite` and verify it by re-reading.
+    """Publish a finished :class:`~packhorse.storage.PendingWrite` and verify it by re-reading
+    (I4): after publishing, unless the write read its bytes back from the medium before it
+    published them (:meth:`~packhorse.storage.base.PendingWrite.defer_hash`).
 
     Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
     the lease check), ``<point>.publishing`` (after it, just before publishing) and
@@ -125,7 +127,8 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
     hooks.hit(f"{point}.publishing")  # after the last lease check: a stuck worker publishes late
     result = pending.publish(expected_sha256)
     hooks.hit(f"{point}.published")
-    verify_object(backend, pending.key, result.sha256)
+    if not result.read_back:  # else read back from the medium before it was published
+        verify_object(backend, pending.key, result.sha256)
     return result
 
 
@@ -193,8 +196,10 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
     """Copy one object between backends, write-once, verified (I2, I4).
 
     If the destination already holds the same bytes nothing is written ("already there").
-    The bytes are hashed while copied and compared with ``sha256`` *before* publishing, so a
-    bad copy is never published; after publishing the object is re-read and verified.
+    The bytes are compared with ``sha256`` *before* publishing, so a bad copy is never
+    published: read back from the medium once they are durable (disk,
+    :meth:`~packhorse.storage.base.PendingWrite.defer_hash`: one pass over them), or hashed
+    while copied and re-read after publishing (S3).
 
     With ``resume`` the write is resumable under the attempt's fencing token
     (:meth:`~packhorse.storage.base.StorageBackend.open_resumable_write`): the partial an
@@ -217,6 +222,9 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
     view = memoryview(buf)
     with src.open_read(src_key) as f, (dst.open_resumable_write(dst_key, work.claim.attempt) if resume
                                        else dst.open_write(dst_key)) as w:
+        # the expected sha256 is known: a backend that can read its bytes back before it
+        # publishes them does so instead of hashing them here and re-reading them afterwards
+        w.defer_hash()
         if w.resumed_bytes:
             leftover = resume_partial(work, f, w, size)
             if leftover:

@@ -165,6 +165,9 @@ class PublishResult:
     size: int
     sha256: str
     already_there: bool
+    #: the bytes were read back from the medium and compared with the expected sha256 before
+    #: they were published (:meth:`PendingWrite.defer_hash`): the caller need not re-read them
+    read_back: bool = False
 
 
 class PendingWrite(abc.ABC):
@@ -175,19 +178,49 @@ class PendingWrite(abc.ABC):
     def __init__(self, key: str) -> None:
         self.key = key
         self._hash = hashlib.sha256()
+        self._hashing = True
         self.size = 0
         self.closed = False
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Append ``data``; returns the number of bytes written. Hashes as it goes."""
-        self._hash.update(data)
+        """Append ``data``; returns the number of bytes written. Hashes as it goes (unless
+        :meth:`defer_hash` said otherwise)."""
+        if self._hashing:
+            self._hash.update(data)
         self._write(data)
         self.size += len(data)
         return len(data)
 
+    def defer_hash(self) -> bool:
+        """Ask this write not to hash the bytes as they are written, for a caller that knows
+        the sha256 they must have and passes it to :meth:`publish`: the backend then reads the
+        finished bytes back from its medium (after they are durable, before they are
+        published) and refuses them there if they differ. One pass over the bytes instead of
+        two (a hash while writing and a re-read after publishing), and still nothing but the
+        expected bytes is ever published (I2) and every byte is read back from the destination
+        (I4). :attr:`sha256` is unknown until :meth:`publish` returns.
+
+        Only before the first byte is written or taken over (:meth:`keep_prefix`). Returns
+        whether the backend does so; this default (backends that cannot read their unpublished
+        bytes back: S3, memory) returns ``False`` and hashes as it writes, and the caller
+        re-reads the object after publishing (:attr:`PublishResult.read_back` is false).
+
+        Raises:
+            RuntimeError: bytes were written already.
+        """
+        if self.size:
+            raise RuntimeError(f"{self.key!r}: defer_hash() after {self.size} bytes were written")
+        return False
+
     @property
     def sha256(self) -> str:
-        """sha256 (hex) of the bytes written so far."""
+        """sha256 (hex) of the bytes written so far.
+
+        Raises:
+            RuntimeError: the hash was deferred to :meth:`publish` (:meth:`defer_hash`).
+        """
+        if not self._hashing:
+            raise RuntimeError(f"{self.key!r}: the sha256 of a write with a deferred hash is known once published")
         return self._hash.hexdigest()
 
     def check_expected(self, expected_sha256: str | None, location: str) -> str:

@@ -46,7 +46,7 @@ from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 from typing import Any, BinaryIO
 
-from ..digest import hash_stream
+from ..digest import hash_fd, hash_stream
 from ..errors import (
     DestinationConflictError,
     DestinationWriteError,
@@ -243,14 +243,48 @@ class _DiskPendingWrite(PendingWrite):
                        "under disk pressure: docs/deletion.md) and the retry writes it again"
                        if e.errno in (errno.ENOSPC, errno.EDQUOT) else None))
 
+    def defer_hash(self) -> bool:
+        super().defer_hash()
+        if self.resumed_bytes and self._decided:
+            raise RuntimeError(f"{self.key!r}: defer_hash() after keep_prefix()")
+        self._hashing = False
+        return True
+
+    def _read_back(self, expected_sha256: str | None) -> str:
+        """The sha256 of the partial file as it is on the disk now (read back with ``pread``
+        after the fsync; every byte, a taken-over prefix included), checked against
+        ``expected_sha256`` and the size written (:meth:`defer_hash`; I4).
+
+        Raises:
+            VerificationError: other bytes, or another size; nothing is published.
+            ValueError: no expected sha256 to compare with.
+        """
+        if expected_sha256 is None:
+            raise ValueError(f"{self.key!r}: a write with a deferred hash is published with its expected sha256")
+        try:
+            size, h = hash_fd(self._file.fileno())
+        except OSError as e:
+            raise self._write_failed(e) from e
+        sha = h.hexdigest()
+        if sha != expected_sha256 or size != self.size:
+            raise VerificationError(
+                f"{self._backend.location}:{self.key}: read back {size} bytes with sha256 {sha} before publishing, "
+                f"expected {self.size} bytes with {expected_sha256}; nothing published",
+                step="publish", side="destination", path=self.key, host=self._backend.location,
+            )
+        return sha
+
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         try:
-            sha = self.check_expected(expected_sha256, self._backend.location)
+            deferred = not self._hashing
+            sha = "" if deferred else self.check_expected(expected_sha256, self._backend.location)
             try:
                 self._file.flush()
                 os.fsync(self._file.fileno())
             except OSError as e:
                 raise self._write_failed(e) from e
+            if deferred:
+                sha = self._read_back(expected_sha256)
             os.fchmod(self._file.fileno(), 0o444)
             try:  # still holding the partial's lock: no resumer takes it over while it is linked
                 try:
@@ -265,7 +299,7 @@ class _DiskPendingWrite(PendingWrite):
             if already:
                 self._backend.check_same(self.key, self.size, sha)
             self._backend._sync_folder(self._final.parent)
-            return PublishResult(self.key, self.size, sha, already_there=already)
+            return PublishResult(self.key, self.size, sha, already_there=already, read_back=deferred)
         finally:
             self.abort()
 

@@ -64,6 +64,9 @@ class PendingLayer(PendingWrite):
     def write(self, data: bytes | bytearray | memoryview) -> int:
         return self.inner.write(data)
 
+    def defer_hash(self) -> bool:
+        return self.inner.defer_hash()
+
     def _write(self, data: bytes | bytearray | memoryview) -> None:  # pragma: no cover - write() is forwarded
         self.inner.write(data)
 
