@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from ..domain import OperationKind
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
+#: the reader of the command's output closed it before the command was done (``packhorse
+#: locate ... | head``): 128 + SIGPIPE, what a shell reports for a command that SIGPIPE ended,
+#: so that it is never taken for "nothing matches" (1)
+EXIT_OUTPUT_CLOSED = 128 + 13
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once.")
