@@ -123,11 +123,11 @@ def database_url() -> str | None:
 
 @pytest.fixture
 def make_site(tmp_path: Path, database_url: str | None):
-    """Factory: ``make_site(extra="") -> Site``; cleaned up after the test."""
+    """Factory: ``make_site(extra="", retention=604800) -> Site``; cleaned up after the test."""
     made: list[Site] = []
 
-    def make(extra: str = "") -> Site:
-        made.append(Site(tmp_path / f"s{len(made)}", extra=extra, database_url=database_url))
+    def make(extra: str = "", retention: int = 604800) -> Site:
+        made.append(Site(tmp_path / f"s{len(made)}", extra=extra, database_url=database_url, retention=retention))
         return made[-1]
 
     yield make
@@ -464,3 +464,43 @@ def test_critical_measures_again_after_deleting_and_stops_below_recovery(make_si
 
     latest = site.db.read(lambda s: latest_usage(s)["fyst-buffer"])
     assert (latest.used_bytes, latest.alert_level) == (5000, "normal")  # measured again, recovered
+
+
+def test_a_bundles_packages_stay_at_the_source_buffer_while_one_of_them_is_repaired(make_site) -> None:  # type: ignore[no-untyped-def]
+    # "rotten" lost both archive copies; its bundle is rebuilt at fyst-buffer from every package
+    # it carries. With retention 0 its sibling's copy there, rebuilt for that build, was freed
+    # at once, rebuilt and freed again, for ever (a trial's livelock): it is kept until the
+    # repair is done; the sibling's copy at a destination buffer is no build's input
+    site = make_site(retention=0)
+    rotten = site.package("rotten", archived_days_ago=1, archives={"cologne-lta": "corrupt", "cornell-lta": "corrupt"})
+    sibling = site.package("sibling", archived_days_ago=1)
+    at_dest = site.package("sibling-dest", archived_days_ago=1, buffer="cologne-buffer")
+    alone = site.package("alone", archived_days_ago=1)  # another bundle's package
+
+    def bundles(s: Session) -> None:
+        for name, members in (("bundle-1", [rotten, sibling, at_dest]), ("bundle-2", [alone])):
+            dtp = DataTransferPackage(name=name, source_site_id=site.ctx.topology.site_ids["fyst"],
+                                      bagging_date="2026-01-01", package_count=len(members))
+            s.add(dtp)
+            s.flush()
+            for pid, _ in members:
+                s.get(RawDataPackage, pid).data_transfer_package_id = dtp.id  # type: ignore[union-attr]
+
+    site.db.transact(bundles)
+    reasons = site.db.read(lambda s: {c: deletion_blockers(s, site.ctx, s.get(PhysicalCopy, c))
+                                      for c in (sibling[1], at_dest[1], alone[1])})
+    assert [r for r in reasons[sibling[1]] if "of its bundle" in r] == [
+        f"the archive copy of package {rotten[0]} of its bundle at {loc} is corrupt (failed its last fixity "
+        "check): the bundle may be rebuilt from this copy" for loc in ("cologne-lta", "cornell-lta")]
+    assert reasons[at_dest[1]] == [] and reasons[alone[1]] == []
+    assert sibling[1] not in site.deletion_order()
+
+    # the repair brought the archive copies back: the sibling goes
+    def repaired(s: Session) -> None:
+        for loc in ("cologne-lta", "cornell-lta"):
+            s.add(PhysicalCopy(raw_data_package_id=rotten[0], location_id=site.ids[loc], path="raw/rotten.tar",
+                               size=1000, sha256="a" * 64, status="present", verified_at=utcnow()))
+
+    site.db.transact(repaired)
+    assert site.db.read(lambda s: deletion_blockers(s, site.ctx, s.get(PhysicalCopy, sibling[1]))) == []
+    assert sibling[1] in site.deletion_order()

@@ -225,7 +225,9 @@ def deletion_blockers(session: Session, ctx: ProcessContext, copy: PhysicalCopy)
     copy needs ``archive_copies_required`` verified archive copies and another verified copy
     elsewhere (never the last one); a bundle copy needs verified copies of every package it
     carries at every destination; no operation may be in flight on it; none of its packages'
-    archive copies may have failed the last fixity check. Staged folders (processing
+    archive copies may have failed the last fixity check, nor, for a raw package copy at its
+    source site's buffer, those of the other packages of its bundle (the bundle may be rebuilt
+    from it, :func:`_siblings_failed_fixity`). Staged folders (processing
     locations) count for none of these: they are working copies, not the package's bytes.
     """
     return deletion_blockers_many(session, ctx, [copy])[copy.id]
@@ -280,6 +282,7 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
             rows_of[row.raw_data_package_id].append(row)
     in_flight = _in_flight(session, [(c, pkgs[c.raw_data_package_id].data_transfer_package_id)  # type: ignore[index]
                                      for c in raw])
+    siblings_failed = _siblings_failed_fixity(session, ctx, raw, pkgs)
     for copy in raw:
         pkg = pkgs[copy.raw_data_package_id]  # type: ignore[index]
         rows = rows_of[pkg.id]
@@ -294,6 +297,53 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
         if not any(c.id != copy.id and c.location_id != copy.location_id for c in present):
             reasons.append("it is the last verified copy of the package")
         out[copy.id] = reasons + _in_flight_and_fixity(ctx, in_flight[copy.id], _failed_latest(rows))
+        out[copy.id] += [f"the archive copy of package {other} of its bundle at {ctx.location_name(loc)} is {status} "
+                         "(failed its last fixity check): the bundle may be rebuilt from this copy"
+                         for other, loc, status in siblings_failed.get(copy.id, [])]
+    return out
+
+
+def _siblings_failed_fixity(session: Session, ctx: ProcessContext, raw: list[PhysicalCopy],
+                            pkgs: dict[int, RawDataPackage]) -> dict[int, list[tuple[int, int, str]]]:
+    """By copy id, for the raw package copies among ``raw`` that lie at their source site's
+    buffer: the other packages of the same bundle whose archive copy failed its last fixity
+    check (:func:`failed_fixity`), as ``(package, archive location, status)``.
+
+    A package whose every good copy is gone is shipped again by rebuilding its bundle at the
+    source site's buffer from every package the bundle carries (:mod:`packhorse.convergence`,
+    step 4; the absent ones are rebuilt from their source files first). Its siblings' copies
+    there are that build's input: freed as soon as they were rebuilt (``retention_seconds =
+    0``), they would be rebuilt and freed again for ever before the bundle could be built. They
+    are kept until the repair has brought the failed copy back (I1; DESIGN.md "Converging")."""
+    at_source: dict[int, int] = {}  # copy id -> bundle id
+    for c in raw:
+        pkg = pkgs[c.raw_data_package_id]  # type: ignore[index]
+        if pkg.data_transfer_package_id is None:
+            continue
+        sbuf = ctx.settings.buffer_of(source_site_of_package(ctx, pkg))
+        if sbuf is not None and ctx.topology.location_ids.get(sbuf.name) == c.location_id:
+            at_source[c.id] = pkg.data_transfer_package_id
+    if not at_source:
+        return {}
+    bundles = sorted(set(at_source.values()))
+    members: dict[int, list[int]] = {}
+    for k in range(0, len(bundles), 500):
+        for pid, bid in session.execute(select(RawDataPackage.id, RawDataPackage.data_transfer_package_id).where(
+                RawDataPackage.data_transfer_package_id.in_(bundles[k:k + 500]))):
+            members.setdefault(bid, []).append(pid)
+    all_members = sorted(p for ms in members.values() for p in ms)
+    failed: dict[int, list[tuple[int, int, str]]] = {}
+    for k in range(0, len(all_members), 500):
+        for pid, loc, status in failed_fixity(session, all_members[k:k + 500]):
+            failed.setdefault(pid, []).append((pid, loc, status))
+    out: dict[int, list[tuple[int, int, str]]] = {}
+    for c in raw:
+        bid = at_source.get(c.id)
+        if bid is None:
+            continue
+        found = [f for m in members.get(bid, []) if m != c.raw_data_package_id for f in failed.get(m, [])]
+        if found:
+            out[c.id] = found
     return out
 
 
