@@ -7,6 +7,7 @@ hashing many small files; :func:`sha256_stream` reuses one 1 MiB buffer per thre
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from typing import BinaryIO
 
@@ -47,8 +48,6 @@ def hash_fd(fd: int) -> tuple[int, "hashlib._Hash"]:
     Raises:
         OSError: the read failed.
     """
-    import os
-
     h = hashlib.sha256()
     buf = _buffer()
     view = memoryview(buf)

@@ -19,10 +19,13 @@ from sqlalchemy import select, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from distributed_support import postgres_database  # noqa: E402
-from packhorse.db.models import DataLocation, RawDataFile, Site  # noqa: E402
+from packhorse.config import load_config  # noqa: E402
+from packhorse.db.models import RawDataFile  # noqa: E402
 from packhorse.db.session import Database  # noqa: E402
 from packhorse.managers import scanshards  # noqa: E402
 from packhorse.managers.scan import ScanCache, scan_location  # noqa: E402
+from packhorse.topology import sync_topology  # noqa: E402
+from support import write_site_config  # noqa: E402
 from test_scan_cache import age_folders, make_ctx, write  # noqa: E402
 from test_scan_shards import PATHS, check_ranges, insert_registrations  # noqa: E402
 
@@ -119,17 +122,8 @@ def pg_db() -> Iterator[Database]:
     drop()
 
 
-def test_a_range_of_registrations_is_the_paths_python_puts_in_it_postgresql(pg_db: Database) -> None:
-    def location(s):  # type: ignore[no-untyped-def]
-        site = Site(name="fyst")
-        s.add(site)
-        s.flush()
-        loc = DataLocation(name="fyst-source", site_id=site.id, role="source", storage_type="disk", uri="/data/fyst")
-        s.add(loc)
-        s.flush()
-        return loc.id
-
-    loc_id = pg_db.transact(location)
+def test_a_range_of_registrations_is_the_paths_python_puts_in_it_postgresql(pg_db: Database, tmp_path: Path) -> None:
+    loc_id = sync_topology(pg_db, load_config(write_site_config(tmp_path / "site"))).location_ids["fyst-source"]
     # a database made with a linguistic collation (what initdb takes from a site's locale),
     # where 'a/B' sorts beside 'a/b' and '/' is ignored at first
     pg_db.transact(lambda s: s.execute(text(

@@ -291,7 +291,6 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
     A location whose root is not there is reported as one skipped entry (``"."``) and lists
     nothing: a typo in a path or an unmounted disk must not look like "nothing to archive".
     """
-    from ..scanfilter import location_filter
     from ..storage.registry import backend_for
 
     if backend is None:
@@ -307,13 +306,35 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
         root = str(settings.location_path(location))
         log.warning("source_folder_missing", location=location, path=root, error=str(e))
         return [], [(".", f"source folder {root} does not exist")], None, False
-    wanted = location_filter(settings.location(location))
-    if wanted.active:
-        found = [(p, s) for p, s in found if wanted.accepts(p)]
-        # an unreadable folder may hold wanted files: it stays listed unless it is excluded itself
-        skipped = [(p, r) for p, r in skipped
-                   if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))]
+    found, skipped = filter_listing(settings, location, found, skipped)
     return found, skipped, seen, full
+
+
+def filter_listing(settings: Settings, location: str, found: list[tuple[str, Entry]],
+                   skipped: list[tuple[str, str]]) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]]]:
+    """``(found, skipped)`` of a listing of ``location`` without what its ``include`` /
+    ``exclude`` patterns leave out (:mod:`packhorse.scanfilter`); the lists as they are when
+    the location has none. An unreadable folder may hold wanted files: it stays listed unless
+    it is excluded itself."""
+    from ..scanfilter import location_filter
+
+    wanted = location_filter(settings.location(location))
+    if not wanted.active:
+        return found, skipped
+    return ([(p, s) for p, s in found if wanted.accepts(p)],
+            [(p, r) for p, r in skipped
+             if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))])
+
+
+def compare_listing(found: list[tuple[str, Entry]], registered: dict[str, tuple[int, int]]
+                    ) -> tuple[list[tuple[str, Entry]], set[str]]:
+    """``(new_or_changed, differs)``: the listed files whose ``(size, mtime)`` is not their
+    registration's (:func:`registered_files`), and the paths among them that have one. The
+    files that match are left at once: all but a few of a full scan's (this runs once per
+    file of the location)."""
+    get = registered.get
+    new_or_changed = [(path, s) for path, s in found if get(path) != (s.size, s.mtime_ns)]
+    return new_or_changed, {path for path, _ in new_or_changed if path in registered}
 
 
 def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str, str | None]:
@@ -656,12 +677,8 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             # the GIL, and the scan took half as long again
             listed = None if full else [p for p, _ in found]
             registered = ctx.db.read(lambda s: registered_files(s.connection(), loc_id, listed))
-            # the files whose registration matches (size, mtime) are left at once: all but a few
-            # of a full scan's, and this line runs once per file of the location
-            get = registered.get
-            new_or_changed = [(path, s) for path, s in found if get(path) != (s.size, s.mtime_ns)]
-            differs = {path for path, _ in new_or_changed if path in registered}
-            del found, registered, get
+            new_or_changed, differs = compare_listing(found, registered)
+            del found, registered
     now = time.time()
     settle = settings.packaging.settle_seconds
     depth = settings.packaging.group_depth

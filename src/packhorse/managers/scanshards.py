@@ -40,10 +40,9 @@ from sqlalchemy import func, select
 from ..config import Settings
 from ..db.models import RawDataFile
 from ..db.session import Database
-from ..scanfilter import location_filter
 from ..storage.base import RESERVED_PREFIX, Entry
 from ..storage.registry import backend_for
-from .scan import Shard, _cycle_collection_paused, _walk, registered_files
+from .scan import Shard, _cycle_collection_paused, _walk, compare_listing, filter_listing, registered_files
 
 log = structlog.get_logger(__name__)
 
@@ -136,19 +135,13 @@ def list_shard(settings: Settings, location: str, loc_id: int, boundaries: list[
     with _cycle_collection_paused():
         _walk(backend_for(settings, location), found, out.skipped, None, out.seen,  # type: ignore[arg-type]
               trusted_before_ns, shard=Shard(index, lo, hi), unclean_out=out.unclean)
-        wanted = location_filter(settings.location(location))
-        if wanted.active:
-            found = [(p, s) for p, s in found if wanted.accepts(p)]
-            out.skipped = [(p, r) for p, r in out.skipped
-                           if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))]
+        found, out.skipped = filter_listing(settings, location, found, out.skipped)
         db = Database(settings.database_url)
         try:
             registered = db.read(lambda s: registered_files(s.connection(), loc_id, lo=lo, hi=hi))
         finally:
             db.dispose()
-        get = registered.get
-        out.new_or_changed = [(path, s) for path, s in found if get(path) != (s.size, s.mtime_ns)]
-        out.differs = {path for path, _ in out.new_or_changed if path in registered}
+        out.new_or_changed, out.differs = compare_listing(found, registered)
     return out
 
 
