@@ -13,11 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from .db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage, utcnow
+from .db.models import FailureEvent, Operation, PhysicalCopy, utcnow
 from .domain import OperationKind
 from .errors import (
     DeletionNotSafeError,
@@ -362,7 +361,7 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
                       tokens: list[int | None] | None = None) -> list[Outcome]:
     """Run several buffer-copy ``deletion`` operations together, with the database work of one:
     one transaction claims them all, one checks the deletion rules and marks every copy
-    (:func:`~packhorse.stages.deletion.mark_copy`), one completes them all after their bytes
+    (:func:`~packhorse.stages.deletion.mark_copies`), one completes them all after their bytes
     went (:func:`~packhorse.operations.complete_many`: one fenced statement). Each operation
     keeps its own row, lease, fencing token and outcome: a copy the rules block, a failed
     delete or a stale attempt goes through the same failure path as a single operation
@@ -387,7 +386,7 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
 
 def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
     """The claimed deletions of :func:`execute_deletions`: their outcomes by operation id."""
-    from .stages.deletion import delete_bytes, mark_copy, record_deleted
+    from .stages.deletion import delete_bytes, mark_copies, record_deleted
 
     outcomes: dict[int, Outcome] = {}
     works: dict[int, Work] = {}
@@ -399,24 +398,17 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
             leases.enter_context(w.lease)
 
         def mark(s: Session) -> tuple[dict[int, PhysicalCopy], dict[int, Exception]]:
+            # the rules of every raw package copy checked in one pass, each as if the copies
+            # before it were marked (mark_copies); a blocked copy changes nothing, the others go on
+            verdicts = mark_copies(s, ctx, [w.op.physical_copy_id for w in works.values()])  # type: ignore[misc]
             marked: dict[int, PhysicalCopy] = {}
             blocked: dict[int, Exception] = {}
-            # load every copy and its package at once: the rules then find them in the session
-            # (whose identity map holds objects only while something refers to them: these
-            # two lists do, until the last copy is marked)
-            copies = list(s.scalars(select(PhysicalCopy).where(
-                PhysicalCopy.id.in_([w.op.physical_copy_id for w in works.values()]))))
-            packages = list(s.scalars(select(RawDataPackage).where(
-                RawDataPackage.id.in_({c.raw_data_package_id for c in copies if c.raw_data_package_id}))))
             for op_id, w in works.items():
-                try:
-                    with s.begin_nested():  # a blocked copy changes nothing; the others go on
-                        marked[op_id] = mark_copy(s, ctx, w.op.physical_copy_id)  # type: ignore[arg-type]
-                except SQLAlchemyError:
-                    raise  # the database's trouble, not this copy's: every operation of the batch
-                except Exception as exc:  # the rules block it (or a fault of this copy alone)
-                    blocked[op_id] = exc
-            del copies, packages
+                v = verdicts[w.op.physical_copy_id]  # type: ignore[index]
+                if isinstance(v, Exception):
+                    blocked[op_id] = v
+                else:
+                    marked[op_id] = v
             return marked, blocked
 
         waiting: dict[int, Work] = {}

@@ -233,12 +233,24 @@ def deletion_blockers(session: Session, ctx: ProcessContext, copy: PhysicalCopy)
     return deletion_blockers_many(session, ctx, [copy])[copy.id]
 
 
-def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[PhysicalCopy]) -> dict[int, list[str]]:
+def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[PhysicalCopy], *,
+                           leaving: set[int] | None = None) -> dict[int, list[str]]:
     """:func:`deletion_blockers` of every one of ``copies``, by copy id, in a few queries
     whatever their number (the raw package copies' packages, all their copies, and the
     operations in flight on any of them, each read once; bundle copies one by one). The rules
-    are evaluated on one snapshot: for copies read in a read-only unit of work (the deletion
-    manager), not for a transaction that marks some of them in between."""
+    are evaluated on one snapshot (the deletion manager's read-only unit of work).
+
+    ``leaving``: for a transaction that marks the copies that may go (a worker's batch of
+    deletions, :func:`packhorse.stages.deletion.mark_copies`). The raw package copies are then
+    decided one after the other in the order given, each copy that may go is added to
+    ``leaving``, and the later copies' rules count the copies in ``leaving`` as gone: the
+    verdicts marking them one by one would give (a package's last verified copy is never
+    marked with another of its copies in one batch, I1). Bundle copies are not decided so;
+    pass them without ``leaving``, after the raw copies are marked.
+
+    Raises:
+        ValueError: ``leaving`` with a bundle copy among ``copies``.
+    """
     out: dict[int, list[str]] = {}
     raw: list[PhysicalCopy] = []
     for copy in copies:
@@ -247,6 +259,8 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
             out[copy.id] = [f"{loc} is a long-term archive: archive copies are never deleted"]
         elif copy.raw_data_package_id is not None:
             raw.append(copy)
+        elif leaving is not None:
+            raise ValueError(f"copy {copy.id} is a bundle copy: its rule reads the marks of the raw package copies")
         else:
             dtp = session.get(DataTransferPackage, copy.data_transfer_package_id)
             assert dtp is not None
@@ -283,13 +297,14 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
     in_flight = _in_flight(session, [(c, pkgs[c.raw_data_package_id].data_transfer_package_id)  # type: ignore[index]
                                      for c in raw])
     siblings_failed = _siblings_failed_fixity(session, ctx, raw, pkgs)
+    gone = leaving if leaving is not None else set()
     for copy in raw:
         pkg = pkgs[copy.raw_data_package_id]  # type: ignore[index]
         rows = rows_of[pkg.id]
         reasons = []
         # a staged folder (processing location) is a working copy, not a copy of the package's bytes
         present = [c for c in rows if c.status == CopyStatus.PRESENT.value and c.verified_at is not None
-                   and c.role != LocationRole.PROCESSING.value]
+                   and c.role != LocationRole.PROCESSING.value and c.id not in gone]
         have = sum(1 for c in present if c.role == LocationRole.LONG_TERM_ARCHIVE.value)
         need = archive_copies_required(ctx, source_site_of_package(ctx, pkg))
         if have < need or need < 1:
@@ -300,6 +315,8 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
         out[copy.id] += [f"the archive copy of package {other} of its bundle at {ctx.location_name(loc)} is {status} "
                          "(failed its last fixity check): the bundle may be rebuilt from this copy"
                          for other, loc, status in siblings_failed.get(copy.id, [])]
+        if leaving is not None and not out[copy.id]:
+            leaving.add(copy.id)
     return out
 
 

@@ -47,14 +47,58 @@ def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
         return copy
     blockers = deletion_blockers(s, ctx, copy)
     if blockers:
-        where = dict(step="deletion", path=copy.path, host=ctx.location_name(copy.location_id))
-        message = f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: " + "; ".join(blockers)
-        in_flight = len(operations_in_flight(s, copy))
-        if in_flight == len(blockers):
-            raise DeletionDeferredError(message, **where)
-        raise DeletionNotSafeError(message, **where)
+        raise _blocked(s, ctx, copy, blockers, len(operations_in_flight(s, copy)))
     copy.status = CopyStatus.DELETION_PENDING.value
     return copy
+
+
+def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[int, PhysicalCopy | Exception]:
+    """:func:`mark_copy` of each of ``copy_ids`` in the caller's write transaction, with the
+    rules of all the raw package copies among them checked in one pass
+    (:func:`~packhorse.managers.policy.deletion_blockers_many` with ``leaving``: each decided
+    as if the copies before it were marked already), then each bundle copy by
+    :func:`mark_copy`. Returns, by copy id, the copy (marked ``deletion_pending``, or already
+    ``deleted``) or the exception that keeps it (:class:`~packhorse.errors.DeletionDeferredError`,
+    :class:`~packhorse.errors.DeletionNotSafeError`: nothing of that copy changed).
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database's trouble (nothing is marked).
+    """
+    from ..managers.policy import deletion_blockers_many, operations_in_flight
+
+    copies = {c.id: c for c in s.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(copy_ids)))}
+    out: dict[int, PhysicalCopy | Exception] = {}
+    raw = [copies[i] for i in copy_ids if i in copies and copies[i].raw_data_package_id is not None
+           and copies[i].status != CopyStatus.DELETED.value]
+    blockers = deletion_blockers_many(s, ctx, raw, leaving=set()) if raw else {}
+    for copy in raw:
+        if blockers[copy.id]:
+            out[copy.id] = _blocked(s, ctx, copy, blockers[copy.id], len(operations_in_flight(s, copy)))
+        else:
+            copy.status = CopyStatus.DELETION_PENDING.value
+            out[copy.id] = copy
+    for i in copy_ids:
+        if i in out:
+            continue
+        if i not in copies:
+            out[i] = LookupError(f"copy {i} is not in the database")
+            continue
+        try:
+            with s.begin_nested():  # a blocked bundle copy changes nothing
+                out[i] = mark_copy(s, ctx, i)
+        except (DeletionDeferredError, DeletionNotSafeError) as exc:
+            out[i] = exc
+    return out
+
+
+def _blocked(s: Session, ctx: ProcessContext, copy: PhysicalCopy, blockers: list[str],
+             in_flight: int) -> DeletionDeferredError | DeletionNotSafeError:
+    """The error that keeps ``copy``: deferred when only operations in flight block it."""
+    where = dict(step="deletion", path=copy.path, host=ctx.location_name(copy.location_id))
+    message = f"copy {copy.id} at {ctx.location_name(copy.location_id)} may not be deleted: " + "; ".join(blockers)
+    if in_flight == len(blockers):
+        return DeletionDeferredError(message, **where)
+    return DeletionNotSafeError(message, **where)
 
 
 def delete_bytes(work: Work, copy: PhysicalCopy) -> None:
