@@ -195,3 +195,44 @@ def test_concurrent_dispatches_never_hand_out_an_operation_twice(db: Database) -
         runner.pool.shutdown(wait=True)
         runner.hash_pool.shutdown(wait=True)
     assert sorted(handed) == sorted(set(handed)) and len(handed) == 6
+
+
+def test_while_the_worker_processes_start_dispatch_waits_and_the_warm_up_dispatches_after(db: Database) -> None:
+    # the first scan's chunks dispatch as they are registered; a pool whose processes are still
+    # starting (the fork server importing packhorse) would hold each of those dispatches, and
+    # the scan with them, until they are up. Dispatch hands nothing out meanwhile; the warm-up
+    # dispatches once they are started.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packhorse.executors import local
+
+    ids = _pending(db, 3)
+    runner, ran, _ = _runner(db, Outcome.COMPLETED)
+    started = threading.Event()
+
+    class SlowToStart(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if fn is local._worker_ready:  # the warm-up's: the processes start this slowly
+                started.wait(10)
+            return super().submit(fn, *args, **kwargs)
+
+    # a "process" pool, so that warm_up starts it; its processes stand in as threads here
+    runner.settings = runner.settings.model_copy(update={"executor": runner.settings.executor.model_copy(
+        update={"pool": "process"})})
+    runner.pool = SlowToStart(1)
+    try:
+        warming = runner.warm_up()
+        assert warming is not None
+        t = time.monotonic()
+        assert runner.dispatch() == 0  # nothing handed out, and nothing held up
+        assert time.monotonic() - t < 1
+        assert ran == [] and db.read(lambda s: set(s.scalars(select(Operation.status)))) == {Status.PENDING.value}
+        started.set()
+        warming.join(10)
+        _wait_completed(runner, 3)
+    finally:
+        started.set()
+        runner.pool.shutdown(wait=True)
+        runner.hash_pool.shutdown(wait=True)
+    assert sorted(ran) == sorted(ids)
+    assert db.read(lambda s: set(s.scalars(select(Operation.status)))) == {Status.COMPLETED.value}

@@ -231,6 +231,9 @@ class LocalRunner:
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
         self._dispatch_lock = threading.RLock()
+        #: cleared while :meth:`warm_up` starts the worker processes (dispatch waits for it)
+        self._workers_up = threading.Event()
+        self._workers_up.set()
         self._owner = worker_identity()
         rec = ctx.settings.recovery
         #: failed cycles of the main loop (logged, counted, CRITICAL after max_consecutive_errors)
@@ -281,10 +284,16 @@ class LocalRunner:
         has imported packhorse (about a second), so the first packages would otherwise wait for
         all of that after the first scan instead of during it. Returns the thread (None with
         ``pool = "thread"``). A failure here is left to the first real dispatch, which meets it
-        again and handles it (:meth:`_done`)."""
+        again and handles it (:meth:`_done`).
+
+        Meanwhile :meth:`dispatch` hands nothing out (the operations stay ``PENDING``): a
+        submit would wait for the fork server's imports under the pool's lock, and with it the
+        scan, whose chunks call it. Once the processes are started this thread dispatches and
+        wakes the main loop."""
         if self.settings.executor.pool != "process":
             return None
         pool = self.pool
+        self._workers_up.clear()
 
         def spawn() -> None:
             try:
@@ -292,6 +301,14 @@ class LocalRunner:
                     pool.submit(_worker_ready)
             except Exception as e:  # noqa: BLE001 - the first dispatch reports it
                 log.debug("worker_warm_up_failed", error=repr(e))
+            finally:
+                self._workers_up.set()
+            if not self.stop_requested.is_set():
+                try:
+                    self.dispatch()
+                except Exception as e:  # noqa: BLE001 - the main loop dispatches again anyway
+                    log.warning("dispatch_failed", error=repr(e))
+                self.wake.set()
 
         t = threading.Thread(target=spawn, name="pool-warm-up", daemon=True)
         t.start()
@@ -357,6 +374,8 @@ class LocalRunner:
             return self._dispatch()
 
     def _dispatch(self) -> int:
+        if not self._workers_up.is_set():
+            return 0  # the warm-up dispatches once the worker processes are started
         with self._lock:
             free = self.queue_limit - len(self._tasks)
             busy = set(self.in_flight)
