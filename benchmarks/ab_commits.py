@@ -1,79 +1,100 @@
 #!/usr/bin/env python3
-"""Two (or more) packhorse source trees against each other on one small data set, alternating.
+"""packhorse source trees against each other (and the openssl script), alternating, on one of
+``run_benchmarks.py``'s data sets: a before/after of a change.
 
-For a quick before/after of a change when the machine is too busy for ``run_benchmarks.py``:
-each tree (a folder holding ``src/packhorse``, e.g. ``git archive`` of a commit) runs ``packhorse
-run --until-idle --quiet`` once per argument, in the order given, on the same generated files
-(``FILES`` files of 0-16 KiB in ``GROUPS`` groups, made once in ``--workdir``). Prints the wall
-time and the CPU time (user + system) of each run's process tree, and checks that every package
-was archived and nothing failed. Wall times of one invocation are comparable only on a quiet
-machine; CPU time much less depends on the load.
+Each tree is a folder holding ``src/packhorse`` (``git archive <commit> src | tar -x -C DIR``,
+or the checkout itself). Every repeat runs each tree once (``packhorse run --until-idle
+--quiet`` through ``PYTHONPATH=<tree>/src``, in a fresh run folder, after a ``sync``), the
+order reversed every other repeat; ``script`` among the trees runs ``baseline.sh --hasher
+openssl`` instead. Every packhorse run is checked as ``run_benchmarks.py`` checks it (every
+package archived, nothing failed, buffers empty).
+
+Printed per run and as medians: the wall time and the CPU time of the whole machine (user and
+system seconds from ``/proc/stat``, read before and after the run: meaningful on a quiet
+machine only). ``getrusage(RUSAGE_CHILDREN)`` would not do: the worker processes are children
+of multiprocessing's fork server, not of ``packhorse run``, and their CPU time never reaches
+it. CPU time depends less than wall time on the disk's mood, not on nothing: on this machine
+one tree's CPU time moves by a tenth from run to run.
 
 Usage::
 
-    python benchmarks/ab_commits.py 2000 10 /tmp/before /tmp/after /tmp/before /tmp/after
+    git archive HEAD~1 src | tar -x -C /tmp/before
+    python benchmarks/ab_commits.py --repeats 6 /tmp/before . script
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
-import resource
-import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_benchmarks as rb  # noqa: E402
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(user, system) CPU seconds of the whole machine since boot (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (v[0] + v[1]) / hz, v[2] / hz
+
+
+def run_once(tree: str, source: Path, run_dir: Path, info: dict[str, int], workers: int) -> tuple[float, float, float]:
+    """One run of ``tree`` (or the script): (wall s, user CPU s, system CPU s)."""
+    rb.fresh(run_dir)
+    subprocess.run(["sync"], check=True)
+    if tree == "script":
+        cmd = ["bash", str(rb.BASELINE), "--hasher", "openssl", str(source), str(run_dir)]
+        env, cwd, cfg = dict(os.environ), None, None
+    else:
+        env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve() / "src")}
+        code = (f"from pathlib import Path; from packhorse.demo import write_demo_config; "
+                f"print(write_demo_config(Path({str(run_dir)!r}), {str(source)!r}, workers={workers}))")
+        cfg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                             check=True).stdout.strip()
+        subprocess.run([sys.executable, "-m", "packhorse", "init", "-c", cfg], cwd=run_dir, env=env, check=True,
+                       capture_output=True)
+        cmd = [sys.executable, "-m", "packhorse", "run", "-c", cfg, "--until-idle", "--quiet"]
+        cwd = run_dir
+    u0, s0 = machine_cpu()
+    t = time.monotonic()
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.monotonic() - t
+    u1, s1 = machine_cpu()
+    if p.returncode != 0:
+        raise SystemExit(f"{tree}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    if cfg is not None:
+        rb.check_packhorse(Path(cfg), run_dir, info)
+    rb.cleanup(run_dir)
+    return wall, u1 - u0, s1 - s0
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", type=int)
-    ap.add_argument("groups", type=int)
-    ap.add_argument("trees", nargs="+", type=Path)
+    ap.add_argument("trees", nargs="+", help="folders holding src/packhorse, or 'script'")
+    ap.add_argument("--set", default="b", choices=sorted(rb.DATASETS))
+    ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=4, help="packhorse [executor] workers (default 4, as run_benchmarks.py)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/packhorse-ab"))
     a = ap.parse_args()
-    src = a.workdir / "data"
-    if not src.exists():
-        rng = random.Random(1)
-        for i in range(a.files):
-            g = i % a.groups
-            d = src / f"inst-{g // 10:02d}" / f"obs-{g % 10:04d}"
-            d.mkdir(parents=True, exist_ok=True)
-            (d / f"f{i:06d}.dat").write_bytes(rng.randbytes(rng.randint(0, 16384)))
-        past = time.time() - 3600
-        for dp, _, fs in os.walk(src):
-            for f in fs:
-                os.utime(os.path.join(dp, f), (past, past))
-    for tree in a.trees:
-        env = {**os.environ, "PYTHONPATH": f"{tree}/src"}
-        run = a.workdir / "run"
-        shutil.rmtree(run, ignore_errors=True)
-        run.mkdir(parents=True)
-        # a new installation each run: the source's marker of the last one would be refused
-        shutil.rmtree(Path(src) / "_packhorse", ignore_errors=True)
-        code = (f"from pathlib import Path; from packhorse.demo import write_demo_config; "
-                f"print(write_demo_config(Path({str(run)!r}), {str(src)!r}, workers=4))")
-        cfg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                             check=True).stdout.strip()
-        subprocess.run([sys.executable, "-m", "packhorse", "init", "-c", cfg], cwd=run, env=env, check=True,
-                       capture_output=True)
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "packhorse", "run", "-c", cfg, "--until-idle", "--quiet"],
-                           cwd=run, env=env, capture_output=True, text=True)
-        wall = time.monotonic() - t
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        st = json.loads(subprocess.run([sys.executable, "-m", "packhorse", "status", "-c", cfg, "--json"], cwd=run,
-                                       env=env, capture_output=True, text=True).stdout)
-        cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
-        ok = p.returncode == 0 and st["packages"]["archived"] == st["packages"]["total"] and not st["failed_operations"]
-        print(f"{tree}: wall {wall:.2f} s, cpu {cpu:.2f} s, packages archived {st['packages']['archived']}/"
-              f"{st['packages']['total']}{'' if ok else ' BROKEN: ' + p.stderr[-500:]}", flush=True)
-        shutil.rmtree(run, ignore_errors=True)
-    shutil.rmtree(a.workdir, ignore_errors=True)
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    source, info = rb.ensure_dataset(a.workdir, a.set)
+    rb.compile_bytecode()
+    runs: dict[str, list[tuple[float, float, float]]] = {t: [] for t in a.trees}
+    for r in range(a.repeats):
+        for tree in a.trees if r % 2 == 0 else a.trees[::-1]:
+            w, u, s = run_once(tree, source, a.workdir / "run", info, a.workers)
+            runs[tree].append((w, u, s))
+            print(f"{tree:32s} wall {w:6.2f} s  user {u:6.2f} s  system {s:6.2f} s", flush=True)
+    for tree, rs in runs.items():
+        print(f"median {tree:25s} wall {statistics.median(x[0] for x in rs):6.2f} s  user "
+              f"{statistics.median(x[1] for x in rs):6.2f} s  system {statistics.median(x[2] for x in rs):6.2f} s "
+              f"({len(rs)} runs)")
     return 0
 
 
