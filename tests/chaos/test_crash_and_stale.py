@@ -194,3 +194,32 @@ def test_bytes_damaged_between_write_and_publication_are_refused_and_nothing_is_
             PhysicalCopy.location_id == op.destination_location_id)).first() is None
         lta_root = Path(ctx.settings.location_path(ctx.location_name(op.destination_location_id)))
     assert [p for p in lta_root.rglob("*") if p.is_file() and p.relative_to(lta_root).parts[0] != "_packhorse"] == []
+
+
+def test_a_raw_package_damaged_between_unpack_and_publication_is_refused_and_nothing_is_published(
+        site_config, monkeypatch):
+    cfg = site_config(max_retries=0)
+    site = cfg.parent
+    make_source(site / "source", groups=1, files_per_group=1, size=1 << 20)
+    ctx = context(cfg)
+    op_id = drive_until_kind_exists(ctx, OperationKind.UNPACK)[0]
+    # the raw package taken out of the bundle is damaged on the buffer's disk after it was
+    # written, just before it is published: the unpack reads it back before publishing (I4),
+    # so the buffer never holds the damaged bytes under the package's key, and nothing is
+    # recorded or moved to quarantine
+    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": "unpack.publishing",
+                                                             "action": "corrupt_partial"}]))
+    from packhorse.worker import Outcome, execute_operation
+
+    assert execute_operation(ctx, op_id, "test") == Outcome.FAILED
+    with ctx.db.session() as s:
+        op = s.get(Operation, op_id)
+        assert op is not None and op.status == Status.FAILED.value
+        assert op.error_context["error_type"] == "VerificationError"
+        assert "before publishing" in op.error_context["message"]
+        assert s.scalars(select(PhysicalCopy).where(PhysicalCopy.location_id == op.destination_location_id,
+                                                    PhysicalCopy.raw_data_package_id.is_not(None))).first() is None
+        buffer_root = Path(ctx.settings.location_path(ctx.location_name(op.destination_location_id)))
+    # the bundle stays (it is intact); no raw package, published or quarantined
+    assert [p.relative_to(buffer_root).as_posix() for p in buffer_root.rglob("*")
+            if p.is_file() and p.relative_to(buffer_root).parts[0] not in ("_packhorse", "bundles")] == []

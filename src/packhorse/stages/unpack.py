@@ -4,18 +4,18 @@ The bundle tar is read once, as a stream, through the one tar reader
 (:func:`packhorse.extraction.iter_members`: no absolute names, no ``..``, no links, devices
 or duplicates, nothing beyond the ``[extraction]`` limits, only regular files under the bag;
 a refused member fails the operation permanently, I6), every raw package tar is copied to
-its own object while its sha256 is verified; every member of it goes through the one tar
-reader's refusal rules, and its own bag (manifest, tag manifest, Payload-Oxum) is validated
-too unless its bytes are the package as built (its recorded sha256), the
-bundle's manifest is checked against what was read, and each published raw
-package is re-read and verified (I4). The bundle must carry exactly the packages the
-database says it does.
+its own object; every member of it goes through the one tar reader's refusal rules, and it is
+published only if its bytes, read back from the buffer's medium before they are published, are
+the package as built (its recorded sha256, I4); bytes that are not get their own bag validated
+too (manifest, tag manifest, Payload-Oxum) so the error says what is wrong with them. The
+bundle's manifest is checked against what was read. The bundle must carry exactly the packages
+the database says it does.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import BinaryIO, Protocol
 
 from sqlalchemy import select
@@ -26,7 +26,7 @@ from ..db.models import DataTransferPackage, RawDataPackage
 from ..errors import SourceMissingError, UnsafePathError, VerificationError
 from ..extraction import ExtractionLimits, iter_members
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
-from ..storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
+from ..storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
 from ..topology import bundle_key, raw_package_key
 from .base import (
     Recorder,
@@ -83,17 +83,6 @@ def _read_exactly(stream: BinaryIO, size: int, source: str) -> memoryview:
     return view
 
 
-def _as_built(w: PendingWrite, pkg: "_Package") -> bool:
-    """Whether the bytes written to ``w`` are the raw package as the packaging stage built it:
-    the sha256 recorded when it was built, published and read back (I4). Such bytes hold the
-    bag that stage wrote from source files it verified against their scanned sha256, so their
-    payload is not hashed again file by file here (:func:`_check_members` still applies every
-    refusal rule to them, I6); any other bytes get the full bag check before the sha256
-    comparison refuses them (:func:`~packhorse.stages.base.publish_verified`), so a hostile
-    package is reported as refused, permanently, not as a damaged copy."""
-    return pkg.sha256 is not None and w.size == pkg.size and w.sha256 == pkg.sha256
-
-
 def _check_members(stream: BinaryIO, *, source: str, limits: ExtractionLimits) -> None:
     """Pass every member of the raw package tar ``stream`` (seekable) through the one tar
     reader (:func:`packhorse.extraction.iter_members`) without reading any member's data, and
@@ -112,6 +101,38 @@ def _check_members(stream: BinaryIO, *, source: str, limits: ExtractionLimits) -
         if first != top:
             raise UnsafePathError(f"{source}: member {m.name!r} is outside the bag folder {top!r}",
                                   path=m.name, step="unpack")
+
+
+def _publish_checked(work: Work, w: PendingWrite, buf: StorageBackend, pkg: "_Package",
+                     source: str, limits: ExtractionLimits, *, members: Callable[[], BinaryIO],
+                     bag: Callable[[], object]) -> PublishResult:
+    """Publish the raw package written to ``w`` once it is shown safe and the package as built.
+
+    Every member first passes the one tar reader's refusal rules (:func:`_check_members`,
+    from ``members()``: a fresh stream of the bytes written; I6: a recorded sha256 says the
+    bytes are the ones built, not that they are safe). Then the bytes are published only if
+    they are the package's recorded sha256: read back from the buffer's medium before they are
+    published when the caller deferred ``w``'s hash
+    (:meth:`~packhorse.storage.base.PendingWrite.defer_hash`: one pass over them), else hashed as
+    written and re-read after publishing (I4). Bytes that are
+    not the package as built get the full bag check (``bag()``: manifests, payload hashes,
+    Payload-Oxum), so a hostile or damaged package is reported for what it is; the sha256
+    comparison refuses them all the same. A package with no recorded sha256 gets that check
+    before it is published.
+
+    Raises:
+        UnsafePathError: a member, or an entry of its bag, is refused (permanent).
+        VerificationError: other bytes than the package as built, or a bag that does not check.
+    """
+    _check_members(members(), source=source, limits=limits)
+    if pkg.sha256 is None:
+        bag()
+        return publish_verified(work, w, buf, expected_sha256=None, point="unpack")
+    try:
+        return publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
+    except VerificationError:
+        bag()  # what is wrong with them, if their own bag says so
+        raise
 
 
 class _Package(Protocol):
@@ -164,35 +185,40 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         psource = f"{source}:{path}"
         with buf.open_write(pkey) as w:
             if size <= IN_MEMORY_BYTES:
-                # read it once into memory, write it (w hashes what it writes) and check its
-                # bag from those bytes unless they are the package as built: no file object
-                # per member
+                # read it once into memory and write it; its members and, if need be, its bag
+                # are checked from those bytes: no file object per member
+                if pkg.sha256 is not None:
+                    w.defer_hash()  # read back and compared before it is published (I4)
                 data = _read_exactly(member, size, psource)
                 w.write(data)
                 work.progress(size)
-                if _as_built(w, pkg):
-                    _check_members(io.BytesIO(data), source=psource, limits=limits)
-                else:
-                    read_bag_bytes(data, source=psource, limits=limits)
+                result = _publish_checked(work, w, buf, pkg, psource, limits,
+                                          members=lambda: io.BytesIO(data),
+                                          bag=lambda: read_bag_bytes(data, source=psource, limits=limits))
             elif _seekable(member):
-                # copy (w hashes what it writes), then check the raw package's own bag unless
-                # it is the package as built, from the bundle's cached bytes in random-access
-                # mode: cheaper per member than parsing the tar as a stream while copying it
+                # copy it, then check it from the bundle's cached bytes in random-access mode:
+                # cheaper per member than parsing the tar as a stream while copying it
+                if pkg.sha256 is not None:
+                    w.defer_hash()
                 copied = _copy_stream(member, w)
                 work.progress(copied)
-                member.seek(0)
-                if _as_built(w, pkg):
-                    _check_members(member, source=psource, limits=limits)
-                else:
-                    read_bag_tar(member, source=psource, limits=limits)
+
+                def again() -> BinaryIO:
+                    member.seek(0)
+                    return member
+
+                result = _publish_checked(work, w, buf, pkg, psource, limits, members=again,
+                                          bag=lambda: read_bag_tar(again(), source=psource, limits=limits))
                 member.seek(copied)
             else:
                 tee = TeeReader(member, w)  # w hashes what passes through
                 read_bag_tar(tee, source=psource, limits=limits)  # type: ignore[arg-type]  # its own bag
                 tee.drain()
                 work.progress(tee.size)
-            digest = w.sha256
-            result = publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
+                result = publish_verified(work, w, buf, expected_sha256=pkg.sha256, point="unpack")
+            # the bytes published: the package's recorded sha256, read back from the buffer
+            # (or hashed as written and re-read, on a backend that cannot read back first)
+            digest = result.sha256
         done.append((pkg.id, pkey, result.size, result.sha256))
         return digest
 
