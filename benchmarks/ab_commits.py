@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,13 +53,18 @@ def run_once(tree: str, source: Path, run_dir: Path, info: dict[str, int], worke
         cmd = ["bash", str(rb.BASELINE), "--hasher", "openssl", str(source), str(run_dir)]
         env, cwd, cfg = dict(os.environ), None, None
     else:
+        # a new installation each run over the same data set: the marker the last one left in
+        # the source would be refused (another installation's root)
+        shutil.rmtree(source / "_packhorse", ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve() / "src")}
         code = (f"from pathlib import Path; from packhorse.demo import write_demo_config; "
                 f"print(write_demo_config(Path({str(run_dir)!r}), {str(source)!r}, workers={workers}))")
         cfg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                              check=True).stdout.strip()
-        subprocess.run([sys.executable, "-m", "packhorse", "init", "-c", cfg], cwd=run_dir, env=env, check=True,
-                       capture_output=True)
+        p = subprocess.run([sys.executable, "-m", "packhorse", "init", "-c", cfg], cwd=run_dir, env=env,
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{tree}: packhorse init exited {p.returncode}\n{p.stderr[-2000:]}")
         cmd = [sys.executable, "-m", "packhorse", "run", "-c", cfg, "--until-idle", "--quiet"]
         cwd = run_dir
     u0, s0 = machine_cpu()

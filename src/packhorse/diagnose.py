@@ -213,6 +213,13 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             if op.stall_count:
                 line += f"; it has stalled {op.stall_count} time(s) before — check its circuit breaker"
             return line, "db"
+        from .recovery.monitor import died_with_its_runner
+
+        if died_with_its_runner(op.lease_owner):
+            return (f"its worker is gone: attempt {op.attempt} was held by {op.lease_owner}, whose runner no "
+                    f"longer runs on this host (killed, or the host restarted); lease recovery hands it out "
+                    f"again once its lease expires at {_iso(op.lease_expires_at)} (a running `packhorse run` "
+                    f"or `packhorse monitor` does), or now: packhorse retry {op.kind} {op.id}"), "db"
         return (f"running: attempt {op.attempt} by {op.lease_owner}, lease valid until "
                 f"{_iso(op.lease_expires_at)}, {op.bytes_done} bytes done"), "db"
     if st == Status.SCHEDULED.value:

@@ -97,6 +97,32 @@ def test_a_stalled_operation_is_diagnosed_as_stalled(tmp_path: Path, empty_db) -
     assert rep["diagnosis"].startswith("stalled: attempt 1 held by host:1:worker")
 
 
+def test_an_attempt_whose_runner_is_gone_says_so_and_how_to_hand_it_out_now(tmp_path: Path, empty_db) -> None:
+    # right after a kill -9 of `packhorse run` its leases are still valid for minutes: the
+    # diagnosis says the holder is gone (its runner's pid no longer runs on this host), when
+    # lease recovery takes it back, and the command that does it now
+    import socket
+    import subprocess
+    import sys
+
+    from sqlalchemy import update
+
+    ctx = _ctx(tmp_path, empty_db)
+    ids = _world(ctx)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    later = utcnow() + dt.timedelta(minutes=4)
+    for owner, expect in ((f"{socket.gethostname()}:{gone.pid}:worker-7:MainThread", "its worker is gone"),
+                          (f"{socket.gethostname()}:{__import__('os').getpid()}:worker-7:MainThread", "running:"),
+                          (f"elsewhere:{gone.pid}:worker-7:MainThread", "running:")):
+        empty_db.transact(lambda s, o=owner: s.execute(update(Operation).where(Operation.id == ids["archive"]).values(
+            lease_owner=o, lease_expires_at=later, heartbeat_at=utcnow())))
+        rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"]))
+        assert rep["diagnosis"].startswith(expect), (owner, rep["diagnosis"])
+        if expect == "its worker is gone":
+            assert f"packhorse retry long_term_archive {ids['archive']}" in rep["diagnosis"]
+
+
 def test_the_live_check_skips_object_storage_and_finds_missing_files(tmp_path: Path, empty_db) -> None:
     ctx = _ctx(tmp_path, empty_db)
     ids = _world(ctx)

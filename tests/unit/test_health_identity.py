@@ -120,3 +120,26 @@ def test_two_live_processes_sharing_one_identity_are_reported(empty_db: Database
         assert t.beat() and t.beat()
     shared = [e for e in logs if e["event"] == "service_identity_shared"]
     assert len(shared) == 1 and shared[0]["other_pid"] == other and "--instance" in shared[0]["hint"]
+
+
+def test_a_service_of_this_host_whose_process_is_gone_is_dead_at_once(empty_db: Database) -> None:
+    # `packhorse health` right after a kill -9: the heartbeat is seconds old, but the process
+    # that wrote it no longer runs on this host; it is dead now, not dead_after_seconds later
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    here = socket.gethostname()
+    health.record_heartbeat(empty_db, f"runner@{here}", kind="runner", host=here, pid=gone.pid,
+                            started_at=at(0), now=at(0))
+    health.record_heartbeat(empty_db, f"monitor@{here}", kind="monitor", host=here, pid=os.getpid(),
+                            started_at=at(0), now=at(0))
+    rows = {r["service"]: r["alive"] for r in services(empty_db, 3)}
+    assert rows == {f"runner@{here}": False, f"monitor@{here}": True}
+    # and it may be forgotten (a live one may not)
+    assert health.forget_service(empty_db, f"runner@{here}", now=at(3))["pid"] == gone.pid
+    with pytest.raises(health.ServiceHealthError, match="alive"):
+        health.forget_service(empty_db, f"monitor@{here}", now=at(3))

@@ -132,6 +132,16 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def is_alive(host: str, pid: int, age_seconds: float, dead_after_seconds: float) -> bool:
+    """Whether a service whose last heartbeat is ``age_seconds`` old counts as alive: at most
+    ``dead_after_seconds`` old, and, when it runs on this host, its process ``pid`` still runs
+    (a service killed a moment ago is dead at once, not ``dead_after_seconds`` later; a pid
+    reused by another process meanwhile still counts as alive until the heartbeat ages)."""
+    if age_seconds > dead_after_seconds:
+        return False
+    return host != socket.gethostname() or process_alive(pid)
+
+
 def list_services(session: Session, now: dt.datetime | None = None, dead_after_seconds: float = DEAD_AFTER_SECONDS,
                   forget_after_seconds: float = FORGET_AFTER_SECONDS) -> list[dict[str, Any]]:
     """Every service that recorded a heartbeat and is not forgotten, alive ones first, then by name.
@@ -139,8 +149,9 @@ def list_services(session: Session, now: dt.datetime | None = None, dead_after_s
     Returns:
         dicts with ``service`` (the identity), ``kind``, ``site``, ``instance``, ``host``,
         ``pid`` (the current or last process), ``started_at``, ``last_seen`` (UTC),
-        ``age_seconds``, ``restarts`` and ``alive`` (last heartbeat at most
-        ``dead_after_seconds`` old). Rows older than ``forget_after_seconds`` are left out.
+        ``age_seconds``, ``restarts`` and ``alive`` (:func:`is_alive`: last heartbeat at most
+        ``dead_after_seconds`` old, and on this host its process still runs). Rows older than
+        ``forget_after_seconds`` are left out.
     """
     now = now or utcnow()
     out = []
@@ -150,7 +161,8 @@ def list_services(session: Session, now: dt.datetime | None = None, dead_after_s
             continue
         out.append({"service": r.service, "kind": r.kind, "site": r.site, "instance": r.instance or None,
                     "host": r.host, "pid": r.pid, "started_at": r.started_at, "last_seen": r.last_seen,
-                    "age_seconds": round(age, 1), "restarts": r.restarts or 0, "alive": age <= dead_after_seconds})
+                    "age_seconds": round(age, 1), "restarts": r.restarts or 0,
+                    "alive": is_alive(r.host, r.pid, age, dead_after_seconds)})
     return sorted(out, key=lambda d: (not d["alive"], d["service"]))
 
 
@@ -174,7 +186,7 @@ def forget_service(db: Database, service: str, *, dead_after_seconds: float = DE
             known = ", ".join(sorted(s.scalars(select(ServiceHeartbeat.service)))) or "none"
             raise ServiceHealthError(f"--forget: no service {service!r} is recorded (recorded: {known})")
         age = (t - row.last_seen).total_seconds()
-        if age <= dead_after_seconds:
+        if is_alive(row.host, row.pid, age, dead_after_seconds):
             raise ServiceHealthError(f"--forget: {service} is alive (last heartbeat {age:.0f} s ago); stop it "
                                      "first: a clean stop removes it by itself")
         out = {"service": row.service, "kind": row.kind, "host": row.host, "pid": row.pid,
