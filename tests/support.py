@@ -152,3 +152,10 @@ def write_settled(path: Path, data: bytes) -> None:
     path.write_bytes(data)
     old = time.time() - 60
     os.utime(path, (old, old))
+
+
+def no_such_pid() -> int:
+    """A pid no process has: one above the kernel's ``pid_max`` (a process that is gone,
+    without starting and ending one)."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        return int(f.read()) + 1

@@ -20,7 +20,7 @@ from packhorse.diagnose import diagnose_operation, live_check
 from packhorse.domain import OperationKind
 from packhorse.context import ProcessContext
 from packhorse.topology import sync_topology
-from support import write_site_config
+from support import no_such_pid, write_site_config
 
 S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nbucket = "cologne-archive"\nactive = false\n'
 
@@ -102,19 +102,16 @@ def test_an_attempt_whose_runner_is_gone_says_so_and_how_to_hand_it_out_now(tmp_
     # diagnosis says the holder is gone (its runner's pid no longer runs on this host), when
     # lease recovery takes it back, and the command that does it now
     import socket
-    import subprocess
-    import sys
 
     from sqlalchemy import update
 
     ctx = _ctx(tmp_path, empty_db)
     ids = _world(ctx)
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    gone = no_such_pid()
     later = utcnow() + dt.timedelta(minutes=4)
-    for owner, expect in ((f"{socket.gethostname()}:{gone.pid}:worker-7:MainThread", "its worker is gone"),
+    for owner, expect in ((f"{socket.gethostname()}:{gone}:worker-7:MainThread", "its worker is gone"),
                           (f"{socket.gethostname()}:{__import__('os').getpid()}:worker-7:MainThread", "running:"),
-                          (f"elsewhere:{gone.pid}:worker-7:MainThread", "running:")):
+                          (f"elsewhere:{gone}:worker-7:MainThread", "running:")):
         empty_db.transact(lambda s, o=owner: s.execute(update(Operation).where(Operation.id == ids["archive"]).values(
             lease_owner=o, lease_expires_at=later, heartbeat_at=utcnow())))
         rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"]))

@@ -14,6 +14,7 @@ from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
 from packhorse.metrics import collect_values
 from packhorse.recovery import health
+from support import no_such_pid
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -127,19 +128,16 @@ def test_a_service_of_this_host_whose_process_is_gone_is_dead_at_once(empty_db: 
     # that wrote it no longer runs on this host; it is dead now, not dead_after_seconds later
     import os
     import socket
-    import subprocess
-    import sys
 
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    gone = no_such_pid()
     here = socket.gethostname()
-    health.record_heartbeat(empty_db, f"runner@{here}", kind="runner", host=here, pid=gone.pid,
+    health.record_heartbeat(empty_db, f"runner@{here}", kind="runner", host=here, pid=gone,
                             started_at=at(0), now=at(0))
     health.record_heartbeat(empty_db, f"monitor@{here}", kind="monitor", host=here, pid=os.getpid(),
                             started_at=at(0), now=at(0))
     rows = {r["service"]: r["alive"] for r in services(empty_db, 3)}
     assert rows == {f"runner@{here}": False, f"monitor@{here}": True}
     # and it may be forgotten (a live one may not)
-    assert health.forget_service(empty_db, f"runner@{here}", now=at(3))["pid"] == gone.pid
+    assert health.forget_service(empty_db, f"runner@{here}", now=at(3))["pid"] == gone
     with pytest.raises(health.ServiceHealthError, match="alive"):
         health.forget_service(empty_db, f"monitor@{here}", now=at(3))
