@@ -38,7 +38,7 @@ from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDa
 from .domain import CopyStatus, LocationRole, StorageType
 from .managers.packages import _name_for, names_taken, package_base, plan_group
 from .managers.scan import (FUTURE_MTIME_TOLERANCE_SECONDS, Change, group_of, list_source, look_at_change,
-                            plan_changes, registered_files)
+                            open_source, plan_changes, registered_files)
 from .errors import LocationUnavailableError
 from .storage.identity import check_identity
 from .storage.registry import backend_for
@@ -140,6 +140,12 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
                 if state == "error":
                     skipped.append((path, str(reason)))
                     continue
+            # as the scan finds it when it hashes the file: one it cannot open is skipped
+            opened = open_source(backend, path)
+            if isinstance(opened, str):
+                skipped.append((path, opened))
+                continue
+            opened.close()
             new.append(_File(path, st_.size, 1 if change is None else change.version))
         register.append({"location": loc.name, "files": len(new), "bytes": sum(f.size for f in new),
                          "settling": settling, "skipped": [{"path": a, "reason": b} for a, b in skipped]})

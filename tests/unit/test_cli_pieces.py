@@ -195,6 +195,47 @@ def test_the_plan_decides_modified_registrations_as_the_scan_does(tmp_path):
     assert [(x["name"], x["files"]) for x in plan["package"]] == [("inst/obs1+2", 1), ("inst/obs2", 1)]
 
 
+def test_the_plan_skips_a_file_it_cannot_open_as_the_scan_does(tmp_path, monkeypatch):
+    # a file without read permission for packhorse (seen as root without CAP_DAC_OVERRIDE): the
+    # dry run counted it as to be packaged while the run skipped it; both open it the one way now
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packhorse.availability import mark_locations
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.session import Database
+    from packhorse.managers.scan import scan_all
+    from packhorse.plan import plan_run
+    from packhorse.storage.disk import DiskBackend
+    from packhorse.topology import sync_topology
+    from support import write_settled, write_site_config
+
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database.from_settings(settings)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)
+    src = settings.location_path("fyst-source")
+    write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
+    write_settled(src / "inst" / "obs1" / "locked.fits", b"b" * 200)
+    real_open = DiskBackend.open_read
+
+    def open_read(self, key):  # type: ignore[no-untyped-def]
+        if key.endswith("locked.fits"):
+            raise PermissionError(13, "Permission denied", key)
+        return real_open(self, key)
+
+    monkeypatch.setattr(DiskBackend, "open_read", open_read)
+    plan = plan_run(settings, db)
+    entry = plan["register"][0]
+    assert (entry["files"], entry["bytes"]) == (1, 100), entry
+    assert entry["skipped"] == [{"path": "inst/obs1/locked.fits", "reason": "not readable: Permission denied"}]
+    assert [(x["name"], x["files"]) for x in plan["package"]] == [("inst/obs1", 1)]
+    with ThreadPoolExecutor(2) as pool:
+        result = scan_all(ctx, pool)
+    assert (result.registered, result.skipped) == (1, [("inst/obs1/locked.fits", "not readable: Permission denied")])
+
+
 def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path

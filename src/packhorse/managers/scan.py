@@ -55,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 from sqlalchemy import bindparam, delete, func, select, update
@@ -337,6 +337,20 @@ def compare_listing(found: list[tuple[str, Entry]], registered: dict[str, tuple[
     return new_or_changed, {path for path, _ in new_or_changed if path in registered}
 
 
+def open_source(backend: StorageBackend, rel: str) -> BinaryIO | str:
+    """Open source file ``rel`` for reading through the location's backend (confined,
+    ``O_NOFOLLOW``; I6), or say why it cannot be: ``"not readable: <reason>"``, the reason a
+    scan skips it with (and ``run --dry-run`` predicts, :mod:`packhorse.plan`)."""
+    try:
+        return backend.open_read(rel)
+    except SourceMissingError:
+        return "not readable: No such file or directory"
+    except UnsafePathError:
+        return "not readable: a symlink or outside the location"
+    except OSError as e:
+        return f"not readable: {e.strerror}"
+
+
 def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str, str | None]:
     """Hash source file ``rel`` through the location's backend (confined, ``O_NOFOLLOW``; I6).
 
@@ -347,14 +361,9 @@ def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str,
     Returns ``("ok", sha)``, ``("changed", None)`` (size or mtime differ afterwards, or it is
     gone) or ``("error", reason)``."""
     assert backend is not None
-    try:
-        f = backend.open_read(rel)
-    except SourceMissingError:
-        return "error", "not readable: No such file or directory"
-    except UnsafePathError:
-        return "error", "not readable: a symlink or outside the location"
-    except OSError as e:
-        return "error", f"not readable: {e.strerror}"
+    f = open_source(backend, rel)
+    if isinstance(f, str):
+        return "error", f
     try:
         with f:
             digest = sha256_stream(f)
