@@ -388,6 +388,35 @@ def test_a_stale_deletion_in_a_batch_records_nothing_for_itself_alone(site: Site
     assert site.db.read(lambda s: s.get(Operation, x).status) == "IN_PROGRESS"
 
 
+def test_a_fault_of_one_copy_in_a_batch_fails_that_deletion_alone(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the batch's one pass over the rules meets a fault that is one copy's (not the database's):
+    # each copy is then checked on its own, so the others are deleted and only that one's
+    # operation fails (and is retried), as when every deletion ran alone
+    made = {name: site.package(name, archived_days_ago=10) for name in ("x", "y", "z")}
+    site.deletion_order()
+    ops = site.db.read(lambda s: {c: i for i, c in s.execute(select(Operation.id, Operation.physical_copy_id))})
+    import packhorse.managers.policy as policy
+
+    real = policy.deletion_blockers_many
+    bad_copy = made["y"][1]
+
+    def faulty(session, ctx, copies, **kw):  # type: ignore[no-untyped-def]
+        if any(c.id == bad_copy for c in copies):
+            raise RuntimeError(f"copy {bad_copy}: a fault of this copy alone")
+        return real(session, ctx, copies, **kw)
+
+    monkeypatch.setattr(policy, "deletion_blockers_many", faulty)
+    order = [ops[made[n][1]] for n in ("x", "y", "z")]
+    assert execute_deletions(site.ctx, order, "w1") == [Outcome.COMPLETED, Outcome.RETRY, Outcome.COMPLETED]
+    assert [_copy(site, made[n][1]).status for n in ("x", "y", "z")] == ["deleted", "present", "deleted"]
+    buffer = site.settings.location_path("fyst-buffer")
+    assert [(buffer / f"raw/{n}.tar").exists() for n in ("x", "y", "z")] == [False, True, False]
+    from packhorse.db.models import FailureEvent
+
+    assert site.db.read(lambda s: [(e.operation_id, e.error_type) for e in s.scalars(select(FailureEvent))]) == [
+        (ops[bad_copy], "RuntimeError")]
+
+
 def _package_reads(site: Site, fn: Any, about: str = "FROM raw_data_packages") -> int:
     """How many statements containing ``about`` (reading ``raw_data_packages``, by default)
     ``fn()`` makes."""

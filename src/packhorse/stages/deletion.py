@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import time
 
+import structlog
 from sqlalchemy import select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from ..context import ProcessContext
@@ -28,6 +30,8 @@ from ..errors import (
     DeletionNotSafeError,
 )
 from .base import Recorder, Work
+
+log = structlog.get_logger(__name__)
 
 
 def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
@@ -61,6 +65,10 @@ def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[in
     ``deleted``) or the exception that keeps it (:class:`~packhorse.errors.DeletionDeferredError`,
     :class:`~packhorse.errors.DeletionNotSafeError`: nothing of that copy changed).
 
+    A fault of one copy (anything but the database's trouble) is that copy's verdict alone:
+    when the one pass meets one, each copy is checked by :func:`mark_copy` in a savepoint of
+    its own instead, as a single deletion would be.
+
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database's trouble (nothing is marked).
     """
@@ -70,23 +78,31 @@ def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[in
     out: dict[int, PhysicalCopy | Exception] = {}
     raw = [copies[i] for i in copy_ids if i in copies and copies[i].raw_data_package_id is not None
            and copies[i].status != CopyStatus.DELETED.value]
-    blockers = deletion_blockers_many(s, ctx, raw, leaving=set()) if raw else {}
-    for copy in raw:
+    try:
+        blockers = deletion_blockers_many(s, ctx, raw, leaving=set()) if raw else {}
+    except SQLAlchemyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one copy's fault: each is checked on its own below
+        log.warning("deletion_batch_checked_one_by_one", error=repr(exc))
+        raw, blockers = [], {}
+    for copy in raw:  # nothing was changed before this loop: the verdicts are the one pass's
         if blockers[copy.id]:
             out[copy.id] = _blocked(s, ctx, copy, blockers[copy.id], len(operations_in_flight(s, copy)))
         else:
             copy.status = CopyStatus.DELETION_PENDING.value
             out[copy.id] = copy
-    for i in copy_ids:
+    for i in copy_ids:  # bundle copies, already deleted ones, and all of them after a fault
         if i in out:
             continue
         if i not in copies:
             out[i] = LookupError(f"copy {i} is not in the database")
             continue
         try:
-            with s.begin_nested():  # a blocked bundle copy changes nothing
+            with s.begin_nested():  # a blocked copy changes nothing; the others go on
                 out[i] = mark_copy(s, ctx, i)
-        except (DeletionDeferredError, DeletionNotSafeError) as exc:
+        except SQLAlchemyError:
+            raise  # the database's trouble, not this copy's: every operation of the batch
+        except Exception as exc:  # noqa: BLE001 - the rules block it (or a fault of this copy alone)
             out[i] = exc
     return out
 
