@@ -171,17 +171,20 @@ def test_stale_worker_paused_past_its_lease(site_config, tmp_path):
             if p.is_file() and p.relative_to(lta_root).parts[0] != "_packhorse"] == [key]  # besides its identity marker
 
 
-def test_bytes_damaged_between_write_and_publication_are_refused_and_nothing_is_published(site_config, monkeypatch):
+@pytest.mark.parametrize("kind, point", [(OperationKind.LONG_TERM_ARCHIVE, "long_term_archive.publishing"),
+                                         (OperationKind.UNPACK, "unpack.publishing")], ids=["archive", "unpack"])
+def test_bytes_damaged_between_write_and_publication_are_refused_and_nothing_is_published(
+        site_config, monkeypatch, kind, point):
     cfg = site_config(max_retries=0)
     site = cfg.parent
     make_source(site / "source", groups=1, files_per_group=1, size=1 << 20)
     ctx = context(cfg)
-    op_id = drive_until_kind_exists(ctx, OperationKind.LONG_TERM_ARCHIVE)[0]
-    # the archive copy's bytes are damaged on the disk after they were written, just before
-    # they are published: the read-back before publication refuses them (I4), so the
-    # write-once archive never holds them under the package's key (I2)
-    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": "long_term_archive.publishing",
-                                                             "action": "corrupt_partial"}]))
+    op_id = drive_until_kind_exists(ctx, kind)[0]
+    # the archive copy's bytes, or the raw package an unpack took out of its bundle, are damaged
+    # on the disk after they were written, just before they are published: the read-back before
+    # publication refuses them (I4), so the write-once archive, or the buffer, never holds them
+    # under the package's key (I2), and nothing is recorded or moved to quarantine
+    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": point, "action": "corrupt_partial"}]))
     from packhorse.worker import Outcome, execute_operation
 
     assert execute_operation(ctx, op_id, "test") == Outcome.FAILED
@@ -190,36 +193,13 @@ def test_bytes_damaged_between_write_and_publication_are_refused_and_nothing_is_
         assert op is not None and op.status == Status.FAILED.value
         assert op.error_context["error_type"] == "VerificationError"
         assert "before publishing" in op.error_context["message"]
-        assert s.scalars(select(PhysicalCopy).where(
-            PhysicalCopy.location_id == op.destination_location_id)).first() is None
-        lta_root = Path(ctx.settings.location_path(ctx.location_name(op.destination_location_id)))
-    assert [p for p in lta_root.rglob("*") if p.is_file() and p.relative_to(lta_root).parts[0] != "_packhorse"] == []
-
-
-def test_a_raw_package_damaged_between_unpack_and_publication_is_refused_and_nothing_is_published(
-        site_config, monkeypatch):
-    cfg = site_config(max_retries=0)
-    site = cfg.parent
-    make_source(site / "source", groups=1, files_per_group=1, size=1 << 20)
-    ctx = context(cfg)
-    op_id = drive_until_kind_exists(ctx, OperationKind.UNPACK)[0]
-    # the raw package taken out of the bundle is damaged on the buffer's disk after it was
-    # written, just before it is published: the unpack reads it back before publishing (I4),
-    # so the buffer never holds the damaged bytes under the package's key, and nothing is
-    # recorded or moved to quarantine
-    monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": "unpack.publishing",
-                                                             "action": "corrupt_partial"}]))
-    from packhorse.worker import Outcome, execute_operation
-
-    assert execute_operation(ctx, op_id, "test") == Outcome.FAILED
-    with ctx.db.session() as s:
-        op = s.get(Operation, op_id)
-        assert op is not None and op.status == Status.FAILED.value
-        assert op.error_context["error_type"] == "VerificationError"
-        assert "before publishing" in op.error_context["message"]
-        assert s.scalars(select(PhysicalCopy).where(PhysicalCopy.location_id == op.destination_location_id,
-                                                    PhysicalCopy.raw_data_package_id.is_not(None))).first() is None
-        buffer_root = Path(ctx.settings.location_path(ctx.location_name(op.destination_location_id)))
-    # the bundle stays (it is intact); no raw package, published or quarantined
-    assert [p.relative_to(buffer_root).as_posix() for p in buffer_root.rglob("*")
-            if p.is_file() and p.relative_to(buffer_root).parts[0] not in ("_packhorse", "bundles")] == []
+        # in the buffer the intact bundle and its copy stay; nothing else anywhere
+        kept = ("_packhorse", "bundles") if kind is OperationKind.UNPACK else ("_packhorse",)
+        rows = select(PhysicalCopy).where(PhysicalCopy.location_id == op.destination_location_id)
+        if kind is OperationKind.UNPACK:
+            rows = rows.where(PhysicalCopy.raw_data_package_id.is_not(None))
+        assert s.scalars(rows).first() is None
+        root = Path(ctx.settings.location_path(ctx.location_name(op.destination_location_id)))
+    # nothing besides the identity marker: no raw package, published or quarantined
+    assert [p.relative_to(root).as_posix() for p in root.rglob("*")
+            if p.is_file() and p.relative_to(root).parts[0] not in kept] == []

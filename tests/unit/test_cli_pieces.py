@@ -13,6 +13,7 @@ from packhorse.errors import ConfigError
 from packhorse.ratelimit import RateLimiter, ThrottledReader
 from packhorse.scanfilter import PathFilter, check_pattern
 from packhorse.stages.transfer import command_args
+from support import write_settled
 
 
 def test_include_exclude_patterns_match_like_rsync_filters():
@@ -148,6 +149,24 @@ def test_progress_text_never_passes_100_percent_and_gives_an_eta():
     assert describe(over, 5.0).startswith("archived 12/12") and "ETA" not in describe(over, 5.0)
 
 
+def _initialized(tmp_path, **config):  # type: ignore[no-untyped-def]
+    """A three-site configuration under ``tmp_path``, its ops database and every location
+    marked, as `packhorse init` leaves them: ``(settings, db, ctx)``."""
+    from packhorse.availability import mark_locations
+    from packhorse.config import load_config
+    from packhorse.context import ProcessContext
+    from packhorse.db.session import Database
+    from packhorse.topology import sync_topology
+    from support import write_site_config
+
+    settings = load_config(write_site_config(tmp_path / "site", **config))
+    db = Database.from_settings(settings)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    mark_locations(ctx)
+    return settings, db, ctx
+
+
 def test_the_plan_decides_modified_registrations_as_the_scan_does(tmp_path):
     # a registration in a package not built yet ("wait") touched: nothing; with new bytes of the
     # same size: registered again into a package of its own; an unpackaged registration
@@ -156,21 +175,11 @@ def test_the_plan_decides_modified_registrations_as_the_scan_does(tmp_path):
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from packhorse.availability import mark_locations
-    from packhorse.config import load_config
-    from packhorse.context import ProcessContext
-    from packhorse.db.session import Database
     from packhorse.managers import packages
     from packhorse.managers.scan import scan_all
     from packhorse.plan import plan_run
-    from packhorse.topology import sync_topology
-    from support import write_settled, write_site_config
 
-    settings = load_config(write_site_config(tmp_path / "site", settle_seconds=30))
-    db = Database.from_settings(settings)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    mark_locations(ctx)
+    settings, db, ctx = _initialized(tmp_path, settle_seconds=30)
     src = settings.location_path("fyst-source")
     write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
     with ThreadPoolExecutor(2) as pool:
@@ -200,21 +209,11 @@ def test_the_plan_skips_a_file_it_cannot_open_as_the_scan_does(tmp_path, monkeyp
     # dry run counted it as to be packaged while the run skipped it; both open it the one way now
     from concurrent.futures import ThreadPoolExecutor
 
-    from packhorse.availability import mark_locations
-    from packhorse.config import load_config
-    from packhorse.context import ProcessContext
-    from packhorse.db.session import Database
     from packhorse.managers.scan import scan_all
     from packhorse.plan import plan_run
     from packhorse.storage.disk import DiskBackend
-    from packhorse.topology import sync_topology
-    from support import write_settled, write_site_config
 
-    settings = load_config(write_site_config(tmp_path / "site"))
-    db = Database.from_settings(settings)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    mark_locations(ctx)
+    settings, db, ctx = _initialized(tmp_path)
     src = settings.location_path("fyst-source")
     write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
     write_settled(src / "inst" / "obs1" / "locked.fits", b"b" * 200)
@@ -242,24 +241,12 @@ def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path)
 
     from sqlalchemy import func, select
 
-    from packhorse.config import load_config
-    from packhorse.context import ProcessContext
     from packhorse.db.models import Operation, RawDataFile
-    from packhorse.db.session import Database
     from packhorse.managers import packages
     from packhorse.managers.scan import scan_all
     from packhorse.plan import plan_run
-    from packhorse.topology import sync_topology
-    from support import write_settled, write_site_config
 
-    cfg = write_site_config(tmp_path / "site", settle_seconds=30)
-    settings = load_config(cfg)
-    db = Database.from_settings(settings)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    from packhorse.availability import mark_locations
-
-    mark_locations(ctx)  # as `packhorse init` does
+    settings, db, ctx = _initialized(tmp_path, settle_seconds=30)
     src = settings.location_path("fyst-source")
     write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
     with ThreadPoolExecutor(2) as pool:
@@ -302,18 +289,9 @@ def test_a_name_with_a_newline_or_markup_is_one_row_of_the_locate_table(capsys) 
 def test_the_plan_names_a_source_location_that_is_not_there(tmp_path):
     # found by a trial: with the source folder moved away (or an empty folder in its place) the
     # dry run said "would register 0 file(s)" while the real run waits for it and exits 4
-    from packhorse.availability import mark_locations
-    from packhorse.config import load_config
-    from packhorse.context import ProcessContext
-    from packhorse.db.session import Database
     from packhorse.plan import plan_run
-    from packhorse.topology import sync_topology
-    from support import write_settled, write_site_config
 
-    settings = load_config(write_site_config(tmp_path / "site", settle_seconds=0))
-    db = Database.from_settings(settings)
-    db.upgrade()
-    mark_locations(ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings)))
+    settings, db, _ctx = _initialized(tmp_path, settle_seconds=0)
     src = settings.location_path("fyst-source")
     write_settled(src / "inst" / "obs1" / "a.fits", b"a" * 100)
     assert plan_run(settings, db)["register"][0]["files"] == 1
