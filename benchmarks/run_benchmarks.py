@@ -418,14 +418,15 @@ class MemorySampler:
 # ------------------------------------------------------------------------------ profiling
 
 def profile_packhorse(name: str, source: Path, run_dir: Path, info: dict[str, int], workers: int,
-                      stamp: str) -> dict[str, object] | None:
+                      stamp: str, gil: bool = False) -> dict[str, object] | None:
     pyspy = shutil.which("py-spy")
     if not pyspy:
         print("  py-spy not installed (pip install py-spy): no profile", flush=True)
         return None
     RESULTS.mkdir(exist_ok=True)
     raw = RESULTS / f"{stamp}-profile-{name}.txt"
-    wrap = [pyspy, "record", "--format", "raw", "--threads", "--nonblocking", "--subprocesses", "--rate", "100", "-o", str(raw), "--"]
+    wrap = [pyspy, "record", "--format", "raw", "--threads", "--nonblocking", "--subprocesses", "--rate", "100", "-o", str(raw),
+            *(["--gil"] if gil else []), "--"]
     r = run_packhorse(source, run_dir, info, workers, wrap=wrap)
     summary = summarize(raw)
     print(f"  profile of packhorse on ({name}) under py-spy: {r['seconds']:.1f} s -> {raw}", flush=True)
@@ -474,6 +475,8 @@ def main() -> int:
                     help="baseline variants by hashing tool (default sha256sum,openssl; the first is the reference)")
     ap.add_argument("--workers", type=int, default=4, help="packhorse [executor] workers (default 4)")
     ap.add_argument("--profile", action="store_true", help="one extra packhorse run per set under py-spy")
+    ap.add_argument("--profile-gil", action="store_true",
+                    help="with --profile: only samples holding the interpreter (py-spy --gil): Python's own work, no system calls")
     ap.add_argument("--keep-data", action="store_true", help="keep the generated data sets")
     args = ap.parse_args()
 
@@ -525,7 +528,7 @@ def main() -> int:
                                         "ratio": med["packhorse"] / floor}
                 entry["peak_memory_bytes"] = max(int(r["memory"]["tree_pss_peak_bytes"]) for r in runs["packhorse"])  # type: ignore[index]
             if args.profile:
-                entry["profile"] = profile_packhorse(name, source, run_dir, info, args.workers, stamp)
+                entry["profile"] = profile_packhorse(name, source, run_dir, info, args.workers, stamp, gil=args.profile_gil)
             result["sets"][name] = entry  # type: ignore[index]
             if not args.keep_data:
                 shutil.rmtree(source, ignore_errors=True)

@@ -16,8 +16,8 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from .batching import batchable
 from .db.models import FailureEvent, Operation, PhysicalCopy, utcnow
-from .domain import OperationKind
 from .errors import (
     DeletionNotSafeError,
     LeaseLostError,
@@ -237,22 +237,6 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
     return Outcome.DEFERRED
 
 
-#: Buffer-copy deletions one task runs together (:func:`execute_task`; at most this many).
-DELETION_BATCH = 16
-#: Long-term-archive operations of small raw data packages one task runs together
-#: (:func:`execute_task`): at most this many, of at most :data:`ARCHIVE_BATCH_BYTES` in all.
-ARCHIVE_BATCH = 8
-#: The most package bytes one task of archive operations holds (bytes). A larger package is
-#: archived alone: its completion must not wait for others' bytes, and its per-operation
-#: costs are small beside its bytes.
-ARCHIVE_BATCH_BYTES = 64 * 2**20
-
-
-def batchable(kind: str, physical_copy_id: int | None) -> bool:
-    """Whether an operation may run in a batch of buffer-copy deletions."""
-    return kind == OperationKind.DELETION.value and physical_copy_id is not None
-
-
 def execute_task(ctx: ProcessContext, operations: list[tuple[int, int | None]], owner: str) -> list[Outcome]:
     """Run one task of an executor: ``[(operation id, dispatched fencing token or None), …]``.
 
@@ -260,10 +244,8 @@ def execute_task(ctx: ProcessContext, operations: list[tuple[int, int | None]], 
     transaction (:func:`~packhorse.operations.claim_many`, each a compare-and-set at its own
     token, I3), then buffer-copy deletions run as :func:`execute_deletions` runs them and every
     other operation as :func:`_run_claimed_together` does: each keeps its own row, lease,
-    fencing token, stage run, read-back verification (I4) and outcome. The embedded runner
-    puts up to :data:`DELETION_BATCH` deletions, or up to :data:`ARCHIVE_BATCH` long-term
-    archive operations of small packages, in a task; a few milliseconds of database work per
-    operation were most of a small operation's cost (benchmark (b), docs/benchmarks.md).
+    fencing token, stage run, read-back verification (I4) and outcome. Which operations share
+    a task is :mod:`packhorse.batching`'s (both executors: a pool task, a broker message).
 
     Returns:
         the :class:`Outcome` of each operation, in order (``SKIPPED``: not claimed).

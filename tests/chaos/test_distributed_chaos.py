@@ -109,10 +109,10 @@ def test_every_task_published_twice_has_one_effect(pg: str, site_config, cli, tm
     published: list[int] = []
     original = celery_app.publish
 
-    def twice(app: Any, d: Any) -> None:
-        original(app, d)
-        original(app, d)
-        published.append(d.operation_id)
+    def twice(app: Any, task: Any) -> None:  # one operation, or a batch of one queue
+        original(app, task)
+        original(app, task)
+        published.extend(d.operation_id for d in ([task] if isinstance(task, celery_app.Dispatched) else task))
 
     monkeypatch.setattr(celery_app, "publish", twice)
     for k, v in cluster.env.items():

@@ -27,7 +27,8 @@ from packhorse.executors.local import LocalRunner
 from packhorse.hooks import NO_HOOKS
 from packhorse.operations import create_operation, dedup_key
 from packhorse.topology import raw_package_key, sync_topology
-from packhorse.worker import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, Outcome, execute_operation, execute_task
+from packhorse.batching import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, group_tasks
+from packhorse.worker import Outcome, execute_operation, execute_task
 
 LTA = OperationKind.LONG_TERM_ARCHIVE
 
@@ -286,3 +287,28 @@ class _Done:
 
     def add_done_callback(self, fn: Any) -> None:
         pass
+
+
+def _row(op_id: int, kind: OperationKind, queue: str, copy: int | None = None) -> Any:
+    return types.SimpleNamespace(id=op_id, kind=kind.value, physical_copy_id=copy, queue=queue)
+
+
+def test_the_distributed_executor_groups_each_queue_alone_and_spreads_its_archives_over_a_sites_workers() -> None:
+    """A broker message goes to one queue: a task never mixes queues. Each queue's archive
+    operations of small packages are spread over ``spread`` messages (a site's worker processes)
+    before any message gets two, at most ARCHIVE_BATCH to one; deletions go 16 to a message;
+    every other operation is a message of its own. Every row is taken, in dispatch order."""
+    rows = ([_row(i, LTA, "cologne_lta") for i in range(12)] + [_row(100 + i, LTA, "cornell_lta") for i in range(3)]
+            + [_row(200 + i, OperationKind.DELETION, "fyst_buffer", copy=i) for i in range(20)]
+            + [_row(300, OperationKind.TRANSFER, "cologne_buffer"), _row(301, OperationKind.DELETION, "fyst_source")])
+    small = {r.id: 10 for r in rows if r.kind == LTA.value}
+    queue = {r.id: r.queue for r in rows}
+    tasks = group_tasks(rows, small, key=lambda r: r.queue, spread=2)
+    assert all(len({queue[i] for i in t}) == 1 for t in tasks)
+    by_queue = {}
+    for t in tasks:
+        by_queue.setdefault(queue[t[0]], []).append(len(t))
+    assert by_queue == {"cologne_lta": [6, 6], "cornell_lta": [2, 1], "fyst_buffer": [16, 4],
+                        "cologne_buffer": [1], "fyst_source": [1]}  # a source file's deletion is not batched
+    assert sorted(i for t in tasks for i in t) == sorted(r.id for r in rows)
+    assert [len(t) for t in group_tasks(rows[:12], small, key=lambda r: r.queue)] == [ARCHIVE_BATCH, 4]

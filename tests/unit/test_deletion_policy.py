@@ -556,3 +556,40 @@ def test_a_bundles_packages_stay_at_the_source_buffer_while_one_of_them_is_repai
     site.db.transact(repaired)
     assert site.db.read(lambda s: deletion_blockers(s, site.ctx, s.get(PhysicalCopy, sibling[1]))) == []
     assert sibling[1] in site.deletion_order()
+
+
+def test_the_distributed_executor_sends_a_batch_of_deletions_as_one_message_whose_task_runs_them_once(
+        site: Site) -> None:
+    """Both executors run the same tasks (packhorse.batching): the Celery dispatcher publishes
+    20 buffer-copy deletions of one queue as two messages (16 and 4), each claimed and completed
+    by its worker with the database work of one; every copy's bytes go and its operation
+    completes at attempt 1. The same message delivered again (at-least-once) does nothing."""
+    import types
+
+    from packhorse.executors import celery_app
+
+    made = [site.package(f"p{i:02d}", archived_days_ago=10) for i in range(20)]
+    assert len(site.deletion_order()) == 20
+    sent: list[tuple[str, list[Any], str]] = []
+    app = types.SimpleNamespace(send_task=lambda name, args, queue, **kw: sent.append((name, args, queue)))
+    dispatched = celery_app.dispatch_pending(site.ctx, app)  # type: ignore[arg-type]
+    assert len(dispatched) == 20
+    assert [(name, len(args[0]), queue) for name, args, queue in sent] == [
+        ("packhorse.run_operations", 16, "fyst_fyst-buffer_deletion"), ("packhorse.run_operations", 4, "fyst_fyst-buffer_deletion")]
+    assert {tuple(op) for _, args, _ in sent for op in args[0]} == {(d.operation_id, 1) for d in dispatched}
+    celery_app._SETTINGS[id(app)] = site.settings
+    task = types.SimpleNamespace(app=app, request=types.SimpleNamespace(id="message-1", retries=0))
+    try:
+        outcomes = [celery_app.run_operations_task(task, args[0]) for _, args, _ in sent]
+        assert outcomes == [["completed"] * 16, ["completed"] * 4]
+        assert celery_app.run_operations_task(task, sent[0][1][0]) == ["skipped"] * 16  # delivered twice
+    finally:
+        del celery_app._SETTINGS[id(app)]
+        for key in [k for k in celery_app._CONTEXTS if k[1] == id(site.settings)]:
+            celery_app._CONTEXTS.pop(key).db.dispose()
+    buffer = site.settings.location_path("fyst-buffer")
+    assert not any((buffer / f"raw/p{i:02d}.tar").exists() for i in range(20))
+    assert {_copy(site, c).status for _, c in made} == {"deleted"}
+    rows = site.db.read(lambda s: set(s.execute(select(Operation.status, Operation.attempt).where(
+        Operation.kind == OperationKind.DELETION.value)).all()))
+    assert rows == {("COMPLETED", 1)}

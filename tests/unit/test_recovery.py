@@ -363,15 +363,17 @@ def watch(broker: FakeBroker, clock: Clock, confirm: float = 10) -> Any:
 
 
 def test_reconciler_leaves_what_the_broker_still_queues_however_old(db: Database) -> None:
-    """A queue of 2 messages holds its 2 most recently scheduled operations (FIFO): those wait
-    behind a busy worker, for hours if need be; the oldest one's message is gone."""
+    """A queue of 2 messages of one operation each (transfers) holds its 2 most recently
+    scheduled operations (FIFO): those wait behind a busy worker, for hours if need be; the
+    oldest one's message is gone."""
     s = settings(reconcile_floor_seconds=60)
-    oldest, older, old = new_op(db, "a"), new_op(db, "b"), new_op(db, "c")
+    transfer = OperationKind.TRANSFER
+    oldest, older, old = (new_op(db, n, transfer) for n in ("a", "b", "c"))
     schedule(db, oldest, 7200)
     schedule(db, older, 5000)
     schedule(db, old, 3600)
     clock = Clock()
-    w = watch(FakeBroker(long_term_archive=2), clock)
+    w = watch(FakeBroker(transfer=2), clock)
     assert reconcile(db, s, broker=w) == []  # absent, but not yet confirmed lost
     clock.t += 10
     assert reconcile(db, s, broker=w) == [oldest]
@@ -381,6 +383,24 @@ def test_reconciler_leaves_what_the_broker_still_queues_however_old(db: Database
     assert [op_row(db, i).reconcile_count for i in (older, old)] == [0, 0]
     assert [op_row(db, i).status for i in (older, old)] == ["SCHEDULED", "SCHEDULED"]
     assert notes(db, event="reconcile_cap") == []
+
+
+def test_a_message_of_a_batch_of_deletions_may_hold_sixteen_of_them(db: Database) -> None:
+    """The executors put up to 16 buffer-copy deletions in one task (one message,
+    packhorse.batching): a deletion queue holding one message may hold the 16 most recently
+    scheduled deletions, none of which is lost; the 17th, older, is."""
+    from packhorse.batching import DELETION_BATCH
+
+    s = settings(reconcile_floor_seconds=60)
+    ops = [new_op(db, f"d{i}", OperationKind.DELETION) for i in range(DELETION_BATCH + 1)]
+    for age, op_id in enumerate(reversed(ops)):  # ops[0] the oldest
+        schedule(db, op_id, 3600 + age)
+    clock = Clock()
+    w = watch(FakeBroker(deletion=1), clock)
+    assert reconcile(db, s, broker=w) == []
+    clock.t += 10
+    assert reconcile(db, s, broker=w) == [ops[0]]
+    assert {op_row(db, i).status for i in ops[1:]} == {"SCHEDULED"}
 
 
 def test_reconciler_counts_nothing_while_the_broker_cannot_be_asked(db: Database) -> None:

@@ -3,10 +3,12 @@
 Same pipeline as the embedded mode (:mod:`packhorse.pipeline`: which managers run and in which
 order, which work is runnable, the recovery cycle, the partial-file sweep); this module only
 decides *where* an operation runs: a Celery queue of the operation's site. A Celery task only
-calls :func:`packhorse.worker.execute_operation`, exactly like a worker process of the local
-runner (DESIGN.md "Architecture").
+calls :func:`packhorse.worker.execute_task`, exactly like a worker process of the local
+runner, with the same tasks (:mod:`packhorse.batching`; DESIGN.md "Architecture").
 
-**Messages.** A message carries only "run operation N at attempt ≥ A" (``[N, A]``, JSON). The
+**Messages.** A message carries only "run operation N at attempt ≥ A" (``[N, A]``, JSON), or
+for a task of several small operations of one queue (buffer-copy deletions, archive copies of
+small packages) the list of them (``[[[N, A], …]]``, task ``packhorse.run_operations``). The
 ops database is the single source of truth: a message can be lost, duplicated or delivered
 late without harm. A task that finds its operation done, leased by a live worker, or already
 at attempt A or later returns without doing anything (the claim is a compare-and-set on the
@@ -65,7 +67,8 @@ from ..errors import ConfigError, TransientDatabaseError
 from ..operations import CELERY_OWNER_TAG, fenced
 from ..stages import STAGES
 from ..topology import load_topology
-from ..worker import execute_operation
+from ..batching import group_tasks, small_archives
+from ..worker import execute_task
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +76,8 @@ log = structlog.get_logger(__name__)
 #: registers files, it owns no operation row).
 SCAN = "scan"
 RUN_OPERATION_TASK = "packhorse.run_operation"
+#: The task of several small operations of one queue run together (:mod:`packhorse.batching`).
+RUN_OPERATIONS_TASK = "packhorse.run_operations"
 SCAN_TASK = "packhorse.scan"
 #: Operation kinds a Celery worker can run (every kind with a stage).
 RUNNABLE_KINDS: tuple[OperationKind, ...] = tuple(k for k in OperationKind if k in STAGES)
@@ -184,6 +189,7 @@ def make_app(settings: Settings) -> Celery:
     )
     _SETTINGS[id(app)] = settings
     app.task(name=RUN_OPERATION_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operation_task)
+    app.task(name=RUN_OPERATIONS_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operations_task)
     app.task(name=SCAN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(scan_task)
     return app
 
@@ -219,16 +225,30 @@ def _retry_later(task: Any, exc: BaseException) -> Any:
 
 def run_operation_task(self: Any, operation_id: int, min_attempt: int) -> str:
     """Celery task: run operation ``operation_id`` at attempt ≥ ``min_attempt``; returns the outcome."""
+    return run_operations_task(self, [[operation_id, min_attempt]])[0]
+
+
+def run_operations_task(self: Any, operations: list[list[int]]) -> list[str]:
+    """Celery task: run ``[[operation id, min attempt], …]`` together, a task of
+    :mod:`packhorse.batching` (small operations of one queue; :func:`packhorse.worker.execute_task`,
+    as the embedded runner runs its pool's tasks); returns each one's outcome, in order.
+
+    A message for attempt ≥ ``A`` was dispatched at fencing token ``A − 1``: each claim is a
+    compare-and-set on it (I3), so a late or duplicated message changes nothing. The database
+    unreachable while claiming gives the whole message back to the broker for later (nothing
+    was claimed)."""
     ctx = process_context(_SETTINGS[id(self.app)])
+    wanted = [(int(op_id), int(min_attempt) - 1) for op_id, min_attempt in operations]
     try:
-        outcome = execute_operation(ctx, int(operation_id), _owner(self.request.id), min_attempt=int(min_attempt))
+        outcomes = execute_task(ctx, wanted, _owner(self.request.id))  # type: ignore[arg-type]
     except TransientDatabaseError as exc:
         raise _retry_later(self, exc) from exc
-    if outcome.value == "skipped":
-        with contextlib.suppress(Exception):
-            log.info("task_skipped", operation_id=operation_id, min_attempt=min_attempt,
-                     reason=skip_reason(ctx.db, int(operation_id), int(min_attempt)))
-    return outcome.value
+    for (op_id, token), outcome in zip(wanted, outcomes):
+        if outcome.value == "skipped":
+            with contextlib.suppress(Exception):
+                log.info("task_skipped", operation_id=op_id, min_attempt=token + 1,
+                         reason=skip_reason(ctx.db, op_id, token + 1))
+    return [o.value for o in outcomes]
 
 
 def skip_reason(db: Database, operation_id: int, min_attempt: int) -> str:
@@ -314,35 +334,67 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
     The rows are the pipeline's runnable work (:func:`packhorse.pipeline.take_runnable`, in
     its dispatch order; ``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL, so any number of
     managers never pick the same operation); the status change commits *before* publishing.
-    A publish that fails (broker down) hands the operation back to ``PENDING`` (fenced on ``SCHEDULED`` and its
+    They go in tasks as the embedded runner's do (:func:`packhorse.batching.group_tasks`, each
+    task's operations of one queue; a queue's archive operations of small packages spread over
+    ``executor.workers`` messages first, the worker processes of a site by default): a task of one operation is one ``run_operation``
+    message, a batch of small ones one ``run_operations`` message. A publish that fails
+    (broker down) hands its operations back to ``PENDING`` (each fenced on ``SCHEDULED`` and its
     attempt), so the next cycle tries again; if even that write fails, the reconciler finds the
-    ``SCHEDULED`` row after its floor.
+    ``SCHEDULED`` rows after its floor.
 
     Returns:
-        the messages published.
+        the operations published, one :class:`Dispatched` each.
     """
 
-    def pick(s: Session) -> list[Any]:
-        return pipeline.take_runnable(s.connection(), limit=batch, statuses=_STATUSES)
+    def queue_of(r: Any) -> str:
+        return operation_queue(ctx, r.site_id, r.source_location_id, r.destination_location_id, r.kind)
 
-    rows = ctx.db.transact(pick)
+    def pick(s: Session) -> tuple[list[Any], list[list[int]]]:
+        tasks: list[list[int]] = []
+
+        def choose(rows: list[Any]) -> list[int]:
+            tasks[:] = group_tasks(rows, small_archives(s, rows), key=queue_of, spread=ctx.settings.executor.workers)
+            return [i for task in tasks for i in task]
+
+        return pipeline.take_runnable(s.connection(), limit=batch, statuses=_STATUSES, choose=choose), tasks
+
+    rows, tasks = ctx.db.transact(pick)
+    by_id = {r.id: r for r in rows}
     out: list[Dispatched] = []
-    for r in rows:
-        d = Dispatched(r.id, r.attempt + 1,
-                       operation_queue(ctx, r.site_id, r.source_location_id, r.destination_location_id, r.kind))
-        try:
-            publish(app, d)
-        except Exception as exc:
-            log.error("dispatch_publish_failed", operation_id=r.id, queue=d.queue, error=repr(exc))
-            _unschedule(ctx.db, r.id, r.attempt)
+    for task in tasks:
+        taken = [by_id[i] for i in task if i in by_id]
+        if not taken:
             continue
-        out.append(d)
+        ds = [Dispatched(r.id, r.attempt + 1, queue_of(r)) for r in taken]
+        try:
+            publish(app, ds)
+        except Exception as exc:
+            log.error("dispatch_publish_failed", operation_ids=[d.operation_id for d in ds], queue=ds[0].queue,
+                      error=repr(exc))
+            for r in taken:
+                _unschedule(ctx.db, r.id, r.attempt)
+            continue
+        out.extend(ds)
     return out
 
 
-def publish(app: Celery, d: Dispatched) -> None:
-    """Send "run operation N at attempt ≥ A" to its queue (JSON ``[N, A]``)."""
-    app.send_task(RUN_OPERATION_TASK, args=[d.operation_id, d.min_attempt], queue=d.queue, routing_key=d.queue,
+def publish(app: Celery, task: Dispatched | Sequence[Dispatched]) -> None:
+    """Send one task to its queue: "run operation N at attempt ≥ A" (``run_operation``, JSON
+    ``[N, A]``), or for several operations of one queue "run each of them at its attempt"
+    (``run_operations``, JSON ``[[[N, A], …]]``).
+
+    Raises:
+        ValueError: the operations of ``task`` are not of one queue.
+    """
+    ds = [task] if isinstance(task, Dispatched) else list(task)
+    queue = ds[0].queue
+    if any(d.queue != queue for d in ds):
+        raise ValueError(f"one message goes to one queue: {sorted({d.queue for d in ds})}")
+    if len(ds) == 1:
+        name, args = RUN_OPERATION_TASK, [ds[0].operation_id, ds[0].min_attempt]
+    else:
+        name, args = RUN_OPERATIONS_TASK, [[[d.operation_id, d.min_attempt] for d in ds]]
+    app.send_task(name, args=args, queue=queue, routing_key=queue,
                   retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
 
 

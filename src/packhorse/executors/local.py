@@ -15,10 +15,10 @@ order is the pipeline's (:mod:`packhorse.pipeline`); this module only decides th
 A finished operation wakes the loop at once, so the next stage starts without waiting for the
 poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
-task is one operation, up to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions,
-or up to :data:`~packhorse.worker.ARCHIVE_BATCH` long-term-archive operations of small raw data
-packages (:data:`~packhorse.worker.ARCHIVE_BATCH_BYTES` in all) run together
-(:func:`~packhorse.worker.execute_task`): archive operations go to a task together only when
+task is one operation, up to :data:`~packhorse.batching.DELETION_BATCH` buffer-copy deletions,
+or up to :data:`~packhorse.batching.ARCHIVE_BATCH` long-term-archive operations of small raw data
+packages (:data:`~packhorse.batching.ARCHIVE_BATCH_BYTES` in all) run together
+(:mod:`packhorse.batching`, :func:`~packhorse.worker.execute_task`): archive operations go to a task together only when
 more of them are runnable than there are free task slots, so a few packages still go one to a
 worker.
 
@@ -50,9 +50,9 @@ from sqlalchemy.orm import Session
 from .. import logs
 from ..config import Settings
 from ..context import ProcessContext
-from ..db.models import CircuitBreaker, LocationOutage, Operation, RawDataPackage, utcnow
+from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
 from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, BreakerState, OperationKind, Status
+from ..domain import ACTIVE_STATUSES, BreakerState, Status
 from ..managers import packages as packages_manager
 from ..managers.deletions import waiting_on_rule
 from ..managers.scan import ScanCache, ScanResult, scan_all
@@ -61,15 +61,8 @@ from .. import pipeline
 from ..recovery.loop import ErrorCounter
 from ..runtime_settings import RuntimeSettings
 from ..topology import Topology
-from ..worker import (
-    ARCHIVE_BATCH,
-    ARCHIVE_BATCH_BYTES,
-    DELETION_BATCH,
-    Outcome,
-    batchable,
-    execute_operation,
-    execute_task,
-)
+from ..batching import DELETION_BATCH, group_tasks, small_archives
+from ..worker import Outcome, execute_operation, execute_task
 
 log = structlog.get_logger(__name__)
 
@@ -168,23 +161,6 @@ def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: 
     (:func:`~packhorse.worker.execute_task`). Each claim is fenced on the token the dispatch
     read (I3)."""
     return execute_task(ctx, list(task), owner)
-
-
-_DELETIONS, _ARCHIVES = "deletions", "archives"  # the kinds of batch a dispatch fills
-_ARCHIVE_KIND = OperationKind.LONG_TERM_ARCHIVE.value
-
-
-def _small_archives(s: Session, rows: list[Any]) -> dict[int, int]:
-    """``{operation id: package size in bytes}`` of the long-term-archive operations among
-    ``rows`` whose raw data package is at most :data:`~packhorse.worker.ARCHIVE_BATCH_BYTES`
-    (those a task may run together); one query, and none without archive operations."""
-    ids = [r.id for r in rows if r.kind == _ARCHIVE_KIND]
-    if not ids:
-        return {}
-    q = (select(Operation.id, RawDataPackage.size)
-         .join(RawDataPackage, RawDataPackage.id == Operation.raw_data_package_id)
-         .where(Operation.id.in_(ids), RawDataPackage.size <= ARCHIVE_BATCH_BYTES))
-    return {op_id: size for op_id, size in s.execute(q)}
 
 
 def _run_in_worker_process(task: tuple[tuple[int, int], ...]) -> list[Outcome]:
@@ -366,7 +342,7 @@ class LocalRunner:
     def dispatch(self) -> int:
         """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
         or queued); returns how many operations were dispatched. A task is one operation, or up
-        to :data:`~packhorse.worker.DELETION_BATCH` buffer-copy deletions run together
+        to :data:`~packhorse.batching.DELETION_BATCH` buffer-copy deletions run together
         (:func:`~packhorse.worker.execute_deletions`)."""
         # one dispatch at a time (the main loop and completion callbacks both dispatch): two
         # could otherwise select the same operations before either had queued them
@@ -386,28 +362,9 @@ class LocalRunner:
             tasks: list[list[int]] = []
 
             def choose(rows: list[Any]) -> list[int]:
-                # fill the free task slots in dispatch order; deletions of buffer copies go
-                # DELETION_BATCH to a task, archive operations of small packages up to
-                # ARCHIVE_BATCH (spread over the free slots first) and ARCHIVE_BATCH_BYTES
-                small = _small_archives(s, rows)
-                per_task = {_DELETIONS: DELETION_BATCH,
-                            _ARCHIVES: min(ARCHIVE_BATCH, max(1, -(-len(small) // free)))}
-                open_batch: dict[str, tuple[list[int], list[int]]] = {}  # kind → (ids, [bytes])
-                for r in rows:
-                    group = (_DELETIONS if batchable(r.kind, r.physical_copy_id)
-                             else _ARCHIVES if r.id in small else None)
-                    size = small.get(r.id, 0)
-                    batch = open_batch.get(group) if group is not None else None
-                    if batch is None or len(batch[0]) >= per_task[group] \
-                            or batch[1][0] + size > ARCHIVE_BATCH_BYTES:  # type: ignore[index]
-                        if len(tasks) == free:
-                            break
-                        batch = ([], [0])
-                        tasks.append(batch[0])
-                        if group is not None:
-                            open_batch[group] = batch
-                    batch[0].append(r.id)
-                    batch[1][0] += size
+                # fill the free task slots in dispatch order, small operations batched
+                # (packhorse.batching, as the distributed executor's messages are)
+                tasks[:] = group_tasks(rows, small_archives(s, rows), slots=free)
                 return [i for task in tasks for i in task]
 
             # the token each was dispatched at: its claim is fenced on it (I3)

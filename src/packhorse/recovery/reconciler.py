@@ -42,6 +42,7 @@ import structlog
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from ..batching import operations_per_task
 from ..config import Settings
 from ..db.models import Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
@@ -109,8 +110,9 @@ class BrokerWatch:
     def lost(self, db: Database, candidates: list[tuple[int, QueueKey]]) -> set[int]:
         """The ``SCHEDULED`` ``candidates`` (id, queue key) whose message is lost.
 
-        Per queue holding *n* messages, its *n* most recently scheduled ``SCHEDULED``
-        operations may still be in it (FIFO) and are not lost; nor is any operation of a
+        Per queue holding *n* messages, its *n × k* most recently scheduled ``SCHEDULED``
+        operations may still be in it (FIFO; a message holds up to *k* operations of its kind,
+        :func:`packhorse.batching.operations_per_task`) and are not lost; nor is any operation of a
         queue of unknown depth (broker unreachable); the rest are lost once they stayed so
         for ``confirm_seconds``."""
         keys = {k for _, k in candidates}
@@ -126,7 +128,7 @@ class BrokerWatch:
             n = depths.get(key)
             if n is None:
                 continue  # unknown: not lost
-            queued = self._newest_scheduled(db, key, n) & mine if n > 0 else set()
+            queued = self._newest_scheduled(db, key, n * operations_per_task(key[2])) & mine if n > 0 else set()
             if queued:
                 site_id, loc, kind = key
                 log.info("reconciler_still_queued", operation_kind=kind, site_id=site_id, location_id=loc,
