@@ -1,4 +1,4 @@
-"""Tasks: how runnable operations are grouped into the unit of work an executor hands to a
+"""How runnable operations are grouped into tasks, the unit of work an executor hands to a
 worker, the same for both executors (DESIGN.md "Architecture": one pipeline; the embedded
 runner's pool task and the distributed executor's broker message are both a task).
 
