@@ -11,7 +11,12 @@ outcome, I3):
 * up to :data:`ARCHIVE_BATCH` long-term-archive operations of raw data packages of at most
   :data:`ARCHIVE_BATCH_BYTES`, at most that many bytes in all (:func:`small_archives`).
 
-Every other operation is a task of its own. A few milliseconds of database work per operation
+Every other operation is a task of its own, and so is an operation that stalled before
+(``stall_count`` > 0: its worker died or hung under it, and its circuit breaker may be
+half-open, letting one trial attempt through): a worker's death stalls every operation of its
+task, so a package that kills its worker must not take the others of its batch down with it
+again and again until their breakers open too (DESIGN.md I5, "every state has an owner"; the
+circuit breaker is per operation). A few milliseconds of database work per operation
 were most of a small operation's cost (benchmark (b), docs/benchmarks.md); on PostgreSQL one
 claim and one completion a transaction cost about 1.2–1.5 ms of CPU, a batch's about 0.2 ms an
 operation ("Control plane").
@@ -72,7 +77,8 @@ def small_archives(conn: Connection | Session, rows: Sequence[Any]) -> dict[int,
 def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None = None,
                 key: Callable[[Any], Hashable] | None = None, spread: int | None = None) -> list[list[int]]:
     """Group runnable ``rows`` (in dispatch order, with ``id``, ``kind``,
-    ``physical_copy_id``) into tasks: ``[[operation id, …], …]`` in that order.
+    ``physical_copy_id`` and optionally ``stall_count``) into tasks: ``[[operation id, …], …]``
+    in that order. An operation that stalled before is a task of its own (module docstring).
 
     Archive operations of small packages are spread over ``slots`` (or ``spread``) tasks
     before any task gets two of them, so a few packages still go one to a worker: ``k`` of them
@@ -95,12 +101,13 @@ def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None
     over = slots if slots is not None else spread
     archives: dict[Hashable, int] = {}
     for r in rows:
-        if r.id in small:
+        if r.id in small and not getattr(r, "stall_count", 0):
             archives[key_of(r)] = archives.get(key_of(r), 0) + 1
     tasks: list[list[int]] = []
     open_batch: dict[tuple[str, Hashable], tuple[list[int], list[int]]] = {}  # → (ids, [bytes])
     for r in rows:
-        group = (_DELETIONS if batchable(r.kind, r.physical_copy_id)
+        group = (None if getattr(r, "stall_count", 0)  # stalled before: alone (module docstring)
+                 else _DELETIONS if batchable(r.kind, r.physical_copy_id)
                  else _ARCHIVES if r.id in small else None)
         size = small.get(r.id, 0)
         where = (group, key_of(r)) if group is not None else None

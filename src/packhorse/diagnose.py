@@ -189,6 +189,19 @@ def _removed_copies(session: Session, op: Operation, copies: list[dict[str, Any]
     return lines
 
 
+def _waiting_for_dispatch(session: Session, now: dt.datetime) -> str:
+    """A due ``PENDING`` operation: it waits for a dispatcher (``packhorse run`` embedded,
+    ``packhorse manager`` distributed) to hand it to a worker; says so when no dispatcher's
+    heartbeat is alive (:func:`packhorse.recovery.health.list_services`)."""
+    from .recovery.health import list_services
+
+    alive = [sv["service"] for sv in list_services(session, now) if sv["alive"] and sv["kind"] in ("runner", "manager")]
+    if alive:
+        return f"waiting to be handed to a worker by {', '.join(sorted(alive))} at its next cycle"
+    return ("waiting to be handed to a worker, but no `packhorse run` or `packhorse manager` is alive "
+            "(`packhorse health`): start one")
+
+
 def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]],
                    events: list[dict[str, Any]], now: dt.datetime | None = None) -> tuple[str, str]:
     """The cause-oriented diagnosis of an operation and where it came from.
@@ -213,10 +226,10 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             if op.stall_count:
                 line += f"; it has stalled {op.stall_count} time(s) before — check its circuit breaker"
             return line, "db"
-        from .recovery.monitor import died_with_its_runner
+        from .recovery.monitor import lease_holder_gone
 
-        if died_with_its_runner(op.lease_owner):
-            return (f"its worker is gone: attempt {op.attempt} was held by {op.lease_owner}, whose runner no "
+        if lease_holder_gone(op.lease_owner):
+            return (f"its worker is gone: attempt {op.attempt} was held by {op.lease_owner}, a process that no "
                     f"longer runs on this host (killed, or the host restarted); lease recovery hands it out "
                     f"again once its lease expires at {_iso(op.lease_expires_at)} (a running `packhorse run` "
                     f"or `packhorse monitor` does), or now: packhorse retry {op.kind} {op.id}"), "db"
@@ -232,7 +245,7 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             if last:
                 line += f"; last failure: {last['error_type']}: {last['message']}"
             return line, "db"
-        return "waiting for a worker to claim it", "db"
+        return _waiting_for_dispatch(session, now), "db"
     # FAILED
     causes = _removed_copies(session, op, copies)
     boundary = ctx.get("diagnosis")
@@ -280,6 +293,11 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
     events = failure_events(session, op.id)
     copies = copy_presence(session, op)
     line, source = diagnosis_line(session, op, copies, events, now)
+    mates = task_mates(session, op)
+    if mates:
+        shown = ", ".join(f"{k} {i}" for k, i in mates[:10]) + (f" and {len(mates) - 10} more" if len(mates) > 10 else "")
+        line += (f"; it runs in one task (one message, one worker) with {shown}, which share its lease holder "
+                 "and stop or stall with it")
     breaker = _breaker(session, op)
     if breaker and breaker["state"] == "open" and op.status != Status.COMPLETED.value:
         line = (f"recovery is blocked by its open circuit breaker ({breaker['stall_count']} stalls) until "
@@ -290,6 +308,18 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
                 f"at {breaker['half_open_at']}; it closes if that attempt succeeds — {line}")
     return {"operation": snapshot(session, op, now), "failure_events": events, "copies": copies,
             "breaker": breaker, "diagnosis": line, "diagnosis_source": source, "generated_at": now.isoformat()}
+
+
+def task_mates(session: Session, op: Operation) -> list[tuple[str, int]]:
+    """``[(kind, operation id)]`` of the other ``IN_PROGRESS`` operations held by the same lease
+    owner as ``op``: those of one task (a batch of :mod:`packhorse.batching`, one broker message
+    in distributed mode); empty when ``op`` is not in progress or runs alone."""
+    if op.status != Status.IN_PROGRESS.value or not op.lease_owner:
+        return []
+    return [(k, i) for k, i in session.execute(
+        select(Operation.kind, Operation.id).where(Operation.status == Status.IN_PROGRESS.value,
+                                                   Operation.lease_owner == op.lease_owner, Operation.id != op.id)
+        .order_by(Operation.id))]
 
 
 def _breaker(session: Session, op: Operation) -> dict[str, Any] | None:

@@ -268,7 +268,7 @@ _OPS = Operation.__table__
 #: PostgreSQL (two dispatchers never take the same row); SQLite holds the write lock. Built
 #: once (Core, bound parameters): dispatch runs inside the database's write lock.
 _RUNNABLE = (select(_OPS.c.id, _OPS.c.kind, _OPS.c.attempt, _OPS.c.site_id, _OPS.c.source_location_id,
-                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id, _OPS.c.status)
+                    _OPS.c.destination_location_id, _OPS.c.physical_copy_id, _OPS.c.status, _OPS.c.stall_count)
              .where(_OPS.c.status.in_(bindparam("statuses", expanding=True)),
                     _OPS.c.kind.in_(bindparam("kinds", expanding=True)),
                     or_(_OPS.c.not_before.is_(None), _OPS.c.not_before <= bindparam("now")),
@@ -322,7 +322,7 @@ def take_runnable(conn: Connection, *, limit: int, statuses: Sequence[str], excl
 
     Returns:
         the rows taken (``id, kind, attempt, site_id, source_location_id,
-        destination_location_id, physical_copy_id, status`` — ``attempt`` is the fencing token
+        destination_location_id, physical_copy_id, status, stall_count`` — ``attempt`` is the fencing token
         the operation is dispatched at, ``status`` the one it had), in dispatch order. Each is
         marked ``SCHEDULED`` by a compare-and-set on :func:`packhorse.operations.fenced` at the
         token and status read: a row another writer changed since is not taken.

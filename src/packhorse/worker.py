@@ -79,7 +79,7 @@ def execute_operation(ctx: ProcessContext, operation_id: int, owner: str, *, tok
             attempt ≥ A"; see :func:`~packhorse.operations.claim`). ``None``: any attempt.
 
     Returns:
-        the :class:`Outcome`. A duplicate delivery (already done, leased by a live worker, at
+        the :class:`Outcome`. A duplicate delivery (already done, under a lease not expired, at
         a newer attempt, or not yet due) returns ``SKIPPED`` without doing anything (I3).
 
     Raises:

@@ -55,3 +55,17 @@ def test_validate_lists_every_problem_and_exits_1(tmp_path: Path) -> None:
                                                           ("bag-declaration-invalid", "bagit.txt")}
     r = run_packhorse("validate", str(tmp_path / "missing"))
     assert r.returncode == 1 and "[unreadable]" in r.stdout
+
+
+def test_validate_several_bags_in_one_call_exits_1_if_any_is_invalid(tmp_path: Path) -> None:
+    """A whole archive's bags in one call (a process start-up each was most of the time): each
+    reported in the order given, exit 1 when one of them is invalid, ``--json`` a list."""
+    good = _bag(tmp_path / "one")
+    bad = _bag(tmp_path / "two")
+    (bad / "data" / "b.txt").write_bytes(b"BETA")
+    r = run_packhorse("validate", str(good), str(good))
+    assert r.returncode == 0 and [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(("VALID", "INVALID"))] \
+        == ["VALID", "VALID"], r.stdout
+    r = run_packhorse("validate", "--json", str(good), str(bad))
+    assert r.returncode == 1
+    assert [(x["bag"], x["valid"]) for x in json.loads(r.stdout)] == [(str(good), True), (str(bad), False)]

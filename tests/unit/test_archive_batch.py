@@ -312,3 +312,49 @@ def test_the_distributed_executor_groups_each_queue_alone_and_spreads_its_archiv
                         "cologne_buffer": [1], "fyst_source": [1]}  # a source file's deletion is not batched
     assert sorted(i for t in tasks for i in t) == sorted(r.id for r in rows)
     assert [len(t) for t in group_tasks(rows[:12], small, key=lambda r: r.queue)] == [ARCHIVE_BATCH, 4]
+
+
+def test_an_operation_that_stalled_before_runs_alone_in_both_executors(tmp_path: Path) -> None:
+    """A worker that dies stalls every operation of its task: an operation that stalled before
+    (it may be the one that kills its worker; its breaker may be letting one trial through) is
+    handed alone, so it cannot take its batch-mates' breakers down with it. The others are
+    still batched."""
+    rows = ([_row(i, LTA, "q") for i in range(6)] + [_row(10 + i, OperationKind.DELETION, "d", copy=i) for i in range(5)])
+    rows[2].stall_count = 1
+    rows[8].stall_count = 3
+    small = {r.id: 10 for r in rows if r.kind == LTA.value}
+    assert group_tasks(rows, small, key=lambda r: r.queue, spread=1) == [[0, 1, 3, 4, 5], [2], [10, 11, 13, 14], [12]]
+    assert group_tasks(rows, small, slots=2) == [[0, 1, 3], [2]]  # 5 archives over 2 slots: 3 to a task
+    # the embedded runner reads the count with the runnable rows (pipeline.take_runnable)
+    db = Database(f"sqlite:///{tmp_path}/t.db")
+    db.upgrade()
+    try:
+        def seed(s: Session) -> None:
+            s.add(Site(id=1, name="fyst"))
+            s.flush()
+            s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/x"))
+            s.flush()
+            for i in range(12):
+                pkg = RawDataPackage(name=f"p{i}", group_path=f"p{i}", source_location_id=1, bagging_date="2026-01-01",
+                                     file_count=1, payload_bytes=10, size=10, sha256="0" * 64)
+                s.add(pkg)
+                s.flush()
+                op = create_operation(s, kind=LTA, dedup_key=f"lta:{i}", site_id=1, max_retries=3,
+                                      raw_data_package_id=pkg.id)
+                assert op is not None
+                if i == 5:
+                    op.stall_count = 2
+
+        db.transact(seed)
+        stalled = db.read(lambda s: s.scalar(select(Operation.id).where(Operation.stall_count == 2)))
+        runner = _runner(db, workers=1, prefetch=2)  # 2 free task slots
+        handed: list[tuple[int, ...]] = []
+        runner._submit = lambda task: handed.append(tuple(i for i, _ in task)) or _Done()  # type: ignore[method-assign]
+        try:
+            runner.dispatch()
+        finally:
+            runner.hash_pool.shutdown(wait=True)
+        assert len(handed) == 2 and (stalled,) in handed, handed
+        assert max(len(t) for t in handed) == 6  # the 11 others over 2 slots, 6 to a task; the rest wait
+    finally:
+        db.dispose()

@@ -97,10 +97,11 @@ def test_a_stalled_operation_is_diagnosed_as_stalled(tmp_path: Path, empty_db) -
     assert rep["diagnosis"].startswith("stalled: attempt 1 held by host:1:worker")
 
 
-def test_an_attempt_whose_runner_is_gone_says_so_and_how_to_hand_it_out_now(tmp_path: Path, empty_db) -> None:
-    # right after a kill -9 of `packhorse run` its leases are still valid for minutes: the
-    # diagnosis says the holder is gone (its runner's pid no longer runs on this host), when
-    # lease recovery takes it back, and the command that does it now
+def test_an_attempt_whose_worker_is_gone_says_so_and_how_to_hand_it_out_now(tmp_path: Path, empty_db) -> None:
+    # right after a kill -9 of `packhorse run`, of one of its worker processes or of a Celery
+    # pool child, its leases are still valid for minutes: the diagnosis says the holder is gone
+    # (its pid no longer runs on this host), when lease recovery takes it back, and the
+    # command that does it now
     import socket
 
     from sqlalchemy import update
@@ -109,9 +110,13 @@ def test_an_attempt_whose_runner_is_gone_says_so_and_how_to_hand_it_out_now(tmp_
     ids = _world(ctx)
     gone = no_such_pid()
     later = utcnow() + dt.timedelta(minutes=4)
-    for owner, expect in ((f"{socket.gethostname()}:{gone}:worker-7:MainThread", "its worker is gone"),
-                          (f"{socket.gethostname()}:{__import__('os').getpid()}:worker-7:MainThread", "running:"),
-                          (f"elsewhere:{gone}:worker-7:MainThread", "running:")):
+    host, me = socket.gethostname(), __import__("os").getpid()
+    for owner, expect in ((f"{host}:{gone}:worker-{me}:MainThread", "its worker is gone"),  # the runner
+                          (f"{host}:{me}:worker-{gone}:MainThread", "its worker is gone"),  # its worker process
+                          (f"{host}:{gone}:celery-0f3a9c2e", "its worker is gone"),  # a Celery pool child
+                          (f"{host}:{me}:worker-{me}:MainThread", "running:"),
+                          (f"{host}:{me}:celery-0f3a9c2e", "running:"),
+                          (f"elsewhere:{gone}:worker-{gone}:MainThread", "running:")):
         empty_db.transact(lambda s, o=owner: s.execute(update(Operation).where(Operation.id == ids["archive"]).values(
             lease_owner=o, lease_expires_at=later, heartbeat_at=utcnow())))
         rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"]))
@@ -227,3 +232,49 @@ def test_the_overview_places_a_deletion_at_its_copy_location(tmp_path: Path, emp
     ops = empty_db.read(lambda s: pipeline_overview(s))["operations"]
     assert [(o["operation_id"], o["status"], o["stalled"]) for o in ops] == [
         (ids["transfer"], "FAILED", False), (ids["archive"], "IN_PROGRESS", True)]
+
+
+def test_a_due_pending_operation_names_its_dispatcher_or_says_none_is_alive(tmp_path: Path, empty_db) -> None:
+    """PENDING and due: only `packhorse run` (embedded) or `packhorse manager` (distributed)
+    hands it to a worker; with neither alive the diagnosis says so instead of "waiting for a
+    worker"."""
+    import os
+    import socket
+
+    from sqlalchemy import update
+
+    from packhorse.recovery.health import record_heartbeat
+
+    ctx = _ctx(tmp_path, empty_db)
+    ids = _world(ctx)
+    empty_db.transact(lambda s: s.execute(update(Operation).where(Operation.id == ids["archive"]).values(
+        status="PENDING", lease_owner=None, lease_expires_at=None, heartbeat_at=None)))
+
+    def diagnosis() -> str:
+        return empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"]))["diagnosis"]
+
+    assert diagnosis().startswith("waiting to be handed to a worker, but no `packhorse run` or `packhorse manager` "
+                                  "is alive")
+    record_heartbeat(empty_db, "worker:cologne@x", kind="worker", host=socket.gethostname(), pid=os.getpid())
+    assert "no `packhorse run` or `packhorse manager` is alive" in diagnosis()  # a worker does not dispatch
+    record_heartbeat(empty_db, "manager@x", kind="manager", host=socket.gethostname(), pid=os.getpid())
+    assert diagnosis() == "waiting to be handed to a worker by manager@x at its next cycle"
+
+
+def test_an_operation_running_in_a_batch_names_its_batch_mates(tmp_path: Path, empty_db) -> None:
+    """Operations of one task (a batch: one broker message in distributed mode) share their
+    lease holder and stop or stall together: the diagnosis of one names the others."""
+    from sqlalchemy import update
+
+    ctx = _ctx(tmp_path, empty_db)
+    ids = _world(ctx)
+    later = utcnow() + dt.timedelta(minutes=4)
+    owner = "elsewhere:4242:celery-0f3a9c2e"
+    for op_id in (ids["archive"], ids["deletion"]):
+        empty_db.transact(lambda s, i=op_id: s.execute(update(Operation).where(Operation.id == i).values(
+            status="IN_PROGRESS", lease_owner=owner, lease_expires_at=later, heartbeat_at=utcnow())))
+    rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"]))
+    assert rep["diagnosis"].startswith("running:")
+    assert f"it runs in one task (one message, one worker) with deletion {ids['deletion']}," in rep["diagnosis"]
+    alone = empty_db.read(lambda s: diagnose_operation(s, OperationKind.TRANSFER, ids["transfer"]))
+    assert "one task" not in alone["diagnosis"]

@@ -13,15 +13,18 @@ from .common import EXIT_OK, EXIT_PROBLEM, JsonOpt, app, print_json
 
 @app.command()
 def validate(
-    path: Annotated[Path, typer.Argument(help="a bag folder, or a bag tar holding one top folder")],
+    paths: Annotated[list[Path], typer.Argument(help="bag folders, or bag tars holding one top folder each")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Validate a BagIt bag (RFC 8493, or 0.97) and list every problem. Exit 0 valid, 1 invalid."""
+    """Validate BagIt bags (RFC 8493, or 0.97) and list every problem of each. Exit 0 when every
+    one is valid, 1 when one is not. ``--json``: one path gives its report, several a list of
+    reports in the order given."""
     from ..bagvalidation import validate_path
 
-    report = validate_path(path)
+    reports = [validate_path(p) for p in paths]
     if as_json:
-        print_json(report.as_dict())
+        print_json(reports[0].as_dict() if len(reports) == 1 else [r.as_dict() for r in reports])
     else:
-        print(report.summary())
-    raise typer.Exit(EXIT_OK if report.valid else EXIT_PROBLEM)
+        for r in reports:
+            print(r.summary())
+    raise typer.Exit(EXIT_OK if all(r.valid for r in reports) else EXIT_PROBLEM)

@@ -127,7 +127,7 @@ def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not 
     operation_action(
         kind, config, as_json,
         lambda ctx, k: force_retry_operation(ctx, k, operation_id, reason=reason, actor=cli_actor()),
-        lambda k, out: f"{k.value} {operation_id}: {out['previous_status']} -> PENDING; `packhorse run` dispatches it now",
+        lambda k, out: f"{k.value} {operation_id}: {out['previous_status']} -> PENDING; a running `packhorse run` or `packhorse manager` dispatches it at once",
         refused=(ResetRefusedError,))
 
 

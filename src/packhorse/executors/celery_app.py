@@ -10,7 +10,7 @@ runner, with the same tasks (:mod:`packhorse.batching`; DESIGN.md "Architecture"
 for a task of several small operations of one queue (buffer-copy deletions, archive copies of
 small packages) the list of them (``[[[N, A], …]]``, task ``packhorse.run_operations``). The
 ops database is the single source of truth: a message can be lost, duplicated or delivered
-late without harm. A task that finds its operation done, leased by a live worker, or already
+late without harm. A task that finds its operation done, under a lease not expired, or already
 at attempt A or later returns without doing anything (the claim is a compare-and-set on the
 fencing token, :func:`packhorse.operations.claim`). Work whose message was lost is found again
 by the reconciler (``SCHEDULED`` → ``PENDING``; it asks the broker, :class:`BrokerQueues`,
@@ -260,7 +260,7 @@ def skip_reason(db: Database, operation_id: int, min_attempt: int) -> str:
     if op.status in (Status.COMPLETED.value, Status.FAILED.value):
         return f"done ({op.status})"
     if op.status == Status.IN_PROGRESS.value and op.lease_expires_at is not None and op.lease_expires_at > now:
-        return f"leased by a live worker ({op.lease_owner}, attempt {op.attempt})"
+        return f"leased by {op.lease_owner} until {op.lease_expires_at.isoformat()} (attempt {op.attempt})"
     if op.attempt >= min_attempt:
         return f"at a newer attempt ({op.attempt}, status {op.status})"
     if op.not_before is not None and op.not_before > now:
@@ -361,6 +361,7 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
     rows, tasks = ctx.db.transact(pick)
     by_id = {r.id: r for r in rows}
     out: list[Dispatched] = []
+    messages = 0
     for task in tasks:
         taken = [by_id[i] for i in task if i in by_id]
         if not taken:
@@ -375,6 +376,12 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
                 _unschedule(ctx.db, r.id, r.attempt)
             continue
         out.extend(ds)
+        messages += 1
+    if out:
+        kinds: dict[str, int] = {}
+        for d in out:
+            kinds[by_id[d.operation_id].kind] = kinds.get(by_id[d.operation_id].kind, 0) + 1
+        log.info("operations_dispatched", operations=len(out), messages=messages, kinds=kinds)
     return out
 
 
@@ -549,6 +556,8 @@ class Manager:
         started = time.monotonic()
         next_scan = 0.0
         declared = False
+        log.info("manager_started", instance=self.instance, poll_interval_seconds=poll,
+                 queues=len(all_queues(self.settings)))
         try:
             while not self.stop.is_set():
                 t0 = time.monotonic()

@@ -120,6 +120,21 @@ def died_with_its_runner(owner: str | None) -> bool:
     return held is not None and held[0] == socket.gethostname() and not process_alive(held[1])
 
 
+def lease_holder_gone(owner: str | None) -> bool:
+    """Whether the process holding an attempt's lease is gone from this host: the owner names
+    this host (``host:pid…``, :func:`~packhorse.operations.worker_identity`) and its pid no
+    longer runs — the embedded runner, its worker process (``worker-<pid>``), or a Celery pool
+    child (``celery-<task id>``). Its lease can then never be renewed: the attempt is over,
+    though the lease has not expired yet (what ``packhorse diagnose`` tells the operator). An
+    owner on another host, or of another form, is never taken for gone."""
+    parts = (owner or "").split(":")
+    if len(parts) < 2 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    pids = [int(parts[1])] + [int(p[len("worker-"):]) for p in parts[2:]
+                              if p.startswith("worker-") and p[len("worker-"):].isdigit()]
+    return any(not process_alive(pid) for pid in pids)
+
+
 def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport) -> None:
     rec = settings.recovery
 
