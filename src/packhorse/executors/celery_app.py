@@ -58,6 +58,7 @@ from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
 from .. import pipeline
+from ..batching import group_tasks, small_archives
 from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import Operation, utcnow
@@ -67,7 +68,6 @@ from ..errors import ConfigError, TransientDatabaseError
 from ..operations import CELERY_OWNER_TAG, fenced
 from ..stages import STAGES
 from ..topology import load_topology
-from ..batching import group_tasks, small_archives
 from ..worker import execute_task
 
 log = structlog.get_logger(__name__)
