@@ -210,7 +210,7 @@ def part_claims(args: argparse.Namespace) -> dict[str, Any]:
                     if drop is not None:
                         drop()
                     else:
-                        for suffix in ("", "-wal", "-shm"):
+                        for suffix in ("", "-wal", "-shm", ".writer-lock"):  # the database and its sidecars
                             Path(url[len("sqlite:///"):] + suffix).unlink(missing_ok=True)
             rates = [r["per_second"] for r in runs]
             med = statistics.median(rates)
