@@ -44,6 +44,7 @@ from .db.session import Database
 from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
 from .actions import UnknownPackageError
 from .errors import UnknownOperationError
+from .recovery.health import DEAD_AFTER_SECONDS
 from .context import ProcessContext
 from .topology import bundle_key, raw_package_key
 
@@ -189,13 +190,15 @@ def _removed_copies(session: Session, op: Operation, copies: list[dict[str, Any]
     return lines
 
 
-def _waiting_for_dispatch(session: Session, now: dt.datetime) -> str:
+def _waiting_for_dispatch(session: Session, now: dt.datetime, dead_after_seconds: float) -> str:
     """A due ``PENDING`` operation: it waits for a dispatcher (``packhorse run`` embedded,
     ``packhorse manager`` distributed) to hand it to a worker; says so when no dispatcher's
-    heartbeat is alive (:func:`packhorse.recovery.health.list_services`)."""
+    heartbeat is alive (:func:`packhorse.recovery.health.list_services` with
+    ``dead_after_seconds``, as ``packhorse health`` judges it)."""
     from .recovery.health import list_services
 
-    alive = [sv["service"] for sv in list_services(session, now) if sv["alive"] and sv["kind"] in ("runner", "manager")]
+    alive = [sv["service"] for sv in list_services(session, now, dead_after_seconds=dead_after_seconds)
+             if sv["alive"] and sv["kind"] in ("runner", "manager")]
     if alive:
         return f"waiting to be handed to a worker by {', '.join(sorted(alive))} at its next cycle"
     return ("waiting to be handed to a worker, but no `packhorse run` or `packhorse manager` is alive "
@@ -203,8 +206,11 @@ def _waiting_for_dispatch(session: Session, now: dt.datetime) -> str:
 
 
 def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]],
-                   events: list[dict[str, Any]], now: dt.datetime | None = None) -> tuple[str, str]:
+                   events: list[dict[str, Any]], now: dt.datetime | None = None, *,
+                   dead_after_seconds: float = DEAD_AFTER_SECONDS) -> tuple[str, str]:
     """The cause-oriented diagnosis of an operation and where it came from.
+    ``dead_after_seconds``: when a service's heartbeat makes it dead (``[recovery]
+    service_dead_after_seconds``; a due ``PENDING`` operation names its live dispatcher).
 
     Returns:
         ``(diagnosis, source)``; ``source`` is ``"db"`` (derived from the database state now),
@@ -245,7 +251,7 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             if last:
                 line += f"; last failure: {last['error_type']}: {last['message']}"
             return line, "db"
-        return _waiting_for_dispatch(session, now), "db"
+        return _waiting_for_dispatch(session, now, dead_after_seconds), "db"
     # FAILED
     causes = _removed_copies(session, op, copies)
     boundary = ctx.get("diagnosis")
@@ -277,8 +283,10 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
 
 
 def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
-                       now: dt.datetime | None = None) -> dict[str, Any]:
-    """The diagnostic report of one operation (database only).
+                       now: dt.datetime | None = None, *,
+                       dead_after_seconds: float = DEAD_AFTER_SECONDS) -> dict[str, Any]:
+    """The diagnostic report of one operation (database only). ``dead_after_seconds``: the
+    configured ``[recovery] service_dead_after_seconds`` (:func:`diagnosis_line`).
 
     Returns:
         ``{"operation": snapshot(), "failure_events": [...] newest first, "copies":
@@ -292,7 +300,7 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
     op = _get_operation(session, kind, operation_id)
     events = failure_events(session, op.id)
     copies = copy_presence(session, op)
-    line, source = diagnosis_line(session, op, copies, events, now)
+    line, source = diagnosis_line(session, op, copies, events, now, dead_after_seconds=dead_after_seconds)
     mates = task_mates(session, op)
     if mates:
         shown = ", ".join(f"{k} {i}" for k, i in mates[:10]) + (f" and {len(mates) - 10} more" if len(mates) > 10 else "")
@@ -332,7 +340,8 @@ def _breaker(session: Session, op: Operation) -> dict[str, Any] | None:
     return jsonable(breaker_row(b)) if b is not None else None
 
 
-def diagnose_package(session: Session, name: str, now: dt.datetime | None = None) -> dict[str, Any]:
+def diagnose_package(session: Session, name: str, now: dt.datetime | None = None, *,
+                     dead_after_seconds: float = DEAD_AFTER_SECONDS) -> dict[str, Any]:
     """The reports of every operation on the package called ``name``.
 
     A raw data package's operations include those of the bundle that carries it; a bundle's
@@ -363,7 +372,8 @@ def diagnose_package(session: Session, name: str, now: dt.datetime | None = None
                        (PhysicalCopy.data_transfer_package_id == dtp.id) | PhysicalCopy.raw_data_package_id.in_(members))))
     ops = session.scalars(select(Operation).where(cond).order_by(Operation.id)).all()
     return {"package": name, "type": ptype,
-            "reports": [diagnose_operation(session, OperationKind(o.kind), o.id, now) for o in ops]}
+            "reports": [diagnose_operation(session, OperationKind(o.kind), o.id, now,
+                                           dead_after_seconds=dead_after_seconds) for o in ops]}
 
 
 # ------------------------------------------------------------------------------ live check

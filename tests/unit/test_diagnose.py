@@ -259,6 +259,14 @@ def test_a_due_pending_operation_names_its_dispatcher_or_says_none_is_alive(tmp_
     assert "no `packhorse run` or `packhorse manager` is alive" in diagnosis()  # a worker does not dispatch
     record_heartbeat(empty_db, "manager@x", kind="manager", host=socket.gethostname(), pid=os.getpid())
     assert diagnosis() == "waiting to be handed to a worker by manager@x at its next cycle"
+    # its last heartbeat 120 s ago: dead by the default 90 s, alive by a configured 300 s
+    # ([recovery] service_dead_after_seconds, as `packhorse health` judges it)
+    record_heartbeat(empty_db, "manager@x", kind="manager", host=socket.gethostname(), pid=os.getpid(),
+                     now=utcnow() - dt.timedelta(seconds=120))
+    assert "no `packhorse run` or `packhorse manager` is alive" in diagnosis()
+    configured = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, ids["archive"],
+                                                            dead_after_seconds=300))["diagnosis"]
+    assert configured == "waiting to be handed to a worker by manager@x at its next cycle"
 
 
 def test_an_operation_running_in_a_batch_names_its_batch_mates(tmp_path: Path, empty_db) -> None:

@@ -221,7 +221,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     def diagnose_by_package(name: Annotated[str, Path(min_length=1, max_length=1000)], who: Caller) -> dict[str, Any]:
         """The diagnostic reports of every operation on a package (raw data package or bundle),
         by its name (``/`` in it as it is, or encoded as ``%2F``)."""
-        report = db.read(lambda s: diagnose_package(s, name))
+        report = db.read(lambda s: diagnose_package(
+            s, name, dead_after_seconds=settings.recovery.service_dead_after_seconds))
         audit.record(db, actor=who.actor, action="package.diagnose", target=name)
         return report
 
@@ -241,7 +242,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
                                                            "opened: not audited again")] = True) -> dict[str, Any]:
         """The diagnostic report of one operation (database only). Opening it is audited; a
         refresh of an open report (``opened=false``) is not."""
-        report = db.read(lambda s: diagnose_operation(s, kind, operation_id))
+        report = db.read(lambda s: diagnose_operation(
+            s, kind, operation_id, dead_after_seconds=settings.recovery.service_dead_after_seconds))
         if opened:
             audit.record(db, actor=who.actor, action="operation.diagnose", target=f"{kind.value}/{operation_id}")
         return report

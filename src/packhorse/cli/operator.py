@@ -152,10 +152,11 @@ def diagnose(
     k = parse_kind(kind) if kind else None
     ctx = context(config)
     try:
+        dead_after = ctx.settings.recovery.service_dead_after_seconds
         if package is not None:
-            reports = ctx.db.read(lambda s: diagnose_package(s, package))["reports"]
+            reports = ctx.db.read(lambda s: diagnose_package(s, package, dead_after_seconds=dead_after))["reports"]
         else:
-            reports = [ctx.db.read(lambda s: diagnose_operation(s, k, operation_id))]
+            reports = [ctx.db.read(lambda s: diagnose_operation(s, k, operation_id, dead_after_seconds=dead_after))]
     except (UnknownOperationError, UnknownPackageError) as e:
         raise fail(str(e), EXIT_PROBLEM) from None
     if live:
