@@ -103,7 +103,23 @@ def runner_worker_identity(runner_pid: int) -> str:
     worker process itself."""
     import os
 
-    return f"{socket.gethostname()}:{runner_pid}:worker-{os.getpid()}"
+    return f"{socket.gethostname()}:{runner_pid}:{RUNNER_WORKER_TAG}{os.getpid()}"
+
+
+#: What marks a worker process of the embedded runner in a lease owner (:func:`runner_worker_identity`).
+RUNNER_WORKER_TAG = "worker-"
+
+
+def holder_processes(owner: str | None) -> tuple[str, list[int]] | None:
+    """``(host, [pid, …])`` of the processes an attempt's lease depends on, as its owner names
+    them (:func:`worker_identity`): the runner or claiming process, and an embedded runner's
+    worker process (``worker-<pid>``) when there is one; a Celery pool child's own pid. ``None``
+    for an owner of another form."""
+    parts = (owner or "").split(":")
+    if len(parts) < 2 or not parts[1].isdigit():
+        return None
+    workers = [p[len(RUNNER_WORKER_TAG):] for p in parts[2:] if p.startswith(RUNNER_WORKER_TAG)]
+    return parts[0], [int(parts[1])] + [int(w) for w in workers if w.isdigit()]
 
 
 def runner_of(owner: str | None) -> tuple[str, int] | None:

@@ -42,7 +42,7 @@ from ..db.models import FailureEvent, Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
 from ..domain import BreakerState, NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
-from ..operations import fenced, runner_of
+from ..operations import fenced, holder_processes, runner_of
 from . import breakers
 from .health import process_alive
 
@@ -122,17 +122,13 @@ def died_with_its_runner(owner: str | None) -> bool:
 
 def lease_holder_gone(owner: str | None) -> bool:
     """Whether the process holding an attempt's lease is gone from this host: the owner names
-    this host (``host:pid…``, :func:`~packhorse.operations.worker_identity`) and its pid no
-    longer runs — the embedded runner, its worker process (``worker-<pid>``), or a Celery pool
-    child (``celery-<task id>``). Its lease can then never be renewed: the attempt is over,
+    this host and one of the processes it names no longer runs
+    (:func:`~packhorse.operations.holder_processes`) — the embedded runner, its worker process
+    (``worker-<pid>``), or a Celery pool child (``celery-<task id>``). Its lease can then never be renewed: the attempt is over,
     though the lease has not expired yet (what ``packhorse diagnose`` tells the operator). An
     owner on another host, or of another form, is never taken for gone."""
-    parts = (owner or "").split(":")
-    if len(parts) < 2 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
-    pids = [int(parts[1])] + [int(p[len("worker-"):]) for p in parts[2:]
-                              if p.startswith("worker-") and p[len("worker-"):].isdigit()]
-    return any(not process_alive(pid) for pid in pids)
+    held = holder_processes(owner)
+    return held is not None and held[0] == socket.gethostname() and not all(process_alive(p) for p in held[1])
 
 
 def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport) -> None:
