@@ -226,6 +226,43 @@ def _runner(db: Database, workers: int, prefetch: int) -> LocalRunner:
                                              db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
 
 
+def _archive_operations(db: Database, sizes: list[int], stalled: dict[int, int] | None = None) -> list[int]:
+    """A source location and one PENDING long-term-archive operation per package of ``sizes``
+    (bytes), the ``k``-th with ``stall_count`` ``stalled[k]``; returns their operation ids."""
+    def seed(s: Session) -> list[int]:
+        s.add(Site(id=1, name="fyst"))
+        s.flush()
+        s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/x"))
+        s.flush()
+        ids = []
+        for i, size in enumerate(sizes):
+            pkg = RawDataPackage(name=f"p{i}", group_path=f"p{i}", source_location_id=1, bagging_date="2026-01-01",
+                                 file_count=1, payload_bytes=size, size=size, sha256="0" * 64)
+            s.add(pkg)
+            s.flush()
+            op = create_operation(s, kind=LTA, dedup_key=f"lta:{i}", site_id=1, max_retries=3,
+                                  raw_data_package_id=pkg.id)
+            assert op is not None
+            op.stall_count = (stalled or {}).get(i, 0)
+            ids.append(op.id)
+        return ids
+
+    return db.transact(seed)
+
+
+def _handed(db: Database, *, workers: int, prefetch: int) -> list[tuple[int, ...]]:
+    """The tasks (operation ids) one dispatch of a runner with ``workers × prefetch`` free task
+    slots hands to its pool."""
+    runner = _runner(db, workers=workers, prefetch=prefetch)
+    handed: list[tuple[int, ...]] = []
+    runner._submit = lambda task: handed.append(tuple(i for i, _ in task)) or _Done()  # type: ignore[method-assign]
+    try:
+        runner.dispatch()
+    finally:
+        runner.hash_pool.shutdown(wait=True)
+    return handed
+
+
 BIG = ARCHIVE_BATCH_BYTES + 1
 THIRD = ARCHIVE_BATCH_BYTES // 3
 
@@ -248,27 +285,8 @@ def test_the_runner_puts_small_archives_together_beyond_its_free_slots(tmp_path:
     db = Database(f"sqlite:///{tmp_path}/t.db")
     db.upgrade()
     try:
-        def seed(s: Session) -> None:
-            s.add(Site(id=1, name="fyst"))
-            s.flush()
-            s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/x"))
-            s.flush()
-            for i, size in enumerate(sizes):
-                pkg = RawDataPackage(name=f"p{i}", group_path=f"p{i}", source_location_id=1, bagging_date="2026-01-01",
-                                     file_count=1, payload_bytes=size, size=size, sha256="0" * 64)
-                s.add(pkg)
-                s.flush()
-                create_operation(s, kind=LTA, dedup_key=f"lta:{i}", site_id=1, max_retries=3,
-                                 raw_data_package_id=pkg.id)
-
-        db.transact(seed)
-        runner = _runner(db, workers=2, prefetch=2)  # 4 free task slots
-        handed: list[tuple[int, ...]] = []
-        runner._submit = lambda task: handed.append(tuple(i for i, _ in task)) or _Done()  # type: ignore[method-assign]
-        try:
-            runner.dispatch()
-        finally:
-            runner.hash_pool.shutdown(wait=True)
+        _archive_operations(db, sizes)
+        handed = _handed(db, workers=2, prefetch=2)  # 4 free task slots
         assert [len(ids) for ids in handed] == expected
         ids = [i for task in handed for i in task]
         size_of = db.read(lambda s: dict(s.execute(select(Operation.id, RawDataPackage.size).join(
@@ -329,31 +347,8 @@ def test_an_operation_that_stalled_before_runs_alone_in_both_executors(tmp_path:
     db = Database(f"sqlite:///{tmp_path}/t.db")
     db.upgrade()
     try:
-        def seed(s: Session) -> None:
-            s.add(Site(id=1, name="fyst"))
-            s.flush()
-            s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/x"))
-            s.flush()
-            for i in range(12):
-                pkg = RawDataPackage(name=f"p{i}", group_path=f"p{i}", source_location_id=1, bagging_date="2026-01-01",
-                                     file_count=1, payload_bytes=10, size=10, sha256="0" * 64)
-                s.add(pkg)
-                s.flush()
-                op = create_operation(s, kind=LTA, dedup_key=f"lta:{i}", site_id=1, max_retries=3,
-                                      raw_data_package_id=pkg.id)
-                assert op is not None
-                if i == 5:
-                    op.stall_count = 2
-
-        db.transact(seed)
-        stalled = db.read(lambda s: s.scalar(select(Operation.id).where(Operation.stall_count == 2)))
-        runner = _runner(db, workers=1, prefetch=2)  # 2 free task slots
-        handed: list[tuple[int, ...]] = []
-        runner._submit = lambda task: handed.append(tuple(i for i, _ in task)) or _Done()  # type: ignore[method-assign]
-        try:
-            runner.dispatch()
-        finally:
-            runner.hash_pool.shutdown(wait=True)
+        stalled = _archive_operations(db, [10] * 12, stalled={5: 2})[5]
+        handed = _handed(db, workers=1, prefetch=2)  # 2 free task slots
         assert len(handed) == 2 and (stalled,) in handed, handed
         assert max(len(t) for t in handed) == 6  # the 11 others over 2 slots, 6 to a task; the rest wait
     finally:
