@@ -46,6 +46,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -378,10 +379,8 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
         out.extend(ds)
         messages += 1
     if out:
-        kinds: dict[str, int] = {}
-        for d in out:
-            kinds[by_id[d.operation_id].kind] = kinds.get(by_id[d.operation_id].kind, 0) + 1
-        log.info("operations_dispatched", operations=len(out), messages=messages, kinds=kinds)
+        log.info("operations_dispatched", operations=len(out), messages=messages,
+                 kinds=dict(Counter(by_id[d.operation_id].kind for d in out)))
     return out
 
 
