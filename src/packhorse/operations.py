@@ -28,6 +28,7 @@ All times are UTC; durations are seconds.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import random
 import socket
 import traceback as tb
@@ -84,26 +85,65 @@ class Claim:
 
 
 def worker_identity(suffix: str = "") -> str:
-    """``host:pid[:suffix]`` — who holds a lease. The embedded runner's leases name the
-    runner's own pid (``host:pid:<thread>``, or ``host:<runner pid>:worker-<pid>:<thread>`` from
-    one of its worker processes, :func:`runner_worker_identity`); a Celery pool child's name
-    the child (``host:pid:celery-<task id>``, :data:`CELERY_OWNER_TAG`)."""
+    """``host:pid[:ns-<namespace>][:suffix]`` — who holds a lease. The embedded runner's leases
+    name the runner's own pid (``host:pid:ns-…:<thread>``, or ``host:<runner pid>:ns-…:worker-<pid>:<thread>``
+    from one of its worker processes, :func:`runner_worker_identity`); a Celery pool child's name
+    the child (``host:pid:ns-…:celery-<task id>``, :data:`CELERY_OWNER_TAG`). The ``ns-`` part
+    (:func:`process_namespace`) says which kernel boot and pid namespace the pids belong to;
+    it is left out where the system does not tell (no ``/proc``)."""
     import os
 
-    return f"{socket.gethostname()}:{os.getpid()}" + (f":{suffix}" if suffix else "")
+    ns = process_namespace()
+    return (f"{socket.gethostname()}:{os.getpid()}" + (f":{NAMESPACE_TAG}{ns}" if ns else "")
+            + (f":{suffix}" if suffix else ""))
 
 
 #: What marks the lease owner of a Celery pool child (its pid is the child's, not its service's).
 CELERY_OWNER_TAG = "celery-"
 
+#: What marks the process namespace in a lease owner (:func:`process_namespace`).
+NAMESPACE_TAG = "ns-"
+
+
+@functools.cache
+def process_namespace() -> str | None:
+    """``<boot>-<pid namespace>`` of this process: the first 12 hex digits of the kernel's boot
+    id (``/proc/sys/kernel/random/boot_id``, new at every boot, the same in every container of
+    one kernel) and the inode number of its pid namespace (``/proc/self/ns/pid``, different in
+    each container). Two processes with the same namespace see the same pids, so a pid of a
+    lease owner with this namespace that does not run here belongs to a process that is gone:
+    what lets a restarted service take over the leases of the one that was killed at once
+    instead of waiting them out (:func:`packhorse.recovery.monitor.check_stalled`). A hostname
+    alone does not tell that: containers may share one. ``None`` without ``/proc`` (not Linux)."""
+    import os
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip().replace("-", "")[:12]
+        pid_ns = os.stat("/proc/self/ns/pid").st_ino
+    except (OSError, UnicodeDecodeError):
+        return None
+    return f"{boot}-{pid_ns}" if boot else None
+
+
+def namespace_of(owner: str | None) -> str | None:
+    """The process namespace a lease owner names (:func:`worker_identity`: its ``ns-`` part),
+    or ``None`` for an owner without one (an older version's, a system without ``/proc``)."""
+    for part in (owner or "").split(":")[2:]:
+        if part.startswith(NAMESPACE_TAG):
+            return part[len(NAMESPACE_TAG):]
+    return None
+
 
 def runner_worker_identity(runner_pid: int) -> str:
-    """``host:<runner pid>:worker-<pid>`` — a worker process of the embedded runner
-    ``runner_pid``, as its leases name it: the runner first (:func:`runner_of`), then the
+    """``host:<runner pid>[:ns-<namespace>]:worker-<pid>`` — a worker process of the embedded
+    runner ``runner_pid``, as its leases name it: the runner first (:func:`runner_of`), then the
     worker process itself."""
     import os
 
-    return f"{socket.gethostname()}:{runner_pid}:{RUNNER_WORKER_TAG}{os.getpid()}"
+    ns = process_namespace()
+    return (f"{socket.gethostname()}:{runner_pid}" + (f":{NAMESPACE_TAG}{ns}" if ns else "")
+            + f":{RUNNER_WORKER_TAG}{os.getpid()}")
 
 
 #: What marks a worker process of the embedded runner in a lease owner (:func:`runner_worker_identity`).

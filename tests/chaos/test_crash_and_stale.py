@@ -72,12 +72,11 @@ def _archive_heartbeats(cfg) -> dict[int, object]:
         ctx.db.dispose()
 
 
-@pytest.mark.slow
-def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
-    cfg = site_config()
+def _kill_mid_archive_write(cfg: Path, marker: Path) -> dict[str, bytes]:
+    """Start ``packhorse run`` on a new source, SIGKILL it while a long-term archive write is in
+    progress (paused by a fault hook); returns the source files."""
     site = cfg.parent
     files = make_source(site / "source")
-    marker = tmp_path / "writing"
     faults = [{"point": "long_term_archive.writing", "action": "pause", "seconds": 120, "marker": str(marker),
                "times": 1}]
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
@@ -94,6 +93,14 @@ def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+    return files
+
+
+@pytest.mark.slow
+def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
+    cfg = site_config()
+    site = cfg.parent
+    files = _kill_mid_archive_write(cfg, tmp_path / "writing")
     # the run's worker processes died with it: nobody renews the paused writer's lease any more
     # (heartbeats every 0.3 s in this configuration)
     time.sleep(1.0)
@@ -127,6 +134,43 @@ def test_sigkill_during_archive_write_then_restart(site_config, tmp_path):
     assert verify.returncode == 0, verify.stdout
     report = json.loads(verify.stdout)
     assert report["checked"] == report["ok"] == 2 * len(pkgs)
+
+
+@pytest.mark.slow
+def test_a_restart_takes_over_the_killed_runs_leases_without_waiting_them_out(site_config, tmp_path):
+    """``packhorse run`` killed (SIGKILL, an OOM kill, a power cut of the process) and started
+    again on the same host: the operations its worker processes held are taken over at the
+    restart's first recovery pass, not after their 10-minute leases expire (the holders' pids,
+    in this pid namespace, no longer run: recovery.monitor.provably_gone)."""
+    cfg = site_config(lease_timeout_seconds=600, heartbeat_interval_seconds=60, monitor_interval_seconds=60)
+    site = cfg.parent
+    files = _kill_mid_archive_write(cfg, tmp_path / "writing")
+    ctx = context(cfg)
+    try:
+        with ctx.db.session() as s:
+            held = s.scalars(select(Operation).where(Operation.status == Status.IN_PROGRESS.value)).all()
+    finally:
+        ctx.db.dispose()
+    assert held and all(o.lease_expires_at is not None for o in held)  # leases of 600 s, far from expired
+
+    started = time.monotonic()
+    rerun = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet", timeout=240)
+    assert rerun.returncode == 0, rerun.stderr
+    assert time.monotonic() - started < 120
+
+    expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    for d in LTA_DIRS:
+        assert _archived_payloads(site / d) == expected
+    ctx = context(cfg)
+    try:
+        with ctx.db.session() as s:
+            assert all(o.status == Status.COMPLETED.value for o in s.scalars(select(Operation)))
+            taken = {e.operation_id: e.message for e in s.scalars(select(FailureEvent).where(
+                FailureEvent.error_type == "Stalled"))}
+    finally:
+        ctx.db.dispose()
+    assert set(taken) == {o.id for o in held}
+    assert all("taken over before it expired" in m for m in taken.values())
 
 
 @pytest.mark.slow

@@ -441,3 +441,4 @@ def test_reconciler_needs_two_absences_confirm_seconds_apart(db: Database) -> No
     clock.t += 1
     assert reconcile(db, s, broker=w) == [op_id]  # absent for 10 s: lost
     assert op_row(db, op_id).reconcile_count == 1
+

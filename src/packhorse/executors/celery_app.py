@@ -66,7 +66,7 @@ from ..db.models import Operation, utcnow
 from ..db.session import Database
 from ..domain import LocationRole, OperationKind, Status, StorageType
 from ..errors import ConfigError, TransientDatabaseError
-from ..operations import CELERY_OWNER_TAG, fenced
+from ..operations import CELERY_OWNER_TAG, fenced, worker_identity
 from ..stages import STAGES
 from ..topology import load_topology
 from ..worker import execute_task
@@ -213,7 +213,8 @@ def process_context(settings: Settings) -> ProcessContext:
 
 
 def _owner(task_id: str | None) -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{CELERY_OWNER_TAG}{(task_id or '-')[:8]}"
+    """The lease owner of this pool child for task ``task_id`` (:func:`~packhorse.operations.worker_identity`)."""
+    return worker_identity(f"{CELERY_OWNER_TAG}{(task_id or '-')[:8]}")
 
 
 def _retry_later(task: Any, exc: BaseException) -> Any:

@@ -203,6 +203,8 @@ class LocalRunner:
         self.drained = threading.Event()
         self.drained.set()
         self.stop_requested = threading.Event()
+        #: set when a worker process died: the main loop runs lease recovery at its next turn
+        self.recover_soon = threading.Event()
         self.on_tick = on_tick
         self.outcomes: dict[Outcome, int] = {o: 0 for o in Outcome}
         self._lock = threading.Lock()
@@ -305,10 +307,13 @@ class LocalRunner:
                     self.outcomes[outcome] += 1
             except BrokenProcessPool as e:
                 # a worker process died (killed, out of memory): its operations stay IN_PROGRESS
-                # until their leases expire and lease recovery hands them out again; operations
-                # queued behind it are still SCHEDULED and are dispatched to a new pool
+                # until lease recovery hands them out again, at the next pass (asked for here):
+                # their holder is gone, so their leases are not waited out
+                # (recovery.monitor.provably_gone); operations queued behind it are still
+                # SCHEDULED and are dispatched to a new pool
                 log.error("worker_process_died", operation_ids=list(op_ids), error=repr(e))
                 self._discard_broken_pool()
+                self.recover_soon.set()  # its leases are taken over at once (monitor.provably_gone)
             except Exception as e:  # a bug or a database outage outside the failure path
                 log.error("operation_crashed", operation_ids=list(op_ids), error=repr(e))
             # keep the pool busy: once only a worker's worth of tasks is left in it, refill it
@@ -511,7 +516,9 @@ class LocalRunner:
                 rt.refresh()
                 poll = rt.poll_interval_seconds
                 now = time.monotonic()
-                if now >= last_monitor + rt.monitor_interval_seconds or (monitor_due is not None and now >= monitor_due):
+                if (now >= last_monitor + rt.monitor_interval_seconds or (monitor_due is not None and now >= monitor_due)
+                        or self.recover_soon.is_set()):
+                    self.recover_soon.clear()
                     try:
                         self.recover()
                     except Exception as e:  # counted; the next monitor interval tries again

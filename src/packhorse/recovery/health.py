@@ -122,14 +122,21 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (``kill(pid, 0)``; a process of another user counts)."""
+    """Whether process ``pid`` runs on this host (``kill(pid, 0)``; a process of another user
+    counts). A zombie (ended, not yet reaped by its parent: ``Z`` in ``/proc/<pid>/stat``) does
+    not run: a killed worker process is one until its parent waits for it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split(None, 1)[0]
+    except (OSError, IndexError):
+        return True  # no /proc (or it ended just now): kill() said it runs
+    return state not in (b"Z", b"X")
 
 
 def is_alive(host: str, pid: int, age_seconds: float, dead_after_seconds: float) -> bool:

@@ -4,7 +4,10 @@ One cycle (:func:`check_stalled`):
 
 1. let one attempt through every open circuit breaker whose cool-down passed (half-open:
    the held operation is reset to ``PENDING``; INFO notification each);
-2. for every ``IN_PROGRESS`` operation whose lease expired (a *stalled* operation): append a
+2. for every ``IN_PROGRESS`` operation whose lease expired (a *stalled* operation), or whose
+   lease holder is certainly gone before it expired (:func:`provably_gone`: a process of this
+   host and pid namespace that no longer runs, say a ``packhorse run`` killed and restarted;
+   its lease could never be renewed, so nothing is gained by waiting it out): append a
    ``Stalled`` failure event and count the stall on its breaker — once per attempt, and not
    when the attempt's embedded runner is gone with it (:func:`died_with_its_runner`: the whole
    service was stopped, not the operation's fault);
@@ -42,7 +45,7 @@ from ..db.models import FailureEvent, Operation, utcnow
 from ..db.session import Database, bound_idle_in_transaction
 from ..domain import BreakerState, NotificationLevel, OperationKind, Status
 from ..notify.outbox import enqueue
-from ..operations import fenced, holder_processes, runner_of
+from ..operations import NAMESPACE_TAG, fenced, holder_processes, namespace_of, process_namespace, runner_of
 from . import breakers
 from .health import process_alive
 
@@ -97,9 +100,12 @@ class MonitorReport:
     let_through: list[int] = field(default_factory=list)
 
 
-def _stall_event(op: Operation, now: dt.datetime) -> FailureEvent:
-    ctx = {"error_type": "Stalled", "message": f"lease of attempt {op.attempt} ({op.lease_owner or 'unknown worker'}) "
-           f"expired at {op.lease_expires_at.isoformat() if op.lease_expires_at else '-'} without completion",
+def _stall_event(op: Operation, now: dt.datetime, *, gone: bool = False) -> FailureEvent:
+    expires = op.lease_expires_at.isoformat() if op.lease_expires_at else "-"
+    message = (f"lease of attempt {op.attempt} ({op.lease_owner or 'unknown worker'}) "
+               + (f"taken over before it expired at {expires}: its holder's process is gone from this host"
+                  if gone else f"expired at {expires} without completion"))
+    ctx = {"error_type": "Stalled", "message": message,
            "operation_kind": op.kind, "operation_id": op.id, "task_id": f"{op.lease_owner}#{op.attempt}",
            "task_name": f"packhorse.{op.kind}", "retry_count": op.retry_count, "will_retry": True,
            "timestamp": now.isoformat(), "operation_info": {"bytes_done": op.bytes_done}, "step": "lease",
@@ -109,45 +115,76 @@ def _stall_event(op: Operation, now: dt.datetime) -> FailureEvent:
                         created_at=now)
 
 
+def _here(host: str, owner: str | None) -> bool:
+    """Whether ``owner``'s pids are this host's to look at: it names this host and, when it
+    names a process namespace (:func:`~packhorse.operations.namespace_of`), this process's."""
+    if host != socket.gethostname():
+        return False
+    ns = namespace_of(owner)
+    return ns is None or ns == process_namespace()
+
+
 def died_with_its_runner(owner: str | None) -> bool:
     """Whether a stalled attempt's lease holder was an embedded runner of this host that is gone
     (:func:`~packhorse.operations.runner_of`; its pid no longer runs): the whole service stopped
     (killed, a host reboot, a crash loop), so the operation is not a suspect and no stall is
     counted on its circuit breaker. A worker process dying under a live runner, a Celery pool
-    child, a holder on another host or a pid now reused count as before (DESIGN.md "Circuit
-    breaker": the breaker holds an operation that keeps killing or hanging its worker)."""
+    child, a holder on another host or in another container (another process namespace) or a
+    pid now reused count as before (DESIGN.md "Circuit breaker": the breaker holds an operation
+    that keeps killing or hanging its worker)."""
     held = runner_of(owner)
-    return held is not None and held[0] == socket.gethostname() and not process_alive(held[1])
+    return held is not None and _here(held[0], owner) and not process_alive(held[1])
 
 
 def lease_holder_gone(owner: str | None) -> bool:
     """Whether the process holding an attempt's lease is gone from this host: the owner names
-    this host and one of the processes it names no longer runs
-    (:func:`~packhorse.operations.holder_processes`) — the embedded runner, its worker process
-    (``worker-<pid>``), or a Celery pool child (``celery-<task id>``). Its lease can then never be renewed: the attempt is over,
-    though the lease has not expired yet (what ``packhorse diagnose`` tells the operator). An
-    owner on another host, or of another form, is never taken for gone."""
+    this host (and this process namespace, when it names one) and one of the processes it names
+    no longer runs (:func:`~packhorse.operations.holder_processes`) — the embedded runner, its
+    worker process (``worker-<pid>``), or a Celery pool child (``celery-<task id>``). Its lease
+    can then never be renewed: the attempt is over, though the lease has not expired yet (what
+    ``packhorse diagnose`` tells the operator). An owner on another host, or of another form, is
+    never taken for gone."""
     held = holder_processes(owner)
-    return held is not None and held[0] == socket.gethostname() and not all(process_alive(p) for p in held[1])
+    return held is not None and _here(held[0], owner) and not all(process_alive(p) for p in held[1])
 
 
-def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport) -> None:
+def provably_gone(owner: str | None) -> bool:
+    """Whether an attempt's lease holder is certainly gone, so its operation may be taken over
+    before the lease expires: :func:`lease_holder_gone`, and the owner names this very process
+    namespace (:func:`~packhorse.operations.process_namespace`: the same kernel boot and pid
+    namespace, where a pid that does not run is a process that ended). A hostname alone is not
+    proof (two containers may share one, each with its own pids); an owner without a namespace
+    (an older version's) waits for its lease to expire as before. A pid reused meanwhile makes
+    the holder look alive: the lease is then waited out (the safe side). Taking over is safe
+    whatever the holder still did: every write of its attempt is fenced (I3)."""
+    ns = process_namespace()
+    return ns is not None and namespace_of(owner) == ns and lease_holder_gone(owner)
+
+
+def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport, *,
+                gone_owner: str | None = None) -> None:
+    """Handle one stalled attempt (module docstring, steps 2–4): its lease expired, or, with
+    ``gone_owner``, it is still held by that owner, whose process is gone
+    (:func:`provably_gone`)."""
     rec = settings.recovery
 
     def tx(s: Session) -> str | None:
         bound_idle_in_transaction(s, rec.lease_timeout_seconds)  # a hung monitor lets go of the row
         now = utcnow()
+        held = (Operation.lease_owner == gone_owner) if gone_owner is not None else (Operation.lease_expires_at < now)
         op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.attempt == attempt,
-                                               Operation.status == Status.IN_PROGRESS.value,
-                                               Operation.lease_expires_at < now)
+                                               Operation.status == Status.IN_PROGRESS.value, held)
                          # locked and re-checked: another monitor handling the same stall right
                          # now skips it (one stall event, count, notification)
                          .with_for_update(skip_locked=True)).first()
         if op is None:
             return None  # renewed, finished or recovered meanwhile (by this or another monitor)
+        gone = gone_owner is not None and op.lease_expires_at is not None and op.lease_expires_at >= now
+        if gone and not provably_gone(gone_owner):
+            return None  # looked again under the row lock: not certain any more, the lease is waited out
         b = breakers.get_breaker(s, op.kind, op.id)
         if b is None or b.last_stall_attempt != op.attempt:
-            s.add(_stall_event(op, now))
+            s.add(_stall_event(op, now, gone=gone))
             if not died_with_its_runner(op.lease_owner):
                 b = breakers.count_stall(s, op, rec, now)
         if b is not None and b.state == BreakerState.OPEN.value:
@@ -169,8 +206,10 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         counted = (f"Stall count: {b.stall_count} of {rec.max_stall_count} before the circuit breaker opens."
                    if b is not None else "Its runner is gone (the whole service stopped): no stall is counted "
                    "against the operation.")
-        body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} stopped renewing "
-                f"its lease.\n{counted}\nThe operation was reset to PENDING and will be dispatched again.")
+        ended = ("ended: its process is gone from this host, so it was taken over before its lease expired"
+                 if gone else "stopped renewing its lease")
+        body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} {ended}.\n"
+                f"{counted}\nThe operation was reset to PENDING and will be dispatched again.")
         kind, oid = op.kind, op.id
         handler(s, op, now)
         enqueue(s, level=NotificationLevel.WARNING, event="stalled_recovered",
@@ -205,7 +244,24 @@ def check_stalled(db: Database, settings: Settings) -> MonitorReport:
                                                      Operation.lease_expires_at < now).order_by(Operation.id))])
     for op_id, attempt in stalled:
         _handle_one(db, settings, op_id, attempt, report)
+    for op_id, attempt, owner in _held_by_the_gone(db, now):
+        _handle_one(db, settings, op_id, attempt, report, gone_owner=owner)
     return report
+
+
+def _held_by_the_gone(db: Database, now: dt.datetime) -> list[tuple[int, int, str]]:
+    """``[(operation id, attempt, lease owner)]`` of the ``IN_PROGRESS`` operations whose lease
+    has not expired but whose holder is certainly gone (:func:`provably_gone`: it names this
+    process namespace and one of its processes no longer runs). Only owners of this namespace
+    are read (at most a few per worker of this host); none at all without one."""
+    ns = process_namespace()
+    if ns is None:
+        return []
+    rows = db.read(lambda s: s.execute(
+        select(Operation.id, Operation.attempt, Operation.lease_owner).where(
+            Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at >= now,
+            Operation.lease_owner.contains(f":{NAMESPACE_TAG}{ns}", autoescape=True)).order_by(Operation.id)).all())
+    return [(r.id, r.attempt, r.lease_owner) for r in rows if provably_gone(r.lease_owner)]
 
 
 def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...] | set[int] = (),
