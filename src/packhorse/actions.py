@@ -28,7 +28,7 @@ from .context import ProcessContext
 from .db.models import Operation, RawDataPackage, utcnow
 from .domain import OperationKind, Status
 from .errors import UnknownOperationError, UnknownPackageError
-from .operations import ResetRefusedError, reset_failed
+from .operations import ResetRefusedError, no_such_operation, reset_failed
 
 
 def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,
@@ -47,7 +47,7 @@ def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int,
     if op is None or op.kind != kind.value:
         audit.record(ctx.db, actor=actor, action="operation.reset", target=target, details={"reason": reason},
                      result="refused", message="unknown operation")
-        raise UnknownOperationError(f"no {kind.value} operation with id {operation_id}")
+        raise UnknownOperationError(no_such_operation(kind.value, operation_id, op))
     try:
         ids = reset_failed(ctx.db, kind, operation_id)
     except ResetRefusedError as e:

@@ -43,7 +43,7 @@ from .db.models import (
 from .db.session import Database
 from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
 from .actions import UnknownPackageError
-from .errors import UnknownOperationError
+from .operations import get_operation
 from .recovery.health import DEAD_AFTER_SECONDS
 from .context import ProcessContext
 from .topology import bundle_key, raw_package_key
@@ -58,13 +58,6 @@ LIVE_CHECK_MAX_FILES = 1000
 
 def _iso(t: dt.datetime | None) -> str | None:
     return t.isoformat() if t else None
-
-
-def _get_operation(session: Session, kind: OperationKind, operation_id: int) -> Operation:
-    op = session.get(Operation, operation_id)
-    if op is None or op.kind != kind.value:
-        raise UnknownOperationError(f"no {kind.value} operation with id {operation_id}")
-    return op
 
 
 def _location_names(session: Session) -> dict[int, str]:
@@ -138,8 +131,9 @@ def _artifacts(session: Session, op: Operation) -> list[tuple[str, int, str]]:
 
 
 def copy_presence(session: Session, op: Operation) -> list[dict[str, Any]]:
-    """Per data location (every location that is not a source), whether each artifact of the
-    operation has a physical copy there according to the database.
+    """Per data location (every location that is not a source; for a bundle, every buffer: a
+    bundle is never kept anywhere else), whether each artifact of the operation has a physical
+    copy there according to the database.
 
     Shape: ``[{"artifact", "name", "location", "site", "role", "storage", "status"
     (a copy status or "absent"), "copy_id", "path", "size", "sha256", "verified_at",
@@ -160,6 +154,8 @@ def copy_presence(session: Session, op: Operation) -> list[dict[str, Any]]:
                 copies[c.location_id] = c
         for loc_id, loc_name, role, storage, site in locations:
             c = copies.get(loc_id)
+            if c is None and artifact == "data_transfer_package" and role != LocationRole.BUFFER.value:
+                continue  # a bundle is only ever kept in buffers: "absent" from an archive says nothing
             out.append({"artifact": artifact, "name": name, "location": loc_name, "site": site, "role": role,
                         "storage": storage, "status": c.status if c else "absent", "copy_id": c.id if c else None,
                         "path": c.path if c else None, "size": c.size if c else None,
@@ -297,7 +293,7 @@ def diagnose_operation(session: Session, kind: OperationKind, operation_id: int,
         UnknownOperationError: no operation of ``kind`` with ``operation_id``.
     """
     now = now or utcnow()
-    op = _get_operation(session, kind, operation_id)
+    op = get_operation(session, kind, operation_id)
     events = failure_events(session, op.id)
     copies = copy_presence(session, op)
     line, source = diagnosis_line(session, op, copies, events, now, dead_after_seconds=dead_after_seconds)
@@ -476,7 +472,7 @@ def live_check(ctx: ProcessContext, kind: OperationKind, operation_id: int) -> d
         UnknownOperationError: no such operation.
     """
     def load(s: Session) -> dict[str, list[tuple[str, int | None, str, str | None]]]:
-        return _expected_objects(s, _get_operation(s, kind, operation_id))
+        return _expected_objects(s, get_operation(s, kind, operation_id))
 
     want = ctx.db.read(load)
     checked, skipped = [], []
@@ -526,7 +522,7 @@ def request_live_check(db: Database, kind: OperationKind, operation_id: int, *, 
 
     def tx(s: Session) -> dict[str, Any]:
         now = utcnow()
-        _get_operation(s, kind, operation_id)
+        get_operation(s, kind, operation_id)
         _purge_expired(s, now)
         exp = now + dt.timedelta(seconds=ttl_seconds)
         s.add(LiveCheck(correlation_id=cid, kind=kind.value, operation_id=operation_id, requested_by=requested_by,

@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 from .db.models import FailureEvent, Operation, utcnow
 from .db.session import Database, insert_ignoring_conflicts
 from .domain import OperationKind, Status
-from .errors import PackhorseError, ResetRefusedError
+from .errors import PackhorseError, ResetRefusedError, UnknownOperationError
 
 if TYPE_CHECKING:
     from .config import RecoveryConfig
@@ -249,6 +249,30 @@ _CLAIM_VALUES = dict(status=Status.IN_PROGRESS.value, attempt=_OPS.c.attempt + 1
                      started_at=bindparam("now"), updated_at=bindparam("now"), bytes_done=0)
 _COMPLETE_VALUES = dict(status=Status.COMPLETED.value, finished_at=bindparam("now"), updated_at=bindparam("now"),
                         lease_owner=None, lease_expires_at=None, error_context=None)
+
+
+def no_such_operation(kind: str, operation_id: int, found: Operation | None) -> str:
+    """What to say when operation ``operation_id`` was asked for as a ``kind`` operation and
+    ``found`` is the row with that id (``None``: no operation has it): ``"no transfer operation
+    with id 21"``), and when the id is another kind's, which one (``"…: operation 21 is of kind
+    long_term_archive"``), so the operator can ask again with the right kind."""
+    text = f"no {kind} operation with id {operation_id}"
+    return text if found is None else f"{text}: operation {operation_id} is of kind {found.kind}"
+
+
+def get_operation(session: Session, kind: OperationKind, operation_id: int) -> Operation:
+    """Operation ``operation_id``, which must be a ``kind`` operation (the one lookup of an
+    operation named by kind and id: ``diagnose``, ``retry``, ``reset``, ``breaker reset``,
+    ``run-operation``, the API).
+
+    Raises:
+        UnknownOperationError: no operation has that id, or it is of another kind (named in the
+            message, :func:`no_such_operation`).
+    """
+    op = session.get(Operation, operation_id)
+    if op is None or op.kind != kind.value:
+        raise UnknownOperationError(no_such_operation(kind.value, operation_id, op))
+    return op
 
 
 def fenced(operation_id: Any, attempt: Any,
@@ -736,7 +760,7 @@ def reset_failed(db: Database, kind: OperationKind, operation_id: int | None = N
         if operation_id is not None:
             op = s.get(Operation, operation_id)
             if op is None or op.kind != kind.value:
-                raise ResetRefusedError(f"no {kind.value} operation with id {operation_id}")
+                raise ResetRefusedError(no_such_operation(kind.value, operation_id, op))
             if op.status != Status.FAILED.value:
                 raise ResetRefusedError(f"{kind.value} {operation_id} is {op.status}, not FAILED; nothing to reset")
         where = [Operation.kind == kind.value, Operation.status == Status.FAILED.value]

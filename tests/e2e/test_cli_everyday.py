@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -247,6 +248,12 @@ def test_demo_prints_where_the_archives_are(tmp_path):
     for line in lines:
         folder = Path(line.rsplit(": ", 1)[1])
         assert folder.is_dir() and any(p.is_file() and p.name.endswith(".tar") for p in folder.rglob("*")), line
+    # and one package's tar, with the command that checks it: that command works as printed
+    [shown] = [l.strip() for l in r.stdout.splitlines() if l.strip().startswith("packhorse validate ")]
+    tar = Path(shlex.split(shown)[2])
+    assert tar.is_file() and tar.suffix == ".tar" and any(Path(l.rsplit(": ", 1)[1]) in tar.parents for l in lines)
+    checked = run_packhorse(*shlex.split(shown)[1:3])
+    assert checked.returncode == 0 and checked.stdout.startswith("VALID "), checked.stdout
 
 
 def test_quiet_leaves_only_errors_and_the_count_of_what_was_not_archived(tmp_path):

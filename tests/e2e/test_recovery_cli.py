@@ -103,10 +103,13 @@ def test_open_breaker_blocks_run_with_exit_4_until_an_admin_retries(site_config,
     report = json.loads(h.stdout)
     # both runs removed their row at their clean stop: no dead service, no current problem
     assert h.returncode == 0 and report == {"services": [], "dead": 0}
+    said = run_packhorse("health", "-c", str(cfg))
+    assert said.returncode == 0 and said.stdout.startswith("no packhorse service is running")
 
     b = opened[0]
     wrong = run_packhorse("retry", "deletion", str(b["operation_id"]), "-c", str(cfg))
-    assert wrong.returncode == 1 and f"no deletion operation with id {b['operation_id']}" in wrong.stderr
+    assert wrong.returncode == 1 and (f"no deletion operation with id {b['operation_id']}: operation "
+                                      f"{b['operation_id']} is of kind long_term_archive") in wrong.stderr
     r = run_packhorse("retry", b["kind"], str(b["operation_id"]), "--reason", "writer hang fixed",
                       "-c", str(cfg), "--json")
     assert r.returncode == 0, r.stderr

@@ -303,3 +303,47 @@ def test_the_plan_names_a_source_location_that_is_not_there(tmp_path):
     entry = plan_run(settings, db)["register"][0]
     assert "identity marker" in entry["unavailable"]
     db.dispose()
+
+
+def _live_report(objects: list[dict], *, ok: bool, error: str | None = None) -> dict:
+    op = {"kind": "raw_data_package", "id": 7, "status": "COMPLETED", "stalled": False, "attempt": 1,
+          "retry_count": 0, "max_retries": 3, "stall_count": 0, "raw_data_package": "inst/obs-1",
+          "data_transfer_package": None, "source_location": "fyst-source", "destination_location": "fyst-buffer"}
+    return {"operation": op, "diagnosis": "completed", "diagnosis_source": "database", "failure_events": [],
+            "copies": [], "live_check": {"checked": [{"location": "fyst-source", "storage": "disk", "ok": ok,
+                                                      "error": error, "objects": objects}],
+                                         "skipped": [], "host": "site-host"}}
+
+
+def _obj(path: str, size: int | None, expected: int | None, expect: str = "file", note: str | None = None) -> dict:
+    exists = size is not None
+    ok = expect == "not_required" or (exists and (expected is None or size == expected))
+    return {"path": path, "expected_size": expected, "expect": expect, "note": note, "exists": exists,
+            "size": size, "ok": ok}
+
+
+def test_the_live_check_says_what_it_looked_at_for_each_object(capsys):
+    """`diagnose --live` in text: each object and what was found (present with its recorded
+    size, absent but not required, missing, another size), and that sizes, not bytes, were
+    compared (``verify`` compares bytes)."""
+    from packhorse.cli.operator import _print_report
+
+    _print_report(_live_report([_obj("a.fits", 10, 10), _obj("b.fits", 7, 9), _obj("c.fits", None, 4),
+                                _obj("raw/x.tar", None, 5, "not_required", "removed on purpose")], ok=False))
+    out = capsys.readouterr().out
+    assert "live fyst-source: PROBLEM" in out
+    assert "a.fits: present, 10 bytes as recorded" in out
+    assert "b.fits: 7 bytes, recorded 9: DIFFERENT SIZE" in out
+    assert "c.fits: MISSING" in out
+    assert "raw/x.tar: absent, not required (removed on purpose)" in out
+    assert "looked at on site-host: each object's existence and size, not its bytes" in out
+
+
+def test_a_live_check_of_many_files_prints_those_in_question_and_a_count(capsys):
+    from packhorse.cli.operator import LIVE_OBJECTS_SHOWN, _print_report
+
+    many = [_obj(f"f{i:03d}.dat", 1, 1) for i in range(LIVE_OBJECTS_SHOWN + 20)] + [_obj("gone.dat", None, 3)]
+    _print_report(_live_report(many, ok=False))
+    out = capsys.readouterr().out
+    assert "gone.dat: MISSING" in out and "f000.dat" not in out
+    assert f"… {LIVE_OBJECTS_SHOWN + 20} more: {LIVE_OBJECTS_SHOWN + 20} as required" in out

@@ -87,6 +87,10 @@ def test_the_diagnosis_names_the_deletion_that_removed_the_source(tmp_path: Path
     assert [e["error_type"] for e in rep["failure_events"]] == ["SourceMissingError", "VerificationError"]
     fyst = [c for c in rep["copies"] if c["location"] == "fyst-buffer"]
     assert fyst[0]["status"] == "deleted" and fyst[0]["artifact"] == "data_transfer_package"
+    # a bundle is only ever kept in buffers: the report does not list it "absent" from the archives
+    roles = {c["location"]: (c["role"], c["status"]) for c in rep["copies"]}
+    assert {loc for loc, (role, _) in roles.items()} == {"fyst-buffer", "cologne-buffer", "cornell-buffer"}
+    assert roles["cologne-buffer"] == ("buffer", "absent")
 
 
 def test_a_stalled_operation_is_diagnosed_as_stalled(tmp_path: Path, empty_db) -> None:

@@ -19,7 +19,8 @@ from packhorse.db.models import CircuitBreaker, FailureEvent, Notification, Oper
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import UnknownOperationError
-from packhorse.operations import ResetRefusedError, claim, create_operation
+from packhorse.diagnose import diagnose_operation
+from packhorse.operations import ResetRefusedError, claim, create_operation, reset_failed
 from packhorse.recovery import breakers, health
 from packhorse.recovery.loop import ServiceLoop
 from packhorse.recovery.monitor import check_stalled, recovery_cycle
@@ -146,10 +147,20 @@ def test_reset_breaker_by_hand(db: Database) -> None:
 def test_admin_actions_refuse_unknown_operations(db: Database, bad: str) -> None:
     op_id = new_op(db)
     kind, oid = (KIND, op_id + 100) if bad == "unknown id" else (OperationKind.DELETION, op_id)
-    with pytest.raises(UnknownOperationError, match=f"no {kind.value} operation with id {oid}"):
+    # an id of another kind: the message names the kind it is, to ask again with
+    said = f"no {kind.value} operation with id {oid}" + ("" if bad == "unknown id" else f": operation {oid} is of kind {KIND.value}")
+    with pytest.raises(UnknownOperationError) as refused:
         breakers.reset_breaker(db, kind, oid, reason="x", actor="t")
-    with pytest.raises(UnknownOperationError):
+    assert str(refused.value) == said
+    with pytest.raises(UnknownOperationError) as refused:
         breakers.force_retry(db, kind, oid, reason="x", actor="t")
+    assert str(refused.value) == said
+    with pytest.raises(UnknownOperationError) as refused:
+        db.read(lambda s: diagnose_operation(s, kind, oid, utcnow()))
+    assert str(refused.value) == said
+    with pytest.raises(ResetRefusedError) as reset_refused:
+        reset_failed(db, kind, oid)
+    assert str(reset_refused.value) == said
 
 
 def test_force_retry_resets_breaker_and_state_and_is_dispatchable_now(db: Database) -> None:
@@ -315,7 +326,7 @@ def test_force_retry_is_a_compare_and_set_on_what_it_read(db: Database, monkeypa
     """A worker claims the operation between the forced retry's read and its write: the reset
     changes nothing (the fencing predicate no longer matches) and says so."""
     op_id = new_op(db, "raced")
-    read = breakers._operation
+    read = breakers.get_operation
 
     def read_then_claimed(session: Session, kind: OperationKind, operation_id: int) -> Operation:
         op = read(session, kind, operation_id)
@@ -323,7 +334,7 @@ def test_force_retry_is_a_compare_and_set_on_what_it_read(db: Database, monkeypa
                         .values(status="IN_PROGRESS", attempt=Operation.__table__.c.attempt + 1))
         return op
 
-    monkeypatch.setattr(breakers, "_operation", read_then_claimed)
+    monkeypatch.setattr(breakers, "get_operation", read_then_claimed)
     with pytest.raises(ResetRefusedError, match="changed while it was being retried"):
         breakers.force_retry(db, KIND, op_id, reason="x", actor="t")
     monkeypatch.undo()

@@ -52,14 +52,16 @@ def health(
     if as_json:
         print_json({"services": [jsonable(r) for r in rows], "dead": len(dead)})
     else:
-        t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", "restarts",
-                  title="services")
-        for r in rows:
-            t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
-                      r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}", str(r["restarts"]))
-        table_console().print(t)
         if not rows:
-            print("no service has recorded a heartbeat")
+            print("no packhorse service is running: none has a heartbeat (each service records one while it runs "
+                  "and removes it when it stops cleanly; a killed one is listed DEAD)")
+        else:
+            t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", "restarts",
+                      title="services")
+            for r in rows:
+                t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
+                          r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}", str(r["restarts"]))
+            table_console().print(t)
         for r in dead:
             print(f"dead: {r['service']}: restart it, or if it was taken out: packhorse health --forget {r['service']} "
                   f"(forgotten by itself {rec.service_forget_after_seconds:g} s after its last heartbeat)",

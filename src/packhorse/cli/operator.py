@@ -213,12 +213,42 @@ def _print_report(r: dict[str, Any]) -> None:
     for c in r["copies"]:
         t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
     out.print(t)
-    for c in r.get("live_check", {}).get("checked", []):
-        state = "ok" if c["ok"] else (c["error"] or "; ".join(
-            f"{o['path']}: {'size ' + str(o['size']) if o['exists'] else 'MISSING'}" for o in c["objects"] if not o["ok"]))
-        out.print(f"  live {c['location']}: {state}")
-    for c in r.get("live_check", {}).get("skipped", []):
+    live = r.get("live_check") or {}
+    for c in live.get("checked", []):
+        out.print(f"  live {c['location']}: {'ok' if c['ok'] else 'PROBLEM'}" + (f": {c['error']}" if c["error"] else ""))
+        objects = c["objects"]
+        if len(objects) > LIVE_OBJECTS_SHOWN:  # a package's source files: the ones in question, then a count
+            wrong = [o for o in objects if not o["ok"]]
+            objects = wrong[:LIVE_OBJECTS_SHOWN]
+        for o in objects:
+            out.print(f"    {o['path']}: {_live_object_text(o)}")
+        if len(objects) < len(c["objects"]):
+            fine = sum(1 for o in c["objects"] if o["ok"])
+            out.print(f"    … {len(c['objects']) - len(objects)} more: {fine} as required"
+                      + (" (--json lists each)" if fine < len(c["objects"]) - len(objects) else ""))
+    for c in live.get("skipped", []):
         out.print(f"  live {c['location']}: skipped ({c['reason']})")
+    if live.get("checked"):
+        out.print(f"  (looked at on {live.get('host', 'this host')}: each object's existence and size, not its "
+                  "bytes; packhorse verify re-reads them and compares their sha256)")
+
+
+#: objects of one location a live check prints one by one (more: those in question, then a count)
+LIVE_OBJECTS_SHOWN = 10
+
+
+def _live_object_text(o: dict[str, Any]) -> str:
+    """One object of a live check (:func:`packhorse.diagnose.live_check`) in words."""
+    note = f" ({o['note']})" if o.get("note") else ""
+    if o["expect"] == "folder":
+        return ("bag folder present" if o["ok"] else ("not a bag folder" if o["exists"] else "MISSING")) + note
+    if o["expect"] == "not_required":
+        return ("present, " if o["exists"] else "absent, ") + "not required" + note
+    if not o["exists"]:
+        return "MISSING" + note
+    if o["expected_size"] is not None and o["size"] != o["expected_size"]:
+        return f"{o['size']:,} bytes, recorded {o['expected_size']:,}: DIFFERENT SIZE" + note
+    return f"present, {o['size']:,} bytes" + (" as recorded" if o["expected_size"] is not None else "") + note
 
 
 @app.command()

@@ -5,6 +5,7 @@ request staging (``stage``)."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import time
@@ -348,7 +349,7 @@ def run_operation(
     config: ConfigOpt = None,
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
-    from ..operations import worker_identity
+    from ..operations import no_such_operation, worker_identity
     from ..worker import execute_operation
 
     parse_kind(kind)
@@ -357,7 +358,7 @@ def run_operation(
 
     op = ctx.db.read(lambda s: s.get(Operation, operation_id))
     if op is None or op.kind != kind:
-        raise fail(f"no {kind} operation with id {operation_id}", EXIT_PROBLEM)
+        raise fail(no_such_operation(kind, operation_id, op), EXIT_PROBLEM)
     outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
     print(outcome.value)
     raise typer.Exit({"completed": 0, "skipped": 0, "deferred": 0, "retry": 1, "stale": 1,
@@ -518,10 +519,34 @@ def demo(
         print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
     print(f"  verify:   {v['ok']}/{v['checked']} copies ok")
     print(f"  time:     {elapsed:.1f} s ({mb / elapsed if elapsed else 0:.1f} MB/s of source data)")
-    print(f"  try:      packhorse status -c {cfg}")
+    bag = _an_archived_bag(ctx)
+    if bag is not None:
+        print(f"  a bag:    {bag} (one package as archived: a BagIt tar)")
+    print(f"  try:      packhorse status -c {shlex.quote(str(cfg))}")
+    if bag is not None:
+        print(f"            packhorse validate {shlex.quote(str(bag))}")
     if v["missing"] or v["corrupt"]:
         code = code or EXIT_PROBLEM
     raise typer.Exit(code)
+
+
+def _an_archived_bag(ctx: ProcessContext) -> Path | None:
+    """The file of one package archived on a disk long-term archive (the first recorded), for
+    the demo to name: ``None`` if there is none."""
+    from sqlalchemy import select
+
+    from ..db.models import PhysicalCopy
+    from ..domain import CopyStatus, LocationRole
+
+    disks = {ctx.topology.location_ids[loc.name]: loc.name for loc in ctx.settings.locations
+             if loc.role is LocationRole.LONG_TERM_ARCHIVE and loc.path}
+    if not disks:
+        return None
+    row = ctx.db.read(lambda s: s.execute(
+        select(PhysicalCopy.location_id, PhysicalCopy.path).where(
+            PhysicalCopy.location_id.in_(disks), PhysicalCopy.status == CopyStatus.PRESENT.value,
+            PhysicalCopy.raw_data_package_id.is_not(None)).order_by(PhysicalCopy.id).limit(1)).first())
+    return None if row is None else ctx.settings.location_path(disks[row.location_id]) / row.path
 
 
 @app.command()

@@ -37,9 +37,8 @@ from ..config import RecoveryConfig
 from ..db.models import CircuitBreaker, Operation, utcnow
 from ..db.session import Database
 from ..domain import ACTIVE_STATUSES, BreakerState, NotificationLevel, OperationKind, Status
-from ..errors import UnknownOperationError
 from ..notify.outbox import enqueue
-from ..operations import fenced
+from ..operations import fenced, get_operation
 
 if TYPE_CHECKING:
     from ..blocked import BlockedItem
@@ -318,13 +317,6 @@ def blocked_by_breakers(session: Session, ctx: "ProcessContext") -> list["Blocke
     return out
 
 
-def _operation(session: Session, kind: OperationKind, operation_id: int) -> Operation:
-    op = session.get(Operation, operation_id)
-    if op is None or op.kind != kind.value:
-        raise UnknownOperationError(f"no {kind.value} operation with id {operation_id}")
-    return op
-
-
 def reset_breaker(db: Database, kind: OperationKind, operation_id: int, *, reason: str, actor: str) -> dict[str, Any]:
     """Close the breaker of (``kind``, ``operation_id``) by hand (INFO notification, WARNING log).
 
@@ -339,7 +331,7 @@ def reset_breaker(db: Database, kind: OperationKind, operation_id: int, *, reaso
     """
 
     def tx(s: Session) -> dict[str, Any]:
-        _operation(s, kind, operation_id)
+        get_operation(s, kind, operation_id)
         b = get_breaker(s, kind, operation_id)
         if b is None:
             b = CircuitBreaker(kind=kind.value, operation_id=operation_id, stall_count=0, last_stall_attempt=0,
@@ -375,7 +367,7 @@ def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason:
     from ..operations import ResetRefusedError
 
     def tx(s: Session) -> dict[str, Any]:
-        op = _operation(s, kind, operation_id)
+        op = get_operation(s, kind, operation_id)
         if op.status == Status.COMPLETED.value:
             raise ResetRefusedError(f"{kind.value} {operation_id} is COMPLETED; nothing to retry")
         previous = op.status
