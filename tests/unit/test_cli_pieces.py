@@ -347,3 +347,31 @@ def test_a_live_check_of_many_files_prints_those_in_question_and_a_count(capsys)
     out = capsys.readouterr().out
     assert "gone.dat: MISSING" in out and "f000.dat" not in out
     assert f"… {LIVE_OBJECTS_SHOWN + 20} more: {LIVE_OBJECTS_SHOWN + 20} as required" in out
+
+
+def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unfinished(capsys):
+    """``diagnose --package``: one line per operation, each artifact's copies once (not once per
+    operation: a package of 14 operations printed 169 lines), and the full report (failure
+    events, the diagnosis) of the operations that are not completed."""
+    from packhorse.cli.operator import _print_package
+
+    copies = [{"artifact": "raw_data_package", "name": "inst/obs-1", "location": loc, "role": "buffer",
+               "status": "deleted", "path": "raw/inst/obs-1.tar", "verified_at": None}
+              for loc in ("fyst-buffer", "cologne-buffer")]
+
+    def report(op_id: int, kind: str, status: str, diagnosis: str, events: list[dict]) -> dict:
+        r = _live_report([], ok=True)
+        r["operation"].update(id=op_id, kind=kind, status=status)
+        return {**r, "diagnosis": diagnosis, "failure_events": events, "copies": copies, "live_check": None}
+
+    event = {"created_at": "2026-12-04T10:00:00+00:00", "attempt": 2, "error_type": "VerificationError",
+             "message": "read back other bytes", "will_retry": False}
+    _print_package("inst/obs-1", [report(1, "raw_data_package", "COMPLETED", "completed; nothing to do", []),
+                                  report(4, "transfer", "COMPLETED", "completed after 2 attempt(s)", [dict(event)]),
+                                  report(9, "long_term_archive", "FAILED", "the bytes read back differ", [event])])
+    out = capsys.readouterr().out
+    assert "operations of inst/obs-1" in out
+    assert out.count("raw/inst/obs-1.tar") == 2  # the copies once: two locations, not two per operation
+    assert "1 failure event(s): packhorse diagnose transfer 4" in out  # history of a finished one: a pointer
+    assert "long_term_archive 9: FAILED" in out and "attempt 2: VerificationError: read back other bytes" in out
+    assert "transfer 4: COMPLETED" not in out and "raw_data_package 1: COMPLETED" not in out

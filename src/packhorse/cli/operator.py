@@ -171,11 +171,12 @@ def diagnose(
         desired = ctx.db.read(lambda s: describe(s, ctx, package))
     if as_json:
         print_json(reports if package else reports[0])
-    else:
-        for r in reports:
-            _print_report(r)
+    elif package is not None:
+        _print_package(package, reports)
         if desired is not None:
             _print_desired(desired)
+    else:
+        _print_report(reports[0])
     dead = bool(desired and desired["dead_end"])
     raise typer.Exit(EXIT_PROBLEM if dead or any(r["operation"]["status"] == "FAILED" for r in reports) else EXIT_OK)
 
@@ -198,6 +199,57 @@ def _print_desired(d: dict[str, Any]) -> None:
         out.print(f"  next: {d['dead_end']['release']}")
 
 
+def _print_package(name: str, reports: list[dict[str, Any]]) -> None:
+    """``diagnose --package`` in text: one line per operation, each artifact's copies once,
+    the full report (:func:`_print_report`) of every operation not completed, and the live
+    check of every object once. ``--json`` has every report in full."""
+    out = table_console(highlight=False, soft_wrap=True)
+    t = Table("id", "kind", "status", "attempt", "retries", "diagnosis", title=f"operations of {name}")
+    for r in reports:
+        op = r["operation"]
+        events = len(r["failure_events"])
+        said = r["diagnosis"] + (f" ({events} failure event(s): packhorse diagnose {op['kind']} {op['id']})"
+                                 if events and op["status"] == "COMPLETED" else "")
+        t.add_row(str(op["id"]), op["kind"], op["status"] + (" (stalled)" if op["stalled"] else ""),
+                  str(op["attempt"]), f"{op['retry_count']}/{op['max_retries']}", said)
+    out.print(t)
+    seen: set[tuple[str, str, str]] = set()
+    copies = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
+    for r in reports:
+        for c in r["copies"]:
+            if (c["artifact"], c["name"], c["location"]) not in seen:
+                seen.add((c["artifact"], c["name"], c["location"]))
+                copies.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
+    out.print(copies)
+    for r in reports:
+        if r["operation"]["status"] != "COMPLETED":
+            _print_report({**r, "copies": [], "live_check": None})
+    if any(r.get("live_check") for r in reports):
+        _print_live(out, _merged_live_checks([r["live_check"] for r in reports if r.get("live_check")]))
+
+
+def _merged_live_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The live checks of several operations (:func:`packhorse.diagnose.live_check`) as one:
+    each location once, each object once (the one in question, if one check found it so)."""
+    locations: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, dict[str, Any]] = {}
+    for check in checks:
+        for c in check["checked"]:
+            into = locations.setdefault(c["location"], {**c, "objects": [], "_by_path": {}})
+            into["ok"] = into["ok"] and c["ok"]
+            into["error"] = into["error"] or c["error"]
+            for o in c["objects"]:
+                mine = into["_by_path"].get(o["path"])
+                if mine is None or (mine["ok"] and not o["ok"]):
+                    into["_by_path"][o["path"]] = o
+        for c in check["skipped"]:
+            skipped.setdefault(c["location"], c)
+    for c in locations.values():
+        c["objects"] = list(c.pop("_by_path").values())
+    return {"checked": [locations[k] for k in sorted(locations)], "skipped": [skipped[k] for k in sorted(skipped)],
+            "host": checks[0].get("host") if checks else None}
+
+
 def _print_report(r: dict[str, Any]) -> None:
     out = table_console(highlight=False, soft_wrap=True)
     op = r["operation"]
@@ -209,11 +261,16 @@ def _print_report(r: dict[str, Any]) -> None:
     for e in r["failure_events"]:
         out.print(f"  {e['created_at']} attempt {e['attempt']}: {e['error_type']}: {e['message']}"
                   f"{' (retried)' if e['will_retry'] else ''}")
-    t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
-    for c in r["copies"]:
-        t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
-    out.print(t)
-    live = r.get("live_check") or {}
+    if r["copies"]:
+        t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
+        for c in r["copies"]:
+            t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
+        out.print(t)
+    _print_live(out, r.get("live_check") or {})
+
+
+def _print_live(out: Any, live: dict[str, Any]) -> None:
+    """A live check (:func:`packhorse.diagnose.live_check`) in words, location by location."""
     for c in live.get("checked", []):
         out.print(f"  live {c['location']}: {'ok' if c['ok'] else 'PROBLEM'}" + (f": {c['error']}" if c["error"] else ""))
         objects = c["objects"]
