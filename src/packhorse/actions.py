@@ -1,4 +1,5 @@
-"""Operator actions shared by the HTTP API and the CLI: reset and reconcile.
+"""Operator actions shared by the HTTP API and the CLI: reset, reconcile, and forgetting a
+skipped source file.
 
 Every action is audited (:mod:`packhorse.audit`) with its actor and result. Resets reuse
 :func:`packhorse.operations.reset_failed` (PENDING, retry count + 1, cached error context
@@ -25,9 +26,9 @@ from sqlalchemy.orm import Session
 
 from . import audit
 from .context import ProcessContext
-from .db.models import Operation, RawDataPackage, utcnow
+from .db.models import DataLocation, Operation, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
 from .domain import OperationKind, Status
-from .errors import UnknownOperationError, UnknownPackageError
+from .errors import NotSkippedError, UnknownOperationError, UnknownPackageError
 from .operations import ResetRefusedError, no_such_operation, reset_failed
 
 
@@ -172,3 +173,64 @@ def force_retry_operation(ctx: ProcessContext, kind: OperationKind, operation_id
     from .recovery.breakers import force_retry
 
     return _audited(ctx, "operation.force_retry", kind, operation_id, actor, reason, force_retry)
+
+
+def forget_skipped(ctx: ProcessContext, path: str, *, reason: str, actor: str) -> list[dict[str, Any]]:
+    """Stop listing a source file that went away before its package was built (a registration
+    taken out of its package, ``withdrawn_files``): an operator says it is gone for good, and
+    why. ``packhorse status`` lists it as skipped until then, and ``run --until-idle`` counts
+    it, since it is not archived (I1: nothing is skipped silently); this is the state's way out
+    besides the file coming back. The row stays, with who forgot it, when and why (``packhorse
+    locate`` shows it); if the file does come back, the scan registers and archives it as ever.
+    Audited (``file.forget``).
+
+    Args:
+        path: ``LOCATION:PATH``, an absolute path under a source location, or a path relative
+            to a source location (:func:`packhorse.locate.source_candidates`).
+        reason: why it is gone for good (kept in the row and the audit log).
+
+    Returns:
+        ``[{"location", "path", "reason"}]`` of the entries forgotten (one per location the
+        path names).
+
+    Raises:
+        NotSkippedError: no such listed entry: the path is skipped for a reason that lasts only
+            as long as its cause (a symbolic link, an unreadable file: remove the cause or
+            exclude the path), or it is not skipped at all. Audited as refused.
+    """
+    from .locate import source_candidates
+
+    def tx(s: Session) -> list[dict[str, Any]]:
+        now = utcnow()
+        done: list[dict[str, Any]] = []
+        other: list[str] = []
+        for loc_id, rel in source_candidates(s, path, ctx.settings):
+            loc = s.get(DataLocation, loc_id)
+            rows = list(s.scalars(select(WithdrawnFile).where(WithdrawnFile.location_id == loc_id,
+                                                              WithdrawnFile.relative_path == rel,
+                                                              WithdrawnFile.listed())))
+            for w in rows:
+                w.forgotten_at, w.forgotten_by, w.forgotten_reason = now, actor, reason
+            if rows:
+                done.append({"location": loc.name if loc else str(loc_id), "path": rel,
+                             "reason": "; ".join(dict.fromkeys(w.reason for w in rows))})
+            other += [f"{loc.name if loc else loc_id}:{rel} is skipped ({k.reason})"
+                      for k in s.scalars(select(SkippedFile).where(SkippedFile.location_id == loc_id,
+                                                                   SkippedFile.relative_path == rel))]
+        if not done:
+            why = ("; ".join(other) + ": it is listed while that lasts (remove the cause, or exclude the path "
+                   "with the location's exclude patterns)") if other else (
+                f"no source file gone before it was packaged is listed at {path!r}; `packhorse status` lists "
+                "the skipped ones")
+            raise NotSkippedError(why)
+        return done
+
+    try:
+        done = ctx.db.transact(tx)
+    except NotSkippedError as e:
+        audit.record(ctx.db, actor=actor, action="file.forget", target=path, details={"reason": reason},
+                     result="refused", message=str(e))
+        raise
+    audit.record(ctx.db, actor=actor, action="file.forget", target=path,
+                 details={"reason": reason, "forgotten": done})
+    return done

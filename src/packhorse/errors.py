@@ -17,6 +17,7 @@
     ├── UnknownOperationError          no operation with this id and kind (admin commands, API)
     ├── UnknownPackageError            no package with this id or name (API 404, CLI exit 1)
     ├── ServiceHealthError             ``health --forget``: no such service, or it is alive
+    ├── NotSkippedError                ``skipped forget``: no file gone before packaging is listed there
     ├── NothingToStageError            no archived package matches a staging request
     ├── ResetRefusedError              a reset or retry refused: not FAILED, or COMPLETED
     ├── RuntimeSettingError            an unknown runtime-setting key or a value it refuses
@@ -104,6 +105,11 @@ class ServiceHealthError(PackhorseError):
 
 class UnknownPackageError(PackhorseError, LookupError):
     """No raw data package or data transfer package has this id or name (HTTP 404, CLI exit 1)."""
+
+
+class NotSkippedError(PackhorseError, LookupError):
+    """``packhorse skipped forget``: no skipped source file that can be forgotten matches the
+    path given (CLI exit 1); the message says what the path is instead."""
 
 
 class NothingToStageError(PackhorseError, LookupError):

@@ -66,8 +66,9 @@ def _iso(t: dt.datetime | None) -> str | None:
     return t.isoformat() if t else None
 
 
-def _source_candidates(session: Session, query: str, settings: Settings | None) -> list[tuple[int, str]]:
-    """``[(source location id, relative path)]`` the query may name."""
+def source_candidates(session: Session, query: str, settings: Settings | None) -> list[tuple[int, str]]:
+    """``[(source location id, relative path)]`` a path the operator gave may name: ``LOCATION:PATH``,
+    an absolute path under a source location's root, or a path relative to any source location."""
     sources = session.execute(select(DataLocation.id, DataLocation.name).where(
         DataLocation.role == LocationRole.SOURCE.value)).all()
     out: list[tuple[int, str]] = []
@@ -99,7 +100,9 @@ def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
     return {"location": loc_name, "path": w.relative_path, "version": w.version, "size": w.size,
             "sha256": w.sha256, "mtime": dt.datetime.fromtimestamp(w.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(w.registered_at), "source_deleted_at": None, "package": None,
-            "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}"}
+            "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}" + (
+                f"; forgotten at {_iso(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
+                if w.forgotten_at else "")}
 
 
 def _copies(session: Session, col: Any, art_id: int) -> list[dict[str, Any]]:
@@ -261,7 +264,7 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
 
     files: list[RawDataFile] = []
     withdrawn: list[WithdrawnFile] = []
-    for loc_id, rel in _source_candidates(session, q, settings):
+    for loc_id, rel in source_candidates(session, q, settings):
         files += list(session.scalars(select(RawDataFile).where(RawDataFile.location_id == loc_id,
                                                                 RawDataFile.relative_path == rel)
                                       .order_by(RawDataFile.version)))
@@ -274,7 +277,7 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         out["versions"] = [_withdrawn_dict(w, locs[w.location_id]) for w in withdrawn]
         return out
     if not files:
-        for loc_id, rel in _source_candidates(session, q, settings):
+        for loc_id, rel in source_candidates(session, q, settings):
             rel = rel.rstrip("/")
             # the group itself, or every group under the folder: a range on the
             # (location_id, group_path) index ('0' sorts right after '/'), not LIKE, which

@@ -89,11 +89,12 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             select(DataLocation.name, SkippedFile.relative_path, SkippedFile.reason)
             .join(DataLocation, DataLocation.id == SkippedFile.location_id).order_by(SkippedFile.relative_path)))
         # registrations taken out of their package (changed or vanished before it was built)
-        # that are not registered again: not archived either (I1)
+        # that are not registered again: not archived either (I1), unless an operator said the
+        # file is gone for good (packhorse skipped forget)
         rows += s.execute(
             select(DataLocation.name, WithdrawnFile.relative_path, WithdrawnFile.reason)
             .join(DataLocation, DataLocation.id == WithdrawnFile.location_id)
-            .where(WithdrawnFile.resolved_at.is_(None)).order_by(WithdrawnFile.relative_path, WithdrawnFile.id))
+            .where(WithdrawnFile.listed()).order_by(WithdrawnFile.relative_path, WithdrawnFile.id))
         # one entry per path, every reason it is not archived for (a link now, and taken out of
         # its package for it)
         by_path: dict[tuple[str, str], list[str]] = {}

@@ -210,3 +210,48 @@ def test_a_file_gone_before_packaging_is_recorded_with_a_reason_and_a_notificati
     p.run()
     assert_archived_everywhere(p, source_files(p.source))
     assert_clean_finish(p.status())
+
+
+def test_a_file_gone_for_good_is_forgotten_by_an_operator_and_no_longer_listed(pipeline, tmp_path):
+    """A source file deleted on purpose before it was packaged stays listed as skipped (it is
+    not archived, I1) until an operator says it is gone for good: ``packhorse skipped forget``
+    takes it off the list, keeps who, when and why, and refuses what is not such a file."""
+    p = pipeline(settle_seconds=0)
+    _unit(p.source)
+    (p.source / "cam/obs1/link.dat").symlink_to("/etc/hostname")  # skipped while it is a link
+    gone = tmp_path / "gone"
+    faults = [{"point": "raw_data_package.sources", "action": "remove", "path": str(p.source / "cam/obs1/b.dat"),
+               "marker": str(gone), "unless_exists": str(gone)}]
+    p.init()
+    _run_with(p, faults)
+    assert sorted(s["path"] for s in p.status()["skipped"]) == ["cam/obs1/b.dat", "cam/obs1/link.dat"]
+
+    # refused: no reason; a path that is not skipped; a link (listed while it is one)
+    assert p.cli("skipped", "forget", "cam/obs1/b.dat").returncode == 2
+    nothing = p.cli("skipped", "forget", "cam/obs1/a.dat", "--reason", "x")
+    assert nothing.returncode == 1 and "no source file gone before it was packaged is listed" in nothing.stderr
+    link = p.cli("skipped", "forget", "cam/obs1/link.dat", "--reason", "x")
+    assert link.returncode == 1 and "is skipped (" in link.stderr and "exclude" in link.stderr, link.stderr
+
+    done = p.cli("skipped", "forget", "fyst-source:cam/obs1/b.dat", "--reason", "deleted at the telescope", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["forgotten"] == [
+        {"location": "fyst-source", "path": "cam/obs1/b.dat",
+         "reason": "gone from the source before it was packaged (taken out of package cam/obs1)"}]
+    assert [s["path"] for s in p.status()["skipped"]] == ["cam/obs1/link.dat"]
+    listed = p.cli("skipped", "list", "--json")
+    assert [s["path"] for s in json.loads(listed.stdout)] == ["cam/obs1/link.dat"]
+    (p.source / "cam/obs1/link.dat").unlink()
+    r = p.cli("run", "--until-idle", "--quiet")
+    assert r.returncode == 0 and "skipped" not in r.stderr, r.stderr  # nothing left to count
+    [withdrawn] = [v for v in _locate(p, "cam/obs1/b.dat")["versions"] if v["withdrawn"]]
+    assert "forgotten at" in withdrawn["withdrawn"] and "deleted at the telescope" in withdrawn["withdrawn"]
+    audit = json.loads(p.cli("audit", "--json").stdout)
+    assert [(a["action"], a["result"]) for a in audit if a["action"] == "file.forget"] == [
+        ("file.forget", "ok"), ("file.forget", "refused"), ("file.forget", "refused")]
+
+    # it comes back after all: archived as ever
+    write(p.source, "cam/obs1/b.dat", b"b" * 2000)
+    p.run()
+    assert_archived_everywhere(p, source_files(p.source))
+    assert_clean_finish(p.status())

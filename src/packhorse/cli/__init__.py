@@ -2,7 +2,7 @@
 
 - ``pipeline``: init, run, run-operation, demo, status, verify, stage
 - ``distributed``: worker, manager, monitor, notifier, disk-monitor, api
-- ``operator``: reset, retry, breaker, diagnose, locate, reconcile, notifications
+- ``operator``: reset, retry, breaker, diagnose, skipped, locate, reconcile, notifications
 - ``admin``: health, token, config, audit, usage
 - ``bags``: validate (a BagIt bag folder or tar; no configuration needed)
 

@@ -1,6 +1,6 @@
 """Operator actions on operations and packages: ``reset``, ``retry``, ``breaker list|reset``,
-``diagnose``, ``locate``, ``reconcile``, and the notification outbox (``notifications``). Every action is
-audited (see packhorse.audit)."""
+``diagnose``, ``skipped list|forget``, ``locate``, ``reconcile``, and the notification outbox
+(``notifications``). Every action is audited (see packhorse.audit)."""
 
 from __future__ import annotations
 
@@ -306,6 +306,52 @@ def _live_object_text(o: dict[str, Any]) -> str:
     if o["expected_size"] is not None and o["size"] != o["expected_size"]:
         return f"{o['size']:,} bytes, recorded {o['expected_size']:,}: DIFFERENT SIZE" + note
     return f"present, {o['size']:,} bytes" + (" as recorded" if o["expected_size"] is not None else "") + note
+
+
+skipped_app = typer.Typer(help="Source files not archived: list them, forget one gone for good.", no_args_is_help=True)
+app.add_typer(skipped_app, name="skipped")
+
+
+@skipped_app.command("list")
+def skipped_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """The source paths not archived, with why (what ``packhorse status`` lists as skipped)."""
+    from ..reporting import status_report
+
+    rows = status_report(context(config))["skipped"]
+    if as_json:
+        print_json(rows)
+        return
+    t = Table("location", "path", "reason", title="skipped source paths (not archived)")
+    for r in rows:
+        t.add_row(r["location"], shown(r["path"]), r["reason"])
+    table_console().print(t)
+    if not rows:
+        print("none: every source file found is archived or on its way")
+
+
+@skipped_app.command("forget")
+def skipped_forget(
+    path: Annotated[str, typer.Argument(help="LOCATION:PATH, an absolute path, or a path relative to the source")],
+    reason: Annotated[str, typer.Option("--reason", help="why it is gone for good (kept, audited)")],
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop listing a source file that went away before it was packaged: it is gone for good
+    (deleted on purpose, never to be archived). Kept with who, when and why (`packhorse locate`
+    shows it); if the file comes back it is archived as ever. Exit 1 if no such file is listed."""
+    from ..actions import forget_skipped
+    from ..errors import NotSkippedError
+
+    ctx = context(config)
+    try:
+        done = forget_skipped(ctx, path, reason=reason, actor=cli_actor())
+    except NotSkippedError as e:
+        raise fail(str(e), EXIT_PROBLEM) from None
+    if as_json:
+        print_json({"forgotten": done})
+        return
+    for d in done:
+        print(f"forgot {d['location']}:{shown(d['path'])} ({d['reason']}); no longer listed as skipped")
 
 
 @app.command()

@@ -133,7 +133,7 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
 
     skipped = ctx.db.read(lambda s: (s.scalar(select(func.count()).select_from(SkippedFile)) or 0)
                           + (s.scalar(select(func.count()).select_from(WithdrawnFile)
-                                      .where(WithdrawnFile.resolved_at.is_(None))) or 0))
+                                      .where(WithdrawnFile.listed())) or 0))
     if skipped:
         # not a failure (the rest was archived), but nothing a user should miss either
         print(f"packhorse run: {skipped} source path(s) skipped and not archived (unreadable, symbolic links, "

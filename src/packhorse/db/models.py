@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    and_,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -175,7 +176,9 @@ class WithdrawnFile(Base):
     the package is then built from its other files, so siblings never wait (DESIGN.md
     "Converging"). ``resolved_at`` is set when the scan registers the path again; until then
     the row is listed by ``packhorse status`` (``skipped``) with its ``reason``, and the scan
-    looks at the path at every cycle. Migration 0009.
+    looks at the path at every cycle. Migration 0009. ``forgotten_at``/``_by``/``_reason``: an
+    operator said the file is gone for good (``packhorse skipped forget``, audited; migration
+    0017): no longer listed, though the scan still registers the path if it comes back.
     """
 
     __tablename__ = "withdrawn_files"
@@ -197,6 +200,14 @@ class WithdrawnFile(Base):
     reason: Mapped[str] = mapped_column(Text)
     withdrawn_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     resolved_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    forgotten_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    forgotten_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    forgotten_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    @classmethod
+    def listed(cls) -> Any:
+        """The rows ``packhorse status`` lists as skipped: not registered again, not forgotten."""
+        return and_(cls.resolved_at.is_(None), cls.forgotten_at.is_(None))
 
 
 class SkippedFile(Base):
