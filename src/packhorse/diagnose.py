@@ -228,13 +228,16 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             if op.stall_count:
                 line += f"; it has stalled {op.stall_count} time(s) before — check its circuit breaker"
             return line, "db"
-        from .recovery.monitor import lease_holder_gone
+        from .recovery.monitor import lease_holder_gone, provably_gone
 
         if lease_holder_gone(op.lease_owner):
+            when = ("at its next recovery pass, without waiting for the lease (which expires at "
+                    f"{_iso(op.lease_expires_at)}): the holder was in this pid namespace" if provably_gone(op.lease_owner)
+                    else f"once its lease expires at {_iso(op.lease_expires_at)}")
             return (f"its worker is gone: attempt {op.attempt} was held by {op.lease_owner}, a process that no "
-                    f"longer runs on this host (killed, or the host restarted); lease recovery hands it out "
-                    f"again once its lease expires at {_iso(op.lease_expires_at)} (a running `packhorse run` "
-                    f"or `packhorse monitor` does), or now: packhorse retry {op.kind} {op.id}"), "db"
+                    f"longer runs on this host (killed, or the host restarted); lease recovery by a running "
+                    f"`packhorse run`, `packhorse monitor` or `packhorse manager` of this host hands it out "
+                    f"again {when}; or now: packhorse retry {op.kind} {op.id}"), "db"
         return (f"running: attempt {op.attempt} by {op.lease_owner}, lease valid until "
                 f"{_iso(op.lease_expires_at)}, {op.bytes_done} bytes done"), "db"
     if st == Status.SCHEDULED.value:

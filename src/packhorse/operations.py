@@ -117,6 +117,8 @@ def process_namespace() -> str | None:
     alone does not tell that: containers may share one. ``None`` without ``/proc`` (not Linux)."""
     import os
 
+    if not proc_is_ours():
+        return None
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip().replace("-", "")[:12]
@@ -124,6 +126,21 @@ def process_namespace() -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     return f"{boot}-{pid_ns}" if boot else None
+
+
+def proc_is_ours() -> bool:
+    """Whether ``/proc`` shows this process's own pid namespace: ``/proc/self`` names this
+    process's pid. A process started in a new pid namespace without a ``/proc`` of its own
+    (``unshare --pid`` without ``--mount-proc``) sees the outer namespace's ``/proc``, where
+    ``/proc/<pid>`` is another process than the one ``pid`` means here: nothing about a pid may
+    then be read there (:func:`process_namespace` is ``None``, so no lease is taken over early;
+    :func:`packhorse.recovery.health.process_alive` asks the kernel only)."""
+    import os
+
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
 
 
 def namespace_of(owner: str | None) -> str | None:

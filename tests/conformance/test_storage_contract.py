@@ -727,6 +727,31 @@ def test_disk_remove_partials_of_one_key_only(disk: DiskBackend) -> None:
     assert [p.name.startswith(".other.") for p in (disk.root / "a").iterdir()] == [True]
 
 
+def test_disk_remove_partials_of_a_folder_pruned_meanwhile_finds_none(disk: DiskBackend,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deletion of the last object of a folder prunes it while the next write of a key there
+    looks for its leftover partials (an unpack into a buffer whose copies are being freed):
+    nothing to remove, not a FileNotFoundError that failed the unpack for good."""
+    with disk.open_write("raw/inst-2/obs-1.tar") as w:
+        w.write(b"x")
+        w.publish()
+    real_scandir = os.scandir
+
+    def pruned_first(path):  # type: ignore[no-untyped-def]
+        if str(path) == str(disk.root / "raw/inst-2"):
+            assert disk.delete("raw/inst-2/obs-1.tar") is True  # the deletion's prune, just now
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", pruned_first)
+    assert disk.remove_partials_of("raw/inst-2/obs-2.tar") == 0
+    monkeypatch.undo()
+    assert not (disk.root / "raw/inst-2").exists()
+    with disk.open_write("raw/inst-2/obs-2.tar") as w:  # the write goes on: its folder is made again
+        w.write(b"y")
+        w.publish()
+    assert disk.stat("raw/inst-2/obs-2.tar").size == 1
+
+
 def test_disk_file_in_the_way_of_a_folder_is_a_conflict(disk: DiskBackend) -> None:
     # a file occupies the folder name a key needs: permanent conflict, nothing touched
     with disk.open_write("raw") as w:

@@ -142,3 +142,47 @@ def test_a_zombie_process_does_not_run() -> None:
         child.wait()
     assert not health.process_alive(child.pid)
     assert health.process_alive(os.getpid())
+
+
+def _in_new_pid_namespace(*, own_proc: bool) -> subprocess.CompletedProcess[str]:
+    """``process_namespace()`` as a process in a new pid namespace sees it: with a ``/proc`` of
+    its own (``--mount-proc``) or still the outer one's. Skipped where namespaces cannot be made."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare here")
+    code = ("import os; from packhorse.operations import process_namespace, proc_is_ours; "
+            "print(os.getpid(), proc_is_ours(), process_namespace())")
+    args = ["unshare", "--pid", "--fork", *(["--mount-proc"] if own_proc else []), sys.executable, "-c", code]
+    r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr or "unshare failed" in r.stderr):
+        pytest.skip(f"pid namespaces cannot be made here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_a_process_whose_proc_is_another_namespaces_names_none_and_takes_over_nothing() -> None:
+    """In a new pid namespace without a ``/proc`` of its own, ``/proc/<pid>`` is another
+    process than ``pid`` means there (a trial saw such a run take over its own live workers'
+    leases, its pids matching outer zombies): no namespace is named, so nothing is taken over
+    early; with a ``/proc`` of its own, its namespace is named and differs from ours."""
+    pid, ours, ns = _in_new_pid_namespace(own_proc=False).stdout.split()
+    assert int(pid) < 10 and ours == "False" and ns == "None"
+    pid, ours, ns = _in_new_pid_namespace(own_proc=True).stdout.split()
+    assert ours == "True" and ns not in ("None", process_namespace())
+    assert ns.split("-")[0] == process_namespace().split("-")[0]  # one kernel boot, another pid namespace
+
+
+def test_health_judges_a_service_of_another_namespace_by_its_heartbeat_alone(db: Database) -> None:
+    """``packhorse health`` on this host: a service whose pid is gone is dead at once when it
+    recorded this pid namespace (or none, an older version's row), but a service of another
+    namespace (a container with the same hostname) is alive while its heartbeat is fresh."""
+    now = utcnow()
+    dead_pid = _gone_pid()
+    for name, ns in (("ours", process_namespace()), ("older", None), ("container", "000000000000-1")):
+        health.record_heartbeat(db, f"runner:{name}@{socket.gethostname()}", kind="runner", host=socket.gethostname(),
+                                pid=dead_pid, pid_namespace=ns, now=now)
+    alive = {r["service"].split("@")[0]: r["alive"] for r in db.read(lambda s: health.list_services(s, now=now))}
+    assert alive == {"runner:ours": False, "runner:older": False, "runner:container": True}
+    with pytest.raises(health.ServiceHealthError, match="is alive"):
+        health.forget_service(db, f"runner:container@{socket.gethostname()}", now=now)

@@ -566,6 +566,9 @@ class ServiceHeartbeat(Base):
     site: Mapped[str | None] = mapped_column(String(64), nullable=True)
     instance: Mapped[str] = mapped_column(String(64), default="", server_default="")
     restarts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    #: the process namespace ``pid`` belongs to (operations.process_namespace; migration 0018):
+    #: a row of another one (a container with the same hostname) is judged by its heartbeat alone
+    pid_namespace: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 # --- operator surface (API tokens, audit log, runtime settings, live checks) ---------

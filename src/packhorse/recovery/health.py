@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from ..db.models import ServiceHeartbeat, utcnow
 from ..db.session import Database
 from ..errors import ConfigError, ServiceHealthError
+from ..operations import proc_is_ours, process_namespace
 
 log = structlog.get_logger(__name__)
 
@@ -80,7 +81,7 @@ def expire_services(session: Session, now: dt.datetime, forget_after_seconds: fl
 
 
 def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: int, site: str | None = None,
-                     instance: str = "", started_at: dt.datetime | None = None,
+                     instance: str = "", started_at: dt.datetime | None = None, pid_namespace: str | None = None,
                      forget_after_seconds: float = FORGET_AFTER_SECONDS,
                      now: dt.datetime | None = None) -> tuple[str, int] | None:
     """Record that ``service`` is alive now (one short transaction): insert its row, or update
@@ -92,6 +93,8 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
         service: the service's identity (:func:`service_identity`).
         kind: what the service is (``runner``, ``monitor``, ``manager``, ``worker`` ...).
         host, pid: where it runs now. site, instance: the rest of its identity.
+        pid_namespace: the process namespace ``pid`` belongs to
+            (:func:`~packhorse.operations.process_namespace`; ``None`` where it is not known).
         started_at: when this process started serving (UTC; tells a restart from the same
             process even where every process is pid 1, as in containers); default: now.
         now: the time of the heartbeat (tests; default: the clock).
@@ -106,7 +109,7 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
         row = s.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.service == service)).first()
         if row is None:
             s.add(ServiceHeartbeat(service=service, kind=kind, host=host, pid=pid, site=site, instance=instance,
-                                   started_at=started_at or t, last_seen=t, restarts=0))
+                                   pid_namespace=pid_namespace, started_at=started_at or t, last_seen=t, restarts=0))
             return None
         previous = None
         if (row.started_at != started_at) if started_at is not None else (row.pid != pid):
@@ -116,6 +119,7 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
             row.restarts = (row.restarts or 0) + 1
             row.started_at = started_at or t
         row.kind, row.host, row.pid, row.site, row.instance, row.last_seen = kind, host, pid, site, instance, t
+        row.pid_namespace = pid_namespace
         return previous
 
     return db.transact(tx)
@@ -124,13 +128,16 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs on this host (``kill(pid, 0)``; a process of another user
     counts). A zombie (ended, not yet reaped by its parent: ``Z`` in ``/proc/<pid>/stat``) does
-    not run: a killed worker process is one until its parent waits for it."""
+    not run: a killed worker process is one until its parent waits for it. ``/proc`` is read
+    only when it is this pid namespace's own (:func:`~packhorse.operations.proc_is_ours`)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    if not proc_is_ours():
+        return True  # /proc shows another pid namespace's processes: kill() said it runs
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rpartition(b")")[2].split(None, 1)[0]
@@ -139,14 +146,23 @@ def process_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def is_alive(host: str, pid: int, age_seconds: float, dead_after_seconds: float) -> bool:
+def is_alive(host: str, pid: int, age_seconds: float, dead_after_seconds: float,
+             pid_namespace: str | None = None) -> bool:
     """Whether a service whose last heartbeat is ``age_seconds`` old counts as alive: at most
-    ``dead_after_seconds`` old, and, when it runs on this host, its process ``pid`` still runs
-    (a service killed a moment ago is dead at once, not ``dead_after_seconds`` later; a pid
-    reused by another process meanwhile still counts as alive until the heartbeat ages)."""
+    ``dead_after_seconds`` old, and, when it runs on this host and in this process namespace,
+    its process ``pid`` still runs (a service killed a moment ago is dead at once, not
+    ``dead_after_seconds`` later; a pid reused by another process meanwhile still counts as
+    alive until the heartbeat ages). ``pid_namespace``: the one the service recorded
+    (:func:`~packhorse.operations.process_namespace`); another one (a container with the same
+    hostname) has pids this process cannot look at, so its heartbeat's age alone decides. A row
+    without one (an older version's) is judged by its host, as before."""
     if age_seconds > dead_after_seconds:
         return False
-    return host != socket.gethostname() or process_alive(pid)
+    if host != socket.gethostname():
+        return True
+    if pid_namespace is not None and pid_namespace != process_namespace():
+        return True
+    return process_alive(pid)
 
 
 def list_services(session: Session, now: dt.datetime | None = None, dead_after_seconds: float = DEAD_AFTER_SECONDS,
@@ -169,7 +185,7 @@ def list_services(session: Session, now: dt.datetime | None = None, dead_after_s
         out.append({"service": r.service, "kind": r.kind, "site": r.site, "instance": r.instance or None,
                     "host": r.host, "pid": r.pid, "started_at": r.started_at, "last_seen": r.last_seen,
                     "age_seconds": round(age, 1), "restarts": r.restarts or 0,
-                    "alive": is_alive(r.host, r.pid, age, dead_after_seconds)})
+                    "alive": is_alive(r.host, r.pid, age, dead_after_seconds, r.pid_namespace)})
     return sorted(out, key=lambda d: (not d["alive"], d["service"]))
 
 
@@ -193,7 +209,7 @@ def forget_service(db: Database, service: str, *, dead_after_seconds: float = DE
             known = ", ".join(sorted(s.scalars(select(ServiceHeartbeat.service)))) or "none"
             raise ServiceHealthError(f"--forget: no service {service!r} is recorded (recorded: {known})")
         age = (t - row.last_seen).total_seconds()
-        if is_alive(row.host, row.pid, age, dead_after_seconds):
+        if is_alive(row.host, row.pid, age, dead_after_seconds, row.pid_namespace):
             raise ServiceHealthError(f"--forget: {service} is alive (last heartbeat {age:.0f} s ago); stop it "
                                      "first: a clean stop removes it by itself")
         out = {"service": row.service, "kind": row.kind, "host": row.host, "pid": row.pid,
@@ -240,6 +256,7 @@ class HeartbeatThread:
             host = socket.gethostname()
             previous = record_heartbeat(self.db, self.service, kind=self.kind, host=host, pid=os.getpid(),
                                         site=self.site, instance=self.instance, started_at=self.started_at,
+                                        pid_namespace=process_namespace(),
                                         forget_after_seconds=self.forget_after_seconds,
                                         now=self._clock() if self._clock else None)
             if (previous is not None and previous[0] == host and previous[1] != os.getpid()

@@ -860,14 +860,20 @@ class DiskBackend(StorageBackend):
         return removed
 
     def remove_partials_of(self, key: str) -> int:
-        """Remove leftover partial writes of ``key`` (an earlier, crashed attempt's)."""
+        """Remove leftover partial writes of ``key`` (an earlier, crashed attempt's). A folder
+        that is not there (never made, or pruned by a concurrent :meth:`delete` of its last
+        object while this looked) holds none."""
         path = self._path(key)
-        removed = 0
-        if not path.parent.is_dir():
+        prefix = f".{path.name}."
+        try:
+            with os.scandir(path.parent) as it:
+                names = [e.name for e in it if e.name.startswith(prefix) and e.name.endswith(PARTIAL_SUFFIX)]
+        except (FileNotFoundError, NotADirectoryError):
             return 0
-        for p in path.parent.glob(f".{glob_escape(path.name)}.*{PARTIAL_SUFFIX}"):
+        removed = 0
+        for name in names:
             try:
-                os.unlink(p)
+                os.unlink(path.parent / name)
                 removed += 1
             except FileNotFoundError:
                 pass
@@ -956,10 +962,3 @@ def _newest_mtime(folder: str) -> float:
             except FileNotFoundError:
                 pass
     return newest
-
-
-def glob_escape(name: str) -> str:
-    """Escape glob metacharacters in a file name."""
-    import glob
-
-    return glob.escape(name)
