@@ -213,14 +213,8 @@ def _print_package(name: str, reports: list[dict[str, Any]]) -> None:
         t.add_row(str(op["id"]), op["kind"], op["status"] + (" (stalled)" if op["stalled"] else ""),
                   str(op["attempt"]), f"{op['retry_count']}/{op['max_retries']}", said)
     out.print(t)
-    seen: set[tuple[str, str, str]] = set()
-    copies = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
-    for r in reports:
-        for c in r["copies"]:
-            if (c["artifact"], c["name"], c["location"]) not in seen:
-                seen.add((c["artifact"], c["name"], c["location"]))
-                copies.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
-    out.print(copies)
+    once = {(c["artifact"], c["name"], c["location"]): c for r in reports for c in r["copies"]}
+    out.print(_copies_table(list(once.values())))
     for r in reports:
         if r["operation"]["status"] != "COMPLETED":
             _print_report({**r, "copies": [], "live_check": None})
@@ -262,11 +256,16 @@ def _print_report(r: dict[str, Any]) -> None:
         out.print(f"  {e['created_at']} attempt {e['attempt']}: {e['error_type']}: {e['message']}"
                   f"{' (retried)' if e['will_retry'] else ''}")
     if r["copies"]:
-        t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
-        for c in r["copies"]:
-            t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
-        out.print(t)
+        out.print(_copies_table(r["copies"]))
     _print_live(out, r.get("live_check") or {})
+
+
+def _copies_table(copies: list[dict[str, Any]]) -> Table:
+    """The physical copies of a diagnostic report (:func:`packhorse.diagnose.copy_presence` rows)."""
+    t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
+    for c in copies:
+        t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
+    return t
 
 
 def _print_live(out: Any, live: dict[str, Any]) -> None:
