@@ -28,7 +28,7 @@ from . import audit
 from .context import ProcessContext
 from .db.models import DataLocation, Operation, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
 from .domain import OperationKind, Status
-from .errors import NotSkippedError, UnknownOperationError, UnknownPackageError
+from .errors import EmptyReasonError, NotSkippedError, UnknownOperationError, UnknownPackageError
 from .operations import ResetRefusedError, no_such_operation, reset_failed
 
 
@@ -194,17 +194,30 @@ def forget_skipped(ctx: ProcessContext, path: str, *, reason: str, actor: str) -
         path names).
 
     Raises:
+        EmptyReasonError: ``reason`` is empty or blank (nothing is changed).
         NotSkippedError: no such listed entry: the path is skipped for a reason that lasts only
             as long as its cause (a symbolic link, an unreadable file: remove the cause or
-            exclude the path), or it is not skipped at all. Audited as refused.
+            exclude the path), or it is not skipped at all; or a relative path is listed in
+            more than one source location (give ``LOCATION:PATH``). Audited as refused.
     """
     from .locate import source_candidates
+
+    if not reason.strip():
+        raise EmptyReasonError("--reason: say why the file is gone for good (kept with the entry and in the audit log)")
 
     def tx(s: Session) -> list[dict[str, Any]]:
         now = utcnow()
         done: list[dict[str, Any]] = []
         other: list[str] = []
-        for loc_id, rel in source_candidates(s, path, ctx.settings):
+        candidates = source_candidates(s, path, ctx.settings)
+        listed = [(loc_id, rel) for loc_id, rel in candidates if s.scalar(
+            select(WithdrawnFile.id).where(WithdrawnFile.location_id == loc_id, WithdrawnFile.relative_path == rel,
+                                           WithdrawnFile.listed()).limit(1)) is not None]
+        if len(listed) > 1:
+            names = ", ".join(f"{s.get(DataLocation, loc_id).name}:{rel}" for loc_id, rel in listed)  # type: ignore[union-attr]
+            raise NotSkippedError(f"{path!r} is listed in more than one source location ({names}): "
+                                  "give the one to forget as LOCATION:PATH")
+        for loc_id, rel in candidates:
             loc = s.get(DataLocation, loc_id)
             rows = list(s.scalars(select(WithdrawnFile).where(WithdrawnFile.location_id == loc_id,
                                                               WithdrawnFile.relative_path == rel,

@@ -428,7 +428,12 @@ def _expected_objects(session: Session, op: Operation) -> dict[str, list[tuple[s
         files = session.execute(select(RawDataFile.relative_path, RawDataFile.size).where(
             RawDataFile.raw_data_package_id == op.raw_data_package_id, RawDataFile.source_deleted_at.is_(None))
             .order_by(RawDataFile.relative_path).limit(LIVE_CHECK_MAX_FILES)).all()
-        want.setdefault(locs[op.source_location_id], []).extend((p, s, EXPECT_FILE, None) for p, s in files)
+        if op.status == Status.COMPLETED.value:  # built: its bytes are the tar's; the files matter to a rebuild only
+            want.setdefault(locs[op.source_location_id], []).extend(
+                (p, s, EXPECT_NOT_REQUIRED, "a source file of the built package: needed only to rebuild it")
+                for p, s in files)
+        else:
+            want.setdefault(locs[op.source_location_id], []).extend((p, s, EXPECT_FILE, None) for p, s in files)
     return want
 
 

@@ -616,10 +616,10 @@ def build_error_context(
         "operation_info": operation_info or {},
         "traceback": text,
     }
-    for field in ("step", "side", "path", "host", "diagnosis"):
-        value = getattr(exc, field, None)
+    for key in ("step", "side", "path", "host", "diagnosis"):
+        value = getattr(exc, key, None)
         if value is not None:
-            ctx[field] = value
+            ctx[key] = value
     if ctx.get("diagnosis"):
         ctx["diagnosis_source"] = "boundary"
     elif auto_diagnosis:

@@ -35,7 +35,7 @@ from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackag
 from packhorse.topology import bundle_key
 
 from chaos_helpers import context
-from support import SRC, run_packhorse, write_settled, write_site_config
+from support import SRC, run_packhorse, write_site_config
 
 GIB = 1024**3
 HALF_GIB = GIB // 2

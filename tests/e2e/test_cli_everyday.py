@@ -237,6 +237,18 @@ def test_init_prints_what_it_did_and_no_debug_log_lines(tmp_path):
     assert loud.returncode == 0  # a level asked for still applies
 
 
+def test_an_operation_id_beyond_the_databases_integers_is_a_usage_error(tmp_path):
+    """An id SQLite and PostgreSQL cannot hold is refused by the command line (exit 2, one line),
+    not passed to the database (a trial got a 254-line OverflowError traceback)."""
+    cfg = write_site_config(tmp_path / "site")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    for args in (("diagnose", "transfer"), ("retry", "transfer"), ("reset", "transfer"), ("run-operation", "transfer")):
+        r = run_packhorse(*args, "99999999999999999999", "-c", str(cfg))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+    r = run_packhorse("diagnose", "transfer", "9223372036854775807", "-c", str(cfg))
+    assert r.returncode == 1 and "no transfer operation with id 9223372036854775807" in r.stderr, r.stderr
+
+
 def test_demo_prints_where_the_archives_are(tmp_path):
     data = tmp_path / "mydata"
     write_settled(data / "inst" / "obs1" / "f.fits", os.urandom(2000))

@@ -226,8 +226,9 @@ def test_a_file_gone_for_good_is_forgotten_by_an_operator_and_no_longer_listed(p
     _run_with(p, faults)
     assert sorted(s["path"] for s in p.status()["skipped"]) == ["cam/obs1/b.dat", "cam/obs1/link.dat"]
 
-    # refused: no reason; a path that is not skipped; a link (listed while it is one)
+    # refused: no reason, a blank one; a path that is not skipped; a link (listed while it is one)
     assert p.cli("skipped", "forget", "cam/obs1/b.dat").returncode == 2
+    assert p.cli("skipped", "forget", "cam/obs1/b.dat", "--reason", "  ").returncode == 2
     nothing = p.cli("skipped", "forget", "cam/obs1/a.dat", "--reason", "x")
     assert nothing.returncode == 1 and "no source file gone before it was packaged is listed" in nothing.stderr
     link = p.cli("skipped", "forget", "cam/obs1/link.dat", "--reason", "x")
@@ -249,6 +250,13 @@ def test_a_file_gone_for_good_is_forgotten_by_an_operator_and_no_longer_listed(p
     audit = json.loads(p.cli("audit", "--json").stdout)
     assert [(a["action"], a["result"]) for a in audit if a["action"] == "file.forget"] == [
         ("file.forget", "ok"), ("file.forget", "refused"), ("file.forget", "refused")]
+    # the audit's text: one line per entry, whatever a path holds, and the reason given
+    forged = p.cli("skipped", "forget", "x\n2026-01-01T00:00:00+00:00 cli:alice operation.reset transfer/7 ok",
+                   "--reason", "y")
+    assert forged.returncode == 1
+    text = p.cli("audit").stdout.splitlines()
+    assert not any(line.startswith("2026-01-01") for line in text), text
+    assert any("file.forget" in line and "(reason: deleted at the telescope)" in line for line in text), text
 
     # it comes back after all: archived as ever
     write(p.source, "cam/obs1/b.dat", b"b" * 2000)

@@ -346,7 +346,17 @@ def test_a_live_check_of_many_files_prints_those_in_question_and_a_count(capsys)
     _print_report(_live_report(many, ok=False))
     out = capsys.readouterr().out
     assert "gone.dat: MISSING" in out and "f000.dat" not in out
-    assert f"… {LIVE_OBJECTS_SHOWN + 20} more: {LIVE_OBJECTS_SHOWN + 20} as required" in out
+    assert f"… {LIVE_OBJECTS_SHOWN + 20} more object(s): {LIVE_OBJECTS_SHOWN + 20} as required" in out
+    # more in question than are shown: counted, not hidden (a trial had to work out 137 - 87)
+    lost = [_obj(f"g{i:03d}.dat", None, 2) for i in range(LIVE_OBJECTS_SHOWN + 5)] + [_obj("h.dat", 2, 2)] * 20
+    _print_report(_live_report(lost, ok=False))
+    out = capsys.readouterr().out
+    assert out.count(": MISSING") == LIVE_OBJECTS_SHOWN
+    assert "… 25 more object(s): 5 more in question, 20 as required (--json lists each)" in out
+    # nothing in question among many: a count alone
+    _print_report(_live_report([_obj(f"k{i}", 1, 1) for i in range(LIVE_OBJECTS_SHOWN + 6)], ok=True))
+    out = capsys.readouterr().out
+    assert f"    {LIVE_OBJECTS_SHOWN + 6} object(s): {LIVE_OBJECTS_SHOWN + 6} as required" in out and "… " not in out
 
 
 def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unfinished(capsys):

@@ -223,8 +223,11 @@ def test_the_live_check_of_a_healthy_package_raises_no_alarm(tmp_path: Path, emp
     assert by_loc["cologne-processing"]["objects"][0]["expect"] == "folder"
     archived.unlink()
     (staged / "bagit.txt").unlink()
+    (src / "a.dat").unlink()  # a source file removed after its package was built: no fault (a trial saw "PROBLEM")
     by_loc = {c["location"]: c for c in live_check(ctx, OperationKind.RAW_DATA_PACKAGE, ids["package"])["checked"]}
     assert not by_loc["cologne-lta"]["ok"] and not by_loc["cologne-processing"]["ok"] and by_loc["fyst-source"]["ok"]
+    [source_file] = by_loc["fyst-source"]["objects"]
+    assert (source_file["exists"], source_file["expect"]) == (False, "not_required") and "rebuild" in source_file["note"]
 
 
 def test_the_overview_places_a_deletion_at_its_copy_location(tmp_path: Path, empty_db) -> None:

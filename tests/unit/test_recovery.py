@@ -15,7 +15,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import CircuitBreaker, FailureEvent, Notification, Operation, Site, utcnow
+from packhorse.db.models import FailureEvent, Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import UnknownOperationError

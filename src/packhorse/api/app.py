@@ -338,8 +338,6 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
               tags=["breakers"], responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "COMPLETED"}})
     def force_retry(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
         """Force a retry: close the breaker, set the operation PENDING, dispatchable now (audited)."""
-        from ..recovery.breakers import jsonable
-
         out = force_retry_operation(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
         return {"kind": kind.value, "operation_id": operation_id, "previous_status": out["previous_status"],
                 "status": out["status"]}

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, app, context, fail, print_json, table_console
+from .common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, app, context, fail, print_json, printable, table_console
 
 
 @app.command()
@@ -199,8 +199,10 @@ def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entri
         print_json(rows)
         return
     for r in rows:
-        print(f"{r['at']} {r['actor']} {r['action']} {r['target'] or ''} {r['result']}"
-              f"{': ' + r['message'] if r['message'] else ''}")
+        reason = r["details"].get("reason") if isinstance(r["details"], dict) else None
+        print(printable(f"{r['at']} {r['actor']} {r['action']} {r['target'] or ''} {r['result']}"
+                        f"{': ' + r['message'] if r['message'] else ''}"
+                        f"{f' (reason: {reason})' if reason else ''}"))
 
 
 @app.command()

@@ -41,7 +41,7 @@ err = Console(stderr=True)
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML configuration file [default: ./packhorse.toml]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout")]
 KindArg = Annotated[str, typer.Argument(help="operation kind, e.g. long_term_archive")]
-OperationIdArg = Annotated[int, typer.Argument(help="operation id")]
+OperationIdArg = Annotated[int, typer.Argument(help="operation id", min=1, max=2**63 - 1)]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="why (logged and notified)")]
 #: The instance name of a service among several of one kind on one host: part of its health
 #: identity (packhorse.recovery.health.service_identity)
@@ -174,15 +174,19 @@ def table_console(**options: Any) -> Console:
     return console
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters (a newline, a tab, ESC) written as escapes
+    (``\\n``, ``\\x1b``): one line of plain output stays one line and cannot move the
+    terminal's cursor (a file name or an audit target a user chose)."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def shown(name: str) -> str:
-    """A path or name as a table cell shows it: control characters (a newline, a tab, ESC) as
-    escapes (``\\n``, ``\\x1b``), so one name stays one row and cannot move the terminal's
-    cursor, and ``[`` escaped so rich never reads a file name as markup. ``--json`` keeps the
-    name itself."""
+    """A path or name as a table cell shows it: :func:`printable`, and ``[`` escaped so rich
+    never reads a file name as markup. ``--json`` keeps the name itself."""
     from rich.markup import escape
 
-    out = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in name)
-    return escape(out)
+    return escape(printable(name))
 
 
 def parse_kind(kind: str) -> "OperationKind":

@@ -21,7 +21,7 @@ from .common import (EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, Kin
 @app.command()
 def reset(
     kind: KindArg,
-    operation_id: Annotated[Optional[int], typer.Argument(help="operation id (or use --all-failed)")] = None,
+    operation_id: Annotated[Optional[int], typer.Argument(help="operation id (or use --all-failed)", min=1, max=2**63 - 1)] = None,
     all_failed: Annotated[bool, typer.Option("--all-failed", help="every FAILED operation of KIND")] = False,
     reason: Annotated[Optional[str], typer.Option("--reason", help="why (logged)")] = None,
     config: ConfigOpt = None,
@@ -134,7 +134,7 @@ def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not 
 @app.command()
 def diagnose(
     kind: Annotated[Optional[str], typer.Argument(help="operation kind, e.g. transfer")] = None,
-    operation_id: Annotated[Optional[int], typer.Argument(help="operation id")] = None,
+    operation_id: Annotated[Optional[int], typer.Argument(help="operation id", min=1, max=2**63 - 1)] = None,
     package: Annotated[Optional[str], typer.Option("--package", help="every operation of this package (by name)")] = None,
     live: Annotated[bool, typer.Option("--live", help="also check now whether the bytes are on disk")] = False,
     config: ConfigOpt = None,
@@ -147,7 +147,9 @@ def diagnose(
     from ..diagnose import diagnose_operation, diagnose_package, live_check
     from ..errors import UnknownOperationError
 
-    if (package is None) == (kind is None or operation_id is None):
+    if package is not None and (kind is not None or operation_id is not None):
+        raise fail("give KIND ID or --package NAME, not both", EXIT_CONFIG)
+    if package is None and (kind is None or operation_id is None):
         raise fail("give KIND ID, or --package NAME", EXIT_CONFIG)
     k = parse_kind(kind) if kind else None
     ctx = context(config)
@@ -184,7 +186,8 @@ def diagnose(
 def _print_desired(d: dict[str, Any]) -> None:
     """The desired state of a raw data package against its copies (:func:`packhorse.convergence.describe`)."""
     out = table_console(highlight=False, soft_wrap=True)
-    out.print(f"[bold]desired state[/] of {d['package']}: {'archived' if d['archived'] else 'NOT archived'}")
+    out.print(f"[bold]desired state[/] of {d['package']}: {'archived' if d['archived'] else 'NOT archived'} "
+              "(as the database records it; packhorse verify records what is on the disks now)")
     for loc, state in d["archives"].items():
         out.print(f"  {loc}: {state}")
     for key in d["repairs"]:
@@ -279,9 +282,11 @@ def _print_live(out: Any, live: dict[str, Any]) -> None:
         for o in objects:
             out.print(f"    {o['path']}: {_live_object_text(o)}")
         if len(objects) < len(c["objects"]):
-            fine = sum(1 for o in c["objects"] if o["ok"])
-            out.print(f"    … {len(c['objects']) - len(objects)} more: {fine} as required"
-                      + (" (--json lists each)" if fine < len(c["objects"]) - len(objects) else ""))
+            wrong = sum(1 for o in c["objects"] if not o["ok"])
+            more = len(c["objects"]) - len(objects)
+            out.print(f"    {'… ' if objects else ''}{more} {'more ' if objects else ''}object(s): "
+                      + (f"{wrong - len(objects)} more in question, " if wrong > len(objects) else "")
+                      + f"{len(c['objects']) - wrong} as required" + (" (--json lists each)" if wrong > len(objects) else ""))
     for c in live.get("skipped", []):
         out.print(f"  live {c['location']}: skipped ({c['reason']})")
     if live.get("checked"):
@@ -320,12 +325,13 @@ def skipped_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(rows)
         return
+    if not rows:
+        print("none: every source file found is archived or on its way")
+        return
     t = Table("location", "path", "reason", title="skipped source paths (not archived)")
     for r in rows:
         t.add_row(r["location"], shown(r["path"]), r["reason"])
     table_console().print(t)
-    if not rows:
-        print("none: every source file found is archived or on its way")
 
 
 @skipped_app.command("forget")
@@ -339,11 +345,13 @@ def skipped_forget(
     (deleted on purpose, never to be archived). Kept with who, when and why (`packhorse locate`
     shows it); if the file comes back it is archived as ever. Exit 1 if no such file is listed."""
     from ..actions import forget_skipped
-    from ..errors import NotSkippedError
+    from ..errors import EmptyReasonError, NotSkippedError
 
     ctx = context(config)
     try:
         done = forget_skipped(ctx, path, reason=reason, actor=cli_actor())
+    except EmptyReasonError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
     except NotSkippedError as e:
         raise fail(str(e), EXIT_PROBLEM) from None
     if as_json:
@@ -410,7 +418,8 @@ def _print_located(r: dict[str, Any]) -> None:
 
 @app.command()
 def reconcile(
-    package_id: Annotated[Optional[int], typer.Argument(help="raw data package id (default: every package)")] = None,
+    package_id: Annotated[Optional[int], typer.Argument(help="raw data package id (default: every package)",
+                                                        min=1, max=2**63 - 1)] = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
