@@ -56,6 +56,8 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     (paths the scan could not register, then registrations taken out of their package because
     the file changed or vanished before it was built and not registered again),
     ``"files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
+    "failed_superseded": n`` (FAILED operations a later repair completed: counted under
+    ``operations``, left out of ``failed_operations``),
     "source_filters": {location: {"include": [glob], "exclude": [glob]}},
     "blocked": [BlockedItem.as_json()], "generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
@@ -113,7 +115,10 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             "copies": copies,
             "skipped": skipped,
             "files": {"registered": int(nfiles), "bytes": int(nbytes), "unpackaged": unpackaged},
-            "failed_operations": failed_operations(s),
+            "failed_operations": (failed := failed_operations(s)),
+            # FAILED operations a later repair of the same work completed: history, counted in
+            # "operations" but not work for a human (failed_operations)
+            "failed_superseded": sum(c.get(Status.FAILED.value, 0) for c in ops.values()) - len(failed),
             "source_filters": {loc.name: {"include": list(loc.include), "exclude": list(loc.exclude)}
                                for loc in ctx.settings.locations
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},

@@ -14,6 +14,7 @@ from support import write_site_config
 from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.convergence import generation_key, plan, superseded_failures
+from packhorse.reporting import status_report
 from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
@@ -201,10 +202,16 @@ def test_a_failed_operation_is_superseded_only_by_a_later_completed_one_of_the_s
                                         .values(archived_at=None)))  # one package not archived yet
     failed = ctx.db.read(lambda s: list(s.query(Operation).filter(Operation.status == "FAILED")))
     assert ctx.db.read(lambda s: superseded_failures(s, failed)) == {first}  # cornell's is still a human's
+    # status lists the one for a human and counts the other as history (a trial saw "FAILED 7"
+    # in the table and one failure listed, with nothing saying why)
+    report = status_report(ctx)
+    assert [f["id"] for f in report["failed_operations"]] == [other] and report["failed_superseded"] == 1
     # once every package the bundle carries is archived (by any means), its failures are history
     ctx.db.transact(lambda s: s.execute(update(RawDataPackage).where(RawDataPackage.id == min(archived))
                                         .values(archived_at=archived[min(archived)])))
     assert ctx.db.read(lambda s: superseded_failures(s, failed)) == {first, other}
+    report = status_report(ctx)
+    assert report["failed_operations"] == [] and report["failed_superseded"] == 2
 
 
 def test_archived_is_what_the_copies_say(tmp_path: Path) -> None:

@@ -407,6 +407,10 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         out.print(b)
     for f in r["failed_operations"]:
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
+    if r["failed_superseded"]:
+        out.print(f"{r['failed_superseded']} more FAILED operation(s) in the table above were superseded by a "
+                  "later repair that completed: history, nothing to do (packhorse diagnose --package NAME "
+                  "shows them)", highlight=False)
     for b in r["blocked"]:  # every cause of blocked.py, with what releases it
         since = f" since {b['since']}" if b.get("since") else ""
         out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + since + ': ' + b['reason'])}", highlight=False)
