@@ -5,7 +5,6 @@ or an owner without a namespace (docs/recovery.md, "Layer 2")."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 import subprocess
@@ -14,19 +13,17 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import FailureEvent, Notification, Operation, Site, utcnow
+from packhorse.db.models import FailureEvent, Notification, utcnow
 from packhorse.db.session import Database
-from packhorse.domain import OperationKind
-from packhorse.operations import claim, create_operation, namespace_of, process_namespace, worker_identity
+from packhorse.operations import claim, namespace_of, process_namespace, worker_identity
 from packhorse.recovery import health
 from packhorse.recovery.monitor import check_stalled
 
 from support import SRC
-
-KIND = OperationKind.LONG_TERM_ARCHIVE
+from ops_support import expire, new_op, op_row, with_site
 
 
 def settings(**recovery: Any) -> Any:
@@ -35,24 +32,7 @@ def settings(**recovery: Any) -> Any:
 
 @pytest.fixture
 def db(empty_db: Database) -> Database:
-    empty_db.transact(lambda s: s.add(Site(id=1, name="fyst")))
-    return empty_db
-
-
-def new_op(db: Database, name: str = "a") -> int:
-    op = db.transact(lambda s: create_operation(s, kind=KIND, dedup_key=f"{KIND.value}:{name}", site_id=1,
-                                                max_retries=3))
-    assert op is not None
-    return op.id
-
-
-def op_row(db: Database, op_id: int) -> Operation:
-    return db.read(lambda s: s.get(Operation, op_id))
-
-
-def expire(db: Database, op_id: int) -> None:
-    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
-        lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+    return with_site(empty_db)
 
 
 def notes(db: Database, op_id: int) -> list[Notification]:

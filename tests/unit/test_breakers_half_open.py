@@ -14,13 +14,16 @@ from sqlalchemy import select, update
 
 from packhorse.blocked import EXIT_WAITING, PROVIDERS, circuit_breakers
 from packhorse.config import settings_from_dict
-from packhorse.db.models import CircuitBreaker, Notification, Operation, Site, utcnow
+from packhorse.db.models import CircuitBreaker, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import SourceChangedError, VerificationError
-from packhorse.operations import claim, claim_many, complete_in, complete_many, create_operation, record_failure
+from packhorse.operations import claim, claim_many, complete_in, complete_many, record_failure
 from packhorse.recovery import breakers
 from packhorse.recovery.monitor import check_stalled
+
+import ops_support
+from ops_support import expire, op_row, with_site
 
 KIND = OperationKind.TRANSFER
 
@@ -33,19 +36,11 @@ def settings(**recovery: Any) -> Any:
 
 @pytest.fixture
 def db(empty_db: Database) -> Database:
-    empty_db.transact(lambda s: s.add(Site(id=1, name="fyst")))
-    return empty_db
+    return with_site(empty_db)
 
 
 def new_op(db: Database, name: str = "a") -> int:
-    op = db.transact(lambda s: create_operation(s, kind=KIND, dedup_key=f"{KIND.value}:{name}", site_id=1,
-                                                max_retries=3))
-    assert op is not None
-    return op.id
-
-
-def op_row(db: Database, op_id: int) -> Operation:
-    return db.read(lambda s: s.get(Operation, op_id))
+    return ops_support.new_op(db, name, KIND)
 
 
 def breaker(db: Database, op_id: int) -> dict[str, Any]:
@@ -56,8 +51,7 @@ def breaker(db: Database, op_id: int) -> dict[str, Any]:
 def stall(db: Database, op_id: int) -> None:
     """A worker claims the operation and is killed: its lease expires."""
     assert claim(db, op_id, "killed-worker", 30) is not None
-    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
-        lease_expires_at=utcnow() - dt.timedelta(seconds=1))))
+    expire(db, op_id)
 
 
 def cool_down_passes(db: Database, op_id: int) -> None:

@@ -15,16 +15,18 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import FailureEvent, Notification, Operation, Site, utcnow
+from packhorse.db.models import FailureEvent, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import UnknownOperationError
 from packhorse.diagnose import diagnose_operation
-from packhorse.operations import ResetRefusedError, claim, create_operation, reset_failed
+from packhorse.operations import ResetRefusedError, claim, reset_failed
 from packhorse.recovery import breakers, health
 from packhorse.recovery.loop import ServiceLoop
 from packhorse.recovery.monitor import check_stalled, recovery_cycle
 from packhorse.recovery.reconciler import reconcile
+
+from ops_support import expire, new_op, op_row, with_site
 
 KIND = OperationKind.LONG_TERM_ARCHIVE
 
@@ -37,24 +39,7 @@ def settings(**recovery: Any) -> Any:
 
 @pytest.fixture
 def db(empty_db: Database) -> Database:
-    empty_db.transact(lambda s: s.add(Site(id=1, name="fyst")))
-    return empty_db
-
-
-def new_op(db: Database, name: str = "a", kind: OperationKind = KIND) -> int:
-    op = db.transact(lambda s: create_operation(s, kind=kind, dedup_key=f"{kind.value}:{name}", site_id=1,
-                                                max_retries=3))
-    assert op is not None
-    return op.id
-
-
-def op_row(db: Database, op_id: int) -> Operation:
-    return db.read(lambda s: s.get(Operation, op_id))
-
-
-def expire(db: Database, op_id: int, seconds_ago: float = 1) -> None:
-    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
-        lease_expires_at=utcnow() - dt.timedelta(seconds=seconds_ago))))
+    return with_site(empty_db)
 
 
 def stall(db: Database, op_id: int, owner: str = "dead-worker") -> None:
