@@ -29,7 +29,7 @@ from .context import ProcessContext
 from .db.models import DataLocation, Operation, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
 from .domain import OperationKind, Status
 from .errors import EmptyReasonError, NotSkippedError, UnknownOperationError, UnknownPackageError
-from .operations import ResetRefusedError, no_such_operation, reset_failed
+from .operations import ResetRefusedError, get_operation, reset_failed
 
 
 def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,
@@ -44,11 +44,12 @@ def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int,
         ResetRefusedError: it exists but is not FAILED (audited as ``refused``).
     """
     target = f"{kind.value}/{operation_id}"
-    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
-    if op is None or op.kind != kind.value:
+    try:
+        ctx.db.read(lambda s: get_operation(s, kind, operation_id))
+    except UnknownOperationError:
         audit.record(ctx.db, actor=actor, action="operation.reset", target=target, details={"reason": reason},
                      result="refused", message="unknown operation")
-        raise UnknownOperationError(no_such_operation(kind.value, operation_id, op))
+        raise
     try:
         ids = reset_failed(ctx.db, kind, operation_id)
     except ResetRefusedError as e:
@@ -206,30 +207,28 @@ def forget_skipped(ctx: ProcessContext, path: str, *, reason: str, actor: str) -
         raise EmptyReasonError("--reason: say why the file is gone for good (kept with the entry and in the audit log)")
 
     def tx(s: Session) -> list[dict[str, Any]]:
-        now = utcnow()
-        done: list[dict[str, Any]] = []
+        names = dict(s.execute(select(DataLocation.id, DataLocation.name)).all())
+        found: dict[tuple[str, str], list[WithdrawnFile]] = {}
         other: list[str] = []
-        candidates = source_candidates(s, path, ctx.settings)
-        listed = [(loc_id, rel) for loc_id, rel in candidates if s.scalar(
-            select(WithdrawnFile.id).where(WithdrawnFile.location_id == loc_id, WithdrawnFile.relative_path == rel,
-                                           WithdrawnFile.listed()).limit(1)) is not None]
-        if len(listed) > 1:
-            names = ", ".join(f"{s.get(DataLocation, loc_id).name}:{rel}" for loc_id, rel in listed)  # type: ignore[union-attr]
-            raise NotSkippedError(f"{path!r} is listed in more than one source location ({names}): "
-                                  "give the one to forget as LOCATION:PATH")
-        for loc_id, rel in candidates:
-            loc = s.get(DataLocation, loc_id)
+        for loc_id, rel in source_candidates(s, path, ctx.settings):
             rows = list(s.scalars(select(WithdrawnFile).where(WithdrawnFile.location_id == loc_id,
                                                               WithdrawnFile.relative_path == rel,
                                                               WithdrawnFile.listed())))
-            for w in rows:
-                w.forgotten_at, w.forgotten_by, w.forgotten_reason = now, actor, reason
             if rows:
-                done.append({"location": loc.name if loc else str(loc_id), "path": rel,
-                             "reason": "; ".join(dict.fromkeys(w.reason for w in rows))})
-            other += [f"{loc.name if loc else loc_id}:{rel} is skipped ({k.reason})"
+                found[(names[loc_id], rel)] = rows
+            other += [f"{names[loc_id]}:{rel} is skipped ({k.reason})"
                       for k in s.scalars(select(SkippedFile).where(SkippedFile.location_id == loc_id,
                                                                    SkippedFile.relative_path == rel))]
+        if len(found) > 1:
+            raise NotSkippedError(f"{path!r} is listed in more than one source location "
+                                  f"({', '.join(f'{loc}:{rel}' for loc, rel in found)}): "
+                                  "give the one to forget as LOCATION:PATH")
+        now = utcnow()
+        done: list[dict[str, Any]] = []
+        for (loc, rel), rows in found.items():
+            for w in rows:
+                w.forgotten_at, w.forgotten_by, w.forgotten_reason = now, actor, reason
+            done.append({"location": loc, "path": rel, "reason": "; ".join(dict.fromkeys(w.reason for w in rows))})
         if not done:
             why = ("; ".join(other) + ": it is listed while that lasts (remove the cause, or exclude the path "
                    "with the location's exclude patterns)") if other else (

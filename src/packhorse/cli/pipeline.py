@@ -349,16 +349,16 @@ def run_operation(
     config: ConfigOpt = None,
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
-    from ..operations import no_such_operation, worker_identity
+    from ..errors import UnknownOperationError
+    from ..operations import get_operation, worker_identity
     from ..worker import execute_operation
 
-    parse_kind(kind)
+    k = parse_kind(kind)
     ctx = context(config)
-    from ..db.models import Operation
-
-    op = ctx.db.read(lambda s: s.get(Operation, operation_id))
-    if op is None or op.kind != kind:
-        raise fail(no_such_operation(kind, operation_id, op), EXIT_PROBLEM)
+    try:
+        ctx.db.read(lambda s: get_operation(s, k, operation_id))
+    except UnknownOperationError as e:
+        raise fail(str(e), EXIT_PROBLEM) from None
     outcome = execute_operation(ctx, operation_id, worker_identity("cli"))
     print(outcome.value)
     raise typer.Exit({"completed": 0, "skipped": 0, "deferred": 0, "retry": 1, "stale": 1,
