@@ -173,15 +173,18 @@ def test_a_folder_standing_at_an_archive_key_is_moved_aside_and_the_copy_made_ag
 def damage_when_paused(p: Pipeline, tmp_path: Path, start: Any, stop: Any, *, point: str = "transfer.start",
                        locations: tuple[str, ...] = ("fyst-buffer",), prefix: str = "bundles/",
                        corrupt: bool = False, replace_with: Path | None = None) -> list[Path]:
-    """Run until an operation has been claimed and paused at hook ``point`` (nothing read
-    yet), then delete every object under ``prefix`` in ``locations`` (``corrupt``: overwrite
-    four bytes in the middle of each in place instead; ``replace_with``: copy that file's
-    bytes over each). ``start(env)`` starts packhorse with the hook, ``stop()`` is called once
+    """Run until an operation has been claimed and is held at hook ``point`` (nothing read
+    yet; every operation that reaches it waits there until the damage is done), then delete
+    every object under ``prefix`` in ``locations`` (``corrupt``: overwrite four bytes in the
+    middle of each in place instead; ``replace_with``: copy that file's bytes over each). ``start(env)`` starts packhorse with the hook, ``stop()`` is called once
     the objects are damaged (``None``: keep running). Returns the damaged files."""
     marker = tmp_path / "paused"
     damaged = tmp_path / "damaged"
-    env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": point, "action": "pause", "seconds": 4,
-                                                 "marker": str(marker), "unless_exists": str(damaged)}])}
+    # the operation waits until the damage is done (not a fixed pause: on a loaded machine a
+    # pause could end before the damage, and the operation would finish on intact bytes)
+    env = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": point, "action": "wait_for", "path": str(damaged),
+                                                 "seconds": 120, "marker": str(marker),
+                                                 "unless_exists": str(damaged)}])}
     start(env)
     deadline = time.monotonic() + 120
     while not marker.exists():
