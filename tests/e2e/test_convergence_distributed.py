@@ -119,8 +119,10 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(install
 
 def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(installation, tmp_path: Path) -> None:
     marker, deleted = tmp_path / "transfer-paused", tmp_path / "bundle-deleted"
-    hook = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": "transfer.start", "action": "pause", "seconds": 4,
-                                                  "marker": str(marker), "unless_exists": str(deleted)}])}
+    # each transfer is held until the bundle is deleted (a fixed pause could end first on a loaded machine)
+    hook = {"PACKHORSE_TEST_FAULTS": json.dumps([{"point": "transfer.start", "action": "wait_for",
+                                                  "path": str(deleted), "seconds": 120, "marker": str(marker),
+                                                  "unless_exists": str(deleted)}])}
     inst = installation(worker_env={"cologne": hook, "cornell": hook})
     inst.start()
     wait_for(marker.exists, 180, "a transfer to start")

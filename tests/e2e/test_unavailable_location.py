@@ -52,13 +52,14 @@ def test_source_and_archive_roots_taken_away_during_a_run_wait_and_resume(pipeli
     assert (archive / MARKER_KEY).is_file() and (p.source / MARKER_KEY).is_file()  # marked by init
 
     marker = tmp_path / "packaging"
-    faults = [{"point": "raw_data_package.write", "action": "pause", "seconds": 3, "marker": str(marker),
-               "times": 1}]
+    source_away, archive_away = tmp_path / "source-unmounted", tmp_path / "archive-unmounted"
+    # the package write is held until both disks are gone (a fixed pause could end first on a loaded machine)
+    faults = [{"point": "raw_data_package.write", "action": "wait_for", "path": str(archive_away), "seconds": 120,
+               "marker": str(marker), "times": 1}]
     env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_FAULTS": json.dumps(faults)}
     proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--until-idle",
                              "--quiet"], env=env, cwd=p.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
-    source_away, archive_away = tmp_path / "source-unmounted", tmp_path / "archive-unmounted"
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
