@@ -62,10 +62,12 @@ def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int,
 
 
 def reset_all_failed(ctx: ProcessContext, kind: OperationKind, *, actor: str, reason: str | None = None) -> list[int]:
-    """Reset every FAILED operation of ``kind``; audited. Returns the ids reset."""
+    """Reset every FAILED operation of ``kind``; audited (when there was none, the entry says
+    so: nothing was changed). Returns the ids reset (``[]``: none was FAILED)."""
     ids = reset_failed(ctx.db, kind, None)
     audit.record(ctx.db, actor=actor, action="operation.reset_all_failed", target=kind.value,
-                 details={"reason": reason, "reset": ids, "count": len(ids)})
+                 details={"reason": reason, "reset": ids, "count": len(ids)},
+                 message=None if ids else f"no FAILED {kind.value} operation: nothing reset")
     return ids
 
 

@@ -52,7 +52,9 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
 
     ``{"operations": {kind: {STATUS: n}}, "packages": {"total", "archived", "failed"}`` (failed:
     not archived and an operation of the package or its bundle is FAILED),
-    ``"copies": {location: {"count", "bytes"}}, "skipped": [{"location", "path", "reason"}]``
+    ``"copies": {location: {"count", "bytes"}}, "source_files": {source location: {"count",
+    "bytes"}}`` (every registered version of a file there, whether or not it is still on disk),
+    ``"skipped": [{"location", "path", "reason"}]``
     (paths the scan could not register, then registrations taken out of their package because
     the file changed or vanished before it was built and not registered again),
     ``"files": {"registered", "bytes", "unpackaged"}, "failed_operations": [...],
@@ -106,13 +108,23 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
                 reasons.append(reason)
         skipped = [{"location": loc, "path": path, "reason": "; ".join(reasons)}
                    for (loc, path), reasons in by_path.items()]
-        nfiles, nbytes = s.execute(select(func.count(), func.coalesce(func.sum(RawDataFile.size), 0))).one()
+        # a source location holds raw files, not package copies: its registrations instead
+        source_files = {loc.name: {"count": 0, "bytes": 0} for loc in ctx.settings.locations
+                        if loc.role is LocationRole.SOURCE}
+        for name, n, b in s.execute(
+            select(DataLocation.name, func.count(RawDataFile.id), func.coalesce(func.sum(RawDataFile.size), 0))
+            .join(RawDataFile, RawDataFile.location_id == DataLocation.id).group_by(DataLocation.name)
+        ):
+            source_files[name] = {"count": int(n), "bytes": int(b)}
+        nfiles = sum(f["count"] for f in source_files.values())
+        nbytes = sum(f["bytes"] for f in source_files.values())
         unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
                               .where(RawDataFile.raw_data_package_id.is_(None))) or 0
         return {
             "operations": ops,
             "packages": {"total": total, "archived": archived, "failed": failed},
             "copies": copies,
+            "source_files": source_files,
             "skipped": skipped,
             "files": {"registered": int(nfiles), "bytes": int(nbytes), "unpackaged": unpackaged},
             "failed_operations": (failed := failed_operations(s)),

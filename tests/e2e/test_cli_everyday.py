@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -116,8 +117,13 @@ def test_include_and_exclude_patterns_decide_what_is_registered_and_status_shows
     assert st["source_filters"] == {"fyst-source": {"include": ["*.fits", "logs/*.txt"],
                                                     "exclude": ["scratch", "inst/obs1/*"]}}
     assert st["skipped"] == []  # left out on purpose is not "skipped"
+    nbytes = sum((src / p).stat().st_size for p in registered)
+    # the source location holds raw files, not package copies: its registrations are shown
+    assert st["source_files"] == {"fyst-source": {"count": 3, "bytes": nbytes}}, st["source_files"]
+    assert st["copies"]["fyst-source"]["count"] == 0  # (no package copy there)
     text = run_packhorse("status", "-c", str(cfg)).stdout
     assert "*.fits, logs/*.txt" in text and "scratch, inst/obs1/*" in text
+    assert re.search(rf"fyst-source\s+│\s+source: 3 files registered\s+│\s+{nbytes:,}", text), text
 
     bad = cfg.read_text().replace('exclude = ["scratch", "inst/obs1/*"]', 'exclude = ["../x"]')
     cfg.write_text(bad)

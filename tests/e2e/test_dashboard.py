@@ -78,6 +78,10 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(page.get_by_test_id("diagnose")).to_have_count(0)
         expect(page.get_by_test_id("reset")).to_have_count(0)
         assert ERROR_TEXT not in page.content() and "TransferCommandError" not in page.content()
+        # the source location holds raw files, not package copies: no "0 copies" there
+        source_row = page.locator("#locations tr[data-location='fyst-source'] td")
+        expect(source_row.nth(4)).to_have_text("source")
+        expect(page.locator("#locations tr[data-location='fyst-buffer'] td").nth(4)).to_have_text("2")  # package, bundle
         page.screenshot(path=str(ARTIFACTS / "2-observer.png"), full_page=True)
 
         # admin: diagnose the first, live check, reset, watch it complete

@@ -34,3 +34,9 @@ def test_reset_after_fixing_a_broken_transfer_command_archives_everything(tmp_pa
     assert status["failed_operations"] == []
     again = run_packhorse("reset", "transfer", "--all-failed", "-c", str(fixed), "--json")
     assert json.loads(again.stdout)["reset"] == []
+    # in words: nothing was FAILED, nothing for `packhorse run` to pick up; the audit says so too
+    words = run_packhorse("reset", "transfer", "--all-failed", "-c", str(fixed))
+    assert words.returncode == 0 and "no FAILED transfer operation: nothing reset" in words.stdout, words
+    log = json.loads(run_packhorse("audit", "-c", str(fixed), "--json").stdout)
+    assert log[0]["action"] == "operation.reset_all_failed" and log[0]["message"] == \
+        "no FAILED transfer operation: nothing reset", log[0]

@@ -366,7 +366,8 @@ def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unf
     from packhorse.cli.operator import _print_package
 
     copies = [{"artifact": "raw_data_package", "name": "inst/obs-1", "location": loc, "role": "buffer",
-               "status": "deleted", "path": "raw/inst/obs-1.tar", "verified_at": None}
+               "status": "deleted", "path": "raw/inst/obs-1.tar", "verified_at": "2026-12-04T09:00:00+00:00",
+               "deleted_at": "2026-12-04T11:00:00+00:00"}
               for loc in ("fyst-buffer", "cologne-buffer")]
 
     def report(op_id: int, kind: str, status: str, diagnosis: str, events: list[dict]) -> dict:
@@ -385,3 +386,5 @@ def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unf
     assert "1 failure event(s): packhorse diagnose transfer 4" in out  # history of a finished one: a pointer
     assert "long_term_archive 9: FAILED" in out and "attempt 2: VerificationError: read back other bytes" in out
     assert "transfer 4: COMPLETED" not in out and "raw_data_package 1: COMPLETED" not in out
+    # a deleted copy shows when it was deleted, not a verification of bytes no longer there
+    assert out.count("deleted 2026-12-04T11:00:00+00:00") == 2 and "2026-12-04T09:00" not in out

@@ -43,7 +43,8 @@ def reset(
 
     operation_action(kind, config, as_json, act,
                      lambda k, out: (f"reset {len(out['reset'])} {k.value} operation(s) to PENDING: "
-                                     f"{', '.join(map(str, out['reset'])) or '-'}; `packhorse run` picks them up"),
+                                     f"{', '.join(map(str, out['reset']))}; `packhorse run` picks them up"
+                                     if out["reset"] else f"no FAILED {k.value} operation: nothing reset"),
                      refused=(ResetRefusedError,), precheck=precheck)
 
 
@@ -265,9 +266,11 @@ def _print_report(r: dict[str, Any]) -> None:
 
 def _copies_table(copies: list[dict[str, Any]]) -> Table:
     """The physical copies of a diagnostic report (:func:`packhorse.diagnose.copy_presence` rows)."""
-    t = Table("artifact", "location", "role", "status", "path", "verified", title="physical copies")
+    t = Table("artifact", "location", "role", "status", "path", "last verified / deleted", title="physical copies")
     for c in copies:
-        t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", c["verified_at"] or "-")
+        # a deleted copy's last verification is history: when it went is what matters
+        when = f"deleted {c['deleted_at']}" if c.get("deleted_at") else (c["verified_at"] or "-")
+        t.add_row(c["name"], c["location"], c["role"], c["status"], c["path"] or "-", when)
     return t
 
 

@@ -388,7 +388,11 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     out.print(t)
     c = Table("location", "copies", "bytes", title="physical copies (present)")
     for loc, v in r["copies"].items():
-        c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
+        if loc in r["source_files"]:  # raw files, not package copies
+            f = r["source_files"][loc]
+            c.add_row(loc, f"source: {f['count']} files registered", f"{f['bytes']:,}")
+        else:
+            c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
     out.print(c)
     if r["source_filters"]:
         f = Table("source location", "include", "exclude", title="scan filters (glob patterns)")
@@ -503,7 +507,7 @@ def demo(
         raise typer.Exit(128 + signum)
     v = verify_copies(ctx)
     r = status_report(ctx)
-    mb = r["files"]["bytes"] / 1e6
+    mib = r["files"]["bytes"] / 2**20  # MiB, as the progress line counts
     print(f"\npackhorse demo summary ({workdir})")
     print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
     print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
@@ -522,7 +526,7 @@ def demo(
     if r["skipped"]:
         print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")
     print(f"  verify:   {v['ok']}/{v['checked']} copies ok")
-    print(f"  time:     {elapsed:.1f} s ({mb / elapsed if elapsed else 0:.1f} MB/s of source data)")
+    print(f"  time:     {elapsed:.1f} s ({mib / elapsed if elapsed else 0:.1f} MiB/s of source data)")
     bag = _an_archived_bag(ctx)
     if bag is not None:
         print(f"  a bag:    {bag} (one package as archived: a BagIt tar)")

@@ -265,7 +265,10 @@
   function renderLocations(locs) {
     fill($("locations"), ["location", "site", "role", "storage", "copies", "bytes", "disk used"], locs.map((l) => el("tr", { "data-location": l.name },
       el("td", {}, l.name + (l.active ? "" : " (inactive)")), el("td", {}, l.site), el("td", {}, l.role), el("td", {}, l.storage),
-      el("td", { class: "num" }, l.copies), el("td", { class: "num", title: l.bytes + " bytes" }, bytes(l.bytes)),
+      l.role === "source"  // raw files, not package copies (packhorse status counts its registered files)
+        ? el("td", { class: "num", title: "a source location holds raw files, not package copies" }, "source")
+        : el("td", { class: "num" }, l.copies),
+      l.role === "source" ? el("td", { class: "num" }, "—") : el("td", { class: "num", title: l.bytes + " bytes" }, bytes(l.bytes)),
       el("td", { class: "num disk-" + (l.disk ? l.disk.level : "none"),
                  title: l.disk ? bytes(l.disk.free_bytes) + " free of " + bytes(l.disk.total_bytes) : "not measured" },
          l.disk ? l.disk.percent.toFixed(1) + " % (" + l.disk.level + ")" : "–"))));
@@ -337,10 +340,11 @@
       d.addEventListener("toggle", () => { if (d.open) openEvents.add(e.id); else openEvents.delete(e.id); saveReportState(); });
       return d;
     }) : [el("p", {}, "No failure recorded.")]));
-    fill($("report-copies"), ["artifact", "location", "role", "status", "path", "size", "verified"], r.copies.map((c) => el("tr", {},
+    fill($("report-copies"), ["artifact", "location", "role", "status", "path", "size", "last verified / deleted"], r.copies.map((c) => el("tr", {},
       el("td", {}, c.name), el("td", {}, c.location), el("td", {}, c.role),
       el("td", { class: c.status === "present" ? "ok" : (c.status === "absent" ? "" : "bad") }, c.status),
-      el("td", {}, c.path || "—"), el("td", { class: "num" }, c.size === null ? "—" : c.size), el("td", {}, c.verified_at || "—"))));
+      el("td", {}, c.path || "—"), el("td", { class: "num" }, c.size === null ? "—" : c.size),
+      el("td", {}, c.deleted_at ? "deleted " + c.deleted_at : (c.verified_at || "—")))));
     if (!quiet) $("report").scrollIntoView();
   }
   async function liveCheck() {
