@@ -258,6 +258,8 @@ def test_an_operation_id_beyond_the_databases_integers_is_a_usage_error(tmp_path
 def test_demo_prints_where_the_archives_are(tmp_path):
     data = tmp_path / "mydata"
     write_settled(data / "inst" / "obs1" / "f.fits", os.urandom(2000))
+    for i in range(3):  # the package the demo names is the largest (a bag with several files)
+        write_settled(data / "inst" / "obs2" / f"g{i}.fits", os.urandom(3000))
     r = run_packhorse("demo", "--source", str(data), "--workdir", str(tmp_path / "demo"), "-q", timeout=600)
     assert r.returncode == 0, r.stderr
     assert not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)  # -q: errors only
@@ -270,6 +272,7 @@ def test_demo_prints_where_the_archives_are(tmp_path):
     [shown] = [l.strip() for l in r.stdout.splitlines() if l.strip().startswith("packhorse validate ")]
     tar = Path(shlex.split(shown)[2])
     assert tar.is_file() and tar.suffix == ".tar" and any(Path(l.rsplit(": ", 1)[1]) in tar.parents for l in lines)
+    assert tar.name == "obs2.tar", tar
     checked = run_packhorse(*shlex.split(shown)[1:3])
     assert checked.returncode == 0 and checked.stdout.startswith("VALID "), checked.stdout
 

@@ -539,8 +539,9 @@ def demo(
 
 
 def _an_archived_bag(ctx: ProcessContext) -> Path | None:
-    """The file of one package archived on a disk long-term archive (the first recorded), for
-    the demo to name: ``None`` if there is none."""
+    """The file of one package archived on a disk long-term archive (the largest: one that
+    shows a bag's layout, not a one-file package), for the demo to name: ``None`` if there is
+    none."""
     from sqlalchemy import select
 
     from ..db.models import PhysicalCopy
@@ -553,7 +554,8 @@ def _an_archived_bag(ctx: ProcessContext) -> Path | None:
     row = ctx.db.read(lambda s: s.execute(
         select(PhysicalCopy.location_id, PhysicalCopy.path).where(
             PhysicalCopy.location_id.in_(disks), PhysicalCopy.status == CopyStatus.PRESENT.value,
-            PhysicalCopy.raw_data_package_id.is_not(None)).order_by(PhysicalCopy.id).limit(1)).first())
+            PhysicalCopy.raw_data_package_id.is_not(None))
+        .order_by(PhysicalCopy.size.desc(), PhysicalCopy.id).limit(1)).first())
     return None if row is None else ctx.settings.location_path(disks[row.location_id]) / row.path
 
 
