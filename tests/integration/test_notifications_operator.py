@@ -82,6 +82,19 @@ def test_a_permanent_failure_says_what_where_why_and_the_commands(tmp_path: Path
     # and the commands it names work as written
     d = run_packhorse("diagnose", "long_term_archive", str(op_id), "-c", str(cfg))
     assert d.returncode == 1 and "RuntimeError" in d.stdout + d.stderr
+    # the outbox shows the message as it was delivered, not only its subject
+    listed = json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)
+    [nid] = [n["id"] for n in listed if n["operation_id"] == op_id and n["event"] == "permanent_failure"]
+    shown = run_packhorse("notifications", "--show", str(nid), "-c", str(cfg))
+    assert shown.returncode == 0, shown.stderr
+    assert f"subject: {mail['Subject']}" in shown.stdout and "delivered to smtp" in shown.stdout, shown.stdout
+    assert f'packhorse reset long_term_archive {op_id} --reason "<what you fixed>"' in shown.stdout
+    assert [line for line in shown.stdout.splitlines() if line.startswith("What failed: ")] == \
+        [line for line in body.splitlines() if line.startswith("What failed: ")]
+    full = json.loads(run_packhorse("notifications", "--show", str(nid), "--json", "-c", str(cfg)).stdout)
+    assert full["body"].splitlines()[0] in body and full["id"] == nid
+    missing = run_packhorse("notifications", "--show", "99999", "-c", str(cfg))
+    assert missing.returncode == 1 and "no notification with id 99999" in missing.stderr, missing.stderr
 
 
 def _failing_ops(db: Database, n: int) -> list[int]:

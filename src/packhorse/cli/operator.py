@@ -15,7 +15,7 @@ from ..audit import cli_actor
 from ..domain import OperationKind
 from ..context import ProcessContext
 from .common import (EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg, OperationIdArg, ReasonOpt, app,
-                     context, fail, operation_action, parse_kind, print_json, shown, table_console)
+                     context, fail, operation_action, parse_kind, print_json, printable, shown, table_console)
 
 
 @app.command()
@@ -54,12 +54,32 @@ def notifications(
     dead: Annotated[bool, typer.Option("--dead", help="only dead letters (delivery gave up)")] = False,
     requeue_dead: Annotated[bool, typer.Option("--requeue-dead", help="queue dead letters again (after fixing a channel)")] = False,
     limit: Annotated[int, typer.Option("--limit", help="at most this many sent notifications")] = 20,
+    show: Annotated[Optional[int], typer.Option("--show", metavar="ID", min=1, max=2**63 - 1,
+                                                help="one notification in full: the message as delivered")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead)."""
-    from ..notify.report import list_notifications, requeue_dead_letters
+    """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead);
+    ``--show ID`` prints one message in full."""
+    from ..notify.report import list_notifications, requeue_dead_letters, show_notification
 
     ctx = context(config)
+    if show is not None:
+        one = show_notification(ctx.db, show, ctx.settings.notifications)
+        if one is None:
+            raise fail(f"no notification with id {show} (packhorse notifications lists them)", EXIT_PROBLEM)
+        if as_json:
+            print_json(one)
+            return
+        print(printable(f"notification {one['id']}: {one['level']} {one['event']}, created {one['created_at']}, "
+                        f"{one['status']} after {one['attempts']} attempt(s)"
+                        + (f", delivered to {', '.join(one['delivered_to'])}" if one["delivered_to"] else "")
+                        + (f", repeated {one['repeat_count']} time(s)" if one["repeat_count"] else "")))
+        if one["last_error"]:
+            print(printable(f"last error: {one['last_error']}"))
+        print(printable(f"subject: {one['subject']}"))
+        print()
+        print("\n".join(printable(line) for line in one["body"].splitlines()))
+        return
     if requeue_dead:
         ids = requeue_dead_letters(ctx.db)
         print(f"queued {len(ids)} dead letter(s) again: {', '.join(map(str, ids)) or '-'}", file=sys.stderr)

@@ -68,6 +68,22 @@ def message_id(n: Notification, domain: str) -> str:
     return f"<packhorse.notification.{n.id}.{int(n.created_at.timestamp())}@{domain}>"
 
 
+def rendered(n: Notification, cfg: NotificationsConfig) -> tuple[str, str]:
+    """``(subject, body)`` of outbox row ``n`` as every channel gets them: the subject with
+    ``cfg``'s prefix and ``[DEV]`` (ASCII), the body with the repeats counted on the row
+    (a digest of permanent failures lists its repeats itself). Used by the notifier and by
+    ``packhorse notifications --show``, so what an operator reads there is what was sent."""
+    prefix = cfg.subject_prefix.strip()
+    dev = "[DEV] " if cfg.development_mode else ""
+    body = n.body
+    if n.repeat_count and n.event != "permanent_failure":  # a digest lists its repeats itself
+        body += f"\n\nRepeated {n.repeat_count} more time(s) within the cooldown"
+        if n.last_repeat_at is not None:
+            body += f" (last at {n.last_repeat_at.isoformat(timespec='seconds')})"
+        body += "."
+    return ascii_subject(f"{prefix} {dev}{n.subject}".strip()), body
+
+
 class Notifier:
     """Delivers the outbox of ``db`` through ``channels`` (default: those of ``cfg``).
 
@@ -221,18 +237,9 @@ class Notifier:
         return self._finish(c, n.attempts, errors, permanent=permanent)
 
     def message(self, n: Notification) -> Message:
-        """The :class:`Message` channels send for outbox row ``n`` (prefix, ``[DEV]``, the
-        repeats counted on it)."""
-        prefix = self.cfg.subject_prefix.strip()
-        dev = "[DEV] " if self.cfg.development_mode else ""
-        body = n.body
-        if n.repeat_count and n.event != "permanent_failure":  # a digest lists its repeats itself
-            body += f"\n\nRepeated {n.repeat_count} more time(s) within the cooldown"
-            if n.last_repeat_at is not None:
-                body += f" (last at {n.last_repeat_at.isoformat(timespec='seconds')})"
-            body += "."
-        return Message(notification_id=n.id, level=n.level, event=n.event,
-                       subject=ascii_subject(f"{prefix} {dev}{n.subject}".strip()), body=body,
+        """The :class:`Message` channels send for outbox row ``n`` (:func:`rendered`)."""
+        subject, body = rendered(n, self.cfg)
+        return Message(notification_id=n.id, level=n.level, event=n.event, subject=subject, body=body,
                        message_id=message_id(n, self.domain), created_at=n.created_at)
 
     def _release(self, c: NotificationClaim, wait_seconds: float, notification_id: int) -> str:

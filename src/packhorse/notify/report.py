@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from ..config import NotificationsConfig
 from ..db.models import Notification, NotificationDelivery, utcnow
 from ..db.session import Database
 from ..domain import NotificationStatus
@@ -44,6 +45,26 @@ def list_notifications(db: Database, *, dead: bool = False, sent_limit: int = 20
                                  .order_by(NotificationDelivery.id)):
             channels.setdefault(nid, []).append(ch)
         return [notification_dict(r, channels.get(r.id, [])) for r in rows]
+
+    return db.read(q)
+
+
+def show_notification(db: Database, notification_id: int, cfg: NotificationsConfig) -> dict[str, Any] | None:
+    """One outbox row with the message as the channels of ``cfg`` get it
+    (:func:`~packhorse.notify.notifier.rendered`): :func:`notification_dict` with ``"subject"``
+    as sent, plus ``"body"`` and ``"context"`` (the details it was rendered from); ``None`` if
+    there is no notification with that id."""
+    from .notifier import rendered
+
+    def q(s: Session) -> dict[str, Any] | None:
+        n = s.get(Notification, notification_id)
+        if n is None:
+            return None
+        channels = list(s.scalars(select(NotificationDelivery.channel)
+                                  .where(NotificationDelivery.notification_id == n.id)
+                                  .order_by(NotificationDelivery.id)))
+        subject, body = rendered(n, cfg)
+        return {**notification_dict(n, channels), "subject": subject, "body": body, "context": n.context}
 
     return db.read(q)
 
