@@ -59,17 +59,19 @@ def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | No
     from .storage.identity import check_identity
 
     backend = ctx.backend(location)
+    installation = ctx.topology.installation
     try:
-        check_identity(backend, location, ctx.topology.location_marker.get(location))
+        check_identity(backend, location, ctx.topology.location_marker.get(location), installation)
     except LocationUnavailableError as e:
         if not e.wrong_uuid:
             return e
-        # `packhorse init --replace` may have marked new storage since this process started
+        # `packhorse init --replace` (or `--adopt`) may have marked the storage since this
+        # process started
         recorded = ctx.db.read(lambda s: s.scalar(select(DataLocation.marker_uuid).where(
             DataLocation.name == location)))
         ctx.topology.location_marker[location] = recorded
         try:
-            check_identity(backend, location, recorded)
+            check_identity(backend, location, recorded, installation)
         except LocationUnavailableError as again:
             return again
     return None

@@ -34,7 +34,7 @@ from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from .config import Settings
-from .db.models import DataLocation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
+from .db.models import DataLocation, Installation, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from .domain import CopyStatus, LocationRole, StorageType
 from .managers.packages import _name_for, names_taken, package_base, plan_group
 from .managers.scan import (FUTURE_MTIME_TOLERANCE_SECONDS, Change, group_of, list_source, look_at_change,
@@ -102,7 +102,8 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             # where it was) is not empty; the run would wait for it (exit 4), register nothing
             try:
                 check_identity(backend, loc.name, db.read(lambda s: s.scalar(
-                    select(DataLocation.marker_uuid).where(DataLocation.id == loc_id))))
+                    select(DataLocation.marker_uuid).where(DataLocation.id == loc_id))),
+                    db.read(lambda s: s.scalar(select(Installation.uuid).where(Installation.id == 1))))
             except LocationUnavailableError as e:
                 register.append({"location": loc.name, "files": 0, "bytes": 0, "settling": 0, "skipped": [],
                                  "unavailable": str(e)})

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .config import Settings
-from .db.models import DataLocation, Site
+from .db.models import DataLocation, Installation, Site
 from .db.session import Database
 from .domain import LocationRole
 
@@ -38,6 +38,9 @@ class Topology:
     location_role: dict[str, LocationRole] = field(default_factory=dict)
     #: the identity marker's uuid recorded by ``packhorse init`` per location (``None``: not yet)
     location_marker: dict[str, str | None] = field(default_factory=dict)
+    #: this installation's uuid (:class:`~packhorse.db.models.Installation`; ``None`` before the
+    #: first ``packhorse init``): a root marked by another installation is not ours
+    installation: str | None = None
 
     def site_name(self, site_id: int) -> str:
         """The name of site ``site_id``."""
@@ -81,6 +84,7 @@ def sync_topology(db: Database, settings: Settings) -> Topology:
             topo.location_site[loc.name] = loc.site
             topo.location_role[loc.name] = loc.role
             topo.location_marker[loc.name] = row.marker_uuid
+        topo.installation = s.scalar(select(Installation.uuid).where(Installation.id == 1))
         for name, row in existing.items():
             if name not in configured:
                 row.active = False
@@ -115,6 +119,7 @@ def load_topology(db: Database, settings: Settings) -> Topology:
             topo.location_site[row.name] = names[row.site_id]
             topo.location_role[row.name] = LocationRole(row.role)
             topo.location_marker[row.name] = row.marker_uuid
+        topo.installation = s.scalar(select(Installation.uuid).where(Installation.id == 1))
         missing = [x.name for x in settings.sites if x.name not in topo.site_ids]
         missing += [x.name for x in settings.locations if x.name not in topo.location_ids]
         if missing:

@@ -227,6 +227,40 @@ def test_rerun_after_losing_the_database_meets_already_there_and_rewrites_nothin
     assert_archived_everywhere(p, expected)
 
 
+def test_a_fresh_database_whose_init_was_refused_writes_nothing_into_the_lost_ones_roots(pipeline):
+    """The ops database lost, its buffers and archives kept: ``init`` refuses the roots another
+    installation marked (exit 2), but it has made the new database by then. A ``run`` after it
+    must not take those roots for its own (it wrote new packages into the old installation's
+    buffers and archives): they are unavailable, with ``init --adopt`` named, and nothing in
+    them changes until the operator adopts them."""
+    p = pipeline()
+    write(p.source, "inst/obs1/a.dat", b"a" * 1000)
+    p.init()
+    p.run()
+    for name in ("packhorse.db", "packhorse.db-wal", "packhorse.db-shm"):
+        (p.root / name).unlink(missing_ok=True)
+    write(p.source, "inst/obs2/b.dat", b"b" * 1000)  # new data since the database was lost
+    refused = p.cli("init")
+    assert refused.returncode == 2 and "--adopt" in refused.stderr, refused.stderr
+    roots = [loc for loc in LOST_DATABASE_ROOTS if loc != "fyst-source"]
+    before = {loc: p.snapshot(loc) for loc in roots}
+
+    r = p.run(expect=4)  # blocked: waits for the roots, registers and writes nothing there
+    assert {loc: p.snapshot(loc) for loc in roots} == before, "a root of the lost installation was written"
+    status = p.status()
+    blocked = {b["subject"]: b for b in status["blocked"]}
+    assert "location fyst-source" in blocked and "another packhorse installation" in blocked["location fyst-source"]["reason"]
+    assert "packhorse init --adopt fyst-source" in blocked["location fyst-source"]["reason"], blocked
+    assert status["files"]["registered"] == 0 and status["packages"]["total"] == 0, status
+    assert "another packhorse installation" in r.stderr, r.stderr[-3000:]
+
+    p.init(adopt=LOST_DATABASE_ROOTS)  # the operator says this database replaces the lost one
+    p.run()
+    status = p.status()
+    assert_clean_finish(status)
+    assert {"raw/inst/obs1.tar", "raw/inst/obs2.tar"} <= set(p.objects("cologne-lta"))
+
+
 def test_destination_holding_different_bytes_is_a_loud_conflict_and_is_never_overwritten(pipeline):
     p = pipeline()
     write(p.source, "inst/obs1/a.dat", b"a" * 1000)

@@ -97,18 +97,27 @@ def read_marker(backend: StorageBackend) -> dict[str, Any] | None:
     return data
 
 
-def check_identity(backend: StorageBackend, location: str, expected_uuid: str | None = None) -> None:
+def check_identity(backend: StorageBackend, location: str, expected_uuid: str | None = None,
+                   installation: str | None = None) -> None:
     """Raise :class:`LocationUnavailableError` unless ``backend``'s root is there and its
     marker names ``location`` and, when ``expected_uuid`` is given (the uuid ``packhorse init``
     recorded in the ops database), carries that uuid (DESIGN.md "Architecture"; read-only, a
     stat and a small read). A marker in cold storage cannot be read and is not compared.
+
+    With no ``expected_uuid`` (this database never recorded a marker for ``location``), a
+    marker naming another installation than ``installation`` (this database's
+    :class:`~packhorse.db.models.Installation` uuid) is refused too: its copies belong to that
+    installation's ops database, and only ``packhorse init --adopt`` takes the root over (a
+    fresh database whose ``init`` was refused must not write there). A marker naming no
+    installation (written before installations were named) is accepted.
 
     Raises:
         LocationUnavailableError: ``marker_only=False`` for a missing root; ``marker_only=True``
             for a root without a marker (an unmounted mount point, or an existing deployment not
             yet marked); ``marker_only=False`` for a marker naming another location, carrying
             another uuid (``wrong_uuid=True``: storage of another installation, or a marker
-            copied onto blank storage) or unreadable.
+            copied onto blank storage), naming another installation while this database
+            recorded none for it (``wrong_uuid=True``), or unreadable.
     """
     root = backend.root_missing()
     if root is not None:
@@ -133,6 +142,15 @@ def check_identity(backend: StorageBackend, location: str, expected_uuid: str | 
                   f"this installation marked {location!r} with uuid {expected_uuid} (storage of another "
                   f"installation, or a marker copied onto other storage?); if this storage really replaces "
                   f"the old: `packhorse init --replace {location}`")
+        raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
+                                       wrong_uuid=True)
+    other = marker.get("installation")
+    if (expected_uuid is None and installation is not None and isinstance(other, str) and other != installation
+            and not marker.get("in_cold_storage")):
+        reason = (f"the root {where(backend)} is marked by another packhorse installation (installation {other}), "
+                  f"and this installation's database has never marked {location!r}: its copies belong to that "
+                  f"installation's ops database. Check the path or bucket in the configuration; if this database "
+                  f"really replaces that installation's (its database was lost): `packhorse init --adopt {location}`")
         raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
                                        wrong_uuid=True)
 
