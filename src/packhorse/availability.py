@@ -30,7 +30,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from .db.models import DataLocation, LocationOutage, Operation, PhysicalCopy, RawDataPackage, utcnow
@@ -116,6 +116,21 @@ def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.
     return ctx.db.transact(tx)
 
 
+def waiting_for(location_ids: Any) -> Any:
+    """The SQL condition "a ``PENDING`` operation waiting for one of ``location_ids``" (a list
+    of ids or a subquery of them): its source or destination is one, or it was handed back
+    because one it needed was unavailable (:func:`packhorse.worker._wait_for_location`:
+    ``error_context["waiting"] = "location"`` with its ``location_id``; a repair reading
+    another site's copy, for one). One definition for the idle check of ``run --until-idle``,
+    the blocked list and the release when the location is back."""
+    from .operations import WAITING_LOCATION
+
+    return and_(Operation.status == Status.PENDING.value, or_(
+        Operation.source_location_id.in_(location_ids), Operation.destination_location_id.in_(location_ids),
+        and_(Operation.error_context["waiting"].as_string() == WAITING_LOCATION,
+             Operation.error_context["location_id"].as_integer().in_(location_ids))))
+
+
 def end_outage(ctx: "ProcessContext", location: str) -> int | None:
     """The location is available again: delete its outage and make the operations waiting on
     it due now. Returns how many operations were released, ``None`` if there was no outage."""
@@ -131,10 +146,8 @@ def end_outage(ctx: "ProcessContext", location: str) -> int | None:
         if s.execute(delete(LocationOutage).where(LocationOutage.location_id == loc_id)).rowcount != 1:
             return None  # another process ended it
         now = utcnow()
-        res = s.execute(update(Operation).where(
-            Operation.status == Status.PENDING.value, Operation.not_before > now,
-            or_(Operation.source_location_id == loc_id, Operation.destination_location_id == loc_id),
-        ).values(not_before=now, updated_at=now))
+        res = s.execute(update(Operation).where(waiting_for([loc_id]), Operation.not_before > now)
+                        .values(not_before=now, updated_at=now))
         notify_available(s, location=location, since=since, until=now)
         log.warning("location_available_again", location=location, since=since.isoformat(),
                     operations_released=res.rowcount)

@@ -66,13 +66,13 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     root or identity marker is missing. Cause ``location_unavailable``, :data:`EXIT_WAITING`:
     the work resumes by itself when the location is back (or after ``packhorse init`` when only
     the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
-    ``marker_only``, ``operations_waiting`` (``PENDING`` operations whose source or destination
-    it is), ``checked_at`` (last seen unavailable, ISO 8601 UTC)."""
-    from sqlalchemy import func, or_, select
+    ``marker_only``, ``operations_waiting`` (``PENDING`` operations waiting for it:
+    :func:`~packhorse.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
+    8601 UTC)."""
+    from sqlalchemy import func, select
 
-    from .availability import release_of, root_of
+    from .availability import release_of, root_of, waiting_for
     from .db.models import LocationOutage, Operation
-    from .domain import Status
 
     items = []
     for row in session.scalars(select(LocationOutage).order_by(LocationOutage.since)):
@@ -80,9 +80,7 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
         if name is None:
             continue  # a location no longer configured
         waiting = session.scalar(select(func.count()).select_from(Operation).where(
-            Operation.status == Status.PENDING.value,
-            or_(Operation.source_location_id == row.location_id,
-                Operation.destination_location_id == row.location_id))) or 0
+            waiting_for([row.location_id]))) or 0
         items.append(BlockedItem(
             cause="location_unavailable", subject=f"location {name}",
             reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",

@@ -33,6 +33,7 @@ from .db.models import (
     DataTransferPackage,
     FailureEvent,
     LiveCheck,
+    LocationOutage,
     Operation,
     PhysicalCopy,
     RawDataFile,
@@ -43,7 +44,7 @@ from .db.models import (
 from .db.session import Database
 from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
 from .actions import UnknownPackageError
-from .operations import get_operation
+from .operations import WAITING_LOCATION, get_operation
 from .recovery.health import DEAD_AFTER_SECONDS
 from .context import ProcessContext
 from .topology import bundle_key, raw_package_key
@@ -244,6 +245,12 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
         return (f"queued for a worker since {_iso(op.scheduled_at)}; if no worker claims it, "
                 "the reconciler dispatches it again"), "db"
     if st == Status.PENDING.value:
+        outage = (session.get(LocationOutage, ctx["location_id"])
+                  if ctx.get("waiting") == WAITING_LOCATION and isinstance(ctx.get("location_id"), int) else None)
+        if outage is not None:  # handed back because a location it needs is away, which it still is
+            return (f"waiting for data location {ctx.get('location')}, unavailable since {_iso(outage.since)} "
+                    f"({outage.reason}); it runs again by itself once the location is back (no retry is "
+                    "counted; packhorse status lists the location as blocked)"), "db"
         if op.not_before is not None and op.not_before > now:
             line = (f"waiting for its retry backoff until {_iso(op.not_before)} "
                     f"(retry {op.retry_count} of {op.max_retries})")

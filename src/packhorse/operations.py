@@ -540,6 +540,10 @@ def complete_many(session: Session, claims: Iterable[Claim],
 #: ``error_context["waiting"]`` of an operation handed back by :func:`defer` because the
 #: deletion rule does not hold yet (:class:`~packhorse.errors.DeletionNotSafeError`).
 WAITING_DELETION_RULE = "deletion_rule"
+#: ``error_context["waiting"]`` of an operation handed back by :func:`defer` because a data
+#: location it needs is unavailable; ``error_context["location_id"]`` names it (it may be
+#: neither the operation's source nor its destination: a repair's source copy, for one).
+WAITING_LOCATION = "location"
 
 
 def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | None = None) -> bool:

@@ -28,6 +28,7 @@ from .errors import (
 from .lease import LeaseKeeper
 from .operations import (
     WAITING_DELETION_RULE,
+    WAITING_LOCATION,
     Claim,
     backoff_seconds,
     build_error_context,
@@ -231,7 +232,15 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
 
     since = record_outage(ctx, exc)
     seconds = wait_seconds(ctx, since)
-    if not defer(ctx.db, c, seconds):
+    # which location it waits for, whether or not it is the operation's source or destination
+    # (availability.waiting_for: run --until-idle, status and the outage's end go by it)
+    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
+                               retry_count=c.operation.retry_count if c.operation is not None else 0,
+                               will_retry=True, auto_diagnosis=f"waits for data location {exc.location} to be "
+                               "available again; resumes by itself (no action needed here)")
+    note.update(waiting=WAITING_LOCATION, location=exc.location,
+                location_id=ctx.topology.location_ids.get(exc.location), attempt=c.attempt)
+    if not defer(ctx.db, c, seconds, note=note):
         return Outcome.STALE
     log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
     return Outcome.DEFERRED

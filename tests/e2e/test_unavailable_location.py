@@ -358,3 +358,62 @@ def test_a_root_another_installation_marked_is_refused_until_adopted(pipeline, t
     assert {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()} == before
     assert run_packhorse("init", "-c", str(other)).returncode == 0  # recorded now: no --adopt needed again
     p.run(expect=0)  # the first installation is untouched by all this
+
+
+SECOND_COLOGNE_ARCHIVE = """
+[[locations]]
+name = "cologne-lta2"
+site = "cologne"
+role = "long_term_archive"
+path = "sites/cologne/archive2"
+"""
+
+
+def test_a_repair_does_not_wait_for_an_unrelated_archive_and_waits_visibly_when_it_must(pipeline, tmp_path: Path) -> None:
+    """A copy lost at one archive is repaired from a good copy at another while a third archive
+    (another site's) is unavailable: the repair used to check every other copy first, met the
+    unavailable one and waited for it, unseen (status said no operation waited for it) and
+    `run --until-idle` never ended (found by a trial). When the only good copy is on the
+    unavailable archive, the repair waits for it visibly: the run exits 4, status counts it,
+    diagnose names the location, and it runs as soon as the location is back."""
+    p = pipeline(bundle_max_wait_seconds=0, extra=SECOND_COLOGNE_ARCHIVE)
+    _source(p, groups=1)
+    p.init()
+    p.run()
+    name = "raw/cam/obs0.tar"
+    good = (p.location("cologne-lta") / name).read_bytes()
+    archive2 = p.root / "sites/cologne/archive2"
+    assert (archive2 / name).read_bytes() == good
+    cornell, cornell_away = p.location("cornell-lta"), tmp_path / "cornell-unmounted"
+
+    os.chmod(archive2 / name, 0o644)
+    (archive2 / name).unlink()  # lost at cologne-lta2
+    os.rename(cornell, cornell_away)  # another site's archive away
+    assert p.verify()[0] == 1
+    r = p.cli("run", "--until-idle", "--quiet")
+    assert r.returncode == 4, r.stderr[-3000:]  # repaired; only the unavailable archive is left
+    assert (archive2 / name).read_bytes() == good, "not repaired from the good copy at cologne-lta"
+    assert set(_blocked(p)) == {"cornell-lta"}, _blocked(p)
+
+    os.chmod(archive2 / name, 0o644)
+    (archive2 / name).unlink()
+    os.chmod(p.location("cologne-lta") / name, 0o644)
+    (p.location("cologne-lta") / name).unlink()  # now the only good copy is at cornell, which is away
+    assert p.verify()[0] == 1
+    started = time.monotonic()
+    r = p.cli("run", "--until-idle", "--quiet")
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    blocked = _blocked(p)["cornell-lta"]
+    assert blocked["detail"]["operations_waiting"] >= 1, blocked
+    waiting = [row for row in _db(p).execute(
+        "SELECT kind, id FROM operations WHERE status = 'PENDING' AND kind = 'fixity_check'")]
+    assert waiting, "no fixity check waits for cornell-lta"
+    d = p.cli("diagnose", waiting[0][0], str(waiting[0][1]))
+    assert "waiting for data location cornell-lta" in d.stdout, d.stdout
+
+    os.rename(cornell_away, cornell)  # back: the repairs run at once (no backoff to wait out)
+    p.run()
+    for loc in ("cologne-lta", "cornell-lta"):
+        assert (p.location(loc) / name).read_bytes() == good, loc
+    assert (archive2 / name).read_bytes() == good

@@ -44,10 +44,11 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from .. import logs
+from ..availability import waiting_for
 from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
@@ -458,9 +459,7 @@ class LocalRunner:
         blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.state == BreakerState.OPEN.value)
         # one waiting on an unavailable location waits for the world outside: `status` lists it
         # (exit 4); the next run resumes it (the managers' cycle looks at the location first)
-        out = select(LocationOutage.location_id)
-        waiting = select(Operation.id).where(Operation.status == Status.PENDING.value, or_(
-            Operation.source_location_id.in_(out), Operation.destination_location_id.in_(out)))
+        waiting = select(Operation.id).where(waiting_for(select(LocationOutage.location_id)))
         # a deletion handed back because its rule (I1) does not hold yet waits on other work (a
         # copy being made again): counted only while other work is active; alone, nothing in
         # this run can make it safe, and the deletion manager makes it due once it is

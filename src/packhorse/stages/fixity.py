@@ -36,7 +36,7 @@ from ..domain import (
     NotificationLevel,
     OperationKind,
 )
-from ..errors import SourceMissingError, UnsafePathError
+from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
 from ..fixity import Finding, check_copy, recognise_returned, record_findings
 from ..notify.outbox import enqueue
 from .base import Recorder, Work, copy_object, record_copy
@@ -69,6 +69,28 @@ def _check(work: Work, copy: PhysicalCopy) -> Finding:
     return check_copy(backend, copy, loc, on_bytes=work.progress)
 
 
+def _check_sources(work: Work, copies: list[PhysicalCopy]) -> tuple[list[Finding], LocationUnavailableError | None]:
+    """Check ``copies`` (the other copies of the package, or those a repair may read) and
+    return the findings, plus the first unavailability met: a copy on a location that is
+    unavailable now (:func:`packhorse.availability.look`: its root or marker missing) is not
+    judged (an empty mount point must not make it "missing") and the others are checked all
+    the same, so a repair with a good source elsewhere does not wait for that location."""
+    from ..availability import look
+
+    findings: list[Finding] = []
+    away: LocationUnavailableError | None = None
+    for c in copies:
+        err = look(work.ctx, work.ctx.location_name(c.location_id))
+        if err is None:
+            try:
+                findings.append(_check(work, c))
+                continue
+            except LocationUnavailableError as e:  # it went away while it was read
+                err = e
+        away = away or err
+    return findings, away
+
+
 def run(work: Work) -> Recorder:
     """Check the operation's copy; on a problem check its siblings and repair (see module)."""
     ctx = work.ctx
@@ -87,7 +109,8 @@ def run(work: Work) -> Recorder:
                 record_findings(s, ctx, [first], operation_id=op_id)
 
             return stamp
-        findings = [first] + [_check(work, c) for c in present]
+        others, away = _check_sources(work, present)
+        findings = [first] + others
         outcome = ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))
         if outcome["all_bad"]:
             work.info.update(result="every copy bad: CRITICAL notification, no repair")
@@ -105,7 +128,7 @@ def run(work: Work) -> Recorder:
 
             return back
         # only the copies it may be repaired from (an archive, or its own site)
-        findings = [_check(work, c) for c in repair_sources(ctx, loc, present)]
+        findings, away = _check_sources(work, repair_sources(ctx, loc, present))
         ctx.db.transact(lambda s: record_findings(s, ctx, findings, operation_id=op_id))
         good = [f for f in findings if not f.bad]
         to_repair = [Finding(copy.id, loc, copy.path, copy.size, copy.sha256, copy.status,
@@ -114,6 +137,10 @@ def run(work: Work) -> Recorder:
     else:  # deleted or being deleted: nothing to audit
         return lambda s: None
     to_repair = [f for f in to_repair if ctx.topology.location_role[f.location] is LocationRole.LONG_TERM_ARCHIVE]
+    if not good and to_repair and away is not None:
+        # no good copy among those that could be read, one not read: wait for its location
+        # (recorded above: what was found bad stays recorded; the retry repairs from it)
+        raise away
     if not good or not to_repair:
         work.info.update(result="no verified copy to repair from" if not good else "nothing to repair")
         return lambda s: None
