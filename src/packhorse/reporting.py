@@ -158,7 +158,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
 
     Returns ``{"checked": n, "ok": n, "missing": [{"location", "path"[, "error"]}], "corrupt":
     [{"location", "path", "expected", "actual"}], "awaiting_restore": [{"location", "path"}],
-    "recognised": [{"location", "path"}], "unavailable": [{"location", "reason", "copies",
+    "recognised": [{"location", "path", "recorded"}], "unavailable": [{"location", "reason", "copies",
     "release"}], "unrepaired": [...]}``. ``awaiting_restore``: copies in cold storage that are
     not restored; a restore is requested and they are not checked now (not a problem by itself).
     ``unrepaired``: see :func:`unrepaired_copies`. A copy whose storage could not be asked
@@ -189,6 +189,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
                               "recognised": [], "unavailable": []}
     findings = []
     returned = []
+    was: dict[int, str] = {}  # copy id -> its recorded status, for the copies found back
     away: dict[str, LocationUnavailableError | None] = {}
     skipped: dict[str, int] = {}
     for copy, loc in rows:
@@ -223,6 +224,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
             continue
         if was_missing:
             if not f.bad:
+                was[copy.id] = copy.status  # what it was recorded as: missing or corrupt
                 returned.append(f)
             continue  # still missing: listed under "unrepaired"
         findings.append(f)
@@ -238,7 +240,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
         return recognise_returned(s, ctx, returned)
 
     back = ctx.db.transact(record)
-    report["recognised"] = [{"location": f.location, "path": f.path} for f in back]
+    report["recognised"] = [{"location": f.location, "path": f.path, "recorded": was.get(f.copy_id)} for f in back]
     report["unavailable"] = [{"location": loc, "reason": err.reason, "copies": skipped.get(loc, 0),
                               "release": release_of(ctx, loc, err.marker_only)}
                              for loc, err in away.items() if err is not None]

@@ -179,3 +179,33 @@ def test_verify_records_like_the_audit_and_run_repairs(s3_server, tmp_path):
     _flip_s3(s3_server, bucket, f"lta/{key}")  # the repaired copy goes bad as well: one copy owed, listed once
     code, report = p.verify()
     assert code == 1 and report["unrepaired"] == [{"location": "cologne-lta", "path": key, "status": "corrupt"}]
+
+
+def test_verify_says_in_words_what_it_exits_1_for_and_what_a_returned_copy_was_recorded_as(pipeline):
+    """A second ``verify`` after one recorded a copy corrupt printed "checked 2, ok 2, missing 0,
+    corrupt 0" and exited 1 (the copy recorded earlier was on a line of its own), and good bytes
+    put back over a copy recorded corrupt were reported as "recorded missing" (found by a trial)."""
+    p = pipeline(bundle_max_wait_seconds=0)
+    path = p.source / "inst" / "obs1" / "a.dat"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(os.urandom(5000))
+    p.init()
+    p.run()
+    copy = p.location("cologne-lta") / "raw/inst/obs1.tar"
+    good = copy.read_bytes()
+    os.chmod(copy, 0o644)
+    copy.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, other bytes
+    first = p.cli("verify")
+    assert first.returncode == 1 and "CORRUPT cologne-lta:raw/inst/obs1.tar" in first.stdout, first.stdout
+    again = p.cli("verify")
+    assert again.returncode == 1, again.stdout
+    summary = again.stdout.splitlines()[0]
+    assert summary == "checked 1, ok 1, missing 0, corrupt 0; 1 recorded bad earlier, not repaired yet", summary
+    assert "UNREPAIRED cologne-lta:raw/inst/obs1.tar (recorded corrupt;" in again.stdout, again.stdout
+    assert "rebuilds the package from its source files" in again.stdout
+    copy.write_bytes(good)  # the good bytes put back by hand
+    back = p.cli("verify")
+    assert back.returncode == 0, back.stdout
+    assert "BACK cologne-lta:raw/inst/obs1.tar (recorded corrupt; its bytes are there again and verified)" \
+        in back.stdout, back.stdout
+    assert back.stdout.splitlines()[0].endswith("; 1 recorded bad, found back"), back.stdout

@@ -441,13 +441,21 @@ def verify(
     if as_json:
         print_json(r)
     else:
-        print(f"checked {r['checked']}, ok {r['ok']}, missing {len(r['missing'])}, corrupt {len(r['corrupt'])}")
+        # the line says everything the exit code counts: copies recorded bad earlier and not
+        # repaired yet, locations that could not be looked at
+        more = [f"{n} {what}" for n, what in ((len(r["unrepaired"]), "recorded bad earlier, not repaired yet"),
+                                              (len(r["unavailable"]), "location(s) unavailable, not checked"),
+                                              (len(r["recognised"]), "recorded bad, found back"))
+                if n]
+        print(f"checked {r['checked']}, ok {r['ok']}, missing {len(r['missing'])}, corrupt {len(r['corrupt'])}"
+              + (f"; {'; '.join(more)}" if more else ""))
         for m in r["missing"]:
             print(f"MISSING {m['location']}:{m['path']}")
         for c in r["corrupt"]:
             print(f"CORRUPT {c['location']}:{c['path']} (expected {c['expected']}, read {c['actual']})")
         for b in r["recognised"]:
-            print(f"BACK {b['location']}:{b['path']} (recorded missing; its bytes are there again and verified)")
+            print(f"BACK {b['location']}:{b['path']} (recorded {b['recorded'] or 'bad'}; its bytes are there again "
+                  "and verified)")
         for u in r["unavailable"]:
             print(f"UNAVAILABLE {u['location']}: {u['reason']}; {u['copies']} copies not checked "
                   f"(release: {u['release']})")
@@ -455,7 +463,8 @@ def verify(
             print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
-                  "from another verified copy if one exists)")
+                  "from another verified copy, or rebuilds the package from its source files when no good copy "
+                  "is left; `packhorse status` says when neither is possible)")
         print(f"staged copies: checked {len(r['staged'])}, ok {len(r['staged']) - len(staged_bad)}")
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
