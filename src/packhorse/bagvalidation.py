@@ -759,7 +759,11 @@ def validate_tar(
                     refused(e)
                     break
                 member, name = m.info, m.name
-                top, _, rest = name.partition("/")
+                top, sep, rest = name.partition("/")
+                if not sep and not m.is_dir:  # a file at the top: it names no bag folder
+                    v.problem("not-a-bag-container", name, f"member {name!r} is at the top of the tar, not inside "
+                              "a bag folder (a bag tar holds one folder, the bag, with bagit.txt in it)")
+                    continue
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
@@ -993,6 +997,18 @@ def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> Bag
         v.unusable("symlink", f"is a symlink (to {os.readlink(path)!r}); links are not followed")
         return v.finish()
     if path.is_dir():
+        if not os.path.lexists(path / "bagit.txt"):
+            # a folder holding bags (an extracted tar's parent, say): name them, do not report
+            # every file of theirs as outside a bag
+            inner = sorted(e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)
+                           and os.path.isfile(os.path.join(e.path, "bagit.txt")))
+            if inner:
+                v = BagValidator(str(path))
+                v.unusable("not-a-bag-container",
+                           f"has no bagit.txt: it is not a bag but holds {len(inner)} ("
+                           + ", ".join(inner[:5]) + (", …" if len(inner) > 5 else "")
+                           + f"); validate each: packhorse validate {path / inner[0]}")
+                return v.finish()
         return validate_folder(path, required_algorithms=required_algorithms)
     try:
         f = open(path, "rb")

@@ -69,3 +69,23 @@ def test_validate_several_bags_in_one_call_exits_1_if_any_is_invalid(tmp_path: P
     r = run_packhorse("validate", "--json", str(good), str(bad))
     assert r.returncode == 1
     assert [(x["bag"], x["valid"]) for x in json.loads(r.stdout)] == [(str(good), True), (str(bad), False)]
+
+
+def test_a_tar_without_a_bag_folder_and_a_folder_holding_a_bag_are_named_for_what_they_are(tmp_path: Path) -> None:
+    """A tar of a bag's contents without its folder was reported as "member 'manifest-sha256.txt'
+    is outside the bag folder 'bagit.txt'" (a file taken for the folder), and the folder an
+    extracted tar went into as "no bagit.txt" without a word of the bag inside (found by a trial)."""
+    root = _bag(tmp_path)
+    flat = tmp_path / "flat.tar"
+    with tarfile.open(flat, "w") as tar:
+        for p in sorted(root.rglob("*")):
+            tar.add(str(p), arcname=str(p.relative_to(root)), recursive=False)
+    r = run_packhorse("validate", str(flat))
+    assert r.returncode == 1
+    assert "member 'bagit.txt' is at the top of the tar, not inside a bag folder" in r.stdout, r.stdout
+    assert "outside the bag folder 'bagit.txt'" not in r.stdout, r.stdout
+    parent = tmp_path  # holds the folder "bag" (and flat.tar)
+    r = run_packhorse("validate", str(parent))
+    assert r.returncode == 1
+    assert "has no bagit.txt: it is not a bag but holds 1 (bag)" in r.stdout, r.stdout
+    assert f"packhorse validate {root}" in r.stdout, r.stdout
