@@ -618,6 +618,41 @@ class Settings(_Section):
         return url
 
 
+def _section_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The settings table (model class) that ``loc`` (a validation error's path, without its
+    last item) reaches from :class:`Settings`: ``("locations", 0)`` is a location; ``None`` when
+    the path leaves the models (a free-form table)."""
+    model: Any = Settings
+    for item in loc:
+        if isinstance(item, int):
+            continue  # an entry of an array of tables: the same table type
+        field = getattr(model, "model_fields", {}).get(item)
+        if field is None:
+            return None
+        annotation = field.annotation
+        for _ in range(3):  # X | None, list[X], dict[str, X]
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel) or not args:
+                break
+            annotation = args[-1]
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """`` (did you mean 'settle_seconds'?)`` for an unknown key ``loc[-1]`` close to a key of
+    its table (a misspelt key is the common case), else ``""``."""
+    import difflib
+
+    model = _section_at(loc[:-1]) if loc else None
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _format_validation_error(source: str, exc: ValidationError, data: dict[str, Any]) -> str:
     parts = []
     for err in exc.errors():
@@ -630,7 +665,7 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
                 key += ("." if key else "") + str(item)
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _did_you_mean(tuple(loc))
         msg = msg.removeprefix("Value error, ")
         parts.append(f"{key}: {msg}" if key else msg)
     return f"{source}: " + "; ".join(parts)

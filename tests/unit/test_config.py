@@ -254,6 +254,18 @@ def test_unknown_key_inside_table_in_toml_file(tmp_path: Path) -> None:
     assert "deletion.foo: unknown key" in str(ei.value)
 
 
+def test_a_misspelt_key_is_answered_with_the_key_of_its_table_it_is_close_to() -> None:
+    d = minimal()
+    d["packaging"] = {"settle_second": 2}
+    assert "packaging.settle_second: unknown key (did you mean 'settle_seconds'?)" in refuse(d)
+    d = minimal()
+    d["locations"][1]["retention_second"] = 3  # in an array of tables: that table's keys
+    assert "locations[1].retention_second: unknown key (did you mean 'retention_seconds'?)" in refuse(d)
+    d = minimal()
+    d["packaging"] = {"colour": 1}  # nothing close: no guess
+    assert refuse(d).endswith("packaging.colour: unknown key")
+
+
 def test_unknown_key_inside_locations_entry() -> None:
     d = minimal()
     d["locations"][2]["colour"] = "red"
