@@ -131,6 +131,33 @@ def waiting_for(location_ids: Any) -> Any:
              Operation.error_context["location_id"].as_integer().in_(location_ids))))
 
 
+def waiting_for_space(*, in_backoff: bool = True) -> Any:
+    """The SQL condition "a ``PENDING`` operation handed back because the data location it
+    writes to was full" (:func:`packhorse.worker._wait_for_space`: ``error_context["waiting"] =
+    "space"``), with ``in_backoff`` only while its backoff lasts (``not_before`` in the future).
+    Within it, it waits for the world outside like one waiting for an unavailable location:
+    ``run --until-idle`` does not wait for it alone (exit 4); once due it is work like any
+    other (it looks for space again). ``status`` lists its location either way until it got
+    its space (``in_backoff=False``, :func:`packhorse.blocked.location_full`)."""
+    from .operations import WAITING_SPACE
+
+    return and_(Operation.status == Status.PENDING.value,
+                Operation.error_context["waiting"].as_string() == WAITING_SPACE,
+                *([Operation.not_before > utcnow()] if in_backoff else []))
+
+
+def look_for_space_again(ctx: "ProcessContext") -> int:
+    """Make every operation waiting for space (:func:`waiting_for_space`) due now: a run that
+    starts looks again at once (space may have been freed since the last one gave up), instead
+    of ending idle before their backoff passed. Returns how many were made due."""
+    def tx(s: Session) -> int:
+        now = utcnow()
+        return int(s.execute(update(Operation).where(waiting_for_space()).values(not_before=now, updated_at=now))
+                   .rowcount)
+
+    return ctx.db.transact(tx)
+
+
 def end_outage(ctx: "ProcessContext", location: str) -> int | None:
     """The location is available again: delete its outage and make the operations waiting on
     it due now. Returns how many operations were released, ``None`` if there was no outage."""

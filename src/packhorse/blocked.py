@@ -92,6 +92,35 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     return items
 
 
+def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """One item per data location that operations wait for space at
+    (:func:`~packhorse.availability.waiting_for_space`): their write met a full file system.
+    Cause ``location_full``, :data:`EXIT_WAITING`: they go on by themselves once there is space
+    (deletions under disk pressure, or an operator). ``detail``: ``location``,
+    ``operations_waiting``, ``since`` (the oldest wait, ISO 8601 UTC), ``last_error``."""
+    from sqlalchemy import select
+
+    from .availability import waiting_for_space
+    from .db.models import Operation
+
+    by_location: dict[str, list[Operation]] = {}
+    for op in session.scalars(select(Operation).where(waiting_for_space(in_backoff=False))
+                              .order_by(Operation.updated_at)):
+        by_location.setdefault(str((op.error_context or {}).get("location") or "?"), []).append(op)
+    items = []
+    for name, ops in sorted(by_location.items()):
+        last = (ops[-1].error_context or {}).get("message") or ""
+        items.append(BlockedItem(
+            cause="location_full", subject=f"location {name}",
+            reason=f"data location {name} is full: {len(ops)} operation(s) wait for space (last: {last})",
+            release=(f"free space at {name}: packhorse deletes buffer copies that are safe to delete under disk "
+                     "pressure by itself (docs/deletion.md); the operations go on by themselves once there is "
+                     "space (each looks again after its backoff, at most [recovery] retry_backoff_max_seconds)"),
+            exit_code=EXIT_WAITING, since=ops[0].updated_at.isoformat() if ops[0].updated_at else None,
+            detail={"location": name, "operations_waiting": len(ops), "last_error": last}))
+    return items
+
+
 def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``no_good_source``: raw data packages with no good source of their bytes left
     anywhere — every copy bad and no copy or source files to rebuild from
@@ -123,7 +152,7 @@ def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedIte
 
 
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, location_unavailable]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, location_unavailable, location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

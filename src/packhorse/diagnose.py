@@ -44,7 +44,7 @@ from .db.models import (
 from .db.session import Database
 from .domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
 from .actions import UnknownPackageError
-from .operations import WAITING_LOCATION, get_operation
+from .operations import WAITING_LOCATION, WAITING_SPACE, get_operation
 from .recovery.health import DEAD_AFTER_SECONDS
 from .context import ProcessContext
 from .topology import bundle_key, raw_package_key
@@ -250,6 +250,11 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
         if outage is not None:  # handed back because a location it needs is away, which it still is
             return (f"waiting for data location {ctx.get('location')}, unavailable since {_iso(outage.since)} "
                     f"({outage.reason}); it runs again by itself once the location is back (no retry is "
+                    "counted; packhorse status lists the location as blocked)"), "db"
+        if ctx.get("waiting") == WAITING_SPACE:
+            return (f"waiting for space at data location {ctx.get('location')}: its write at attempt "
+                    f"{ctx.get('attempt', op.attempt)} met a full file system ({ctx.get('message')}); it looks "
+                    f"again at {_iso(op.not_before)} and goes on by itself once there is space (no retry is "
                     "counted; packhorse status lists the location as blocked)"), "db"
         if op.not_before is not None and op.not_before > now:
             line = (f"waiting for its retry backoff until {_iso(op.not_before)} "

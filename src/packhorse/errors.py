@@ -45,7 +45,8 @@
             │   └── StorageBusyError       "try again now": a concurrent write in the way; retried
             │                              at once by the storage retry layer
             ├── DestinationWriteError      writing to a disk location failed (full, I/O error);
-            │                              the partial file is already removed
+            │                              the partial file is already removed; a full one: the
+            │                              operation waits for space (deferred, never FAILED)
             ├── RestoreRequiredError       a cold-storage object must be restored before reading
             └── LocationUnavailableError   a location's root or identity marker is missing: the
                                            operation waits for it (deferred, never FAILED)
@@ -61,6 +62,7 @@ and ``is_retryable`` so the single failure path can classify it.
 from __future__ import annotations
 
 import tarfile
+from typing import Any
 
 
 class PackhorseError(Exception):
@@ -274,8 +276,15 @@ class DestinationWriteError(RetryableError):
 
     Raised by :mod:`packhorse.storage.disk` after it removed the partial file (a full disk is
     not left full of a half-written object); the message names the location and the key.
-    Retried: space may be freed by the deletions under disk pressure.
+    Retried. With ``out_of_space`` (``ENOSPC``, ``EDQUOT``) it is never an operation's failure:
+    the worker hands the operation back to wait for space (no retry counted; listed blocked,
+    cause ``location_full``) until deletions under disk pressure or an operator free some
+    (:func:`packhorse.worker._wait_for_space`).
     """
+
+    def __init__(self, message: str, *, out_of_space: bool = False, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.out_of_space = out_of_space
 
 
 class RestoreRequiredError(RetryableError):

@@ -544,6 +544,10 @@ WAITING_DELETION_RULE = "deletion_rule"
 #: location it needs is unavailable; ``error_context["location_id"]`` names it (it may be
 #: neither the operation's source nor its destination: a repair's source copy, for one).
 WAITING_LOCATION = "location"
+#: ``error_context["waiting"]`` of an operation handed back because the data location it
+#: writes to is full (:class:`~packhorse.errors.DestinationWriteError` ``out_of_space``);
+#: ``error_context["location_id"]`` names it.
+WAITING_SPACE = "space"
 
 
 def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | None = None) -> bool:

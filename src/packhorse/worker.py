@@ -18,8 +18,10 @@ from sqlalchemy.orm import Session
 
 from .batching import batchable
 from .db.models import FailureEvent, Operation, PhysicalCopy, utcnow
+from .domain import NotificationLevel
 from .errors import (
     DeletionNotSafeError,
+    DestinationWriteError,
     LeaseLostError,
     LocationUnavailableError,
     OperationDeferred,
@@ -29,6 +31,7 @@ from .lease import LeaseKeeper
 from .operations import (
     WAITING_DELETION_RULE,
     WAITING_LOCATION,
+    WAITING_SPACE,
     Claim,
     backoff_seconds,
     build_error_context,
@@ -165,6 +168,8 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
         exc = _unavailable_location(ctx, c.operation, quiet=True) or exc
     if isinstance(exc, LocationUnavailableError):
         return _wait_for_location(ctx, c, exc)
+    if isinstance(exc, DestinationWriteError) and exc.out_of_space:
+        return _wait_for_space(ctx, c, exc)
     if isinstance(exc, TransientDatabaseError):
         # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
         # lease expires and lease recovery hands it out again once the database is back
@@ -243,6 +248,43 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
     if not defer(ctx.db, c, seconds, note=note):
         return Outcome.STALE
     log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
+    return Outcome.DEFERRED
+
+
+def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -> Outcome:
+    """Hand back an attempt whose write met a full data location (the partial file is already
+    removed): ``PENDING`` until a backoff growing with its attempts has passed (``[recovery]``
+    base and cap), no retry counted, no failure event, with ``error_context["waiting"] =
+    "space"`` and the location: space comes back by itself (deletions under disk pressure,
+    docs/deletion.md) or from an operator, and a full disk must not end in a FAILED operation
+    that only ``packhorse reset`` releases (DESIGN.md I5: every state has an owner). Listed
+    blocked meanwhile (:func:`packhorse.blocked.location_full`, exit 4); one WARNING
+    notification per location and cooldown."""
+    from .notify.outbox import enqueue
+
+    rec = ctx.settings.recovery
+    seconds = backoff_seconds(max(c.attempt - 1, 0), rec.retry_backoff_base_seconds, rec.retry_backoff_max_seconds)
+    location = exc.host or "?"
+    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
+                               retry_count=c.operation.retry_count if c.operation is not None else 0,
+                               will_retry=True, auto_diagnosis=f"data location {location} is full: it waits for "
+                               "space and goes on by itself (no action needed unless it stays full)")
+    note.update(waiting=WAITING_SPACE, location=location, location_id=ctx.topology.location_ids.get(location),
+                attempt=c.attempt)
+    if not defer(ctx.db, c, seconds, note=note):
+        return Outcome.STALE
+
+    def tell(s: Session) -> None:
+        enqueue(s, level=NotificationLevel.WARNING, event="location_full",
+                subject=f"Data location {location} is full: work waits for space",
+                body=(f"{exc}\n\nThe operation waits for space at {location} and goes on by itself once there "
+                      "is some: packhorse deletes buffer copies that are safe to delete under disk pressure "
+                      "(docs/deletion.md), or free space there yourself. `packhorse status` lists what waits."),
+                context={"location": location, "path": exc.path}, cooldown_seconds=rec.notification_cooldown_seconds,
+                key=f"location_full:{location}")
+
+    ctx.db.transact(tell)
+    log.warning("operation_waits_for_space", location=location, key=exc.path, seconds=round(seconds, 3))
     return Outcome.DEFERRED
 
 

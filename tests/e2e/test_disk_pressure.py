@@ -75,3 +75,38 @@ def test_a_critical_episode_stops_deleting_once_df_is_back_under_the_recovery_th
         assert abs(latest["fyst-buffer"]["percent"] - after) < 0.5  # measured again as it went
         notes = [n["event"] for n in json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)]
         assert "disk_critical" in notes and "disk_recovered" in notes
+
+
+def test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_once_there_is_space(pipeline) -> None:
+    """A write that meets a full file system (real ENOSPC: a small tmpfs) used to fail like any
+    write error: retried, then FAILED, and only `packhorse reset` released it after space was
+    freed (found by a trial). It waits for space instead: exit 4 with the location listed, no
+    FAILED operation, and the next run goes on by itself once there is space."""
+    import os
+
+    from tmpfs_support import mount_tmpfs
+
+    p = pipeline(bundle_max_wait_seconds=0, max_retries=1)
+    data = p.source / "inst" / "obs1" / "a.fits"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(os.urandom(3 << 20))  # a 3 MiB package
+    with mount_tmpfs(p.location("cologne-buffer"), 8) as buf:  # a bundle and its package fit
+        p.init()
+        ballast = buf / "ballast"
+        ballast.write_bytes(b"\0" * (6 << 20))  # 2 MiB of 8 left free: the bundle does not fit
+        r = p.run(expect=4)
+        status = p.status()
+        assert status["failed_operations"] == [], status["failed_operations"]
+        [full] = [b for b in status["blocked"] if b["cause"] == "location_full"]
+        assert full["subject"] == "location cologne-buffer" and full["detail"]["operations_waiting"] == 1, full
+        assert "free space at cologne-buffer" in full["release"], full
+        assert "cologne-buffer is full" in r.stderr, r.stderr[-3000:]
+        assert not [f for f in buf.rglob("*") if f.name.endswith(".packhorse-partial")]
+        assert (p.location("cornell-lta") / "raw/inst/obs1.tar").is_file()  # the other site went on
+
+        ballast.unlink()  # space is back: nothing to reset
+        p.run()
+        status = p.status()
+        assert status["blocked"] == [] and status["failed_operations"] == [], status
+        assert (p.location("cologne-lta") / "raw/inst/obs1.tar").is_file(), json.dumps(status["operations"])
+        assert "FAILED" not in json.dumps(status["operations"]), status["operations"]

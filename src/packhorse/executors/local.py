@@ -44,11 +44,11 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import structlog
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from .. import logs
-from ..availability import waiting_for
+from ..availability import look_for_space_again, waiting_for, waiting_for_space
 from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
@@ -459,7 +459,7 @@ class LocalRunner:
         blocked = select(CircuitBreaker.operation_id).where(CircuitBreaker.state == BreakerState.OPEN.value)
         # one waiting on an unavailable location waits for the world outside: `status` lists it
         # (exit 4); the next run resumes it (the managers' cycle looks at the location first)
-        waiting = select(Operation.id).where(waiting_for(select(LocationOutage.location_id)))
+        waiting = select(Operation.id).where(or_(waiting_for(select(LocationOutage.location_id)), waiting_for_space()))
         # a deletion handed back because its rule (I1) does not hold yet waits on other work (a
         # copy being made again): counted only while other work is active; alone, nothing in
         # this run can make it safe, and the deletion manager makes it due once it is
@@ -502,6 +502,8 @@ class LocalRunner:
         if self.settings.executor.pool == "process":
             _start_forkserver()  # from the main thread, before any signal handler matters
             self.warm_up()
+        # work that waited for space when the last run ended looks again now, not after its backoff
+        self._guard("space", look_for_space_again, self.ctx, default=0)
         rt = self.runtime
         self._running = True
         last_scan = last_monitor = float("-inf")

@@ -234,14 +234,15 @@ class _DiskPendingWrite(PendingWrite):
         """Remove the partial file at once (a full disk must not stay full of it) and name the
         location and key in the error."""
         self.abort()
-        what = "the file system is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "the write failed"
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = "the file system is full" if full else "the write failed"
         return DestinationWriteError(
             f"{self._backend.location}: writing {self.key!r} failed after {self.size:,} bytes, {what}: "
             f"{e.strerror or e} (partial file removed)",
-            step="write", side="destination", path=self.key, host=self._backend.location,
+            step="write", side="destination", path=self.key, host=self._backend.location, out_of_space=full,
             diagnosis=(f"data location {self._backend.location} is out of space; free space there (deletions "
-                       "under disk pressure: docs/deletion.md) and the retry writes it again"
-                       if e.errno in (errno.ENOSPC, errno.EDQUOT) else None))
+                       "under disk pressure: docs/deletion.md): the operation waits for it and goes on by itself"
+                       if full else None))
 
     def defer_hash(self) -> bool:
         super().defer_hash()
