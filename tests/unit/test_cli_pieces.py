@@ -147,6 +147,10 @@ def test_progress_text_never_passes_100_percent_and_gives_an_eta():
     assert "ETA 0:23" in text
     over = StageCount("long_term_archive", done=12, failed=0, total=12, bytes_done=99, bytes_total=99)
     assert describe(over, 5.0).startswith("archived 12/12") and "ETA" not in describe(over, 5.0)
+    # one failed of five: not "5/5" (a trial read "packaged 5/5 packages … 1 FAILED" as complete)
+    failed = StageCount("raw_data_package", done=4, failed=1, total=5, bytes_done=4, bytes_total=5)
+    text = describe(failed, 5.0)
+    assert text.startswith("packaged 4/5 packages") and text.endswith("1 FAILED"), text
 
 
 def _initialized(tmp_path, **config):  # type: ignore[no-untyped-def]

@@ -125,10 +125,12 @@ def eta_seconds(c: StageCount, elapsed: float) -> float | None:
 
 def describe(c: StageCount, elapsed: float) -> str:
     """One stage as text, e.g. ``shipped 3/10 bundles 12.0 MiB/40.0 MiB, 1.2 MiB/s,
-    0.3 bundles/s, ETA 0:23`` (:data:`UNITS`); ``N FAILED`` when some failed."""
+    0.3 bundles/s, ETA 0:23`` (:data:`UNITS`); ``N FAILED`` when some failed. The count is of
+    the items done: a stage with failures never reads as complete ("packaged 4/5 …, 1
+    FAILED", not "5/5")."""
     unit = UNITS.get(c.stage, "operations")
     finished = c.done + c.failed
-    count = f"{c.done}" if c.total is None else f"{min(finished, c.total)}/{c.total}"
+    count = f"{c.done}" if c.total is None else f"{min(c.done, c.total)}/{c.total}"
     parts = [f"{c.name} {count} {unit}"]
     if c.stage not in NO_BYTES:
         parts[0] += f" {_size(c.bytes_done)}" + ("" if c.bytes_total is None else f"/{_size(c.bytes_total)}")
