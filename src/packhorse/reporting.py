@@ -47,6 +47,25 @@ def failed_operations(session: Session) -> list[dict[str, Any]]:
     return out
 
 
+def _orphaned(s: Session) -> list[dict[str, Any]]:
+    """``IN_PROGRESS`` operations whose lease holder is gone from this host
+    (:func:`packhorse.recovery.monitor.lease_holder_gone`: a killed run's or worker's):
+    ``[{"kind", "id", "owner", "lease_expires_at", "taken_over"}]``; ``taken_over``: at the
+    next recovery pass of a running service of this host (``"next_recovery_pass"``, the holder
+    was in this pid namespace), else ``"lease_expiry"``."""
+    from .recovery.monitor import lease_holder_gone, provably_gone
+
+    out = []
+    for op_id, kind, owner, expires in s.execute(
+            select(Operation.id, Operation.kind, Operation.lease_owner, Operation.lease_expires_at)
+            .where(Operation.status == Status.IN_PROGRESS.value).order_by(Operation.id)):
+        if lease_holder_gone(owner):
+            out.append({"kind": kind, "id": op_id, "owner": owner,
+                        "lease_expires_at": expires.isoformat() if expires else None,
+                        "taken_over": "next_recovery_pass" if provably_gone(owner) else "lease_expiry"})
+    return out
+
+
 def status_report(ctx: ProcessContext) -> dict[str, Any]:
     """The ``packhorse status --json`` document.
 
@@ -61,7 +80,8 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     "failed_superseded": n`` (FAILED operations a later repair completed: counted under
     ``operations``, left out of ``failed_operations``),
     "source_filters": {location: {"include": [glob], "exclude": [glob]}},
-    "blocked": [BlockedItem.as_json()], "generated_at": ISO time}``.
+    "blocked": [BlockedItem.as_json()], "orphaned": [...] (``IN_PROGRESS`` operations whose
+    holder no longer runs on this host: :func:`_orphaned`), "generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
@@ -131,6 +151,7 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             # FAILED operations a later repair of the same work completed: history, counted in
             # "operations" but not work for a human (failed_operations)
             "failed_superseded": sum(c.get(Status.FAILED.value, 0) for c in ops.values()) - len(failed),
+            "orphaned": _orphaned(s),
             "source_filters": {loc.name: {"include": list(loc.include), "exclude": list(loc.exclude)}
                                for loc in ctx.settings.locations
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},

@@ -141,6 +141,14 @@ def test_a_run_killed_three_times_mid_write_opens_no_breaker(site_config, tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)  # the run and its worker processes
             proc.wait(timeout=30)
 
+    # status says the IN_PROGRESS work has no one running it, and when it is handed out again
+    # (a trial saw it as plain IN_PROGRESS after kill -9)
+    orphans = json.loads(run_packhorse("status", "-c", str(cfg), "--json").stdout)["orphaned"]
+    assert [(o["kind"], o["taken_over"]) for o in orphans] == [("long_term_archive", "next_recovery_pass")], orphans
+    text = run_packhorse("status", "-c", str(cfg)).stdout
+    assert f"ORPHANED long_term_archive {orphans[0]['id']}: IN_PROGRESS, but its holder" in text, text
+    assert "handed out again at the next recovery pass" in text, text
+
     final = run_packhorse("run", "-c", str(cfg), "--until-idle", "--quiet", timeout=600)
     assert final.returncode == 0, final.stderr
     _archived_everywhere(cfg, src)

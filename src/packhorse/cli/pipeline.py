@@ -411,6 +411,15 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         out.print(b)
     for f in r["failed_operations"]:
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
+    shown_orphans = r["orphaned"][:10]
+    for o in shown_orphans:  # a killed run's work: it looks IN_PROGRESS, nobody runs it
+        when = ("at the next recovery pass of a running `packhorse run` (or monitor, manager) of this host"
+                if o["taken_over"] == "next_recovery_pass" else f"once its lease expires ({o['lease_expires_at']})")
+        out.print(f"[yellow]ORPHANED[/] {o['kind']} {o['id']}: IN_PROGRESS, but its holder {escape(o['owner'])} no "
+                  f"longer runs; handed out again {when}", highlight=False)
+    if len(r["orphaned"]) > len(shown_orphans):
+        out.print(f"… {len(r['orphaned']) - len(shown_orphans)} more orphaned operation(s) (--json lists them)",
+                  highlight=False)
     if r["failed_superseded"]:
         out.print(f"{r['failed_superseded']} more FAILED operation(s) in the table above were superseded by a "
                   "later repair that completed: history, nothing to do (packhorse diagnose --package NAME "
