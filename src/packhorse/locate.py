@@ -228,6 +228,8 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
 
     Returns:
         ``{"query", "matched": "package" | "bundle" | "file" | "folder" | None,
+        ("also_folder": bool, for a package: its name is also a folder holding other groups,
+        which ``QUERY/`` lists),
         "versions": [{"location", "path", "version", "size", "sha256", "mtime", "registered_at",
         "source_deleted_at", "package", "withdrawn"}], "packages": [{"name", "type", "version", "group", "size",
         "sha256", "file_count", "payload_bytes", "created_at", "archived_at", "bundle",
@@ -255,6 +257,12 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         out["packages"] = [_raw_package(session, pkg, locs, include_errors, files_listed=True)]
         out["packages"] += [_raw_package(session, p, locs, include_errors, files_listed=False) for p in siblings]
         out["versions"] = out["packages"][0]["files"]
+        # the name is also a folder holding other groups (package "chai" of the file chai/notes.txt
+        # and the groups chai/obs_0001, …): say so, `locate chai/` lists those
+        rel = q.rstrip("/")
+        out["also_folder"] = session.scalar(select(RawDataFile.id).where(
+            RawDataFile.location_id == pkg.source_location_id,  # the (location_id, group_path) index
+            RawDataFile.group_path > rel + "/", RawDataFile.group_path < rel + "0").limit(1)) is not None
         return out
     dtp = session.scalars(select(DataTransferPackage).where(DataTransferPackage.name == q)).first()
     if dtp is not None:

@@ -392,3 +392,12 @@ def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unf
     assert "transfer 4: COMPLETED" not in out and "raw_data_package 1: COMPLETED" not in out
     # a deleted copy shows when it was deleted, not a verification of bytes no longer there
     assert out.count("deleted 2026-12-04T11:00:00+00:00") == 2 and "2026-12-04T09:00" not in out
+
+
+def test_locate_text_says_when_a_package_name_is_also_a_folder(capsys):
+    from packhorse.cli.operator import _print_located
+
+    _print_located({"query": "chai", "matched": "package", "versions": [], "packages": [], "truncated": False,
+                    "also_folder": True})
+    out = capsys.readouterr().out
+    assert "chai is also a source folder holding other packages' files: packhorse locate chai/ lists them" in out

@@ -114,7 +114,7 @@ def test_locate_a_package_lists_its_versions_and_a_folder_its_packages(tmp_path:
     ctx = make_ctx(tmp_path, empty_db)
     world(ctx)
     r = empty_db.read(lambda s: locate(s, "cam/obs1"))
-    assert r["matched"] == "package"
+    assert r["matched"] == "package" and r["also_folder"] is False
     assert [p["name"] for p in r["packages"]] == ["cam/obs1", "cam/obs1+2"]  # the later files' package too
     assert [v["path"] for v in r["versions"]] == ["cam/obs1/a.dat", "cam/obs1/b.dat"]
     b = empty_db.read(lambda s: locate(s, "fyst-b1"))
@@ -128,6 +128,31 @@ def test_locate_a_package_lists_its_versions_and_a_folder_its_packages(tmp_path:
     assert nothing["matched"] is None and nothing["packages"] == [] and nothing["versions"] == []
     with pytest.raises(LocateQueryError):
         empty_db.read(lambda s: locate(s, "  "))
+
+
+def test_a_package_whose_name_is_also_a_folder_of_other_groups_says_so(tmp_path: Path, empty_db) -> None:
+    # package "cam" (a file right under cam/) and the groups cam/obs1, …: `locate cam` found the
+    # package and said nothing of the folder (found by a trial)
+    from packhorse.db.models import RawDataFile, RawDataPackage
+
+    ctx = make_ctx(tmp_path, empty_db)
+    world(ctx)
+    src = ctx.topology.location_ids["fyst-source"]
+
+    def tx(s) -> None:  # type: ignore[no-untyped-def]
+        top = RawDataPackage(name="cam", group_path="cam", source_location_id=src, bagging_date="2026-12-01",
+                             file_count=1, payload_bytes=4)
+        s.add(top)
+        s.flush()
+        s.add(RawDataFile(location_id=src, relative_path="cam/notes.txt", group_path="cam", size=4, sha256="e" * 64,
+                          mtime_ns=10**18, raw_data_package_id=top.id, registered_at=NOW))
+
+    empty_db.transact(tx)
+    r = empty_db.read(lambda s: locate(s, "cam"))
+    assert r["matched"] == "package" and r["also_folder"] is True
+    assert [v["path"] for v in r["versions"]] == ["cam/notes.txt"]
+    folder = empty_db.read(lambda s: locate(s, "cam/"))
+    assert folder["matched"] == "folder" and "cam/obs1" in [p["name"] for p in folder["packages"]]
 
 
 def test_history_looks_up_the_files_carried_in_bounded_id_lists(tmp_path: Path, empty_db, monkeypatch) -> None:

@@ -437,6 +437,9 @@ def _print_located(r: dict[str, Any]) -> None:
         out.print(t)
     if r["truncated"]:
         out.print("(more matches than listed)")
+    if r.get("also_folder"):
+        out.print(f"{shown(r['query'])} is also a source folder holding other packages' files: packhorse locate "
+                  f"{shown(r['query'].rstrip('/') + '/')} lists them", highlight=False)
 
 
 @app.command()
