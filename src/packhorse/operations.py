@@ -550,13 +550,18 @@ WAITING_LOCATION = "location"
 WAITING_SPACE = "space"
 
 
-def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | None = None) -> bool:
+def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | None = None,
+          salvage: Callable[[Session], None] | None = None) -> bool:
     """Hand the claimed attempt back as ``PENDING`` until now + ``seconds`` (fenced), without
     counting a retry: the operation waits (a cold-storage restore, a deletion whose rule does
-    not hold yet) without holding a worker. ``note``: why it waits, kept as the row's
-    ``error_context`` (``{"waiting": …, "message": …}``; cleared by its completion) so
-    ``diagnose`` and the idle check can tell; ``None`` leaves the column as it is.
-    Returns ``False`` if the attempt is stale."""
+    not hold yet, a location that is away or full) without holding a worker. ``note``: why it
+    waits, kept as the row's ``error_context`` (``{"waiting": …, "message": …}``; cleared by
+    its completion) so ``diagnose`` and the idle check can tell; ``None`` leaves the column as
+    it is. ``salvage`` (the attempt's :attr:`~packhorse.stages.base.Work.salvage`: what it
+    published and verified before it stopped, e.g. the packages an unpack wrote before the
+    buffer filled up) is recorded in the same transaction, as :func:`record_failure` does: those
+    copies go on (archived, then freed) while the rest waits. Returns ``False`` if the attempt
+    is stale (nothing recorded)."""
 
     def tx(s: Session) -> bool:
         now = utcnow()
@@ -565,7 +570,14 @@ def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | 
         if note is not None:
             values["error_context"] = note
         res = s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt)).values(**values))
-        return res.rowcount == 1
+        if res.rowcount != 1:
+            return False
+        if salvage is not None:
+            try:
+                salvage(s)
+            except PackhorseError as e:  # e.g. a conflicting copy row: the deferral stands all the same
+                log.error("operation_salvage_refused", operation_id=claim.operation_id, error=str(e))
+        return True
 
     return db.transact(tx)
 

@@ -167,9 +167,9 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
         # unmounted mid-read: "file not found") waits for the location like one that saw it first
         exc = _unavailable_location(ctx, c.operation, quiet=True) or exc
     if isinstance(exc, LocationUnavailableError):
-        return _wait_for_location(ctx, c, exc)
+        return _wait_for_location(ctx, c, exc, salvage)
     if isinstance(exc, DestinationWriteError) and exc.out_of_space:
-        return _wait_for_space(ctx, c, exc)
+        return _wait_for_space(ctx, c, exc, salvage)
     if isinstance(exc, TransientDatabaseError):
         # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
         # lease expires and lease recovery hands it out again once the database is back
@@ -229,10 +229,12 @@ def _wait_for_deletion_rule(ctx: ProcessContext, c: Claim, exc: DeletionNotSafeE
     return Outcome.DEFERRED
 
 
-def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableError) -> Outcome:
+def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableError,
+                       salvage: Callable[[Session], None] | None = None) -> Outcome:
     """Defer the attempt while ``exc.location`` is unavailable (DESIGN.md "Architecture": work
     on an unavailable location waits and resumes by itself): the outage is recorded (one
-    notification per outage), no retry is counted, no failure event is written."""
+    notification per outage), no retry is counted, no failure event is written; what the
+    attempt published and verified before (``salvage``) is recorded with the deferral."""
     from .availability import record_outage, wait_seconds
 
     since = record_outage(ctx, exc)
@@ -245,13 +247,14 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
                                "available again; resumes by itself (no action needed here)")
     note.update(waiting=WAITING_LOCATION, location=exc.location,
                 location_id=ctx.topology.location_ids.get(exc.location), attempt=c.attempt)
-    if not defer(ctx.db, c, seconds, note=note):
+    if not defer(ctx.db, c, seconds, note=note, salvage=salvage):
         return Outcome.STALE
     log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
     return Outcome.DEFERRED
 
 
-def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -> Outcome:
+def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,
+                    salvage: Callable[[Session], None] | None = None) -> Outcome:
     """Hand back an attempt whose write met a full data location (the partial file is already
     removed): ``PENDING`` until a backoff growing with its attempts has passed (``[recovery]``
     base and cap), no retry counted, no failure event, with ``error_context["waiting"] =
@@ -259,7 +262,9 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -
     docs/deletion.md) or from an operator, and a full disk must not end in a FAILED operation
     that only ``packhorse reset`` releases (DESIGN.md I5: every state has an owner). Listed
     blocked meanwhile (:func:`packhorse.blocked.location_full`, exit 4); one WARNING
-    notification per location and cooldown."""
+    notification per location and cooldown. What the attempt published and verified before the
+    disk filled up (``salvage``: an unpack's first packages) is recorded with the deferral, so
+    those copies are archived and freed, which may be the space it waits for."""
     from .notify.outbox import enqueue
 
     rec = ctx.settings.recovery
@@ -271,7 +276,7 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -
                                "space and goes on by itself (no action needed unless it stays full)")
     note.update(waiting=WAITING_SPACE, location=location, location_id=ctx.topology.location_ids.get(location),
                 attempt=c.attempt)
-    if not defer(ctx.db, c, seconds, note=note):
+    if not defer(ctx.db, c, seconds, note=note, salvage=salvage):
         return Outcome.STALE
 
     def tell(s: Session) -> None:

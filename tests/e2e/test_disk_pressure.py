@@ -110,3 +110,31 @@ def test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_
         assert status["blocked"] == [] and status["failed_operations"] == [], status
         assert (p.location("cologne-lta") / "raw/inst/obs1.tar").is_file(), json.dumps(status["operations"])
         assert "FAILED" not in json.dumps(status["operations"]), status["operations"]
+
+
+def test_the_packages_an_unpack_published_before_the_buffer_filled_up_are_recorded_and_archived(pipeline) -> None:
+    """An unpack that fills its buffer half way: the packages it published and verified before
+    are recorded with its wait for space (as a failure records them), so they are archived (and
+    their buffer copies freed) while it waits, instead of lying in the buffer unrecorded."""
+    import os
+    import sqlite3
+
+    from tmpfs_support import mount_tmpfs
+
+    p = pipeline(bundle_max_wait_seconds=2)
+    for group in ("obs1", "obs2"):
+        f = p.source / "inst" / group / "a.fits"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(os.urandom(3 << 19))  # 1.5 MiB each: one bundle of 3 MiB
+    with mount_tmpfs(p.location("cologne-buffer"), 6) as buf:
+        p.init()
+        (buf / "ballast").write_bytes(b"\0" * (1 << 20))  # 5 MiB free: the bundle and one package
+        p.run(expect=4)
+        db = sqlite3.connect(p.root / "packhorse.db")
+        bundles = db.execute("SELECT COUNT(*) FROM data_transfer_packages").fetchone()[0]
+        assert bundles == 1, "the two packages were not bundled together: the test needs one bundle"
+        archived = {k for k in p.objects("cologne-lta") if k.startswith("raw/")}
+        assert len(archived) == 1, archived  # the package unpacked before the buffer filled up
+        status = p.status()
+        assert [b["cause"] for b in status["blocked"]] == ["location_full"], status["blocked"]
+        assert status["failed_operations"] == []
