@@ -142,6 +142,13 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
     events = [(lvl, ev) for lvl, ev, _, _ in notifications(p)]
     assert ("CRITICAL", "no_good_source") not in events
     assert events.count(("INFO", "fixity_repaired")) == len(LTAS), events
+    # its sibling came along in the bundle shipped again, but is archived at both sites
+    # already: read past at the destinations, not unpacked into their buffers again
+    bundles = query(p, lambda s: s.execute(text(
+        "SELECT COUNT(DISTINCT data_transfer_package_id) FROM raw_data_packages")).scalar())
+    assert bundles == 1, "both packages were to travel in one bundle"
+    statuses = copy_statuses(p, package_names(p)[1])
+    assert statuses["cologne-buffer"] == statuses["cornell-buffer"] == ["deleted"], statuses
 
 
 def test_a_folder_standing_at_an_archive_key_is_moved_aside_and_the_copy_made_again(pipeline) -> None:
@@ -593,7 +600,8 @@ def test_no_good_source_released_by_a_good_copy_put_back_is_recognised_by_verify
 
     _put_back(p, LTAS[1], name, good)
     code, report = p.verify()
-    assert code == 1 and report["recognised"] == [{"location": LTAS[1], "path": f"raw/{name}.tar"}], report
+    assert code == 1 and report["recognised"] == [
+        {"location": LTAS[1], "path": f"raw/{name}.tar", "recorded": "corrupt"}], report
     assert [(u["location"], u["status"]) for u in report["unrepaired"]] == [(LTAS[0], "corrupt")], report
     assert p.status()["packages"]["archived"] == 1  # not yet: one archive copy is still bad
 

@@ -9,20 +9,23 @@ published only if its bytes, read back from the buffer's medium before they are 
 the package as built (its recorded sha256, I4); bytes that are not get their own bag validated
 too (manifest, tag manifest, Payload-Oxum) so the error says what is wrong with them. The
 bundle's manifest is checked against what was read. The bundle must carry exactly the packages
-the database says it does.
+the database says it does. A package archived at every archive of the buffer's site already
+(a bundle shipped again to repair one of its siblings) is read past, not written: its bytes are
+still checked against the bundle's manifest.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping
-from typing import BinaryIO, Protocol
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..digest import sha256_stream
-from ..db.models import DataTransferPackage, RawDataPackage
+from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
+from ..domain import CopyStatus, LocationRole
 from ..errors import SourceMissingError, UnsafePathError, VerificationError
 from ..extraction import ExtractionLimits, iter_members
 from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
@@ -38,6 +41,9 @@ from .base import (
     record_copy,
     there_or_moved_aside,
 )
+
+if TYPE_CHECKING:
+    from ..context import ProcessContext
 
 
 def _seekable(stream: BinaryIO) -> bool:
@@ -144,8 +150,10 @@ class _Package(Protocol):
 
 def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: str,
                   packages: Mapping[str, _Package], limits: ExtractionLimits,
-                  done: list[tuple[int, str, int, str]] | None = None) -> list[tuple[int, str, int, str]]:
-    """Read the bundle tar ``stream`` once and publish every raw package it carries to ``buf``.
+                  done: list[tuple[int, str, int, str]] | None = None,
+                  not_needed: Collection[str] = ()) -> list[tuple[int, str, int, str]]:
+    """Read the bundle tar ``stream`` once and publish every raw package it carries to ``buf``
+    (but those of ``not_needed``).
 
     Args:
         work: the claimed operation (lease checks, progress).
@@ -156,6 +164,9 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         limits: member count and byte limits (the bundle's and each raw package's).
         done: the list the published raw packages are appended to as they are verified (so a
             caller still knows them when a later member raises); a new one by default.
+        not_needed: payload paths of packages this buffer need not hold (archived already at
+            every archive its copy would go to): read past, their bytes checked against the
+            bundle's manifest all the same, nothing written.
 
     Returns:
         ``[(package id, key, size in bytes, sha256)]`` of every raw package now in ``buf``.
@@ -177,6 +188,8 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         if pkg is None:
             raise VerificationError(f"{source}: bundle carries {path!r}, which is not one of its packages",
                                     path=path, step="unpack")
+        if path in not_needed:
+            return sha256_stream(member)  # the bundle's manifest still checks its bytes
         pkey = raw_package_key(pkg.name)
         if there_or_moved_aside(buf, pkey, pkg.size, pkg.sha256):
             done.append((pkg.id, pkey, size, pkg.sha256 or ""))
@@ -229,8 +242,27 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
     return done
 
 
+def archived_at_site(s: Session, ctx: "ProcessContext", buffer: str, package_ids: list[int]) -> set[int]:
+    """Ids among ``package_ids`` with a ``present`` copy at every active long-term archive of
+    ``buffer``'s site: a copy in this buffer would only be freed again (nothing of that site
+    needs it; DESIGN.md "Converging"). A site without an archive: none."""
+    site = ctx.topology.location_site[buffer]
+    archives = [ctx.topology.location_ids[loc.name] for loc in ctx.settings.locations
+                if loc.site == site and loc.active and loc.role is LocationRole.LONG_TERM_ARCHIVE]
+    if not archives or not package_ids:
+        return set()
+    held: dict[int, set[int]] = {}
+    for pid, loc in s.execute(select(PhysicalCopy.raw_data_package_id, PhysicalCopy.location_id).where(
+            PhysicalCopy.raw_data_package_id.in_(package_ids), PhysicalCopy.location_id.in_(archives),
+            PhysicalCopy.status == CopyStatus.PRESENT.value)):
+        held.setdefault(pid, set()).add(loc)
+    return {pid for pid, locs in held.items() if len(locs) == len(archives)}
+
+
 def run(work: Work) -> Recorder:
-    """Unpack and verify every raw package of the bundle; record their copies at this buffer."""
+    """Unpack and verify every raw package of the bundle that this site still needs
+    (:func:`archived_at_site`: not those archived at every archive of the site already);
+    record their copies at this buffer."""
     ctx = work.ctx
     dtp_id = work.op.data_transfer_package_id
 
@@ -241,6 +273,9 @@ def run(work: Work) -> Recorder:
 
     dtp, pkgs = ctx.db.read(load)
     buf_name = ctx.location_name(work.op.destination_location_id)
+    # a bundle shipped again (a repair of one of its packages) need not bring the others back
+    # into this buffer: those archived at every archive of this site already are read past
+    done_here = ctx.db.read(lambda s: archived_at_site(s, ctx, buf_name, [p.id for p in pkgs]))
     buf = ctx.backend(buf_name)
     key = bundle_key(dtp.name)
     work.info.update(bundle=dtp.name, location=buf_name, key=key)
@@ -264,8 +299,9 @@ def run(work: Work) -> Recorder:
     try:
         with stream as f:
             unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
-                          limits=ExtractionLimits.from_settings(ctx.settings), done=done)
-        seen_ids = {d[0] for d in done}
+                          limits=ExtractionLimits.from_settings(ctx.settings), done=done,
+                          not_needed={f"{p.name}.tar" for p in pkgs if p.id in done_here})
+        seen_ids = {d[0] for d in done} | done_here
         missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
         if missing:
             raise VerificationError(f"{buf_name}:{key}: bundle lacks {len(missing)} package(s), e.g. {missing[0]!r}",
