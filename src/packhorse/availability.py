@@ -524,7 +524,8 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             _refuse_another_installations(ctx, loc.name, marker, ours, adopting=loc.name in adopt)
         try:
             done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
-                                      storage=loc.storage.value, version=__version__, installation=ours))
+                                      storage=loc.storage.value, version=__version__, installation=ours,
+                                      take_over=loc.name in adopt))
         except ConfigError as e:
             if sites is None and ctx.settings.executor.kind == "celery":
                 raise ConfigError(f"{e} (distributed: each site's folders are on its own hosts; run `packhorse "

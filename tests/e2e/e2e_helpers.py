@@ -93,14 +93,16 @@ class Pipeline:
 
     def objects(self, location: str) -> dict[str, Path]:
         """Every file under a location's folder, by key (partial writes included; the
-        location's identity marker ``_packhorse/location.json`` left out)."""
+        location's identity marker ``_packhorse/location.json`` left out, and so are the
+        markers of earlier installations ``init --adopt`` kept in the quarantine)."""
         root = self.location(location)
         out = {}
+        old_markers = f"_packhorse/quarantine/{MARKER_KEY}."
         for dirpath, _dirs, files in os.walk(root):
             for name in files:
                 p = Path(dirpath) / name
                 key = p.relative_to(root).as_posix()
-                if key != MARKER_KEY:
+                if key != MARKER_KEY and not key.startswith(old_markers):
                     out[key] = p
         return out
 

@@ -352,12 +352,25 @@ def test_a_root_another_installation_marked_is_refused_until_adopted(pipeline, t
     assert demo.returncode == 2 and "marked by another packhorse installation" in demo.stderr, demo.stderr
     assert {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()} == before
 
-    # this database really replaces the other one's: adopted, the marker kept as it is
+    # this database really replaces the other one's: taken over, marked anew; every object kept,
+    # the old marker too (in the quarantine)
+    old_marker = (archive / MARKER_KEY).read_bytes()
     r = run_packhorse("init", "-c", str(other), "--adopt", "cologne-lta")
     assert r.returncode == 0, r.stderr
-    assert {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()} == before
+    assert "location cologne-lta: taken over from the other installation" in r.stderr, r.stderr
+    after = {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()}
+    kept = [v for k, v in after.items() if k.parts[:2] == ("_packhorse", "quarantine")]
+    assert kept == [old_marker], kept
+    assert {k: v for k, v in after.items() if k.parts[0] != "_packhorse"} == \
+        {k: v for k, v in before.items() if k.parts[0] != "_packhorse"}
+    assert json.loads((archive / MARKER_KEY).read_text())["installation"] != json.loads(old_marker)["installation"]
     assert run_packhorse("init", "-c", str(other)).returncode == 0  # recorded now: no --adopt needed again
-    p.run(expect=0)  # the first installation is untouched by all this
+    # the first installation's database, run again (a trial restored a lost database and ran it
+    # after the new one adopted its roots: it wrote and deleted beside the new one's copies):
+    # the root is no longer its own, and nothing there changes
+    r = p.run(expect=4)
+    assert "cologne-lta" in _blocked(p), _blocked(p)
+    assert {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()} == after
 
 
 SECOND_COLOGNE_ARCHIVE = """

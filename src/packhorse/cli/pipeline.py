@@ -109,8 +109,11 @@ def init(config: ConfigOpt = None,
 
     for m in marked:
         if m.action != "already marked":
-            extra = f" ({m.objects} object(s) kept as they are)" if m.action == "adopted" else ""
-            done = {"created": "created and marked", "adopted": "adopted and marked"}.get(m.action, m.action)
+            extra = f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else ""
+            done = {"created": "created and marked", "adopted": "adopted and marked",
+                    "taken over": "taken over from the other installation and marked anew (its marker is kept in "
+                                  "_packhorse/quarantine/; its database no longer finds this root)"}.get(m.action,
+                                                                                                      m.action)
             if m.location in (replace or ()):
                 done += " (replacing lost storage: its recorded copies are now missing and will be made again)"
             print(f"location {m.location}: {done} at {root_of(ctx, m.location)}{extra}",

@@ -179,6 +179,11 @@ class Shard:
         return self.lo <= path and (self.hi is None or path < self.hi)
 
 
+#: where ``init --adopt`` keeps the marker of the installation it took a root over from
+#: (:func:`packhorse.storage.identity.mark_location`): ``<quarantine key of the marker>.<stamp>``
+_OLD_MARKERS = f"{RESERVED_PREFIX}quarantine/{MARKER_KEY}."
+
+
 def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[tuple[str, str]],
           previous: dict[str, _Folder] | None = None, seen: dict[str, _Folder] | None = None,
           trusted_before_ns: int = 0, shard: Shard | None = None, unclean_out: list[str] | None = None) -> None:
@@ -219,7 +224,8 @@ def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[t
         if shard is not None and not (shard.holds(path) if e.kind is FILE else _in_shard(shard, e, seen)):
             continue
         if path.startswith(RESERVED_PREFIX):
-            if e.kind is not EntryKind.FOLDER and path != MARKER_KEY:
+            # the marker, and an earlier installation's marker kept by `init --adopt`, are ours
+            if e.kind is not EntryKind.FOLDER and path != MARKER_KEY and not path.startswith(_OLD_MARKERS):
                 skipped.append((_printable(path), f"in the folder packhorse keeps for its identity marker "
                                                   f"({RESERVED_PREFIX}); not archived: move it elsewhere"))
             continue

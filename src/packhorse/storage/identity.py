@@ -46,8 +46,9 @@ MAX_MARKER_BYTES = 64 * 1024
 class InitResult:
     """What :func:`mark_location` did: ``action`` is ``"created"`` (a new, empty root),
     ``"adopted"`` (an existing root with objects and no marker: an existing deployment),
-    ``"marked"`` (an existing empty root) or ``"already marked"``; ``objects`` counts the objects
-    found under an adopted root."""
+    ``"marked"`` (an existing empty root), ``"taken over"`` (marked anew for this installation
+    by ``init --adopt``) or ``"already marked"``; ``objects`` counts the objects found under an
+    adopted or taken-over root."""
 
     location: str
     action: str
@@ -156,10 +157,17 @@ def check_identity(backend: StorageBackend, location: str, expected_uuid: str | 
 
 
 def mark_location(backend: StorageBackend, *, location: str, site: str, role: str, storage: str,
-                  version: str, installation: str | None = None) -> InitResult:
+                  version: str, installation: str | None = None, take_over: bool = False) -> InitResult:
     """Create the root of ``location`` if needed and write its identity marker (``packhorse
     init``; the only code that creates a root). An existing root with objects and no marker is
     adopted (an existing deployment: its objects are kept as they are).
+
+    With ``take_over`` (``init --adopt``), a root marked as ``location`` by another
+    installation than ``installation`` is marked anew for this one: the old marker is moved
+    into the location's quarantine (kept, never deleted) and a new one, with a new uuid, is
+    written, so the other installation's database, if it ever runs again, finds the root
+    unavailable instead of writing and deleting beside this one's copies (its recorded uuid no
+    longer matches). Result action ``"taken over"``.
 
     Raises:
         ConfigError: the root is marked as another location (never re-marked).
@@ -172,12 +180,18 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
         marker = read_marker(backend)
     except ValueError as e:
         raise ConfigError(f"{e}; move it aside if this storage belongs to {location!r}") from None
+    taking_over = False
     if marker is not None:
         if marker["location"] is not None and marker["location"] != location:
             raise ConfigError(f"data location {location}: the root {where(backend)} is already marked as location "
                               f"{marker['location']!r}; refusing to re-mark it (check the path or bucket in the "
                               "configuration)")
-        return InitResult(location, "already marked")
+        other = marker.get("installation")
+        if not (take_over and installation and isinstance(other, str) and other != installation
+                and not marker.get("in_cold_storage")):
+            return InitResult(location, "already marked")
+        backend.quarantine(MARKER_KEY)  # the other installation's marker, kept
+        taking_over = True
     objects = 0 if created else sum(1 for _ in backend.list())
     body = json.dumps({
         "format": MARKER_FORMAT, "location": location, "site": site, "role": role, "storage": storage,
@@ -193,4 +207,6 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
         if again is None or again["location"] not in (None, location):
             raise
         return InitResult(location, "already marked")
+    if taking_over:
+        return InitResult(location, "taken over", objects)
     return InitResult(location, "created" if created else ("adopted" if objects else "marked"), objects)
