@@ -138,3 +138,30 @@ def test_the_packages_an_unpack_published_before_the_buffer_filled_up_are_record
         status = p.status()
         assert [b["cause"] for b in status["blocked"]] == ["location_full"], status["blocked"]
         assert status["failed_operations"] == []
+
+
+def test_a_transfer_command_that_meets_a_full_buffer_waits_for_space_too(pipeline) -> None:
+    """With ``method = "command"`` (``cp``) a full destination buffer still ended in a FAILED
+    transfer (TransferCommandError "No space left on device") after the built-in copy had
+    learnt to wait (found by a trial): the file system decides, whatever the command said."""
+    import os
+
+    from tmpfs_support import mount_tmpfs
+
+    p = pipeline(bundle_max_wait_seconds=0, max_retries=1,
+                 route_extra='method = "command"\ncommand = "cp {source} {destination}"')
+    data = p.source / "inst" / "obs1" / "a.fits"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(os.urandom(3 << 20))
+    with mount_tmpfs(p.location("cologne-buffer"), 8) as buf:
+        p.init()
+        ballast = buf / "ballast"
+        ballast.write_bytes(b"\0" * (6 << 20))
+        p.run(expect=4)
+        status = p.status()
+        assert status["failed_operations"] == [], status["failed_operations"]
+        assert [b["cause"] for b in status["blocked"]] == ["location_full"], status["blocked"]
+        ballast.unlink()
+        p.run()
+        assert (p.location("cologne-lta") / "raw/inst/obs1.tar").is_file()
+        assert p.status()["failed_operations"] == []

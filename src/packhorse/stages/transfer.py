@@ -35,16 +35,19 @@ then re-read and verified (I4).
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from ..db.models import DataTransferPackage
 from ..domain import TransferMethod
-from ..errors import ConfigError, SourceMissingError, TransferCommandError, VerificationError
+from ..errors import (ConfigError, DestinationWriteError, SourceMissingError, TransferCommandError,
+                      VerificationError)
 from ..ratelimit import RateLimiter
 from ..storage.base import StorageBackend
 from ..storage.registry import read_limited
@@ -144,7 +147,13 @@ def run(work: Work) -> Recorder:
                     resume_partial(work, f, w, dtp.size)  # the command writes the rest itself
             share = None if limit is None else int(route_share(work, limit))
             args = command_args(route.command, str(src_path), str(w.local_path), share)
-            _run_command(work, args, key)
+            try:
+                _run_command(work, args, key)
+            except TransferCommandError as e:
+                full = _out_of_space(w.local_path, dtp.size, dst_name, key, e)
+                if full is not None:  # the command met a full buffer: wait for space, as a copy does
+                    raise full from e
+                raise
             w.adopt_local_file()
             try:
                 publish_verified(work, w, dst, expected_sha256=dtp.sha256, point="transfer")
@@ -200,6 +209,30 @@ def _die_with_worker() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+def _out_of_space(partial: Path, size: int, location: str, key: str,
+                  failure: TransferCommandError) -> DestinationWriteError | None:
+    """A failed transfer command's failure as a full destination (an ``out_of_space``
+    :class:`~packhorse.errors.DestinationWriteError`: the operation waits for space, as the
+    ``copy`` method's does) when the destination's file system has less room than the bundle
+    still needs (``size`` bytes less what the command's ``partial`` file holds); ``None``
+    otherwise (the command's failure stands). Decided from the file system, not from the
+    command's words (``cp``, ``rsync``, ``rclone`` each say it their own way)."""
+    try:
+        held = partial.stat().st_size if partial.exists() else 0
+        st = os.statvfs(partial.parent)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= size - held:
+        return None
+    return DestinationWriteError(
+        f"{location}: the transfer command could not write {key!r}: the file system is full ({free:,} bytes free, "
+        f"{size - held:,} still needed): {failure}", step="transfer", side="destination", path=key, host=location,
+        out_of_space=True,
+        diagnosis=f"data location {location} is out of space; free space there (deletions under disk pressure: "
+                  "docs/deletion.md): the operation waits for it and goes on by itself")
 
 
 def _run_command(work: Work, args: list[str], key: str) -> None:
