@@ -103,6 +103,8 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     from .availability import waiting_for_space
     from .db.models import Operation
 
+    from .domain import LocationRole
+
     by_location: dict[str, list[Operation]] = {}
     for op in session.scalars(select(Operation).where(waiting_for_space(in_backoff=False))
                               .order_by(Operation.updated_at)):
@@ -110,12 +112,17 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     items = []
     for name, ops in sorted(by_location.items()):
         last = (ops[-1].error_context or {}).get("message") or ""
+        if ctx.topology.location_role.get(name) is LocationRole.BUFFER:
+            frees = ("packhorse frees its own buffer copies once they are archived and safe to delete (under disk "
+                     "pressure first, docs/deletion.md), but work that needs room to go on (a bundle waiting to be "
+                     "unpacked) is only released by more space: remove other files or enlarge it")
+        else:
+            frees = "packhorse never deletes what it archived: remove other files or enlarge it"
         items.append(BlockedItem(
             cause="location_full", subject=f"location {name}",
             reason=f"data location {name} is full: {len(ops)} operation(s) wait for space (last: {last})",
-            release=(f"free space at {name}: packhorse deletes buffer copies that are safe to delete under disk "
-                     "pressure by itself (docs/deletion.md); the operations go on by themselves once there is "
-                     "space (each looks again after its backoff, at most [recovery] retry_backoff_max_seconds)"),
+            release=(f"free space at {name} ({frees}); the operations go on by themselves once there is space "
+                     "(each looks again after its backoff, at most [recovery] retry_backoff_max_seconds)"),
             exit_code=EXIT_WAITING, since=ops[0].updated_at.isoformat() if ops[0].updated_at else None,
             detail={"location": name, "operations_waiting": len(ops), "last_error": last}))
     return items

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -121,6 +122,11 @@ def _package_label(s: Session, f: Finding) -> str:
     return f"data transfer package {d.name if d else f.data_transfer_package_id}"
 
 
+def _package_name(label: str) -> str:
+    """The name in a :func:`_package_label` (what ``packhorse locate`` takes)."""
+    return label.removeprefix("raw data package ").removeprefix("data transfer package ")
+
+
 def _present_copies(s: Session, f: Finding) -> int:
     """Present copies of ``f``'s artifact that hold its bytes (a staged folder at a processing
     location is not one: :func:`packhorse.convergence.holds_artifact_bytes`)."""
@@ -183,7 +189,8 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
                     subject=f"Fixity: {g.status} copy {g.location}:{g.path}",
                     body="\n".join([f"A copy of {label} failed its fixity check.", line,
                                     "A repair from another verified copy follows where one exists; "
-                                    f"`packhorse locate {label}` shows its copies and their history."]),
+                                    f"`packhorse locate {shlex.quote(_package_name(label))}` shows its copies and "
+                                    "their history."]),
                     context={**context, "copies": [c for c in context["copies"] if c["path"] == g.path
                                                    and c["location"] == g.location]},
                     operation_kind=kind, operation_id=operation_id, cooldown_seconds=cooldown, now=now)

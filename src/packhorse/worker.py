@@ -283,8 +283,9 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,
         enqueue(s, level=NotificationLevel.WARNING, event="location_full",
                 subject=f"Data location {location} is full: work waits for space",
                 body=(f"{exc}\n\nThe operation waits for space at {location} and goes on by itself once there "
-                      "is some: packhorse deletes buffer copies that are safe to delete under disk pressure "
-                      "(docs/deletion.md), or free space there yourself. `packhorse status` lists what waits."),
+                      "is some. At a buffer packhorse frees its own copies once they are archived (under disk "
+                      "pressure first: docs/deletion.md); archives it never frees. `packhorse status` lists what "
+                      "waits and what releases it."),
                 context={"location": location, "path": exc.path}, cooldown_seconds=rec.notification_cooldown_seconds,
                 key=f"location_full:{location}")
 

@@ -727,6 +727,22 @@ def test_disk_remove_partials_of_one_key_only(disk: DiskBackend) -> None:
     assert [p.name.startswith(".other.") for p in (disk.root / "a").iterdir()] == [True]
 
 
+def test_disk_remove_partials_of_leaves_a_live_writers_partial_alone(disk: DiskBackend) -> None:
+    """Two audits repairing the same copy at once: the second's removal of leftover partials
+    took the first's partial away under it, whose publication then failed with
+    FileNotFoundError (seen in a fixity test). A partial whose writer holds its flock is not
+    leftover."""
+    live = disk.open_write("raw/k.tar")
+    live.write(b"live bytes")
+    assert disk.remove_partials_of("raw/k.tar") == 0
+    with disk.open_write("raw/k.tar") as other:  # the other repair writes its own partial
+        other.write(b"live bytes")
+        other.publish()
+    live.publish()  # the same bytes there already: fine (it raised FileNotFoundError: its partial was gone)
+    assert disk.open_read("raw/k.tar").read() == b"live bytes"
+    assert not [p for p in (disk.root / "raw").iterdir() if p.name.endswith(PARTIAL_SUFFIX)]
+
+
 def test_disk_remove_partials_of_a_folder_pruned_meanwhile_finds_none(disk: DiskBackend,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A deletion of the last object of a folder prunes it while the next write of a key there

@@ -5,6 +5,7 @@ rows, the notification outbox and exit codes."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -197,6 +198,13 @@ def test_verify_says_in_words_what_it_exits_1_for_and_what_a_returned_copy_was_r
     copy.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, other bytes
     first = p.cli("verify")
     assert first.returncode == 1 and "CORRUPT cologne-lta:raw/inst/obs1.tar" in first.stdout, first.stdout
+    assert first.stdout.splitlines()[0] == "checked 2, ok 1, missing 0, corrupt 1", first.stdout  # found now
+    # the notification names a command that works as written (it said `packhorse locate raw data
+    # package inst/obs1`, which locate refused)
+    [note] = [n for n in json.loads(p.cli("notifications", "--json").stdout) if n["event"] == "fixity_corrupt"]
+    body = p.cli("notifications", "--show", str(note["id"])).stdout
+    assert "`packhorse locate inst/obs1` shows its copies" in body, body
+    assert p.cli("locate", "inst/obs1").returncode == 0
     again = p.cli("verify")
     assert again.returncode == 1, again.stdout
     summary = again.stdout.splitlines()[0]

@@ -409,8 +409,8 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         out.print(s)
     if r["blocked"]:
         b = Table("blocked", "cause", "why", "releases it", title="blocked work (waits until released)")
-        for x in r["blocked"]:
-            b.add_row(x["subject"], x["cause"], x["reason"], x["release"])
+        for x in r["blocked"]:  # plain text: "[recovery] …" in a release is no markup
+            b.add_row(*(escape(str(x[k])) for k in ("subject", "cause", "reason", "release")))
         out.print(b)
     for f in r["failed_operations"]:
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
@@ -455,7 +455,9 @@ def verify(
     else:
         # the line says everything the exit code counts: copies recorded bad earlier and not
         # repaired yet, locations that could not be looked at
-        more = [f"{n} {what}" for n, what in ((len(r["unrepaired"]), "recorded bad earlier, not repaired yet"),
+        found_now = {(c["location"], c["path"]) for c in r["missing"] + r["corrupt"]}
+        earlier = [u for u in r["unrepaired"] if (u["location"], u["path"]) not in found_now]
+        more = [f"{n} {what}" for n, what in ((len(earlier), "recorded bad earlier, not repaired yet"),
                                               (len(r["unavailable"]), "location(s) unavailable, not checked"),
                                               (len(r["recognised"]), "recorded bad, found back"))
                 if n]
@@ -475,8 +477,9 @@ def verify(
             print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
-                  "from another verified copy, or rebuilds the package from its source files when no good copy "
-                  "is left; `packhorse status` says when neither is possible)")
+                  "from another verified copy (waiting for its location if that is unavailable), or rebuilds the "
+                  "package from its source files when no good copy is left; `packhorse status` says when neither "
+                  "is possible)")
         print(f"staged copies: checked {len(r['staged'])}, ok {len(r['staged']) - len(staged_bad)}")
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "

@@ -861,9 +861,11 @@ class DiskBackend(StorageBackend):
         return removed
 
     def remove_partials_of(self, key: str) -> int:
-        """Remove leftover partial writes of ``key`` (an earlier, crashed attempt's). A folder
-        that is not there (never made, or pruned by a concurrent :meth:`delete` of its last
-        object while this looked) holds none."""
+        """Remove leftover partial writes of ``key`` (an earlier, crashed attempt's). A partial
+        a live writer holds (its ``flock``, taken right after it created the file: two audits
+        repairing the same copy at once) is not leftover and is left alone. A folder that is
+        not there (never made, or pruned by a concurrent :meth:`delete` of its last object
+        while this looked) holds none."""
         path = self._path(key)
         prefix = f".{path.name}."
         try:
@@ -873,8 +875,11 @@ class DiskBackend(StorageBackend):
             return 0
         removed = 0
         for name in names:
+            partial = path.parent / name
             try:
-                os.unlink(path.parent / name)
+                if _held_by_live_writer(str(partial)):
+                    continue  # another writer's, still being written
+                os.unlink(partial)
                 removed += 1
             except FileNotFoundError:
                 pass
