@@ -306,10 +306,19 @@ def _compression_of(fileobj: BinaryIO) -> str | None:
     return next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
 
 
+def _is_archive_root(member: tarfile.TarInfo) -> bool:
+    """Whether ``member`` is the folder entry ``.`` (``./``) a ``tar cf x.tar .`` starts with:
+    the target folder itself. Its members' leading ``./`` is dropped by :func:`_name_of`
+    (``./bag/bagit.txt`` is ``bag/bagit.txt``); nothing else about a name is rewritten."""
+    return member.type == tarfile.DIRTYPE and member.name in (".", "./")
+
+
 def _name_of(member: tarfile.TarInfo, source: str, step: str) -> tuple[str, tuple[str, ...]]:
     """The checked name and components of ``member``, or raise :func:`refused`."""
     raw = member.name
     name = raw.rstrip("/") if member.type == tarfile.DIRTYPE else raw
+    while name.startswith("./"):  # `tar cf x.tar ./bag`: the same path (see _is_archive_root)
+        name = name[2:]
     if not name:
         raise refused(source, raw, "has an empty name", step=step)
     if "\x00" in name:
@@ -439,6 +448,8 @@ def members_of(
         if total > limits.max_total_bytes:
             raise refused(source, member.name, f"brings the archive to {total} bytes, more than "
                                                f"extraction.max_total_bytes = {limits.max_total_bytes}", step=step)
+        if _is_archive_root(member):
+            continue  # "./" of `tar cf x.tar .`: the target folder itself, nothing to make
         try:
             name, parts = _check(member, entries, source=source, casefold=casefold,
                                  normalization=normalization, step=step)

@@ -3,6 +3,7 @@ valid, 1 when not, every problem listed."""
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
 from pathlib import Path
@@ -89,3 +90,26 @@ def test_a_tar_without_a_bag_folder_and_a_folder_holding_a_bag_are_named_for_wha
     assert r.returncode == 1
     assert "has no bagit.txt: it is not a bag but holds 1 (bag)" in r.stdout, r.stdout
     assert f"packhorse validate {root}" in r.stdout, r.stdout
+
+
+def test_a_bag_tar_made_with_a_leading_dot_slash_validates(tmp_path: Path) -> None:
+    """`tar cf x.tar ./bag` (members ./bag/…) and `tar -C bag -cf y.tar .` (./, ./bagit.txt, …)
+    were refused member by member as "an empty or '.' path component" (found by a trial): a
+    leading ./ is the same path. The first is a valid bag; the second has no bag folder."""
+    import subprocess
+
+    _bag(tmp_path)
+    subprocess.run(["tar", "cf", str(tmp_path / "dotted.tar"), "./bag"], cwd=tmp_path, check=True)
+    r = run_packhorse("validate", str(tmp_path / "dotted.tar"))
+    assert r.returncode == 0 and r.stdout.startswith("VALID "), r.stdout
+    subprocess.run(["tar", "-C", str(tmp_path / "bag"), "-cf", str(tmp_path / "flat.tar"), "."], check=True)
+    r = run_packhorse("validate", str(tmp_path / "flat.tar"))
+    assert r.returncode == 1 and "member 'bagit.txt' is at the top of the tar" in r.stdout, r.stdout
+    assert "path component" not in r.stdout, r.stdout
+    # and what a leading ./ must not hide: a way out of the target folder
+    with tarfile.open(tmp_path / "escape.tar", "w") as tar:
+        info = tarfile.TarInfo("./../evil.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    r = run_packhorse("validate", str(tmp_path / "escape.tar"))
+    assert r.returncode == 1 and "'..'" in r.stdout, r.stdout
