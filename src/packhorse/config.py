@@ -666,6 +666,8 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(tuple(loc))
+            if isinstance(err.get("input"), _EnvValue) and all(isinstance(x, str) for x in loc):
+                msg += f" (from the environment variable {ENV_PREFIX}{'__'.join(str(x).upper() for x in loc)})"
         msg = msg.removeprefix("Value error, ")
         parts.append(f"{key}: {msg}" if key else msg)
     return f"{source}: " + "; ".join(parts)

@@ -266,6 +266,14 @@ def test_a_misspelt_key_is_answered_with_the_key_of_its_table_it_is_close_to() -
     assert refuse(d).endswith("packaging.colour: unknown key")
 
 
+def test_a_misspelt_environment_variable_is_named() -> None:
+    d = minimal()
+    with pytest.raises(ConfigError) as ei:
+        settings_from_dict(d, environ={"PACKHORSE_PACKAGING__SETTLE_SECOND": "2"})
+    assert ("packaging.settle_second: unknown key (did you mean 'settle_seconds'?) (from the environment variable "
+            "PACKHORSE_PACKAGING__SETTLE_SECOND)") in str(ei.value), str(ei.value)
+
+
 def test_unknown_key_inside_locations_entry() -> None:
     d = minimal()
     d["locations"][2]["colour"] = "red"
