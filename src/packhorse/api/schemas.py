@@ -336,6 +336,9 @@ class LocateResult(_Model):
     versions: list[LocateFile]
     packages: list[LocatePackage]
     truncated: bool
+    also_folder: bool | None = Field(None, description="for a package: its name is also a source folder holding "
+                                                       "other packages' files, which the query with a trailing / "
+                                                       "lists")
 
 
 class FailureGroupOperation(_Model):
