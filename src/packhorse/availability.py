@@ -441,10 +441,12 @@ def _refuse_another_installations(ctx: "ProcessContext", location: str, marker: 
     Raises:
         ConfigError: naming the location, its root, the other installation and the way out.
     """
+    from .storage.identity import other_installation
+
     if marker is None or adopting or ctx.topology.location_marker.get(location) is not None:
         return
-    other = marker.get("installation")
-    if isinstance(other, str) and other != ours:
+    other = other_installation(marker, ours)
+    if other is not None:
         raise ConfigError(
             f"data location {location}: the root {root_of(ctx, location)} is marked by another packhorse "
             f"installation (installation {other}, marker uuid {marker.get('uuid')}); refusing to take it over: "

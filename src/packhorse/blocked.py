@@ -102,7 +102,6 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
 
     from .availability import waiting_for_space
     from .db.models import Operation
-
     from .domain import LocationRole
 
     by_location: dict[str, list[Operation]] = {}

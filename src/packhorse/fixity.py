@@ -112,19 +112,16 @@ def check_copy(backend: StorageBackend, copy: PhysicalCopy | Any, location: str,
     return f
 
 
-def _package_label(s: Session, f: Finding) -> str:
+def _package_of(s: Session, f: Finding) -> tuple[str, str]:
+    """``(what, name)`` of ``f``'s artifact: ``("raw data package", "cam/obs1")`` or ``("data
+    transfer package", …)``; the name is what ``packhorse locate`` takes."""
     from .db.models import DataTransferPackage, RawDataPackage
 
     if f.raw_data_package_id is not None:
         p = s.get(RawDataPackage, f.raw_data_package_id)
-        return f"raw data package {p.name if p else f.raw_data_package_id}"
+        return "raw data package", p.name if p else str(f.raw_data_package_id)
     d = s.get(DataTransferPackage, f.data_transfer_package_id)
-    return f"data transfer package {d.name if d else f.data_transfer_package_id}"
-
-
-def _package_name(label: str) -> str:
-    """The name in a :func:`_package_label` (what ``packhorse locate`` takes)."""
-    return label.removeprefix("raw data package ").removeprefix("data transfer package ")
+    return "data transfer package", d.name if d else str(f.data_transfer_package_id)
 
 
 def _present_copies(s: Session, f: Finding) -> int:
@@ -173,7 +170,8 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
         by_package.setdefault((f.raw_data_package_id, f.data_transfer_package_id), []).append(f)
     kind = OperationKind.FIXITY_CHECK.value
     for group in by_package.values():
-        label = _package_label(session, group[0])
+        what, name = _package_of(session, group[0])
+        label = f"{what} {name}"
         lines = [f"{g.status.upper()} {g.location}:{g.path} (expected sha256 {g.expected}, size {g.size}"
                  + (f"; read sha256 {g.actual}" if g.actual else "") + (f"; {g.error}" if g.error else "") + ")"
                  for g in group]
@@ -189,7 +187,7 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
                     subject=f"Fixity: {g.status} copy {g.location}:{g.path}",
                     body="\n".join([f"A copy of {label} failed its fixity check.", line,
                                     "A repair from another verified copy follows where one exists; "
-                                    f"`packhorse locate {shlex.quote(_package_name(label))}` shows its copies and "
+                                    f"`packhorse locate {shlex.quote(name)}` shows its copies and "
                                     "their history."]),
                     context={**context, "copies": [c for c in context["copies"] if c["path"] == g.path
                                                    and c["location"] == g.location]},

@@ -550,8 +550,21 @@ WAITING_LOCATION = "location"
 WAITING_SPACE = "space"
 
 
+def _record_salvage(s: Session, salvage: Callable[[Session], None] | None, operation_id: int) -> None:
+    """Record an attempt's salvage (:attr:`~packhorse.stages.base.Work.salvage`) in the caller's
+    transaction, the one that hands the attempt back (:func:`defer`) or records its failure
+    (:func:`record_failure`); a refused one (e.g. a conflicting copy row) is logged and the
+    hand-back or failure stands all the same."""
+    if salvage is None:
+        return
+    try:
+        salvage(s)
+    except PackhorseError as e:
+        log.error("operation_salvage_refused", operation_id=operation_id, error=str(e))
+
+
 def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | None = None,
-          salvage: Callable[[Session], None] | None = None) -> bool:
+          salvage: Callable[[Session], None] | None = None, also: Callable[[Session], None] | None = None) -> bool:
     """Hand the claimed attempt back as ``PENDING`` until now + ``seconds`` (fenced), without
     counting a retry: the operation waits (a cold-storage restore, a deletion whose rule does
     not hold yet, a location that is away or full) without holding a worker. ``note``: why it
@@ -560,8 +573,9 @@ def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | 
     it is. ``salvage`` (the attempt's :attr:`~packhorse.stages.base.Work.salvage`: what it
     published and verified before it stopped, e.g. the packages an unpack wrote before the
     buffer filled up) is recorded in the same transaction, as :func:`record_failure` does: those
-    copies go on (archived, then freed) while the rest waits. Returns ``False`` if the attempt
-    is stale (nothing recorded)."""
+    copies go on (archived, then freed) while the rest waits. ``also`` runs in that transaction
+    too (the notification the hand-back causes: a crash cannot separate the two). Returns
+    ``False`` if the attempt is stale (nothing recorded)."""
 
     def tx(s: Session) -> bool:
         now = utcnow()
@@ -572,11 +586,9 @@ def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | 
         res = s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt)).values(**values))
         if res.rowcount != 1:
             return False
-        if salvage is not None:
-            try:
-                salvage(s)
-            except PackhorseError as e:  # e.g. a conflicting copy row: the deferral stands all the same
-                log.error("operation_salvage_refused", operation_id=claim.operation_id, error=str(e))
+        _record_salvage(s, salvage, claim.operation_id)
+        if also is not None:
+            also(s)
         return True
 
     return db.transact(tx)
@@ -745,11 +757,7 @@ def record_failure(
             if held_until is not None:  # one attempt per cool-down: not due before the next one
                 s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt, Status.PENDING))
                           .values(not_before=held_until))
-        if salvage is not None:
-            try:
-                salvage(s)
-            except PackhorseError as e:  # e.g. a conflicting copy row: the failure is recorded all the same
-                log.error("operation_salvage_refused", operation_id=claim.operation_id, error=str(e))
+        _record_salvage(s, salvage, claim.operation_id)
         if new is Status.FAILED:
             from .notify.messages import operation_failed
 

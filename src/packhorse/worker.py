@@ -205,6 +205,22 @@ def _unavailable_location(ctx: ProcessContext, op: Operation, *, quiet: bool = F
         return None
 
 
+def _waiting_note(ctx: ProcessContext, c: Claim, exc: Exception, waiting: str, diagnosis: str,
+                  location: str | None = None) -> dict[str, Any]:
+    """The ``error_context`` of an attempt handed back to wait (:func:`defer`): the one
+    error-context dict (DESIGN.md "Error context") with ``waiting`` (what it waits for:
+    :data:`~packhorse.operations.WAITING_DELETION_RULE`, ``WAITING_LOCATION``,
+    ``WAITING_SPACE``), the ``attempt`` handed back and, for a location, its name and
+    ``location_id`` (what ``run --until-idle``, ``status`` and ``diagnose`` go by)."""
+    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
+                               retry_count=c.operation.retry_count if c.operation is not None else 0,
+                               will_retry=True, auto_diagnosis=diagnosis)
+    note.update(waiting=waiting, attempt=c.attempt)
+    if location is not None:
+        note.update(location=location, location_id=ctx.topology.location_ids.get(location))
+    return note
+
+
 def _wait_for_deletion_rule(ctx: ProcessContext, c: Claim, exc: DeletionNotSafeError) -> Outcome:
     """Hand back a deletion whose rule (I1) does not hold now (nothing was deleted): ``PENDING``
     until a backoff growing with its attempts has passed (``[recovery]`` base and cap; no retry
@@ -217,12 +233,8 @@ def _wait_for_deletion_rule(ctx: ProcessContext, c: Claim, exc: DeletionNotSafeE
     rec = ctx.settings.recovery
     seconds = (backoff_seconds(max(c.attempt - 1, 0), rec.retry_backoff_base_seconds, rec.retry_backoff_max_seconds)
                if exc.backoff else exc.seconds)
-    # the one error-context dict (DESIGN.md "Error context"), with why it waits
-    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
-                               retry_count=c.operation.retry_count if c.operation is not None else 0,
-                               will_retry=True, auto_diagnosis="not safe yet: it is checked again once the "
-                               "copies it waits for are there (no action needed)")
-    note.update(waiting=WAITING_DELETION_RULE, attempt=c.attempt)
+    note = _waiting_note(ctx, c, exc, WAITING_DELETION_RULE, "not safe yet: it is checked again once the copies it "
+                         "waits for are there (no action needed)")
     if not defer(ctx.db, c, seconds, note=note):
         return Outcome.STALE
     log.info("deletion_waits_for_rule", reason=str(exc), seconds=round(seconds, 3))
@@ -241,12 +253,8 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
     seconds = wait_seconds(ctx, since)
     # which location it waits for, whether or not it is the operation's source or destination
     # (availability.waiting_for: run --until-idle, status and the outage's end go by it)
-    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
-                               retry_count=c.operation.retry_count if c.operation is not None else 0,
-                               will_retry=True, auto_diagnosis=f"waits for data location {exc.location} to be "
-                               "available again; resumes by itself (no action needed here)")
-    note.update(waiting=WAITING_LOCATION, location=exc.location,
-                location_id=ctx.topology.location_ids.get(exc.location), attempt=c.attempt)
+    note = _waiting_note(ctx, c, exc, WAITING_LOCATION, f"waits for data location {exc.location} to be available "
+                         "again; resumes by itself (no action needed here)", location=exc.location)
     if not defer(ctx.db, c, seconds, note=note, salvage=salvage):
         return Outcome.STALE
     log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
@@ -270,16 +278,10 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,
     rec = ctx.settings.recovery
     seconds = backoff_seconds(max(c.attempt - 1, 0), rec.retry_backoff_base_seconds, rec.retry_backoff_max_seconds)
     location = exc.host or "?"
-    note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
-                               retry_count=c.operation.retry_count if c.operation is not None else 0,
-                               will_retry=True, auto_diagnosis=f"data location {location} is full: it waits for "
-                               "space and goes on by itself (no action needed unless it stays full)")
-    note.update(waiting=WAITING_SPACE, location=location, location_id=ctx.topology.location_ids.get(location),
-                attempt=c.attempt)
-    if not defer(ctx.db, c, seconds, note=note, salvage=salvage):
-        return Outcome.STALE
+    note = _waiting_note(ctx, c, exc, WAITING_SPACE, f"data location {location} is full: it waits for space and "
+                         "goes on by itself (no action needed unless it stays full)", location=location)
 
-    def tell(s: Session) -> None:
+    def tell(s: Session) -> None:  # in the hand-back's own transaction
         enqueue(s, level=NotificationLevel.WARNING, event="location_full",
                 subject=f"Data location {location} is full: work waits for space",
                 body=(f"{exc}\n\nThe operation waits for space at {location} and goes on by itself once there "
@@ -289,7 +291,8 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,
                 context={"location": location, "path": exc.path}, cooldown_seconds=rec.notification_cooldown_seconds,
                 key=f"location_full:{location}")
 
-    ctx.db.transact(tell)
+    if not defer(ctx.db, c, seconds, note=note, salvage=salvage, also=tell):
+        return Outcome.STALE
     log.warning("operation_waits_for_space", location=location, key=exc.path, seconds=round(seconds, 3))
     return Outcome.DEFERRED
 

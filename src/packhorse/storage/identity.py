@@ -98,6 +98,16 @@ def read_marker(backend: StorageBackend) -> dict[str, Any] | None:
     return data
 
 
+def other_installation(marker: dict[str, Any], installation: str | None) -> str | None:
+    """The uuid of the installation that wrote ``marker`` (:func:`read_marker`) when it is not
+    ``installation`` (this database's); ``None`` when it is, when ``installation`` is not known
+    yet, or when the marker names none (one written before installations were named, or one in
+    cold storage, which cannot be read). The one test of "marked by another installation" for
+    :func:`check_identity`, :func:`mark_location` and ``packhorse init``."""
+    other = marker.get("installation")
+    return other if installation is not None and isinstance(other, str) and other != installation else None
+
+
 def check_identity(backend: StorageBackend, location: str, expected_uuid: str | None = None,
                    installation: str | None = None) -> None:
     """Raise :class:`LocationUnavailableError` unless ``backend``'s root is there and its
@@ -145,9 +155,8 @@ def check_identity(backend: StorageBackend, location: str, expected_uuid: str | 
                   f"the old: `packhorse init --replace {location}`")
         raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
                                        wrong_uuid=True)
-    other = marker.get("installation")
-    if (expected_uuid is None and installation is not None and isinstance(other, str) and other != installation
-            and not marker.get("in_cold_storage")):
+    other = other_installation(marker, installation)
+    if expected_uuid is None and other is not None:
         reason = (f"the root {where(backend)} is marked by another packhorse installation (installation {other}), "
                   f"and this installation's database has never marked {location!r}: its copies belong to that "
                   f"installation's ops database. Check the path or bucket in the configuration; if this database "
@@ -186,9 +195,7 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
             raise ConfigError(f"data location {location}: the root {where(backend)} is already marked as location "
                               f"{marker['location']!r}; refusing to re-mark it (check the path or bucket in the "
                               "configuration)")
-        other = marker.get("installation")
-        if not (take_over and installation and isinstance(other, str) and other != installation
-                and not marker.get("in_cold_storage")):
+        if not (take_over and other_installation(marker, installation)):
             return InitResult(location, "already marked")
         backend.quarantine(MARKER_KEY)  # the other installation's marker, kept
         taking_over = True
