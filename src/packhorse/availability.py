@@ -158,6 +158,71 @@ def look_for_space_again(ctx: "ProcessContext") -> int:
     return ctx.db.transact(tx)
 
 
+def space_needed(s: Session, op: Operation) -> tuple[int, str] | None:
+    """The fewest bytes ``op`` must hold at once at the data location it writes to, with what
+    they are (for the message); ``None`` when its kind writes nothing of known size. A lower
+    bound (a tar is larger than its payload; inputs on another location of the same file
+    system are not counted), so that it is never larger than the truth:
+
+    * a raw data package: its payload files' bytes;
+    * a bundle: its packages' tars, which lie in the same buffer until the bundle is verified
+      and shipped, and the bundle of them: twice their bytes;
+    * a transfer: the bundle;
+    * an unpack: the bundle, which stays in the buffer until every package is out, and its
+      largest package (those published before can be archived and freed meanwhile);
+    * a long-term archive copy or a repair: the package's tar.
+    """
+    from .db.models import DataTransferPackage, RawDataFile
+    from .domain import OperationKind as K
+
+    kind = op.kind
+    if kind == K.RAW_DATA_PACKAGE.value and op.raw_data_package_id is not None:
+        n = s.scalar(select(func.sum(RawDataFile.size)).where(RawDataFile.raw_data_package_id == op.raw_data_package_id))
+        return (int(n), "the package's payload files") if n else None
+    if kind == K.DATA_TRANSFER_PACKAGE.value and op.data_transfer_package_id is not None:
+        n = s.scalar(select(func.sum(RawDataPackage.size)).where(
+            RawDataPackage.data_transfer_package_id == op.data_transfer_package_id))
+        return (2 * int(n), "the bundle's package tars and the bundle") if n else None
+    if kind in (K.TRANSFER.value, K.UNPACK.value) and op.data_transfer_package_id is not None:
+        bundle = s.scalar(select(DataTransferPackage.size).where(DataTransferPackage.id == op.data_transfer_package_id))
+        if not bundle:
+            return None
+        if kind == K.TRANSFER.value:
+            return int(bundle), "the bundle"
+        largest = s.scalar(select(func.max(RawDataPackage.size)).where(
+            RawDataPackage.data_transfer_package_id == op.data_transfer_package_id)) or 0
+        return int(bundle) + int(largest), "the bundle and its largest package"
+    if kind in (K.LONG_TERM_ARCHIVE.value, K.FIXITY_CHECK.value) and op.raw_data_package_id is not None:
+        n = s.scalar(select(RawDataPackage.size).where(RawDataPackage.id == op.raw_data_package_id))
+        return (int(n), "the package tar") if n else None
+    return None
+
+
+def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | None:
+    """Why ``op`` can never be done at disk location ``location`` however much space is freed
+    there (:func:`space_needed` is larger than the whole file system holding its root), else
+    ``None`` (it may fit once space is freed: it waits). Asked once a write met a full file
+    system (:func:`packhorse.worker._wait_for_space`); a location that cannot be measured (an
+    object store, a root not there) counts as one it may fit in. Sizes from
+    :func:`packhorse.diskusage.provider_for` (the file system, or a test's hooks)."""
+    from pathlib import Path
+
+    from .diskusage import provider_for
+
+    try:
+        loc = ctx.settings.location(location)
+        if loc.bucket:
+            return None
+        total = provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location))).total
+    except (KeyError, ConfigError, OSError):
+        return None
+    need = ctx.db.read(lambda s: space_needed(s, op))
+    if need is None or need[0] <= total:
+        return None
+    return (f"needs at least {need[0]:,} bytes at once at data location {location} ({need[1]}), more than its "
+            f"whole file system holds ({total:,} bytes): it can never fit there, whatever is freed")
+
+
 def end_outage(ctx: "ProcessContext", location: str) -> int | None:
     """The location is available again: delete its outage and make the operations waiting on
     it due now. Returns how many operations were released, ``None`` if there was no outage."""

@@ -36,6 +36,9 @@
         │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
         │   ├── SourceChangedError         the source no longer matches its registered sha256
+        │   ├── NeverFitsError             what the operation must hold at once at a data location
+        │   │                              is larger than its whole file system: waiting for space
+        │   │                              cannot help
         │   └── InvalidBagError            the bytes are the recorded ones but their bag does not
         │                                  validate: a retry would read the same bytes
         └── RetryableError             retried up to the operation's ``max_retries``
@@ -215,6 +218,17 @@ class RetryableError(OperationError):
     """An operation failure that may go away on retry."""
 
     is_retryable = True
+
+
+class NeverFitsError(PermanentError):
+    """What an operation must hold at once at a disk data location is larger than the whole file
+    system there (a package bigger than its buffer): waiting for space, which a full disk
+    otherwise does (:class:`DestinationWriteError` ``out_of_space``), could never release it,
+    so it fails and a human is told (DESIGN.md I5: every state has an owner). The message
+    names the location, the bytes needed and the file system's size; ``packhorse reset``
+    releases the operation once the location is larger
+    (:func:`packhorse.availability.never_fits`).
+    """
 
 
 class DestinationConflictError(PermanentError):

@@ -24,6 +24,7 @@ from .errors import (
     DestinationWriteError,
     LeaseLostError,
     LocationUnavailableError,
+    NeverFitsError,
     OperationDeferred,
     TransientDatabaseError,
 )
@@ -169,7 +170,10 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
     if isinstance(exc, LocationUnavailableError):
         return _wait_for_location(ctx, c, exc, salvage)
     if isinstance(exc, DestinationWriteError) and exc.out_of_space:
-        return _wait_for_space(ctx, c, exc, salvage)
+        never = _never_fits(ctx, c, exc)
+        if never is None:
+            return _wait_for_space(ctx, c, exc, salvage)
+        exc = never  # waiting cannot release it: a failure, and a human is told
     if isinstance(exc, TransientDatabaseError):
         # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
         # lease expires and lease recovery hands it out again once the database is back
@@ -259,6 +263,29 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
         return Outcome.STALE
     log.info("operation_waits_for_location", location=exc.location, reason=exc.reason, seconds=round(seconds, 3))
     return Outcome.DEFERRED
+
+
+def _never_fits(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -> NeverFitsError | None:
+    """A :class:`~packhorse.errors.NeverFitsError` when what the attempt that met a full file
+    system must hold at once is larger than that whole file system
+    (:func:`packhorse.availability.never_fits`), else ``None`` (it waits for space). A check
+    that itself fails counts as "may fit": waiting is the safe side."""
+    from .availability import never_fits
+
+    location = exc.host
+    if c.operation is None or not location:
+        return None
+    try:
+        why = never_fits(ctx, c.operation, location)
+    except Exception as e:  # noqa: BLE001 - the wait for space is the safe outcome
+        log.debug("never_fits_check_failed", error=repr(e))
+        return None
+    if why is None:
+        return None
+    return NeverFitsError(why, step=exc.step, side="destination", path=exc.path, host=location,
+                          diagnosis=(f"give data location {location} a larger file system, or make what it must hold "
+                                     "smaller (bundle_target_bytes for bundles; group_depth for packages), then "
+                                     f"`packhorse reset {c.kind.value} {c.operation_id}`"))
 
 
 def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,

@@ -165,3 +165,41 @@ def test_a_transfer_command_that_meets_a_full_buffer_waits_for_space_too(pipelin
         p.run()
         assert (p.location("cologne-lta") / "raw/inst/obs1.tar").is_file()
         assert p.status()["failed_operations"] == []
+
+
+def test_a_bundle_larger_than_the_whole_destination_buffer_fails_and_says_so_instead_of_waiting_for_ever(pipeline) -> None:
+    """A transfer whose bundle is larger than the destination buffer's whole file system waited
+    for space for ever, listed as "full", though nothing could ever free enough (found by a
+    trial). It fails instead, naming the location, the bytes it needs and the file system's
+    size, with what releases it; the other destination goes on. Once the buffer is larger,
+    ``packhorse reset`` releases it."""
+    import os
+    import subprocess
+
+    from tmpfs_support import mount_tmpfs
+
+    p = pipeline(bundle_max_wait_seconds=0, max_retries=1)
+    data = p.source / "inst" / "obs1" / "a.fits"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(os.urandom(5 << 20))  # a 5 MiB package: its bundle is larger than 4 MiB
+    with mount_tmpfs(p.location("cologne-buffer"), 4) as buf:
+        p.init()
+        r = p.run(expect=3)  # FAILED operations
+        status = p.status()
+        [failed] = status["failed_operations"]
+        assert failed["kind"] == "transfer" and failed["error_type"] == "NeverFitsError", failed
+        assert "cologne-buffer" in failed["message"] and "can never fit" in failed["message"], failed
+        assert f"({4 << 20:,} bytes)" in failed["message"], failed
+        assert "larger file system" in failed["diagnosis"] and "packhorse reset transfer" in failed["diagnosis"]
+        assert not [b for b in status["blocked"] if b["cause"] == "location_full"], status["blocked"]
+        assert not [f for f in buf.rglob("*") if f.name.endswith(".packhorse-partial")]
+        assert (p.location("cornell-lta") / "raw/inst/obs1.tar").is_file()  # the other site went on
+        assert "can never fit" in r.stderr, r.stderr[-3000:]
+
+        # the operator grows the buffer (a remount with a larger size) and resets the transfer
+        subprocess.run(["mount", "-o", "remount,size=16m", str(buf)], check=True)
+        reset = p.cli("reset", "transfer", str(failed["id"]))
+        assert reset.returncode == 0, reset.stderr
+        p.run()
+        assert (p.location("cologne-lta") / "raw/inst/obs1.tar").is_file()
+        assert p.status()["failed_operations"] == []
