@@ -158,6 +158,45 @@ def look_for_space_again(ctx: "ProcessContext") -> int:
     return ctx.db.transact(tx)
 
 
+def space_freed(ctx: "ProcessContext") -> int:
+    """Make due at once every operation waiting for space in its backoff
+    (:func:`waiting_for_space`) at a data location where a deletion completed since it was
+    handed back: packhorse freed space there, so it looks again now instead of after its
+    backoff (up to ``[recovery] retry_backoff_max_seconds``). Space an operator frees is found
+    when the backoff ends, or at once by a new ``packhorse run`` (:func:`look_for_space_again`).
+    Both executors run it in every manager cycle (:func:`packhorse.pipeline.manager_cycle`); a
+    read of the few operations waiting for space when there are none to wake. Returns how
+    many were made due."""
+    from .domain import OperationKind
+
+    def waiting(s: Session) -> list[int]:
+        rows = s.execute(select(Operation.id, Operation.updated_at, Operation.error_context["location_id"].as_integer())
+                         .where(waiting_for_space())).all()
+        due = []
+        for op_id, since, loc_id in rows:
+            freed = loc_id is not None and s.scalar(
+                select(Operation.id).where(Operation.status == Status.COMPLETED.value, Operation.finished_at > since,
+                                           Operation.kind == OperationKind.DELETION.value,
+                                           Operation.source_location_id == loc_id).limit(1)) is not None
+            if freed:
+                due.append(op_id)
+        return due
+
+    due = ctx.db.read(waiting)
+    if not due:
+        return 0
+
+    def tx(s: Session) -> int:
+        now = utcnow()
+        return int(s.execute(update(Operation).where(Operation.id.in_(due), waiting_for_space())
+                             .values(not_before=now, updated_at=now)).rowcount)
+
+    n = ctx.db.transact(tx)
+    if n:
+        log.info("space_freed_operations_due", operations=n)
+    return n
+
+
 def space_needed(s: Session, op: Operation) -> tuple[int, str] | None:
     """The fewest bytes ``op`` must hold at once at the data location it writes to, with what
     they are (for the message); ``None`` when its kind writes nothing of known size. A lower
@@ -478,6 +517,46 @@ def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, 
     ctx.topology.location_marker[location] = uuid_
 
 
+def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: list["InitResult"], *,
+              replacing: bool, adopting: bool, every_site: bool) -> None:
+    """Check and mark the root of one data location ``loc`` for :func:`mark_locations` (its
+    rules), appending what was done to ``done``.
+
+    Raises:
+        ConfigError: the root is refused (the message names the location and what to do).
+    """
+    from . import __version__
+    from .domain import LocationRole
+    from .storage.identity import mark_location, read_marker
+
+    root_missing = backend.root_missing() is not None
+    try:
+        marker = None if root_missing else read_marker(backend)
+    except ValueError as e:  # a marker that is not one: never re-marked, never taken as ours
+        raise ConfigError(f"{e}; move it aside if this storage belongs to {loc.name!r}") from None
+    if loc.role is not LocationRole.SOURCE:
+        if root_missing or marker is None:
+            _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=replacing, root_missing=root_missing)
+    if marker is not None and marker.get("location") == loc.name:
+        _refuse_another_installations(ctx, loc.name, marker, ours, adopting=adopting)
+    try:
+        done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
+                                  storage=loc.storage.value, version=__version__, installation=ours,
+                                  take_over=adopting))
+    except ConfigError as e:
+        if every_site and ctx.settings.executor.kind == "celery":
+            raise ConfigError(f"{e} (distributed: each site's folders are on its own hosts; run `packhorse "
+                              f"init --site SITE` on a host of each site)") from None
+        raise
+    # a root marked just now passed the checks above (nothing owed there is hidden): its new
+    # marker is the location's from now on; one found marked must carry the recorded uuid
+    _record_marker_uuid(ctx, loc.name, read_marker(backend), replacing=replacing or done[-1].action != "already marked")
+    if replacing:
+        _record_copies_missing(ctx, loc.name)
+    if loc.name in ctx.topology.location_ids:
+        end_outage(ctx, loc.name)
+
+
 def installation_uuid(ctx: "ProcessContext") -> str:
     """The uuid of this installation (:class:`~packhorse.db.models.Installation`), created by
     the first call (``packhorse init``); concurrent first calls agree on one row."""
@@ -551,9 +630,7 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             names no site, a source folder or an S3 bucket is
             missing (packhorse never creates either); the message names the location.
     """
-    from . import __version__
     from .domain import LocationRole
-    from .storage.identity import mark_location, read_marker
 
     for option, names in (("--replace", replace), ("--adopt", adopt)):
         unknown = sorted(set(names) - {loc.name for loc in ctx.settings.locations})
@@ -567,8 +644,9 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
         elsewhere = sorted(name for name in replace if ctx.settings.location(name).site not in sites)
         if elsewhere:
             raise ConfigError(f"--replace names a location of a site not marked here (--site): {', '.join(elsewhere)}")
-    done = []
+    done: list["InitResult"] = []
     missing_sources = []
+    refused: list[str] = []  # every refused location is named at once, not one per `init`
     for loc in ctx.settings.locations:
         if sites is not None and loc.site not in sites:
             continue  # another site's folders are on its own hosts
@@ -578,37 +656,19 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             # path (or an unmounted disk) as "nothing to archive"
             missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
             continue
-        root_missing = backend.root_missing() is not None
         try:
-            marker = None if root_missing else read_marker(backend)
-        except ValueError as e:  # a marker that is not one: never re-marked, never taken as ours
-            raise ConfigError(f"{e}; move it aside if this storage belongs to {loc.name!r}") from None
-        if loc.role is not LocationRole.SOURCE:
-            if root_missing or marker is None:
-                _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=loc.name in replace,
-                                               root_missing=root_missing)
-        if marker is not None and marker.get("location") == loc.name:
-            _refuse_another_installations(ctx, loc.name, marker, ours, adopting=loc.name in adopt)
-        try:
-            done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
-                                      storage=loc.storage.value, version=__version__, installation=ours,
-                                      take_over=loc.name in adopt))
+            _mark_one(ctx, loc, backend, ours, done, replacing=loc.name in replace, adopting=loc.name in adopt,
+                      every_site=sites is None)
         except ConfigError as e:
-            if sites is None and ctx.settings.executor.kind == "celery":
-                raise ConfigError(f"{e} (distributed: each site's folders are on its own hosts; run `packhorse "
-                                  f"init --site SITE` on a host of each site)") from None
-            raise
-        # a root marked just now passed the checks above (nothing owed there is hidden): its new
-        # marker is the location's from now on; one found marked must carry the recorded uuid
-        _record_marker_uuid(ctx, loc.name, read_marker(backend),
-                            replacing=loc.name in replace or done[-1].action != "already marked")
-        if loc.name in replace:
-            _record_copies_missing(ctx, loc.name)
-        if loc.name in ctx.topology.location_ids:
-            end_outage(ctx, loc.name)
+            refused.append(str(e))
     if missing_sources:
-        raise ConfigError("source location folder(s) do not exist: " + "; ".join(missing_sources)
-                          + " — packhorse does not create a source folder (a typo in the path or an unmounted "
-                            "disk must not look like nothing to archive); fix the path or mount the disk, then "
-                            "run `packhorse init` again (every other location is marked)")
+        refused.append("source location folder(s) do not exist: " + "; ".join(missing_sources)
+                       + " — packhorse does not create a source folder (a typo in the path or an unmounted disk must "
+                         "not look like nothing to archive); fix the path or mount the disk, then run `packhorse init` "
+                         "again (every other location is marked)")
+    if len(refused) == 1:
+        raise ConfigError(refused[0])
+    if refused:
+        raise ConfigError(f"{len(refused)} refusals (every other data location is marked; fix each, then run "
+                          "`packhorse init` again):\n  " + "\n  ".join(refused))
     return done

@@ -113,15 +113,17 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
         last = (ops[-1].error_context or {}).get("message") or ""
         if ctx.topology.location_role.get(name) is LocationRole.BUFFER:
             frees = ("packhorse frees its own buffer copies once they are archived and safe to delete (under disk "
-                     "pressure first, docs/deletion.md), but work that needs room to go on (a bundle waiting to be "
-                     "unpacked) is only released by more space: remove other files or enlarge it")
+                     "pressure first, docs/deletion.md), and the work waiting goes on as soon as it did; when nothing "
+                     "of packhorse's is left to free there (bundles whose unpack needs more room than that), only "
+                     "more space releases it: remove other files or enlarge it")
         else:
             frees = "packhorse never deletes what it archived: remove other files or enlarge it"
         items.append(BlockedItem(
             cause="location_full", subject=f"location {name}",
             reason=f"data location {name} is full: {len(ops)} operation(s) wait for space (last: {last})",
             release=(f"free space at {name} ({frees}); the operations go on by themselves once there is space "
-                     "(each looks again after its backoff, at most [recovery] retry_backoff_max_seconds)"),
+                     "(at once when packhorse freed some; after its backoff, at most [recovery] "
+                     "retry_backoff_max_seconds, or at the next `packhorse run`, when you did)"),
             exit_code=EXIT_WAITING, since=ops[0].updated_at.isoformat() if ops[0].updated_at else None,
             detail={"location": name, "operations_waiting": len(ops), "last_error": last}))
     return items

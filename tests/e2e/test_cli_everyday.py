@@ -160,7 +160,7 @@ def test_off_a_terminal_progress_is_summary_lines_not_a_line_per_operation(tmp_p
     summaries = [l for l in lines if l.startswith("packhorse run: ") and "finished in" not in l]
     assert summaries, r.stderr
     assert "registered 6/6 files" in summaries[-1] or "registered 6 files" in summaries[-1]
-    assert "archived 12/12 packages" in summaries[-1]  # 6 packages x 2 archives, this run only
+    assert "archived 12/12 copies" in summaries[-1]  # 6 packages x 2 archives: archive copies, this run only
     assert not [l for l in lines if l.startswith("{")]  # no JSON line per finished operation
     assert len(lines) < 40
 

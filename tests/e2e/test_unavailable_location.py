@@ -347,6 +347,17 @@ def test_a_root_another_installation_marked_is_refused_until_adopted(pipeline, t
     assert r.returncode == 2, r.stderr
     assert "cologne-lta" in r.stderr and "marked by another packhorse installation" in r.stderr, r.stderr
     assert "packhorse init --adopt cologne-lta" in r.stderr, r.stderr
+    # onto both archives: one `init` names both refusals (it used to stop at the first, one
+    # retry per location), and marks the locations that are its own
+    both = write_site_config(tmp_path / "both")
+    both.write_text(both.read_text(encoding="utf-8")
+                    .replace('path = "sites/cologne/archive"', f'path = "{archive}"')
+                    .replace('path = "sites/cornell/archive"', f'path = "{p.location("cornell-lta")}"'),
+                    encoding="utf-8")
+    r = run_packhorse("init", "-c", str(both))
+    assert r.returncode == 2, r.stderr
+    assert "2 refusals" in r.stderr and "--adopt cologne-lta" in r.stderr and "--adopt cornell-lta" in r.stderr, r.stderr
+    assert (tmp_path / "both" / "sites/cologne/buffer" / MARKER_KEY).is_file()  # its own: marked
     run_packhorse("run", "-c", str(other), "--until-idle", "--quiet")  # whatever it says: it writes nothing there
     demo = run_packhorse("demo", "--source", str(p.source), "--workdir", str(tmp_path / "demo"), "--quiet")
     assert demo.returncode == 2 and "marked by another packhorse installation" in demo.stderr, demo.stderr

@@ -34,7 +34,7 @@ UNITS: dict[str, str] = {
     OperationKind.DATA_TRANSFER_PACKAGE.value: "bundles",
     OperationKind.TRANSFER.value: "bundles",
     OperationKind.UNPACK.value: "bundles",
-    OperationKind.LONG_TERM_ARCHIVE.value: "packages",
+    OperationKind.LONG_TERM_ARCHIVE.value: "copies",  # one per package and archive location
     OperationKind.STAGING.value: "packages",
     OperationKind.FIXITY_CHECK.value: "copies",
     OperationKind.DELETION.value: "copies",

@@ -26,7 +26,7 @@ from sqlalchemy import func, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, UTCDateTime, utcnow
-from ..domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind
+from ..domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind, Status
 from ..context import ProcessContext
 from ..convergence import holds_artifact_bytes
 
@@ -311,13 +311,33 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
             reasons.append(f"only {have} of {need} required verified archive copies exist")
         if not any(c.id != copy.id and c.location_id != copy.location_id for c in present):
             reasons.append("it is the last verified copy of the package")
-        out[copy.id] = reasons + _in_flight_and_fixity(ctx, in_flight[copy.id], _failed_latest(rows))
+        flying = in_flight[copy.id]
+        if flying and _archived_at_copy_site(ctx, copy, rows):
+            # an unpack of its bundle waiting to run again (for space, after a failure) reads
+            # past a package archived at every archive of the site (stages/unpack.archived_at_site):
+            # it will not need this copy, whose space may be what it waits for; one running may
+            flying = [op for op in flying if not (op.kind == OperationKind.UNPACK.value
+                                                  and op.status != Status.IN_PROGRESS.value
+                                                  and op.raw_data_package_id is None)]
+        out[copy.id] = reasons + _in_flight_and_fixity(ctx, flying, _failed_latest(rows))
         out[copy.id] += [f"the archive copy of package {other} of its bundle at {ctx.location_name(loc)} is {status} "
                          "(failed its last fixity check): the bundle may be rebuilt from this copy"
                          for other, loc, status in siblings_failed.get(copy.id, [])]
         if leaving is not None and not out[copy.id]:
             leaving.add(copy.id)
     return out
+
+
+def _archived_at_copy_site(ctx: ProcessContext, copy: PhysicalCopy, rows: list[Any]) -> bool:
+    """Whether the package of raw package ``copy`` has a ``present`` copy at every active
+    long-term archive of the copy's site (``rows``: every copy of the package, as
+    :func:`deletion_blockers_many` reads them): the rule an unpack reads past a package by
+    (:func:`packhorse.stages.unpack.archived_at_site`). A site without an archive: ``False``."""
+    site = ctx.topology.location_site[ctx.location_name(copy.location_id)]
+    archives = {ctx.topology.location_ids[loc.name] for loc in ctx.settings.locations
+                if loc.site == site and loc.active and loc.role is LocationRole.LONG_TERM_ARCHIVE}
+    held = {r.location_id for r in rows if r.status == CopyStatus.PRESENT.value}
+    return bool(archives) and archives <= held
 
 
 def _siblings_failed_fixity(session: Session, ctx: ProcessContext, raw: list[PhysicalCopy],
