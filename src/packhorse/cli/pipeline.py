@@ -294,6 +294,10 @@ def run(
         raise typer.Exit(128 + signum)
     if not quiet:
         print(f"packhorse run: finished in {elapsed:.1f} s", file=sys.stderr)
+    if not until_idle and signum is not None:
+        # a service stopped (systemd's SIGTERM, Ctrl-C): what is FAILED or blocked was printed
+        # above; the exit code says the stop went well, or the unit would look crashed
+        raise typer.Exit(EXIT_OK)
     raise typer.Exit(code)
 
 
