@@ -32,6 +32,11 @@ from ..errors import (
 from .base import Recorder, Work
 
 log = structlog.get_logger(__name__)
+#: ``confirmed_mtime_ns`` given to the registration of a source file found rewritten in place
+#: (other bytes, the same size and mtime) when its archived package's source files were to be
+#: deleted: no file has it, so the scan's next full listing sees the file differ from its
+#: registration and registers its bytes as a new version (README "Versions").
+SOURCE_REWRITTEN_MTIME_NS = -1
 
 
 def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
@@ -165,6 +170,7 @@ def _delete_source_files(work: Work) -> Recorder:
     work.info.update(location=loc, files=len(files))
     quiet_for = ctx.settings.deletion.source_retention_seconds
     ids: list[int] = []
+    rewritten: list[int] = []
     for f in files:
         work.check()
         info = backend.stat(f.relative_path)
@@ -173,14 +179,27 @@ def _delete_source_files(work: Work) -> Recorder:
             continue
         unchanged = info.size == f.size and info.mtime_ns == f.mtime_ns
         quiet = time.time() - info.mtime >= quiet_for
-        if unchanged and quiet and backend.sha256(f.relative_path) == f.sha256:
-            backend.delete(f.relative_path, prune=False)  # the instrument's folders stay
-            ids.append(f.id)
+        if unchanged and quiet:
+            if backend.sha256(f.relative_path) == f.sha256:
+                backend.delete(f.relative_path, prune=False)  # the instrument's folders stay
+                ids.append(f.id)
+                continue
+            # other bytes under the same size and mtime (rewritten in place, its mtime put
+            # back): not ours to delete, and not what was archived; the scan only compares size
+            # and mtime, so its registration is made to differ (SOURCE_REWRITTEN_MTIME_NS): the
+            # next full listing registers the new bytes as a new version, which is archived
+            log.warning("source_file_rewritten_in_place", location=loc, path=f.relative_path,
+                        registered_sha256=f.sha256)
+            rewritten.append(f.id)
         # a file modified since registration (or too recently) is not ours to delete: it stays
 
     def record(s: Session) -> None:
         now = utcnow()
         for row in s.scalars(select(RawDataFile).where(RawDataFile.id.in_(ids))):
             row.source_deleted_at = now
+        if rewritten:
+            s.execute(update(RawDataFile).where(RawDataFile.id.in_(rewritten))
+                      .values(confirmed_mtime_ns=SOURCE_REWRITTEN_MTIME_NS),
+                      execution_options={"synchronize_session": False})
 
     return record
