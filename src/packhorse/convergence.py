@@ -24,8 +24,14 @@ site, the next step from the nearest good source of the right bytes that still e
    deterministic, I3: the same bytes, recorded sha256, "already there" downstream); this is
    also how a bundle whose first build FAILED on a package tar lost or damaged in the source
    buffer is built once the package has been rebuilt;
-5. otherwise rebuild the missing packages of the bundle from their registered source files
-   (again byte-identical, I3).
+5. otherwise the packages to ship again go in a bundle of their own: each is rebuilt from its
+   registered source files where it is not at the source buffer (byte-identical, I3), then
+   taken out of its old bundle (:attr:`Plan.detach`, by the bundle manager, a compare-and-set)
+   and bundled anew with whatever waits there. Its siblings are neither rebuilt nor shipped:
+   one package of a 1 GiB bundle costs its own bytes, and a sibling whose source files are
+   gone does not hold it back. A bundle a package was taken out of is never built again (its
+   recorded bytes carry that package); an unpack of a copy of it still somewhere reads past
+   the package (:mod:`packhorse.stages.unpack`).
 
 A step already in flight (an active operation on the package or its bundle towards that
 site) is waited for. Each repair operation has its own dedup key: the first-generation key
@@ -120,6 +126,11 @@ class Plan:
     wanted: dict[OperationKind, dict[str, dict[str, Any]]] = field(default_factory=dict)
     stale_archived: list[int] = field(default_factory=list)
     dead_ends: list[DeadEnd] = field(default_factory=list)
+    #: package id -> (the bundle it is to be taken out of, its source site): packages at their
+    #: source buffer to ship again whose bundle is not rebuilt (a sibling is not at the source
+    #: buffer); the bundle manager takes them out (:func:`packhorse.managers.bundles.manage`)
+    #: and bundles them anew, with whatever else waits there
+    detach: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     def want(self, kind: OperationKind, key: str, **kwargs: Any) -> None:
         self.wanted.setdefault(kind, {})[key] = kwargs
@@ -281,8 +292,11 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
     active = [o for o in ops if o.status in _ACTIVE]
     source_gone = set(s.scalars(select(RawDataFile.raw_data_package_id).where(
         RawDataFile.raw_data_package_id.in_(sorted(all_pkgs)), RawDataFile.source_deleted_at.is_not(None))))
-    bundle_names = dict(s.execute(select(DataTransferPackage.id, DataTransferPackage.name).where(
-        DataTransferPackage.id.in_(sorted(bundle_ids)))).all()) if bundle_ids else {}
+    bundle_rows = s.execute(select(DataTransferPackage.id, DataTransferPackage.name, DataTransferPackage.package_count)
+                            .where(DataTransferPackage.id.in_(sorted(bundle_ids)))).all() if bundle_ids else []
+    # a bundle some package was taken out of (shipped again in a bundle of its own) is never
+    # built again: its recorded bytes carry that package
+    split = {r.id for r in bundle_rows if r.package_count is not None and r.package_count > len(members.get(r.id, []))}
 
     def present_at(cs: list[_Copy], loc: int) -> _Copy | None:
         return next((c for c in cs if c.loc == loc and c.status == CopyStatus.PRESENT.value), None)
@@ -401,7 +415,7 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
         sbuf = topo.location_ids[ctx.settings.buffer_of(site).name]
         bcs = bcopies_of.get(bid, [])
         absent = [m for m in sorted(members.get(bid, [])) if present_at(copies_of.get(m, []), sbuf) is None]
-        if not absent:
+        if not absent and bid not in split:
             # the build reads its packages at the source buffer and fills the bundle's copy
             # there: a build that FAILED because a package was gone or bad (recorded so by its
             # failure) is followed by a new generation once that package is rebuilt
@@ -410,18 +424,18 @@ def plan(s: Session, ctx: "ProcessContext") -> Plan:
                      generation_key(OperationKind.DATA_TRANSFER_PACKAGE, f"dtp{bid}", None, gen),
                      site_id=topo.site_ids[site], data_transfer_package_id=bid, destination_location_id=sbuf)
             continue
-        # every absent package must be rebuildable, else none is rebuilt (a rebuilt sibling
-        # would only be freed again, and rebuilt again, for ever)
-        reasons = [f"{names[m]}: {why}" for m in absent
-                   if (why := rebuild(m, sbuf, topo.site_ids[site], src_loc_of[m], want=False))]
-        if not reasons:
-            for m in absent:
-                rebuild(m, sbuf, topo.site_ids[site], src_loc_of[m])
-        else:
-            for pid in waiting:
-                stuck.setdefault(pid, []).append(
-                    f"its bundle {bundle_names.get(bid, bid)} cannot be rebuilt at the source buffer: "
-                    + "; ".join(reasons))
+        # a sibling is not at the source buffer (freed once archived, its source files perhaps
+        # gone): the packages to ship again go in a bundle of their own, rebuilt from their
+        # source files first where they are not there; the siblings are neither rebuilt nor
+        # shipped (a rebuilt sibling would only be freed again). Not while an operation on the
+        # bundle is in flight anywhere: its membership changes.
+        if any(o.data_transfer_package_id == bid for o in active):
+            continue
+        for pid in sorted(waiting):
+            if present_at(copies_of.get(pid, []), sbuf) is not None:
+                out.detach[pid] = (bid, site)
+            elif why := rebuild(pid, sbuf, topo.site_ids[site], src_loc_of[pid]):
+                stuck.setdefault(pid, []).append(f"{names[pid]}: {why}")
     for pid, why in sorted(stuck.items()):
         mine = copies_of.get(pid, [])
         # one per place: a copy repaired and bad again has two records, the latest speaks

@@ -32,7 +32,7 @@ from packhorse.db.models import Notification, PhysicalCopy, RawDataPackage
 from e2e_helpers import LTAS, QUARANTINE_PREFIX, Pipeline, assert_archived_everywhere, sha256_file, source_files
 from support import SRC, write_settled
 
-# two observation units: two packages, one bundle (a repair of one must rebuild its sibling too)
+# two observation units: two packages, one bundle (a repair of one ships it in a bundle of its own)
 GROUPS = ("inst/obs01", "inst/obs02")
 
 
@@ -142,13 +142,42 @@ def test_every_archive_copy_corrupt_is_re_archived_from_the_source_files(pipelin
     events = [(lvl, ev) for lvl, ev, _, _ in notifications(p)]
     assert ("CRITICAL", "no_good_source") not in events
     assert events.count(("INFO", "fixity_repaired")) == len(LTAS), events
-    # its sibling came along in the bundle shipped again, but is archived at both sites
-    # already: read past at the destinations, not unpacked into their buffers again
+    # it travelled in a bundle of its own: its sibling, archived at both sites, was neither
+    # rebuilt nor shipped again (one copy of it ever at each buffer)
     bundles = query(p, lambda s: s.execute(text(
         "SELECT COUNT(DISTINCT data_transfer_package_id) FROM raw_data_packages")).scalar())
-    assert bundles == 1, "both packages were to travel in one bundle"
+    assert bundles == 2, "the repaired package was to travel alone"
     statuses = copy_statuses(p, package_names(p)[1])
-    assert statuses["cologne-buffer"] == statuses["cornell-buffer"] == ["deleted"], statuses
+    assert statuses["fyst-buffer"] == statuses["cologne-buffer"] == statuses["cornell-buffer"] == ["deleted"], statuses
+
+
+def test_a_package_whose_siblings_sources_are_gone_is_repaired_from_its_own_source_files(pipeline) -> None:
+    """Every archive copy of a package bad, its own source files intact, its bundle's sibling
+    removed from the source by hand (routine once archived): the repair used to need the whole
+    bundle rebuilt, tried to rebuild the sibling, failed, and declared the package a dead end
+    (found by a trial). It is rebuilt alone and shipped in a bundle of its own; nothing FAILS."""
+    p = archived_once(pipeline, bundle_max_wait_seconds=0.5)
+    name, sibling = package_names(p)
+    good = {lta: sha256_file(p.location(lta) / f"raw/{name}.tar") for lta in LTAS}
+    corrupt_archive_copies(p, name)
+    for path in (p.source / sibling).iterdir():
+        path.unlink()
+    assert p.verify()[0] == 1  # the bad copies are recorded
+
+    p.run()  # exit 0: nothing FAILED, nothing blocked
+
+    st = p.status()
+    assert st["packages"] == {"total": 2, "archived": 2, "failed": 0}, st["packages"]
+    assert st["failed_operations"] == [] and st["blocked"] == [], (st["failed_operations"], st["blocked"])
+    code, report = p.verify()
+    assert code == 0 and report["ok"] == report["checked"] == 2 * len(GROUPS), report
+    for lta in LTAS:
+        assert sha256_file(p.location(lta) / f"raw/{name}.tar") == good[lta]
+        assert copy_statuses(p, name)[lta] == ["corrupt", "present"]
+    ops = query(p, lambda s: s.execute(text(
+        "SELECT o.kind FROM operations o JOIN raw_data_packages r ON o.raw_data_package_id = r.id "
+        f"WHERE r.name = '{sibling}' AND o.kind = 'raw_data_package'")).all())
+    assert len(ops) == 1, "the sibling was rebuilt again"
 
 
 def test_a_folder_standing_at_an_archive_key_is_moved_aside_and_the_copy_made_again(pipeline) -> None:

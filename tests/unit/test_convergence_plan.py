@@ -102,24 +102,39 @@ def test_every_archive_copy_bad_walks_back_to_the_source_files_then_forward(tmp_
     assert ctx.db.transact(lambda s: refresh_archived(s, ctx, p.stale_archived)) == 1
     assert ctx.db.read(lambda s: s.get(RawDataPackage, a).archived_at) is None
     assert ctx.db.read(lambda s: s.get(RawDataPackage, b).archived_at) is not None
-    # no copy of a or of its bundle anywhere: rebuild both packages of the bundle (its sibling
-    # too) from their source files, each with a new generation (one copy gone at the buffer)
-    assert _keys(ctx) == {"raw_data_package": [f"raw_data_package:rdp{a}#g1", f"raw_data_package:rdp{b}#g1"]}
+    # no copy of a or of its bundle anywhere: rebuild a from its source files (a new generation:
+    # its copy at the source buffer is gone); its sibling b, archived, is neither rebuilt nor
+    # shipped again
+    assert _keys(ctx) == {"raw_data_package": [f"raw_data_package:rdp{a}#g1"]}
     _add(ctx, raw=a, loc="fyst-buffer")
+    # a is back at the source buffer: it leaves the bundle (b is not there, so the bundle is not
+    # rebuilt) and travels in a bundle of its own, which the bundle manager makes
+    p = ctx.db.read(lambda s: plan(s, ctx))
+    assert p.wanted == {} and p.detach == {a: (dtp, "fyst")}, (p.wanted, p.detach)
+    ctx.db.transact(lambda s: s.execute(update(RawDataPackage).where(RawDataPackage.id == a)
+                                        .values(data_transfer_package_id=None)))
+    # not bundled, at the source buffer: the forward flow's from here; the old bundle, one
+    # package short now, is never rebuilt, even with every package it still has at the buffer
     _add(ctx, raw=b, loc="fyst-buffer")
-    # gone at the source buffer before: the bundle's copy and both packages' (freed once archived)
-    assert _keys(ctx) == {"data_transfer_package": [f"data_transfer_package:dtp{dtp}#g3"]}
-    _add(ctx, dtp=dtp, loc="fyst-buffer")
-    # gone before: one bundle copy at the source buffer, one at each destination buffer
-    assert _keys(ctx) == {"transfer": [f"transfer:dtp{dtp}->cologne-buffer#g2", f"transfer:dtp{dtp}->cornell-buffer#g2"]}
-    _add(ctx, dtp=dtp, loc="cologne-buffer")
-    # at cologne: unpack again (its bundle copy and both package copies there are gone: 3)
-    assert _keys(ctx) == {"transfer": [f"transfer:dtp{dtp}->cornell-buffer#g2"],
-                          "unpack": [f"unpack:dtp{dtp}->cologne-buffer#g3"]}
-    _add(ctx, raw=a, loc="cologne-buffer")
-    _add(ctx, raw=a, loc="cornell-lta")  # cornell repaired meanwhile from an archive copy
-    # a is at the cologne buffer: the fixity repair of cologne-lta takes it from there
-    assert _keys(ctx) == {}
+    p = ctx.db.read(lambda s: plan(s, ctx))
+    assert p.wanted == {} and p.detach == {} and p.dead_ends == [], (p.wanted, p.detach)
+
+
+def test_a_split_bundle_is_not_rebuilt_and_its_lost_packages_leave_it_too(tmp_path: Path) -> None:
+    # a bundle a package was taken out of (its recorded bytes carry that package) is never built
+    # again: a package of it lost everywhere later leaves it too, even with all its remaining
+    # packages at the source buffer
+    ctx = _ctx(tmp_path)
+    a, b, dtp = _archived_bundle(ctx)
+    ctx.db.transact(lambda s: s.execute(update(RawDataPackage).where(RawDataPackage.id == a)
+                                        .values(data_transfer_package_id=None)))
+    for lta in ("cologne-lta", "cornell-lta"):
+        _set(ctx, "corrupt", raw=b, loc=lta)
+    ctx.db.read(lambda s: plan(s, ctx))
+    ctx.db.transact(lambda s: refresh_archived(s, ctx, [b]))
+    _add(ctx, raw=b, loc="fyst-buffer")
+    p = ctx.db.read(lambda s: plan(s, ctx))
+    assert p.wanted == {} and p.detach == {b: (dtp, "fyst")}, (p.wanted, p.detach)
 
 
 def test_a_bundle_build_that_failed_on_a_lost_package_is_built_again_once_the_package_is_rebuilt(

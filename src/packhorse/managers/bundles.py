@@ -5,6 +5,9 @@ bundled once they reach ``bundle_target_bytes``. The rest waits until the oldest
 waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (``run
 --until-idle`` sets it when nothing else is pending).
 
+A package to be shipped again whose old bundle is not rebuilt (:mod:`packhorse.convergence`,
+step 5) is first taken out of that bundle, then bundled like a new one.
+
 Which raw packages go in which bundle is decided once, even with many managers running at the
 same time (:mod:`packhorse.pipeline`, high availability): one manager at a time bundles a
 source site (a transaction-level advisory lock on PostgreSQL, taken without waiting: the others
@@ -51,6 +54,7 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
         buf = ctx.settings.buffer_of(site).name
         buf_id = ctx.topology.location_ids[buf]
         site_id = ctx.topology.site_ids[site]
+        _take_out(ctx, site, repairs)
 
         def find(s: Session, lock: bool = False) -> list[Any]:
             q = (select(RawDataPackage.id, RawDataPackage.size, PhysicalCopy.created_at)
@@ -123,3 +127,24 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
     created += create_missing(ctx, OperationKind.DATA_TRANSFER_PACKAGE,
                               planned(ctx, OperationKind.DATA_TRANSFER_PACKAGE, repairs))
     return created, due_in
+
+
+def _take_out(ctx: ProcessContext, site: str, repairs: "Plan | None") -> int:
+    """Take the packages of ``site`` the repair plan ships again in a bundle of their own out
+    of their old bundle (:attr:`packhorse.convergence.Plan.detach`): each a compare-and-set on
+    its ``data_transfer_package_id`` (another manager may have done it), so that the bundling
+    below takes them with whatever else waits at the source buffer. Returns how many."""
+    mine = [(pid, bid) for pid, (bid, at) in (repairs.detach.items() if repairs is not None else []) if at == site]
+    if not mine:
+        return 0
+
+    def tx(s: Session) -> int:
+        return sum(s.execute(update(RawDataPackage).where(RawDataPackage.id == pid,
+                                                          RawDataPackage.data_transfer_package_id == bid)
+                             .values(data_transfer_package_id=None)).rowcount for pid, bid in mine)
+
+    n = ctx.db.transact(tx)
+    if n:
+        log.info("packages_taken_out_of_their_bundle", site=site, packages=[pid for pid, _ in mine],
+                 reason="shipped again in a bundle of their own: their bundle is not rebuilt")
+    return n

@@ -151,7 +151,8 @@ class _Package(Protocol):
 def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: str,
                   packages: Mapping[str, _Package], limits: ExtractionLimits,
                   done: list[tuple[int, str, int, str]] | None = None,
-                  not_needed: Collection[str] = ()) -> list[tuple[int, str, int, str]]:
+                  not_needed: Collection[str] = (),
+                  taken_out: Callable[[str], bool] | None = None) -> list[tuple[int, str, int, str]]:
     """Read the bundle tar ``stream`` once and publish every raw package it carries to ``buf``
     (but those of ``not_needed``).
 
@@ -167,6 +168,10 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         not_needed: payload paths of packages this buffer need not hold (archived already at
             every archive its copy would go to): read past, their bytes checked against the
             bundle's manifest all the same, nothing written.
+        taken_out: ``taken_out(path)``: whether a payload path that is none of ``packages`` is
+            a package taken out of this bundle since it was built (shipped again in a bundle
+            of its own, :mod:`packhorse.convergence`): read past like ``not_needed``. ``None``:
+            every payload must be one of ``packages``.
 
     Returns:
         ``[(package id, key, size in bytes, sha256)]`` of every raw package now in ``buf``.
@@ -185,6 +190,8 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
     def on_payload(path: str, size: int, member: BinaryIO) -> str:
         """Copy one raw package out of the bundle, verifying its own bag; returns its sha256."""
         pkg = packages.get(path)
+        if pkg is None and taken_out is not None and taken_out(path):
+            return sha256_stream(member)  # it travels in another bundle now; the manifest checks it
         if pkg is None:
             raise VerificationError(f"{source}: bundle carries {path!r}, which is not one of its packages",
                                     path=path, step="unpack")
@@ -259,6 +266,20 @@ def archived_at_site(s: Session, ctx: "ProcessContext", buffer: str, package_ids
     return {pid for pid, locs in held.items() if len(locs) == len(archives)}
 
 
+def _taken_out_of(ctx: "ProcessContext", dtp_id: int) -> Callable[[str], bool]:
+    """For a bundle that carries fewer packages now than it was built with: whether payload
+    path ``<name>.tar`` is a package that was in it and travels in another bundle now (taken
+    out to be shipped again alone; :attr:`packhorse.convergence.Plan.detach`)."""
+    def moved(path: str) -> bool:
+        if not path.endswith(".tar"):
+            return False
+        bundle = ctx.db.read(lambda s: s.execute(select(RawDataPackage.data_transfer_package_id).where(
+            RawDataPackage.name == path[:-len(".tar")])).first())
+        return bundle is not None and bundle[0] != dtp_id
+
+    return moved
+
+
 def run(work: Work) -> Recorder:
     """Unpack and verify every raw package of the bundle that this site still needs
     (:func:`archived_at_site`: not those archived at every archive of the site already);
@@ -300,7 +321,9 @@ def run(work: Work) -> Recorder:
         with stream as f:
             unpack_bundle(work, f, buf=buf, source=f"{buf_name}:{key}", packages={f"{p.name}.tar": p for p in pkgs},
                           limits=ExtractionLimits.from_settings(ctx.settings), done=done,
-                          not_needed={f"{p.name}.tar" for p in pkgs if p.id in done_here})
+                          not_needed={f"{p.name}.tar" for p in pkgs if p.id in done_here},
+                          taken_out=(_taken_out_of(ctx, dtp_id) if dtp.package_count is not None
+                                     and dtp.package_count > len(pkgs) else None))
         seen_ids = {d[0] for d in done} | done_here
         missing = sorted(p.name for p in pkgs if p.id not in seen_ids)
         if missing:
