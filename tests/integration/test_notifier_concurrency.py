@@ -117,3 +117,45 @@ def test_failures_of_one_cause_recorded_at_once_all_land_in_one_digest(db: Datab
     [row] = db.read(lambda s: list(s.scalars(select(Notification))))
     assert sorted(f["operation_id"] for f in row.context["failures"]) == sorted(ids)
     assert row.subject == "Permanent failure x8 (long_term_archive): DestinationWriteError at cologne-lta"
+
+
+def test_an_operation_reset_and_failed_again_is_listed_once_in_the_digest(db: Database) -> None:
+    """A digest listed an operation that an operator reset and that failed again within the
+    gather window twice ("Permanent failure x2", one operation; found by a trial): it is one
+    operation, listed once with its latest failure."""
+    from sqlalchemy.orm import Session
+
+    from packhorse.db.models import Site
+    from packhorse.domain import OperationKind
+    from packhorse.errors import DestinationConflictError
+    from packhorse.operations import claim, create_operation, dedup_key, record_failure, reset_failed
+
+    def ops(s: Session) -> list[int]:
+        s.add(Site(name="cologne"))
+        s.flush()
+        sid = s.scalar(select(Site.id))
+        return [create_operation(s, kind=OperationKind.LONG_TERM_ARCHIVE,
+                                 dedup_key=dedup_key(OperationKind.LONG_TERM_ARCHIVE, f"p{i}"), site_id=sid,
+                                 max_retries=0).id for i in range(2)]
+
+    first, other = db.transact(ops)
+
+    def fail(op_id: int, attempt: int) -> None:
+        c = claim(db, op_id, "w", 60)
+        assert c is not None and c.attempt == attempt
+        exc = DestinationConflictError("cologne-lta: cannot create the folder of 'raw/cam.tar/x.tar'",
+                                       step="publish", side="destination", path="raw/cam.tar/x.tar",
+                                       host="cologne-lta")
+        record_failure(db, c, exc, backoff_base=0, backoff_max=0, notification_cooldown_seconds=3600,
+                       notification_gather_seconds=60)
+
+    fail(first, 1)
+    assert reset_failed(db, OperationKind.LONG_TERM_ARCHIVE, first) == [first]
+    fail(first, 2)
+    [row] = db.read(lambda s: list(s.scalars(select(Notification))))
+    assert [f["operation_id"] for f in row.context["failures"]] == [first]
+    assert row.subject.startswith(f"Permanent failure: long_term_archive {first}"), row.subject
+    fail(other, 1)  # another operation of the cause: two now
+    [row] = db.read(lambda s: list(s.scalars(select(Notification))))
+    assert [f["operation_id"] for f in row.context["failures"]] == [first, other]
+    assert row.subject.startswith("Permanent failure x2"), row.subject

@@ -324,7 +324,14 @@ def operation_failed(session: Session, error_context: dict[str, Any], *, cooldow
 
     def merge(row: Notification) -> tuple[str, str, dict[str, Any]]:
         merged = {**(row.context or {})}
-        merged["failures"] = [*merged.get("failures", []), item]
+        # one line per operation: an operation reset and failed again within the window is
+        # listed once, at its place, with its latest failure
+        earlier = merged.get("failures", [])
+        if any(f.get("operation_id") == op_id and f.get("operation_kind") == kind for f in earlier):
+            merged["failures"] = [item if (f.get("operation_id"), f.get("operation_kind")) == (op_id, kind) else f
+                                  for f in earlier]
+        else:
+            merged["failures"] = [*earlier, item]
         s, b = render_failure(merged)
         return s, b, merged
 
