@@ -268,8 +268,11 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
     boundary = ctx.get("diagnosis")
     etype = ctx.get("error_type")
     if etype == "DestinationConflictError":
-        line = (f"the destination {ctx.get('host') or ''}:{ctx.get('path') or ''} already holds different bytes; "
-                "packhorse never overwrites: find out who wrote that object and move it aside, then reset")
+        line = (f"the destination {ctx.get('host') or ''}:{ctx.get('path') or ''} already holds different bytes "
+                "that this database has no copy of; packhorse never overwrites: find out who wrote that object. "
+                "If the ops database was restored from a backup older than the archive, it may be this "
+                "package's earlier archived content (a file changed at the source since): keep it (move it "
+                "aside inside the archive, not away), then reset")
     elif etype in MISSING_ERRORS or (what and "missing" in what.lower()):
         line = "the bytes to read are gone" + (f": {'; '.join(causes)}" if causes else
                                                f" ({ctx.get('path') or 'path unknown'}), and the database records no deletion")

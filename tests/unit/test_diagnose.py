@@ -93,6 +93,28 @@ def test_the_diagnosis_names_the_deletion_that_removed_the_source(tmp_path: Path
     assert roles["cologne-buffer"] == ("buffer", "absent")
 
 
+def test_a_conflict_at_an_archive_warns_that_the_object_may_be_earlier_archived_content(tmp_path: Path,
+                                                                                          empty_db) -> None:
+    # the diagnosis said "find out who wrote that object and move it aside": after an ops
+    # database restored from an older backup, the object is the package's earlier archived
+    # content, and moving it away loses it (found by a trial)
+    ctx = _ctx(tmp_path, empty_db)
+    loc = ctx.topology.location_ids
+
+    def tx(s) -> int:
+        op = _op(s, ctx, OperationKind.LONG_TERM_ARCHIVE, "FAILED", destination_location_id=loc["cologne-lta"])
+        op.error_context = {"error_type": "DestinationConflictError", "will_retry": False, "host": "cologne-lta",
+                            "path": "raw/cam/obs9.tar", "message": "cologne-lta: 'raw/cam/obs9.tar' already holds "
+                                                                   "different bytes"}
+        return op.id
+
+    op_id = ctx.db.transact(tx)
+    rep = empty_db.read(lambda s: diagnose_operation(s, OperationKind.LONG_TERM_ARCHIVE, op_id))
+    assert rep["diagnosis"].startswith("the destination cologne-lta:raw/cam/obs9.tar already holds different bytes")
+    assert "restored from a backup older than the archive" in rep["diagnosis"]
+    assert "keep it" in rep["diagnosis"]
+
+
 def test_a_stalled_operation_is_diagnosed_as_stalled(tmp_path: Path, empty_db) -> None:
     ctx = _ctx(tmp_path, empty_db)
     ids = _world(ctx)
