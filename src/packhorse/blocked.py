@@ -94,13 +94,13 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
 
 def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """One item per data location that operations wait for space at
-    (:func:`~packhorse.availability.waiting_for_space`): their write met a full file system.
+    (:func:`~packhorse.space.waiting_for_space`): their write met a full file system.
     Cause ``location_full``, :data:`EXIT_WAITING`: they go on by themselves once there is space
     (deletions under disk pressure, or an operator). ``detail``: ``location``,
     ``operations_waiting``, ``since`` (the oldest wait, ISO 8601 UTC), ``last_error``."""
     from sqlalchemy import select
 
-    from .availability import waiting_for_space
+    from .space import waiting_for_space
     from .db.models import Operation
     from .domain import LocationRole
 

@@ -227,7 +227,7 @@ class NeverFitsError(PermanentError):
     so it fails and a human is told (DESIGN.md I5: every state has an owner). The message
     names the location, the bytes needed and the file system's size; ``packhorse reset``
     releases the operation once the location is larger
-    (:func:`packhorse.availability.never_fits`).
+    (:func:`packhorse.space.never_fits`).
     """
 
 

@@ -220,7 +220,8 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
         whatever a manager raises (a database error outliving its unit of work's retries): the
         service loop counts it and the next cycle starts afresh.
     """
-    from .availability import check_outages, space_freed
+    from .availability import check_outages
+    from .space import space_freed
 
     check_outages(ctx, every_location=inp.look_at_all_locations)  # locations back from an outage: their waiting operations are due at once
     space_freed(ctx)  # locations where deletions freed space: the operations waiting for it are due at once

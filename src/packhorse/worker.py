@@ -268,9 +268,9 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
 def _never_fits(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -> NeverFitsError | None:
     """A :class:`~packhorse.errors.NeverFitsError` when what the attempt that met a full file
     system must hold at once is larger than that whole file system
-    (:func:`packhorse.availability.never_fits`), else ``None`` (it waits for space). A check
+    (:func:`packhorse.space.never_fits`), else ``None`` (it waits for space). A check
     that itself fails counts as "may fit": waiting is the safe side."""
-    from .availability import never_fits
+    from .space import never_fits
 
     location = exc.host
     if c.operation is None or not location:
@@ -307,6 +307,11 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,
     location = exc.host or "?"
     note = _waiting_note(ctx, c, exc, WAITING_SPACE, f"data location {location} is full: it waits for space and "
                          "goes on by itself (no action needed unless it stays full)", location=location)
+    from .space import free_bytes
+
+    # what was free once the partial file was removed: more later means space was freed
+    # (packhorse.space.space_freed makes it due at once)
+    note.update(free_bytes=free_bytes(ctx, location) if location != "?" else None)
 
     def tell(s: Session) -> None:  # in the hand-back's own transaction
         enqueue(s, level=NotificationLevel.WARNING, event="location_full",

@@ -209,3 +209,68 @@ def test_a_bundle_larger_than_the_whole_destination_buffer_fails_and_says_so_ins
         p.run()
         assert (p.location("cologne-lta") / "raw/inst/obs1.tar").is_file()
         assert p.status()["failed_operations"] == []
+
+
+def test_packages_are_not_built_faster_than_a_small_source_buffer_can_bundle_them(pipeline) -> None:
+    """Packages were built into the source buffer as fast as they came: a small buffer filled up
+    with package tars, no bundle of them fitted beside them, nothing could be archived or freed,
+    and the run waited for ever (found by a trial). A package is built only while the buffer
+    keeps room for the bundle of what waits there: everything is archived, in one run."""
+    import os
+
+    from tmpfs_support import mount_tmpfs
+
+    p = pipeline(bundle_max_wait_seconds=1, bundle_target_bytes=5 << 20, workers=2)
+    for i in range(6):
+        f = p.source / "inst" / f"obs{i}" / "a.fits"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(os.urandom(5 << 19))  # 2.5 MiB packages; bundles of two
+    with mount_tmpfs(p.location("fyst-buffer"), 12) as buf:
+        p.init()
+        p.run(expect=0)
+        status = p.status()
+        assert status["packages"] == {"total": 6, "archived": 6, "failed": 0}, status["packages"]
+        assert status["blocked"] == [] and status["failed_operations"] == [], status
+        assert sorted(f.name for f in buf.rglob("*") if f.is_file()) == ["location.json"]
+
+
+def test_space_an_operator_frees_is_found_by_a_running_service_before_the_backoff_ends(pipeline) -> None:
+    """A service (plain ``packhorse run``) whose work waits for space at a full buffer went on
+    only after its backoff (up to ``retry_backoff_max_seconds``) once an operator freed space:
+    the manager cycle now sees the location has more bytes free than when the work was handed
+    back and makes it due at once (60 s of backoff here; it goes on within seconds)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from support import SRC
+    from tmpfs_support import mount_tmpfs
+
+    p = pipeline(bundle_max_wait_seconds=0, retry_backoff_base_seconds=60, retry_backoff_max_seconds=600)
+    data = p.source / "inst" / "obs1" / "a.fits"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(os.urandom(3 << 20))
+    with mount_tmpfs(p.location("cologne-buffer"), 8) as buf:
+        p.init()
+        ballast = buf / "ballast"
+        ballast.write_bytes(b"\0" * (6 << 20))  # the bundle does not fit
+        proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--quiet"],
+                                cwd=p.root, env={**os.environ, "PYTHONPATH": str(SRC)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not [b for b in p.status()["blocked"] if b["cause"] == "location_full"]:
+                assert proc.poll() is None and time.monotonic() < deadline, "the transfer never waited for space"
+                time.sleep(0.2)
+            ballast.unlink()  # the operator frees space
+            archived = p.location("cologne-lta") / "raw/inst/obs1.tar"
+            deadline = time.monotonic() + 30
+            while not archived.is_file():
+                assert proc.poll() is None and time.monotonic() < deadline, "still waiting for its backoff"
+                time.sleep(0.2)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.communicate(timeout=60)
+        assert p.status()["failed_operations"] == []

@@ -1,5 +1,5 @@
 """What an operation must hold at once at the location it writes to
-(:func:`packhorse.availability.space_needed`): the lower bound that decides whether a full
+(:func:`packhorse.space.space_needed`): the lower bound that decides whether a full
 location can ever take it (a bundle twice its packages, an unpack the bundle and its largest
 package), on database rows."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 from support import write_site_config
 
-from packhorse.availability import space_needed
+from packhorse.space import space_needed
 from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage

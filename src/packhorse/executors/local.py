@@ -48,7 +48,8 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from .. import logs
-from ..availability import look_for_space_again, waiting_for, waiting_for_space
+from ..availability import waiting_for
+from ..space import look_for_space_again, waiting_for_space
 from ..config import Settings
 from ..context import ProcessContext
 from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow

@@ -273,21 +273,24 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
         created_at=utcnow(), verified_at=when)).inserted_primary_key[0])
 
 def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | None = None,
-              data_transfer_package_id: int | None = None) -> int:
+              data_transfer_package_id: int | None = None, seen_gone_at: dt.datetime | None = None) -> int:
     """Record the present copy of an artifact at ``location_id`` as ``missing`` (a
     compare-and-set on ``present``, so a copy repaired, deleted or being deleted meanwhile is
-    left alone). Returns the rows changed (0 or 1). The desired state then finds another
-    source of the bytes (:mod:`packhorse.convergence`)."""
+    left alone). With ``seen_gone_at`` (UTC, when its key was found empty) only a copy recorded
+    by then: one recorded since is a new copy (a rebuild that published the key after that
+    look; marking it would ship it again for nothing). Returns the rows changed (0 or 1). The
+    desired state then finds another source of the bytes (:mod:`packhorse.convergence`)."""
     t = PhysicalCopy.__table__
     subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
                else t.c.data_transfer_package_id == data_transfer_package_id)
+    recorded_by = [t.c.created_at <= seen_gone_at] if seen_gone_at is not None else []
     return int(session.connection().execute(update(t).where(
-        subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value)
+        subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value, *recorded_by)
         .values(status=CopyStatus.MISSING.value, found_bad_at=utcnow())).rowcount or 0)
 
 
 def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id: int | None,
-                            data_transfer_package_id: int | None) -> None:
+                            data_transfer_package_id: int | None, seen_gone_at: dt.datetime | None = None) -> None:
     """Chain onto :attr:`Work.salvage` the recording of the copy at ``location_id`` as
     ``missing`` (:func:`mark_lost`), run in the attempt's fenced failure transaction (I3)."""
     earlier = work.salvage
@@ -296,7 +299,7 @@ def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id
         if earlier is not None:
             earlier(s)
         mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
-                  data_transfer_package_id=data_transfer_package_id)
+                  data_transfer_package_id=data_transfer_package_id, seen_gone_at=seen_gone_at)
 
     work.salvage = salvage
 
@@ -348,8 +351,12 @@ def note_lost_source(work: Work, backend: StorageBackend, key: str, *, location_
     a buffer before its transfer is rebuilt from its packages instead of staying "present"
     in the database for ever.
     """
+    looked = utcnow()
     if backend.stat(key) is not None:
         return False
+    # only the copy recorded before this look: a rebuild may publish and record a new one
+    # before this attempt's failure is written (two transfers of a lost bundle, one failing
+    # after the rebuild their first failure caused)
     _record_lost_on_failure(work, location_id=location_id, raw_data_package_id=raw_data_package_id,
-                            data_transfer_package_id=data_transfer_package_id)
+                            data_transfer_package_id=data_transfer_package_id, seen_gone_at=looked)
     return True

@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ..operations import fenced
 from ..packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
+from ..space import room_to_bundle
 from ..storage.base import Entry, EntryKind, StorageBackend
 from ..topology import raw_package_key
 from .base import Recorder, Work, clear_partials, publish_verified, record_copy, there_or_moved_aside
@@ -267,6 +268,8 @@ def run(work: Work) -> Recorder:
                 _source_available(work)
             withdraw(work, pkg_id, stale)
             continue
+        # keep room at the buffer for the bundle of what waits there (a deadlock otherwise)
+        room_to_bundle(ctx, pkg.name, sum(f.size for f in files), dst_name)
         try:
             size, sha = _build(work, pkg, files, src, dst, key)
         except (SourceChangedError, SourceMissingError) as e:

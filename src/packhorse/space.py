@@ -1,0 +1,239 @@
+"""Space at data locations: work that met a full file system waits for space, is woken when
+space is freed, and fails when it can never fit (DESIGN.md I5: every state has an owner).
+
+* A write that meets ``ENOSPC``/``EDQUOT`` hands its operation back to wait
+  (:func:`packhorse.worker._wait_for_space`: ``error_context["waiting"] = "space"``);
+  :func:`waiting_for_space` is the one condition for it (the idle check of ``run
+  --until-idle``, the blocked list).
+* It is made due again at once when packhorse freed space there (:func:`space_freed`, every
+  manager cycle of both executors), when a new ``packhorse run`` starts
+  (:func:`look_for_space_again`), else after its backoff.
+* What can never fit (:func:`space_needed` larger than the whole file system:
+  :func:`never_fits`) fails instead, and a human is told.
+* A package is built into its source buffer only while the buffer keeps room for the bundle
+  of what waits there to be bundled (:func:`room_to_bundle`): packages written faster than
+  they are bundled would otherwise fill the buffer so that no bundle fits and nothing can be
+  freed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from .db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
+from .domain import CopyStatus, Status
+from .errors import ConfigError, DestinationWriteError
+
+if TYPE_CHECKING:
+    from .context import ProcessContext
+
+log = structlog.get_logger(__name__)
+
+
+def waiting_for_space(*, in_backoff: bool = True) -> Any:
+    """The SQL condition "a ``PENDING`` operation handed back because the data location it
+    writes to was full" (:func:`packhorse.worker._wait_for_space`: ``error_context["waiting"] =
+    "space"``), with ``in_backoff`` only while its backoff lasts (``not_before`` in the future).
+    Within it, it waits for the world outside like one waiting for an unavailable location:
+    ``run --until-idle`` does not wait for it alone (exit 4); once due it is work like any
+    other (it looks for space again). ``status`` lists its location either way until it got
+    its space (``in_backoff=False``, :func:`packhorse.blocked.location_full`)."""
+    from .operations import WAITING_SPACE
+
+    return and_(Operation.status == Status.PENDING.value,
+                Operation.error_context["waiting"].as_string() == WAITING_SPACE,
+                *([Operation.not_before > utcnow()] if in_backoff else []))
+
+
+def look_for_space_again(ctx: "ProcessContext") -> int:
+    """Make every operation waiting for space (:func:`waiting_for_space`) due now: a run that
+    starts looks again at once (space may have been freed since the last one gave up), instead
+    of ending idle before their backoff passed. Returns how many were made due."""
+    def tx(s: Session) -> int:
+        now = utcnow()
+        return int(s.execute(update(Operation).where(waiting_for_space()).values(not_before=now, updated_at=now))
+                   .rowcount)
+
+    return ctx.db.transact(tx)
+
+
+def free_bytes(ctx: "ProcessContext", location: str) -> int | None:
+    """The bytes free for packhorse at disk location ``location`` now (``statvfs`` of its root,
+    or a test's hooks: :func:`packhorse.diskusage.provider_for`); ``None`` for an object store
+    or a root that cannot be measured."""
+    from pathlib import Path
+
+    from .diskusage import provider_for
+
+    try:
+        if ctx.settings.location(location).bucket:
+            return None
+        return provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location))).free
+    except (KeyError, ConfigError, OSError):
+        return None
+
+
+def space_freed(ctx: "ProcessContext") -> int:
+    """Make due at once every operation waiting for space in its backoff
+    (:func:`waiting_for_space`) at a data location where space was freed since it was handed
+    back: a deletion completed there, or the location has more bytes free than when it was
+    handed back (its ``error_context["free_bytes"]``: an operator freed some, or a file system
+    grew). It looks again now instead of after its backoff (up to ``[recovery]
+    retry_backoff_max_seconds``), and ``run --until-idle`` goes on instead of ending with
+    work that would fit now (exit 4). Both executors run it in every manager cycle
+    (:func:`packhorse.pipeline.manager_cycle`): a read of the few operations waiting for space,
+    and one ``statvfs`` per location they wait for. Returns how many were made due."""
+    from .domain import OperationKind
+
+    def waiting(s: Session) -> list[tuple[int, Any, Any, Any, Any]]:
+        return [tuple(r) for r in s.execute(select(  # type: ignore[misc]
+            Operation.id, Operation.updated_at, Operation.error_context["location_id"].as_integer(),
+            Operation.error_context["location"].as_string(), Operation.error_context["free_bytes"].as_integer())
+            .where(waiting_for_space())).all()]
+
+    rows = ctx.db.read(waiting)
+    if not rows:
+        return 0
+    free_now: dict[str, int | None] = {}
+    due = []
+    for op_id, since, loc_id, location, free_then in rows:
+        if location and free_then is not None:
+            if location not in free_now:
+                free_now[location] = free_bytes(ctx, location)
+            now_free = free_now[location]
+            if now_free is not None and now_free > free_then:
+                due.append(op_id)
+                continue
+        if loc_id is not None and ctx.db.read(lambda s, loc_id=loc_id, since=since: s.scalar(
+                select(Operation.id).where(Operation.status == Status.COMPLETED.value, Operation.finished_at > since,
+                                           Operation.kind == OperationKind.DELETION.value,
+                                           Operation.source_location_id == loc_id).limit(1))) is not None:
+            due.append(op_id)
+    if not due:
+        return 0
+
+    def tx(s: Session) -> int:
+        now = utcnow()
+        return int(s.execute(update(Operation).where(Operation.id.in_(due), waiting_for_space())
+                             .values(not_before=now, updated_at=now)).rowcount)
+
+    n = ctx.db.transact(tx)
+    if n:
+        log.info("space_freed_operations_due", operations=n)
+    return n
+
+
+def space_needed(s: Session, op: Operation) -> tuple[int, str] | None:
+    """The fewest bytes ``op`` must hold at once at the data location it writes to, with what
+    they are (for the message); ``None`` when its kind writes nothing of known size. A lower
+    bound (a tar is larger than its payload; inputs on another location of the same file
+    system are not counted), so that it is never larger than the truth:
+
+    * a raw data package: its payload files' bytes;
+    * a bundle: its packages' tars, which lie in the same buffer until the bundle is verified
+      and shipped, and the bundle of them: twice their bytes;
+    * a transfer: the bundle;
+    * an unpack: the bundle, which stays in the buffer until every package is out, and its
+      largest package (those published before can be archived and freed meanwhile);
+    * a long-term archive copy or a repair: the package's tar.
+    """
+    from .db.models import DataTransferPackage, RawDataFile
+    from .domain import OperationKind as K
+
+    kind = op.kind
+    if kind == K.RAW_DATA_PACKAGE.value and op.raw_data_package_id is not None:
+        n = s.scalar(select(func.sum(RawDataFile.size)).where(RawDataFile.raw_data_package_id == op.raw_data_package_id))
+        return (int(n), "the package's payload files") if n else None
+    if kind == K.DATA_TRANSFER_PACKAGE.value and op.data_transfer_package_id is not None:
+        n = s.scalar(select(func.sum(RawDataPackage.size)).where(
+            RawDataPackage.data_transfer_package_id == op.data_transfer_package_id))
+        return (2 * int(n), "the bundle's package tars and the bundle") if n else None
+    if kind in (K.TRANSFER.value, K.UNPACK.value) and op.data_transfer_package_id is not None:
+        bundle = s.scalar(select(DataTransferPackage.size).where(DataTransferPackage.id == op.data_transfer_package_id))
+        if not bundle:
+            return None
+        if kind == K.TRANSFER.value:
+            return int(bundle), "the bundle"
+        largest = s.scalar(select(func.max(RawDataPackage.size)).where(
+            RawDataPackage.data_transfer_package_id == op.data_transfer_package_id)) or 0
+        return int(bundle) + int(largest), "the bundle and its largest package"
+    if kind in (K.LONG_TERM_ARCHIVE.value, K.FIXITY_CHECK.value) and op.raw_data_package_id is not None:
+        n = s.scalar(select(RawDataPackage.size).where(RawDataPackage.id == op.raw_data_package_id))
+        return (int(n), "the package tar") if n else None
+    return None
+
+
+def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | None:
+    """Why ``op`` can never be done at disk location ``location`` however much space is freed
+    there (:func:`space_needed` is larger than the whole file system holding its root), else
+    ``None`` (it may fit once space is freed: it waits). Asked once a write met a full file
+    system (:func:`packhorse.worker._wait_for_space`); a location that cannot be measured (an
+    object store, a root not there) counts as one it may fit in. Sizes from
+    :func:`packhorse.diskusage.provider_for` (the file system, or a test's hooks)."""
+    from pathlib import Path
+
+    from .diskusage import provider_for
+
+    try:
+        loc = ctx.settings.location(location)
+        if loc.bucket:
+            return None
+        total = provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location))).total
+    except (KeyError, ConfigError, OSError):
+        return None
+    need = ctx.db.read(lambda s: space_needed(s, op))
+    if need is None or need[0] <= total:
+        return None
+    return (f"needs at least {need[0]:,} bytes at once at data location {location} ({need[1]}), more than its "
+            f"whole file system holds ({total:,} bytes): it can never fit there, whatever is freed")
+
+
+def room_to_bundle(ctx: "ProcessContext", package: str, size: int, location: str) -> None:
+    """Admission of a package build (``size`` bytes of payload, package ``package``) into the
+    disk buffer ``location``: its free space must hold the package and then the bundle of it
+    and of every package waiting there to be bundled (a bundle is written beside its package
+    tars, which stay until it is shipped and archived). Packages built faster than they are
+    bundled filled a small buffer so that no bundle fitted and nothing could ever be freed (a
+    deadlock, found by a trial). An object store, a root that cannot be measured, or nothing
+    waiting there: admitted.
+
+    Raises:
+        DestinationWriteError: ``out_of_space``: not room enough now; the build waits for space
+            like a full disk (woken when deletions free some there), naming the bytes.
+    """
+    if ctx.settings.location(location).bucket:
+        return
+    loc_id = ctx.topology.location_ids[location]
+    from sqlalchemy.orm import aliased
+
+    bundle_copy = aliased(PhysicalCopy)
+    bundle_here = (select(bundle_copy.id).where(
+        bundle_copy.data_transfer_package_id == RawDataPackage.data_transfer_package_id,
+        bundle_copy.location_id == loc_id, bundle_copy.status == CopyStatus.PRESENT.value)
+        .correlate(RawDataPackage).exists())
+    # the packages there whose bundle is not written there yet: not bundled, or bundled and
+    # waiting for the build (their bundle is written beside them)
+    waiting = int(ctx.db.read(lambda s: s.scalar(
+        select(func.coalesce(func.sum(RawDataPackage.size), 0))
+        .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
+        .where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
+               or_(RawDataPackage.data_transfer_package_id.is_(None), ~bundle_here)))) or 0)
+    if not waiting:
+        return
+    free = free_bytes(ctx, location)
+    if free is None:
+        return
+    need = size + (waiting + size)
+    if free >= need:
+        return
+    raise DestinationWriteError(
+        f"{location}: package {package} ({size:,} bytes) waits for space: the {free:,} bytes free must hold it "
+        f"and then the bundle of it and of the {waiting:,} bytes of packages there whose bundle is not written yet "
+        f"({need:,} bytes in all); it goes on once they are bundled, shipped and freed",
+        step="admission", side="destination", path=package, host=location, out_of_space=True,
+        diagnosis=(f"data location {location} keeps room for the next bundle; the package is built once that "
+                   "bundle has left (no action needed unless the location stays full)"))
