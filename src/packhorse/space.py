@@ -82,7 +82,9 @@ def space_freed(ctx: "ProcessContext") -> int:
     (:func:`waiting_for_space`) at a data location where space was freed since it was handed
     back: a deletion completed there, or the location has more bytes free than when it was
     handed back (its ``error_context["free_bytes"]``: an operator freed some, or a file system
-    grew). It looks again now instead of after its backoff (up to ``[recovery]
+    grew) and at least what it must still write (:func:`still_to_write`; unknown: 1 MiB more),
+    so that a few bytes freed by anything else on that file system do not start a write that
+    can only fail again. It looks again now instead of after its backoff (up to ``[recovery]
     retry_backoff_max_seconds``), and ``run --until-idle`` goes on instead of ending with
     work that would fit now (exit 4). Both executors run it in every manager cycle
     (:func:`packhorse.pipeline.manager_cycle`): a read of the few operations waiting for space,
@@ -105,9 +107,14 @@ def space_freed(ctx: "ProcessContext") -> int:
             if location not in free_now:
                 free_now[location] = free_bytes(ctx, location)
             now_free = free_now[location]
+            # more free than when it gave up, and enough for what it must write next (else a
+            # few bytes freed by anything on that file system would start a write that can
+            # only fail again)
             if now_free is not None and now_free > free_then:
-                due.append(op_id)
-                continue
+                need = ctx.db.read(lambda s, op_id=op_id: still_to_write(s, s.get(Operation, op_id)))
+                if now_free >= (need if need is not None else free_then + MIN_FREED_BYTES):
+                    due.append(op_id)
+                    continue
         if loc_id is not None and ctx.db.read(lambda s, loc_id=loc_id, since=since: s.scalar(
                 select(Operation.id).where(Operation.status == Status.COMPLETED.value, Operation.finished_at > since,
                                            Operation.kind == OperationKind.DELETION.value,
@@ -125,6 +132,38 @@ def space_freed(ctx: "ProcessContext") -> int:
     if n:
         log.info("space_freed_operations_due", operations=n)
     return n
+
+
+#: Bytes more free than when it gave up that make an operation of unknown need look again.
+MIN_FREED_BYTES = 1 << 20
+
+
+def still_to_write(s: Session, op: Operation | None) -> int | None:
+    """The bytes ``op`` must still write at the location it writes to, beyond what lies there
+    already (a lower bound, bytes; ``None``: unknown): a package's payload; a bundle, its
+    packages' bytes (they lie there already); a transfer, the bundle; an unpack, its largest
+    package (the bundle lies there already); an archive copy or a repair, the package tar."""
+    if op is None:
+        return None
+    from .db.models import DataTransferPackage, RawDataFile
+    from .domain import OperationKind as K
+
+    kind = op.kind
+    if kind == K.RAW_DATA_PACKAGE.value and op.raw_data_package_id is not None:
+        n = s.scalar(select(func.sum(RawDataFile.size)).where(RawDataFile.raw_data_package_id == op.raw_data_package_id))
+    elif kind == K.DATA_TRANSFER_PACKAGE.value and op.data_transfer_package_id is not None:
+        n = s.scalar(select(func.sum(RawDataPackage.size)).where(
+            RawDataPackage.data_transfer_package_id == op.data_transfer_package_id))
+    elif kind == K.TRANSFER.value and op.data_transfer_package_id is not None:
+        n = s.scalar(select(DataTransferPackage.size).where(DataTransferPackage.id == op.data_transfer_package_id))
+    elif kind == K.UNPACK.value and op.data_transfer_package_id is not None:
+        n = s.scalar(select(func.max(RawDataPackage.size)).where(
+            RawDataPackage.data_transfer_package_id == op.data_transfer_package_id))
+    elif kind in (K.LONG_TERM_ARCHIVE.value, K.FIXITY_CHECK.value) and op.raw_data_package_id is not None:
+        n = s.scalar(select(RawDataPackage.size).where(RawDataPackage.id == op.raw_data_package_id))
+    else:
+        return None
+    return int(n) if n else None
 
 
 def space_needed(s: Session, op: Operation) -> tuple[int, str] | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 from support import write_site_config
 
-from packhorse.space import space_needed
+from packhorse.space import space_needed, still_to_write
 from packhorse.config import load_config
 from packhorse.context import ProcessContext
 from packhorse.db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage
@@ -51,6 +51,17 @@ def test_each_kind_needs_what_it_writes_and_what_must_stay_beside_it(tmp_path: P
             found = space_needed(s, Operation(kind=kind.value, **subject))
             return None if found is None else found[0]
 
+        def still(kind: OperationKind, **subject: int) -> int | None:
+            return still_to_write(s, Operation(kind=kind.value, **subject))
+
+        writes.update({
+            "package": still(OperationKind.RAW_DATA_PACKAGE, raw_data_package_id=pkgs[1].id),
+            "bundle": still(OperationKind.DATA_TRANSFER_PACKAGE, data_transfer_package_id=dtp.id),
+            "transfer": still(OperationKind.TRANSFER, data_transfer_package_id=dtp.id),
+            "unpack": still(OperationKind.UNPACK, data_transfer_package_id=dtp.id),
+            "archive": still(OperationKind.LONG_TERM_ARCHIVE, raw_data_package_id=pkgs[0].id),
+            "deletion": still(OperationKind.DELETION, raw_data_package_id=pkgs[0].id),
+        })
         return {
             "package": need(OperationKind.RAW_DATA_PACKAGE, raw_data_package_id=pkgs[1].id),
             "bundle": need(OperationKind.DATA_TRANSFER_PACKAGE, data_transfer_package_id=dtp.id),
@@ -61,6 +72,7 @@ def test_each_kind_needs_what_it_writes_and_what_must_stay_beside_it(tmp_path: P
             "deletion": need(OperationKind.DELETION, raw_data_package_id=pkgs[0].id),
         }
 
+    writes: dict[str, int | None] = {}
     got = db.transact(tx)
     assert got == {
         "package": 6_000,           # its payload files (1,000 + 5,000)
@@ -71,3 +83,6 @@ def test_each_kind_needs_what_it_writes_and_what_must_stay_beside_it(tmp_path: P
         "unsized transfer": None,   # a bundle not built yet: nothing known
         "deletion": None,           # writes nothing
     }
+    # what each must still write beyond what lies there already (space_freed wakes it once free)
+    assert writes == {"package": 6_000, "bundle": 12_000, "transfer": 13_000, "unpack": 7_000, "archive": 5_000,
+                      "deletion": None}
