@@ -494,6 +494,21 @@ def test_failing_transfer_command_fails_after_retries_and_keeps_the_data(pipelin
         assert p.objects(loc) == {}, (loc, p.objects(loc))
 
 
+def test_a_transfer_command_that_copies_part_of_the_bundle_fails_naming_the_sizes(pipeline):
+    # a command that exits 0 but leaves a cut copy failed with two sha256 sums only (found by a
+    # trial): the message now says how many bytes it left of how many
+    p = pipeline(route_extra='method = "command"\ncommand = "dd if={source} of={destination} bs=1000 count=1"',
+                 max_retries=0)
+    write(p.source, "inst/obs/a.dat", os.urandom(50_000))
+    p.init()
+    p.run(expect=3)
+    failed = p.status()["failed_operations"]
+    assert {f["kind"] for f in failed} == {"transfer"} and len(failed) == 2, failed
+    assert all("the transfer command left 1,000 bytes, the bundle has " in f["message"] for f in failed), failed
+    for loc in ("cologne-buffer", "cornell-buffer"):
+        assert p.objects(loc) == {}, (loc, p.objects(loc))
+
+
 # --------------------------------------------------------------------------- percent signs
 
 

@@ -155,6 +155,13 @@ def run(work: Work) -> Recorder:
                     raise full from e
                 raise
             w.adopt_local_file()
+            if dtp.size is not None and w.size != dtp.size:
+                # the command said it succeeded: the size says what it did (a cut copy, a
+                # wrong file), before any hash
+                raise VerificationError(
+                    f"{dst_name}:{key}: the transfer command left {w.size:,} bytes, the bundle has {dtp.size:,} "
+                    f"(the command exited 0: {route.command!r}); nothing published",
+                    step="transfer", side="destination", path=key, host=dst_name)
             try:
                 publish_verified(work, w, dst, expected_sha256=dtp.sha256, point="transfer")
             except VerificationError:

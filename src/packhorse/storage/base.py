@@ -229,7 +229,8 @@ class PendingWrite(abc.ABC):
         sha = self.sha256
         if expected_sha256 is not None and sha != expected_sha256:
             raise VerificationError(
-                f"{location}:{self.key}: bytes written have sha256 {sha}, expected {expected_sha256}; nothing published",
+                f"{location}:{self.key}: the {self.size:,} bytes written have sha256 {sha}, expected {expected_sha256}; "
+                "nothing published",
                 step="publish", side="destination", path=self.key, host=location,
             )
         return sha
