@@ -103,6 +103,11 @@ def test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_
         assert "cologne-buffer is full" in r.stderr, r.stderr[-3000:]
         assert not [f for f in buf.rglob("*") if f.name.endswith(".packhorse-partial")]
         assert (p.location("cornell-lta") / "raw/inst/obs1.tar").is_file()  # the other site went on
+        # `status` into a file or a pipe: the blocked work as lines, not a table padded to the
+        # width of its longest text with thousands of rule characters (found by a trial)
+        piped = p.cli("status").stdout
+        assert "BLOCKED location cologne-buffer" in piped and "release: free space at cologne-buffer" in piped
+        assert max(line.count("━") + line.count("─") for line in piped.splitlines()) < 200, piped
 
         ballast.unlink()  # space is back: nothing to reset
         p.run()

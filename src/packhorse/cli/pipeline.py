@@ -411,7 +411,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         for row in r["skipped"]:
             s.add_row(row["location"], shown(row["path"]), shown(row["reason"]))
         out.print(s)
-    if r["blocked"]:
+    if r["blocked"] and out.is_terminal:  # off one the BLOCKED lines below say it all, unpadded
         b = Table("blocked", "cause", "why", "releases it", title="blocked work (waits until released)")
         for x in r["blocked"]:  # plain text: "[recovery] …" in a release is no markup
             b.add_row(*(escape(str(x[k])) for k in ("subject", "cause", "reason", "release")))
