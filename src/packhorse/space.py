@@ -231,48 +231,152 @@ def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | Non
             f"whole file system holds ({total:,} bytes): it can never fit there, whatever is freed")
 
 
-def room_to_bundle(ctx: "ProcessContext", package: str, size: int, location: str) -> None:
-    """Admission of a package build (``size`` bytes of payload, package ``package``) into the
-    disk buffer ``location``: its free space must hold the package and then the bundle of it
-    and of every package waiting there to be bundled (a bundle is written beside its package
-    tars, which stay until it is shipped and archived). Packages built faster than they are
-    bundled filled a small buffer so that no bundle fitted and nothing could ever be freed (a
-    deadlock, found by a trial). An object store, a root that cannot be measured, or nothing
-    waiting there: admitted.
+def location_usage(ctx: "ProcessContext", location: str) -> Any:
+    """The :class:`~packhorse.diskusage.Usage` (bytes) of disk location ``location`` now, or
+    ``None`` (an object store, a root that cannot be measured)."""
+    from pathlib import Path
+
+    from .diskusage import provider_for
+
+    try:
+        if ctx.settings.location(location).bucket:
+            return None
+        return provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location)))
+    except (KeyError, ConfigError, OSError):
+        return None
+
+
+def _admit(ctx: "ProcessContext", location: str, what: str, need: int, beside: int, at_once: int,
+           reserved: str, release: str, operation: str) -> None:
+    """Admit a write of ``what`` into ``location`` when ``need`` bytes (its own and what must
+    be written beside it) plus ``beside`` (reserved for work there before it) are free.
+
+    ``operation``: ``"<kind> <id>"``, for the command that releases it.
 
     Raises:
-        DestinationWriteError: ``out_of_space``: not room enough now; the build waits for space
-            like a full disk (woken when deletions free some there), naming the bytes.
+        NeverFitsError: ``at_once`` (what it and the next stage at that location need at once)
+            is larger than the whole file system: waiting cannot help (a human is told).
+        DestinationWriteError: ``out_of_space``: not room enough now; it waits for space (woken
+            when space is freed there), the message naming the bytes and ``reserved``.
+    """
+    from .errors import NeverFitsError
+
+    usage = location_usage(ctx, location)
+    if usage is None:
+        return
+    if at_once > usage.total:
+        raise NeverFitsError(
+            f"{what} needs at least {at_once:,} bytes at once at data location {location} ({reserved}), more "
+            f"than its whole file system holds ({usage.total:,} bytes): it can never fit there, whatever is freed",
+            step="admission", side="destination", host=location,
+            diagnosis=f"give data location {location} a larger file system, then `packhorse reset {operation}`")
+    if usage.free >= need + beside:
+        return
+    raise DestinationWriteError(
+        f"{location}: {what} waits for space: the {usage.free:,} bytes free must hold {need:,} bytes for it "
+        f"({reserved}) and {beside:,} bytes kept for work there before it; {release}",
+        step="admission", side="destination", host=location, out_of_space=True,
+        diagnosis=(f"data location {location} keeps room for the work in flight there; this goes on once that "
+                   "work has left (no action needed unless the location stays full)"))
+
+
+def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, location: str) -> None:
+    """Admission of the package build ``op_id`` (``size`` bytes of payload, package
+    ``package``) into the disk buffer ``location``: its free space must hold the package and
+    then the bundle of it and of every package there whose bundle is not written yet, and of
+    the package builds into ``location`` claimed before it (lower operation ids: one order
+    every build agrees on, so the first always goes and none waits for a later one). A bundle
+    is written beside its package tars, which stay until it is shipped and archived: packages
+    built faster than they were bundled filled a small buffer so that no bundle fitted and
+    nothing could ever be freed (a deadlock, found by a trial; then again with 4 builds
+    admitted at once). An object store or a root that cannot be measured: admitted.
+
+    Raises:
+        NeverFitsError: the package and its bundle (twice its payload) are larger than the
+            whole file system.
+        DestinationWriteError: ``out_of_space``: not room enough now (it waits for space).
     """
     if ctx.settings.location(location).bucket:
         return
     loc_id = ctx.topology.location_ids[location]
     from sqlalchemy.orm import aliased
 
+    from .domain import OperationKind
+
     bundle_copy = aliased(PhysicalCopy)
     bundle_here = (select(bundle_copy.id).where(
         bundle_copy.data_transfer_package_id == RawDataPackage.data_transfer_package_id,
         bundle_copy.location_id == loc_id, bundle_copy.status == CopyStatus.PRESENT.value)
         .correlate(RawDataPackage).exists())
-    # the packages there whose bundle is not written there yet: not bundled, or bundled and
-    # waiting for the build (their bundle is written beside them)
-    waiting = int(ctx.db.read(lambda s: s.scalar(
-        select(func.coalesce(func.sum(RawDataPackage.size), 0))
-        .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
-        .where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
-               or_(RawDataPackage.data_transfer_package_id.is_(None), ~bundle_here)))) or 0)
-    if not waiting:
+
+    def read(s: Session) -> tuple[int, int]:
+        # the packages there whose bundle is not written there yet (not bundled, or bundled and
+        # waiting for the build: their bundle is written beside them), and the builds before
+        # this one still writing theirs
+        there = s.scalar(select(func.coalesce(func.sum(RawDataPackage.size), 0))
+                         .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
+                         .where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
+                                or_(RawDataPackage.data_transfer_package_id.is_(None), ~bundle_here)))
+        building = s.scalar(select(func.coalesce(func.sum(RawDataPackage.payload_bytes), 0))
+                            .join(Operation, Operation.raw_data_package_id == RawDataPackage.id)
+                            .where(Operation.kind == OperationKind.RAW_DATA_PACKAGE.value,
+                                   Operation.status == Status.IN_PROGRESS.value, Operation.id < op_id,
+                                   Operation.destination_location_id == loc_id))
+        return int(there or 0), int(building or 0)
+
+    there, building = ctx.db.read(read)
+    # written packages need only their bundle's room more; builds before this one both
+    _admit(ctx, location, f"package {package} ({size:,} bytes)", need=2 * size, beside=there + 2 * building,
+           at_once=2 * size, reserved="the package, then the bundle of it beside it",
+           release=(f"the {there + building:,} bytes of packages there or being built before it are bundled, "
+                    "shipped and freed first"), operation=f"raw_data_package {op_id}")
+
+
+def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: str) -> None:
+    """Admission of the transfer ``op_id`` of bundle ``bundle_id`` into the disk buffer
+    ``location``: its free space must hold the bundle and then its largest package (the
+    unpack writes the packages beside the bundle; those published before can be archived and
+    freed meanwhile), plus the largest package of every bundle there not unpacked yet and the
+    bundle and largest package of every transfer into ``location`` claimed before it (lower
+    operation ids). Four bundles transferred at once filled a small buffer so that no unpack
+    could write a package and nothing could ever be freed (a deadlock, found by a trial).
+
+    Raises:
+        NeverFitsError: the bundle and its largest package are larger than the whole file
+            system (the unpack could never run there).
+        DestinationWriteError: ``out_of_space``: not room enough now (it waits for space).
+    """
+    if ctx.settings.location(location).bucket:
         return
-    free = free_bytes(ctx, location)
-    if free is None:
+    loc_id = ctx.topology.location_ids[location]
+    from .db.models import DataTransferPackage
+    from .domain import OperationKind
+
+    def largest(s: Session, bid: int) -> int:
+        return int(s.scalar(select(func.max(RawDataPackage.size))
+                            .where(RawDataPackage.data_transfer_package_id == bid)) or 0)
+
+    def read(s: Session) -> tuple[int, int, int]:
+        size = int(s.scalar(select(DataTransferPackage.size).where(DataTransferPackage.id == bundle_id)) or 0)
+        unpacked = select(Operation.data_transfer_package_id).where(
+            Operation.kind == OperationKind.UNPACK.value, Operation.status == Status.COMPLETED.value,
+            Operation.destination_location_id == loc_id)
+        here = s.scalars(select(PhysicalCopy.data_transfer_package_id).where(
+            PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
+            PhysicalCopy.data_transfer_package_id.is_not(None), PhysicalCopy.data_transfer_package_id != bundle_id,
+            PhysicalCopy.data_transfer_package_id.not_in(unpacked))).all()
+        before = s.execute(select(Operation.data_transfer_package_id, DataTransferPackage.size)
+                           .join(DataTransferPackage, DataTransferPackage.id == Operation.data_transfer_package_id)
+                           .where(Operation.kind == OperationKind.TRANSFER.value,
+                                  Operation.status == Status.IN_PROGRESS.value, Operation.id < op_id,
+                                  Operation.destination_location_id == loc_id)).all()
+        beside = sum(largest(s, b) for b in here) + sum(int(sz or 0) + largest(s, b) for b, sz in before)
+        return size, largest(s, bundle_id), beside
+
+    size, big, beside = ctx.db.read(read)
+    if not size:
         return
-    need = size + (waiting + size)
-    if free >= need:
-        return
-    raise DestinationWriteError(
-        f"{location}: package {package} ({size:,} bytes) waits for space: the {free:,} bytes free must hold it "
-        f"and then the bundle of it and of the {waiting:,} bytes of packages there whose bundle is not written yet "
-        f"({need:,} bytes in all); it goes on once they are bundled, shipped and freed",
-        step="admission", side="destination", path=package, host=location, out_of_space=True,
-        diagnosis=(f"data location {location} keeps room for the next bundle; the package is built once that "
-                   "bundle has left (no action needed unless the location stays full)"))
+    _admit(ctx, location, f"bundle {bundle_id} ({size:,} bytes)", need=size + big, beside=beside,
+           at_once=size + big, reserved="the bundle, then its largest package unpacked beside it",
+           release="the bundles there before it are unpacked and their packages archived and freed first",
+           operation=f"transfer {op_id}")

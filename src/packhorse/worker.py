@@ -283,9 +283,9 @@ def _never_fits(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -> Ne
     if why is None:
         return None
     return NeverFitsError(why, step=exc.step, side="destination", path=exc.path, host=location,
-                          diagnosis=(f"give data location {location} a larger file system, or make what it must hold "
-                                     "smaller (bundle_target_bytes for bundles; group_depth for packages), then "
-                                     f"`packhorse reset {c.kind.value} {c.operation_id}`"))
+                          diagnosis=(f"give data location {location} a larger file system, then `packhorse reset "
+                                     f"{c.kind.value} {c.operation_id}` (what a package or bundle holds is fixed once "
+                                     "made; group_depth and bundle_target_bytes shape only later ones)"))
 
 
 def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,

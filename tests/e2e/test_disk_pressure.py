@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support import run_packhorse, write_site_config
 
 
@@ -216,21 +217,25 @@ def test_a_bundle_larger_than_the_whole_destination_buffer_fails_and_says_so_ins
         assert p.status()["failed_operations"] == []
 
 
-def test_packages_are_not_built_faster_than_a_small_source_buffer_can_bundle_them(pipeline) -> None:
-    """Packages were built into the source buffer as fast as they came: a small buffer filled up
-    with package tars, no bundle of them fitted beside them, nothing could be archived or freed,
-    and the run waited for ever (found by a trial). A package is built only while the buffer
-    keeps room for the bundle of what waits there: everything is archived, in one run."""
+@pytest.mark.parametrize("buffer", ["fyst-buffer", "cologne-buffer"])
+def test_work_is_not_let_into_a_small_buffer_faster_than_it_can_leave(pipeline, buffer: str) -> None:
+    """Packages were built into the source buffer as fast as they came (four workers at once),
+    and bundles shipped into a destination buffer as fast as they came: a small buffer filled up
+    with package tars no bundle fitted beside, or with bundles no package could be unpacked
+    beside; nothing could be archived or freed, and the run waited for ever (found by two
+    trials). A package is built, and a bundle let in, only while the buffer keeps room for what
+    must be written beside it and for the work let in before: everything is archived, in one
+    run."""
     import os
 
     from tmpfs_support import mount_tmpfs
 
-    p = pipeline(bundle_max_wait_seconds=1, bundle_target_bytes=5 << 20, workers=2)
+    p = pipeline(bundle_max_wait_seconds=1, bundle_target_bytes=5 << 20, workers=4)
     for i in range(6):
         f = p.source / "inst" / f"obs{i}" / "a.fits"
         f.parent.mkdir(parents=True)
         f.write_bytes(os.urandom(5 << 19))  # 2.5 MiB packages; bundles of two
-    with mount_tmpfs(p.location("fyst-buffer"), 12) as buf:
+    with mount_tmpfs(p.location(buffer), 12) as buf:
         p.init()
         p.run(expect=0)
         status = p.status()

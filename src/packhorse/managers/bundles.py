@@ -1,7 +1,8 @@
 """Data transfer package manager: bundle raw data packages for shipping.
 
 Packages built at a source site's buffer and not yet bundled are taken in id order and
-bundled once they reach ``bundle_target_bytes``. The rest waits until the oldest of them has
+bundled once they reach ``bundle_target_bytes``, and never beyond half the buffer's file system
+(a bundle is built beside its package tars). The rest waits until the oldest of them has
 waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (``run
 --until-idle`` sets it when nothing else is pending).
 
@@ -34,6 +35,7 @@ from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcno
 from ..domain import CopyStatus, LocationRole, OperationKind
 from ..errors import BundledElsewhereError
 from ..operations import create_operation, dedup_key
+from ..space import location_usage
 from .common import create_missing, planned
 
 if TYPE_CHECKING:
@@ -68,6 +70,11 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
 
         if not ctx.db.read(find):  # most cycles: nothing to bundle, no write lock taken
             continue
+        # a bundle is built beside its package tars: one of more than half the buffer's file
+        # system could never be built there (a bundle of two packages that each fit alone
+        # failed NeverFits, found by a trial)
+        usage = location_usage(ctx, buf)
+        fits = usage.total // 2 if usage is not None else float("inf")
 
         def tx(s: Session, find: Any = find) -> tuple[int, float | None]:
             # one manager bundles a site at a time; the others skip it this cycle, without waiting
@@ -80,6 +87,9 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
             cur: list[int] = []
             size = 0
             for pkg_id, pkg_size, _ in rows:
+                if cur and size + (pkg_size or 0) > fits:  # else its build could never fit there
+                    groups.append(cur)
+                    cur, size = [], 0
                 cur.append(pkg_id)
                 size += pkg_size or 0
                 if size >= cfg.bundle_target_bytes:

@@ -269,7 +269,7 @@ def run(work: Work) -> Recorder:
             withdraw(work, pkg_id, stale)
             continue
         # keep room at the buffer for the bundle of what waits there (a deadlock otherwise)
-        room_to_bundle(ctx, pkg.name, sum(f.size for f in files), dst_name)
+        room_to_bundle(ctx, work.op.id, pkg.name, sum(f.size for f in files), dst_name)
         try:
             size, sha = _build(work, pkg, files, src, dst, key)
         except (SourceChangedError, SourceMissingError) as e:

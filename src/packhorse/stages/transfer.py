@@ -49,6 +49,7 @@ from ..domain import TransferMethod
 from ..errors import (ConfigError, DestinationWriteError, SourceMissingError, TransferCommandError,
                       VerificationError)
 from ..ratelimit import RateLimiter
+from ..space import room_to_unpack
 from ..storage.base import StorageBackend
 from ..storage.registry import read_limited
 from ..topology import bundle_key
@@ -115,6 +116,8 @@ def run(work: Work) -> Recorder:
     limit = route.bandwidth_limit_bytes_per_second if route else None
     src_id = work.op.source_location_id
     ctx.hooks.hit("transfer.start")  # hooks: claimed, nothing read yet (tests lose the bundle here)
+    if dst.stat(key) is None:  # keep room for its unpack and for the bundles there before it
+        room_to_unpack(ctx, work.op.id, dtp.id, dst_name)
     if method is TransferMethod.COPY:
         source = src if limit is None else _throttled(work, src, limit)
         try:
