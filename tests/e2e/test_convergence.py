@@ -302,13 +302,16 @@ def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(pipeline, tmp
     ops = query(p, lambda s: s.execute(text(
         "SELECT kind, dedup_key, status FROM operations WHERE kind IN ('data_transfer_package', 'transfer') "
         "ORDER BY id")).all())
-    # the first build and its rebuild; under load a second rebuild could follow when the second
-    # transfer's failure marked the rebuilt bundle missing (fixed: mark_lost's seen_gone_at),
-    # harmless ("already there") but not wanted: more than one rebuild is tolerated, not a failed one
+    # the first build and its rebuild (all completed); a transfer that met the missing bundle
+    # failed, and each destination got it from a completed one. Which transfers met it depends
+    # on the timing: one held until after the rebuild finds the bundle back and completes (seen
+    # in CI under load), which is as good
+    shown = "\n".join(map(str, ops))
     builds = [o.status for o in ops if o.kind == "data_transfer_package"]
-    assert len(builds) >= 2 and set(builds) == {"COMPLETED"}, "\n".join(map(str, ops))
-    transfers = sorted(o.status for o in ops if o.kind == "transfer")
-    assert transfers.count("FAILED") == 2 and transfers.count("COMPLETED") >= 2, "\n".join(map(str, ops))
+    assert len(builds) >= 2 and set(builds) == {"COMPLETED"}, shown
+    assert any(o.kind == "transfer" and o.status == "FAILED" for o in ops), shown
+    for dest in ("cologne-buffer", "cornell-buffer"):
+        assert any(o.kind == "transfer" and f"->{dest}" in o.dedup_key and o.status == "COMPLETED" for o in ops), shown
 
 
 def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(pipeline, tmp_path: Path) -> None:
