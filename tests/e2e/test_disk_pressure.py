@@ -107,7 +107,8 @@ def test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_
         # `status` into a file or a pipe: the blocked work as lines, not a table padded to the
         # width of its longest text with thousands of rule characters (found by a trial)
         piped = p.cli("status").stdout
-        assert "BLOCKED location cologne-buffer" in piped and "release: free space at cologne-buffer" in piped
+        assert "BLOCKED location cologne-buffer (location_full)" in piped, piped
+        assert "release: free space at cologne-buffer" in piped, piped
         assert max(line.count("━") + line.count("─") for line in piped.splitlines()) < 200, piped
 
         ballast.unlink()  # space is back: nothing to reset

@@ -433,7 +433,8 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
                   "shows them)", highlight=False)
     for b in r["blocked"]:  # every cause of blocked.py, with what releases it
         since = f" since {b['since']}" if b.get("since") else ""
-        out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + since + ': ' + b['reason'])}", highlight=False)
+        out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + ' (' + b['cause'] + ')' + since + ': ' + b['reason'])}",
+                  highlight=False)
         out.print(f"  release: {b['release']}", highlight=False, markup=False)
 
 
