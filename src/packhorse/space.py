@@ -62,19 +62,10 @@ def look_for_space_again(ctx: "ProcessContext") -> int:
 
 
 def free_bytes(ctx: "ProcessContext", location: str) -> int | None:
-    """The bytes free for packhorse at disk location ``location`` now (``statvfs`` of its root,
-    or a test's hooks: :func:`packhorse.diskusage.provider_for`); ``None`` for an object store
-    or a root that cannot be measured."""
-    from pathlib import Path
-
-    from .diskusage import provider_for
-
-    try:
-        if ctx.settings.location(location).bucket:
-            return None
-        return provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location))).free
-    except (KeyError, ConfigError, OSError):
-        return None
+    """The bytes free for packhorse at disk location ``location`` now
+    (:func:`location_usage`); ``None`` for an object store or a root that cannot be measured."""
+    usage = location_usage(ctx, location)
+    return None if usage is None else int(usage.free)
 
 
 def space_freed(ctx: "ProcessContext") -> int:
@@ -212,18 +203,11 @@ def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | Non
     ``None`` (it may fit once space is freed: it waits). Asked once a write met a full file
     system (:func:`packhorse.worker._wait_for_space`); a location that cannot be measured (an
     object store, a root not there) counts as one it may fit in. Sizes from
-    :func:`packhorse.diskusage.provider_for` (the file system, or a test's hooks)."""
-    from pathlib import Path
-
-    from .diskusage import provider_for
-
-    try:
-        loc = ctx.settings.location(location)
-        if loc.bucket:
-            return None
-        total = provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location))).total
-    except (KeyError, ConfigError, OSError):
+    :func:`location_usage`."""
+    usage = location_usage(ctx, location)
+    if usage is None:
         return None
+    total = int(usage.total)
     need = ctx.db.read(lambda s: space_needed(s, op))
     if need is None or need[0] <= total:
         return None
@@ -233,7 +217,8 @@ def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | Non
 
 def location_usage(ctx: "ProcessContext", location: str) -> Any:
     """The :class:`~packhorse.diskusage.Usage` (bytes) of disk location ``location`` now, or
-    ``None`` (an object store, a root that cannot be measured)."""
+    ``None`` (an object store, a root that cannot be measured): the one measurement of this
+    module, from ``statvfs`` of its root or a test's hooks (:func:`packhorse.diskusage.provider_for`)."""
     from pathlib import Path
 
     from .diskusage import provider_for
