@@ -9,7 +9,7 @@ then in the same run times
 
 * the baseline: reading the tar file in 1 MiB blocks and hashing every byte with hashlib's
   sha256 (the yardstick the target is stated in), and with the manifest's algorithm;
-* ``packhorse.bagvalidation.validate_tar`` on the file (random access) and on the same bytes
+* ``packhorse.bags.validation.validate_tar`` on the file (random access) and on the same bytes
   as a non-seekable stream (a pipe fed by this process), each in a fresh child process whose peak
   RSS (``VmHWM``) is reported
   next to that of a child that only imports packhorse.
@@ -39,8 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from packhorse.extraction import extract_tar
-from packhorse.packaging import PayloadFile, write_bag_tar
+from packhorse.bags.extraction import extract_tar
+from packhorse.bags.packaging import PayloadFile, write_bag_tar
 
 FILES = 16
 BLOCK = 1 << 20
@@ -145,7 +145,7 @@ _CHILD = """
 import json, sys, time
 from pathlib import Path
 mode, path = sys.argv[1], Path(sys.argv[2])
-from packhorse.bagvalidation import validate_tar
+from packhorse.bags.validation import validate_tar
 result = {}
 if mode != "import":
     t, c = time.perf_counter(), time.process_time()

@@ -303,7 +303,7 @@ class Harness:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PACKHORSE_LOG_LEVEL": "ERROR"}
         env.pop("PACKHORSE_TEST_FAULTS", None)
         env.pop("PACKHORSE_TEST_NO_FENCING", None)
-        # the test-side hooks (packhorse.hooks): the fault plan below, or the variant without fencing
+        # the test-side hooks (packhorse.runtime.hooks): the fault plan below, or the variant without fencing
         env["PACKHORSE_HOOKS__MODULE"] = str(REPO / "tests" / "fault_hooks.py")
         if hooks:
             env["PACKHORSE_TEST_FAULTS"] = json.dumps(hooks)

@@ -7,8 +7,8 @@ and every run checks its outcome (a wrong result aborts the benchmark):
 
 * ``claims``: ``--operations`` PENDING operations (default 4,000), ``--workers`` worker
   processes (default 8) started together; each claims its share of the operations at the token
-  they were dispatched at (:func:`packhorse.operations.claim`) and completes each claim with a
-  fenced completion (:func:`packhorse.operations.complete_in`), one transaction each. One
+  they were dispatched at (:func:`packhorse.operations.lifecycle.claim`) and completes each claim with a
+  fenced completion (:func:`packhorse.operations.lifecycle.complete_in`), one transaction each. One
   operation in ten is also handed to a second worker (a duplicate delivery), whose claim must be
   refused. Batched mode (``--batches``, N > 1) claims N at once (``claim_many``) and completes
   them in one transaction (``complete_many``), as the deletion batch of a worker does. Afterwards every operation must be ``COMPLETED`` at attempt 1, each
@@ -20,7 +20,7 @@ and every run checks its outcome (a wrong result aborts the benchmark):
 * ``idle``: a database (SQLite file, and PostgreSQL with ``--pg``) holding ``--files`` raw
   files (default 1,000,000) in ``--packages`` archived raw data packages (default 100,000),
   each with its verified archive copy and its completed operations, bulk-inserted; then one
-  :func:`packhorse.pipeline.manager_cycle` (no scan) is timed ``--repeats`` times: it must
+  :func:`packhorse.engine.pipeline.manager_cycle` (no scan) is timed ``--repeats`` times: it must
   create nothing. Target: the median under 1 s. The query plans of the cycle are checked for
   full reads of a growing table (SQLite ``EXPLAIN QUERY PLAN``: ``SCAN <table>``; PostgreSQL
   ``EXPLAIN``: ``Seq Scan on <table>``, after ``VACUUM ANALYZE``).
@@ -74,7 +74,7 @@ KIND = OperationKind.TRANSFER
 
 
 def _claims_worker(url: str, jobs: list[tuple[int, int]], batch: int, start: Any, out: Any) -> None:
-    from packhorse.operations import claim, claim_many, complete_in, complete_many
+    from packhorse.operations.lifecycle import claim, claim_many, complete_in, complete_many
 
     db = Database(url)
     owner = f"bench:{os.getpid()}"
@@ -110,7 +110,7 @@ def _claims_worker(url: str, jobs: list[tuple[int, int]], batch: int, start: Any
 
 def _seed_operations(db: Database, n: int) -> list[int]:
     from packhorse.db.models import Site
-    from packhorse.operations import create_operations, dedup_key
+    from packhorse.operations.lifecycle import create_operations, dedup_key
 
     def tx(s: Any) -> list[int]:
         site = s.scalar(select(Site.id).where(Site.name == "bench"))

@@ -20,11 +20,11 @@ from typing import Any
 from sqlalchemy import event, func, select
 
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Base, RawDataFile, RawDataPackage
 from packhorse.db.session import Database
-from packhorse.demo import write_demo_config
-from packhorse.topology import sync_topology
+from packhorse.cli.demo import write_demo_config
+from packhorse.runtime.topology import sync_topology
 
 GROWING = {"raw_data_files", "raw_data_packages", "data_transfer_packages", "physical_copies", "operations",
            "failure_events", "notification_outbox", "skipped_files", "withdrawn_files"}
@@ -155,7 +155,7 @@ def part_idle(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _idle_on(args: argparse.Namespace, database_url: str | None) -> dict[str, Any]:
-    from packhorse.pipeline import CycleInput, manager_cycle
+    from packhorse.engine.pipeline import CycleInput, manager_cycle
 
     per = max(1, args.files // args.packages)
     name = "sqlite" if database_url is None else "postgresql"

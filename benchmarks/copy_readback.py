@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from packhorse.hooks import NO_HOOKS
+from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.stages.base import copy_object
 from packhorse.storage.disk import DiskBackend, _DiskPendingWrite
 

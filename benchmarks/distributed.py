@@ -74,7 +74,7 @@ def run_once(tree: str, source: Path, run_dir: Path, args: argparse.Namespace) -
            "PACKHORSE_DATABASE__URL": url, "PACKHORSE_EXECUTOR__KIND": "celery",
            "PACKHORSE_EXECUTOR__BROKER_URL": broker, "PACKHORSE_MANAGERS__POLL_INTERVAL_SECONDS": str(args.poll),
            "PACKHORSE_PACKAGING__BUNDLE_MAX_WAIT_SECONDS": "1", "PACKHORSE_LOG_LEVEL": "INFO"}
-    code = (f"from pathlib import Path; from packhorse.demo import write_demo_config; "
+    code = (f"from pathlib import Path; from packhorse.cli.demo import write_demo_config; "
             f"print(write_demo_config(Path({str(run_dir)!r}), {str(source)!r}, workers={args.workers}))")
     cfg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          check=True).stdout.strip()

@@ -8,7 +8,7 @@ pseudo-random bytes. For each, three ways of getting the package out are timed (
 * ``stdlib``: what staging did before: one pass hashing the tar while the standard library
   extracts it with the ``data`` filter, then the extracted bag validated
   (``verify_bag_folder``);
-* ``extract_tar``: one pass hashing the tar while :func:`packhorse.extraction.extract_tar`
+* ``extract_tar``: one pass hashing the tar while :func:`packhorse.bags.extraction.extract_tar`
   extracts it, then the same validation (the extraction routine alone against the stdlib's);
 * ``staging``: :func:`packhorse.stages.staging.extract_archive_copy` — the check pass (the
   tar reader and the bag validator, nothing written), the extraction pass, the validation.
@@ -36,8 +36,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from packhorse.extraction import DEFAULT_LIMITS, extract_tar
-from packhorse.packaging import PayloadFile, write_bag_tar
+from packhorse.bags.extraction import DEFAULT_LIMITS, extract_tar
+from packhorse.bags.packaging import PayloadFile, write_bag_tar
 from packhorse.stages.staging import ArchiveCopy, extract_archive_copy, verify_bag_folder
 
 

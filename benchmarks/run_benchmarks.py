@@ -52,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_summary import print_summary, summarize  # noqa: E402
 
-from packhorse.demo import write_demo_config  # noqa: E402
+from packhorse.cli.demo import write_demo_config  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -64,7 +64,7 @@ GiB = 1024**3
 
 #: packhorse runs with the demo's three-site configuration (fyst → cologne, cornell; one
 #: buffer per site, one archive per destination; settle 0; bundles up to 1 GiB), the same
-#: file ``packhorse demo`` writes (``packhorse.demo.write_demo_config``).
+#: file ``packhorse demo`` writes (``packhorse.cli.demo.write_demo_config``).
 BUNDLE_TARGET = GiB
 DESTINATION_LTAS = ("cologne-lta", "cornell-lta")
 BUFFERS = ("fyst-buffer", "cologne-buffer", "cornell-buffer")

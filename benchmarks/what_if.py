@@ -29,7 +29,7 @@ import sys
 
 
 def _apply(patches: set[str]) -> None:
-    import packhorse.packaging as pk
+    import packhorse.bags.packaging as pk
 
     if "bufsize" in patches:
         pk.COPY_BUFSIZE = 64 * 1024

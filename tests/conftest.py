@@ -14,7 +14,7 @@ from support import run_packhorse, write_site_config
 
 _CHAOS = Path(__file__).parent / "chaos"
 #: every packhorse process a test starts (and its worker processes) loads the test-side fault
-#: hooks (packhorse.hooks, ``[hooks] module``); they do nothing unless a test sets a plan
+#: hooks (packhorse.runtime.hooks, ``[hooks] module``); they do nothing unless a test sets a plan
 HOOKS_MODULE = str(Path(__file__).parent / "fault_hooks.py")
 os.environ.setdefault("PACKHORSE_HOOKS__MODULE", HOOKS_MODULE)
 

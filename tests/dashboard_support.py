@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import (
     DataTransferPackage,
     DiskUsageSample,
@@ -18,8 +18,8 @@ from packhorse.db.models import (
     RawDataPackage,
 )
 from packhorse.domain import OperationKind
-from packhorse.availability import mark_locations
-from packhorse.topology import sync_topology
+from packhorse.rules.availability import mark_locations
+from packhorse.runtime.topology import sync_topology
 from support import write_site_config
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 30, tzinfo=dt.timezone.utc)

@@ -1,4 +1,4 @@
-"""Test-side fault hooks (:mod:`packhorse.hooks`): a JSON fault plan, simulated disk usage.
+"""Test-side fault hooks (:mod:`packhorse.runtime.hooks`): a JSON fault plan, simulated disk usage.
 
 Handed to packhorse either directly (``ProcessContext(..., hooks=FaultPlan([...]))``) or, for
 ``packhorse`` subprocesses and their worker processes, through ``[hooks] module`` pointing at
@@ -61,9 +61,9 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from packhorse.diskusage import Usage, UsageProvider, filesystem_usage
+from packhorse.rules.disk_usage import Usage, UsageProvider, filesystem_usage
 from packhorse.errors import TransientDatabaseError
-from packhorse.hooks import Hooks
+from packhorse.runtime.hooks import Hooks
 from packhorse.storage.base import Entry, PendingWrite, PublishResult, StorageBackend
 from packhorse.storage.layers import Layer, PendingLayer, innermost
 
@@ -218,7 +218,7 @@ class FaultPlan(Hooks):
         plan: the hooks; ``None`` reads ``PACKHORSE_TEST_FAULTS`` at every hit.
         disk_usage_file: a JSON file of simulated disk figures; ``None`` reads
             ``PACKHORSE_TEST_DISK_USAGE``.
-        usage: a :data:`~packhorse.diskusage.UsageProvider` of a test (wins over the file).
+        usage: a :data:`~packhorse.rules.disk_usage.UsageProvider` of a test (wins over the file).
     """
 
     def __init__(self, plan: list[dict[str, Any]] | None = None, *, disk_usage_file: str | None = None,

@@ -3,7 +3,7 @@ they are fed to, and a snapshot of a folder tree to prove nothing outside a targ
 
 The paths are every way packhorse turns a tar read from storage into files or objects:
 
-- ``extract``: :func:`packhorse.extraction.extract_tar`, the extraction routine itself;
+- ``extract``: :func:`packhorse.bags.extraction.extract_tar`, the extraction routine itself;
 - ``staging``: :func:`packhorse.stages.staging.extract_archive_copy` (check pass, then
   extraction) from an archive copy whose sha256 is the package's (the package is hostile);
 - ``unpack-package``: :func:`packhorse.stages.unpack.unpack_bundle` of a well-formed bundle
@@ -24,9 +24,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from packhorse.extraction import ExtractionLimits, extract_tar
-from packhorse.hooks import NO_HOOKS
-from packhorse.packaging import PayloadFile, write_bag_tar
+from packhorse.bags.extraction import ExtractionLimits, extract_tar
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.bags.packaging import PayloadFile, write_bag_tar
 from packhorse.stages.staging import ArchiveCopy, extract_archive_copy
 from packhorse.stages.unpack import unpack_bundle
 from packhorse.storage.disk import DiskBackend

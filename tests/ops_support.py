@@ -10,7 +10,7 @@ from sqlalchemy import update
 from packhorse.db.models import Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from packhorse.operations import create_operation
+from packhorse.operations.lifecycle import create_operation
 
 
 def with_site(db: Database) -> Database:

@@ -8,10 +8,10 @@ under ``PACKHORSE_TEST_NO_FENCING=1``, in the ``packhorse run`` process and in e
 process, each of which builds its context from the same ``[hooks] module``) replaces, in that
 process only:
 
-* :func:`packhorse.operations.fenced` by a predicate without the fencing token (heartbeats,
+* :func:`packhorse.operations.lifecycle.fenced` by a predicate without the fencing token (heartbeats,
   completions and failures of a stale attempt are written), and the prebuilt completion and
   claim statements with it (the batch statements are built again on first use);
-* :meth:`packhorse.lease.LeaseKeeper.check` by one that never stops the work;
+* :meth:`packhorse.operations.lease.LeaseKeeper.check` by one that never stops the work;
 * the storage stack's innermost layer by :class:`OverwritingLayer`: publication replaces an
   existing object (delete, then publish) instead of refusing to, and neither the successor
   (``remove_partials_of``) nor the start-up sweep (``cleanup_partials``) removes a stale
@@ -25,17 +25,17 @@ from typing import Any
 
 from sqlalchemy import and_
 
-import packhorse.lease as lease
-import packhorse.operations as operations
-import packhorse.pipeline as pipeline
+import packhorse.operations.lease as lease
+import packhorse.operations.lifecycle as operations
+import packhorse.engine.pipeline as pipeline
 from packhorse.domain import Status
-from packhorse.hooks import Hooks
+from packhorse.runtime.hooks import Hooks
 from packhorse.storage.base import PendingWrite, PublishResult, StorageBackend
 from packhorse.storage.layers import Layer, PendingLayer
 
 
 def _unfenced(operation_id: Any, attempt: Any, status: Status | Collection[Status] = Status.IN_PROGRESS) -> Any:
-    """:func:`packhorse.operations.fenced` without the token: any attempt of the operation."""
+    """:func:`packhorse.operations.lifecycle.fenced` without the token: any attempt of the operation."""
     t = operations.Operation.__table__
     wanted = [status] if isinstance(status, Status) else list(status)
     return and_(t.c.id == operation_id, t.c.status.in_([s.value for s in wanted]))

@@ -3,9 +3,9 @@
 The public surface is small; everything else is private to the package.
 """
 
-from .config import Settings, load_config
-from .domain import CopyStatus, LocationRole, OperationKind, Status, StorageType
-from .errors import (
+from packhorse.config import Settings, load_config
+from packhorse.domain import CopyStatus, LocationRole, OperationKind, Status, StorageType
+from packhorse.errors import (
     ConfigError,
     DestinationConflictError,
     LeaseLostError,

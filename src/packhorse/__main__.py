@@ -1,5 +1,5 @@
 """``python -m packhorse`` runs the command line."""
 
-from .cli import main
+from packhorse.cli import main
 
 main()

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from .domain import LocationRole, StorageType, TransferMethod
-from .errors import ConfigError
+from packhorse.domain import LocationRole, StorageType, TransferMethod
+from packhorse.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "packhorse.toml"
 ENV_PREFIX = "PACKHORSE_"
@@ -166,7 +166,7 @@ class LocationConfig(_Section):
             raise ValueError(f"location {self.name!r}: object_lock_mode and object_lock_retain_days go together")
         if (self.include or self.exclude) and self.role is not LocationRole.SOURCE:
             raise ValueError(f"location {self.name!r}: include and exclude only apply to role 'source'")
-        from .scanfilter import check_pattern
+        from packhorse.scanfilter import check_pattern
 
         for key in ("include", "exclude"):
             for pattern in getattr(self, key):
@@ -227,7 +227,7 @@ class PackagingConfig(_Section):
 
 class ExtractionConfig(_Section):
     """``[extraction]``: limits for every tar packhorse reads back (bundles at ``unpack``, raw
-    data packages at ``unpack`` and ``staging``; :mod:`packhorse.extraction`, DESIGN.md I6).
+    data packages at ``unpack`` and ``staging``; :mod:`packhorse.bags.extraction`, DESIGN.md I6).
 
     A tar with more members than ``max_members``, a member of more than ``max_member_bytes``
     or more than ``max_total_bytes`` in all is refused (a permanent failure naming the key).
@@ -436,7 +436,7 @@ class ApiConfig(_Section):
     id (seed 002: 900 s). ``dashboard_refresh_seconds``: how often the dashboard reloads.
     ``history_interval_seconds``: how often the backlog per stage is sampled for the
     dashboard's charts (by ``packhorse run`` and ``packhorse api``); ``history_keep_days``: how
-    long those samples are kept (:mod:`packhorse.history`).
+    long those samples are kept (:mod:`packhorse.status.history`).
     """
 
     host: str = "127.0.0.1"
@@ -451,10 +451,10 @@ class HooksConfig(_Section):
     """``[hooks]``: a module of fault hooks, for tests and the chaos harness only.
 
     ``module`` is a Python file path or a dotted module name that defines
-    ``make_hooks(settings) -> packhorse.hooks.Hooks``; every process that builds a stage
+    ``make_hooks(settings) -> packhorse.runtime.hooks.Hooks``; every process that builds a stage
     context loads it (so worker processes started by the local executor or by Celery get the
     same hooks as the process that set it). Leave it unset in production: packhorse then runs
-    with :data:`packhorse.hooks.NO_HOOKS`, which does nothing (:mod:`packhorse.hooks`).
+    with :data:`packhorse.runtime.hooks.NO_HOOKS`, which does nothing (:mod:`packhorse.runtime.hooks`).
     """
 
     module: str | None = None

@@ -156,7 +156,7 @@ class EmptyReasonError(PackhorseError, ValueError):
 
 class HistoryWindowError(PackhorseError, ValueError):
     """The requested window is not between 1 minute and
-    :data:`packhorse.history.MAX_WINDOW_MINUTES`."""
+    :data:`packhorse.status.history.MAX_WINDOW_MINUTES`."""
 
 
 class LocateQueryError(PackhorseError, ValueError):
@@ -170,8 +170,8 @@ class BundledElsewhereError(PackhorseError):
 
 class ExtendedHeaderTooLargeError(PackhorseError, tarfile.HeaderError):
     """A tar member's extended (PAX or GNU) header is larger than
-    :data:`packhorse.extraction.MAX_HEADER_BYTES`; raised before it is read
-    (:mod:`packhorse.extraction` reports it as a refused member)."""
+    :data:`packhorse.bags.extraction.MAX_HEADER_BYTES`; raised before it is read
+    (:mod:`packhorse.bags.extraction` reports it as a refused member)."""
 
 
 class OperationError(PackhorseError):
@@ -227,7 +227,7 @@ class NeverFitsError(PermanentError):
     so it fails and a human is told (DESIGN.md I5: every state has an owner). The message
     names the location, the bytes needed and the file system's size; ``packhorse reset``
     releases the operation once the location is larger
-    (:func:`packhorse.space.never_fits`).
+    (:func:`packhorse.rules.space.never_fits`).
     """
 
 
@@ -240,7 +240,7 @@ class DestinationConflictError(PermanentError):
 
 class UnsafePathError(PermanentError):
     """A path would leave its location root, or a tar member is refused by the tar reader
-    (a link, a device, a duplicate, ``..``, a limit exceeded: :mod:`packhorse.extraction`;
+    (a link, a device, a duplicate, ``..``, a limit exceeded: :mod:`packhorse.bags.extraction`;
     DESIGN.md I6)."""
 
 
@@ -254,7 +254,7 @@ class SourceChangedError(PermanentError):
 
 class InvalidBagError(PermanentError):
     """An artifact's bytes are exactly the recorded ones (size and sha256) but the bag they
-    hold does not validate (RFC 8493, :mod:`packhorse.bagvalidation`): the fault is in what was
+    hold does not validate (RFC 8493, :mod:`packhorse.bags.validation`): the fault is in what was
     archived, not in the reading, so it is never retried (another good source is needed)."""
 
 
@@ -293,7 +293,7 @@ class DestinationWriteError(RetryableError):
     Retried. With ``out_of_space`` (``ENOSPC``, ``EDQUOT``) it is never an operation's failure:
     the worker hands the operation back to wait for space (no retry counted; listed blocked,
     cause ``location_full``) until deletions under disk pressure or an operator free some
-    (:func:`packhorse.worker._wait_for_space`).
+    (:func:`packhorse.engine.worker._wait_for_space`).
     """
 
     def __init__(self, message: str, *, out_of_space: bool = False, **kwargs: Any) -> None:
@@ -312,7 +312,7 @@ class RestoreRequiredError(RetryableError):
 class LocationUnavailableError(RetryableError):
     """A data location cannot be used now: its root is missing (an unmounted disk, a renamed
     folder, a missing bucket) or its identity marker is missing or names another location
-    (DESIGN.md "Architecture": storage that is absent is not empty; :mod:`packhorse.availability`).
+    (DESIGN.md "Architecture": storage that is absent is not empty; :mod:`packhorse.rules.availability`).
 
     Never an operation's failure: the worker defers the operation until the location is back
     (no retry counted) and records the outage once. Backends raise it instead of creating a

@@ -14,10 +14,10 @@ from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
 from packhorse.managers.scan import scan_all
-from packhorse.context import ProcessContext
-from packhorse.availability import mark_locations
-from packhorse.topology import sync_topology
-from packhorse.worker import execute_operation
+from packhorse.runtime.context import ProcessContext
+from packhorse.rules.availability import mark_locations
+from packhorse.runtime.topology import sync_topology
+from packhorse.engine.worker import execute_operation
 
 
 def make_source(root: Path, groups: int = 3, files_per_group: int = 3, size: int = 3 << 20) -> dict[str, bytes]:

@@ -229,7 +229,7 @@ def test_bytes_damaged_between_write_and_publication_are_refused_and_nothing_is_
     # publication refuses them (I4), so the write-once archive, or the buffer, never holds them
     # under the package's key (I2), and nothing is recorded or moved to quarantine
     monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps([{"point": point, "action": "corrupt_partial"}]))
-    from packhorse.worker import Outcome, execute_operation
+    from packhorse.engine.worker import Outcome, execute_operation
 
     assert execute_operation(ctx, op_id, "test") == Outcome.FAILED
     with ctx.db.session() as s:

@@ -43,7 +43,7 @@ def _until(cfg, want, what: str, timeout: float = 60) -> tuple[int, dict[str, An
 def _service_up_labels(cfg) -> set[str]:  # type: ignore[no-untyped-def]
     from packhorse.config import load_config
     from packhorse.db.session import Database
-    from packhorse.metrics import registry_for, render
+    from packhorse.status.metrics import registry_for, render
 
     db = Database(load_config(cfg).database_url)
     try:

@@ -32,7 +32,7 @@ import pytest
 from sqlalchemy import select
 
 from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
-from packhorse.topology import bundle_key
+from packhorse.runtime.topology import bundle_key
 
 from chaos_helpers import context
 from support import SRC, run_packhorse, write_site_config

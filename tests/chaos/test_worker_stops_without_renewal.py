@@ -8,11 +8,11 @@ import json
 
 from sqlalchemy import select
 
-from packhorse import lease
+from packhorse.operations import lease
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, utcnow
 from packhorse.domain import OperationKind
 from packhorse.errors import TransientDatabaseError
-from packhorse.worker import Outcome, execute_operation
+from packhorse.engine.worker import Outcome, execute_operation
 
 from chaos_helpers import context, drive_until_kind_exists, make_source
 

@@ -38,7 +38,7 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
-from packhorse.hooks import NO_HOOKS
+from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.stages.base import copy_object
 from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX, EntryKind, StorageBackend
 from packhorse.storage.disk import DiskBackend

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import bagit
 
-from packhorse.bagvalidation import validate_folder, validate_path
+from packhorse.bags.validation import validate_folder, validate_path
 
 
 LTAS = ("cologne-lta", "cornell-lta")

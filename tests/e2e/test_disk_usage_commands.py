@@ -12,7 +12,7 @@ from sqlalchemy import select
 from packhorse.config import load_config
 from packhorse.db.models import Notification
 from packhorse.db.session import Database
-from packhorse.diskusage import usage_history
+from packhorse.rules.disk_usage import usage_history
 from support import run_packhorse, write_site_config
 
 EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)

@@ -26,8 +26,8 @@ def context(config: Path):  # type: ignore[no-untyped-def]
     """A process context on the installation's (already initialised) database."""
     from packhorse.config import load_config
     from packhorse.db.session import Database
-    from packhorse.context import ProcessContext
-    from packhorse.topology import sync_topology
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import sync_topology
 
     settings = load_config(config)
     db = Database(settings.database_url)

@@ -45,7 +45,7 @@ def varied_tree(root: Path) -> None:
     """Observatory-like data plus the awkward cases: empty files, an empty-only group, non-ASCII
     and spaced names, files shallower and deeper than group_depth, a file larger than the
     copy chunk and than max_package_bytes."""
-    from packhorse.demo import generate_observatory_data
+    from packhorse.cli.demo import generate_observatory_data
 
     generate_observatory_data(root, units_per_instrument=2, files_per_unit=5, max_file_bytes=256 << 10)
     write(root, "top level notes.txt", b"at the root: shallower than group_depth\n")
@@ -356,10 +356,10 @@ def test_unpack_refuses_a_bundle_with_unsafe_members(pipeline, tmp_path, kind):
     from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
     from packhorse.db.session import Database
     from packhorse.domain import CopyStatus, OperationKind
-    from packhorse.operations import create_operation, dedup_key
-    from packhorse.context import ProcessContext
-    from packhorse.topology import bundle_key, sync_topology
-    from packhorse.worker import Outcome, execute_operation
+    from packhorse.operations.lifecycle import create_operation, dedup_key
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import bundle_key, sync_topology
+    from packhorse.engine.worker import Outcome, execute_operation
 
     p = pipeline()
     p.init()

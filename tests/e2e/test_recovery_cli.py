@@ -185,7 +185,7 @@ def test_monitor_service_recovers_stalled_work_reports_health_and_stops_cleanly(
     from packhorse.db.models import Operation, utcnow
     from packhorse.db.session import Database
     from packhorse.domain import OperationKind
-    from packhorse.operations import claim, create_operation
+    from packhorse.operations.lifecycle import claim, create_operation
     import datetime as dt
 
     cfg = site_config(extra="service_heartbeat_interval_seconds = 0.2\nservice_dead_after_seconds = 2\n")

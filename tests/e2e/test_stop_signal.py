@@ -103,7 +103,7 @@ def _add_failed_operation(cfg: Path) -> None:
     from packhorse.db.models import Operation, Site
     from packhorse.db.session import Database
     from packhorse.domain import OperationKind, Status
-    from packhorse.operations import create_operation
+    from packhorse.operations.lifecycle import create_operation
 
     db = Database(load_config(cfg).database_url)
 

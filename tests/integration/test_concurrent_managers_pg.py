@@ -1,4 +1,4 @@
-"""Many managers and monitors at once on PostgreSQL (high availability, :mod:`packhorse.pipeline`):
+"""Many managers and monitors at once on PostgreSQL (high availability, :mod:`packhorse.engine.pipeline`):
 together they create exactly what one would.
 
 Each race is forced: every thread is held at a barrier right after it has read the state it
@@ -22,15 +22,15 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import (CircuitBreaker, DataTransferPackage, FailureEvent, Notification, Operation,
                                  PhysicalCopy, RawDataPackage, utcnow)
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, OperationKind, Status
 from packhorse.managers import bundles
-from packhorse.operations import claim, create_operation
+from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import breakers, monitor
-from packhorse.topology import sync_topology
+from packhorse.runtime.topology import sync_topology
 
 from distributed_support import postgres_database
 from support import write_site_config

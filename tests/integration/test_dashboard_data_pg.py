@@ -11,9 +11,9 @@ import pytest
 from dashboard_support import NOW, make_ctx, world
 from packhorse.db.models import BacklogSample, Operation
 from packhorse.domain import OperationKind
-from packhorse.failures import failure_groups, reset_group
-from packhorse.history import history, record_backlog
-from packhorse.locate import locate
+from packhorse.actions.failure_groups import failure_groups, reset_group
+from packhorse.status.history import history, record_backlog
+from packhorse.status.locate import locate
 from pg_scratch import scratch_postgres
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from packhorse.diskusage import filesystem_usage
+from packhorse.rules.disk_usage import filesystem_usage
 from packhorse.errors import DestinationWriteError
 from packhorse.storage.base import PARTIAL_SUFFIX
 from packhorse.storage.disk import DiskBackend

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from packhorse.availability import mark_locations
+from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
 from packhorse.managers.scan import scan_location
-from packhorse.topology import sync_topology
+from packhorse.runtime.topology import sync_topology
 
 from pg_scratch import scratch_postgres
 from support import write_site_config

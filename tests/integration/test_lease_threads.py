@@ -17,8 +17,8 @@ from packhorse.db.models import Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import LeaseLostError
-from packhorse.lease import LeaseKeeper
-from packhorse.operations import claim, create_operation, dedup_key
+from packhorse.operations.lease import LeaseKeeper
+from packhorse.operations.lifecycle import claim, create_operation, dedup_key
 from packhorse.recovery import health
 from packhorse.recovery.monitor import check_stalled
 

@@ -16,9 +16,9 @@ from packhorse.db.models import Operation, Site
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
-from packhorse.hooks import NO_HOOKS
-from packhorse.operations import create_operation
-from packhorse.worker import Outcome
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.operations.lifecycle import create_operation
+from packhorse.engine.worker import Outcome
 
 
 @pytest.fixture
@@ -149,11 +149,11 @@ def test_until_idle_does_not_stop_when_an_operation_finished_after_the_managers_
 def test_a_database_outage_is_never_recorded_as_the_operations_failure(db: Database, monkeypatch) -> None:
     from sqlalchemy import select
 
-    import packhorse.worker as worker
+    import packhorse.engine.worker as worker
     from packhorse.db.models import FailureEvent
     from packhorse.errors import TransientDatabaseError
-    from packhorse.context import ProcessContext
-    from packhorse.topology import Topology
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import Topology
 
     (op_id,) = _pending(db, 1)
 

@@ -24,7 +24,7 @@ from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import DestinationWriteError
 from packhorse.notify.notifier import Notifier
-from packhorse.operations import claim, create_operation, dedup_key, record_failure
+from packhorse.operations.lifecycle import claim, create_operation, dedup_key, record_failure
 from smtp_server import SilentServer, SmtpServer, smtp_server, smtp_settings, toml_table  # noqa: F401 (fixture)
 from support import SRC, run_packhorse, write_site_config
 

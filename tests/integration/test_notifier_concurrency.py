@@ -81,7 +81,7 @@ def test_failures_of_one_cause_recorded_at_once_all_land_in_one_digest(db: Datab
     from packhorse.db.models import Site
     from packhorse.domain import OperationKind
     from packhorse.errors import DestinationWriteError
-    from packhorse.operations import claim, create_operation, dedup_key, record_failure
+    from packhorse.operations.lifecycle import claim, create_operation, dedup_key, record_failure
 
     def ops(s: Session) -> list[int]:
         s.add(Site(name="cologne"))
@@ -128,7 +128,13 @@ def test_an_operation_reset_and_failed_again_is_listed_once_in_the_digest(db: Da
     from packhorse.db.models import Site
     from packhorse.domain import OperationKind
     from packhorse.errors import DestinationConflictError
-    from packhorse.operations import claim, create_operation, dedup_key, record_failure, reset_failed
+    from packhorse.operations.lifecycle import (
+        claim,
+        create_operation,
+        dedup_key,
+        record_failure,
+        reset_failed,
+    )
 
     def ops(s: Session) -> list[int]:
         s.add(Site(name="cologne"))

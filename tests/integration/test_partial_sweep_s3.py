@@ -10,7 +10,7 @@ from pathlib import Path
 from packhorse.config import load_config
 from packhorse.db.session import Database
 from packhorse.executors.celery_app import cleanup_site_partials
-from packhorse.topology import sync_topology
+from packhorse.runtime.topology import sync_topology
 
 from s3_support import s3_site_config
 

@@ -206,8 +206,8 @@ def test_a_forked_child_opens_its_own_connections(pg_db: Database) -> None:
 
 def test_concurrent_dispatchers_never_pick_the_same_operation(pg_db: Database, tmp_path: Path) -> None:
     from packhorse.executors.celery_app import dispatch_pending, make_app
-    from packhorse.context import ProcessContext
-    from packhorse.topology import sync_topology
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import sync_topology
 
     settings = settings_from_dict({
         "database": {"url": pg_db.url}, "executor": {"kind": "celery", "broker_url": "memory://"},
@@ -254,10 +254,10 @@ def test_two_sites_completing_the_last_archives_at_once_mark_the_package_archive
     of them committing at once must not both miss the other's copy (the package would never be
     marked archived, and its buffer copies never freed)."""
     from packhorse.config import load_config
-    from packhorse.managers.policy import mark_archived_if_complete
+    from packhorse.rules.policy import mark_archived_if_complete
     from packhorse.stages.base import record_copy
-    from packhorse.context import ProcessContext
-    from packhorse.topology import sync_topology
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import sync_topology
     from support import write_site_config
 
     settings = load_config(write_site_config(tmp_path))
@@ -373,7 +373,7 @@ def test_statements_unit_is_retried_after_the_server_killed_its_connection(pg_db
 
 
 def test_batch_claims_racing_over_shared_operations_grant_each_once(pg_db: Database) -> None:
-    from packhorse.operations import claim_many, complete_many
+    from packhorse.operations.lifecycle import claim_many, complete_many
 
     _seed(pg_db)
 

@@ -20,7 +20,7 @@ from sqlalchemy import event, func, select
 
 from packhorse.db.models import RawDataPackage
 from packhorse.executors.local import LocalRunner
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 
 from support import write_settled
 
@@ -72,9 +72,9 @@ def test_a_run_reads_no_growing_table_in_full(pipeline_ctx: ProcessContext) -> N
 def test_the_dashboards_queries_read_no_growing_table_in_full(pipeline_ctx: ProcessContext) -> None:
     """The charts' history, the backlog sample, failures by cause and "where is my file" run on
     every dashboard refresh or search: index searches too (migration 0008 adds what they need)."""
-    from packhorse.failures import failure_groups
-    from packhorse.history import history, record_backlog
-    from packhorse.locate import locate
+    from packhorse.actions.failure_groups import failure_groups
+    from packhorse.status.history import history, record_backlog
+    from packhorse.status.locate import locate
 
     ctx = pipeline_ctx
     source = ctx.settings.location_path("fyst-source")
@@ -113,7 +113,7 @@ def test_the_dashboards_queries_read_no_growing_table_in_full(pipeline_ctx: Proc
 def test_an_idle_manager_cycle_derives_the_repair_plan_once(pipeline_ctx: ProcessContext) -> None:
     """Every manager asks the desired state for its repairs: one derivation per cycle, shared
     (each manager deriving it again made every cycle cost one copy query per manager)."""
-    from packhorse.pipeline import CycleInput, manager_cycle
+    from packhorse.engine.pipeline import CycleInput, manager_cycle
 
     ctx = pipeline_ctx
     bad_copy_queries: list[str] = []

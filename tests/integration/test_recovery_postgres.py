@@ -20,7 +20,7 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from packhorse.operations import claim, create_operation
+from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery.loop import ServiceLoop
 from packhorse.recovery.monitor import recovery_cycle
 

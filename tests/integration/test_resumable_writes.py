@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from packhorse.config import load_config
-from packhorse.hooks import NO_HOOKS
-from packhorse.pipeline import S3_PARTIAL_AGE_SECONDS, resumable_partial_age
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.engine.pipeline import S3_PARTIAL_AGE_SECONDS, resumable_partial_age
 from packhorse.ratelimit import MIN_PIECE_BYTES, RateLimiter
 from packhorse.stages.base import copy_object, resume_partial
 from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX

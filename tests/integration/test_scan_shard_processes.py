@@ -24,7 +24,7 @@ from packhorse.db.models import RawDataFile  # noqa: E402
 from packhorse.db.session import Database  # noqa: E402
 from packhorse.managers import scanshards  # noqa: E402
 from packhorse.managers.scan import ScanCache, scan_location  # noqa: E402
-from packhorse.topology import sync_topology  # noqa: E402
+from packhorse.runtime.topology import sync_topology  # noqa: E402
 from support import write_site_config  # noqa: E402
 from test_scan_cache import age_folders, make_ctx, write  # noqa: E402
 from test_scan_shards import PATHS, check_ranges, insert_registrations  # noqa: E402

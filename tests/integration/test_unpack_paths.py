@@ -13,7 +13,7 @@ from sqlalchemy import select
 from packhorse.db.models import PhysicalCopy, RawDataPackage
 from packhorse.executors.local import LocalRunner
 from packhorse.stages import unpack
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 
 from support import write_settled
 

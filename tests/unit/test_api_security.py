@@ -71,7 +71,7 @@ def test_the_api_docs_load_every_asset_from_the_package(api, page: str) -> None:
 
 def test_a_package_name_with_slashes_reaches_its_report(api) -> None:
     client, token, db = api
-    from packhorse.topology import sync_topology
+    from packhorse.runtime.topology import sync_topology
 
     settings = client.app.state.ctx.settings
     topo = sync_topology(db, settings)

@@ -1,5 +1,5 @@
 """Long-term-archive operations of small packages run together in one task
-(:func:`packhorse.worker.execute_task`): one claim and one completion transaction for the task,
+(:func:`packhorse.engine.worker.execute_task`): one claim and one completion transaction for the task,
 yet every operation keeps its own bytes, fencing token and outcome (I2, I3, I4); the embedded
 runner puts archive operations together only when more of them are runnable than it has free
 task slots, and never a package larger than ``ARCHIVE_BATCH_BYTES``."""
@@ -17,18 +17,18 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 from support import write_site_config
 
-from packhorse.availability import mark_locations
+from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config, settings_from_dict
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataLocation, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
-from packhorse.hooks import NO_HOOKS
-from packhorse.operations import create_operation, dedup_key
-from packhorse.topology import raw_package_key, sync_topology
-from packhorse.batching import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, group_tasks
-from packhorse.worker import Outcome, execute_operation, execute_task
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.runtime.topology import raw_package_key, sync_topology
+from packhorse.operations.batching import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, group_tasks
+from packhorse.engine.worker import Outcome, execute_operation, execute_task
 
 LTA = OperationKind.LONG_TERM_ARCHIVE
 

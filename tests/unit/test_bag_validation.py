@@ -18,7 +18,7 @@ from pathlib import Path
 import bagit
 import pytest
 
-from packhorse.bagvalidation import (
+from packhorse.bags.validation import (
     ALGORITHMS,
     PROBLEM_CODES,
     BagReport,
@@ -27,8 +27,8 @@ from packhorse.bagvalidation import (
     validate_tar,
 )
 from packhorse.errors import UnsafePathError, VerificationError
-from packhorse.extraction import extract_tar
-from packhorse.packaging import PayloadFile, read_bag_tar, write_bag_tar
+from packhorse.bags.extraction import extract_tar
+from packhorse.bags.packaging import PayloadFile, read_bag_tar, write_bag_tar
 from packhorse.stages.staging import verify_bag_folder
 
 PAYLOAD = {
@@ -490,7 +490,7 @@ def test_validate_path_reads_folders_and_tars(tmp_path: Path) -> None:
 
 
 def test_forward_only_streams_refuse_to_seek_back() -> None:
-    from packhorse.bagvalidation import ForwardOnly
+    from packhorse.bags.validation import ForwardOnly
 
     f = ForwardOnly(io.BufferedReader(Stream(b"0123456789")))  # type: ignore[arg-type]
     assert f.seek(3) == 3 and f.read(2) == b"34" and f.tell() == 5

@@ -2,7 +2,7 @@
 backdating ``next_attempt_at`` (no sleeping): after the cool-down one attempt is let through by
 the monitor; its success closes the breaker, its stall or retryable failure opens it again for
 a doubled cool-down, a permanent failure closes it (the operation is FAILED). Open and
-half-open breakers are blocked work in :mod:`packhorse.blocked` (DESIGN.md "Circuit breaker")."""
+half-open breakers are blocked work in :mod:`packhorse.status.blocked_work` (DESIGN.md "Circuit breaker")."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from packhorse.blocked import EXIT_WAITING, PROVIDERS, circuit_breakers
+from packhorse.status.blocked_work import EXIT_WAITING, PROVIDERS, circuit_breakers
 from packhorse.config import settings_from_dict
 from packhorse.db.models import CircuitBreaker, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import SourceChangedError, VerificationError
-from packhorse.operations import claim, claim_many, complete_in, complete_many, record_failure
+from packhorse.operations.lifecycle import claim, claim_many, complete_in, complete_many, record_failure
 from packhorse.recovery import breakers
 from packhorse.recovery.monitor import check_stalled
 

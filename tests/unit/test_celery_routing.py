@@ -67,7 +67,7 @@ def test_make_app_needs_celery_and_a_broker(tmp_path: Path) -> None:
 
 def test_workers_read_the_topology_that_init_wrote(settings, empty_db) -> None:
     from packhorse.errors import DatabaseNotInitializedError
-    from packhorse.topology import load_topology, sync_topology
+    from packhorse.runtime.topology import load_topology, sync_topology
 
     with pytest.raises(DatabaseNotInitializedError, match="fyst.*packhorse init"):
         load_topology(empty_db, settings)

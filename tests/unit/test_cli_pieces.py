@@ -156,11 +156,11 @@ def test_progress_text_never_passes_100_percent_and_gives_an_eta():
 def _initialized(tmp_path, **config):  # type: ignore[no-untyped-def]
     """A three-site configuration under ``tmp_path``, its ops database and every location
     marked, as `packhorse init` leaves them: ``(settings, db, ctx)``."""
-    from packhorse.availability import mark_locations
+    from packhorse.rules.availability import mark_locations
     from packhorse.config import load_config
-    from packhorse.context import ProcessContext
+    from packhorse.runtime.context import ProcessContext
     from packhorse.db.session import Database
-    from packhorse.topology import sync_topology
+    from packhorse.runtime.topology import sync_topology
     from support import write_site_config
 
     settings = load_config(write_site_config(tmp_path / "site", **config))
@@ -181,7 +181,7 @@ def test_the_plan_decides_modified_registrations_as_the_scan_does(tmp_path):
 
     from packhorse.managers import packages
     from packhorse.managers.scan import scan_all
-    from packhorse.plan import plan_run
+    from packhorse.status.dry_run import plan_run
 
     settings, db, ctx = _initialized(tmp_path, settle_seconds=30)
     src = settings.location_path("fyst-source")
@@ -214,7 +214,7 @@ def test_the_plan_skips_a_file_it_cannot_open_as_the_scan_does(tmp_path, monkeyp
     from concurrent.futures import ThreadPoolExecutor
 
     from packhorse.managers.scan import scan_all
-    from packhorse.plan import plan_run
+    from packhorse.status.dry_run import plan_run
     from packhorse.storage.disk import DiskBackend
 
     settings, db, ctx = _initialized(tmp_path)
@@ -248,7 +248,7 @@ def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path)
     from packhorse.db.models import Operation, RawDataFile
     from packhorse.managers import packages
     from packhorse.managers.scan import scan_all
-    from packhorse.plan import plan_run
+    from packhorse.status.dry_run import plan_run
 
     settings, db, ctx = _initialized(tmp_path, settle_seconds=30)
     src = settings.location_path("fyst-source")
@@ -275,7 +275,7 @@ def test_the_plan_of_a_database_with_work_under_way_lists_what_is_left(tmp_path)
 
 
 def test_a_name_with_a_newline_or_markup_is_one_row_of_the_locate_table(capsys) -> None:
-    from packhorse.cli.common import shown
+    from packhorse.cli.app import shown
     from packhorse.cli.operator import _print_located
 
     assert shown("obs1/new\nline.txt") == "obs1/new\\nline.txt"
@@ -293,7 +293,7 @@ def test_a_name_with_a_newline_or_markup_is_one_row_of_the_locate_table(capsys) 
 def test_the_plan_names_a_source_location_that_is_not_there(tmp_path):
     # found by a trial: with the source folder moved away (or an empty folder in its place) the
     # dry run said "would register 0 file(s)" while the real run waits for it and exits 4
-    from packhorse.plan import plan_run
+    from packhorse.status.dry_run import plan_run
 
     settings, db, _ctx = _initialized(tmp_path, settle_seconds=0)
     src = settings.location_path("fyst-source")

@@ -450,7 +450,7 @@ def test_not_utf8(tmp_path: Path) -> None:
 
 
 def test_extraction_limits_from_the_file_and_the_environment() -> None:
-    from packhorse.extraction import DEFAULT_LIMITS, ExtractionLimits
+    from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits
 
     s = settings_from_dict(minimal(), environ={})
     assert ExtractionLimits.from_settings(s) == DEFAULT_LIMITS

@@ -1,4 +1,4 @@
-"""The desired state's plan (:mod:`packhorse.convergence`), step by step on database rows: from
+"""The desired state's plan (:mod:`packhorse.rules.convergence`), step by step on database rows: from
 a package whose every archive copy is bad to a rebuild of its bundle's packages, the bundle,
 the transfer and the unpack, each with its own generation key; the dead end when the source
 is gone; a superseded FAILED operation; the cached ``archived_at`` following the copies."""
@@ -12,15 +12,15 @@ from sqlalchemy.orm import Session
 from support import write_site_config
 
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
-from packhorse.convergence import generation_key, plan, superseded_failures
-from packhorse.reporting import status_report
+from packhorse.runtime.context import ProcessContext
+from packhorse.rules.convergence import generation_key, plan, superseded_failures
+from packhorse.status.reporting import status_report
 from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.managers.policy import is_archived, refresh_archived
-from packhorse.operations import create_operation, dedup_key
-from packhorse.topology import sync_topology
+from packhorse.rules.policy import is_archived, refresh_archived
+from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.runtime.topology import sync_topology
 
 SHA = "a" * 64
 

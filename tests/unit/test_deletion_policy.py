@@ -15,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from support import write_site_config
 
-from packhorse.availability import mark_locations
+from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import (
     DataTransferPackage,
     FailureEvent,
@@ -27,13 +27,13 @@ from packhorse.db.models import (
     utcnow,
 )
 from packhorse.db.session import Database
-from packhorse.diskusage import Usage, measure_all
+from packhorse.rules.disk_usage import Usage, measure_all
 from packhorse.domain import OperationKind, Status
 from packhorse.managers import deletions
-from packhorse.managers.policy import deletion_blockers, deletion_blockers_many
-from packhorse.operations import create_operation, dedup_key
-from packhorse.topology import sync_topology
-from packhorse.worker import Outcome, execute_deletions, execute_operation
+from packhorse.rules.policy import deletion_blockers, deletion_blockers_many
+from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.runtime.topology import sync_topology
+from packhorse.engine.worker import Outcome, execute_deletions, execute_operation
 
 TOTAL = 10_000
 DAY = dt.timedelta(days=1)
@@ -395,7 +395,7 @@ def test_a_fault_of_one_copy_in_a_batch_fails_that_deletion_alone(site: Site, mo
     made = {name: site.package(name, archived_days_ago=10) for name in ("x", "y", "z")}
     site.deletion_order()
     ops = site.db.read(lambda s: {c: i for i, c in s.execute(select(Operation.id, Operation.physical_copy_id))})
-    import packhorse.managers.policy as policy
+    import packhorse.rules.policy as policy
 
     real = policy.deletion_blockers_many
     bad_copy = made["y"][1]
@@ -512,7 +512,7 @@ def test_critical_measures_again_after_deleting_and_stops_below_recovery(make_si
     for op_id in site.db.read(lambda s: list(s.scalars(select(Operation.id)))):
         execute_operation(site.ctx, op_id, "w")
     assert site.deletion_order() == first
-    from packhorse.diskusage import latest_usage
+    from packhorse.rules.disk_usage import latest_usage
 
     latest = site.db.read(lambda s: latest_usage(s)["fyst-buffer"])
     assert (latest.used_bytes, latest.alert_level) == (5000, "normal")  # measured again, recovered
@@ -560,7 +560,7 @@ def test_a_bundles_packages_stay_at_the_source_buffer_while_one_of_them_is_repai
 
 def test_the_distributed_executor_sends_a_batch_of_deletions_as_one_message_whose_task_runs_them_once(
         site: Site) -> None:
-    """Both executors run the same tasks (packhorse.batching): the Celery dispatcher publishes
+    """Both executors run the same tasks (packhorse.operations.batching): the Celery dispatcher publishes
     20 buffer-copy deletions of one queue as two messages (16 and 4), each claimed and completed
     by its worker with the database work of one; every copy's bytes go and its operation
     completes at attempt 1. The same message delivered again (at-least-once) does nothing."""

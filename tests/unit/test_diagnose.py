@@ -16,10 +16,10 @@ from packhorse.db.models import (
     RawDataPackage,
     utcnow,
 )
-from packhorse.diagnose import diagnose_operation, live_check
+from packhorse.status.diagnose import diagnose_operation, live_check
 from packhorse.domain import OperationKind
-from packhorse.context import ProcessContext
-from packhorse.topology import sync_topology
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import sync_topology
 from support import no_such_pid, write_site_config
 
 S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nbucket = "cologne-archive"\nactive = false\n'
@@ -253,7 +253,7 @@ def test_the_live_check_of_a_healthy_package_raises_no_alarm(tmp_path: Path, emp
 
 
 def test_the_overview_places_a_deletion_at_its_copy_location(tmp_path: Path, empty_db) -> None:
-    from packhorse.overview import pipeline_overview
+    from packhorse.status.overview import pipeline_overview
 
     ids = _world(_ctx(tmp_path, empty_db))
     counts = empty_db.read(lambda s: pipeline_overview(s))["counts"]

@@ -14,7 +14,7 @@ from packhorse.db.models import (DataLocation, DataTransferPackage, FailureEvent
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import DestinationConflictError, SourceMissingError
-from packhorse.operations import claim, create_operation, record_failure
+from packhorse.operations.lifecycle import claim, create_operation, record_failure
 from packhorse.recovery import diagnosis
 
 SHA = "0" * 64

@@ -1,4 +1,4 @@
-"""The one tar reader and extraction routine (DESIGN.md I6; packhorse.extraction): every kind
+"""The one tar reader and extraction routine (DESIGN.md I6; packhorse.bags.extraction): every kind
 of hostile member is refused on every extraction path (the extraction routine, staging,
 unpack of a raw package, unpack of a bundle), permanently, naming the artifact and the
 member, with nothing outside the target changed; staging checks the sha256 before it
@@ -36,7 +36,7 @@ from hostile_tars import (
     tar_of,
 )
 from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
-from packhorse.extraction import DEFAULT_LIMITS, ExtractionLimits, extract_tar, iter_members
+from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, extract_tar, iter_members
 from packhorse.stages.staging import ArchiveCopy, check_archive_copy, extract_archive_copy
 from packhorse.storage.disk import DiskBackend
 
@@ -251,8 +251,8 @@ def test_names_differing_by_unicode_normalization_are_refused_only_where_the_tar
     # a Linux source folder may hold "café.txt" in NFC and in NFD: two files, both registered and
     # packaged; refusing the pair on every path made packhorse's own package fail at unpack and
     # took every other package of its bundle with it (found by a new-user trial)
-    import packhorse.extraction as extraction
-    from packhorse.packaging import read_bag_bytes
+    import packhorse.bags.extraction as extraction
+    from packhorse.bags.packaging import read_bag_bytes
 
     data = tar_of(good_bag_members(payload={NFC: b"composed", NFD: b"decomposed"}))
     contents = read_bag_bytes(data, source="buffer:raw/pkg.tar")  # unpack's check: both files
@@ -531,7 +531,7 @@ def test_the_readers_header_parse_is_tarfiles(name: str, kind: bytes, size: int,
                                               damage: list[tuple[int, int]], fix_checksum: bool) -> None:
     # the one reader parses common headers itself (speed); on any header, well-formed or
     # damaged, it must read exactly what tarfile reads, or refuse it the same way
-    from packhorse.extraction import _BoundedTarInfo
+    from packhorse.bags.extraction import _BoundedTarInfo
 
     ti = tarfile.TarInfo(name)
     ti.type, ti.size, ti.mtime, ti.mode = kind, size, mtime, mode
@@ -550,7 +550,7 @@ def test_the_readers_header_parse_is_tarfiles(name: str, kind: bytes, size: int,
 
 
 def test_the_readers_own_header_parse_is_used_for_plain_members() -> None:
-    from packhorse.extraction import _ustar_header
+    from packhorse.bags.extraction import _ustar_header
 
     for kind in (tarfile.REGTYPE, tarfile.DIRTYPE):
         ti = tarfile.TarInfo("bag/data/file.dat")

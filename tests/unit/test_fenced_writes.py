@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
 
-from packhorse import operations, pipeline
+from packhorse.operations import lifecycle as operations
+from packhorse.engine import pipeline
 from packhorse.config import settings_from_dict
 from packhorse.db.models import DataLocation, Operation, Site, utcnow
 from packhorse.db.session import Database

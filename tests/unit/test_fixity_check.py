@@ -6,7 +6,7 @@ import hashlib
 import time
 from types import SimpleNamespace
 
-from packhorse.fixity import CORRUPT, MISSING, OK, check_copy
+from packhorse.rules.fixity import CORRUPT, MISSING, OK, check_copy
 from packhorse.ratelimit import RateLimiter
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.registry import compose

@@ -1,4 +1,4 @@
-"""``packhorse skipped forget`` (:func:`packhorse.actions.forget_skipped`): a blank reason is
+"""``packhorse skipped forget`` (:func:`packhorse.actions.operator.forget_skipped`): a blank reason is
 refused, and a relative path listed in two source locations is refused until the operator
 names the location (a trial forgot both at once)."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from packhorse.actions import forget_skipped
+from packhorse.actions.operator import forget_skipped
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import WithdrawnFile, utcnow
 from packhorse.errors import EmptyReasonError, NotSkippedError
-from packhorse.reporting import status_report
-from packhorse.topology import sync_topology
+from packhorse.status.reporting import status_report
+from packhorse.runtime.topology import sync_topology
 from support import write_site_config
 
 SECOND_SOURCE = ('[[locations]]\nname = "fyst-source2"\nsite = "fyst"\nrole = "source"\n'

@@ -12,7 +12,7 @@ import pytest
 from packhorse.db.models import ServiceHeartbeat
 from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
-from packhorse.metrics import collect_values
+from packhorse.status.metrics import collect_values
 from packhorse.recovery import health
 from support import no_such_pid
 

@@ -12,9 +12,9 @@ import pytest
 from dashboard_support import NOW, make_ctx, world
 from packhorse.db.models import AuditEntry, BacklogSample, Operation
 from packhorse.domain import OperationKind
-from packhorse.failures import EmptyReasonError, failure_groups, reset_group
-from packhorse.history import HistoryWindowError, history, record_backlog
-from packhorse.locate import LocateQueryError, locate
+from packhorse.actions.failure_groups import EmptyReasonError, failure_groups, reset_group
+from packhorse.status.history import HistoryWindowError, history, record_backlog
+from packhorse.status.locate import LocateQueryError, locate
 
 def test_history_puts_throughput_backlog_disk_and_failures_on_one_grid(tmp_path: Path, empty_db) -> None:
     ctx = make_ctx(tmp_path, empty_db)
@@ -158,11 +158,11 @@ def test_a_package_whose_name_is_also_a_folder_of_other_groups_says_so(tmp_path:
 def test_history_looks_up_the_files_carried_in_bounded_id_lists(tmp_path: Path, empty_db, monkeypatch) -> None:
     """A week of completed operations can exceed SQLite's bound-parameter limit: the lookups of
     their packages go in chunks, with the same answer."""
-    import packhorse.history
+    import packhorse.status.history
 
     ctx = make_ctx(tmp_path, empty_db)
     world(ctx)
     whole = empty_db.read(lambda s: history(s, ctx.settings, minutes=15, now=NOW))
-    monkeypatch.setattr(packhorse.history, "IN_CHUNK", 1)
+    monkeypatch.setattr(packhorse.status.history, "IN_CHUNK", 1)
     chunked = empty_db.read(lambda s: history(s, ctx.settings, minutes=15, now=NOW))
     assert chunked == whole and sum(whole["throughput"]["transfer"]["files_per_minute"]) == 4

@@ -56,11 +56,11 @@ def test_an_empty_cold_location_is_still_unavailable():
 def _site(tmp_path):
     from support import write_site_config
 
-    from packhorse.availability import mark_locations
+    from packhorse.rules.availability import mark_locations
     from packhorse.config import load_config
-    from packhorse.context import ProcessContext
+    from packhorse.runtime.context import ProcessContext
     from packhorse.db.session import Database
-    from packhorse.topology import sync_topology
+    from packhorse.runtime.topology import sync_topology
 
     settings = load_config(write_site_config(tmp_path / "site"))
     (settings.location_path("fyst-source")).mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def test_init_counts_only_copies_whose_bytes_should_be_there(tmp_path):
     unmounted disk. A missing copy still owed there does; so does a live one."""
     import shutil
 
-    from packhorse.availability import _recorded_copies, mark_locations
+    from packhorse.rules.availability import _recorded_copies, mark_locations
     from packhorse.db.models import PhysicalCopy, RawDataPackage, utcnow
 
     ctx = _site(tmp_path)
@@ -127,7 +127,7 @@ def test_init_of_one_site_marks_only_that_sites_locations(tmp_path):
     # site marks that site's locations and never creates another site's folders here
     import shutil
 
-    from packhorse.availability import mark_locations
+    from packhorse.rules.availability import mark_locations
 
     ctx = _site(tmp_path)
     for loc in ctx.settings.locations:
@@ -146,7 +146,7 @@ def test_init_of_one_site_marks_only_that_sites_locations(tmp_path):
 
 
 def test_init_refuses_a_marker_that_is_not_json_naming_it_without_a_traceback(tmp_path):
-    from packhorse.availability import mark_locations
+    from packhorse.rules.availability import mark_locations
 
     ctx = _site(tmp_path)
     marker = ctx.settings.location_path("cologne-lta") / MARKER_KEY

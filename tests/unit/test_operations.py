@@ -15,7 +15,7 @@ from packhorse.db.models import DataLocation, FailureEvent, Operation, Site, utc
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.errors import SourceChangedError, UnsafePathError, VerificationError
-from packhorse.operations import (
+from packhorse.operations.lifecycle import (
     Claim,
     claim,
     claim_many,
@@ -280,7 +280,7 @@ def test_claim_many_claims_each_runnable_operation_at_its_token_in_one_statement
 
 
 def test_claim_many_of_more_than_one_statement_holds(db: Database) -> None:
-    from packhorse import operations
+    from packhorse.operations import lifecycle as operations
 
     ids = [new_op(db, f"many-{i}") for i in range(operations.BATCH_ROWS + 3)]
     claims, sent = _statements(db, lambda: claim_many(db, {i: 0 for i in ids}, "w1", 30))

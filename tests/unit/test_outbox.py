@@ -15,7 +15,7 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, OperationKind, Status
 from packhorse.errors import SourceChangedError, VerificationError
 from packhorse.notify.outbox import WINDOW_START, ascii_subject, enqueue, render_error_context
-from packhorse.operations import claim, create_operation, dedup_key, record_failure
+from packhorse.operations.lifecycle import claim, create_operation, dedup_key, record_failure
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """I5: every (OperationKind, Status) pair has an owner that moves it on.
 
-The owner map (:func:`packhorse.recovery.owners.owner_map`) is built from the live
+The owner map (:func:`packhorse.engine.owners.owner_map`) is built from the live
 registrations — the stages workers run (``STAGES``), the dispatch order (``pipeline.DISPATCH_ORDER``), the
 stalled-task monitor's handlers (``RECOVERY_HANDLERS``), the reconciler's statuses and the
 notification that hands FAILED operations to a human. The tests below remove each
@@ -22,23 +22,23 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 import packhorse.managers as managers_pkg
-from packhorse import operations
+from packhorse.operations import lifecycle as operations
 from packhorse.cli import EXIT_FAILED, EXIT_OK, exit_code_after_run
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse import pipeline
+from packhorse.engine import pipeline
 from packhorse.executors.local import LocalRunner
-from packhorse.pipeline import DISPATCH_ORDER
-from packhorse.hooks import NO_HOOKS
-from packhorse.operations import claim, create_operation
+from packhorse.engine.pipeline import DISPATCH_ORDER
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import monitor, reconciler
 from packhorse.recovery.monitor import check_stalled
-from packhorse.recovery.owners import creators, orphans, owner_map
-from packhorse.reporting import failed_operations
+from packhorse.engine.owners import creators, orphans, owner_map
+from packhorse.status.reporting import failed_operations
 from packhorse.stages import STAGES
-from packhorse.worker import Outcome
+from packhorse.engine.worker import Outcome
 
 #: Kinds that exist in the vocabulary but have no stage (and no manager creating them) yet.
 #: Remove a kind from this set in the change that adds its stage: the test below fails until

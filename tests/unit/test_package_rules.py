@@ -23,7 +23,7 @@ def _modules() -> list[str]:
 
 
 def test_product_modules_read_no_test_variable() -> None:
-    """Test-only behaviour comes in through hooks handed in by tests (packhorse.hooks), never
+    """Test-only behaviour comes in through hooks handed in by tests (packhorse.runtime.hooks), never
     through a PACKHORSE_TEST_* variable read by product code."""
     offenders = []
     for path in sorted(SRC.rglob("*.py")):

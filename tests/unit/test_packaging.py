@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
-from packhorse.extraction import extract_tar
-from packhorse.packaging import (
+from packhorse.bags.extraction import extract_tar
+from packhorse.bags.packaging import (
     PayloadFile,
     decode_manifest_path,
     encode_manifest_path,
@@ -99,7 +99,7 @@ def test_different_metadata_gives_different_bytes(tricky: list[PayloadFile]) -> 
 def _tarfile_build(files: list[PayloadFile], *, bag_dir: str = "pkg", info: dict[str, str] | None = None) -> bytes:
     """The same bag written by :mod:`tarfile` in PAX format, the way packhorse wrote every bag
     before its own tar writer: the bytes every existing package holds."""
-    from packhorse.packaging import bag_tag_files
+    from packhorse.bags.packaging import bag_tag_files
 
     def ti(name: str, size: int, mtime: int) -> tarfile.TarInfo:
         t = tarfile.TarInfo(name)

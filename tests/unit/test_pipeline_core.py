@@ -1,6 +1,6 @@
 """One pipeline for both modes: the embedded runner and the distributed manager run the same
 managers, take the same runnable work in the same order, and sweep the same partial files
-(:mod:`packhorse.pipeline`). Against a real (SQLite) ops database; the broker is replaced by
+(:mod:`packhorse.engine.pipeline`). Against a real (SQLite) ops database; the broker is replaced by
 an object that records what would be published."""
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse import pipeline
+from packhorse.engine import pipeline
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, OperationKind, Status
 from packhorse.executors import celery_app
 from packhorse.executors.local import LocalRunner
-from packhorse.operations import create_operation
+from packhorse.operations.lifecycle import create_operation
 from packhorse.storage.base import PARTIAL_SUFFIX
-from packhorse.topology import sync_topology
-from packhorse.worker import Outcome
+from packhorse.runtime.topology import sync_topology
+from packhorse.engine.worker import Outcome
 from support import write_site_config
 
 

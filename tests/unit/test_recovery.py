@@ -19,8 +19,8 @@ from packhorse.db.models import FailureEvent, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.errors import UnknownOperationError
-from packhorse.diagnose import diagnose_operation
-from packhorse.operations import ResetRefusedError, claim, reset_failed
+from packhorse.status.diagnose import diagnose_operation
+from packhorse.operations.lifecycle import ResetRefusedError, claim, reset_failed
 from packhorse.recovery import breakers, health
 from packhorse.recovery.loop import ServiceLoop
 from packhorse.recovery.monitor import check_stalled, recovery_cycle
@@ -383,9 +383,9 @@ def test_reconciler_leaves_what_the_broker_still_queues_however_old(db: Database
 
 def test_a_message_of_a_batch_of_deletions_may_hold_sixteen_of_them(db: Database) -> None:
     """The executors put up to 16 buffer-copy deletions in one task (one message,
-    packhorse.batching): a deletion queue holding one message may hold the 16 most recently
+    packhorse.operations.batching): a deletion queue holding one message may hold the 16 most recently
     scheduled deletions, none of which is lost; the 17th, older, is."""
-    from packhorse.batching import DELETION_BATCH
+    from packhorse.operations.batching import DELETION_BATCH
 
     s = settings(reconcile_floor_seconds=60)
     ops = [new_op(db, f"d{i}", OperationKind.DELETION) for i in range(DELETION_BATCH + 1)]

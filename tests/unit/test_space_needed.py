@@ -1,5 +1,5 @@
 """What an operation must hold at once at the location it writes to
-(:func:`packhorse.space.space_needed`): the lower bound that decides whether a full
+(:func:`packhorse.rules.space.space_needed`): the lower bound that decides whether a full
 location can ever take it (a bundle twice its packages, an unpack the bundle and its largest
 package), on database rows."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 from support import write_site_config
 
-from packhorse.space import space_needed, still_to_write
+from packhorse.rules.space import space_needed, still_to_write
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from packhorse.topology import sync_topology
+from packhorse.runtime.topology import sync_topology
 
 SHA = "a" * 64
 

@@ -1,5 +1,5 @@
 """An unpack of a bundle copy that still carries a package taken out of the bundle since it
-was built (shipped again in a bundle of its own, :mod:`packhorse.convergence` step 5): that
+was built (shipped again in a bundle of its own, :mod:`packhorse.rules.convergence` step 5): that
 package is read past, nothing of it written; any other stranger in the bundle is refused as
 before."""
 
@@ -13,7 +13,7 @@ import pytest
 from hostile_tars import FakeWork, good_bag_members, good_package, tar_of
 
 from packhorse.errors import VerificationError
-from packhorse.extraction import ExtractionLimits
+from packhorse.bags.extraction import ExtractionLimits
 from packhorse.stages.unpack import unpack_bundle
 from packhorse.storage.disk import DiskBackend
 

@@ -16,23 +16,23 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse.availability import mark_locations
+from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config
-from packhorse.context import ProcessContext
+from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Notification, Operation, RawDataFile, RawDataPackage, WithdrawnFile
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.errors import LeaseLostError
-from packhorse.lease import LeaseKeeper
+from packhorse.operations.lease import LeaseKeeper
 from packhorse.managers import packages
 from packhorse.managers.packages import package_base, plan_group
 from packhorse.managers.scan import scan_all
-from packhorse.operations import claim, complete_in
-from packhorse.packaging import read_bag_tar
-from packhorse.reporting import status_report
+from packhorse.operations.lifecycle import claim, complete_in
+from packhorse.bags.packaging import read_bag_tar
+from packhorse.status.reporting import status_report
 from packhorse.stages import package as package_stage
 from packhorse.stages.base import Work
-from packhorse.topology import raw_package_key, sync_topology
+from packhorse.runtime.topology import raw_package_key, sync_topology
 from support import write_site_config
 
 
@@ -300,7 +300,7 @@ def test_the_rebuild_of_a_lost_package_never_takes_a_file_out(ctx, pool) -> None
 
 def test_a_package_that_failed_on_a_changed_file_before_builds_from_the_rest_after_a_reset(ctx, pool) -> None:
     # an operation left FAILED with SourceChangedError by a version without withdrawal
-    from packhorse.operations import reset_failed
+    from packhorse.operations.lifecycle import reset_failed
 
     write(ctx, "cam/obs1/a.dat", b"a" * 10)
     b = write(ctx, "cam/obs1/b.dat", b"b" * 10)

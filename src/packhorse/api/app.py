@@ -34,8 +34,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import __version__, audit
-from ..actions import (
+from packhorse import __version__
+from packhorse.runtime import audit
+from packhorse.actions.operator import (
     UnknownPackageError,
     force_retry_operation,
     reconcile_inconsistent,
@@ -44,29 +45,35 @@ from ..actions import (
     reset_circuit_breaker,
     reset_operation,
 )
-from ..config import Settings
-from ..db.session import Database
-from ..diagnose import (
+from packhorse.config import Settings
+from packhorse.db.session import Database
+from packhorse.status.diagnose import (
     diagnose_operation,
     diagnose_package,
     get_live_check,
     request_live_check,
     run_live_check,
 )
-from ..domain import OperationKind
-from ..errors import TransientDatabaseError, UnknownOperationError
-from ..failures import EmptyReasonError, failure_groups, reset_group
-from ..history import BacklogSampler, HistoryWindowError, history
-from ..locate import LocateQueryError, locate
-from ..metrics import registry_for, render
-from ..operations import ResetRefusedError
-from ..overview import location_usage, pipeline_overview
-from ..runtime_settings import RuntimeSettingError, RuntimeSettings, describe, set_setting, unset_setting
-from ..context import ProcessContext
-from ..topology import sync_topology
-from . import schemas as m
-from .security import SecurityHeadersMiddleware
-from .tokens import Principal, authenticate
+from packhorse.domain import OperationKind
+from packhorse.errors import TransientDatabaseError, UnknownOperationError
+from packhorse.actions.failure_groups import EmptyReasonError, failure_groups, reset_group
+from packhorse.status.history import BacklogSampler, HistoryWindowError, history
+from packhorse.status.locate import LocateQueryError, locate
+from packhorse.status.metrics import registry_for, render
+from packhorse.operations.lifecycle import ResetRefusedError
+from packhorse.status.overview import location_usage, pipeline_overview
+from packhorse.runtime.settings import (
+    RuntimeSettingError,
+    RuntimeSettings,
+    describe,
+    set_setting,
+    unset_setting,
+)
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import sync_topology
+from packhorse.api import schemas as m
+from packhorse.api.security import SecurityHeadersMiddleware
+from packhorse.api.tokens import Principal, authenticate
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 STATIC = resources.files("packhorse.api") / "static"
@@ -310,8 +317,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     @api.get("/health", response_model=m.Health, tags=["observe"])
     def health(_who: Caller) -> dict[str, Any]:
         """Services and workers with their last heartbeat: alive or dead."""
-        from ..recovery.breakers import jsonable
-        from ..recovery.health import list_services
+        from packhorse.recovery.breakers import jsonable
+        from packhorse.recovery.health import list_services
 
         rec = settings.recovery
         rows = db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
@@ -321,7 +328,7 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     @api.get("/admin/breakers", response_model=list[m.BreakerOut], tags=["breakers"])
     def breakers(_who: Caller) -> list[dict[str, Any]]:
         """Circuit breakers of operations that stalled, open ones first."""
-        from ..recovery.breakers import jsonable, list_breakers
+        from packhorse.recovery.breakers import jsonable, list_breakers
 
         return [jsonable(r) for r in db.read(list_breakers)]
 
@@ -329,7 +336,7 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
               responses=NOT_FOUND)
     def breaker_reset(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
         """Close an operation's circuit breaker; the monitor then recovers the operation (audited)."""
-        from ..recovery.breakers import jsonable
+        from packhorse.recovery.breakers import jsonable
 
         out = reset_circuit_breaker(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
         return {k: v for k, v in jsonable(out).items() if k in m.BreakerOut.model_fields}

@@ -47,7 +47,7 @@ class OverviewOperation(_Model):
 
 
 class BlockedOut(_Model):
-    """One piece of blocked work (:class:`packhorse.blocked.BlockedItem`): what waits, on what,
+    """One piece of blocked work (:class:`packhorse.status.blocked_work.BlockedItem`): what waits, on what,
     and the command that releases it. No error text."""
 
     cause: str = Field(description="circuit_breaker, location_unavailable, no_good_source, ...")

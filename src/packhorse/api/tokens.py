@@ -18,9 +18,9 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..db.models import ApiToken, utcnow
-from ..db.session import Database
-from ..errors import TokenError
+from packhorse.db.models import ApiToken, utcnow
+from packhorse.db.session import Database
+from packhorse.errors import TokenError
 
 ROLES = ("observer", "admin")
 TOKEN_PREFIX = "ph_"

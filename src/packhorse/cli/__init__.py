@@ -17,12 +17,20 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import PackhorseError
+from packhorse.errors import PackhorseError
 # each registers its commands on ``app``; the order is the order of `packhorse --help`
-from . import pipeline, operator, distributed, admin, bags  # noqa: F401, I001
-from .common import EXIT_BLOCKED, EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_OUTPUT_CLOSED, EXIT_PROBLEM, app
-from .distributed import serve_api
-from .pipeline import exit_code_after_run
+from packhorse.cli import pipeline, operator, distributed, admin, bags  # noqa: F401, I001
+from packhorse.cli.app import (
+    EXIT_BLOCKED,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_OUTPUT_CLOSED,
+    EXIT_PROBLEM,
+    app,
+)
+from packhorse.cli.distributed import serve_api
+from packhorse.cli.pipeline import exit_code_after_run
 
 __all__ = ["EXIT_BLOCKED", "EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_OUTPUT_CLOSED", "EXIT_PROBLEM", "app", "exit_code_after_run",
            "main", "serve_api"]
@@ -32,7 +40,7 @@ def main() -> None:
     """Console-script entry point: run the command (logging at WARNING until the command sets
     its own level); a ``PackhorseError`` that escapes a command prints ``error: ...`` and exits 1;
     output whose reader went away (``| head``) exits :data:`EXIT_OUTPUT_CLOSED` (141), not 1."""
-    from .. import logs
+    from packhorse import logs
 
     # until a command sets its own level: warnings and errors only (structlog's default would
     # print every debug line)

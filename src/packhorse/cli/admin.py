@@ -10,7 +10,19 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from .common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, app, context, fail, print_json, printable, table_console
+from packhorse.cli.app import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ConfigOpt,
+    JsonOpt,
+    app,
+    context,
+    fail,
+    print_json,
+    printable,
+    table_console,
+)
 
 
 @app.command()
@@ -25,10 +37,10 @@ def health(
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
     or by --forget NAME."""
-    from .. import audit
-    from ..errors import ServiceHealthError
-    from ..recovery.breakers import jsonable
-    from ..recovery.health import forget_service, list_services
+    from packhorse.runtime import audit
+    from packhorse.errors import ServiceHealthError
+    from packhorse.recovery.breakers import jsonable
+    from packhorse.recovery.health import forget_service, list_services
 
     ctx = context(config)
     rec = ctx.settings.recovery
@@ -82,8 +94,8 @@ def token_create(
     config: ConfigOpt = None,
 ) -> None:
     """Create an API token; it is printed once, alone on the last line of stdout."""
-    from .. import audit
-    from ..api.tokens import TokenError, create_token
+    from packhorse.runtime import audit
+    from packhorse.api.tokens import TokenError, create_token
 
     ctx = context(config)
     try:
@@ -100,7 +112,7 @@ def token_create(
 @token_app.command("list")
 def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List tokens (never their secret)."""
-    from ..api.tokens import list_tokens
+    from packhorse.api.tokens import list_tokens
 
     ctx = context(config)
     rows = ctx.db.read(list_tokens)
@@ -117,8 +129,8 @@ def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None,
                  as_json: JsonOpt = False) -> None:
     """Revoke a token: it is refused from the next request on."""
-    from .. import audit
-    from ..api.tokens import TokenError, revoke_token
+    from packhorse.runtime import audit
+    from packhorse.api.tokens import TokenError, revoke_token
 
     ctx = context(config)
     try:
@@ -138,8 +150,8 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
 def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
                value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Change a runtime setting; running services pick it up within a minute (audited)."""
-    from .. import audit
-    from ..runtime_settings import RuntimeSettingError, set_setting
+    from packhorse.runtime import audit
+    from packhorse.runtime.settings import RuntimeSettingError, set_setting
 
     ctx = context(config)
     try:
@@ -156,8 +168,8 @@ def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_inter
 @config_app.command("unset")
 def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Drop a runtime override: the configuration file's value applies again (audited)."""
-    from .. import audit
-    from ..runtime_settings import RuntimeSettingError, unset_setting
+    from packhorse.runtime import audit
+    from packhorse.runtime.settings import RuntimeSettingError, unset_setting
 
     ctx = context(config)
     try:
@@ -173,7 +185,7 @@ def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None
 @config_app.command("show")
 def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Runtime settings: effective value, file default and where the value comes from."""
-    from ..runtime_settings import describe
+    from packhorse.runtime.settings import describe
 
     ctx = context(config)
     rows = ctx.db.read(lambda s: describe(s, ctx.settings))
@@ -191,7 +203,7 @@ def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entries")] = 50,
               config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The audit log of admin actions, newest first."""
-    from .. import audit
+    from packhorse.runtime import audit
 
     ctx = context(config)
     rows = ctx.db.read(lambda s: audit.entries(s, limit=limit))
@@ -212,7 +224,7 @@ def usage(
     as_json: JsonOpt = False,
 ) -> None:
     """Disk usage per data location (latest measurement): total, used, free, percent, level."""
-    from ..diskusage import latest_usage, measure_all, sample_dict
+    from packhorse.rules.disk_usage import latest_usage, measure_all, sample_dict
 
     ctx = context(config)
     if measure:

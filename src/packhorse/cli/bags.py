@@ -1,5 +1,5 @@
 """Bag commands: ``validate`` a BagIt bag folder or bag tar to RFC 8493 (or 0.97), with no
-configuration or database (the logic is :mod:`packhorse.bagvalidation`)."""
+configuration or database (the logic is :mod:`packhorse.bags.validation`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .common import EXIT_OK, EXIT_PROBLEM, JsonOpt, app, print_json
+from packhorse.cli.app import EXIT_OK, EXIT_PROBLEM, JsonOpt, app, print_json
 
 
 @app.command()
@@ -19,7 +19,7 @@ def validate(
     """Validate BagIt bags (RFC 8493, or 0.97) and list every problem of each. Exit 0 when every
     one is valid, 1 when one is not. ``--json``: one path gives its report, several a list of
     reports in the order given."""
-    from ..bagvalidation import validate_path
+    from packhorse.bags.validation import validate_path
 
     reports = [validate_path(p) for p in paths]
     if as_json:

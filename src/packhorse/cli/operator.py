@@ -1,6 +1,6 @@
 """Operator actions on operations and packages: ``reset``, ``retry``, ``breaker list|reset``,
 ``diagnose``, ``skipped list|forget``, ``locate``, ``reconcile``, and the notification outbox
-(``notifications``). Every action is audited (see packhorse.audit)."""
+(``notifications``). Every action is audited (see packhorse.runtime.audit)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,28 @@ import structlog
 import typer
 from rich.table import Table
 
-from ..audit import cli_actor
-from ..domain import OperationKind
-from ..context import ProcessContext
-from .common import (EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, KindArg, OperationIdArg, ReasonOpt, app,
-                     context, fail, operation_action, parse_kind, print_json, printable, shown, table_console)
+from packhorse.runtime.audit import cli_actor
+from packhorse.domain import OperationKind
+from packhorse.runtime.context import ProcessContext
+from packhorse.cli.app import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ConfigOpt,
+    JsonOpt,
+    KindArg,
+    OperationIdArg,
+    ReasonOpt,
+    app,
+    context,
+    fail,
+    operation_action,
+    parse_kind,
+    print_json,
+    printable,
+    shown,
+    table_console,
+)
 
 
 @app.command()
@@ -28,8 +45,8 @@ def reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
-    from ..actions import reset_all_failed, reset_operation
-    from ..operations import ResetRefusedError
+    from packhorse.actions.operator import reset_all_failed, reset_operation
+    from packhorse.operations.lifecycle import ResetRefusedError
 
     def precheck() -> None:
         if (operation_id is None) == (not all_failed):
@@ -60,7 +77,7 @@ def notifications(
 ) -> None:
     """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead);
     ``--show ID`` prints one message in full."""
-    from ..notify.report import list_notifications, requeue_dead_letters, show_notification
+    from packhorse.notify.report import list_notifications, requeue_dead_letters, show_notification
 
     ctx = context(config)
     if show is not None:
@@ -104,7 +121,7 @@ app.add_typer(breaker_app, name="breaker")
 def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List circuit breakers that counted stalls (open ones first, then half-open), with when an
     open one lets the next attempt through by itself."""
-    from ..recovery.breakers import jsonable, list_breakers
+    from packhorse.recovery.breakers import jsonable, list_breakers
 
     ctx = context(config)
     rows = ctx.db.read(list_breakers)
@@ -128,8 +145,8 @@ def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def breaker_reset(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
                   config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Close the circuit breaker of one operation (the monitor then recovers it)."""
-    from ..actions import reset_circuit_breaker
-    from ..recovery.breakers import jsonable
+    from packhorse.actions.operator import reset_circuit_breaker
+    from packhorse.recovery.breakers import jsonable
 
     operation_action(
         kind, config, as_json,
@@ -142,8 +159,8 @@ def breaker_reset(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt
 def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
-    from ..actions import force_retry_operation
-    from ..operations import ResetRefusedError
+    from packhorse.actions.operator import force_retry_operation
+    from packhorse.operations.lifecycle import ResetRefusedError
 
     operation_action(
         kind, config, as_json,
@@ -163,10 +180,10 @@ def diagnose(
 ) -> None:
     """The diagnostic report of an operation: row, failure events (newest first), copies per
     location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
-    from ..actions import UnknownPackageError
-    from ..audit import record
-    from ..diagnose import diagnose_operation, diagnose_package, live_check
-    from ..errors import UnknownOperationError
+    from packhorse.actions.operator import UnknownPackageError
+    from packhorse.runtime.audit import record
+    from packhorse.status.diagnose import diagnose_operation, diagnose_package, live_check
+    from packhorse.errors import UnknownOperationError
 
     if package is not None and (kind is not None or operation_id is not None):
         raise fail("give KIND ID or --package NAME, not both", EXIT_CONFIG)
@@ -189,7 +206,7 @@ def diagnose(
            target=package or f"{kind}/{operation_id}")
     desired = None
     if package is not None:
-        from ..convergence import describe
+        from packhorse.rules.convergence import describe
 
         desired = ctx.db.read(lambda s: describe(s, ctx, package))
     if as_json:
@@ -205,7 +222,7 @@ def diagnose(
 
 
 def _print_desired(d: dict[str, Any]) -> None:
-    """The desired state of a raw data package against its copies (:func:`packhorse.convergence.describe`)."""
+    """The desired state of a raw data package against its copies (:func:`packhorse.rules.convergence.describe`)."""
     out = table_console(highlight=False, soft_wrap=True)
     out.print(f"[bold]desired state[/] of {d['package']}: {'archived' if d['archived'] else 'NOT archived'} "
               "(as the database records it; packhorse verify records what is on the disks now)")
@@ -247,7 +264,7 @@ def _print_package(name: str, reports: list[dict[str, Any]]) -> None:
 
 
 def _merged_live_checks(checks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The live checks of several operations (:func:`packhorse.diagnose.live_check`) as one:
+    """The live checks of several operations (:func:`packhorse.status.diagnose.live_check`) as one:
     each location once, each object once (the one in question, if one check found it so)."""
     locations: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, Any]] = {}
@@ -285,7 +302,7 @@ def _print_report(r: dict[str, Any]) -> None:
 
 
 def _copies_table(copies: list[dict[str, Any]]) -> Table:
-    """The physical copies of a diagnostic report (:func:`packhorse.diagnose.copy_presence` rows)."""
+    """The physical copies of a diagnostic report (:func:`packhorse.status.diagnose.copy_presence` rows)."""
     t = Table("artifact", "location", "role", "status", "path", "last verified / deleted", title="physical copies")
     for c in copies:
         # a deleted copy's last verification is history: when it went is what matters
@@ -295,7 +312,7 @@ def _copies_table(copies: list[dict[str, Any]]) -> Table:
 
 
 def _print_live(out: Any, live: dict[str, Any]) -> None:
-    """A live check (:func:`packhorse.diagnose.live_check`) in words, location by location."""
+    """A live check (:func:`packhorse.status.diagnose.live_check`) in words, location by location."""
     for c in live.get("checked", []):
         out.print(f"  live {c['location']}: {'ok' if c['ok'] else 'PROBLEM'}" + (f": {c['error']}" if c["error"] else ""))
         objects = c["objects"]
@@ -322,7 +339,7 @@ LIVE_OBJECTS_SHOWN = 10
 
 
 def _live_object_text(o: dict[str, Any]) -> str:
-    """One object of a live check (:func:`packhorse.diagnose.live_check`) in words."""
+    """One object of a live check (:func:`packhorse.status.diagnose.live_check`) in words."""
     note = f" ({o['note']})" if o.get("note") else ""
     if o["expect"] == "folder":
         return ("bag folder present" if o["ok"] else ("not a bag folder" if o["exists"] else "MISSING")) + note
@@ -342,7 +359,7 @@ app.add_typer(skipped_app, name="skipped")
 @skipped_app.command("list")
 def skipped_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The source paths not archived, with why (what ``packhorse status`` lists as skipped)."""
-    from ..reporting import status_report
+    from packhorse.status.reporting import status_report
 
     rows = status_report(context(config))["skipped"]
     if as_json:
@@ -367,8 +384,8 @@ def skipped_forget(
     """Stop listing a source file that went away before it was packaged: it is gone for good
     (deleted on purpose, never to be archived). Kept with who, when and why (`packhorse locate`
     shows it); if the file comes back it is archived as ever. Exit 1 if no such file is listed."""
-    from ..actions import forget_skipped
-    from ..errors import EmptyReasonError, NotSkippedError
+    from packhorse.actions.operator import forget_skipped
+    from packhorse.errors import EmptyReasonError, NotSkippedError
 
     ctx = context(config)
     try:
@@ -392,7 +409,7 @@ def locate(
 ) -> None:
     """Where is my file: every version of a source path or package, its package, every copy
     with its location and when it was last verified, and its history. Exit 1 if nothing matches."""
-    from ..locate import LocateQueryError, locate as find
+    from packhorse.status.locate import LocateQueryError, locate as find
 
     ctx = context(config)
     try:
@@ -450,7 +467,7 @@ def reconcile(
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute raw data packages' archived state from their verified archive copies."""
-    from ..actions import UnknownPackageError, reconcile_inconsistent, reconcile_package
+    from packhorse.actions.operator import UnknownPackageError, reconcile_inconsistent, reconcile_package
 
     ctx = context(config)
     try:

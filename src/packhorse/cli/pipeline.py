@@ -15,12 +15,12 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from .. import __version__
-from ..context import ProcessContext
-from ..db.session import Database
-from ..errors import ConfigError
-from ..topology import sync_topology
-from .common import (
+from packhorse import __version__
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.session import Database
+from packhorse.errors import ConfigError
+from packhorse.runtime.topology import sync_topology
+from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -49,11 +49,11 @@ from .common import (
 
 
 def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
-    """:func:`~packhorse.availability.mark_locations` for ``init`` and ``demo``: a root that is
+    """:func:`~packhorse.rules.availability.mark_locations` for ``init`` and ``demo``: a root that is
     missing, marked as another location or refused by its store exits 2 (``EXIT_CONFIG``)
     naming it, as any other setup error."""
-    from ..availability import mark_locations
-    from ..errors import StorageServiceError
+    from packhorse.rules.availability import mark_locations
+    from packhorse.errors import StorageServiceError
 
     try:
         return mark_locations(ctx, **kwargs)
@@ -91,7 +91,7 @@ def init(config: ConfigOpt = None,
     names it, and a root marked by another packhorse installation (exit 2), unless ``--adopt``
     names it. ``--site`` marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
-    from .. import logs
+    from packhorse import logs
 
     logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
     s = settings(config)
@@ -105,7 +105,7 @@ def init(config: ConfigOpt = None,
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
-    from ..availability import root_of
+    from packhorse.rules.availability import root_of
 
     for m in marked:
         if m.action != "already marked":
@@ -124,15 +124,15 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
     """The exit code of a finished ``run --until-idle`` / ``demo`` from the ops database:
     :data:`EXIT_FAILED` (3) if any operation is FAILED (each listed on stderr with its error),
     :data:`EXIT_BLOCKED` (4) if work is blocked and may resume by itself or on one command (the
-    items of :mod:`packhorse.blocked`, each printed with its releasing command: an open circuit
+    items of :mod:`packhorse.status.blocked_work`, each printed with its releasing command: an open circuit
     breaker, …), else :data:`EXIT_OK`. Skipped
     source paths are counted on stderr even when ``quiet``: they are files not archived (I1,
     nothing silently skipped). A run stopped by a signal before it
     was idle exits ``128 + signal`` whatever this says (the callers decide that first)."""
     from sqlalchemy import func, select
 
-    from ..db.models import SkippedFile, WithdrawnFile
-    from ..reporting import failed_operations
+    from packhorse.db.models import SkippedFile, WithdrawnFile
+    from packhorse.status.reporting import failed_operations
 
     skipped = ctx.db.read(lambda s: (s.scalar(select(func.count()).select_from(SkippedFile)) or 0)
                           + (s.scalar(select(func.count()).select_from(WithdrawnFile)
@@ -153,7 +153,7 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
         print("  see `packhorse status`; fix the cause, then `packhorse reset KIND ID` (or KIND --all-failed)",
               file=sys.stderr)
         return EXIT_FAILED
-    from ..blocked import EXIT_NEEDS_HUMAN, blocked_items
+    from packhorse.status.blocked_work import EXIT_NEEDS_HUMAN, blocked_items
 
     items = ctx.db.read(lambda s: blocked_items(s, ctx))
     for b in items:
@@ -190,9 +190,9 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     ``progress_interval`` seconds and warnings and errors, one JSON log line per operation only
     with ``--log-format json``; with ``quiet`` errors only. Health: the run records itself as
     service ``runner`` (with ``instance``: :func:`packhorse.recovery.health.service_identity`)."""
-    from .. import logs
-    from ..executors.local import LocalRunner
-    from .progress import SummaryLines, TerminalProgress
+    from packhorse import logs
+    from packhorse.executors.local import LocalRunner
+    from packhorse.cli.progress import SummaryLines, TerminalProgress
 
     on_terminal = sys.stderr.isatty()
     json_asked = logs.chosen_format() == "json"
@@ -205,7 +205,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
     stopped_by: list[int] = []
-    from ..services import start_background
+    from packhorse.executors.services import start_background
 
     background = start_background(ctx, lifecycle=not until_idle)
 
@@ -275,7 +275,7 @@ def run(
     check_storage(ctx)
     server = None
     if with_api:
-        from .distributed import serve_api
+        from packhorse.cli.distributed import serve_api
 
         server = serve_api(ctx, api_host or ctx.settings.api.host,
                            ctx.settings.api.port if api_port is None else api_port)
@@ -302,10 +302,10 @@ def run(
 
 
 def _dry_run(config: Path | None, as_json: bool) -> None:
-    """``run --dry-run``: print :func:`packhorse.plan.plan_run`; write nothing (no database is
+    """``run --dry-run``: print :func:`packhorse.status.dry_run.plan_run`; write nothing (no database is
     created, no topology registered, nothing in any data location)."""
-    from .. import logs
-    from ..plan import database_exists, plan_run
+    from packhorse import logs
+    from packhorse.status.dry_run import database_exists, plan_run
 
     logs.configure(log_level("WARNING"))
     s = settings(config)
@@ -356,9 +356,9 @@ def run_operation(
     config: ConfigOpt = None,
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
-    from ..errors import UnknownOperationError
-    from ..operations import get_operation, worker_identity
-    from ..worker import execute_operation
+    from packhorse.errors import UnknownOperationError
+    from packhorse.operations.lifecycle import get_operation, worker_identity
+    from packhorse.engine.worker import execute_operation
 
     k = parse_kind(kind)
     ctx = context(config)
@@ -377,7 +377,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Show operations by kind and status, packages, copies per location and skipped files."""
     from rich.markup import escape
 
-    from ..reporting import status_report
+    from packhorse.status.reporting import status_report
 
     ctx = context(config)
     r = status_report(ctx)
@@ -446,8 +446,8 @@ def verify(
 ) -> None:
     """Re-read every live copy and compare it with its recorded sha256, and check every staged
     copy in processing locations against its bag manifests. Exit 1 on any problem."""
-    from ..reporting import verify_copies
-    from ..staged import verify_staged
+    from packhorse.status.reporting import verify_copies
+    from packhorse.status.staged_copies import verify_staged
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
@@ -500,8 +500,8 @@ def demo(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Archive a data set from fyst to cologne and cornell, verify it, and print a summary."""
-    from ..demo import generate_observatory_data, write_demo_config
-    from ..reporting import status_report, verify_copies
+    from packhorse.cli.demo import generate_observatory_data, write_demo_config
+    from packhorse.status.reporting import status_report, verify_copies
 
     workdir = workdir.resolve()
     if (workdir / "packhorse.db").exists():
@@ -525,7 +525,7 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
-    from .. import logs
+    from packhorse import logs
 
     logs.configure(log_level("WARNING"))  # the run below sets its own level
     _mark(ctx)
@@ -541,7 +541,7 @@ def demo(
     print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
     print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
           f"{r['packages']['failed']} failed")
-    from ..domain import LocationRole
+    from packhorse.domain import LocationRole
 
     for loc, c in r["copies"].items():
         if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
@@ -573,8 +573,8 @@ def _an_archived_bag(ctx: ProcessContext) -> Path | None:
     none."""
     from sqlalchemy import select
 
-    from ..db.models import PhysicalCopy
-    from ..domain import CopyStatus, LocationRole
+    from packhorse.db.models import PhysicalCopy
+    from packhorse.domain import CopyStatus, LocationRole
 
     disks = {ctx.topology.location_ids[loc.name]: loc.name for loc in ctx.settings.locations
              if loc.role is LocationRole.LONG_TERM_ARCHIVE and loc.path}
@@ -599,7 +599,7 @@ def stage(
 ) -> None:
     """Request staging: extract archived packages into a processing location, verified against
     their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
-    from ..managers.staging import NothingToStageError, request_staging
+    from packhorse.managers.staging import NothingToStageError, request_staging
 
     ctx = context(config)
     try:

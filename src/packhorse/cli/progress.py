@@ -22,8 +22,8 @@ from typing import Any, Callable, TextIO
 from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
-from ..db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage, utcnow
-from ..domain import DONE_WORD, OperationKind, Status
+from packhorse.db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage, utcnow
+from packhorse.domain import DONE_WORD, OperationKind, Status
 
 #: Stage names shown, in pipeline order (operation kinds not named here show as their kind).
 STAGE_NAMES: dict[str, str] = {"scan": "registered", **{k.value: w for k, w in DONE_WORD.items()}}

@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from ..domain import (
+from packhorse.domain import (
     LIVE_COPY_STATUSES,
     BreakerState,
     CopyStatus,
@@ -464,8 +464,8 @@ class DiskUsageSample(Base):
     """One measurement of one data location's disk usage (bytes; ``percent`` = used / total).
 
     Recorded every ``[disk_usage] interval_seconds`` (60 s) by the disk monitor
-    (:mod:`packhorse.diskusage`); read by the deletion manager, ``packhorse usage``, the
-    dashboard and the metrics (:func:`packhorse.diskusage.latest_usage`). ``level`` is the
+    (:mod:`packhorse.rules.disk_usage`); read by the deletion manager, ``packhorse usage``, the
+    dashboard and the metrics (:func:`packhorse.rules.disk_usage.latest_usage`). ``level`` is the
     band of this measurement; ``alert_level`` the notification state after it (raised on a
     crossing, back to ``normal`` only below the recovery threshold).
     """
@@ -491,7 +491,7 @@ class DiskUsageSample(Base):
 class LocationOutage(Base):
     """A data location that is unavailable now: its root or identity marker is missing, or the
     marker names another location (DESIGN.md "Architecture": storage that is absent is not
-    empty; :mod:`packhorse.availability`). One row per location while the outage lasts; the row
+    empty; :mod:`packhorse.rules.availability`). One row per location while the outage lasts; the row
     is deleted when the location is seen again, which releases the operations waiting on it.
 
     ``since`` is when the outage was first seen (UTC), ``checked_at`` when it was last seen;
@@ -613,7 +613,7 @@ class Installation(Base):
     """The identity of this installation (its ops database): one row, written by the first
     ``packhorse init``. Every identity marker it writes names ``uuid`` (``installation``), so a
     root marked by another installation is never taken over by a fresh database
-    (:func:`packhorse.availability.mark_locations`; DESIGN.md "Storage that is absent is not empty")."""
+    (:func:`packhorse.rules.availability.mark_locations`; DESIGN.md "Storage that is absent is not empty")."""
 
     __tablename__ = "installation"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -677,7 +677,7 @@ class BacklogSample(Base):
     """The backlog of one operation kind at one minute: how many operations were waiting
     (``PENDING`` or ``SCHEDULED``), running (``IN_PROGRESS``) and ``FAILED`` then.
 
-    Recorded every ``[api] history_interval_seconds`` (60 s) by :mod:`packhorse.history`
+    Recorded every ``[api] history_interval_seconds`` (60 s) by :mod:`packhorse.status.history`
     (``packhorse run`` and ``packhorse api``); ``measured_at`` is the start of the sampling
     interval, so two processes sampling the same interval write one row (unique key; the
     latest sample of an interval stands). Rows

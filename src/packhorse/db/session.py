@@ -52,10 +52,10 @@ from sqlalchemy import create_engine, event, exc, inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import DatabaseNotInitializedError, TransientDatabaseError
+from packhorse.errors import DatabaseNotInitializedError, TransientDatabaseError
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from packhorse.config import Settings
 
 T = TypeVar("T")
 
@@ -403,7 +403,7 @@ class Database:
 
         For units that need no transaction around their statements: each write is a single
         statement that decides by itself whether it applies (a compare-and-set on
-        :func:`packhorse.operations.fenced`, an ``INSERT … ON CONFLICT DO NOTHING``), and a
+        :func:`packhorse.operations.lifecycle.fenced`, an ``INSERT … ON CONFLICT DO NOTHING``), and a
         read before it only supplies the value it compares with. On PostgreSQL the statements
         run in autocommit: each is one round trip and is committed, as durably as any commit
         (``synchronous_commit`` is the server's), before its result comes back — where a

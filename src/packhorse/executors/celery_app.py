@@ -1,10 +1,10 @@
 """Distributed mode: Celery workers per site, a Redis or RabbitMQ broker.
 
-Same pipeline as the embedded mode (:mod:`packhorse.pipeline`: which managers run and in which
+Same pipeline as the embedded mode (:mod:`packhorse.engine.pipeline`: which managers run and in which
 order, which work is runnable, the recovery cycle, the partial-file sweep); this module only
 decides *where* an operation runs: a Celery queue of the operation's site. A Celery task only
-calls :func:`packhorse.worker.execute_task`, exactly like a worker process of the local
-runner, with the same tasks (:mod:`packhorse.batching`; DESIGN.md "Architecture").
+calls :func:`packhorse.engine.worker.execute_task`, exactly like a worker process of the local
+runner, with the same tasks (:mod:`packhorse.operations.batching`; DESIGN.md "Architecture").
 
 **Messages.** A message carries only "run operation N at attempt ≥ A" (``[N, A]``, JSON), or
 for a task of several small operations of one queue (buffer-copy deletions, archive copies of
@@ -12,7 +12,7 @@ small packages) the list of them (``[[[N, A], …]]``, task ``packhorse.run_oper
 ops database is the single source of truth: a message can be lost, duplicated or delivered
 late without harm. A task that finds its operation done, under a lease not expired, or already
 at attempt A or later returns without doing anything (the claim is a compare-and-set on the
-fencing token, :func:`packhorse.operations.claim`). Work whose message was lost is found again
+fencing token, :func:`packhorse.operations.lifecycle.claim`). Work whose message was lost is found again
 by the reconciler (``SCHEDULED`` → ``PENDING``; it asks the broker, :class:`BrokerQueues`,
 so a message still waiting in its queue is never taken for lost) and the stalled-task monitor
 (expired lease → ``PENDING``); :func:`dispatch_pending` then publishes a new message with a
@@ -34,7 +34,7 @@ storage.
 no result backend, the broker's ``visibility_timeout`` from ``[executor]
 visibility_timeout_seconds`` (Redis; the reconciler floor is never below it).
 
-**Processes.** Each prefork pool child builds its own :class:`~packhorse.context.ProcessContext`
+**Processes.** Each prefork pool child builds its own :class:`~packhorse.runtime.context.ProcessContext`
 and database engine on first use (:func:`process_context`); nothing database-related crosses
 a fork.
 """
@@ -58,18 +58,18 @@ from kombu import Exchange, Queue
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
-from .. import pipeline
-from ..batching import group_tasks, small_archives
-from ..config import Settings
-from ..context import ProcessContext
-from ..db.models import Operation, utcnow
-from ..db.session import Database
-from ..domain import LocationRole, OperationKind, Status, StorageType
-from ..errors import ConfigError, TransientDatabaseError
-from ..operations import CELERY_OWNER_TAG, fenced, worker_identity
-from ..stages import STAGES
-from ..topology import load_topology
-from ..worker import execute_task
+from packhorse.engine import pipeline
+from packhorse.operations.batching import group_tasks, small_archives
+from packhorse.config import Settings
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.models import Operation, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import LocationRole, OperationKind, Status, StorageType
+from packhorse.errors import ConfigError, TransientDatabaseError
+from packhorse.operations.lifecycle import CELERY_OWNER_TAG, fenced, worker_identity
+from packhorse.stages import STAGES
+from packhorse.runtime.topology import load_topology
+from packhorse.engine.worker import execute_task
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +77,7 @@ log = structlog.get_logger(__name__)
 #: registers files, it owns no operation row).
 SCAN = "scan"
 RUN_OPERATION_TASK = "packhorse.run_operation"
-#: The task of several small operations of one queue run together (:mod:`packhorse.batching`).
+#: The task of several small operations of one queue run together (:mod:`packhorse.operations.batching`).
 RUN_OPERATIONS_TASK = "packhorse.run_operations"
 SCAN_TASK = "packhorse.scan"
 #: Operation kinds a Celery worker can run (every kind with a stage).
@@ -87,7 +87,7 @@ EXCHANGE = Exchange("packhorse", type="direct", durable=True)
 #: Operations one dispatch cycle claims at most (one ``FOR UPDATE SKIP LOCKED`` batch).
 DISPATCH_BATCH = 200
 #: A broker's ``SCHEDULED`` operations may still be in the broker: only ``PENDING`` is taken
-#: (:func:`packhorse.pipeline.runnable_statuses`); lost messages are the reconciler's.
+#: (:func:`packhorse.engine.pipeline.runnable_statuses`); lost messages are the reconciler's.
 _STATUSES = pipeline.runnable_statuses(executor_knows_its_queue=False)
 
 
@@ -213,7 +213,7 @@ def process_context(settings: Settings) -> ProcessContext:
 
 
 def _owner(task_id: str | None) -> str:
-    """The lease owner of this pool child for task ``task_id`` (:func:`~packhorse.operations.worker_identity`)."""
+    """The lease owner of this pool child for task ``task_id`` (:func:`~packhorse.operations.lifecycle.worker_identity`)."""
     return worker_identity(f"{CELERY_OWNER_TAG}{(task_id or '-')[:8]}")
 
 
@@ -232,7 +232,7 @@ def run_operation_task(self: Any, operation_id: int, min_attempt: int) -> str:
 
 def run_operations_task(self: Any, operations: list[list[int]]) -> list[str]:
     """Celery task: run ``[[operation id, min attempt], …]`` together, a task of
-    :mod:`packhorse.batching` (small operations of one queue; :func:`packhorse.worker.execute_task`,
+    :mod:`packhorse.operations.batching` (small operations of one queue; :func:`packhorse.engine.worker.execute_task`,
     as the embedded runner runs its pool's tasks); returns each one's outcome, in order.
 
     A message for attempt ≥ ``A`` was dispatched at fencing token ``A − 1``: each claim is a
@@ -296,7 +296,7 @@ def location_lock(db: Database, location: str) -> Iterator[bool]:
 
 def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, int]:
     """The scan and package steps of the pipeline for one source location, on its own site
-    (:func:`packhorse.pipeline.scan_and_package`, on a thread pool for hashing).
+    (:func:`packhorse.engine.pipeline.scan_and_package`, on a thread pool for hashing).
 
     Returns:
         ``{"registered": files registered, "packages": packages created, "skipped": files skipped}``.
@@ -333,10 +333,10 @@ class Dispatched:
 def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_BATCH) -> list[Dispatched]:
     """Publish every due ``PENDING`` operation (up to ``batch``): ``PENDING`` → ``SCHEDULED``.
 
-    The rows are the pipeline's runnable work (:func:`packhorse.pipeline.take_runnable`, in
+    The rows are the pipeline's runnable work (:func:`packhorse.engine.pipeline.take_runnable`, in
     its dispatch order; ``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL, so any number of
     managers never pick the same operation); the status change commits *before* publishing.
-    They go in tasks as the embedded runner's do (:func:`packhorse.batching.group_tasks`, each
+    They go in tasks as the embedded runner's do (:func:`packhorse.operations.batching.group_tasks`, each
     task's operations of one queue; a queue's archive operations of small packages spread over
     ``executor.workers`` messages first, the worker processes of a site by default): a task of one operation is one ``run_operation``
     message, a batch of small ones one ``run_operations`` message. A publish that fails
@@ -507,9 +507,9 @@ class Manager:
 
     Every ``managers.poll_interval_seconds``: publish a scan of each source location to its
     site (the scan and package steps run there, :func:`scan_location_and_package`), run the
-    pipeline's other managers (:func:`packhorse.pipeline.manager_cycle`), publish every due
+    pipeline's other managers (:func:`packhorse.engine.pipeline.manager_cycle`), publish every due
     ``PENDING`` operation (dispatch runs at least every second). Any number of managers may run
-    against one database at once (high availability; :mod:`packhorse.pipeline`): together they
+    against one database at once (high availability; :mod:`packhorse.engine.pipeline`): together they
     create and publish what one would. A failed cycle (database or broker unreachable) is
     logged and counted (:class:`~packhorse.recovery.loop.ErrorCounter`: CRITICAL log and
     notification after ``managers.max_consecutive_errors`` in a row) and the next cycle starts
@@ -541,8 +541,8 @@ class Manager:
 
     def run(self, *, max_seconds: float | None = None) -> None:
         """Loop until :attr:`stop` is set (or ``max_seconds`` passed)."""
-        from ..recovery.health import HeartbeatThread
-        from ..recovery.loop import ErrorCounter
+        from packhorse.recovery.health import HeartbeatThread
+        from packhorse.recovery.loop import ErrorCounter
 
         ctx = process_context(self.settings)
         errors = ErrorCounter(ctx.db, "manager", max_consecutive_errors=self.settings.managers.max_consecutive_errors,
@@ -585,7 +585,7 @@ class Manager:
 
 
 def cleanup_site_partials(settings: Settings, site: str) -> int:
-    """The pipeline's partial-file sweep (:func:`packhorse.pipeline.sweep_partials`) of
+    """The pipeline's partial-file sweep (:func:`packhorse.engine.pipeline.sweep_partials`) of
     ``site``'s data locations (disk partials older than a lease, S3 multipart uploads older
     than a day), run when a worker of the site starts: the site's storage is reachable from
     its workers. Returns how many partial writes were removed."""
@@ -611,8 +611,8 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     queues = site_queues(settings, site, kinds)
     if not queues:
         raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
-    from .. import logs
-    from ..recovery.health import HeartbeatThread
+    from packhorse import logs
+    from packhorse.recovery.health import HeartbeatThread
 
     logs.configure(loglevel)
     app = make_app(settings)

@@ -1,24 +1,24 @@
 """Embedded mode: managers, a local pool of worker processes and recovery, one command.
 
 Operations run in ``[executor] workers`` worker processes (``pool = "process"``, the default):
-each has its own database engine and runs :func:`~packhorse.worker.execute_task`, so
+each has its own database engine and runs :func:`~packhorse.engine.worker.execute_task`, so
 packaging, unpacking and the database work of many small operations use every core instead
 of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of this process
 (debugging, tests that replace the stage). Worker processes die with ``packhorse run``: a
 SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 
 :class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
-managers (:func:`packhorse.pipeline.manager_cycle`), run the stalled-task monitor and the
-reconciler (every monitor interval, :func:`packhorse.pipeline.recover`), dispatch the runnable
-operations :func:`packhorse.pipeline.take_runnable` picks to the pool. What runs and in which
-order is the pipeline's (:mod:`packhorse.pipeline`); this module only decides that it runs here.
+managers (:func:`packhorse.engine.pipeline.manager_cycle`), run the stalled-task monitor and the
+reconciler (every monitor interval, :func:`packhorse.engine.pipeline.recover`), dispatch the runnable
+operations :func:`packhorse.engine.pipeline.take_runnable` picks to the pool. What runs and in which
+order is the pipeline's (:mod:`packhorse.engine.pipeline`); this module only decides that it runs here.
 A finished operation wakes the loop at once, so the next stage starts without waiting for the
 poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
-task is one operation, up to :data:`~packhorse.batching.DELETION_BATCH` buffer-copy deletions,
-or up to :data:`~packhorse.batching.ARCHIVE_BATCH` long-term-archive operations of small raw data
-packages (:data:`~packhorse.batching.ARCHIVE_BATCH_BYTES` in all) run together
-(:mod:`packhorse.batching`, :func:`~packhorse.worker.execute_task`): archive operations go to a task together only when
+task is one operation, up to :data:`~packhorse.operations.batching.DELETION_BATCH` buffer-copy deletions,
+or up to :data:`~packhorse.operations.batching.ARCHIVE_BATCH` long-term-archive operations of small raw data
+packages (:data:`~packhorse.operations.batching.ARCHIVE_BATCH_BYTES` in all) run together
+(:mod:`packhorse.operations.batching`, :func:`~packhorse.engine.worker.execute_task`): archive operations go to a task together only when
 more of them are runnable than there are free task slots, so a few packages still go one to a
 worker.
 
@@ -47,29 +47,29 @@ import structlog
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from .. import logs
-from ..availability import waiting_for
-from ..space import look_for_space_again, waiting_for_space
-from ..config import Settings
-from ..context import ProcessContext
-from ..db.models import CircuitBreaker, LocationOutage, Operation, utcnow
-from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, BreakerState, Status
-from ..managers import packages as packages_manager
-from ..managers.deletions import waiting_on_rule
-from ..managers.scan import ScanCache, ScanResult, scan_all
-from ..operations import runner_worker_identity, worker_identity
-from .. import pipeline
-from ..recovery.loop import ErrorCounter
-from ..runtime_settings import RuntimeSettings
-from ..topology import Topology
-from ..batching import DELETION_BATCH, group_tasks, small_archives
-from ..worker import Outcome, execute_operation, execute_task
+from packhorse import logs
+from packhorse.rules.availability import waiting_for
+from packhorse.rules.space import look_for_space_again, waiting_for_space
+from packhorse.config import Settings
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import ACTIVE_STATUSES, BreakerState, Status
+from packhorse.managers import packages as packages_manager
+from packhorse.managers.deletions import waiting_on_rule
+from packhorse.managers.scan import ScanCache, ScanResult, scan_all
+from packhorse.operations.lifecycle import runner_worker_identity, worker_identity
+from packhorse.engine import pipeline
+from packhorse.recovery.loop import ErrorCounter
+from packhorse.runtime.settings import RuntimeSettings
+from packhorse.runtime.topology import Topology
+from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_archives
+from packhorse.engine.worker import Outcome, execute_operation, execute_task
 
 log = structlog.get_logger(__name__)
 
 #: The statuses this runner dispatches from: it is the only dispatcher of its database and
-#: knows every task it queued (:func:`packhorse.pipeline.runnable_statuses`).
+#: knows every task it queued (:func:`packhorse.engine.pipeline.runnable_statuses`).
 _STATUSES = pipeline.runnable_statuses(executor_knows_its_queue=True)
 
 
@@ -160,7 +160,7 @@ def _worker_ready() -> int:
 
 def _run_task_in(ctx: ProcessContext, task: tuple[tuple[int, int], ...], owner: str) -> list[Outcome]:
     """Run one task: ``((operation id, dispatched token), …)`` — an operation, or a batch
-    (:func:`~packhorse.worker.execute_task`). Each claim is fenced on the token the dispatch
+    (:func:`~packhorse.engine.worker.execute_task`). Each claim is fenced on the token the dispatch
     read (I3)."""
     return execute_task(ctx, list(task), owner)
 
@@ -349,8 +349,8 @@ class LocalRunner:
     def dispatch(self) -> int:
         """Hand runnable operations to the pool until ``queue_limit`` tasks are in it (running
         or queued); returns how many operations were dispatched. A task is one operation, or up
-        to :data:`~packhorse.batching.DELETION_BATCH` buffer-copy deletions run together
-        (:func:`~packhorse.worker.execute_deletions`)."""
+        to :data:`~packhorse.operations.batching.DELETION_BATCH` buffer-copy deletions run together
+        (:func:`~packhorse.engine.worker.execute_deletions`)."""
         # one dispatch at a time (the main loop and completion callbacks both dispatch): two
         # could otherwise select the same operations before either had queued them
         with self._dispatch_lock:
@@ -370,7 +370,7 @@ class LocalRunner:
 
             def choose(rows: list[Any]) -> list[int]:
                 # fill the free task slots in dispatch order, small operations batched
-                # (packhorse.batching, as the distributed executor's messages are)
+                # (packhorse.operations.batching, as the distributed executor's messages are)
                 tasks[:] = group_tasks(rows, small_archives(s, rows), slots=free)
                 return [i for task in tasks for i in task]
 
@@ -435,9 +435,9 @@ class LocalRunner:
         packages_manager.manage(self.ctx, {}, locations={location}, groups=groups, on_commit=dispatch)
 
     def recover(self) -> None:
-        """Recovery (:func:`packhorse.pipeline.recover`): the stalled-task monitor (circuit
+        """Recovery (:func:`packhorse.engine.pipeline.recover`): the stalled-task monitor (circuit
         breakers) and the reconciler, as ``packhorse monitor`` runs them. On the first call also
-        :func:`packhorse.pipeline.sweep_partials` (every site: this runner writes to all of
+        :func:`packhorse.engine.pipeline.sweep_partials` (every site: this runner writes to all of
         them); later partials are removed by the next attempt at the same object, so the
         (possibly long) walk of an archive runs once per start, not every monitor interval."""
         # no dispatch meanwhile: an operation handed to the pool after the list of those queued

@@ -5,7 +5,7 @@ Which archives still need a copy is derived from the copy rows (DESIGN.md "Conve
 from a stored "archived" flag: a location with a live copy is done; a location whose copy went
 bad (``corrupt`` / ``missing``) is repaired by the fixity manager (quarantine, then a verified
 copy: I2). A repair from a buffer copy that arrived again after its first operation (a
-generation) comes from :func:`packhorse.convergence.plan`.
+generation) comes from :func:`packhorse.rules.convergence.plan`.
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db.models import PhysicalCopy, RawDataPackage
-from ..domain import CopyStatus, LocationRole, OperationKind
-from ..operations import dedup_key
-from ..context import ProcessContext
-from .common import buffer_location_ids, create_missing, new_only, planned
+from packhorse.db.models import PhysicalCopy, RawDataPackage
+from packhorse.domain import CopyStatus, LocationRole, OperationKind
+from packhorse.operations.lifecycle import dedup_key
+from packhorse.runtime.context import ProcessContext
+from packhorse.managers.wanted import buffer_location_ids, create_missing, new_only, planned
 
 if TYPE_CHECKING:
-    from ..convergence import Plan
+    from packhorse.rules.convergence import Plan
 
 
 def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     """Create missing ``long_term_archive`` operations; returns how many. ``repairs``: the
-    cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    cycle's repair plan (:func:`packhorse.managers.wanted.planned`)."""
     archive_ids = [i for n, i in ctx.topology.location_ids.items()
                    if ctx.topology.location_role.get(n) is LocationRole.LONG_TERM_ARCHIVE]
 

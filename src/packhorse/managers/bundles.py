@@ -6,11 +6,11 @@ bundled once they reach ``bundle_target_bytes``, and never beyond half the buffe
 waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (``run
 --until-idle`` sets it when nothing else is pending).
 
-A package to be shipped again whose old bundle is not rebuilt (:mod:`packhorse.convergence`,
+A package to be shipped again whose old bundle is not rebuilt (:mod:`packhorse.rules.convergence`,
 step 5) is first taken out of that bundle, then bundled like a new one.
 
 Which raw packages go in which bundle is decided once, even with many managers running at the
-same time (:mod:`packhorse.pipeline`, high availability): one manager at a time bundles a
+same time (:mod:`packhorse.engine.pipeline`, high availability): one manager at a time bundles a
 source site (a transaction-level advisory lock on PostgreSQL, taken without waiting: the others
 skip the site this cycle; SQLite's write lock), the candidates are read again under row locks,
 and each package joins a bundle only by a compare-and-set on its ``data_transfer_package_id``
@@ -29,24 +29,24 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ..context import ProcessContext
-from ..db.session import bound_idle_in_transaction, try_transaction_lock
-from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
-from ..domain import CopyStatus, LocationRole, OperationKind
-from ..errors import BundledElsewhereError
-from ..operations import create_operation, dedup_key
-from ..space import location_usage
-from .common import create_missing, planned
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.session import bound_idle_in_transaction, try_transaction_lock
+from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.domain import CopyStatus, LocationRole, OperationKind
+from packhorse.errors import BundledElsewhereError
+from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.rules.space import location_usage
+from packhorse.managers.wanted import create_missing, planned
 
 if TYPE_CHECKING:
-    from ..convergence import Plan
+    from packhorse.rules.convergence import Plan
 
 log = structlog.get_logger(__name__)
 
 
 def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" = None) -> tuple[int, float | None]:
     """Create bundles; returns ``(created, seconds until a partial bundle is due or None)``.
-    ``repairs``: the cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    ``repairs``: the cycle's repair plan (:func:`packhorse.managers.wanted.planned`)."""
     created = 0
     due_in: float | None = None
     cfg = ctx.settings.packaging
@@ -133,7 +133,7 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
         if wait is not None:
             due_in = wait if due_in is None else min(due_in, wait)
     # a bundle lost before every destination got what it carries is rebuilt, byte-identical
-    # (I3), once its packages are back at the source buffer (:mod:`packhorse.convergence`)
+    # (I3), once its packages are back at the source buffer (:mod:`packhorse.rules.convergence`)
     created += create_missing(ctx, OperationKind.DATA_TRANSFER_PACKAGE,
                               planned(ctx, OperationKind.DATA_TRANSFER_PACKAGE, repairs))
     return created, due_in
@@ -141,7 +141,7 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
 
 def _take_out(ctx: ProcessContext, site: str, repairs: "Plan | None") -> int:
     """Take the packages of ``site`` the repair plan ships again in a bundle of their own out
-    of their old bundle (:attr:`packhorse.convergence.Plan.detach`): each a compare-and-set on
+    of their old bundle (:attr:`packhorse.rules.convergence.Plan.detach`): each a compare-and-set on
     its ``data_transfer_package_id`` (another manager may have done it), so that the bundling
     below takes them with whatever else waits at the source buffer. Returns how many."""
     mine = [(pid, bid) for pid, (bid, at) in (repairs.detach.items() if repairs is not None else []) if at == site]

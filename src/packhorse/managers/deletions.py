@@ -3,7 +3,7 @@
 Per buffer location, the candidates are the present copies without a deletion operation yet;
 one is taken only if :func:`~.policy.deletion_blockers` lets it go (the safety rules, the same
 at every disk level; asked only of copies about to be taken). Disk pressure — the level of the location's latest disk usage sample
-(:mod:`packhorse.diskusage`; a sample older than ``stale_after_seconds`` counts as normal) —
+(:mod:`packhorse.rules.disk_usage`; a sample older than ``stale_after_seconds`` counts as normal) —
 changes only which of them go and in what order:
 
 * **normal / warning**: copies whose package is archived (every required archive holds a
@@ -17,7 +17,7 @@ changes only which of them go and in what order:
 "Would fall below" starts from the latest sample's used bytes and subtracts the bytes of the
 copies deleted since that sample was measured (the sample does not know they went), of the
 deletions still in flight at the location, and of the copies chosen so far; used and the
-target are both taken over ``used + available`` (the ``df`` figure of :mod:`packhorse.diskusage`).
+target are both taken over ``used + available`` (the ``df`` figure of :mod:`packhorse.rules.disk_usage`).
 Under critical or emergency pressure, in embedded mode (the manager runs where the disks are), a
 location whose copies were deleted since its latest sample is measured again first
 (:func:`remeasure_under_pressure`), so an episode stops once usage is really back under
@@ -36,13 +36,26 @@ from typing import Any
 from sqlalchemy import and_, exists, func, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
-from ..diskusage import latest_usage, level_for, monitored_locations, provider_for, record_sample
-from ..domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind, Status
-from ..operations import WAITING_DELETION_RULE, dedup_key, fenced
-from ..context import ProcessContext
-from .common import buffer_location_ids, create_missing, new_only
-from .policy import deletion_blockers, deletion_blockers_many, last_used_times
+from packhorse.db.models import (
+    DataTransferPackage,
+    Operation,
+    PhysicalCopy,
+    RawDataFile,
+    RawDataPackage,
+    utcnow,
+)
+from packhorse.rules.disk_usage import (
+    latest_usage,
+    level_for,
+    monitored_locations,
+    provider_for,
+    record_sample,
+)
+from packhorse.domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind, Status
+from packhorse.operations.lifecycle import WAITING_DELETION_RULE, dedup_key, fenced
+from packhorse.runtime.context import ProcessContext
+from packhorse.managers.wanted import buffer_location_ids, create_missing, new_only
+from packhorse.rules.policy import deletion_blockers, deletion_blockers_many, last_used_times
 
 
 @dataclass
@@ -153,7 +166,7 @@ def choose(ctx: ProcessContext, candidates: list[Candidate], pressure: Pressure,
 
 def waiting_on_rule() -> Any:
     """The SQL condition "a deletion handed back because its rule (I1) did not hold, still
-    within its backoff" (:func:`packhorse.worker._wait_for_deletion_rule`): ``PENDING``,
+    within its backoff" (:func:`packhorse.engine.worker._wait_for_deletion_rule`): ``PENDING``,
     ``not_before`` in the future, ``error_context["waiting"] = "deletion_rule"``."""
     return and_(Operation.kind == OperationKind.DELETION.value, Operation.status == Status.PENDING.value,
                 Operation.not_before > utcnow(),
@@ -165,7 +178,7 @@ def wake_safe_deletions(ctx: ProcessContext) -> int:
     the rule holds again now (:func:`~.policy.deletion_blockers`; source files: the package is
     archived), so a deletion held back while a lost copy was being made again runs as soon as
     that is done, not after its backoff. Each is a compare-and-set on the ``PENDING`` attempt
-    read (:func:`~packhorse.operations.fenced`). The stage checks the rule again before any
+    read (:func:`~packhorse.operations.lifecycle.fenced`). The stage checks the rule again before any
     byte goes (I1). Returns how many were made due."""
 
     def find(s: Session) -> list[tuple[int, int]]:

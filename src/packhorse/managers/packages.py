@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import RawDataFile, RawDataPackage, utcnow
-from ..domain import LocationRole, OperationKind
-from ..operations import create_operations, dedup_key
-from ..context import ProcessContext
-from .common import create_missing, planned
+from packhorse.db.models import RawDataFile, RawDataPackage, utcnow
+from packhorse.domain import LocationRole, OperationKind
+from packhorse.operations.lifecycle import create_operations, dedup_key
+from packhorse.runtime.context import ProcessContext
+from packhorse.managers.wanted import create_missing, planned
 
 if TYPE_CHECKING:
-    from ..convergence import Plan
+    from packhorse.rules.convergence import Plan
 
 ROOT_GROUP_NAME = "_root"
 _FILES = RawDataFile.__table__
@@ -189,8 +189,8 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
 
 def repair(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     """Create the rebuilds of lost raw data packages from their registered source files that
-    the desired state asks for (:func:`packhorse.convergence.plan`: a package whose every copy
+    the desired state asks for (:func:`packhorse.rules.convergence.plan`: a package whose every copy
     is gone or bad, or a member of a lost bundle that must be rebuilt). The build is
     deterministic (I3), so the rebuilt tar has the recorded sha256. Returns how many.
-    ``repairs``: the cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    ``repairs``: the cycle's repair plan (:func:`packhorse.managers.wanted.planned`)."""
     return create_missing(ctx, OperationKind.RAW_DATA_PACKAGE, planned(ctx, OperationKind.RAW_DATA_PACKAGE, repairs))

@@ -62,15 +62,15 @@ from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from ..config import Settings
-from ..context import ProcessContext
-from ..db.models import RawDataFile, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
-from ..db.session import Database, insert_ignoring_conflicts
-from ..digest import sha256_stream
-from ..domain import LocationRole, StorageType
-from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
-from ..storage.base import RESERVED_PREFIX, Entry, EntryKind, StorageBackend, check_key
-from ..storage.identity import MARKER_KEY
+from packhorse.config import Settings
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.models import RawDataFile, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
+from packhorse.db.session import Database, insert_ignoring_conflicts
+from packhorse.digest import sha256_stream
+from packhorse.domain import LocationRole, StorageType
+from packhorse.errors import LocationUnavailableError, SourceMissingError, UnsafePathError
+from packhorse.storage.base import RESERVED_PREFIX, Entry, EntryKind, StorageBackend, check_key
+from packhorse.storage.identity import MARKER_KEY
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -297,7 +297,7 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
     A location whose root is not there is reported as one skipped entry (``"."``) and lists
     nothing: a typo in a path or an unmounted disk must not look like "nothing to archive".
     """
-    from ..storage.registry import backend_for
+    from packhorse.storage.registry import backend_for
 
     if backend is None:
         backend = backend_for(settings, location)
@@ -322,7 +322,7 @@ def filter_listing(settings: Settings, location: str, found: list[tuple[str, Ent
     ``exclude`` patterns leave out (:mod:`packhorse.scanfilter`); the lists as they are when
     the location has none. An unreadable folder may hold wanted files: it stays listed unless
     it is excluded itself."""
-    from ..scanfilter import location_filter
+    from packhorse.scanfilter import location_filter
 
     wanted = location_filter(settings.location(location))
     if not wanted.active:
@@ -346,7 +346,7 @@ def compare_listing(found: list[tuple[str, Entry]], registered: dict[str, tuple[
 def open_source(backend: StorageBackend, rel: str) -> BinaryIO | str:
     """Open source file ``rel`` for reading through the location's backend (confined,
     ``O_NOFOLLOW``; I6), or say why it cannot be: ``"not readable: <reason>"``, the reason a
-    scan skips it with (and ``run --dry-run`` predicts, :mod:`packhorse.plan`)."""
+    scan skips it with (and ``run --dry-run`` predicts, :mod:`packhorse.status.dry_run`)."""
     try:
         return backend.open_read(rel)
     except SourceMissingError:
@@ -408,7 +408,7 @@ def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = No
     path lies in ``[lo, hi)`` (code-point order; ``hi`` ``None``: no upper end), read on ``conn``. The mtime is the one a scan last confirmed the registered bytes at
     (``confirmed_mtime_ns``, a touched file) where there is one, else the registered one: a
     file is unchanged if its ``(size, mtime)`` is this. The one rule of the scan and of ``run
-    --dry-run`` (:mod:`packhorse.plan`).
+    --dry-run`` (:mod:`packhorse.status.dry_run`).
 
     The whole location is read with the database driver's own cursor (plain tuples, no
     SQLAlchemy row per registration): a full scan reads every registration of its location,
@@ -627,7 +627,7 @@ def _list_in_shards(ctx: ProcessContext, location: str, loc_id: int, cache: Scan
     registrations and this process may start processes; else ``None`` (list it here)."""
     import multiprocessing
 
-    from . import scanshards
+    from packhorse.managers import scanshards
 
     if processes < 2 or (cache is not None and cache.scans % FULL_RESCAN_EVERY != 0):
         return None
@@ -658,7 +658,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             package them while the next chunk is hashed (the first packages start before the
             scan of a large tree ends). Not called for a chunk whose groups all wait.
     """
-    from ..availability import look, record_outage
+    from packhorse.rules.availability import look, record_outage
 
     settings = ctx.settings
     loc_id = ctx.topology.location_ids[location]

@@ -37,12 +37,19 @@ from dataclasses import dataclass, field
 import structlog
 from sqlalchemy import func, select
 
-from ..config import Settings
-from ..db.models import RawDataFile
-from ..db.session import Database
-from ..storage.base import RESERVED_PREFIX, Entry
-from ..storage.registry import backend_for
-from .scan import Shard, _cycle_collection_paused, _walk, compare_listing, filter_listing, registered_files
+from packhorse.config import Settings
+from packhorse.db.models import RawDataFile
+from packhorse.db.session import Database
+from packhorse.storage.base import RESERVED_PREFIX, Entry
+from packhorse.storage.registry import backend_for
+from packhorse.managers.scan import (
+    Shard,
+    _cycle_collection_paused,
+    _walk,
+    compare_listing,
+    filter_listing,
+    registered_files,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db.models import DataTransferPackage, PhysicalCopy
-from ..domain import CopyStatus, OperationKind
-from ..operations import dedup_key
-from ..context import ProcessContext
-from .common import buffer_location_ids, create_missing, new_only, planned
+from packhorse.db.models import DataTransferPackage, PhysicalCopy
+from packhorse.domain import CopyStatus, OperationKind
+from packhorse.operations.lifecycle import dedup_key
+from packhorse.runtime.context import ProcessContext
+from packhorse.managers.wanted import buffer_location_ids, create_missing, new_only, planned
 
 if TYPE_CHECKING:
-    from ..convergence import Plan
+    from packhorse.rules.convergence import Plan
 
 
 def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     """Create missing ``transfer`` operations; returns how many. ``repairs``: the
-    cycle's repair plan (:func:`packhorse.managers.common.planned`)."""
+    cycle's repair plan (:func:`packhorse.managers.wanted.planned`)."""
 
     def find(s: Session) -> dict[str, dict[str, Any]]:
         rows = s.execute(
@@ -45,5 +45,5 @@ def manage(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
                                    site_id=ctx.topology.site_ids[dest])
         return new_only(s, wanted)
 
-    # the forward flow's first operations, and the repairs of lost copies (:mod:`packhorse.convergence`)
+    # the forward flow's first operations, and the repairs of lost copies (:mod:`packhorse.rules.convergence`)
     return create_missing(ctx, OperationKind.TRANSFER, {**ctx.db.read(find), **planned(ctx, OperationKind.TRANSFER, repairs)})

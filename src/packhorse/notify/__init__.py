@@ -3,6 +3,6 @@
 ``outbox`` is the only way any component queues a notification (DESIGN.md "Architecture").
 """
 
-from .outbox import enqueue, render_error_context
+from packhorse.notify.outbox import enqueue, render_error_context
 
 __all__ = ["enqueue", "render_error_context"]

@@ -11,9 +11,9 @@ from typing import Any
 
 import structlog
 
-from ..db.models import utcnow
-from ..db.session import Database
-from . import messages
+from packhorse.db.models import utcnow
+from packhorse.db.session import Database
+from packhorse.notify import messages
 
 log = structlog.get_logger(__name__)
 

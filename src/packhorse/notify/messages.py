@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ..db.models import Notification
-from ..domain import NotificationLevel
-from .outbox import FOLLOW_UP_OF, ascii_subject, enqueue, render_error_context
+from packhorse.db.models import Notification
+from packhorse.domain import NotificationLevel
+from packhorse.notify.outbox import FOLLOW_UP_OF, ascii_subject, enqueue, render_error_context
 
 DEFAULT_COOLDOWN_SECONDS = 3600.0
 
@@ -148,7 +148,7 @@ def disk_level(session: Session, *, location: str, event: str, percent: float, u
 def location_unavailable(session: Session, *, location: str, reason: str, since: dt.datetime,
                          release: str) -> Notification | None:
     """"Data location unavailable: <location>" (WARNING), queued once per outage by
-    :func:`packhorse.availability.record_outage` with the outage's row (no cooldown needed)."""
+    :func:`packhorse.rules.availability.record_outage` with the outage's row (no cooldown needed)."""
     fields = {"Location": location, "Since (UTC)": since, "Reason": reason, "Release": release}
     text = ("Operations on this location wait (nothing is failed, nothing is written elsewhere) and resume by "
             "themselves when it is back; see `packhorse status`.")
@@ -180,7 +180,14 @@ def failure_where(session: Session, operation_id: int) -> dict[str, Any]:
     """Where a failed operation was: ``package`` (or ``bundle``), ``site``, ``source`` and
     ``destination`` data locations, ``key`` (the physical copy's path, if the operation is
     about one) — names, not ids; missing ones are ``None``."""
-    from ..db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, Site
+    from packhorse.db.models import (
+        DataLocation,
+        DataTransferPackage,
+        Operation,
+        PhysicalCopy,
+        RawDataPackage,
+        Site,
+    )
 
     op = session.get(Operation, operation_id)
     if op is None:

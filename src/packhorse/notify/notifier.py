@@ -40,14 +40,14 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..config import NotificationsConfig
-from ..db.models import Notification, NotificationDelivery, utcnow
-from ..db.session import Database
-from ..domain import NotificationStatus
-from ..hooks import NO_HOOKS, Hooks
-from ..operations import backoff_seconds, worker_identity
-from .channels import Channel, ChannelError, Message, build_channels
-from .outbox import ascii_subject
+from packhorse.config import NotificationsConfig
+from packhorse.db.models import Notification, NotificationDelivery, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import NotificationStatus
+from packhorse.runtime.hooks import NO_HOOKS, Hooks
+from packhorse.operations.lifecycle import backoff_seconds, worker_identity
+from packhorse.notify.channels import Channel, ChannelError, Message, build_channels
+from packhorse.notify.outbox import ascii_subject
 
 log = structlog.get_logger(__name__)
 
@@ -92,7 +92,7 @@ class Notifier:
         db: the ops database.
         channels: override the configured channels (tests).
         owner: the lease owner name (default ``host:pid:notifier``).
-        hooks: the process's fault hooks (:mod:`packhorse.hooks`; tests): points
+        hooks: the process's fault hooks (:mod:`packhorse.runtime.hooks`; tests): points
             ``notify.delivered`` and ``notify.smtp.session``.
     """
 
@@ -368,7 +368,7 @@ class Notifier:
 
     def pending_count(self) -> int:
         """Rows of the outbox still to deliver (``pending``)."""
-        from .report import pending_count
+        from packhorse.notify.report import pending_count
 
         return pending_count(self.db)
 

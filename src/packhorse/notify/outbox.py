@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from ..db.models import Notification, utcnow
-from ..domain import NotificationLevel, NotificationStatus
+from packhorse.db.models import Notification, utcnow
+from packhorse.domain import NotificationLevel, NotificationStatus
 
 #: Subjects are plain ASCII and at most this long (mail headers, chat titles).
 SUBJECT_MAX_CHARS = 200
@@ -57,7 +57,7 @@ def cooldown_key(kind: str | None, operation_id: int | None, subject: str) -> st
 
 def render_error_context(ctx: dict[str, Any]) -> str:
     """The body of a failure notification, rendered from the one prebuilt error context
-    (:func:`packhorse.operations.build_error_context`): one ``Label: value`` line per field
+    (:func:`packhorse.operations.lifecycle.build_error_context`): one ``Label: value`` line per field
     that is set (diagnosis lines only when set), then the traceback."""
     lines = [f"{label}: {ctx[key]}" for key, label in _CONTEXT_LINES if ctx.get(key) not in (None, "")]
     if ctx.get("traceback"):

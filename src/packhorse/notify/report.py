@@ -7,10 +7,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from ..config import NotificationsConfig
-from ..db.models import Notification, NotificationDelivery, utcnow
-from ..db.session import Database
-from ..domain import NotificationStatus
+from packhorse.config import NotificationsConfig
+from packhorse.db.models import Notification, NotificationDelivery, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import NotificationStatus
 
 
 def notification_dict(n: Notification, delivered_to: list[str]) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def show_notification(db: Database, notification_id: int, cfg: NotificationsConf
     (:func:`~packhorse.notify.notifier.rendered`): :func:`notification_dict` with ``"subject"``
     as sent, plus ``"body"`` and ``"context"`` (the details it was rendered from); ``None`` if
     there is no notification with that id."""
-    from .notifier import rendered
+    from packhorse.notify.notifier import rendered
 
     def q(s: Session) -> dict[str, Any] | None:
         n = s.get(Notification, notification_id)

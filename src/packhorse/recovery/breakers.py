@@ -33,16 +33,16 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ..config import RecoveryConfig
-from ..db.models import CircuitBreaker, Operation, utcnow
-from ..db.session import Database
-from ..domain import ACTIVE_STATUSES, BreakerState, NotificationLevel, OperationKind, Status
-from ..notify.outbox import enqueue
-from ..operations import fenced, get_operation
+from packhorse.config import RecoveryConfig
+from packhorse.db.models import CircuitBreaker, Operation, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import ACTIVE_STATUSES, BreakerState, NotificationLevel, OperationKind, Status
+from packhorse.notify.outbox import enqueue
+from packhorse.operations.lifecycle import fenced, get_operation
 
 if TYPE_CHECKING:
-    from ..blocked import BlockedItem
-    from ..context import ProcessContext
+    from packhorse.status.blocked_work import BlockedItem
+    from packhorse.runtime.context import ProcessContext
 
 log = structlog.get_logger(__name__)
 
@@ -207,7 +207,7 @@ def notify_open(session: Session, b: CircuitBreaker, op: Operation, rec: Recover
 def after_success(session: Session, kind: str, operation_id: int, now: dt.datetime | None = None) -> bool:
     """In the transaction that completed ``operation_id``: close its breaker if it was open or
     half-open (the attempt let through succeeded; INFO notification). Returns whether it did.
-    Called only for operations that ever stalled (:func:`packhorse.operations.complete_in`)."""
+    Called only for operations that ever stalled (:func:`packhorse.operations.lifecycle.complete_in`)."""
     now = now or utcnow()
     b = session.scalars(select(CircuitBreaker).where(CircuitBreaker.kind == kind,
                                                       CircuitBreaker.operation_id == operation_id,
@@ -225,7 +225,7 @@ def after_failure(session: Session, kind: str, operation_id: int, *, will_retry:
     operation will retry (ERROR notification) and the time of the next automatic attempt is
     returned — the caller makes the operation not due before it; a permanent failure closes the
     breaker (the ``FAILED`` operation waits for ``packhorse reset``) and ``None`` is returned.
-    Called only for operations that ever stalled (:func:`packhorse.operations.record_failure`)."""
+    Called only for operations that ever stalled (:func:`packhorse.operations.lifecycle.record_failure`)."""
     now = now or utcnow()
     b = session.scalars(select(CircuitBreaker).where(CircuitBreaker.kind == kind,
                                                       CircuitBreaker.operation_id == operation_id,
@@ -277,17 +277,17 @@ def list_breakers(session: Session) -> list[dict[str, Any]]:
 
 
 def blocked_by_breakers(session: Session, ctx: "ProcessContext") -> list["BlockedItem"]:
-    """The :mod:`packhorse.blocked` provider of cause ``circuit_breaker``: every active
+    """The :mod:`packhorse.status.blocked_work` provider of cause ``circuit_breaker``: every active
     operation whose breaker is open (held for its cool-down) or half-open (its one attempt
     let through), with the package and data location behind it.
 
     Each item: subject ``"<kind> <id>"``, release ``packhorse retry <kind> <id>``, exit code
-    :data:`~packhorse.blocked.EXIT_WAITING` (it resumes by itself after the cool-down), since
+    :data:`~packhorse.status.blocked_work.EXIT_WAITING` (it resumes by itself after the cool-down), since
     = when the breaker opened, detail ``{"kind", "operation_id", "state", "stall_count",
     "trips", "next_attempt_at", "package", "location", "operation_status"}``.
     """
-    from ..blocked import EXIT_WAITING, BlockedItem
-    from ..overview import package_and_location
+    from packhorse.status.blocked_work import EXIT_WAITING, BlockedItem
+    from packhorse.status.overview import package_and_location
 
     package, location, join = package_and_location()
     rows = session.execute(join(
@@ -362,9 +362,9 @@ def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason:
         UnknownOperationError: no operation ``operation_id`` of ``kind``.
         ResetRefusedError: the operation is ``COMPLETED``, or it changed (claimed, finished)
             between reading it and resetting it: the reset is a compare-and-set on
-            :func:`~packhorse.operations.fenced` with the status and attempt read.
+            :func:`~packhorse.operations.lifecycle.fenced` with the status and attempt read.
     """
-    from ..operations import ResetRefusedError
+    from packhorse.operations.lifecycle import ResetRefusedError
 
     def tx(s: Session) -> dict[str, Any]:
         op = get_operation(s, kind, operation_id)

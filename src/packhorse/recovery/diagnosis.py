@@ -16,10 +16,10 @@ import structlog
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from ..db.models import DataLocation, Operation, PhysicalCopy, RawDataFile
-from ..db.session import Database
-from ..domain import CopyStatus, OperationKind, Status
-from ..errors import SourceMissingError
+from packhorse.db.models import DataLocation, Operation, PhysicalCopy, RawDataFile
+from packhorse.db.session import Database
+from packhorse.domain import CopyStatus, OperationKind, Status
+from packhorse.errors import SourceMissingError
 
 log = structlog.get_logger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any
 import structlog
 from sqlalchemy.orm import Session
 
-from ..db.session import Database
-from ..domain import NotificationLevel
-from ..notify.outbox import enqueue
+from packhorse.db.session import Database
+from packhorse.domain import NotificationLevel
+from packhorse.notify.outbox import enqueue
 
 log = structlog.get_logger(__name__)
 

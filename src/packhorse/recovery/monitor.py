@@ -21,7 +21,7 @@ One cycle (:func:`check_stalled`):
 
 Every state change and its notification share one transaction. A lost dispatch or stall never
 counts as a retry: ``retry_count`` is left alone. Any number of monitors may run at once (high
-availability, :mod:`packhorse.pipeline`): each stalled operation's row is locked and re-checked
+availability, :mod:`packhorse.engine.pipeline`): each stalled operation's row is locked and re-checked
 before it is handled (a row another monitor is handling is skipped, not waited for), so a stall
 is counted, recorded and notified once.
 
@@ -40,17 +40,24 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from ..config import Settings
-from ..db.models import FailureEvent, Operation, utcnow
-from ..db.session import Database, bound_idle_in_transaction
-from ..domain import BreakerState, NotificationLevel, OperationKind, Status
-from ..notify.outbox import enqueue
-from ..operations import NAMESPACE_TAG, fenced, holder_processes, namespace_of, process_namespace, runner_of
-from . import breakers
-from .health import process_alive
+from packhorse.config import Settings
+from packhorse.db.models import FailureEvent, Operation, utcnow
+from packhorse.db.session import Database, bound_idle_in_transaction
+from packhorse.domain import BreakerState, NotificationLevel, OperationKind, Status
+from packhorse.notify.outbox import enqueue
+from packhorse.operations.lifecycle import (
+    NAMESPACE_TAG,
+    fenced,
+    holder_processes,
+    namespace_of,
+    process_namespace,
+    runner_of,
+)
+from packhorse.recovery import breakers
+from packhorse.recovery.health import process_alive
 
 if TYPE_CHECKING:
-    from .reconciler import BrokerWatch
+    from packhorse.recovery.reconciler import BrokerWatch
 
 log = structlog.get_logger(__name__)
 
@@ -80,7 +87,7 @@ def register_recovery_handler(kind: OperationKind, handler: RecoveryHandler = re
 
 
 def _register_defaults() -> None:
-    from ..stages import STAGES
+    from packhorse.stages import STAGES
 
     for kind in STAGES:
         register_recovery_handler(kind)
@@ -117,7 +124,7 @@ def _stall_event(op: Operation, now: dt.datetime, *, gone: bool = False) -> Fail
 
 def _here(host: str, owner: str | None) -> bool:
     """Whether ``owner``'s pids are this host's to look at: it names this host and, when it
-    names a process namespace (:func:`~packhorse.operations.namespace_of`), this process's."""
+    names a process namespace (:func:`~packhorse.operations.lifecycle.namespace_of`), this process's."""
     if host != socket.gethostname():
         return False
     ns = namespace_of(owner)
@@ -126,7 +133,7 @@ def _here(host: str, owner: str | None) -> bool:
 
 def died_with_its_runner(owner: str | None) -> bool:
     """Whether a stalled attempt's lease holder was an embedded runner of this host that is gone
-    (:func:`~packhorse.operations.runner_of`; its pid no longer runs): the whole service stopped
+    (:func:`~packhorse.operations.lifecycle.runner_of`; its pid no longer runs): the whole service stopped
     (killed, a host reboot, a crash loop), so the operation is not a suspect and no stall is
     counted on its circuit breaker. A worker process dying under a live runner, a Celery pool
     child, a holder on another host or in another container (another process namespace) or a
@@ -139,7 +146,7 @@ def died_with_its_runner(owner: str | None) -> bool:
 def lease_holder_gone(owner: str | None) -> bool:
     """Whether the process holding an attempt's lease is gone from this host: the owner names
     this host (and this process namespace, when it names one) and one of the processes it names
-    no longer runs (:func:`~packhorse.operations.holder_processes`) — the embedded runner, its
+    no longer runs (:func:`~packhorse.operations.lifecycle.holder_processes`) — the embedded runner, its
     worker process (``worker-<pid>``), or a Celery pool child (``celery-<task id>``). Its lease
     can then never be renewed: the attempt is over, though the lease has not expired yet (what
     ``packhorse diagnose`` tells the operator). An owner on another host, or of another form, is
@@ -151,7 +158,7 @@ def lease_holder_gone(owner: str | None) -> bool:
 def provably_gone(owner: str | None) -> bool:
     """Whether an attempt's lease holder is certainly gone, so its operation may be taken over
     before the lease expires: :func:`lease_holder_gone`, and the owner names this very process
-    namespace (:func:`~packhorse.operations.process_namespace`: the same kernel boot and pid
+    namespace (:func:`~packhorse.operations.lifecycle.process_namespace`: the same kernel boot and pid
     namespace, where a pid that does not run is a process that ended). A hostname alone is not
     proof (two containers may share one, each with its own pids); an owner without a namespace
     (an older version's) waits for its lease to expire as before. A pid reused meanwhile makes
@@ -274,7 +281,7 @@ def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...]
     is not lost (:func:`packhorse.recovery.reconciler.reconcile`).
     The reconciler's re-dispatched ids are added to ``report.reset``.
     """
-    from .reconciler import reconcile
+    from packhorse.recovery.reconciler import reconcile
 
     report = check_stalled(db, settings)
     report.reset += reconcile(db, settings, exclude=exclude, broker=broker)

@@ -42,13 +42,13 @@ import structlog
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from ..batching import operations_per_task
-from ..config import Settings
-from ..db.models import Operation, utcnow
-from ..db.session import Database, bound_idle_in_transaction
-from ..domain import NotificationLevel, Status
-from ..notify.outbox import enqueue
-from ..operations import fenced
+from packhorse.operations.batching import operations_per_task
+from packhorse.config import Settings
+from packhorse.db.models import Operation, utcnow
+from packhorse.db.session import Database, bound_idle_in_transaction
+from packhorse.domain import NotificationLevel, Status
+from packhorse.notify.outbox import enqueue
+from packhorse.operations.lifecycle import fenced
 
 log = structlog.get_logger(__name__)
 
@@ -112,7 +112,7 @@ class BrokerWatch:
 
         Per queue holding *n* messages, its *n × k* most recently scheduled ``SCHEDULED``
         operations may still be in it (FIFO; a message holds up to *k* operations of its kind,
-        :func:`packhorse.batching.operations_per_task`) and are not lost; nor is any operation of a
+        :func:`packhorse.operations.batching.operations_per_task`) and are not lost; nor is any operation of a
         queue of unknown depth (broker unreachable); the rest are lost once they stayed so
         for ``confirm_seconds``."""
         keys = {k for _, k in candidates}

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..domain import OperationKind
-from . import archive, bundle, deletion, fixity, package, staging, transfer, unpack
-from .base import Recorder, Work
+from packhorse.domain import OperationKind
+from packhorse.stages import archive, bundle, deletion, fixity, package, staging, transfer, unpack
+from packhorse.stages.base import Recorder, Work
 
 StageFn = Callable[[Work], Recorder]
 

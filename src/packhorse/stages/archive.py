@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from ..db.models import RawDataPackage
-from ..topology import raw_package_key
-from ..errors import SourceMissingError, VerificationError
-from .base import Recorder, Work, copy_object, note_corrupt_source, note_lost_source, record_copy
+from packhorse.db.models import RawDataPackage
+from packhorse.runtime.topology import raw_package_key
+from packhorse.errors import SourceMissingError, VerificationError
+from packhorse.stages.base import (
+    Recorder,
+    Work,
+    copy_object,
+    note_corrupt_source,
+    note_lost_source,
+    record_copy,
+)
 
 
 def run(work: Work) -> Recorder:
@@ -42,7 +49,7 @@ def run(work: Work) -> Recorder:
     size, sha, pkg_id = pkg.size, pkg.sha256, pkg.id
 
     def record(s: Session) -> None:
-        from ..managers.policy import mark_archived_if_complete
+        from packhorse.rules.policy import mark_archived_if_complete
 
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
         mark_archived_if_complete(s, ctx, pkg_id)

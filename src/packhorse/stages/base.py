@@ -19,13 +19,13 @@ import structlog
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from ..context import ProcessContext
-from ..db.models import Operation, PhysicalCopy, utcnow
-from ..domain import LIVE_COPY_STATUSES, CopyStatus
-from ..errors import DestinationConflictError, SourceMissingError, VerificationError
-from ..lease import LeaseKeeper
-from ..operations import Claim
-from ..storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.models import Operation, PhysicalCopy, utcnow
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus
+from packhorse.errors import DestinationConflictError, SourceMissingError, VerificationError
+from packhorse.operations.lease import LeaseKeeper
+from packhorse.operations.lifecycle import Claim
+from packhorse.storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +39,7 @@ class Work:
     ``salvage``: what an attempt that fails still records, because it is true whatever the
     failure (e.g. the raw packages an unpack published and verified before it met a refused
     member). A stage sets it before it raises; the failure path runs it in the same fenced
-    transaction as the failure (:func:`~packhorse.operations.record_failure`), so a stale
+    transaction as the failure (:func:`~packhorse.operations.lifecycle.record_failure`), so a stale
     attempt records nothing (I3), and no verified object is left without its copy row.
     """
 
@@ -125,7 +125,7 @@ def publish_verified(work: Work, pending: Any, backend: StorageBackend, *, expec
     Checks the lease just before publishing; hits the fault points ``<point>.write`` (before
     the lease check), ``<point>.publishing`` (after it, just before publishing) and
     ``<point>.published`` (between publishing and verification) of the context's hooks
-    (:mod:`packhorse.hooks`).
+    (:mod:`packhorse.runtime.hooks`).
     :func:`copy_object` also hits ``<point>.writing`` after its first chunk.
     """
     hooks = work.ctx.hooks
@@ -286,7 +286,7 @@ def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | 
     left alone). With ``seen_gone_at`` (UTC, when its key was found empty) only a copy recorded
     by then: one recorded since is a new copy (a rebuild that published the key after that
     look; marking it would ship it again for nothing). Returns the rows changed (0 or 1). The
-    desired state then finds another source of the bytes (:mod:`packhorse.convergence`)."""
+    desired state then finds another source of the bytes (:mod:`packhorse.rules.convergence`)."""
     t = PhysicalCopy.__table__
     subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
                else t.c.data_transfer_package_id == data_transfer_package_id)

@@ -8,7 +8,7 @@ its recorded size and sha256 (``SourceChangedError``: it rotted, or another file
 its name), fails the build permanently; the failure also records that copy ``missing`` (a bad
 one is first moved into the buffer's quarantine, never overwritten: I2), fenced with the
 failure (I3). The desired state then rebuilds the package from its source files and builds the
-bundle again (:mod:`packhorse.convergence`), whose completion makes this failure history.
+bundle again (:mod:`packhorse.rules.convergence`), whose completion makes this failure history.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import calendar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db.models import DataTransferPackage, RawDataPackage
-from ..errors import DestinationConflictError, SourceChangedError, SourceMissingError
-from ..packaging import PayloadFile, write_bag_tar
-from ..topology import bundle_key, raw_package_key
-from .base import (
+from packhorse.db.models import DataTransferPackage, RawDataPackage
+from packhorse.errors import DestinationConflictError, SourceChangedError, SourceMissingError
+from packhorse.bags.packaging import PayloadFile, write_bag_tar
+from packhorse.runtime.topology import bundle_key, raw_package_key
+from packhorse.stages.base import (
     Recorder,
     Work,
     clear_partials,

@@ -1,6 +1,6 @@
 """``deletion``: free a buffer copy (or, if configured, the source files) once it is safe.
 
-The safety rules of :func:`packhorse.managers.policy.deletion_blockers` are checked again when
+The safety rules of :func:`packhorse.rules.policy.deletion_blockers` are checked again when
 the operation runs, in the transaction that marks the copy, not only when the operation was
 created (I1): if one fails nothing is deleted and the deletion waits
 (:class:`~packhorse.errors.DeletionNotSafeError`: handed back ``PENDING`` with a backoff, never
@@ -22,14 +22,11 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from ..context import ProcessContext
-from ..db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
-from ..domain import CopyStatus
-from ..errors import (
-    DeletionDeferredError,
-    DeletionNotSafeError,
-)
-from .base import Recorder, Work
+from packhorse.runtime.context import ProcessContext
+from packhorse.db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
+from packhorse.domain import CopyStatus
+from packhorse.errors import DeletionDeferredError, DeletionNotSafeError
+from packhorse.stages.base import Recorder, Work
 
 log = structlog.get_logger(__name__)
 #: ``confirmed_mtime_ns`` given to the registration of a source file found rewritten in place
@@ -46,9 +43,9 @@ def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
     Raises:
         DeletionDeferredError: only operations still in flight on the copy block it.
         DeletionNotSafeError: any other rule blocks it (I1); nothing was changed. Both make
-            the operation wait (:func:`packhorse.worker._wait_for_deletion_rule`).
+            the operation wait (:func:`packhorse.engine.worker._wait_for_deletion_rule`).
     """
-    from ..managers.policy import deletion_blockers, operations_in_flight
+    from packhorse.rules.policy import deletion_blockers, operations_in_flight
 
     copy = s.get(PhysicalCopy, copy_id)
     assert copy is not None
@@ -64,7 +61,7 @@ def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
 def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[int, PhysicalCopy | Exception]:
     """:func:`mark_copy` of each of ``copy_ids`` in the caller's write transaction, with the
     rules of all the raw package copies among them checked in one pass
-    (:func:`~packhorse.managers.policy.deletion_blockers_many` with ``leaving``: each decided
+    (:func:`~packhorse.rules.policy.deletion_blockers_many` with ``leaving``: each decided
     as if the copies before it were marked already), then each bundle copy by
     :func:`mark_copy`. Returns, by copy id, the copy (marked ``deletion_pending``, or already
     ``deleted``) or the exception that keeps it (:class:`~packhorse.errors.DeletionDeferredError`,
@@ -77,7 +74,7 @@ def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[in
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database's trouble (nothing is marked).
     """
-    from ..managers.policy import deletion_blockers_many, operations_in_flight
+    from packhorse.rules.policy import deletion_blockers_many, operations_in_flight
 
     copies = {c.id: c for c in s.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(copy_ids)))}
     out: dict[int, PhysicalCopy | Exception] = {}

@@ -1,12 +1,12 @@
 """``fixity_check``: re-verify one archived copy; repair it from another verified copy.
 
-The check and what is recorded follow :mod:`packhorse.fixity` (shared with ``packhorse
+The check and what is recorded follow :mod:`packhorse.rules.fixity` (shared with ``packhorse
 verify``). A bad copy makes the stage check every other ``present`` copy of the same package
-at once (rate limited like the first): if none is good, :func:`~packhorse.fixity.record_findings`
+at once (rate limited like the first): if none is good, :func:`~packhorse.rules.fixity.record_findings`
 queues one CRITICAL notification and no copy is repaired from another (a storage fault, not
-rot; the desired state rebuilds it from its source files, :mod:`packhorse.convergence`).
+rot; the desired state rebuilds it from its source files, :mod:`packhorse.rules.convergence`).
 Otherwise every bad copy at a long-term archive is repaired from a copy just verified that it
-may be repaired from (:func:`packhorse.convergence.repair_sources`: an archive, or its own site):
+may be repaired from (:func:`packhorse.rules.convergence.repair_sources`: an archive, or its own site):
 
 1. the bad object is moved aside with :meth:`~packhorse.storage.base.StorageBackend.quarantine`
    (``_packhorse/quarantine/<key>.<UTC stamp>-<random>``; never overwriting), unless the key
@@ -19,7 +19,7 @@ may be repaired from (:func:`packhorse.convergence.repair_sources`: an archive, 
 An operation created for a copy already marked ``corrupt``/``missing`` (by ``packhorse
 verify`` or an earlier attempt) reads that copy back first: if its bytes are back (a
 remounted disk, a good copy put back by hand under its key) and match the recorded size and
-sha256, the same copy is ``present`` again (:func:`~packhorse.fixity.recognise_returned`),
+sha256, the same copy is ``present`` again (:func:`~packhorse.rules.fixity.recognise_returned`),
 nothing is written; otherwise it goes on to the repair.
 """
 
@@ -28,25 +28,19 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..db.models import DataLocation, PhysicalCopy
-from ..domain import (
-    LIVE_COPY_STATUSES,
-    CopyStatus,
-    LocationRole,
-    NotificationLevel,
-    OperationKind,
-)
-from ..errors import LocationUnavailableError, SourceMissingError, UnsafePathError
-from ..fixity import Finding, check_copy, recognise_returned, record_findings
-from ..notify.outbox import enqueue
-from .base import Recorder, Work, copy_object, record_copy
-from .staging import ensure_readable
-from ..convergence import repair_sources
+from packhorse.db.models import DataLocation, PhysicalCopy
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
+from packhorse.errors import LocationUnavailableError, SourceMissingError, UnsafePathError
+from packhorse.rules.fixity import Finding, check_copy, recognise_returned, record_findings
+from packhorse.notify.outbox import enqueue
+from packhorse.stages.base import Recorder, Work, copy_object, record_copy
+from packhorse.stages.staging import ensure_readable
+from packhorse.rules.convergence import repair_sources
 
 
 def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
     """The other copies of ``copy``'s artifact that hold its bytes: staged folders at processing
-    locations left out (:func:`packhorse.convergence.holds_artifact_bytes`: they are neither
+    locations left out (:func:`packhorse.rules.convergence.holds_artifact_bytes`: they are neither
     checked as package copies nor sources of a repair)."""
     q = (select(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
          .where(PhysicalCopy.id != copy.id, DataLocation.role != LocationRole.PROCESSING.value))
@@ -72,10 +66,10 @@ def _check(work: Work, copy: PhysicalCopy) -> Finding:
 def _check_sources(work: Work, copies: list[PhysicalCopy]) -> tuple[list[Finding], LocationUnavailableError | None]:
     """Check ``copies`` (the other copies of the package, or those a repair may read) and
     return the findings, plus the first unavailability met: a copy on a location that is
-    unavailable now (:func:`packhorse.availability.look`: its root or marker missing) is not
+    unavailable now (:func:`packhorse.rules.availability.look`: its root or marker missing) is not
     judged (an empty mount point must not make it "missing") and the others are checked all
     the same, so a repair with a good source elsewhere does not wait for that location."""
-    from ..availability import look
+    from packhorse.rules.availability import look
 
     findings: list[Finding] = []
     away: LocationUnavailableError | None = None
@@ -187,7 +181,7 @@ def run(work: Work) -> Recorder:
                             sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
                             data_transfer_package_id=bad.data_transfer_package_id)
                 if bad.raw_data_package_id is not None:
-                    from ..managers.policy import mark_archived_if_complete
+                    from packhorse.rules.policy import mark_archived_if_complete
 
                     mark_archived_if_complete(s, ctx, bad.raw_data_package_id)
             enqueue(s, level=NotificationLevel.INFO, event="fixity_repaired",

@@ -38,8 +38,8 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from ..db.models import Operation, RawDataFile, RawDataPackage, WithdrawnFile, utcnow
-from ..errors import (
+from packhorse.db.models import Operation, RawDataFile, RawDataPackage, WithdrawnFile, utcnow
+from packhorse.errors import (
     DestinationConflictError,
     LeaseLostError,
     SourceChangedError,
@@ -47,12 +47,19 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
-from ..operations import fenced
-from ..packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
-from ..space import room_to_bundle
-from ..storage.base import Entry, EntryKind, StorageBackend
-from ..topology import raw_package_key
-from .base import Recorder, Work, clear_partials, publish_verified, record_copy, there_or_moved_aside
+from packhorse.operations.lifecycle import fenced
+from packhorse.bags.packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
+from packhorse.rules.space import room_to_bundle
+from packhorse.storage.base import Entry, EntryKind, StorageBackend
+from packhorse.runtime.topology import raw_package_key
+from packhorse.stages.base import (
+    Recorder,
+    Work,
+    clear_partials,
+    publish_verified,
+    record_copy,
+    there_or_moved_aside,
+)
 
 #: ``withdrawn_files.cause`` and the reason recorded (and shown by ``packhorse status``).
 CHANGED, VANISHED = "changed", "vanished"
@@ -148,7 +155,7 @@ def _source_available(work: Work) -> None:
     Raises:
         LocationUnavailableError: the source location's root or marker is missing.
     """
-    from ..availability import look
+    from packhorse.rules.availability import look
 
     err = look(work.ctx, work.ctx.location_name(work.op.source_location_id))
     if err is not None:
@@ -164,7 +171,7 @@ def withdraw(work: Work, pkg_id: int, stale: list[tuple[str, str, str]]) -> None
     Raises:
         LeaseLostError: the attempt is stale; nothing was changed.
     """
-    from ..notify.messages import source_files_vanished
+    from packhorse.notify.messages import source_files_vanished
 
     ctx = work.ctx
     claim = work.claim

@@ -9,19 +9,19 @@
    ``PENDING`` until ``restore_poll_seconds`` later, without holding a worker; the worker that
    picks it up again finds the restore ready and goes on.
 4. Check pass, nothing written: the package tar is streamed out of the archive through the
-   one tar reader (:mod:`packhorse.extraction`: no links, devices, duplicates, ``..``, names
+   one tar reader (:mod:`packhorse.bags.extraction`: no links, devices, duplicates, ``..``, names
    merged by normalization, members beyond the ``[extraction]`` limits; I6) and the bag
-   checks (:func:`~packhorse.packaging.verify_bag_archive`: manifest, tag manifest,
+   checks (:func:`~packhorse.bags.packaging.verify_bag_archive`: manifest, tag manifest,
    Payload-Oxum), hashed while read; it must be exactly the package's size and sha256. An
    archive copy with other bytes fails with :class:`~packhorse.errors.SourceChangedError`
    and a refused member with :class:`~packhorse.errors.UnsafePathError`, both permanent:
    the operation is not retried and the processing location is never written to.
 5. Extraction pass: the copy is read again and extracted with
-   :func:`~packhorse.extraction.extract_tar` (descriptor-relative, ``O_NOFOLLOW``,
+   :func:`~packhorse.bags.extraction.extract_tar` (descriptor-relative, ``O_NOFOLLOW``,
    ``O_EXCL``) into a hidden partial folder the processing location's disk backend hands out
    (:meth:`~packhorse.storage.disk.DiskBackend.open_folder_write`), hashed again; if
    the bytes differ from the first pass (the copy changed in between) the folder is removed
-   and the operation fails permanently. The extracted bag is then validated to RFC 8493 (:mod:`~packhorse.bagvalidation`:
+   and the operation fails permanently. The extracted bag is then validated to RFC 8493 (:mod:`~packhorse.bags.validation`:
    every manifest, every payload file, the tag manifests and the Payload-Oxum).
 6. The backend publishes the bag folder under ``<package name>/`` with a no-replace rename
    (I2); an existing folder from an earlier attempt counts only if it verifies the same way,
@@ -48,10 +48,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..bagvalidation import validate_folder
-from ..db.models import PhysicalCopy, RawDataPackage
-from ..domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole
-from ..errors import (
+from packhorse.bags.validation import validate_folder
+from packhorse.db.models import PhysicalCopy, RawDataPackage
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole
+from packhorse.errors import (
     DestinationConflictError,
     InvalidBagError,
     OperationDeferred,
@@ -60,10 +60,10 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
-from ..extraction import ExtractionLimits, extract_tar
-from ..packaging import BagContents, raise_for_problems, verify_bag_archive
-from ..storage.base import CHUNK_BYTES, StorageBackend
-from .base import Recorder, Work, record_copy
+from packhorse.bags.extraction import ExtractionLimits, extract_tar
+from packhorse.bags.packaging import BagContents, raise_for_problems, verify_bag_archive
+from packhorse.storage.base import CHUNK_BYTES, StorageBackend
+from packhorse.stages.base import Recorder, Work, record_copy
 
 #: Statuses of a staged copy recorded damaged or gone (by ``packhorse stage --again``).
 _BAD_STAGED = (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value)
@@ -172,7 +172,7 @@ def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionL
                          checked: BagContents | None = None) -> Path:
     """Staging's extraction of one archive copy into the new folder ``target`` (steps 4-5 of
     the module): the check pass (:func:`check_archive_copy`), then the extraction pass with
-    :func:`~packhorse.extraction.extract_tar`, hashed again, then every payload file against
+    :func:`~packhorse.bags.extraction.extract_tar`, hashed again, then every payload file against
     the manifest (:func:`verify_bag_folder`).
 
     Args:
@@ -233,7 +233,7 @@ def ensure_readable(work: Work, backend: StorageBackend, key: str) -> None:
 
 
 def verify_bag_folder(bag: Path, *, source: str) -> dict[str, str]:
-    """Validate the bag folder ``bag`` to RFC 8493 (:func:`~packhorse.bagvalidation.validate_folder`:
+    """Validate the bag folder ``bag`` to RFC 8493 (:func:`~packhorse.bags.validation.validate_folder`:
     every manifest, the tag manifests, Payload-Oxum, no symlinks). Returns ``{payload path under
     data/: sha256}``.
 
@@ -337,8 +337,8 @@ def run(work: Work) -> Recorder:
         record_copy(s, location_id=dst_id, key=pkg.name, size=pkg.size, sha256=pkg.sha256,
                     raw_data_package_id=pkg.id)
         if moved_aside:
-            from ..domain import NotificationLevel, OperationKind
-            from ..notify.outbox import enqueue
+            from packhorse.domain import NotificationLevel, OperationKind
+            from packhorse.notify.outbox import enqueue
 
             enqueue(s, level=NotificationLevel.INFO, event="staged_folder_moved_aside",
                     subject=f"Staging: damaged folder {dst}:{pkg.name} moved aside",

@@ -44,16 +44,21 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from ..db.models import DataTransferPackage
-from ..domain import TransferMethod
-from ..errors import (ConfigError, DestinationWriteError, SourceMissingError, TransferCommandError,
-                      VerificationError)
-from ..ratelimit import RateLimiter
-from ..space import room_to_unpack
-from ..storage.base import StorageBackend
-from ..storage.registry import read_limited
-from ..topology import bundle_key
-from .base import (
+from packhorse.db.models import DataTransferPackage
+from packhorse.domain import TransferMethod
+from packhorse.errors import (
+    ConfigError,
+    DestinationWriteError,
+    SourceMissingError,
+    TransferCommandError,
+    VerificationError,
+)
+from packhorse.ratelimit import RateLimiter
+from packhorse.rules.space import room_to_unpack
+from packhorse.storage.base import StorageBackend
+from packhorse.storage.registry import read_limited
+from packhorse.runtime.topology import bundle_key
+from packhorse.stages.base import (
     Recorder,
     Work,
     clear_partials,
@@ -91,8 +96,8 @@ def route_share(work: Work, limit: int) -> float:
     route's transfers in progress (the same source location; this one counted at least once)."""
     from sqlalchemy import func, select
 
-    from ..db.models import Operation
-    from ..domain import OperationKind, Status
+    from packhorse.db.models import Operation
+    from packhorse.domain import OperationKind, Status
 
     n = work.ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(Operation).where(
         Operation.kind == OperationKind.TRANSFER.value, Operation.status == Status.IN_PROGRESS.value,

@@ -1,7 +1,7 @@
 """``unpack``: take the raw data packages out of a bundle at a destination buffer.
 
 The bundle tar is read once, as a stream, through the one tar reader
-(:func:`packhorse.extraction.iter_members`: no absolute names, no ``..``, no links, devices
+(:func:`packhorse.bags.extraction.iter_members`: no absolute names, no ``..``, no links, devices
 or duplicates, nothing beyond the ``[extraction]`` limits, only regular files under the bag;
 a refused member fails the operation permanently, I6), every raw package tar is copied to
 its own object; every member of it goes through the one tar reader's refusal rules, and it is
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..digest import sha256_stream
-from ..db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
-from ..domain import CopyStatus, LocationRole
-from ..errors import SourceMissingError, UnsafePathError, VerificationError
-from ..extraction import ExtractionLimits, iter_members
-from ..packaging import TeeReader, read_bag_bytes, read_bag_tar
-from ..storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
-from ..topology import bundle_key, raw_package_key
-from .base import (
+from packhorse.digest import sha256_stream
+from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
+from packhorse.domain import CopyStatus, LocationRole
+from packhorse.errors import SourceMissingError, UnsafePathError, VerificationError
+from packhorse.bags.extraction import ExtractionLimits, iter_members
+from packhorse.bags.packaging import TeeReader, read_bag_bytes, read_bag_tar
+from packhorse.storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
+from packhorse.runtime.topology import bundle_key, raw_package_key
+from packhorse.stages.base import (
     Recorder,
     Work,
     clear_partials,
@@ -43,7 +43,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..context import ProcessContext
+    from packhorse.runtime.context import ProcessContext
 
 
 def _seekable(stream: BinaryIO) -> bool:
@@ -67,7 +67,7 @@ def _copy_stream(stream: BinaryIO, sink: BinaryIO | PendingWrite) -> int:
 
 
 #: Raw packages up to this size (bytes) are taken out of the bundle into memory and their bag
-#: checked there (:func:`~packhorse.packaging.read_bag_bytes`); larger ones are streamed. A
+#: checked there (:func:`~packhorse.bags.packaging.read_bag_bytes`); larger ones are streamed. A
 #: worker holds at most one such package at a time.
 IN_MEMORY_BYTES = 64 << 20
 
@@ -91,7 +91,7 @@ def _read_exactly(stream: BinaryIO, size: int, source: str) -> memoryview:
 
 def _check_members(stream: BinaryIO, *, source: str, limits: ExtractionLimits) -> None:
     """Pass every member of the raw package tar ``stream`` (seekable) through the one tar
-    reader (:func:`packhorse.extraction.iter_members`) without reading any member's data, and
+    reader (:func:`packhorse.bags.extraction.iter_members`) without reading any member's data, and
     require one top folder, the bag's: a recorded sha256 says the bytes are the ones built,
     not that they are safe (I6: every input is checked, whoever wrote it).
 
@@ -170,7 +170,7 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
             bundle's manifest all the same, nothing written.
         taken_out: ``taken_out(path)``: whether a payload path that is none of ``packages`` is
             a package taken out of this bundle since it was built (shipped again in a bundle
-            of its own, :mod:`packhorse.convergence`): read past like ``not_needed``. ``None``:
+            of its own, :mod:`packhorse.rules.convergence`): read past like ``not_needed``. ``None``:
             every payload must be one of ``packages``.
 
     Returns:
@@ -269,7 +269,7 @@ def archived_at_site(s: Session, ctx: "ProcessContext", buffer: str, package_ids
 def _taken_out_of(ctx: "ProcessContext", dtp_id: int) -> Callable[[str], bool]:
     """For a bundle that carries fewer packages now than it was built with: whether payload
     path ``<name>.tar`` is a package that was in it and travels in another bundle now (taken
-    out to be shipped again alone; :attr:`packhorse.convergence.Plan.detach`)."""
+    out to be shipped again alone; :attr:`packhorse.rules.convergence.Plan.detach`)."""
     def moved(path: str) -> bool:
         if not path.endswith(".tar"):
             return False

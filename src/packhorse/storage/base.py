@@ -76,8 +76,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from ..digest import sha256_stream
-from ..errors import DestinationConflictError, UnsafePathError, VerificationError
+from packhorse.digest import sha256_stream
+from packhorse.errors import DestinationConflictError, UnsafePathError, VerificationError
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"

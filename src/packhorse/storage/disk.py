@@ -46,8 +46,8 @@ from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 from typing import Any, BinaryIO
 
-from ..digest import hash_fd, hash_stream
-from ..errors import (
+from packhorse.digest import hash_fd, hash_stream
+from packhorse.errors import (
     DestinationConflictError,
     DestinationWriteError,
     LocationUnavailableError,
@@ -56,7 +56,7 @@ from ..errors import (
     UnsafePathError,
     VerificationError,
 )
-from .base import (
+from packhorse.storage.base import (
     PARTIAL_SUFFIX,
     RESERVED_PREFIX,
     Entry,

@@ -3,7 +3,7 @@
 DESIGN.md "Architecture": every location root carries an identity marker written by
 ``packhorse init`` (as NGAS marks each of its volumes with a volume-id file); no backend
 creates a missing root; work on an unavailable location waits and resumes by itself
-(:mod:`packhorse.availability`).
+(:mod:`packhorse.rules.availability`).
 
 The marker is the object :data:`MARKER_KEY` (``_packhorse/location.json``) under the
 location's root (disk: a file below the root folder; S3: an object under the location's
@@ -31,8 +31,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DestinationConflictError, LocationUnavailableError, RestoreRequiredError, SourceMissingError
-from .base import RESERVED_PREFIX, StorageBackend
+from packhorse.errors import (
+    DestinationConflictError,
+    LocationUnavailableError,
+    RestoreRequiredError,
+    SourceMissingError,
+)
+from packhorse.storage.base import RESERVED_PREFIX, StorageBackend
 
 #: Key of the identity marker under every location root.
 MARKER_KEY = RESERVED_PREFIX + "location.json"
@@ -182,7 +187,7 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
         ConfigError: the root is marked as another location (never re-marked).
         StorageServiceError / OSError: the root could not be created or written.
     """
-    from ..errors import ConfigError
+    from packhorse.errors import ConfigError
 
     created = backend.create_root()
     try:

@@ -16,7 +16,7 @@ order from the caller inwards::
 * :class:`ReadRateLayer` holds reads to a :class:`~packhorse.ratelimit.RateLimiter` (bytes
   per second): the ``fixity_bytes_per_second`` of a location for the fixity audit, a route's
   ``bandwidth_limit_bytes_per_second`` share for a transfer's reads.
-* the innermost layer is the one a test's :class:`~packhorse.hooks.Hooks` returns (faults
+* the innermost layer is the one a test's :class:`~packhorse.runtime.hooks.Hooks` returns (faults
   as the medium would show them: a retry sees an injected "busy" like a real one).
 
 Methods a layer does not override (backend-specific ones such as S3's ``retention``) are
@@ -34,9 +34,16 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from ..errors import StorageBusyError
-from ..ratelimit import RateLimiter, ThrottledReader
-from .base import Entry, ObjectInfo, PendingWrite, PublishResult, ReuseListing, StorageBackend
+from packhorse.errors import StorageBusyError
+from packhorse.ratelimit import RateLimiter, ThrottledReader
+from packhorse.storage.base import (
+    Entry,
+    ObjectInfo,
+    PendingWrite,
+    PublishResult,
+    ReuseListing,
+    StorageBackend,
+)
 
 log = structlog.get_logger(__name__)
 

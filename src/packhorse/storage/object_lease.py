@@ -17,9 +17,9 @@ from contextlib import AbstractContextManager, contextmanager
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from ..db.models import ObjectLease, utcnow
-from ..db.session import Database
-from ..errors import StorageServiceError
+from packhorse.db.models import ObjectLease, utcnow
+from packhorse.db.session import Database
+from packhorse.errors import StorageServiceError
 
 
 def db_object_lease(db: Database, location: str, *, lease_seconds: float,

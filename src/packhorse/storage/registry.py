@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from ..config import LocationConfig, Settings
-from ..domain import StorageType
-from ..errors import ConfigError
-from .base import StorageBackend
-from .disk import DiskBackend
-from .layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
+from packhorse.config import LocationConfig, Settings
+from packhorse.domain import StorageType
+from packhorse.errors import ConfigError
+from packhorse.storage.base import StorageBackend
+from packhorse.storage.disk import DiskBackend
+from packhorse.storage.layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
 
 if TYPE_CHECKING:
-    from ..db.session import Database
-    from ..hooks import Hooks
-    from ..ratelimit import RateLimiter
+    from packhorse.db.session import Database
+    from packhorse.runtime.hooks import Hooks
+    from packhorse.ratelimit import RateLimiter
 
 log = structlog.get_logger(__name__)
 _probe_lock = threading.Lock()
@@ -48,7 +48,7 @@ def backend_for(settings: Settings, location_name: str, *, db: "Database | None"
     Args:
         db: the ops database; needed by S3 locations with ``write_once_probe = false``
             (per-object leases live there).
-        hooks: the process's hooks (:mod:`packhorse.hooks`); ``None``: none.
+        hooks: the process's hooks (:mod:`packhorse.runtime.hooks`); ``None``: none.
         fixity: the stack for the fixity audit, whose reads keep to the location's
             ``fixity_bytes_per_second``.
 
@@ -76,7 +76,7 @@ def compose(backend: StorageBackend, *, hooks: "Hooks | None" = None, read_bytes
     """Stack the layers around ``backend`` (the one function that does; see the module).
 
     Args:
-        hooks: its :meth:`~packhorse.hooks.Hooks.storage_layer` goes innermost.
+        hooks: its :meth:`~packhorse.runtime.hooks.Hooks.storage_layer` goes innermost.
         read_bytes_per_second: hold reads to this rate (the process-wide bucket of the
             location, :func:`~packhorse.storage.layers.limiter_for`); ``None``: unlimited.
         retry_attempts / retry_delay_seconds / sleep: the retry layer's (busy answers only).
@@ -97,7 +97,7 @@ def read_limited(backend: StorageBackend, limiter: "RateLimiter",
 
 
 def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") -> StorageBackend:
-    from .s3 import S3Backend, make_client
+    from packhorse.storage.s3 import S3Backend, make_client
 
     assert loc.bucket is not None
     client = make_client(endpoint_url=loc.endpoint_url, region=loc.region, path_style=loc.path_style,
@@ -109,7 +109,7 @@ def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") 
         if db is None:
             raise ConfigError(f"locations: {loc.name!r} sets write_once_probe = false, which needs the ops "
                               "database for per-object leases")
-        from .object_lease import db_object_lease
+        from packhorse.storage.object_lease import db_object_lease
 
         log.warning("s3_write_once_probe_disabled", location=loc.name, bucket=loc.bucket,
                     detail="conditional creates are not used: every publication takes a per-object lease and "

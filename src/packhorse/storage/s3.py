@@ -40,7 +40,7 @@ finished restore is reported; an object still in a warm class needs none (``Rest
 is not sent for it). Objects this process published itself stay readable (the store's hot
 tier before the transition), so the read-back verification after publishing works. Tests
 simulate the time a restore takes with a storage layer of their own (``tests/memory_backend.py``
-``ColdLayer``, handed in through :mod:`packhorse.hooks`), not with a switch here.
+``ColdLayer``, handed in through :mod:`packhorse.runtime.hooks`), not with a switch here.
 
 A missing bucket is never created (DESIGN.md "Architecture": storage that is absent is not
 empty): the bucket is made by whoever provisions the store (with Object Lock if wanted), and
@@ -69,7 +69,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from ..errors import (
+from packhorse.errors import (
     ConfigError,
     DestinationConflictError,
     DestinationWriteError,
@@ -81,7 +81,7 @@ from ..errors import (
     StorageServiceError,
     VerificationError,
 )
-from .base import (
+from packhorse.storage.base import (
     CHUNK_BYTES,
     RESERVED_PREFIX,
     Entry,

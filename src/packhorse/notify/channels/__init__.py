@@ -12,11 +12,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ...errors import ChannelError
+from packhorse.errors import ChannelError
 
 if TYPE_CHECKING:
-    from ...config import NotificationsConfig
-    from ...hooks import Hooks
+    from packhorse.config import NotificationsConfig
+    from packhorse.runtime.hooks import Hooks
 
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
@@ -64,8 +64,8 @@ def build_channels(cfg: "NotificationsConfig", *, hooks: "Hooks | None" = None) 
     Raises:
         ConfigError: an apprise URL apprise does not understand (named with its key).
     """
-    from .apprise import apprise_channels
-    from .smtp import SmtpChannel
+    from packhorse.notify.channels.apprise import apprise_channels
+    from packhorse.notify.channels.smtp import SmtpChannel
 
     out: list[Channel] = []
     if cfg.smtp is not None:

@@ -12,8 +12,8 @@ import hashlib
 
 import apprise
 
-from ...errors import ConfigError
-from . import ChannelError, Message
+from packhorse.errors import ConfigError
+from packhorse.notify.channels import ChannelError, Message
 
 _TYPES = {"DEBUG": apprise.NotifyType.INFO, "INFO": apprise.NotifyType.INFO,
           "WARNING": apprise.NotifyType.WARNING, "ERROR": apprise.NotifyType.FAILURE,

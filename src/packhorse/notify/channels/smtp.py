@@ -17,11 +17,11 @@ import ssl
 from email.message import EmailMessage
 from typing import TYPE_CHECKING
 
-from ...hooks import NO_HOOKS, Hooks
-from . import ChannelError, Message
+from packhorse.runtime.hooks import NO_HOOKS, Hooks
+from packhorse.notify.channels import ChannelError, Message
 
 if TYPE_CHECKING:
-    from ...config import SmtpConfig
+    from packhorse.config import SmtpConfig
 
 
 class SmtpChannel:

@@ -2,7 +2,7 @@
 
 ``packhorse health`` takes a service of this host whose process no longer runs for dead at
 once. A container with the same hostname has pids of its own: ``pid_namespace`` (the kernel
-boot and pid namespace, ``packhorse.operations.process_namespace``) says whose pids a row's
+boot and pid namespace, ``packhorse.operations.lifecycle.process_namespace``) says whose pids a row's
 are; a row of another namespace is judged by the age of its heartbeat alone. Existing rows
 have none and are judged as before (their next heartbeat records it).
 

@@ -1,0 +1,1015 @@
+"""Bag validation to RFC 8493 (BagIt 1.0), and BagIt 0.97 for reading: one validator, fed in any order.
+
+:class:`BagValidator` is a streaming core. A front end hands it every entry of a bag in whatever
+order the container has them — :meth:`~BagValidator.add` with a path relative to the bag root, a
+size in bytes and a readable stream — and :meth:`~BagValidator.finish` returns a
+:class:`BagReport` listing **every** problem found (never only the first). Two front ends:
+:func:`validate_folder` (a bag folder; symlinks are never followed, a symlink is a problem) and
+:func:`validate_tar` (a bag tar holding one top folder, read in one pass).
+
+What is checked, and the RFC 8493 clause that asks for it (:data:`PROBLEM_CODES` lists the codes):
+
+- ``bagit.txt`` (§2.1.1) is exactly two lines, ``BagIt-Version: M.N`` then
+  ``Tag-File-Character-Encoding: ENCODING``, each ending in LF, CR or CRLF, one colon and one
+  space, no byte-order mark; versions 1.0 and 0.97 are read.
+- a ``data/`` payload directory (§2.1.2) and at least one payload manifest (§2.1.3).
+- every manifest and tag manifest algorithm the RFC names (§2.4: md5, sha1, sha256, sha512), any
+  number of manifests at once; every checksum of every manifest is verified (§3 "valid").
+- manifest lines ``<hex checksum><one or more spaces or tabs><path>`` (§2.1.3), the checksum's
+  length fitting the algorithm; ``%0A``, ``%0D`` and ``%25`` (any case) are decoded (§2.1.3);
+  a ``%`` followed by anything else is read literally (it cannot be misread, and the reference
+  library writes it so). A path is taken to the end of the line, trailing spaces included.
+- a path listed twice in one manifest, a payload-manifest path outside ``data/``, a tag-manifest
+  path inside it, a path with ``..``, an empty or ``.`` component or a leading ``/`` (§2.1.3,
+  §2.2.1).
+- completeness (§3): every listed file exists; in a 1.0 bag every payload file is in every payload
+  manifest; in a 0.97 bag (§3 of RFC 8493 notes the older rule) in at least one.
+- ``bag-info.txt`` is optional (§2.2.2); when present every line is ``Label: value`` (or a
+  continuation line starting with a space or tab) and each ``Payload-Oxum`` is
+  ``octets.streamcount`` and matches the payload.
+- ``fetch.txt`` (§2.2.3) is refused with its own reason: packhorse does not fetch.
+
+Hashing strategy (one pass): a payload file is hashed with the algorithms of the payload
+manifests already seen (their names are in the file names), plus ``required_algorithms`` (what
+the caller itself needs, e.g. packhorse's own sha256). A payload file met before *any* payload
+manifest is hashed with sha256 and sha512 (:data:`EARLY_ALGORITHMS`, RFC 8493 §2.4's two and
+what the reference library writes by default). Nothing is spooled. If a manifest that comes later
+needs an algorithm a file was not hashed with, :meth:`BagValidator.rehash_needed` names it; a
+front end that can read the entry again (a folder, a seekable tar) does so in a second pass, a
+stream cannot, and the file is reported ``not-verified``. Bags whose tag files come first — as
+packhorse writes them — are always validated in one pass, hashing only what their manifests
+name. Special tag files (``bagit.txt``, ``bag-info.txt``, ``fetch.txt``, manifests) are held in
+memory up to :data:`MAX_TAG_FILE_BYTES` each; other tag files are only hashed.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import io
+import os
+import re
+import stat
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from packhorse.errors import UnsafePathError, VerificationError
+from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, members_of, open_tar
+
+#: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
+ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
+#: Hex length of each algorithm's checksum.
+DIGEST_HEX_LENGTH = {"md5": 32, "sha1": 40, "sha256": 64, "sha512": 128}
+#: Algorithms a payload file is hashed with when it comes before every payload manifest.
+EARLY_ALGORITHMS: tuple[str, ...] = ("sha256", "sha512")
+#: BagIt versions read.
+VERSIONS: tuple[str, ...] = ("1.0", "0.97")
+#: A special tag file (bagit.txt, bag-info.txt, fetch.txt, a manifest) larger than this (bytes)
+#: is refused rather than held in memory (about 1.5 million lines of a sha512 manifest).
+MAX_TAG_FILE_BYTES = 256 << 20
+#: Read size (bytes) when hashing.
+CHUNK_BYTES = 1 << 20
+
+#: Every problem code, with the rule that decides it.
+PROBLEM_CODES: dict[str, str] = {
+    "bag-declaration-missing": "RFC 8493 §2.1.1: a bag has a bagit.txt",
+    "bag-declaration-invalid": "RFC 8493 §2.1.1: exactly 'BagIt-Version: M.N' and 'Tag-File-Character-Encoding: "
+                               "ENCODING', no byte-order mark",
+    "unsupported-version": "packhorse reads BagIt 1.0 (RFC 8493) and 0.97",
+    "unknown-encoding": "RFC 8493 §2.1.1: ENCODING names a character encoding",
+    "payload-directory-missing": "RFC 8493 §2.1.2: the base directory has a 'data' directory",
+    "payload-manifest-missing": "RFC 8493 §2.1.3: a bag has at least one payload manifest",
+    "unsupported-algorithm": "RFC 8493 §2.4 names md5, sha1, sha256, sha512; §3: every checksum must be verified",
+    "tag-file-unreadable": "RFC 8493 §2.1.1, §2.3: tag files are text in the declared encoding",
+    "manifest-line-invalid": "RFC 8493 §2.1.3: '<checksum> <filepath>', one or more spaces or tabs between",
+    "manifest-duplicate-entry": "RFC 8493 §2.1.3: a manifest lists each file once",
+    "manifest-path-outside-payload": "RFC 8493 §2.1.3: a payload manifest lists payload files (under data/)",
+    "tag-manifest-lists-payload": "RFC 8493 §2.2.1: a tag manifest lists tag files, not payload files",
+    "manifest-path-unsafe": "RFC 8493 §2.1.3, §5: a relative path without '..', empty or '.' components",
+    "file-missing": "RFC 8493 §3 (complete): every file listed in every manifest is present",
+    "payload-not-in-manifest": "RFC 8493 §3 (complete): every payload file is listed in every payload manifest "
+                               "(0.97: in at least one)",
+    "checksum-mismatch": "RFC 8493 §3 (valid): every checksum verifies",
+    "not-verified": "RFC 8493 §3 (valid): every checksum verifies; this one could not be computed in one pass",
+    "bag-info-invalid": "RFC 8493 §2.2.2: 'Label: value' lines, continuation lines indented",
+    "payload-oxum-invalid": "RFC 8493 §2.2.2: Payload-Oxum is 'OctetCount.StreamCount'",
+    "payload-oxum-mismatch": "RFC 8493 §2.2.2: Payload-Oxum gives the payload's octets and file count",
+    "fetch-refused": "RFC 8493 §2.2.3: fetch.txt lists files to download; packhorse does not fetch",
+    "symlink": "packhorse (DESIGN I6): links are never followed; RFC 8493 §2.1.2 payload is files",
+    "special-file": "packhorse (DESIGN I6): only regular files and directories",
+    "unsafe-member": "packhorse (DESIGN I6): tar members stay inside the bag folder, no links or devices",
+    "duplicate-entry": "a tar holding one path twice is two different bags",
+    "not-a-bag-container": "a bag tar holds one bag folder; a damaged or non-tar file is not a bag",
+    "tag-file-too-large": f"packhorse holds special tag files in memory up to {MAX_TAG_FILE_BYTES} bytes",
+    "truncated": "the container ended inside a file",
+    "unreadable": "a file of the bag could not be read",
+}
+
+#: Codes that mean the container itself is unsafe (mapped to UnsafePathError by packhorse's readers).
+UNSAFE_CODES = frozenset({"symlink", "special-file", "unsafe-member"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a bag is not valid.
+
+    Attributes:
+        code: one of :data:`PROBLEM_CODES`.
+        path: the file concerned, relative to the bag root (``data/x.fits``, ``bagit.txt``), or
+            ``""`` for the bag as a whole.
+        message: a sentence naming the bag and the file.
+    """
+
+    code: str
+    path: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "path": self.path, "message": self.message}
+
+
+@dataclass(frozen=True)
+class PayloadEntry:
+    """A payload file as read: ``size`` in bytes, ``digests`` {algorithm: lowercase hex}."""
+
+    size: int
+    digests: dict[str, str]
+
+
+@dataclass
+class BagReport:
+    """What :meth:`BagValidator.finish` found.
+
+    Attributes:
+        bag: the bag's name in messages (a path, ``location:key``).
+        version: the declared BagIt version (``"1.0"``), or None when bagit.txt is unusable.
+        problems: every problem, in the order found; empty means valid.
+        payload: {path under ``data/``: :class:`PayloadEntry`} for every payload file read.
+        payload_algorithms: the algorithms of the payload manifests, sorted.
+        tag_algorithms: the algorithms of the tag manifests, sorted.
+        bag_info: bag-info.txt as {label: [values]} in file order (empty when absent).
+        passes: 1, or 2 when some payload had to be read again (see the module).
+    """
+
+    bag: str
+    version: str | None = None
+    problems: list[Problem] = field(default_factory=list)
+    payload: dict[str, PayloadEntry] = field(default_factory=dict)
+    payload_algorithms: list[str] = field(default_factory=list)
+    tag_algorithms: list[str] = field(default_factory=list)
+    bag_info: dict[str, list[str]] = field(default_factory=dict)
+    passes: int = 1
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """The report as text: a first line ``VALID ...`` or ``INVALID ...``, then one line per problem."""
+        files, octets = len(self.payload), sum(e.size for e in self.payload.values())
+        what = (f"BagIt {self.version or '?'}; payload manifests: {', '.join(self.payload_algorithms) or 'none'}; "
+                f"tag manifests: {', '.join(self.tag_algorithms) or 'none'}; {files} payload file(s), {octets} bytes")
+        if self.valid:
+            return f"VALID {self.bag} ({what})"
+        lines = [f"INVALID {self.bag}: {len(self.problems)} problem(s) ({what})"]
+        lines += [f"  [{p.code}] {p.message}" for p in self.problems]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, object]:
+        """The report as JSON-ready data (what ``packhorse validate --json`` prints)."""
+        return {
+            "bag": self.bag,
+            "valid": self.valid,
+            "version": self.version,
+            "payload_algorithms": self.payload_algorithms,
+            "tag_algorithms": self.tag_algorithms,
+            "payload_files": len(self.payload),
+            "payload_bytes": sum(e.size for e in self.payload.values()),
+            "problems": [p.as_dict() for p in self.problems],
+        }
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_DECLARATION = re.compile(
+    r"BagIt-Version: (?P<version>[0-9]+\.[0-9]+)(?:\r\n|\r|\n)"
+    r"Tag-File-Character-Encoding: (?P<encoding>[^\s:]+)(?:\r\n|\r|\n)"
+)
+_MANIFEST_NAME = re.compile(r"(tag)?manifest-([A-Za-z0-9][A-Za-z0-9_-]*)\.txt")  # sha3-256 too
+_MANIFEST_LINE = re.compile(r"([0-9A-Fa-f]+)[ \t]+(.*)", re.DOTALL)
+_PERCENT = re.compile(r"%(0A|0D|25)", re.IGNORECASE)
+_PERCENT_VALUE = {"0a": "\n", "0d": "\r", "25": "%"}
+_OXUM = re.compile(r"([0-9]+)\.([0-9]+)")
+_SPECIAL = ("bagit.txt", "bag-info.txt", "fetch.txt")
+
+
+def decode_manifest_path(path: str) -> str:
+    """Decode a manifest path: ``%0A``, ``%0D``, ``%25`` (any case) in one pass (RFC 8493 §2.1.3)."""
+    return _PERCENT.sub(lambda m: _PERCENT_VALUE[m.group(1).lower()], path)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines of a text tag file: ends are LF, CR or CRLF only (RFC 8493 §2.3); not
+    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur in
+    payload file names. A last line without an end is kept."""
+    lines = _LINE_END.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _unsafe_reason(path: str) -> str | None:
+    if not path:
+        return "is empty"
+    if path.startswith("/"):
+        return "is absolute"
+    parts = path.split("/")
+    if ".." in parts:
+        return "has a '..' component"
+    if "" in parts or "." in parts:
+        return "has an empty or '.' component"
+    return None
+
+
+#: hashlib constructor of each algorithm a manifest may use (``hashlib.sha256`` is cheaper per
+#: call than ``hashlib.new("sha256")``)
+_HASHERS: dict[str, Callable[..., Any]] = {
+    a: getattr(hashlib, a, None) or (lambda data=b"", _a=a: hashlib.new(_a, data)) for a in DIGEST_HEX_LENGTH}
+
+
+def _new_hashes(algorithms: Iterable[str]) -> dict[str, hashlib._Hash]:
+    return {a: hashlib.new(a) for a in sorted(set(algorithms)) if a in DIGEST_HEX_LENGTH}
+
+
+def hash_stream(stream: BinaryIO, algorithms: Iterable[str]) -> tuple[int, dict[str, str]]:
+    """Read ``stream`` to its end; return (bytes read, {algorithm: hex digest}).
+
+    Reads into one reused buffer of :data:`CHUNK_BYTES` (no copy per block)."""
+    hashes = list(_new_hashes(algorithms).items())
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
+    size = 0
+    readinto = getattr(stream, "readinto", None)
+    while True:
+        if readinto is not None:
+            n = readinto(buf)
+            if not n:
+                break
+            block = view[:n]
+        else:
+            data = stream.read(CHUNK_BYTES)
+            if not data:
+                break
+            n, block = len(data), memoryview(data)
+        for _, h in hashes:
+            h.update(block)
+        size += n
+    return size, {a: h.hexdigest() for a, h in hashes}
+
+
+class BagValidator:
+    """The streaming core: fed a bag's entries in any order, it reports every problem.
+
+    Args:
+        bag: the bag's name for messages (a folder path, ``location:key``).
+        required_algorithms: algorithms every payload file is hashed with whatever the manifests
+            say (packhorse's readers ask for ``("sha256",)``: they record it).
+
+    Use: :meth:`add` each file (and :meth:`add_directory` for directory entries), report what a
+    front end found itself with :meth:`problem`, optionally satisfy :meth:`rehash_needed`, then
+    :meth:`finish`. Not thread-safe; one validator per bag.
+    """
+
+    def __init__(self, bag: str, *, required_algorithms: Iterable[str] = ()) -> None:
+        self.bag = bag
+        self._required = tuple(required_algorithms)
+        self._problems: list[Problem] = []
+        self._tags: dict[str, bytes] = {}  # special tag files and manifests, held
+        self._tag_digests: dict[str, dict[str, str]] = {}  # other tag files: {algorithm: hex}
+        self._payload: dict[str, PayloadEntry] = {}
+        self._seen: set[str] = set()
+        self._has_data_dir = False
+        self._payload_algs: set[str] = set()
+        self._tag_algs: set[str] = set()
+        self._early: dict[str, set[str]] = {}  # payload manifests parsed early: {name: paths}
+        self._unusable = False
+        self.passes = 1
+
+    # ------------------------------------------------------------------ feeding
+
+    def problem(self, code: str, path: str, message: str) -> None:
+        """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
+        assert code in PROBLEM_CODES, code
+        self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+
+    def unusable(self, code: str, message: str) -> None:
+        """Record that the container cannot be read at all (not a tar, no such folder): the report
+        then holds only this problem, not the consequences (no bagit.txt, no manifest...)."""
+        self.problem(code, "", message)
+        self._unusable = True
+
+    def add_directory(self, path: str) -> None:
+        """A directory entry (``path`` relative to the bag root, no trailing ``/``)."""
+        if path == "data" or path.startswith("data/"):
+            self._has_data_dir = True
+
+    def payload_algorithms_for(self, path: str) -> tuple[str, ...]:
+        """The algorithms payload file ``path`` is hashed with if it arrives now (see the module)."""
+        algs = set(self._required) | (self._payload_algs & set(DIGEST_HEX_LENGTH))
+        if not self._payload_algs:
+            algs |= set(EARLY_ALGORITHMS)
+        return tuple(sorted(algs))
+
+    def add(self, path: str, size: int, stream: BinaryIO | bytes | memoryview) -> None:
+        """Read one file of the bag from ``stream`` (to its end) and record what it holds.
+
+        Args:
+            path: relative to the bag root, ``/`` separators (``data/a.fits``, ``bagit.txt``).
+            size: its size in bytes as the container declares it.
+            stream: a readable binary stream, or the bytes themselves.
+        """
+        if not self._admit(path):
+            return
+        if path.startswith("data/"):
+            self._has_data_dir = True
+            if isinstance(stream, (bytes, bytearray, memoryview)):
+                n, digests = len(stream), self._hash_bytes(stream, self.payload_algorithms_for(path))
+            else:
+                n, digests = hash_stream(stream, self.payload_algorithms_for(path))
+            self.add_payload_digests(path, n, digests, declared_size=size)
+            return
+        name = path
+        m = _MANIFEST_NAME.fullmatch(name)
+        if m or name in _SPECIAL:
+            if size > MAX_TAG_FILE_BYTES:
+                self.problem("tag-file-too-large", path, f"tag file {path!r} is {size} bytes, more than the "
+                                                         f"{MAX_TAG_FILE_BYTES} packhorse reads")
+                if not isinstance(stream, (bytes, bytearray, memoryview)):
+                    hash_stream(stream, ())
+                return
+            data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_all(stream)
+            if len(data) != size:
+                self.problem("truncated", path, f"tag file {path!r} ends after {len(data)} of {size} bytes")
+            self._tags[name] = data
+            if m:
+                (self._tag_algs if m.group(1) else self._payload_algs).add(m.group(2))
+            return
+        algs = set(ALGORITHMS) | (self._tag_algs & set(DIGEST_HEX_LENGTH))
+        if isinstance(stream, (bytes, bytearray, memoryview)):
+            self._tag_digests[name] = self._hash_bytes(stream, algs)
+        else:
+            _, self._tag_digests[name] = hash_stream(stream, algs)
+
+    def add_payload_digests(self, path: str, size: int, digests: dict[str, str], *,
+                            declared_size: int | None = None) -> None:
+        """Record a payload file hashed by the caller (who consumed the bytes itself):
+        ``size`` bytes read, ``digests`` {algorithm: hex}. Called by :meth:`add` too."""
+        self._has_data_dir = True
+        if declared_size is not None and size != declared_size:
+            self.problem("truncated", path, f"payload file {path!r} ends after {size} of {declared_size} bytes")
+        self._seen.add(path)
+        self._payload[path] = PayloadEntry(size=size, digests={a: d.lower() for a, d in digests.items()})
+
+    def admit_payload(self, path: str) -> bool:
+        """For a front end that hashes a payload file itself (:meth:`add_payload_digests`):
+        records the path as seen; False (with the problem recorded) when it is unsafe or a
+        duplicate, in which case the caller skips it."""
+        ok = self._admit(path)
+        if ok:
+            self._seen.discard(path)  # add_payload_digests marks it
+        return ok
+
+    def _admit(self, path: str) -> bool:
+        reason = _unsafe_reason(path)
+        if reason:
+            self.problem("unsafe-member", path, f"entry {path!r} {reason}")
+            return False
+        if path in self._seen:
+            self.problem("duplicate-entry", path, f"{path!r} appears twice")
+            return False
+        self._seen.add(path)
+        return True
+
+    @staticmethod
+    def _hash_bytes(data: bytes | bytearray | memoryview, algorithms: Iterable[str]) -> dict[str, str]:
+        """{algorithm: hex digest} of ``data`` for each known algorithm (one call per payload
+        file of a bag held in memory: no stream, no generator)."""
+        return {a: _HASHERS[a](data).hexdigest() for a in sorted(set(algorithms)) if a in _HASHERS}
+
+    def payload_listed(self, path: str) -> bool | None:
+        """Whether a payload path (``data/...``) is listed in the payload manifests seen so far
+        (None when none has been seen). Lets a reader skip handing on a file that cannot be
+        part of the bag."""
+        if not self._payload_algs:
+            return None
+        for alg in self._payload_algs:
+            name = f"manifest-{alg}.txt"
+            if name not in self._early:
+                self._early[name] = set(self._manifest(name, payload=True, report=False))
+            if path in self._early[name]:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ checking
+
+    def rehash_needed(self) -> dict[str, tuple[str, ...]]:
+        """{payload path: algorithms it still has to be hashed with}: files read before a manifest
+        whose algorithm they were not hashed with (see the module). A front end that can read
+        them again passes them to :meth:`rehash`."""
+        need: dict[str, tuple[str, ...]] = {}
+        algs = self._payload_algs & set(DIGEST_HEX_LENGTH)
+        for path, entry in self._payload.items():
+            missing = tuple(sorted(a for a in algs if a not in entry.digests))
+            if missing:
+                need[path] = missing
+        return need
+
+    def rehash(self, path: str, stream: BinaryIO) -> None:
+        """Hash payload file ``path`` again (second pass) with what :meth:`rehash_needed` asks."""
+        entry = self._payload[path]
+        _, digests = hash_stream(stream, self.rehash_needed().get(path, ()))
+        entry.digests.update(digests)
+        self.passes = 2
+
+    def _decode(self, name: str, encoding: str) -> str | None:
+        try:
+            return self._tags[name].decode(encoding)
+        except (UnicodeDecodeError, LookupError) as e:
+            self.problem("tag-file-unreadable", name, f"tag file {name!r} is not valid {encoding}: {e}")
+            return None
+
+    def _declaration(self) -> tuple[str | None, str]:
+        """(version, encoding) from bagit.txt; problems recorded. Falls back to (None, utf-8)."""
+        raw = self._tags.get("bagit.txt")
+        if raw is None:
+            self.problem("bag-declaration-missing", "bagit.txt", "the bag has no bagit.txt")
+            return None, "utf-8"
+        if raw.startswith(codecs.BOM_UTF8):
+            self.problem("bag-declaration-invalid", "bagit.txt", "bagit.txt starts with a byte-order mark")
+            return None, "utf-8"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.problem("bag-declaration-invalid", "bagit.txt", "bagit.txt is not UTF-8")
+            return None, "utf-8"
+        m = _DECLARATION.fullmatch(text)
+        if not m:
+            self.problem("bag-declaration-invalid", "bagit.txt",
+                         f"bagit.txt must be exactly 'BagIt-Version: M.N' and 'Tag-File-Character-Encoding: "
+                         f"ENCODING', each line ended; it is {text[:200]!r}")
+            return None, "utf-8"
+        version, encoding = m.group("version"), m.group("encoding")
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            self.problem("unknown-encoding", "bagit.txt", f"bagit.txt declares the unknown encoding {encoding!r}")
+            encoding = "utf-8"
+        if version not in VERSIONS:
+            self.problem("unsupported-version", "bagit.txt",
+                         f"BagIt-Version {version} is not one packhorse reads ({', '.join(VERSIONS)})")
+        return version, encoding
+
+    def _manifest(self, name: str, *, payload: bool, report: bool = True,
+                  encoding: str = "utf-8") -> dict[str, str]:
+        """Parse manifest ``name`` into {path relative to the bag root: lowercase hex}."""
+        out: dict[str, str] = {}
+        alg = _MANIFEST_NAME.fullmatch(name).group(2)  # type: ignore[union-attr]
+        problem = self.problem if report else (lambda code, path, message: None)
+        try:
+            text = self._tags[name].decode(encoding)
+        except (UnicodeDecodeError, LookupError) as e:
+            problem("tag-file-unreadable", name, f"{name} is not valid {encoding}: {e}")
+            return out
+        width = DIGEST_HEX_LENGTH.get(alg)
+        for number, line in enumerate(_lines(text), 1):
+            if not line:
+                continue
+            m = _MANIFEST_LINE.fullmatch(line)
+            if not m or (width is not None and len(m.group(1)) != width):
+                problem("manifest-line-invalid", name, f"{name} line {number} is not '<{alg} checksum> <path>': "
+                                                       f"{line[:200]!r}")
+                continue
+            path = decode_manifest_path(m.group(2))
+            reason = _unsafe_reason(path)
+            if reason:
+                problem("manifest-path-unsafe", name, f"{name} line {number}: path {path!r} {reason}")
+                continue
+            if payload and not path.startswith("data/"):
+                problem("manifest-path-outside-payload", name,
+                        f"{name} line {number}: {path!r} is not under data/ (a payload manifest lists payload files)")
+                continue
+            if not payload and path.startswith("data/"):
+                problem("tag-manifest-lists-payload", name, f"{name} line {number}: {path!r} is a payload file")
+                continue
+            if path in out:
+                problem("manifest-duplicate-entry", name, f"{name} lists {path!r} more than once")
+                continue
+            out[path] = m.group(1).lower()
+        return out
+
+    def _bag_info(self, encoding: str) -> dict[str, list[str]]:
+        info: dict[str, list[str]] = {}
+        if "bag-info.txt" not in self._tags:
+            return info
+        text = self._decode("bag-info.txt", encoding)
+        if text is None:
+            return info
+        last: tuple[str, int] | None = None
+        for number, line in enumerate(_lines(text), 1):
+            if line[:1] in (" ", "\t") and last is not None:
+                label, i = last
+                info[label][i] += " " + line.strip(" \t")
+                continue
+            label, colon, value = line.partition(":")
+            if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
+                self.problem("bag-info-invalid", "bag-info.txt",
+                             f"bag-info.txt line {number} is not 'Label: value': {line[:200]!r}")
+                last = None
+                continue
+            info.setdefault(label, []).append(value[1:])
+            last = (label, len(info[label]) - 1)
+        return info
+
+    def finish(self) -> BagReport:
+        """Check everything fed so far against the rules; return the report with every problem."""
+        report = BagReport(bag=self.bag, passes=self.passes)
+        if self._unusable:
+            report.problems = list(self._problems)
+            return report
+        version, encoding = self._declaration()
+        report.version = version
+        if not self._has_data_dir:
+            self.problem("payload-directory-missing", "data", "the bag has no data/ payload directory")
+        if "fetch.txt" in self._tags:
+            text = self._decode("fetch.txt", encoding) or ""
+            count = len([x for x in _lines(text) if x.strip()])
+            self.problem("fetch-refused", "fetch.txt",
+                         f"the bag has a fetch.txt listing {count} file(s) to download; packhorse does not fetch: "
+                         "fetch them into data/, remove fetch.txt and its tag-manifest lines, and validate again")
+        manifests: dict[str, dict[str, str]] = {}
+        tag_manifests: dict[str, dict[str, str]] = {}
+        for name in sorted(self._tags):
+            m = _MANIFEST_NAME.fullmatch(name)
+            if not m:
+                continue
+            alg, is_tag = m.group(2), bool(m.group(1))
+            if alg not in DIGEST_HEX_LENGTH:
+                self.problem("unsupported-algorithm", name,
+                             f"{name} uses the algorithm {alg!r}, which packhorse cannot verify "
+                             f"(it verifies {', '.join(ALGORITHMS)})")
+            parsed = self._manifest(name, payload=not is_tag, encoding=encoding)
+            (tag_manifests if is_tag else manifests)[alg] = parsed
+        report.payload_algorithms = sorted(manifests)
+        report.tag_algorithms = sorted(tag_manifests)
+        if not manifests:
+            self.problem("payload-manifest-missing", "", "the bag has no payload manifest (manifest-<algorithm>.txt)")
+        # completeness and validity of the payload
+        listed_anywhere: set[str] = set()
+        for alg, entries in manifests.items():
+            name = f"manifest-{alg}.txt"
+            listed_anywhere |= entries.keys()
+            for path, expected in entries.items():
+                entry = self._payload.get(path)
+                if entry is None:
+                    self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
+                    continue
+                if alg not in DIGEST_HEX_LENGTH:
+                    continue
+                actual = entry.digests.get(alg)
+                if actual is None:
+                    self.problem("not-verified", path,
+                                 f"payload file {path!r} came before {name} in a stream that cannot be read twice; "
+                                 f"packhorse hashes payload read before any manifest with "
+                                 f"{' and '.join(EARLY_ALGORITHMS)} only")
+                elif actual != expected:
+                    self.problem("checksum-mismatch", path,
+                                 f"payload file {path!r} has {alg} {actual}, {name} says {expected}")
+        every = version != "0.97"
+        for path in self._payload:
+            if every:
+                absent = [a for a, entries in manifests.items() if path not in entries]
+            else:
+                absent = [] if path in listed_anywhere else list(manifests)
+            if absent and manifests:
+                self.problem("payload-not-in-manifest", path,
+                             f"payload file {path!r} is not in " + ", ".join(f"manifest-{a}.txt" for a in absent))
+        # tag manifests
+        for alg, entries in tag_manifests.items():
+            name = f"tagmanifest-{alg}.txt"
+            for path, expected in entries.items():
+                if path in self._tags:
+                    actual: str | None = (hashlib.new(alg, self._tags[path]).hexdigest()
+                                          if alg in DIGEST_HEX_LENGTH else None)
+                elif path in self._tag_digests:
+                    actual = self._tag_digests[path].get(alg)
+                else:
+                    self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
+                    continue
+                if actual is not None and actual != expected:
+                    self.problem("checksum-mismatch", path, f"tag file {path!r} has {alg} {actual}, {name} says {expected}")
+        # bag-info and Payload-Oxum
+        report.bag_info = self._bag_info(encoding)
+        octets = sum(e.size for e in self._payload.values())
+        for oxum in next((v for k, v in report.bag_info.items() if k.lower() == "payload-oxum"), []):
+            m = _OXUM.fullmatch(oxum)
+            if not m:
+                self.problem("payload-oxum-invalid", "bag-info.txt",
+                             f"Payload-Oxum {oxum!r} is not 'OctetCount.StreamCount'")
+            elif (int(m.group(1)), int(m.group(2))) != (octets, len(self._payload)):
+                self.problem("payload-oxum-mismatch", "bag-info.txt",
+                             f"Payload-Oxum {oxum!r} but payload is {octets}.{len(self._payload)}")
+        report.problems = list(self._problems)
+        report.payload = dict(self._payload)
+        return report
+
+
+def _read_all(stream: BinaryIO) -> bytes:
+    chunks = []
+    while block := stream.read(CHUNK_BYTES):
+        chunks.append(block)
+    return b"".join(chunks)
+
+
+# ------------------------------------------------------------------------------ front ends
+
+
+def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: Iterable[str] = ()) -> BagReport:
+    """Validate the bag folder ``root``: tag files first, then the payload in sorted order (one
+    pass), never following a symlink (a symlink, a device, a FIFO is a problem, not followed).
+
+    Args:
+        root: the bag's base directory.
+        bag: its name in messages (default: the path).
+        required_algorithms: see :class:`BagValidator`.
+
+    Returns:
+        the :class:`BagReport`; a missing or unreadable folder is a report with problems, not an error.
+    """
+    v = BagValidator(bag or str(root), required_algorithms=required_algorithms)
+    try:
+        st = os.lstat(root)
+    except OSError as e:
+        v.unusable("unreadable", f"cannot read the bag folder: {e.strerror}")
+        return v.finish()
+    if not stat.S_ISDIR(st.st_mode):
+        v.unusable("not-a-bag-container", "is not a folder")
+        return v.finish()
+    entries = sorted(_walk(root, "", v), key=lambda e: (e[0] == "data" or e[0].startswith("data/"),
+                                                        e[0].encode("utf-8", "surrogateescape")))
+    for rel, is_dir in entries:
+        if is_dir:
+            v.add_directory(rel)
+            continue
+        p = root / rel
+        try:
+            with open(p, "rb", buffering=0) as f:
+                v.add(rel, os.fstat(f.fileno()).st_size, f)  # type: ignore[arg-type]
+        except OSError as e:
+            v.problem("unreadable", rel, f"cannot read {rel!r}: {e.strerror}")
+    return v.finish()
+
+
+def _walk(root: Path, rel: str, v: BagValidator) -> Iterator[tuple[str, bool]]:
+    try:
+        with os.scandir(root / rel if rel else root) as it:
+            children = sorted(it, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
+    except OSError as e:
+        v.problem("unreadable", rel, f"cannot list {rel or '.'!r}: {e.strerror}")
+        return
+    for entry in children:
+        path = f"{rel}/{entry.name}" if rel else entry.name
+        if entry.is_symlink():
+            v.problem("symlink", path, f"{path!r} is a symlink (to {os.readlink(entry.path)!r}); links are not followed")
+        elif entry.is_dir(follow_symlinks=False):
+            yield path, True
+            yield from _walk(root, path, v)
+        elif entry.is_file(follow_symlinks=False):
+            yield path, False
+        else:
+            v.problem("special-file", path, f"{path!r} is not a regular file or folder")
+
+
+def validate_tar(
+    fileobj: BinaryIO,
+    *,
+    bag: str,
+    required_algorithms: Iterable[str] = (),
+    on_payload: Callable[[str, int, BinaryIO], str] | None = None,
+    payload_bytes: memoryview | None = None,
+    limits: ExtractionLimits | None = None,
+    stop_at_refused: bool = False,
+) -> tuple[BagReport, str]:
+    """Validate a bag tar (one top folder ``<bag_dir>/`` holding the bag) in one pass.
+
+    Args:
+        fileobj: the tar, read sequentially (random access when it can seek, else as a stream).
+        bag: its name in messages.
+        required_algorithms: see :class:`BagValidator`.
+        on_payload: called as ``on_payload(path under data/, size, stream)`` for each payload file
+            listed in the manifests (or met before them); it must read the stream to its end and
+            return the sha256 (hex) of what it read, which is the file's sha256 in the report
+            (the caller's own hash is not done twice).
+        payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
+        limits: member count and byte limits of the tar reader (default: its defaults).
+        stop_at_refused: raise the reader's :class:`~packhorse.errors.UnsafePathError` at the
+            first refused member instead of reporting it and reading on: what packhorse's own
+            readers ask for, so that nothing after a hostile member reaches ``on_payload`` (a
+            refused input is refused whole, DESIGN.md I6).
+
+    Members come from packhorse's one tar reader (:func:`packhorse.bags.extraction.members_of`):
+    a member it refuses (a link, a device, a duplicate, ``..``...) is an ``unsafe-member``
+    problem and is skipped; a limit exceeded is one too, and ends the reading.
+
+    Returns:
+        (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
+        A damaged tar or a non-tar is a report with a problem, not an error.
+    """
+    v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
+    bag_dir: str | None = None
+    seekable = _seekable(fileobj)
+    members: dict[str, tarfile.TarInfo] = {}
+    try:
+        base: BinaryIO = fileobj if seekable else ForwardOnly(fileobj)  # type: ignore[assignment]
+        tar = open_tar(base, source=bag)
+    except VerificationError as e:
+        v.unusable("not-a-bag-container", str(e).removeprefix(f"{bag}: "))
+        return v.finish(), ""
+
+    def refused(e: UnsafePathError) -> None:
+        if stop_at_refused:
+            raise e
+        v.problem("unsafe-member", e.path or "", str(e).removeprefix(f"{bag}: "))
+
+    with tar:
+        try:
+            reader = members_of(tar, source=bag, limits=limits or DEFAULT_LIMITS, step="unpack", on_refused=refused)
+            while True:
+                try:
+                    m = next(reader)
+                except StopIteration:
+                    break
+                except UnsafePathError as e:  # a limit: reading stops here
+                    refused(e)
+                    break
+                member, name = m.info, m.name
+                top, sep, rest = name.partition("/")
+                if not sep and not m.is_dir:  # a file at the top: it names no bag folder
+                    v.problem("not-a-bag-container", name, f"member {name!r} is at the top of the tar, not inside "
+                              "a bag folder (a bag tar holds one folder, the bag, with bagit.txt in it)")
+                    continue
+                if bag_dir is None:
+                    bag_dir = top
+                if top != bag_dir:
+                    refused(UnsafePathError(f"{bag}: member {name!r} is outside the bag folder {bag_dir!r}",
+                                            path=name))
+                    continue
+                if m.is_dir:
+                    if rest:
+                        v.add_directory(rest)
+                    continue
+                if not rest:
+                    v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
+                    continue
+                if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
+                    _payload_member(v, lambda: _data(tar, base, member), member, rest, on_payload, payload_bytes,
+                                    seekable)
+                elif rest.startswith("data/"):
+                    v.add(rest, member.size, _data(tar, base, member))
+                else:
+                    f = m.data
+                    assert f is not None
+                    v.add(rest, member.size, f)
+                if seekable:
+                    members[rest] = member
+        except tarfile.TarError as e:
+            v.problem("not-a-bag-container", "", f"damaged tar: {e}")
+        except (EOFError, io.UnsupportedOperation) as e:
+            v.problem("truncated", "", f"damaged tar: {e}")
+        need = v.rehash_needed()
+        if need and seekable:
+            for path in need:
+                if path in members:
+                    f = tar.extractfile(members[path])
+                    assert f is not None
+                    v.rehash(path, f)  # type: ignore[arg-type]
+    return v.finish(), bag_dir or ""
+
+
+class _Window(io.RawIOBase):
+    """The data of one (non-sparse) tar member, read straight from the archive at the offset the
+    tar reader gives (``offset_data``, ``size``): :mod:`tarfile`'s own member stream copies every
+    block once more, which costs a fifth of hashlib's sha256 speed. Seekable within the member
+    when the archive is (a file), not when it is a :class:`ForwardOnly` stream."""
+
+    def __init__(self, base: BinaryIO, offset: int, size: int) -> None:
+        self._base, self._offset, self._size = base, offset, size
+        self._pos = 0
+        self._random = not isinstance(base, ForwardOnly)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._random
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence == io.SEEK_END:
+            offset += self._size
+        if not self._random and offset < self._pos:
+            raise io.UnsupportedOperation("a member of a stream cannot seek back")
+        self._pos = max(0, min(offset, self._size))
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        self._base.seek(self._offset + self._pos)
+        got = self._base.readinto(memoryview(b)[:n]) or 0  # type: ignore[attr-defined]
+        self._pos += got
+        return got
+
+
+def _data(tar: tarfile.TarFile, base: BinaryIO, member: tarfile.TarInfo) -> BinaryIO:
+    """The data stream of a regular payload member (see :class:`_Window`)."""
+    if member.sparse is None and hasattr(base, "readinto"):
+        # a small buffer for small reads; reads of CHUNK_BYTES go straight into the caller's buffer
+        return io.BufferedReader(_Window(base, member.offset_data, member.size), 64 << 10)  # type: ignore[return-value]
+    f = tar.extractfile(member)
+    assert f is not None
+    return f  # type: ignore[return-value]
+
+
+def _payload_member(v: BagValidator, open_data: Callable[[], BinaryIO], member: tarfile.TarInfo, rest: str,
+                    on_payload: Callable[[str, int, BinaryIO], str] | None,
+                    payload_bytes: memoryview | None, seekable: bool) -> None:
+    """Hash (or hand to ``on_payload``) one payload member; ``open_data()`` gives its data
+    stream, opened only when the bytes are not already in ``payload_bytes`` (a stream costs a
+    64 KiB buffer, per member of a bag of thousands of small files)."""
+    if not v.admit_payload(rest):
+        return
+    algs = v.payload_algorithms_for(rest)
+    if payload_bytes is not None and member.sparse is None:
+        end = member.offset_data + member.size
+        if end > len(payload_bytes):
+            v.problem("truncated", rest, f"damaged tar: {rest!r} ends after the archive")
+            return
+        v.add_payload_digests(rest, member.size, v._hash_bytes(payload_bytes[member.offset_data:end], algs))
+        return
+    raw = open_data()
+    if on_payload is None or v.payload_listed(rest) is False:
+        size, digests = hash_stream(raw, algs)  # type: ignore[arg-type]
+        v.add_payload_digests(rest, size, digests, declared_size=member.size)
+        return
+    others = [a for a in algs if a != "sha256"]
+    # with nothing else to hash the consumer gets the member's own stream (seekable in a
+    # seekable tar, which unpack uses to re-read a large raw package in place)
+    # (a stream read through ForwardOnly must not look seekable to the consumer: it is not)
+    reader = _Counted(raw) if seekable and not others else _HashingReader(raw, others)  # type: ignore[arg-type]
+    sha256 = on_payload(rest[len("data/"):], member.size, reader.stream)  # type: ignore[arg-type]
+    if raw.read(1):
+        v.problem("unreadable", rest, f"payload file {rest!r} was not read to its end")
+        hash_stream(raw, ())  # type: ignore[arg-type]
+    v.add_payload_digests(rest, reader.size, {**reader.digests(), "sha256": sha256}, declared_size=member.size)
+
+
+class _Counted:
+    """A member stream handed on as it is; its size is the member's (checked read to the end)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+
+    @property
+    def size(self) -> int:
+        return self.stream.tell()
+
+    def digests(self) -> dict[str, str]:
+        return {}
+
+
+class _HashingReader:
+    """Hands ``stream`` on to a consumer, hashing what it reads with ``algorithms``."""
+
+    def __init__(self, stream: BinaryIO, algorithms: Iterable[str]) -> None:
+        self.stream = self
+        self._stream = stream
+        self._hashes = list(_new_hashes(algorithms).values())
+        self._names = sorted(set(algorithms) & set(DIGEST_HEX_LENGTH))
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._seen(data)
+        return data
+
+    def readinto(self, b: bytearray | memoryview) -> int:
+        n = self._stream.readinto(b)  # type: ignore[attr-defined]
+        if n:
+            self._seen(memoryview(b)[:n])
+        return n or 0
+
+    def _seen(self, data: bytes | memoryview) -> None:
+        for h in self._hashes:
+            h.update(data)
+        self.size += len(data)
+
+    def digests(self) -> dict[str, str]:
+        return {a: h.hexdigest() for a, h in zip(self._names, self._hashes)}
+
+
+class ForwardOnly(io.RawIOBase):
+    """A non-seekable stream (a pipe, an HTTP body) seen as seekable forwards only.
+
+    :mod:`tarfile` reads a seekable archive with one copy per block, a stream (``r|``) with
+    about four (docs/benchmarks.md: a stream validated at a third of hashlib's speed); its
+    random-access mode only ever seeks forwards when a tar is read front to back, so this
+    adapter serves such a seek by reading on. A backward seek raises
+    :class:`io.UnsupportedOperation` (an ``OSError``); a damaged tar may ask for one.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence != io.SEEK_SET:
+            raise io.UnsupportedOperation("a stream cannot seek from its end")
+        if offset < self._pos:
+            raise io.UnsupportedOperation(f"a stream cannot seek back from byte {self._pos} to {offset}")
+        while self._pos < offset:
+            data = self._stream.read(min(offset - self._pos, CHUNK_BYTES))
+            if not data:
+                break
+            self._pos += len(data)
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is not None:
+            n = readinto(b) or 0
+        else:
+            data = self._stream.read(len(b))
+            n = len(data)
+            memoryview(b)[:n] = data
+        self._pos += n
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._pos += len(data)
+        return data
+
+
+def _seekable(stream: BinaryIO) -> bool:
+    try:
+        return bool(stream.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> BagReport:
+    """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs)."""
+    if path.is_symlink():
+        v = BagValidator(str(path))
+        v.unusable("symlink", f"is a symlink (to {os.readlink(path)!r}); links are not followed")
+        return v.finish()
+    if path.is_dir():
+        if not os.path.lexists(path / "bagit.txt"):
+            # a folder holding bags (an extracted tar's parent, say): name them, do not report
+            # every file of theirs as outside a bag
+            inner = sorted(e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)
+                           and os.path.isfile(os.path.join(e.path, "bagit.txt")))
+            if inner:
+                v = BagValidator(str(path))
+                v.unusable("not-a-bag-container",
+                           f"has no bagit.txt: it is not a bag but holds {len(inner)} ("
+                           + ", ".join(inner[:5]) + (", …" if len(inner) > 5 else "")
+                           + f"); validate each: packhorse validate {path / inner[0]}")
+                return v.finish()
+        return validate_folder(path, required_algorithms=required_algorithms)
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        v = BagValidator(str(path))
+        v.unusable("unreadable", f"cannot open: {e.strerror}")
+        return v.finish()
+    with f:
+        return validate_tar(f, bag=str(path), required_algorithms=required_algorithms)[0]

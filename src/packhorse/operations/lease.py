@@ -1,0 +1,141 @@
+"""Keeping a lease alive while an operation's bytes move (DESIGN.md "Lease", restic's lock monitor).
+
+A :class:`LeaseKeeper` renews the claimed operation's lease every ``heartbeat_interval``
+seconds. One scheduler thread per process (:class:`_HeartbeatScheduler`) keeps the renewal
+times of every keeper of the process and starts a short-lived thread for each renewal that
+falls due, so an operation shorter than one interval (most small ones) costs no thread at
+all, and a renewal stuck on the database delays no other operation's. The work calls
+:meth:`LeaseKeeper.check` between chunks and before publishing: it raises
+:class:`~packhorse.errors.LeaseLostError` as soon as
+
+* a renewal found the fencing token stale (another attempt owns the operation), or
+* no renewal succeeded for ``lease_timeout − 1.5 × heartbeat_interval`` seconds — the worker
+  stops *before* its lease can look expired to the stalled-task monitor (e.g. after the
+  process was paused, or while the database is unreachable).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+
+import structlog
+
+from packhorse.db.session import Database
+from packhorse.errors import LeaseLostError
+from packhorse.operations.lifecycle import Claim, heartbeat
+
+log = structlog.get_logger(__name__)
+
+
+class _HeartbeatScheduler:
+    """Starts each registered keeper's renewal when it falls due (one daemon thread per
+    process, started on first use; a forked child gets a new scheduler)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, "LeaseKeeper"]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, keeper: "LeaseKeeper", due: float) -> None:
+        """Renew ``keeper`` at ``due`` (``time.monotonic()`` seconds) unless it stopped by then."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="heartbeat-scheduler", daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, (due, next(self._seq), keeper))
+            if self._heap[0][2] is keeper:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _, _, keeper = heapq.heappop(self._heap)
+            if not keeper.stopped:
+                threading.Thread(target=keeper._renew, name=f"heartbeat-{keeper.claim.operation_id}",
+                                 daemon=True).start()
+
+
+_scheduler = _HeartbeatScheduler()
+
+
+def _new_scheduler_after_fork() -> None:
+    global _scheduler
+    _scheduler = _HeartbeatScheduler()  # the parent's thread (and maybe its lock) did not fork
+
+
+os.register_at_fork(after_in_child=_new_scheduler_after_fork)
+
+
+class LeaseKeeper:
+    """Renews ``claim``'s lease while the work runs (a context manager); see the module docstring.
+
+    Args:
+        db: the ops database.
+        claim: the granted lease.
+        lease_seconds: lease length granted on every renewal (s).
+        interval_seconds: time between renewals (s).
+        deadline_seconds: stop working when no renewal succeeded for this long (s).
+    """
+
+    def __init__(self, db: Database, claim: Claim, *, lease_seconds: float, interval_seconds: float,
+                 deadline_seconds: float) -> None:
+        self.db = db
+        self.claim = claim
+        self.lease_seconds = lease_seconds
+        self.interval = interval_seconds
+        self.deadline = deadline_seconds
+        self.bytes_done = 0
+        self._last_renewal = time.monotonic()
+        self._lost: str | None = None
+        #: set when the work is over: a renewal that falls due later is not made
+        self.stopped = False
+
+    def __enter__(self) -> "LeaseKeeper":
+        self._last_renewal = time.monotonic()
+        _scheduler.add(self, self._last_renewal + self.interval)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped = True
+
+    def add_bytes(self, n: int) -> None:
+        """Count progress (bytes) reported with the next heartbeat."""
+        self.bytes_done += n
+
+    def _renew(self) -> None:
+        """One renewal (in its own thread); schedules the next one unless the token is stale.
+        A failed renewal (database blip) is tried again after the interval, until the work
+        stops (:meth:`check` raises once the deadline has passed)."""
+        structlog.contextvars.bind_contextvars(operation_kind=self.claim.kind.value,
+                                               operation_id=self.claim.operation_id, attempt=self.claim.attempt,
+                                               task_id=f"{self.claim.owner}#{self.claim.attempt}")
+        started = time.monotonic()
+        try:
+            ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
+        except Exception as e:  # database blip: keep trying until the deadline
+            log.warning("heartbeat_failed", operation_id=self.claim.operation_id, error=str(e))
+        else:
+            if not ok:
+                self._lost = f"attempt {self.claim.attempt} is no longer the operation's current attempt"
+                return
+            self._last_renewal = time.monotonic()
+        if not self.stopped:
+            _scheduler.add(self, started + self.interval)
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` if the work must stop (see module docstring)."""
+        if self._lost:
+            raise LeaseLostError(f"operation {self.claim.operation_id}: {self._lost}")
+        silent = time.monotonic() - self._last_renewal
+        if silent > self.deadline:
+            raise LeaseLostError(
+                f"operation {self.claim.operation_id}: lease not renewed for {silent:.1f} s "
+                f"(limit {self.deadline:.1f} s); stopping before it can look stale"
+            )

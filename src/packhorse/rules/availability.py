@@ -1,0 +1,543 @@
+"""Unavailable data locations: work waits for them instead of failing (DESIGN.md "Architecture").
+
+Storage that is absent is not empty. A data location is *available* when its root is there
+and carries the identity marker that names it (:mod:`packhorse.storage.identity`, written by
+``packhorse init``). Otherwise — an unmounted disk, a renamed folder, a deleted bucket, an
+empty mount point, the wrong disk mounted — it is *unavailable*, and:
+
+* an operation touching it (its source or destination location) is not run and not failed:
+  the worker defers it (``PENDING`` with ``not_before``, no retry counted) with a growing
+  pause (:func:`wait_seconds`: the outage's age, between ``[recovery]
+  retry_backoff_base_seconds`` and ``retry_backoff_max_seconds``) — before the stage runs
+  (:func:`check_operation`) and also when the stage failed while the location went away
+  under it;
+* the outage is recorded once (:class:`~packhorse.db.models.LocationOutage`), with one
+  notification per outage, and listed by ``packhorse status`` as blocked work
+  (:func:`packhorse.status.blocked_work.location_unavailable`);
+* the managers' cycle looks at every open outage again (:func:`check_outages`); when the
+  location is back the outage ends and the operations waiting on it are due at once
+  (resumed by themselves; nothing to reset).
+
+A scan of a source location whose root is missing records the outage and registers, skips
+and forgets nothing (:mod:`packhorse.managers.scan`); the fixity audit and ``verify`` judge no
+copy on an unavailable location.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from packhorse.db.models import DataLocation, LocationOutage, Operation, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.db.session import insert_ignoring_conflicts
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Status
+from packhorse.errors import ConfigError, LocationUnavailableError, StorageServiceError
+
+if TYPE_CHECKING:
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.storage.identity import InitResult
+
+log = structlog.get_logger(__name__)
+#: locations this process saw unavailable: a worker that finds one back ends its outage
+_seen_out: set[str] = set()
+
+
+def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
+    """Look at ``location`` now: ``None`` if it is available, else the reason as a
+    :class:`~packhorse.errors.LocationUnavailableError` (read-only: a stat of the root and a
+    read of the small marker; never creates anything).
+
+    Raises:
+        ConfigError: ``location`` is not configured or its store is refused.
+        StorageServiceError: an object store could not be asked (not an outage of the location).
+    """
+    from packhorse.storage.identity import check_identity
+
+    backend = ctx.backend(location)
+    installation = ctx.topology.installation
+    try:
+        check_identity(backend, location, ctx.topology.location_marker.get(location), installation)
+    except LocationUnavailableError as e:
+        if not e.wrong_uuid:
+            return e
+        # `packhorse init --replace` (or `--adopt`) may have marked the storage since this
+        # process started
+        recorded = ctx.db.read(lambda s: s.scalar(select(DataLocation.marker_uuid).where(
+            DataLocation.name == location)))
+        ctx.topology.location_marker[location] = recorded
+        try:
+            check_identity(backend, location, recorded, installation)
+        except LocationUnavailableError as again:
+            return again
+    return None
+
+
+def wait_seconds(ctx: "ProcessContext", since: dt.datetime | None, now: dt.datetime | None = None) -> float:
+    """How long an operation waits before looking at an unavailable location again (seconds):
+    the outage's age so far, at least ``retry_backoff_base_seconds`` and at most
+    ``retry_backoff_max_seconds`` of ``[recovery]`` (a short blip is retried soon, a long outage
+    is not polled hard)."""
+    rec = ctx.settings.recovery
+    age = 0.0 if since is None else ((now or utcnow()) - since).total_seconds()
+    return max(rec.retry_backoff_base_seconds, min(rec.retry_backoff_max_seconds, age))
+
+
+def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.datetime:
+    """Record that ``error.location`` is unavailable; returns since when (UTC).
+
+    The first record of an outage inserts its row and queues one WARNING notification in the
+    same transaction; later records only refresh ``checked_at`` and the reason.
+    """
+    from packhorse.notify.messages import location_unavailable as notify_unavailable
+
+    loc_id = ctx.topology.location_ids[error.location]
+    _seen_out.add(error.location)
+
+    def tx(s: Session) -> dt.datetime:
+        now = utcnow()
+        t = LocationOutage.__table__
+        res = s.execute(insert_ignoring_conflicts(s, t, t.c.location_id).values(
+            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now))
+        if res.rowcount == 1:
+            log.warning("location_unavailable", location=error.location, reason=error.reason)
+            notify_unavailable(s, location=error.location, reason=error.reason, since=now,
+                               release=release_of(ctx, error.location, error.marker_only))
+            return now
+        s.execute(update(LocationOutage).where(LocationOutage.location_id == loc_id).values(
+            checked_at=now, reason=error.reason[:2000], marker_only=error.marker_only))
+        since = s.scalar(select(LocationOutage.since).where(LocationOutage.location_id == loc_id))
+        return since or now
+
+    return ctx.db.transact(tx)
+
+
+def waiting_for(location_ids: Any) -> Any:
+    """The SQL condition "a ``PENDING`` operation waiting for one of ``location_ids``" (a list
+    of ids or a subquery of them): its source or destination is one, or it was handed back
+    because one it needed was unavailable (:func:`packhorse.engine.worker._wait_for_location`:
+    ``error_context["waiting"] = "location"`` with its ``location_id``; a repair reading
+    another site's copy, for one). One definition for the idle check of ``run --until-idle``,
+    the blocked list and the release when the location is back."""
+    from packhorse.operations.lifecycle import WAITING_LOCATION
+
+    return and_(Operation.status == Status.PENDING.value, or_(
+        Operation.source_location_id.in_(location_ids), Operation.destination_location_id.in_(location_ids),
+        and_(Operation.error_context["waiting"].as_string() == WAITING_LOCATION,
+             Operation.error_context["location_id"].as_integer().in_(location_ids))))
+
+
+def end_outage(ctx: "ProcessContext", location: str) -> int | None:
+    """The location is available again: delete its outage and make the operations waiting on
+    it due now. Returns how many operations were released, ``None`` if there was no outage."""
+    from packhorse.notify.messages import location_available as notify_available
+
+    loc_id = ctx.topology.location_ids[location]
+
+    def tx(s: Session) -> int | None:
+        row = s.get(LocationOutage, loc_id)
+        if row is None:
+            return None
+        since = row.since
+        if s.execute(delete(LocationOutage).where(LocationOutage.location_id == loc_id)).rowcount != 1:
+            return None  # another process ended it
+        now = utcnow()
+        res = s.execute(update(Operation).where(waiting_for([loc_id]), Operation.not_before > now)
+                        .values(not_before=now, updated_at=now))
+        notify_available(s, location=location, since=since, until=now)
+        log.warning("location_available_again", location=location, since=since.isoformat(),
+                    operations_released=res.rowcount)
+        return int(res.rowcount)
+
+    return ctx.db.transact(tx)
+
+
+def open_outages(ctx: "ProcessContext") -> dict[str, LocationOutage]:
+    """The open outages by location name (read-only)."""
+
+    def tx(s: Session) -> dict[str, LocationOutage]:
+        rows = list(s.scalars(select(LocationOutage)))
+        for r in rows:
+            s.expunge(r)
+        return {ctx.topology.location_names[r.location_id]: r for r in rows
+                if r.location_id in ctx.topology.location_names}
+
+    return ctx.db.read(tx)
+
+
+def check_outages(ctx: "ProcessContext", *, every_location: bool = False) -> list[str]:
+    """Look at every location with an open outage again (the managers' cycle): end those that
+    are back (their waiting operations become due at once). Returns the locations that came
+    back. A location that cannot be looked at (its object store unreachable) stays as it is.
+
+    With ``every_location`` (the embedded runner, which sees all storage) every active
+    location is looked at, so an outage is recorded (and notified) as soon as a cycle sees it,
+    before any operation meets it."""
+    back = []
+    names = list(open_outages(ctx))
+    out = set(names)
+    if every_location:
+        names += [l.name for l in ctx.settings.locations if l.active and l.name not in names
+                  and l.name in ctx.topology.location_ids]
+    for name in names:
+        try:
+            err = probe(ctx, name)
+        except (ConfigError, StorageServiceError) as e:
+            log.info("location_check_failed", location=name, error=str(e))
+            continue
+        if err is None:
+            _seen_out.discard(name)
+            if name in out and end_outage(ctx, name) is not None:
+                back.append(name)
+        else:
+            record_outage(ctx, err)
+    return back
+
+
+def look(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
+    """:func:`probe` ``location``; if it is available and this process saw it away, end its
+    outage (once; a no-op if another process ended it): a worker or a scan may see the
+    location back before the managers do (distributed: only the site's workers may see its
+    storage). Unavailable: the outage is *not* recorded here (the caller does, once it decided
+    to wait)."""
+    err = probe(ctx, location)
+    if err is None and location in _seen_out:
+        _seen_out.discard(location)
+        end_outage(ctx, location)
+    return err
+
+
+def check_operation(ctx: "ProcessContext", op: Operation) -> LocationUnavailableError | None:
+    """The first unavailable location among those ``op`` touches (its source and destination
+    locations; :func:`look`), or ``None`` if all are available."""
+    for loc_id in dict.fromkeys((op.source_location_id, op.destination_location_id)):
+        if loc_id is None or loc_id not in ctx.topology.location_names:
+            continue
+        err = look(ctx, ctx.location_name(loc_id))
+        if err is not None:
+            return err
+    return None
+
+
+def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:
+    """What releases an outage of ``location``: mounting its storage back (packhorse resumes by
+    itself); when only its marker is missing, also the two ``packhorse init`` cases (a root with
+    data from before markers; ``--replace`` for new empty storage)."""
+    if marker_only:
+        return (f"mount the storage of {location} (packhorse resumes by itself); if its root holds data from "
+                f"before identity markers, `packhorse init -c CONFIG` marks it and keeps the data; new empty "
+                f"storage replacing lost storage: `packhorse init -c CONFIG --replace {location}`")
+    return f"remount / restore {root_of(ctx, location)}; packhorse resumes by itself"
+
+
+def root_of(ctx: "ProcessContext", location: str) -> str:
+    """The location's root as an operator names it: its folder, or ``s3://bucket/prefix``."""
+    loc = ctx.settings.location(location)
+    if loc.bucket:
+        return f"s3://{loc.bucket}/{(loc.prefix or '').strip('/')}"
+    return str(ctx.settings.location_path(location))
+
+
+def _recorded_copies(ctx: "ProcessContext", location: str) -> int:
+    """How many copies the ops database records at ``location`` whose bytes should be in its
+    root (0 for a location not registered yet): the evidence that an empty, unmarked root is
+    an unmounted disk rather than new storage.
+
+    * live copies (``present``, ``deletion_pending``) count;
+    * a ``missing`` copy counts only while it is still *owed* there: no later copy of the same
+      artifact was recorded at that location (it was made again there, whatever became of it
+      since), and, at a buffer, its package is not archived (a buffer copy of an archived
+      package would be freed anyway; for a bundle: every package it carries archived). A
+      missing copy superseded so is history, not bytes that may come back;
+    * ``deleted`` and ``corrupt`` copies do not (packhorse removed the one and quarantined
+      the other).
+    """
+    loc_id = ctx.topology.location_ids.get(location)
+    if loc_id is None:
+        return 0
+    buffer = ctx.topology.location_role.get(location) is LocationRole.BUFFER
+    here = PhysicalCopy.location_id == loc_id
+
+    def read(s: Any) -> int:
+        live = s.scalar(select(func.count()).select_from(PhysicalCopy).where(
+            here, PhysicalCopy.status.in_([c.value for c in LIVE_COPY_STATUSES]))) or 0
+        missing = s.execute(select(PhysicalCopy.id, PhysicalCopy.raw_data_package_id,
+                                   PhysicalCopy.data_transfer_package_id).where(
+            here, PhysicalCopy.status == CopyStatus.MISSING.value)).all()
+        if not missing:
+            return int(live)
+        # the newest copy of each artifact recorded here, and (at a buffer) whether every
+        # package of it is archived: one grouped read per kind of artifact, not one per copy
+        newest: dict[tuple[str, int], int] = {}
+        archived: dict[tuple[str, int], bool] = {}
+        for kind, col, pkg_col in (("raw", PhysicalCopy.raw_data_package_id, RawDataPackage.id),
+                                   ("dtp", PhysicalCopy.data_transfer_package_id,
+                                    RawDataPackage.data_transfer_package_id)):
+            ids = sorted({getattr(m, col.key) for m in missing if getattr(m, col.key) is not None})
+            if not ids:
+                continue
+            newest.update(((kind, a), n) for a, n in s.execute(
+                select(col, func.max(PhysicalCopy.id)).where(here, col.in_(ids)).group_by(col)))
+            if buffer:
+                archived.update(((kind, a), bool(total) and total == done) for a, total, done in s.execute(
+                    select(pkg_col, func.count(), func.count(RawDataPackage.archived_at))
+                    .where(pkg_col.in_(ids)).group_by(pkg_col)))
+        owed = 0
+        for m in missing:
+            subject = ("raw", m.raw_data_package_id) if m.raw_data_package_id is not None else \
+                ("dtp", m.data_transfer_package_id)
+            if newest.get(subject, m.id) > m.id:
+                continue  # made again there since
+            if archived.get(subject, False):
+                continue  # its packages are archived: the buffer copy is owed nowhere
+            owed += 1
+        return int(live) + owed
+
+    return ctx.db.read(read)
+
+
+def _refuse_empty_root_with_copies(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool,
+                                   root_missing: bool = False) -> None:
+    """Refuse to mark an empty, unmarked root, or to create a missing one, where the database
+    records copies (an unmounted mount point looks exactly like that, and so does the folder
+    of a disk mounted below it when the disk is not: DESIGN.md "Storage that is absent is not
+    empty"), unless the operator said it replaces lost storage (``packhorse init --replace
+    LOCATION``).
+
+    Args:
+        root_missing: the root itself is not there (``init`` would create it).
+
+    Raises:
+        ConfigError: naming the location, its root, the copies recorded and both ways on.
+    """
+    if replacing:
+        return
+    if not root_missing and next(iter(backend.list()), None) is not None:
+        return  # a root with data and no marker: an existing deployment, adopted as it is
+    n = _recorded_copies(ctx, location)
+    if n:
+        state = "is missing" if root_missing else "is empty and unmarked"
+        raise ConfigError(
+            f"data location {location}: the root {root_of(ctx, location)} {state}, but the ops "
+            f"database records {n} copy(ies) there — an unmounted disk or a missing bucket? Mount the storage "
+            f"that holds them (packhorse resumes by itself). If this really is new, empty storage replacing lost "
+            f"storage, run `packhorse init --replace {location}`: its copies are recorded missing and made again "
+            "from good sources")
+
+
+def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
+    """After ``init --replace``: every live copy recorded at ``location`` is recorded
+    ``missing`` (the storage holding it is gone), and "archived" is recomputed in the same
+    transaction, so convergence makes the copies again (DESIGN.md "Converging")."""
+    from packhorse.rules.policy import refresh_archived
+
+    loc_id = ctx.topology.location_ids.get(location)
+    if loc_id is None:
+        return
+    live = [c.value for c in LIVE_COPY_STATUSES]
+
+    def tx(s: Any) -> None:
+        pkgs = [p for p in s.scalars(select(PhysicalCopy.raw_data_package_id).where(
+            PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(live))) if p is not None]
+        s.execute(update(PhysicalCopy).where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status.in_(live))
+                  .values(status=CopyStatus.MISSING.value, found_bad_at=utcnow()))
+        refresh_archived(s, ctx, pkgs)
+
+    ctx.db.transact(tx)
+
+
+def _record_marker_uuid(ctx: "ProcessContext", location: str, marker: dict[str, Any] | None, *,
+                        replacing: bool) -> None:
+    """Record the uuid of ``location``'s identity marker in the ops database (``packhorse
+    init``), so that storage carrying a marker of the same name but another uuid, or none, is
+    never taken for it (:func:`probe`). A marker in cold storage (unreadable) records nothing.
+
+    Args:
+        replacing: the marker replaces the recorded one (``init --replace``, or a root marked
+            by this ``init`` after the checks for recorded copies).
+
+    Raises:
+        ConfigError: the database already records another uuid and ``replacing`` is false
+            (storage of another installation, or a marker copied onto blank storage).
+    """
+    if marker is None or marker.get("in_cold_storage"):
+        return  # nothing readable to compare or record
+    found = marker.get("uuid")
+    loc_id = ctx.topology.location_ids.get(location)
+    recorded = ctx.topology.location_marker.get(location)
+    if loc_id is None or found == recorded:
+        return
+    if recorded is not None and not replacing:
+        raise ConfigError(
+            f"data location {location}: the root {root_of(ctx, location)} carries an identity marker of "
+            f"{location!r} with uuid {found}, but this installation marked {location!r} with uuid {recorded} — "
+            "storage of another installation, or a marker copied onto other storage? Mount the storage that "
+            f"belongs there; if this storage really replaces the old, run `packhorse init --replace {location}`")
+    uuid_ = found if isinstance(found, str) else None  # a hand-made marker without one: nothing to compare
+
+    def tx(s: Session) -> None:
+        s.execute(update(DataLocation).where(DataLocation.id == loc_id).values(marker_uuid=uuid_))
+
+    ctx.db.transact(tx)
+    ctx.topology.location_marker[location] = uuid_
+
+
+def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: list["InitResult"], *,
+              replacing: bool, adopting: bool, every_site: bool) -> None:
+    """Check and mark the root of one data location ``loc`` for :func:`mark_locations` (its
+    rules), appending what was done to ``done``.
+
+    Raises:
+        ConfigError: the root is refused (the message names the location and what to do).
+    """
+    from packhorse import __version__
+    from packhorse.domain import LocationRole
+    from packhorse.storage.identity import mark_location, read_marker
+
+    root_missing = backend.root_missing() is not None
+    try:
+        marker = None if root_missing else read_marker(backend)
+    except ValueError as e:  # a marker that is not one: never re-marked, never taken as ours
+        raise ConfigError(f"{e}; move it aside if this storage belongs to {loc.name!r}") from None
+    if loc.role is not LocationRole.SOURCE:
+        if root_missing or marker is None:
+            _refuse_empty_root_with_copies(ctx, loc.name, backend, replacing=replacing, root_missing=root_missing)
+    if marker is not None and marker.get("location") == loc.name:
+        _refuse_another_installations(ctx, loc.name, marker, ours, adopting=adopting)
+    try:
+        done.append(mark_location(backend, location=loc.name, site=loc.site, role=loc.role.value,
+                                  storage=loc.storage.value, version=__version__, installation=ours,
+                                  take_over=adopting))
+    except ConfigError as e:
+        if every_site and ctx.settings.executor.kind == "celery":
+            raise ConfigError(f"{e} (distributed: each site's folders are on its own hosts; run `packhorse "
+                              f"init --site SITE` on a host of each site)") from None
+        raise
+    # a root marked just now passed the checks above (nothing owed there is hidden): its new
+    # marker is the location's from now on; one found marked must carry the recorded uuid
+    _record_marker_uuid(ctx, loc.name, read_marker(backend), replacing=replacing or done[-1].action != "already marked")
+    if replacing:
+        _record_copies_missing(ctx, loc.name)
+    if loc.name in ctx.topology.location_ids:
+        end_outage(ctx, loc.name)
+
+
+def installation_uuid(ctx: "ProcessContext") -> str:
+    """The uuid of this installation (:class:`~packhorse.db.models.Installation`), created by
+    the first call (``packhorse init``); concurrent first calls agree on one row."""
+    import uuid
+
+    from packhorse.db.models import Installation
+
+    def tx(s: Session) -> str:
+        found = s.scalar(select(Installation.uuid).where(Installation.id == 1))
+        if found is None:
+            s.execute(insert_ignoring_conflicts(s, Installation.__table__, Installation.__table__.c.id),
+                      [{"id": 1, "uuid": str(uuid.uuid4()), "created_at": utcnow()}])
+            found = s.scalar(select(Installation.uuid).where(Installation.id == 1))
+        return str(found)
+
+    return ctx.db.transact(tx)
+
+
+def _refuse_another_installations(ctx: "ProcessContext", location: str, marker: dict[str, Any] | None,
+                                  ours: str, adopting: bool) -> None:
+    """Refuse a root already marked, as ``location``, by another installation, when this
+    database has recorded no marker for it yet (a fresh database meeting a root some other
+    ops database owns: its archive, its source), unless ``adopting`` (``init --adopt``: this
+    database takes that installation's place).
+
+    Raises:
+        ConfigError: naming the location, its root, the other installation and the way out.
+    """
+    from packhorse.storage.identity import other_installation
+
+    if marker is None or adopting or ctx.topology.location_marker.get(location) is not None:
+        return
+    other = other_installation(marker, ours)
+    if other is not None:
+        raise ConfigError(
+            f"data location {location}: the root {root_of(ctx, location)} is marked by another packhorse "
+            f"installation (installation {other}, marker uuid {marker.get('uuid')}); refusing to take it over: "
+            "its copies belong to that installation's ops database. Check the path or bucket in the "
+            "configuration; if this database really replaces that installation's (its database was lost), run "
+            f"`packhorse init --adopt {location}`")
+
+
+def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
+                   sites: Collection[str] | None = None, adopt: Collection[str] = ()) -> list["InitResult"]:
+    """Create and mark the root of every configured data location (``packhorse init``; the
+    only code that creates a location root). An existing root with data and no marker is
+    adopted as it is (migrating an existing deployment); an open outage of a location marked
+    here is ended. Returns what was done per location.
+
+    ``sites``: mark only the locations of these sites (``packhorse init --site``: in a
+    distributed deployment each site's folders are on its own hosts); ``None``: every site.
+
+    A root already marked as its location by *another installation* (the marker's
+    ``installation`` is not :func:`installation_uuid`) is refused while this database records
+    no marker for it, unless its location is in ``adopt`` (``init --adopt LOCATION``: this
+    database replaces that installation's).
+
+    An *empty* unmarked root, or a *missing* one, where the database records copies is refused
+    (an unmounted mount point looks like the first, the folder of a disk mounted below it like
+    the second: neither is ever created or marked over its copies) unless its location is in ``replace`` (``init --replace LOCATION``:
+    new storage replacing lost storage; its recorded copies become ``missing`` and are made
+    again by convergence).
+
+    A *source* root is never created (instruments write there; an empty folder would hide a
+    typo in its path): a missing one is reported after every other location was marked.
+
+    Raises:
+        ConfigError: a root is marked as another location, or as this location with another
+            uuid than the one recorded (without ``replace``), an empty root would hide recorded
+            copies, ``replace`` names no location (or one of a site not in ``sites``), ``sites``
+            names no site, a source folder or an S3 bucket is
+            missing (packhorse never creates either); the message names the location.
+    """
+    from packhorse.domain import LocationRole
+
+    for option, names in (("--replace", replace), ("--adopt", adopt)):
+        unknown = sorted(set(names) - {loc.name for loc in ctx.settings.locations})
+        if unknown:
+            raise ConfigError(f"{option} names no configured data location: {', '.join(unknown)}")
+    ours = installation_uuid(ctx)
+    if sites is not None:
+        unknown = sorted(set(sites) - {s.name for s in ctx.settings.sites})
+        if unknown:
+            raise ConfigError(f"--site names no configured site: {', '.join(unknown)}")
+        elsewhere = sorted(name for name in replace if ctx.settings.location(name).site not in sites)
+        if elsewhere:
+            raise ConfigError(f"--replace names a location of a site not marked here (--site): {', '.join(elsewhere)}")
+    done: list["InitResult"] = []
+    missing_sources = []
+    refused: list[str] = []  # every refused location is named at once, not one per `init`
+    for loc in ctx.settings.locations:
+        if sites is not None and loc.site not in sites:
+            continue  # another site's folders are on its own hosts
+        backend = ctx.backend(loc.name)
+        if loc.role is LocationRole.SOURCE and backend.root_missing() is not None:
+            # instruments write there: an empty folder made by packhorse would hide a typo in the
+            # path (or an unmounted disk) as "nothing to archive"
+            missing_sources.append(f"{loc.name}: {root_of(ctx, loc.name)}")
+            continue
+        try:
+            _mark_one(ctx, loc, backend, ours, done, replacing=loc.name in replace, adopting=loc.name in adopt,
+                      every_site=sites is None)
+        except ConfigError as e:
+            refused.append(str(e))
+    if missing_sources:
+        refused.append("source location folder(s) do not exist: " + "; ".join(missing_sources)
+                       + " — packhorse does not create a source folder (a typo in the path or an unmounted disk must "
+                         "not look like nothing to archive); fix the path or mount the disk, then run `packhorse init` "
+                         "again (every other location is marked)")
+    if len(refused) == 1:
+        raise ConfigError(refused[0])
+    if refused:
+        raise ConfigError(f"{len(refused)} refusals (every other data location is marked; fix each, then run "
+                          "`packhorse init` again):\n  " + "\n  ".join(refused))
+    return done

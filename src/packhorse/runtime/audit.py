@@ -1,0 +1,68 @@
+"""The audit log of admin actions: who, what, when, result.
+
+Every state-changing action of the HTTP API and of the CLI (reset, reconcile, breaker reset,
+force retry, runtime setting change, token create/revoke, live check) appends one
+:class:`~packhorse.db.models.AuditEntry` after it ran, with its result: ``ok``, ``refused``
+(the action was not allowed in the current state, e.g. resetting an operation that is not
+FAILED) or ``error``. Entries are never updated or deleted by packhorse.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from packhorse.db.models import AuditEntry, utcnow
+from packhorse.db.session import Database
+
+RESULTS = ("ok", "refused", "error")
+
+
+def cli_actor() -> str:
+    """The actor name of a command-line user: ``cli:<user>@<host>``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+def record(db: Database, *, actor: str, action: str, target: str | None = None,
+           details: dict[str, Any] | None = None, result: str = "ok", message: str | None = None) -> None:
+    """Append one audit entry in its own transaction.
+
+    Args:
+        actor: ``token:<name>`` (HTTP API) or ``cli:<user>@<host>``.
+        action: what was done, e.g. ``operation.reset``, ``settings.set``.
+        target: what it was done to, e.g. ``transfer/12``.
+        details: JSON-serialisable parameters (reason, new value, ids changed).
+        result: one of :data:`RESULTS`.
+        message: the refusal or error text, if any.
+
+    Raises:
+        ValueError: ``result`` is not one of :data:`RESULTS`.
+    """
+    if result not in RESULTS:
+        raise ValueError(f"audit result must be one of {RESULTS}, not {result!r}")
+
+    def tx(s: Session) -> None:
+        s.add(AuditEntry(at=utcnow(), actor=actor[:200], action=action, target=target, details=details,
+                         result=result, message=message))
+
+    db.transact(tx)
+
+
+def entries(session: Session, *, limit: int = 100, action: str | None = None) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries (newest first), optionally of one ``action``.
+
+    Shape: ``[{"id", "at" (ISO UTC), "actor", "action", "target", "details", "result", "message"}]``.
+    """
+    q = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if action:
+        q = q.where(AuditEntry.action == action)
+    return [{"id": e.id, "at": e.at.isoformat(), "actor": e.actor, "action": e.action, "target": e.target,
+             "details": e.details, "result": e.result, "message": e.message} for e in session.scalars(q)]

@@ -1,0 +1,171 @@
+"""Work that waits on something other than the pipeline: one list, one shape, every surface.
+
+One job: answer "what is stuck, why, and what releases it?" for ``packhorse status`` (text and
+``--json`` field ``blocked``), the overview, the dashboard and the exit code of
+``run --until-idle``. Every state a package or operation can be left in only by a human or by
+the world outside (a mount coming back) appears here, each item with the reason and the
+command that releases it (DESIGN.md I5, every state has an owner: here the owner is named).
+
+Providers are small functions ``(session, ctx) -> list[BlockedItem]``, one per cause, listed in
+:data:`PROVIDERS`; a new cause adds one function there, never a second list elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from packhorse.runtime.context import ProcessContext
+
+#: ``run --until-idle`` exit code for work that waits on a human with nothing to wait for
+#: (a FAILED operation, a package with no good source left).
+EXIT_NEEDS_HUMAN = 3
+#: ``run --until-idle`` exit code for work that waits and may resume by itself or on one
+#: command (an open circuit breaker, an unavailable data location).
+EXIT_WAITING = 4
+
+
+@dataclass(frozen=True)
+class BlockedItem:
+    """One piece of blocked work.
+
+    Attributes:
+        cause: short machine name of the cause: ``"circuit_breaker"``, ``"location_unavailable"``,
+            ``"no_good_source"``, … (stable; scripts match on it).
+        subject: what is blocked, as an operator names it: ``"transfer 17"``,
+            ``"location archive-a"``, ``"package site-x_obs1_…"``.
+        reason: one sentence: why it waits.
+        release: the command that releases it (``"packhorse breaker close transfer 17"``), or
+            what a human must do when no command can (``"put the bytes back …"``).
+        exit_code: :data:`EXIT_NEEDS_HUMAN` or :data:`EXIT_WAITING`.
+        since: ISO 8601 UTC time it has been blocked since, or ``None`` if unknown.
+        detail: extra machine-readable fields (ids, locations, counts behind it).
+    """
+
+    cause: str
+    subject: str
+    reason: str
+    release: str
+    exit_code: int = EXIT_WAITING
+    since: str | None = None
+    detail: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The item as the ``status --json`` ``blocked`` list holds it (every attribute)."""
+        return asdict(self)
+
+
+Provider = Callable[[Session, "ProcessContext"], list[BlockedItem]]
+
+def location_unavailable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """One item per data location with an open outage (:mod:`packhorse.rules.availability`): its
+    root or identity marker is missing. Cause ``location_unavailable``, :data:`EXIT_WAITING`:
+    the work resumes by itself when the location is back (or after ``packhorse init`` when only
+    the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
+    ``marker_only``, ``operations_waiting`` (``PENDING`` operations waiting for it:
+    :func:`~packhorse.rules.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
+    8601 UTC)."""
+    from sqlalchemy import func, select
+
+    from packhorse.rules.availability import release_of, root_of, waiting_for
+    from packhorse.db.models import LocationOutage, Operation
+
+    items = []
+    for row in session.scalars(select(LocationOutage).order_by(LocationOutage.since)):
+        name = ctx.topology.location_names.get(row.location_id)
+        if name is None:
+            continue  # a location no longer configured
+        waiting = session.scalar(select(func.count()).select_from(Operation).where(
+            waiting_for([row.location_id]))) or 0
+        items.append(BlockedItem(
+            cause="location_unavailable", subject=f"location {name}",
+            reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",
+            release=release_of(ctx, name, row.marker_only), exit_code=EXIT_WAITING,
+            since=row.since.isoformat(),
+            detail={"location": name, "location_id": row.location_id, "path": root_of(ctx, name),
+                    "marker_only": row.marker_only, "operations_waiting": waiting,
+                    "checked_at": row.checked_at.isoformat()}))
+    return items
+
+
+def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """One item per data location that operations wait for space at
+    (:func:`~packhorse.rules.space.waiting_for_space`): their write met a full file system.
+    Cause ``location_full``, :data:`EXIT_WAITING`: they go on by themselves once there is space
+    (deletions under disk pressure, or an operator). ``detail``: ``location``,
+    ``operations_waiting``, ``since`` (the oldest wait, ISO 8601 UTC), ``last_error``."""
+    from sqlalchemy import select
+
+    from packhorse.rules.space import waiting_for_space
+    from packhorse.db.models import Operation
+    from packhorse.domain import LocationRole
+
+    by_location: dict[str, list[Operation]] = {}
+    for op in session.scalars(select(Operation).where(waiting_for_space(in_backoff=False))
+                              .order_by(Operation.updated_at)):
+        by_location.setdefault(str((op.error_context or {}).get("location") or "?"), []).append(op)
+    items = []
+    for name, ops in sorted(by_location.items()):
+        last = (ops[-1].error_context or {}).get("message") or ""
+        if ctx.topology.location_role.get(name) is LocationRole.BUFFER:
+            frees = ("packhorse frees its own buffer copies once they are archived and safe to delete (under disk "
+                     "pressure first, docs/deletion.md), and the work waiting goes on as soon as it did; when nothing "
+                     "of packhorse's is left to free there (bundles whose unpack needs more room than that), only "
+                     "more space releases it: remove other files or enlarge it")
+        else:
+            frees = "packhorse never deletes what it archived: remove other files or enlarge it"
+        items.append(BlockedItem(
+            cause="location_full", subject=f"location {name}",
+            reason=f"data location {name} is full: {len(ops)} operation(s) wait for space (last: {last})",
+            release=(f"free space at {name} ({frees}); the operations go on by themselves once there is space "
+                     "(at once when packhorse freed some; after its backoff, at most [recovery] "
+                     "retry_backoff_max_seconds, or at the next `packhorse run`, when you did)"),
+            exit_code=EXIT_WAITING, since=ops[0].updated_at.isoformat() if ops[0].updated_at else None,
+            detail={"location": name, "operations_waiting": len(ops), "last_error": last}))
+    return items
+
+
+def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``no_good_source``: raw data packages with no good source of their bytes left
+    anywhere — every copy bad and no copy or source files to rebuild from
+    (:func:`packhorse.rules.convergence.plan`, DESIGN.md "Converging": the one true dead end). Exit
+    code :data:`EXIT_NEEDS_HUMAN`; ``release`` says which bytes to put back and what to run."""
+    from packhorse.rules.convergence import plan
+    from packhorse.managers.fixity_checks import dead_end_release
+
+    out = []
+    for d in plan(session, ctx).dead_ends:
+        failed = ", ".join(f"{c['location']}:{c['path']} {c['status']}" for c in d.bad_copies) or "none recorded"
+        out.append(BlockedItem(
+            cause="no_good_source", subject=f"package {d.name}",
+            reason=f"no good copy of its bytes is left anywhere (bad copies: {failed}) and it cannot be rebuilt: "
+                   + "; ".join(d.tried[2:] or d.tried),
+            release=dead_end_release(d), exit_code=EXIT_NEEDS_HUMAN,
+            since=d.since.isoformat() if d.since else None,
+            detail={"package_id": d.package_id, "bad_copies": d.bad_copies, "tried": d.tried,
+                    "failed_operation": list(d.failed_operation) if d.failed_operation else None}))
+    return out
+
+
+def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``circuit_breaker``: operations held by an open or half-open circuit breaker
+    (:func:`packhorse.recovery.breakers.blocked_by_breakers`)."""
+    from packhorse.recovery.breakers import blocked_by_breakers
+
+    return blocked_by_breakers(session, ctx)
+
+
+#: One provider per cause, in the order ``status`` lists them.
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, location_unavailable, location_full]
+
+
+def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Every blocked item from every provider of :data:`PROVIDERS` (read-only)."""
+    out: list[BlockedItem] = []
+    for provider in PROVIDERS:
+        out.extend(provider(session, ctx))
+    return out

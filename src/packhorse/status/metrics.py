@@ -1,0 +1,216 @@
+"""Prometheus metrics, read from the ops database at scrape time.
+
+The database is the single source of truth (DESIGN.md "Architecture"), so ``/metrics`` of any
+process — ``packhorse api`` on its own or embedded in ``packhorse run --api`` — reports the
+whole installation, not what one process happened to see. One collector
+(:class:`DatabaseCollector`) runs a handful of aggregate queries per scrape.
+
+Metrics (label values are the names used everywhere: operation kinds, statuses, locations):
+
+==============================================  =========  =====================================
+``packhorse_operations``                        gauge      operations by ``kind``, ``status``
+``packhorse_operations_stalled``                gauge      IN_PROGRESS with an expired lease, by ``kind``
+``packhorse_queue_depth``                       gauge      PENDING/SCHEDULED runnable now, by ``kind``
+``packhorse_stage_bytes_total``                 counter    payload bytes of completed operations, by ``kind``
+``packhorse_stage_duration_seconds``            histogram  last-attempt duration of completed operations, by ``kind``
+``packhorse_failure_events_total``              counter    failure events by ``kind``, ``error_type``
+``packhorse_physical_copies``                   gauge      copies by ``location``, ``status``
+``packhorse_physical_copy_bytes``               gauge      bytes of present copies by ``location``
+``packhorse_notifications``                     gauge      notification outbox rows by ``status``
+``packhorse_disk_usage_bytes``                  gauge      latest disk usage by ``location``, ``kind`` (total/used/free)
+``packhorse_disk_usage_ratio``                  gauge      latest used / (used + available) by ``location`` (0-1, df)
+``packhorse_database_up``                       gauge      1 when the scrape could read the database
+==============================================  =========  =====================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Float, case, cast, func, literal_column, select
+from sqlalchemy.orm import Session
+
+from packhorse.db.models import (
+    CircuitBreaker,
+    DataLocation,
+    FailureEvent,
+    Notification,
+    Operation,
+    PhysicalCopy,
+    utcnow,
+)
+from packhorse.db.session import Database
+from packhorse.domain import BreakerState, CopyStatus, OperationKind, Status
+
+#: Histogram buckets of stage durations (seconds): 1 s … 1 day.
+DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
+
+
+def _duration_expr(dialect: str) -> Any:
+    if dialect == "sqlite":
+        return (func.julianday(Operation.finished_at) - func.julianday(Operation.started_at)) * 86400.0
+    return cast(func.extract("epoch", Operation.finished_at - Operation.started_at), Float)
+
+
+def collect_values(session: Session, dead_after_seconds: float = 90.0,
+                   forget_after_seconds: float = 86400.0) -> dict[str, Any]:
+    """Every metric value as plain data (one read-only unit of work).
+
+    Returns:
+        ``{"operations": {(kind, status): n}, "stalled": {kind: n}, "queue": {kind: n},
+        "bytes": {kind: n}, "durations": {kind: (bucket counts list, sum, count)},
+        "failures": {(kind, error_type): n}, "copies": {(location, status): n},
+        "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
+        "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)}}``.
+        ``service`` is the service's identity (kind, site, instance, host; never a PID), so the
+        label set is bounded by the installation's services; forgotten ones are left out.
+    """
+    now = utcnow()
+    out: dict[str, Any] = {}
+    out["operations"] = {(k, s): int(n) for k, s, n in session.execute(
+        select(Operation.kind, Operation.status, func.count()).group_by(Operation.kind, Operation.status))}
+    out["stalled"] = {k: int(n) for k, n in session.execute(
+        select(Operation.kind, func.count()).where(Operation.status == Status.IN_PROGRESS.value,
+                                                   Operation.lease_expires_at < now).group_by(Operation.kind))}
+    out["queue"] = {k: int(n) for k, n in session.execute(
+        select(Operation.kind, func.count()).where(
+            Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
+            (Operation.not_before.is_(None)) | (Operation.not_before <= now)).group_by(Operation.kind))}
+    done = Operation.status == Status.COMPLETED.value
+    out["bytes"] = {k: int(b or 0) for k, b in session.execute(
+        select(Operation.kind, func.sum(Operation.bytes_done)).where(done).group_by(Operation.kind))}
+    dur = _duration_expr(session.get_bind().dialect.name)
+    cols = [func.sum(case((dur <= b, 1), else_=0)) for b in DURATION_BUCKETS]
+    out["durations"] = {}
+    for row in session.execute(
+        select(Operation.kind, func.count(), func.coalesce(func.sum(dur), literal_column("0")), *cols)
+        .where(done, Operation.started_at.is_not(None), Operation.finished_at.is_not(None)).group_by(Operation.kind)):
+        out["durations"][row[0]] = ([int(x or 0) for x in row[3:]], float(row[2] or 0.0), int(row[1]))
+    out["failures"] = {(k, e): int(n) for k, e, n in session.execute(
+        select(FailureEvent.kind, FailureEvent.error_type, func.count())
+        .group_by(FailureEvent.kind, FailureEvent.error_type))}
+    out["copies"] = {(l, s): int(n) for l, s, n in session.execute(
+        select(DataLocation.name, PhysicalCopy.status, func.count()).join(
+            DataLocation, DataLocation.id == PhysicalCopy.location_id).group_by(DataLocation.name, PhysicalCopy.status))}
+    out["copy_bytes"] = {l: int(b or 0) for l, b in session.execute(
+        select(DataLocation.name, func.sum(PhysicalCopy.size)).join(
+            DataLocation, DataLocation.id == PhysicalCopy.location_id)
+        .where(PhysicalCopy.status == CopyStatus.PRESENT.value).group_by(DataLocation.name))}
+    out["notifications"] = {s: int(n) for s, n in session.execute(
+        select(Notification.status, func.count()).group_by(Notification.status))}
+    out["breakers_open"] = {k: int(n) for k, n in session.execute(
+        select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.state == BreakerState.OPEN.value)
+        .group_by(CircuitBreaker.kind))}
+    from packhorse.rules.disk_usage import latest_usage
+    from packhorse.recovery.health import list_services
+
+    out["disk"] = {name: (int(u.total_bytes), int(u.used_bytes), int(u.free_bytes), float(u.percent))
+                   for name, u in latest_usage(session).items()}
+
+    out["services"] = [(r["service"], r["kind"], r["alive"])
+                       for r in list_services(session, now, dead_after_seconds=dead_after_seconds,
+                                              forget_after_seconds=forget_after_seconds)]
+    return out
+
+
+class DatabaseCollector(Collector):
+    """A prometheus-client collector that reads :func:`collect_values` on every scrape.
+
+    A database error yields ``packhorse_database_up 0`` and no other metric (never a 500).
+    """
+
+    def __init__(self, db: Database, dead_after_seconds: float = 90.0, forget_after_seconds: float = 86400.0) -> None:
+        self.db = db
+        self.dead_after_seconds = dead_after_seconds
+        self.forget_after_seconds = forget_after_seconds
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("packhorse_database_up", "1 when the ops database could be read for this scrape")
+        try:
+            v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds, self.forget_after_seconds))
+        except Exception:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        kinds = [k.value for k in OperationKind]
+        ops = GaugeMetricFamily("packhorse_operations", "Operations by kind and status", labels=["kind", "status"])
+        for k in kinds:
+            for s in Status:
+                ops.add_metric([k, s.value], v["operations"].get((k, s.value), 0))
+        yield ops
+        for name, doc, key in (("packhorse_operations_stalled", "IN_PROGRESS operations whose lease expired", "stalled"),
+                               ("packhorse_queue_depth", "PENDING or SCHEDULED operations runnable now", "queue")):
+            g = GaugeMetricFamily(name, doc, labels=["kind"])
+            for k in kinds:
+                g.add_metric([k], v[key].get(k, 0))
+            yield g
+        b = CounterMetricFamily("packhorse_stage_bytes", "Payload bytes of completed operations", labels=["kind"])
+        for k in kinds:
+            b.add_metric([k], v["bytes"].get(k, 0))
+        yield b
+        h = HistogramMetricFamily("packhorse_stage_duration_seconds",
+                                  "Duration of the completing attempt of operations", labels=["kind"])
+        for k, (buckets, total, count) in sorted(v["durations"].items()):
+            pairs = [(str(le), n) for le, n in zip(DURATION_BUCKETS, buckets)] + [("+Inf", count)]
+            h.add_metric([k], pairs, total)
+        yield h
+        f = CounterMetricFamily("packhorse_failure_events", "Failure events by kind and error type",
+                                labels=["kind", "error_type"])
+        for (k, e), n in sorted(v["failures"].items()):
+            f.add_metric([k, e], n)
+        yield f
+        c = GaugeMetricFamily("packhorse_physical_copies", "Physical copies by location and status",
+                              labels=["location", "status"])
+        for (l, s), n in sorted(v["copies"].items()):
+            c.add_metric([l, s], n)
+        yield c
+        cb = GaugeMetricFamily("packhorse_physical_copy_bytes", "Bytes of present copies by location", labels=["location"])
+        for l, n in sorted(v["copy_bytes"].items()):
+            cb.add_metric([l], n)
+        yield cb
+        nt = GaugeMetricFamily("packhorse_notifications", "Notification outbox rows by status", labels=["status"])
+        for s, n in sorted(v["notifications"].items()):
+            nt.add_metric([s], n)
+        yield nt
+        bo = GaugeMetricFamily("packhorse_circuit_breakers_open", "Open circuit breakers (recovery blocked)",
+                               labels=["kind"])
+        for k in kinds:
+            bo.add_metric([k], v["breakers_open"].get(k, 0))
+        yield bo
+        du = GaugeMetricFamily("packhorse_disk_usage_bytes", "Latest disk usage sample of a data location (bytes)",
+                               labels=["location", "kind"])
+        dr = GaugeMetricFamily("packhorse_disk_usage_ratio", "Latest used / (used + available) of a data location (0-1, as df)",
+                               labels=["location"])
+        for loc, (total, used, free, percent) in sorted(v["disk"].items()):
+            du.add_metric([loc, "total"], total)
+            du.add_metric([loc, "used"], used)
+            du.add_metric([loc, "free"], free)
+            dr.add_metric([loc], percent / 100.0)
+        yield du
+        yield dr
+        up = GaugeMetricFamily("packhorse_service_up", "1 if the service's last heartbeat is recent, else 0",
+                               labels=["service", "kind"])
+        for service, kind, alive in v["services"]:
+            up.add_metric([service, kind], 1 if alive else 0)
+        yield up
+
+
+def registry_for(db: Database, *, dead_after_seconds: float = 90.0,
+                 forget_after_seconds: float = 86400.0) -> CollectorRegistry:
+    """A fresh registry holding one :class:`DatabaseCollector` for ``db`` (a service is dead
+    when its last heartbeat is older than ``dead_after_seconds``, forgotten after
+    ``forget_after_seconds``)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(DatabaseCollector(db, dead_after_seconds, forget_after_seconds))
+    return reg
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The text exposition format of ``registry``."""
+    return generate_latest(registry)
