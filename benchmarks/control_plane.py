@@ -8,7 +8,7 @@ and every run checks its outcome (a wrong result aborts the benchmark):
 * ``claims``: ``--operations`` PENDING operations (default 4,000), ``--workers`` worker
   processes (default 8) started together; each claims its share of the operations at the token
   they were dispatched at (:func:`packhorse.operations.lifecycle.claim`) and completes each claim with a
-  fenced completion (:func:`packhorse.operations.lifecycle.complete_in`), one transaction each. One
+  fenced completion (:func:`packhorse.engine.outcome.complete_in`), one transaction each. One
   operation in ten is also handed to a second worker (a duplicate delivery), whose claim must be
   refused. Batched mode (``--batches``, N > 1) claims N at once (``claim_many``) and completes
   them in one transaction (``complete_many``), as the deletion batch of a worker does. Afterwards every operation must be ``COMPLETED`` at attempt 1, each
@@ -51,9 +51,7 @@ import datetime as dt
 import json
 import multiprocessing
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,7 +72,8 @@ KIND = OperationKind.TRANSFER
 
 
 def _claims_worker(url: str, jobs: list[tuple[int, int]], batch: int, start: Any, out: Any) -> None:
-    from packhorse.operations.lifecycle import claim, claim_many, complete_in, complete_many
+    from packhorse.engine.outcome import complete_in, complete_many
+    from packhorse.operations.lifecycle import claim, claim_many
 
     db = Database(url)
     owner = f"bench:{os.getpid()}"

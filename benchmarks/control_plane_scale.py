@@ -19,11 +19,11 @@ from typing import Any
 
 from sqlalchemy import event, func, select
 
+from packhorse.cli.demo import write_demo_config
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Base, RawDataFile, RawDataPackage
 from packhorse.db.session import Database
-from packhorse.cli.demo import write_demo_config
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
 GROWING = {"raw_data_files", "raw_data_packages", "data_transfer_packages", "physical_copies", "operations",

@@ -35,7 +35,6 @@ The JSON result goes to ``benchmarks/results/<UTC time>.json`` (gitignored).
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime as dt
 import json
 import os

@@ -7,7 +7,6 @@ import datetime as dt
 from pathlib import Path
 
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import (
     DataTransferPackage,
     DiskUsageSample,
@@ -19,6 +18,7 @@ from packhorse.db.models import (
 )
 from packhorse.domain import OperationKind
 from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 from support import write_site_config
 

@@ -468,7 +468,7 @@ class Cluster:
         except AssertionError:
             logs = "\n".join(f"--- {n}.log (tail)\n{self.log(n)[-3000:]}" for n in
                              ["manager", "manager-2", "monitor", "monitor-2", *(f"worker-{s}" for s in SITES)])
-            raise AssertionError(f"run did not finish; status: {json.dumps(self.status()['operations'])}\n{logs}")
+            raise AssertionError(f"run did not finish; status: {json.dumps(self.status()['operations'])}\n{logs}") from None
 
 
 def work_created(database_url: str) -> dict[str, int]:

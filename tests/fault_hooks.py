@@ -57,15 +57,15 @@ import os
 import threading
 import time
 import weakref
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from packhorse.rules.disk_usage import Usage, UsageProvider, filesystem_usage
 from packhorse.errors import TransientDatabaseError
 from packhorse.runtime.hooks import Hooks
 from packhorse.storage.base import Entry, PendingWrite, PublishResult, StorageBackend
 from packhorse.storage.layers import Layer, PendingLayer, innermost
+from packhorse.storage.usage import Usage, UsageProvider, filesystem_usage
 
 FAULTS_ENV = "PACKHORSE_TEST_FAULTS"
 DISK_USAGE_ENV = "PACKHORSE_TEST_DISK_USAGE"
@@ -218,7 +218,7 @@ class FaultPlan(Hooks):
         plan: the hooks; ``None`` reads ``PACKHORSE_TEST_FAULTS`` at every hit.
         disk_usage_file: a JSON file of simulated disk figures; ``None`` reads
             ``PACKHORSE_TEST_DISK_USAGE``.
-        usage: a :data:`~packhorse.rules.disk_usage.UsageProvider` of a test (wins over the file).
+        usage: a :data:`~packhorse.storage.usage.UsageProvider` of a test (wins over the file).
     """
 
     def __init__(self, plan: list[dict[str, Any]] | None = None, *, disk_usage_file: str | None = None,

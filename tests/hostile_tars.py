@@ -25,8 +25,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from packhorse.bags.extraction import ExtractionLimits, extract_tar
-from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.bags.packaging import PayloadFile, write_bag_tar
+from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.stages.staging import ArchiveCopy, extract_archive_copy
 from packhorse.stages.unpack import unpack_bundle
 from packhorse.storage.disk import DiskBackend

@@ -60,7 +60,7 @@ class S3Server:
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError("moto server did not start within 60 s")
+                    raise RuntimeError("moto server did not start within 60 s") from None
                 time.sleep(0.1)
 
     def client(self) -> Any:
@@ -92,8 +92,8 @@ class S3Server:
 def start_or_skip(**kwargs: Any) -> S3Server:
     """Start a server; skip the test if moto is not installed (fail under ``CI=true``)."""
     try:
-        import moto.server  # noqa: F401
         import boto3  # noqa: F401
+        import moto.server  # noqa: F401
     except ImportError as e:
         if os.environ.get("CI") == "true":
             raise

@@ -25,9 +25,9 @@ from typing import Any
 
 from sqlalchemy import and_
 
+import packhorse.engine.pipeline as pipeline
 import packhorse.operations.lease as lease
 import packhorse.operations.lifecycle as operations
-import packhorse.engine.pipeline as pipeline
 from packhorse.domain import Status
 from packhorse.runtime.hooks import Hooks
 from packhorse.storage.base import PendingWrite, PublishResult, StorageBackend

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from packhorse.domain import LocationRole, StorageType, TransferMethod
 from packhorse.errors import ConfigError
+from packhorse.scanfilter import check_pattern
 
 DEFAULT_CONFIG_FILE = "packhorse.toml"
 ENV_PREFIX = "PACKHORSE_"
@@ -52,7 +53,6 @@ def _scalar_kind(annotation: Any) -> str | None:
 class _Section(BaseModel):
     """Base of every settings table: unknown keys are refused; numbers must be finite numbers
     (not ``inf``, ``nan``, ``true`` or ``"2"``) and booleans ``true`` or ``false``."""
-
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
@@ -166,7 +166,6 @@ class LocationConfig(_Section):
             raise ValueError(f"location {self.name!r}: object_lock_mode and object_lock_retain_days go together")
         if (self.include or self.exclude) and self.role is not LocationRole.SOURCE:
             raise ValueError(f"location {self.name!r}: include and exclude only apply to role 'source'")
-        from packhorse.scanfilter import check_pattern
 
         for key in ("include", "exclude"):
             for pattern in getattr(self, key):
@@ -314,7 +313,6 @@ class DeletionConfig(_Section):
     buffer copies go; default (``None``) is every long-term archive of every destination site
     of its route.
     """
-
     delete_source_files: bool = False
     source_retention_seconds: float = Field(86400.0, ge=0)
     archive_copies_required: int | None = Field(None, ge=1)
@@ -382,7 +380,6 @@ class NotificationsConfig(_Section):
     (what is not delivered by then stays in the outbox for ``packhorse notifier``).
     ``stop_grace_seconds``: how long a stopping notifier lets a delivery in progress finish.
     """
-
     enabled: bool = True
     development_mode: bool = False
     apprise_urls: list[str] = Field(default_factory=list)
@@ -413,7 +410,6 @@ class DiskUsageConfig(_Section):
     below ``recovery_percent`` notifies the recovery. Samples older than ``keep_days`` are
     pruned. A measurement older than ``stale_after_seconds`` no longer steers deletions.
     """
-
     interval_seconds: float = Field(60.0, gt=0)
     warning_percent: float = Field(70.0, gt=0, le=100)
     critical_percent: float = Field(85.0, gt=0, le=100)

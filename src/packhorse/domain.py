@@ -149,3 +149,16 @@ class BreakerState(str, enum.Enum):
 def enum_values(e: type[enum.Enum]) -> list[str]:
     """Return the stored values of enum ``e``, in declaration order."""
     return [m.value for m in e]
+
+
+#: ``error_context["waiting"]`` of an operation handed back by :func:`packhorse.operations.lifecycle.defer` because the
+#: deletion rule does not hold yet (:class:`~packhorse.errors.DeletionNotSafeError`).
+WAITING_DELETION_RULE = "deletion_rule"
+#: ``error_context["waiting"]`` of an operation handed back by :func:`packhorse.operations.lifecycle.defer` because a data
+#: location it needs is unavailable; ``error_context["location_id"]`` names it (it may be
+#: neither the operation's source nor its destination: a repair's source copy, for one).
+WAITING_LOCATION = "location"
+#: ``error_context["waiting"]`` of an operation handed back because the data location it
+#: writes to is full (:class:`~packhorse.errors.DestinationWriteError` ``out_of_space``);
+#: ``error_context["location_id"]`` names it.
+WAITING_SPACE = "space"

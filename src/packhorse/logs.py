@@ -10,7 +10,6 @@ import sys
 
 import structlog
 
-
 _FORMAT: dict[str, bool] = {}
 _current: dict[str, object] = {"level": "INFO", "json": None}
 

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-
 #: The longest single sleep of :meth:`RateLimiter.take` when it is given ``on_wait``, seconds.
 WAIT_SLICE_SECONDS = 0.1
 

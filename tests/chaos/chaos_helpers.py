@@ -12,12 +12,12 @@ from packhorse.config import load_config
 from packhorse.db.models import Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
+from packhorse.engine.worker import execute_operation
 from packhorse.executors.local import LocalRunner
 from packhorse.managers.scan import scan_all
-from packhorse.runtime.context import ProcessContext
 from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-from packhorse.engine.worker import execute_operation
 
 
 def make_source(root: Path, groups: int = 3, files_per_group: int = 3, size: int = 3 << 20) -> dict[str, bytes]:

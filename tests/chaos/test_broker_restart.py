@@ -22,6 +22,8 @@ from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the archive checks of the e2e suite
 
+from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
+
 from distributed_support import (  # noqa: E402
     SITES,
     Cluster,
@@ -31,7 +33,6 @@ from distributed_support import (  # noqa: E402
     wait_for,
     write_source,
 )
-from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status

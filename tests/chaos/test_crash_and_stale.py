@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+from chaos_helpers import context, drive_until_kind_exists, make_source, stop_outside_a_write
 from sqlalchemy import select
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, OperationKind, Status
 from packhorse.recovery.monitor import check_stalled
-
 from support import SRC, run_packhorse
-from chaos_helpers import context, drive_until_kind_exists, make_source, stop_outside_a_write
 
 LTA_DIRS = ("sites/cologne/archive", "sites/cornell/archive")
 

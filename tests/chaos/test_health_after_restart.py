@@ -61,7 +61,7 @@ def test_a_killed_and_restarted_runner_is_one_live_row_and_the_labels_stay_bound
     pids = []
     proc = _start(cfg, "run", "--quiet")
     try:
-        for crash in range(3):
+        for _crash in range(3):
             _until(cfg, lambda c, r: c == 0 and [(s["service"], s["alive"], s["pid"]) for s in r["services"]]
                    == [(me, True, proc.pid)], "the runner is not recorded alive")
             proc.send_signal(signal.SIGKILL)  # a host reboot, the OOM killer

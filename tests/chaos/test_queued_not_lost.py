@@ -20,8 +20,9 @@ from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the archive checks of the e2e suite
 
-from distributed_support import Cluster, PrivateRedis, postgres_database, write_source  # noqa: E402
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
+
+from distributed_support import Cluster, PrivateRedis, postgres_database, write_source  # noqa: E402
 from packhorse.db.models import FailureEvent, Notification, Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind

@@ -29,12 +29,11 @@ import time
 from pathlib import Path
 
 import pytest
+from chaos_helpers import context
 from sqlalchemy import select
 
 from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
 from packhorse.runtime.topology import bundle_key
-
-from chaos_helpers import context
 from support import SRC, run_packhorse, write_site_config
 
 GIB = 1024**3

@@ -19,16 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
+from chaos_helpers import context, drive_until_kind_exists, make_source, stop_outside_a_write
 from sqlalchemy import select
+from test_crash_and_stale import _wait_for
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import OperationKind, Status
 from packhorse.recovery.monitor import check_stalled
-
-from chaos_helpers import context, drive_until_kind_exists, make_source, stop_outside_a_write
 from s3_support import bucket_objects, s3_site_config
 from support import SRC, run_packhorse
-from test_crash_and_stale import _wait_for
 
 
 @pytest.mark.slow

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 
+from chaos_helpers import context, drive_until_kind_exists, make_source
 from sqlalchemy import select
 
-from packhorse.operations import lease
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, utcnow
 from packhorse.domain import OperationKind
-from packhorse.errors import TransientDatabaseError
 from packhorse.engine.worker import Outcome, execute_operation
-
-from chaos_helpers import context, drive_until_kind_exists, make_source
+from packhorse.errors import TransientDatabaseError
+from packhorse.operations import lease
 
 
 def test_worker_stops_before_its_lease_expires_cleans_up_and_commits_nothing(site_config, monkeypatch):

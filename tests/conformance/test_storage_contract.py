@@ -26,9 +26,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from fault_hooks import FaultPlan
 from memory_backend import ColdLayer, MemoryBackend
-
 from packhorse.errors import (
     DestinationConflictError,
     LocationUnavailableError,

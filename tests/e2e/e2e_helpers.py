@@ -23,7 +23,6 @@ import bagit
 
 from packhorse.bags.validation import validate_folder, validate_path
 
-
 LTAS = ("cologne-lta", "cornell-lta")
 BUFFERS = ("fyst-buffer", "cologne-buffer", "cornell-buffer")
 PARTIAL_SUFFIX = ".packhorse-partial"

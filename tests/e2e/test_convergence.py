@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import LTAS, QUARANTINE_PREFIX, Pipeline, assert_archived_everywhere, sha256_file, source_files
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import Notification, PhysicalCopy, RawDataPackage
-
-from e2e_helpers import LTAS, QUARANTINE_PREFIX, Pipeline, assert_archived_everywhere, sha256_file, source_files
+from packhorse.db.models import Notification, RawDataPackage
 from support import SRC, write_settled
 
 # two observation units: two packages, one bundle (a repair of one ships it in a bundle of its own)

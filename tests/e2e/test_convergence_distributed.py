@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from distributed_support import Cluster, postgres_database, redis_url, wait_for
 from e2e_helpers import LTAS, Pipeline, assert_archived_everywhere, source_files
 from test_convergence import (
     GROUPS,
@@ -27,6 +25,8 @@ from test_convergence import (
     quarantined,
     write_source,
 )
+
+from distributed_support import Cluster, postgres_database, redis_url, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

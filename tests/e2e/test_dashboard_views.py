@@ -12,9 +12,9 @@ import json
 import urllib.request
 
 import pytest
+from test_dashboard import ARGS, ARTIFACTS, CHROMIUM, served  # noqa: F401  (the fixture)
 
 from api_support import ERROR_TEXT
-from test_dashboard import ARGS, ARTIFACTS, CHROMIUM, served  # noqa: F401  (the fixture)
 
 
 def _browser(pw):  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from support import run_packhorse, write_site_config
 
 

@@ -16,11 +16,11 @@ import re
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files
 
+from distributed_support import SITES, Cluster, postgres_database, rabbitmq_vhost, redis_url, work_created, write_source
 from packhorse.config import load_config
 from packhorse.executors.celery_app import site_queues
-from distributed_support import SITES, Cluster, postgres_database, rabbitmq_vhost, redis_url, work_created, write_source
-from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

@@ -15,13 +15,12 @@ import datetime as dt
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Pipeline, assert_archived_everywhere, source_files
 
 from distributed_support import Cluster, postgres_database, rabbitmq_vhost, wait_for
-from e2e_helpers import Pipeline, assert_archived_everywhere, source_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

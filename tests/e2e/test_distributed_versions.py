@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
+from e2e_helpers import LTAS, Pipeline, assert_archived_everywhere, assert_clean_finish, sha256_file, source_files
 
 from distributed_support import Cluster, postgres_database, redis_url
-from e2e_helpers import LTAS, Pipeline, assert_archived_everywhere, assert_clean_finish, sha256_file, source_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

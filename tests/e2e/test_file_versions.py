@@ -17,7 +17,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import LTAS, assert_archived_everywhere, assert_clean_finish, sha256_file, source_files
 
 OLD = 1_700_000_000

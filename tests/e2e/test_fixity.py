@@ -10,12 +10,11 @@ import os
 import time
 from pathlib import Path
 
+from e2e_helpers import Pipeline
 from sqlalchemy import select
 
 from packhorse.db.models import Notification, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, OperationKind, Status
-
-from e2e_helpers import Pipeline
 from s3_support import bucket_objects, s3_site_config
 from support import run_packhorse
 

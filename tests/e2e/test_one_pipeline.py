@@ -20,14 +20,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Pipeline, assert_clean_finish
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.orm import Session
 
+from distributed_support import Cluster, postgres_database, redis_url, wait_for
 from packhorse.db.models import DataLocation, DataTransferPackage, Operation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, OperationKind
-
-from distributed_support import Cluster, postgres_database, redis_url, wait_for
-from e2e_helpers import Pipeline, assert_clean_finish
 from support import write_site_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]

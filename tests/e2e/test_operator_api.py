@@ -57,7 +57,7 @@ def test_the_overview_model_cannot_carry_an_error_field() -> None:
     assert {"operations", "kind", "package", "location", "status", "retry_count"} <= names
     assert not [n for n in names if any(w in n.lower() for w in ERROR_WORDS)], names
     # undeclared fields are refused, not passed through
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (pydantic refuses it; the type is its own)
         Overview.model_validate({"generated_at": "x", "counts": [], "totals": {}, "stalled": 0, "operations": [],
                                  "truncated": False, "error_context": {"message": "boom"}})
 
@@ -173,9 +173,9 @@ def test_reconcile_marks_a_package_whose_archive_copies_went_missing(tmp_path: P
     # a fixity check (or a person) marks an archive copy missing: the package is no longer archived
     from sqlalchemy import update
 
+    from packhorse.config import load_config
     from packhorse.db.models import DataLocation, PhysicalCopy
     from packhorse.db.session import Database
-    from packhorse.config import load_config
 
     db = Database(load_config(fixed).database_url)
     db.transact(lambda s: s.execute(update(PhysicalCopy).where(PhysicalCopy.location_id.in_(
@@ -216,10 +216,11 @@ def test_cli_diagnose_token_and_audit(inst) -> None:
 
 def test_circuit_breakers_health_and_force_retry_through_the_api(inst) -> None:
     cfg, api = inst
+    import datetime as dt
+
     from packhorse.config import load_config
     from packhorse.db.models import CircuitBreaker, utcnow
     from packhorse.db.session import Database
-    import datetime as dt
 
     h, obs = api.auth(api.admin), api.auth(api.observer)
     op = _failed_transfers(api)[0]

@@ -20,7 +20,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import (
     BUFFERS,
     LTAS,
@@ -356,10 +355,10 @@ def test_unpack_refuses_a_bundle_with_unsafe_members(pipeline, tmp_path, kind):
     from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
     from packhorse.db.session import Database
     from packhorse.domain import CopyStatus, OperationKind
+    from packhorse.engine.worker import Outcome, execute_operation
     from packhorse.operations.lifecycle import create_operation, dedup_key
     from packhorse.runtime.context import ProcessContext
     from packhorse.runtime.topology import bundle_key, sync_topology
-    from packhorse.engine.worker import Outcome, execute_operation
 
     p = pipeline()
     p.init()

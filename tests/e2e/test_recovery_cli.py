@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from support import SRC, run_packhorse
-
 from e2e_helpers import sha256_file
+
+from support import SRC, run_packhorse
 
 
 def _wait_for(path: Path, timeout: float = 90) -> None:
@@ -32,8 +32,8 @@ def _wait_for(path: Path, timeout: float = 90) -> None:
 
 
 def _payloads(archive: Path) -> dict[str, str]:
-    import tarfile
     import hashlib
+    import tarfile
 
     out: dict[str, str] = {}
     for tar_path in archive.rglob("*.tar"):
@@ -179,6 +179,8 @@ def test_log_format_json_lines_of_a_task_carry_its_identity(site_config):
 
 
 def test_monitor_service_recovers_stalled_work_reports_health_and_stops_cleanly(site_config):
+    import datetime as dt
+
     from sqlalchemy import update
 
     from packhorse.config import load_config
@@ -186,7 +188,6 @@ def test_monitor_service_recovers_stalled_work_reports_health_and_stops_cleanly(
     from packhorse.db.session import Database
     from packhorse.domain import OperationKind
     from packhorse.operations.lifecycle import claim, create_operation
-    import datetime as dt
 
     cfg = site_config(extra="service_heartbeat_interval_seconds = 0.2\nservice_dead_after_seconds = 2\n")
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0

@@ -10,10 +10,9 @@ import subprocess
 import tarfile
 
 import bagit
+from e2e_helpers import Pipeline, source_files
 
 from packhorse.storage.s3 import MIN_PART_BYTES
-
-from e2e_helpers import Pipeline, source_files
 from s3_support import bucket_objects, s3_site_config
 from support import run_packhorse
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import bagit
 from e2e_helpers import Pipeline, source_files
-from s3_support import S3Server, bucket_objects, s3_location, s3_site_config
 from sqlalchemy import select
-from support import run_packhorse
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy
 from packhorse.domain import CopyStatus, OperationKind, Status
+from s3_support import S3Server, bucket_objects, s3_location, s3_site_config
+from support import run_packhorse
 
 PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'
               'path = "sites/cologne/processing"\n')

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files
 
 from distributed_support import Cluster, postgres_database, redis_url, wait_for, write_source
-from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

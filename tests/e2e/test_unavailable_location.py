@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from e2e_helpers import MARKER_KEY, Pipeline, assert_archived_everywhere, source_files
+
 from support import SRC
 
 

@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import bagit
+
 from support import run_packhorse
 
 

@@ -8,10 +8,9 @@ import pytest
 
 from packhorse.config import load_config
 from packhorse.db.session import Database
-from packhorse.runtime.context import ProcessContext
 from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-
 from support import write_site_config
 
 

@@ -13,14 +13,13 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import RawDataFile, SkippedFile
 from packhorse.db.session import Database
 from packhorse.managers.scan import ScanCache, scan_all, scan_location
+from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-
 from support import write_site_config
 
 

@@ -21,18 +21,25 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from distributed_support import postgres_database
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
-from packhorse.db.models import (CircuitBreaker, DataTransferPackage, FailureEvent, Notification, Operation,
-                                 PhysicalCopy, RawDataPackage, utcnow)
+from packhorse.db.models import (
+    CircuitBreaker,
+    DataTransferPackage,
+    FailureEvent,
+    Notification,
+    Operation,
+    PhysicalCopy,
+    RawDataPackage,
+    utcnow,
+)
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, OperationKind, Status
 from packhorse.managers import bundles
 from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import breakers, monitor
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-
-from distributed_support import postgres_database
 from support import write_site_config
 
 MANAGERS = 4
@@ -158,7 +165,7 @@ def test_a_manager_stopped_while_bundling_holds_the_others_up_for_at_most_a_leas
         assert bundles.manage(pg_ctx, flush=True)[0] == 0  # the others skip the site, without waiting
         time.sleep(lease + 1.0)
         assert bundles.manage(pg_ctx, flush=True)[0] == 1  # the server ended the stopped one's transaction
-        with pytest.raises(Exception):  # and whatever it writes when it wakes up changes nothing
+        with pytest.raises(Exception):  # noqa: B017 (whichever error the driver raises); and whatever it writes when it wakes up changes nothing
             stopped.execute(update(RawDataPackage).values(data_transfer_package_id=None))
             stopped.commit()
     finally:

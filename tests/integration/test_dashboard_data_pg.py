@@ -7,14 +7,14 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+from pg_scratch import scratch_postgres
 
 from dashboard_support import NOW, make_ctx, world
+from packhorse.actions.failure_groups import failure_groups, reset_group
 from packhorse.db.models import BacklogSample, Operation
 from packhorse.domain import OperationKind
-from packhorse.actions.failure_groups import failure_groups, reset_group
 from packhorse.status.history import history, record_backlog
 from packhorse.status.locate import locate
-from pg_scratch import scratch_postgres
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from packhorse.rules.disk_usage import filesystem_usage
 from packhorse.errors import DestinationWriteError
 from packhorse.storage.base import PARTIAL_SUFFIX
 from packhorse.storage.disk import DiskBackend
+from packhorse.storage.usage import filesystem_usage
 from tmpfs_support import df_percent, mount_tmpfs
 
 MiB = 1 << 20

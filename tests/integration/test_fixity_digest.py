@@ -8,11 +8,11 @@ import os
 
 from sqlalchemy import select
 
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Notification, PhysicalCopy, RawDataPackage
 from packhorse.domain import LocationRole
 from packhorse.executors.local import LocalRunner
 from packhorse.rules.fixity import Finding, record_findings
+from packhorse.runtime.context import ProcessContext
 from support import write_settled
 
 

@@ -13,17 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from pg_scratch import scratch_postgres
 from sqlalchemy import select
 
-from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
 from packhorse.managers.scan import scan_location
+from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-
-from pg_scratch import scratch_postgres
 from support import write_site_config
 
 FILES = 2600  # above the 2,000 paths up to which registrations are read path by path

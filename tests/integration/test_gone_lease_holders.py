@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from ops_support import expire, new_op, op_row, with_site
 from packhorse.config import settings_from_dict
 from packhorse.db.models import FailureEvent, Notification, utcnow
 from packhorse.db.session import Database
-from packhorse.operations.lifecycle import claim, namespace_of, process_namespace, worker_identity
+from packhorse.operations.identity import namespace_of, process_namespace, worker_identity
+from packhorse.operations.lifecycle import claim
 from packhorse.recovery import health
 from packhorse.recovery.monitor import check_stalled
-
 from support import SRC
-from ops_support import expire, new_op, op_row, with_site
 
 
 def settings(**recovery: Any) -> Any:

@@ -22,16 +22,15 @@ from sqlalchemy import select, update
 from hostile_tars import cve_2025_4517_chain, snapshot, special
 from inotify_watch import FolderWatch
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, RawDataPackage
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.executors.local import LocalRunner
 from packhorse.managers.staging import request_staging
-from packhorse.stages import unpack
 from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-
+from packhorse.stages import unpack
 from support import write_settled, write_site_config
 
 PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'

@@ -15,10 +15,10 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import Operation, Site
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.executors.local import LocalRunner
-from packhorse.runtime.hooks import NO_HOOKS
-from packhorse.operations.lifecycle import create_operation
 from packhorse.engine.worker import Outcome
+from packhorse.executors.local import LocalRunner
+from packhorse.operations.lifecycle import create_operation
+from packhorse.runtime.hooks import NO_HOOKS
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from smtp_server import SilentServer, SmtpServer, smtp_server, smtp_settings, toml_table  # noqa: F401 (fixture)
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -22,10 +23,10 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Site
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
+from packhorse.engine.outcome import record_failure
 from packhorse.errors import DestinationWriteError
 from packhorse.notify.notifier import Notifier
-from packhorse.operations.lifecycle import claim, create_operation, dedup_key, record_failure
-from smtp_server import SilentServer, SmtpServer, smtp_server, smtp_settings, toml_table  # noqa: F401 (fixture)
+from packhorse.operations.lifecycle import claim, create_operation, dedup_key
 from support import SRC, run_packhorse, write_site_config
 
 pytestmark = pytest.mark.timeout(240)
@@ -256,8 +257,8 @@ def test_starttls_with_a_private_ca_file(empty_db: Database, tmp_path: Path) -> 
     import ssl
 
     from aiosmtpd.controller import Controller
-
     from smtp_server import Inbox, free_port
+
     from packhorse.domain import NotificationLevel
     from packhorse.notify.outbox import enqueue
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from smtp_server import SmtpServer, smtp_server, smtp_settings, toml_table  # noqa: F401 (fixture)
 from sqlalchemy import select
 
 from packhorse.config import settings_from_dict
@@ -18,7 +19,6 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from smtp_server import SmtpServer, smtp_server, smtp_settings, toml_table  # noqa: F401 (fixture)
 from support import run_packhorse, write_site_config
 
 pytestmark = pytest.mark.timeout(240)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from smtp_server import SmtpServer, free_port, smtp_server, toml_table  # noqa: F401 (fixture)
 from sqlalchemy import select
 
 from packhorse.config import settings_from_dict
@@ -20,7 +21,6 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from smtp_server import SmtpServer, free_port, smtp_server, toml_table  # noqa: F401 (fixture)
 from support import SRC, write_site_config
 
 pytestmark = pytest.mark.timeout(180)

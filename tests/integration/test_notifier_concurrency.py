@@ -10,16 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_scratch import scratch_postgres
 from sqlalchemy import select
 
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, NotificationDelivery
 from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel
-from packhorse.notify.channels import Message
+from packhorse.notify.channels.base import Message
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
-from pg_scratch import scratch_postgres
 
 
 class Recorder:
@@ -80,8 +80,9 @@ def test_failures_of_one_cause_recorded_at_once_all_land_in_one_digest(db: Datab
 
     from packhorse.db.models import Site
     from packhorse.domain import OperationKind
+    from packhorse.engine.outcome import record_failure
     from packhorse.errors import DestinationWriteError
-    from packhorse.operations.lifecycle import claim, create_operation, dedup_key, record_failure
+    from packhorse.operations.lifecycle import claim, create_operation, dedup_key
 
     def ops(s: Session) -> list[int]:
         s.add(Site(name="cologne"))
@@ -127,14 +128,9 @@ def test_an_operation_reset_and_failed_again_is_listed_once_in_the_digest(db: Da
 
     from packhorse.db.models import Site
     from packhorse.domain import OperationKind
+    from packhorse.engine.outcome import record_failure
     from packhorse.errors import DestinationConflictError
-    from packhorse.operations.lifecycle import (
-        claim,
-        create_operation,
-        dedup_key,
-        record_failure,
-        reset_failed,
-    )
+    from packhorse.operations.lifecycle import claim, create_operation, dedup_key, reset_failed
 
     def ops(s: Session) -> list[int]:
         s.add(Site(name="cologne"))

@@ -11,7 +11,6 @@ from packhorse.config import load_config
 from packhorse.db.session import Database
 from packhorse.executors.celery_app import cleanup_site_partials
 from packhorse.runtime.topology import sync_topology
-
 from s3_support import s3_site_config
 
 

@@ -24,12 +24,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from distributed_support import postgres_database
-from support import describe_schema
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Base, DataLocation, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import Status
 from packhorse.errors import TransientDatabaseError
+from support import describe_schema
 
 
 @pytest.fixture
@@ -255,9 +255,9 @@ def test_two_sites_completing_the_last_archives_at_once_mark_the_package_archive
     marked archived, and its buffer copies never freed)."""
     from packhorse.config import load_config
     from packhorse.rules.policy import mark_archived_if_complete
-    from packhorse.stages.base import record_copy
     from packhorse.runtime.context import ProcessContext
     from packhorse.runtime.topology import sync_topology
+    from packhorse.stages.base import record_copy
     from support import write_site_config
 
     settings = load_config(write_site_config(tmp_path))
@@ -373,7 +373,8 @@ def test_statements_unit_is_retried_after_the_server_killed_its_connection(pg_db
 
 
 def test_batch_claims_racing_over_shared_operations_grant_each_once(pg_db: Database) -> None:
-    from packhorse.operations.lifecycle import claim_many, complete_many
+    from packhorse.engine.outcome import complete_many
+    from packhorse.operations.lifecycle import claim_many
 
     _seed(pg_db)
 

@@ -21,7 +21,6 @@ from sqlalchemy import event, func, select
 from packhorse.db.models import RawDataPackage
 from packhorse.executors.local import LocalRunner
 from packhorse.runtime.context import ProcessContext
-
 from support import write_settled
 
 #: tables whose rows grow with the data archived (or kept for days): never read in full by a run

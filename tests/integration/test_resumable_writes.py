@@ -13,16 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from memory_backend import MemoryBackend
 from packhorse.config import load_config
-from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.engine.pipeline import S3_PARTIAL_AGE_SECONDS, resumable_partial_age
 from packhorse.ratelimit import MIN_PIECE_BYTES, RateLimiter
+from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.stages.base import copy_object, resume_partial
 from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX
 from packhorse.storage.disk import DiskBackend, partial_name
 from packhorse.storage.registry import read_limited
-
-from memory_backend import MemoryBackend
 from support import write_site_config
 
 KEY = "bundles/b1.tar"

@@ -18,6 +18,9 @@ from sqlalchemy import select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
+from test_scan_cache import age_folders, make_ctx, write  # noqa: E402
+from test_scan_shards import PATHS, check_ranges, insert_registrations  # noqa: E402
+
 from distributed_support import postgres_database  # noqa: E402
 from packhorse.config import load_config  # noqa: E402
 from packhorse.db.models import RawDataFile  # noqa: E402
@@ -26,8 +29,6 @@ from packhorse.managers import scanshards  # noqa: E402
 from packhorse.managers.scan import ScanCache, scan_location  # noqa: E402
 from packhorse.runtime.topology import sync_topology  # noqa: E402
 from support import write_site_config  # noqa: E402
-from test_scan_cache import age_folders, make_ctx, write  # noqa: E402
-from test_scan_shards import PATHS, check_ranges, insert_registrations  # noqa: E402
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ from sqlalchemy import select
 
 from packhorse.db.models import PhysicalCopy, RawDataPackage
 from packhorse.executors.local import LocalRunner
-from packhorse.stages import unpack
 from packhorse.runtime.context import ProcessContext
-
+from packhorse.stages import unpack
 from support import write_settled
 
 

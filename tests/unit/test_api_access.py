@@ -97,8 +97,9 @@ def test_a_revoked_token_is_refused_and_a_token_is_urlsafe_and_stored_only_as_a_
 
 def test_locations_show_each_locations_latest_disk_usage(tmp_path: Path, empty_db) -> None:
     # "packhorse usage, metrics and the dashboard show it" — the dashboard reads this
-    from packhorse.rules.disk_usage import Usage, record_sample
+    from packhorse.rules.disk_usage import record_sample
     from packhorse.runtime.topology import sync_topology
+    from packhorse.storage.usage import Usage
 
     settings = load_config(write_site_config(tmp_path / "site"))
     topo = sync_topology(empty_db, settings)

@@ -15,20 +15,20 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
-from support import write_site_config
 
-from packhorse.rules.availability import mark_locations
 from packhorse.config import load_config, settings_from_dict
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataLocation, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.executors.local import LocalRunner
-from packhorse.runtime.hooks import NO_HOOKS
-from packhorse.operations.lifecycle import create_operation, dedup_key
-from packhorse.runtime.topology import raw_package_key, sync_topology
-from packhorse.operations.batching import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, group_tasks
 from packhorse.engine.worker import Outcome, execute_operation, execute_task
+from packhorse.executors.local import LocalRunner
+from packhorse.operations.batching import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, group_tasks
+from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.runtime.topology import raw_package_key, sync_topology
+from support import write_site_config
 
 LTA = OperationKind.LONG_TERM_ARCHIVE
 

@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from packhorse.status.blocked_work import EXIT_WAITING, PROVIDERS, circuit_breakers
+import ops_support
+from ops_support import expire, op_row, with_site
 from packhorse.config import settings_from_dict
 from packhorse.db.models import CircuitBreaker, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
+from packhorse.engine.outcome import complete_in, complete_many, record_failure
 from packhorse.errors import SourceChangedError, VerificationError
-from packhorse.operations.lifecycle import claim, claim_many, complete_in, complete_many, record_failure
+from packhorse.operations.lifecycle import claim, claim_many
 from packhorse.recovery import breakers
 from packhorse.recovery.monitor import check_stalled
-
-import ops_support
-from ops_support import expire, op_row, with_site
+from packhorse.status.blocked_work import EXIT_WAITING, PROVIDERS, circuit_breakers
 
 KIND = OperationKind.TRANSFER
 

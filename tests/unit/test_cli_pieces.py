@@ -156,10 +156,10 @@ def test_progress_text_never_passes_100_percent_and_gives_an_eta():
 def _initialized(tmp_path, **config):  # type: ignore[no-untyped-def]
     """A three-site configuration under ``tmp_path``, its ops database and every location
     marked, as `packhorse init` leaves them: ``(settings, db, ctx)``."""
-    from packhorse.rules.availability import mark_locations
     from packhorse.config import load_config
-    from packhorse.runtime.context import ProcessContext
     from packhorse.db.session import Database
+    from packhorse.rules.availability import mark_locations
+    from packhorse.runtime.context import ProcessContext
     from packhorse.runtime.topology import sync_topology
     from support import write_site_config
 

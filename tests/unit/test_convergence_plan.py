@@ -9,18 +9,18 @@ from pathlib import Path
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
-from support import write_site_config
 
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
-from packhorse.rules.convergence import generation_key, plan, superseded_failures
-from packhorse.status.reporting import status_report
 from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.rules.policy import is_archived, refresh_archived
 from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.rules.convergence import generation_key, plan, superseded_failures
+from packhorse.rules.policy import is_archived, refresh_archived
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from packhorse.status.reporting import status_report
+from support import write_site_config
 
 SHA = "a" * 64
 

@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_hooks import FaultPlan
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from support import write_site_config
 
-from packhorse.rules.availability import mark_locations
+from fault_hooks import FaultPlan
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import (
     DataTransferPackage,
     FailureEvent,
@@ -27,13 +24,17 @@ from packhorse.db.models import (
     utcnow,
 )
 from packhorse.db.session import Database
-from packhorse.rules.disk_usage import Usage, measure_all
 from packhorse.domain import OperationKind, Status
-from packhorse.managers import deletions
-from packhorse.rules.policy import deletion_blockers, deletion_blockers_many
-from packhorse.operations.lifecycle import create_operation, dedup_key
-from packhorse.runtime.topology import sync_topology
 from packhorse.engine.worker import Outcome, execute_deletions, execute_operation
+from packhorse.managers import deletions
+from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.rules.availability import mark_locations
+from packhorse.rules.disk_usage import measure_all
+from packhorse.rules.policy import deletion_blockers, deletion_blockers_many
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import sync_topology
+from packhorse.storage.usage import Usage
+from support import write_site_config
 
 TOTAL = 10_000
 DAY = dt.timedelta(days=1)

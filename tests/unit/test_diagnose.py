@@ -16,10 +16,10 @@ from packhorse.db.models import (
     RawDataPackage,
     utcnow,
 )
-from packhorse.status.diagnose import diagnose_operation, live_check
 from packhorse.domain import OperationKind
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from packhorse.status.diagnose import diagnose_operation, live_check
 from support import no_such_pid, write_site_config
 
 S3_LOCATION = '[[locations]]\nname = "cologne-s3"\nsite = "cologne"\nrole = "long_term_archive"\nstorage = "s3"\nbucket = "cologne-archive"\nactive = false\n'

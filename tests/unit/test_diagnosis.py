@@ -9,12 +9,21 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import (DataLocation, DataTransferPackage, FailureEvent, Notification, Operation,
-                                 PhysicalCopy, Site, utcnow)
+from packhorse.db.models import (
+    DataLocation,
+    DataTransferPackage,
+    FailureEvent,
+    Notification,
+    Operation,
+    PhysicalCopy,
+    Site,
+    utcnow,
+)
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
+from packhorse.engine.outcome import record_failure
 from packhorse.errors import DestinationConflictError, SourceMissingError
-from packhorse.operations.lifecycle import claim, create_operation, record_failure
+from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import diagnosis
 
 SHA = "0" * 64

@@ -12,8 +12,9 @@ from sqlalchemy import select
 from packhorse.config import load_config
 from packhorse.db.models import Notification
 from packhorse.db.session import Database
-from packhorse.rules.disk_usage import Usage, latest_usage, measure_all, usage_history
+from packhorse.rules.disk_usage import latest_usage, measure_all, usage_history
 from packhorse.runtime.topology import sync_topology
+from packhorse.storage.usage import Usage
 from support import write_site_config
 
 EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
@@ -96,7 +97,7 @@ def test_reserved_blocks_count_as_unavailable() -> None:
 
 
 def test_a_missing_root_is_not_measured_as_its_parent(tmp_path: Path) -> None:
-    from packhorse.rules.disk_usage import filesystem_usage
+    from packhorse.storage.usage import filesystem_usage
 
     with pytest.raises(FileNotFoundError, match="fyst-buffer"):
         filesystem_usage("fyst-buffer", tmp_path / "not-mounted")

@@ -35,8 +35,8 @@ from hostile_tars import (
     special,
     tar_of,
 )
-from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
 from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, extract_tar, iter_members
+from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
 from packhorse.stages.staging import ArchiveCopy, check_archive_copy, extract_archive_copy
 from packhorse.storage.disk import DiskBackend
 

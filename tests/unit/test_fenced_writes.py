@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
 
-from packhorse.operations import lifecycle as operations
-from packhorse.engine import pipeline
 from packhorse.config import settings_from_dict
 from packhorse.db.models import DataLocation, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
+from packhorse.engine import pipeline
 from packhorse.errors import SourceChangedError
+from packhorse.operations import lifecycle as operations
 from packhorse.recovery.monitor import check_stalled
 
 KIND = OperationKind.TRANSFER

@@ -6,8 +6,8 @@ import hashlib
 import time
 from types import SimpleNamespace
 
-from packhorse.rules.fixity import CORRUPT, MISSING, OK, check_copy
 from packhorse.ratelimit import RateLimiter
+from packhorse.rules.fixity import CORRUPT, MISSING, OK, check_copy
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.registry import compose
 

@@ -11,11 +11,11 @@ import pytest
 
 from packhorse.actions.operator import forget_skipped
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import WithdrawnFile, utcnow
 from packhorse.errors import EmptyReasonError, NotSkippedError
-from packhorse.status.reporting import status_report
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from packhorse.status.reporting import status_report
 from support import write_site_config
 
 SECOND_SOURCE = ('[[locations]]\nname = "fyst-source2"\nsite = "fyst"\nrole = "source"\n'

@@ -12,8 +12,8 @@ import pytest
 from packhorse.db.models import ServiceHeartbeat
 from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
-from packhorse.status.metrics import collect_values
 from packhorse.recovery import health
+from packhorse.status.metrics import collect_values
 from support import no_such_pid
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.timezone.utc)

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from dashboard_support import NOW, make_ctx, world
+from packhorse.actions.failure_groups import failure_groups, reset_group
 from packhorse.db.models import AuditEntry, BacklogSample, Operation
 from packhorse.domain import OperationKind
-from packhorse.actions.failure_groups import EmptyReasonError, failure_groups, reset_group
-from packhorse.status.history import HistoryWindowError, history, record_backlog
-from packhorse.status.locate import LocateQueryError, locate
+from packhorse.errors import EmptyReasonError, HistoryWindowError, LocateQueryError
+from packhorse.status.history import history, record_backlog
+from packhorse.status.locate import locate
+
 
 def test_history_puts_throughput_backlog_disk_and_failures_on_one_grid(tmp_path: Path, empty_db) -> None:
     ctx = make_ctx(tmp_path, empty_db)

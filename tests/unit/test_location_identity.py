@@ -54,13 +54,12 @@ def test_an_empty_cold_location_is_still_unavailable():
 
 
 def _site(tmp_path):
-    from support import write_site_config
-
-    from packhorse.rules.availability import mark_locations
     from packhorse.config import load_config
-    from packhorse.runtime.context import ProcessContext
     from packhorse.db.session import Database
+    from packhorse.rules.availability import mark_locations
+    from packhorse.runtime.context import ProcessContext
     from packhorse.runtime.topology import sync_topology
+    from support import write_site_config
 
     settings = load_config(write_site_config(tmp_path / "site"))
     (settings.location_path("fyst-source")).mkdir(parents=True, exist_ok=True)
@@ -77,8 +76,8 @@ def test_init_counts_only_copies_whose_bytes_should_be_there(tmp_path):
     unmounted disk. A missing copy still owed there does; so does a live one."""
     import shutil
 
-    from packhorse.rules.availability import _recorded_copies, mark_locations
     from packhorse.db.models import PhysicalCopy, RawDataPackage, utcnow
+    from packhorse.rules.availability import _recorded_copies, mark_locations
 
     ctx = _site(tmp_path)
     ids = ctx.topology.location_ids

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from support import write_site_config
 
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataTransferPackage, PhysicalCopy, utcnow
 from packhorse.db.session import Database
-from packhorse.stages.base import mark_lost
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from packhorse.stages.base import mark_lost
+from support import write_site_config
 
 
 def test_only_a_copy_recorded_before_the_look_is_marked_missing(tmp_path: Path) -> None:

@@ -10,11 +10,12 @@ import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from packhorse.runtime import audit
 from packhorse.config import load_config
 from packhorse.db.models import Operation, utcnow
+from packhorse.errors import RuntimeSettingError
+from packhorse.runtime import audit
+from packhorse.runtime.settings import RuntimeSettings, set_setting, unset_setting
 from packhorse.status.metrics import registry_for, render
-from packhorse.runtime.settings import RuntimeSettingError, RuntimeSettings, set_setting, unset_setting
 from support import write_site_config
 
 
@@ -128,7 +129,8 @@ def test_every_metric_of_the_grafana_dashboard_is_exported(empty_db) -> None:
 def test_metrics_show_the_latest_disk_usage_of_each_location(empty_db) -> None:
     from packhorse.config import settings_from_dict
     from packhorse.db.models import DataLocation, Site
-    from packhorse.rules.disk_usage import Usage, record_sample
+    from packhorse.rules.disk_usage import record_sample
+    from packhorse.storage.usage import Usage
 
     def tx(s) -> None:
         s.add(Site(id=1, name="fyst"))

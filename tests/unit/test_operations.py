@@ -11,22 +11,13 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from packhorse.config import settings_from_dict
 from packhorse.db.models import DataLocation, FailureEvent, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
+from packhorse.engine.outcome import complete_in, complete_many, record_failure
 from packhorse.errors import SourceChangedError, UnsafePathError, VerificationError
-from packhorse.operations.lifecycle import (
-    Claim,
-    claim,
-    claim_many,
-    complete_in,
-    complete_many,
-    create_operation,
-    dedup_key,
-    heartbeat,
-    record_failure,
-)
-from packhorse.config import settings_from_dict
+from packhorse.operations.lifecycle import Claim, claim, claim_many, create_operation, dedup_key, heartbeat
 from packhorse.recovery.monitor import check_stalled
 
 #: monitor settings: breakers open late here (breakers have their own tests)

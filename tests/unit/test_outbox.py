@@ -13,9 +13,10 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, OperationKind, Status
+from packhorse.engine.outcome import record_failure
 from packhorse.errors import SourceChangedError, VerificationError
 from packhorse.notify.outbox import WINDOW_START, ascii_subject, enqueue, render_error_context
-from packhorse.operations.lifecycle import claim, create_operation, dedup_key, record_failure
+from packhorse.operations.lifecycle import claim, create_operation, dedup_key
 
 
 @pytest.fixture

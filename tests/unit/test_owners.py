@@ -22,23 +22,23 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 import packhorse.managers as managers_pkg
-from packhorse.operations import lifecycle as operations
 from packhorse.cli import EXIT_FAILED, EXIT_OK, exit_code_after_run
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.engine import pipeline
-from packhorse.executors.local import LocalRunner
+from packhorse.engine.owners import creators, orphans, owner_map
 from packhorse.engine.pipeline import DISPATCH_ORDER
-from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.engine.worker import Outcome
+from packhorse.executors.local import LocalRunner
+from packhorse.operations import lifecycle as operations
 from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import monitor, reconciler
 from packhorse.recovery.monitor import check_stalled
-from packhorse.engine.owners import creators, orphans, owner_map
-from packhorse.status.reporting import failed_operations
+from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.stages import STAGES
-from packhorse.engine.worker import Outcome
+from packhorse.status.reporting import failed_operations
 
 #: Kinds that exist in the vocabulary but have no stage (and no manager creating them) yet.
 #: Remove a kind from this set in the change that adds its stage: the test below fails until

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from packhorse.db.models import DataLocation, RawDataPackage, Site
 from packhorse.db.session import Database
-from packhorse.managers.packages import _name_for, names_taken
+from packhorse.managers.packages import name_for as _name_for
+from packhorse.managers.packages import names_taken
 from packhorse.stages.package import bag_dir_name
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
 import os
+import re
 import shutil
 import tarfile
 from collections.abc import Callable
@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
 from packhorse.bags.extraction import extract_tar
 from packhorse.bags.packaging import (
     PayloadFile,
@@ -27,6 +26,7 @@ from packhorse.bags.packaging import (
     read_bag_tar,
     write_bag_tar,
 )
+from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
 
 MTIME = 1_700_000_000
 TRICKY: dict[str, bytes] = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,18 +16,18 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse.engine import pipeline
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, OperationKind, Status
+from packhorse.engine import pipeline
+from packhorse.engine.worker import Outcome
 from packhorse.executors import celery_app
 from packhorse.executors.local import LocalRunner
 from packhorse.operations.lifecycle import create_operation
-from packhorse.storage.base import PARTIAL_SUFFIX
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-from packhorse.engine.worker import Outcome
+from packhorse.storage.base import PARTIAL_SUFFIX
 from support import write_site_config
 
 

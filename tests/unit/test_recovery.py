@@ -14,19 +14,18 @@ import structlog
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
+from ops_support import expire, new_op, op_row, with_site
 from packhorse.config import settings_from_dict
 from packhorse.db.models import FailureEvent, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from packhorse.errors import UnknownOperationError
-from packhorse.status.diagnose import diagnose_operation
-from packhorse.operations.lifecycle import ResetRefusedError, claim, reset_failed
+from packhorse.errors import ResetRefusedError, UnknownOperationError
+from packhorse.operations.lifecycle import claim, reset_failed
 from packhorse.recovery import breakers, health
 from packhorse.recovery.loop import ServiceLoop
 from packhorse.recovery.monitor import check_stalled, recovery_cycle
 from packhorse.recovery.reconciler import reconcile
-
-from ops_support import expire, new_op, op_row, with_site
+from packhorse.status.diagnose import diagnose_operation
 
 KIND = OperationKind.LONG_TERM_ARCHIVE
 

@@ -8,9 +8,9 @@ from packhorse.config import load_config
 from packhorse.db.models import Operation, RawDataPackage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.status.reporting import status_report
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from packhorse.status.reporting import status_report
 from support import write_site_config
 
 

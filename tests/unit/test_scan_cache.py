@@ -14,19 +14,18 @@ from typing import BinaryIO
 import pytest
 from sqlalchemy import select
 
-from packhorse.rules.availability import mark_locations
-from packhorse.storage.identity import MARKER_KEY
 from packhorse.config import load_config
 from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
 from packhorse.managers import scan as scan_module
 from packhorse.managers.scan import ScanCache, scan_all
+from packhorse.rules.availability import mark_locations
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.hooks import Hooks
-from packhorse.storage.base import StorageBackend
-from packhorse.storage.layers import Layer
 from packhorse.runtime.topology import sync_topology
-
+from packhorse.storage.base import StorageBackend
+from packhorse.storage.identity import MARKER_KEY
+from packhorse.storage.layers import Layer
 from support import write_site_config
 
 

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from test_scan_cache import make_ctx, source, write
 
 from packhorse.db.models import RawDataFile, RawDataPackage
 from packhorse.managers import packages
 from packhorse.managers import scan as scan_module
 from packhorse.managers.scan import scan_all
-
-from test_scan_cache import make_ctx, source, write
 
 
 @pytest.fixture

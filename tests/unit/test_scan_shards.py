@@ -11,13 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_scan_cache import make_ctx, write
 
 from packhorse.managers import scan as scan_module
-from packhorse.managers.scan import Shard, registered_files
+from packhorse.managers.listing import Shard, registered_files
 from packhorse.managers.scanshards import plan_shards, shard_bounds, shard_of
 from packhorse.storage.disk import DiskBackend
-
-from test_scan_cache import make_ctx, write
 
 #: files of a source tree whose depth-2 folders sort around each other ("b!" < "b/" < "b0"),
 #: with files at every depth, non-ASCII names, and entries a scan skips

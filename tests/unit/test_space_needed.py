@@ -8,15 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy.orm import Session
-from support import write_site_config
 
-from packhorse.rules.space import space_needed, still_to_write
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataTransferPackage, Operation, RawDataFile, RawDataPackage
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
+from packhorse.rules.space import space_needed, still_to_write
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from support import write_site_config
 
 SHA = "a" * 64
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+
 from fault_hooks import FaultPlan
 from memory_backend import MemoryBackend
-
 from packhorse.errors import StorageBusyError, StorageServiceError, VerificationError
 from packhorse.ratelimit import RateLimiter
 from packhorse.storage.layers import Layer, ReadRateLayer, innermost

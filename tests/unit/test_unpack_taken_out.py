@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from hostile_tars import FakeWork, good_bag_members, good_package, tar_of
-
-from packhorse.errors import VerificationError
 from packhorse.bags.extraction import ExtractionLimits
+from packhorse.errors import VerificationError
 from packhorse.stages.unpack import unpack_bundle
 from packhorse.storage.disk import DiskBackend
 

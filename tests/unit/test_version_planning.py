@@ -16,23 +16,24 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse.rules.availability import mark_locations
+from packhorse.bags.packaging import read_bag_tar
 from packhorse.config import load_config
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Notification, Operation, RawDataFile, RawDataPackage, WithdrawnFile
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
+from packhorse.engine.outcome import complete_in
 from packhorse.errors import LeaseLostError
-from packhorse.operations.lease import LeaseKeeper
 from packhorse.managers import packages
 from packhorse.managers.packages import package_base, plan_group
 from packhorse.managers.scan import scan_all
-from packhorse.operations.lifecycle import claim, complete_in
-from packhorse.bags.packaging import read_bag_tar
-from packhorse.status.reporting import status_report
+from packhorse.operations.lease import LeaseKeeper
+from packhorse.operations.lifecycle import claim
+from packhorse.rules.availability import mark_locations
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import raw_package_key, sync_topology
 from packhorse.stages import package as package_stage
 from packhorse.stages.base import Work
-from packhorse.runtime.topology import raw_package_key, sync_topology
+from packhorse.status.reporting import status_report
 from support import write_site_config
 
 
@@ -163,7 +164,7 @@ def test_an_unpackaged_registration_whose_file_changed_is_registered_again_in_pl
 def test_the_stage_takes_out_changed_and_vanished_files_and_builds_the_rest(ctx, pool) -> None:
     a = write(ctx, "cam/obs1/a.dat", b"a" * 10)
     b = write(ctx, "cam/obs1/b.dat", b"b" * 10)
-    c = write(ctx, "cam/obs1/c.dat", b"c" * 10)
+    write(ctx, "cam/obs1/c.dat", b"c" * 10)
     d = write(ctx, "cam/obs1/d.dat", b"d" * 10)
     scan_all(ctx, pool)
     packages.manage(ctx, {})

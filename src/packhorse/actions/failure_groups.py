@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.runtime import audit
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import FailureEvent, Operation
 from packhorse.domain import OperationKind, Status
-from packhorse.errors import EmptyReasonError
-from packhorse.operations.lifecycle import ResetRefusedError, reset_failed
-from packhorse.status.overview import package_and_location
+from packhorse.errors import EmptyReasonError, ResetRefusedError
+from packhorse.operations.lifecycle import reset_failed
+from packhorse.runtime import audit
+from packhorse.runtime.context import ProcessContext
+from packhorse.status.operation_names import package_and_location
 
 #: At most this many FAILED operations are grouped (newest first); more is reported as truncated.
 MAX_FAILED = 10000

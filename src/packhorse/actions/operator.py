@@ -24,12 +24,21 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.runtime import audit
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataLocation, Operation, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
 from packhorse.domain import OperationKind, Status
-from packhorse.errors import EmptyReasonError, NotSkippedError, UnknownOperationError, UnknownPackageError
-from packhorse.operations.lifecycle import ResetRefusedError, get_operation, reset_failed
+from packhorse.errors import (
+    EmptyReasonError,
+    NotSkippedError,
+    ResetRefusedError,
+    UnknownOperationError,
+    UnknownPackageError,
+)
+from packhorse.operations.lifecycle import get_operation, reset_failed
+from packhorse.recovery.breakers import force_retry, reset_breaker
+from packhorse.rules.policy import is_archived
+from packhorse.runtime import audit
+from packhorse.runtime.context import ProcessContext
+from packhorse.status.locate import source_candidates
 
 
 def reset_operation(ctx: ProcessContext, kind: OperationKind, operation_id: int, *, actor: str,
@@ -72,7 +81,6 @@ def reset_all_failed(ctx: ProcessContext, kind: OperationKind, *, actor: str, re
 
 
 def _reconcile_one(s: Session, ctx: ProcessContext, pkg: RawDataPackage) -> dict[str, Any] | None:
-    from packhorse.rules.policy import is_archived
 
     archived = is_archived(s, ctx, pkg)
     failed = s.scalar(select(Operation.id).where(Operation.raw_data_package_id == pkg.id,
@@ -159,8 +167,6 @@ def reset_circuit_breaker(ctx: ProcessContext, kind: OperationKind, operation_id
     Raises:
         UnknownOperationError: no operation of ``kind`` with that id.
     """
-    from packhorse.recovery.breakers import reset_breaker
-
     return _audited(ctx, "breaker.reset", kind, operation_id, actor, reason, reset_breaker)
 
 
@@ -173,7 +179,6 @@ def force_retry_operation(ctx: ProcessContext, kind: OperationKind, operation_id
         UnknownOperationError: no operation of ``kind`` with that id.
         ResetRefusedError: the operation is COMPLETED.
     """
-    from packhorse.recovery.breakers import force_retry
 
     return _audited(ctx, "operation.force_retry", kind, operation_id, actor, reason, force_retry)
 
@@ -203,8 +208,6 @@ def forget_skipped(ctx: ProcessContext, path: str, *, reason: str, actor: str) -
             exclude the path), or it is not skipped at all; or a relative path is listed in
             more than one source location (give ``LOCATION:PATH``). Audited as refused.
     """
-    from packhorse.status.locate import source_candidates
-
     if not reason.strip():
         raise EmptyReasonError("--reason: say why the file is gone for good (kept with the entry and in the audit log)")
 

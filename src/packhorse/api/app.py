@@ -35,9 +35,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from packhorse import __version__
-from packhorse.runtime import audit
+from packhorse.actions.failure_groups import failure_groups, reset_group
 from packhorse.actions.operator import (
-    UnknownPackageError,
     force_retry_operation,
     reconcile_inconsistent,
     reconcile_package,
@@ -45,8 +44,28 @@ from packhorse.actions.operator import (
     reset_circuit_breaker,
     reset_operation,
 )
+from packhorse.api import schemas as m
+from packhorse.api.security import SecurityHeadersMiddleware
+from packhorse.api.tokens import Principal, authenticate
 from packhorse.config import Settings
 from packhorse.db.session import Database
+from packhorse.domain import OperationKind
+from packhorse.errors import (
+    EmptyReasonError,
+    HistoryWindowError,
+    LocateQueryError,
+    ResetRefusedError,
+    RuntimeSettingError,
+    TransientDatabaseError,
+    UnknownOperationError,
+    UnknownPackageError,
+)
+from packhorse.recovery.breakers import jsonable, list_breakers
+from packhorse.recovery.health import list_services
+from packhorse.runtime import audit
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.settings import RuntimeSettings, describe, set_setting, unset_setting
+from packhorse.runtime.topology import sync_topology
 from packhorse.status.diagnose import (
     diagnose_operation,
     diagnose_package,
@@ -54,26 +73,10 @@ from packhorse.status.diagnose import (
     request_live_check,
     run_live_check,
 )
-from packhorse.domain import OperationKind
-from packhorse.errors import TransientDatabaseError, UnknownOperationError
-from packhorse.actions.failure_groups import EmptyReasonError, failure_groups, reset_group
-from packhorse.status.history import BacklogSampler, HistoryWindowError, history
-from packhorse.status.locate import LocateQueryError, locate
+from packhorse.status.history import BacklogSampler, history
+from packhorse.status.locate import locate
 from packhorse.status.metrics import registry_for, render
-from packhorse.operations.lifecycle import ResetRefusedError
 from packhorse.status.overview import location_usage, pipeline_overview
-from packhorse.runtime.settings import (
-    RuntimeSettingError,
-    RuntimeSettings,
-    describe,
-    set_setting,
-    unset_setting,
-)
-from packhorse.runtime.context import ProcessContext
-from packhorse.runtime.topology import sync_topology
-from packhorse.api import schemas as m
-from packhorse.api.security import SecurityHeadersMiddleware
-from packhorse.api.tokens import Principal, authenticate
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 STATIC = resources.files("packhorse.api") / "static"
@@ -93,7 +96,6 @@ class AuthMiddleware:
 
     The principal is left in ``request.state.principal`` for the handlers (audit actor).
     """
-
     def __init__(self, app: ASGIApp, db: Database) -> None:
         self.app = app
         self.db = db
@@ -317,9 +319,6 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     @api.get("/health", response_model=m.Health, tags=["observe"])
     def health(_who: Caller) -> dict[str, Any]:
         """Services and workers with their last heartbeat: alive or dead."""
-        from packhorse.recovery.breakers import jsonable
-        from packhorse.recovery.health import list_services
-
         rec = settings.recovery
         rows = db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
                                                forget_after_seconds=rec.service_forget_after_seconds))
@@ -328,16 +327,12 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     @api.get("/admin/breakers", response_model=list[m.BreakerOut], tags=["breakers"])
     def breakers(_who: Caller) -> list[dict[str, Any]]:
         """Circuit breakers of operations that stalled, open ones first."""
-        from packhorse.recovery.breakers import jsonable, list_breakers
-
         return [jsonable(r) for r in db.read(list_breakers)]
 
     @api.post("/admin/breakers/{kind}/{operation_id}/reset", response_model=m.BreakerOut, tags=["breakers"],
               responses=NOT_FOUND)
     def breaker_reset(kind: KindPath, operation_id: IdPath, who: Caller, body: Reason = None) -> dict[str, Any]:
         """Close an operation's circuit breaker; the monitor then recovers the operation (audited)."""
-        from packhorse.recovery.breakers import jsonable
-
         out = reset_circuit_breaker(ctx, kind, operation_id, actor=who.actor, reason=body.reason if body else None)
         return {k: v for k, v in jsonable(out).items() if k in m.BreakerOut.model_fields}
 

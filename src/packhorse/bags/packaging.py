@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits
 from packhorse.bags.validation import UNSAFE_CODES, BagReport, validate_tar
 from packhorse.bags.validation import decode_manifest_path as _decode
 from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
-from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits
 
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)

@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packhorse.errors import UnsafePathError, VerificationError
 from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, members_of, open_tar
+from packhorse.errors import UnsafePathError, VerificationError
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")

@@ -17,9 +17,8 @@ from __future__ import annotations
 import os
 import sys
 
-from packhorse.errors import PackhorseError
 # each registers its commands on ``app``; the order is the order of `packhorse --help`
-from packhorse.cli import pipeline, operator, distributed, admin, bags  # noqa: F401, I001
+from packhorse.cli import admin, bags, distributed, operator, pipeline  # noqa: F401, I001
 from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
@@ -31,6 +30,7 @@ from packhorse.cli.app import (
 )
 from packhorse.cli.distributed import serve_api
 from packhorse.cli.pipeline import exit_code_after_run
+from packhorse.errors import PackhorseError
 
 __all__ = ["EXIT_BLOCKED", "EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_OUTPUT_CLOSED", "EXIT_PROBLEM", "app", "exit_code_after_run",
            "main", "serve_api"]

@@ -37,10 +37,10 @@ def health(
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
     or by --forget NAME."""
-    from packhorse.runtime import audit
     from packhorse.errors import ServiceHealthError
     from packhorse.recovery.breakers import jsonable
     from packhorse.recovery.health import forget_service, list_services
+    from packhorse.runtime import audit
 
     ctx = context(config)
     rec = ctx.settings.recovery
@@ -94,8 +94,9 @@ def token_create(
     config: ConfigOpt = None,
 ) -> None:
     """Create an API token; it is printed once, alone on the last line of stdout."""
+    from packhorse.api.tokens import create_token
+    from packhorse.errors import TokenError
     from packhorse.runtime import audit
-    from packhorse.api.tokens import TokenError, create_token
 
     ctx = context(config)
     try:
@@ -129,8 +130,9 @@ def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None,
                  as_json: JsonOpt = False) -> None:
     """Revoke a token: it is refused from the next request on."""
+    from packhorse.api.tokens import revoke_token
+    from packhorse.errors import TokenError
     from packhorse.runtime import audit
-    from packhorse.api.tokens import TokenError, revoke_token
 
     ctx = context(config)
     try:
@@ -150,8 +152,9 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
 def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
                value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Change a runtime setting; running services pick it up within a minute (audited)."""
+    from packhorse.errors import RuntimeSettingError
     from packhorse.runtime import audit
-    from packhorse.runtime.settings import RuntimeSettingError, set_setting
+    from packhorse.runtime.settings import set_setting
 
     ctx = context(config)
     try:
@@ -168,8 +171,9 @@ def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_inter
 @config_app.command("unset")
 def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Drop a runtime override: the configuration file's value applies again (audited)."""
+    from packhorse.errors import RuntimeSettingError
     from packhorse.runtime import audit
-    from packhorse.runtime.settings import RuntimeSettingError, unset_setting
+    from packhorse.runtime.settings import unset_setting
 
     ctx = context(config)
     try:

@@ -222,9 +222,7 @@ def check_storage(ctx: ProcessContext) -> None:
     """Build every active location's backend (S3 write-once probe, Object Lock check) before
     any work runs; a refused store exits 2 naming the location."""
     from packhorse.domain import StorageType
-    from packhorse.errors import StorageServiceError
-
-    from packhorse.errors import LocationUnavailableError
+    from packhorse.errors import LocationUnavailableError, StorageServiceError
 
     try:
         for loc in ctx.settings.locations:

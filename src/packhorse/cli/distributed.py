@@ -12,8 +12,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from packhorse.runtime.context import ProcessContext
-from packhorse.errors import ConfigError
 from packhorse.cli.app import (
     EXIT_CONFIG,
     EXIT_OK,
@@ -28,6 +26,8 @@ from packhorse.cli.app import (
     print_json,
     require_routes,
 )
+from packhorse.errors import ConfigError
+from packhorse.runtime.context import ProcessContext
 
 
 def _celery_settings(config: Path | None) -> ProcessContext:
@@ -181,8 +181,8 @@ def monitor(
     instance: InstanceOpt = None,
 ) -> None:
     """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
-    from packhorse.recovery.loop import ServiceLoop
     from packhorse.engine.pipeline import recover
+    from packhorse.recovery.loop import ServiceLoop
 
     ctx = context(config)
     rec = ctx.settings.recovery

@@ -11,9 +11,6 @@ import structlog
 import typer
 from rich.table import Table
 
-from packhorse.runtime.audit import cli_actor
-from packhorse.domain import OperationKind
-from packhorse.runtime.context import ProcessContext
 from packhorse.cli.app import (
     EXIT_CONFIG,
     EXIT_OK,
@@ -33,6 +30,9 @@ from packhorse.cli.app import (
     shown,
     table_console,
 )
+from packhorse.domain import OperationKind
+from packhorse.runtime.audit import cli_actor
+from packhorse.runtime.context import ProcessContext
 
 
 @app.command()
@@ -46,7 +46,7 @@ def reset(
 ) -> None:
     """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
     from packhorse.actions.operator import reset_all_failed, reset_operation
-    from packhorse.operations.lifecycle import ResetRefusedError
+    from packhorse.errors import ResetRefusedError
 
     def precheck() -> None:
         if (operation_id is None) == (not all_failed):
@@ -160,7 +160,7 @@ def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not 
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
     from packhorse.actions.operator import force_retry_operation
-    from packhorse.operations.lifecycle import ResetRefusedError
+    from packhorse.errors import ResetRefusedError
 
     operation_action(
         kind, config, as_json,
@@ -180,10 +180,9 @@ def diagnose(
 ) -> None:
     """The diagnostic report of an operation: row, failure events (newest first), copies per
     location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
-    from packhorse.actions.operator import UnknownPackageError
+    from packhorse.errors import UnknownOperationError, UnknownPackageError
     from packhorse.runtime.audit import record
     from packhorse.status.diagnose import diagnose_operation, diagnose_package, live_check
-    from packhorse.errors import UnknownOperationError
 
     if package is not None and (kind is not None or operation_id is not None):
         raise fail("give KIND ID or --package NAME, not both", EXIT_CONFIG)
@@ -409,7 +408,8 @@ def locate(
 ) -> None:
     """Where is my file: every version of a source path or package, its package, every copy
     with its location and when it was last verified, and its history. Exit 1 if nothing matches."""
-    from packhorse.status.locate import LocateQueryError, locate as find
+    from packhorse.errors import LocateQueryError
+    from packhorse.status.locate import locate as find
 
     ctx = context(config)
     try:
@@ -467,7 +467,8 @@ def reconcile(
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute raw data packages' archived state from their verified archive copies."""
-    from packhorse.actions.operator import UnknownPackageError, reconcile_inconsistent, reconcile_package
+    from packhorse.actions.operator import reconcile_inconsistent, reconcile_package
+    from packhorse.errors import UnknownPackageError
 
     ctx = context(config)
     try:

@@ -16,10 +16,6 @@ import typer
 from rich.table import Table
 
 from packhorse import __version__
-from packhorse.runtime.context import ProcessContext
-from packhorse.db.session import Database
-from packhorse.errors import ConfigError
-from packhorse.runtime.topology import sync_topology
 from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
@@ -46,14 +42,18 @@ from packhorse.cli.app import (
     shown,
     table_console,
 )
+from packhorse.db.session import Database
+from packhorse.errors import ConfigError
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import sync_topology
 
 
 def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
     """:func:`~packhorse.rules.availability.mark_locations` for ``init`` and ``demo``: a root that is
     missing, marked as another location or refused by its store exits 2 (``EXIT_CONFIG``)
     naming it, as any other setup error."""
-    from packhorse.rules.availability import mark_locations
     from packhorse.errors import StorageServiceError
+    from packhorse.rules.availability import mark_locations
 
     try:
         return mark_locations(ctx, **kwargs)
@@ -191,8 +191,8 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     with ``--log-format json``; with ``quiet`` errors only. Health: the run records itself as
     service ``runner`` (with ``instance``: :func:`packhorse.recovery.health.service_identity`)."""
     from packhorse import logs
-    from packhorse.executors.local import LocalRunner
     from packhorse.cli.progress import SummaryLines, TerminalProgress
+    from packhorse.executors.local import LocalRunner
 
     on_terminal = sys.stderr.isatty()
     json_asked = logs.chosen_format() == "json"
@@ -356,9 +356,10 @@ def run_operation(
     config: ConfigOpt = None,
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
-    from packhorse.errors import UnknownOperationError
-    from packhorse.operations.lifecycle import get_operation, worker_identity
     from packhorse.engine.worker import execute_operation
+    from packhorse.errors import UnknownOperationError
+    from packhorse.operations.identity import worker_identity
+    from packhorse.operations.lifecycle import get_operation
 
     k = parse_kind(kind)
     ctx = context(config)
@@ -599,7 +600,8 @@ def stage(
 ) -> None:
     """Request staging: extract archived packages into a processing location, verified against
     their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
-    from packhorse.managers.staging import NothingToStageError, request_staging
+    from packhorse.errors import NothingToStageError
+    from packhorse.managers.staging import request_staging
 
     ctx = context(config)
     try:

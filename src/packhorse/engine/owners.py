@@ -26,6 +26,11 @@ pipeline step that creates its operations (``pipeline.STEPS``).
 from __future__ import annotations
 
 from packhorse.domain import OperationKind, Status
+from packhorse.engine.outcome import HUMAN_NOTIFICATIONS
+from packhorse.engine.pipeline import DISPATCH_ORDER, STEPS
+from packhorse.recovery.monitor import RECOVERY_HANDLERS
+from packhorse.recovery.reconciler import RECONCILED_STATUSES
+from packhorse.stages import STAGES
 
 
 def owner_map() -> dict[tuple[OperationKind, Status], list[str]]:
@@ -33,12 +38,6 @@ def owner_map() -> dict[tuple[OperationKind, Status], list[str]]:
 
     An empty list means nobody moves the pair on (an I5 violation).
     """
-    from packhorse.operations.lifecycle import HUMAN_NOTIFICATIONS
-    from packhorse.engine.pipeline import DISPATCH_ORDER
-    from packhorse.stages import STAGES
-    from packhorse.recovery.monitor import RECOVERY_HANDLERS
-    from packhorse.recovery.reconciler import RECONCILED_STATUSES
-
     out: dict[tuple[OperationKind, Status], list[str]] = {}
     for kind in OperationKind:
         worker = kind in STAGES
@@ -69,6 +68,4 @@ def orphans(kinds: list[OperationKind] | None = None) -> list[tuple[str, str]]:
 def creators() -> dict[OperationKind, list[str]]:
     """``{kind: [pipeline step, ...]}``: the steps of :data:`packhorse.engine.pipeline.STEPS` that create
     operations of each kind (an empty list: no step creates it)."""
-    from packhorse.engine.pipeline import STEPS
-
     return {kind: [s.name for s in STEPS if s.kind is kind] for kind in OperationKind}

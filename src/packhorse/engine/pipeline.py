@@ -60,22 +60,27 @@ from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.engine import Connection
 
 from packhorse.config import Settings
-from packhorse.rules.convergence import Plan, plan
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Operation, utcnow
 from packhorse.domain import LocationRole, OperationKind, Status, StorageType
-from packhorse.operations import lifecycle as operations
 from packhorse.managers import (
     archives,
     bundles,
     deletions,
-    fixity_checks as fixity,
     packages,
     transfers,
     unpacks,
 )
+from packhorse.managers import (
+    fixity_checks as fixity,
+)
+from packhorse.managers.scan import scan_location
+from packhorse.operations import lifecycle as operations
 from packhorse.recovery.monitor import MonitorReport, recovery_cycle
 from packhorse.recovery.reconciler import BrokerWatch
+from packhorse.rules.availability import check_outages
+from packhorse.rules.convergence import Plan, plan
+from packhorse.rules.space import space_freed
+from packhorse.runtime.context import ProcessContext
 
 log = structlog.get_logger(__name__)
 
@@ -121,7 +126,6 @@ class CycleResult:
         repairs: the repair plan of the desired state (:func:`packhorse.rules.convergence.plan`),
             derived once at the start of the cycle and read by every manager.
     """
-
     created: dict[str, int] = field(default_factory=dict)
     bundle_wait: float | None = None
     retention_wait: float | None = None
@@ -151,7 +155,6 @@ class CycleInput:
             distributed managers): bad archive copies with nothing to repair them from are read
             back once per start (:func:`packhorse.managers.fixity_checks.recheck_key`).
     """
-
     unsettled: dict[str, set[str]] | None = None
     flush: bool = False
     on_commit: Callable[[], None] | None = None
@@ -228,8 +231,6 @@ def manager_cycle(ctx: ProcessContext, inp: CycleInput = CycleInput(), *,
         whatever a manager raises (a database error outliving its unit of work's retries): the
         service loop counts it and the next cycle starts afresh.
     """
-    from packhorse.rules.availability import check_outages
-    from packhorse.rules.space import space_freed
 
     check_outages(ctx, every_location=inp.look_at_all_locations)  # locations back from an outage: their waiting operations are due at once
     space_freed(ctx)  # locations where deletions freed space: the operations waiting for it are due at once
@@ -257,8 +258,6 @@ def scan_and_package(ctx: ProcessContext, location: str, pool: Executor) -> dict
     Returns:
         ``{"registered": files registered, "packages": packages created, "skipped": files skipped}``.
     """
-    from packhorse.managers.scan import scan_location
-
     created = 0
 
     def package_now(loc: str, groups: list[str]) -> None:  # groups the scan has just registered

@@ -2,7 +2,7 @@
 
 :func:`execute_operation` is the one entry point every executor calls (a local worker process,
 Celery task, ``packhorse run-operation``). It never raises for an operation failure: the
-failure goes through the single failure path (:func:`~packhorse.operations.lifecycle.record_failure`).
+failure goes through the single failure path (:func:`~packhorse.engine.outcome.record_failure`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from packhorse.operations.batching import batchable
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, utcnow
-from packhorse.domain import NotificationLevel
+from packhorse.domain import WAITING_DELETION_RULE, WAITING_LOCATION, WAITING_SPACE, NotificationLevel
+from packhorse.engine.outcome import build_error_context, complete_in, complete_many, record_failure
 from packhorse.errors import (
     DeletionNotSafeError,
     DestinationWriteError,
@@ -28,24 +28,16 @@ from packhorse.errors import (
     OperationDeferred,
     TransientDatabaseError,
 )
+from packhorse.notify.outbox import enqueue
+from packhorse.operations.batching import batchable
 from packhorse.operations.lease import LeaseKeeper
-from packhorse.operations.lifecycle import (
-    WAITING_DELETION_RULE,
-    WAITING_LOCATION,
-    WAITING_SPACE,
-    Claim,
-    backoff_seconds,
-    build_error_context,
-    claim,
-    claim_many,
-    complete_in,
-    complete_many,
-    defer,
-    record_failure,
-)
+from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_many, defer
+from packhorse.rules.availability import check_operation, record_outage, wait_seconds
+from packhorse.rules.space import free_bytes, never_fits
+from packhorse.runtime.context import ProcessContext
 from packhorse.stages import STAGES
 from packhorse.stages.base import Recorder, Work
-from packhorse.runtime.context import ProcessContext
+from packhorse.stages.deletion import delete_bytes, mark_copies, record_deleted
 
 log = structlog.get_logger(__name__)
 
@@ -198,8 +190,6 @@ def _unavailable_location(ctx: ProcessContext, op: Operation, *, quiet: bool = F
     """The first unavailable location ``op`` touches (:func:`packhorse.rules.availability.check_operation`),
     else ``None``. With ``quiet`` (after a failure) a location that cannot even be looked at
     counts as available: the original failure is then the one recorded."""
-    from packhorse.rules.availability import check_operation
-
     if not quiet:
         return check_operation(ctx, op)
     try:
@@ -213,7 +203,7 @@ def _waiting_note(ctx: ProcessContext, c: Claim, exc: Exception, waiting: str, d
                   location: str | None = None) -> dict[str, Any]:
     """The ``error_context`` of an attempt handed back to wait (:func:`defer`): the one
     error-context dict (DESIGN.md "Error context") with ``waiting`` (what it waits for:
-    :data:`~packhorse.operations.lifecycle.WAITING_DELETION_RULE`, ``WAITING_LOCATION``,
+    :data:`~packhorse.domain.WAITING_DELETION_RULE`, ``WAITING_LOCATION``,
     ``WAITING_SPACE``), the ``attempt`` handed back and, for a location, its name and
     ``location_id`` (what ``run --until-idle``, ``status`` and ``diagnose`` go by)."""
     note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
@@ -251,8 +241,6 @@ def _wait_for_location(ctx: ProcessContext, c: Claim, exc: LocationUnavailableEr
     on an unavailable location waits and resumes by itself): the outage is recorded (one
     notification per outage), no retry is counted, no failure event is written; what the
     attempt published and verified before (``salvage``) is recorded with the deferral."""
-    from packhorse.rules.availability import record_outage, wait_seconds
-
     since = record_outage(ctx, exc)
     seconds = wait_seconds(ctx, since)
     # which location it waits for, whether or not it is the operation's source or destination
@@ -270,8 +258,6 @@ def _never_fits(ctx: ProcessContext, c: Claim, exc: DestinationWriteError) -> Ne
     system must hold at once is larger than that whole file system
     (:func:`packhorse.rules.space.never_fits`), else ``None`` (it waits for space). A check
     that itself fails counts as "may fit": waiting is the safe side."""
-    from packhorse.rules.space import never_fits
-
     location = exc.host
     if c.operation is None or not location:
         return None
@@ -300,14 +286,12 @@ def _wait_for_space(ctx: ProcessContext, c: Claim, exc: DestinationWriteError,
     notification per location and cooldown. What the attempt published and verified before the
     disk filled up (``salvage``: an unpack's first packages) is recorded with the deferral, so
     those copies are archived and freed, which may be the space it waits for."""
-    from packhorse.notify.outbox import enqueue
 
     rec = ctx.settings.recovery
     seconds = backoff_seconds(max(c.attempt - 1, 0), rec.retry_backoff_base_seconds, rec.retry_backoff_max_seconds)
     location = exc.host or "?"
     note = _waiting_note(ctx, c, exc, WAITING_SPACE, f"data location {location} is full: it waits for space and "
                          "goes on by itself (no action needed unless it stays full)", location=location)
-    from packhorse.rules.space import free_bytes
 
     # what was free once the partial file was removed: more later means space was freed
     # (packhorse.rules.space.space_freed makes it due at once)
@@ -436,7 +420,7 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
     """Run several buffer-copy ``deletion`` operations together, with the database work of one:
     one transaction claims them all, one checks the deletion rules and marks every copy
     (:func:`~packhorse.stages.deletion.mark_copies`), one completes them all after their bytes
-    went (:func:`~packhorse.operations.lifecycle.complete_many`: one fenced statement). Each operation
+    went (:func:`~packhorse.engine.outcome.complete_many`: one fenced statement). Each operation
     keeps its own row, lease, fencing token and outcome: a copy the rules block, a failed
     delete or a stale attempt goes through the same failure path as a single operation
     (:func:`_failed`) and the others go on. A small deletion costs a few milliseconds
@@ -460,8 +444,6 @@ def execute_deletions(ctx: ProcessContext, operation_ids: list[int], owner: str,
 
 def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
     """The claimed deletions of :func:`execute_deletions`: their outcomes by operation id."""
-    from packhorse.stages.deletion import delete_bytes, mark_copies, record_deleted
-
     outcomes: dict[int, Outcome] = {}
     works: dict[int, Work] = {}
     for c in claims.values():

@@ -58,18 +58,22 @@ from kombu import Exchange, Queue
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
-from packhorse.engine import pipeline
-from packhorse.operations.batching import group_tasks, small_archives
+from packhorse import logs
 from packhorse.config import Settings
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import LocationRole, OperationKind, Status, StorageType
-from packhorse.errors import ConfigError, TransientDatabaseError
-from packhorse.operations.lifecycle import CELERY_OWNER_TAG, fenced, worker_identity
-from packhorse.stages import STAGES
-from packhorse.runtime.topology import load_topology
+from packhorse.engine import pipeline
 from packhorse.engine.worker import execute_task
+from packhorse.errors import ConfigError, TransientDatabaseError
+from packhorse.operations.batching import group_tasks, small_archives
+from packhorse.operations.identity import CELERY_OWNER_TAG, worker_identity
+from packhorse.operations.lifecycle import fenced
+from packhorse.recovery.health import HeartbeatThread
+from packhorse.recovery.loop import ErrorCounter
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import load_topology
+from packhorse.stages import STAGES
 
 log = structlog.get_logger(__name__)
 
@@ -213,7 +217,7 @@ def process_context(settings: Settings) -> ProcessContext:
 
 
 def _owner(task_id: str | None) -> str:
-    """The lease owner of this pool child for task ``task_id`` (:func:`~packhorse.operations.lifecycle.worker_identity`)."""
+    """The lease owner of this pool child for task ``task_id`` (:func:`~packhorse.operations.identity.worker_identity`)."""
     return worker_identity(f"{CELERY_OWNER_TAG}{(task_id or '-')[:8]}")
 
 
@@ -324,7 +328,6 @@ def scan_task(self: Any, location: str) -> dict[str, int]:
 @dataclass(frozen=True)
 class Dispatched:
     """One message published: operation ``operation_id`` at attempt ≥ ``min_attempt`` to ``queue``."""
-
     operation_id: int
     min_attempt: int
     queue: str
@@ -347,7 +350,6 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
     Returns:
         the operations published, one :class:`Dispatched` each.
     """
-
     def queue_of(r: Any) -> str:
         return operation_queue(ctx, r.site_id, r.source_location_id, r.destination_location_id, r.kind)
 
@@ -458,7 +460,6 @@ class BrokerQueues:
         app: the Celery app (:func:`make_app`).
         timeout_seconds: connect and socket timeout (s).
     """
-
     def __init__(self, ctx: ProcessContext, app: Celery, *, timeout_seconds: float = 5.0) -> None:
         self.ctx = ctx
         self.app = app
@@ -520,7 +521,6 @@ class Manager:
         settings: a configuration with ``executor.kind = "celery"``.
         app: the Celery app (default: :func:`make_app`).
     """
-
     def __init__(self, settings: Settings, app: Celery | None = None, *, instance: str | None = None) -> None:
         self.settings = settings
         #: the instance name of this manager among several on one host (its health identity)
@@ -541,9 +541,6 @@ class Manager:
 
     def run(self, *, max_seconds: float | None = None) -> None:
         """Loop until :attr:`stop` is set (or ``max_seconds`` passed)."""
-        from packhorse.recovery.health import HeartbeatThread
-        from packhorse.recovery.loop import ErrorCounter
-
         ctx = process_context(self.settings)
         errors = ErrorCounter(ctx.db, "manager", max_consecutive_errors=self.settings.managers.max_consecutive_errors,
                               notification_cooldown_seconds=self.settings.recovery.notification_cooldown_seconds,
@@ -611,8 +608,6 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     queues = site_queues(settings, site, kinds)
     if not queues:
         raise ConfigError(f"--site {site}: no queues to consume (no active location at this site for these kinds)")
-    from packhorse import logs
-    from packhorse.recovery.health import HeartbeatThread
 
     logs.configure(loglevel)
     app = make_app(settings)

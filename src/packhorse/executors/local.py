@@ -48,23 +48,23 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from packhorse import logs
-from packhorse.rules.availability import waiting_for
-from packhorse.rules.space import look_for_space_again, waiting_for_space
 from packhorse.config import Settings
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, Status
+from packhorse.engine import pipeline
+from packhorse.engine.worker import Outcome, execute_operation, execute_task
 from packhorse.managers import packages as packages_manager
 from packhorse.managers.deletions import waiting_on_rule
 from packhorse.managers.scan import ScanCache, ScanResult, scan_all
-from packhorse.operations.lifecycle import runner_worker_identity, worker_identity
-from packhorse.engine import pipeline
+from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_archives
+from packhorse.operations.identity import runner_worker_identity, worker_identity
 from packhorse.recovery.loop import ErrorCounter
+from packhorse.rules.availability import waiting_for
+from packhorse.rules.space import look_for_space_again, waiting_for_space
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.settings import RuntimeSettings
 from packhorse.runtime.topology import Topology
-from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_archives
-from packhorse.engine.worker import Outcome, execute_operation, execute_task
 
 log = structlog.get_logger(__name__)
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from packhorse.rules.disk_usage import DiskMonitor
-from packhorse.status.history import BacklogSampler
-from packhorse.notify.lifecycle import ServiceLifecycle
 from packhorse.db.session import Database
+from packhorse.notify.lifecycle import ServiceLifecycle
 from packhorse.notify.notifier import Notifier
-from packhorse.notify.report import pending_count
+from packhorse.notify.outbox import pending_count
+from packhorse.rules.disk_usage import DiskMonitor
 from packhorse.runtime.context import ProcessContext
+from packhorse.status.history import BacklogSampler
 
 log = structlog.get_logger(__name__)
 

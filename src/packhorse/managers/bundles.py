@@ -29,14 +29,14 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse.runtime.context import ProcessContext
-from packhorse.db.session import bound_idle_in_transaction, try_transaction_lock
 from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.db.session import bound_idle_in_transaction, try_transaction_lock
 from packhorse.domain import CopyStatus, LocationRole, OperationKind
 from packhorse.errors import BundledElsewhereError
+from packhorse.managers.wanted import create_missing, planned
 from packhorse.operations.lifecycle import create_operation, dedup_key
 from packhorse.rules.space import location_usage
-from packhorse.managers.wanted import create_missing, planned
+from packhorse.runtime.context import ProcessContext
 
 if TYPE_CHECKING:
     from packhorse.rules.convergence import Plan

@@ -44,18 +44,13 @@ from packhorse.db.models import (
     RawDataPackage,
     utcnow,
 )
-from packhorse.rules.disk_usage import (
-    latest_usage,
-    level_for,
-    monitored_locations,
-    provider_for,
-    record_sample,
-)
-from packhorse.domain import ACTIVE_STATUSES, CopyStatus, DiskLevel, OperationKind, Status
-from packhorse.operations.lifecycle import WAITING_DELETION_RULE, dedup_key, fenced
-from packhorse.runtime.context import ProcessContext
+from packhorse.domain import ACTIVE_STATUSES, WAITING_DELETION_RULE, CopyStatus, DiskLevel, OperationKind, Status
 from packhorse.managers.wanted import buffer_location_ids, create_missing, new_only
+from packhorse.operations.lifecycle import dedup_key, fenced
+from packhorse.rules.disk_usage import latest_usage, level_for, monitored_locations, record_sample
 from packhorse.rules.policy import deletion_blockers, deletion_blockers_many, last_used_times
+from packhorse.runtime.context import ProcessContext
+from packhorse.storage.usage import provider_for
 
 
 @dataclass

@@ -37,11 +37,12 @@ from packhorse.domain import (
     OperationKind,
     Status,
 )
-from packhorse.operations.lifecycle import dedup_key
-from packhorse.runtime.context import ProcessContext
 from packhorse.managers.wanted import create_missing, new_only
-from packhorse.rules.convergence import DeadEnd, Plan, repair_sources
-
+from packhorse.notify.outbox import enqueue
+from packhorse.operations.lifecycle import dedup_key
+from packhorse.rules.convergence import Plan, dead_end_release, plan, repair_sources
+from packhorse.rules.policy import refresh_archived
+from packhorse.runtime.context import ProcessContext
 
 #: How often a bad copy with nothing to repair it from is looked at again (seconds; the dedup
 #: key carries the period).
@@ -150,16 +151,11 @@ def converge(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     and verified (a cache that must never outlive its copies, I1), and queue one CRITICAL
     notification per cooldown window for every package with no good source of its bytes left.
     Returns how many packages it changed or notified about (0 on an idle cycle: one query)."""
-    from packhorse.rules.convergence import plan
-    from packhorse.notify.outbox import enqueue
-
     p = ctx.db.read(lambda s: plan(s, ctx)) if repairs is None else repairs
     if not p.stale_archived and not p.dead_ends:
         return 0
 
     def tx(s: Session) -> int:
-        from packhorse.rules.policy import refresh_archived
-
         n = refresh_archived(s, ctx, p.stale_archived)
         for d in p.dead_ends:
             lines = [f"{c['status'].upper()} {c['location']}:{c['path']}" for c in d.bad_copies]
@@ -179,22 +175,3 @@ def converge(ctx: ProcessContext, repairs: "Plan | None" = None) -> int:
     return ctx.db.transact(tx)
 
 
-def dead_end_release(d: "DeadEnd") -> str:
-    """What a human must do for dead end ``d`` (the ``release`` of its blocked item): only what
-    works. A copy with the recorded sha256 put back under the key of one of its bad archive
-    copies is read back and recognised by the next ``packhorse run`` (:func:`recheck_key`) or
-    ``packhorse verify``, and the other copies are repaired from it. Restoring the source files
-    helps only where a rebuild from them FAILED (then that operation is reset); after packhorse
-    deleted them (``delete_source_files``) they are not read again."""
-    keys = d.archive_keys or [f"raw/{d.name}.tar in one of its archives"]
-    sha = f" {d.sha256}" if d.sha256 else ""
-    text = (f"put the bytes back: write a copy with the recorded sha256{sha} as {' or '.join(keys)}, then "
-            "`packhorse run` (or `packhorse verify`): it is read back and recognised, and the other copies are "
-            "repaired from it")
-    if d.failed_operation:
-        text += (f"; or restore the source files of {d.name} exactly as they were when it was built "
-                 f"(`packhorse locate {d.name}` lists them), then `packhorse reset {d.failed_operation[0]} "
-                 f"{d.failed_operation[1]}`")
-    elif d.source_deleted:
-        text += "; restoring its source files does not help: packhorse deleted them after archiving"
-    return text

@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session
 
 from packhorse.db.models import RawDataFile, RawDataPackage, utcnow
 from packhorse.domain import LocationRole, OperationKind
+from packhorse.managers.wanted import create_missing, planned
 from packhorse.operations.lifecycle import create_operations, dedup_key
 from packhorse.runtime.context import ProcessContext
-from packhorse.managers.wanted import create_missing, planned
 
 if TYPE_CHECKING:
     from packhorse.rules.convergence import Plan
@@ -58,7 +58,7 @@ def plan_group(files: Sequence[Any], limit: int) -> list[tuple[int, list[Any]]]:
     return [(v, part) for v in sorted(by_version) for part in _split(by_version[v], limit)]
 
 
-def _name_for(group: str, taken: set[str], version: int = 1) -> str:
+def name_for(group: str, taken: set[str], version: int = 1) -> str:
     base = package_base(group, version)
     if base not in taken:
         return base
@@ -70,7 +70,7 @@ def _name_for(group: str, taken: set[str], version: int = 1) -> str:
 
 def names_taken(session: Session, base: str, *, batch: int = 64) -> set[str]:
     """The package names in use among ``base``, ``base+2``, ``base+3``, … up to the first gap
-    (enough for :func:`_name_for`, which takes the lowest free one). Equality searches on the
+    (enough for :func:`name_for`, which takes the lowest free one). Equality searches on the
     unique name index, ``batch`` names per query: not ``LIKE 'base+%'``, which reads the whole
     index and takes a ``_`` or ``%`` in a group name for a wildcard, nor a range, whose order
     depends on the PostgreSQL database's collation."""
@@ -157,7 +157,7 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
                         taken_by_version[version] = names_taken(s, package_base(group, version))
                     taken = taken_by_version[version]
                     now = utcnow()
-                    name = _name_for(group, taken, version)
+                    name = name_for(group, taken, version)
                     taken.add(name)
                     # Core statements: this transaction holds the database's write lock
                     pkg_id = conn.execute(insert(_PACKAGES).values(

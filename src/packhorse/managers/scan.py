@@ -30,7 +30,7 @@ Idempotent registration, no operation row (stage 1). Rules:
   is registered again.
 * A full listing reads every registration of the location at once (the driver's cursor) and
   leaves every file whose ``(size, mtime)`` matches in one pass, with the cyclic garbage
-  collector paused meanwhile (:func:`_cycle_collection_paused`).
+  collector paused meanwhile (:func:`cycle_collection_paused`).
 * Files of :data:`THREAD_HASH_MIN_BYTES` or more are hashed on a thread pool (sha256 and the
   reads release the GIL for large buffers); smaller ones in the scanning thread, one after the
   other: for them the threads would only pass the GIL around (20,000 files of 0–16 KiB: 0.5 s
@@ -46,31 +46,36 @@ Idempotent registration, no operation row (stage 1). Rules:
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import operator
 import os
-import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import structlog
-from sqlalchemy import bindparam, delete, func, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import Settings
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import RawDataFile, RawDataPackage, SkippedFile, WithdrawnFile, utcnow
 from packhorse.db.session import Database, insert_ignoring_conflicts
 from packhorse.digest import sha256_stream
 from packhorse.domain import LocationRole, StorageType
 from packhorse.errors import LocationUnavailableError, SourceMissingError, UnsafePathError
-from packhorse.storage.base import RESERVED_PREFIX, Entry, EntryKind, StorageBackend, check_key
-from packhorse.storage.identity import MARKER_KEY
+from packhorse.managers import scanshards
+from packhorse.managers.listing import (
+    Folder,
+    compare_listing,
+    cycle_collection_paused,
+    filter_listing,
+    registered_files,
+    walk,
+)
+from packhorse.rules.availability import look, record_outage
+from packhorse.runtime.context import ProcessContext
+from packhorse.storage.base import Entry, EntryKind, StorageBackend
+from packhorse.storage.registry import backend_for
 
 log = structlog.get_logger(__name__)
 #: Files hashed per thread-pool task.
@@ -90,43 +95,6 @@ FULL_RESCAN_EVERY = 30
 FUTURE_MTIME_TOLERANCE_SECONDS = 2.0
 
 
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def _cycle_collection_paused() -> Any:
-    """Pause Python's cyclic garbage collector while a full listing is compared with the
-    registrations, and resume it afterwards (as it was; nested and concurrent uses count).
-
-    A listing of N files makes about 2N objects that hold no reference cycle (entries, tuples,
-    strings), freed by reference counting all the same; but the collector walks the growing heap
-    every few thousand allocations, which cost a third of a full scan of 100,000 files (0.80 s
-    against 0.53 s, docs/benchmarks.md "Control plane"). Nothing is leaked: collection only
-    waits until the listing is compared."""
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-@dataclass
-class _Folder:
-    mtime_ns: int
-    subfolders: list[str]
-    clean: bool = True
-
-
 @dataclass
 class ScanCache:
     """What the last scans saw per source location: folder → (mtime, subfolders, clean).
@@ -136,7 +104,7 @@ class ScanCache:
     folder.
     """
 
-    folders: dict[str, dict[str, _Folder]] = field(default_factory=dict)
+    folders: dict[str, dict[str, Folder]] = field(default_factory=dict)
     scans: int = 0
 
 
@@ -159,134 +127,9 @@ def group_of(relative_path: str, depth: int) -> str:
     return "/".join(folders[:depth]) if len(folders) >= depth else "/".join(folders)
 
 
-def _printable(name: str) -> str:
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-@dataclass(frozen=True)
-class Shard:
-    """The part of a full listing one process makes (:mod:`packhorse.managers.scanshards`):
-    shard ``index`` lists the folders two levels down whose paths (with a trailing ``/``) lie
-    in ``[lo, hi)`` (``hi`` ``None``: no upper end) and reports exactly the entries whose path
-    lies there; shard 0 also keeps the root and the top-level folders in its ``seen``."""
-
-    index: int
-    lo: str
-    hi: str | None
-
-    def holds(self, path: str) -> bool:
-        """Whether ``path`` (a file's, or a folder's with its trailing ``/``) lies in this shard's range."""
-        return self.lo <= path and (self.hi is None or path < self.hi)
-
-
-#: where ``init --adopt`` keeps the marker of the installation it took a root over from
-#: (:func:`packhorse.storage.identity.mark_location`): ``<quarantine key of the marker>.<stamp>``
-_OLD_MARKERS = f"{RESERVED_PREFIX}quarantine/{MARKER_KEY}."
-
-
-def _walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[tuple[str, str]],
-          previous: dict[str, _Folder] | None = None, seen: dict[str, _Folder] | None = None,
-          trusted_before_ns: int = 0, shard: Shard | None = None, unclean_out: list[str] | None = None) -> None:
-    """List the location through its backend's :meth:`~packhorse.storage.base.StorageBackend.walk`
-    into ``out`` (regular files with their entry) and ``skipped`` (path, reason); with
-    ``previous``/``seen`` (a :class:`ScanCache`'s folders), a clean, unchanged folder's listing
-    is reused instead of stat-ing its files again (the walk's ``reuse``). With ``shard``, only
-    that shard's part of the location (:class:`Shard`); the paths whose folder must be listed
-    again at the next scan are then appended to ``unclean_out`` (their folder may be in another
-    shard's ``seen``).
-
-    Raises:
-        LocationUnavailableError: the location's root is not there.
-    """
-    reused: set[str] = set()
-
-    def reuse(rel: str, mtime_ns: int) -> list[str] | None:
-        if shard is not None and rel.count("/") == 1 and not shard.holds(rel + "/"):
-            return []  # another shard lists this folder
-        before = previous.get(rel) if previous else None
-        if before is not None and before.clean and before.mtime_ns == mtime_ns and mtime_ns < trusted_before_ns:
-            reused.add(rel)
-            return before.subfolders
-        return None
-
-    def unclean(path: str) -> None:
-        if unclean_out is not None:
-            unclean_out.append(path)
-        elif seen is not None and (folder := seen.get(path.rpartition("/")[0])) is not None:
-            folder.clean = False
-
-    append, FILE = out.append, EntryKind.FILE
-    # everything: a source holds only the instrument's files besides packhorse's identity
-    # marker, so a file named like packhorse's partial writes, or put in its reserved folder,
-    # is reported below instead of being left out unseen (I1)
-    for e in backend.walk(reuse=reuse if seen is not None or shard is not None else None, everything=True):
-        path = e.path
-        if shard is not None and not (shard.holds(path) if e.kind is FILE else _in_shard(shard, e, seen)):
-            continue
-        if path.startswith(RESERVED_PREFIX):
-            # the marker, and an earlier installation's marker kept by `init --adopt`, are ours
-            if e.kind is not EntryKind.FOLDER and path != MARKER_KEY and not path.startswith(_OLD_MARKERS):
-                skipped.append((_printable(path), f"in the folder packhorse keeps for its identity marker "
-                                                  f"({RESERVED_PREFIX}); not archived: move it elsewhere"))
-            continue
-        if e.kind is FILE:
-            if not path.isascii():  # (an ASCII name is UTF-8: no encoding per file)
-                try:
-                    path.encode("utf-8")
-                except UnicodeEncodeError:
-                    skipped.append((_printable(path), "file name is not valid UTF-8"))
-                    continue
-            try:
-                check_key(path)
-            except UnsafePathError as err:
-                skipped.append((path, f"name not allowed in an archive: {err}"))
-                continue
-            append((path, e))
-        elif e.kind is EntryKind.FOLDER:
-            if seen is not None:
-                if path in reused:
-                    seen[path] = previous[path]  # type: ignore[index]
-                else:
-                    seen[path] = _Folder(e.mtime_ns, [], clean=e.mtime_ns < trusted_before_ns)
-                    if path and (parent := seen.get(path.rpartition("/")[0])) is not None \
-                            and path.rpartition("/")[0] not in reused:
-                        parent.subfolders.append(path)
-            if e.error is not None:
-                skipped.append((_printable(path or "."), f"folder not readable: {e.error}"))
-                if seen is not None:
-                    seen[path].clean = False
-        elif e.kind is EntryKind.SYMLINK:
-            skipped.append((_printable(path), "symbolic link (not followed)"))
-        elif e.kind is EntryKind.SPECIAL:
-            skipped.append((_printable(path), "not a regular file"))
-        else:
-            skipped.append((_printable(path), f"cannot stat: {e.error}"))
-            unclean(path)
-
-
-def _in_shard(shard: Shard, e: Entry, seen: dict[str, _Folder] | None) -> bool:
-    """Whether entry ``e`` of a sharded walk is ``shard``'s to report (each entry is exactly
-    one shard's). A folder two levels down belongs to the shard holding its path with a trailing
-    ``/`` (so do all entries under it); the root and the top-level folders to shard 0, which
-    also records every folder two levels down as a subfolder of its parent in ``seen``, whoever
-    lists it; every other entry to the shard holding its path."""
-    if e.kind is not EntryKind.FOLDER:
-        return shard.holds(e.path)
-    depth = e.path.count("/") + 1 if e.path else 0
-    if depth < 2:
-        return shard.index == 0
-    if shard.holds(e.path + "/"):
-        return True
-    if depth == 2 and shard.index == 0 and seen is not None:
-        parent = seen.get(e.path.rpartition("/")[0])
-        if parent is not None:
-            parent.subfolders.append(e.path)
-    return False
-
-
 def list_source(settings: Settings, location: str, cache: ScanCache | None = None,
                 backend: StorageBackend | None = None
-                ) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]], dict[str, _Folder] | None, bool]:
+                ) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]], dict[str, Folder] | None, bool]:
     """List source location ``location`` as a scan sees it, registering nothing: ``(found,
     skipped, seen, full)`` — the regular files to consider (path, :class:`Entry`: size, mtime),
     the paths that cannot be registered (path, reason), the folders seen (for ``cache``) and
@@ -297,50 +140,21 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
     A location whose root is not there is reported as one skipped entry (``"."``) and lists
     nothing: a typo in a path or an unmounted disk must not look like "nothing to archive".
     """
-    from packhorse.storage.registry import backend_for
-
     if backend is None:
         backend = backend_for(settings, location)
     found: list[tuple[str, Entry]] = []
     skipped: list[tuple[str, str]] = []
     full = cache is None or cache.scans % FULL_RESCAN_EVERY == 0
     previous = None if full or cache is None else cache.folders.get(location)
-    seen: dict[str, _Folder] | None = {} if cache is not None else None
+    seen: dict[str, Folder] | None = {} if cache is not None else None
     try:
-        _walk(backend, found, skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
+        walk(backend, found, skipped, previous, seen, time.time_ns() - int(RACY_SECONDS * 1e9))
     except LocationUnavailableError as e:
         root = str(settings.location_path(location))
         log.warning("source_folder_missing", location=location, path=root, error=str(e))
         return [], [(".", f"source folder {root} does not exist")], None, False
     found, skipped = filter_listing(settings, location, found, skipped)
     return found, skipped, seen, full
-
-
-def filter_listing(settings: Settings, location: str, found: list[tuple[str, Entry]],
-                   skipped: list[tuple[str, str]]) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]]]:
-    """``(found, skipped)`` of a listing of ``location`` without what its ``include`` /
-    ``exclude`` patterns leave out (:mod:`packhorse.scanfilter`); the lists as they are when
-    the location has none. An unreadable folder may hold wanted files: it stays listed unless
-    it is excluded itself."""
-    from packhorse.scanfilter import location_filter
-
-    wanted = location_filter(settings.location(location))
-    if not wanted.active:
-        return found, skipped
-    return ([(p, s) for p, s in found if wanted.accepts(p)],
-            [(p, r) for p, r in skipped
-             if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))])
-
-
-def compare_listing(found: list[tuple[str, Entry]], registered: dict[str, tuple[int, int]]
-                    ) -> tuple[list[tuple[str, Entry]], set[str]]:
-    """``(new_or_changed, differs)``: the listed files whose ``(size, mtime)`` is not their
-    registration's (:func:`registered_files`), and the paths among them that have one. The
-    files that match are left at once: all but a few of a full scan's (this runs once per
-    file of the location)."""
-    get = registered.get
-    new_or_changed = [(path, s) for path, s in found if get(path) != (s.size, s.mtime_ns)]
-    return new_or_changed, {path for path, _ in new_or_changed if path in registered}
 
 
 def open_source(backend: StorageBackend, rel: str) -> BinaryIO | str:
@@ -398,52 +212,6 @@ def _stat_open(f: object) -> tuple[int, int] | None:
     return s.st_size, s.st_mtime_ns
 
 
-_VERSION = operator.itemgetter(3)
-
-
-def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = None, *,
-                     lo: str = "", hi: str | None = None) -> dict[str, tuple[int, int]]:
-    """``{path: (size in bytes, mtime in ns)}`` of the latest registered version of the files
-    among ``paths``, or of every file of location ``loc_id`` (``paths`` ``None`` or long) whose
-    path lies in ``[lo, hi)`` (code-point order; ``hi`` ``None``: no upper end), read on ``conn``. The mtime is the one a scan last confirmed the registered bytes at
-    (``confirmed_mtime_ns``, a touched file) where there is one, else the registered one: a
-    file is unchanged if its ``(size, mtime)`` is this. The one rule of the scan and of ``run
-    --dry-run`` (:mod:`packhorse.status.dry_run`).
-
-    The whole location is read with the database driver's own cursor (plain tuples, no
-    SQLAlchemy row per registration): a full scan reads every registration of its location,
-    millions in a large archive, and a SQLAlchemy row for each cost about as much as the
-    walk's ``lstat`` of the file (docs/benchmarks.md "Control plane")."""
-    t = RawDataFile.__table__
-    q = select(t.c.relative_path, t.c.size, func.coalesce(t.c.confirmed_mtime_ns, t.c.mtime_ns), t.c.version
-               ).where(t.c.location_id == loc_id)
-    rows: list[Any]
-    if paths is None or len(paths) > 2000:
-        # code-point order on either database: SQLite compares text as UTF-8 bytes, PostgreSQL
-        # by the database's collation unless told "C" (bytes)
-        path = t.c.relative_path.collate("C") if conn.dialect.name == "postgresql" else t.c.relative_path
-        if lo:
-            q = q.where(path >= lo)
-        if hi is not None:
-            q = q.where(path < hi)
-        compiled = q.compile(dialect=conn.dialect)
-        params: Any = compiled.params
-        if compiled.positional:  # qmark (SQLite); named (psycopg's pyformat) takes the dict
-            params = tuple(params[name] for name in compiled.positiontup or ())
-        cursor = conn.connection.cursor()
-        try:
-            cursor.execute(str(compiled), params)
-            rows = cursor.fetchall()
-        finally:
-            cursor.close()
-    else:
-        rows = [r for i in range(0, len(paths), 500)
-                for r in conn.execute(q.where(t.c.relative_path.in_(paths[i:i + 500]))).all()]
-    if any(r[3] != 1 for r in rows):  # most files have one version: nothing to order then
-        rows.sort(key=_VERSION)  # stable: later versions win
-    return {path: (size, mtime_ns) for path, size, mtime_ns, _ in rows}
-
-
 # ----------------------------------------------- versions: registrations their file no longer matches
 
 
@@ -460,7 +228,6 @@ class Change:
         version: the version the new registration gets.
         old: ``(size, mtime_ns, sha256)`` registered (bytes, ns, hex).
     """
-
     action: str
     row_id: int
     version: int
@@ -627,7 +394,6 @@ def _list_in_shards(ctx: ProcessContext, location: str, loc_id: int, cache: Scan
     registrations and this process may start processes; else ``None`` (list it here)."""
     import multiprocessing
 
-    from packhorse.managers import scanshards
 
     if processes < 2 or (cache is not None and cache.scans % FULL_RESCAN_EVERY != 0):
         return None
@@ -658,8 +424,6 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
             package them while the next chunk is hashed (the first packages start before the
             scan of a large tree ends). Not called for a chunk whose groups all wait.
     """
-    from packhorse.rules.availability import look, record_outage
-
     settings = ctx.settings
     loc_id = ctx.topology.location_ids[location]
     result = ScanResult()
@@ -676,7 +440,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         if seen is not None and (folder := seen.get(os.path.dirname(path))) is not None:
             folder.clean = False
 
-    with _cycle_collection_paused():  # a listing and its registrations: no cycles, see there
+    with cycle_collection_paused():  # a listing and its registrations: no cycles, see there
         withdrawn = withdrawn_paths(ctx, loc_id)
         sharded = _list_in_shards(ctx, location, loc_id, cache, processes)
         if sharded is not None:  # a full listing, compared in several processes

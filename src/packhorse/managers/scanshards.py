@@ -13,8 +13,8 @@ holding at least :data:`SHARD_MIN_FILES` registered files is therefore split:
   followed: this only decides who lists what);
 * each process walks the location through its own storage backend, as a one-process scan does
   (I6), listing only the folders two levels down of its range; it reports exactly the entries
-  whose path lies in its range (:class:`~packhorse.managers.scan.Shard`), reads the
-  registrations of that range of paths (:func:`~packhorse.managers.scan.registered_files`) and
+  whose path lies in its range (:class:`~packhorse.managers.listing.Shard`), reads the
+  registrations of that range of paths (:func:`~packhorse.managers.listing.registered_files`) and
   returns only the files whose ``(size, mtime)`` differ from their registration: nothing, for
   an unchanged tree;
 * the scan goes on with what the processes returned as it does with a one-process listing.
@@ -40,16 +40,16 @@ from sqlalchemy import func, select
 from packhorse.config import Settings
 from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
-from packhorse.storage.base import RESERVED_PREFIX, Entry
-from packhorse.storage.registry import backend_for
-from packhorse.managers.scan import (
+from packhorse.managers.listing import (
     Shard,
-    _cycle_collection_paused,
-    _walk,
     compare_listing,
+    cycle_collection_paused,
     filter_listing,
     registered_files,
+    walk,
 )
+from packhorse.storage.base import RESERVED_PREFIX, Entry
+from packhorse.storage.registry import backend_for
 
 log = structlog.get_logger(__name__)
 
@@ -139,8 +139,8 @@ def list_shard(settings: Settings, location: str, loc_id: int, boundaries: list[
     lo, hi = shard_bounds(boundaries, index)
     out = ShardListing(seen={} if keep_seen else None)
     found: list[tuple[str, Entry]] = []
-    with _cycle_collection_paused():
-        _walk(backend_for(settings, location), found, out.skipped, None, out.seen,  # type: ignore[arg-type]
+    with cycle_collection_paused():
+        walk(backend_for(settings, location), found, out.skipped, None, out.seen,  # type: ignore[arg-type]
               trusted_before_ns, shard=Shard(index, lo, hi), unclean_out=out.unclean)
         found, out.skipped = filter_listing(settings, location, found, out.skipped)
         db = Database(settings.database_url)

@@ -13,11 +13,12 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
-from packhorse.domain import CopyStatus, LocationRole, OperationKind, StorageType
+from packhorse.domain import CopyStatus, LocationRole, OperationKind, Status, StorageType
 from packhorse.errors import ConfigError, NothingToStageError
 from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.runtime.context import ProcessContext
+from packhorse.status.staged_copies import check_staged
 
 
 def request_staging(ctx: ProcessContext, name: str, location: str, *, again: bool = False) -> list[dict[str, Any]]:
@@ -87,9 +88,6 @@ def _restage_key(s: Session, ctx: ProcessContext, pkg: RawDataPackage, loc_id: i
     """The dedup key for staging ``pkg`` again: the latest staging operation's key while it is
     unfinished or its staged folder still verifies, else a new one (``…#2``, ``…#3``) after the
     gone or bad staged copy is recorded as found (``missing`` / ``corrupt``)."""
-    from packhorse.domain import Status
-    from packhorse.status.staged_copies import check_staged
-
     keys = list(s.scalars(select(Operation.dedup_key).where(
         or_(Operation.dedup_key == key, Operation.dedup_key.startswith(f"{key}#", autoescape=True)))))
     if not keys:

@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from packhorse.db.models import DataTransferPackage, PhysicalCopy
 from packhorse.domain import CopyStatus, OperationKind
+from packhorse.managers.wanted import buffer_location_ids, create_missing, new_only, planned
 from packhorse.operations.lifecycle import dedup_key
 from packhorse.runtime.context import ProcessContext
-from packhorse.managers.wanted import buffer_location_ids, create_missing, new_only, planned
 
 if TYPE_CHECKING:
     from packhorse.rules.convergence import Plan

@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import Operation
 from packhorse.domain import LocationRole, OperationKind
 from packhorse.operations.lifecycle import create_operations
+from packhorse.rules.convergence import plan
 
 if TYPE_CHECKING:
-    from packhorse.runtime.context import ProcessContext
     from packhorse.rules.convergence import Plan
+    from packhorse.runtime.context import ProcessContext
 
 
 def buffer_location_ids(ctx: "ProcessContext") -> list[int]:
@@ -59,8 +60,6 @@ def planned(ctx: "ProcessContext", kind: OperationKind, repairs: "Plan | None" =
             cycle by :func:`packhorse.engine.pipeline.manager_cycle` for every manager; ``None``
             derives it now (read-only).
     """
-    from packhorse.rules.convergence import plan
-
     if repairs is not None and not repairs.wanted.get(kind):
         return {}  # the cycle's plan asks for nothing of this kind: no read at all
 

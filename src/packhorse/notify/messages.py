@@ -21,7 +21,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import Notification
+from packhorse.db.models import (
+    DataLocation,
+    DataTransferPackage,
+    Notification,
+    Operation,
+    PhysicalCopy,
+    RawDataPackage,
+    Site,
+)
 from packhorse.domain import NotificationLevel
 from packhorse.notify.outbox import FOLLOW_UP_OF, ascii_subject, enqueue, render_error_context
 
@@ -180,15 +188,6 @@ def failure_where(session: Session, operation_id: int) -> dict[str, Any]:
     """Where a failed operation was: ``package`` (or ``bundle``), ``site``, ``source`` and
     ``destination`` data locations, ``key`` (the physical copy's path, if the operation is
     about one) — names, not ids; missing ones are ``None``."""
-    from packhorse.db.models import (
-        DataLocation,
-        DataTransferPackage,
-        Operation,
-        PhysicalCopy,
-        RawDataPackage,
-        Site,
-    )
-
     op = session.get(Operation, operation_id)
     if op is None:
         return {}

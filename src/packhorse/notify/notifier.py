@@ -44,10 +44,13 @@ from packhorse.config import NotificationsConfig
 from packhorse.db.models import Notification, NotificationDelivery, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import NotificationStatus
+from packhorse.errors import ChannelError
+from packhorse.notify.channels import build_channels
+from packhorse.notify.channels.base import Channel, Message
+from packhorse.notify.outbox import ascii_subject, pending_count
+from packhorse.operations.identity import worker_identity
+from packhorse.operations.lifecycle import backoff_seconds
 from packhorse.runtime.hooks import NO_HOOKS, Hooks
-from packhorse.operations.lifecycle import backoff_seconds, worker_identity
-from packhorse.notify.channels import Channel, ChannelError, Message, build_channels
-from packhorse.notify.outbox import ascii_subject
 
 log = structlog.get_logger(__name__)
 
@@ -95,7 +98,6 @@ class Notifier:
         hooks: the process's fault hooks (:mod:`packhorse.runtime.hooks`; tests): points
             ``notify.delivered`` and ``notify.smtp.session``.
     """
-
     def __init__(self, cfg: NotificationsConfig, db: Database, *, channels: list[Channel] | None = None,
                  owner: str | None = None, hooks: Hooks = NO_HOOKS) -> None:
         self.cfg = cfg
@@ -159,7 +161,6 @@ class Notifier:
 
     def renew(self, c: NotificationClaim) -> bool:
         """Extend the lease of ``c``; ``False`` if another notifier holds the row now."""
-
         def tx(s: Session) -> bool:
             res = s.execute(update(Notification).where(*self._fenced(c)).values(
                 lease_expires_at=utcnow() + dt.timedelta(seconds=self.cfg.lease_seconds)))
@@ -187,7 +188,6 @@ class Notifier:
             ``"sent"``, ``"retry"``, ``"dead"``, ``"deferred"`` (a channel is down; handed
             back untried) or ``"lost"`` (the lease went to another notifier).
         """
-
         def load(s: Session) -> tuple[Notification, set[str]]:
             n = s.get(Notification, c.notification_id)
             assert n is not None
@@ -244,7 +244,6 @@ class Notifier:
 
     def _release(self, c: NotificationClaim, wait_seconds: float, notification_id: int) -> str:
         """Hand claimed row ``c`` back untried (no attempt counted), due in ``wait_seconds``."""
-
         def tx(s: Session) -> bool:
             values: dict[str, Any] = dict(lease_owner=None, lease_expires_at=None)
             if wait_seconds > 0:
@@ -368,14 +367,11 @@ class Notifier:
 
     def pending_count(self) -> int:
         """Rows of the outbox still to deliver (``pending``)."""
-        from packhorse.notify.report import pending_count
-
         return pending_count(self.db)
 
     def seconds_until_due(self, exclude: set[int] | frozenset[int] = frozenset()) -> float | None:
         """Seconds until the next pending row (not in ``exclude``) may be claimed (0 if one is
         due now); ``None`` when nothing is pending."""
-
         def q(s: Session) -> float | None:
             now = utcnow()
             due = s.scalar(select(func.min(case(

@@ -17,10 +17,11 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import Notification, utcnow
+from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, NotificationStatus
 
 #: Subjects are plain ASCII and at most this long (mail headers, chat titles).
@@ -57,7 +58,7 @@ def cooldown_key(kind: str | None, operation_id: int | None, subject: str) -> st
 
 def render_error_context(ctx: dict[str, Any]) -> str:
     """The body of a failure notification, rendered from the one prebuilt error context
-    (:func:`packhorse.operations.lifecycle.build_error_context`): one ``Label: value`` line per field
+    (:func:`packhorse.engine.outcome.build_error_context`): one ``Label: value`` line per field
     that is set (diagnosis lines only when set), then the traceback."""
     lines = [f"{label}: {ctx[key]}" for key, label in _CONTEXT_LINES if ctx.get(key) not in (None, "")]
     if ctx.get("traceback"):
@@ -195,3 +196,9 @@ def enqueue(
     session.add(row)
     session.flush()
     return row
+
+
+def pending_count(db: Database) -> int:
+    """Notifications of the outbox still to deliver (status ``pending``)."""
+    return int(db.read(lambda s: s.scalar(select(func.count()).select_from(Notification)
+                                          .where(Notification.status == NotificationStatus.PENDING.value))) or 0)

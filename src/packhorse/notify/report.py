@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import NotificationsConfig
 from packhorse.db.models import Notification, NotificationDelivery, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import NotificationStatus
+from packhorse.notify.notifier import rendered
 
 
 def notification_dict(n: Notification, delivered_to: list[str]) -> dict[str, Any]:
@@ -25,7 +26,6 @@ def notification_dict(n: Notification, delivered_to: list[str]) -> dict[str, Any
 def list_notifications(db: Database, *, dead: bool = False, sent_limit: int = 20) -> list[dict[str, Any]]:
     """Dead letters (``dead=True``), else the pending rows — those already retried first, as
     the notifier takes them — then the ``sent_limit`` most recent sent ones."""
-
     def q(s: Session) -> list[dict[str, Any]]:
         if dead:
             rows = list(s.scalars(select(Notification).where(Notification.status == NotificationStatus.DEAD.value)
@@ -54,8 +54,6 @@ def show_notification(db: Database, notification_id: int, cfg: NotificationsConf
     (:func:`~packhorse.notify.notifier.rendered`): :func:`notification_dict` with ``"subject"``
     as sent, plus ``"body"`` and ``"context"`` (the details it was rendered from); ``None`` if
     there is no notification with that id."""
-    from packhorse.notify.notifier import rendered
-
     def q(s: Session) -> dict[str, Any] | None:
         n = s.get(Notification, notification_id)
         if n is None:
@@ -72,7 +70,6 @@ def show_notification(db: Database, notification_id: int, cfg: NotificationsConf
 def requeue_dead_letters(db: Database) -> list[int]:
     """Queue every dead letter again (attempts from 0, due now); returns their ids. Channels
     that already took a message are still skipped (their delivery records stay)."""
-
     def tx(s: Session) -> list[int]:
         ids = list(s.scalars(select(Notification.id).where(Notification.status == NotificationStatus.DEAD.value)))
         if ids:
@@ -84,7 +81,3 @@ def requeue_dead_letters(db: Database) -> list[int]:
     return db.transact(tx)
 
 
-def pending_count(db: Database) -> int:
-    """Notifications of the outbox still to deliver (status ``pending``)."""
-    return int(db.read(lambda s: s.scalar(select(func.count()).select_from(Notification)
-                                          .where(Notification.status == NotificationStatus.PENDING.value))) or 0)

@@ -6,8 +6,8 @@
   destination): managers may call it every cycle.
 * :func:`claim` moves a ``PENDING``/``SCHEDULED`` operation to ``IN_PROGRESS``, increments
   ``attempt`` — the **fencing token** — and grants a lease until ``lease_expires_at``.
-* :func:`heartbeat`, :func:`complete_in` (:func:`complete_many` for a batch), :func:`defer` and
-  :func:`record_failure` are compare-and-set on :func:`fenced` — ``(id, attempt, status =
+* :func:`heartbeat`, :func:`mark_completed_in` (:func:`mark_completed_many` for a batch), :func:`defer` and
+  the engine's :func:`packhorse.engine.outcome.record_failure` are compare-and-set on :func:`fenced` — ``(id, attempt, status =
   IN_PROGRESS)`` —, the one fencing predicate: a stale attempt's writes change nothing (I3); its
   failure is still appended as a failure event. The status writes of other modules go through it
   too: the stalled-task monitor's reset (:mod:`packhorse.recovery.monitor`), the reconciler's
@@ -28,10 +28,7 @@ All times are UTC; durations are seconds.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import random
-import socket
-import traceback as tb
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,30 +39,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import FailureEvent, Operation, utcnow
+from packhorse.db.models import Operation, utcnow
 from packhorse.db.session import Database, insert_ignoring_conflicts
 from packhorse.domain import OperationKind, Status
 from packhorse.errors import PackhorseError, ResetRefusedError, UnknownOperationError
 
 if TYPE_CHECKING:
-    from packhorse.config import RecoveryConfig
+    pass
 
 log = structlog.get_logger(__name__)
-
-#: Exceptions that no retry can fix (layer 1).
-PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
-    FileNotFoundError,
-    PermissionError,
-    NotADirectoryError,
-    IsADirectoryError,
-)
-TRACEBACK_MAX_CHARS = 8000
-
-#: The notification that hands an operation to a human, per status: (event, subject template).
-#: Read by :func:`record_failure` and by the I5 owner map (:mod:`packhorse.engine.owners`).
-HUMAN_NOTIFICATIONS: dict[Status, tuple[str, str]] = {
-    Status.FAILED: ("permanent_failure", "Permanent failure: {kind} {id}"),
-}
 
 
 @dataclass(frozen=True)
@@ -82,112 +64,6 @@ class Claim:
     owner: str
     expires_at: dt.datetime
     operation: Operation | None = field(default=None, compare=False, repr=False)
-
-
-def worker_identity(suffix: str = "") -> str:
-    """``host:pid[:ns-<namespace>][:suffix]`` — who holds a lease. The embedded runner's leases
-    name the runner's own pid (``host:pid:ns-…:<thread>``, or ``host:<runner pid>:ns-…:worker-<pid>:<thread>``
-    from one of its worker processes, :func:`runner_worker_identity`); a Celery pool child's name
-    the child (``host:pid:ns-…:celery-<task id>``, :data:`CELERY_OWNER_TAG`). The ``ns-`` part
-    (:func:`process_namespace`) says which kernel boot and pid namespace the pids belong to;
-    it is left out where the system does not tell (no ``/proc``)."""
-    import os
-
-    ns = process_namespace()
-    return (f"{socket.gethostname()}:{os.getpid()}" + (f":{NAMESPACE_TAG}{ns}" if ns else "")
-            + (f":{suffix}" if suffix else ""))
-
-
-#: What marks the lease owner of a Celery pool child (its pid is the child's, not its service's).
-CELERY_OWNER_TAG = "celery-"
-
-#: What marks the process namespace in a lease owner (:func:`process_namespace`).
-NAMESPACE_TAG = "ns-"
-
-
-@functools.cache
-def process_namespace() -> str | None:
-    """``<boot>-<pid namespace>`` of this process: the first 12 hex digits of the kernel's boot
-    id (``/proc/sys/kernel/random/boot_id``, new at every boot, the same in every container of
-    one kernel) and the inode number of its pid namespace (``/proc/self/ns/pid``, different in
-    each container). Two processes with the same namespace see the same pids, so a pid of a
-    lease owner with this namespace that does not run here belongs to a process that is gone:
-    what lets a restarted service take over the leases of the one that was killed at once
-    instead of waiting them out (:func:`packhorse.recovery.monitor.check_stalled`). A hostname
-    alone does not tell that: containers may share one. ``None`` without ``/proc`` (not Linux)."""
-    import os
-
-    if not proc_is_ours():
-        return None
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot = f.read().strip().replace("-", "")[:12]
-        pid_ns = os.stat("/proc/self/ns/pid").st_ino
-    except (OSError, UnicodeDecodeError):
-        return None
-    return f"{boot}-{pid_ns}" if boot else None
-
-
-def proc_is_ours() -> bool:
-    """Whether ``/proc`` shows this process's own pid namespace: ``/proc/self`` names this
-    process's pid. A process started in a new pid namespace without a ``/proc`` of its own
-    (``unshare --pid`` without ``--mount-proc``) sees the outer namespace's ``/proc``, where
-    ``/proc/<pid>`` is another process than the one ``pid`` means here: nothing about a pid may
-    then be read there (:func:`process_namespace` is ``None``, so no lease is taken over early;
-    :func:`packhorse.recovery.health.process_alive` asks the kernel only)."""
-    import os
-
-    try:
-        return os.readlink("/proc/self") == str(os.getpid())
-    except OSError:
-        return False
-
-
-def namespace_of(owner: str | None) -> str | None:
-    """The process namespace a lease owner names (:func:`worker_identity`: its ``ns-`` part),
-    or ``None`` for an owner without one (an older version's, a system without ``/proc``)."""
-    for part in (owner or "").split(":")[2:]:
-        if part.startswith(NAMESPACE_TAG):
-            return part[len(NAMESPACE_TAG):]
-    return None
-
-
-def runner_worker_identity(runner_pid: int) -> str:
-    """``host:<runner pid>[:ns-<namespace>]:worker-<pid>`` — a worker process of the embedded
-    runner ``runner_pid``, as its leases name it: the runner first (:func:`runner_of`), then the
-    worker process itself."""
-    import os
-
-    ns = process_namespace()
-    return (f"{socket.gethostname()}:{runner_pid}" + (f":{NAMESPACE_TAG}{ns}" if ns else "")
-            + f":{RUNNER_WORKER_TAG}{os.getpid()}")
-
-
-#: What marks a worker process of the embedded runner in a lease owner (:func:`runner_worker_identity`).
-RUNNER_WORKER_TAG = "worker-"
-
-
-def holder_processes(owner: str | None) -> tuple[str, list[int]] | None:
-    """``(host, [pid, …])`` of the processes an attempt's lease depends on, as its owner names
-    them (:func:`worker_identity`): the runner or claiming process, and an embedded runner's
-    worker process (``worker-<pid>``) when there is one; a Celery pool child's own pid. ``None``
-    for an owner of another form."""
-    parts = (owner or "").split(":")
-    if len(parts) < 2 or not parts[1].isdigit():
-        return None
-    workers = [p[len(RUNNER_WORKER_TAG):] for p in parts[2:] if p.startswith(RUNNER_WORKER_TAG)]
-    return parts[0], [int(parts[1])] + [int(w) for w in workers if w.isdigit()]
-
-
-def runner_of(owner: str | None) -> tuple[str, int] | None:
-    """``(host, pid)`` of the embedded runner an operation's lease owner names
-    (:func:`worker_identity`), or ``None`` for any other owner: a Celery pool child, a claim by
-    hand, an owner of another form. The runner's death ends every lease it holds at once (its
-    worker processes go with it); a worker process of a live runner dying does not change it."""
-    parts = (owner or "").split(":")
-    if len(parts) < 2 or not parts[1].isdigit() or any(p.startswith(CELERY_OWNER_TAG) for p in parts[2:]):
-        return None
-    return parts[0], int(parts[1])
 
 
 def create_operation(
@@ -299,7 +175,7 @@ def fenced(operation_id: Any, attempt: Any,
     status write of an operation is a compare-and-set on it, so a write made on a stale reading
     of the row (its token superseded by a newer claim, its status moved on) changes nothing.
     ``operation_id`` / ``attempt`` are values, bound parameters or the columns of a batch's
-    rows (:func:`claim_many`, :func:`complete_many`: each row is its own compare-and-set)."""
+    rows (:func:`claim_many`, :func:`mark_completed_many`: each row is its own compare-and-set)."""
     if isinstance(status, Status):
         in_status: ColumnElement[bool] = _OPS.c.status == status.value
     else:
@@ -329,7 +205,7 @@ _TOKEN = select(_OPS.c.attempt).where(_OPS.c.id == bindparam("op_id"))
 _TOKENS = select(_OPS.c.id, _OPS.c.attempt).where(_OPS.c.id.in_(bindparam("op_ids", expanding=True)))
 _COMPLETE = _complete_statements()
 
-#: Rows per batch statement (:func:`claim_many`, :func:`complete_many`): 2–3 bound parameters a
+#: Rows per batch statement (:func:`claim_many`, :func:`mark_completed_many`): 2–3 bound parameters a
 #: row, far below SQLite's limit of 32,766.
 BATCH_ROWS = 100
 #: The batch statements by row count, built on first use (cleared by the test-only unfenced
@@ -471,47 +347,39 @@ def heartbeat(db: Database, claim: Claim, lease_seconds: float, bytes_done: int 
     return db.transact(tx)
 
 
-def complete_in(session: Session, claim: Claim, bytes_done: int | None = None) -> bool:
+def mark_completed_in(session: Session, claim: Claim, bytes_done: int | None = None) -> bool:
     """Mark the claimed attempt ``COMPLETED`` inside the caller's transaction (fenced).
 
     Returns ``False`` if the attempt is stale; the caller must then roll back whatever else it
-    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`). The completion
-    of an operation that stalled before closes its open or half-open circuit breaker in the
-    same transaction (:func:`packhorse.recovery.breakers.after_success`).
+    wrote in the transaction (raise :class:`~packhorse.errors.LeaseLostError`). Only the
+    operation's row: the engine's :func:`packhorse.engine.outcome.complete_in` also closes the
+    circuit breaker of an operation that stalled before.
     """
     params: dict[str, Any] = dict(op_id=claim.operation_id, now=utcnow(), token=claim.attempt)
     if bytes_done is not None:
         params["counted"] = bytes_done
     stmt = _COMPLETE[bytes_done is not None]
     res = session.connection().execute(stmt, params)
-    if res.rowcount != 1:
-        return False
-    if claim.operation is None or claim.operation.stall_count:
-        # it stalled before: this may be the attempt a half-open circuit breaker let through,
-        # whose success closes the breaker (an operation that never stalled has none to close)
-        from packhorse.recovery.breakers import after_success
-
-        after_success(session, claim.kind.value, claim.operation_id, params["now"])
-    return True
+    return res.rowcount == 1
 
 
-def complete_many(session: Session, claims: Iterable[Claim],
-                  bytes_done: Mapping[int, int | None] | None = None) -> set[int]:
-    """:func:`complete_in` for several claimed attempts in one statement (per
+def mark_completed_many(session: Session, claims: Iterable[Claim],
+                        bytes_done: Mapping[int, int | None] | None = None) -> set[int]:
+    """:func:`mark_completed_in` for several claimed attempts in one statement (per
     :data:`BATCH_ROWS`), inside the caller's transaction: each row of the statement is a
     compare-and-set on :func:`fenced` at its own claim's token.
 
     Args:
         claims: the claimed attempts (at most one per operation).
         bytes_done: bytes counted by operation id, written as the row's ``bytes_done``; an
-            operation left out or mapped to ``None`` keeps its own (as :func:`complete_in`
+            operation left out or mapped to ``None`` keeps its own (as :func:`mark_completed_in`
             without ``bytes_done``).
 
     Returns:
         the ids of the operations completed; an attempt that is stale is left out, and the
         caller must then roll back (or not write) whatever else it meant for it, as with
-        :func:`complete_in` returning ``False``. An operation that stalled before has its
-        circuit breaker closed in the same transaction, as :func:`complete_in` does.
+        :func:`mark_completed_in` returning ``False``. Only the rows: the engine's
+        :func:`packhorse.engine.outcome.complete_many` also closes circuit breakers.
     """
     todo = sorted(claims, key=lambda c: c.operation_id)
     counted = bytes_done or {}
@@ -529,28 +397,10 @@ def complete_many(session: Session, claims: Iterable[Claim],
             params[f"token_{k}"] = c.attempt
             params[f"counted_{k}"] = counted.get(c.operation_id)
         completed.update(conn.execute(stmt, params).scalars())
-    for c in todo:
-        if c.operation_id in completed and (c.operation is None or c.operation.stall_count):
-            from packhorse.recovery.breakers import after_success  # as in complete_in
-
-            after_success(session, c.kind.value, c.operation_id, now)
     return completed
 
 
-#: ``error_context["waiting"]`` of an operation handed back by :func:`defer` because the
-#: deletion rule does not hold yet (:class:`~packhorse.errors.DeletionNotSafeError`).
-WAITING_DELETION_RULE = "deletion_rule"
-#: ``error_context["waiting"]`` of an operation handed back by :func:`defer` because a data
-#: location it needs is unavailable; ``error_context["location_id"]`` names it (it may be
-#: neither the operation's source nor its destination: a repair's source copy, for one).
-WAITING_LOCATION = "location"
-#: ``error_context["waiting"]`` of an operation handed back because the data location it
-#: writes to is full (:class:`~packhorse.errors.DestinationWriteError` ``out_of_space``);
-#: ``error_context["location_id"]`` names it.
-WAITING_SPACE = "space"
-
-
-def _record_salvage(s: Session, salvage: Callable[[Session], None] | None, operation_id: int) -> None:
+def record_salvage(s: Session, salvage: Callable[[Session], None] | None, operation_id: int) -> None:
     """Record an attempt's salvage (:attr:`~packhorse.stages.base.Work.salvage`) in the caller's
     transaction, the one that hands the attempt back (:func:`defer`) or records its failure
     (:func:`record_failure`); a refused one (e.g. a conflicting copy row) is logged and the
@@ -586,7 +436,7 @@ def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | 
         res = s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt)).values(**values))
         if res.rowcount != 1:
             return False
-        _record_salvage(s, salvage, claim.operation_id)
+        record_salvage(s, salvage, claim.operation_id)
         if also is not None:
             also(s)
         return True
@@ -597,177 +447,9 @@ def defer(db: Database, claim: Claim, seconds: float, *, note: dict[str, Any] | 
 # ------------------------------------------------------------------------------ failures
 
 
-def is_retryable(exc: BaseException, retry_count: int, max_retries: int) -> bool:
-    """Classify a failure: permanent builtins and ``is_retryable = False``
-    errors never retry; otherwise retry while ``retry_count`` is below the cap (the exception's
-    own ``max_retries`` if it carries one, else the operation's)."""
-    if isinstance(exc, PERMANENT_BUILTINS):
-        return False
-    if getattr(exc, "is_retryable", True) is False:
-        return False
-    cap = getattr(exc, "max_retries", None)
-    return retry_count < (cap if isinstance(cap, int) else max_retries)
-
-
 def backoff_seconds(retry_count: int, base: float, cap: float) -> float:
     """Exponential backoff with full jitter, capped: ``uniform(0.5, 1) × min(cap, base × 2^n)``."""
     return min(cap, base * (2 ** retry_count)) * (0.5 + random.random() / 2)
-
-
-def build_error_context(
-    exc: BaseException,
-    *,
-    kind: OperationKind,
-    operation_id: int,
-    task_id: str,
-    retry_count: int,
-    will_retry: bool,
-    operation_info: dict[str, Any] | None = None,
-    auto_diagnosis: str | None = None,
-) -> dict[str, Any]:
-    """The one error-context dict of a failure (DESIGN.md "Error context"); built once.
-
-    The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail. A
-    diagnosis carried by the exception (set where it was raised) wins, with
-    ``diagnosis_source = "boundary"``; otherwise ``auto_diagnosis`` (made from the database by
-    :mod:`packhorse.recovery.diagnosis`) is used with ``diagnosis_source = "auto-db"``.
-    """
-    text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
-    if len(text) > TRACEBACK_MAX_CHARS:
-        text = "[... traceback cut ...]\n" + text[-TRACEBACK_MAX_CHARS:]
-    ctx: dict[str, Any] = {
-        "error_type": type(exc).__name__,
-        "message": str(exc),
-        "operation_kind": kind.value,
-        "operation_id": operation_id,
-        "task_id": task_id,
-        "task_name": f"packhorse.{kind.value}",
-        "retry_count": retry_count,
-        "will_retry": will_retry,
-        "timestamp": utcnow().isoformat(),
-        "operation_info": operation_info or {},
-        "traceback": text,
-    }
-    for key in ("step", "side", "path", "host", "diagnosis"):
-        value = getattr(exc, key, None)
-        if value is not None:
-            ctx[key] = value
-    if ctx.get("diagnosis"):
-        ctx["diagnosis_source"] = "boundary"
-    elif auto_diagnosis:
-        ctx["diagnosis"] = auto_diagnosis
-        ctx["diagnosis_source"] = "auto-db"
-    return ctx
-
-
-def append_failure_event(db: Database, claim: Claim, retry_count: int, ctx: dict[str, Any]) -> None:
-    """Append a failure event in its own transaction (survives the operation's rollback)."""
-
-    def tx(s: Session) -> None:
-        s.add(FailureEvent(
-            operation_id=claim.operation_id, kind=claim.kind.value, attempt=claim.attempt,
-            retry_count=retry_count, error_type=ctx["error_type"], message=ctx["message"][:4000],
-            will_retry=bool(ctx["will_retry"]), error_context=ctx, created_at=utcnow(),
-        ))
-
-    db.transact(tx)
-
-
-@dataclass(frozen=True)
-class FailureOutcome:
-    """What :func:`record_failure` did: ``status`` written (or ``None`` if the attempt was
-    stale), whether it will retry, and the error context."""
-
-    status: Status | None
-    will_retry: bool
-    error_context: dict[str, Any]
-
-
-def record_failure(
-    db: Database,
-    claim: Claim,
-    exc: BaseException,
-    *,
-    backoff_base: float,
-    backoff_max: float,
-    operation_info: dict[str, Any] | None = None,
-    notification_cooldown_seconds: float = 3600.0,
-    notification_gather_seconds: float = 0.0,
-    notify_retries: bool = False,
-    salvage: Callable[[Session], None] | None = None,
-    recovery: RecoveryConfig | None = None,
-) -> FailureOutcome:
-    """The single failure path of every kind: classify, diagnose a permanent failure that has no
-    diagnosis from the database (``diagnosis_source = "auto-db"``), build the error context
-    once, append a failure event, then (fenced) reset for retry or mark ``FAILED``.
-
-    A retry sets ``PENDING``, ``retry_count + 1``, clears the cached error context and sets
-    ``not_before`` to now + jittered exponential backoff. ``FAILED`` keeps the error context
-    and queues an ERROR notification ("Permanent failure: <kind> <id>") in the same
-    transaction (I1: every FAILED operation has an error context, a failure event and a
-    notification); failures of one root cause within ``notification_cooldown_seconds`` share
-    one message, which waits ``notification_gather_seconds`` for them
-    (:func:`packhorse.notify.messages.operation_failed`). With ``notify_retries`` (``[notifications] development_mode``) a retry
-    queues a DEBUG "Retry: <kind> <id>" notification too. ``salvage`` (the attempt's
-    :attr:`~packhorse.stages.base.Work.salvage`) runs in the same transaction, only when the
-    fenced status write succeeded. ``recovery`` (the ``[recovery]`` settings): a failure of an
-    operation that stalled before may be the attempt a half-open circuit breaker let through:
-    a retry then opens the breaker again and the operation is not due before its next
-    cool-down ends; a permanent failure closes it
-    (:func:`packhorse.recovery.breakers.after_failure`, same transaction).
-    """
-    op = db.read(lambda s: s.get(Operation, claim.operation_id))
-    assert op is not None
-    stale = op.attempt != claim.attempt or op.status != Status.IN_PROGRESS.value
-    will_retry = not stale and is_retryable(exc, op.retry_count, op.max_retries)
-    auto = None
-    if not will_retry and not getattr(exc, "diagnosis", None):
-        from packhorse.recovery.diagnosis import safe_diagnose
-
-        auto = safe_diagnose(db, claim.operation_id, exc)
-    ctx = build_error_context(exc, kind=claim.kind, operation_id=claim.operation_id, task_id=
-                              f"{claim.owner}#{claim.attempt}", retry_count=op.retry_count,
-                              will_retry=will_retry, operation_info=operation_info, auto_diagnosis=auto)
-    append_failure_event(db, claim, op.retry_count, ctx)
-
-    def tx(s: Session) -> Status | None:
-        now = utcnow()
-        where = (fenced(claim.operation_id, claim.attempt),)
-        if will_retry:
-            values: dict[str, Any] = dict(
-                status=Status.PENDING.value, retry_count=Operation.retry_count + 1, error_context=None,
-                not_before=now + dt.timedelta(seconds=backoff_seconds(op.retry_count, backoff_base, backoff_max)),
-                lease_owner=None, lease_expires_at=None, updated_at=now,
-            )
-            new = Status.PENDING
-        else:
-            values = dict(status=Status.FAILED.value, error_context=ctx, finished_at=now, updated_at=now,
-                          lease_owner=None, lease_expires_at=None)
-            new = Status.FAILED
-        res = s.execute(update(Operation).where(*where).values(**values))
-        if res.rowcount != 1:
-            return None
-        if recovery is not None and op.stall_count:
-            from packhorse.recovery.breakers import after_failure
-
-            held_until = after_failure(s, claim.kind.value, claim.operation_id, will_retry=new is Status.PENDING,
-                                       rec=recovery, now=now)
-            if held_until is not None:  # one attempt per cool-down: not due before the next one
-                s.execute(update(Operation).where(fenced(claim.operation_id, claim.attempt, Status.PENDING))
-                          .values(not_before=held_until))
-        _record_salvage(s, salvage, claim.operation_id)
-        if new is Status.FAILED:
-            from packhorse.notify.messages import operation_failed
-
-            operation_failed(s, ctx, cooldown_seconds=notification_cooldown_seconds,
-                             gather_seconds=notification_gather_seconds)
-        elif notify_retries:
-            from packhorse.notify.messages import operation_retry
-
-            operation_retry(s, ctx, cooldown_seconds=notification_cooldown_seconds)
-        return new
-
-    return FailureOutcome(db.transact(tx), will_retry, ctx)
 
 
 def counts_by_kind_status(session: Session) -> dict[str, dict[str, int]]:

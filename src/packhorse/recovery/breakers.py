@@ -10,7 +10,7 @@ Breaker Pattern", with the half-open state of the usual pattern added):
   ``IN_PROGRESS``; after a failed trial ``PENDING`` and not due) for a cool-down
   (``circuit_breaker_cooldown_seconds``, 600 s), an ERROR notification is queued (at most one per
   ``notification_cooldown_seconds``) and the work shows in ``packhorse status`` as blocked
-  (:func:`blocked_by_breakers`, cause ``circuit_breaker``);
+  (:func:`packhorse.status.blocked_work.circuit_breakers`, cause ``circuit_breaker``);
 * **half-open** — when the cool-down passed, the monitor lets one attempt through
   (:func:`let_trials_through`: the operation is reset to ``PENDING``, dispatchable now). That
   attempt's success closes the breaker (:func:`after_success`, in the completion's transaction);
@@ -37,12 +37,12 @@ from packhorse.config import RecoveryConfig
 from packhorse.db.models import CircuitBreaker, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, NotificationLevel, OperationKind, Status
+from packhorse.errors import ResetRefusedError
 from packhorse.notify.outbox import enqueue
 from packhorse.operations.lifecycle import fenced, get_operation
 
 if TYPE_CHECKING:
-    from packhorse.status.blocked_work import BlockedItem
-    from packhorse.runtime.context import ProcessContext
+    pass
 
 log = structlog.get_logger(__name__)
 
@@ -207,7 +207,7 @@ def notify_open(session: Session, b: CircuitBreaker, op: Operation, rec: Recover
 def after_success(session: Session, kind: str, operation_id: int, now: dt.datetime | None = None) -> bool:
     """In the transaction that completed ``operation_id``: close its breaker if it was open or
     half-open (the attempt let through succeeded; INFO notification). Returns whether it did.
-    Called only for operations that ever stalled (:func:`packhorse.operations.lifecycle.complete_in`)."""
+    Called only for operations that ever stalled (:func:`packhorse.engine.outcome.complete_in`)."""
     now = now or utcnow()
     b = session.scalars(select(CircuitBreaker).where(CircuitBreaker.kind == kind,
                                                       CircuitBreaker.operation_id == operation_id,
@@ -225,7 +225,7 @@ def after_failure(session: Session, kind: str, operation_id: int, *, will_retry:
     operation will retry (ERROR notification) and the time of the next automatic attempt is
     returned — the caller makes the operation not due before it; a permanent failure closes the
     breaker (the ``FAILED`` operation waits for ``packhorse reset``) and ``None`` is returned.
-    Called only for operations that ever stalled (:func:`packhorse.operations.lifecycle.record_failure`)."""
+    Called only for operations that ever stalled (:func:`packhorse.engine.outcome.record_failure`)."""
     now = now or utcnow()
     b = session.scalars(select(CircuitBreaker).where(CircuitBreaker.kind == kind,
                                                       CircuitBreaker.operation_id == operation_id,
@@ -276,47 +276,6 @@ def list_breakers(session: Session) -> list[dict[str, Any]]:
     return [breaker_row(b) for b in sorted(rows, key=lambda b: rank.get(b.state, 3))]
 
 
-def blocked_by_breakers(session: Session, ctx: "ProcessContext") -> list["BlockedItem"]:
-    """The :mod:`packhorse.status.blocked_work` provider of cause ``circuit_breaker``: every active
-    operation whose breaker is open (held for its cool-down) or half-open (its one attempt
-    let through), with the package and data location behind it.
-
-    Each item: subject ``"<kind> <id>"``, release ``packhorse retry <kind> <id>``, exit code
-    :data:`~packhorse.status.blocked_work.EXIT_WAITING` (it resumes by itself after the cool-down), since
-    = when the breaker opened, detail ``{"kind", "operation_id", "state", "stall_count",
-    "trips", "next_attempt_at", "package", "location", "operation_status"}``.
-    """
-    from packhorse.status.blocked_work import EXIT_WAITING, BlockedItem
-    from packhorse.status.overview import package_and_location
-
-    package, location, join = package_and_location()
-    rows = session.execute(join(
-        select(CircuitBreaker, Operation.status, package, location).select_from(Operation)
-        .join(CircuitBreaker, CircuitBreaker.operation_id == Operation.id))
-        .where(CircuitBreaker.state.in_([_OPEN, _HALF_OPEN]), Operation.status.in_(_ACTIVE))
-        .order_by(CircuitBreaker.id)).all()
-    out: list[BlockedItem] = []
-    for b, status, pkg, loc in rows:
-        nxt = b.next_attempt_at if b.state == _OPEN else None
-        if b.state == _OPEN:
-            when = nxt.isoformat() if nxt else "-"
-            reason = (f"circuit breaker open after {b.stall_count} stall(s) (workers died or hung on it); "
-                      f"held until the next automatic attempt at {when} UTC")
-        else:
-            reason = (f"circuit breaker half-open after {b.stall_count} stall(s): one attempt let through "
-                      f"at {b.half_open_at.isoformat() if b.half_open_at else '-'} UTC; it closes if that "
-                      "attempt succeeds")
-        out.append(BlockedItem(
-            cause="circuit_breaker", subject=f"{b.kind} {b.operation_id}", reason=reason,
-            release=f"packhorse retry {b.kind} {b.operation_id}", exit_code=EXIT_WAITING,
-            since=b.opened_at.isoformat() if b.opened_at else None,
-            detail={"kind": b.kind, "operation_id": b.operation_id, "state": b.state,
-                    "stall_count": b.stall_count, "trips": b.trips,
-                    "next_attempt_at": nxt.isoformat() if nxt else None,
-                    "package": pkg, "location": loc, "operation_status": status}))
-    return out
-
-
 def reset_breaker(db: Database, kind: OperationKind, operation_id: int, *, reason: str, actor: str) -> dict[str, Any]:
     """Close the breaker of (``kind``, ``operation_id``) by hand (INFO notification, WARNING log).
 
@@ -329,7 +288,6 @@ def reset_breaker(db: Database, kind: OperationKind, operation_id: int, *, reaso
     Raises:
         UnknownOperationError: no operation ``operation_id`` of ``kind``.
     """
-
     def tx(s: Session) -> dict[str, Any]:
         get_operation(s, kind, operation_id)
         b = get_breaker(s, kind, operation_id)
@@ -364,8 +322,6 @@ def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason:
             between reading it and resetting it: the reset is a compare-and-set on
             :func:`~packhorse.operations.lifecycle.fenced` with the status and attempt read.
     """
-    from packhorse.operations.lifecycle import ResetRefusedError
-
     def tx(s: Session) -> dict[str, Any]:
         op = get_operation(s, kind, operation_id)
         if op.status == Status.COMPLETED.value:

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import ServiceHeartbeat, utcnow
 from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
-from packhorse.operations.lifecycle import proc_is_ours, process_namespace
+from packhorse.operations.identity import proc_is_ours, process_namespace
 
 log = structlog.get_logger(__name__)
 
@@ -94,7 +94,7 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
         kind: what the service is (``runner``, ``monitor``, ``manager``, ``worker`` ...).
         host, pid: where it runs now. site, instance: the rest of its identity.
         pid_namespace: the process namespace ``pid`` belongs to
-            (:func:`~packhorse.operations.lifecycle.process_namespace`; ``None`` where it is not known).
+            (:func:`~packhorse.operations.identity.process_namespace`; ``None`` where it is not known).
         started_at: when this process started serving (UTC; tells a restart from the same
             process even where every process is pid 1, as in containers); default: now.
         now: the time of the heartbeat (tests; default: the clock).
@@ -129,7 +129,7 @@ def process_alive(pid: int) -> bool:
     """Whether process ``pid`` runs on this host (``kill(pid, 0)``; a process of another user
     counts). A zombie (ended, not yet reaped by its parent: ``Z`` in ``/proc/<pid>/stat``) does
     not run: a killed worker process is one until its parent waits for it. ``/proc`` is read
-    only when it is this pid namespace's own (:func:`~packhorse.operations.lifecycle.proc_is_ours`)."""
+    only when it is this pid namespace's own (:func:`~packhorse.operations.identity.proc_is_ours`)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -153,7 +153,7 @@ def is_alive(host: str, pid: int, age_seconds: float, dead_after_seconds: float,
     its process ``pid`` still runs (a service killed a moment ago is dead at once, not
     ``dead_after_seconds`` later; a pid reused by another process meanwhile still counts as
     alive until the heartbeat ages). ``pid_namespace``: the one the service recorded
-    (:func:`~packhorse.operations.lifecycle.process_namespace`); another one (a container with the same
+    (:func:`~packhorse.operations.identity.process_namespace`); another one (a container with the same
     hostname) has pids this process cannot look at, so its heartbeat's age alone decides. A row
     without one (an older version's) is judged by its host, as before."""
     if age_seconds > dead_after_seconds:

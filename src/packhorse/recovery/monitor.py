@@ -45,16 +45,17 @@ from packhorse.db.models import FailureEvent, Operation, utcnow
 from packhorse.db.session import Database, bound_idle_in_transaction
 from packhorse.domain import BreakerState, NotificationLevel, OperationKind, Status
 from packhorse.notify.outbox import enqueue
-from packhorse.operations.lifecycle import (
+from packhorse.operations.identity import (
     NAMESPACE_TAG,
-    fenced,
     holder_processes,
     namespace_of,
     process_namespace,
     runner_of,
 )
+from packhorse.operations.lifecycle import fenced
 from packhorse.recovery import breakers
 from packhorse.recovery.health import process_alive
+from packhorse.recovery.reconciler import reconcile
 
 if TYPE_CHECKING:
     from packhorse.recovery.reconciler import BrokerWatch
@@ -87,9 +88,9 @@ def register_recovery_handler(kind: OperationKind, handler: RecoveryHandler = re
 
 
 def _register_defaults() -> None:
-    from packhorse.stages import STAGES
-
-    for kind in STAGES:
+    # every operation kind: its stalled attempt is handed back for another dispatch (a kind
+    # with no stage has no dispatcher, and the I5 owner map shows it as an orphan)
+    for kind in OperationKind:
         register_recovery_handler(kind)
 
 
@@ -99,7 +100,6 @@ _register_defaults()
 @dataclass
 class MonitorReport:
     """What one monitor cycle did (operation ids)."""
-
     reset: list[int] = field(default_factory=list)
     blocked: list[int] = field(default_factory=list)      # left: breaker open
     unhandled: list[int] = field(default_factory=list)    # left: no recovery handler
@@ -124,7 +124,7 @@ def _stall_event(op: Operation, now: dt.datetime, *, gone: bool = False) -> Fail
 
 def _here(host: str, owner: str | None) -> bool:
     """Whether ``owner``'s pids are this host's to look at: it names this host and, when it
-    names a process namespace (:func:`~packhorse.operations.lifecycle.namespace_of`), this process's."""
+    names a process namespace (:func:`~packhorse.operations.identity.namespace_of`), this process's."""
     if host != socket.gethostname():
         return False
     ns = namespace_of(owner)
@@ -133,7 +133,7 @@ def _here(host: str, owner: str | None) -> bool:
 
 def died_with_its_runner(owner: str | None) -> bool:
     """Whether a stalled attempt's lease holder was an embedded runner of this host that is gone
-    (:func:`~packhorse.operations.lifecycle.runner_of`; its pid no longer runs): the whole service stopped
+    (:func:`~packhorse.operations.identity.runner_of`; its pid no longer runs): the whole service stopped
     (killed, a host reboot, a crash loop), so the operation is not a suspect and no stall is
     counted on its circuit breaker. A worker process dying under a live runner, a Celery pool
     child, a holder on another host or in another container (another process namespace) or a
@@ -146,7 +146,7 @@ def died_with_its_runner(owner: str | None) -> bool:
 def lease_holder_gone(owner: str | None) -> bool:
     """Whether the process holding an attempt's lease is gone from this host: the owner names
     this host (and this process namespace, when it names one) and one of the processes it names
-    no longer runs (:func:`~packhorse.operations.lifecycle.holder_processes`) — the embedded runner, its
+    no longer runs (:func:`~packhorse.operations.identity.holder_processes`) — the embedded runner, its
     worker process (``worker-<pid>``), or a Celery pool child (``celery-<task id>``). Its lease
     can then never be renewed: the attempt is over, though the lease has not expired yet (what
     ``packhorse diagnose`` tells the operator). An owner on another host, or of another form, is
@@ -158,7 +158,7 @@ def lease_holder_gone(owner: str | None) -> bool:
 def provably_gone(owner: str | None) -> bool:
     """Whether an attempt's lease holder is certainly gone, so its operation may be taken over
     before the lease expires: :func:`lease_holder_gone`, and the owner names this very process
-    namespace (:func:`~packhorse.operations.lifecycle.process_namespace`: the same kernel boot and pid
+    namespace (:func:`~packhorse.operations.identity.process_namespace`: the same kernel boot and pid
     namespace, where a pid that does not run is a process that ended). A hostname alone is not
     proof (two containers may share one, each with its own pids); an owner without a namespace
     (an older version's) waits for its lease to expire as before. A pid reused meanwhile makes
@@ -281,8 +281,6 @@ def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...]
     is not lost (:func:`packhorse.recovery.reconciler.reconcile`).
     The reconciler's re-dispatched ids are added to ``report.reset``.
     """
-    from packhorse.recovery.reconciler import reconcile
-
     report = check_stalled(db, settings)
     report.reset += reconcile(db, settings, exclude=exclude, broker=broker)
     return report

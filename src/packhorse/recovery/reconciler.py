@@ -42,12 +42,12 @@ import structlog
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from packhorse.operations.batching import operations_per_task
 from packhorse.config import Settings
 from packhorse.db.models import Operation, utcnow
 from packhorse.db.session import Database, bound_idle_in_transaction
 from packhorse.domain import NotificationLevel, Status
 from packhorse.notify.outbox import enqueue
+from packhorse.operations.batching import operations_per_task
 from packhorse.operations.lifecycle import fenced
 
 log = structlog.get_logger(__name__)

@@ -33,10 +33,23 @@ import structlog
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import DataLocation, LocationOutage, Operation, PhysicalCopy, RawDataPackage, utcnow
+from packhorse import __version__
+from packhorse.db.models import (
+    DataLocation,
+    Installation,
+    LocationOutage,
+    Operation,
+    PhysicalCopy,
+    RawDataPackage,
+    utcnow,
+)
 from packhorse.db.session import insert_ignoring_conflicts
-from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Status
+from packhorse.domain import LIVE_COPY_STATUSES, WAITING_LOCATION, CopyStatus, LocationRole, Status
 from packhorse.errors import ConfigError, LocationUnavailableError, StorageServiceError
+from packhorse.notify.messages import location_available as notify_available
+from packhorse.notify.messages import location_unavailable as notify_unavailable
+from packhorse.rules.policy import refresh_archived
+from packhorse.storage.identity import check_identity, mark_location, other_installation, read_marker
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
@@ -56,8 +69,6 @@ def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | No
         ConfigError: ``location`` is not configured or its store is refused.
         StorageServiceError: an object store could not be asked (not an outage of the location).
     """
-    from packhorse.storage.identity import check_identity
-
     backend = ctx.backend(location)
     installation = ctx.topology.installation
     try:
@@ -93,8 +104,6 @@ def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.
     The first record of an outage inserts its row and queues one WARNING notification in the
     same transaction; later records only refresh ``checked_at`` and the reason.
     """
-    from packhorse.notify.messages import location_unavailable as notify_unavailable
-
     loc_id = ctx.topology.location_ids[error.location]
     _seen_out.add(error.location)
 
@@ -123,8 +132,6 @@ def waiting_for(location_ids: Any) -> Any:
     ``error_context["waiting"] = "location"`` with its ``location_id``; a repair reading
     another site's copy, for one). One definition for the idle check of ``run --until-idle``,
     the blocked list and the release when the location is back."""
-    from packhorse.operations.lifecycle import WAITING_LOCATION
-
     return and_(Operation.status == Status.PENDING.value, or_(
         Operation.source_location_id.in_(location_ids), Operation.destination_location_id.in_(location_ids),
         and_(Operation.error_context["waiting"].as_string() == WAITING_LOCATION,
@@ -134,8 +141,6 @@ def waiting_for(location_ids: Any) -> Any:
 def end_outage(ctx: "ProcessContext", location: str) -> int | None:
     """The location is available again: delete its outage and make the operations waiting on
     it due now. Returns how many operations were released, ``None`` if there was no outage."""
-    from packhorse.notify.messages import location_available as notify_available
-
     loc_id = ctx.topology.location_ids[location]
 
     def tx(s: Session) -> int | None:
@@ -158,7 +163,6 @@ def end_outage(ctx: "ProcessContext", location: str) -> int | None:
 
 def open_outages(ctx: "ProcessContext") -> dict[str, LocationOutage]:
     """The open outages by location name (read-only)."""
-
     def tx(s: Session) -> dict[str, LocationOutage]:
         rows = list(s.scalars(select(LocationOutage)))
         for r in rows:
@@ -333,8 +337,6 @@ def _record_copies_missing(ctx: "ProcessContext", location: str) -> None:
     """After ``init --replace``: every live copy recorded at ``location`` is recorded
     ``missing`` (the storage holding it is gone), and "archived" is recomputed in the same
     transaction, so convergence makes the copies again (DESIGN.md "Converging")."""
-    from packhorse.rules.policy import refresh_archived
-
     loc_id = ctx.topology.location_ids.get(location)
     if loc_id is None:
         return
@@ -394,9 +396,6 @@ def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: li
     Raises:
         ConfigError: the root is refused (the message names the location and what to do).
     """
-    from packhorse import __version__
-    from packhorse.domain import LocationRole
-    from packhorse.storage.identity import mark_location, read_marker
 
     root_missing = backend.root_missing() is not None
     try:
@@ -431,7 +430,6 @@ def installation_uuid(ctx: "ProcessContext") -> str:
     the first call (``packhorse init``); concurrent first calls agree on one row."""
     import uuid
 
-    from packhorse.db.models import Installation
 
     def tx(s: Session) -> str:
         found = s.scalar(select(Installation.uuid).where(Installation.id == 1))
@@ -454,8 +452,6 @@ def _refuse_another_installations(ctx: "ProcessContext", location: str, marker: 
     Raises:
         ConfigError: naming the location, its root, the other installation and the way out.
     """
-    from packhorse.storage.identity import other_installation
-
     if marker is None or adopting or ctx.topology.location_marker.get(location) is not None:
         return
     other = other_installation(marker, ours)
@@ -499,7 +495,6 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
             names no site, a source folder or an S3 bucket is
             missing (packhorse never creates either); the message names the location.
     """
-    from packhorse.domain import LocationRole
 
     for option, names in (("--replace", replace), ("--adopt", adopt)):
         unknown = sorted(set(names) - {loc.name for loc in ctx.settings.locations})

@@ -82,6 +82,7 @@ from packhorse.domain import (
     Status,
 )
 from packhorse.operations.lifecycle import dedup_key
+from packhorse.rules.policy import archive_locations, holds_artifact_bytes, is_archived
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
@@ -119,7 +120,6 @@ class DeadEnd:
         archive_keys: ``location:key`` of its bad copies at long-term archives, where a good
             copy put back is recognised.
     """
-
     package_id: int
     name: str
     bad_copies: list[dict[str, str]]
@@ -223,16 +223,6 @@ def _unfinished_losses(s: Session, bad: list[Any]) -> list[Any]:
             open_dtp |= set(s.scalars(select(RawDataPackage.data_transfer_package_id).where(
                 RawDataPackage.data_transfer_package_id.in_(dtp[k:k + 500]), RawDataPackage.archived_at.is_(None))))
     return [b for b in bad if b.raw_data_package_id in open_raw or b.data_transfer_package_id in open_dtp]
-
-
-def holds_artifact_bytes(ctx: "ProcessContext", location: str) -> bool:
-    """Whether a copy recorded at ``location`` is its artifact's bytes (one object with the
-    recorded size and sha256: a buffer or long-term-archive copy). A copy at a ``processing``
-    location is not: it is a folder ``packhorse stage`` extracted the package into, a working
-    copy the processing team may change. It is never a source of a package's bytes, never
-    checked or repaired as one, and never counts for or against archiving, repairs, dead ends
-    or deletions (I1; :mod:`packhorse.status.staged_copies` checks staged folders)."""
-    return ctx.topology.location_role.get(location) is not LocationRole.PROCESSING
 
 
 def repair_sources(ctx: "ProcessContext", location: str, copies: Iterable[Any]) -> list[Any]:
@@ -529,9 +519,6 @@ def describe(s: Session, ctx: "ProcessContext", name: str) -> dict[str, Any] | N
         of repair operations the managers will create next], "dead_end": None | {"bad_copies",
         "tried", "release"}}``.
     """
-    from packhorse.managers.fixity_checks import dead_end_release
-    from packhorse.rules.policy import archive_locations, is_archived
-
     pkg = s.scalars(select(RawDataPackage).where(RawDataPackage.name == name)).first()
     if pkg is None:
         return None
@@ -552,3 +539,24 @@ def describe(s: Session, ctx: "ProcessContext", name: str) -> dict[str, Any] | N
     return {"package": pkg.name, "archived": is_archived(s, ctx, pkg), "archives": state, "repairs": repairs,
             "dead_end": None if dead is None else {"bad_copies": dead.bad_copies, "tried": dead.tried,
                                                    "release": dead_end_release(dead)}}
+
+
+def dead_end_release(d: "DeadEnd") -> str:
+    """What a human must do for dead end ``d`` (the ``release`` of its blocked item): only what
+    works. A copy with the recorded sha256 put back under the key of one of its bad archive
+    copies is read back and recognised by the next ``packhorse run`` (:func:`recheck_key`) or
+    ``packhorse verify``, and the other copies are repaired from it. Restoring the source files
+    helps only where a rebuild from them FAILED (then that operation is reset); after packhorse
+    deleted them (``delete_source_files``) they are not read again."""
+    keys = d.archive_keys or [f"raw/{d.name}.tar in one of its archives"]
+    sha = f" {d.sha256}" if d.sha256 else ""
+    text = (f"put the bytes back: write a copy with the recorded sha256{sha} as {' or '.join(keys)}, then "
+            "`packhorse run` (or `packhorse verify`): it is read back and recognised, and the other copies are "
+            "repaired from it")
+    if d.failed_operation:
+        text += (f"; or restore the source files of {d.name} exactly as they were when it was built "
+                 f"(`packhorse locate {d.name}` lists them), then `packhorse reset {d.failed_operation[0]} "
+                 f"{d.failed_operation[1]}`")
+    elif d.source_deleted:
+        text += "; restoring its source files does not help: packhorse deleted them after archiving"
+    return text

@@ -11,7 +11,7 @@ sample; the alert state then stays until usage falls below recovery (60 %), whic
 again). The deletion manager reads the latest sample (:func:`latest_usage`) to choose its
 order and retention (:mod:`packhorse.managers.deletions`).
 
-Where the numbers come from is a :data:`UsageProvider`: the file system (``os.statvfs`` of
+Where the numbers come from is a :data:`~packhorse.storage.usage.UsageProvider`: the file system (``os.statvfs`` of
 the location's root folder; a missing root is not measured — the folder it would be in may be
 another file system, e.g. an unmounted disk's mount point's parent), unless the caller passes
 another one, or the process's hooks (:meth:`packhorse.runtime.hooks.Hooks.disk_usage`, handed in by
@@ -21,12 +21,8 @@ tests) supply one.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from sqlalchemy import delete, select
@@ -37,56 +33,9 @@ from packhorse.db.models import DataLocation, DiskUsageSample, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import DiskLevel, StorageType
 from packhorse.notify import messages
-
-if TYPE_CHECKING:
-    from packhorse.runtime.hooks import Hooks
+from packhorse.storage.usage import Usage, UsageHooks, UsageProvider, provider_for
 
 log = structlog.get_logger(__name__)
-
-@dataclass(frozen=True)
-class Usage:
-    """One measurement of a file system, in bytes.
-
-    ``total`` is the size of the file system, ``used`` the bytes in use, ``free`` the bytes
-    still *available* to packhorse (not counting blocks reserved for root). With reserved
-    blocks ``used + free < total``.
-    """
-
-    total: int
-    used: int
-    free: int
-
-    @property
-    def percent(self) -> float:
-        """``used / (used + free) × 100``, as ``df`` reports "Use%" (0 for an empty file system)."""
-        room = self.used + self.free
-        return 100.0 * self.used / room if room > 0 else 0.0
-
-
-#: ``(location name, root folder) -> Usage``; raises ``OSError`` if it cannot measure.
-UsageProvider = Callable[[str, Path], Usage]
-
-
-def filesystem_usage(location: str, root: Path) -> Usage:
-    """The usage of the file system holding folder ``root``, from ``os.statvfs`` as ``df``
-    reads it: total = ``f_blocks``, used = ``f_blocks − f_bfree``, free = ``f_bavail`` (all
-    × ``f_frsize``, bytes).
-
-    Raises:
-        FileNotFoundError: ``root`` does not exist (nothing is measured in its place).
-        OSError: the file system cannot be asked (permissions, a dead mount).
-    """
-    if not root.is_dir():
-        raise FileNotFoundError(f"{location}: root folder {root} does not exist; not measured")
-    st = os.statvfs(root)
-    return Usage(total=st.f_blocks * st.f_frsize, used=(st.f_blocks - st.f_bfree) * st.f_frsize,
-                 free=st.f_bavail * st.f_frsize)
-
-
-def provider_for(hooks: "Hooks | None") -> UsageProvider:
-    """The provider in effect: the hooks' (tests), else the file system's."""
-    provided = hooks.disk_usage() if hooks is not None else None
-    return provided if provided is not None else filesystem_usage
 
 
 def level_for(percent: float, cfg: DiskUsageConfig) -> DiskLevel:
@@ -154,7 +103,7 @@ def record_sample(db: Database, settings: Settings, location_id: int, name: str,
 
 
 def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
-                provider: UsageProvider | None = None, *, hooks: "Hooks | None" = None) -> list[dict[str, Any]]:
+                provider: UsageProvider | None = None, *, hooks: "UsageHooks | None" = None) -> list[dict[str, Any]]:
     """Measure and record every active disk location once, with ``provider`` (default:
     :func:`provider_for` ``hooks``).
 
@@ -221,7 +170,7 @@ class DiskMonitor:
     ``packhorse disk-monitor`` service)."""
 
     def __init__(self, db: Database, settings: Settings, location_ids: dict[str, int], *,
-                 hooks: "Hooks | None" = None) -> None:
+                 hooks: "UsageHooks | None" = None) -> None:
         self.db = db
         self.settings = settings
         self.location_ids = location_ids

@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import DataLocation, Notification, PhysicalCopy, utcnow
-from packhorse.domain import CopyStatus, LocationRole, NotificationLevel, OperationKind
+from packhorse.db.models import DataLocation, DataTransferPackage, Notification, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
 from packhorse.errors import SourceMissingError, UnsafePathError
 from packhorse.notify.messages import DIGEST_BODY_MAX
 from packhorse.notify.outbox import enqueue
+from packhorse.rules.policy import refresh_archived
 from packhorse.storage.base import CHUNK_BYTES, StorageBackend
 
 if TYPE_CHECKING:
@@ -115,8 +116,6 @@ def check_copy(backend: StorageBackend, copy: PhysicalCopy | Any, location: str,
 def _package_of(s: Session, f: Finding) -> tuple[str, str]:
     """``(what, name)`` of ``f``'s artifact: ``("raw data package", "cam/obs1")`` or ``("data
     transfer package", …)``; the name is what ``packhorse locate`` takes."""
-    from packhorse.db.models import DataTransferPackage, RawDataPackage
-
     if f.raw_data_package_id is not None:
         p = s.get(RawDataPackage, f.raw_data_package_id)
         return "raw data package", p.name if p else str(f.raw_data_package_id)
@@ -126,7 +125,7 @@ def _package_of(s: Session, f: Finding) -> tuple[str, str]:
 
 def _present_copies(s: Session, f: Finding) -> int:
     """Present copies of ``f``'s artifact that hold its bytes (a staged folder at a processing
-    location is not one: :func:`packhorse.rules.convergence.holds_artifact_bytes`)."""
+    location is not one: :func:`packhorse.rules.policy.holds_artifact_bytes`)."""
     q = (select(func.count()).select_from(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
          .where(PhysicalCopy.status == CopyStatus.PRESENT.value, DataLocation.role != LocationRole.PROCESSING.value))
     if f.raw_data_package_id is not None:
@@ -161,7 +160,6 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
         marked.append(f)
     session.flush()
     if marked:  # "archived" follows the copies in the same transaction (DESIGN.md "Converging")
-        from packhorse.rules.policy import refresh_archived
 
         refresh_archived(session, ctx, [f.raw_data_package_id for f in marked if f.raw_data_package_id is not None])
     all_bad: list[Finding] = []
@@ -206,8 +204,6 @@ def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterab
     ``archived_at`` of the packages concerned is recomputed in the same transaction
     (:func:`packhorse.rules.policy.refresh_archived`). Queues one INFO notification
     (``fixity_copy_back``) per copy recognised; returns those findings."""
-    from packhorse.domain import LIVE_COPY_STATUSES
-
     now = utcnow()
     back: list[Finding] = []
     for f in findings:
@@ -235,7 +231,6 @@ def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterab
                 operation_kind=OperationKind.FIXITY_CHECK.value, operation_id=operation_id, cooldown_seconds=0)
     session.flush()
     if back:  # "archived" follows the copies in the same transaction (DESIGN.md "Converging")
-        from packhorse.rules.policy import refresh_archived
 
         refresh_archived(session, ctx, [f.raw_data_package_id for f in back if f.raw_data_package_id is not None])
     return back

@@ -36,7 +36,6 @@ from packhorse.db.models import (
 )
 from packhorse.domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind, Status
 from packhorse.runtime.context import ProcessContext
-from packhorse.rules.convergence import holds_artifact_bytes
 
 
 def source_site_of_package(ctx: ProcessContext, pkg: RawDataPackage) -> str:
@@ -419,3 +418,13 @@ def last_used_times(session: Session, location_id: int, copies: list[PhysicalCop
             by_dtp.get(c.data_transfer_package_id)
         out[c.id] = max(t for t in (c.created_at, c.verified_at, op_time) if t is not None)
     return out
+
+
+def holds_artifact_bytes(ctx: "ProcessContext", location: str) -> bool:
+    """Whether a copy recorded at ``location`` is its artifact's bytes (one object with the
+    recorded size and sha256: a buffer or long-term-archive copy). A copy at a ``processing``
+    location is not: it is a folder ``packhorse stage`` extracted the package into, a working
+    copy the processing team may change. It is never a source of a package's bytes, never
+    checked or repaired as one, and never counts for or against archiving, repairs, dead ends
+    or deletions (I1; :mod:`packhorse.status.staged_copies` checks staged folders)."""
+    return ctx.topology.location_role.get(location) is not LocationRole.PROCESSING

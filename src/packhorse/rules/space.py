@@ -24,9 +24,11 @@ import structlog
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
-from packhorse.domain import CopyStatus, Status
-from packhorse.errors import ConfigError, DestinationWriteError
+from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
+from packhorse.domain import WAITING_SPACE, CopyStatus, OperationKind, Status
+from packhorse.domain import OperationKind as K
+from packhorse.errors import ConfigError, DestinationWriteError, NeverFitsError
+from packhorse.storage.usage import provider_for
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
@@ -42,8 +44,6 @@ def waiting_for_space(*, in_backoff: bool = True) -> Any:
     ``run --until-idle`` does not wait for it alone (exit 4); once due it is work like any
     other (it looks for space again). ``status`` lists its location either way until it got
     its space (``in_backoff=False``, :func:`packhorse.status.blocked_work.location_full`)."""
-    from packhorse.operations.lifecycle import WAITING_SPACE
-
     return and_(Operation.status == Status.PENDING.value,
                 Operation.error_context["waiting"].as_string() == WAITING_SPACE,
                 *([Operation.not_before > utcnow()] if in_backoff else []))
@@ -80,8 +80,6 @@ def space_freed(ctx: "ProcessContext") -> int:
     work that would fit now (exit 4). Both executors run it in every manager cycle
     (:func:`packhorse.engine.pipeline.manager_cycle`): a read of the few operations waiting for space,
     and one ``statvfs`` per location they wait for. Returns how many were made due."""
-    from packhorse.domain import OperationKind
-
     def waiting(s: Session) -> list[tuple[int, Any, Any, Any, Any]]:
         return [tuple(r) for r in s.execute(select(  # type: ignore[misc]
             Operation.id, Operation.updated_at, Operation.error_context["location_id"].as_integer(),
@@ -136,8 +134,6 @@ def still_to_write(s: Session, op: Operation | None) -> int | None:
     package (the bundle lies there already); an archive copy or a repair, the package tar."""
     if op is None:
         return None
-    from packhorse.db.models import DataTransferPackage, RawDataFile
-    from packhorse.domain import OperationKind as K
 
     kind = op.kind
     if kind == K.RAW_DATA_PACKAGE.value and op.raw_data_package_id is not None:
@@ -171,9 +167,6 @@ def space_needed(s: Session, op: Operation) -> tuple[int, str] | None:
       largest package (those published before can be archived and freed meanwhile);
     * a long-term archive copy or a repair: the package's tar.
     """
-    from packhorse.db.models import DataTransferPackage, RawDataFile
-    from packhorse.domain import OperationKind as K
-
     kind = op.kind
     if kind == K.RAW_DATA_PACKAGE.value and op.raw_data_package_id is not None:
         n = s.scalar(select(func.sum(RawDataFile.size)).where(RawDataFile.raw_data_package_id == op.raw_data_package_id))
@@ -216,12 +209,11 @@ def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | Non
 
 
 def location_usage(ctx: "ProcessContext", location: str) -> Any:
-    """The :class:`~packhorse.rules.disk_usage.Usage` (bytes) of disk location ``location`` now, or
+    """The :class:`~packhorse.storage.usage.Usage` (bytes) of disk location ``location`` now, or
     ``None`` (an object store, a root that cannot be measured): the one measurement of this
-    module, from ``statvfs`` of its root or a test's hooks (:func:`packhorse.rules.disk_usage.provider_for`)."""
+    module, from ``statvfs`` of its root or a test's hooks (:func:`packhorse.storage.usage.provider_for`)."""
     from pathlib import Path
 
-    from packhorse.rules.disk_usage import provider_for
 
     try:
         if ctx.settings.location(location).bucket:
@@ -244,8 +236,6 @@ def _admit(ctx: "ProcessContext", location: str, what: str, need: int, beside: i
         DestinationWriteError: ``out_of_space``: not room enough now; it waits for space (woken
             when space is freed there), the message naming the bytes and ``reserved``.
     """
-    from packhorse.errors import NeverFitsError
-
     usage = location_usage(ctx, location)
     if usage is None:
         return
@@ -286,7 +276,6 @@ def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, l
     loc_id = ctx.topology.location_ids[location]
     from sqlalchemy.orm import aliased
 
-    from packhorse.domain import OperationKind
 
     bundle_copy = aliased(PhysicalCopy)
     bundle_here = (select(bundle_copy.id).where(
@@ -334,8 +323,6 @@ def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: 
     if ctx.settings.location(location).bucket:
         return
     loc_id = ctx.topology.location_ids[location]
-    from packhorse.db.models import DataTransferPackage
-    from packhorse.domain import OperationKind
 
     def largest(s: Session, bid: int) -> int:
         return int(s.scalar(select(func.max(RawDataPackage.size))

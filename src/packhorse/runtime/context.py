@@ -18,6 +18,7 @@ from packhorse.config import Settings
 from packhorse.db.session import Database
 from packhorse.runtime.hooks import Hooks, hooks_for
 from packhorse.runtime.topology import Topology
+from packhorse.storage.registry import backend_for
 
 if TYPE_CHECKING:
     from packhorse.storage.base import StorageBackend
@@ -55,7 +56,6 @@ class ProcessContext:
         """
         b = self._backends.get((location, fixity))
         if b is None:
-            from packhorse.storage.registry import backend_for
 
             b = self._backends[(location, fixity)] = backend_for(self.settings, location, db=self.db,
                                                                 hooks=self.hooks, fixity=fixity)

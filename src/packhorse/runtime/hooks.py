@@ -39,8 +39,8 @@ from packhorse.errors import ConfigError
 
 if TYPE_CHECKING:
     from packhorse.config import Settings
-    from packhorse.rules.disk_usage import UsageProvider
     from packhorse.storage.base import StorageBackend
+    from packhorse.storage.usage import UsageProvider
 
 
 class Hooks:
@@ -58,7 +58,7 @@ class Hooks:
         return backend
 
     def disk_usage(self) -> "UsageProvider | None":
-        """A :data:`~packhorse.rules.disk_usage.UsageProvider` to use instead of the file system, or ``None``."""
+        """A :data:`~packhorse.storage.usage.UsageProvider` to use instead of the file system, or ``None``."""
         return None
 
 

@@ -24,11 +24,12 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from packhorse.runtime import audit
+from packhorse import logs
 from packhorse.config import Settings
 from packhorse.db.models import RuntimeSetting, utcnow
 from packhorse.db.session import Database
 from packhorse.errors import RuntimeSettingError
+from packhorse.runtime import audit
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -161,7 +162,6 @@ class RuntimeSettings:
         settings: the file settings (defaults).
         refresh_seconds: how often to re-read, default ``managers.runtime_settings_refresh_seconds``.
     """
-
     def __init__(self, db: Database, settings: Settings, refresh_seconds: float | None = None) -> None:
         self.db = db
         self.settings = settings
@@ -186,7 +186,6 @@ class RuntimeSettings:
             self._values = values
         level = values.get("log_level")
         if level and level != self._applied_level:
-            from packhorse import logs
 
             logs.configure(level, json=logs.current_config().get("json"))  # type: ignore[arg-type]
             self._applied_level = level

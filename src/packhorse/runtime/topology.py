@@ -15,6 +15,7 @@ from packhorse.config import Settings
 from packhorse.db.models import DataLocation, Installation, Site
 from packhorse.db.session import Database
 from packhorse.domain import LocationRole
+from packhorse.errors import DatabaseNotInitializedError
 
 
 def raw_package_key(name: str) -> str:
@@ -30,7 +31,6 @@ def bundle_key(name: str) -> str:
 @dataclass
 class Topology:
     """Name ↔ id maps of sites and data locations, and each location's role and site."""
-
     site_ids: dict[str, int] = field(default_factory=dict)
     location_ids: dict[str, int] = field(default_factory=dict)
     location_names: dict[int, str] = field(default_factory=dict)
@@ -52,7 +52,6 @@ class Topology:
 
 def sync_topology(db: Database, settings: Settings) -> Topology:
     """Insert/update sites and locations from ``settings``; return the id maps."""
-
     def tx(s: Session) -> Topology:
         topo = Topology()
         existing_sites = {x.name: x for x in s.scalars(select(Site))}
@@ -105,8 +104,6 @@ def load_topology(db: Database, settings: Settings) -> Topology:
         DatabaseNotInitializedError: a configured site or location is not in the database yet
             (run ``packhorse init`` with this configuration).
     """
-    from packhorse.errors import DatabaseNotInitializedError
-
     def tx(s: Session) -> Topology:
         topo = Topology()
         names = {}

@@ -12,8 +12,9 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import RawDataPackage
-from packhorse.runtime.topology import raw_package_key
 from packhorse.errors import SourceMissingError, VerificationError
+from packhorse.rules.policy import mark_archived_if_complete
+from packhorse.runtime.topology import raw_package_key
 from packhorse.stages.base import (
     Recorder,
     Work,
@@ -49,8 +50,6 @@ def run(work: Work) -> Recorder:
     size, sha, pkg_id = pkg.size, pkg.sha256, pkg.id
 
     def record(s: Session) -> None:
-        from packhorse.rules.policy import mark_archived_if_complete
-
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
         mark_archived_if_complete(s, ctx, pkg_id)
 

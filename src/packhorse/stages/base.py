@@ -15,16 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import structlog
-
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import Operation, PhysicalCopy, utcnow
 from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus
 from packhorse.errors import DestinationConflictError, SourceMissingError, VerificationError
 from packhorse.operations.lease import LeaseKeeper
 from packhorse.operations.lifecycle import Claim
+from packhorse.runtime.context import ProcessContext
 from packhorse.storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
 
 log = structlog.get_logger(__name__)
@@ -39,7 +38,7 @@ class Work:
     ``salvage``: what an attempt that fails still records, because it is true whatever the
     failure (e.g. the raw packages an unpack published and verified before it met a refused
     member). A stage sets it before it raises; the failure path runs it in the same fenced
-    transaction as the failure (:func:`~packhorse.operations.lifecycle.record_failure`), so a stale
+    transaction as the failure (:func:`~packhorse.engine.outcome.record_failure`), so a stale
     attempt records nothing (I3), and no verified object is left without its copy row.
     """
 

@@ -18,9 +18,9 @@ import calendar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from packhorse.bags.packaging import PayloadFile, write_bag_tar
 from packhorse.db.models import DataTransferPackage, RawDataPackage
 from packhorse.errors import DestinationConflictError, SourceChangedError, SourceMissingError
-from packhorse.bags.packaging import PayloadFile, write_bag_tar
 from packhorse.runtime.topology import bundle_key, raw_package_key
 from packhorse.stages.base import (
     Recorder,
@@ -57,7 +57,7 @@ def run(work: Work) -> Recorder:
         mtime = calendar.timegm(dtp.created_at.utctimetuple())
         payload = [
             PayloadFile(path=f"{p.name}.tar", size=p.size or 0, sha256=p.sha256 or "", mtime=mtime,
-                        open=(lambda k=raw_package_key(p.name): buf.open_read(k)))
+                        open=(lambda k=raw_package_key(p.name): buf.open_read(k)))  # noqa: B008 (binds each key)
             for p in pkgs
         ]
         site = ctx.topology.site_name(dtp.source_site_id)

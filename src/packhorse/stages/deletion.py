@@ -22,10 +22,11 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from packhorse.domain import CopyStatus
 from packhorse.errors import DeletionDeferredError, DeletionNotSafeError
+from packhorse.rules.policy import deletion_blockers, deletion_blockers_many, operations_in_flight
+from packhorse.runtime.context import ProcessContext
 from packhorse.stages.base import Recorder, Work
 
 log = structlog.get_logger(__name__)
@@ -45,8 +46,6 @@ def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
         DeletionNotSafeError: any other rule blocks it (I1); nothing was changed. Both make
             the operation wait (:func:`packhorse.engine.worker._wait_for_deletion_rule`).
     """
-    from packhorse.rules.policy import deletion_blockers, operations_in_flight
-
     copy = s.get(PhysicalCopy, copy_id)
     assert copy is not None
     if copy.status == CopyStatus.DELETED.value:
@@ -74,8 +73,6 @@ def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[in
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database's trouble (nothing is marked).
     """
-    from packhorse.rules.policy import deletion_blockers_many, operations_in_flight
-
     copies = {c.id: c for c in s.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(copy_ids)))}
     out: dict[int, PhysicalCopy | Exception] = {}
     raw = [copies[i] for i in copy_ids if i in copies and copies[i].raw_data_package_id is not None

@@ -31,16 +31,18 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import DataLocation, PhysicalCopy
 from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
 from packhorse.errors import LocationUnavailableError, SourceMissingError, UnsafePathError
-from packhorse.rules.fixity import Finding, check_copy, recognise_returned, record_findings
 from packhorse.notify.outbox import enqueue
+from packhorse.rules.availability import look
+from packhorse.rules.convergence import repair_sources
+from packhorse.rules.fixity import Finding, check_copy, recognise_returned, record_findings
+from packhorse.rules.policy import mark_archived_if_complete
 from packhorse.stages.base import Recorder, Work, copy_object, record_copy
 from packhorse.stages.staging import ensure_readable
-from packhorse.rules.convergence import repair_sources
 
 
 def _copies_of(s: Session, copy: PhysicalCopy) -> list[PhysicalCopy]:
     """The other copies of ``copy``'s artifact that hold its bytes: staged folders at processing
-    locations left out (:func:`packhorse.rules.convergence.holds_artifact_bytes`: they are neither
+    locations left out (:func:`packhorse.rules.policy.holds_artifact_bytes`: they are neither
     checked as package copies nor sources of a repair)."""
     q = (select(PhysicalCopy).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
          .where(PhysicalCopy.id != copy.id, DataLocation.role != LocationRole.PROCESSING.value))
@@ -69,8 +71,6 @@ def _check_sources(work: Work, copies: list[PhysicalCopy]) -> tuple[list[Finding
     unavailable now (:func:`packhorse.rules.availability.look`: its root or marker missing) is not
     judged (an empty mount point must not make it "missing") and the others are checked all
     the same, so a repair with a good source elsewhere does not wait for that location."""
-    from packhorse.rules.availability import look
-
     findings: list[Finding] = []
     away: LocationUnavailableError | None = None
     for c in copies:
@@ -181,7 +181,6 @@ def run(work: Work) -> Recorder:
                             sha256=bad.expected, raw_data_package_id=bad.raw_data_package_id,
                             data_transfer_package_id=bad.data_transfer_package_id)
                 if bad.raw_data_package_id is not None:
-                    from packhorse.rules.policy import mark_archived_if_complete
 
                     mark_archived_if_complete(s, ctx, bad.raw_data_package_id)
             enqueue(s, level=NotificationLevel.INFO, event="fixity_repaired",

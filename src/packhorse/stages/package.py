@@ -38,6 +38,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from packhorse.bags.packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
 from packhorse.db.models import Operation, RawDataFile, RawDataPackage, WithdrawnFile, utcnow
 from packhorse.errors import (
     DestinationConflictError,
@@ -47,10 +48,10 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
+from packhorse.notify.messages import source_files_vanished
 from packhorse.operations.lifecycle import fenced
-from packhorse.bags.packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
+from packhorse.rules.availability import look
 from packhorse.rules.space import room_to_bundle
-from packhorse.storage.base import Entry, EntryKind, StorageBackend
 from packhorse.runtime.topology import raw_package_key
 from packhorse.stages.base import (
     Recorder,
@@ -60,6 +61,7 @@ from packhorse.stages.base import (
     record_copy,
     there_or_moved_aside,
 )
+from packhorse.storage.base import Entry, EntryKind, StorageBackend
 
 #: ``withdrawn_files.cause`` and the reason recorded (and shown by ``packhorse status``).
 CHANGED, VANISHED = "changed", "vanished"
@@ -155,8 +157,6 @@ def _source_available(work: Work) -> None:
     Raises:
         LocationUnavailableError: the source location's root or marker is missing.
     """
-    from packhorse.rules.availability import look
-
     err = look(work.ctx, work.ctx.location_name(work.op.source_location_id))
     if err is not None:
         raise err
@@ -171,8 +171,6 @@ def withdraw(work: Work, pkg_id: int, stale: list[tuple[str, str, str]]) -> None
     Raises:
         LeaseLostError: the attempt is stale; nothing was changed.
     """
-    from packhorse.notify.messages import source_files_vanished
-
     ctx = work.ctx
     claim = work.claim
 

@@ -48,9 +48,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from packhorse.bags.extraction import ExtractionLimits, extract_tar
+from packhorse.bags.packaging import BagContents, raise_for_problems, verify_bag_archive
 from packhorse.bags.validation import validate_folder
 from packhorse.db.models import PhysicalCopy, RawDataPackage
-from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
 from packhorse.errors import (
     DestinationConflictError,
     InvalidBagError,
@@ -60,10 +62,9 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
-from packhorse.bags.extraction import ExtractionLimits, extract_tar
-from packhorse.bags.packaging import BagContents, raise_for_problems, verify_bag_archive
-from packhorse.storage.base import CHUNK_BYTES, StorageBackend
+from packhorse.notify.outbox import enqueue
 from packhorse.stages.base import Recorder, Work, record_copy
+from packhorse.storage.base import CHUNK_BYTES, StorageBackend
 
 #: Statuses of a staged copy recorded damaged or gone (by ``packhorse stage --again``).
 _BAD_STAGED = (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value)
@@ -113,7 +114,6 @@ class ArchiveCopy:
         host: the long-term archive location's name.
         key: the copy's key there.
     """
-
     open: Callable[[], Any]
     size: int
     sha256: str
@@ -337,8 +337,6 @@ def run(work: Work) -> Recorder:
         record_copy(s, location_id=dst_id, key=pkg.name, size=pkg.size, sha256=pkg.sha256,
                     raw_data_package_id=pkg.id)
         if moved_aside:
-            from packhorse.domain import NotificationLevel, OperationKind
-            from packhorse.notify.outbox import enqueue
 
             enqueue(s, level=NotificationLevel.INFO, event="staged_folder_moved_aside",
                     subject=f"Staging: damaged folder {dst}:{pkg.name} moved aside",

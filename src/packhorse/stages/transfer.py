@@ -44,8 +44,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import DataTransferPackage
-from packhorse.domain import TransferMethod
+from packhorse.db.models import DataTransferPackage, Operation
+from packhorse.domain import OperationKind, Status, TransferMethod
 from packhorse.errors import (
     ConfigError,
     DestinationWriteError,
@@ -55,8 +55,6 @@ from packhorse.errors import (
 )
 from packhorse.ratelimit import RateLimiter
 from packhorse.rules.space import room_to_unpack
-from packhorse.storage.base import StorageBackend
-from packhorse.storage.registry import read_limited
 from packhorse.runtime.topology import bundle_key
 from packhorse.stages.base import (
     Recorder,
@@ -70,6 +68,8 @@ from packhorse.stages.base import (
     resume_partial,
     there_or_moved_aside,
 )
+from packhorse.storage.base import StorageBackend
+from packhorse.storage.registry import read_limited
 
 #: How often a rate-limited transfer counts the route's transfers in progress again, seconds.
 SHARE_REFRESH_SECONDS = 0.25
@@ -96,8 +96,6 @@ def route_share(work: Work, limit: int) -> float:
     route's transfers in progress (the same source location; this one counted at least once)."""
     from sqlalchemy import func, select
 
-    from packhorse.db.models import Operation
-    from packhorse.domain import OperationKind, Status
 
     n = work.ctx.db.read(lambda s: s.scalar(select(func.count()).select_from(Operation).where(
         Operation.kind == OperationKind.TRANSFER.value, Operation.status == Status.IN_PROGRESS.value,

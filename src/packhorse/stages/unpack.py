@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.digest import sha256_stream
-from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
-from packhorse.domain import CopyStatus, LocationRole
-from packhorse.errors import SourceMissingError, UnsafePathError, VerificationError
 from packhorse.bags.extraction import ExtractionLimits, iter_members
 from packhorse.bags.packaging import TeeReader, read_bag_bytes, read_bag_tar
-from packhorse.storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
+from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage
+from packhorse.digest import sha256_stream
+from packhorse.domain import CopyStatus, LocationRole
+from packhorse.errors import SourceMissingError, UnsafePathError, VerificationError
 from packhorse.runtime.topology import bundle_key, raw_package_key
 from packhorse.stages.base import (
     Recorder,
@@ -41,6 +40,7 @@ from packhorse.stages.base import (
     record_copy,
     there_or_moved_aside,
 )
+from packhorse.storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext

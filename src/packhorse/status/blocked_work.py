@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
+
+from packhorse.db.models import CircuitBreaker, LocationOutage, Operation
+from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole
+from packhorse.rules.availability import release_of, root_of, waiting_for
+from packhorse.rules.convergence import dead_end_release, plan
+from packhorse.rules.space import waiting_for_space
+from packhorse.status.operation_names import package_and_location
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
@@ -71,8 +79,6 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     8601 UTC)."""
     from sqlalchemy import func, select
 
-    from packhorse.rules.availability import release_of, root_of, waiting_for
-    from packhorse.db.models import LocationOutage, Operation
 
     items = []
     for row in session.scalars(select(LocationOutage).order_by(LocationOutage.since)):
@@ -100,9 +106,6 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     ``operations_waiting``, ``since`` (the oldest wait, ISO 8601 UTC), ``last_error``."""
     from sqlalchemy import select
 
-    from packhorse.rules.space import waiting_for_space
-    from packhorse.db.models import Operation
-    from packhorse.domain import LocationRole
 
     by_location: dict[str, list[Operation]] = {}
     for op in session.scalars(select(Operation).where(waiting_for_space(in_backoff=False))
@@ -134,9 +137,6 @@ def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]
     anywhere — every copy bad and no copy or source files to rebuild from
     (:func:`packhorse.rules.convergence.plan`, DESIGN.md "Converging": the one true dead end). Exit
     code :data:`EXIT_NEEDS_HUMAN`; ``release`` says which bytes to put back and what to run."""
-    from packhorse.rules.convergence import plan
-    from packhorse.managers.fixity_checks import dead_end_release
-
     out = []
     for d in plan(session, ctx).dead_ends:
         failed = ", ".join(f"{c['location']}:{c['path']} {c['status']}" for c in d.bad_copies) or "none recorded"
@@ -152,11 +152,42 @@ def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]
 
 
 def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
-    """Cause ``circuit_breaker``: operations held by an open or half-open circuit breaker
-    (:func:`packhorse.recovery.breakers.blocked_by_breakers`)."""
-    from packhorse.recovery.breakers import blocked_by_breakers
+    """Cause ``circuit_breaker``: every active
+    operation whose breaker is open (held for its cool-down) or half-open (its one attempt
+    let through), with the package and data location behind it.
 
-    return blocked_by_breakers(session, ctx)
+    Each item: subject ``"<kind> <id>"``, release ``packhorse retry <kind> <id>``, exit code
+    :data:`EXIT_WAITING` (it resumes by itself after the cool-down), since
+    = when the breaker opened, detail ``{"kind", "operation_id", "state", "stall_count",
+    "trips", "next_attempt_at", "package", "location", "operation_status"}``.
+    """
+    package, location, join = package_and_location()
+    rows = session.execute(join(
+        select(CircuitBreaker, Operation.status, package, location).select_from(Operation)
+        .join(CircuitBreaker, CircuitBreaker.operation_id == Operation.id))
+        .where(CircuitBreaker.state.in_([BreakerState.OPEN.value, BreakerState.HALF_OPEN.value]),
+               Operation.status.in_([st.value for st in ACTIVE_STATUSES]))
+        .order_by(CircuitBreaker.id)).all()
+    out: list[BlockedItem] = []
+    for b, status, pkg, loc in rows:
+        nxt = b.next_attempt_at if b.state == BreakerState.OPEN.value else None
+        if b.state == BreakerState.OPEN.value:
+            when = nxt.isoformat() if nxt else "-"
+            reason = (f"circuit breaker open after {b.stall_count} stall(s) (workers died or hung on it); "
+                      f"held until the next automatic attempt at {when} UTC")
+        else:
+            reason = (f"circuit breaker half-open after {b.stall_count} stall(s): one attempt let through "
+                      f"at {b.half_open_at.isoformat() if b.half_open_at else '-'} UTC; it closes if that "
+                      "attempt succeeds")
+        out.append(BlockedItem(
+            cause="circuit_breaker", subject=f"{b.kind} {b.operation_id}", reason=reason,
+            release=f"packhorse retry {b.kind} {b.operation_id}", exit_code=EXIT_WAITING,
+            since=b.opened_at.isoformat() if b.opened_at else None,
+            detail={"kind": b.kind, "operation_id": b.operation_id, "state": b.state,
+                    "stall_count": b.stall_count, "trips": b.trips,
+                    "next_attempt_at": nxt.isoformat() if nxt else None,
+                    "package": pkg, "location": loc, "operation_status": status}))
+    return out
 
 
 #: One provider per cause, in the order ``status`` lists them.

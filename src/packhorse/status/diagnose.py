@@ -42,10 +42,21 @@ from packhorse.db.models import (
     utcnow,
 )
 from packhorse.db.session import Database
-from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, OperationKind, Status, StorageType
-from packhorse.actions.operator import UnknownPackageError
-from packhorse.operations.lifecycle import WAITING_LOCATION, WAITING_SPACE, get_operation
-from packhorse.recovery.health import DEAD_AFTER_SECONDS
+from packhorse.domain import (
+    LIVE_COPY_STATUSES,
+    WAITING_LOCATION,
+    WAITING_SPACE,
+    CopyStatus,
+    LocationRole,
+    OperationKind,
+    Status,
+    StorageType,
+)
+from packhorse.errors import UnknownPackageError
+from packhorse.operations.lifecycle import get_operation
+from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
+from packhorse.recovery.health import DEAD_AFTER_SECONDS, list_services
+from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import bundle_key, raw_package_key
 
@@ -192,8 +203,6 @@ def _waiting_for_dispatch(session: Session, now: dt.datetime, dead_after_seconds
     ``packhorse manager`` distributed) to hand it to a worker; says so when no dispatcher's
     heartbeat is alive (:func:`packhorse.recovery.health.list_services` with
     ``dead_after_seconds``, as ``packhorse health`` judges it)."""
-    from packhorse.recovery.health import list_services
-
     alive = [sv["service"] for sv in list_services(session, now, dead_after_seconds=dead_after_seconds)
              if sv["alive"] and sv["kind"] in ("runner", "manager")]
     if alive:
@@ -229,7 +238,6 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             if op.stall_count:
                 line += f"; it has stalled {op.stall_count} time(s) before — check its circuit breaker"
             return line, "db"
-        from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 
         if lease_holder_gone(op.lease_owner):
             when = ("at its next recovery pass, without waiting for the lease (which expires at "
@@ -348,8 +356,6 @@ def _breaker(session: Session, op: Operation) -> dict[str, Any] | None:
     """The operation's circuit breaker (``state``, ``stall_count``, ``last_stall_at``,
     ``opened_at``, ``next_attempt_at``, …: :func:`packhorse.recovery.breakers.breaker_row`), or
     ``None`` if it never stalled."""
-    from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
-
     b = get_breaker(session, op.kind, op.id)
     return jsonable(breaker_row(b)) if b is not None else None
 

@@ -44,7 +44,10 @@ from packhorse.db.models import (
     utcnow,
 )
 from packhorse.domain import CopyStatus, LocationRole, StorageType
-from packhorse.managers.packages import _name_for, names_taken, package_base, plan_group
+from packhorse.errors import LocationUnavailableError
+from packhorse.managers.listing import registered_files
+from packhorse.managers.packages import name_for as _name_for
+from packhorse.managers.packages import names_taken, package_base, plan_group
 from packhorse.managers.scan import (
     FUTURE_MTIME_TOLERANCE_SECONDS,
     Change,
@@ -53,9 +56,7 @@ from packhorse.managers.scan import (
     look_at_change,
     open_source,
     plan_changes,
-    registered_files,
 )
-from packhorse.errors import LocationUnavailableError
 from packhorse.storage.identity import check_identity
 from packhorse.storage.registry import backend_for
 

@@ -45,6 +45,8 @@ from packhorse.db.models import (
 )
 from packhorse.db.session import Database
 from packhorse.domain import BreakerState, CopyStatus, OperationKind, Status
+from packhorse.recovery.health import list_services
+from packhorse.rules.disk_usage import latest_usage
 
 #: Histogram buckets of stage durations (seconds): 1 s … 1 day.
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
@@ -105,8 +107,6 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
     out["breakers_open"] = {k: int(n) for k, n in session.execute(
         select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.state == BreakerState.OPEN.value)
         .group_by(CircuitBreaker.kind))}
-    from packhorse.rules.disk_usage import latest_usage
-    from packhorse.recovery.health import list_services
 
     out["disk"] = {name: (int(u.total_bytes), int(u.used_bytes), int(u.free_bytes), float(u.percent))
                    for name, u in latest_usage(session).items()}

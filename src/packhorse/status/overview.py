@@ -13,47 +13,22 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from packhorse.db.models import (
     DataLocation,
-    DataTransferPackage,
     Operation,
     PhysicalCopy,
-    RawDataPackage,
     Site,
     utcnow,
 )
 from packhorse.domain import CopyStatus, Status
+from packhorse.rules.disk_usage import latest_usage
+from packhorse.status.blocked_work import blocked_items
+from packhorse.status.operation_names import package_and_location
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
-
-
-def _package_and_location():  # type: ignore[no-untyped-def]
-    """Columns and outer joins naming each operation's package and data location."""
-    rp, dp, pc = aliased(RawDataPackage), aliased(DataTransferPackage), aliased(PhysicalCopy)
-    rp2, dp2, loc = aliased(RawDataPackage), aliased(DataTransferPackage), aliased(DataLocation)
-    package = func.coalesce(rp.name, dp.name, rp2.name, dp2.name)
-    # where the work happens: the destination, else the source, else (deletions) the copy's location
-    loc_id = func.coalesce(Operation.destination_location_id, Operation.source_location_id, pc.location_id)
-
-    def join(q):  # type: ignore[no-untyped-def]
-        return (q.outerjoin(rp, rp.id == Operation.raw_data_package_id)
-                .outerjoin(dp, dp.id == Operation.data_transfer_package_id)
-                .outerjoin(pc, pc.id == Operation.physical_copy_id)
-                .outerjoin(rp2, rp2.id == pc.raw_data_package_id)
-                .outerjoin(dp2, dp2.id == pc.data_transfer_package_id)
-                .outerjoin(loc, loc.id == loc_id))
-
-    return package, loc.name, join
-
-
-def package_and_location():  # type: ignore[no-untyped-def]
-    """``(package name column, location name column, join(query))``: the names of each
-    operation's package and of the data location where its work happens (the destination,
-    else the source, else a deletion's copy location); ``join`` adds the outer joins."""
-    return _package_and_location()
 
 
 def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | None = None,
@@ -73,7 +48,7 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
         ``ctx``; empty without it), the list ``packhorse status`` shows.
     """
     now = now or utcnow()
-    package, location, join = _package_and_location()
+    package, location, join = package_and_location()
     counts = [{"kind": k, "location": l, "status": s, "count": int(n)} for k, l, s, n in session.execute(
         join(select(Operation.kind, location, Operation.status, func.count()).select_from(Operation))
         .group_by(Operation.kind, location, Operation.status).order_by(Operation.kind, location, Operation.status))]
@@ -93,7 +68,6 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
            for r in rows[:limit]]
     blocked: list[dict[str, Any]] = []
     if ctx is not None:
-        from packhorse.status.blocked_work import blocked_items
 
         blocked = [b.as_json() for b in blocked_items(session, ctx)]
     return {"generated_at": now.isoformat(), "counts": counts, "totals": totals, "stalled": int(stalled),
@@ -111,7 +85,6 @@ def location_usage(session: Session) -> list[dict[str, Any]]:
         select(DataLocation.name, Site.name, DataLocation.role, DataLocation.storage_type, DataLocation.active,
                agg.c.n, agg.c.b).join(Site, Site.id == DataLocation.site_id)
         .outerjoin(agg, agg.c.location_id == DataLocation.id).order_by(DataLocation.id)).all()
-    from packhorse.rules.disk_usage import latest_usage
 
     disk = latest_usage(session)
 

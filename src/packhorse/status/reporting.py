@@ -10,8 +10,6 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from packhorse.status.blocked_work import blocked_items
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import (
     DataLocation,
     Operation,
@@ -22,8 +20,15 @@ from packhorse.db.models import (
     WithdrawnFile,
     utcnow,
 )
-from packhorse.domain import CopyStatus, LocationRole, Status
+from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Status
+from packhorse.errors import LocationUnavailableError
 from packhorse.operations.lifecycle import counts_by_kind_status
+from packhorse.recovery.monitor import lease_holder_gone, provably_gone
+from packhorse.rules.availability import probe, record_outage, release_of
+from packhorse.rules.convergence import superseded_failures
+from packhorse.rules.fixity import check_copy, recognise_returned, record_findings
+from packhorse.runtime.context import ProcessContext
+from packhorse.status.blocked_work import blocked_items
 
 
 def failed_operations(session: Session) -> list[dict[str, Any]]:
@@ -32,8 +37,6 @@ def failed_operations(session: Session) -> list[dict[str, Any]]:
     kind, artifact and destination COMPLETED (:func:`packhorse.rules.convergence.superseded_failures`,
     e.g. the transfer of a bundle that was lost and rebuilt) is history, not work for a human
     (it stays in ``packhorse history`` and its failure events)."""
-    from packhorse.rules.convergence import superseded_failures
-
     out = []
     failed = list(session.scalars(select(Operation).where(Operation.status == Status.FAILED.value)
                                   .order_by(Operation.id)))
@@ -53,8 +56,6 @@ def _orphaned(s: Session) -> list[dict[str, Any]]:
     ``[{"kind", "id", "owner", "lease_expires_at", "taken_over"}]``; ``taken_over``: at the
     next recovery pass of a running service of this host (``"next_recovery_pass"``, the holder
     was in this pid namespace), else ``"lease_expiry"``."""
-    from packhorse.recovery.monitor import lease_holder_gone, provably_gone
-
     out = []
     for op_id, kind, owner, expires in s.execute(
             select(Operation.id, Operation.kind, Operation.lease_owner, Operation.lease_expires_at)
@@ -85,7 +86,6 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
-
     def tx(s: Session) -> dict[str, Any]:
         ops = counts_by_kind_status(s)
         total = s.scalar(select(func.count()).select_from(RawDataPackage)) or 0
@@ -186,11 +186,6 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
     not recorded: that is not evidence about the copy.
     """
-    from packhorse.rules.availability import probe, record_outage, release_of
-    from packhorse.domain import LIVE_COPY_STATUSES
-    from packhorse.errors import LocationUnavailableError
-    from packhorse.rules.fixity import check_copy, recognise_returned, record_findings
-
     def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
         q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
              .where(PhysicalCopy.status.in_([CopyStatus.PRESENT.value, CopyStatus.MISSING.value,
@@ -276,8 +271,6 @@ def unrepaired_copies(session: Session, location: str | None = None) -> list[dic
     the audit repairs it or a human does. A lost buffer copy is not listed: a buffer
     only passes bytes on, and the pipeline ships them again from another source while they are
     still needed (:mod:`packhorse.rules.convergence`)."""
-    from packhorse.domain import LIVE_COPY_STATUSES
-
     live = {(c.location_id, c.raw_data_package_id, c.data_transfer_package_id) for c in session.scalars(
         select(PhysicalCopy).where(PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])))}
     q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)

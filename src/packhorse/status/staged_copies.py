@@ -16,9 +16,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.runtime.context import ProcessContext
 from packhorse.db.models import DataLocation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, LocationRole
+from packhorse.errors import PackhorseError
+from packhorse.runtime.context import ProcessContext
+from packhorse.stages.staging import verify_bag_folder
 
 
 def staged_copies(session: Session, location: str | None = None) -> list[dict[str, Any]]:
@@ -37,9 +39,6 @@ def check_staged(ctx: ProcessContext, copy: dict[str, Any]) -> dict[str, Any]:
     """Check one staged copy (a row of :func:`staged_copies`) on disk. Returns the row with
     ``"status"``: ``ok``, ``missing`` (no folder) or ``corrupt`` (not a valid bag, or other
     bytes than its manifests), and ``"error"`` (why) unless ok."""
-    from packhorse.errors import PackhorseError
-    from packhorse.stages.staging import verify_bag_folder
-
     root = ctx.settings.location_path(copy["location"])
     folder = root / copy["path"]
     if not folder.resolve().is_relative_to(root.resolve()):

@@ -307,7 +307,7 @@ class StorageBackend(abc.ABC):
     #: objects need :meth:`request_restore` before they can be read (tape, Glacier)
     cold: bool = False
 
-    def request_restore(self, key: str) -> None:
+    def request_restore(self, key: str) -> None:  # noqa: B027 (optional: warm storage has nothing to do)
         """Ask a cold store to make ``key`` readable (idempotent); a no-op for warm storage."""
 
     def restore_ready(self, key: str) -> bool:

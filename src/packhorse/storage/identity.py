@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packhorse.errors import (
+    ConfigError,
     DestinationConflictError,
     LocationUnavailableError,
     RestoreRequiredError,
@@ -187,8 +188,6 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
         ConfigError: the root is marked as another location (never re-marked).
         StorageServiceError / OSError: the root could not be created or written.
     """
-    from packhorse.errors import ConfigError
-
     created = backend.create_root()
     try:
         marker = read_marker(backend)

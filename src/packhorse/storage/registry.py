@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -29,10 +29,11 @@ from packhorse.errors import ConfigError
 from packhorse.storage.base import StorageBackend
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
+from packhorse.storage.object_lease import db_object_lease
+from packhorse.storage.s3 import S3Backend, make_client
 
 if TYPE_CHECKING:
     from packhorse.db.session import Database
-    from packhorse.runtime.hooks import Hooks
     from packhorse.ratelimit import RateLimiter
 
 log = structlog.get_logger(__name__)
@@ -41,8 +42,15 @@ _probe_lock = threading.Lock()
 _probed: dict[tuple[str | None, str, str], bool] = {}
 
 
+class StorageHooks(Protocol):
+    """What :func:`compose` needs of the process's fault hooks
+    (:class:`packhorse.runtime.hooks.Hooks` is one): a fault layer to put innermost."""
+
+    def storage_layer(self, backend: StorageBackend) -> StorageBackend:
+        """``backend`` wrapped in a fault layer, or ``backend`` itself."""
+
 def backend_for(settings: Settings, location_name: str, *, db: "Database | None" = None,
-                hooks: "Hooks | None" = None, fixity: bool = False) -> StorageBackend:
+                hooks: "StorageHooks | None" = None, fixity: bool = False) -> StorageBackend:
     """Return the backend of data location ``location_name``, composed (:func:`compose`).
 
     Args:
@@ -70,7 +78,7 @@ def backend_for(settings: Settings, location_name: str, *, db: "Database | None"
     return compose(backend, hooks=hooks, read_bytes_per_second=loc.fixity_bytes_per_second if fixity else None)
 
 
-def compose(backend: StorageBackend, *, hooks: "Hooks | None" = None, read_bytes_per_second: float | None = None,
+def compose(backend: StorageBackend, *, hooks: "StorageHooks | None" = None, read_bytes_per_second: float | None = None,
             retry_attempts: int = 10, retry_delay_seconds: float = 0.05,
             sleep: Callable[[float], None] = time.sleep) -> StorageBackend:
     """Stack the layers around ``backend`` (the one function that does; see the module).
@@ -97,8 +105,6 @@ def read_limited(backend: StorageBackend, limiter: "RateLimiter",
 
 
 def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") -> StorageBackend:
-    from packhorse.storage.s3 import S3Backend, make_client
-
     assert loc.bucket is not None
     client = make_client(endpoint_url=loc.endpoint_url, region=loc.region, path_style=loc.path_style,
                          max_pool=max(10, 2 * settings.executor.workers))
@@ -109,7 +115,6 @@ def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") 
         if db is None:
             raise ConfigError(f"locations: {loc.name!r} sets write_once_probe = false, which needs the ops "
                               "database for per-object leases")
-        from packhorse.storage.object_lease import db_object_lease
 
         log.warning("s3_write_once_probe_disabled", location=loc.name, bucket=loc.bucket,
                     detail="conditional creates are not used: every publication takes a per-object lease and "

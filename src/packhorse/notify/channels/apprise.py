@@ -12,8 +12,8 @@ import hashlib
 
 import apprise
 
-from packhorse.errors import ConfigError
-from packhorse.notify.channels import ChannelError, Message
+from packhorse.errors import ChannelError, ConfigError
+from packhorse.notify.channels.base import Message
 
 _TYPES = {"DEBUG": apprise.NotifyType.INFO, "INFO": apprise.NotifyType.INFO,
           "WARNING": apprise.NotifyType.WARNING, "ERROR": apprise.NotifyType.FAILURE,

@@ -17,8 +17,9 @@ import ssl
 from email.message import EmailMessage
 from typing import TYPE_CHECKING
 
+from packhorse.errors import ChannelError
+from packhorse.notify.channels.base import Message
 from packhorse.runtime.hooks import NO_HOOKS, Hooks
-from packhorse.notify.channels import ChannelError, Message
 
 if TYPE_CHECKING:
     from packhorse.config import SmtpConfig

@@ -4,10 +4,10 @@ Revision ID: 0001
 Revises: 
 Create Date: 2026-11-29
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0001'
 down_revision = None

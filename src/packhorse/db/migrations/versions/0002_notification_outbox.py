@@ -4,10 +4,10 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-30 00:55:20.351491
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0002'
 down_revision = '0001'

@@ -7,10 +7,10 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-30 01:01:19.405378
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0003'
 down_revision = '0002'

@@ -4,10 +4,10 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-30 01:02:10.518377
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0004'
 down_revision = '0003'

@@ -4,10 +4,10 @@ Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-30 01:02:25.905415
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0005'
 down_revision = '0004'

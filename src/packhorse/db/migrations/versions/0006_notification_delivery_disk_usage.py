@@ -4,10 +4,10 @@ Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-30 01:01:51.439310
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0006'
 down_revision = '0005'

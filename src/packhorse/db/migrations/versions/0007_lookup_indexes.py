@@ -12,7 +12,6 @@ Create Date: 2026-11-30 08:05:00
 """
 from alembic import op
 
-
 revision = '0007'
 down_revision = '0006'
 branch_labels = None

@@ -10,10 +10,10 @@ Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-01 11:20:00
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0008'
 down_revision = '0007'

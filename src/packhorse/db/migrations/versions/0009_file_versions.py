@@ -10,10 +10,10 @@ Revision ID: 0009
 Revises: 0008
 Create Date: 2026-12-01 14:00:00
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0009'
 down_revision = '0008'

@@ -14,9 +14,8 @@ Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-01 13:50:00
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0010'
 down_revision = '0009'

@@ -9,10 +9,10 @@ Revision ID: 0011
 Revises: 0010
 Create Date: 2026-12-01 14:00:00
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0011'
 down_revision = '0010'

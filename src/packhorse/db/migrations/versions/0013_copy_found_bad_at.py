@@ -9,11 +9,10 @@ Revision ID: 0013
 Revises: 0012
 Create Date: 2026-12-03 14:30:00
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 import packhorse.db.models
-
 
 revision = '0013'
 down_revision = '0012'

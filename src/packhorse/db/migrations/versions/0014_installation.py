@@ -9,11 +9,10 @@ Revision ID: 0014
 Revises: 0013
 Create Date: 2026-12-03 14:50:00
 """
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 import packhorse.db.models
-
 
 revision = '0014'
 down_revision = '0013'

@@ -9,9 +9,8 @@ Revision ID: 0015
 Revises: 0014
 Create Date: 2026-12-03 18:40:00
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0015'
 down_revision = '0014'

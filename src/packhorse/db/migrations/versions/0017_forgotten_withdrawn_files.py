@@ -9,10 +9,10 @@ Revision ID: 0017
 Revises: 0016
 Create Date: 2026-12-04 22:20:00
 """
-from alembic import op
 import sqlalchemy as sa
-import packhorse.db.models
+from alembic import op
 
+import packhorse.db.models
 
 revision = '0017'
 down_revision = '0016'

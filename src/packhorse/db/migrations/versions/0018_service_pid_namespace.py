@@ -2,7 +2,7 @@
 
 ``packhorse health`` takes a service of this host whose process no longer runs for dead at
 once. A container with the same hostname has pids of its own: ``pid_namespace`` (the kernel
-boot and pid namespace, ``packhorse.operations.lifecycle.process_namespace``) says whose pids a row's
+boot and pid namespace, ``packhorse.operations.identity.process_namespace``) says whose pids a row's
 are; a row of another namespace is judged by the age of its heartbeat alone. Existing rows
 have none and are judged as before (their next heartbeat records it).
 
@@ -10,9 +10,8 @@ Revision ID: 0018
 Revises: 0017
 Create Date: 2026-12-04 22:40:00
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0018'
 down_revision = '0017'
