@@ -23,6 +23,7 @@ from packhorse.errors import SourceChangedError, VerificationError
 from packhorse.operations.lifecycle import claim, claim_many
 from packhorse.recovery import breakers
 from packhorse.recovery.monitor import check_stalled
+from packhorse.status import blocked_work
 from packhorse.status.blocked_work import EXIT_WAITING, PROVIDERS, circuit_breakers
 
 KIND = OperationKind.TRANSFER
@@ -158,14 +159,14 @@ def test_a_permanent_failure_of_the_attempt_let_through_closes_the_breaker(db: D
                           recovery=s.recovery).will_retry is False
     assert op_row(db, op_id).status == "FAILED"
     assert db.read(lambda x: breakers.get_breaker(x, KIND, op_id)).state == "closed"
-    assert db.read(lambda x: breakers.blocked_by_breakers(x, None)) == []  # FAILED is listed as failed, not twice
+    assert db.read(lambda x: blocked_work.circuit_breakers(x, None)) == []  # FAILED is listed as failed, not twice
 
 
 def test_a_breaker_whose_operation_finished_meanwhile_is_closed_at_the_end_of_its_cool_down(db: Database) -> None:
     s = settings()
     op_id = opened(db, s)
     db.transact(lambda x: x.execute(update(Operation).where(Operation.id == op_id).values(status="COMPLETED")))
-    assert db.read(lambda x: breakers.blocked_by_breakers(x, None)) == []
+    assert db.read(lambda x: blocked_work.circuit_breakers(x, None)) == []
     cool_down_passes(db, op_id)
     assert check_stalled(db, s).let_through == []
     assert db.read(lambda x: breakers.get_breaker(x, KIND, op_id)).state == "closed"
@@ -175,7 +176,7 @@ def test_open_and_half_open_breakers_are_blocked_work_with_their_releasing_comma
     assert circuit_breakers in PROVIDERS
     s = settings()
     op_id = opened(db, s)
-    [item] = db.read(lambda x: breakers.blocked_by_breakers(x, None))
+    [item] = db.read(lambda x: blocked_work.circuit_breakers(x, None))
     assert (item.cause, item.subject, item.release, item.exit_code) == (
         "circuit_breaker", f"transfer {op_id}", f"packhorse retry transfer {op_id}", EXIT_WAITING)
     b = breaker(db, op_id)
@@ -184,11 +185,11 @@ def test_open_and_half_open_breakers_are_blocked_work_with_their_releasing_comma
     assert "circuit breaker open after 3 stall(s)" in item.reason and item.since == b["opened_at"].isoformat()
     cool_down_passes(db, op_id)
     check_stalled(db, s)
-    [item] = db.read(lambda x: breakers.blocked_by_breakers(x, None))
+    [item] = db.read(lambda x: blocked_work.circuit_breakers(x, None))
     assert item.detail is not None and (item.detail["state"], item.detail["next_attempt_at"]) == ("half_open", None)
     # the releasing command works: a forced retry closes it and nothing is blocked any more
     breakers.force_retry(db, KIND, op_id, reason="test", actor="t")
-    assert db.read(lambda x: breakers.blocked_by_breakers(x, None)) == []
+    assert db.read(lambda x: blocked_work.circuit_breakers(x, None)) == []
 
 
 def test_a_completion_of_an_operation_that_never_stalled_touches_no_breaker(db: Database) -> None:

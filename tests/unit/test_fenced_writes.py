@@ -25,7 +25,7 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import DataLocation, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.engine import pipeline
+from packhorse.engine import outcome, pipeline
 from packhorse.errors import SourceChangedError
 from packhorse.operations import lifecycle as operations
 from packhorse.recovery.monitor import check_stalled
@@ -155,16 +155,16 @@ def test_every_status_write_of_an_operation_goes_through_the_fencing_predicate(d
         assert operations.defer(db, ca, 0)
         ca = operations.claim(db, a, "w", 60)
         assert ca is not None
-        assert db.transact(lambda s: operations.complete_in(s, ca))
+        assert db.transact(lambda s: outcome.complete_in(s, ca))
         cb = operations.claim_many(db, {b: tokens[b]}, "w", 60)[b]
         cd = operations.claim_many(db, {new_op(db, "d"): None}, "w", 60)
-        assert db.transact(lambda s: operations.complete_many(s, cd.values())) == set(cd)
-        assert operations.record_failure(db, cb, SourceChangedError("x"), backoff_base=0,
+        assert db.transact(lambda s: outcome.complete_many(s, cd.values())) == set(cd)
+        assert outcome.record_failure(db, cb, SourceChangedError("x"), backoff_base=0,
                                          backoff_max=0).status is Status.FAILED
         assert operations.reset_failed(db, KIND, b) == [b]
         cb = operations.claim(db, b, "w", 60)
         assert cb is not None
-        assert operations.record_failure(db, cb, RuntimeError("blip"), backoff_base=0,
+        assert outcome.record_failure(db, cb, RuntimeError("blip"), backoff_base=0,
                                          backoff_max=0).status is Status.PENDING
         cb = operations.claim(db, b, "w", 60)
         assert cb is not None

@@ -27,12 +27,11 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
-from packhorse.engine import pipeline
+from packhorse.engine import outcome, pipeline
 from packhorse.engine.owners import creators, orphans, owner_map
 from packhorse.engine.pipeline import DISPATCH_ORDER
 from packhorse.engine.worker import Outcome
 from packhorse.executors.local import LocalRunner
-from packhorse.operations import lifecycle as operations
 from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import monitor, reconciler
 from packhorse.recovery.monitor import check_stalled
@@ -73,7 +72,7 @@ def test_removing_a_registration_leaves_an_orphan(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(reconciler, "RECONCILED_STATUSES", (Status.IN_PROGRESS,))
         expected = {(k.value, "SCHEDULED") for k in BUILT_KINDS}
     else:
-        monkeypatch.delitem(operations.HUMAN_NOTIFICATIONS, Status.FAILED)
+        monkeypatch.delitem(outcome.HUMAN_NOTIFICATIONS, Status.FAILED)
         expected = {(k.value, "FAILED") for k in BUILT_KINDS}
     assert set(orphans(BUILT_KINDS)) == expected
 

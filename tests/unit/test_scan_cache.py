@@ -17,6 +17,7 @@ from sqlalchemy import select
 from packhorse.config import load_config
 from packhorse.db.models import RawDataFile
 from packhorse.db.session import Database
+from packhorse.managers import listing
 from packhorse.managers import scan as scan_module
 from packhorse.managers.scan import ScanCache, scan_all
 from packhorse.rules.availability import mark_locations
@@ -332,7 +333,7 @@ def test_files_in_a_folder_named_with_the_partial_suffix_are_listed_as_skipped(t
     (root / "cam14" / "ok.txt").write_bytes(b"y")
     found: list = []
     skipped: list[tuple[str, str]] = []
-    scan_module._walk(DiskBackend("src", root), found, skipped)
+    listing.walk(DiskBackend("src", root), found, skipped)
     assert [p for p, _ in found] == ["cam14/ok.txt"]
     assert [p for p, _ in skipped] == ["cam14/.packhorse-partial/f.txt"]
     assert "reserved suffix" in skipped[0][1]

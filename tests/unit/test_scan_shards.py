@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_scan_cache import make_ctx, write
 
-from packhorse.managers import scan as scan_module
+from packhorse.managers import listing
 from packhorse.managers.listing import Shard, registered_files
 from packhorse.managers.scanshards import plan_shards, shard_bounds, shard_of
 from packhorse.storage.disk import DiskBackend
@@ -43,7 +43,7 @@ def walk(root: Path, shard: Shard | None = None) -> tuple[list[str], list[tuple[
     skipped: list[tuple[str, str]] = []
     seen: dict = {}
     unclean: list[str] = []
-    scan_module._walk(DiskBackend("src", root), found, skipped, None, seen, 0, shard=shard,
+    listing.walk(DiskBackend("src", root), found, skipped, None, seen, 0, shard=shard,
                       unclean_out=unclean if shard is not None else None)
     return [p for p, _ in found], skipped, seen, unclean
 

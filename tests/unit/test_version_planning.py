@@ -107,8 +107,8 @@ def test_package_names_of_versions() -> None:
     assert package_base("cam/obs1") == "cam/obs1"
     assert package_base("cam/obs1", 2) == "cam/obs1+v2"
     assert package_base("", 1) == "_root" and package_base("", 3) == "_root+v3"
-    assert packages._name_for("cam/obs1", {"cam/obs1+v2"}, 2) == "cam/obs1+v2+2"
-    assert packages._name_for("cam/obs1", {"cam/obs1"}, 1) == "cam/obs1+2"
+    assert packages.name_for("cam/obs1", {"cam/obs1+v2"}, 2) == "cam/obs1+v2+2"
+    assert packages.name_for("cam/obs1", {"cam/obs1"}, 1) == "cam/obs1+2"
 
 
 def test_a_package_holds_one_version_split_at_the_size_limit() -> None:

@@ -25,12 +25,12 @@ pipeline step that creates its operations (``pipeline.STEPS``).
 
 from __future__ import annotations
 
+from packhorse import stages
 from packhorse.domain import OperationKind, Status
-from packhorse.engine.outcome import HUMAN_NOTIFICATIONS
-from packhorse.engine.pipeline import DISPATCH_ORDER, STEPS
-from packhorse.recovery.monitor import RECOVERY_HANDLERS
-from packhorse.recovery.reconciler import RECONCILED_STATUSES
-from packhorse.stages import STAGES
+
+# module references, not names: the I5 test takes registrations away to see the orphans
+from packhorse.engine import outcome, pipeline
+from packhorse.recovery import monitor, reconciler
 
 
 def owner_map() -> dict[tuple[OperationKind, Status], list[str]]:
@@ -40,19 +40,19 @@ def owner_map() -> dict[tuple[OperationKind, Status], list[str]]:
     """
     out: dict[tuple[OperationKind, Status], list[str]] = {}
     for kind in OperationKind:
-        worker = kind in STAGES
-        dispatched = kind in DISPATCH_ORDER
+        worker = kind in stages.STAGES
+        dispatched = kind in pipeline.DISPATCH_ORDER
         for status in Status:
             owners: list[str] = []
             if status is Status.PENDING and worker and dispatched:
                 owners = ["dispatcher", "worker"]
-            elif status is Status.SCHEDULED and worker and dispatched and status in RECONCILED_STATUSES:
+            elif status is Status.SCHEDULED and worker and dispatched and status in reconciler.RECONCILED_STATUSES:
                 owners = ["dispatcher", "worker", "reconciler"]
-            elif status is Status.IN_PROGRESS and worker and kind in RECOVERY_HANDLERS \
-                    and status in RECONCILED_STATUSES:
+            elif status is Status.IN_PROGRESS and worker and kind in monitor.RECOVERY_HANDLERS \
+                    and status in reconciler.RECONCILED_STATUSES:
                 owners = ["worker (lease)", "stalled-task monitor", "reconciler"]
-            elif status is Status.FAILED and status in HUMAN_NOTIFICATIONS:
-                owners = [f"human (notification {HUMAN_NOTIFICATIONS[status][0]!r})"]
+            elif status is Status.FAILED and status in outcome.HUMAN_NOTIFICATIONS:
+                owners = [f"human (notification {outcome.HUMAN_NOTIFICATIONS[status][0]!r})"]
             elif status is Status.COMPLETED:
                 owners = ["terminal"]
             out[(kind, status)] = owners
@@ -68,4 +68,4 @@ def orphans(kinds: list[OperationKind] | None = None) -> list[tuple[str, str]]:
 def creators() -> dict[OperationKind, list[str]]:
     """``{kind: [pipeline step, ...]}``: the steps of :data:`packhorse.engine.pipeline.STEPS` that create
     operations of each kind (an empty list: no step creates it)."""
-    return {kind: [s.name for s in STEPS if s.kind is kind] for kind in OperationKind}
+    return {kind: [s.name for s in pipeline.STEPS if s.kind is kind] for kind in OperationKind}

@@ -35,9 +35,8 @@ from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_
 from packhorse.rules.availability import check_operation, record_outage, wait_seconds
 from packhorse.rules.space import free_bytes, never_fits
 from packhorse.runtime.context import ProcessContext
-from packhorse.stages import STAGES
+from packhorse.stages import STAGES, deletion
 from packhorse.stages.base import Recorder, Work
-from packhorse.stages.deletion import delete_bytes, mark_copies, record_deleted
 
 log = structlog.get_logger(__name__)
 
@@ -456,7 +455,7 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
         def mark(s: Session) -> tuple[dict[int, PhysicalCopy], dict[int, Exception]]:
             # the rules of every raw package copy checked in one pass, each as if the copies
             # before it were marked (mark_copies); a blocked copy changes nothing, the others go on
-            verdicts = mark_copies(s, ctx, [w.op.physical_copy_id for w in works.values()])  # type: ignore[misc]
+            verdicts = deletion.mark_copies(s, ctx, [w.op.physical_copy_id for w in works.values()])  # type: ignore[misc]
             marked: dict[int, PhysicalCopy] = {}
             blocked: dict[int, Exception] = {}
             for op_id, w in works.items():
@@ -495,7 +494,7 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
                         syncs.enter_context(ctx.backend(ctx.location_name(copy.location_id)).deferred_sync())
                     with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                         try:
-                            delete_bytes(w, copy)
+                            deletion.delete_bytes(w, copy)
                             w.check()
                             deleted.append(op_id)
                         except Exception as exc:
@@ -510,7 +509,7 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
             stale = []
             for op_id in deleted:
                 if op_id in completed:
-                    record_deleted(s, works[op_id].op.physical_copy_id)  # type: ignore[arg-type]
+                    deletion.record_deleted(s, works[op_id].op.physical_copy_id)  # type: ignore[arg-type]
                 else:
                     stale.append(op_id)
             return stale

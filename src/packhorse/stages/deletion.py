@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from packhorse.domain import CopyStatus
 from packhorse.errors import DeletionDeferredError, DeletionNotSafeError
-from packhorse.rules.policy import deletion_blockers, deletion_blockers_many, operations_in_flight
+from packhorse.rules import policy
 from packhorse.runtime.context import ProcessContext
 from packhorse.stages.base import Recorder, Work
 
@@ -50,9 +50,9 @@ def mark_copy(s: Session, ctx: ProcessContext, copy_id: int) -> PhysicalCopy:
     assert copy is not None
     if copy.status == CopyStatus.DELETED.value:
         return copy
-    blockers = deletion_blockers(s, ctx, copy)
+    blockers = policy.deletion_blockers(s, ctx, copy)
     if blockers:
-        raise _blocked(s, ctx, copy, blockers, len(operations_in_flight(s, copy)))
+        raise _blocked(s, ctx, copy, blockers, len(policy.operations_in_flight(s, copy)))
     copy.status = CopyStatus.DELETION_PENDING.value
     return copy
 
@@ -78,7 +78,7 @@ def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[in
     raw = [copies[i] for i in copy_ids if i in copies and copies[i].raw_data_package_id is not None
            and copies[i].status != CopyStatus.DELETED.value]
     try:
-        blockers = deletion_blockers_many(s, ctx, raw, leaving=set()) if raw else {}
+        blockers = policy.deletion_blockers_many(s, ctx, raw, leaving=set()) if raw else {}
     except SQLAlchemyError:
         raise
     except Exception as exc:  # noqa: BLE001 - one copy's fault: each is checked on its own below
@@ -86,7 +86,7 @@ def mark_copies(s: Session, ctx: ProcessContext, copy_ids: list[int]) -> dict[in
         raw, blockers = [], {}
     for copy in raw:  # nothing was changed before this loop: the verdicts are the one pass's
         if blockers[copy.id]:
-            out[copy.id] = _blocked(s, ctx, copy, blockers[copy.id], len(operations_in_flight(s, copy)))
+            out[copy.id] = _blocked(s, ctx, copy, blockers[copy.id], len(policy.operations_in_flight(s, copy)))
         else:
             copy.status = CopyStatus.DELETION_PENDING.value
             out[copy.id] = copy
