@@ -37,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from packhorse.bags.extraction import DEFAULT_LIMITS, extract_tar
-from packhorse.bags.packaging import PayloadFile, write_bag_tar
-from packhorse.stages.staging import ArchiveCopy, extract_archive_copy, verify_bag_folder
+from packhorse.bags.packaging import PayloadFile, verify_bag_folder, write_bag_tar
+from packhorse.stages.staging import ArchiveCopy, extract_archive_copy
 
 
 class _Hashing(io.RawIOBase):

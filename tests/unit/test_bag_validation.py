@@ -19,7 +19,7 @@ import bagit
 import pytest
 
 from packhorse.bags.extraction import extract_tar
-from packhorse.bags.packaging import PayloadFile, read_bag_tar, write_bag_tar
+from packhorse.bags.packaging import PayloadFile, read_bag_tar, verify_bag_folder, write_bag_tar
 from packhorse.bags.validation import (
     ALGORITHMS,
     PROBLEM_CODES,
@@ -29,7 +29,6 @@ from packhorse.bags.validation import (
     validate_tar,
 )
 from packhorse.errors import UnsafePathError, VerificationError
-from packhorse.stages.staging import verify_bag_folder
 
 PAYLOAD = {
     "a.txt": b"alpha\n",

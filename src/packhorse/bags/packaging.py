@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits
-from packhorse.bags.validation import UNSAFE_CODES, BagReport, validate_tar
+from packhorse.bags.validation import UNSAFE_CODES, BagReport, validate_folder, validate_tar
 from packhorse.bags.validation import decode_manifest_path as _decode
 from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
 
@@ -432,3 +432,18 @@ def iter_files(root: Path) -> Iterator[Path]:
             p = Path(dirpath) / name
             if p.is_file() and not p.is_symlink():
                 yield p
+
+
+def verify_bag_folder(bag: Path, *, source: str) -> dict[str, str]:
+    """Validate the bag folder ``bag`` to RFC 8493 (:func:`~packhorse.bags.validation.validate_folder`:
+    every manifest, the tag manifests, Payload-Oxum, no symlinks). Returns ``{payload path under
+    data/: sha256}``.
+
+    Raises:
+        VerificationError: the bag is not valid (a file missing, extra, with other bytes...),
+            naming the first problem and counting the others.
+        UnsafePathError: the folder holds a symlink or a special file.
+    """
+    report = validate_folder(bag, bag=source, required_algorithms=("sha256",))
+    raise_for_problems(report, step="staging", side="destination")
+    return {p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()}

@@ -40,7 +40,7 @@ def main() -> None:
     """Console-script entry point: run the command (logging at WARNING until the command sets
     its own level); a ``PackhorseError`` that escapes a command prints ``error: ...`` and exits 1;
     output whose reader went away (``| head``) exits :data:`EXIT_OUTPUT_CLOSED` (141), not 1."""
-    from packhorse import logs
+    from packhorse import logs  # deferred: start-up time
 
     # until a command sets its own level: warnings and errors only (structlog's default would
     # print every debug line)

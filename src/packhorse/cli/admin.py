@@ -37,10 +37,10 @@ def health(
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
     or by --forget NAME."""
-    from packhorse.errors import ServiceHealthError
-    from packhorse.recovery.breakers import jsonable
-    from packhorse.recovery.health import forget_service, list_services
-    from packhorse.runtime import audit
+    from packhorse.errors import ServiceHealthError  # deferred: start-up time
+    from packhorse.recovery.breakers import jsonable  # deferred: start-up time
+    from packhorse.recovery.health import forget_service, list_services  # deferred: start-up time
+    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     rec = ctx.settings.recovery
@@ -94,9 +94,9 @@ def token_create(
     config: ConfigOpt = None,
 ) -> None:
     """Create an API token; it is printed once, alone on the last line of stdout."""
-    from packhorse.api.tokens import create_token
-    from packhorse.errors import TokenError
-    from packhorse.runtime import audit
+    from packhorse.api.tokens import create_token  # deferred: start-up time
+    from packhorse.errors import TokenError  # deferred: start-up time
+    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -113,7 +113,7 @@ def token_create(
 @token_app.command("list")
 def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List tokens (never their secret)."""
-    from packhorse.api.tokens import list_tokens
+    from packhorse.api.tokens import list_tokens  # deferred: start-up time
 
     ctx = context(config)
     rows = ctx.db.read(list_tokens)
@@ -130,9 +130,9 @@ def token_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], config: ConfigOpt = None,
                  as_json: JsonOpt = False) -> None:
     """Revoke a token: it is refused from the next request on."""
-    from packhorse.api.tokens import revoke_token
-    from packhorse.errors import TokenError
-    from packhorse.runtime import audit
+    from packhorse.api.tokens import revoke_token  # deferred: start-up time
+    from packhorse.errors import TokenError  # deferred: start-up time
+    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -152,9 +152,9 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
 def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
                value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Change a runtime setting; running services pick it up within a minute (audited)."""
-    from packhorse.errors import RuntimeSettingError
-    from packhorse.runtime import audit
-    from packhorse.runtime.settings import set_setting
+    from packhorse.errors import RuntimeSettingError  # deferred: start-up time
+    from packhorse.runtime import audit  # deferred: start-up time
+    from packhorse.runtime.settings import set_setting  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -171,9 +171,9 @@ def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_inter
 @config_app.command("unset")
 def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Drop a runtime override: the configuration file's value applies again (audited)."""
-    from packhorse.errors import RuntimeSettingError
-    from packhorse.runtime import audit
-    from packhorse.runtime.settings import unset_setting
+    from packhorse.errors import RuntimeSettingError  # deferred: start-up time
+    from packhorse.runtime import audit  # deferred: start-up time
+    from packhorse.runtime.settings import unset_setting  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -189,7 +189,7 @@ def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None
 @config_app.command("show")
 def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Runtime settings: effective value, file default and where the value comes from."""
-    from packhorse.runtime.settings import describe
+    from packhorse.runtime.settings import describe  # deferred: start-up time
 
     ctx = context(config)
     rows = ctx.db.read(lambda s: describe(s, ctx.settings))
@@ -207,7 +207,7 @@ def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entries")] = 50,
               config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The audit log of admin actions, newest first."""
-    from packhorse.runtime import audit
+    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     rows = ctx.db.read(lambda s: audit.entries(s, limit=limit))
@@ -228,7 +228,7 @@ def usage(
     as_json: JsonOpt = False,
 ) -> None:
     """Disk usage per data location (latest measurement): total, used, free, percent, level."""
-    from packhorse.rules.disk_usage import latest_usage, measure_all, sample_dict
+    from packhorse.rules.disk_usage import latest_usage, measure_all, sample_dict  # deferred: start-up time
 
     ctx = context(config)
     if measure:

@@ -53,7 +53,7 @@ InstanceOpt = Annotated[Optional[str], typer.Option(
 def heartbeat(ctx: "ProcessContext", kind: str, *, instance: str | None, site: str | None = None) -> Any:
     """A started :class:`~packhorse.recovery.health.HeartbeatThread` of this service (kind,
     site, instance; intervals from ``[recovery]``); a bad ``--instance`` exits 2 naming it."""
-    from packhorse.recovery.health import HeartbeatThread
+    from packhorse.recovery.health import HeartbeatThread  # deferred: start-up time
 
     rec = ctx.settings.recovery
     try:
@@ -67,7 +67,7 @@ def heartbeat(ctx: "ProcessContext", kind: str, *, instance: str | None, site: s
 
 def _print_version(value: bool) -> None:
     if value:
-        from packhorse import __version__
+        from packhorse import __version__  # deferred: start-up time
 
         print(f"packhorse {__version__}")
         raise typer.Exit(EXIT_OK)
@@ -82,7 +82,7 @@ def _global_options(
         envvar="PACKHORSE_LOG_FORMAT")] = None,
 ) -> None:
     """packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once."""
-    from packhorse import logs
+    from packhorse import logs  # deferred: start-up time
 
     if log_format is not None:
         if log_format not in ("json", "console"):
@@ -99,7 +99,7 @@ def fail(message: str, code: int) -> typer.Exit:
 def log_level(default: str) -> str:
     """The log level: ``PACKHORSE_LOG_LEVEL`` if set (checked: a typo must not silently log at
     another level), else ``default``. Raises ``typer.Exit(2)`` on an unknown level."""
-    from packhorse.runtime.settings import LOG_LEVELS
+    from packhorse.runtime.settings import LOG_LEVELS  # deferred: start-up time
 
     value = os.environ.get("PACKHORSE_LOG_LEVEL")
     if value is None:
@@ -146,7 +146,7 @@ def database(settings: Settings, *, migrate_check: bool) -> Database:
 def context(config: Path | None, *, migrate_check: bool = True) -> ProcessContext:
     """Configuration, migrated database and registered topology of ``config``; logging at
     WARNING unless ``PACKHORSE_LOG_LEVEL`` says otherwise."""
-    from packhorse import logs
+    from packhorse import logs  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))
     s = settings(config)
@@ -191,7 +191,7 @@ def shown(name: str) -> str:
 
 def parse_kind(kind: str) -> "OperationKind":
     """``kind`` as an ``OperationKind``; an unknown kind exits 2 listing the valid ones."""
-    from packhorse.domain import OperationKind
+    from packhorse.domain import OperationKind  # deferred: start-up time
 
     try:
         return OperationKind(kind)
@@ -204,7 +204,7 @@ def require_routes(settings: Settings) -> None:
     """Refuse (exit 2, naming the key) a configuration under which registered files would never
     be archived: no ``[[routes]]`` at all, or an active source location whose site no route
     leaves from."""
-    from packhorse.domain import LocationRole
+    from packhorse.domain import LocationRole  # deferred: start-up time
 
     if not settings.routes:
         raise fail(f"{settings.config_file}: routes: the configuration has no [[routes]]: nothing would ever be "
@@ -221,8 +221,8 @@ def require_routes(settings: Settings) -> None:
 def check_storage(ctx: ProcessContext) -> None:
     """Build every active location's backend (S3 write-once probe, Object Lock check) before
     any work runs; a refused store exits 2 naming the location."""
-    from packhorse.domain import StorageType
-    from packhorse.errors import LocationUnavailableError, StorageServiceError
+    from packhorse.domain import StorageType  # deferred: start-up time
+    from packhorse.errors import LocationUnavailableError, StorageServiceError  # deferred: start-up time
 
     try:
         for loc in ctx.settings.locations:
@@ -254,7 +254,7 @@ def operation_action(
     ``UnknownOperationError`` and the ``refused`` exceptions (the action declined, e.g. a reset of
     an operation that is not FAILED) print ``error: ...`` and exit 1.
     """
-    from packhorse.errors import UnknownOperationError
+    from packhorse.errors import UnknownOperationError  # deferred: start-up time
 
     k = parse_kind(kind)
     if precheck is not None:

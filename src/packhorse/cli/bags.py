@@ -19,7 +19,7 @@ def validate(
     """Validate BagIt bags (RFC 8493, or 0.97) and list every problem of each. Exit 0 when every
     one is valid, 1 when one is not. ``--json``: one path gives its report, several a list of
     reports in the order given."""
-    from packhorse.bags.validation import validate_path
+    from packhorse.bags.validation import validate_path  # deferred: start-up time
 
     reports = [validate_path(p) for p in paths]
     if as_json:

@@ -51,7 +51,7 @@ def worker(
     instance: InstanceOpt = None,
 ) -> None:
     """Run a Celery worker of one site: it consumes exactly that site's queues (distributed mode)."""
-    from packhorse.executors.celery_app import run_worker
+    from packhorse.executors.celery_app import run_worker  # deferred: start-up time
 
     ctx = _celery_settings(config)
     ctx.db.dispose()  # pool children open their own connections
@@ -69,13 +69,13 @@ def manager(
     instance: InstanceOpt = None,
 ) -> None:
     """Run the pipeline's managers and the dispatcher to Celery (distributed mode; any number may run at once)."""
-    from packhorse import logs
-    from packhorse.executors.celery_app import Manager
+    from packhorse import logs  # deferred: start-up time
+    from packhorse.executors.celery_app import Manager  # deferred: start-up time
 
     ctx = _celery_settings(config)
     require_routes(ctx.settings)
     logs.configure(log_level("INFO"))
-    from packhorse.recovery.health import check_instance
+    from packhorse.recovery.health import check_instance  # deferred: start-up time
 
     try:
         mgr = Manager(ctx.settings, instance=check_instance(instance))
@@ -96,7 +96,7 @@ def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
     started / still-alive / stopped notifications."""
     import threading
 
-    from packhorse.notify.lifecycle import ServiceLifecycle
+    from packhorse.notify.lifecycle import ServiceLifecycle  # deferred: start-up time
 
     stop_event = threading.Event()
     reason: list[str] = []
@@ -125,7 +125,7 @@ def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
 @app.command()
 def notifier(config: ConfigOpt = None) -> None:
     """Deliver the notification outbox (SMTP, apprise) until stopped: retries with backoff, dead letters."""
-    from packhorse.notify.notifier import Notifier
+    from packhorse.notify.notifier import Notifier  # deferred: start-up time
 
     ctx = context(config)
     cfg = ctx.settings.notifications
@@ -158,7 +158,7 @@ def notifier(config: ConfigOpt = None) -> None:
 @app.command("disk-monitor")
 def disk_monitor(config: ConfigOpt = None) -> None:
     """Measure every active disk location every disk_usage.interval_seconds (60 s) until stopped."""
-    from packhorse.rules.disk_usage import DiskMonitor
+    from packhorse.rules.disk_usage import DiskMonitor  # deferred: start-up time
 
     ctx = context(config)
     monitor = DiskMonitor(ctx.db, ctx.settings, ctx.topology.location_ids, hooks=ctx.hooks)
@@ -181,15 +181,15 @@ def monitor(
     instance: InstanceOpt = None,
 ) -> None:
     """Run the stalled-task monitor (circuit breakers) and the reconciler as a service."""
-    from packhorse.engine.pipeline import recover
-    from packhorse.recovery.loop import ServiceLoop
+    from packhorse.engine.pipeline import recover  # deferred: start-up time
+    from packhorse.recovery.loop import ServiceLoop  # deferred: start-up time
 
     ctx = context(config)
     rec = ctx.settings.recovery
     broker = None
     if ctx.settings.executor.kind == "celery":  # the reconciler asks the broker what is still queued
-        from packhorse.executors.celery_app import BrokerQueues, make_app
-        from packhorse.recovery.reconciler import BrokerWatch
+        from packhorse.executors.celery_app import BrokerQueues, make_app  # deferred: start-up time
+        from packhorse.recovery.reconciler import BrokerWatch  # deferred: start-up time
 
         broker = BrokerWatch.for_settings(BrokerQueues(ctx, make_app(ctx.settings)), ctx.settings)
         if once:  # one pass: what the broker no longer holds now is lost
@@ -227,7 +227,7 @@ def serve_api(ctx: ProcessContext, host: str, port: int) -> "Any":
 
     import uvicorn
 
-    from packhorse.api.app import create_app
+    from packhorse.api.app import create_app  # deferred: start-up time
 
     server = uvicorn.Server(uvicorn.Config(create_app(ctx.settings, ctx=ctx), host=host, port=port,
                                           log_level="warning", access_log=False))

@@ -45,8 +45,8 @@ def reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
-    from packhorse.actions.operator import reset_all_failed, reset_operation
-    from packhorse.errors import ResetRefusedError
+    from packhorse.actions.operator import reset_all_failed, reset_operation  # deferred: start-up time
+    from packhorse.errors import ResetRefusedError  # deferred: start-up time
 
     def precheck() -> None:
         if (operation_id is None) == (not all_failed):
@@ -77,7 +77,11 @@ def notifications(
 ) -> None:
     """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead);
     ``--show ID`` prints one message in full."""
-    from packhorse.notify.report import list_notifications, requeue_dead_letters, show_notification
+    from packhorse.notify.report import (  # deferred: start-up time
+        list_notifications,
+        requeue_dead_letters,
+        show_notification,
+    )
 
     ctx = context(config)
     if show is not None:
@@ -121,7 +125,7 @@ app.add_typer(breaker_app, name="breaker")
 def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List circuit breakers that counted stalls (open ones first, then half-open), with when an
     open one lets the next attempt through by itself."""
-    from packhorse.recovery.breakers import jsonable, list_breakers
+    from packhorse.recovery.breakers import jsonable, list_breakers  # deferred: start-up time
 
     ctx = context(config)
     rows = ctx.db.read(list_breakers)
@@ -145,8 +149,8 @@ def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 def breaker_reset(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
                   config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Close the circuit breaker of one operation (the monitor then recovers it)."""
-    from packhorse.actions.operator import reset_circuit_breaker
-    from packhorse.recovery.breakers import jsonable
+    from packhorse.actions.operator import reset_circuit_breaker  # deferred: start-up time
+    from packhorse.recovery.breakers import jsonable  # deferred: start-up time
 
     operation_action(
         kind, config, as_json,
@@ -159,8 +163,8 @@ def breaker_reset(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt
 def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
-    from packhorse.actions.operator import force_retry_operation
-    from packhorse.errors import ResetRefusedError
+    from packhorse.actions.operator import force_retry_operation  # deferred: start-up time
+    from packhorse.errors import ResetRefusedError  # deferred: start-up time
 
     operation_action(
         kind, config, as_json,
@@ -180,9 +184,9 @@ def diagnose(
 ) -> None:
     """The diagnostic report of an operation: row, failure events (newest first), copies per
     location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
-    from packhorse.errors import UnknownOperationError, UnknownPackageError
-    from packhorse.runtime.audit import record
-    from packhorse.status.diagnose import diagnose_operation, diagnose_package, live_check
+    from packhorse.errors import UnknownOperationError, UnknownPackageError  # deferred: start-up time
+    from packhorse.runtime.audit import record  # deferred: start-up time
+    from packhorse.status.diagnose import diagnose_operation, diagnose_package, live_check  # deferred: start-up time
 
     if package is not None and (kind is not None or operation_id is not None):
         raise fail("give KIND ID or --package NAME, not both", EXIT_CONFIG)
@@ -205,7 +209,7 @@ def diagnose(
            target=package or f"{kind}/{operation_id}")
     desired = None
     if package is not None:
-        from packhorse.rules.convergence import describe
+        from packhorse.rules.convergence import describe  # deferred: start-up time
 
         desired = ctx.db.read(lambda s: describe(s, ctx, package))
     if as_json:
@@ -358,7 +362,7 @@ app.add_typer(skipped_app, name="skipped")
 @skipped_app.command("list")
 def skipped_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The source paths not archived, with why (what ``packhorse status`` lists as skipped)."""
-    from packhorse.status.reporting import status_report
+    from packhorse.status.reporting import status_report  # deferred: start-up time
 
     rows = status_report(context(config))["skipped"]
     if as_json:
@@ -383,8 +387,8 @@ def skipped_forget(
     """Stop listing a source file that went away before it was packaged: it is gone for good
     (deleted on purpose, never to be archived). Kept with who, when and why (`packhorse locate`
     shows it); if the file comes back it is archived as ever. Exit 1 if no such file is listed."""
-    from packhorse.actions.operator import forget_skipped
-    from packhorse.errors import EmptyReasonError, NotSkippedError
+    from packhorse.actions.operator import forget_skipped  # deferred: start-up time
+    from packhorse.errors import EmptyReasonError, NotSkippedError  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -408,8 +412,8 @@ def locate(
 ) -> None:
     """Where is my file: every version of a source path or package, its package, every copy
     with its location and when it was last verified, and its history. Exit 1 if nothing matches."""
-    from packhorse.errors import LocateQueryError
-    from packhorse.status.locate import locate as find
+    from packhorse.errors import LocateQueryError  # deferred: start-up time
+    from packhorse.status.locate import locate as find  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -467,8 +471,8 @@ def reconcile(
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute raw data packages' archived state from their verified archive copies."""
-    from packhorse.actions.operator import reconcile_inconsistent, reconcile_package
-    from packhorse.errors import UnknownPackageError
+    from packhorse.actions.operator import reconcile_inconsistent, reconcile_package  # deferred: start-up time
+    from packhorse.errors import UnknownPackageError  # deferred: start-up time
 
     ctx = context(config)
     try:

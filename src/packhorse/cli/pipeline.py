@@ -52,8 +52,8 @@ def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
     """:func:`~packhorse.rules.availability.mark_locations` for ``init`` and ``demo``: a root that is
     missing, marked as another location or refused by its store exits 2 (``EXIT_CONFIG``)
     naming it, as any other setup error."""
-    from packhorse.errors import StorageServiceError
-    from packhorse.rules.availability import mark_locations
+    from packhorse.errors import StorageServiceError  # deferred: start-up time
+    from packhorse.rules.availability import mark_locations  # deferred: start-up time
 
     try:
         return mark_locations(ctx, **kwargs)
@@ -91,7 +91,7 @@ def init(config: ConfigOpt = None,
     names it, and a root marked by another packhorse installation (exit 2), unless ``--adopt``
     names it. ``--site`` marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
-    from packhorse import logs
+    from packhorse import logs  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
     s = settings(config)
@@ -105,7 +105,7 @@ def init(config: ConfigOpt = None,
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
-    from packhorse.rules.availability import root_of
+    from packhorse.rules.availability import root_of  # deferred: start-up time
 
     for m in marked:
         if m.action != "already marked":
@@ -131,8 +131,8 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
     was idle exits ``128 + signal`` whatever this says (the callers decide that first)."""
     from sqlalchemy import func, select
 
-    from packhorse.db.models import SkippedFile, WithdrawnFile
-    from packhorse.status.reporting import failed_operations
+    from packhorse.db.models import SkippedFile, WithdrawnFile  # deferred: start-up time
+    from packhorse.status.reporting import failed_operations  # deferred: start-up time
 
     skipped = ctx.db.read(lambda s: (s.scalar(select(func.count()).select_from(SkippedFile)) or 0)
                           + (s.scalar(select(func.count()).select_from(WithdrawnFile)
@@ -153,7 +153,7 @@ def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
         print("  see `packhorse status`; fix the cause, then `packhorse reset KIND ID` (or KIND --all-failed)",
               file=sys.stderr)
         return EXIT_FAILED
-    from packhorse.status.blocked_work import EXIT_NEEDS_HUMAN, blocked_items
+    from packhorse.status.blocked_work import EXIT_NEEDS_HUMAN, blocked_items  # deferred: start-up time
 
     items = ctx.db.read(lambda s: blocked_items(s, ctx))
     for b in items:
@@ -190,9 +190,9 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     ``progress_interval`` seconds and warnings and errors, one JSON log line per operation only
     with ``--log-format json``; with ``quiet`` errors only. Health: the run records itself as
     service ``runner`` (with ``instance``: :func:`packhorse.recovery.health.service_identity`)."""
-    from packhorse import logs
-    from packhorse.cli.progress import SummaryLines, TerminalProgress
-    from packhorse.executors.local import LocalRunner
+    from packhorse import logs  # deferred: start-up time
+    from packhorse.cli.progress import SummaryLines, TerminalProgress  # deferred: start-up time
+    from packhorse.executors.local import LocalRunner  # deferred: start-up time
 
     on_terminal = sys.stderr.isatty()
     json_asked = logs.chosen_format() == "json"
@@ -205,7 +205,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     runner = LocalRunner(ctx, on_tick=bars.tick if bars else None)
 
     stopped_by: list[int] = []
-    from packhorse.executors.services import start_background
+    from packhorse.executors.services import start_background  # deferred: start-up time
 
     background = start_background(ctx, lifecycle=not until_idle)
 
@@ -275,7 +275,7 @@ def run(
     check_storage(ctx)
     server = None
     if with_api:
-        from packhorse.cli.distributed import serve_api
+        from packhorse.cli.distributed import serve_api  # deferred: start-up time
 
         server = serve_api(ctx, api_host or ctx.settings.api.host,
                            ctx.settings.api.port if api_port is None else api_port)
@@ -304,8 +304,8 @@ def run(
 def _dry_run(config: Path | None, as_json: bool) -> None:
     """``run --dry-run``: print :func:`packhorse.status.dry_run.plan_run`; write nothing (no database is
     created, no topology registered, nothing in any data location)."""
-    from packhorse import logs
-    from packhorse.status.dry_run import database_exists, plan_run
+    from packhorse import logs  # deferred: start-up time
+    from packhorse.status.dry_run import database_exists, plan_run  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))
     s = settings(config)
@@ -356,10 +356,10 @@ def run_operation(
     config: ConfigOpt = None,
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
-    from packhorse.engine.worker import execute_operation
-    from packhorse.errors import UnknownOperationError
-    from packhorse.operations.identity import worker_identity
-    from packhorse.operations.lifecycle import get_operation
+    from packhorse.engine.worker import execute_operation  # deferred: start-up time
+    from packhorse.errors import UnknownOperationError  # deferred: start-up time
+    from packhorse.operations.identity import worker_identity  # deferred: start-up time
+    from packhorse.operations.lifecycle import get_operation  # deferred: start-up time
 
     k = parse_kind(kind)
     ctx = context(config)
@@ -378,7 +378,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Show operations by kind and status, packages, copies per location and skipped files."""
     from rich.markup import escape
 
-    from packhorse.status.reporting import status_report
+    from packhorse.status.reporting import status_report  # deferred: start-up time
 
     ctx = context(config)
     r = status_report(ctx)
@@ -447,8 +447,8 @@ def verify(
 ) -> None:
     """Re-read every live copy and compare it with its recorded sha256, and check every staged
     copy in processing locations against its bag manifests. Exit 1 on any problem."""
-    from packhorse.status.reporting import verify_copies
-    from packhorse.status.staged_copies import verify_staged
+    from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
+    from packhorse.status.reporting import verify_copies  # deferred: start-up time
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
@@ -501,8 +501,8 @@ def demo(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Archive a data set from fyst to cologne and cornell, verify it, and print a summary."""
-    from packhorse.cli.demo import generate_observatory_data, write_demo_config
-    from packhorse.status.reporting import status_report, verify_copies
+    from packhorse.cli.demo import generate_observatory_data, write_demo_config  # deferred: start-up time
+    from packhorse.status.reporting import status_report, verify_copies  # deferred: start-up time
 
     workdir = workdir.resolve()
     if (workdir / "packhorse.db").exists():
@@ -526,7 +526,7 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
-    from packhorse import logs
+    from packhorse import logs  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))  # the run below sets its own level
     _mark(ctx)
@@ -542,7 +542,7 @@ def demo(
     print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
     print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
           f"{r['packages']['failed']} failed")
-    from packhorse.domain import LocationRole
+    from packhorse.domain import LocationRole  # deferred: start-up time
 
     for loc, c in r["copies"].items():
         if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
@@ -574,8 +574,8 @@ def _an_archived_bag(ctx: ProcessContext) -> Path | None:
     none."""
     from sqlalchemy import select
 
-    from packhorse.db.models import PhysicalCopy
-    from packhorse.domain import CopyStatus, LocationRole
+    from packhorse.db.models import PhysicalCopy  # deferred: start-up time
+    from packhorse.domain import CopyStatus, LocationRole  # deferred: start-up time
 
     disks = {ctx.topology.location_ids[loc.name]: loc.name for loc in ctx.settings.locations
              if loc.role is LocationRole.LONG_TERM_ARCHIVE and loc.path}
@@ -600,8 +600,8 @@ def stage(
 ) -> None:
     """Request staging: extract archived packages into a processing location, verified against
     their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
-    from packhorse.errors import NothingToStageError
-    from packhorse.managers.staging import request_staging
+    from packhorse.errors import NothingToStageError  # deferred: start-up time
+    from packhorse.managers.staging import request_staging  # deferred: start-up time
 
     ctx = context(config)
     try:

@@ -17,8 +17,8 @@ from packhorse.db.models import Operation, PhysicalCopy, RawDataPackage, utcnow
 from packhorse.domain import CopyStatus, LocationRole, OperationKind, Status, StorageType
 from packhorse.errors import ConfigError, NothingToStageError
 from packhorse.operations.lifecycle import create_operation, dedup_key
+from packhorse.rules.staged_copies import check_staged
 from packhorse.runtime.context import ProcessContext
-from packhorse.status.staged_copies import check_staged
 
 
 def request_staging(ctx: ProcessContext, name: str, location: str, *, again: bool = False) -> list[dict[str, Any]]:

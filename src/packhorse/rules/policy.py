@@ -426,5 +426,5 @@ def holds_artifact_bytes(ctx: "ProcessContext", location: str) -> bool:
     location is not: it is a folder ``packhorse stage`` extracted the package into, a working
     copy the processing team may change. It is never a source of a package's bytes, never
     checked or repaired as one, and never counts for or against archiving, repairs, dead ends
-    or deletions (I1; :mod:`packhorse.status.staged_copies` checks staged folders)."""
+    or deletions (I1; :mod:`packhorse.rules.staged_copies` checks staged folders)."""
     return ctx.topology.location_role.get(location) is not LocationRole.PROCESSING

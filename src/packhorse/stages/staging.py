@@ -49,8 +49,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from packhorse.bags.extraction import ExtractionLimits, extract_tar
-from packhorse.bags.packaging import BagContents, raise_for_problems, verify_bag_archive
-from packhorse.bags.validation import validate_folder
+from packhorse.bags.packaging import BagContents, verify_bag_archive, verify_bag_folder
 from packhorse.db.models import PhysicalCopy, RawDataPackage
 from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
 from packhorse.errors import (
@@ -230,21 +229,6 @@ def ensure_readable(work: Work, backend: StorageBackend, key: str) -> None:
     seconds = work.ctx.settings.location(backend.location).restore_poll_seconds
     work.info.update(waiting_for_restore=f"{backend.location}:{key}")
     raise OperationDeferred(f"{backend.location}:{key}: waiting for the cold-storage restore", seconds=seconds)
-
-
-def verify_bag_folder(bag: Path, *, source: str) -> dict[str, str]:
-    """Validate the bag folder ``bag`` to RFC 8493 (:func:`~packhorse.bags.validation.validate_folder`:
-    every manifest, the tag manifests, Payload-Oxum, no symlinks). Returns ``{payload path under
-    data/: sha256}``.
-
-    Raises:
-        VerificationError: the bag is not valid (a file missing, extra, with other bytes...),
-            naming the first problem and counting the others.
-        UnsafePathError: the folder holds a symlink or a special file.
-    """
-    report = validate_folder(bag, bag=source, required_algorithms=("sha256",))
-    raise_for_problems(report, step="staging", side="destination")
-    return {p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()}
 
 
 def _nearest_source(work: Work, pkg_id: int, dst: str) -> tuple[str, str]:

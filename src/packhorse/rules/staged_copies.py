@@ -2,7 +2,7 @@
 checking them (``packhorse verify``) and finding the ones whose folder is gone.
 
 A staged copy is a bag folder ``<processing location>/<package name>/``. It is checked the way
-staging checked it before publishing (:func:`packhorse.stages.staging.verify_bag_folder`: every
+staging checked it before publishing (:func:`packhorse.bags.packaging.verify_bag_folder`: every
 manifest, the tag manifests, the Payload-Oxum; RFC 8493). Staged copies are working copies for
 processing, not archive copies: a bad one is reported (``verify`` exits 1) and never counts
 for or against archiving or deletion (I1); ``packhorse stage NAME --to LOC --again`` makes a
@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from packhorse.bags.packaging import verify_bag_folder
 from packhorse.db.models import DataLocation, PhysicalCopy, RawDataPackage
 from packhorse.domain import CopyStatus, LocationRole
 from packhorse.errors import PackhorseError
 from packhorse.runtime.context import ProcessContext
-from packhorse.stages.staging import verify_bag_folder
 
 
 def staged_copies(session: Session, location: str | None = None) -> list[dict[str, Any]]:
