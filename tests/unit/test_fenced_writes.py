@@ -1,4 +1,4 @@
-"""Every status write of an operation is a compare-and-set on ``operations.fenced`` (I3).
+"""Every status write of an operation is a compare-and-set on ``operations.lifecycle.fenced`` (I3).
 
 Two kinds of check against a real SQLite database:
 

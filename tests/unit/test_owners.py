@@ -1,7 +1,7 @@
 """I5: every (OperationKind, Status) pair has an owner that moves it on.
 
 The owner map (:func:`packhorse.engine.owners.owner_map`) is built from the live
-registrations — the stages workers run (``STAGES``), the dispatch order (``pipeline.DISPATCH_ORDER``), the
+registrations — the stages workers run (``STAGES``), the dispatch order (``engine.pipeline.DISPATCH_ORDER``), the
 stalled-task monitor's handlers (``RECOVERY_HANDLERS``), the reconciler's statuses and the
 notification that hands FAILED operations to a human. The tests below remove each
 registration in turn and check that the pair it owned becomes an orphan, then exercise every

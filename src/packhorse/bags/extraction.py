@@ -30,8 +30,8 @@ with the artifact (``location:key``) and names the member:
   NFC and in NFD are two files, a source folder may hold both, and packhorse archives both;
 - a directory member carrying data, an extended (PAX or GNU) header over
   :data:`MAX_HEADER_BYTES` (tarfile would read it whole into memory);
-- more members than ``extraction.max_members``, a member larger than
-  ``extraction.max_member_bytes`` or more payload than ``extraction.max_total_bytes`` (the key
+- more members than ``bags.extraction.max_members``, a member larger than
+  ``bags.extraction.max_member_bytes`` or more payload than ``bags.extraction.max_total_bytes`` (the key
   is named in the error; :class:`ExtractionLimits`).
 
 :func:`extract_tar` creates a new target folder and then every member beneath it one path

@@ -432,7 +432,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         out.print(f"{r['failed_superseded']} more FAILED operation(s) in the table above were superseded by a "
                   "later repair that completed: history, nothing to do (packhorse diagnose --package NAME "
                   "shows them)", highlight=False)
-    for b in r["blocked"]:  # every cause of blocked.py, with what releases it
+    for b in r["blocked"]:  # every cause of status/blocked_work.py, with what releases it
         since = f" since {b['since']}" if b.get("since") else ""
         out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + ' (' + b['cause'] + ')' + since + ': ' + b['reason'])}",
                   highlight=False)

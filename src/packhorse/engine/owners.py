@@ -5,7 +5,7 @@ For each (:class:`~packhorse.domain.OperationKind`, :class:`~packhorse.domain.St
 code actually registers — never from a hand-written table, so a kind keyed by a string no task
 registers (the seeds' bug #69) shows up as an orphan:
 
-* ``PENDING`` — the dispatcher of either mode (``pipeline.DISPATCH_ORDER``, the one list
+* ``PENDING`` — the dispatcher of either mode (``engine.pipeline.DISPATCH_ORDER``, the one list
   both executors dispatch from) hands it to a worker, which runs the stage registered in
   ``stages.STAGES``;
 * ``SCHEDULED`` — the same, plus the reconciler (``reconciler.RECONCILED_STATUSES``) for a lost
@@ -14,13 +14,13 @@ registers (the seeds' bug #69) shows up as an orphan:
   handler (``monitor.RECOVERY_HANDLERS``) when the lease expires, and the reconciler when no
   lease covers it;
 * ``FAILED`` — a human, reached through the notification registered for it
-  (``operations.HUMAN_NOTIFICATIONS``);
+  (``engine.outcome.HUMAN_NOTIFICATIONS``);
 * ``COMPLETED`` — terminal: nothing may pick it up again (``claim`` only takes ``PENDING`` /
   ``SCHEDULED``).
 
 A pair is owned only if *every* owner its status needs is registered (a ``PENDING`` operation
 with a stage but no dispatcher would wait forever). :func:`creators` names, per kind, the
-pipeline step that creates its operations (``pipeline.STEPS``).
+pipeline step that creates its operations (``engine.pipeline.STEPS``).
 """
 
 from __future__ import annotations

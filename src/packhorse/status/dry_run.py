@@ -13,7 +13,7 @@ with, in pipeline order:
   again (not packaged yet and modified: in place; packaged and new bytes: a new ``version``);
   files still settling; paths that would be skipped.
 * ``package``: the raw data packages those files and the registered, unpackaged ones would
-  form (one per group and version, split at ``packaging.max_package_bytes``; names as the
+  form (one per group and version, split at ``bags.packaging.max_package_bytes``; names as the
   package manager gives them: :func:`~packhorse.managers.packages.plan_group`).
 * ``ship`` / ``archive``: per package, the destination sites' buffers and the long-term
   archives it would be written to (new packages, and registered ones not archived yet).

@@ -3,7 +3,7 @@
 What is drawn and where it comes from (the ops database, the single source of truth):
 
 * **throughput per stage** — bytes and raw files per minute of the operations that
-  *completed* in each interval (``operations.finished_at``, ``bytes_done``; files: the raw
+  *completed* in each interval (``operations.lifecycle.finished_at``, ``bytes_done``; files: the raw
   files of the package the operation carried, or of every package of its bundle);
 * **backlog per stage** — operations waiting (``PENDING``/``SCHEDULED``), running and
   ``FAILED``: a count *now* cannot be turned back into a past, so :func:`record_backlog`

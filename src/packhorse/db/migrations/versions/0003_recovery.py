@@ -1,7 +1,7 @@
 """recovery: circuit breakers, service heartbeats, reconcile count
 
 One circuit breaker per (kind, operation); one health heartbeat row per service process;
-``operations.reconcile_count`` counts the reconciler's re-dispatches (never a retry).
+``operations.lifecycle.reconcile_count`` counts the reconciler's re-dispatches (never a retry).
 
 Revision ID: 0003
 Revises: 0002

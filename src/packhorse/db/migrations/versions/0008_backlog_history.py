@@ -2,7 +2,7 @@
 
 ``backlog_samples`` holds, per operation kind and sampling interval, how many operations were
 waiting, running and failed (bounded: rows older than ``[api] history_keep_days`` are deleted
-at each sample). Throughput and failures over time are read from ``operations.finished_at``
+at each sample). Throughput and failures over time are read from ``operations.lifecycle.finished_at``
 and ``failure_events.created_at``, which get indexes so a window is an index range, not a scan;
 "where is my file?" finds a folder's files and packages by ``group_path`` (two more indexes).
 
