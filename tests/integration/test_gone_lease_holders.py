@@ -42,7 +42,7 @@ def notes(db: Database, op_id: int) -> list[Notification]:
 
 def _gone_identity() -> str:
     """The lease owner a process of this host and pid namespace named itself by, that has ended."""
-    out = subprocess.run([sys.executable, "-c", "from packhorse.operations.lifecycle import worker_identity; "
+    out = subprocess.run([sys.executable, "-c", "from packhorse.operations.identity import worker_identity; "
                           "print(worker_identity('t'))"], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(SRC)})
     return out.stdout.strip()
@@ -131,7 +131,7 @@ def _in_new_pid_namespace(*, own_proc: bool) -> subprocess.CompletedProcess[str]
 
     if shutil.which("unshare") is None:
         pytest.skip("no unshare here")
-    code = ("import os; from packhorse.operations.lifecycle import process_namespace, proc_is_ours; "
+    code = ("import os; from packhorse.operations.identity import process_namespace, proc_is_ours; "
             "print(os.getpid(), proc_is_ours(), process_namespace())")
     args = ["unshare", "--pid", "--fork", *(["--mount-proc"] if own_proc else []), sys.executable, "-c", code]
     r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
