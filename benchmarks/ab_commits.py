@@ -57,7 +57,9 @@ def run_once(tree: str, source: Path, run_dir: Path, info: dict[str, int], worke
         # the source would be refused (another installation's root)
         shutil.rmtree(source / "_packhorse", ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve() / "src")}
-        code = (f"from pathlib import Path; from packhorse.cli.demo import write_demo_config; "
+        # the demo's configuration writer (packhorse.cli.demo; packhorse.demo before the layers)
+        code = (f"from pathlib import Path\ntry:\n    from packhorse.cli.demo import write_demo_config\n"
+                f"except ImportError:\n    from packhorse.demo import write_demo_config\n"
                 f"print(write_demo_config(Path({str(run_dir)!r}), {str(source)!r}, workers={workers}))")
         cfg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                              check=True).stdout.strip()
