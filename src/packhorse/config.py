@@ -107,6 +107,31 @@ class SiteConfig(_Section):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+class SshConfig(_Section):
+    """``[locations.ssh]``: how the workers of other sites reach this data location over SSH
+    (a route's ``method = "sftp"`` pulls bundles from the source site's buffer through it;
+    :mod:`packhorse.storage.sftp`). Key authentication only, and the server's host key must be
+    listed in ``known_hosts_file`` (never trusted on first use).
+
+    ``host`` / ``port``: the SSH server of the site that owns the location. ``user``: the account
+    (default: the user the reading worker runs as, as ``ssh`` does). ``key_file``: the reading
+    site's private key (OpenSSH or PEM, no passphrase). ``known_hosts_file``: an OpenSSH
+    known-hosts file listing the server's host key (default ``~/.ssh/known_hosts``). ``path``:
+    the location's root as that account sees it (default: the location's ``path``; differs
+    under a chrooted SFTP account). Paths expand ``~`` and resolve against the configuration
+    file's folder, on the reading site's hosts. ``connect_timeout_seconds``: one connection
+    attempt, seconds.
+    """
+
+    host: str = Field(min_length=1)
+    port: int = Field(22, ge=1, le=65535)
+    user: str | None = Field(None, min_length=1)
+    key_file: str = Field(min_length=1)
+    known_hosts_file: str = Field("~/.ssh/known_hosts", min_length=1)
+    path: str | None = Field(None, min_length=1)
+    connect_timeout_seconds: float = Field(30.0, gt=0)
+
+
 class LocationConfig(_Section):
     """``[[locations]]``: a storage area at a site, with a role and a storage type.
 
@@ -146,9 +171,13 @@ class LocationConfig(_Section):
     restore_poll_seconds: float = Field(300.0, gt=0)
     fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
     fixity_bytes_per_second: float | None = Field(None, gt=0)
+    # -- how other sites reach it (disk locations; docs/configuration.md)
+    ssh: SshConfig | None = None
 
     @model_validator(mode="after")
     def _disk_needs_path(self) -> "LocationConfig":
+        if self.ssh is not None and self.storage is not StorageType.DISK:
+            raise ValueError(f"location {self.name!r}: ssh only applies to storage 'disk'")
         if self.storage is StorageType.DISK and not self.path:
             raise ValueError(f"location {self.name!r} has storage 'disk' but no 'path'")
         if self.storage is StorageType.S3 and not self.bucket:
@@ -192,6 +221,10 @@ class RouteConfig(_Section):
     bytes per second, e.g. ``rclone copyto --bwlimit {bandwidth_limit} ...``; ``rsync --bwlimit``
     takes KiB, so use ``{bandwidth_limit_kib}``); a template that uses neither with a limit set is
     refused, as the limit would silently not apply.
+
+    ``method = "sftp"`` pulls the bundle from the source site's buffer over SSH, as its
+    ``[locations.ssh]`` table says (:mod:`packhorse.storage.sftp`), reading it as ``streams``
+    parallel ranged reads over as many SSH connections (default 4; ``sftp`` only).
     """
 
     source_site: str
@@ -199,9 +232,12 @@ class RouteConfig(_Section):
     method: TransferMethod = TransferMethod.COPY
     command: str | None = None
     bandwidth_limit_bytes_per_second: int | None = Field(None, ge=1024)
+    streams: int = Field(4, ge=1, le=64)
 
     @model_validator(mode="after")
     def _command_template(self) -> "RouteConfig":
+        if self.streams != 4 and self.method is not TransferMethod.SFTP:
+            raise ValueError("streams only applies to method 'sftp'")
         if self.method is TransferMethod.COMMAND:
             if not self.command or "{source}" not in self.command or not any(
                     p in self.command for p in ("{destination}", "{partial}")):
@@ -542,6 +578,12 @@ class Settings(_Section):
             for site in [route.source_site, *route.destination_sites]:
                 if site in known and not self.locations_at(site, LocationRole.BUFFER):
                     errors.append(f"routes[{i}]: site {site!r} has no active location with role 'buffer'")
+            if route.method is TransferMethod.SFTP and route.source_site in known:
+                without = [l.name for l in self.locations_at(route.source_site, LocationRole.BUFFER) if l.ssh is None]
+                if without:
+                    errors.append(f"routes[{i}]: method 'sftp' reads the buffer of site {route.source_site!r} over "
+                                  f"SSH, but location {without[0]!r} has no [locations.ssh] table (host, key_file, "
+                                  "known_hosts_file)")
             if route.source_site in known and not self.locations_at(route.source_site, LocationRole.SOURCE):
                 errors.append(f"routes[{i}].source_site: site {route.source_site!r} has no 'source' location")
             for dest in route.destination_sites:
@@ -595,6 +637,11 @@ class Settings(_Section):
     def _resolve(self, path: str) -> Path:
         """``path`` with a leading ``~`` (or ``~user``) expanded, relative to :attr:`base_dir`."""
         return self.base_dir / os.path.expanduser(path)
+
+    def config_path(self, path: str) -> Path:
+        """``path`` from the configuration (a key file, a known-hosts file) as an absolute path:
+        ``~`` expanded, relative to the configuration file's folder."""
+        return Path(os.path.abspath(self._resolve(path)))
 
     def location_path(self, name: str) -> Path:
         """Absolute root folder of disk location ``name``."""

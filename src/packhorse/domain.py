@@ -93,6 +93,7 @@ class TransferMethod(str, enum.Enum):
 
     COPY = "copy"
     COMMAND = "command"
+    SFTP = "sftp"  #: pulled over SSH from the source site's buffer (:mod:`packhorse.storage.sftp`)
 
 
 class NotificationLevel(str, enum.Enum):

@@ -36,6 +36,11 @@
         │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
         │   ├── SourceMissingError         the bytes to read are gone
         │   ├── SourceChangedError         the source no longer matches its registered sha256
+        │   ├── HostKeyError               another site's SSH server offered a host key that is not the
+        │   │                              one listed for it in the known-hosts file (unknown or
+        │   │                              changed): a configuration to fix, never trusted on first use
+        │   ├── SshAuthenticationError     another site's SSH server did not accept this site's user
+        │   │                              and key (or the key file cannot be read)
         │   ├── NeverFitsError             what the operation must hold at once at a data location
         │   │                              is larger than its whole file system: waiting for space
         │   │                              cannot help
@@ -44,6 +49,8 @@
         └── RetryableError             retried up to the operation's ``max_retries``
             ├── VerificationError          read-back sha256 differs from the expected one (I4)
             ├── TransferCommandError       an external transfer command failed
+            ├── SshConnectionError         the SSH link to another site could not be made, was cut
+            │                              or stalled: the transfer resumes from its partial
             ├── StorageServiceError        an object store answered with an error or was unreachable
             │   └── StorageBusyError       "try again now": a concurrent write in the way; retried
             │                              at once by the storage retry layer
@@ -220,6 +227,20 @@ class RetryableError(OperationError):
     is_retryable = True
 
 
+class HostKeyError(PermanentError):
+    """The SSH server of another site offered a host key that is not listed for that host (and
+    port) in the configured known-hosts file: unknown (no key listed) or changed (another key
+    listed). Never trusted on first use; the message names the host, port, the key's SHA256
+    fingerprint and the known-hosts file (:mod:`packhorse.storage.sftp`). A configuration to
+    fix, so never retried."""
+
+
+class SshAuthenticationError(PermanentError):
+    """The SSH server of another site refused this site's user and key, or the configured key
+    file cannot be read; the message names the user, host, port and key file
+    (:mod:`packhorse.storage.sftp`). A configuration to fix, so never retried."""
+
+
 class NeverFitsError(PermanentError):
     """What an operation must hold at once at a disk data location is larger than the whole file
     system there (a package bigger than its buffer): waiting for space, which a full disk
@@ -264,6 +285,13 @@ class VerificationError(RetryableError):
 
 class TransferCommandError(RetryableError):
     """An external transfer command (rsync, bbcp, ...) exited non-zero."""
+
+
+class SshConnectionError(RetryableError):
+    """The SSH connection to another site could not be made, was cut, or stalled (no answer
+    for :data:`packhorse.storage.sftp.STALL_SECONDS`). Retried with backoff; the transfer keeps
+    its partial file, so the next attempt resumes from its verified prefix
+    (docs/reliability.md "Resumable transfers")."""
 
 
 class StorageServiceError(RetryableError):

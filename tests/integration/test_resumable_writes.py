@@ -202,3 +202,30 @@ def test_a_rate_limited_transfer_keeps_its_partial_within_a_piece_of_what_it_rea
     assert lag and max(lag) <= piece + rate * 0.25  # one piece (plus the burst it started with)
     assert now[0] == pytest.approx(len(data) / rate - limiter.burst_seconds, rel=0.02)  # the rate held
 
+
+
+def test_a_suspended_write_leaves_its_partial_for_the_next_attempt(tmp_path):
+    # the sftp method suspends its write when the link is cut: the bytes stay, unpublished
+    (tmp_path / "buf").mkdir()
+    backend = DiskBackend("buf", tmp_path / "buf")
+    source = os.urandom(3 * CHUNK_BYTES)
+    with backend.open_resumable_write(KEY, 1) as first:
+        first.write(source[:CHUNK_BYTES + 5])
+        first.suspend()
+    assert backend.stat(KEY) is None  # nothing published
+    with backend.open_resumable_write(KEY, 2) as second:  # its lock is free: taken over
+        assert second.resumed_bytes == CHUNK_BYTES + 5
+        second.keep_prefix(CHUNK_BYTES + 5, hashlib.sha256(source[:CHUNK_BYTES + 5]))
+        second.write(source[CHUNK_BYTES + 5:])
+        second.publish(hashlib.sha256(source).hexdigest())
+    assert (tmp_path / "buf" / KEY).read_bytes() == source
+    assert not [p for p in (tmp_path / "buf").rglob("*") if p.name.endswith(PARTIAL_SUFFIX)]
+
+
+def test_a_write_that_is_not_resumable_is_aborted_by_suspend(tmp_path):
+    (tmp_path / "buf").mkdir()
+    backend = DiskBackend("buf", tmp_path / "buf")
+    with backend.open_write(KEY) as w:
+        w.write(b"x" * 100)
+        w.suspend()
+    assert not [p for p in (tmp_path / "buf").rglob("*") if p.name.endswith(PARTIAL_SUFFIX)]

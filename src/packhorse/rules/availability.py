@@ -44,7 +44,15 @@ from packhorse.db.models import (
     utcnow,
 )
 from packhorse.db.session import insert_ignoring_conflicts
-from packhorse.domain import LIVE_COPY_STATUSES, WAITING_LOCATION, CopyStatus, LocationRole, Status
+from packhorse.domain import (
+    LIVE_COPY_STATUSES,
+    WAITING_LOCATION,
+    CopyStatus,
+    LocationRole,
+    OperationKind,
+    Status,
+    TransferMethod,
+)
 from packhorse.errors import ConfigError, LocationUnavailableError, StorageServiceError
 from packhorse.notify.messages import location_available as notify_available
 from packhorse.notify.messages import location_unavailable as notify_unavailable
@@ -221,10 +229,25 @@ def check_operation(ctx: "ProcessContext", op: Operation) -> LocationUnavailable
     for loc_id in dict.fromkeys((op.source_location_id, op.destination_location_id)):
         if loc_id is None or loc_id not in ctx.topology.location_names:
             continue
+        if loc_id == op.source_location_id and _reached_over_ssh(ctx, op):
+            continue  # another site's storage: the transfer checks it there (storage.sftp.SftpSource.connect)
         err = look(ctx, ctx.location_name(loc_id))
         if err is not None:
             return err
     return None
+
+
+def _reached_over_ssh(ctx: "ProcessContext", op: Operation) -> bool:
+    """``op`` is a transfer on a route with ``method = "sftp"``: its source location belongs to
+    another site, reached over SSH, never through a local path (DESIGN.md "Across sites")."""
+    if op.kind != OperationKind.TRANSFER.value or op.source_location_id is None:
+        return False
+    try:
+        site = ctx.settings.location(ctx.location_name(op.source_location_id)).site
+    except KeyError:  # a location no longer configured: looked at as any other
+        return False
+    route = ctx.settings.route_from(site)
+    return route is not None and route.method is TransferMethod.SFTP
 
 
 def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:

@@ -40,6 +40,8 @@ Contract (tested for every backend by ``tests/conformance``):
   them with the source and keeps only the equal prefix (:meth:`PendingWrite.keep_prefix`)
   before writing; with ``resumed_bytes == 0`` (nothing taken over, or an empty partial a writer
   killed before its first bytes left) the write is used as a fresh one, no decision needed.
+  A resumable write ended by :meth:`PendingWrite.suspend` (the ``sftp`` transfer's link was cut)
+  leaves its partial on the medium, unlocked, for the next attempt to take over.
   Partials of resumable writes carry the token in their name (``.<name>.t<token>.<random>``)
   and are swept later than others (``cleanup_partials(..., resumable_older_than_seconds=)``).
   S3 resumes in ``publish``: an incomplete multipart upload of the key is continued with the
@@ -287,6 +289,15 @@ class PendingWrite(abc.ABC):
     @abc.abstractmethod
     def abort(self) -> None:
         """Discard the bytes written; idempotent."""
+
+    def suspend(self) -> None:
+        """End a resumable write (:meth:`StorageBackend.open_resumable_write`) without
+        publishing, *keeping* what it wrote on the medium for a later attempt under a higher
+        fencing token to take over (a transfer whose link was cut: it resumes instead of
+        starting over). Nothing is published; the bytes stay unverified until that attempt
+        compares them with the source. This default (backends that keep no partial on the
+        medium) is :meth:`abort`."""
+        self.abort()
 
     def __enter__(self) -> "PendingWrite":
         return self

@@ -304,6 +304,17 @@ class _DiskPendingWrite(PendingWrite):
         finally:
             self.abort()
 
+    def suspend(self) -> None:
+        if not self._write_through:  # not a resumable write: nothing may resume it
+            self.abort()
+            return
+        try:  # closing releases the flock: a later attempt's open_resumable_write takes it over
+            if not self._file.closed:
+                self._file.close()
+        except OSError:
+            self.abort()
+        self.closed = True
+
     def abort(self) -> None:
         # close() flushes the write buffer, which fails again on a full disk: the partial
         # file is removed whatever close() says

@@ -100,6 +100,9 @@ class PendingLayer(PendingWrite):
     def abort(self) -> None:
         self.inner.abort()
 
+    def suspend(self) -> None:
+        self.inner.suspend()
+
 
 class Layer(StorageBackend):
     """A backend around ``inner`` that forwards every call (subclasses add their concern).

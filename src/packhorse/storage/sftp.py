@@ -1,0 +1,531 @@
+"""Reading a data location of another site over SSH (SFTP): the ``sftp`` transfer method.
+
+Sites share no file system (DESIGN.md "Across sites"): a destination site's worker pulls a
+bundle from the source site's buffer through the source host's SSH server. This module is the
+client side of that: an :class:`SftpSource` opens ``streams`` SSH connections (each one TCP
+connection with its own SFTP session, as FTS and Globus open parallel streams, so a long link is
+not held to one TCP window) and reads one object as ranged reads spread over them, handed to
+the caller in order (:class:`ParallelReader`), so the destination's partial file always holds a
+prefix of the object and resumes as any other (docs/reliability.md "Resumable transfers").
+
+Trust (never trust-on-first-use): the server's host key must be listed for the host in the
+configured known-hosts file (OpenSSH format, ``[host]:port`` entries for other ports, hashed
+entries accepted). An unknown or changed host key is refused with
+:class:`~packhorse.errors.HostKeyError` naming the host, port, the key's SHA256 fingerprint and
+the known-hosts file; a key the server does not accept with
+:class:`~packhorse.errors.SshAuthenticationError` naming user, host and key file. Both are
+permanent (a configuration to fix). A connection that cannot be made, is cut or stalls for
+:data:`STALL_SECONDS` raises :class:`~packhorse.errors.SshConnectionError` (retryable: the
+transfer resumes from its partial at the next attempt).
+
+The client runs on its own asyncio event loop in one thread per :class:`SftpSource`
+(asyncssh); the methods here are blocking and may be called from any one thread at a time.
+Nothing here writes to the remote location: deletion of a bundle at the source buffer stays
+with the source site's own workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import threading
+import warnings
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
+
+from packhorse.config import Settings
+from packhorse.errors import (
+    ConfigError,
+    HostKeyError,
+    LocationUnavailableError,
+    SourceMissingError,
+    SshAuthenticationError,
+    SshConnectionError,
+)
+from packhorse.ratelimit import RateLimiter
+from packhorse.storage.base import ObjectInfo, check_key
+from packhorse.storage.identity import MARKER_KEY
+
+with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates, at import
+    warnings.simplefilter("ignore")
+    import asyncssh
+
+#: Default number of parallel streams (SSH connections) of one transfer.
+DEFAULT_STREAMS = 4
+#: Bytes one stream reads in one ranged read (the unit handed out in order), bytes.
+BLOCK_BYTES = 4 * 1024 * 1024
+#: Blocks read ahead of the caller per stream (the reorder window): memory ≈ streams × this × block.
+AHEAD_PER_STREAM = 2
+#: A ranged read (or a connection attempt) with no answer for this long counts as a cut link, seconds.
+STALL_SECONDS = 60.0
+#: SSH keepalives: sent after this many idle seconds; the link is dead after KEEPALIVE_COUNT unanswered.
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE_COUNT = 4
+#: Size of one SFTP read request within a ranged read, bytes (asyncssh pipelines them).
+REQUEST_BYTES = 256 * 1024
+#: SFTP read requests in flight per stream.
+REQUESTS_IN_FLIGHT = 32
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SshEndpoint:
+    """How this site reaches data location ``location`` of another site over SSH.
+
+    Attributes:
+        location: the data location's name (for messages).
+        host, port: the SSH server of the site that owns the location.
+        user: the account to log in as.
+        key_file: the private key this site authenticates with (absolute path).
+        known_hosts_file: the OpenSSH known-hosts file the server's host key must be in (absolute).
+        root: the location's root as that account sees it (a POSIX path on the remote host).
+        connect_timeout_seconds: how long one connection attempt may take, seconds.
+    """
+
+    location: str
+    host: str
+    port: int
+    user: str
+    key_file: Path
+    known_hosts_file: Path
+    root: str
+    connect_timeout_seconds: float = 30.0
+
+    @property
+    def where(self) -> str:
+        """``user@host:port`` as operators write it."""
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def endpoint_for(settings: Settings, location: str) -> SshEndpoint:
+    """The :class:`SshEndpoint` of data location ``location`` from its ``[locations.ssh]`` table:
+    ``key_file`` and ``known_hosts_file`` resolved like every path of the configuration (``~``,
+    relative to the configuration file's folder); ``path`` defaults to the location's ``path``;
+    ``user`` to the name of the user this worker runs as (as ``ssh`` does).
+
+    Raises:
+        ConfigError: the location is unknown or has no ``ssh`` table.
+    """
+    try:
+        loc = settings.location(location)
+    except KeyError:
+        raise ConfigError(f"unknown data location {location!r}") from None
+    if loc.ssh is None:
+        raise ConfigError(f"locations: {location!r} has no [locations.ssh] table; the 'sftp' transfer method reads "
+                          "the source site's buffer through it")
+    s = loc.ssh
+    return SshEndpoint(location=location, host=s.host, port=s.port, user=s.user or getpass.getuser(),
+                       key_file=settings.config_path(s.key_file),
+                       known_hosts_file=settings.config_path(s.known_hosts_file),
+                       root=s.path or str(settings.location_path(location)),
+                       connect_timeout_seconds=s.connect_timeout_seconds)
+
+
+class _Client(asyncssh.SSHClient):
+    """Keeps the host key the server offered when it is not in the known-hosts file (asyncssh
+    asks this only then), so the refusal can name its fingerprint; never trusts it."""
+
+    def __init__(self) -> None:
+        self.refused_key: Any = None
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: Any) -> bool:
+        self.refused_key = key
+        return False
+
+
+class SftpSource:
+    """Blocking read access to one data location of another site over SFTP (see the module).
+
+    Args:
+        endpoint: where and as whom (:func:`endpoint_for`).
+        streams: SSH connections to read one object over at once (>= 1).
+        limiter: the transfer's bandwidth share (bytes/s, :class:`~packhorse.ratelimit.RateLimiter`;
+            ``None``: unlimited). Every byte read over the link is paid for before it is
+            requested, across all streams (the route's ``bandwidth_limit_bytes_per_second``).
+        block_bytes: bytes of one ranged read; with a limiter at most about a second of its rate
+            (at least 64 KiB), so a cut loses little of what was paid for.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, endpoint: SshEndpoint, *, streams: int = DEFAULT_STREAMS, limiter: RateLimiter | None = None,
+                 block_bytes: int = BLOCK_BYTES) -> None:
+        if streams < 1:
+            raise ValueError(f"streams must be at least 1, not {streams}")
+        self.endpoint = endpoint
+        self.location = endpoint.location
+        self.streams = streams
+        self.limiter = limiter
+        self.block_bytes = block_bytes
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"sftp-{endpoint.location}", daemon=True)
+        self._thread.start()
+        self._conns: list[tuple[Any, Any]] = []  # (SSHClientConnection, SFTPClient)
+
+    # -- the event loop ------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise self._cut(f"no answer for {timeout or 0:.0f} s") from None
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def _cut(self, why: str) -> SshConnectionError:
+        e = self.endpoint
+        return SshConnectionError(
+            f"data location {e.location}: the SSH connection to {e.where} failed or was cut: {why}",
+            step="transfer", side="source", host=e.host,
+            diagnosis=f"the link to {e.host} port {e.port} is down or the SSH server there stopped; the transfer "
+                      "resumes from its partial by itself once it answers again")
+
+    # -- connections ---------------------------------------------------------------------
+    async def _connect_one(self) -> tuple[Any, Any]:
+        e = self.endpoint
+        client = _Client()
+        try:
+            known = asyncssh.read_known_hosts(str(e.known_hosts_file))
+        except (OSError, ValueError) as exc:
+            raise HostKeyError(f"data location {e.location}: cannot read the known-hosts file {e.known_hosts_file}: "
+                               f"{exc}", step="connect", side="source", host=e.host, path=str(e.known_hosts_file),
+                               diagnosis="set [locations.ssh] known_hosts_file to a readable file listing the "
+                                         "host key of " + e.host) from None
+        try:
+            key = asyncssh.read_private_key(str(e.key_file))
+        except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+            raise SshAuthenticationError(
+                f"data location {e.location}: cannot read the SSH key file {e.key_file} (user {e.user} at "
+                f"{e.host}:{e.port}): {exc}", step="connect", side="source", host=e.host, path=str(e.key_file),
+                diagnosis="set [locations.ssh] key_file to a readable private key without a passphrase") from None
+        try:
+            conn, _ = await asyncio.wait_for(asyncssh.create_connection(
+                lambda: client, e.host, e.port, username=e.user, client_keys=[key], known_hosts=known,
+                agent_path=None, config=None, preferred_auth="publickey", password=None,
+                keepalive_interval=KEEPALIVE_SECONDS, keepalive_count_max=KEEPALIVE_COUNT,
+                login_timeout=e.connect_timeout_seconds), e.connect_timeout_seconds)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise self._host_key_error(client.refused_key, known, str(exc)) from None
+        except asyncssh.PermissionDenied as exc:
+            raise SshAuthenticationError(
+                f"data location {e.location}: {e.where} refused user {e.user} with the key {e.key_file}: "
+                f"{exc.reason or exc}", step="connect", side="source", host=e.host, path=str(e.key_file),
+                diagnosis=f"add the public key of {e.key_file} to ~{e.user}/.ssh/authorized_keys on {e.host}, or "
+                          "fix [locations.ssh] user / key_file") from None
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            raise self._cut(f"{type(exc).__name__}: {exc}") from None
+        try:
+            sftp = await asyncio.wait_for(conn.start_sftp_client(), e.connect_timeout_seconds)
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            conn.abort()
+            raise self._cut(f"the SFTP session could not start: {type(exc).__name__}: {exc}") from None
+        return conn, sftp
+
+    def _host_key_error(self, key: Any, known: Any, detail: str) -> HostKeyError:
+        e = self.endpoint
+        fingerprint = key.get_fingerprint("sha256") if key is not None else "(not offered)"
+        listed = known.match(e.host, "", e.port)[0] if key is not None else []
+        what = "changed: it is not the one listed" if listed else "unknown: no key is listed"
+        return HostKeyError(
+            f"data location {e.location}: the host key of {e.host} port {e.port} is {what} for it in "
+            f"{e.known_hosts_file} (offered {key.get_algorithm() if key is not None else '?'} key {fingerprint}); "
+            f"refusing to connect ({detail})", step="connect", side="source", host=e.host,
+            path=str(e.known_hosts_file),
+            diagnosis=(f"check the fingerprint {fingerprint} with the operators of {e.host}, then add the key to "
+                       f"{e.known_hosts_file} (`ssh-keyscan -p {e.port} {e.host}`); it is never trusted on first use"))
+
+    def _ensure(self, n: int) -> None:
+        """Have at least ``n`` open connections."""
+        while len(self._conns) < n:
+            self._conns.append(self._run(self._connect_one(), self.endpoint.connect_timeout_seconds + 5))
+
+    def connect(self) -> None:
+        """Open the first connection and check the remote root: there and carrying the
+        location's identity marker (storage that is absent is not empty).
+
+        Raises:
+            HostKeyError / SshAuthenticationError: permanent, a configuration to fix.
+            SshConnectionError: the server cannot be reached now.
+            LocationUnavailableError: the remote root or its identity marker is missing.
+        """
+        self._ensure(1)
+        root = self.endpoint.root
+        if self._stat_path(root) is None:
+            why = f"its root {root} is not there on {self.endpoint.host}"
+            raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                           reason=why)
+        if self._stat_path(self._path(MARKER_KEY)) is None:
+            why = f"its root {root} on {self.endpoint.host} has no identity marker {MARKER_KEY}"
+            raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                           reason=why, marker_only=True)
+
+    def close(self) -> None:
+        """Close every connection and stop the event loop; idempotent."""
+        if not self._loop.is_running():
+            return
+
+        async def shut() -> None:
+            for conn, sftp in self._conns:
+                sftp.exit()
+                conn.close()
+            for conn, _ in self._conns:
+                try:
+                    await asyncio.wait_for(conn.wait_closed(), 5)
+                except TimeoutError:
+                    conn.abort()
+
+        try:
+            self._run(shut(), 10)
+        except Exception:  # noqa: BLE001 - closing a cut connection may fail; it is gone either way
+            pass
+        try:  # the threads that waited for the limiter
+            self._run(self._loop.shutdown_default_executor(), 10)
+        except Exception:  # noqa: BLE001 - a thread still asleep ends by itself
+            pass
+        self._conns.clear()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> "SftpSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        return str(PurePosixPath(self.endpoint.root) / check_key(key))
+
+    def _stat_path(self, path: str) -> Any:
+        async def go() -> Any:
+            try:
+                return await self._conns[0][1].stat(path, follow_symlinks=False)
+            except asyncssh.SFTPNoSuchFile:
+                return None
+        try:
+            return self._run(go(), STALL_SECONDS)
+        except (OSError, asyncssh.Error) as exc:
+            raise self._cut(f"stat {path}: {type(exc).__name__}: {exc}") from None
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        """The object ``key``'s size (bytes) and mtime, or ``None`` if there is none (a link or
+        anything but a regular file counts as none: never followed, I6).
+
+        Raises:
+            SshConnectionError, HostKeyError, SshAuthenticationError: as :meth:`connect`.
+        """
+        self._ensure(1)
+        attrs = self._stat_path(self._path(key))
+        if attrs is None or attrs.type != asyncssh.FILEXFER_TYPE_REGULAR:
+            return None
+        return ObjectInfo(key, int(attrs.size or 0), float(attrs.mtime or 0))
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``key`` from byte ``offset`` (fewer at its end), over the first
+        connection, paid for at the limiter.
+
+        Raises:
+            SourceMissingError: no object under ``key``.
+            SshConnectionError: the link was cut or stalled.
+        """
+        self._ensure(1)
+        if self.limiter is not None:
+            self.limiter.take(length)
+        return self._run(self._read(self._conns[0][1], key, offset, length), STALL_SECONDS)
+
+    async def _open(self, sftp: Any, key: str) -> Any:
+        """Open ``key`` for reading on one SFTP session (an asyncssh file: pipelined requests)."""
+        path = self._path(key)
+        try:
+            return await sftp.open(path, "rb", block_size=REQUEST_BYTES, max_requests=REQUESTS_IN_FLIGHT)
+        except asyncssh.SFTPNoSuchFile:
+            raise SourceMissingError(f"{self.location}: {key!r} does not exist on {self.endpoint.host} ({path})",
+                                     step="transfer", side="source", path=key, host=self.endpoint.host) from None
+        except (OSError, asyncssh.Error) as exc:
+            raise self._cut(f"opening {path}: {type(exc).__name__}: {exc}") from None
+
+    async def _read_at(self, f: Any, key: str, offset: int, length: int) -> bytes:
+        try:
+            return bytes(await f.read(length, offset))
+        except (OSError, asyncssh.Error) as exc:
+            raise self._cut(f"reading {self._path(key)}: {type(exc).__name__}: {exc}") from None
+
+    async def _read(self, sftp: Any, key: str, offset: int, length: int) -> bytes:
+        f = await self._open(sftp, key)
+        try:
+            return await self._read_at(f, key, offset, length)
+        finally:
+            try:
+                await f.close()
+            except (OSError, asyncssh.Error):
+                pass  # the session is gone: so is the handle
+
+    def open_read(self, key: str, *, offset: int = 0, size: int,
+                  on_read: Callable[[], None] | None = None) -> "ParallelReader":
+        """Read ``key`` from byte ``offset`` to ``size`` (its length, bytes, as recorded) over
+        :attr:`streams` connections at once, in blocks of :attr:`block_bytes`, returned in order.
+
+        ``on_read`` is called before each ``readinto`` of the caller (the transfer refreshes its
+        share of the route's limit there).
+
+        Raises (from the reader's reads):
+            SourceMissingError / SshConnectionError: as :meth:`read_range`.
+        """
+        self._ensure(self.streams)
+        return ParallelReader(self, key, offset, size, on_read)
+
+
+class ParallelReader:
+    """A binary file object over ranged reads of one remote object by several streams: blocks
+    are requested by the streams as they become free, at most ``streams × AHEAD_PER_STREAM``
+    blocks ahead of the caller, and returned by :meth:`readinto` / :meth:`read` strictly in
+    order. Closing it cancels what is still in flight (the connections stay open)."""
+
+    def __init__(self, source: SftpSource, key: str, offset: int, size: int,
+                 on_read: Callable[[], None] | None) -> None:
+        self._src = source
+        self._key = key
+        self._on_read = on_read
+        block = source.block_bytes
+        if source.limiter is not None and source.limiter.rate:
+            block = min(block, max(64 * 1024, int(source.limiter.rate)))
+        self._blocks = [(o, min(block, size - o)) for o in range(offset, size, block)]
+        rate = source.limiter.rate if source.limiter is not None else None
+        #: seconds the caller waits for its next block at most (then the link counts as cut)
+        self._patience = STALL_SECONDS * 2 + (source.streams * AHEAD_PER_STREAM * block / rate if rate else 0)
+        self._next = 0  # the next block the caller gets
+        self._buf = memoryview(b"")
+        self._done: dict[int, bytes] = {}
+        self._error: BaseException | None = None
+        self._cond: asyncio.Condition | None = None
+        self._tasks: list[Any] = []
+        self._started = False
+
+    async def _start(self) -> None:
+        self._cond = asyncio.Condition()
+        taken = iter(range(len(self._blocks)))
+        window = self._src.streams * AHEAD_PER_STREAM
+        limiter = self._src.limiter
+
+        async def stream(sftp: Any) -> None:
+            try:
+                f = await asyncio.wait_for(self._src._open(sftp, self._key), STALL_SECONDS)
+            except TimeoutError:
+                await fail(self._src._cut(f"opening {self._key} stalled for {STALL_SECONDS:.0f} s"))
+                return
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                await fail(exc)
+                return
+            try:
+                await blocks(f)
+            finally:
+                try:
+                    await f.close()
+                except (OSError, asyncssh.Error):
+                    pass  # the session is gone: so is the handle
+
+        async def fail(err: BaseException) -> None:
+            assert self._cond is not None
+            async with self._cond:
+                if self._error is None:
+                    self._error = err
+                self._cond.notify_all()
+
+        async def blocks(f: Any) -> None:
+            assert self._cond is not None
+            for i in taken:
+                async with self._cond:
+                    await self._cond.wait_for(lambda: i < self._next + window or self._error is not None)
+                if self._error is not None:
+                    return
+                offset, length = self._blocks[i]
+                if limiter is not None and limiter.rate:
+                    await asyncio.to_thread(limiter.take, length)
+                try:
+                    data = await asyncio.wait_for(self._src._read_at(f, self._key, offset, length), STALL_SECONDS)
+                    if len(data) != length:
+                        raise SourceMissingError(
+                            f"{self._src.location}: {self._key!r} ended at {offset + len(data):,} bytes on "
+                            f"{self._src.endpoint.host}, shorter than the {self._blocks[-1][0] + self._blocks[-1][1]:,} "
+                            "recorded", step="transfer", side="source", path=self._key, host=self._src.endpoint.host)
+                except TimeoutError:
+                    err: BaseException = self._src._cut(f"a ranged read stalled for {STALL_SECONDS:.0f} s")
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                    err = exc
+                else:
+                    async with self._cond:
+                        self._done[i] = data
+                        self._cond.notify_all()
+                    continue
+                await fail(err)
+                return
+
+        self._tasks = [asyncio.ensure_future(stream(sftp)) for _, sftp in self._src._conns[:self._src.streams]]
+
+    async def _take(self, i: int) -> bytes:
+        assert self._cond is not None
+        async with self._cond:
+            await self._cond.wait_for(lambda: i in self._done or self._error is not None)
+            if i in self._done:
+                data = self._done.pop(i)
+                self._next = i + 1
+                self._cond.notify_all()
+                return data
+            assert self._error is not None
+            raise self._error
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill ``buffer`` with the next bytes (fewer at a block's end); 0 at the end."""
+        if self._on_read is not None:
+            self._on_read()
+        if not self._buf:
+            if self._next >= len(self._blocks):
+                return 0
+            if not self._started:
+                self._src._run(self._start())
+                self._started = True
+            # a stream that stalls is cut by its own timeout; this one only guards against a lost
+            # wake-up, beyond the time the limiter may make the blocks ahead of this one wait
+            self._buf = memoryview(self._src._run(self._take(self._next), self._patience))
+        with memoryview(buffer) as view:
+            n = min(len(view), len(self._buf))
+            view[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (``-1``: up to the end)."""
+        out = bytearray()
+        chunk = bytearray(BLOCK_BYTES if size < 0 else min(size, BLOCK_BYTES))
+        while size < 0 or len(out) < size:
+            want = len(chunk) if size < 0 else min(len(chunk), size - len(out))
+            n = self.readinto(memoryview(chunk)[:want])
+            if not n:
+                break
+            out += chunk[:n]
+        return bytes(out)
+
+    def close(self) -> None:
+        """Cancel the reads still in flight; idempotent."""
+        tasks, self._tasks = self._tasks, []
+        if tasks and self._src._loop.is_running():
+            async def cancel() -> None:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                self._src._run(cancel(), 10)
+            except Exception:  # noqa: BLE001 - the connection may be gone already
+                pass
+
+    def __enter__(self) -> "ParallelReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
