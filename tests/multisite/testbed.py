@@ -1,0 +1,477 @@
+"""The multi-host test bed: one Linux network namespace per site, a central namespace, real links.
+
+Every site (``fyst``, ``cologne``, ``cornell``) gets a network namespace of its own with one
+address, an ``sshd`` and a ``packhorse worker --site``. Its storage folders sit under the bed's
+folder, and every packhorse process of the bed runs in a mount namespace of its own in which
+the other sites' folders are hidden under an empty tmpfs: no site can read another site's
+files, so the only way bytes cross is the network (SFTP to the source site's buffer). The
+central namespace holds a private PostgreSQL cluster, a private Redis broker, two
+``packhorse manager`` and one ``packhorse monitor``, and routes between the sites.
+
+Addresses (private range 10.201.0.0/16, used only inside the bed's namespaces)::
+
+    central  10.201.0.1 (services: PostgreSQL :5432, Redis :6379, SSH relays :2201…)
+    site i   10.201.i.2  ── veth ──  10.201.i.1 central      (i = 1 fyst, 2 cologne, 3 cornell)
+
+Links are shaped with ``tc qdisc … tbf`` (rate) on both ends of each veth; latency comes from
+the bed's own delaying TCP relay (:mod:`delay_relay`) in the central namespace, through which
+the sites' SSH connections go (``[locations.ssh] host = 10.201.0.1``, port ``2200 + i``).
+Faults: :meth:`TestBed.cut_site` takes a site's link down (centre and other sites unreachable:
+database, broker and SSH), :meth:`TestBed.cut_ssh` drops only the SSH path to a site (its relay
+stops: a transfer from it breaks mid-stream), :meth:`TestBed.heal_site` / :meth:`heal_ssh`
+bring them back.
+
+By hand (root)::
+
+    python tests/multisite/testbed.py up /tmp/bed        # prints how to reach it; leaves it running
+    python tests/multisite/testbed.py down /tmp/bed      # stops every process, removes the namespaces
+
+Namespaces are named ``phb<tag>-<site>`` (``tag`` from the bed's folder, so two beds can run at
+once); interfaces ``phb<tag><i>c`` / ``phb<tag><i>s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+SITES = ["fyst", "cologne", "cornell"]
+CENTRAL_ADDRESS = "10.201.0.1"
+PG_PORT = 5432
+REDIS_PORT = 6379
+PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), Path("/usr/lib/postgresql/15/bin"))
+
+
+def site_address(i: int) -> str:
+    """The address of site number ``i`` (1-based) in its own namespace."""
+    return f"10.201.{i}.2"
+
+
+def _run(*cmd: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True, **kw)
+
+
+def namespaces_work() -> str | None:
+    """``None`` if this host can make network namespaces and veth pairs (root, iproute2), else why not."""
+    if os.geteuid() != 0:
+        return "the multi-site test bed needs root (network namespaces)"
+    for tool in ("ip", "tc", "unshare", "runuser"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not Path("/usr/sbin/sshd").exists():
+        return "openssh-server is not installed (apt-get install openssh-server; .ci/run does)"
+    if not (PG_BIN / "initdb").exists():
+        return f"PostgreSQL server binaries not found under {PG_BIN}"
+    probe = f"phbprobe{os.getpid() % 10000}"
+    r = _run("ip", "netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"ip netns add failed: {r.stderr.strip()}"
+    _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+class TestBed:
+    """One bed in ``root`` (a folder it owns). :meth:`up` builds it, :meth:`down` removes it.
+
+    Attributes: ``config`` (the packhorse.toml every process reads), ``database_url``,
+    ``broker_url``, ``procs`` (name → Popen of every process started), ``ns`` (site or
+    ``"central"`` → namespace name).
+    """
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, root: Path, *, rate_mbit: float | None = None, delay_ms: float = 0.0,
+                 ssh_streams: int = 4) -> None:
+        self.root = root.resolve()
+        self.tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:4]
+        self.ns = {name: f"phb{self.tag}-{name}" for name in ["central", *SITES]}
+        self.rate_mbit = rate_mbit
+        self.delay_ms = delay_ms
+        self.ssh_streams = ssh_streams
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.config = self.root / "packhorse.toml"
+        self.database_url = f"postgresql+psycopg://postgres@{CENTRAL_ADDRESS}:{PG_PORT}/packhorse"
+        self.broker_url = f"redis://{CENTRAL_ADDRESS}:{REDIS_PORT}/0"
+        self.logs = self.root / "logs"
+        # the cluster's folder must be reachable by the postgres user: outside the bed's folder
+        # (a test's temporary folder is root's alone)
+        self.pg_data = Path(f"/tmp/packhorse-bed-{self.tag}") / "pg"
+
+    # ------------------------------------------------------------------ network
+
+    def _veth(self, i: int, side: str) -> str:
+        return f"phb{self.tag}{i}{side}"
+
+    def in_ns(self, name: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` in the namespace of ``name`` (a site or ``"central"``) and wait for it."""
+        return _run("ip", "netns", "exec", self.ns[name], *cmd, check=check)
+
+    def _network_up(self) -> None:
+        for ns in self.ns.values():
+            _run("ip", "netns", "add", ns)
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+        central = self.ns["central"]
+        _run("ip", "-n", central, "addr", "add", f"{CENTRAL_ADDRESS}/32", "dev", "lo")
+        self.in_ns("central", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        for i, site in enumerate(SITES, start=1):
+            c, s = self._veth(i, "c"), self._veth(i, "s")
+            _run("ip", "link", "add", c, "netns", central, "type", "veth", "peer", "name", s, "netns", self.ns[site])
+            _run("ip", "-n", central, "addr", "add", f"10.201.{i}.1/24", "dev", c)
+            _run("ip", "-n", self.ns[site], "addr", "add", f"{site_address(i)}/24", "dev", s)
+            _run("ip", "-n", central, "link", "set", c, "up")
+            _run("ip", "-n", self.ns[site], "link", "set", s, "up")
+            _run("ip", "-n", self.ns[site], "route", "add", "default", "via", f"10.201.{i}.1")
+            if self.rate_mbit:
+                self.shape(site, self.rate_mbit)
+
+    def shape(self, site: str, rate_mbit: float) -> None:
+        """Limit the link of ``site`` to ``rate_mbit`` Mbit/s each way (``tc qdisc … tbf``)."""
+        i = SITES.index(site) + 1
+        burst = max(32_000, int(rate_mbit * 1e6 / 8 / 250))  # a 4 ms bucket, at least 32 kB
+        for ns, dev in ((self.ns["central"], self._veth(i, "c")), (self.ns[site], self._veth(i, "s"))):
+            _run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+                 "burst", str(burst), "latency", "200ms")
+
+    def cut_site(self, site: str) -> None:
+        """Take the link of ``site`` down: it reaches neither the centre nor the other sites."""
+        i = SITES.index(site) + 1
+        _run("ip", "-n", self.ns["central"], "link", "set", self._veth(i, "c"), "down")
+
+    def heal_site(self, site: str) -> None:
+        """Bring the link of ``site`` back (its route included)."""
+        i = SITES.index(site) + 1
+        _run("ip", "-n", self.ns["central"], "link", "set", self._veth(i, "c"), "up")
+        _run("ip", "-n", self.ns[site], "route", "replace", "default", "via", f"10.201.{i}.1")
+
+    def cut_ssh(self, site: str) -> None:
+        """Drop the SSH path to ``site`` (its relay stops; open connections break)."""
+        self.stop(f"relay-{site}", sig=signal.SIGKILL)
+
+    def heal_ssh(self, site: str) -> None:
+        """Bring the SSH path to ``site`` back."""
+        self._start_relay(site)
+
+    # ------------------------------------------------------------------ services
+
+    def _postgres_up(self) -> None:
+        data = self.pg_data
+        data.mkdir(parents=True, exist_ok=True)
+        shutil.chown(data, "postgres", "postgres")
+        data.chmod(0o700)
+        _run("runuser", "-u", "postgres", "--", str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust",
+             "-U", "postgres", "--no-sync")
+        with open(data / "pg_hba.conf", "a") as f:
+            f.write("host all all 10.201.0.0/16 trust\n")
+        self._pg_ctl_start()
+        self.in_ns("central", str(PG_BIN / "createdb"), "-h", CENTRAL_ADDRESS, "-p", str(PG_PORT), "-U", "postgres",
+                   "packhorse")
+
+    def restart_postgres(self, down_seconds: float = 0.0) -> None:
+        """Stop the central database (fast), wait ``down_seconds``, start it again."""
+        data = self.pg_data
+        self.in_ns("central", "runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(data), "-m",
+                   "fast", "-w", "stop")
+        time.sleep(down_seconds)
+        self._pg_ctl_start()
+
+    def _pg_ctl_start(self) -> None:
+        data = self.pg_data
+        self.in_ns("central", "runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(data), "-w",
+                   "-l", str(data / "server.log"), "-o",
+                   f"-c listen_addresses={CENTRAL_ADDRESS} -p {PG_PORT} -c unix_socket_directories={data} "
+                   "-c fsync=off -c max_connections=200", "start")
+
+    def _postgres_down(self) -> None:
+        data = self.pg_data
+        if (data / "postmaster.pid").exists():
+            _run("runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate",
+                 "stop", check=False)
+        shutil.rmtree(data.parent, ignore_errors=True)
+
+    def _spawn(self, name: str, ns: str, cmd: list[str], *, hide_sites: bool = False,
+               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{name}.log", "ab")
+        full = ["ip", "netns", "exec", self.ns[ns]]
+        if hide_sites:
+            # a mount namespace of its own: every site's folder but its own is an empty tmpfs
+            hidden = [str(self.root / "sites" / s) for s in SITES if s != ns]
+            mounts = " && ".join(f"mount -t tmpfs -o size=1m,mode=0555 packhorse-hidden {h}" for h in hidden)
+            full += ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
+        full += cmd
+        proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(SRC), **(env or {})}, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def _start_relay(self, site: str) -> None:
+        i = SITES.index(site) + 1
+        self._spawn(f"relay-{site}", "central",
+                    [sys.executable, str(HERE / "delay_relay.py"), "--listen", f"{CENTRAL_ADDRESS}:{2200 + i}",
+                     "--to", f"{site_address(i)}:22", "--delay-ms", str(self.delay_ms)])
+        self._wait_port("central", CENTRAL_ADDRESS, 2200 + i, f"relay to {site}")
+
+    def _wait_port(self, ns: str, host: str, port: int, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=1).close()"
+        while time.monotonic() < deadline:
+            if self.in_ns(ns, sys.executable, "-c", probe, check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout} s")
+
+    def _sshd_up(self) -> None:
+        keys = self.root / "keys"
+        keys.mkdir(parents=True, exist_ok=True)
+        client = keys / "client_key"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "packhorse-bed", "-f", str(client))
+        known = []
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        for i, site in enumerate(SITES, start=1):
+            folder = self.root / "ssh" / site
+            folder.mkdir(parents=True, exist_ok=True)
+            host_key = folder / "host_key"
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{site}-host", "-f", str(host_key))
+            auth = folder / "authorized_keys"
+            auth.write_text((keys / "client_key.pub").read_text())
+            auth.chmod(0o600)
+            (folder / "sshd_config").write_text(
+                f"Port 22\nListenAddress {site_address(i)}\nHostKey {host_key}\nAuthorizedKeysFile {auth}\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
+                "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nPidFile none\nMaxStartups 64\n"
+                "MaxSessions 64\nSubsystem sftp internal-sftp\n")
+            pub = " ".join((folder / "host_key.pub").read_text().split()[:2])
+            known.append(f"[{CENTRAL_ADDRESS}]:{2200 + i} {pub}\n")
+            self._spawn(f"sshd-{site}", site, ["/usr/sbin/sshd", "-D", "-f", str(folder / "sshd_config"),
+                                               "-E", str(self.logs / f"sshd-{site}.log")])
+            self._wait_port(site, site_address(i), 22, f"sshd of {site}")
+            self._start_relay(site)
+        (keys / "known_hosts").write_text("".join(known))
+
+    def _redis_up(self) -> None:
+        self._spawn("redis", "central", ["redis-server", "--bind", CENTRAL_ADDRESS, "--port", str(REDIS_PORT),
+                                         "--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        self._wait_port("central", CENTRAL_ADDRESS, REDIS_PORT, "redis")
+
+    # ------------------------------------------------------------------ packhorse
+
+    def write_config(self, **extra: Any) -> Path:
+        """The bed's ``packhorse.toml``: fyst → cologne, cornell over SFTP; short timings."""
+        s = self.root / "sites"
+        for site in SITES:
+            (s / site).mkdir(parents=True, exist_ok=True)
+        (s / "fyst" / "source").mkdir(parents=True, exist_ok=True)
+        lease = extra.get("lease_timeout_seconds", 20)
+        text = f"""
+[database]
+url = "{self.database_url}"
+
+[executor]
+kind = "celery"
+broker_url = "{self.broker_url}"
+
+[recovery]
+lease_timeout_seconds = {lease}
+heartbeat_interval_seconds = {extra.get("heartbeat_interval_seconds", 2)}
+monitor_interval_seconds = 1
+max_retries = 50
+retry_backoff_base_seconds = 0.5
+retry_backoff_max_seconds = 5
+
+[managers]
+poll_interval_seconds = 0.5
+
+[packaging]
+group_depth = 2
+settle_seconds = 0
+bundle_max_wait_seconds = {extra.get("bundle_max_wait_seconds", 2)}
+
+[[sites]]
+name = "fyst"
+[[sites]]
+name = "cologne"
+[[sites]]
+name = "cornell"
+
+[[locations]]
+name = "fyst-source"
+site = "fyst"
+role = "source"
+path = "{s}/fyst/source"
+
+[[locations]]
+name = "fyst-buffer"
+site = "fyst"
+role = "buffer"
+path = "{s}/fyst/buffer"
+[locations.ssh]
+host = "{CENTRAL_ADDRESS}"
+port = 2201
+user = "root"
+key_file = "{self.root}/keys/client_key"
+known_hosts_file = "{self.root}/keys/known_hosts"
+
+[[locations]]
+name = "cologne-buffer"
+site = "cologne"
+role = "buffer"
+path = "{s}/cologne/buffer"
+
+[[locations]]
+name = "cologne-archive"
+site = "cologne"
+role = "long_term_archive"
+path = "{s}/cologne/archive"
+
+[[locations]]
+name = "cornell-buffer"
+site = "cornell"
+role = "buffer"
+path = "{s}/cornell/buffer"
+
+[[locations]]
+name = "cornell-archive"
+site = "cornell"
+role = "long_term_archive"
+path = "{s}/cornell/archive"
+
+[[routes]]
+source_site = "fyst"
+destination_sites = ["cologne", "cornell"]
+method = "sftp"
+streams = {self.ssh_streams}
+"""
+        self.config.write_text(text)
+        return self.config
+
+    def cli(self, ns: str, *args: str, timeout: float = 120, hide_sites: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``packhorse ARGS`` in namespace ``ns`` (a site or ``"central"``) and wait for it."""
+        cmd = ["ip", "netns", "exec", self.ns[ns]]
+        if hide_sites:
+            hidden = [str(self.root / "sites" / s) for s in SITES if s != ns]
+            mounts = " && ".join(f"mount -t tmpfs -o size=1m,mode=0555 packhorse-hidden {h}" for h in hidden)
+            cmd += ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
+        cmd += [sys.executable, "-m", "packhorse", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(SRC)})
+
+    def start_packhorse(self) -> None:
+        """``init`` at each site (its own locations), then a worker per site, two managers and a monitor."""
+        for site in SITES:
+            r = self.cli(site, "init", "-c", str(self.config), "--site", site, timeout=180)
+            if r.returncode != 0:
+                raise RuntimeError(f"init --site {site} exited {r.returncode}: {r.stdout[-2000:]} {r.stderr[-3000:]}")
+        for site in SITES:
+            self.start_worker(site)
+        for n in (1, 2):
+            self._spawn(f"manager-{n}", "central", [sys.executable, "-m", "packhorse", "manager", "-c", str(self.config),
+                                                    "--instance", str(n)], hide_sites=True)
+        self._spawn("monitor", "central", [sys.executable, "-m", "packhorse", "monitor", "-c", str(self.config)],
+                    hide_sites=True)
+
+    def start_worker(self, site: str) -> None:
+        """Start (or restart) the worker of ``site`` in its namespace."""
+        self._spawn(f"worker-{site}", site, [sys.executable, "-m", "packhorse", "worker", "--site", site, "-c",
+                                             str(self.config), "--concurrency", "2"], hide_sites=True)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop process ``name`` (its whole process group), SIGKILL after ``timeout`` s."""
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        except ProcessLookupError:
+            pass
+
+    def status(self) -> dict[str, Any]:
+        """``packhorse status --json`` as read from the centre."""
+        r = self.cli("central", "status", "--json", "-c", str(self.config), timeout=60)
+        return json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr[-2000:]}
+
+    def log(self, name: str) -> str:
+        """The output of process ``name`` so far."""
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def up(self, *, packhorse: bool = True) -> "TestBed":
+        """Build the bed: namespaces and links, PostgreSQL, Redis, sshd and relays, then packhorse."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self._network_up()
+            self._postgres_up()
+            self._redis_up()
+            self._sshd_up()
+            self.write_config()
+            if packhorse:
+                self.start_packhorse()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Stop every process the bed started, its PostgreSQL, and remove its namespaces."""
+        for name in list(self.procs):
+            self.stop(name, timeout=10)
+        self._postgres_down()
+        for ns in self.ns.values():
+            # processes started by hand in the namespace (a bed brought up by another process)
+            pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            _run("ip", "netns", "del", ns, check=False)
+
+
+def main() -> int:
+    """``testbed.py up|down ROOT``: build a bed and leave it running, or remove it."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("root", type=Path)
+    p.add_argument("--rate-mbit", type=float, default=None, help="shape every site link to this rate")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of the SSH relays")
+    a = p.parse_args()
+    bed = TestBed(a.root, rate_mbit=a.rate_mbit, delay_ms=a.delay_ms)
+    if a.action == "down":
+        bed.down()
+        return 0
+    why = namespaces_work()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    bed.up()
+    for p_ in bed.procs.values():  # the bed outlives this command
+        p_.returncode = 0
+    print(f"test bed up in {bed.root}\n  config: {bed.config}\n  database: {bed.database_url}\n"
+          f"  namespaces: {', '.join(bed.ns.values())}\n  logs: {bed.logs}\n"
+          f"  drop raw files into {bed.root}/sites/fyst/source/<instrument>/<observation>/\n"
+          f"  look: ip netns exec {bed.ns['central']} python -m packhorse status -c {bed.config}\n"
+          f"  remove: python {__file__} down {bed.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
