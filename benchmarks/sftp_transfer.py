@@ -9,7 +9,7 @@ run interleaved ``--repeats`` times (the order rotates each round):
   127.0.0.1:SRC DST`` (rsync checks its own whole-file checksum);
 * ``rsync -e ssh + sha256sum``: the same, then ``sha256sum DST`` compared with the recorded
   sha256 (what packhorse's I4 read-back adds);
-* ``sftp, N streams``: what the ``sftp`` transfer stage does with the bytes
+* ``sftp, N streams``: what the ``sftp`` transfer (``stages/pull.py``) does with the bytes
   (:class:`packhorse.storage.sftp.SftpSource` with ``N`` streams into a resumable disk write that
   defers its hash, published with the recorded sha256: the fsynced partial is read back and
   compared before it is published), for each ``--streams`` value.

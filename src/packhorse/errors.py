@@ -291,7 +291,14 @@ class SshConnectionError(RetryableError):
     """The SSH connection to another site could not be made, was cut, or stalled (no answer
     for :data:`packhorse.storage.sftp.STALL_SECONDS`). Retried with backoff; the transfer keeps
     its partial file, so the next attempt resumes from its verified prefix
-    (docs/reliability.md "Resumable transfers")."""
+    (docs/reliability.md "Resumable transfers").
+
+    Links between sites drop for minutes or hours: it is retried up to :attr:`max_retries`
+    times whatever the operation's own ``max_retries`` (with the backoff capped at ``[recovery]
+    retry_backoff_max_seconds``, 300 s by default, about eight hours of a cut link), then FAILED
+    with a notification like any other failure."""
+
+    max_retries = 100
 
 
 class StorageServiceError(RetryableError):

@@ -82,7 +82,7 @@ def test_bundles_are_pulled_over_ssh_and_archived_with_the_source_bytes(pipeline
     assert done == [("COMPLETED", 2)], done  # one bundle, two destination sites
     # both destinations read the bundle through the SSH server, three streams (SFTP sessions) each
     served = sshd.served()
-    assert served.count("subsystem 'sftp'") == 2 * 3, served[-3000:]
+    assert served.count("subsystem 'sftp'") >= 2 * 3, served[-3000:]
     assert failures(p) == []
     code, report = p.verify()
     assert code == 0 and report["checked"] == report["ok"] >= 1, report
@@ -152,6 +152,7 @@ def test_a_link_cut_mid_transfer_resumes_from_the_partial(pipeline, sshd, tmp_pa
     assert rec["taken_over_bytes"] >= cut_at * 0.99 and rec["kept_bytes"] >= 0.4 * size, rec
     assert rec["kept_bytes"] + rec["written_bytes"] == bundle_size
     assert rec["written_bytes"] < 0.65 * bundle_size, rec  # not sent again from byte 0
+    assert rec["seconds"] >= 0.85 * rec["written_bytes"] / limit, rec  # the route's limit held after the cut
     # every byte verified: the archive holds the source file's exact bytes
     assert _payload_sha(p.root / "sites/cologne/archive", "inst/obs0/frame.fits") == hashlib.sha256(payload).hexdigest()
     assert not _partials(p.root / "sites")

@@ -3,14 +3,19 @@ private, real OpenSSH server (``sshd_support``): ranged reads over several strea
 object's exact bytes in order; the server's host key must be in the configured known-hosts file
 (unknown and changed keys refused, naming host, port and fingerprint); a key the server does
 not accept is refused naming user, host and key file; a server that is down or goes away is a
-retryable :class:`~packhorse.errors.SshConnectionError`; the route's bandwidth limit holds."""
+retryable :class:`~packhorse.errors.SshConnectionError`; the route's bandwidth limit holds. And
+the ``sftp`` pull's resumption (:func:`packhorse.stages.pull.resume_sampled`): a taken-over
+partial keeps its prefix and loses a garbage tail; a difference the sampled ranges miss is
+refused by the read-back before publishing, and the partial goes with it."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,9 +25,13 @@ from packhorse.errors import (
     SourceMissingError,
     SshAuthenticationError,
     SshConnectionError,
+    VerificationError,
 )
 from packhorse.ratelimit import RateLimiter
-from packhorse.storage.identity import MARKER_KEY
+from packhorse.stages.pull import resume_sampled
+from packhorse.storage.base import PARTIAL_SUFFIX
+from packhorse.storage.disk import DiskBackend
+from packhorse.storage.identity import MARKER_FORMAT, MARKER_KEY
 from packhorse.storage.sftp import SftpSource, SshEndpoint
 from sshd_support import PrivateSshd, free_port, keygen
 
@@ -39,7 +48,7 @@ def root(tmp_path: Path) -> Path:
     """A data location's root as the remote site has it: an identity marker and one 9 MiB object."""
     r = tmp_path / "remote-buffer"
     (r / MARKER_KEY).parent.mkdir(parents=True)
-    (r / MARKER_KEY).write_text("{}")
+    (r / MARKER_KEY).write_text(json.dumps({"format": MARKER_FORMAT, "location": "fyst-buffer"}))
     (r / "bundles").mkdir()
     (r / "bundles/b.tar").write_bytes(os.urandom(9 * 1024 * 1024 + 12345))
     return r
@@ -129,6 +138,11 @@ def test_a_missing_remote_root_or_marker_is_an_unavailable_location(sshd, root):
         with pytest.raises(LocationUnavailableError) as e:
             src.connect()
     assert not e.value.marker_only
+    (root / MARKER_KEY).write_text(json.dumps({"format": MARKER_FORMAT, "location": "cologne-buffer"}))
+    with SftpSource(endpoint(sshd, root)) as src:
+        with pytest.raises(LocationUnavailableError) as e:
+            src.connect()  # another location's storage at that root
+    assert "'cologne-buffer'" in str(e.value) and not e.value.marker_only
     (root / MARKER_KEY).unlink()
     with SftpSource(endpoint(sshd, root)) as src:
         with pytest.raises(LocationUnavailableError) as e:
@@ -146,3 +160,61 @@ def test_the_bandwidth_limit_holds_over_all_streams(sshd, root):
             assert len(f.read()) == size
         took = time.monotonic() - started
     assert took >= 0.85 * (size / rate - 0.25), took
+
+
+# ------------------------------------------------------------------ resuming a partial over SSH
+
+def _pull_rest(tmp_path: Path, sshd: PrivateSshd, root: Path, partial: bytes) -> tuple[int, bytes]:
+    """Leave ``partial`` as an interrupted attempt's partial of the object, resume it as the
+    ``sftp`` pull does (sampled check, then the rest over 3 streams), publish with the recorded
+    sha256; returns (bytes kept, the published object)."""
+    data = (root / "bundles/b.tar").read_bytes()
+    (tmp_path / "dst").mkdir(exist_ok=True)
+    dst = DiskBackend("cologne-buffer", tmp_path / "dst")
+    with dst.open_resumable_write("bundles/b.tar", 1) as first:
+        first.write(partial)
+        first.suspend()
+    work = SimpleNamespace(check=lambda: None, progress=lambda n: None, info={})
+    with SftpSource(endpoint(sshd, root), streams=3, block_bytes=512 * 1024) as src, \
+            dst.open_resumable_write("bundles/b.tar", 2) as w:
+        assert w.resumed_bytes == len(partial)
+        w.defer_hash()
+        kept = resume_sampled(work, src, w, len(data), hash_prefix=False)  # type: ignore[arg-type]
+        with src.open_read("bundles/b.tar", offset=kept, size=len(data)) as f:
+            while chunk := f.read(1 << 20):
+                w.write(chunk)
+        w.publish(hashlib.sha256(data).hexdigest())
+    return kept, (tmp_path / "dst/bundles/b.tar").read_bytes()
+
+
+def test_a_resumed_partial_keeps_its_prefix_and_drops_a_garbage_tail(sshd, root, tmp_path):
+    data = (root / "bundles/b.tar").read_bytes()
+    mib = 1024 * 1024
+    kept, published = _pull_rest(tmp_path, sshd, root, data[:5 * mib] + os.urandom(3 * mib // 2))
+    assert 4 * mib <= kept <= 5 * mib  # walked back past the garbage, at 1 MiB steps
+    assert published == data
+
+
+def test_a_partial_of_other_bytes_is_not_kept(sshd, root, tmp_path):
+    data = (root / "bundles/b.tar").read_bytes()
+    other = bytearray(data[:6 * 1024 * 1024])
+    other[10] ^= 0xFF  # equal at its end, different in a sampled range: nothing kept
+    kept, published = _pull_rest(tmp_path, sshd, root, bytes(other))
+    assert kept == 0 and published == data
+
+
+def test_a_difference_the_samples_miss_is_refused_before_publishing_and_the_partial_dropped(sshd, root, tmp_path):
+    # the sampled check is not the proof: the read-back against the recorded sha256 is (I4)
+    data = (root / "bundles/b.tar").read_bytes()
+    other = bytearray(data[:6 * 1024 * 1024])
+    other[100_000] ^= 0xFF  # between two sampled ranges
+    with pytest.raises(VerificationError):
+        _pull_rest(tmp_path, sshd, root, bytes(other))
+    assert not (tmp_path / "dst/bundles/b.tar").exists()  # nothing published
+    assert not [p for p in (tmp_path / "dst").rglob("*") if p.name.endswith(PARTIAL_SUFFIX)]  # next attempt: from 0
+
+
+def test_a_partial_longer_than_the_object_is_cut_to_it(sshd, root, tmp_path):
+    data = (root / "bundles/b.tar").read_bytes()
+    kept, published = _pull_rest(tmp_path, sshd, root, data + b"tail")
+    assert kept == len(data) and published == data

@@ -14,10 +14,8 @@ import hashlib
 import os
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
-
 from testbed import SITES, TestBed, namespaces_work
 
 pytestmark = [pytest.mark.multisite, pytest.mark.timeout(900)]

@@ -1,5 +1,6 @@
 """The configuration of the ``sftp`` transfer method: ``[locations.ssh]`` and a route's
-``method = "sftp"`` / ``streams`` (docs/configuration.md), and the endpoint built from them."""
+``method = "sftp"`` / ``streams`` (docs/configuration.md), the endpoint built from them, and how
+its failures are classified (a cut link retried for hours, a trust failure never)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from packhorse.config import settings_from_dict
 from packhorse.domain import TransferMethod
-from packhorse.errors import ConfigError
+from packhorse.engine.outcome import is_retryable
+from packhorse.errors import ConfigError, HostKeyError, SshAuthenticationError, SshConnectionError
 from packhorse.storage.sftp import endpoint_for
 
 
@@ -70,3 +72,11 @@ def test_an_ssh_table_needs_host_and_key_file_and_refuses_unknown_keys() -> None
     assert "key_file" in refuse(config({"host": "h"}, method="sftp"))
     assert "unknown key" in refuse(config({"host": "h", "key_file": "k", "identity": "k"}, method="sftp"))
     assert "port" in refuse(config({"host": "h", "key_file": "k", "port": 70000}, method="sftp"))
+
+
+def test_a_cut_link_is_retried_for_hours_but_a_refused_key_never() -> None:
+    cut = SshConnectionError("cut", host="fyst.example.org")
+    assert is_retryable(cut, retry_count=50, max_retries=3)  # the route's link, not the operation, failed
+    assert not is_retryable(cut, retry_count=100, max_retries=3)
+    assert not is_retryable(HostKeyError("unknown host key"), retry_count=0, max_retries=3)
+    assert not is_retryable(SshAuthenticationError("key refused"), retry_count=0, max_retries=3)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import json
 import threading
 import warnings
 from collections.abc import Callable, Coroutine
@@ -46,7 +47,7 @@ from packhorse.errors import (
 )
 from packhorse.ratelimit import RateLimiter
 from packhorse.storage.base import ObjectInfo, check_key
-from packhorse.storage.identity import MARKER_KEY
+from packhorse.storage.identity import MARKER_KEY, MAX_MARKER_BYTES
 
 with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates, at import
     warnings.simplefilter("ignore")
@@ -246,7 +247,8 @@ class SftpSource:
 
     def connect(self) -> None:
         """Open the first connection and check the remote root: there and carrying the
-        location's identity marker (storage that is absent is not empty).
+        location's identity marker, naming this location (storage that is absent is not empty;
+        the marker's uuid is left to the owning site's own checks).
 
         Raises:
             HostKeyError / SshAuthenticationError: permanent, a configuration to fix.
@@ -263,6 +265,17 @@ class SftpSource:
             why = f"its root {root} on {self.endpoint.host} has no identity marker {MARKER_KEY}"
             raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
                                            reason=why, marker_only=True)
+        raw = self.read_range(MARKER_KEY, 0, MAX_MARKER_BYTES + 1)
+        try:
+            named = json.loads(raw.decode("utf-8")).get("location")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            named = None
+        if named != self.location:  # another location's storage (or no marker at all) at that root
+            why = (f"the identity marker {MARKER_KEY} under {root} on {self.endpoint.host} names "
+                   f"{named!r}, not this location" if named else
+                   f"{MARKER_KEY} under {root} on {self.endpoint.host} is not a packhorse location marker")
+            raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                           reason=why)
 
     def close(self) -> None:
         """Close every connection and stop the event loop; idempotent."""
