@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
+from azurite_support import AzuriteServer, shared_azurite
 from packhorse.db.session import Database
+from s3_support import start_or_skip
+from seaweedfs_support import SeaweedServer, shared_seaweedfs
+from shared_service import run_folder
 from support import run_packhorse, write_site_config
 
 _CHAOS = Path(__file__).parent / "chaos"
@@ -31,7 +35,8 @@ _LONG_E2E = frozenset({
     "test_unavailable_location.py", "test_startup_errors.py", "test_disk_usage_commands.py", "test_api_command.py",
     "test_missing_source.py", "test_sftp_transfer.py",
     "test_convergence_distributed.py", "test_distributed_versions.py", "test_unavailable_distributed.py",
-    "test_distributed_breaker.py",
+    "test_distributed_breaker.py", "test_three_archives.py",
+    "test_influx_metrics.py",
 })
 
 
@@ -64,13 +69,36 @@ def cli():
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def moto_s3():
     """moto's S3 server on a free loopback port for the whole session (see ``s3_support``)."""
-    from s3_support import start_or_skip
-
     server = start_or_skip()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory):
+    """SeaweedFS's S3 server, one for the whole run, shared by the xdist workers (``seaweedfs_support``)."""
+    service = shared_seaweedfs(run_folder(tmp_path_factory))
+    info = service.acquire()
+    yield SeaweedServer(info["endpoint_url"])
+    service.release()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory):
+    """Azurite's blob service, one for the whole run, shared by the xdist workers (``azurite_support``)."""
+    service = shared_azurite(run_folder(tmp_path_factory))
+    info = service.acquire()
+    yield AzuriteServer(info["account_url"], info["connection_string"])
+    service.release()
+
+
+@pytest.fixture(scope="session", params=["moto", "seaweedfs"])
+def s3_server(request: pytest.FixtureRequest):
+    """An S3 server: every test taking it runs against moto (a mock) and SeaweedFS (a real S3
+    implementation); both have ``endpoint_url``, ``client()`` and ``new_bucket()``."""
+    return request.getfixturevalue("moto_s3" if request.param == "moto" else "seaweedfs")
 
 
 @pytest.fixture(scope="session")

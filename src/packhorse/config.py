@@ -23,7 +23,16 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from packhorse.domain import LocationRole, StorageType, TransferMethod
 from packhorse.errors import ConfigError
@@ -166,6 +175,13 @@ class LocationConfig(_Section):
     object_lock_retain_days: float | None = Field(None, gt=0)
     multipart_threshold_bytes: int = Field(64 * 1024**2, ge=1)
     multipart_part_bytes: int = Field(64 * 1024**2, ge=5 * 1024**2)
+    # -- storage = "azure" (docs/object-storage.md); also prefix, cold, object_lock_*, multipart_*.
+    # The connection string is a secret: never printed (SecretStr), or taken from the
+    # AZURE_STORAGE_CONNECTION_STRING variable when not set here.
+    account_url: str | None = None
+    container: str | None = Field(None, min_length=3, max_length=63)
+    connection_string: SecretStr | None = None
+    rehydrate_priority: Literal["Standard", "High"] = "Standard"
     # -- cold storage and the fixity audit
     cold: bool = False
     restore_poll_seconds: float = Field(300.0, gt=0)
@@ -173,6 +189,18 @@ class LocationConfig(_Section):
     fixity_bytes_per_second: float | None = Field(None, gt=0)
     # -- how other sites reach it (disk locations; docs/configuration.md)
     ssh: SshConfig | None = None
+
+    @property
+    def object_store_uri(self) -> str | None:
+        """Where an object-store location keeps its objects, for people: ``s3://<bucket>/<prefix>``
+        or ``azure://<container>/<prefix>`` (``<account_url>`` said separately); ``None`` for
+        a disk location (its root is :meth:`Settings.location_path`)."""
+        prefix = (self.prefix or "").strip("/")
+        if self.storage is StorageType.S3:
+            return f"s3://{self.bucket}/{prefix}"
+        if self.storage is StorageType.AZURE:
+            return f"azure://{self.container}/{prefix}"
+        return None
 
     @model_validator(mode="after")
     def _disk_needs_path(self) -> "LocationConfig":
@@ -184,13 +212,22 @@ class LocationConfig(_Section):
             raise ValueError(f"location {self.name!r} has storage 's3' but no 'bucket'")
         if self.storage is StorageType.S3 and self.path:
             raise ValueError(f"location {self.name!r} has storage 's3': use 'bucket' and 'prefix', not 'path'")
-        if self.storage is not StorageType.S3:
+        azure_keys = [k for k in ("account_url", "container", "connection_string") if getattr(self, k)]
+        if self.storage is StorageType.AZURE:
+            if not (self.account_url and self.container):
+                raise ValueError(f"location {self.name!r} has storage 'azure' but no 'account_url' and 'container'")
+            other = [k for k in ("path", "bucket", "endpoint_url", "region") if getattr(self, k)]
+            if other:
+                raise ValueError(f"location {self.name!r}: {', '.join(other)} do not apply to storage 'azure'")
+        elif azure_keys:
+            raise ValueError(f"location {self.name!r}: {', '.join(azure_keys)} only apply to storage 'azure'")
+        if self.storage not in (StorageType.S3, StorageType.AZURE):
             s3_only = [k for k in ("bucket", "endpoint_url", "region", "object_lock_mode") if getattr(self, k)]
             if self.cold:
                 s3_only.append("cold")
             if s3_only or self.prefix:
                 raise ValueError(f"location {self.name!r}: {', '.join(s3_only or ['prefix'])} only apply to "
-                                 "storage 's3'")
+                                 "storage 's3' (and 'azure')")
         if (self.object_lock_mode is None) != (self.object_lock_retain_days is None):
             raise ValueError(f"location {self.name!r}: object_lock_mode and object_lock_retain_days go together")
         if (self.include or self.exclude) and self.role is not LocationRole.SOURCE:
@@ -492,6 +529,43 @@ class HooksConfig(_Section):
     module: str | None = None
 
 
+class InfluxDBConfig(_Section):
+    """``[metrics.influxdb]``: the InfluxDB metrics sink (:mod:`packhorse.runtime.influx`); off unless
+    ``url`` is set. InfluxDB 1.x: ``database``; 2.x: ``org``, ``bucket`` and ``token`` (a
+    secret, never printed). Points wait in a queue of ``queue_points`` and go out in batches
+    of up to ``batch_points`` at least every ``flush_interval_seconds``; a failed batch is
+    tried again every ``retry_seconds``; one request may take ``timeout_seconds``; a process
+    that ends waits ``close_timeout_seconds`` at most for what is queued."""
+
+    url: str | None = None
+    database: str | None = None
+    org: str | None = None
+    bucket: str | None = None
+    token: SecretStr | None = None
+    batch_points: int = Field(500, ge=1)
+    flush_interval_seconds: float = Field(1.0, gt=0)
+    queue_points: int = Field(10_000, ge=1)
+    retry_seconds: float = Field(5.0, gt=0)
+    timeout_seconds: float = Field(5.0, gt=0)
+    close_timeout_seconds: float = Field(5.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_version(self) -> "InfluxDBConfig":
+        if self.url is None:
+            return self
+        if self.database and (self.org or self.bucket):
+            raise ValueError("metrics.influxdb: set database (InfluxDB 1.x) or org and bucket (2.x), not both")
+        if not self.database and not (self.org and self.bucket and self.token):
+            raise ValueError("metrics.influxdb: url needs database (InfluxDB 1.x) or org, bucket and token (2.x)")
+        return self
+
+
+class MetricsConfig(_Section):
+    """``[metrics]``: metrics sinks beside Prometheus (``/metrics`` of the API needs none)."""
+
+    influxdb: InfluxDBConfig = InfluxDBConfig()
+
+
 class Settings(_Section):
     """The whole configuration. Build it with :func:`load_config` or :func:`settings_from_dict`."""
 
@@ -509,6 +583,7 @@ class Settings(_Section):
     disk_usage: DiskUsageConfig = DiskUsageConfig()
     api: ApiConfig = ApiConfig()
     hooks: HooksConfig = HooksConfig()
+    metrics: MetricsConfig = MetricsConfig()
     #: The folder relative paths were resolved against (not a TOML key).
     base_dir: Path = Field(default=Path("."), exclude=True)
     #: The file the settings were read from, as error messages name it (not a TOML key).
@@ -621,14 +696,16 @@ class Settings(_Section):
                         f"locations[{ib}].path: {lb.path!r} (location {lb.name!r}) overlaps "
                         f"{la.path!r} (location {la.name!r})"
                     )
-        s3 = [(i, l) for i, l in enumerate(self.locations) if l.storage is StorageType.S3]
+        s3 = [(i, l) for i, l in enumerate(self.locations) if l.storage in (StorageType.S3, StorageType.AZURE)]
         for a in range(len(s3)):
             for b in range(a + 1, len(s3)):
                 (_, la), (ib, lb) = s3[a], s3[b]
                 pa, pb = la.prefix.strip("/") + "/", lb.prefix.strip("/") + "/"
-                same_store = (la.bucket, la.endpoint_url) == (lb.bucket, lb.endpoint_url)
+                same_store = ((la.storage, la.bucket, la.endpoint_url, la.container, la.account_url)
+                              == (lb.storage, lb.bucket, lb.endpoint_url, lb.container, lb.account_url))
                 if same_store and (pa.startswith(pb) or pb.startswith(pa)):
-                    errors.append(f"locations[{ib}].prefix: {lb.prefix!r} in bucket {lb.bucket!r} (location "
+                    where = f"bucket {lb.bucket!r}" if lb.storage is StorageType.S3 else f"container {lb.container!r}"
+                    errors.append(f"locations[{ib}].prefix: {lb.prefix!r} in {where} (location "
                                   f"{lb.name!r}) overlaps location {la.name!r}")
         if errors:
             raise ValueError("; ".join(errors))

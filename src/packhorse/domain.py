@@ -65,6 +65,7 @@ class StorageType(str, enum.Enum):
 
     DISK = "disk"
     S3 = "s3"
+    AZURE = "azure"
 
 
 class ArtifactType(str, enum.Enum):

@@ -5,7 +5,9 @@ only use the backend interface plus the harness' medium-level hooks (count lefto
 writes, corrupt a stored object behind the backend's back). Backends: ``disk``; ``s3``
 (moto's S3 server over HTTP on loopback, conditional creates); ``s3-leased`` (the same
 server with ``write_once_probe = false``: per-object leases in a SQLite ops database and a
-check before every write); ``memory`` (the in-memory backend of unit tests,
+check before every write); ``s3-seaweedfs`` (a real S3 implementation, SeaweedFS, one server
+for the run: ``tests/seaweedfs_support.py``); ``azure`` (Azure Blob Storage on Azurite, one
+emulator for the run: ``tests/azurite_support.py``); ``memory`` (the in-memory backend of unit tests,
 ``tests/memory_backend.py``); and each of these as the composed layer stack packhorse runs
 (``<backend>+stack``: logging, retry, read rate and a fault layer, composed by
 :func:`packhorse.storage.registry.compose`). Every harness is also run as a cold store
@@ -27,6 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from azurite_support import flip_first_byte
 from fault_hooks import FaultPlan
 from memory_backend import ColdLayer, MemoryBackend
 from packhorse.errors import (
@@ -40,6 +43,7 @@ from packhorse.errors import (
 )
 from packhorse.runtime.hooks import NO_HOOKS
 from packhorse.stages.base import copy_object
+from packhorse.storage.azure import AzureBackend, make_container_client
 from packhorse.storage.base import CHUNK_BYTES, PARTIAL_SUFFIX, EntryKind, StorageBackend
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.layers import Layer, innermost
@@ -85,10 +89,10 @@ def _disk(tmp_path: Path) -> Harness:
     return Harness(backend, count_partials, corrupt, missing_root=missing_root)
 
 
-def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
+def _s3_harness(request: pytest.FixtureRequest, *, leased: bool, server_fixture: str = "moto_s3") -> Harness:
     from packhorse.storage.s3 import MIN_PART_BYTES, S3Backend, make_client
 
-    server = request.getfixturevalue("s3_server")
+    server = request.getfixturevalue(server_fixture)
     bucket = server.new_bucket()
     raw = server.client()
     client = make_client(endpoint_url=server.endpoint_url, region="us-east-1", path_style=True)
@@ -105,7 +109,7 @@ def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
                                                                              wait_seconds=30))
     backend = S3Backend("loc", client, bucket, "archive root/", **kwargs)  # type: ignore[arg-type]
     if not leased:
-        assert backend.probe_write_once() is True  # moto honours If-None-Match: *
+        assert backend.probe_write_once() is True  # moto and SeaweedFS honour If-None-Match: *
 
     def count_partials() -> int:
         return len(backend.incomplete_uploads())
@@ -124,6 +128,30 @@ def _s3_harness(request: pytest.FixtureRequest, *, leased: bool) -> Harness:
         return b, lambda: absent in {x["Name"] for x in raw.list_buckets()["Buckets"]}
 
     return Harness(backend, count_partials, corrupt, partials_on_medium=False, missing_root=missing_root)
+
+
+def _azure_harness(request: pytest.FixtureRequest) -> Harness:
+    server = request.getfixturevalue("azurite")
+    container = server.new_container()
+    raw = server.container(container)
+    client = make_container_client(account_url=server.account_url, container=container,
+                                   connection_string=server.connection_string, location="loc")
+    # blocks of 1 MiB above 1 MiB: the resumable-write tests (2 MiB + 123 bytes) go up in blocks
+    backend = AzureBackend("loc", client, "archive root/", block_threshold_bytes=1024**2, block_bytes=1024**2)
+    assert backend.probe_write_once() is True  # Azurite honours If-None-Match: * (409 BlobAlreadyExists)
+
+    def corrupt(key: str) -> None:
+        flip_first_byte(raw, backend.prefix + key)
+
+    def missing_root() -> tuple[StorageBackend, Callable[[], bool]]:
+        absent = f"{container}-absent"
+        c = make_container_client(account_url=server.account_url, container=absent,
+                                  connection_string=server.connection_string, location="loc")
+        b = AzureBackend("loc", c, "archive root/", block_threshold_bytes=1024**2, block_bytes=1024**2)
+        return b, lambda: absent in {x.name for x in server.service().list_containers()}
+
+    return Harness(backend, lambda: len(backend.uncommitted_blobs()), corrupt, partials_on_medium=False,
+                   missing_root=missing_root)
 
 
 def _memory() -> Harness:
@@ -151,7 +179,9 @@ _BASES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
     "disk": lambda request, tmp_path: _disk(tmp_path),
     "s3": lambda request, tmp_path: _s3_harness(request, leased=False),
     "s3-leased": lambda request, tmp_path: _s3_harness(request, leased=True),
+    "s3-seaweedfs": lambda request, tmp_path: _s3_harness(request, leased=False, server_fixture="seaweedfs"),
     "memory": lambda request, tmp_path: _memory(),
+    "azure": lambda request, tmp_path: _azure_harness(request),
 }
 HARNESSES: dict[str, Callable[[pytest.FixtureRequest, Path], Harness]] = {
     **_BASES,

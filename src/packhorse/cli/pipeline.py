@@ -551,7 +551,7 @@ def demo(
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.LONG_TERM_ARCHIVE:
             where = (ctx.settings.location_path(loc.name) if loc.path
-                     else f"s3://{loc.bucket}/{loc.prefix}".rstrip("/"))
+                     else str(loc.object_store_uri).rstrip("/"))
             print(f"  archive:  {loc.name} ({loc.site}): {where}")
     if r["skipped"]:
         print(f"  skipped:  {len(r['skipped'])} file(s) (see `packhorse status -c {cfg}`)")

@@ -398,7 +398,7 @@ def sweep_partials(ctx: ProcessContext, *, sites: Collection[str] | None = None)
         resumable = resumable_partial_age(ctx.settings)
         if loc.storage is StorageType.DISK:
             age = ctx.settings.recovery.lease_timeout_seconds
-        elif loc.storage is StorageType.S3:
+        elif loc.storage in (StorageType.S3, StorageType.AZURE):
             age = resumable
         else:
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,7 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
     log.debug("operation_claimed")
     keeper = _keeper(ctx, c)
     work = Work(ctx, c, op, keeper)
+    started = time.monotonic()
     with keeper:
         try:
             recorder = _run_stage(ctx, work)
@@ -114,9 +116,33 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
 
             ctx.db.transact(finish)
         except Exception as exc:
-            return _failed(ctx, c, exc, work.info, salvage=work.salvage)
+            outcome = _failed(ctx, c, exc, work.info, salvage=work.salvage)
+            _finished(ctx, work, started, outcome)
+            return outcome
     _completed(work.info)
+    _finished(ctx, work, started, Outcome.COMPLETED)
     return Outcome.COMPLETED
+
+
+def _finished(ctx: ProcessContext, work: Work, started: float, outcome: "Outcome") -> None:
+    """Hand a finished attempt (completed, or failed: retried or not) to the metrics sink
+    (:mod:`packhorse.runtime.influx`; only queued, never blocks or raises); deferred and stale attempts
+    are not finished."""
+    if outcome not in (Outcome.COMPLETED, Outcome.RETRY, Outcome.FAILED):
+        return
+    try:
+        sink = ctx.metrics_sink()
+        if sink is None:
+            return
+        op = work.op
+        sink.operation_finished(
+            kind=work.claim.kind.value, duration_seconds=time.monotonic() - started,
+            success=outcome is Outcome.COMPLETED, size_bytes=work.lease.bytes_done,
+            source=ctx.location_name(op.source_location_id) if op.source_location_id is not None else None,
+            destination=(ctx.location_name(op.destination_location_id)
+                         if op.destination_location_id is not None else None))
+    except Exception as e:  # noqa: BLE001 - metrics never fail an operation
+        log.warning("metrics_sink_failed", error=str(e))
 
 
 def _run_stage(ctx: ProcessContext, work: Work) -> Recorder:
@@ -354,6 +380,7 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
     works = {op_id: Work(ctx, c, c.operation if c.operation is not None
                          else ctx.db.read(lambda s, i=op_id: s.get(Operation, i)), _keeper(ctx, c))
              for op_id, c in claims.items()}
+    started = time.monotonic()
     outcomes: dict[int, Outcome] = {}
     done: dict[int, Recorder] = {}
     failed: dict[int, Exception] = {}
@@ -411,6 +438,8 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                 outcomes[op_id] = _failed(ctx, w.claim, exc, w.info, salvage=w.salvage)
+    for op_id, outcome in outcomes.items():  # the task's time, shared by its operations
+        _finished(ctx, works[op_id], started, outcome)
     return outcomes
 
 
@@ -445,6 +474,7 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
     """The claimed deletions of :func:`execute_deletions`: their outcomes by operation id."""
     outcomes: dict[int, Outcome] = {}
     works: dict[int, Work] = {}
+    started = time.monotonic()
     for c in claims.values():
         assert c.operation is not None and c.operation.physical_copy_id is not None
         works[c.operation_id] = Work(ctx, c, c.operation, _keeper(ctx, c))
@@ -533,6 +563,8 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
             w = works[op_id]
             with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                 outcomes[op_id] = _failed(ctx, w.claim, exc, w.info)
+    for op_id, outcome in outcomes.items():  # the batch's time, shared by its deletions
+        _finished(ctx, works[op_id], started, outcome)
     return outcomes
 
 

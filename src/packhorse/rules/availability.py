@@ -264,8 +264,8 @@ def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:
 def root_of(ctx: "ProcessContext", location: str) -> str:
     """The location's root as an operator names it: its folder, or ``s3://bucket/prefix``."""
     loc = ctx.settings.location(location)
-    if loc.bucket:
-        return f"s3://{loc.bucket}/{(loc.prefix or '').strip('/')}"
+    if loc.object_store_uri is not None:
+        return loc.object_store_uri
     return str(ctx.settings.location_path(location))
 
 

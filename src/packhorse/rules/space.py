@@ -216,7 +216,7 @@ def location_usage(ctx: "ProcessContext", location: str) -> Any:
 
 
     try:
-        if ctx.settings.location(location).bucket:
+        if ctx.settings.location(location).object_store_uri is not None:
             return None
         return provider_for(ctx.hooks)(location, Path(ctx.settings.location_path(location)))
     except (KeyError, ConfigError, OSError):
@@ -271,7 +271,7 @@ def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, l
             whole file system.
         DestinationWriteError: ``out_of_space``: not room enough now (it waits for space).
     """
-    if ctx.settings.location(location).bucket:
+    if ctx.settings.location(location).object_store_uri is not None:
         return
     loc_id = ctx.topology.location_ids[location]
     from sqlalchemy.orm import aliased
@@ -320,7 +320,7 @@ def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: 
             system (the unpack could never run there).
         DestinationWriteError: ``out_of_space``: not room enough now (it waits for space).
     """
-    if ctx.settings.location(location).bucket:
+    if ctx.settings.location(location).object_store_uri is not None:
         return
     loc_id = ctx.topology.location_ids[location]
 

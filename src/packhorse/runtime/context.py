@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from packhorse.config import Settings
 from packhorse.db.session import Database
 from packhorse.runtime.hooks import Hooks, hooks_for
+from packhorse.runtime.influx import InfluxSink
 from packhorse.runtime.topology import Topology
 from packhorse.storage.registry import backend_for
 
@@ -41,6 +42,7 @@ class ProcessContext:
     topology: Topology
     hooks: Hooks = None  # type: ignore[assignment]  # set in __post_init__
     _backends: dict[tuple[str, bool], "StorageBackend"] = field(default_factory=dict)
+    _metrics_sink: InfluxSink | None = None
 
     def __post_init__(self) -> None:
         if self.hooks is None:
@@ -60,6 +62,13 @@ class ProcessContext:
             b = self._backends[(location, fixity)] = backend_for(self.settings, location, db=self.db,
                                                                 hooks=self.hooks, fixity=fixity)
         return b
+
+    def metrics_sink(self) -> InfluxSink | None:
+        """This process's InfluxDB sink (:mod:`packhorse.runtime.influx`; started on first use), or
+        ``None`` when ``[metrics.influxdb] url`` is not set."""
+        if self._metrics_sink is None and self.settings.metrics.influxdb.url:
+            self._metrics_sink = InfluxSink(self.settings.metrics.influxdb)
+        return self._metrics_sink
 
     def location_name(self, location_id: int | None) -> str:
         """Name of data location ``location_id``.

@@ -512,7 +512,7 @@ def live_check(ctx: ProcessContext, kind: OperationKind, operation_id: int) -> d
             skipped.append({"location": loc, "storage": None, "reason": "not in the configuration any more"})
             continue
         if cfg.storage is not StorageType.DISK:
-            kind_word = "object storage" if cfg.storage is StorageType.S3 else "cold storage"
+            kind_word = "object storage" if cfg.storage in (StorageType.S3, StorageType.AZURE) else "cold storage"
             skipped.append({"location": loc, "storage": cfg.storage.value,
                             "reason": f"{kind_word} is not filesystem-checkable"})
             continue

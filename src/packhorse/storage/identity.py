@@ -69,6 +69,9 @@ def where(backend: StorageBackend) -> str:
     bucket = getattr(backend, "bucket", None)
     if bucket is not None:
         return f"s3://{bucket}/{getattr(backend, 'prefix', '')}"
+    container = getattr(backend, "container", None)
+    if container is not None:
+        return f"azure://{container}/{getattr(backend, 'prefix', '')}"
     return backend.location
 
 

@@ -6,6 +6,7 @@ the caller inwards: logging → retry → read rate (fixity reads only) → the 
 (tests) → backend; :func:`read_limited` adds a transfer's bandwidth share on top. Nothing else
 in packhorse builds a backend or a layer.
 
+Azure locations are checked likewise (:func:`azure_backend`: conditional creates, immutability).
 S3 locations are checked when their backend is first built in a process: the
 write-once probe (refused with a :class:`~packhorse.errors.ConfigError` naming the location
 if the store ignores ``If-None-Match: *``, unless ``write_once_probe = false``, which logs a
@@ -26,6 +27,7 @@ import structlog
 from packhorse.config import LocationConfig, Settings
 from packhorse.domain import StorageType
 from packhorse.errors import ConfigError
+from packhorse.storage.azure import AzureBackend, make_container_client
 from packhorse.storage.base import StorageBackend
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
@@ -73,6 +75,8 @@ def backend_for(settings: Settings, location_name: str, *, db: "Database | None"
         backend: StorageBackend = DiskBackend(loc.name, settings.location_path(loc.name))
     elif loc.storage is StorageType.S3:
         backend = _s3_backend(settings, loc, db)
+    elif loc.storage is StorageType.AZURE:
+        backend = azure_backend(loc)
     else:
         raise ConfigError(f"locations: storage type {loc.storage.value!r} of {loc.name!r} is not supported yet")
     return compose(backend, hooks=hooks, read_bytes_per_second=loc.fixity_bytes_per_second if fixity else None)
@@ -102,6 +106,38 @@ def read_limited(backend: StorageBackend, limiter: "RateLimiter",
     a transfer's share of its route's bandwidth limit (:mod:`packhorse.stages.transfer`).
     ``on_read`` is called before each read (the transfer refreshes its share there)."""
     return ReadRateLayer(backend, limiter, on_read)
+
+
+def azure_backend(loc: LocationConfig) -> AzureBackend:
+    """The (bare) Azure Blob backend of location ``loc``, checked once per process: the
+    service must refuse a second conditional create (If-None-Match: *, I2), and a location
+    asking for immutability (``object_lock_mode``) must get it.
+
+    Raises:
+        ConfigError: no or wrong credentials, a service that ignores conditional creates, an
+            account without blob immutability for a location asking for it.
+        LocationUnavailableError: the container does not exist (work waits for it).
+        StorageServiceError: the service could not be reached.
+    """
+    assert loc.account_url is not None and loc.container is not None
+    secret = loc.connection_string.get_secret_value() if loc.connection_string is not None else None
+    client = make_container_client(account_url=loc.account_url, container=loc.container, connection_string=secret,
+                                   location=loc.name)
+    backend = AzureBackend(loc.name, client, loc.prefix, block_threshold_bytes=loc.multipart_threshold_bytes,
+                           block_bytes=loc.multipart_part_bytes, cold=loc.cold,
+                           immutability_mode=loc.object_lock_mode, immutability_days=loc.object_lock_retain_days,
+                           rehydrate_priority=loc.rehydrate_priority,
+                           restore_poll_seconds=loc.restore_poll_seconds)
+    ident = (loc.account_url, loc.container, backend.prefix)
+    with _probe_lock:
+        honoured = _probed.get(ident)
+        if honoured is None and backend.root_missing() is None:
+            honoured = _probed[ident] = backend.probe_write_once()
+    if honoured is False:
+        raise ConfigError(f"locations: {loc.name!r}: the blob service at {loc.account_url} (container "
+                          f"{loc.container!r}) ignores If-None-Match: * and would overwrite archived blobs; refusing it")
+    backend.check_immutability()
+    return backend
 
 
 def _s3_backend(settings: Settings, loc: LocationConfig, db: "Database | None") -> StorageBackend:
