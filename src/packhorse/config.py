@@ -672,6 +672,11 @@ class Settings(_Section):
             errors.append(f"extraction.max_member_bytes: {self.extraction.max_member_bytes} is less than "
                           f"packaging.max_package_bytes = {self.packaging.max_package_bytes}; a bundle's members "
                           "are its raw packages, so every unpack of a full package would be refused")
+        if self.extraction.max_members < 5:
+            # packhorse.bags.packaging.TAG_MEMBERS (4 tag files) and one payload file: packages are
+            # split to fit max_members, which cannot be done below that
+            errors.append(f"extraction.max_members: {self.extraction.max_members} is less than 5; a raw data "
+                          "package is a bag tar of 4 tag files and at least one payload file")
         required = self.deletion.archive_copies_required
         for i, route in enumerate(self.routes):
             archives = sum(len(self.locations_at(d, LocationRole.LONG_TERM_ARCHIVE)) for d in route.destination_sites)

@@ -34,6 +34,7 @@
         ├── PermanentError             never retried
         │   ├── DestinationConflictError   the destination holds different bytes (I2)
         │   ├── UnsafePathError            a path leaves its root, or a tar member is refused (I6)
+        │   │   └── NotRegularFileError    a FIFO, device, socket or folder where a file was listed
         │   ├── SourceMissingError         the bytes to read are gone
         │   ├── SourceChangedError         the source no longer matches its registered sha256
         │   ├── HostKeyError               another site's SSH server offered a host key that is not the
@@ -41,6 +42,8 @@
         │   │                              changed): a configuration to fix, never trusted on first use
         │   ├── SshAuthenticationError     another site's SSH server did not accept this site's user
         │   │                              and key (or the key file cannot be read)
+        │   ├── PackageLimitError          a package or bundle would break the ``[extraction]`` limits
+        │   │                              every destination reads it with: not built
         │   ├── NeverFitsError             what the operation must hold at once at a data location
         │   │                              is larger than its whole file system: waiting for space
         │   │                              cannot help
@@ -241,6 +244,12 @@ class SshAuthenticationError(PermanentError):
     (:mod:`packhorse.storage.sftp`). A configuration to fix, so never retried."""
 
 
+class PackageLimitError(PermanentError):
+    """A raw data package would hold a member larger than ``[extraction] max_member_bytes``
+    (a source file that large): every destination's tar reader would refuse it, and the bundle
+    carrying it, so it is never built or shipped (the file is named; the other packages go on)."""
+
+
 class NeverFitsError(PermanentError):
     """What an operation must hold at once at a disk data location is larger than the whole file
     system there (a package bigger than its buffer): waiting for space, which a full disk
@@ -263,6 +272,12 @@ class UnsafePathError(PermanentError):
     """A path would leave its location root, or a tar member is refused by the tar reader
     (a link, a device, a duplicate, ``..``, a limit exceeded: :mod:`packhorse.bags.extraction`;
     DESIGN.md I6)."""
+
+
+class NotRegularFileError(UnsafePathError):
+    """A FIFO, a device, a socket or a folder stands where a regular file was listed (put
+    there after the listing). Refused when it is opened, never read: opening a FIFO for
+    reading would block until a writer comes (DESIGN.md I6)."""
 
 
 class SourceMissingError(PermanentError):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
 import bagit
+import pytest
 
 from support import run_packhorse
 
@@ -114,3 +116,77 @@ def test_a_bag_tar_made_with_a_leading_dot_slash_validates(tmp_path: Path) -> No
         tar.addfile(info, io.BytesIO(b"x"))
     r = run_packhorse("validate", str(tmp_path / "escape.tar"))
     assert r.returncode == 1 and "'..'" in r.stdout, r.stdout
+
+
+def _foreign_bag(root: Path, *, version: str = "1.0", alg: str = "sha256", nl: str = "\n", final: bool = True,
+                 dot: bool = False, bag_info: list[str] | None = None) -> Path:
+    """A bag as other tools write them (line ends, algorithms, versions, spacing)."""
+    import hashlib
+
+    payload = {"data/a.txt": b"alpha\n", "data/sub/b.txt": b"beta\n"}
+    for rel, data in payload.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+    def text(lines: list[str]) -> bytes:
+        return (nl.join(lines) + (nl if final else "")).encode()
+
+    (root / "bagit.txt").write_bytes(text([f"BagIt-Version: {version}", "Tag-File-Character-Encoding: UTF-8"]))
+    (root / f"manifest-{alg}.txt").write_bytes(
+        text([f"{hashlib.new(alg, d).hexdigest()}  {'./' if dot else ''}{p}" for p, d in payload.items()]))
+    if bag_info is not None:
+        (root / "bag-info.txt").write_bytes(text(bag_info))
+    return root
+
+
+@pytest.mark.parametrize("kind, options, warning", [
+    ("CRLF line ends", dict(nl="\r\n"), None),
+    ("CR line ends", dict(nl="\r"), None),
+    ("no final line end", dict(final=False), "bag-declaration-unterminated"),
+    ("./ paths in 0.97", dict(version="0.97", dot=True), "manifest-path-dot-prefix"),
+    ("sha224", dict(alg="sha224"), None),
+    ("sha384", dict(alg="sha384"), None),
+    ("space before a colon", dict(bag_info=["Source-Organization : Somewhere", "Payload-Oxum: 11.2"]),
+     "bag-info-label-whitespace"),
+    ("BagIt 0.93", dict(version="0.93"), "old-version"),
+    ("BagIt 0.96", dict(version="0.96"), "old-version"),
+])
+def test_bags_from_other_tools_are_valid_with_warnings_listed(tmp_path: Path, kind: str, options: dict,
+                                                              warning: str | None) -> None:
+    root = _foreign_bag(tmp_path / "bag", **options)
+    r = run_packhorse("validate", str(root))
+    assert r.returncode == 0, kind + ": " + r.stdout + r.stderr
+    assert r.stdout.startswith(f"VALID {root}")
+    warned = re.findall(r"^  warning \[([a-z-]+)\]", r.stdout, re.M)
+    assert set(warned) == ({warning} if warning else set()), r.stdout
+    out = json.loads(run_packhorse("validate", "--json", str(root)).stdout)
+    assert out["valid"] is True and {w["code"] for w in out["warnings"]} == ({warning} if warning else set())
+    assert bagit.Bag(str(root)).is_valid(), kind  # the reference library agrees
+
+
+def _with_fetch(root: Path, *, fetched: bool) -> Path:
+    """A bagit-python bag one of whose payload files is listed in fetch.txt (and present or not)."""
+    bag = _bag(root.parent)
+    (bag / "fetch.txt").write_text("https://example.org/obs/a.fits 5 data/obs/a.fits\n")
+    b = bagit.Bag(str(bag))
+    b.save(manifests=True)  # fetch.txt into the tag manifest
+    if not fetched:
+        (bag / "data" / "obs" / "a.fits").unlink()
+    return bag
+
+
+def test_a_bag_with_a_fetch_txt_is_valid_but_incomplete_until_its_files_are_there(tmp_path: Path) -> None:
+    bag = _with_fetch(tmp_path / "bag", fetched=False)
+    r = run_packhorse("validate", str(bag))
+    assert r.returncode == 5, r.stdout + r.stderr  # valid, incomplete
+    assert r.stdout.startswith(f"INCOMPLETE {bag}: valid, but 1 payload file(s) listed in fetch.txt"), r.stdout
+    assert "  to fetch: data/obs/a.fits" in r.stdout
+    out = json.loads(run_packhorse("validate", "--json", str(bag)).stdout)
+    assert (out["valid"], out["complete"], out["fetch_pending"], out["problems"]) == (
+        True, False, ["data/obs/a.fits"], [])
+    (bag / "data" / "obs" / "a.fits").write_bytes(b"alpha")  # fetched
+    r = run_packhorse("validate", str(bag))
+    assert r.returncode == 0 and r.stdout.startswith(f"VALID {bag}"), r.stdout
+    (bag / "data" / "obs" / "a.fits").write_bytes(b"ALPHA")  # fetched, wrong bytes: invalid
+    r = run_packhorse("validate", str(bag))
+    assert r.returncode == 1 and "[checksum-mismatch]" in r.stdout, r.stdout

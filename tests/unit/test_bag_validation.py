@@ -19,7 +19,7 @@ import bagit
 import pytest
 
 from packhorse.bags.extraction import extract_tar
-from packhorse.bags.packaging import PayloadFile, read_bag_tar, verify_bag_folder, write_bag_tar
+from packhorse.bags.packaging import PayloadFile, read_bag_bytes, read_bag_tar, verify_bag_folder, write_bag_tar
 from packhorse.bags.validation import (
     ALGORITHMS,
     PROBLEM_CODES,
@@ -29,6 +29,7 @@ from packhorse.bags.validation import (
     validate_tar,
 )
 from packhorse.errors import UnsafePathError, VerificationError
+from packhorse.stages.staging import verify_bag_folder
 
 PAYLOAD = {
     "a.txt": b"alpha\n",
@@ -271,8 +272,8 @@ CASES: dict[str, Case] = {
         {"bag-declaration-invalid"}, bagit_valid=True),
     "bagit.txt with a third line": Case(
         _edit("bagit.txt", lambda d: d + b"Extra: 1\n"), {"bag-declaration-invalid"}, bagit_valid=True),
-    "bagit.txt without its line end": Case(
-        _edit("bagit.txt", lambda d: d.rstrip(b"\n")), {"bag-declaration-invalid"}, bagit_valid=True),
+    "bagit.txt without its line end": Case(  # a warning (bag-declaration-unterminated), as bagit-python
+        _edit("bagit.txt", lambda d: d.rstrip(b"\n")), set(), bagit_valid=True),
     "bagit.txt with a byte-order mark": Case(
         _edit("bagit.txt", lambda d: b"\xef\xbb\xbf" + d), {"bag-declaration-invalid"}, bagit_valid=False),
     "no bagit.txt": Case(_remove("bagit.txt"), {"bag-declaration-missing"}, bagit_valid=False),
@@ -328,8 +329,10 @@ CASES: dict[str, Case] = {
     "a bag-info line without the space after the colon": Case(
         _edit("bag-info.txt", lambda d: d + b"Contact-Name:Ada\n"), {"bag-info-invalid"}, bagit_valid=True),
     # fetch.txt (§2.2.3)
-    "a fetch.txt": Case(_write("fetch.txt", b"https://example.org/x 5 data/x.txt\n"), {"fetch-refused"},
-                        bagit_valid=True),
+    "a fetch.txt": Case(_write("fetch.txt", b"https://example.org/x 5 data/x.txt\n"), set(),
+                        bagit_valid=True),  # valid; its file is not in the manifests, so not pending
+    "a fetch.txt line that is not URL LENGTH FILEPATH": Case(
+        _write("fetch.txt", b"https://example.org/x five data/x.txt\n"), {"fetch-line-invalid"}, bagit_valid=True),
     # packhorse's own rule (I6)
     "a symlink in the payload": Case(_symlink, {"symlink"}, bagit_valid=False),
 }
@@ -380,12 +383,12 @@ def test_every_problem_is_listed_not_only_the_first(tmp_path: Path) -> None:
     (root / "data" / "a.txt").write_bytes(b"A")
     (root / "data" / "b.txt").write_bytes(b"B")
     (root / "data" / "c.txt").write_bytes(b"c")
-    (root / "fetch.txt").write_bytes(b"")
+    (root / "fetch.txt").write_bytes(b"https://example.org/x - data/x.txt\nnot a fetch line\n")
     report = validate_folder(root)
     assert sorted((p.code, p.path) for p in report.problems) == sorted([
         ("checksum-mismatch", "data/a.txt"), ("checksum-mismatch", "data/b.txt"),
         ("payload-not-in-manifest", "data/c.txt"), ("payload-oxum-mismatch", "bag-info.txt"),
-        ("fetch-refused", "fetch.txt")])
+        ("fetch-line-invalid", "fetch.txt")])
 
 
 def test_a_tar_with_a_link_or_a_member_outside_the_bag_is_refused(tmp_path: Path) -> None:
@@ -530,3 +533,13 @@ def test_hand_written_bags(tmp_path: Path, version: str) -> None:
     assert report.bag_info["External-Description"] == ["a long value folded"]
     (root / "meta" / "notes.txt").write_bytes(b"changed")
     assert codes(validate_folder(root)) == {"checksum-mismatch"}
+
+
+def test_packhorse_s_own_reader_refuses_a_valid_bag_still_waiting_for_fetched_files(tmp_path: Path) -> None:
+    root = make_bag(tmp_path / "bag", algorithms=["sha256"], payload={"a.txt": b"a", "b.txt": b"b"})
+    (root / "fetch.txt").write_bytes(b"https://example.org/b 1 data/b.txt\n")
+    (root / "data" / "b.txt").unlink()
+    report = validate_folder(root)
+    assert report.valid and report.fetch_pending == ["data/b.txt"]
+    with pytest.raises(VerificationError, match=r"incomplete: 1 payload file\(s\) listed in fetch.txt"):
+        read_bag_bytes(tar_of(root, tags_first=True), source="bag.tar")

@@ -13,6 +13,7 @@ import re
 import shutil
 import stat
 import tarfile
+import time
 import unicodedata
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from hostile_tars import (
     tar_of,
 )
 from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, extract_tar, iter_members
+from packhorse.bags.packaging import PayloadFile, write_bag_tar
+from packhorse.bags.validation import validate_path
 from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
 from packhorse.stages.staging import ArchiveCopy, check_archive_copy, extract_archive_copy
 from packhorse.storage.disk import DiskBackend
@@ -577,3 +580,33 @@ def test_a_compressed_tar_is_refused_saying_what_it_is(compress: str, name: str)
         list(iter_members(io.BytesIO(packed), source="bag.tar.x"))
     with pytest.raises(OperationError, match=r"not a tar archive: (?!a gzip)"):  # other bytes: the parser's reason
         list(iter_members(io.BytesIO(b"\x00\x01 not a tar" * 100), source="junk"))
+
+
+def _deep_bag_tar(path: Path, members: int, depth: int) -> None:
+    """A bag tar of ``members`` small files, each ``depth`` folders deep in a folder of its own
+    (no member's folder met before it: the reader's worst case)."""
+    data = b"sixteen bytes..\n"
+    sha = hashlib.sha256(data).hexdigest()
+    files = [PayloadFile(path="d/" * (depth - 1) + f"k{i}/f.dat", size=len(data), sha256=sha, mtime=1_700_000_000,
+                         open=lambda: io.BytesIO(data)) for i in range(members)]
+    with open(path, "wb") as out:
+        write_bag_tar(out, bag_dir="deep", files=files, bag_info={}, bagging_date="2026-01-01",
+                      external_identifier="deep", tag_mtime=1_700_000_000)
+
+
+def test_reading_a_tar_costs_time_linear_in_the_depth_of_its_members(tmp_path: Path) -> None:
+    # 300 members at depth 1,900 took 22 s to validate (76 ms each, 17 times the cost at depth
+    # 475 for 4 times the name length); docs/benchmarks.md "Deep tar members"
+    seconds = {}
+    for depth in (475, 1900):
+        tar = tmp_path / f"deep{depth}.tar"
+        _deep_bag_tar(tar, 300, depth)
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            report = validate_path(tar)
+            best = min(best, time.perf_counter() - t)
+            assert report.valid, report.problems[:3]
+        seconds[depth] = best
+    assert seconds[1900] / seconds[475] < 8, seconds  # linear: about 4 (names 4 times as long)
+    assert seconds[1900] < 5, seconds

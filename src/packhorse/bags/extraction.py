@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 import tarfile
 import unicodedata
@@ -65,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from packhorse.errors import ExtendedHeaderTooLargeError, UnsafePathError, VerificationError
+from packhorse.storage.disk import remove_tree
 
 if TYPE_CHECKING:
     from packhorse.config import Settings
@@ -425,8 +425,7 @@ def members_of(
         UnsafePathError: a member is refused (see the module); names ``source`` and the member.
         tarfile.TarError: a damaged tar.
     """
-    # key path -> (kind, spelled name); kind "file", "dir" (a member) or "implied" (a parent)
-    entries: dict[tuple[str, ...], tuple[str, str]] = {}
+    entries = _Entry("dir", "")  # the target folder: every member's name is checked in this trie
     count = total = 0
     while True:
         at = tar.offset
@@ -461,9 +460,30 @@ def members_of(
         yield TarMember(tar, member, name, parts)
 
 
-def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, str]], *, source: str,
+class _Entry:
+    """One name met so far in the tar (a node of a trie of path components, so checking a
+    member costs time linear in its name's length whatever its depth): ``kind`` ``"file"``,
+    ``"dir"`` (a member) or ``"implied"`` (a parent folder of a member), the component as
+    ``spelled`` by the first member that named it, and the ``children`` by their key
+    (:func:`_key`: the component, case-folded or normalized as the target merges names)."""
+
+    __slots__ = ("kind", "spelled", "children")
+
+    def __init__(self, kind: str, spelled: str) -> None:
+        self.kind = kind
+        self.spelled = spelled
+        self.children: dict[str, _Entry] = {}
+
+
+def _spelled(path: list[_Entry]) -> str:
+    return "/".join(e.spelled for e in path)
+
+
+def _check(member: tarfile.TarInfo, entries: _Entry, *, source: str,
            casefold: bool, normalization: bool, step: str) -> tuple[str, tuple[str, ...]]:
-    """Apply the name, type and uniqueness rules to ``member``; record it in ``entries``."""
+    """Apply the name, type and uniqueness rules to ``member``; record it in the trie
+    ``entries`` (the target folder's :class:`_Entry`). Time linear in the name's length: one
+    dict look-up per component, the names of earlier members never joined again."""
     name, parts = _name_of(member, source, step)
     why = _kind_refusal(member)
     if why:
@@ -472,35 +492,37 @@ def _check(member: tarfile.TarInfo, entries: dict[tuple[str, ...], tuple[str, st
     if is_dir and member.size:
         raise refused(source, name, f"is a folder carrying {member.size} bytes of data", step=step)
     keys = tuple(_key(p, casefold, normalization) for p in parts) if casefold or normalization else parts
-    folder = name.rpartition("/")[0]
-    parent = entries.get(keys[:-1]) if folder else None
-    if parent is not None and parent[0] != "file" and parent[1] == folder:
-        # the folder is known, spelled alike and not a file: its own folders were checked and
-        # recorded when it was (entries only grow, and a file never replaces a folder)
-        pass
-    else:
-        for i in range(1, len(parts)):
-            seen = entries.get(keys[:i])
-            if seen is None:
-                continue
-            spelled = "/".join(parts[:i])
-            if seen[1] != spelled:
-                raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, seen[1])}", step=step)
-            if seen[0] == "file":
-                raise refused(source, name, f"its folder {spelled!r} is a file member earlier in the archive",
-                              step=step)
-    seen = entries.get(keys)
-    if seen is not None:
-        if seen[1] != name:
-            raise refused(source, name, _merged_reason(name, seen[1]), step=step)
-        if seen[0] == "implied" and not is_dir:
+    node = entries
+    path: list[_Entry] = []  # the entries met, for messages
+    missing = len(parts) - 1  # the first folder level not recorded yet (none missing: the last)
+    for i in range(len(parts) - 1):
+        seen = node.children.get(keys[i])
+        if seen is None:
+            missing = i
+            break
+        path.append(seen)
+        if seen.spelled != parts[i]:
+            spelled = "/".join(parts[:i + 1])
+            raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, _spelled(path))}", step=step)
+        if seen.kind == "file":
+            raise refused(source, name, f"its folder {'/'.join(parts[:i + 1])!r} is a file member earlier in the "
+                                        "archive", step=step)
+        node = seen
+    last = node.children.get(keys[-1]) if missing == len(parts) - 1 else None
+    if last is not None:
+        if last.spelled != parts[-1]:
+            raise refused(source, name, _merged_reason(name, _spelled([*path, last])), step=step)
+        if last.kind == "implied" and not is_dir:
             raise refused(source, name, "is a file where earlier members made a folder", step=step)
-        if seen[0] != "implied":
+        if last.kind != "implied":
             raise refused(source, name, "appears twice (a second member of the same name)", step=step)
-    if parent is None:  # a known folder's own folders are recorded already
-        for i in range(1, len(parts)):
-            entries.setdefault(keys[:i], ("implied", "/".join(parts[:i])))
-    entries[keys] = ("dir" if is_dir else "file", name)
+        last.kind = "dir"
+        return name, parts
+    for i in range(missing, len(parts) - 1):  # record the folders met for the first time
+        child = _Entry("implied", parts[i])
+        node.children[keys[i]] = child
+        node = child
+    node.children[keys[-1]] = _Entry("dir" if is_dir else "file", parts[-1])
     return name, parts
 
 
@@ -551,7 +573,9 @@ class _Folders:
     def __init__(self, root_fd: int, source: str) -> None:
         self.root_fd = root_fd
         self.source = source
-        self.created: set[tuple[str, ...]] = {()}
+        # the folders made, as a trie of components: finding a member's folder costs time
+        # linear in its depth (no prefix tuple built and hashed per level)
+        self.created: dict[str, dict] = {}  # type: ignore[type-arg]
         self.cur: tuple[tuple[str, ...], int] | None = None
 
     def fd(self, parts: tuple[str, ...], member: str) -> int:
@@ -562,23 +586,25 @@ class _Folders:
             return self.cur[1]
         self.close()
         fd = self.root_fd
+        made = self.created
         try:
             for i, comp in enumerate(parts):
-                here = parts[: i + 1]
-                if here not in self.created:
+                below = made.get(comp)
+                if below is None:
                     try:
                         os.mkdir(comp, 0o755, dir_fd=fd)
                     except FileExistsError:
                         # we did not create it: another member's name the file system merged
                         # with this one, or something outside packhorse wrote into the target
-                        raise refused(self.source, member, f"its folder {'/'.join(here)!r} already exists in "
-                                                           "the target (the file system merged two names)") from None
-                    self.created.add(here)
+                        raise refused(self.source, member, f"its folder {'/'.join(parts[:i + 1])!r} already exists "
+                                                           "in the target (the file system merged two names)") from None
+                    below = made[comp] = {}
+                made = below
                 try:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
                 except OSError as e:
                     if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise refused(self.source, member, f"its folder {'/'.join(here)!r} is not a folder in "
+                        raise refused(self.source, member, f"its folder {'/'.join(parts[:i + 1])!r} is not a folder in "
                                                            "the target") from None
                     raise
                 if fd != self.root_fd:
@@ -691,8 +717,10 @@ def extract_tar(
 
 def remove_target(parent_fd: int, name: str) -> None:
     """Remove folder ``name`` of the folder open as ``parent_fd`` and all it holds, following
-    no link (:func:`shutil.rmtree` with ``dir_fd``, the descriptor-based walk)."""
-    try:
-        shutil.rmtree(name, dir_fd=parent_fd)
-    except FileNotFoundError:
-        pass
+    no link, at any depth (:func:`packhorse.storage.disk.remove_tree`: descriptor-based and
+    iterative; a member thousands of folders deep leaves nothing behind).
+
+    Raises:
+        OSError: something could not be removed (other than already gone).
+    """
+    remove_tree(parent_fd, name)

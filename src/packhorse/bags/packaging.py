@@ -45,6 +45,10 @@ from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathE
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)
 TAG_FILES = ("bagit.txt", "bag-info.txt", "manifest-sha256.txt")
+#: Members of a bag tar besides its payload files: the tag files and ``tagmanifest-sha256.txt``
+#: (the tar holds no folder members). A package of N files is a tar of N + TAG_MEMBERS members,
+#: which every reader refuses beyond ``[extraction] max_members``.
+TAG_MEMBERS = len(TAG_FILES) + 1
 COPY_BUFSIZE = 1 << 20
 
 
@@ -315,12 +319,17 @@ class BagContents:
 
 
 def raise_for_problems(report: BagReport, *, step: str, side: str | None = None) -> None:
-    """Raise for a bag report with problems: :class:`UnsafePathError` when one of them is an
-    unsafe entry (I6), else :class:`VerificationError`; the message is the first such problem's,
+    """Raise for a bag report with problems, or valid but incomplete (payload files still listed
+    in fetch.txt: packhorse's readers need every file): :class:`UnsafePathError` when one of
+    the problems is an unsafe entry (I6), else :class:`VerificationError`; the message is the first such problem's,
     followed by how many more there are and their codes. ``path`` is that problem's path
     relative to the bag root. Returns when the report is valid."""
-    if report.valid:
+    if report.valid and report.complete:
         return
+    if report.valid:  # valid but incomplete: packhorse needs every payload file, and does not fetch
+        raise VerificationError(f"{report.bag}: the bag is incomplete: {len(report.fetch_pending)} payload file(s) "
+                                f"listed in fetch.txt are not in it (first {report.fetch_pending[0]!r})",
+                                path=report.fetch_pending[0], step=step, **({"side": side} if side else {}))
     unsafe = [p for p in report.problems if p.code in UNSAFE_CODES]
     lead = (unsafe or report.problems)[0]
     rest = [p for p in report.problems if p is not lead]
@@ -425,13 +434,24 @@ class TeeReader:
 
 
 def iter_files(root: Path) -> Iterator[Path]:
-    """Yield every regular file under ``root`` (symlinks not followed), sorted."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            if p.is_file() and not p.is_symlink():
-                yield p
+    """Yield every regular file under ``root`` (symlinks not followed), each folder's files
+    sorted, folders depth first in sorted order. Iterative (a stack of folders), so a tree of
+    any depth is listed (Python 3.11's ``os.walk`` recurses once per level)."""
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subfolders = []
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                subfolders.append(folder / e.name)
+            elif e.is_file(follow_symlinks=False):
+                yield folder / e.name
+        stack.extend(reversed(subfolders))
 
 
 def verify_bag_folder(bag: Path, *, source: str) -> dict[str, str]:

@@ -11,9 +11,10 @@ What is checked, and the RFC 8493 clause that asks for it (:data:`PROBLEM_CODES`
 
 - ``bagit.txt`` (§2.1.1) is exactly two lines, ``BagIt-Version: M.N`` then
   ``Tag-File-Character-Encoding: ENCODING``, each ending in LF, CR or CRLF, one colon and one
-  space, no byte-order mark; versions 1.0 and 0.97 are read.
+  space, no byte-order mark; versions 1.0 and 0.97 are read (0.93-0.96 as 0.97, a warning).
 - a ``data/`` payload directory (§2.1.2) and at least one payload manifest (§2.1.3).
-- every manifest and tag manifest algorithm the RFC names (§2.4: md5, sha1, sha256, sha512), any
+- every manifest and tag manifest algorithm the RFC names (§2.4: md5, sha1, sha256, sha512) and
+  those the reference library reads too (sha224, sha384), any
   number of manifests at once; every checksum of every manifest is verified (§3 "valid").
 - manifest lines ``<hex checksum><one or more spaces or tabs><path>`` (§2.1.3), the checksum's
   length fitting the algorithm; ``%0A``, ``%0D`` and ``%25`` (any case) are decoded (§2.1.3);
@@ -27,7 +28,15 @@ What is checked, and the RFC 8493 clause that asks for it (:data:`PROBLEM_CODES`
 - ``bag-info.txt`` is optional (§2.2.2); when present every line is ``Label: value`` (or a
   continuation line starting with a space or tab) and each ``Payload-Oxum`` is
   ``octets.streamcount`` and matches the payload.
-- ``fetch.txt`` (§2.2.3) is refused with its own reason: packhorse does not fetch.
+- ``fetch.txt`` (§2.2.3): ``URL LENGTH FILEPATH`` lines; a payload file it lists that is not in
+  the bag makes the bag *valid but incomplete* (:attr:`BagReport.fetch_pending`), not invalid:
+  packhorse does not fetch, and its own readers refuse such a bag
+  (:func:`packhorse.bags.packaging.raise_for_problems`).
+
+Departures from RFC 8493 that the reference library accepts are *warnings*
+(:data:`WARNING_CODES`: the last line of ``bagit.txt`` without its end, whitespace before a
+``bag-info.txt`` colon, a ``./`` before a manifest path, BagIt 0.93-0.96): listed in the report,
+the bag stays valid, so a bag another tool made is not refused for them.
 
 Hashing strategy (one pass): a payload file is hashed with the algorithms of the payload
 manifests already seen (their names are in the file names), plus ``required_algorithms`` (what
@@ -60,13 +69,16 @@ from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, members_
 from packhorse.errors import UnsafePathError, VerificationError
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
-ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha256", "sha512")
+#: Verified too, as the reference ``bagit`` library does: sha224 and sha384 (older tools write them).
+ALGORITHMS: tuple[str, ...] = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512")
 #: Hex length of each algorithm's checksum.
-DIGEST_HEX_LENGTH = {"md5": 32, "sha1": 40, "sha256": 64, "sha512": 128}
+DIGEST_HEX_LENGTH = {"md5": 32, "sha1": 40, "sha224": 56, "sha256": 64, "sha384": 96, "sha512": 128}
 #: Algorithms a payload file is hashed with when it comes before every payload manifest.
 EARLY_ALGORITHMS: tuple[str, ...] = ("sha256", "sha512")
 #: BagIt versions read.
 VERSIONS: tuple[str, ...] = ("1.0", "0.97")
+#: Earlier drafts read like 0.97, with a warning (``old-version``): bags other tools made years ago.
+OLD_VERSIONS: tuple[str, ...] = ("0.93", "0.94", "0.95", "0.96")
 #: A special tag file (bagit.txt, bag-info.txt, fetch.txt, a manifest) larger than this (bytes)
 #: is refused rather than held in memory (about 1.5 million lines of a sha512 manifest).
 MAX_TAG_FILE_BYTES = 256 << 20
@@ -97,7 +109,8 @@ PROBLEM_CODES: dict[str, str] = {
     "bag-info-invalid": "RFC 8493 §2.2.2: 'Label: value' lines, continuation lines indented",
     "payload-oxum-invalid": "RFC 8493 §2.2.2: Payload-Oxum is 'OctetCount.StreamCount'",
     "payload-oxum-mismatch": "RFC 8493 §2.2.2: Payload-Oxum gives the payload's octets and file count",
-    "fetch-refused": "RFC 8493 §2.2.3: fetch.txt lists files to download; packhorse does not fetch",
+    "fetch-line-invalid": "RFC 8493 §2.2.3: fetch.txt lines are 'URL LENGTH FILEPATH', LENGTH a number or '-', "
+                          "FILEPATH a payload file",
     "symlink": "packhorse (DESIGN I6): links are never followed; RFC 8493 §2.1.2 payload is files",
     "special-file": "packhorse (DESIGN I6): only regular files and directories",
     "unsafe-member": "packhorse (DESIGN I6): tar members stay inside the bag folder, no links or devices",
@@ -106,6 +119,15 @@ PROBLEM_CODES: dict[str, str] = {
     "tag-file-too-large": f"packhorse holds special tag files in memory up to {MAX_TAG_FILE_BYTES} bytes",
     "truncated": "the container ended inside a file",
     "unreadable": "a file of the bag could not be read",
+}
+
+#: Every warning code: a departure from RFC 8493 that the reference ``bagit`` library accepts, so
+#: a bag made by another tool is not refused for it (listed, exit 0).
+WARNING_CODES: dict[str, str] = {
+    "old-version": "BagIt 0.93-0.96 (drafts before 0.97): read as 0.97",
+    "bag-declaration-unterminated": "RFC 8493 §2.1.1 ends each line of bagit.txt; the last one has no line end",
+    "bag-info-label-whitespace": "RFC 8493 §2.2.2: no whitespace between a label and its colon; read without it",
+    "manifest-path-dot-prefix": "RFC 8493 §2.1.3: paths relative to the base directory; a leading './' is dropped",
 }
 
 #: Codes that mean the container itself is unsafe (mapped to UnsafePathError by packhorse's readers).
@@ -147,55 +169,76 @@ class BagReport:
         bag: the bag's name in messages (a path, ``location:key``).
         version: the declared BagIt version (``"1.0"``), or None when bagit.txt is unusable.
         problems: every problem, in the order found; empty means valid.
+        warnings: departures the reference library accepts (:data:`WARNING_CODES`), in the
+            order found; they do not make the bag invalid.
         payload: {path under ``data/``: :class:`PayloadEntry`} for every payload file read.
         payload_algorithms: the algorithms of the payload manifests, sorted.
         tag_algorithms: the algorithms of the tag manifests, sorted.
         bag_info: bag-info.txt as {label: [values]} in file order (empty when absent).
+        fetch_pending: payload paths listed in fetch.txt and in the manifests that are not in
+            the bag (RFC 8493 §2.2.3: still to be fetched), sorted. A bag without problems but
+            with such files is *valid but incomplete* (:attr:`complete` false): its present files
+            all verify; packhorse does not fetch.
         passes: 1, or 2 when some payload had to be read again (see the module).
     """
 
     bag: str
     version: str | None = None
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
     payload: dict[str, PayloadEntry] = field(default_factory=dict)
     payload_algorithms: list[str] = field(default_factory=list)
     tag_algorithms: list[str] = field(default_factory=list)
     bag_info: dict[str, list[str]] = field(default_factory=dict)
     passes: int = 1
+    fetch_pending: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
         return not self.problems
+
+    @property
+    def complete(self) -> bool:
+        """Whether every file the manifests list is in the bag (none waits in fetch.txt)."""
+        return not self.fetch_pending
 
     def summary(self) -> str:
         """The report as text: a first line ``VALID ...`` or ``INVALID ...``, then one line per problem."""
         files, octets = len(self.payload), sum(e.size for e in self.payload.values())
         what = (f"BagIt {self.version or '?'}; payload manifests: {', '.join(self.payload_algorithms) or 'none'}; "
                 f"tag manifests: {', '.join(self.tag_algorithms) or 'none'}; {files} payload file(s), {octets} bytes")
+        warned = [f"  warning [{w.code}] {w.message}" for w in self.warnings]
+        if self.valid and self.fetch_pending:
+            return "\n".join([f"INCOMPLETE {self.bag}: valid, but {len(self.fetch_pending)} payload file(s) listed in "
+                              f"fetch.txt are not in the bag ({what})",
+                              *(f"  to fetch: {p}" for p in self.fetch_pending), *warned])
         if self.valid:
-            return f"VALID {self.bag} ({what})"
+            return "\n".join([f"VALID {self.bag} ({what})", *warned])
         lines = [f"INVALID {self.bag}: {len(self.problems)} problem(s) ({what})"]
         lines += [f"  [{p.code}] {p.message}" for p in self.problems]
-        return "\n".join(lines)
+        return "\n".join([*lines, *warned])
 
     def as_dict(self) -> dict[str, object]:
         """The report as JSON-ready data (what ``packhorse validate --json`` prints)."""
         return {
             "bag": self.bag,
             "valid": self.valid,
+            "complete": self.valid and self.complete,
+            "fetch_pending": self.fetch_pending,
             "version": self.version,
             "payload_algorithms": self.payload_algorithms,
             "tag_algorithms": self.tag_algorithms,
             "payload_files": len(self.payload),
             "payload_bytes": sum(e.size for e in self.payload.values()),
             "problems": [p.as_dict() for p in self.problems],
+            "warnings": [w.as_dict() for w in self.warnings],
         }
 
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _DECLARATION = re.compile(
     r"BagIt-Version: (?P<version>[0-9]+\.[0-9]+)(?:\r\n|\r|\n)"
-    r"Tag-File-Character-Encoding: (?P<encoding>[^\s:]+)(?:\r\n|\r|\n)"
+    r"Tag-File-Character-Encoding: (?P<encoding>[^\s:]+)(?P<end>\r\n|\r|\n)?"
 )
 _MANIFEST_NAME = re.compile(r"(tag)?manifest-([A-Za-z0-9][A-Za-z0-9_-]*)\.txt")  # sha3-256 too
 _MANIFEST_LINE = re.compile(r"([0-9A-Fa-f]+)[ \t]+(.*)", re.DOTALL)
@@ -286,6 +329,7 @@ class BagValidator:
         self.bag = bag
         self._required = tuple(required_algorithms)
         self._problems: list[Problem] = []
+        self._warnings: list[Problem] = []
         self._tags: dict[str, bytes] = {}  # special tag files and manifests, held
         self._tag_digests: dict[str, dict[str, str]] = {}  # other tag files: {algorithm: hex}
         self._payload: dict[str, PayloadEntry] = {}
@@ -303,6 +347,13 @@ class BagValidator:
         """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
         assert code in PROBLEM_CODES, code
         self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+
+    def warn(self, code: str, path: str, message: str) -> None:
+        """Record a warning (:data:`WARNING_CODES`): listed in the report, the bag stays valid."""
+        assert code in WARNING_CODES, code
+        warning = Problem(code, path, f"{self.bag}: {message}")
+        if warning not in self._warnings:  # (a manifest parsed early and again warns once)
+            self._warnings.append(warning)
 
     def unusable(self, code: str, message: str) -> None:
         """Record that the container cannot be read at all (not a tar, no such folder): the report
@@ -461,12 +512,16 @@ class BagValidator:
                          f"ENCODING', each line ended; it is {text[:200]!r}")
             return None, "utf-8"
         version, encoding = m.group("version"), m.group("encoding")
+        if m.group("end") is None:
+            self.warn("bag-declaration-unterminated", "bagit.txt", "the last line of bagit.txt has no line end")
         try:
             codecs.lookup(encoding)
         except LookupError:
             self.problem("unknown-encoding", "bagit.txt", f"bagit.txt declares the unknown encoding {encoding!r}")
             encoding = "utf-8"
-        if version not in VERSIONS:
+        if version in OLD_VERSIONS:
+            self.warn("old-version", "bagit.txt", f"BagIt-Version {version} is a draft before 0.97; read as 0.97")
+        elif version not in VERSIONS:
             self.problem("unsupported-version", "bagit.txt",
                          f"BagIt-Version {version} is not one packhorse reads ({', '.join(VERSIONS)})")
         return version, encoding
@@ -492,6 +547,11 @@ class BagValidator:
                                                        f"{line[:200]!r}")
                 continue
             path = decode_manifest_path(m.group(2))
+            if path.startswith("./"):
+                while path.startswith("./"):
+                    path = path[2:]
+                if report:
+                    self.warn("manifest-path-dot-prefix", name, f"{name} line {number}: a leading './' dropped")
             reason = _unsafe_reason(path)
             if reason:
                 problem("manifest-path-unsafe", name, f"{name} line {number}: path {path!r} {reason}")
@@ -523,6 +583,10 @@ class BagValidator:
                 info[label][i] += " " + line.strip(" \t")
                 continue
             label, colon, value = line.partition(":")
+            if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
+                self.warn("bag-info-label-whitespace", "bag-info.txt",
+                          f"bag-info.txt line {number}: whitespace before the colon of {label.rstrip()!r}")
+                label = label.rstrip(" \t")
             if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
                 self.problem("bag-info-invalid", "bag-info.txt",
                              f"bag-info.txt line {number} is not 'Label: value': {line[:200]!r}")
@@ -537,17 +601,13 @@ class BagValidator:
         report = BagReport(bag=self.bag, passes=self.passes)
         if self._unusable:
             report.problems = list(self._problems)
+            report.warnings = list(self._warnings)
             return report
         version, encoding = self._declaration()
         report.version = version
         if not self._has_data_dir:
             self.problem("payload-directory-missing", "data", "the bag has no data/ payload directory")
-        if "fetch.txt" in self._tags:
-            text = self._decode("fetch.txt", encoding) or ""
-            count = len([x for x in _lines(text) if x.strip()])
-            self.problem("fetch-refused", "fetch.txt",
-                         f"the bag has a fetch.txt listing {count} file(s) to download; packhorse does not fetch: "
-                         "fetch them into data/, remove fetch.txt and its tag-manifest lines, and validate again")
+        fetch = self._fetch(encoding)
         manifests: dict[str, dict[str, str]] = {}
         tag_manifests: dict[str, dict[str, str]] = {}
         for name in sorted(self._tags):
@@ -567,13 +627,17 @@ class BagValidator:
             self.problem("payload-manifest-missing", "", "the bag has no payload manifest (manifest-<algorithm>.txt)")
         # completeness and validity of the payload
         listed_anywhere: set[str] = set()
+        pending: set[str] = set()
         for alg, entries in manifests.items():
             name = f"manifest-{alg}.txt"
             listed_anywhere |= entries.keys()
             for path, expected in entries.items():
                 entry = self._payload.get(path)
                 if entry is None:
-                    self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
+                    if path in fetch:
+                        pending.add(path)  # to be fetched (§2.2.3): the bag is incomplete, not invalid
+                    else:
+                        self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
                     continue
                 if alg not in DIGEST_HEX_LENGTH:
                     continue
@@ -586,7 +650,7 @@ class BagValidator:
                 elif actual != expected:
                     self.problem("checksum-mismatch", path,
                                  f"payload file {path!r} has {alg} {actual}, {name} says {expected}")
-        every = version != "0.97"
+        every = version not in ("0.97", *OLD_VERSIONS)  # 0.97 and its drafts: in at least one
         for path in self._payload:
             if every:
                 absent = [a for a, entries in manifests.items() if path not in entries]
@@ -617,12 +681,36 @@ class BagValidator:
             if not m:
                 self.problem("payload-oxum-invalid", "bag-info.txt",
                              f"Payload-Oxum {oxum!r} is not 'OctetCount.StreamCount'")
-            elif (int(m.group(1)), int(m.group(2))) != (octets, len(self._payload)):
+            elif not pending and (int(m.group(1)), int(m.group(2))) != (octets, len(self._payload)):
+                # (the Oxum counts the complete payload: with files still to fetch it cannot be checked)
                 self.problem("payload-oxum-mismatch", "bag-info.txt",
                              f"Payload-Oxum {oxum!r} but payload is {octets}.{len(self._payload)}")
         report.problems = list(self._problems)
+        report.warnings = list(self._warnings)
         report.payload = dict(self._payload)
+        report.fetch_pending = sorted(pending)
         return report
+
+    def _fetch(self, encoding: str) -> set[str]:
+        """The payload paths fetch.txt lists (RFC 8493 §2.2.3: ``URL LENGTH FILEPATH`` per line,
+        ``LENGTH`` octets or ``-``, ``FILEPATH`` percent-encoded as in a manifest, under
+        ``data/``); problems recorded for lines that are not so. Empty without fetch.txt."""
+        out: set[str] = set()
+        if "fetch.txt" not in self._tags:
+            return out
+        text = self._decode("fetch.txt", encoding)
+        for number, line in enumerate(_lines(text or ""), 1):
+            if not line.strip():
+                continue
+            fields = line.split(None, 2)
+            path = decode_manifest_path(fields[2]) if len(fields) == 3 else ""
+            if (len(fields) != 3 or not (fields[1].isdigit() or fields[1] == "-") or _unsafe_reason(path)
+                    or not path.startswith("data/")):
+                self.problem("fetch-line-invalid", "fetch.txt",
+                             f"fetch.txt line {number} is not 'URL LENGTH FILEPATH' naming a payload file: {line[:200]!r}")
+                continue
+            out.add(path)
+        return out
 
 
 def _read_all(stream: BinaryIO) -> bytes:
@@ -662,33 +750,87 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
         if is_dir:
             v.add_directory(rel)
             continue
-        p = root / rel
         try:
-            with open(p, "rb", buffering=0) as f:
-                v.add(rel, os.fstat(f.fileno()).st_size, f)  # type: ignore[arg-type]
+            # O_NONBLOCK: a FIFO put there after the listing is refused below, never waited on
+            fd = _open_below(root, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             v.problem("unreadable", rel, f"cannot read {rel!r}: {e.strerror}")
+            continue
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                v.problem("special-file", rel, f"{rel!r} is not a regular file or folder")
+                continue
+            os.set_blocking(fd, True)
+            try:
+                v.add(rel, st.st_size, f)  # type: ignore[arg-type]
+            except OSError as e:
+                v.problem("unreadable", rel, f"cannot read {rel!r}: {e.strerror}")
     return v.finish()
 
 
-def _walk(root: Path, rel: str, v: BagValidator) -> Iterator[tuple[str, bool]]:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Paths (bytes) at least this long are opened one folder at a time below the bag folder: the
+#: whole path would pass ``PATH_MAX`` (4,096 bytes) in a deep bag (2,000 levels, say).
+_LONG_PATH_BYTES = 3800
+
+
+def _open_below(root: Path, rel: str, flags: int) -> int:
+    """Open ``rel`` (``/``-separated, below the bag folder ``root``) with ``flags``; a path too
+    long for one ``open`` is opened one folder at a time (``openat``, no folder link followed),
+    so a bag folder of any depth is read. Returns the descriptor.
+
+    Raises:
+        OSError: as ``open`` does (``ELOOP`` for a link on the way).
+    """
+    full = os.path.join(root, rel)
+    if len(os.fsencode(full)) < _LONG_PATH_BYTES:
+        return os.open(full, flags)
+    *folders, last = rel.split("/")
+    fd = os.open(root, _DIR_FLAGS)
     try:
-        with os.scandir(root / rel if rel else root) as it:
-            children = sorted(it, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
-    except OSError as e:
-        v.problem("unreadable", rel, f"cannot list {rel or '.'!r}: {e.strerror}")
-        return
-    for entry in children:
-        path = f"{rel}/{entry.name}" if rel else entry.name
-        if entry.is_symlink():
-            v.problem("symlink", path, f"{path!r} is a symlink (to {os.readlink(entry.path)!r}); links are not followed")
-        elif entry.is_dir(follow_symlinks=False):
-            yield path, True
-            yield from _walk(root, path, v)
-        elif entry.is_file(follow_symlinks=False):
-            yield path, False
-        else:
-            v.problem("special-file", path, f"{path!r} is not a regular file or folder")
+        for name in folders:
+            nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return os.open(last, flags, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _walk(root: Path, rel: str, v: BagValidator) -> Iterator[tuple[str, bool]]:
+    """Every folder and regular file under ``root / rel``: ``(path relative to root, is a
+    folder)``, in no set order (the caller sorts); symbolic links, special files and folders
+    that cannot be listed are problems of ``v``. Iterative (a stack of folders to list), so a
+    bag folder thousands of levels deep is validated, not ended by ``RecursionError``."""
+    stack = [rel]
+    while stack:
+        rel = stack.pop()
+        try:
+            dfd = _open_below(root, rel, _DIR_FLAGS) if rel else os.open(root, _DIR_FLAGS)
+        except OSError as e:
+            v.problem("unreadable", rel, f"cannot list {rel or '.'!r}: {e.strerror}")
+            continue
+        try:
+            with os.scandir(dfd) as it:
+                children = sorted(it, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
+            links = {e.name: os.readlink(e.name, dir_fd=dfd) for e in children if e.is_symlink()}
+        except OSError as e:
+            v.problem("unreadable", rel, f"cannot list {rel or '.'!r}: {e.strerror}")
+            continue
+        finally:
+            os.close(dfd)
+        for entry in children:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.name in links:
+                v.problem("symlink", path, f"{path!r} is a symlink (to {links[entry.name]!r}); links are not followed")
+            elif entry.is_dir(follow_symlinks=False):
+                yield path, True
+                stack.append(path)
+            elif entry.is_file(follow_symlinks=False):
+                yield path, False
+            else:
+                v.problem("special-file", path, f"{path!r} is not a regular file or folder")
 
 
 def validate_tar(

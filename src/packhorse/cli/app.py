@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from packhorse.domain import OperationKind
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
+#: ``validate``: every bag valid, one or more incomplete (payload files listed in fetch.txt not
+#: there yet, RFC 8493 §2.2.3)
+EXIT_INCOMPLETE = 5
 #: the reader of the command's output closed it before the command was done (``packhorse
 #: locate ... | head``): 128 + SIGPIPE, what a shell reports for a command that SIGPIPE ended,
 #: so that it is never taken for "nothing matches" (1)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from packhorse.cli.app import EXIT_OK, EXIT_PROBLEM, JsonOpt, app, print_json
+from packhorse.cli.app import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, JsonOpt, app, print_json
 
 
 @app.command()
@@ -17,7 +17,9 @@ def validate(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate BagIt bags (RFC 8493, or 0.97) and list every problem of each. Exit 0 when every
-    one is valid, 1 when one is not. ``--json``: one path gives its report, several a list of
+    one is valid and complete, 1 when one is not valid, 5 when all are valid but one is
+    incomplete (payload files listed in its fetch.txt are not there; packhorse does not fetch).
+    Warnings (departures the reference library accepts) are listed and change nothing. ``--json``: one path gives its report, several a list of
     reports in the order given."""
     from packhorse.bags.validation import validate_path  # deferred: start-up time
 
@@ -27,4 +29,6 @@ def validate(
     else:
         for r in reports:
             print(r.summary())
-    raise typer.Exit(EXIT_OK if all(r.valid for r in reports) else EXIT_PROBLEM)
+    if not all(r.valid for r in reports):
+        raise typer.Exit(EXIT_PROBLEM)
+    raise typer.Exit(EXIT_OK if all(r.complete for r in reports) else EXIT_INCOMPLETE)

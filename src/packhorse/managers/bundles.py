@@ -29,6 +29,7 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from packhorse.bags.packaging import TAG_MEMBERS
 from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
 from packhorse.db.session import bound_idle_in_transaction, try_transaction_lock
 from packhorse.domain import CopyStatus, LocationRole, OperationKind
@@ -86,8 +87,13 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
             groups: list[list[int]] = []
             cur: list[int] = []
             size = 0
+            # what every destination's tar reader accepts ([extraction]): a bundle is a bag tar
+            # of TAG_MEMBERS tag files and one member per package
+            max_packages = max(1, ctx.settings.extraction.max_members - TAG_MEMBERS)
+            max_bytes = ctx.settings.extraction.max_total_bytes
             for pkg_id, pkg_size, _ in rows:
-                if cur and size + (pkg_size or 0) > fits:  # else its build could never fit there
+                if cur and (size + (pkg_size or 0) > min(fits, max_bytes) or len(cur) >= max_packages):
+                    # else its build could never fit there, or unpack would refuse it
                     groups.append(cur)
                     cur, size = [], 0
                 cur.append(pkg_id)

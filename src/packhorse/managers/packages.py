@@ -1,7 +1,8 @@
 """Raw data package manager: group registered, unpackaged files into packages.
 
 Files of one group (see :func:`~packhorse.managers.scan.group_of`) form one package, split
-at ``max_package_bytes`` (a larger file gets a package of its own). A group that already has
+at ``max_package_bytes`` (a larger file gets a package of its own) and at ``[extraction]
+max_members`` tar members (a package every destination's tar reader would refuse is never made). A group that already has
 a package gets a new one with a suffixed name (``a/b+2``, ``a/b+3``, ...). Files shallower
 than ``group_depth`` form a package of their own folder (``_root`` for the location root).
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
+from packhorse.bags.packaging import TAG_MEMBERS
 from packhorse.db.models import RawDataFile, RawDataPackage, utcnow
 from packhorse.domain import LocationRole, OperationKind
 from packhorse.managers.wanted import create_missing, planned
@@ -44,18 +46,23 @@ def package_base(group: str, version: int = 1) -> str:
     return base if version == 1 else f"{base}+v{version}"
 
 
-def plan_group(files: Sequence[Any], limit: int) -> list[tuple[int, list[Any]]]:
+def plan_group(files: Sequence[Any], limit: int, max_members: int | None = None) -> list[tuple[int, list[Any]]]:
     """How the unpackaged registrations of one group are packaged: ``[(version, files)]``, one
-    entry per package, versions ascending, each split at ``limit`` bytes (:func:`_split`).
+    entry per package, versions ascending, each split at ``limit`` bytes and at ``max_members``
+    tar members (:func:`_split`).
 
     Args:
         files: rows with ``relative_path``, ``size`` (bytes) and ``version``.
         limit: ``max_package_bytes``.
+        max_members: ``[extraction] max_members``, what every destination's tar reader accepts:
+            a package gets at most ``max_members - TAG_MEMBERS`` files (its tar also holds the
+            bag's tag files, :data:`packhorse.bags.packaging.TAG_MEMBERS`); ``None``: no count limit.
     """
+    max_files = None if max_members is None else max(1, max_members - TAG_MEMBERS)
     by_version: dict[int, list[Any]] = {}
     for f in files:
         by_version.setdefault(int(f.version), []).append(f)
-    return [(v, part) for v in sorted(by_version) for part in _split(by_version[v], limit)]
+    return [(v, part) for v in sorted(by_version) for part in _split(by_version[v], limit, max_files)]
 
 
 def name_for(group: str, taken: set[str], version: int = 1) -> str:
@@ -87,14 +94,14 @@ def names_taken(session: Session, base: str, *, batch: int = 64) -> set[str]:
         first += batch
 
 
-def _split(files: Sequence[Any], limit: int) -> list[list[Any]]:
+def _split(files: Sequence[Any], limit: int, max_files: int | None = None) -> list[list[Any]]:
     """Split rows with ``relative_path`` and ``size`` (bytes) into runs of at most ``limit`` bytes
-    (sorted by path; a larger file is a run of its own)."""
+    and at most ``max_files`` rows (sorted by path; a larger file is a run of its own)."""
     parts: list[list[Any]] = []
     cur: list[Any] = []
     size = 0
     for f in sorted(files, key=lambda f: f.relative_path.encode()):
-        if cur and size + f.size > limit:
+        if cur and (size + f.size > limit or (max_files is not None and len(cur) >= max_files)):
             parts.append(cur)
             cur, size = [], 0
         cur.append(f)
@@ -150,7 +157,8 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
                     RawDataFile.raw_data_package_id.is_(None))).all()
                 if not files:
                     continue  # packaged meanwhile by another runner
-                parts = plan_group(files, ctx.settings.packaging.max_package_bytes)
+                parts = plan_group(files, ctx.settings.packaging.max_package_bytes,
+                                   ctx.settings.extraction.max_members)
                 taken_by_version: dict[int, set[str]] = {}
                 for version, part in parts:
                     if version not in taken_by_version:

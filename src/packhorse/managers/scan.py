@@ -62,7 +62,12 @@ from packhorse.db.models import RawDataFile, RawDataPackage, SkippedFile, Withdr
 from packhorse.db.session import Database, insert_ignoring_conflicts
 from packhorse.digest import sha256_stream
 from packhorse.domain import LocationRole, StorageType
-from packhorse.errors import LocationUnavailableError, SourceMissingError, UnsafePathError
+from packhorse.errors import (
+    LocationUnavailableError,
+    NotRegularFileError,
+    SourceMissingError,
+    UnsafePathError,
+)
 from packhorse.managers import scanshards
 from packhorse.managers.listing import (
     Folder,
@@ -159,12 +164,16 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
 
 def open_source(backend: StorageBackend, rel: str) -> BinaryIO | str:
     """Open source file ``rel`` for reading through the location's backend (confined,
-    ``O_NOFOLLOW``; I6), or say why it cannot be: ``"not readable: <reason>"``, the reason a
-    scan skips it with (and ``run --dry-run`` predicts, :mod:`packhorse.status.dry_run`)."""
+    ``O_NOFOLLOW``; I6), or say why it cannot be: ``"not readable: <reason>"`` or ``"not a
+    regular file ..."`` (a FIFO swapped in after the listing is refused by the backend, never
+    waited on), the reason a scan skips it with (and ``run --dry-run`` predicts,
+    :mod:`packhorse.status.dry_run`)."""
     try:
         return backend.open_read(rel)
     except SourceMissingError:
         return "not readable: No such file or directory"
+    except NotRegularFileError:
+        return "not a regular file (replaced after it was listed: a FIFO, a device or a folder)"
     except UnsafePathError:
         return "not readable: a symlink or outside the location"
     except OSError as e:

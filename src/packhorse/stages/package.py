@@ -43,6 +43,7 @@ from packhorse.db.models import Operation, RawDataFile, RawDataPackage, Withdraw
 from packhorse.errors import (
     DestinationConflictError,
     LeaseLostError,
+    PackageLimitError,
     SourceChangedError,
     SourceMissingError,
     UnsafePathError,
@@ -148,6 +149,34 @@ def stale_files(src: StorageBackend, files: list[Any]) -> list[tuple[str, str, s
     return out
 
 
+def refuse_beyond_limits(max_member_bytes: int, files: list[Any]) -> None:
+    """Refuse to build a package holding a file larger than ``max_member_bytes`` (``[extraction]
+    max_member_bytes``, bytes): every destination's tar reader would refuse the file, its
+    package and the bundle carrying them (:mod:`packhorse.bags.extraction`, DESIGN.md I6), for good
+    and with the bundle's other packages. Such a file is larger than ``max_package_bytes``
+    (the start-up check holds ``max_member_bytes`` to at least that), so it is alone in its
+    package and nothing else waits for it. (The member count is kept by the package manager,
+    which splits a group at ``max_members``.)
+
+    Args:
+        max_member_bytes: the limit, bytes.
+        files: the package's rows with ``relative_path`` and ``size`` (bytes).
+
+    Raises:
+        PackageLimitError: naming the largest such file, its size and the limit (permanent:
+            the operation fails with a notification; the file stays registered).
+    """
+    over = [f for f in files if f.size > max_member_bytes]
+    if not over:
+        return
+    f = max(over, key=lambda f: f.size)
+    raise PackageLimitError(
+        f"source file {f.relative_path!r} is {f.size} bytes, more than extraction.max_member_bytes = "
+        f"{max_member_bytes}: every destination would refuse it (and the bundle carrying it); not packaged",
+        side="source", path=f.relative_path, step="package",
+        diagnosis="raise [extraction] max_member_bytes at every site, or split the file at the source")
+
+
 def _source_available(work: Work) -> None:
     """Before a missing source file is taken for gone: is the source location there at all?
     An unmounted or renamed root (or its identity marker missing) makes every file look gone;
@@ -234,7 +263,10 @@ def run(work: Work) -> Recorder:
     """Build, publish and verify the package tar; record its size, sha256 and buffer copy.
 
     Files gone or changed since their registration are taken out first (:func:`withdraw`,
-    module docstring); a package left empty is dropped. A package built before (a rebuild of
+    module docstring); so is a file that cannot be read as a regular file inside the location
+    while the tar is built (it or a folder on its path swapped for a symbolic link, a FIFO put
+    in its place: :class:`~packhorse.errors.UnsafePathError` of the source backend), which the
+    scan registers again once it is back, as a swapped file. A package left empty is dropped. A package built before (a rebuild of
     a lost package) is never changed: a source file that differs fails the rebuild
     (``SourceChangedError`` / ``SourceMissingError``, permanent)."""
     ctx = work.ctx
@@ -273,19 +305,24 @@ def run(work: Work) -> Recorder:
                 _source_available(work)
             withdraw(work, pkg_id, stale)
             continue
+        refuse_beyond_limits(ctx.settings.extraction.max_member_bytes, files)
         # keep room at the buffer for the bundle of what waits there (a deadlock otherwise)
         room_to_bundle(ctx, work.op.id, pkg.name, sum(f.size for f in files), dst_name)
         try:
             size, sha = _build(work, pkg, files, src, dst, key)
-        except (SourceChangedError, SourceMissingError) as e:
+        except (SourceChangedError, SourceMissingError, UnsafePathError) as e:
+            registered = {f.relative_path for f in files}
+            swapped = isinstance(e, UnsafePathError)
+            if swapped and e.host != src.location:
+                raise  # not the reading of a source file
             if isinstance(e, SourceMissingError):
                 _source_available(work)
-            registered = {f.relative_path for f in files}
             if built or e.path not in registered:
                 raise
-            cause = VANISHED if isinstance(e, SourceMissingError) else CHANGED
-            reason = ("gone from the source before it was packaged" if cause == VANISHED else
-                      f"changed before it was packaged ({e}); registered again when it settles")
+            cause = CHANGED if isinstance(e, SourceChangedError) else VANISHED
+            reason = (f"changed before it was packaged ({e}); registered again when it settles" if cause == CHANGED
+                      else f"not a regular file inside the location when it was packaged ({e}); registered again "
+                           "when it is back" if swapped else "gone from the source before it was packaged")
             clear_partials(dst, key)
             withdraw(work, pkg_id, [(e.path, cause, reason)])
             continue

@@ -39,7 +39,7 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.bags.extraction import ExtractionLimits, extract_tar
+from packhorse.bags.extraction import ExtractionLimits, extract_tar, remove_target
 from packhorse.bags.packaging import BagContents, verify_bag_archive, verify_bag_folder
 from packhorse.db.models import PhysicalCopy, RawDataPackage
 from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, NotificationLevel, OperationKind
@@ -215,9 +215,24 @@ def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionL
         verify_bag_folder(bag, source=copy.source)
     except BaseException:
         if extracted:
-            shutil.rmtree(target, ignore_errors=True)
+            _remove_extracted(target)
         raise
     return bag
+
+
+def _remove_extracted(target: Path) -> None:
+    """Remove the extracted folder ``target`` whatever its depth (no link followed); what
+    cannot be removed is left to the start-up sweep of partial folders."""
+    try:
+        parent_fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_target(parent_fd, target.name)
+    except OSError:
+        pass
+    finally:
+        os.close(parent_fd)
 
 
 def ensure_readable(work: Work, backend: StorageBackend, key: str) -> None:

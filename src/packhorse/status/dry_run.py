@@ -176,7 +176,8 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             groups.setdefault(group_of(f.relative_path, p.group_depth), {})[(f.relative_path, f.version)] = f
         dest = _destinations(settings, loc.site)
         for group in sorted(groups):
-            for version, part in plan_group(list(groups[group].values()), p.max_package_bytes):
+            for version, part in plan_group(list(groups[group].values()), p.max_package_bytes,
+                                            settings.extraction.max_members):
                 base = package_base(group, version)
                 if base not in taken:
                     taken[base] = db.read(lambda s: names_taken(s, base)) if db is not None else set()

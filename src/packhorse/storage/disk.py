@@ -38,7 +38,6 @@ import fcntl
 import os
 import re
 import secrets
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from packhorse.errors import (
     DestinationConflictError,
     DestinationWriteError,
     LocationUnavailableError,
+    NotRegularFileError,
     SourceMissingError,
     StorageBusyError,
     UnsafePathError,
@@ -378,7 +378,7 @@ class PendingFolder:
 
     def abort(self) -> None:
         """Remove the partial folder and everything in it; idempotent."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        _remove_path(self.path)
 
     def __enter__(self) -> "PendingFolder":
         return self
@@ -562,6 +562,19 @@ class DiskBackend(StorageBackend):
         return ObjectInfo(key, st.st_size, st.st_mtime, st.st_mtime_ns)
 
     def open_read(self, key: str) -> BinaryIO:
+        """See :meth:`StorageBackend.open_read`. The file is opened with ``O_NOFOLLOW |
+        O_NONBLOCK`` relative to its confined folder, and the descriptor is then checked with
+        ``fstat``: a FIFO or a device put at ``key`` after it was listed (``lstat`` then
+        ``open`` is a race an instrument's host or an attacker can win) is refused at once
+        instead of blocking the reader forever in ``open(2)``. ``O_NONBLOCK`` is cleared
+        again on the regular file (it has no effect on reading one).
+
+        Raises:
+            SourceMissingError: nothing at ``key``.
+            UnsafePathError: ``key`` is a symbolic link, or its folder resolves outside the root (I6).
+            NotRegularFileError: ``key`` is a FIFO, a device, a socket or a folder.
+            LocationUnavailableError: the root is missing.
+        """
         opened = self._parent_fd(key)
         if opened is None:
             self._check_root(key)
@@ -569,7 +582,7 @@ class DiskBackend(StorageBackend):
                                      host=self.location)
         dfd, name = opened
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
         except (FileNotFoundError, NotADirectoryError):
             os.close(dfd)
             dfd = -1
@@ -584,6 +597,14 @@ class DiskBackend(StorageBackend):
         finally:
             if dfd >= 0:
                 os.close(dfd)
+        try:
+            if not S_ISREG(os.fstat(fd).st_mode):
+                raise NotRegularFileError(f"{self.location}: {key!r} is not a regular file", path=key,
+                                          host=self.location)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
         return os.fdopen(fd, "rb", buffering=0)  # callers read in large blocks
 
     def open_write(self, key: str) -> PendingWrite:
@@ -770,7 +791,7 @@ class DiskBackend(StorageBackend):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         self._check_root()  # a missing root is not an empty one
         out: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in _folders(self.root):
             dirnames[:] = sorted(d for d in dirnames if not d.endswith(PARTIAL_SUFFIX))
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in filenames:
@@ -852,12 +873,12 @@ class DiskBackend(StorageBackend):
         cutoff = time.time() - older_than_seconds
         resumable_cutoff = (cutoff if resumable_older_than_seconds is None
                             else time.time() - resumable_older_than_seconds)
-        for dirpath, dirs, filenames in os.walk(self.root):
+        for dirpath, dirs, filenames in _folders(self.root):
             for name in [d for d in dirs if d.endswith(PARTIAL_SUFFIX)]:  # partial folders
                 dirs.remove(name)
                 p = os.path.join(dirpath, name)
                 if _newest_mtime(p) <= cutoff:  # an extraction still writing deep inside is not old
-                    shutil.rmtree(p, ignore_errors=True)
+                    _remove_path(p)
                     removed += 1
             for name in filenames:
                 if name.endswith(PARTIAL_SUFFIX):
@@ -923,8 +944,31 @@ def _name(entry: os.DirEntry[str]) -> str:
 
 def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None,
                  everything: bool = False) -> Iterator[Entry]:
-    """:meth:`DiskBackend.walk` of folder ``rel`` (its ``mtime_ns`` already known). Plain
-    strings and one ``lstat`` per entry: this runs once per file of a source tree."""
+    """:meth:`DiskBackend.walk` of folder ``rel`` (its ``mtime_ns`` already known), depth first,
+    each folder's entries sorted by name, a subfolder's entries right after the subfolder.
+
+    Iterative (a stack of the folders being listed, one :func:`_folder_entries` each), not
+    recursive: a source tree thousands of folders deep (an instrument's runaway, or a hostile
+    one) is walked like any other instead of raising ``RecursionError`` and stopping the
+    registration of the whole location. Memory: one sorted listing per folder on the path
+    being walked."""
+    stack = [_folder_entries(root, rel, mtime_ns, reuse, everything)]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif type(item) is Entry:
+            yield item
+        else:
+            sub, sub_mtime_ns = item  # type: ignore[misc]
+            stack.append(_folder_entries(root, sub, sub_mtime_ns, reuse, everything))
+
+
+def _folder_entries(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None,
+                    everything: bool) -> Iterator[Entry | tuple[str, int]]:
+    """The entries of folder ``rel`` for :func:`_walk_folder`: an :class:`Entry` each, and
+    ``(subfolder path, its mtime_ns)`` where the subfolder's own walk goes. Plain strings and
+    one ``lstat`` per entry: this runs once per file of a source tree."""
     path = f"{root}/{rel}" if rel else root
     again = reuse(rel, mtime_ns) if reuse is not None else None
     if again is not None:
@@ -936,7 +980,7 @@ def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None,
                 yield Entry(sub, _UNKNOWN, 0, 0, e.strerror)
                 continue
             if S_ISDIR(st.st_mode):
-                yield from _walk_folder(root, sub, st.st_mtime_ns, reuse, everything)
+                yield sub, st.st_mtime_ns
             # else: gone or replaced, which changes the parent's mtime: the next look lists it
         return
     try:
@@ -962,17 +1006,128 @@ def _walk_folder(root: str, rel: str, mtime_ns: int, reuse: ReuseListing | None,
         if S_ISREG(mode):
             yield Entry(base + name, _FILE, st.st_size, st.st_mtime_ns)
         elif S_ISDIR(mode):
-            yield from _walk_folder(root, base + name, st.st_mtime_ns, reuse, everything)
+            yield base + name, st.st_mtime_ns
         elif S_ISLNK(mode):
             yield Entry(base + name, _LINK, st.st_size, st.st_mtime_ns)
         else:
             yield Entry(base + name, _SPECIAL, 0, st.st_mtime_ns)
 
 
+def _folders(top: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` top-down without following links, iterative: ``(folder path, subfolder
+    names, other names)``; the caller may prune the subfolder names in place. Python 3.11's
+    ``os.walk`` recurses once per level and raises ``RecursionError`` about 1,000 levels down;
+    this walks any depth (unreadable folders are left out, as ``os.walk`` does)."""
+    stack = [os.fspath(top)]
+    while stack:
+        folder = stack.pop()
+        dirs: list[str] = []
+        others: list[str] = []
+        try:
+            with os.scandir(folder) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    (dirs if is_dir else others).append(entry.name)
+        except OSError:
+            continue
+        yield folder, dirs, others
+        stack.extend(os.path.join(folder, d) for d in reversed(dirs))
+
+
+_TREE_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(parent_fd: int, name: str) -> None:
+    """Remove folder ``name`` of the folder open as ``parent_fd`` and everything under it,
+    following no link (a link is removed, never what it points to), at any depth.
+
+    Iterative, through descriptors (``openat`` / ``unlinkat``, never a path longer than one
+    name): Python 3.11's :func:`shutil.rmtree` recurses once per level and raises
+    ``RecursionError`` (which ``ignore_errors`` does not catch) about 1,000 levels down, so a
+    partial folder of a deep bag was left behind. Holds one descriptor per level of the
+    folder being emptied. Entries removed meanwhile by someone else are no error.
+
+    Raises:
+        OSError: a folder or file could not be removed (other than already gone).
+    """
+    try:
+        top = os.open(name, _TREE_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=parent_fd)  # a link or a file stands there: removed itself
+        return
+    fds = [top]
+    names = [name]
+    pending = [_empty_of_files(top)]
+    try:
+        while fds:
+            if pending[-1]:
+                sub = pending[-1].pop()
+                try:
+                    nfd = os.open(sub, _TREE_FLAGS, dir_fd=fds[-1])
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(sub, dir_fd=fds[-1])
+                    continue
+                fds.append(nfd)
+                names.append(sub)
+                pending.append(_empty_of_files(nfd))
+                continue
+            os.close(fds.pop())
+            pending.pop()
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(names.pop(), dir_fd=fds[-1] if fds else parent_fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _empty_of_files(dir_fd: int) -> list[str]:
+    """Unlink every entry of the folder open as ``dir_fd`` that is not a folder (links
+    included, never followed); returns the names of its subfolders."""
+    subs: list[str] = []
+    with os.scandir(dir_fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for entry_name, is_dir in entries:
+        if is_dir:
+            subs.append(entry_name)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry_name, dir_fd=dir_fd)
+    return subs
+
+
+def _remove_path(path: str | Path) -> None:
+    """:func:`remove_tree` of the folder at ``path``, errors ignored (a sweep or an abort:
+    what is left is met again at the next sweep)."""
+    parent, _, name = os.fspath(path).rstrip("/").rpartition("/")
+    try:
+        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_tree(pfd, name)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
+
+
 def _newest_mtime(folder: str) -> float:
     """The newest mtime (UTC s) of ``folder`` and everything under it (0 if it is gone)."""
     newest = 0.0
-    for dirpath, _dirs, filenames in os.walk(folder):
+    for dirpath, _dirs, filenames in _folders(folder):
         for p in (dirpath, *(os.path.join(dirpath, f) for f in filenames)):
             try:
                 newest = max(newest, os.lstat(p).st_mtime)
