@@ -57,9 +57,12 @@ def worker(
     ctx.db.dispose()  # pool children open their own connections
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
     try:
-        run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel, instance=instance)
+        code = run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel,
+                          instance=instance)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
+    if code:  # a worker that had to stop exits non-zero: its service manager restarts it
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -54,6 +54,7 @@ from typing import Any
 
 import structlog
 from celery import Celery
+from celery.bin.celery import celery as celery_cli
 from kombu import Exchange, Queue
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
@@ -66,12 +67,14 @@ from packhorse.domain import LocationRole, OperationKind, Status, StorageType
 from packhorse.engine import pipeline
 from packhorse.engine.worker import execute_task
 from packhorse.errors import ConfigError, TransientDatabaseError
+from packhorse.executors.poison_messages import CONSUMER, REDIS_TRANSPORT
 from packhorse.operations.batching import group_tasks, small_archives
 from packhorse.operations.identity import CELERY_OWNER_TAG, worker_identity
 from packhorse.operations.lifecycle import fenced
 from packhorse.recovery.health import HeartbeatThread
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.hooks import hooks_for
 from packhorse.runtime.topology import load_topology
 from packhorse.stages import STAGES
 
@@ -191,7 +194,11 @@ def make_app(settings: Settings) -> Celery:
         task_send_sent_event=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
         enable_utc=True,
+        # a message a worker cannot read is dropped and counted, never fatal (poison_messages)
+        worker_consumer=CONSUMER,
+        **({"broker_transport": REDIS_TRANSPORT} if ex.broker_url.startswith("redis://") else {}),
     )
+    app.packhorse_hooks = hooks_for(settings)  # type: ignore[attr-defined]
     _SETTINGS[id(app)] = settings
     app.task(name=RUN_OPERATION_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operation_task)
     app.task(name=RUN_OPERATIONS_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operations_task)
@@ -594,9 +601,26 @@ def cleanup_site_partials(settings: Settings, site: str) -> int:
         db.dispose()
 
 
+def celery_main(app: Celery, argv: list[str]) -> int:
+    """Run the ``celery`` command line ``argv`` (e.g. ``["worker", …]``) with ``app``; returns
+    its exit code. ``app.worker_main`` and ``app.start`` return nothing: click hands them the
+    exit code of a worker stopped by "Unrecoverable error" (1) as a return value they drop, so
+    the process would exit 0 and a ``Restart=on-failure`` unit would leave it dead."""
+    celery_cli.params[0].default = app
+    try:
+        code = celery_cli.main(args=argv, standalone_mode=False)
+    finally:
+        celery_cli.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
 def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = None, concurrency: int | None = None,
-               loglevel: str = "INFO", pool: str = "prefork", instance: str | None = None) -> None:
-    """Start a Celery worker of ``site`` in this process (blocks until it is stopped).
+               loglevel: str = "INFO", pool: str = "prefork", instance: str | None = None) -> int:
+    """Start a Celery worker of ``site`` in this process (blocks until it is stopped); returns
+    its exit code: 0 after a stop that was asked for (SIGTERM, SIGINT), non-zero when the
+    worker had to stop (Celery's "Unrecoverable error"), so a service manager restarts it
+    (``packhorse worker`` exits with it; docs/deployment.md). A message it cannot read never
+    stops it (:mod:`packhorse.executors.poison_messages`).
 
     It consumes exactly :func:`site_queues` of ``site``; ``concurrency`` pool processes
     (default ``executor.workers``), each with its own database engine. Its health identity is
@@ -624,10 +648,13 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
                              interval_seconds=rec.service_heartbeat_interval_seconds,
                              forget_after_seconds=rec.service_forget_after_seconds).start()
     try:
-        app.worker_main([
+        code = celery_main(app, [
             "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,
             "--hostname", f"packhorse-{site}-{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ])
     finally:
         health.stop(remove=True)
+    if code:
+        log.critical("worker_stopped_on_error", site=site, exit_code=code)
+    return int(code or 0)
