@@ -375,8 +375,16 @@ class Operation(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
     error_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    #: times the reconciler re-dispatched a lost dispatch (never counts as a retry)
+    #: times the reconciler re-dispatched a lost dispatch in the current window (since
+    #: ``reconcile_window_at``; never counts as a retry)
     reconcile_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: when ``reconcile_count`` was last reset (UTC): a claim after it, or ``packhorse retry``,
+    #: starts a new window (:mod:`packhorse.recovery.reconciler`)
+    reconcile_window_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: when the reconciler gave up on it (UTC; its cap reached in the window): it tries once
+    #: more after ``[recovery] reconcile_cooldown_seconds`` (half-open); listed as blocked
+    #: (``dispatch_lost``) meanwhile
+    reconcile_given_up_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class FailureEvent(Base):
