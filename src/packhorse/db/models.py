@@ -681,6 +681,29 @@ class ObjectLease(Base):
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
 
 
+class ScanLease(Base):
+    """The exclusion of the scan of one source data location: a lease renewed by heartbeats, as
+    an operation's (DESIGN.md "Lease"; :mod:`packhorse.operations.scan_lease`).
+
+    ``token`` is the fencing token: every acquisition increments it and every renewal and
+    release is a compare-and-set on it, so a holder that stopped renewing (paused, hung on a
+    mount) and came back after another worker took the lease over changes nothing.
+    ``started_at`` is when the current (or last) scan began — before the first completion, when
+    the first one began —, ``completed_at`` when a scan last completed (UTC; ``None`` before
+    the first): ``status`` and ``health`` list a location whose
+    scan has not completed for longer than ``[recovery] scan_overdue_seconds``.
+    """
+
+    __tablename__ = "scan_leases"
+    location: Mapped[str] = mapped_column(String(200), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    token: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 class BacklogSample(Base):
     """The backlog of one operation kind at one minute: how many operations were waiting
     (``PENDING`` or ``SCHEDULED``), running (``IN_PROGRESS``) and ``FAILED`` then.

@@ -47,7 +47,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +56,7 @@ import structlog
 from celery import Celery
 from celery.bin.celery import celery as celery_cli
 from kombu import Exchange, Queue
-from sqlalchemy import text, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from packhorse import logs
@@ -71,6 +71,7 @@ from packhorse.executors.poison_messages import CONSUMER, REDIS_TRANSPORT
 from packhorse.operations.batching import group_tasks, small_archives
 from packhorse.operations.identity import CELERY_OWNER_TAG, worker_identity
 from packhorse.operations.lifecycle import fenced
+from packhorse.operations.scan_lease import scan_lease
 from packhorse.recovery.health import HeartbeatThread
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.runtime.context import ProcessContext
@@ -281,30 +282,6 @@ def skip_reason(db: Database, operation_id: int, min_attempt: int) -> str:
     return f"not runnable (status {op.status}, attempt {op.attempt})"
 
 
-@contextlib.contextmanager
-def location_lock(db: Database, location: str) -> Iterator[bool]:
-    """Hold an exclusive lock named after ``location`` while the block runs (PostgreSQL
-    session advisory lock; on SQLite always granted). Yields ``False`` if another process
-    holds it (the caller skips its work)."""
-    if not db.url.startswith("postgresql"):
-        yield True
-        return
-    key = f"packhorse-scan:{location}"
-    conn = db.engine.connect()
-    try:
-        got = bool(conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key}).scalar())
-        conn.commit()
-        try:
-            yield got
-        finally:
-            if got:
-                with contextlib.suppress(Exception):
-                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-                    conn.commit()
-    finally:
-        conn.close()
-
-
 def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, int]:
     """The scan and package steps of the pipeline for one source location, on its own site
     (:func:`packhorse.engine.pipeline.scan_and_package`, on a thread pool for hashing).
@@ -317,11 +294,17 @@ def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, i
 
 
 def scan_task(self: Any, location: str) -> dict[str, int]:
-    """Celery task: scan source location ``location`` and package what settled."""
+    """Celery task: scan source location ``location`` and package what settled, under the
+    location's scan lease (:mod:`packhorse.operations.scan_lease`: at most one scan of a
+    location at a time; a holder that stops renewing for ``[recovery] lease_timeout_seconds``
+    loses it to the next worker's scan). A scan whose lease another holder keeps is skipped
+    (INFO ``scan_skipped_already_running``)."""
     ctx = process_context(_SETTINGS[id(self.app)])
+    rec = ctx.settings.recovery
     try:
-        with location_lock(ctx.db, location) as got:
-            if not got:
+        with scan_lease(ctx.db, location, _owner(self.request.id), lease_seconds=rec.lease_timeout_seconds,
+                        heartbeat_seconds=rec.heartbeat_interval_seconds) as held:
+            if held is None:
                 log.info("scan_skipped_already_running", location=location)
                 return {"registered": 0, "packages": 0, "skipped": 0}
             return scan_location_and_package(ctx, location)

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import CircuitBreaker, LocationOutage, Operation
+from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole
+from packhorse.operations.scan_lease import overdue_scans
 from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.rules.availability import release_of, root_of, waiting_for
 from packhorse.rules.convergence import dead_end_release, plan
@@ -226,8 +227,28 @@ def dispatch_lost(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     return out
 
 
+def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``scan_overdue``: source locations whose scan has not completed for longer than
+    ``[recovery] scan_overdue_seconds`` (:func:`packhorse.operations.scan_lease.overdue_scans`;
+    distributed mode): new files there are not registered. :data:`EXIT_WAITING`: a scan that
+    completes releases it (a holder that stopped renewing loses the scan lease to the next
+    worker of the site by itself). Subject ``"location <name>"``, since = the last completion
+    (or the first start), detail = the scan lease's fields."""
+    if session.scalar(select(ScanLease.location).limit(1)) is None:
+        return []  # no scan ever ran under a lease (embedded mode)
+    overdue = ctx.settings.recovery.scan_overdue_seconds
+    return [BlockedItem(
+        cause="scan_overdue", subject=f"location {sc['location']}",
+        reason=(f"no scan of {sc['location']} completed for {sc['overdue_seconds']} s (last completed "
+                f"{sc['completed_at'] or 'never'}; lease holder {sc['holder'] or 'none'}): new files are not registered"),
+        release=("start or fix a worker of its site (packhorse health); a scan that completes releases it"),
+        exit_code=EXIT_WAITING, since=sc["completed_at"] or sc["started_at"], detail=sc)
+        for sc in overdue_scans(session, overdue_seconds=overdue)]
+
+
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, location_unavailable, location_full]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, scan_overdue, location_unavailable,
+                             location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
