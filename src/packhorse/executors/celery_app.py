@@ -307,6 +307,7 @@ def scan_task(self: Any, location: str) -> dict[str, int]:
             if held is None:
                 log.info("scan_skipped_already_running", location=location)
                 return {"registered": 0, "packages": 0, "skipped": 0}
+            ctx.hooks.hit("scan.started")  # tests: a holder paused or hung with the lease held
             return scan_location_and_package(ctx, location)
     except TransientDatabaseError as exc:
         raise _retry_later(self, exc) from exc
