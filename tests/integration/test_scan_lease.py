@@ -10,6 +10,7 @@ blocked (``scan_overdue``) for ``status`` and the dashboard and by ``health``.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from types import SimpleNamespace
 
@@ -84,3 +85,25 @@ def test_a_scan_that_raised_records_no_completion(empty_db: Database) -> None:
     r = row(db)
     assert (r.completed_at, r.expires_at, r.holder) == (None, None, None)  # released, not completed
     assert acquire(db, LOC, "worker-b", lease_seconds=5) is not None
+
+
+def test_health_and_status_commands_list_an_overdue_scan(site_config) -> None:
+    """``packhorse health --json`` (exit 1) and ``packhorse status --json`` (blocked) list a
+    source location whose scan has not completed for longer than ``scan_overdue_seconds``."""
+    from support import run_packhorse
+
+    config = site_config()
+    assert run_packhorse("init", "-c", str(config), cwd=config.parent).returncode == 0
+    db = Database(f"sqlite:///{config.parent / 'packhorse.db'}")
+    try:
+        long_ago = utcnow() - dt.timedelta(hours=3)
+        db.transact(lambda s: s.add(ScanLease(location=LOC, token=4, started_at=long_ago, completed_at=long_ago)))
+    finally:
+        db.dispose()
+    health = run_packhorse("health", "--json", "-c", str(config), cwd=config.parent)
+    assert health.returncode == 1, health.stderr
+    [sc] = json.loads(health.stdout)["scans_overdue"]
+    assert sc["location"] == LOC and sc["overdue_seconds"] >= 3 * 3600
+    status = run_packhorse("status", "--json", "-c", str(config), cwd=config.parent)
+    assert [b["subject"] for b in json.loads(status.stdout)["blocked"] if b["cause"] == "scan_overdue"] == [
+        f"location {LOC}"]
