@@ -24,9 +24,15 @@ It re-dispatches
 
 Each reset sets ``PENDING`` (dispatchable now), increments ``reconcile_count`` and logs a
 WARNING. ``retry_count`` is never touched: a lost dispatch does not consume the operation's
-retries — only attempts that ran do. After ``reconcile_max_resets`` resets of the same
-operation it is left as it is and an ERROR notification is queued (once per cooldown), in the
-same transaction.
+retries — only attempts that ran do. No give-up is for ever (I5): the cap applies per window,
+like a circuit breaker (:func:`window_step`). After ``reconcile_max_resets`` re-dispatches in
+one window (a window starts over when a worker claimed the operation, or on ``packhorse
+retry``) the reconciler gives up: the operation stays where it is, one ERROR notification is
+queued in the same transaction (``reconcile_given_up_at`` set), and until it moves it is listed
+as blocked (``dispatch_lost``, :func:`dispatch_given_up`: ``status``, the dashboard, the gauge
+``packhorse_dispatch_lost``). ``[recovery] reconcile_cooldown_seconds`` later it is
+re-dispatched once more (half-open); lost again without a claim, it is given up on again at
+once.
 
 :data:`RECONCILED_STATUSES` is the live registration the owners test (I5) reads.
 """
