@@ -337,6 +337,12 @@ class RecoveryConfig(_Section):
     circuit_breaker_timeout_seconds: float = Field(3600.0, ge=0)
     reconcile_floor_seconds: float | None = Field(None, ge=0)
     reconcile_max_resets: int = Field(3, ge=0)
+    #: after the reconciler gave up on an operation (``reconcile_max_resets`` reached), it
+    #: re-dispatches it once more after this cool-down (half-open), seconds
+    reconcile_cooldown_seconds: float = Field(3600.0, ge=0)
+    #: a source location whose scan has not completed for this long (seconds) is listed by
+    #: ``status`` (blocked, ``scan_overdue``) and ``health`` (distributed mode: scan leases)
+    scan_overdue_seconds: float = Field(3600.0, gt=0)
     notification_cooldown_seconds: float = Field(3600.0, ge=0)
     #: how often every service / worker process records its health heartbeat (seed 002: 30 s)
     service_heartbeat_interval_seconds: float = Field(30.0, gt=0)

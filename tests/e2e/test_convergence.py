@@ -648,3 +648,36 @@ def test_no_good_source_released_by_a_good_copy_put_back_is_recognised_by_verify
     st = p.status()
     assert st["blocked"] == [] and st["failed_operations"] == [] and st["packages"]["archived"] == len(GROUPS), st
     assert p.verify()[0] == 0
+
+
+def test_a_transfer_failed_on_its_deleted_bundle_and_repaired_pages_nobody(pipeline, tmp_path: Path) -> None:
+    """The bundle is deleted under its transfer, which fails permanently; the bundle is rebuilt
+    and shipped in the same run. The digest of that failure goes out (at the run's end, the
+    gather window still open) after the repair: INFO "Repaired without you" to the everyday
+    list, nothing to the on-call address that only ERROR reaches."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+    from smtp_server import SmtpServer, smtp_settings, toml_table  # the real SMTP server of the integration suite
+
+    server = SmtpServer().start()
+    try:
+        notify_cfg = smtp_settings(server.port, digest_gather_seconds=120,
+                                      smtp={"recipients_by_level": {"ERROR": ["oncall@example.org"],
+                                                                    "CRITICAL": ["oncall@example.org"]}})
+        p = pipeline(bundle_max_wait_seconds=0.5, extra=toml_table("notifications", notify_cfg))
+        write_source(p)
+        p.init()
+        start, stop = killable_run(p)
+        damage_when_paused(p, tmp_path, start, stop)
+        p.run()
+        assert_converged(p)
+        failed = query(p, lambda s: s.execute(text(
+            "SELECT id FROM operations WHERE kind = 'transfer' AND status = 'FAILED'")).all())
+        mails = [(rcpts, m["Subject"]) for rcpts, m in server.inbox.messages]
+    finally:
+        server.stop()
+    assert failed, "no transfer met the deleted bundle"
+    assert [s for r, s in mails if "oncall@example.org" in r] == [], mails  # nobody paged
+    assert any("Repaired without you" in s and r == ["ops@example.org"] for r, s in mails), mails
+    assert not any("Permanent failure" in s for _, s in mails), mails
+    levels = {(lvl, ev) for lvl, ev, *_ in notifications(p) if ev in ("permanent_failure", "failure_repaired")}
+    assert levels == {("INFO", "failure_repaired")}, levels

@@ -228,7 +228,9 @@ def test_reconciler_cap_notifies_and_leaves_the_operation(db: Database) -> None:
     op = op_row(db, op_id)
     assert (op.status, op.reconcile_count, op.retry_count) == ("SCHEDULED", 2, 0)
     [n] = notes(db, op_id, "reconcile_cap")
-    assert n.level == "ERROR" and n.repeat_count == 1
+    # one page at the give-up; while it waits for its cool-down it is listed as blocked
+    # (dispatch_lost, tests/unit/test_reconciler_window.py), not paged again on every pass
+    assert n.level == "ERROR" and n.repeat_count == 0
 
 
 def test_reconciler_skips_what_this_process_has_queued(db: Database) -> None:

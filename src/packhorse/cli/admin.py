@@ -32,14 +32,15 @@ def health(
     forget: Annotated[Optional[str], typer.Option(
         "--forget", metavar="NAME", help="forget a dead service (one taken out of the installation)")] = None,
 ) -> None:
-    """List services and workers with their last heartbeat; exit 1 if one is dead now.
+    """List services and workers with their last heartbeat; exit 1 if one is dead now or a source
+    location's scan has not completed for longer than recovery.scan_overdue_seconds.
 
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
     or by --forget NAME."""
     from packhorse.errors import ServiceHealthError  # deferred: start-up time
     from packhorse.recovery.breakers import jsonable  # deferred: start-up time
-    from packhorse.recovery.health import forget_service, list_services  # deferred: start-up time
+    from packhorse.recovery.health import forget_service, list_services, scan_health  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
@@ -61,8 +62,9 @@ def health(
     rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
                                                forget_after_seconds=rec.service_forget_after_seconds))
     dead = [r for r in rows if not r["alive"]]
+    scans = ctx.db.read(lambda s: scan_health(s, overdue_seconds=rec.scan_overdue_seconds))
     if as_json:
-        print_json({"services": [jsonable(r) for r in rows], "dead": len(dead)})
+        print_json({"services": [jsonable(r) for r in rows], "dead": len(dead), "scans_overdue": scans})
     else:
         if not rows:
             print("no packhorse service is running: none has a heartbeat (each service records one while it runs "
@@ -78,7 +80,11 @@ def health(
             print(f"dead: {r['service']}: restart it, or if it was taken out: packhorse health --forget {r['service']} "
                   f"(forgotten by itself {rec.service_forget_after_seconds:g} s after its last heartbeat)",
                   file=sys.stderr)
-    raise typer.Exit(EXIT_PROBLEM if dead else EXIT_OK)
+        for sc in scans:
+            print(f"scan overdue: {sc['location']}: no scan completed for {sc['overdue_seconds']} s "
+                  f"(last completed {sc['completed_at'] or 'never'}; lease holder {sc['holder'] or 'none'}): "
+                  "check the site's workers (a paused or hung holder loses its lease by itself)", file=sys.stderr)
+    raise typer.Exit(EXIT_PROBLEM if dead or scans else EXIT_OK)
 
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")

@@ -57,9 +57,12 @@ def worker(
     ctx.db.dispose()  # pool children open their own connections
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
     try:
-        run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel, instance=instance)
+        code = run_worker(ctx.settings, site, kinds=wanted, concurrency=concurrency, loglevel=loglevel,
+                          instance=instance)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
+    if code:  # a worker that had to stop exits non-zero: its service manager restarts it
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -125,7 +128,7 @@ def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
 @app.command()
 def notifier(config: ConfigOpt = None) -> None:
     """Deliver the notification outbox (SMTP, apprise) until stopped: retries with backoff, dead letters."""
-    from packhorse.notify.notifier import Notifier  # deferred: start-up time
+    from packhorse.executors.services import notifier_for  # deferred: start-up time
 
     ctx = context(config)
     cfg = ctx.settings.notifications
@@ -133,7 +136,7 @@ def notifier(config: ConfigOpt = None) -> None:
         raise fail("notifications: no channel configured (set [notifications.smtp] or apprise_urls) "
                     "or notifications.enabled = false", EXIT_CONFIG)
     try:
-        n = Notifier(cfg, ctx.db, hooks=ctx.hooks)
+        n = notifier_for(ctx)
     except ConfigError as e:
         raise fail(str(e), EXIT_CONFIG) from None
     print(f"packhorse notifier: delivering through {', '.join(c.name for c in n.channels)}", file=sys.stderr)

@@ -375,8 +375,16 @@ class Operation(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
     error_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    #: times the reconciler re-dispatched a lost dispatch (never counts as a retry)
+    #: times the reconciler re-dispatched a lost dispatch in the current window (since
+    #: ``reconcile_window_at``; never counts as a retry)
     reconcile_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: when ``reconcile_count`` was last reset (UTC): a claim after it, or ``packhorse retry``,
+    #: starts a new window (:mod:`packhorse.recovery.reconciler`)
+    reconcile_window_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: when the reconciler gave up on it (UTC; its cap reached in the window): it tries once
+    #: more after ``[recovery] reconcile_cooldown_seconds`` (half-open); listed as blocked
+    #: (``dispatch_lost``) meanwhile
+    reconcile_given_up_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class FailureEvent(Base):
@@ -671,6 +679,29 @@ class ObjectLease(Base):
     key: Mapped[str] = mapped_column(String(1024), primary_key=True)
     holder: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class ScanLease(Base):
+    """The exclusion of the scan of one source data location: a lease renewed by heartbeats, as
+    an operation's (DESIGN.md "Lease"; :mod:`packhorse.operations.scan_lease`).
+
+    ``token`` is the fencing token: every acquisition increments it and every renewal and
+    release is a compare-and-set on it, so a holder that stopped renewing (paused, hung on a
+    mount) and came back after another worker took the lease over changes nothing.
+    ``started_at`` is when the current (or last) scan began — before the first completion, when
+    the first one began —, ``completed_at`` when a scan last completed (UTC; ``None`` before
+    the first): ``status`` and ``health`` list a location whose
+    scan has not completed for longer than ``[recovery] scan_overdue_seconds``.
+    """
+
+    __tablename__ = "scan_leases"
+    location: Mapped[str] = mapped_column(String(200), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    token: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class BacklogSample(Base):

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import FailureEvent, Operation, utcnow
+from packhorse.db.models import FailureEvent, Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.notify import messages
@@ -40,6 +40,7 @@ from packhorse.operations.lifecycle import (
     record_salvage,
 )
 from packhorse.recovery import breakers, diagnosis
+from packhorse.rules.convergence import superseded_failures
 
 if TYPE_CHECKING:
     from packhorse.config import RecoveryConfig
@@ -264,3 +265,46 @@ def complete_many(session: Session, claims: Iterable[Claim],
         if c.operation_id in completed and (c.operation is None or c.operation.stall_count):
             breakers.after_success(session, c.kind.value, c.operation_id, now)
     return completed
+
+
+#: The events :func:`review_notification` re-decides at send time.
+REVIEWED_EVENTS = ("permanent_failure", "failure_repaired")
+
+
+def review_notification(session: Session, row: Notification) -> str | None:
+    """The notifier's review of outbox ``row`` just before it is sent (the gather window is
+    over): a permanent-failure digest pages (ERROR) only for what still needs a human.
+
+    A listed operation no longer needs one when the convergence made its work by other means
+    meanwhile (:func:`packhorse.rules.convergence.superseded_failures`: a later operation of the
+    same kind, artifact and destination COMPLETED, or its package archived — e.g. a transfer
+    that met its bundle deleted, then the rebuilt bundle shipped), or when it is no longer
+    ``FAILED`` (reset and moving again). The decision is made here, at send time, never guessed
+    at failure time: a failure is ERROR unless its repair is already a fact in the database.
+    The row is rewritten in ``session`` (:func:`packhorse.notify.messages.review_failures`);
+    other events are left alone.
+
+    Returns:
+        ``"unchanged"``, ``"partly_repaired"``, ``"repaired"``, or ``None`` for an event that
+        is not reviewed.
+    """
+    if row.event not in REVIEWED_EVENTS:
+        return None
+    ctx = row.context or {}
+    ids = sorted({int(i["operation_id"]) for i in [*ctx.get(messages.REPAIRED, []), *ctx.get("failures", [])]})
+    if not ids:
+        return None
+    ops = session.execute(select(Operation.id, Operation.kind, Operation.status, Operation.raw_data_package_id,
+                                 Operation.data_transfer_package_id, Operation.destination_location_id)
+                          .where(Operation.id.in_(ids))).all()
+    failed = [o for o in ops if o.status == Status.FAILED.value]
+    superseded = superseded_failures(session, failed)
+    still = {(o.kind, o.id) for o in failed if o.id not in superseded}
+    how = {(o.kind, o.id): "repaired by a later operation of the same work (or its package is archived)"
+           for o in failed if o.id in superseded}
+    how.update({(o.kind, o.id): f"{o.status} (moving again)" for o in ops if o.status != Status.FAILED.value})
+    decided = messages.review_failures(row, still, how)
+    if decided != "unchanged":
+        log.info("failure_notification_reviewed", notification_id=row.id, decided=decided,
+                 still_failed=len(still), repaired=len(ids) - len(still))
+    return decided

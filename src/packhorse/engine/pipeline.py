@@ -31,7 +31,7 @@ killed manager leaves nothing half-decided for the others to wait out.
   a manager that loses the race for any package of its bundle rolls the whole bundle back;
   one manager at a time bundles a site (an advisory lock the others skip without waiting)
   (:mod:`packhorse.managers.bundles`);
-* the packaging of a source location runs under that location's advisory lock (the scan task),
+* the packaging of a source location runs under that location's scan lease (the scan task, :mod:`packhorse.operations.scan_lease`),
   and package names are unique;
 * dispatch takes rows with ``SKIP LOCKED`` and a claim is a compare-and-set on the fencing token
   (a duplicate message is a no-op: I3);

@@ -47,15 +47,16 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from celery import Celery
+from celery.bin.celery import celery as celery_cli
 from kombu import Exchange, Queue
-from sqlalchemy import text, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from packhorse import logs
@@ -66,12 +67,15 @@ from packhorse.domain import LocationRole, OperationKind, Status, StorageType
 from packhorse.engine import pipeline
 from packhorse.engine.worker import execute_task
 from packhorse.errors import ConfigError, TransientDatabaseError
+from packhorse.executors.poison_messages import CONSUMER, REDIS_TRANSPORT
 from packhorse.operations.batching import group_tasks, small_archives
 from packhorse.operations.identity import CELERY_OWNER_TAG, worker_identity
 from packhorse.operations.lifecycle import fenced
+from packhorse.operations.scan_lease import scan_lease
 from packhorse.recovery.health import HeartbeatThread
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.hooks import hooks_for
 from packhorse.runtime.topology import load_topology
 from packhorse.stages import STAGES
 
@@ -191,7 +195,11 @@ def make_app(settings: Settings) -> Celery:
         task_send_sent_event=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
         enable_utc=True,
+        # a message a worker cannot read is dropped and counted, never fatal (poison_messages)
+        worker_consumer=CONSUMER,
+        **({"broker_transport": REDIS_TRANSPORT} if ex.broker_url.startswith("redis://") else {}),
     )
+    app.packhorse_hooks = hooks_for(settings)  # type: ignore[attr-defined]
     _SETTINGS[id(app)] = settings
     app.task(name=RUN_OPERATION_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operation_task)
     app.task(name=RUN_OPERATIONS_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)(run_operations_task)
@@ -274,30 +282,6 @@ def skip_reason(db: Database, operation_id: int, min_attempt: int) -> str:
     return f"not runnable (status {op.status}, attempt {op.attempt})"
 
 
-@contextlib.contextmanager
-def location_lock(db: Database, location: str) -> Iterator[bool]:
-    """Hold an exclusive lock named after ``location`` while the block runs (PostgreSQL
-    session advisory lock; on SQLite always granted). Yields ``False`` if another process
-    holds it (the caller skips its work)."""
-    if not db.url.startswith("postgresql"):
-        yield True
-        return
-    key = f"packhorse-scan:{location}"
-    conn = db.engine.connect()
-    try:
-        got = bool(conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:k))"), {"k": key}).scalar())
-        conn.commit()
-        try:
-            yield got
-        finally:
-            if got:
-                with contextlib.suppress(Exception):
-                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:k))"), {"k": key})
-                    conn.commit()
-    finally:
-        conn.close()
-
-
 def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, int]:
     """The scan and package steps of the pipeline for one source location, on its own site
     (:func:`packhorse.engine.pipeline.scan_and_package`, on a thread pool for hashing).
@@ -310,13 +294,20 @@ def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, i
 
 
 def scan_task(self: Any, location: str) -> dict[str, int]:
-    """Celery task: scan source location ``location`` and package what settled."""
+    """Celery task: scan source location ``location`` and package what settled, under the
+    location's scan lease (:mod:`packhorse.operations.scan_lease`: at most one scan of a
+    location at a time; a holder that stops renewing for ``[recovery] lease_timeout_seconds``
+    loses it to the next worker's scan). A scan whose lease another holder keeps is skipped
+    (INFO ``scan_skipped_already_running``)."""
     ctx = process_context(_SETTINGS[id(self.app)])
+    rec = ctx.settings.recovery
     try:
-        with location_lock(ctx.db, location) as got:
-            if not got:
+        with scan_lease(ctx.db, location, _owner(self.request.id), lease_seconds=rec.lease_timeout_seconds,
+                        heartbeat_seconds=rec.heartbeat_interval_seconds) as held:
+            if held is None:
                 log.info("scan_skipped_already_running", location=location)
                 return {"registered": 0, "packages": 0, "skipped": 0}
+            ctx.hooks.hit("scan.started")  # tests: a holder paused or hung with the lease held
             return scan_location_and_package(ctx, location)
     except TransientDatabaseError as exc:
         raise _retry_later(self, exc) from exc
@@ -594,9 +585,26 @@ def cleanup_site_partials(settings: Settings, site: str) -> int:
         db.dispose()
 
 
+def celery_main(app: Celery, argv: list[str]) -> int:
+    """Run the ``celery`` command line ``argv`` (e.g. ``["worker", …]``) with ``app``; returns
+    its exit code. ``app.worker_main`` and ``app.start`` return nothing: click hands them the
+    exit code of a worker stopped by "Unrecoverable error" (1) as a return value they drop, so
+    the process would exit 0 and a ``Restart=on-failure`` unit would leave it dead."""
+    celery_cli.params[0].default = app
+    try:
+        code = celery_cli.main(args=argv, standalone_mode=False)
+    finally:
+        celery_cli.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
 def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = None, concurrency: int | None = None,
-               loglevel: str = "INFO", pool: str = "prefork", instance: str | None = None) -> None:
-    """Start a Celery worker of ``site`` in this process (blocks until it is stopped).
+               loglevel: str = "INFO", pool: str = "prefork", instance: str | None = None) -> int:
+    """Start a Celery worker of ``site`` in this process (blocks until it is stopped); returns
+    its exit code: 0 after a stop that was asked for (SIGTERM, SIGINT), non-zero when the
+    worker had to stop (Celery's "Unrecoverable error"), so a service manager restarts it
+    (``packhorse worker`` exits with it; docs/deployment.md). A message it cannot read never
+    stops it (:mod:`packhorse.executors.poison_messages`).
 
     It consumes exactly :func:`site_queues` of ``site``; ``concurrency`` pool processes
     (default ``executor.workers``), each with its own database engine. Its health identity is
@@ -624,10 +632,13 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
                              interval_seconds=rec.service_heartbeat_interval_seconds,
                              forget_after_seconds=rec.service_forget_after_seconds).start()
     try:
-        app.worker_main([
+        code = celery_main(app, [
             "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,
             "--hostname", f"packhorse-{site}-{os.getpid()}@{socket.gethostname()}", "--loglevel", loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ])
     finally:
         health.stop(remove=True)
+    if code:
+        log.critical("worker_stopped_on_error", site=site, exit_code=code)
+    return int(code or 0)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from packhorse.db.session import Database
+from packhorse.engine.outcome import review_notification
 from packhorse.notify.lifecycle import ServiceLifecycle
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import pending_count
@@ -72,6 +73,17 @@ class BackgroundServices:
         except Exception:
             return 0
 
+def notifier_for(ctx: ProcessContext) -> Notifier:
+    """The notifier of this process: the ``[notifications]`` channels, the process's hooks, and
+    the engine's review at send time (:func:`packhorse.engine.outcome.review_notification`: a
+    permanent failure repaired within the gather window does not page).
+
+    Raises:
+        ConfigError: a channel is misconfigured.
+    """
+    return Notifier(ctx.settings.notifications, ctx.db, hooks=ctx.hooks, review=review_notification)
+
+
 def start_background(ctx: ProcessContext, *, service: str = "run", lifecycle: bool = True) -> BackgroundServices:
     """Start the disk monitor and (if enabled with a channel) the notifier in daemon threads.
 
@@ -81,7 +93,7 @@ def start_background(ctx: ProcessContext, *, service: str = "run", lifecycle: bo
         lifecycle: queue "Service started" now, "still alive" daily and "stopped" at stop.
     """
     cfg = ctx.settings.notifications
-    notifier = Notifier(cfg, ctx.db, hooks=ctx.hooks) if cfg.enabled and cfg.channels_configured else None
+    notifier = notifier_for(ctx) if cfg.enabled and cfg.channels_configured else None
     life = None
     if lifecycle:
         life = ServiceLifecycle(ctx.db, service, still_alive_interval_seconds=cfg.still_alive_interval_seconds,

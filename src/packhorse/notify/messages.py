@@ -348,3 +348,78 @@ def operation_failed(session: Session, error_context: dict[str, Any], *, cooldow
         follow_subject, row.body = render_failure(row.context or {})
         row.subject = ascii_subject(follow_subject)
     return row
+
+
+# ------------------------------------------------------------------ repaired before the digest went out
+
+#: Context key of a reviewed digest: the failures repaired without a human before it was sent.
+REPAIRED = "repaired"
+
+
+def _repaired_lines(items: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for i in items[:DIGEST_BODY_MAX]:
+        out.append(f"  {i['operation_kind']} {i['operation_id']}"
+                   + (f"  package {i['package']}" if i.get("package") else "")
+                   + (f"  bundle {i['bundle']}" if i.get("bundle") else "")
+                   + (f"  failed at {i['timestamp'][:19]}" if i.get("timestamp") else "")
+                   + (f"  now: {i['now']}" if i.get("now") else ""))
+    if len(items) > DIGEST_BODY_MAX:
+        out.append(f"  … and {len(items) - DIGEST_BODY_MAX} more")
+    return out
+
+
+def review_failures(row: Notification, still_failed: set[tuple[str, int]],
+                    resolution: dict[tuple[str, int], str] | None = None) -> str:
+    """Re-decide a permanent-failure digest ``row`` just before it is sent: only the failures
+    in ``still_failed`` (``(kind, operation id)``) still need a human; the others were repaired
+    without one meanwhile (the convergence made their work by other means; ``resolution`` says
+    how, per operation). Changes the row in the caller's transaction and returns what it
+    decided:
+
+    * ``"unchanged"``: every listed failure still needs a human (an ERROR page, as queued);
+    * ``"partly_repaired"``: ERROR, listing only what still needs a human, with the repaired
+      ones named below at INFO weight ("Repaired meanwhile, no action needed");
+    * ``"repaired"``: nothing needs a human: level INFO, event ``failure_repaired``, subject
+      "Repaired without you: …" — channels that only take ERROR never see it (no page).
+
+    Idempotent: failures repaired at an earlier review are kept in the context (``repaired``)
+    and judged again, so a row reviewed twice (a delivery retried, a failure merged into it
+    after a review) says the same as one reviewed once. I1 holds either way: every FAILED
+    operation keeps a notification, only its level says whether a human is needed.
+    """
+    ctx = dict(row.context or {})
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    for i in [*ctx.get(REPAIRED, []), *ctx.get("failures", [])]:
+        seen[(i["operation_kind"], int(i["operation_id"]))] = i
+    if not seen:
+        return "unchanged"
+    how = resolution or {}
+    needs = [i for k, i in seen.items() if k in still_failed]
+    repaired = [{**i, "now": how.get(k) or i.get("now")} for k, i in seen.items() if k not in still_failed]
+    if not repaired and row.level == NotificationLevel.ERROR.value:
+        return "unchanged"
+    if needs:
+        new_ctx = {**ctx, "failures": needs, REPAIRED: repaired}
+        subject, body = render_failure(new_ctx)
+        if repaired:
+            body += "\n\n" + "\n".join([f"Repaired meanwhile without a human ({len(repaired)}; no action needed):",
+                                         *_repaired_lines(repaired)])
+        row.level, row.event = NotificationLevel.ERROR.value, "permanent_failure"
+        decided = "partly_repaired" if repaired else "unchanged"
+    else:
+        new_ctx = {**ctx, "failures": [], REPAIRED: repaired}
+        first = repaired[0]
+        kinds = sorted({i["operation_kind"] for i in repaired})
+        subject = (f"Repaired without you: {first['operation_kind']} {first['operation_id']}" if len(repaired) == 1
+                   else f"Repaired without you x{len(repaired)} ({', '.join(kinds)}): {ctx.get('error_type')}")
+        text = (f"{len(repaired)} operation(s) failed permanently and were repaired by packhorse before this message "
+                "went out (a later operation made the same copy, or the package is archived): nothing needs "
+                "doing. The failed rows stay as history (`packhorse history`); `packhorse status` does not "
+                "count them.")
+        body = "\n".join(["What happened: " + text, "", "Repaired:", *_repaired_lines(repaired), "",
+                          "First failure in full:", render_error_context(ctx)])
+        row.level, row.event = NotificationLevel.INFO.value, "failure_repaired"
+        decided = "repaired"
+    row.subject, row.body, row.context = ascii_subject(subject), body, new_ctx
+    return decided

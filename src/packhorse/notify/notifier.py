@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +80,7 @@ def rendered(n: Notification, cfg: NotificationsConfig) -> tuple[str, str]:
     prefix = cfg.subject_prefix.strip()
     dev = "[DEV] " if cfg.development_mode else ""
     body = n.body
-    if n.repeat_count and n.event != "permanent_failure":  # a digest lists its repeats itself
+    if n.repeat_count and n.event not in ("permanent_failure", "failure_repaired"):  # a digest lists its repeats
         body += f"\n\nRepeated {n.repeat_count} more time(s) within the cooldown"
         if n.last_repeat_at is not None:
             body += f" (last at {n.last_repeat_at.isoformat(timespec='seconds')})"
@@ -97,11 +98,19 @@ class Notifier:
         owner: the lease owner name (default ``host:pid:notifier``).
         hooks: the process's fault hooks (:mod:`packhorse.runtime.hooks`; tests): points
             ``notify.delivered`` and ``notify.smtp.session``.
+        review: ``review(session, row)``, called in a transaction of its own on every claimed
+            row just before it is rendered and sent; it may rewrite the row's level, event,
+            subject, body and context (the engine's
+            :func:`packhorse.engine.outcome.review_notification`: a failure repaired within
+            the gather window does not page). A review that raises is logged and the row is
+            sent as it was.
     """
     def __init__(self, cfg: NotificationsConfig, db: Database, *, channels: list[Channel] | None = None,
-                 owner: str | None = None, hooks: Hooks = NO_HOOKS) -> None:
+                 owner: str | None = None, hooks: Hooks = NO_HOOKS,
+                 review: Callable[[Session, Notification], Any] | None = None) -> None:
         self.cfg = cfg
         self.db = db
+        self.review = review
         self.hooks = hooks
         self.channels = build_channels(cfg, hooks=hooks) if channels is None else channels
         self.owner = owner or worker_identity("notifier")
@@ -195,6 +204,8 @@ class Notifier:
                                  .where(NotificationDelivery.notification_id == n.id)))
             return n, done
 
+        if self.review is not None:
+            self._review(c)
         n, done = self.db.read(load)
         msg = self.message(n)
         errors: list[str] = []
@@ -235,6 +246,21 @@ class Notifier:
         if not errors and deferred_for > 0:
             return self._release(c, deferred_for if deadline is None else 0.0, n.id)
         return self._finish(c, n.attempts, errors, permanent=permanent)
+
+    def _review(self, c: NotificationClaim) -> None:
+        """Run :attr:`review` on claimed row ``c`` (fenced on the claim; never raises)."""
+        review = self.review
+        assert review is not None
+
+        def tx(s: Session) -> None:
+            n = s.get(Notification, c.notification_id)
+            if n is not None and n.claim_token == c.token and n.status == PENDING:
+                review(s, n)
+
+        try:
+            self.db.transact(tx)
+        except Exception as e:  # noqa: BLE001 - a review that fails must not keep a message back
+            log.warning("notification_review_failed", notification_id=c.notification_id, error=repr(e))
 
     def message(self, n: Notification) -> Message:
         """The :class:`Message` channels send for outbox row ``n`` (:func:`rendered`)."""

@@ -309,6 +309,8 @@ def reset_breaker(db: Database, kind: OperationKind, operation_id: int, *, reaso
 def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason: str, actor: str) -> dict[str, Any]:
     """Force a retry: close the breaker, reset the operation to ``PENDING`` and make it
     dispatchable now (backoff cleared; ``attempt`` is kept, so a stale worker stays fenced out).
+    The reconciler's count of lost dispatches starts over and a give-up of it is released
+    (``dispatch_lost``, :func:`packhorse.recovery.reconciler.window_step`).
 
     A ``COMPLETED`` operation is refused (nothing to retry). A ``FAILED`` one gets
     ``retry_count + 1``, its cached error context cleared; the failure history stays.
@@ -331,8 +333,10 @@ def force_retry(db: Database, kind: OperationKind, operation_id: int, *, reason:
         if b is not None:
             _close(s, b, reason=reason, actor=actor, now=utcnow())
         now = utcnow()
+        # the reconciler's window starts over too: a human looked (a give-up is released here)
         values: dict[str, Any] = dict(status=Status.PENDING.value, not_before=None, lease_owner=None,
-                                      lease_expires_at=None, finished_at=None, updated_at=now)
+                                      lease_expires_at=None, finished_at=None, updated_at=now,
+                                      reconcile_count=0, reconcile_window_at=None, reconcile_given_up_at=None)
         if previous == Status.FAILED.value:
             values.update(retry_count=Operation.retry_count + 1, error_context=None)
         if s.execute(update(Operation).where(fenced(operation_id, op.attempt, Status(previous)))

@@ -38,6 +38,7 @@ from packhorse.db.models import ServiceHeartbeat, utcnow
 from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
 from packhorse.operations.identity import proc_is_ours, process_namespace
+from packhorse.operations.scan_lease import overdue_scans
 
 log = structlog.get_logger(__name__)
 
@@ -300,3 +301,11 @@ class HeartbeatThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def scan_health(session: Session, *, overdue_seconds: float) -> list[dict[str, Any]]:
+    """The scans ``packhorse health`` lists as a problem: source locations whose scan has not
+    completed for longer than ``overdue_seconds`` (s) (:func:`packhorse.operations.scan_lease.overdue_scans`;
+    distributed mode, where scans hold a scan lease). Same shape as that function's."""
+    return overdue_scans(session, overdue_seconds=overdue_seconds)
+

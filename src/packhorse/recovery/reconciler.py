@@ -24,9 +24,15 @@ It re-dispatches
 
 Each reset sets ``PENDING`` (dispatchable now), increments ``reconcile_count`` and logs a
 WARNING. ``retry_count`` is never touched: a lost dispatch does not consume the operation's
-retries — only attempts that ran do. After ``reconcile_max_resets`` resets of the same
-operation it is left as it is and an ERROR notification is queued (once per cooldown), in the
-same transaction.
+retries — only attempts that ran do. No give-up is for ever (I5): the cap applies per window,
+like a circuit breaker (:func:`window_step`). After ``reconcile_max_resets`` re-dispatches in
+one window (a window starts over when a worker claimed the operation, or on ``packhorse
+retry``) the reconciler gives up: the operation stays where it is, one ERROR notification is
+queued in the same transaction (``reconcile_given_up_at`` set), and until it moves it is listed
+as blocked (``dispatch_lost``, :func:`dispatch_given_up`: ``status``, the dashboard, the gauge
+``packhorse_dispatch_lost``). ``[recovery] reconcile_cooldown_seconds`` later it is
+re-dispatched once more (half-open); lost again without a claim, it is given up on again at
+once.
 
 :data:`RECONCILED_STATUSES` is the live registration the owners test (I5) reads.
 """
@@ -195,7 +201,8 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
         if broker is not None and status == Status.SCHEDULED.value and op_id not in lost:
             continue  # still queued in the broker, or not yet confirmed lost
 
-        def tx(s: Session, op_id: int = op_id, status: str = status, attempt: int = attempt) -> tuple[str, int] | None:
+        def tx(s: Session, op_id: int = op_id, status: str = status,
+               attempt: int = attempt) -> tuple[str, str, int] | None:
             bound_idle_in_transaction(s, rec.lease_timeout_seconds)
             t = utcnow()
             op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.status == status,
@@ -203,27 +210,87 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
                                .with_for_update(skip_locked=True)).first()  # another reconciler has it
             if op is None:
                 return None  # claimed or moved on meanwhile
-            if op.reconcile_count >= rec.reconcile_max_resets:
+            step = window_step(op, t, cap=rec.reconcile_max_resets, cooldown_seconds=rec.reconcile_cooldown_seconds)
+            if step == WAIT:
+                return None  # given up: waits for its cool-down (listed as blocked, dispatch_lost)
+            window = {"reconcile_window_at": t, "reconcile_count": 0} if _new_window(op) else {}
+            count = window.get("reconcile_count", op.reconcile_count)
+            if step == GIVE_UP:
+                s.execute(update(Operation).where(fenced(op_id, attempt, Status(status)))
+                          .values(reconcile_given_up_at=t, **window))
+                retry_at = t + dt.timedelta(seconds=rec.reconcile_cooldown_seconds)
                 enqueue(s, level=NotificationLevel.ERROR, event="reconcile_cap",
-                        subject=f"Reconciler gave up on {op.kind} {op.id} after {op.reconcile_count} re-dispatches",
+                        subject=f"Reconciler gave up on {op.kind} {op.id} after {count} re-dispatches",
                         body=(f"Operation: {op.kind} {op.id}\nStatus: {op.status} (no live lease)\n"
-                              f"Re-dispatched {op.reconcile_count} times without a worker claiming it; "
-                              f"the cap is {rec.reconcile_max_resets}. Check that workers serve its queue, "
+                              f"Re-dispatched {count} times without a worker claiming it; "
+                              f"the cap is {rec.reconcile_max_resets}. It is listed as blocked (dispatch_lost) "
+                              f"and re-dispatched once more at {retry_at.isoformat(timespec='seconds')} UTC. "
+                              f"Check that workers serve its queue, "
                               f"then: packhorse retry {op.kind} {op.id} --reason '...'"),
                         context={"operation_kind": op.kind, "operation_id": op.id, "status": op.status,
-                                 "reconcile_count": op.reconcile_count},
+                                 "reconcile_count": count, "retry_at": retry_at.isoformat()},
                         operation_kind=op.kind, operation_id=op.id,
                         cooldown_seconds=rec.notification_cooldown_seconds, now=t)
-                return None
-            kind, count = op.kind, op.reconcile_count + 1
+                return GIVE_UP, op.kind, count
             s.execute(update(Operation).where(fenced(op_id, attempt, Status(status))).values(
-                status=Status.PENDING.value, reconcile_count=Operation.reconcile_count + 1, lease_owner=None,
-                lease_expires_at=None, not_before=None, updated_at=t))
-            return kind, count
+                status=Status.PENDING.value, reconcile_count=count + 1, lease_owner=None,
+                lease_expires_at=None, not_before=None, updated_at=t, reconcile_given_up_at=None,
+                **{k: v for k, v in window.items() if k != "reconcile_count"}))
+            return step, op.kind, count + 1
 
-        reset = db.transact(tx)
-        if reset is not None:  # logged once the reset is committed
-            log.warning("reconciler_redispatched", operation_kind=reset[0], operation_id=op_id,
-                        previous_status=status, reconcile_count=reset[1], floor_seconds=floor)
-            done.append(op_id)
+        got = db.transact(tx)
+        if got is None:
+            continue
+        step, kind, count = got  # logged once the change is committed
+        if step == GIVE_UP:
+            log.error("reconciler_gave_up", operation_kind=kind, operation_id=op_id, previous_status=status,
+                      reconcile_count=count, cooldown_seconds=rec.reconcile_cooldown_seconds)
+            continue
+        log.warning("reconciler_redispatched", operation_kind=kind, operation_id=op_id,
+                    previous_status=status, reconcile_count=count, floor_seconds=floor,
+                    half_open=step == HALF_OPEN)
+        done.append(op_id)
     return done
+
+
+#: What the reconciler does with a lost operation (:func:`window_step`).
+REDISPATCH, GIVE_UP, WAIT, HALF_OPEN = "redispatch", "give_up", "wait", "half_open"
+
+
+def _new_window(op: Operation) -> bool:
+    """True if ``op``'s re-dispatch count starts over: no window yet, or a worker claimed it
+    since the window began (its ``started_at`` is later: the queue is served)."""
+    w = op.reconcile_window_at
+    return w is None or (op.started_at is not None and op.started_at > w)
+
+
+def window_step(op: Operation, now: dt.datetime, *, cap: int, cooldown_seconds: float) -> str:
+    """What the reconciler does with lost operation ``op`` at ``now`` (UTC), like a circuit
+    breaker per operation (DESIGN.md I5: no give-up is for ever):
+
+    * :data:`REDISPATCH` while its window holds fewer than ``cap`` re-dispatches (a new window
+      starts when a worker claimed it since the last one began: :func:`_new_window`);
+    * :data:`GIVE_UP` when the window's ``cap`` is reached and it has not given up yet: the
+      operation stays where it is (listed as blocked, ``dispatch_lost``) and an ERROR
+      notification is queued;
+    * :data:`WAIT` while given up, for ``cooldown_seconds`` (s) after the give-up;
+    * :data:`HALF_OPEN` after that: one more re-dispatch; lost again without a claim, it gives
+      up again at once (one attempt per cool-down), claimed, its window starts over.
+    """
+    if op.reconcile_given_up_at is not None and not _new_window(op):
+        if now < op.reconcile_given_up_at + dt.timedelta(seconds=cooldown_seconds):
+            return WAIT
+        return HALF_OPEN
+    count = 0 if _new_window(op) else op.reconcile_count
+    return REDISPATCH if count < cap else GIVE_UP
+
+
+def dispatch_given_up():  # type: ignore[no-untyped-def]
+    """SQL predicate on :class:`~packhorse.db.models.Operation`: the reconciler gave up on its
+    lost dispatch and it has not moved since (still ``SCHEDULED``, or ``IN_PROGRESS`` with no
+    lease): the blocked list's ``dispatch_lost`` and the gauge ``packhorse_dispatch_lost``."""
+    return and_(Operation.reconcile_given_up_at.is_not(None),
+                or_(Operation.status == Status.SCHEDULED.value,
+                    and_(Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at.is_(None))),
+                or_(Operation.started_at.is_(None), Operation.reconcile_window_at.is_(None),
+                    Operation.started_at <= Operation.reconcile_window_at))

@@ -18,6 +18,8 @@ What a hooks object can do:
 * :meth:`Hooks.hit` is called at named points of the work (``<kind>.writing`` after the first
   chunk of a copy, ``<kind>.write`` before the last lease check, ``<kind>.publishing`` after
   it, ``<kind>.published`` after publication, ``deletion.delete``, ``manager.cycle``,
+  ``scan.started`` (a distributed scan holding its scan lease, before it reads anything),
+  ``worker.consumer`` (a Celery worker's consumer starting),
   ``notify.delivered``, ``notify.smtp.session``); it may pause or raise there.
 * :meth:`Hooks.active` answers mode questions (``("dispatch", "duplicate")``: the local
   dispatcher delivers every task twice, as an at-least-once broker may).

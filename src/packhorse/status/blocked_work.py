@@ -12,6 +12,7 @@ Providers are small functions ``(session, ctx) -> list[BlockedItem]``, one per c
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import CircuitBreaker, LocationOutage, Operation
+from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole
+from packhorse.operations.scan_lease import overdue_scans
+from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.rules.availability import release_of, root_of, waiting_for
 from packhorse.rules.convergence import dead_end_release, plan
 from packhorse.rules.space import waiting_for_space
@@ -190,8 +193,62 @@ def circuit_breakers(session: Session, ctx: "ProcessContext") -> list[BlockedIte
     return out
 
 
+def dispatch_lost(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``dispatch_lost``: operations whose dispatch was lost ``reconcile_max_resets`` times in
+    one window without a worker claiming them, which the reconciler gave up on and which have not
+    moved since (:func:`packhorse.recovery.reconciler.dispatch_given_up`: still ``SCHEDULED``, or
+    ``IN_PROGRESS`` with no lease). :data:`EXIT_WAITING`: the reconciler re-dispatches each once
+    more when its cool-down (``[recovery] reconcile_cooldown_seconds``) ends, and ``packhorse
+    retry`` releases it now. Each item: subject ``"<kind> <id>"``, since = when the reconciler
+    gave up (ISO 8601 UTC), detail ``{"kind", "operation_id", "operation_status",
+    "reconcile_count", "next_attempt_at", "site", "package", "location"}``."""
+    package, location, join = package_and_location()
+    rows = session.execute(join(select(Operation, package, location).select_from(Operation))
+                           .where(dispatch_given_up()).order_by(Operation.id)).all()
+    if not rows:
+        return []
+    cooldown = dt.timedelta(seconds=ctx.settings.recovery.reconcile_cooldown_seconds)
+    sites = {i: name for name, i in ctx.topology.site_ids.items()}
+    out: list[BlockedItem] = []
+    for op, pkg, loc in rows:
+        given_up = op.reconcile_given_up_at
+        nxt = given_up + cooldown
+        site = sites.get(op.site_id)
+        out.append(BlockedItem(
+            cause="dispatch_lost", subject=f"{op.kind} {op.id}",
+            reason=(f"its dispatch was lost {op.reconcile_count} time(s) without a worker of site {site} claiming "
+                    f"it; the reconciler gave up and re-dispatches it once more at "
+                    f"{nxt.isoformat(timespec='seconds')} UTC (check that the site's workers serve its queue)"),
+            release=f"packhorse retry {op.kind} {op.id} --reason '<why it was lost>'", exit_code=EXIT_WAITING,
+            since=given_up.isoformat(),
+            detail={"kind": op.kind, "operation_id": op.id, "operation_status": op.status,
+                    "reconcile_count": op.reconcile_count, "next_attempt_at": nxt.isoformat(),
+                    "site": site, "package": pkg, "location": loc}))
+    return out
+
+
+def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``scan_overdue``: source locations whose scan has not completed for longer than
+    ``[recovery] scan_overdue_seconds`` (:func:`packhorse.operations.scan_lease.overdue_scans`;
+    distributed mode): new files there are not registered. :data:`EXIT_WAITING`: a scan that
+    completes releases it (a holder that stopped renewing loses the scan lease to the next
+    worker of the site by itself). Subject ``"location <name>"``, since = the last completion
+    (or the first start), detail = the scan lease's fields."""
+    if session.scalar(select(ScanLease.location).limit(1)) is None:
+        return []  # no scan ever ran under a lease (embedded mode)
+    overdue = ctx.settings.recovery.scan_overdue_seconds
+    return [BlockedItem(
+        cause="scan_overdue", subject=f"location {sc['location']}",
+        reason=(f"no scan of {sc['location']} completed for {sc['overdue_seconds']} s (last completed "
+                f"{sc['completed_at'] or 'never'}; lease holder {sc['holder'] or 'none'}): new files are not registered"),
+        release=("start or fix a worker of its site (packhorse health); a scan that completes releases it"),
+        exit_code=EXIT_WAITING, since=sc["completed_at"] or sc["started_at"], detail=sc)
+        for sc in overdue_scans(session, overdue_seconds=overdue)]
+
+
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, location_unavailable, location_full]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, scan_overdue, location_unavailable,
+                             location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

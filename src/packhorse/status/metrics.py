@@ -17,6 +17,8 @@ Metrics (label values are the names used everywhere: operation kinds, statuses, 
 ``packhorse_physical_copies``                   gauge      copies by ``location``, ``status``
 ``packhorse_physical_copy_bytes``               gauge      bytes of present copies by ``location``
 ``packhorse_notifications``                     gauge      notification outbox rows by ``status``
+``packhorse_circuit_breakers_open``             gauge      open circuit breakers by ``kind``
+``packhorse_dispatch_lost``                     gauge      operations the reconciler gave up on (blocked, ``dispatch_lost``), by ``kind``
 ``packhorse_disk_usage_bytes``                  gauge      latest disk usage by ``location``, ``kind`` (total/used/free)
 ``packhorse_disk_usage_ratio``                  gauge      latest used / (used + available) by ``location`` (0-1, df)
 ``packhorse_database_up``                       gauge      1 when the scrape could read the database
@@ -46,6 +48,7 @@ from packhorse.db.models import (
 from packhorse.db.session import Database
 from packhorse.domain import BreakerState, CopyStatus, OperationKind, Status
 from packhorse.recovery.health import list_services
+from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.rules.disk_usage import latest_usage
 
 #: Histogram buckets of stage durations (seconds): 1 s … 1 day.
@@ -67,6 +70,7 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
         "bytes": {kind: n}, "durations": {kind: (bucket counts list, sum, count)},
         "failures": {(kind, error_type): n}, "copies": {(location, status): n},
         "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
+        "dispatch_lost": {kind: n},
         "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)}}``.
         ``service`` is the service's identity (kind, site, instance, host; never a PID), so the
         label set is bounded by the installation's services; forgotten ones are left out.
@@ -107,6 +111,8 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
     out["breakers_open"] = {k: int(n) for k, n in session.execute(
         select(CircuitBreaker.kind, func.count()).where(CircuitBreaker.state == BreakerState.OPEN.value)
         .group_by(CircuitBreaker.kind))}
+    out["dispatch_lost"] = {k: int(n) for k, n in session.execute(
+        select(Operation.kind, func.count()).where(dispatch_given_up()).group_by(Operation.kind))}
 
     out["disk"] = {name: (int(u.total_bytes), int(u.used_bytes), int(u.free_bytes), float(u.percent))
                    for name, u in latest_usage(session).items()}
@@ -183,6 +189,12 @@ class DatabaseCollector(Collector):
         for k in kinds:
             bo.add_metric([k], v["breakers_open"].get(k, 0))
         yield bo
+        dl = GaugeMetricFamily("packhorse_dispatch_lost",
+                               "Operations the reconciler gave up on after lost dispatches (blocked until they move)",
+                               labels=["kind"])
+        for k in kinds:
+            dl.add_metric([k], v["dispatch_lost"].get(k, 0))
+        yield dl
         du = GaugeMetricFamily("packhorse_disk_usage_bytes", "Latest disk usage sample of a data location (bytes)",
                                labels=["location", "kind"])
         dr = GaugeMetricFamily("packhorse_disk_usage_ratio", "Latest used / (used + available) of a data location (0-1, as df)",

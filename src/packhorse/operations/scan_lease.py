@@ -1,0 +1,191 @@
+"""The scan's exclusion: one lease per source data location, renewed by heartbeats.
+
+At most one worker scans a source location at a time (two would hash the same files twice and
+race to register them). The exclusion used to be a PostgreSQL session advisory lock held as
+long as the scanning process lived: a paused or hung holder (SIGSTOP, a process in D state on
+an NFS mount) stopped all registration at the site for as long as it lived, every other scan
+skipping with ``scan_skipped_already_running`` and nothing listed anywhere. Now it is a lease
+like an operation's (DESIGN.md "Lease", I5):
+
+* :func:`acquire` takes the lease of a location when nobody holds it or its holder's lease
+  expired, and increments its fencing ``token`` (:class:`~packhorse.db.models.ScanLease`);
+* :class:`ScanLeaseKeeper` renews it every ``heartbeat_seconds`` (a compare-and-set on the
+  token); a holder that stops renewing loses it after ``lease_seconds`` and the next scan of
+  another worker of the site takes it over; the old holder's renewals and release then change
+  nothing (:attr:`ScanLeaseKeeper.lost` is set and logged once);
+* :func:`release` ends it, recording ``completed_at`` when the scan completed;
+* :func:`overdue_scans`: locations whose scan has not completed for longer than
+  ``[recovery] scan_overdue_seconds`` (listed by ``status`` as blocked work, cause
+  ``scan_overdue``, and by ``health``).
+
+Times are UTC; durations are seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from sqlalchemy import case, or_, select, update
+from sqlalchemy.orm import Session
+
+from packhorse.db.models import ScanLease, utcnow
+from packhorse.db.session import Database, insert_ignoring_conflicts
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ScanClaim:
+    """One holder's acquisition of the scan lease of ``location``; ``token`` is its fencing token."""
+
+    location: str
+    holder: str
+    token: int
+
+
+def acquire(db: Database, location: str, holder: str, *, lease_seconds: float,
+            now: dt.datetime | None = None) -> ScanClaim | None:
+    """Take the scan lease of ``location`` for ``holder`` for ``lease_seconds`` (s), if nobody
+    holds it or the holder's lease expired (then it is taken over: WARNING
+    ``scan_lease_taken_over``). Returns the claim, or ``None`` while another holder's lease is
+    live (the caller skips its scan)."""
+    def tx(s: Session) -> tuple[ScanClaim | None, str | None]:
+        t = now or utcnow()
+        s.execute(insert_ignoring_conflicts(s, ScanLease.__table__, ScanLease.__table__.c.location),
+                  [{"location": location, "token": 0}])
+        before = s.execute(select(ScanLease.holder, ScanLease.expires_at).where(ScanLease.location == location)).one()
+        got = s.execute(update(ScanLease).where(
+            ScanLease.location == location, or_(ScanLease.expires_at.is_(None), ScanLease.expires_at <= t))
+            .values(holder=holder, token=ScanLease.token + 1, expires_at=t + dt.timedelta(seconds=lease_seconds),
+                    heartbeat_at=t, started_at=case(
+                        (ScanLease.completed_at.is_(None) & ScanLease.started_at.is_not(None), ScanLease.started_at),
+                        else_=t)).returning(ScanLease.token)).first()
+        if got is None:
+            return None, None
+        return ScanClaim(location, holder, int(got[0])), (before.holder if before.expires_at is not None else None)
+
+    claim, previous = db.transact(tx)
+    if claim is not None and previous is not None:
+        log.warning("scan_lease_taken_over", location=location, previous_holder=previous, holder=holder,
+                    token=claim.token)
+    return claim
+
+
+def renew(db: Database, claim: ScanClaim, *, lease_seconds: float) -> bool:
+    """Extend ``claim``'s lease by ``lease_seconds`` (s) from now; ``False`` if it is no longer
+    the holder's (taken over: its token is stale)."""
+    def tx(s: Session) -> bool:
+        t = utcnow()
+        return s.execute(update(ScanLease).where(ScanLease.location == claim.location,
+                                                 ScanLease.token == claim.token)
+                         .values(expires_at=t + dt.timedelta(seconds=lease_seconds), heartbeat_at=t)).rowcount == 1
+
+    return bool(db.transact(tx))
+
+
+def release(db: Database, claim: ScanClaim, *, completed: bool) -> bool:
+    """End ``claim``'s lease (fenced on its token); with ``completed`` record ``completed_at``.
+    ``False`` if the lease was taken over meanwhile (nothing changed)."""
+    def tx(s: Session) -> bool:
+        values: dict[str, Any] = {"holder": None, "expires_at": None}
+        if completed:
+            values["completed_at"] = utcnow()
+        return s.execute(update(ScanLease).where(ScanLease.location == claim.location,
+                                                 ScanLease.token == claim.token).values(**values)).rowcount == 1
+
+    return bool(db.transact(tx))
+
+
+class ScanLeaseKeeper:
+    """Renews a scan lease in a daemon thread every ``heartbeat_seconds`` (s) until
+    :meth:`stop`. :attr:`lost` is set (and logged once, WARNING ``scan_lease_lost``) when a
+    renewal finds the token stale, or when no renewal succeeded for ``lease_seconds − 1.5 ×
+    heartbeat_seconds`` (the database unreachable): from then on another worker may scan."""
+
+    def __init__(self, db: Database, claim: ScanClaim, *, lease_seconds: float, heartbeat_seconds: float) -> None:
+        self.db = db
+        self.claim = claim
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"scan-lease-{claim.location}", daemon=True)
+
+    def start(self) -> ScanLeaseKeeper:
+        """Start renewing; returns ``self``."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing (waits for the thread)."""
+        self._stop.set()
+        self._thread.join(timeout=self.heartbeat_seconds + 5)
+
+    def _lose(self, why: str) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            log.warning("scan_lease_lost", location=self.claim.location, holder=self.claim.holder,
+                        token=self.claim.token, reason=why)
+
+    def _run(self) -> None:
+        last_ok = time.monotonic()
+        give_up = max(self.heartbeat_seconds, self.lease_seconds - 1.5 * self.heartbeat_seconds)
+        while not self._stop.wait(self.heartbeat_seconds):
+            try:
+                if not renew(self.db, self.claim, lease_seconds=self.lease_seconds):
+                    self._lose("taken over by another worker (token stale)")
+                    return
+                last_ok = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - the database may be down for a while
+                if time.monotonic() - last_ok > give_up:
+                    self._lose(f"no renewal for {give_up:.0f} s: {e!r}")
+                    return
+
+
+@contextlib.contextmanager
+def scan_lease(db: Database, location: str, holder: str, *, lease_seconds: float,
+               heartbeat_seconds: float) -> Iterator[ScanLeaseKeeper | None]:
+    """Hold the scan lease of ``location`` while the block runs, renewed by a
+    :class:`ScanLeaseKeeper`; yields ``None`` (the caller skips its scan) while another
+    holder's lease is live. A block that returns records ``completed_at``; one that raises
+    releases the lease without it."""
+    claim = acquire(db, location, holder, lease_seconds=lease_seconds)
+    if claim is None:
+        yield None
+        return
+    keeper = ScanLeaseKeeper(db, claim, lease_seconds=lease_seconds, heartbeat_seconds=heartbeat_seconds).start()
+    completed = False
+    try:
+        yield keeper
+        completed = True
+    finally:
+        keeper.stop()
+        with contextlib.suppress(Exception):  # an unreachable database: the lease expires by itself
+            release(db, claim, completed=completed and not keeper.lost.is_set())
+
+
+def overdue_scans(session: Session, *, overdue_seconds: float, now: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """Source locations whose scan has not completed for longer than ``overdue_seconds`` (s):
+    the last completion (or, before the first, the first start) is older than that. Each:
+    ``{"location", "completed_at", "started_at", "holder", "expires_at", "overdue_seconds"}``
+    (times ISO 8601 UTC or ``None``; ``overdue_seconds`` how long since the last completion or
+    first start). Locations never scanned through a lease are not known here."""
+    t = now or utcnow()
+    limit = t - dt.timedelta(seconds=overdue_seconds)
+    out = []
+    for r in session.scalars(select(ScanLease).order_by(ScanLease.location)):
+        since = r.completed_at or r.started_at
+        if since is None or since > limit:
+            continue
+        out.append({"location": r.location, "completed_at": r.completed_at.isoformat() if r.completed_at else None,
+                    "started_at": r.started_at.isoformat() if r.started_at else None, "holder": r.holder,
+                    "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+                    "overdue_seconds": round((t - since).total_seconds())})
+    return out

@@ -1,0 +1,109 @@
+"""The scan's exclusion is a lease with heartbeats (real SQLite ops database, real threads).
+
+A holder excludes every other scan of its location while it renews; a holder that stops
+renewing (paused, hung) loses the lease once it expires and the next worker's scan takes it
+over, after which the old holder's renewals and release change nothing (fenced on the token);
+a location whose scan has not completed for longer than ``scan_overdue_seconds`` is listed as
+blocked (``scan_overdue``) for ``status`` and the dashboard and by ``health``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from types import SimpleNamespace
+
+from sqlalchemy import update
+
+from packhorse.config import settings_from_dict
+from packhorse.db.models import ScanLease, utcnow
+from packhorse.db.session import Database
+from packhorse.operations.scan_lease import ScanLeaseKeeper, acquire, release, renew, scan_lease
+from packhorse.recovery.health import scan_health
+from packhorse.status.blocked_work import PROVIDERS, blocked_items, scan_overdue
+
+LOC = "fyst-source"
+
+
+def row(db: Database) -> ScanLease:
+    return db.read(lambda s: s.get(ScanLease, LOC))
+
+
+def test_a_live_holder_excludes_others_and_a_silent_one_loses_the_lease(empty_db: Database) -> None:
+    db = empty_db
+    a = acquire(db, LOC, "worker-a", lease_seconds=0.6)
+    assert a is not None and acquire(db, LOC, "worker-b", lease_seconds=0.6) is None
+    keeper = ScanLeaseKeeper(db, a, lease_seconds=0.6, heartbeat_seconds=0.1).start()
+    time.sleep(1.0)  # longer than the lease: the renewals keep it
+    assert acquire(db, LOC, "worker-b", lease_seconds=0.6) is None and not keeper.lost.is_set()
+    keeper.stop()  # the holder stops renewing (paused, hung on a mount)
+    time.sleep(0.7)
+    b = acquire(db, LOC, "worker-b", lease_seconds=5)
+    assert b is not None and b.token == a.token + 1  # another worker of the site scans
+    # the old holder comes back: fenced out
+    assert renew(db, a, lease_seconds=5) is False and release(db, a, completed=True) is False
+    assert (row(db).holder, row(db).completed_at) == ("worker-b", None)
+    assert release(db, b, completed=True) and row(db).completed_at is not None
+
+
+def test_a_keeper_whose_lease_was_taken_over_says_it_lost_it(empty_db: Database) -> None:
+    db = empty_db
+    a = acquire(db, LOC, "worker-a", lease_seconds=5)
+    assert a is not None
+    db.transact(lambda s: s.execute(update(ScanLease).values(expires_at=utcnow() - dt.timedelta(seconds=1))))
+    assert acquire(db, LOC, "worker-b", lease_seconds=5) is not None
+    keeper = ScanLeaseKeeper(db, a, lease_seconds=5, heartbeat_seconds=0.05).start()
+    assert keeper.lost.wait(5)
+    keeper.stop()
+
+
+def test_a_scan_not_completed_for_long_is_listed_in_status_and_health(empty_db: Database) -> None:
+    db = empty_db
+    assert scan_overdue in PROVIDERS
+    settings = settings_from_dict({"recovery": {"scan_overdue_seconds": 60}}, environ={})
+    ctx = SimpleNamespace(settings=settings)
+    with scan_lease(db, LOC, "worker-a", lease_seconds=5, heartbeat_seconds=1) as held:
+        assert held is not None
+    assert db.read(lambda s: blocked_items(s, ctx)) == []  # completed just now
+    # the last completion was two minutes ago; the scans since never completed
+    db.transact(lambda s: s.execute(update(ScanLease).values(completed_at=utcnow() - dt.timedelta(seconds=120))))
+    [item] = db.read(lambda s: blocked_items(s, ctx))
+    assert (item.cause, item.subject) == ("scan_overdue", f"location {LOC}")
+    assert item.detail is not None and item.detail["overdue_seconds"] >= 120
+    [h] = db.read(lambda s: scan_health(s, overdue_seconds=60))
+    assert h["location"] == LOC
+
+
+def test_a_scan_that_raised_records_no_completion(empty_db: Database) -> None:
+    db = empty_db
+    try:
+        with scan_lease(db, LOC, "worker-a", lease_seconds=5, heartbeat_seconds=1):
+            raise RuntimeError("mount hung")
+    except RuntimeError:
+        pass
+    r = row(db)
+    assert (r.completed_at, r.expires_at, r.holder) == (None, None, None)  # released, not completed
+    assert acquire(db, LOC, "worker-b", lease_seconds=5) is not None
+
+
+def test_health_and_status_commands_list_an_overdue_scan(site_config) -> None:
+    """``packhorse health --json`` (exit 1) and ``packhorse status --json`` (blocked) list a
+    source location whose scan has not completed for longer than ``scan_overdue_seconds``."""
+    from support import run_packhorse
+
+    config = site_config()
+    assert run_packhorse("init", "-c", str(config), cwd=config.parent).returncode == 0
+    db = Database(f"sqlite:///{config.parent / 'packhorse.db'}")
+    try:
+        long_ago = utcnow() - dt.timedelta(hours=3)
+        db.transact(lambda s: s.add(ScanLease(location=LOC, token=4, started_at=long_ago, completed_at=long_ago)))
+    finally:
+        db.dispose()
+    health = run_packhorse("health", "--json", "-c", str(config), cwd=config.parent)
+    assert health.returncode == 1, health.stderr
+    [sc] = json.loads(health.stdout)["scans_overdue"]
+    assert sc["location"] == LOC and sc["overdue_seconds"] >= 3 * 3600
+    status = run_packhorse("status", "--json", "-c", str(config), cwd=config.parent)
+    assert [b["subject"] for b in json.loads(status.stdout)["blocked"] if b["cause"] == "scan_overdue"] == [
+        f"location {LOC}"]
