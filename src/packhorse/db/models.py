@@ -496,7 +496,10 @@ class LocationOutage(Base):
 
     ``since`` is when the outage was first seen (UTC), ``checked_at`` when it was last seen;
     ``marker_only`` is true when the root is there without its marker (``packhorse init``
-    releases it). The notification is queued with the insert, so once per outage.
+    releases it). The notification is queued with the insert, so once per outage. ``fault`` is
+    the storage's refusal when root and marker are there but writing fails (an errno name such
+    as ``EROFS``, ``EIO``, ``EACCES``, or an object store's ``AccessDenied``;
+    :mod:`packhorse.storage.faults`): the outage then ends only when a write there succeeds.
     """
 
     __tablename__ = "location_outages"
@@ -505,6 +508,7 @@ class LocationOutage(Base):
     marker_only: Mapped[bool] = mapped_column(Boolean, default=False)
     since: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     checked_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    fault: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class CircuitBreaker(Base):

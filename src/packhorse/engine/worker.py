@@ -32,7 +32,7 @@ from packhorse.notify.outbox import enqueue
 from packhorse.operations.batching import batchable
 from packhorse.operations.lease import LeaseKeeper
 from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_many, defer
-from packhorse.rules.availability import check_operation, record_outage, wait_seconds
+from packhorse.rules.availability import check_operation, record_outage, storage_fault, wait_seconds
 from packhorse.rules.space import free_bytes, never_fits
 from packhorse.runtime.context import ProcessContext
 from packhorse.stages import STAGES, deletion
@@ -156,8 +156,9 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
         return Outcome.DEFERRED
     if not isinstance(exc, (TransientDatabaseError, LocationUnavailableError)) and c.operation is not None:
         # a stage that failed because its location went away under it (a source folder
-        # unmounted mid-read: "file not found") waits for the location like one that saw it first
-        exc = _unavailable_location(ctx, c.operation, quiet=True) or exc
+        # unmounted mid-read: "file not found") waits for the location like one that saw it first;
+        # so does one whose write the storage refused (EROFS, EIO, EACCES, AccessDenied)
+        exc = _unavailable_location(ctx, c.operation, quiet=True) or storage_fault(ctx, c.operation, exc) or exc
     if isinstance(exc, LocationUnavailableError):
         return _wait_for_location(ctx, c, exc, salvage)
     if isinstance(exc, DestinationWriteError) and exc.out_of_space:

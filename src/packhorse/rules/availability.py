@@ -18,6 +18,12 @@ empty mount point, the wrong disk mounted — it is *unavailable*, and:
   location is back the outage ends and the operations waiting on it are due at once
   (resumed by themselves; nothing to reset).
 
+A location whose root and marker are there but whose storage refuses writes — a file system
+remounted read-only (``EROFS``), a failing disk (``EIO``), permissions changed under the writer
+(``EACCES``), an object store answering ``AccessDenied`` (:mod:`packhorse.storage.faults`) — is
+unavailable the same way (:func:`storage_fault`): its outage records the ``fault`` and ends
+only when a write there succeeds again (:meth:`~packhorse.storage.base.StorageBackend.write_fault`).
+
 A scan of a source location whose root is missing records the outage and registers, skips
 and forgets nothing (:mod:`packhorse.managers.scan`); the fixity audit and ``verify`` judge no
 copy on an unavailable location.
@@ -44,11 +50,12 @@ from packhorse.db.models import (
     utcnow,
 )
 from packhorse.db.session import insert_ignoring_conflicts
-from packhorse.domain import LIVE_COPY_STATUSES, WAITING_LOCATION, CopyStatus, LocationRole, Status
+from packhorse.domain import LIVE_COPY_STATUSES, WAITING_LOCATION, CopyStatus, LocationRole, OperationKind, Status
 from packhorse.errors import ConfigError, LocationUnavailableError, StorageServiceError
 from packhorse.notify.messages import location_available as notify_available
 from packhorse.notify.messages import location_unavailable as notify_unavailable
 from packhorse.rules.policy import refresh_archived
+from packhorse.storage.faults import fault_of
 from packhorse.storage.identity import check_identity, mark_location, other_installation, read_marker
 
 if TYPE_CHECKING:
@@ -56,14 +63,19 @@ if TYPE_CHECKING:
     from packhorse.storage.identity import InitResult
 
 log = structlog.get_logger(__name__)
-#: locations this process saw unavailable: a worker that finds one back ends its outage
-_seen_out: set[str] = set()
+#: locations this process saw unavailable (name -> whether for a storage fault, which a
+#: write must clear): a worker that finds one back ends its outage
+_seen_out: dict[str, bool] = {}
 
 
-def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
+def probe(ctx: "ProcessContext", location: str, *, writable: bool = False) -> LocationUnavailableError | None:
     """Look at ``location`` now: ``None`` if it is available, else the reason as a
-    :class:`~packhorse.errors.LocationUnavailableError` (read-only: a stat of the root and a
-    read of the small marker; never creates anything).
+    :class:`~packhorse.errors.LocationUnavailableError` (a stat of the root and a read of the
+    small marker; never creates anything). With ``writable`` (the location's outage is a
+    storage fault: ``EROFS``, ``EIO``, ``EACCES``, ``AccessDenied``) a small probe object is
+    also written and removed under the reserved prefix
+    (:meth:`~packhorse.storage.base.StorageBackend.write_fault`) — never at a location
+    configured ``read_only``, which is never written to.
 
     Raises:
         ConfigError: ``location`` is not configured or its store is refused.
@@ -85,7 +97,49 @@ def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | No
             check_identity(backend, location, recorded, installation)
         except LocationUnavailableError as again:
             return again
+    if writable and not is_read_only(ctx, location):
+        return backend.write_fault()
     return None
+
+
+def is_read_only(ctx: "ProcessContext", location: str) -> bool:
+    """``location`` is never written to: configured ``read_only = true`` (a source exported
+    read-only), or found read-only at start-up (:func:`packhorse.rules.availability.read_only_sources`
+    recorded it in ``ctx.topology.read_only``)."""
+    try:
+        configured = bool(getattr(ctx.settings.location(location), "read_only", False))
+    except Exception:  # noqa: BLE001 - a location not configured is not ours to write either way
+        configured = False
+    return configured or location in getattr(ctx.topology, "read_only", ())
+
+
+def storage_fault(ctx: "ProcessContext", op: Operation, exc: BaseException) -> LocationUnavailableError | None:
+    """The location ``op`` must wait for when its attempt raised ``exc`` because the storage
+    refused a write (:func:`packhorse.storage.faults.fault_of`: ``EROFS``, ``EIO``, ``EACCES``,
+    ``AccessDenied``), else ``None`` (the failure is the operation's own: retried or failed).
+
+    The location is the one the error names (``exc.host``) when ``op`` writes there — its
+    destination, or, for a deletion, the location it deletes from — else ``op``'s
+    destination. A fault met only *reading* another location is not taken as that location's
+    outage here (one unreadable file is not a missing disk; a root that cannot be reached is
+    already one: :func:`probe`). Invariant: a write refused by the storage never becomes an
+    operation's failure; the work waits, no retry counted, and resumes when a write succeeds.
+    """
+    found = fault_of(exc)
+    if found is None:
+        return None
+    fault, text = found
+    names = ctx.topology.location_names
+    written = [names[i] for i in (op.destination_location_id,) if i is not None and i in names]
+    if op.kind == OperationKind.DELETION.value and op.source_location_id in names:
+        written.append(names[op.source_location_id])
+    host = getattr(exc, "host", None)
+    location = host if host in written else (written[0] if written else None)
+    if location is None:
+        return None
+    why = f"writing at {root_of(ctx, location)} fails: {text}"
+    return LocationUnavailableError(f"data location {location}: {why}", location=location, reason=why,
+                                    fault=fault, path=getattr(exc, "path", None))
 
 
 def wait_seconds(ctx: "ProcessContext", since: dt.datetime | None, now: dt.datetime | None = None) -> float:
@@ -105,20 +159,24 @@ def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.
     same transaction; later records only refresh ``checked_at`` and the reason.
     """
     loc_id = ctx.topology.location_ids[error.location]
-    _seen_out.add(error.location)
+    _seen_out[error.location] = _seen_out.get(error.location, False) or error.fault is not None
 
     def tx(s: Session) -> dt.datetime:
         now = utcnow()
         t = LocationOutage.__table__
         res = s.execute(insert_ignoring_conflicts(s, t, t.c.location_id).values(
-            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now))
+            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now,
+            fault=error.fault))
         if res.rowcount == 1:
-            log.warning("location_unavailable", location=error.location, reason=error.reason)
+            log.warning("location_unavailable", location=error.location, reason=error.reason, fault=error.fault)
             notify_unavailable(s, location=error.location, reason=error.reason, since=now,
-                               release=release_of(ctx, error.location, error.marker_only))
+                               release=release_of(ctx, error.location, error.marker_only, error.fault))
             return now
+        # a fault, once seen, stays until a write succeeds (a later look at the root alone
+        # does not clear it)
         s.execute(update(LocationOutage).where(LocationOutage.location_id == loc_id).values(
-            checked_at=now, reason=error.reason[:2000], marker_only=error.marker_only))
+            checked_at=now, reason=error.reason[:2000], marker_only=error.marker_only,
+            **({"fault": error.fault} if error.fault is not None else {})))
         since = s.scalar(select(LocationOutage.since).where(LocationOutage.location_id == loc_id))
         return since or now
 
@@ -182,19 +240,20 @@ def check_outages(ctx: "ProcessContext", *, every_location: bool = False) -> lis
     location is looked at, so an outage is recorded (and notified) as soon as a cycle sees it,
     before any operation meets it."""
     back = []
-    names = list(open_outages(ctx))
+    outages = open_outages(ctx)
+    names = list(outages)
     out = set(names)
     if every_location:
         names += [l.name for l in ctx.settings.locations if l.active and l.name not in names
                   and l.name in ctx.topology.location_ids]
     for name in names:
         try:
-            err = probe(ctx, name)
+            err = probe(ctx, name, writable=name in outages and outages[name].fault is not None)
         except (ConfigError, StorageServiceError) as e:
             log.info("location_check_failed", location=name, error=str(e))
             continue
         if err is None:
-            _seen_out.discard(name)
+            _seen_out.pop(name, None)
             if name in out and end_outage(ctx, name) is not None:
                 back.append(name)
         else:
@@ -208,9 +267,9 @@ def look(ctx: "ProcessContext", location: str) -> LocationUnavailableError | Non
     location back before the managers do (distributed: only the site's workers may see its
     storage). Unavailable: the outage is *not* recorded here (the caller does, once it decided
     to wait)."""
-    err = probe(ctx, location)
+    err = probe(ctx, location, writable=_seen_out.get(location, False))
     if err is None and location in _seen_out:
-        _seen_out.discard(location)
+        _seen_out.pop(location, None)
         end_outage(ctx, location)
     return err
 
@@ -227,10 +286,15 @@ def check_operation(ctx: "ProcessContext", op: Operation) -> LocationUnavailable
     return None
 
 
-def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:
+def release_of(ctx: "ProcessContext", location: str, marker_only: bool, fault: str | None = None) -> str:
     """What releases an outage of ``location``: mounting its storage back (packhorse resumes by
     itself); when only its marker is missing, also the two ``packhorse init`` cases (a root with
-    data from before markers; ``--replace`` for new empty storage)."""
+    data from before markers; ``--replace`` for new empty storage); for a storage ``fault``
+    (``EROFS``, ``EIO``, ``EACCES``, ``AccessDenied``) making it writable again."""
+    if fault is not None:
+        return (f"make {root_of(ctx, location)} writable again ({fault}: remount it read-write, repair or replace the "
+                f"failing disk, or restore the permissions or access policy); packhorse resumes by itself once a "
+                f"write there succeeds")
     if marker_only:
         return (f"mount the storage of {location} (packhorse resumes by itself); if its root holds data from "
                 f"before identity markers, `packhorse init -c CONFIG` marks it and keeps the data; new empty "

@@ -74,7 +74,8 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     root or identity marker is missing. Cause ``location_unavailable``, :data:`EXIT_WAITING`:
     the work resumes by itself when the location is back (or after ``packhorse init`` when only
     the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
-    ``marker_only``, ``operations_waiting`` (``PENDING`` operations waiting for it:
+    ``marker_only``, ``fault`` (the storage's refusal: ``EROFS``, ``EIO``, ``EACCES``,
+    ``AccessDenied``, or ``None`` for a missing root or marker), ``operations_waiting`` (``PENDING`` operations waiting for it:
     :func:`~packhorse.rules.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
     8601 UTC)."""
     from sqlalchemy import func, select
@@ -90,10 +91,10 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
         items.append(BlockedItem(
             cause="location_unavailable", subject=f"location {name}",
             reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",
-            release=release_of(ctx, name, row.marker_only), exit_code=EXIT_WAITING,
+            release=release_of(ctx, name, row.marker_only, row.fault), exit_code=EXIT_WAITING,
             since=row.since.isoformat(),
             detail={"location": name, "location_id": row.location_id, "path": root_of(ctx, name),
-                    "marker_only": row.marker_only, "operations_waiting": waiting,
+                    "marker_only": row.marker_only, "fault": row.fault, "operations_waiting": waiting,
                     "checked_at": row.checked_at.isoformat()}))
     return items
 
