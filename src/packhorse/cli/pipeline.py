@@ -28,6 +28,7 @@ from packhorse.cli.app import (
     KindArg,
     OperationIdArg,
     app,
+    check_read_only_sources,
     check_storage,
     context,
     database,
@@ -43,7 +44,7 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.db.session import Database
-from packhorse.errors import ConfigError
+from packhorse.errors import ConfigError, StorageServiceError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
@@ -52,9 +53,9 @@ def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
     """:func:`~packhorse.rules.availability.mark_locations` for ``init`` and ``demo``: a root that is
     missing, marked as another location or refused by its store exits 2 (``EXIT_CONFIG``)
     naming it, as any other setup error."""
-    from packhorse.errors import StorageServiceError  # deferred: start-up time
     from packhorse.rules.availability import mark_locations  # deferred: start-up time
 
+    check_read_only_sources(ctx)
     try:
         return mark_locations(ctx, **kwargs)
     except (ConfigError, StorageServiceError, OSError) as e:
@@ -108,11 +109,14 @@ def init(config: ConfigOpt = None,
     from packhorse.rules.availability import root_of  # deferred: start-up time
 
     for m in marked:
-        if m.action != "already marked":
+        if m.action not in ("already marked", "already identified"):
             extra = f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else ""
             done = {"created": "created and marked", "adopted": "adopted and marked",
                     "taken over": "taken over from the other installation and marked anew (its marker is kept in "
-                                  "_packhorse/quarantine/; its database no longer finds this root)"}.get(m.action,
+                                  "_packhorse/quarantine/; its database no longer finds this root)",
+                    "identified": "read-only source: nothing written there; its identity (a uuid and a fingerprint "
+                                  "of the root) is kept in the ops database",
+                    "already identified": "read-only source, identity checked (nothing written there)"}.get(m.action,
                                                                                                       m.action)
             if m.location in (replace or ()):
                 done += " (replacing lost storage: its recorded copies are now missing and will be made again)"

@@ -108,7 +108,10 @@ class DataLocation(Base):
     """A storage area at a site (mirrors ``[[locations]]``); ``uri`` is its root path or URL;
     ``marker_uuid`` the ``uuid`` of the identity marker ``packhorse init`` found or wrote at its
     root (``None`` until then): storage whose marker has another uuid is not this location's,
-    even if it names it (DESIGN.md "Storage that is absent is not empty")."""
+    even if it names it (DESIGN.md "Storage that is absent is not empty"). ``fingerprint`` is the
+    identity of a read-only source, which carries no marker (nothing is written there): the
+    JSON of :func:`packhorse.storage.identity.root_fingerprint` recorded by ``packhorse init``
+    (``None`` for every other location)."""
 
     __tablename__ = "data_locations"
     __table_args__ = (
@@ -123,6 +126,7 @@ class DataLocation(Base):
     uri: Mapped[str] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     marker_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class RawDataFile(Base):

@@ -32,6 +32,7 @@ copy on an unavailable location.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ from packhorse.db.models import (
     LocationOutage,
     Operation,
     PhysicalCopy,
+    RawDataFile,
     RawDataPackage,
     utcnow,
 )
@@ -56,11 +58,20 @@ from packhorse.notify.messages import location_available as notify_available
 from packhorse.notify.messages import location_unavailable as notify_unavailable
 from packhorse.rules.policy import refresh_archived
 from packhorse.storage.faults import fault_of
-from packhorse.storage.identity import check_identity, mark_location, other_installation, read_marker
+from packhorse.storage.identity import (
+    FINGERPRINT_SAMPLE,
+    InitResult,
+    check_fingerprint,
+    check_identity,
+    mark_location,
+    other_installation,
+    read_marker,
+    root_fingerprint,
+    root_read_only,
+)
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
-    from packhorse.storage.identity import InitResult
 
 log = structlog.get_logger(__name__)
 #: locations this process saw unavailable (name -> whether for a storage fault, which a
@@ -83,6 +94,13 @@ def probe(ctx: "ProcessContext", location: str, *, writable: bool = False) -> Lo
     """
     backend = ctx.backend(location)
     installation = ctx.topology.installation
+    if fingerprinted(ctx, location, backend):
+        try:
+            check_fingerprint(backend, location, ctx.topology.location_fingerprint.get(location),
+                              lambda: registered_sample(ctx, location))
+        except LocationUnavailableError as e:
+            return e
+        return None
     try:
         check_identity(backend, location, ctx.topology.location_marker.get(location), installation)
     except LocationUnavailableError as e:
@@ -103,14 +121,77 @@ def probe(ctx: "ProcessContext", location: str, *, writable: bool = False) -> Lo
 
 
 def is_read_only(ctx: "ProcessContext", location: str) -> bool:
-    """``location`` is never written to: configured ``read_only = true`` (a source exported
-    read-only), or found read-only at start-up (:func:`packhorse.rules.availability.read_only_sources`
-    recorded it in ``ctx.topology.read_only``)."""
+    """``location`` is never written to: a source configured ``read_only = true`` (exported
+    read-only), or a source whose root is on a read-only file system now
+    (:func:`packhorse.storage.identity.root_read_only`; :func:`read_only_sources` warns about it
+    at start-up). Only sources: packhorse must write to every other location, and one that
+    refuses writes is unavailable instead (:func:`storage_fault`)."""
+    if ctx.topology.location_role.get(location) is not LocationRole.SOURCE:
+        return False
+    loc = next((x for x in ctx.settings.locations if x.name == location), None)
+    if loc is None:
+        return False
+    return loc.read_only or root_read_only(ctx.backend(location))
+
+
+def fingerprinted(ctx: "ProcessContext", location: str, backend: Any) -> bool:
+    """``location`` is told by its recorded fingerprint instead of a marker: a source with a
+    fingerprint recorded by ``packhorse init`` (read-only: nothing was written there) and no
+    marker at its root, or a read-only source with neither (then unavailable until ``init``
+    records one). A read-only root that does carry a marker (marked before it was exported
+    read-only) is checked by its marker."""
+    if ctx.topology.location_role.get(location) is not LocationRole.SOURCE:
+        return False
+    recorded = ctx.topology.location_fingerprint.get(location)
+    if recorded is None and not is_read_only(ctx, location):
+        return False
+    if backend.root_missing() is not None:
+        return True  # check_fingerprint says so
     try:
-        configured = bool(getattr(ctx.settings.location(location), "read_only", False))
-    except Exception:  # noqa: BLE001 - a location not configured is not ours to write either way
-        configured = False
-    return configured or location in getattr(ctx.topology, "read_only", ())
+        return read_marker(backend) is None
+    except ValueError:
+        return False  # check_identity reports the bad marker
+
+
+def registered_sample(ctx: "ProcessContext", location: str) -> list[tuple[str, int, int]]:
+    """Up to :data:`~packhorse.storage.identity.FINGERPRINT_SAMPLE` raw data files registered at
+    ``location`` whose source file packhorse did not delete, newest first, as ``(key, bytes,
+    mtime ns)``: what a remounted read-only source must still hold (read-only)."""
+    loc_id = ctx.topology.location_ids.get(location)
+    if loc_id is None:
+        return []
+    return ctx.db.read(lambda s: [(str(p), int(n), int(m)) for p, n, m in s.execute(
+        select(RawDataFile.relative_path, RawDataFile.size,
+               func.coalesce(RawDataFile.confirmed_mtime_ns, RawDataFile.mtime_ns))
+        .where(RawDataFile.location_id == loc_id, RawDataFile.source_deleted_at.is_(None))
+        .order_by(RawDataFile.id.desc()).limit(FINGERPRINT_SAMPLE))])
+
+
+def read_only_sources(ctx: "ProcessContext") -> list[str]:
+    """The active source locations packhorse never writes to (:func:`is_read_only`), checked at
+    start-up (``packhorse init`` and ``run``). A source found read-only without ``read_only =
+    true`` is logged as a WARNING (``source_found_read_only``) and treated as read-only.
+
+    Raises:
+        ConfigError: ``[deletion] delete_source_files`` is on and a source is read-only (the
+            message names it): packhorse would never be able to free it, and deleting there
+            must not be tried at all.
+    """
+    found = []
+    for loc in ctx.settings.locations:
+        if loc.role is not LocationRole.SOURCE or not loc.active or loc.name not in ctx.topology.location_ids:
+            continue
+        if is_read_only(ctx, loc.name):
+            found.append(loc.name)
+            if not loc.read_only:
+                log.warning("source_found_read_only", location=loc.name, path=root_of(ctx, loc.name),
+                            advice="packhorse writes nothing there; set read_only = true to say so")
+    if found and ctx.settings.deletion.delete_source_files:
+        raise ConfigError(
+            f"[deletion] delete_source_files = true, but source location(s) {', '.join(found)} are read-only "
+            f"({'; '.join(f'{n}: {root_of(ctx, n)}' for n in found)}): packhorse never writes or deletes there. "
+            "Set delete_source_files = false, or make the source writable")
+    return found
 
 
 def storage_fault(ctx: "ProcessContext", op: Operation, exc: BaseException) -> LocationUnavailableError | None:
@@ -461,6 +542,10 @@ def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: li
         ConfigError: the root is refused (the message names the location and what to do).
     """
 
+    if loc.role is LocationRole.SOURCE and is_read_only(ctx, loc.name) and not root_missing_of(backend):
+        if read_marker_or_none(backend) is None:
+            done.append(_identify_read_only(ctx, loc.name, backend, replacing=replacing))
+            return
     root_missing = backend.root_missing() is not None
     try:
         marker = None if root_missing else read_marker(backend)
@@ -489,11 +574,65 @@ def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: li
         end_outage(ctx, loc.name)
 
 
+def root_missing_of(backend: Any) -> bool:
+    """The backend's root is not there (:meth:`~packhorse.storage.base.StorageBackend.root_missing`)."""
+    return backend.root_missing() is not None
+
+
+def read_marker_or_none(backend: Any) -> dict[str, Any] | None:
+    """:func:`~packhorse.storage.identity.read_marker`, with a marker that is not one taken as
+    present (an empty dict): it is reported where the marker is checked, never written over."""
+    try:
+        return read_marker(backend)
+    except ValueError:
+        return {}
+
+
+def _identify_read_only(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool) -> InitResult:
+    """``packhorse init`` for a read-only source without a marker: write nothing there, record
+    its identity in the ops database instead (:class:`~packhorse.db.models.DataLocation`
+    ``marker_uuid`` and ``fingerprint``: :func:`~packhorse.storage.identity.root_fingerprint`).
+    A fingerprint already recorded is kept when the root still matches it (refreshed: a remount
+    may have changed the device number); a root that matches it no more while files are
+    registered there is refused (an unmounted mount point, another export), unless
+    ``replacing`` (``init --replace``). Result action ``"identified"`` or ``"already identified"``.
+
+    Raises:
+        ConfigError: the root is not the recorded one (the message names the location and the
+            way on).
+    """
+    recorded = ctx.topology.location_fingerprint.get(location)
+    uuid_ = ctx.topology.location_marker.get(location)
+    if recorded is not None and not replacing:
+        try:
+            check_fingerprint(backend, location, recorded, lambda: registered_sample(ctx, location))
+        except LocationUnavailableError as e:
+            if registered_sample(ctx, location) or recorded.get("sample"):
+                raise ConfigError(f"{e}. Mount the read-only source that belongs there (packhorse resumes by itself); "
+                                  f"if this really is another source replacing it, run `packhorse init --replace "
+                                  f"{location}`") from None
+    action = "already identified" if recorded is not None and not replacing else "identified"
+    if uuid_ is None or replacing:
+        uuid_ = str(uuid.uuid4())
+    fingerprint = root_fingerprint(backend, location=location, uuid_=uuid_,
+                                   sample=None if recorded is None or replacing else
+                                   [tuple(x) for x in (recorded.get("sample") or [])][:FINGERPRINT_SAMPLE] or None)
+    loc_id = ctx.topology.location_ids[location]
+
+    def tx(s: Session) -> None:
+        s.execute(update(DataLocation).where(DataLocation.id == loc_id).values(marker_uuid=uuid_,
+                                                                               fingerprint=fingerprint))
+
+    ctx.db.transact(tx)
+    ctx.topology.location_marker[location] = uuid_
+    ctx.topology.location_fingerprint[location] = fingerprint
+    end_outage(ctx, location)
+    return InitResult(location, action)
+
+
 def installation_uuid(ctx: "ProcessContext") -> str:
     """The uuid of this installation (:class:`~packhorse.db.models.Installation`), created by
     the first call (``packhorse init``); concurrent first calls agree on one row."""
-    import uuid
-
 
     def tx(s: Session) -> str:
         found = s.scalar(select(Installation.uuid).where(Installation.id == 1))
