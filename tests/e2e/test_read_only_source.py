@@ -10,6 +10,7 @@ and ``delete_source_files`` is refused for it, naming it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -79,6 +80,11 @@ def test_a_read_only_source_is_archived_without_a_write_and_told_from_another_ex
         with sqlite3.connect(p.root / "packhorse.db") as db:
             (fingerprint,) = db.execute("SELECT fingerprint FROM data_locations WHERE name = 'fyst-source'").fetchone()
         assert fingerprint and '"inode"' in fingerprint
+        # the dry run looks at it as the run does: by its fingerprint, not for a marker
+        dry = p.cli("run", "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        (entry,) = [r for r in json.loads(dry.stdout)["register"] if r["location"] == "fyst-source"]
+        assert "unavailable" not in entry and entry["files"] == 6, entry
         p.run(expect=0)
         assert_archived_everywhere(p, expected)
         assert p.status()["packages"]["archived"] == 3
