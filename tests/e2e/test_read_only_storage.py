@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from e2e_helpers import Pipeline, assert_archived_everywhere, source_files
+from prometheus_client.parser import text_string_to_metric_families
 
+from api_support import Api, api_for
 from support import SRC
 from tmpfs_support import mount_tmpfs
 
@@ -48,13 +50,24 @@ def _wait(what: str, check, proc: subprocess.Popen, seconds: float = 120) -> Non
         time.sleep(0.2)
 
 
+def _metrics(api: Api) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of ``/metrics`` of the installation's API (in process, as a scrape sees them)."""
+    text = api.client.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 def test_an_archive_remounted_read_only_during_a_run_waits_and_resumes_when_writable(pipeline) -> None:
-    p = pipeline(bundle_max_wait_seconds=0)
+    p = pipeline(bundle_max_wait_seconds=0, extra="[disk_usage]\ninterval_seconds = 0.5\n")
     _source(p, groups=3)
     expected = source_files(p.source)
     archive = p.location("cologne-lta")
     with mount_tmpfs(archive, 64):
         p.init()
+        # bytes an earlier repair moved aside at the other archive: measured with its disk usage
+        aside = p.location("cornell-lta") / "_packhorse" / "quarantine" / "raw" / "old.tar.20261201T000000.000000Z-0a1b"
+        aside.parent.mkdir(parents=True)
+        aside.write_bytes(b"q" * 4096)
         _remount(archive, "ro")
         proc = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--quiet"],
                                 env={**os.environ, "PYTHONPATH": str(SRC)}, cwd=p.root, stdout=subprocess.DEVNULL,
@@ -77,6 +90,17 @@ def test_an_archive_remounted_read_only_during_a_run_waits_and_resumes_when_writ
             text = p.cli("status").stdout
             assert "BLOCKED location cologne-lta" in text and "EROFS" in text, text
             assert os.listdir(archive) == ["_packhorse"]  # nothing written (it could not be)
+            # what a scrape says meanwhile: the cause, the location, the backlog and its age
+            api = api_for(p.config)
+            m = _metrics(api)
+            assert m[("packhorse_operations_blocked", (("cause", "location_unavailable"),))] >= 1
+            assert m[("packhorse_operations_blocked", (("cause", "failed"),))] == 0
+            assert m[("packhorse_location_unavailable", (("location", "cologne-lta"),))] == 1
+            assert m[("packhorse_location_unavailable", (("location", "cornell-lta"),))] == 0
+            assert m[("packhorse_location_unavailable_seconds", (("location", "cologne-lta"),))] > 0
+            assert m[("packhorse_packages_not_archived", ())] >= 3
+            assert m[("packhorse_oldest_not_archived_age_seconds", ())] > 0
+            assert m[("packhorse_quarantined_bytes", (("location", "cornell-lta"),))] == 4096
 
             _remount(archive, "rw")
             total = _query(p, "SELECT count(*) FROM raw_data_packages")[0][0]
@@ -104,3 +128,8 @@ def test_an_archive_remounted_read_only_during_a_run_waits_and_resumes_when_writ
         back = _query(p, "SELECT context FROM notification_outbox WHERE event = 'location_available'")
         assert [json.loads(c)["location"] for (c,) in back] == ["cologne-lta"]
         assert p.status()["blocked"] == []
+        m = _metrics(api)
+        assert m[("packhorse_location_unavailable", (("location", "cologne-lta"),))] == 0
+        assert m[("packhorse_packages_not_archived", ())] == 0
+        assert m[("packhorse_oldest_not_archived_age_seconds", ())] == 0
+        assert {v for (name, _), v in m.items() if name == "packhorse_operations_blocked"} == {0}

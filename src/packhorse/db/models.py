@@ -490,6 +490,9 @@ class DiskUsageSample(Base):
     percent: Mapped[float] = mapped_column(Float)
     level: Mapped[str] = mapped_column(String(16))
     alert_level: Mapped[str] = mapped_column(String(16))
+    #: bytes under the location's quarantine (``_packhorse/quarantine/``) when measured;
+    #: ``None`` in samples from before it was measured, or when it could not be read
+    quarantined_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class LocationOutage(Base):
