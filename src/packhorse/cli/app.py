@@ -75,7 +75,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _global_options(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
                                           help="Print the packhorse version and exit")] = False,
     log_format: Annotated[Optional[str], typer.Option(
         "--log-format", help="Log lines on stderr: json or console [default: console on a terminal, else json]",
