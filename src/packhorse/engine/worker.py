@@ -204,12 +204,18 @@ def _waiting_note(ctx: ProcessContext, c: Claim, exc: Exception, waiting: str, d
     """The ``error_context`` of an attempt handed back to wait (:func:`defer`): the one
     error-context dict (DESIGN.md "Error context") with ``waiting`` (what it waits for:
     :data:`~packhorse.domain.WAITING_DELETION_RULE`, ``WAITING_LOCATION``,
-    ``WAITING_SPACE``), the ``attempt`` handed back and, for a location, its name and
-    ``location_id`` (what ``run --until-idle``, ``status`` and ``diagnose`` go by)."""
+    ``WAITING_SPACE``), the ``attempt`` handed back, ``waiting_since`` (ISO 8601 UTC: when it
+    first waited for the same thing — kept from the note of an earlier hand-back for the same
+    cause and location, so a BLOCKED line's "since" is the start of the wait, not the latest
+    look) and, for a location, its name and ``location_id`` (what ``run --until-idle``,
+    ``status`` and ``diagnose`` go by)."""
     note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
                                retry_count=c.operation.retry_count if c.operation is not None else 0,
                                will_retry=True, auto_diagnosis=diagnosis)
-    note.update(waiting=waiting, attempt=c.attempt)
+    prev = (c.operation.error_context if c.operation is not None else None) or {}
+    same = prev.get("waiting") == waiting and prev.get("location") == location
+    note.update(waiting=waiting, attempt=c.attempt,
+                waiting_since=(prev.get("waiting_since") if same else None) or utcnow().isoformat())
     if location is not None:
         note.update(location=location, location_id=ctx.topology.location_ids.get(location))
     return note

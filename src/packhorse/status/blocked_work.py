@@ -128,9 +128,18 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
             release=(f"free space at {name} ({frees}); the operations go on by themselves once there is space "
                      "(at once when packhorse freed some; after its backoff, at most [recovery] "
                      "retry_backoff_max_seconds, or at the next `packhorse run`, when you did)"),
-            exit_code=EXIT_WAITING, since=ops[0].updated_at.isoformat() if ops[0].updated_at else None,
+            exit_code=EXIT_WAITING, since=_wait_began(ops),
             detail={"location": name, "operations_waiting": len(ops), "last_error": last}))
     return items
+
+
+def _wait_began(ops: list[Operation]) -> str | None:
+    """When the first of ``ops`` began to wait (ISO 8601 UTC): the earliest ``waiting_since`` of
+    their notes (kept across hand-backs: :func:`packhorse.engine.worker._waiting_note`), else,
+    for a note from before it was kept, the earliest ``updated_at``."""
+    began = [str((op.error_context or {}).get("waiting_since") or "") or
+             (op.updated_at.isoformat() if op.updated_at else "") for op in ops]
+    return min((b for b in began if b), default=None)
 
 
 def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
