@@ -152,11 +152,19 @@ class LocationConfig(_Section):
     spans folders, a pattern without ``/`` matches a name at any depth), applied at scan time:
     with ``include`` only matching files are registered; a file matching ``exclude`` never is
     (:mod:`packhorse.scanfilter`).
+
+    ``read_only`` (source locations only): packhorse never writes there — not the identity
+    marker (``packhorse init`` keeps the location's identity in the ops database instead: a
+    uuid and fingerprints of the root, :func:`packhorse.storage.identity.root_fingerprint`), not
+    a deletion. For instrument data exported read-only (NFS, a read-only bind mount). A source
+    whose root is found read-only at start-up is treated so too, with a warning. Refused
+    together with ``[deletion] delete_source_files``.
     """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     site: str
     role: LocationRole
+    read_only: bool = False
     storage: StorageType = StorageType.DISK
     path: str | None = None
     active: bool = True
@@ -232,6 +240,9 @@ class LocationConfig(_Section):
             raise ValueError(f"location {self.name!r}: object_lock_mode and object_lock_retain_days go together")
         if (self.include or self.exclude) and self.role is not LocationRole.SOURCE:
             raise ValueError(f"location {self.name!r}: include and exclude only apply to role 'source'")
+        if self.read_only and self.role is not LocationRole.SOURCE:
+            raise ValueError(f"location {self.name!r}: read_only only applies to role 'source' (packhorse writes "
+                             "to every other location)")
 
         for key in ("include", "exclude"):
             for pattern in getattr(self, key):
@@ -672,6 +683,11 @@ class Settings(_Section):
                     errors.append(
                         f"routes[{i}].destination_sites: site {dest!r} has no active 'long_term_archive' location"
                     )
+        if self.deletion.delete_source_files:
+            for loc in self.locations:
+                if loc.read_only:
+                    errors.append(f"deletion.delete_source_files: source location {loc.name!r} is read_only: "
+                                  "packhorse never deletes there; set delete_source_files = false or drop read_only")
         if self.extraction.max_member_bytes < self.packaging.max_package_bytes:
             # a bundle's members are its raw package tars: every bundle of full packages would be
             # refused at unpack, permanently

@@ -321,7 +321,14 @@ class StorageServiceError(RetryableError):
 
     The message names the location, bucket and key and the service's error code; credentials
     never appear in it.
+
+    Args:
+        code: the service's error code (``"AccessDenied"``, ``"SlowDown"``, ...), when it gave one.
     """
+
+    def __init__(self, message: str, *, code: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.code = code
 
 
 class StorageBusyError(StorageServiceError):
@@ -376,10 +383,15 @@ class LocationUnavailableError(RetryableError):
             (released by ``packhorse init``), ``False`` when the root itself is missing.
         wrong_uuid: ``True`` when the marker names the location but carries another uuid than
             the one ``packhorse init`` recorded (storage of another installation).
+        fault: the storage's own refusal that made the location unavailable while its root and
+            marker are there: an errno name (``"EROFS"``, ``"EIO"``, ``"EACCES"``) or an object
+            store's error code (``"AccessDenied"``); ``None`` for a missing root or marker. A
+            location with a fault is available again only when a write there succeeds
+            (:func:`packhorse.rules.availability.probe`).
     """
 
     def __init__(self, message: str, *, location: str, reason: str | None = None, marker_only: bool = False,
-                 path: str | None = None, wrong_uuid: bool = False) -> None:
+                 path: str | None = None, wrong_uuid: bool = False, fault: str | None = None) -> None:
         super().__init__(message, side="destination", path=path, host=location,
                          diagnosis=("run `packhorse init` to mark the location (an existing root with data and no "
                                     "marker is adopted), or mount the storage that belongs there" if marker_only else
@@ -388,6 +400,7 @@ class LocationUnavailableError(RetryableError):
         self.reason = reason or message
         self.marker_only = marker_only
         self.wrong_uuid = wrong_uuid
+        self.fault = fault
 
 
 class OperationDeferred(PackhorseError):

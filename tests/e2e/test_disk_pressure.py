@@ -5,6 +5,7 @@ retention while buffers below warning keep their copies."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,13 @@ def test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_
         assert "BLOCKED location cologne-buffer (location_full)" in piped, piped
         assert "release: free space at cologne-buffer" in piped, piped
         assert max(line.count("━") + line.count("─") for line in piped.splitlines()) < 200, piped
+        # a second run looks for space again and meets the full disk again: the wait goes on,
+        # and "since" stays the start of the wait, not the latest look
+        time.sleep(1.1)
+        p.run(expect=4)
+        [again] = [b for b in p.status()["blocked"] if b["cause"] == "location_full"]
+        assert again["since"] == full["since"], (again["since"], full["since"])
+        assert f"(location_full) since {full['since']}" in p.cli("status").stdout
 
         ballast.unlink()  # space is back: nothing to reset
         p.run()

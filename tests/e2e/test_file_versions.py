@@ -200,7 +200,7 @@ def test_a_file_gone_before_packaging_is_recorded_with_a_reason_and_a_notificati
     sent = _notifications(p, "source_files_vanished")
     assert len(sent) == 2 and any("cam/obs1/b.dat" in body for _, body in sent), sent
     assert all(s.startswith("Source file(s) gone before packaging") for s, _ in sent)
-    text = p.cli("status")
+    text = p.cli("status", "--skipped")
     assert text.returncode == 0 and "cam/obs1/b.dat" in text.stdout
 
     # it comes back: registered and archived, no longer listed

@@ -184,6 +184,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     app.state.ctx = ctx
     registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds,
                             forget_after_seconds=settings.recovery.service_forget_after_seconds)
+    detailed = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds,
+                            forget_after_seconds=settings.recovery.service_forget_after_seconds, error_types=True)
 
     def on_error(status: int):  # type: ignore[no-untyped-def]
         async def handler(_request: Request, exc: Exception) -> JSONResponse:
@@ -372,8 +374,15 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     app.include_router(api)
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        """Prometheus text, without a token; a label that names what went wrong (``error_type``)
+        only for a caller with a valid API token (any role), who may see failures in the API."""
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if not token.strip():
+            return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
+        if scheme.lower() != "bearer" or authenticate(db, token.strip()) is None:
+            return JSONResponse({"detail": "unknown or revoked token"}, 401, headers={"WWW-Authenticate": "Bearer"})
+        return Response(render(detailed), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     def dashboard() -> HTMLResponse:

@@ -78,7 +78,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _global_options(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
                                           help="Print the packhorse version and exit")] = False,
     log_format: Annotated[Optional[str], typer.Option(
         "--log-format", help="Log lines on stderr: json or console [default: console on a terminal, else json]",
@@ -221,12 +221,32 @@ def require_routes(settings: Settings) -> None:
                        f"[[routes]] has as source_site: its files would never be archived", EXIT_CONFIG)
 
 
+def check_read_only_sources(ctx: ProcessContext) -> list[str]:
+    """The read-only sources (:func:`~packhorse.rules.availability.read_only_sources`), with a
+    warning on stderr for each one found read-only without ``read_only = true``; exits 2
+    naming them when ``delete_source_files`` is on."""
+    from packhorse.rules.availability import read_only_sources, root_of  # deferred: start-up time
+
+    try:
+        found = read_only_sources(ctx)
+    except ConfigError as e:
+        raise fail(str(e), EXIT_CONFIG) from None
+    for name in found:
+        if not ctx.settings.location(name).read_only:
+            err.print(f"warning: source location {name}: its root {root_of(ctx, name)} is read-only; packhorse "
+                      "writes nothing there (no identity marker, no deletion); set read_only = true in its "
+                      "[[locations]] entry to say so", markup=False)
+    return found
+
+
 def check_storage(ctx: ProcessContext) -> None:
     """Build every active location's backend (S3 write-once probe, Object Lock check) before
-    any work runs; a refused store exits 2 naming the location."""
+    any work runs; a refused store exits 2 naming the location; read-only sources are checked
+    (:func:`check_read_only_sources`)."""
     from packhorse.domain import StorageType  # deferred: start-up time
     from packhorse.errors import LocationUnavailableError, StorageServiceError  # deferred: start-up time
 
+    check_read_only_sources(ctx)
     try:
         for loc in ctx.settings.locations:
             # disk backends need no probe (and never create their root)

@@ -28,6 +28,7 @@ from packhorse.cli.app import (
     KindArg,
     OperationIdArg,
     app,
+    check_read_only_sources,
     check_storage,
     context,
     database,
@@ -43,7 +44,7 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.db.session import Database
-from packhorse.errors import ConfigError
+from packhorse.errors import ConfigError, StorageServiceError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
@@ -52,9 +53,9 @@ def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
     """:func:`~packhorse.rules.availability.mark_locations` for ``init`` and ``demo``: a root that is
     missing, marked as another location or refused by its store exits 2 (``EXIT_CONFIG``)
     naming it, as any other setup error."""
-    from packhorse.errors import StorageServiceError  # deferred: start-up time
     from packhorse.rules.availability import mark_locations  # deferred: start-up time
 
+    check_read_only_sources(ctx)
     try:
         return mark_locations(ctx, **kwargs)
     except (ConfigError, StorageServiceError, OSError) as e:
@@ -108,11 +109,14 @@ def init(config: ConfigOpt = None,
     from packhorse.rules.availability import root_of  # deferred: start-up time
 
     for m in marked:
-        if m.action != "already marked":
+        if m.action not in ("already marked", "already identified"):
             extra = f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else ""
             done = {"created": "created and marked", "adopted": "adopted and marked",
                     "taken over": "taken over from the other installation and marked anew (its marker is kept in "
-                                  "_packhorse/quarantine/; its database no longer finds this root)"}.get(m.action,
+                                  "_packhorse/quarantine/; its database no longer finds this root)",
+                    "identified": "read-only source: nothing written there; its identity (a uuid and a fingerprint "
+                                  "of the root) is kept in the ops database",
+                    "already identified": "read-only source, identity checked (nothing written there)"}.get(m.action,
                                                                                                       m.action)
             if m.location in (replace or ()):
                 done += " (replacing lost storage: its recorded copies are now missing and will be made again)"
@@ -183,12 +187,13 @@ def _queued_notifications_line(queued: int, deliverable: bool) -> str:
 
 def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
          progress_interval: float = PROGRESS_INTERVAL_SECONDS, label: str = "packhorse run",
-         instance: str | None = None) -> tuple[float, int | None]:
+         instance: str | None = None, verbose: bool = False) -> tuple[float, int | None]:
     """Run the embedded mode; returns (seconds, the signal that stopped it or ``None``).
 
     Progress (:mod:`packhorse.cli.progress`): bars on a terminal; off one a summary line every
     ``progress_interval`` seconds and warnings and errors, one JSON log line per operation only
-    with ``--log-format json``; with ``quiet`` errors only. Health: the run records itself as
+    with ``--log-format json``; with ``quiet`` errors only; with ``verbose`` INFO log lines too
+    (every operation started, completed, deferred). Health: the run records itself as
     service ``runner`` (with ``instance``: :func:`packhorse.recovery.health.service_identity`)."""
     from packhorse import logs  # deferred: start-up time
     from packhorse.cli.progress import SummaryLines, TerminalProgress  # deferred: start-up time
@@ -196,7 +201,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
 
     on_terminal = sys.stderr.isatty()
     json_asked = logs.chosen_format() == "json"
-    level = "ERROR" if quiet else ("INFO" if json_asked and not on_terminal else "WARNING")
+    level = "ERROR" if quiet else ("INFO" if verbose or (json_asked and not on_terminal) else "WARNING")
     logs.configure(log_level(level))
     bars: TerminalProgress | SummaryLines | None = None
     if not quiet:
@@ -247,10 +252,11 @@ def run(
     config: ConfigOpt = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log lines at INFO too (every operation)")] = False,
     progress_interval: Annotated[float, typer.Option(
         "--progress-interval", min=0.1, envvar="PACKHORSE_PROGRESS_INTERVAL",
         help="Off a terminal: seconds between progress summary lines")] = PROGRESS_INTERVAL_SECONDS,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be registered, packaged, shipped, "
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would be registered, packaged, shipped, "
                                           "archived and deleted; write nothing")] = False,
     with_api: Annotated[bool, typer.Option("--api", help="also serve the HTTP API and dashboard (embedded)")] = False,
     api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
@@ -281,7 +287,7 @@ def run(
                            ctx.settings.api.port if api_port is None else api_port)
     try:
         elapsed, signum = _run(ctx, until_idle=until_idle, quiet=quiet, progress_interval=progress_interval,
-                               instance=instance)
+                               instance=instance, verbose=verbose and not quiet)
     finally:
         if server is not None:
             server.should_exit = True
@@ -374,8 +380,11 @@ def run_operation(
 
 
 @app.command()
-def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """Show operations by kind and status, packages, copies per location and skipped files."""
+def status(config: ConfigOpt = None, as_json: JsonOpt = False,
+           list_skipped: Annotated[bool, typer.Option(
+               "--skipped", help="list every skipped source path (by default a count per reason)")] = False) -> None:
+    """Show operations by kind and status, packages, copies per location, skipped files (a count
+    per reason; ``--skipped`` lists them), FAILED and BLOCKED work."""
     from rich.markup import escape
 
     from packhorse.status.reporting import status_report  # deferred: start-up time
@@ -407,11 +416,19 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
         for loc, v in r["source_filters"].items():
             f.add_row(loc, ", ".join(v["include"]) or "(everything)", ", ".join(v["exclude"]) or "-")
         out.print(f)
-    if r["skipped"]:
+    if r["skipped"] and list_skipped:
         s = Table("location", "path", "reason", title="skipped files")
         for row in r["skipped"]:
             s.add_row(row["location"], shown(row["path"]), shown(row["reason"]))
         out.print(s)
+    elif r["skipped"]:  # a count per reason: 82 symlinks must not push FAILED and BLOCKED off the screen
+        per: dict[tuple[str, str], int] = {}
+        for row in r["skipped"]:
+            per[(row["location"], row["reason"])] = per.get((row["location"], row["reason"]), 0) + 1
+        out.print(f"skipped: {len(r['skipped'])} source path(s) not archived (`packhorse status --skipped` lists "
+                  "them):", highlight=False, markup=False)
+        for (loc, reason), n in sorted(per.items(), key=lambda x: (-x[1], x[0])):
+            out.print(f"  {n} at {loc}: {shown(reason)}", highlight=False, markup=False)
     if r["blocked"] and out.is_terminal:  # off one the BLOCKED lines below say it all, unpadded
         b = Table("blocked", "cause", "why", "releases it", title="blocked work (waits until released)")
         for x in r["blocked"]:  # plain text: "[recovery] …" in a release is no markup

@@ -108,7 +108,10 @@ class DataLocation(Base):
     """A storage area at a site (mirrors ``[[locations]]``); ``uri`` is its root path or URL;
     ``marker_uuid`` the ``uuid`` of the identity marker ``packhorse init`` found or wrote at its
     root (``None`` until then): storage whose marker has another uuid is not this location's,
-    even if it names it (DESIGN.md "Storage that is absent is not empty")."""
+    even if it names it (DESIGN.md "Storage that is absent is not empty"). ``fingerprint`` is the
+    identity of a read-only source, which carries no marker (nothing is written there): the
+    JSON of :func:`packhorse.storage.identity.root_fingerprint` recorded by ``packhorse init``
+    (``None`` for every other location)."""
 
     __tablename__ = "data_locations"
     __table_args__ = (
@@ -123,6 +126,7 @@ class DataLocation(Base):
     uri: Mapped[str] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     marker_uuid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class RawDataFile(Base):
@@ -494,6 +498,9 @@ class DiskUsageSample(Base):
     percent: Mapped[float] = mapped_column(Float)
     level: Mapped[str] = mapped_column(String(16))
     alert_level: Mapped[str] = mapped_column(String(16))
+    #: bytes under the location's quarantine (``_packhorse/quarantine/``) when measured;
+    #: ``None`` in samples from before it was measured, or when it could not be read
+    quarantined_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class LocationOutage(Base):
@@ -504,7 +511,10 @@ class LocationOutage(Base):
 
     ``since`` is when the outage was first seen (UTC), ``checked_at`` when it was last seen;
     ``marker_only`` is true when the root is there without its marker (``packhorse init``
-    releases it). The notification is queued with the insert, so once per outage.
+    releases it). The notification is queued with the insert, so once per outage. ``fault`` is
+    the storage's refusal when root and marker are there but writing fails (an errno name such
+    as ``EROFS``, ``EIO``, ``EACCES``, or an object store's ``AccessDenied``;
+    :mod:`packhorse.storage.faults`): the outage then ends only when a write there succeeds.
     """
 
     __tablename__ = "location_outages"
@@ -513,6 +523,7 @@ class LocationOutage(Base):
     marker_only: Mapped[bool] = mapped_column(Boolean, default=False)
     since: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     checked_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    fault: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class CircuitBreaker(Base):

@@ -33,7 +33,7 @@ from packhorse.notify.outbox import enqueue
 from packhorse.operations.batching import batchable
 from packhorse.operations.lease import LeaseKeeper
 from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_many, defer
-from packhorse.rules.availability import check_operation, record_outage, wait_seconds
+from packhorse.rules.availability import check_operation, record_outage, storage_fault, wait_seconds
 from packhorse.rules.space import free_bytes, never_fits
 from packhorse.runtime.context import ProcessContext
 from packhorse.stages import STAGES, deletion
@@ -182,8 +182,9 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
         return Outcome.DEFERRED
     if not isinstance(exc, (TransientDatabaseError, LocationUnavailableError)) and c.operation is not None:
         # a stage that failed because its location went away under it (a source folder
-        # unmounted mid-read: "file not found") waits for the location like one that saw it first
-        exc = _unavailable_location(ctx, c.operation, quiet=True) or exc
+        # unmounted mid-read: "file not found") waits for the location like one that saw it first;
+        # so does one whose write the storage refused (EROFS, EIO, EACCES, AccessDenied)
+        exc = _unavailable_location(ctx, c.operation, quiet=True) or storage_fault(ctx, c.operation, exc) or exc
     if isinstance(exc, LocationUnavailableError):
         return _wait_for_location(ctx, c, exc, salvage)
     if isinstance(exc, DestinationWriteError) and exc.out_of_space:
@@ -229,12 +230,18 @@ def _waiting_note(ctx: ProcessContext, c: Claim, exc: Exception, waiting: str, d
     """The ``error_context`` of an attempt handed back to wait (:func:`defer`): the one
     error-context dict (DESIGN.md "Error context") with ``waiting`` (what it waits for:
     :data:`~packhorse.domain.WAITING_DELETION_RULE`, ``WAITING_LOCATION``,
-    ``WAITING_SPACE``), the ``attempt`` handed back and, for a location, its name and
-    ``location_id`` (what ``run --until-idle``, ``status`` and ``diagnose`` go by)."""
+    ``WAITING_SPACE``), the ``attempt`` handed back, ``waiting_since`` (ISO 8601 UTC: when it
+    first waited for the same thing — kept from the note of an earlier hand-back for the same
+    cause and location, so a BLOCKED line's "since" is the start of the wait, not the latest
+    look) and, for a location, its name and ``location_id`` (what ``run --until-idle``,
+    ``status`` and ``diagnose`` go by)."""
     note = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
                                retry_count=c.operation.retry_count if c.operation is not None else 0,
                                will_retry=True, auto_diagnosis=diagnosis)
-    note.update(waiting=waiting, attempt=c.attempt)
+    prev = (c.operation.error_context if c.operation is not None else None) or {}
+    same = prev.get("waiting") == waiting and prev.get("location") == location
+    note.update(waiting=waiting, attempt=c.attempt,
+                waiting_since=(prev.get("waiting_since") if same else None) or utcnow().isoformat())
     if location is not None:
         note.update(location=location, location_id=ctx.topology.location_ids.get(location))
     return note

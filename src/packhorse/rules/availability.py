@@ -18,6 +18,12 @@ empty mount point, the wrong disk mounted — it is *unavailable*, and:
   location is back the outage ends and the operations waiting on it are due at once
   (resumed by themselves; nothing to reset).
 
+A location whose root and marker are there but whose storage refuses writes — a file system
+remounted read-only (``EROFS``), a failing disk (``EIO``), permissions changed under the writer
+(``EACCES``), an object store answering ``AccessDenied`` (:mod:`packhorse.storage.faults`) — is
+unavailable the same way (:func:`storage_fault`): its outage records the ``fault`` and ends
+only when a write there succeeds again (:meth:`~packhorse.storage.base.StorageBackend.write_fault`).
+
 A scan of a source location whose root is missing records the outage and registers, skips
 and forgets nothing (:mod:`packhorse.managers.scan`); the fixity audit and ``verify`` judge no
 copy on an unavailable location.
@@ -26,6 +32,7 @@ copy on an unavailable location.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +47,7 @@ from packhorse.db.models import (
     LocationOutage,
     Operation,
     PhysicalCopy,
+    RawDataFile,
     RawDataPackage,
     utcnow,
 )
@@ -57,21 +65,36 @@ from packhorse.errors import ConfigError, LocationUnavailableError, StorageServi
 from packhorse.notify.messages import location_available as notify_available
 from packhorse.notify.messages import location_unavailable as notify_unavailable
 from packhorse.rules.policy import refresh_archived
-from packhorse.storage.identity import check_identity, mark_location, other_installation, read_marker
+from packhorse.storage.faults import fault_of
+from packhorse.storage.identity import (
+    FINGERPRINT_SAMPLE,
+    InitResult,
+    check_fingerprint,
+    check_identity,
+    mark_location,
+    other_installation,
+    read_marker,
+    root_fingerprint,
+    root_read_only,
+)
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
-    from packhorse.storage.identity import InitResult
 
 log = structlog.get_logger(__name__)
-#: locations this process saw unavailable: a worker that finds one back ends its outage
-_seen_out: set[str] = set()
+#: locations this process saw unavailable (name -> whether for a storage fault, which a
+#: write must clear): a worker that finds one back ends its outage
+_seen_out: dict[str, bool] = {}
 
 
-def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
+def probe(ctx: "ProcessContext", location: str, *, writable: bool = False) -> LocationUnavailableError | None:
     """Look at ``location`` now: ``None`` if it is available, else the reason as a
-    :class:`~packhorse.errors.LocationUnavailableError` (read-only: a stat of the root and a
-    read of the small marker; never creates anything).
+    :class:`~packhorse.errors.LocationUnavailableError` (a stat of the root and a read of the
+    small marker; never creates anything). With ``writable`` (the location's outage is a
+    storage fault: ``EROFS``, ``EIO``, ``EACCES``, ``AccessDenied``) a small probe object is
+    also written and removed under the reserved prefix
+    (:meth:`~packhorse.storage.base.StorageBackend.write_fault`) — never at a location
+    configured ``read_only``, which is never written to.
 
     Raises:
         ConfigError: ``location`` is not configured or its store is refused.
@@ -79,6 +102,13 @@ def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | No
     """
     backend = ctx.backend(location)
     installation = ctx.topology.installation
+    if fingerprinted(ctx, location, backend):
+        try:
+            check_fingerprint(backend, location, ctx.topology.location_fingerprint.get(location),
+                              lambda: registered_sample(ctx, location))
+        except LocationUnavailableError as e:
+            return e
+        return None
     try:
         check_identity(backend, location, ctx.topology.location_marker.get(location), installation)
     except LocationUnavailableError as e:
@@ -93,7 +123,112 @@ def probe(ctx: "ProcessContext", location: str) -> LocationUnavailableError | No
             check_identity(backend, location, recorded, installation)
         except LocationUnavailableError as again:
             return again
+    if writable and not is_read_only(ctx, location):
+        return backend.write_fault()
     return None
+
+
+def is_read_only(ctx: "ProcessContext", location: str) -> bool:
+    """``location`` is never written to: a source configured ``read_only = true`` (exported
+    read-only), or a source whose root is on a read-only file system now
+    (:func:`packhorse.storage.identity.root_read_only`; :func:`read_only_sources` warns about it
+    at start-up). Only sources: packhorse must write to every other location, and one that
+    refuses writes is unavailable instead (:func:`storage_fault`)."""
+    if ctx.topology.location_role.get(location) is not LocationRole.SOURCE:
+        return False
+    loc = next((x for x in ctx.settings.locations if x.name == location), None)
+    if loc is None:
+        return False
+    return loc.read_only or root_read_only(ctx.backend(location))
+
+
+def fingerprinted(ctx: "ProcessContext", location: str, backend: Any) -> bool:
+    """``location`` is told by its recorded fingerprint instead of a marker: a source with a
+    fingerprint recorded by ``packhorse init`` (read-only: nothing was written there) and no
+    marker at its root, or a read-only source with neither (then unavailable until ``init``
+    records one). A read-only root that does carry a marker (marked before it was exported
+    read-only) is checked by its marker."""
+    if ctx.topology.location_role.get(location) is not LocationRole.SOURCE:
+        return False
+    recorded = ctx.topology.location_fingerprint.get(location)
+    if recorded is None and not is_read_only(ctx, location):
+        return False
+    if backend.root_missing() is not None:
+        return True  # check_fingerprint says so
+    try:
+        return read_marker(backend) is None
+    except ValueError:
+        return False  # check_identity reports the bad marker
+
+
+def registered_sample(ctx: "ProcessContext", location: str) -> list[tuple[str, int, int]]:
+    """Up to :data:`~packhorse.storage.identity.FINGERPRINT_SAMPLE` raw data files registered at
+    ``location`` whose source file packhorse did not delete, newest first, as ``(key, bytes,
+    mtime ns)``: what a remounted read-only source must still hold (read-only)."""
+    loc_id = ctx.topology.location_ids.get(location)
+    if loc_id is None:
+        return []
+    return ctx.db.read(lambda s: [(str(p), int(n), int(m)) for p, n, m in s.execute(
+        select(RawDataFile.relative_path, RawDataFile.size,
+               func.coalesce(RawDataFile.confirmed_mtime_ns, RawDataFile.mtime_ns))
+        .where(RawDataFile.location_id == loc_id, RawDataFile.source_deleted_at.is_(None))
+        .order_by(RawDataFile.id.desc()).limit(FINGERPRINT_SAMPLE))])
+
+
+def read_only_sources(ctx: "ProcessContext") -> list[str]:
+    """The active source locations packhorse never writes to (:func:`is_read_only`), checked at
+    start-up (``packhorse init`` and ``run``). A source found read-only without ``read_only =
+    true`` is logged as a WARNING (``source_found_read_only``) and treated as read-only.
+
+    Raises:
+        ConfigError: ``[deletion] delete_source_files`` is on and a source is read-only (the
+            message names it): packhorse would never be able to free it, and deleting there
+            must not be tried at all.
+    """
+    found = []
+    for loc in ctx.settings.locations:
+        if loc.role is not LocationRole.SOURCE or not loc.active or loc.name not in ctx.topology.location_ids:
+            continue
+        if is_read_only(ctx, loc.name):
+            found.append(loc.name)
+            if not loc.read_only:
+                log.warning("source_found_read_only", location=loc.name, path=root_of(ctx, loc.name),
+                            advice="packhorse writes nothing there; set read_only = true to say so")
+    if found and ctx.settings.deletion.delete_source_files:
+        raise ConfigError(
+            f"[deletion] delete_source_files = true, but source location(s) {', '.join(found)} are read-only "
+            f"({'; '.join(f'{n}: {root_of(ctx, n)}' for n in found)}): packhorse never writes or deletes there. "
+            "Set delete_source_files = false, or make the source writable")
+    return found
+
+
+def storage_fault(ctx: "ProcessContext", op: Operation, exc: BaseException) -> LocationUnavailableError | None:
+    """The location ``op`` must wait for when its attempt raised ``exc`` because the storage
+    refused a write (:func:`packhorse.storage.faults.fault_of`: ``EROFS``, ``EIO``, ``EACCES``,
+    ``AccessDenied``), else ``None`` (the failure is the operation's own: retried or failed).
+
+    The location is the one the error names (``exc.host``) when ``op`` writes there — its
+    destination, or, for a deletion, the location it deletes from — else ``op``'s
+    destination. A fault met only *reading* another location is not taken as that location's
+    outage here (one unreadable file is not a missing disk; a root that cannot be reached is
+    already one: :func:`probe`). Invariant: a write refused by the storage never becomes an
+    operation's failure; the work waits, no retry counted, and resumes when a write succeeds.
+    """
+    found = fault_of(exc)
+    if found is None:
+        return None
+    fault, text = found
+    names = ctx.topology.location_names
+    written = [names[i] for i in (op.destination_location_id,) if i is not None and i in names]
+    if op.kind == OperationKind.DELETION.value and op.source_location_id in names:
+        written.append(names[op.source_location_id])
+    host = getattr(exc, "host", None)
+    location = host if host in written else (written[0] if written else None)
+    if location is None:
+        return None
+    why = f"writing at {root_of(ctx, location)} fails: {text}"
+    return LocationUnavailableError(f"data location {location}: {why}", location=location, reason=why,
+                                    fault=fault, path=getattr(exc, "path", None))
 
 
 def wait_seconds(ctx: "ProcessContext", since: dt.datetime | None, now: dt.datetime | None = None) -> float:
@@ -113,20 +248,24 @@ def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.
     same transaction; later records only refresh ``checked_at`` and the reason.
     """
     loc_id = ctx.topology.location_ids[error.location]
-    _seen_out.add(error.location)
+    _seen_out[error.location] = _seen_out.get(error.location, False) or error.fault is not None
 
     def tx(s: Session) -> dt.datetime:
         now = utcnow()
         t = LocationOutage.__table__
         res = s.execute(insert_ignoring_conflicts(s, t, t.c.location_id).values(
-            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now))
+            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now,
+            fault=error.fault))
         if res.rowcount == 1:
-            log.warning("location_unavailable", location=error.location, reason=error.reason)
+            log.warning("location_unavailable", location=error.location, reason=error.reason, fault=error.fault)
             notify_unavailable(s, location=error.location, reason=error.reason, since=now,
-                               release=release_of(ctx, error.location, error.marker_only))
+                               release=release_of(ctx, error.location, error.marker_only, error.fault))
             return now
+        # a fault, once seen, stays until a write succeeds (a later look at the root alone
+        # does not clear it)
         s.execute(update(LocationOutage).where(LocationOutage.location_id == loc_id).values(
-            checked_at=now, reason=error.reason[:2000], marker_only=error.marker_only))
+            checked_at=now, reason=error.reason[:2000], marker_only=error.marker_only,
+            **({"fault": error.fault} if error.fault is not None else {})))
         since = s.scalar(select(LocationOutage.since).where(LocationOutage.location_id == loc_id))
         return since or now
 
@@ -190,19 +329,20 @@ def check_outages(ctx: "ProcessContext", *, every_location: bool = False) -> lis
     location is looked at, so an outage is recorded (and notified) as soon as a cycle sees it,
     before any operation meets it."""
     back = []
-    names = list(open_outages(ctx))
+    outages = open_outages(ctx)
+    names = list(outages)
     out = set(names)
     if every_location:
         names += [l.name for l in ctx.settings.locations if l.active and l.name not in names
                   and l.name in ctx.topology.location_ids]
     for name in names:
         try:
-            err = probe(ctx, name)
+            err = probe(ctx, name, writable=name in outages and outages[name].fault is not None)
         except (ConfigError, StorageServiceError) as e:
             log.info("location_check_failed", location=name, error=str(e))
             continue
         if err is None:
-            _seen_out.discard(name)
+            _seen_out.pop(name, None)
             if name in out and end_outage(ctx, name) is not None:
                 back.append(name)
         else:
@@ -216,9 +356,9 @@ def look(ctx: "ProcessContext", location: str) -> LocationUnavailableError | Non
     location back before the managers do (distributed: only the site's workers may see its
     storage). Unavailable: the outage is *not* recorded here (the caller does, once it decided
     to wait)."""
-    err = probe(ctx, location)
+    err = probe(ctx, location, writable=_seen_out.get(location, False))
     if err is None and location in _seen_out:
-        _seen_out.discard(location)
+        _seen_out.pop(location, None)
         end_outage(ctx, location)
     return err
 
@@ -250,10 +390,15 @@ def _reached_over_ssh(ctx: "ProcessContext", op: Operation) -> bool:
     return route is not None and route.method is TransferMethod.SFTP
 
 
-def release_of(ctx: "ProcessContext", location: str, marker_only: bool) -> str:
+def release_of(ctx: "ProcessContext", location: str, marker_only: bool, fault: str | None = None) -> str:
     """What releases an outage of ``location``: mounting its storage back (packhorse resumes by
     itself); when only its marker is missing, also the two ``packhorse init`` cases (a root with
-    data from before markers; ``--replace`` for new empty storage)."""
+    data from before markers; ``--replace`` for new empty storage); for a storage ``fault``
+    (``EROFS``, ``EIO``, ``EACCES``, ``AccessDenied``) making it writable again."""
+    if fault is not None:
+        return (f"make {root_of(ctx, location)} writable again ({fault}: remount it read-write, repair or replace the "
+                f"failing disk, or restore the permissions or access policy); packhorse resumes by itself once a "
+                f"write there succeeds")
     if marker_only:
         return (f"mount the storage of {location} (packhorse resumes by itself); if its root holds data from "
                 f"before identity markers, `packhorse init -c CONFIG` marks it and keeps the data; new empty "
@@ -420,6 +565,10 @@ def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: li
         ConfigError: the root is refused (the message names the location and what to do).
     """
 
+    if loc.role is LocationRole.SOURCE and is_read_only(ctx, loc.name) and not root_missing_of(backend):
+        if read_marker_or_none(backend) is None:
+            done.append(_identify_read_only(ctx, loc.name, backend, replacing=replacing))
+            return
     root_missing = backend.root_missing() is not None
     try:
         marker = None if root_missing else read_marker(backend)
@@ -448,11 +597,65 @@ def _mark_one(ctx: "ProcessContext", loc: Any, backend: Any, ours: str, done: li
         end_outage(ctx, loc.name)
 
 
+def root_missing_of(backend: Any) -> bool:
+    """The backend's root is not there (:meth:`~packhorse.storage.base.StorageBackend.root_missing`)."""
+    return backend.root_missing() is not None
+
+
+def read_marker_or_none(backend: Any) -> dict[str, Any] | None:
+    """:func:`~packhorse.storage.identity.read_marker`, with a marker that is not one taken as
+    present (an empty dict): it is reported where the marker is checked, never written over."""
+    try:
+        return read_marker(backend)
+    except ValueError:
+        return {}
+
+
+def _identify_read_only(ctx: "ProcessContext", location: str, backend: Any, *, replacing: bool) -> InitResult:
+    """``packhorse init`` for a read-only source without a marker: write nothing there, record
+    its identity in the ops database instead (:class:`~packhorse.db.models.DataLocation`
+    ``marker_uuid`` and ``fingerprint``: :func:`~packhorse.storage.identity.root_fingerprint`).
+    A fingerprint already recorded is kept when the root still matches it (refreshed: a remount
+    may have changed the device number); a root that matches it no more while files are
+    registered there is refused (an unmounted mount point, another export), unless
+    ``replacing`` (``init --replace``). Result action ``"identified"`` or ``"already identified"``.
+
+    Raises:
+        ConfigError: the root is not the recorded one (the message names the location and the
+            way on).
+    """
+    recorded = ctx.topology.location_fingerprint.get(location)
+    uuid_ = ctx.topology.location_marker.get(location)
+    if recorded is not None and not replacing:
+        try:
+            check_fingerprint(backend, location, recorded, lambda: registered_sample(ctx, location))
+        except LocationUnavailableError as e:
+            if registered_sample(ctx, location) or recorded.get("sample"):
+                raise ConfigError(f"{e}. Mount the read-only source that belongs there (packhorse resumes by itself); "
+                                  f"if this really is another source replacing it, run `packhorse init --replace "
+                                  f"{location}`") from None
+    action = "already identified" if recorded is not None and not replacing else "identified"
+    if uuid_ is None or replacing:
+        uuid_ = str(uuid.uuid4())
+    fingerprint = root_fingerprint(backend, location=location, uuid_=uuid_,
+                                   sample=None if recorded is None or replacing else
+                                   [tuple(x) for x in (recorded.get("sample") or [])][:FINGERPRINT_SAMPLE] or None)
+    loc_id = ctx.topology.location_ids[location]
+
+    def tx(s: Session) -> None:
+        s.execute(update(DataLocation).where(DataLocation.id == loc_id).values(marker_uuid=uuid_,
+                                                                               fingerprint=fingerprint))
+
+    ctx.db.transact(tx)
+    ctx.topology.location_marker[location] = uuid_
+    ctx.topology.location_fingerprint[location] = fingerprint
+    end_outage(ctx, location)
+    return InitResult(location, action)
+
+
 def installation_uuid(ctx: "ProcessContext") -> str:
     """The uuid of this installation (:class:`~packhorse.db.models.Installation`), created by
     the first call (``packhorse init``); concurrent first calls agree on one row."""
-    import uuid
-
 
     def tx(s: Session) -> str:
         found = s.scalar(select(Installation.uuid).where(Installation.id == 1))

@@ -33,7 +33,7 @@ from packhorse.db.models import DataLocation, DiskUsageSample, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import DiskLevel, StorageType
 from packhorse.notify import messages
-from packhorse.storage.usage import Usage, UsageHooks, UsageProvider, provider_for
+from packhorse.storage.usage import Usage, UsageHooks, UsageProvider, provider_for, quarantined_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -75,9 +75,11 @@ def monitored_locations(settings: Settings) -> list[str]:
 
 
 def record_sample(db: Database, settings: Settings, location_id: int, name: str, usage: Usage,
-                  now: dt.datetime | None = None) -> DiskUsageSample:
+                  now: dt.datetime | None = None, *, quarantined: int | None = None) -> DiskUsageSample:
     """Record one measurement of location ``name`` and queue its crossing notification in the
-    same transaction; prunes samples older than ``keep_days``. Returns the new sample."""
+    same transaction; prunes samples older than ``keep_days``. ``quarantined``: bytes under
+    its quarantine (:func:`packhorse.storage.usage.quarantined_bytes`; ``None``: not measured).
+    Returns the new sample."""
     cfg = settings.disk_usage
 
     def tx(s: Session) -> DiskUsageSample:
@@ -87,7 +89,8 @@ def record_sample(db: Database, settings: Settings, location_id: int, name: str,
         alert, event = next_alert(DiskLevel(prev) if prev else DiskLevel.NORMAL, usage.percent, cfg)
         sample = DiskUsageSample(location_id=location_id, measured_at=t, total_bytes=usage.total,
                                  used_bytes=usage.used, free_bytes=usage.free, percent=usage.percent,
-                                 level=level_for(usage.percent, cfg).value, alert_level=alert.value)
+                                 level=level_for(usage.percent, cfg).value, alert_level=alert.value,
+                                 quarantined_bytes=quarantined)
         s.add(sample)
         if event is not None:
             messages.disk_level(s, location=name, event=event, percent=usage.percent, used_bytes=usage.used,
@@ -124,7 +127,12 @@ def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
         except (OSError, ValueError, KeyError) as e:
             log.error("disk_usage_unmeasurable", location=name, error=str(e))
             continue
-        sample = record_sample(db, settings, location_ids[name], name, usage)
+        try:
+            quarantined: int | None = quarantined_bytes(settings.location_path(name))
+        except OSError as e:
+            log.info("quarantine_unmeasurable", location=name, error=str(e))
+            quarantined = None
+        sample = record_sample(db, settings, location_ids[name], name, usage, quarantined=quarantined)
         out.append(sample_dict(name, sample))
     return out
 

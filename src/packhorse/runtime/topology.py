@@ -7,6 +7,7 @@ is marked inactive. Keys of stored objects are fixed here: one naming rule for e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -38,6 +39,9 @@ class Topology:
     location_role: dict[str, LocationRole] = field(default_factory=dict)
     #: the identity marker's uuid recorded by ``packhorse init`` per location (``None``: not yet)
     location_marker: dict[str, str | None] = field(default_factory=dict)
+    #: the identity ``packhorse init`` recorded for a read-only source (no marker is written
+    #: there: :func:`packhorse.storage.identity.root_fingerprint`); ``None`` for the others
+    location_fingerprint: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     #: this installation's uuid (:class:`~packhorse.db.models.Installation`; ``None`` before the
     #: first ``packhorse init``): a root marked by another installation is not ours
     installation: str | None = None
@@ -83,6 +87,7 @@ def sync_topology(db: Database, settings: Settings) -> Topology:
             topo.location_site[loc.name] = loc.site
             topo.location_role[loc.name] = loc.role
             topo.location_marker[loc.name] = row.marker_uuid
+            topo.location_fingerprint[loc.name] = row.fingerprint
         topo.installation = s.scalar(select(Installation.uuid).where(Installation.id == 1))
         for name, row in existing.items():
             if name not in configured:
@@ -116,6 +121,7 @@ def load_topology(db: Database, settings: Settings) -> Topology:
             topo.location_site[row.name] = names[row.site_id]
             topo.location_role[row.name] = LocationRole(row.role)
             topo.location_marker[row.name] = row.marker_uuid
+            topo.location_fingerprint[row.name] = row.fingerprint
         topo.installation = s.scalar(select(Installation.uuid).where(Installation.id == 1))
         missing = [x.name for x in settings.sites if x.name not in topo.site_ids]
         missing += [x.name for x in settings.locations if x.name not in topo.location_ids]

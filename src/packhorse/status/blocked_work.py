@@ -77,7 +77,8 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     root or identity marker is missing. Cause ``location_unavailable``, :data:`EXIT_WAITING`:
     the work resumes by itself when the location is back (or after ``packhorse init`` when only
     the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
-    ``marker_only``, ``operations_waiting`` (``PENDING`` operations waiting for it:
+    ``marker_only``, ``fault`` (the storage's refusal: ``EROFS``, ``EIO``, ``EACCES``,
+    ``AccessDenied``, or ``None`` for a missing root or marker), ``operations_waiting`` (``PENDING`` operations waiting for it:
     :func:`~packhorse.rules.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
     8601 UTC)."""
     from sqlalchemy import func, select
@@ -93,10 +94,10 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
         items.append(BlockedItem(
             cause="location_unavailable", subject=f"location {name}",
             reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",
-            release=release_of(ctx, name, row.marker_only), exit_code=EXIT_WAITING,
+            release=release_of(ctx, name, row.marker_only, row.fault), exit_code=EXIT_WAITING,
             since=row.since.isoformat(),
             detail={"location": name, "location_id": row.location_id, "path": root_of(ctx, name),
-                    "marker_only": row.marker_only, "operations_waiting": waiting,
+                    "marker_only": row.marker_only, "fault": row.fault, "operations_waiting": waiting,
                     "checked_at": row.checked_at.isoformat()}))
     return items
 
@@ -130,9 +131,18 @@ def location_full(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
             release=(f"free space at {name} ({frees}); the operations go on by themselves once there is space "
                      "(at once when packhorse freed some; after its backoff, at most [recovery] "
                      "retry_backoff_max_seconds, or at the next `packhorse run`, when you did)"),
-            exit_code=EXIT_WAITING, since=ops[0].updated_at.isoformat() if ops[0].updated_at else None,
+            exit_code=EXIT_WAITING, since=_wait_began(ops),
             detail={"location": name, "operations_waiting": len(ops), "last_error": last}))
     return items
+
+
+def _wait_began(ops: list[Operation]) -> str | None:
+    """When the first of ``ops`` began to wait (ISO 8601 UTC): the earliest ``waiting_since`` of
+    their notes (kept across hand-backs: :func:`packhorse.engine.worker._waiting_note`), else,
+    for a note from before it was kept, the earliest ``updated_at``."""
+    began = [str((op.error_context or {}).get("waiting_since") or "") or
+             (op.updated_at.isoformat() if op.updated_at else "") for op in ops]
+    return min((b for b in began if b), default=None)
 
 
 def no_good_source(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

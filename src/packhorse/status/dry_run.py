@@ -57,7 +57,7 @@ from packhorse.managers.scan import (
     open_source,
     plan_changes,
 )
-from packhorse.storage.identity import check_identity
+from packhorse.storage.identity import check_fingerprint, check_identity, read_marker
 from packhorse.storage.registry import backend_for
 
 
@@ -118,9 +118,14 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             # as the run looks before it scans: storage that is absent (or an empty folder
             # where it was) is not empty; the run would wait for it (exit 4), register nothing
             try:
-                check_identity(backend, loc.name, db.read(lambda s: s.scalar(
-                    select(DataLocation.marker_uuid).where(DataLocation.id == loc_id))),
-                    db.read(lambda s: s.scalar(select(Installation.uuid).where(Installation.id == 1))))
+                fingerprint = db.read(lambda s: s.scalar(
+                    select(DataLocation.fingerprint).where(DataLocation.id == loc_id)))
+                if fingerprint is not None and not backend.root_missing() and read_marker(backend) is None:
+                    check_fingerprint(backend, loc.name, fingerprint)  # a read-only source: no marker there
+                else:
+                    check_identity(backend, loc.name, db.read(lambda s: s.scalar(
+                        select(DataLocation.marker_uuid).where(DataLocation.id == loc_id))),
+                        db.read(lambda s: s.scalar(select(Installation.uuid).where(Installation.id == 1))))
             except LocationUnavailableError as e:
                 register.append({"location": loc.name, "files": 0, "bytes": 0, "settling": 0, "skipped": [],
                                  "unavailable": str(e)})

@@ -5,7 +5,11 @@ process — ``packhorse api`` on its own or embedded in ``packhorse run --api`` 
 whole installation, not what one process happened to see. One collector
 (:class:`DatabaseCollector`) runs a handful of aggregate queries per scrape.
 
-Metrics (label values are the names used everywhere: operation kinds, statuses, locations):
+Metrics (label values are the names used everywhere: operation kinds, statuses, locations,
+the ``cause`` names of :mod:`packhorse.status.blocked_work`). ``/metrics`` answers without a
+token, so a label that names what went wrong — ``error_type`` — is only in the answer to a
+caller with an API token (``observer`` or ``admin``), who may see failures in the API anyway:
+:func:`registry_for` ``error_types``.
 
 ==============================================  =========  =====================================
 ``packhorse_operations``                        gauge      operations by ``kind``, ``status``
@@ -13,7 +17,13 @@ Metrics (label values are the names used everywhere: operation kinds, statuses, 
 ``packhorse_queue_depth``                       gauge      PENDING/SCHEDULED runnable now, by ``kind``
 ``packhorse_stage_bytes_total``                 counter    payload bytes of completed operations, by ``kind``
 ``packhorse_stage_duration_seconds``            histogram  last-attempt duration of completed operations, by ``kind``
-``packhorse_failure_events_total``              counter    failure events by ``kind``, ``error_type``
+``packhorse_failure_events_total``              counter    failure events by ``kind`` (and ``error_type`` for a caller with a token)
+``packhorse_operations_blocked``                gauge      operations that wait on something outside the pipeline, by ``cause``
+``packhorse_location_unavailable``              gauge      1 while a data location is unavailable (its work waits), by ``location``
+``packhorse_location_unavailable_seconds``      gauge      how long it has been unavailable (0 when available), by ``location``
+``packhorse_packages_not_archived``             gauge      raw data packages without every required verified archive copy
+``packhorse_oldest_not_archived_age_seconds``   gauge      age of the oldest of them (0 when none)
+``packhorse_quarantined_bytes``                 gauge      bytes in a location's quarantine (latest disk usage sample), by ``location``
 ``packhorse_physical_copies``                   gauge      copies by ``location``, ``status``
 ``packhorse_physical_copy_bytes``               gauge      bytes of present copies by ``location``
 ``packhorse_notifications``                     gauge      notification outbox rows by ``status``
@@ -40,16 +50,33 @@ from packhorse.db.models import (
     CircuitBreaker,
     DataLocation,
     FailureEvent,
+    LocationOutage,
     Notification,
     Operation,
     PhysicalCopy,
+    RawDataPackage,
     utcnow,
 )
 from packhorse.db.session import Database
-from packhorse.domain import BreakerState, CopyStatus, OperationKind, Status
+from packhorse.domain import (
+    ACTIVE_STATUSES,
+    WAITING_DELETION_RULE,
+    BreakerState,
+    CopyStatus,
+    OperationKind,
+    Status,
+)
 from packhorse.recovery.health import list_services
 from packhorse.recovery.reconciler import dispatch_given_up
+from packhorse.rules.availability import waiting_for
 from packhorse.rules.disk_usage import latest_usage
+from packhorse.rules.space import waiting_for_space
+
+#: The ``cause`` label values of ``packhorse_operations_blocked`` (every one is always
+#: exported, 0 when nothing waits on it, so an alert on it never goes absent): an unavailable
+#: data location (missing, unmarked, refusing writes), a full one, a deletion waiting for its
+#: safety rule, an open or half-open circuit breaker, and FAILED (a human must act).
+BLOCKED_CAUSES = ("location_unavailable", "location_full", "deletion_rule", "circuit_breaker", "failed")
 
 #: Histogram buckets of stage durations (seconds): 1 s … 1 day.
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
@@ -61,9 +88,35 @@ def _duration_expr(dialect: str) -> Any:
     return cast(func.extract("epoch", Operation.finished_at - Operation.started_at), Float)
 
 
+def blocked_counts(session: Session) -> dict[str, int]:
+    """Operations that wait on something outside the pipeline, by cause (:data:`BLOCKED_CAUSES`;
+    read-only): ``PENDING`` ones waiting for an unavailable data location (its source or
+    destination, or the location it was handed back for:
+    :func:`~packhorse.rules.availability.waiting_for`), for space
+    (:func:`~packhorse.rules.space.waiting_for_space`), for a deletion's safety rule; active ones
+    held by an open or half-open circuit breaker; ``FAILED`` ones. An operation may count under
+    two causes (waiting for a location behind an open breaker)."""
+    def count(*where: Any) -> int:
+        return int(session.scalar(select(func.count()).select_from(Operation).where(*where)) or 0)
+
+    outages = select(LocationOutage.location_id)
+    return {
+        "location_unavailable": count(waiting_for(outages)),
+        "location_full": count(waiting_for_space(in_backoff=False)),
+        "deletion_rule": count(Operation.status == Status.PENDING.value,
+                               Operation.error_context["waiting"].as_string() == WAITING_DELETION_RULE),
+        "circuit_breaker": int(session.scalar(
+            select(func.count()).select_from(Operation).join(CircuitBreaker, CircuitBreaker.operation_id == Operation.id)
+            .where(CircuitBreaker.state.in_([BreakerState.OPEN.value, BreakerState.HALF_OPEN.value]),
+                   Operation.status.in_([st.value for st in ACTIVE_STATUSES]))) or 0),
+        "failed": count(Operation.status == Status.FAILED.value),
+    }
+
+
 def collect_values(session: Session, dead_after_seconds: float = 90.0,
-                   forget_after_seconds: float = 86400.0) -> dict[str, Any]:
-    """Every metric value as plain data (one read-only unit of work).
+                   forget_after_seconds: float = 86400.0, *, error_types: bool = False) -> dict[str, Any]:
+    """Every metric value as plain data (one read-only unit of work). With ``error_types``
+    failure events are counted by ``(kind, error_type)``, else by ``(kind, None)``.
 
     Returns:
         ``{"operations": {(kind, status): n}, "stalled": {kind: n}, "queue": {kind: n},
@@ -71,7 +124,10 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
         "failures": {(kind, error_type): n}, "copies": {(location, status): n},
         "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
         "dispatch_lost": {kind: n},
-        "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)}}``.
+        "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)},
+        "blocked": {cause: n}, "locations": [active location names],
+        "unavailable": {location: seconds since the outage began}, "not_archived": n,
+        "oldest_not_archived_seconds": s (0 when none), "quarantined": {location: bytes}}``.
         ``service`` is the service's identity (kind, site, instance, host; never a PID), so the
         label set is bounded by the installation's services; forgotten ones are left out.
     """
@@ -96,9 +152,22 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
         select(Operation.kind, func.count(), func.coalesce(func.sum(dur), literal_column("0")), *cols)
         .where(done, Operation.started_at.is_not(None), Operation.finished_at.is_not(None)).group_by(Operation.kind)):
         out["durations"][row[0]] = ([int(x or 0) for x in row[3:]], float(row[2] or 0.0), int(row[1]))
-    out["failures"] = {(k, e): int(n) for k, e, n in session.execute(
-        select(FailureEvent.kind, FailureEvent.error_type, func.count())
-        .group_by(FailureEvent.kind, FailureEvent.error_type))}
+    if error_types:
+        out["failures"] = {(k, e): int(n) for k, e, n in session.execute(
+            select(FailureEvent.kind, FailureEvent.error_type, func.count())
+            .group_by(FailureEvent.kind, FailureEvent.error_type))}
+    else:
+        out["failures"] = {(k, None): int(n) for k, n in session.execute(
+            select(FailureEvent.kind, func.count()).group_by(FailureEvent.kind))}
+    out["blocked"] = blocked_counts(session)
+    out["locations"] = list(session.scalars(select(DataLocation.name).where(DataLocation.active.is_(True))
+                                            .order_by(DataLocation.name)))
+    out["unavailable"] = {name: max(0.0, (now - since).total_seconds()) for name, since in session.execute(
+        select(DataLocation.name, LocationOutage.since).join(DataLocation, DataLocation.id == LocationOutage.location_id))}
+    n, oldest = session.execute(select(func.count(), func.min(RawDataPackage.created_at))
+                                .where(RawDataPackage.archived_at.is_(None))).one()
+    out["not_archived"] = int(n or 0)
+    out["oldest_not_archived_seconds"] = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
     out["copies"] = {(l, s): int(n) for l, s, n in session.execute(
         select(DataLocation.name, PhysicalCopy.status, func.count()).join(
             DataLocation, DataLocation.id == PhysicalCopy.location_id).group_by(DataLocation.name, PhysicalCopy.status))}
@@ -114,8 +183,11 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
     out["dispatch_lost"] = {k: int(n) for k, n in session.execute(
         select(Operation.kind, func.count()).where(dispatch_given_up()).group_by(Operation.kind))}
 
+    usage = latest_usage(session)
     out["disk"] = {name: (int(u.total_bytes), int(u.used_bytes), int(u.free_bytes), float(u.percent))
-                   for name, u in latest_usage(session).items()}
+                   for name, u in usage.items()}
+    out["quarantined"] = {name: int(u.quarantined_bytes) for name, u in usage.items()
+                          if u.quarantined_bytes is not None}
 
     out["services"] = [(r["service"], r["kind"], r["alive"])
                        for r in list_services(session, now, dead_after_seconds=dead_after_seconds,
@@ -127,17 +199,22 @@ class DatabaseCollector(Collector):
     """A prometheus-client collector that reads :func:`collect_values` on every scrape.
 
     A database error yields ``packhorse_database_up 0`` and no other metric (never a 500).
+    With ``error_types`` the failure events carry their ``error_type`` label (for callers who
+    may see failures: see the module docstring).
     """
 
-    def __init__(self, db: Database, dead_after_seconds: float = 90.0, forget_after_seconds: float = 86400.0) -> None:
+    def __init__(self, db: Database, dead_after_seconds: float = 90.0, forget_after_seconds: float = 86400.0,
+                 *, error_types: bool = False) -> None:
         self.db = db
         self.dead_after_seconds = dead_after_seconds
         self.forget_after_seconds = forget_after_seconds
+        self.error_types = error_types
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("packhorse_database_up", "1 when the ops database could be read for this scrape")
         try:
-            v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds, self.forget_after_seconds))
+            v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds, self.forget_after_seconds,
+                                                      error_types=self.error_types))
         except Exception:
             up.add_metric([], 0)
             yield up
@@ -166,11 +243,17 @@ class DatabaseCollector(Collector):
             pairs = [(str(le), n) for le, n in zip(DURATION_BUCKETS, buckets)] + [("+Inf", count)]
             h.add_metric([k], pairs, total)
         yield h
-        f = CounterMetricFamily("packhorse_failure_events", "Failure events by kind and error type",
-                                labels=["kind", "error_type"])
-        for (k, e), n in sorted(v["failures"].items()):
-            f.add_metric([k, e], n)
+        if self.error_types:
+            f = CounterMetricFamily("packhorse_failure_events", "Failure events by kind and error type",
+                                    labels=["kind", "error_type"])
+            for (k, e), n in sorted(v["failures"].items()):
+                f.add_metric([k, e], n)
+        else:
+            f = CounterMetricFamily("packhorse_failure_events", "Failure events by kind", labels=["kind"])
+            for (k, _), n in sorted(v["failures"].items()):
+                f.add_metric([k], n)
         yield f
+        yield from self._waiting(v)
         c = GaugeMetricFamily("packhorse_physical_copies", "Physical copies by location and status",
                               labels=["location", "status"])
         for (l, s), n in sorted(v["copies"].items()):
@@ -206,6 +289,41 @@ class DatabaseCollector(Collector):
             dr.add_metric([loc], percent / 100.0)
         yield du
         yield dr
+        yield from self._services(v)
+
+    @staticmethod
+    def _waiting(v: dict[str, Any]) -> Iterator[Metric]:
+        """The families of what waits: blocked operations by cause, unavailable locations, the
+        packages not archived yet and the age of the oldest, quarantined bytes."""
+        bl = GaugeMetricFamily("packhorse_operations_blocked",
+                               "Operations waiting on something outside the pipeline, by cause", labels=["cause"])
+        for cause in BLOCKED_CAUSES:
+            bl.add_metric([cause], v["blocked"].get(cause, 0))
+        yield bl
+        un = GaugeMetricFamily("packhorse_location_unavailable",
+                               "1 while the data location is unavailable (its work waits), else 0", labels=["location"])
+        us = GaugeMetricFamily("packhorse_location_unavailable_seconds",
+                               "Seconds since the data location became unavailable (0 when available)",
+                               labels=["location"])
+        for loc in sorted(set(v["locations"]) | set(v["unavailable"])):
+            un.add_metric([loc], 1 if loc in v["unavailable"] else 0)
+            us.add_metric([loc], v["unavailable"].get(loc, 0.0))
+        yield un
+        yield us
+        yield GaugeMetricFamily("packhorse_packages_not_archived",
+                                "Raw data packages without every required verified archive copy yet",
+                                value=v["not_archived"])
+        yield GaugeMetricFamily("packhorse_oldest_not_archived_age_seconds",
+                                "Age of the oldest raw data package not archived yet (0 when none)",
+                                value=v["oldest_not_archived_seconds"])
+        q = GaugeMetricFamily("packhorse_quarantined_bytes",
+                              "Bytes in the data location's quarantine (latest disk usage sample)", labels=["location"])
+        for loc, n in sorted(v["quarantined"].items()):
+            q.add_metric([loc], n)
+        yield q
+
+    def _services(self, v: dict[str, Any]) -> Iterator[Metric]:
+        """The ``packhorse_service_up`` family."""
         up = GaugeMetricFamily("packhorse_service_up", "1 if the service's last heartbeat is recent, else 0",
                                labels=["service", "kind"])
         for service, kind, alive in v["services"]:
@@ -214,12 +332,13 @@ class DatabaseCollector(Collector):
 
 
 def registry_for(db: Database, *, dead_after_seconds: float = 90.0,
-                 forget_after_seconds: float = 86400.0) -> CollectorRegistry:
+                 forget_after_seconds: float = 86400.0, error_types: bool = False) -> CollectorRegistry:
     """A fresh registry holding one :class:`DatabaseCollector` for ``db`` (a service is dead
     when its last heartbeat is older than ``dead_after_seconds``, forgotten after
-    ``forget_after_seconds``)."""
+    ``forget_after_seconds``; ``error_types``: failure events by ``error_type`` too, for a
+    caller who may see failures)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DatabaseCollector(db, dead_after_seconds, forget_after_seconds))
+    reg.register(DatabaseCollector(db, dead_after_seconds, forget_after_seconds, error_types=error_types))
     return reg
 
 

@@ -258,7 +258,7 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     back = ctx.db.transact(record)
     report["recognised"] = [{"location": f.location, "path": f.path, "recorded": was.get(f.copy_id)} for f in back]
     report["unavailable"] = [{"location": loc, "reason": err.reason, "copies": skipped.get(loc, 0),
-                              "release": release_of(ctx, loc, err.marker_only)}
+                              "release": release_of(ctx, loc, err.marker_only, err.fault)}
                              for loc, err in away.items() if err is not None]
     report["unrepaired"] = ctx.db.read(lambda s: unrepaired_copies(s, location))
     return report

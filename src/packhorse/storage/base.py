@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from packhorse.digest import sha256_stream
-from packhorse.errors import DestinationConflictError, UnsafePathError, VerificationError
+from packhorse.errors import DestinationConflictError, LocationUnavailableError, UnsafePathError, VerificationError
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
@@ -335,6 +335,19 @@ class StorageBackend(abc.ABC):
         """Create the location's root if it is missing (``packhorse init`` only; nothing else
         creates a root). Returns ``True`` if it was created, ``False`` if it was there."""
         return False
+
+    def write_fault(self) -> LocationUnavailableError | None:
+        """Try a small write at the location now: ``None`` if it succeeded (or this backend
+        cannot tell), else the :class:`~packhorse.errors.LocationUnavailableError` naming the
+        location and the fault (:mod:`packhorse.storage.faults`: ``EROFS``, ``EIO``,
+        ``EACCES``, ``AccessDenied``) in its ``fault``. The probe object sits under the
+        reserved prefix (never listed, never registered) and is removed at once. Only asked of a
+        location recorded unavailable for such a fault, and never of a read-only location.
+
+        Raises:
+            StorageServiceError: the store could not be asked (not a fault of the location).
+        """
+        return None
 
     def deferred_sync(self) -> contextlib.AbstractContextManager[None]:
         """A block in which the folder syncs that make publications and deletions durable are

@@ -68,6 +68,7 @@ from packhorse.storage.base import (
     StorageBackend,
     check_key,
 )
+from packhorse.storage.faults import fault_of
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
@@ -454,6 +455,35 @@ class DiskBackend(StorageBackend):
         self.root.mkdir(parents=True, exist_ok=True)
         self._resolve_root()
         return True
+
+    def write_fault(self) -> LocationUnavailableError | None:
+        """Create, write, fsync and remove a small probe file in the reserved folder
+        ``_packhorse/`` of the root (see :meth:`StorageBackend.write_fault`); a missing root is
+        reported as missing, never created. ``EROFS``, ``EIO``, ``EACCES`` give the error with
+        its ``fault``; any other ``OSError`` is reported the same way (a write that fails there
+        is not a location to write to), with ``fault`` its errno name."""
+        missing = self._unavailable()
+        if missing is not None:
+            return missing
+        folder = os.path.join(self._root_str, RESERVED_PREFIX.rstrip("/"))
+        probe = os.path.join(folder, f".write-probe-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            if not os.path.isdir(folder):
+                os.mkdir(folder, 0o755)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"packhorse write probe\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(probe)
+        except OSError as e:
+            name, text = fault_of(e) or (errno.errorcode.get(e.errno or 0, "OSError"), str(e))
+            why = f"writing at the root {self._root_str} fails: {text}"
+            return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                            reason=why, fault=name)
+        return None
 
     def _unavailable(self, key: str | None = None) -> LocationUnavailableError | None:
         """The error to raise if the root is missing now, else ``None`` (a missing object is

@@ -26,8 +26,11 @@ wrong disk mounted) make it *unavailable*, never "empty".
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
+import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,3 +227,107 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
     if taking_over:
         return InitResult(location, "taken over", objects)
     return InitResult(location, "created" if created else ("adopted" if objects else "marked"), objects)
+
+
+#: Value of a read-only source's fingerprint ``format`` field.
+FINGERPRINT_FORMAT = "packhorse-root-fingerprint/1"
+#: How many files of the root a fingerprint samples (and a check stats at most).
+FINGERPRINT_SAMPLE = 8
+
+
+def root_read_only(backend: StorageBackend) -> bool:
+    """The root of a disk location is on a read-only file system (``statvfs`` ``ST_RDONLY``:
+    a read-only mount or bind mount, an NFS export mounted ``ro``) or not writable for this
+    process (``access(W_OK)``). ``False`` for a missing root and for storage without a root
+    folder (S3: read-only there is a matter of the credentials, configured with ``read_only``).
+    Read-only; never raises."""
+    root = getattr(backend, "root", None)
+    if root is None:
+        return False
+    try:
+        return bool(os.statvfs(root).f_flag & os.ST_RDONLY) or not os.access(root, os.W_OK)
+    except OSError:
+        return False
+
+
+def root_fingerprint(backend: StorageBackend, *, location: str, uuid_: str,
+                     sample: list[tuple[str, int, int]] | None = None) -> dict[str, Any]:
+    """The identity of a read-only source root, kept in the ops database instead of a marker
+    written there (``packhorse init``; :class:`~packhorse.db.models.DataLocation` ``fingerprint``)::
+
+        {"format": FINGERPRINT_FORMAT, "location": "fyst-source", "uuid": "…",
+         "device": 2049, "inode": 131073,            # os.stat of the root (disk only)
+         "sample": [["cam/obs1/f.fits", 1048576, 1733400000000000000], …],  # key, bytes, mtime ns
+         "recorded_at": "2026-…Z"}
+
+    ``sample`` defaults to the first :data:`FINGERPRINT_SAMPLE` objects the root lists (empty
+    for an empty root). Read-only.
+
+    Raises:
+        LocationUnavailableError: the root is missing.
+    """
+    why = backend.root_missing()
+    if why is not None:
+        raise LocationUnavailableError(f"data location {location}: {why}", location=location, reason=why)
+    device = inode = None
+    root = getattr(backend, "root", None)
+    if root is not None:
+        st = os.stat(root)
+        device, inode = st.st_dev, st.st_ino
+    if sample is None:
+        sample = [(o.key, o.size, o.mtime_ns if o.mtime_ns is not None else int(o.mtime * 1e9))
+                  for o in itertools.islice(backend.list(), FINGERPRINT_SAMPLE)]
+    return {"format": FINGERPRINT_FORMAT, "location": location, "uuid": uuid_, "device": device, "inode": inode,
+            "sample": [list(x) for x in sample[:FINGERPRINT_SAMPLE]],
+            "recorded_at": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")}
+
+
+def check_fingerprint(backend: StorageBackend, location: str, recorded: dict[str, Any] | None,
+                      registered: Callable[[], list[tuple[str, int, int]]] = list) -> None:
+    """Raise :class:`LocationUnavailableError` unless the root of read-only source ``location``
+    is the one ``packhorse init`` fingerprinted (:func:`root_fingerprint`): the same device and
+    inode of the root, or — after a remount gave it another device number — at least one file
+    of the recorded sample or of ``registered()`` (up to :data:`FINGERPRINT_SAMPLE` files the
+    ops database registered there: key, bytes, mtime ns) there with the same size and mtime.
+    Read-only: a stat of the root and of a few files.
+
+    The invariant: a read-only source that is unmounted (an empty mount point), or another
+    export mounted in its place, is *unavailable*, never "empty" or "new files", although no
+    marker can be written there.
+
+    Raises:
+        LocationUnavailableError: the root is missing (``marker_only=False``); no fingerprint
+            is recorded (``marker_only=True``: ``packhorse init`` records it); the root is not
+            the recorded one (``marker_only=False``).
+    """
+    why = backend.root_missing()
+    if why is not None:
+        raise LocationUnavailableError(f"data location {location}: {why}", location=location, reason=why)
+    if recorded is None:
+        reason = (f"the read-only source {where(backend)} has no identity recorded yet (packhorse writes no marker "
+                  "there: `packhorse init` records its fingerprint in the ops database)")
+        raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason,
+                                       marker_only=True)
+    root = getattr(backend, "root", None)
+    now = None
+    if root is not None and recorded.get("device") is not None:
+        st = os.stat(root)
+        now = (st.st_dev, st.st_ino)
+        if now == (recorded["device"], recorded["inode"]):
+            return
+    sample = [tuple(x) for x in recorded.get("sample") or []]
+    sample += [x for x in registered() if x not in sample]
+    for key, size, mtime_ns in sample[:2 * FINGERPRINT_SAMPLE]:
+        try:
+            info = backend.stat(key)
+        except (SourceMissingError, OSError, ValueError):
+            continue
+        if info is not None and info.size == size and (info.mtime_ns is None or info.mtime_ns == mtime_ns):
+            return
+    if now is None and not sample:
+        return  # nothing to tell it by (an object store's empty prefix at init): taken as it is
+    was = f"device {recorded.get('device')}, inode {recorded.get('inode')}"
+    reason = (f"the root {where(backend)} is not the read-only source recorded by `packhorse init` ({was}; now "
+              f"{'device %s, inode %s' % now if now else 'unknown'}; none of the {len(sample)} recorded file(s) is "
+              "there with its size and mtime): an unmounted mount point or another export mounted there?")
+    raise LocationUnavailableError(f"data location {location}: {reason}", location=location, reason=reason)

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 
 import structlog
 
-from packhorse.errors import StorageBusyError
+from packhorse.errors import LocationUnavailableError, StorageBusyError
 from packhorse.ratelimit import RateLimiter, ThrottledReader
 from packhorse.storage.base import (
     Entry,
@@ -136,6 +136,9 @@ class Layer(StorageBackend):
 
     def create_root(self) -> bool:
         return self.inner.create_root()
+
+    def write_fault(self) -> LocationUnavailableError | None:
+        return self.inner.write_fault()
 
     def deferred_sync(self) -> contextlib.AbstractContextManager[None]:
         return self.inner.deferred_sync()

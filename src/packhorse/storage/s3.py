@@ -93,6 +93,7 @@ from packhorse.storage.base import (
     StorageBackend,
     check_key,
 )
+from packhorse.storage.faults import FAULT_CODES
 
 log = structlog.get_logger(__name__)
 
@@ -292,7 +293,7 @@ class S3Backend(StorageBackend):
                                             reason=why, path=key)
         return StorageServiceError(
             f"{self.location}: {action} {key!r} in bucket {self.bucket!r} failed: {_code(e) or type(e).__name__}: {e}",
-            side="destination", path=key, host=self.location,
+            side="destination", path=key, host=self.location, code=_code(e) or None,
         )
 
     def _lock_args(self) -> dict[str, Any]:
@@ -453,6 +454,33 @@ class S3Backend(StorageBackend):
             if _is_not_found(e) or _code(e) == "NoSuchBucket":
                 return f"the bucket {self.bucket!r} does not exist"
             raise self._error(e, None, "looking up the bucket") from e
+        return None
+
+    def write_fault(self) -> LocationUnavailableError | None:
+        """``PutObject`` a small probe object under ``<prefix>_packhorse/`` and delete it (see
+        :meth:`StorageBackend.write_fault`): ``AccessDenied`` (or ``AllAccessDisabled``) gives
+        the error with that ``fault``; a missing bucket is reported as missing.
+
+        Raises:
+            StorageServiceError: any other answer (the store could not be asked).
+        """
+        missing = self.root_missing()
+        if missing is not None:
+            return LocationUnavailableError(f"data location {self.location}: {missing}", location=self.location,
+                                            reason=missing)
+        key = self.prefix + RESERVED_PREFIX + f"write-probe-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=b"packhorse write probe\n")
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except Exception as e:
+            err = self._error(e, key, "writing the probe object")
+            if isinstance(err, StorageServiceError) and err.code in FAULT_CODES:
+                why = f"writing in bucket {self.bucket!r} fails: the object store answered {err.code}"
+                return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
+                                                reason=why, fault=err.code)
+            if isinstance(err, LocationUnavailableError):
+                return err
+            raise err from e
         return None
 
     def create_root(self) -> bool:

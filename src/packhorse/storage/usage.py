@@ -9,12 +9,15 @@ samples, their thresholds and alerts are kept by :mod:`packhorse.rules.disk_usag
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import structlog
+
+from packhorse.storage.base import QUARANTINE_PREFIX
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +60,31 @@ def filesystem_usage(location: str, root: Path) -> Usage:
     st = os.statvfs(root)
     return Usage(total=st.f_blocks * st.f_frsize, used=(st.f_blocks - st.f_bfree) * st.f_frsize,
                  free=st.f_bavail * st.f_frsize)
+
+
+def quarantined_bytes(root: Path) -> int:
+    """Bytes held in the quarantine of the disk location at folder ``root``: every regular file
+    under ``_packhorse/quarantine/`` (bad copies, markers and foreign objects packhorse moved
+    aside instead of overwriting or deleting them, I2), by ``lstat`` size, links not followed.
+    0 when there is no quarantine folder. Read-only.
+
+    Raises:
+        OSError: the folder cannot be read (a dead mount).
+    """
+    top = root / QUARANTINE_PREFIX.rstrip("/")
+    if not top.is_dir():
+        return 0
+    total = 0
+    for dirpath, _dirs, files in os.walk(top, onerror=_raise):
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+def _raise(e: OSError) -> None:
+    raise e
 
 
 class UsageHooks(Protocol):
