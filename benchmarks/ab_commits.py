@@ -77,7 +77,7 @@ def run_once(tree: str, source: Path, run_dir: Path, info: dict[str, int], worke
     if p.returncode != 0:
         raise SystemExit(f"{tree}: exit {p.returncode}\n{p.stderr[-2000:]}")
     if cfg is not None:
-        rb.check_packhorse(Path(cfg), run_dir, info)
+        rb.check_packhorse(Path(cfg), run_dir, info, env=env)
     rb.cleanup(run_dir)
     return wall, u1 - u0, s1 - s0
 

@@ -235,9 +235,12 @@ def run_baseline(source: Path, run_dir: Path, info: dict[str, int], hasher: str)
     return {"seconds": elapsed, "archive_bytes_per_site": archived, "hops": hops}
 
 
-def check_packhorse(cfg: Path, run_dir: Path, info: dict[str, int]) -> dict[str, object]:
+def check_packhorse(cfg: Path, run_dir: Path, info: dict[str, int],
+                    env: dict[str, str] | None = None) -> dict[str, object]:
+    # env: the environment of the packhorse that made the run (ab_commits: another source tree,
+    # whose database may be at another migration)
     p = subprocess.run([*packhorse_cmd(), "status", "-c", str(cfg), "--json"], capture_output=True, text=True,
-                       cwd=run_dir)
+                       cwd=run_dir, env=env)
     if p.returncode != 0:
         raise BenchmarkError(f"packhorse status exited {p.returncode}: {p.stderr}")
     st = json.loads(p.stdout)
