@@ -417,6 +417,7 @@ streams = {self.ssh_streams}
     def up(self, *, packhorse: bool = True) -> "TestBed":
         """Build the bed: namespaces and links, PostgreSQL, Redis, sshd and relays, then packhorse."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self._forget_state()  # a bed brought up here before: its keys, data and markers go
         try:
             self._network_up()
             self._postgres_up()
@@ -431,7 +432,9 @@ streams = {self.ssh_streams}
         return self
 
     def down(self) -> None:
-        """Stop every process the bed started, its PostgreSQL, and remove its namespaces."""
+        """Stop every process the bed started, its PostgreSQL, remove its namespaces and its state
+        (site folders, keys); the logs stay in ``logs/``, so a bed can be brought up again in the
+        same folder."""
         for name in list(self.procs):
             self.stop(name, timeout=10)
         self._postgres_down()
@@ -444,6 +447,12 @@ streams = {self.ssh_streams}
                 except (ProcessLookupError, ValueError):
                     pass
             _run("ip", "netns", "del", ns, check=False)
+        self._forget_state()
+
+    def _forget_state(self) -> None:
+        """Remove the bed's state (site folders, keys, SSH servers' files); the logs stay."""
+        for name in ("sites", "keys", "ssh"):
+            shutil.rmtree(self.root / name, ignore_errors=True)
 
 
 def main() -> int:

@@ -329,8 +329,9 @@ CASES: dict[str, Case] = {
     "a bag-info line without the space after the colon": Case(
         _edit("bag-info.txt", lambda d: d + b"Contact-Name:Ada\n"), {"bag-info-invalid"}, bagit_valid=True),
     # fetch.txt (§2.2.3)
-    "a fetch.txt": Case(_write("fetch.txt", b"https://example.org/x 5 data/x.txt\n"), set(),
-                        bagit_valid=True),  # valid; its file is not in the manifests, so not pending
+    "a fetch.txt listing a file no manifest lists": Case(
+        _write("fetch.txt", b"https://example.org/x 5 data/x.txt\n"), {"fetch-not-in-manifest"},
+        bagit_valid=True),  # bagit-python does not check §2.2.3's MUST
     "a fetch.txt line that is not URL LENGTH FILEPATH": Case(
         _write("fetch.txt", b"https://example.org/x five data/x.txt\n"), {"fetch-line-invalid"}, bagit_valid=True),
     # packhorse's own rule (I6)
@@ -388,7 +389,7 @@ def test_every_problem_is_listed_not_only_the_first(tmp_path: Path) -> None:
     assert sorted((p.code, p.path) for p in report.problems) == sorted([
         ("checksum-mismatch", "data/a.txt"), ("checksum-mismatch", "data/b.txt"),
         ("payload-not-in-manifest", "data/c.txt"), ("payload-oxum-mismatch", "bag-info.txt"),
-        ("fetch-line-invalid", "fetch.txt")])
+        ("fetch-line-invalid", "fetch.txt"), ("fetch-not-in-manifest", "data/x.txt")])
 
 
 def test_a_tar_with_a_link_or_a_member_outside_the_bag_is_refused(tmp_path: Path) -> None:

@@ -111,6 +111,8 @@ PROBLEM_CODES: dict[str, str] = {
     "payload-oxum-mismatch": "RFC 8493 §2.2.2: Payload-Oxum gives the payload's octets and file count",
     "fetch-line-invalid": "RFC 8493 §2.2.3: fetch.txt lines are 'URL LENGTH FILEPATH', LENGTH a number or '-', "
                           "FILEPATH a payload file",
+    "fetch-not-in-manifest": "RFC 8493 §2.2.3: every file listed in the fetch file MUST be listed in every payload "
+                             "manifest",
     "symlink": "packhorse (DESIGN I6): links are never followed; RFC 8493 §2.1.2 payload is files",
     "special-file": "packhorse (DESIGN I6): only regular files and directories",
     "unsafe-member": "packhorse (DESIGN I6): tar members stay inside the bag folder, no links or devices",
@@ -650,6 +652,12 @@ class BagValidator:
                 elif actual != expected:
                     self.problem("checksum-mismatch", path,
                                  f"payload file {path!r} has {alg} {actual}, {name} says {expected}")
+        for path in sorted(fetch):  # a file to fetch must be one the manifests say how to verify
+            absent = [a for a, entries in manifests.items() if path not in entries]
+            if absent and manifests:
+                self.problem("fetch-not-in-manifest", path,
+                             f"fetch.txt lists {path!r}, which is not in "
+                             + ", ".join(f"manifest-{a}.txt" for a in absent))
         every = version not in ("0.97", *OLD_VERSIONS)  # 0.97 and its drafts: in at least one
         for path in self._payload:
             if every:
