@@ -185,7 +185,7 @@ def test_tables_are_not_cut_at_80_columns_when_piped(tmp_path):
     target.symlink_to("/etc/hostname")
     assert run_packhorse("init", "-c", str(cfg)).returncode == 0
     assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
-    r = run_packhorse("status", "-c", str(cfg), env={"COLUMNS": ""})
+    r = run_packhorse("status", "--skipped", "-c", str(cfg), env={"COLUMNS": ""})
     assert r.returncode == 0, r.stderr
     row = [l for l in r.stdout.splitlines() if long_name in l]
     assert row and "symbolic link (not followed)" in row[0], r.stdout
