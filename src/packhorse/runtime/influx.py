@@ -99,8 +99,9 @@ class InfluxSink:
         self._queue: queue.Queue[str] = queue.Queue(maxsize=cfg.queue_points)
         self._clock_ns = clock_ns or time.time_ns
         self._stop = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
+        #: points queued or in the batch in hand, not yet written nor dropped (guarded by ``_written``)
+        self._unwritten = 0
+        self._written = threading.Condition()
         self._down_since: float | None = None
         self._dropped_in_outage = 0
         if cfg.database:
@@ -116,14 +117,23 @@ class InfluxSink:
     # -- recording (never blocks, never raises) ---------------------------------------
     def record(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, FieldValue]) -> None:
         """Queue one point; a full queue drops it (counted in :data:`DROPPED`)."""
+        with self._written:
+            self._unwritten += 1
         try:
-            self._idle.clear()
             self._queue.put_nowait(line(measurement, tags, fields, self._clock_ns()))
         except queue.Full:
             DROPPED.inc()
             self._dropped_in_outage += 1
+            self._settled(1)
         except Exception as e:  # noqa: BLE001 - the sink must never fail an operation
+            self._settled(1)
             log.warning("influxdb_point_not_recorded", measurement=measurement, error=str(e))
+
+    def _settled(self, points: int) -> None:
+        """``points`` were written or dropped: wake :meth:`flush` when nothing is left."""
+        with self._written:
+            self._unwritten -= points
+            self._written.notify_all()
 
     def operation_finished(self, *, kind: str, duration_seconds: float, success: bool, size_bytes: int | None,
                            source: str | None, destination: str | None) -> None:
@@ -168,8 +178,6 @@ class InfluxSink:
                     return
                 batch = self._take_batch()
                 if not batch:
-                    if self._queue.empty():
-                        self._idle.set()
                     continue
             try:
                 self._post(("\n".join(batch) + "\n").encode("utf-8"))
@@ -181,22 +189,22 @@ class InfluxSink:
                                 detail="points wait in the queue and are written when InfluxDB is back")
                 if self._stop.wait(self.cfg.retry_seconds):  # closing while InfluxDB is down
                     DROPPED.inc(len(batch))
+                    self._settled(len(batch))
                     return
                 continue
             WRITTEN.inc(len(batch))
-            batch = []
             if self._down_since is not None:
                 log.info("influxdb_back", url=self.cfg.url, down_seconds=round(time.monotonic() - self._down_since, 1),
                          dropped_points=self._dropped_in_outage)
                 self._down_since = None
+            self._settled(len(batch))  # after the log: a flush that returns has seen the outage end
+            batch = []
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued point was written (``True``) or ``timeout`` seconds passed."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._idle.wait(0.05) and self._queue.empty():
-                return True
-        return False
+        """Wait until every point recorded so far, queued or in the batch in hand, was written
+        or dropped (``True``), or ``timeout`` seconds passed (``False``)."""
+        with self._written:
+            return self._written.wait_for(lambda: self._unwritten <= 0, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Write what is queued (for at most ``timeout`` s, default ``cfg.close_timeout_seconds``)
@@ -208,3 +216,4 @@ class InfluxSink:
         left = self._queue.qsize()
         if left:
             DROPPED.inc(left)
+            self._settled(left)
