@@ -44,7 +44,7 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.db.session import Database
-from packhorse.errors import ConfigError, StorageServiceError
+from packhorse.errors import ConfigError, NothingToStageError, StorageServiceError, UnknownOperationError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
@@ -363,7 +363,6 @@ def run_operation(
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
     from packhorse.engine.worker import execute_operation  # deferred: start-up time
-    from packhorse.errors import UnknownOperationError  # deferred: start-up time
     from packhorse.operations.identity import worker_identity  # deferred: start-up time
     from packhorse.operations.lifecycle import get_operation  # deferred: start-up time
 
@@ -617,7 +616,6 @@ def stage(
 ) -> None:
     """Request staging: extract archived packages into a processing location, verified against
     their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
-    from packhorse.errors import NothingToStageError  # deferred: start-up time
     from packhorse.managers.staging import request_staging  # deferred: start-up time
 
     ctx = context(config)
