@@ -394,6 +394,13 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         print_json(r)
         return
     out = table_console()
+    # problems first: one line per kind, red where a human is needed, before any table
+    for line in r["problems"]:
+        colour = "red" if line["needs_human"] else "yellow"
+        out.print(f"[{colour}]{escape(line['text'])}[/]", highlight=False)
+    if not r["problems"]:
+        out.print("[green]no problems:[/] nothing FAILED, nothing blocked, every data location available",
+                  highlight=False)
     p = r["packages"]
     out.print(f"packages: {p['total']} total, {p['archived']} archived, {p['failed']} failed; "
               f"files: {r['files']['registered']} registered ({r['files']['bytes']:,} bytes)", highlight=False)
@@ -437,8 +444,10 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
     shown_orphans = r["orphaned"][:10]
     for o in shown_orphans:  # a killed run's work: it looks IN_PROGRESS, nobody runs it
-        when = ("at the next recovery pass of a running `packhorse run` (or monitor, manager) of this host"
-                if o["taken_over"] == "next_recovery_pass" else f"once its lease expires ({o['lease_expires_at']})")
+        # only `run` and `monitor` hand leases back (managers never do): say which must run
+        when = ("at the next recovery pass of a `packhorse run` or `packhorse monitor` running on this host"
+                if o["taken_over"] == "next_recovery_pass"
+                else f"by a running `packhorse monitor` once its lease expires ({o['lease_expires_at']})")
         out.print(f"[yellow]ORPHANED[/] {o['kind']} {o['id']}: IN_PROGRESS, but its holder {escape(o['owner'])} no "
                   f"longer runs; handed out again {when}", highlight=False)
     if len(r["orphaned"]) > len(shown_orphans):
