@@ -291,3 +291,10 @@ def test_quiet_leaves_only_errors_and_the_count_of_what_was_not_archived(tmp_pat
                                      "`packhorse status`"], r.stderr
     loud = run_packhorse("status", "--json", "-c", str(cfg))
     assert "link" in loud.stdout  # the skipped path is still listed where an operator looks
+    # "where is my file?" says it was skipped, why and since when: not "nothing matches", exit 1
+    where = run_packhorse("locate", "inst/obs0/link", "-c", str(cfg))
+    assert where.returncode == 1, where
+    assert where.stdout.startswith("SKIPPED fyst-source:inst/obs0/link: ") and "never archived" in where.stdout
+    assert "nothing registered" not in where.stdout
+    doc = json.loads(run_packhorse("locate", "inst/obs0/link", "--json", "-c", str(cfg)).stdout)
+    assert doc["matched"] == "skipped" and [k["path"] for k in doc["skipped"]] == ["inst/obs0/link"]

@@ -354,14 +354,26 @@ class LocatePackage(_Model):
     files: list[LocateFile]
 
 
+class LocateSkipped(_Model):
+    """A source path the scan could not register (``packhorse status --skipped``)."""
+
+    location: str
+    path: str
+    reason: str
+    first_seen_at: str | None
+    last_seen_at: str | None
+
+
 class LocateResult(_Model):
     """Where is my file: every version, its package, every copy and its history."""
 
     query: str
-    matched: Literal["package", "bundle", "file", "folder"] | None
+    matched: Literal["package", "bundle", "file", "folder", "skipped"] | None
     versions: list[LocateFile]
     packages: list[LocatePackage]
     truncated: bool
+    skipped: list[LocateSkipped] = Field(default_factory=list, description="the path as the scan skipped it: "
+                                         "never archived, with the reason")
     also_folder: bool | None = Field(None, description="for a package: its name is also a source folder holding "
                                                        "other packages' files, which the query with a trailing / "
                                                        "lists")

@@ -415,7 +415,8 @@ def locate(
     as_json: JsonOpt = False,
 ) -> None:
     """Where is my file: every version of a source path or package, its package, every copy
-    with its location and when it was last verified, and its history. Exit 1 if nothing matches."""
+    with its location and when it was last verified, and its history. Exit 1 if nothing matches
+    or the path is one the scan skipped (never archived; the reason is printed)."""
     from packhorse.status.locate import locate as find  # deferred: start-up time
 
     ctx = context(config)
@@ -427,11 +428,15 @@ def locate(
         print_json(found)
     else:
         _print_located(found)
-    raise typer.Exit(EXIT_OK if found["matched"] else EXIT_PROBLEM)
+    raise typer.Exit(EXIT_OK if found["matched"] not in (None, "skipped") else EXIT_PROBLEM)
 
 
 def _print_located(r: dict[str, Any]) -> None:
     out = table_console()
+    for k in r.get("skipped", []):  # before anything else: this path is not archived
+        out.print(f"SKIPPED {k['location']}:{shown(k['path'])}: {shown(k['reason'])} (seen by the scan since "
+                  f"{k['first_seen_at']}, last {k['last_seen_at']} UTC; never archived while it stays so; "
+                  f"`packhorse skipped forget` when it is gone for good)", highlight=False, markup=False)
     if not r["matched"]:
         out.print(f"nothing registered or packaged matches {shown(repr(r['query']))}", highlight=False)
         return

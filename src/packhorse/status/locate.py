@@ -45,6 +45,7 @@ from packhorse.db.models import (
     RawDataFile,
     RawDataPackage,
     Site,
+    SkippedFile,
     WithdrawnFile,
 )
 from packhorse.domain import DONE_WORD, LocationRole, OperationKind, Status
@@ -103,6 +104,13 @@ def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
             "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}" + (
                 f"; forgotten at {_iso(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
                 if w.forgotten_at else "")}
+
+
+def _skipped_dict(k: SkippedFile, loc_name: str, include_errors: bool) -> dict[str, Any]:
+    # the reason may hold an OS error's text: an observer sees that it was skipped, not why
+    reason = k.reason if include_errors else "skipped by the scan (an admin sees why)"
+    return {"location": loc_name, "path": k.relative_path, "reason": reason,
+            "first_seen_at": _iso(k.first_seen_at), "last_seen_at": _iso(k.last_seen_at)}
 
 
 def _copies(session: Session, col: Any, art_id: int) -> list[dict[str, Any]]:
@@ -237,7 +245,11 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         "created_at", "verified_at", "deleted_at"}], "bundle_copies": [...], "timeline":
         [{"at", "event", "kind", "operation_id", "status", "location", "detail",
         "error_type", "message"}], "files": [...]} (+ "members" for a bundle)],
-        "truncated": bool}``; ``matched`` is ``None`` when nothing matched (empty lists).
+        "truncated": bool, "skipped": [{"location", "path", "reason", "first_seen_at",
+        "last_seen_at"}]}``; ``matched`` is ``None`` when nothing matched (empty lists), and
+        ``"skipped"`` when the path is only one the scan could not register (a symlink, a
+        special file, an unreadable one: ``status --skipped``): never archived, with the reason.
+        ``skipped`` also lists a registered path that is skipped now (it became a symlink).
 
     Raises:
         LocateQueryError: ``query`` is empty or longer than 4096 characters.
@@ -246,7 +258,8 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
     if not q or len(q) > 4096:
         raise LocateQueryError("give a source path or a package name of 1 to 4096 characters")
     locs = dict(session.execute(select(DataLocation.id, DataLocation.name)).all())
-    out: dict[str, Any] = {"query": q, "matched": None, "versions": [], "packages": [], "truncated": False}
+    out: dict[str, Any] = {"query": q, "matched": None, "versions": [], "packages": [], "truncated": False,
+                           "skipped": []}
 
     pkg = session.scalars(select(RawDataPackage).where(RawDataPackage.name == q)).first()
     if pkg is not None:
@@ -279,7 +292,13 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         withdrawn += list(session.scalars(select(WithdrawnFile).where(WithdrawnFile.location_id == loc_id,
                                                                       WithdrawnFile.relative_path == rel)
                                           .order_by(WithdrawnFile.id)))
+    for loc_id, rel in source_candidates(session, q, settings):
+        out["skipped"] += [_skipped_dict(k, locs[k.location_id], include_errors) for k in session.scalars(
+            select(SkippedFile).where(SkippedFile.location_id == loc_id, SkippedFile.relative_path == rel))]
     matched = "file"
+    if not files and not withdrawn and out["skipped"]:
+        out["matched"] = "skipped"
+        return out
     if not files and withdrawn:
         out["matched"] = matched
         out["versions"] = [_withdrawn_dict(w, locs[w.location_id]) for w in withdrawn]

@@ -68,8 +68,14 @@
     try { r = await api("GET", "/api/transfer/locate?q=" + encodeURIComponent(q)); } catch (e) {
       out.replaceChildren(el("p", { class: "bad" }, "search failed: " + e.message)); return;
     }
-    if (!r.matched) { out.replaceChildren(el("p", { "data-testid": "locate-none" }, `Nothing registered or packaged matches “${r.query}”.`)); return; }
-    const parts = [el("p", { class: "meta" }, `“${r.query}” is a ${r.matched}` + (r.truncated ? " (more matches than listed)" : ""))];
+    const skipped = (r.skipped || []).map((k) => el("p", { class: "bad", "data-testid": "locate-skipped" },
+      `Skipped by the scan, never archived: ${k.location}:${k.path}: ${k.reason} (since ${utc(k.first_seen_at)}).`));
+    if (!r.matched || r.matched === "skipped") {
+      out.replaceChildren(...skipped, ...(r.matched ? [] : [el("p", { "data-testid": "locate-none" },
+        `Nothing registered or packaged matches “${r.query}”.`)]));
+      return;
+    }
+    const parts = [...skipped, el("p", { class: "meta" }, `“${r.query}” is a ${r.matched}` + (r.truncated ? " (more matches than listed)" : ""))];
     if (r.versions.length) {
       const t = el("table", { "data-testid": "locate-versions" });
       fill(t, ["version: location", "path", "version", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
