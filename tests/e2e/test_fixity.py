@@ -124,6 +124,14 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
     assert ops and set(ops) == {Status.COMPLETED.value}
     code, report = p.verify()
     assert code == 0 and report["checked"] == report["ok"] == 3, report
+    # locate shows the detection by the scheduled fixity check before the repair, not only
+    # "fixity checked"
+    where = json.loads(p.cli("locate", pkg.name, "--json").stdout)
+    events = [(e["event"], e["location"]) for e in where["packages"][0]["timeline"]]
+    found = events.index(("found corrupt", "cologne-lta"))
+    assert "repaired" in [e for e, _ in events[found:]], events
+    corrupt = next(e for e in where["packages"][0]["timeline"] if e["event"] == "found corrupt")
+    assert "by the scheduled fixity check" in corrupt["detail"] and corrupt["operation_id"], corrupt
 
 
 def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source(s3_server, tmp_path):

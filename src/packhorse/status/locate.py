@@ -19,7 +19,8 @@ was built (the file changed or vanished meanwhile, ``withdrawn_files``) are list
 (``cam/obs1``, ``cam/obs1+2``: files that appeared later, ``cam/obs1+v2``: new versions). For every
 package involved: every physical copy with its location, status and when it was last verified,
 and its **timeline** — registered, packaged, bundled, shipped, unpacked, archived, staged,
-fixity checks, repairs, deletions and failures — oldest first, from the operations and failure
+fixity checks, copies found corrupt or missing (by the scheduled fixity check, or by
+``packhorse verify`` or a read-back), repairs, deletions and failures — oldest first, from the operations and failure
 events in the ops database (the single source of truth; nothing extra is recorded).
 
 Error text (error type, message) of failures is included only with ``include_errors`` (an
@@ -48,7 +49,7 @@ from packhorse.db.models import (
     SkippedFile,
     WithdrawnFile,
 )
-from packhorse.domain import DONE_WORD, LocationRole, OperationKind, Status
+from packhorse.domain import DONE_WORD, CopyStatus, LocationRole, OperationKind, Status
 from packhorse.errors import LocateQueryError
 
 if TYPE_CHECKING:
@@ -170,6 +171,36 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
             add(e.created_at, "attempt failed", op, locs.get(loc_id) if loc_id else None,
                 detail=f"attempt {e.attempt}" + (", will retry" if e.will_retry else ", gave up"),
                 error_type=e.error_type if include_errors else None, message=e.message if include_errors else None)
+    # detections: a copy the fixity audit, `packhorse verify` or a read-back found bad (the
+    # repair that followed is an operation above; the detection is only on the copy's row)
+    fixity_done = [op for op in ops if op.kind == OperationKind.FIXITY_CHECK.value
+                   and ":repair-copy" not in op.dedup_key and op.finished_at is not None]
+    for c in (session.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(list(copy_loc)),
+                                                         PhysicalCopy.found_bad_at.is_not(None))
+                              .order_by(PhysicalCopy.found_bad_at)) if copy_loc else []):
+        loc_id, bundle_copy = copy_loc[c.id]
+        what = "the bundle's copy" if bundle_copy else "the package's copy"
+        by = next((op for op in fixity_done if op.physical_copy_id == c.id
+                   and abs((op.finished_at - c.found_bad_at).total_seconds()) < 60), None)
+        word = f"found {c.status}" if c.status in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value) else "found bad"
+        add(c.found_bad_at, word, by, locs.get(loc_id),
+            detail=f"{what} ({c.path}), by " + ("the scheduled fixity check" if by else
+                                                "packhorse verify or a read-back") + f"; now {c.status}")
+        # the copy that replaced it at the same location (a repair inside the fixity check writes
+        # it without an operation of its own): "repaired", unless a repair operation says so
+        new = session.scalars(select(PhysicalCopy).where(
+            PhysicalCopy.location_id == loc_id, PhysicalCopy.id != c.id, PhysicalCopy.created_at >= c.found_bad_at,
+            PhysicalCopy.raw_data_package_id.is_(c.raw_data_package_id) if c.raw_data_package_id is None
+            else PhysicalCopy.raw_data_package_id == c.raw_data_package_id,
+            PhysicalCopy.data_transfer_package_id.is_(None) if c.data_transfer_package_id is None
+            else PhysicalCopy.data_transfer_package_id == c.data_transfer_package_id)
+            .order_by(PhysicalCopy.created_at).limit(1)).first()
+        said = any(e["event"] == "repaired" and e["location"] == locs.get(loc_id) and e["at"] is not None
+                   and new is not None and abs((dt.datetime.fromisoformat(e["at"]) - new.created_at).total_seconds()) < 120
+                   for e in events)
+        if new is not None and not said:
+            add(new.created_at, "repaired", None, locs.get(loc_id),
+                detail=f"{what} rewritten from a verified copy ({new.path}); now {new.status}")
     if archived_at is not None:
         add(archived_at, "archived everywhere", detail="every archive location of every destination holds a verified copy")
     events.sort(key=lambda x: (x["at"] or "", x["operation_id"] or 0))
