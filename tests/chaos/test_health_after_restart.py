@@ -104,7 +104,8 @@ def test_a_dead_monitor_counts_until_it_is_forgotten(site_config):
     assert unknown.returncode == 1 and name in unknown.stderr
     forgot = run_packhorse("health", "-c", str(cfg), "--forget", name)
     assert forgot.returncode == 0, forgot.stderr
-    assert _health(cfg) == (0, {"services": [], "dead": 0, "scans_overdue": []})
+    assert _health(cfg) == (0, {"services": [], "dead": 0, "scans_overdue": [], "no_monitor": False,
+                                "leases_not_reclaimed": []})
     bad = run_packhorse("monitor", "-c", str(cfg), "--instance", "two words")
     assert bad.returncode == 2 and "--instance" in bad.stderr
     audit = json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)

@@ -182,7 +182,7 @@ def test_a_kind_without_recovery_handler_is_not_skipped_silently(db: Database, m
 
 
 def test_failed_of_every_kind_reaches_a_human(db: Database) -> None:
-    ctx = types.SimpleNamespace(db=db)
+    ctx = types.SimpleNamespace(db=db, settings=SETTINGS)
     assert exit_code_after_run(ctx) == EXIT_OK  # type: ignore[arg-type]
     ids = make_ops(db, list(OperationKind), Status.FAILED)
     listed = db.transact(failed_operations)
