@@ -408,7 +408,7 @@ class Database:
                      database=self._engine.url.render_as_string(hide_password=True))
         return offset
 
-    def _follow_clock(self) -> None:
+    def follow_clock(self) -> None:
         """Measure the clock when it is due (first use, then every ``clock_refresh_seconds``);
         a failure is not raised, and is tried again after :data:`CLOCK_RETRY_SECONDS` (the unit
         of work that follows meets the same error and retries it)."""
@@ -443,7 +443,7 @@ class Database:
     def session(self) -> Session:
         """A new session (caller commits/closes). Prefer :meth:`transact`."""
         self._after_fork()
-        self._follow_clock()
+        self.follow_clock()
         return self._sessions()
 
     def transact(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
@@ -459,7 +459,7 @@ class Database:
             Any other exception ``fn`` raises (after rolling back).
         """
         self._after_fork()
-        self._follow_clock()
+        self.follow_clock()
         if self._write_lock is None:
             return self._run(fn, self._sessions, attempts=attempts)
         with self._write_lock:
@@ -490,7 +490,7 @@ class Database:
             Any other exception ``fn`` raises.
         """
         self._after_fork()
-        self._follow_clock()
+        self.follow_clock()
         engine = self._autocommit
         if engine is None:
             return self.transact(lambda s: fn(s.connection()), attempts=attempts)
@@ -508,7 +508,7 @@ class Database:
         write lock; on PostgreSQL it is ``READ ONLY``. ``fn`` must not write.
         """
         self._after_fork()
-        self._follow_clock()
+        self.follow_clock()
         return self._run(fn, self._read_sessions, attempts=attempts)
 
     def _run(self, fn: Callable[[Session], T], factory: sessionmaker[Session], *, attempts: int) -> T:

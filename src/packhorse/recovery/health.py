@@ -34,7 +34,7 @@ import structlog
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from packhorse.db import clock
+from packhorse.db import clock as db_clock
 from packhorse.db.models import ServiceHeartbeat, utcnow
 from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
@@ -111,7 +111,7 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
 
     def tx(s: Session) -> tuple[str, int] | None:
         t = now or utcnow()
-        offset = clock.offset_seconds() if clock_offset_seconds is None else clock_offset_seconds
+        offset = db_clock.offset_seconds() if clock_offset_seconds is None else clock_offset_seconds
         expire_services(s, t, forget_after_seconds)
         row = s.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.service == service)).first()
         if row is None:
@@ -259,6 +259,8 @@ class HeartbeatThread:
         self.forget_after_seconds = forget_after_seconds
         self._clock = clock
         self._warned_duplicate = False
+        if clock is None:
+            db.follow_clock()  # the database's time, even for the first timestamp of a process
         #: when this process started serving: its incarnation (a restart has another one)
         self.started_at = clock() if clock else utcnow()
         self._stop = threading.Event()
