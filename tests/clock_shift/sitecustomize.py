@@ -7,6 +7,11 @@ of the host's clock that packhorse derives database timestamps from — by one r
 seconds ahead. Processes forked from it (Celery pool children, local workers) inherit it.
 Without the variable nothing is imported or changed.
 
+``PACKHORSE_TEST_HOSTNAME`` (optional) makes the process name another host
+(``socket.gethostname``): its leases and heartbeats then name that host, so the monitor and
+``health`` cannot see that its processes are gone and must judge it by time alone, as they do a
+worker on another machine.
+
 Why not libfaketime: it shifts ``sleep`` and ``select`` timeouts along with the clock on this
 machine's Python (a shifted process then sleeps for hours or spins), where a host whose clock
 is off sleeps normally. Only packhorse's host-clock read is shifted here; file times, logs and
@@ -35,3 +40,10 @@ if _SHIFT:
         return _real_host_now() + _delta
 
     _clock.host_now = _shifted_host_now
+
+_HOSTNAME = os.environ.get("PACKHORSE_TEST_HOSTNAME")
+
+if _HOSTNAME:
+    import socket as _socket
+
+    _socket.gethostname = lambda: _HOSTNAME

@@ -40,9 +40,14 @@ CLOCK_SHIFT = Path(__file__).resolve().parents[1] / "clock_shift"
 LEASE = 2.0  # s, the test configuration's lease_timeout_seconds
 
 
-def shifted(seconds: float) -> dict[str, str]:
-    """The environment of a process whose host clock runs ``seconds`` ahead."""
-    return {"PYTHONPATH": f"{CLOCK_SHIFT}{os.pathsep}{SRC}", "PACKHORSE_TEST_CLOCK_SHIFT_SECONDS": str(seconds)}
+DEAD_AFTER = 3.0  # s, service_dead_after_seconds here
+
+
+def shifted(seconds: float, host: str | None = None) -> dict[str, str]:
+    """The environment of a process whose host clock runs ``seconds`` ahead; with ``host``, one
+    that names another host (whose processes the monitor and ``health`` cannot look at)."""
+    return {"PYTHONPATH": f"{CLOCK_SHIFT}{os.pathsep}{SRC}", "PACKHORSE_TEST_CLOCK_SHIFT_SECONDS": str(seconds),
+            **({"PACKHORSE_TEST_HOSTNAME": host} if host else {})}
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def pg() -> Iterator[str]:
 
 
 def _cluster(site_config: Any, pg: str, tmp_path: Path, faults: list[dict[str, Any]]) -> Cluster:
-    config = site_config(poll_interval_seconds=0.5, extra="service_heartbeat_interval_seconds = 0.5\n")
+    config = site_config(poll_interval_seconds=0.5, extra=f"service_heartbeat_interval_seconds = 0.5\nservice_dead_after_seconds = {DEAD_AFTER}\n")
     src = config.parent / "source" / "inst" / "obs0"
     src.mkdir(parents=True)
     (src / "f0.dat").write_bytes(os.urandom(50_000))
@@ -86,7 +91,7 @@ def test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease(site_conf
     cluster = _cluster(site_config, pg, tmp_path, [
         {"point": "raw_data_package.write", "action": "pause", "seconds": 300, "marker": str(marker)}])
     try:
-        worker = cluster.start_worker("fyst", env=shifted(3600))
+        worker = cluster.start_worker("fyst", env=shifted(3600, host="obs-ahead"))
         cluster.start("manager", "manager")
         cluster.start("monitor", "monitor")
         wait_for(lambda: marker.exists() and marker.read_text(), 90, "the worker to pause in its packaging write")
@@ -104,6 +109,7 @@ def test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease(site_conf
         text = cluster.cli("health")
         assert "clock offset (s)" in text.stdout and f"clock: {w['service']}" in text.stderr, text
         assert "3600" in text.stderr and "ahead of the database server's" in text.stderr
+        assert op.lease_owner and op.lease_owner.startswith("obs-ahead:"), op.lease_owner  # "another host"
 
         os.killpg(worker.pid, signal.SIGKILL)  # the worker host dies: main process and pool child
         killed_at = time.monotonic()
@@ -122,8 +128,10 @@ def test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease(site_conf
         assert took < LEASE + 15, took  # about the lease (a loaded machine adds seconds), not an hour
         _, events = _packaging(pg)
         assert [(e.kind, e.error_type) for e in events] == [(OperationKind.RAW_DATA_PACKAGE.value, "Stalled")]
-        dead = _health(cluster)["worker"]
-        assert not dead["alive"] and dead["age_seconds"] >= 0, dead
+        # judged by its heartbeat's age alone (another host), the dead worker is dead once that age
+        # passes service_dead_after_seconds — not alive for an hour with a negative age
+        dead = wait_for(lambda: not (h := _health(cluster)["worker"])["alive"] and h, 30, "the killed worker to be dead")
+        assert dead["age_seconds"] >= DEAD_AFTER, dead
     finally:
         cluster.stop_all()
 
