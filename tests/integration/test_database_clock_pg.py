@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from structlog.testing import capture_logs
 
-from distributed_support import postgres_database
+from distributed_support import free_port, postgres_database
 from packhorse.db import clock
 from packhorse.db.models import utcnow
 from packhorse.db.session import Database
@@ -55,3 +55,16 @@ def test_the_offset_is_measured_again_when_due(pg_db: Database, monkeypatch) -> 
     pg_db.statements(lambda c: c.execute(text("SELECT 1")))
     assert clock.offset_seconds() == pytest.approx(30, abs=0.5)
     assert abs((utcnow() - _server_now(pg_db)).total_seconds()) < 0.5
+
+
+def test_a_server_that_cannot_be_asked_keeps_the_offset_and_raises_nothing() -> None:
+    clock.reset()
+    clock.record(1.25)
+    db = Database(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing", pool_size=1, max_overflow=0)
+    try:
+        db.follow_clock()  # nobody listens on that port: refused at once
+        assert clock.offset_seconds() == 1.25
+        db.follow_clock()  # not tried again before CLOCK_RETRY_SECONDS
+    finally:
+        db.dispose()
+        clock.reset()

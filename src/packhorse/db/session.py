@@ -356,7 +356,6 @@ class Database:
         self.max_overflow = max_overflow
         self.clock_offset_warn_seconds = clock_offset_warn_seconds
         self.clock_refresh_seconds = clock_refresh_seconds
-        self._clock_lock = threading.Lock()
         self._setup()
         _DATABASES.add(self)
 
@@ -384,8 +383,10 @@ class Database:
             read_options["postgresql_readonly"] = True
             self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._read_sessions = sessionmaker(self._engine.execution_options(**read_options), expire_on_commit=False)
-        #: time.monotonic() when the clock is due to be measured (PostgreSQL only; 0: at once)
+        #: time.monotonic() when the clock is due to be measured (PostgreSQL only; 0: at once);
+        #: a new lock in a forked child (a parent's thread may have held the old one at the fork)
         self._clock_due = 0.0 if self.url.startswith("postgresql") else float("inf")
+        self._clock_lock = threading.Lock()
 
     def measure_clock(self) -> float:
         """Measure this host's offset to the database server's clock now and make it this
@@ -409,9 +410,10 @@ class Database:
         return offset
 
     def follow_clock(self) -> None:
-        """Measure the clock when it is due (first use, then every ``clock_refresh_seconds``);
-        a failure is not raised, and is tried again after :data:`CLOCK_RETRY_SECONDS` (the unit
-        of work that follows meets the same error and retries it)."""
+        """Measure the clock when it is due (first use, then every ``clock_refresh_seconds``, s).
+        Never raises: a failed measurement keeps the last offset and is tried again after
+        :data:`CLOCK_RETRY_SECONDS` (the unit of work that follows meets the same error and
+        retries it). Called before every unit of work; costs nothing when not due."""
         if time.monotonic() < self._clock_due:
             return
         # the first measurement of a process is awaited by every thread; a refresh by one only
@@ -423,7 +425,7 @@ class Database:
             try:
                 self.measure_clock()
                 self._clock_due = time.monotonic() + self.clock_refresh_seconds
-            except exc.SQLAlchemyError:
+            except Exception:  # the server is away (SQLAlchemyError) or answered oddly: keep the offset
                 self._clock_due = time.monotonic() + min(CLOCK_RETRY_SECONDS, self.clock_refresh_seconds)
         finally:
             self._clock_lock.release()
