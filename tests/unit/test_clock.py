@@ -19,6 +19,7 @@ from packhorse.db import clock
 from packhorse.db.models import utcnow
 from packhorse.db.session import Database
 from packhorse.recovery import health
+from packhorse.status.metrics import registry_for, render
 
 T0 = dt.datetime(2026, 12, 5, 23, 0, tzinfo=dt.timezone.utc)
 
@@ -125,3 +126,10 @@ def test_a_service_records_its_offset_with_its_heartbeat(empty_db: Database) -> 
     health.record_heartbeat(empty_db, "worker:cologne@dc1", kind="worker", host="dc1", pid=4242, now=T0)
     [row] = [r for r in empty_db.read(lambda s: health.list_services(s, now=T0)) if r["service"].startswith("worker")]
     assert row["clock_offset_seconds"] == 0.5
+
+
+def test_the_offsets_are_exported_as_a_metric(empty_db: Database) -> None:
+    health.record_heartbeat(empty_db, "worker:fyst@obs1", kind="worker", host="obs1", pid=4242,
+                            clock_offset_seconds=-3600.5)
+    text = render(registry_for(empty_db)).decode()
+    assert 'packhorse_service_clock_offset_seconds{kind="worker",service="worker:fyst@obs1"} -3600.5' in text
