@@ -6,6 +6,7 @@ of every step go to ``test-artifacts/dashboard/`` (or ``$PACKHORSE_TEST_ARTIFACT
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,12 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(page.get_by_test_id("diagnose")).to_have_count(0)
         expect(page.get_by_test_id("reset")).to_have_count(0)
         assert ERROR_TEXT not in page.content() and "TransferCommandError" not in page.content()
+        # problems first: a red line on the first screen says what needs a human, before any table
+        banner = page.get_by_test_id("problem-failed")
+        expect(banner).to_contain_text("FAILED: 2 operation(s): a human must act")
+        expect(banner).to_have_class(re.compile(r"\bhuman\b"))
+        box = banner.bounding_box()
+        assert box is not None and box["y"] + box["height"] < 1000, box  # no scrolling needed
         # the source location holds raw files, not package copies: no "0 copies" there
         source_row = page.locator("#locations tr[data-location='fyst-source'] td")
         expect(source_row.nth(4)).to_have_text("source")
@@ -112,6 +119,7 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(held).to_contain_text("next automatic attempt")
         breaker = page.get_by_test_id(f"breaker-transfer-{other}")
         expect(breaker).to_be_visible()
+        expect(page.get_by_test_id("problem-circuit_breaker")).to_have_class(re.compile(r"\bwaiting\b"))
         page.screenshot(path=str(ARTIFACTS / "5-open-breaker.png"), full_page=True)
         page.once("dialog", lambda dialog: dialog.accept("mount fixed"))
         breaker.get_by_test_id("force-retry").click()
@@ -119,6 +127,7 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(rows).to_have_count(0, timeout=60_000)
         expect(page.locator("#stuck-empty")).to_be_visible()
         expect(page.locator("#blocked-empty")).to_be_visible()
+        expect(page.get_by_test_id("problem-none")).to_contain_text("No problems")
         page.screenshot(path=str(ARTIFACTS / "6-all-done.png"), full_page=True)
         browser.close()
     assert (ARTIFACTS / "6-all-done.png").stat().st_size > 0

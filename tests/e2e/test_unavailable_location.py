@@ -91,6 +91,10 @@ def test_source_and_archive_roots_taken_away_during_a_run_wait_and_resume(pipeli
     assert blocked["cologne-lta"]["detail"]["operations_waiting"] >= 1  # the archive copies
     text = p.cli("status")
     assert "BLOCKED location cologne-lta" in text.stdout and "remount / restore" in text.stdout, text.stdout
+    # problems first: the first line says two locations are unavailable, since when, before any table
+    first = text.stdout.lstrip().splitlines()[0]
+    assert first.startswith("UNAVAILABLE: 2 data location(s) unavailable") and " since 20" in first, text.stdout
+    assert [x["cause"] for x in status["problems"]] == ["location_unavailable"]
     code, report = p.verify()
     assert not [m for m in report["missing"] if m["location"] == "cologne-lta"] and not archive.exists()
     with _db(p) as db:

@@ -50,14 +50,27 @@ class BlockedOut(_Model):
     """One piece of blocked work (:class:`packhorse.status.blocked_work.BlockedItem`): what waits, on what,
     and the command that releases it. No error text."""
 
-    cause: str = Field(description="no_good_source, circuit_breaker, dispatch_lost, scan_overdue, location_unavailable, "
-                                   "location_full")
+    cause: str = Field(description="no_good_source, circuit_breaker, dispatch_lost, lease_not_reclaimed, scan_overdue, "
+                                   "location_unavailable, location_full")
     subject: str = Field(description='what is blocked, e.g. "transfer 17"')
     reason: str
     release: str = Field(description="the command that releases it")
     exit_code: int = Field(description="run --until-idle exit code it causes: 3 needs a human, 4 waits")
     since: str | None
     detail: dict[str, Any] | None
+
+
+class ProblemOut(_Model):
+    """One line of the problem summary (:func:`packhorse.status.problems.problem_lines`): a kind of
+    problem, how many, since when. No error text."""
+
+    label: str = Field(description="FAILED, DEAD END, UNAVAILABLE or BLOCKED")
+    cause: str = Field(description="failed, or the blocked work's cause")
+    count: int
+    since: str | None = Field(description="the oldest, ISO 8601 UTC")
+    needs_human: bool = Field(description="true: a human must act (shown red); false: it resumes by itself")
+    text: str
+    subjects: list[str] = Field(description="the first five, e.g. \"transfer 17\"")
 
 
 class Overview(_Model):
@@ -71,6 +84,8 @@ class Overview(_Model):
     truncated: bool
     blocked: list[BlockedOut] = Field(default_factory=list,
                                       description="blocked work, as `packhorse status --json` lists it")
+    problems: list[ProblemOut] = Field(default_factory=list,
+                                       description="one line per kind of problem, most urgent first (the banner)")
 
 
 class DiskUsageOut(_Model):

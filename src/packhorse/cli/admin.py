@@ -23,6 +23,7 @@ from packhorse.cli.app import (
     printable,
     table_console,
 )
+from packhorse.errors import RuntimeSettingError, ServiceHealthError, TokenError
 
 
 @app.command()
@@ -32,18 +33,20 @@ def health(
     forget: Annotated[Optional[str], typer.Option(
         "--forget", metavar="NAME", help="forget a dead service (one taken out of the installation)")] = None,
 ) -> None:
-    """List services and workers with their last heartbeat; exit 1 if one is dead now or a source
-    location's scan has not completed for longer than recovery.scan_overdue_seconds.
+    """List services and workers with their last heartbeat; exit 1 if one is dead now, if workers
+    or managers run but no monitor does, if an expired lease has not been taken back within two
+    recovery passes (no monitor reclaims it), or if a source location's scan has not completed
+    for longer than recovery.scan_overdue_seconds.
 
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
     or by --forget NAME. Each service shows how far its host's clock is from the database
     server's (clock offset, s, database minus host; packhorse times everything by the
     database's clock); one beyond database.clock_offset_warn_seconds is named on stderr."""
-    from packhorse.errors import ServiceHealthError  # deferred: start-up time
     from packhorse.recovery.breakers import jsonable  # deferred: start-up time
     from packhorse.recovery.health import forget_service, list_services, scan_health  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
+    from packhorse.status.blocked_work import lease_not_reclaimed  # deferred: start-up time
 
     ctx = context(config)
     rec = ctx.settings.recovery
@@ -68,8 +71,14 @@ def health(
     clock_off = {r["service"] for r in rows
                  if r["clock_offset_seconds"] is not None and abs(r["clock_offset_seconds"]) > warn_above}
     scans = ctx.db.read(lambda s: scan_health(s, overdue_seconds=rec.scan_overdue_seconds))
+    unreclaimed = ctx.db.read(lambda s: lease_not_reclaimed(s, ctx))
+    # distributed mode (workers or managers heartbeat) needs a monitor: it alone hands expired
+    # leases back, lets breakers half-open and re-dispatches lost messages (DESIGN.md I5)
+    distributed = any(r["kind"] in ("worker", "manager") for r in rows)
+    no_monitor = distributed and not any(r["kind"] == "monitor" and r["alive"] for r in rows)
     if as_json:
-        print_json({"services": [jsonable(r) for r in rows], "dead": len(dead), "scans_overdue": scans})
+        print_json({"services": [jsonable(r) for r in rows], "dead": len(dead), "scans_overdue": scans,
+                    "no_monitor": no_monitor, "leases_not_reclaimed": [i.as_json() for i in unreclaimed]})
     else:
         if not rows:
             print("no packhorse service is running: none has a heartbeat (each service records one while it runs "
@@ -102,7 +111,13 @@ def health(
             print(f"scan overdue: {sc['location']}: no scan completed for {sc['overdue_seconds']} s "
                   f"(last completed {sc['completed_at'] or 'never'}; lease holder {sc['holder'] or 'none'}): "
                   "check the site's workers (a paused or hung holder loses its lease by itself)", file=sys.stderr)
-    raise typer.Exit(EXIT_PROBLEM if dead or scans else EXIT_OK)
+        if no_monitor:
+            print("no monitor is running: workers and managers are, but nothing hands expired leases back, "
+                  "half-opens circuit breakers or re-dispatches lost messages: start packhorse monitor "
+                  "(two on different hosts for high availability)", file=sys.stderr)
+        for item in unreclaimed:
+            print(f"lease not reclaimed: {item.subject}: {item.reason}; {item.release}", file=sys.stderr)
+    raise typer.Exit(EXIT_PROBLEM if dead or scans or no_monitor or unreclaimed else EXIT_OK)
 
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")
@@ -119,7 +134,6 @@ def token_create(
 ) -> None:
     """Create an API token; it is printed once, alone on the last line of stdout."""
     from packhorse.api.tokens import create_token  # deferred: start-up time
-    from packhorse.errors import TokenError  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
@@ -155,7 +169,6 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
                  as_json: JsonOpt = False) -> None:
     """Revoke a token: it is refused from the next request on."""
     from packhorse.api.tokens import revoke_token  # deferred: start-up time
-    from packhorse.errors import TokenError  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
@@ -176,7 +189,6 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
 def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
                value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Change a runtime setting; running services pick it up within a minute (audited)."""
-    from packhorse.errors import RuntimeSettingError  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
     from packhorse.runtime.settings import set_setting  # deferred: start-up time
 
@@ -195,7 +207,6 @@ def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_inter
 @config_app.command("unset")
 def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Drop a runtime override: the configuration file's value applies again (audited)."""
-    from packhorse.errors import RuntimeSettingError  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
     from packhorse.runtime.settings import unset_setting  # deferred: start-up time
 

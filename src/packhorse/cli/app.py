@@ -21,7 +21,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from packhorse.config import Settings, load_config
 from packhorse.db.session import Database
-from packhorse.errors import ConfigError, DatabaseNotInitializedError
+from packhorse.errors import (
+    ConfigError,
+    DatabaseNotInitializedError,
+    LocationUnavailableError,
+    StorageServiceError,
+    UnknownOperationError,
+)
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
@@ -244,7 +250,6 @@ def check_storage(ctx: ProcessContext) -> None:
     any work runs; a refused store exits 2 naming the location; read-only sources are checked
     (:func:`check_read_only_sources`)."""
     from packhorse.domain import StorageType  # deferred: start-up time
-    from packhorse.errors import LocationUnavailableError, StorageServiceError  # deferred: start-up time
 
     check_read_only_sources(ctx)
     try:
@@ -277,7 +282,6 @@ def operation_action(
     ``UnknownOperationError`` and the ``refused`` exceptions (the action declined, e.g. a reset of
     an operation that is not FAILED) print ``error: ...`` and exit 1.
     """
-    from packhorse.errors import UnknownOperationError  # deferred: start-up time
 
     k = parse_kind(kind)
     if precheck is not None:

@@ -31,6 +31,14 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.domain import OperationKind
+from packhorse.errors import (
+    EmptyReasonError,
+    LocateQueryError,
+    NotSkippedError,
+    ResetRefusedError,
+    UnknownOperationError,
+    UnknownPackageError,
+)
 from packhorse.runtime.audit import cli_actor
 from packhorse.runtime.context import ProcessContext
 
@@ -46,7 +54,6 @@ def reset(
 ) -> None:
     """Reset FAILED operations to PENDING after fixing the cause (failure history is kept)."""
     from packhorse.actions.operator import reset_all_failed, reset_operation  # deferred: start-up time
-    from packhorse.errors import ResetRefusedError  # deferred: start-up time
 
     def precheck() -> None:
         if (operation_id is None) == (not all_failed):
@@ -164,7 +171,6 @@ def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not 
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
     from packhorse.actions.operator import force_retry_operation  # deferred: start-up time
-    from packhorse.errors import ResetRefusedError  # deferred: start-up time
 
     operation_action(
         kind, config, as_json,
@@ -184,7 +190,6 @@ def diagnose(
 ) -> None:
     """The diagnostic report of an operation: row, failure events (newest first), copies per
     location and the diagnosis. Exit 1 if the operation (or one of the package's) is FAILED."""
-    from packhorse.errors import UnknownOperationError, UnknownPackageError  # deferred: start-up time
     from packhorse.runtime.audit import record  # deferred: start-up time
     from packhorse.status.diagnose import diagnose_operation, diagnose_package, live_check  # deferred: start-up time
 
@@ -388,7 +393,6 @@ def skipped_forget(
     (deleted on purpose, never to be archived). Kept with who, when and why (`packhorse locate`
     shows it); if the file comes back it is archived as ever. Exit 1 if no such file is listed."""
     from packhorse.actions.operator import forget_skipped  # deferred: start-up time
-    from packhorse.errors import EmptyReasonError, NotSkippedError  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -412,7 +416,6 @@ def locate(
 ) -> None:
     """Where is my file: every version of a source path or package, its package, every copy
     with its location and when it was last verified, and its history. Exit 1 if nothing matches."""
-    from packhorse.errors import LocateQueryError  # deferred: start-up time
     from packhorse.status.locate import locate as find  # deferred: start-up time
 
     ctx = context(config)
@@ -472,7 +475,6 @@ def reconcile(
 ) -> None:
     """Recompute raw data packages' archived state from their verified archive copies."""
     from packhorse.actions.operator import reconcile_inconsistent, reconcile_package  # deferred: start-up time
-    from packhorse.errors import UnknownPackageError  # deferred: start-up time
 
     ctx = context(config)
     try:

@@ -44,7 +44,7 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.db.session import Database
-from packhorse.errors import ConfigError, StorageServiceError
+from packhorse.errors import ConfigError, NothingToStageError, StorageServiceError, UnknownOperationError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
@@ -363,7 +363,6 @@ def run_operation(
 ) -> None:
     """Claim and run one operation in the foreground (as a worker would); print the outcome."""
     from packhorse.engine.worker import execute_operation  # deferred: start-up time
-    from packhorse.errors import UnknownOperationError  # deferred: start-up time
     from packhorse.operations.identity import worker_identity  # deferred: start-up time
     from packhorse.operations.lifecycle import get_operation  # deferred: start-up time
 
@@ -395,6 +394,13 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         print_json(r)
         return
     out = table_console()
+    # problems first: one line per kind, red where a human is needed, before any table
+    for line in r["problems"]:
+        colour = "red" if line["needs_human"] else "yellow"
+        out.print(f"[{colour}]{escape(line['text'])}[/]", highlight=False)
+    if not r["problems"]:
+        out.print("[green]no problems:[/] nothing FAILED, nothing blocked, every data location available",
+                  highlight=False)
     p = r["packages"]
     out.print(f"packages: {p['total']} total, {p['archived']} archived, {p['failed']} failed; "
               f"files: {r['files']['registered']} registered ({r['files']['bytes']:,} bytes)", highlight=False)
@@ -438,8 +444,10 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         out.print(f"[red]FAILED[/] {f['kind']} {f['id']}: {f['error_type']}: {f['message']}", highlight=False)
     shown_orphans = r["orphaned"][:10]
     for o in shown_orphans:  # a killed run's work: it looks IN_PROGRESS, nobody runs it
-        when = ("at the next recovery pass of a running `packhorse run` (or monitor, manager) of this host"
-                if o["taken_over"] == "next_recovery_pass" else f"once its lease expires ({o['lease_expires_at']})")
+        # only `run` and `monitor` hand leases back (managers never do): say which must run
+        when = ("at the next recovery pass of a `packhorse run` or `packhorse monitor` running on this host"
+                if o["taken_over"] == "next_recovery_pass"
+                else f"by a running `packhorse monitor` once its lease expires ({o['lease_expires_at']})")
         out.print(f"[yellow]ORPHANED[/] {o['kind']} {o['id']}: IN_PROGRESS, but its holder {escape(o['owner'])} no "
                   f"longer runs; handed out again {when}", highlight=False)
     if len(r["orphaned"]) > len(shown_orphans):
@@ -617,7 +625,6 @@ def stage(
 ) -> None:
     """Request staging: extract archived packages into a processing location, verified against
     their bag manifests (`packhorse run` does the work; cold archives are restored first)."""
-    from packhorse.errors import NothingToStageError  # deferred: start-up time
     from packhorse.managers.staging import request_staging  # deferred: start-up time
 
     ctx = context(config)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease
-from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole
+from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease, utcnow
+from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
 from packhorse.operations.scan_lease import overdue_scans
 from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.rules.availability import release_of, root_of, waiting_for
@@ -237,6 +237,45 @@ def dispatch_lost(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     return out
 
 
+def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``lease_not_reclaimed``: ``IN_PROGRESS`` operations whose lease expired more than two
+    recovery passes ago (``2 × [recovery] monitor_interval_seconds``) and that no process took
+    back: no monitor (``packhorse monitor``; in embedded mode ``packhorse run``) is running, or
+    each one is stuck. The stalled-task monitor would have reset them to ``PENDING`` within one
+    pass (:mod:`packhorse.recovery.monitor`); one whose breaker is open is held on purpose and
+    listed by :func:`circuit_breakers` instead. Without this cause a crashed worker's operation
+    sits ``IN_PROGRESS`` for ever while every view says all is well (DESIGN.md I5).
+
+    :data:`EXIT_WAITING`: a monitor that starts takes it back at its first pass, and ``packhorse
+    retry`` hands it back now. Each item: subject ``"<kind> <id>"``, since = the lease's expiry
+    (ISO 8601 UTC), detail ``{"kind", "operation_id", "lease_owner", "lease_expired_seconds_ago",
+    "package", "location"}``."""
+    rec = ctx.settings.recovery
+    now = utcnow()
+    limit = now - dt.timedelta(seconds=2 * rec.monitor_interval_seconds)
+    package, location, join = package_and_location()
+    held = (select(CircuitBreaker.operation_id)
+            .where(CircuitBreaker.state.in_([BreakerState.OPEN.value, BreakerState.HALF_OPEN.value])))
+    rows = session.execute(join(select(Operation, package, location).select_from(Operation))
+                           .where(Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < limit,
+                                  Operation.id.not_in(held))
+                           .order_by(Operation.id)).all()
+    out: list[BlockedItem] = []
+    for op, pkg, loc in rows:
+        ago = int((now - op.lease_expires_at).total_seconds())
+        out.append(BlockedItem(
+            cause="lease_not_reclaimed", subject=f"{op.kind} {op.id}",
+            reason=(f"its lease (held by {op.lease_owner or 'nobody'}) expired {ago} s ago and no process took it "
+                    f"back: a running monitor hands an expired lease back within "
+                    f"{rec.monitor_interval_seconds:g} s, so none is running or each one is stuck"),
+            release=(f"start packhorse monitor (packhorse health lists the services), or packhorse retry "
+                     f"{op.kind} {op.id} --reason '<why>'"),
+            exit_code=EXIT_WAITING, since=op.lease_expires_at.isoformat(),
+            detail={"kind": op.kind, "operation_id": op.id, "lease_owner": op.lease_owner,
+                    "lease_expired_seconds_ago": ago, "package": pkg, "location": loc}))
+    return out
+
+
 def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``scan_overdue``: source locations whose scan has not completed for longer than
     ``[recovery] scan_overdue_seconds`` (:func:`packhorse.operations.scan_lease.overdue_scans`;
@@ -257,8 +296,8 @@ def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
 
 
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, scan_overdue, location_unavailable,
-                             location_full]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, lease_not_reclaimed, scan_overdue,
+                             location_unavailable, location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

@@ -26,6 +26,8 @@ from packhorse.domain import CopyStatus, Status
 from packhorse.rules.disk_usage import latest_usage
 from packhorse.status.blocked_work import blocked_items
 from packhorse.status.operation_names import package_and_location
+from packhorse.status.problems import problem_lines
+from packhorse.status.reporting import failed_operations
 
 if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
@@ -45,7 +47,9 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
         "truncated": bool, "blocked": [BlockedItem.as_json()]}`` — ``stalled`` is ``IN_PROGRESS``
         with an expired lease; the list holds FAILED and stalled operations first, then the other
         unfinished ones by id; ``blocked`` is :func:`packhorse.status.blocked_work.blocked_items` (with
-        ``ctx``; empty without it), the list ``packhorse status`` shows.
+        ``ctx``; empty without it), the list ``packhorse status`` shows; ``problems`` is
+        :func:`packhorse.status.problems.problem_lines` of the FAILED operations and ``blocked``
+        (what the dashboard's banner shows first).
     """
     now = now or utcnow()
     package, location, join = package_and_location()
@@ -68,10 +72,10 @@ def pipeline_overview(session: Session, *, limit: int = 500, now: dt.datetime | 
            for r in rows[:limit]]
     blocked: list[dict[str, Any]] = []
     if ctx is not None:
-
         blocked = [b.as_json() for b in blocked_items(session, ctx)]
     return {"generated_at": now.isoformat(), "counts": counts, "totals": totals, "stalled": int(stalled),
-            "operations": ops, "truncated": len(rows) > limit, "blocked": blocked}
+            "operations": ops, "truncated": len(rows) > limit, "blocked": blocked,
+            "problems": problem_lines(failed_operations(session), blocked)}
 
 
 def location_usage(session: Session) -> list[dict[str, Any]]:

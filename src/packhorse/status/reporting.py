@@ -29,10 +29,12 @@ from packhorse.rules.convergence import superseded_failures
 from packhorse.rules.fixity import check_copy, recognise_returned, record_findings
 from packhorse.runtime.context import ProcessContext
 from packhorse.status.blocked_work import blocked_items
+from packhorse.status.problems import problem_lines
 
 
 def failed_operations(session: Session) -> list[dict[str, Any]]:
-    """``[{"id", "kind", "error_type", "message", "diagnosis", "path"}]`` for every FAILED
+    """``[{"id", "kind", "error_type", "message", "diagnosis", "path", "failed_at"}]`` (``failed_at``:
+    ISO 8601 UTC, when it went FAILED) for every FAILED
     operation whose work is still undone: a FAILED operation that a later repair of the same
     kind, artifact and destination COMPLETED (:func:`packhorse.rules.convergence.superseded_failures`,
     e.g. the transfer of a bundle that was lost and rebuilt) is history, not work for a human
@@ -45,8 +47,10 @@ def failed_operations(session: Session) -> list[dict[str, Any]]:
         if op.id in done:
             continue
         ec = op.error_context or {}
+        at = op.finished_at or op.updated_at
         out.append({"id": op.id, "kind": op.kind, "error_type": ec.get("error_type"), "message": ec.get("message"),
-                    "diagnosis": ec.get("diagnosis"), "path": ec.get("path")})
+                    "diagnosis": ec.get("diagnosis"), "path": ec.get("path"),
+                    "failed_at": at.isoformat() if at else None})
     return out
 
 
@@ -82,7 +86,9 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     ``operations``, left out of ``failed_operations``),
     "source_filters": {location: {"include": [glob], "exclude": [glob]}},
     "blocked": [BlockedItem.as_json()], "orphaned": [...] (``IN_PROGRESS`` operations whose
-    holder no longer runs on this host: :func:`_orphaned`), "generated_at": ISO time}``.
+    holder no longer runs on this host: :func:`_orphaned`), "problems": [...] (one line per kind
+    of problem, most urgent first: :func:`packhorse.status.problems.problem_lines`),
+    "generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
@@ -155,7 +161,8 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
             "source_filters": {loc.name: {"include": list(loc.include), "exclude": list(loc.exclude)}
                                for loc in ctx.settings.locations
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},
-            "blocked": [b.as_json() for b in blocked_items(s, ctx)],
+            "blocked": (blocked := [b.as_json() for b in blocked_items(s, ctx)]),
+            "problems": problem_lines(failed, blocked),
             "generated_at": utcnow().isoformat(),
         }
 

@@ -52,7 +52,7 @@
 
   // ---------------------------------------------------------------- the pipeline over time
   function renderHistory(h) {
-    $("history-meta").textContent = `${new Date(h.since).toLocaleString()} – ${new Date(h.until).toLocaleTimeString()}, ` +
+    $("history-meta").textContent = `${utc(h.since)} – ${utc(h.until)}, ` +
       `one point per ${h.step_seconds / 60} min`;
     if (window.PackhorseCharts) window.PackhorseCharts.render($("charts"), h);
   }
@@ -95,7 +95,7 @@
     card.append(copies);
     card.append(el("ol", { class: "timeline", "data-testid": "timeline" }, ...p.timeline.map((e) => el("li", {
       class: /failed/.test(e.event) ? "bad" : "", "data-event": e.event },
-      el("time", {}, e.at ? new Date(e.at).toLocaleString() : "—"), el("strong", {}, e.event),
+      el("time", {}, utc(e.at)), el("strong", {}, e.event),
       e.location ? " at " + e.location : "", e.operation_id ? ` (${e.kind} ${e.operation_id})` : "",
       e.detail ? " — " + e.detail : "", e.error_type ? `: ${e.error_type}: ${e.message}` : ""))));
     return card;
@@ -211,9 +211,10 @@
     try {
       const [ov, locs, hist] = await Promise.all([api("GET", "/api/transfer/overview"), api("GET", "/api/transfer/locations"),
         api("GET", "/api/transfer/history?minutes=" + historyMinutes)]);
-      renderCounts(ov); renderBlocked(ov); renderStuck(ov); renderLocations(locs); renderHistory(hist);
+      renderProblems(ov); renderCounts(ov); renderBlocked(ov); renderStuck(ov); renderLocations(locs, ov);
+      renderHistory(hist);
       await Promise.all([renderHealth(), renderBreakers(), renderFailures()]);
-      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      $("updated").textContent = "updated " + utc(new Date().toISOString());
       $("refresh-error").textContent = "";
       if (openReport && role === "admin") await showReport(openReport.kind, openReport.id, true);
     } catch (e) {
@@ -231,6 +232,16 @@
       el("td", { class: "num " + (stalled[k] ? "stalled" : "") }, stalled[k] || 0)));
     fill($("counts"), ["stage", ...STATUSES, "stalled"], rows);
   }
+  // one time format everywhere: "2026-12-05 10:01:02 UTC" (the CLI's)
+  function utc(iso) { return iso ? iso.replace("T", " ").slice(0, 19) + " UTC" : "—"; }
+  // problems first: one line per kind of problem, red where a human is needed (status/problems.py)
+  function renderProblems(ov) {
+    const lines = ov.problems || [];
+    $("problems").replaceChildren(...(lines.length ? lines.map((p) => el("p", {
+        class: "problem " + (p.needs_human ? "human" : "waiting"), "data-testid": "problem-" + p.cause }, p.text))
+      : [el("p", { class: "problem none", "data-testid": "problem-none" },
+          "No problems: nothing FAILED, nothing blocked, every data location available.")]));
+  }
   function renderBlocked(ov) {
     const items = ov.blocked || [];
     $("blocked-empty").hidden = items.length > 0;
@@ -240,7 +251,7 @@
         "data-testid": "blocked-" + b.cause + "-" + b.subject.replace(/\s+/g, "-") },
       el("td", {}, b.subject), el("td", {}, b.cause.replace(/_/g, " ")),
       el("td", {}, b.reason, next(b) ? el("br", {}) : "", next(b)),
-      el("td", {}, el("code", { "data-testid": "release" }, b.release)), el("td", {}, b.since || "—"))));
+      el("td", {}, el("code", { "data-testid": "release" }, b.release)), el("td", {}, utc(b.since)))));
   }
   function renderStuck(ov) {
     const stuck = ov.operations.filter((o) => o.status === "FAILED" || o.stalled);
@@ -262,16 +273,20 @@
     });
     fill($("stuck"), head, rows);
   }
-  function renderLocations(locs) {
+  function renderLocations(locs, ov) {
+    // an unavailable location is never shown as normal, whatever its last disk sample said
+    const down = new Set((ov.blocked || []).filter((b) => b.cause === "location_unavailable").map((b) => b.detail.location));
     fill($("locations"), ["location", "site", "role", "storage", "copies", "bytes", "disk used"], locs.map((l) => el("tr", { "data-location": l.name },
       el("td", {}, l.name + (l.active ? "" : " (inactive)")), el("td", {}, l.site), el("td", {}, l.role), el("td", {}, l.storage),
       l.role === "source"  // raw files, not package copies (packhorse status counts its registered files)
         ? el("td", { class: "num", title: "a source location holds raw files, not package copies" }, "source")
         : el("td", { class: "num" }, l.copies),
       l.role === "source" ? el("td", { class: "num" }, "—") : el("td", { class: "num", title: l.bytes + " bytes" }, bytes(l.bytes)),
-      el("td", { class: "num disk-" + (l.disk ? l.disk.level : "none"),
-                 title: l.disk ? bytes(l.disk.free_bytes) + " free of " + bytes(l.disk.total_bytes) : "not measured" },
-         l.disk ? l.disk.percent.toFixed(1) + " % (" + l.disk.level + ")" : "–"))));
+      down.has(l.name)
+        ? el("td", { class: "bad", "data-testid": "unavailable", title: "see the Blocked table for the reason" }, "UNAVAILABLE")
+        : el("td", { class: "num disk-" + (l.disk ? l.disk.level : "none"),
+                     title: l.disk ? bytes(l.disk.free_bytes) + " free of " + bytes(l.disk.total_bytes) : "not measured" },
+             l.disk ? l.disk.percent.toFixed(1) + " % (" + l.disk.level + ")" : "–"))));
   }
   async function optional(path) {
     try { return await api("GET", path); } catch (e) { if (e.status === 404 || e.status === 403) return null; throw e; }
@@ -281,7 +296,7 @@
     $("health-section").hidden = !h;
     if (!h) return;
     fill($("health"), ["service", "kind", "host", "pid", "last seen", "state"], (h.services || []).map((s) => el("tr", {},
-      el("td", {}, s.service), el("td", {}, s.kind), el("td", {}, s.host), el("td", { class: "num" }, s.pid), el("td", {}, s.last_seen),
+      el("td", {}, s.service), el("td", {}, s.kind), el("td", {}, s.host), el("td", { class: "num" }, s.pid), el("td", {}, utc(s.last_seen)),
       el("td", { class: s.alive ? "ok" : "bad" }, s.alive ? "alive" : "dead"))));
   }
   async function renderBreakers() {

@@ -1,0 +1,37 @@
+"""Problems first (status/problems.py): one line per kind of problem, most urgent first, with
+the count and the oldest "since", red (needs a human) before yellow (resumes by itself)."""
+
+from __future__ import annotations
+
+from packhorse.status.problems import problem_lines
+
+
+def _blocked(cause: str, subject: str, since: str | None, exit_code: int = 4) -> dict:
+    return {"cause": cause, "subject": subject, "since": since, "exit_code": exit_code, "reason": "r", "release": "x"}
+
+
+def test_nothing_wrong_is_no_line() -> None:
+    assert problem_lines([], []) == []
+
+
+def test_lines_are_grouped_by_cause_with_counts_and_the_oldest_since_humans_first() -> None:
+    failed = [{"id": 7, "kind": "transfer", "failed_at": "2026-12-05T10:00:00.123456+00:00"},
+              {"id": 9, "kind": "unpack", "failed_at": "2026-12-05T09:00:00+00:00"}]
+    blocked = [_blocked("location_unavailable", "location cologne-lta", "2026-12-05T11:00:00+00:00"),
+               _blocked("circuit_breaker", "transfer 3", "2026-12-05T08:00:00+00:00"),
+               _blocked("location_unavailable", "location cornell-lta", "2026-12-05T10:30:00+00:00"),
+               _blocked("no_good_source", "package p1", None, exit_code=3)]
+    lines = problem_lines(failed, blocked)
+    assert [(x["label"], x["cause"], x["count"], x["needs_human"]) for x in lines] == [
+        ("FAILED", "failed", 2, True), ("DEAD END", "no_good_source", 1, True),
+        ("UNAVAILABLE", "location_unavailable", 2, False), ("BLOCKED", "circuit_breaker", 1, False)]
+    assert lines[0]["since"] == "2026-12-05T09:00:00+00:00"
+    assert lines[0]["text"].startswith("FAILED: 2 operation(s): a human must act")
+    assert lines[0]["text"].endswith("since 2026-12-05 09:00:00 UTC")
+    assert lines[2]["subjects"] == ["location cologne-lta", "location cornell-lta"]
+    assert "since" not in lines[1]["text"]  # no time known: none invented
+
+
+def test_an_unknown_cause_is_still_a_line() -> None:
+    [line] = problem_lines([], [_blocked("something_new", "x 1", None)])
+    assert line["text"] == "BLOCKED: 1 blocked by something new"
