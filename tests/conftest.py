@@ -41,16 +41,44 @@ _LONG_E2E = frozenset({
 })
 
 
+#: The slowest tests of the chaos, long and multi-site selection, seconds each as CI measured
+#: them on 2 cores with four test processes. Only the order tests start in depends on it: with
+#: ``--dist load --maxschedchunk 1`` (how ``.ci/run`` runs that selection) the longest start
+#: first and the four processes finish together, instead of one running a 140 s test alone at
+#: the end. A test missing here keeps its place after them. The two multi-site tests share one
+#: test bed (a module fixture): first and second, they go to one process together (the first
+#: chunk of each process is two tests), which builds the bed once.
+_SLOWEST = {
+    "tests/multisite/test_across_sites.py::test_sites_that_share_no_file_system_archive_a_tree_and_heal_a_source_site_cut_off_from_the_centre": 201,
+    "tests/multisite/test_across_sites.py::test_a_transfer_cut_mid_stream_and_a_flapping_link_lose_nothing": 200,
+    "tests/chaos/test_chaos_harness.py::test_short_chaos_run_keeps_every_invariant": 143,
+    "tests/chaos/test_distributed_chaos.py::test_postgres_restart_in_the_middle_of_a_run": 88,
+    "tests/chaos/test_resumable_transfer.py::test_copy_transfer_killed_at_60_percent_resumes": 86,
+    "tests/chaos/test_chaos_harness.py::test_harness_fails_when_fencing_is_switched_off": 76,
+    "tests/e2e/test_distributed_breaker.py::test_the_monitor_lets_one_attempt_through_after_the_cool_down": 71,
+    "tests/e2e/test_convergence.py::test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end": 67,
+    "tests/chaos/test_resumable_transfer.py::test_s3_multipart_archive_killed_at_60_percent_resumes": 66,
+    "tests/chaos/test_queued_not_lost.py::test_messages_queued_behind_a_busy_worker_are_not_reconciled": 65,
+    "tests/e2e/test_staging.py::test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified": 64,
+    "tests/chaos/test_dispatch_lost.py::test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_down": 64,
+    "tests/chaos/test_broker_restart.py::test_rabbitmq_restart_under_running_workers": 62,
+    "tests/chaos/test_broker_restart.py::test_redis_restart_under_running_workers": 59,
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under ``tests/chaos`` carries the ``chaos`` marker, every test of the
     :data:`_LONG_E2E` modules the ``long`` one (both left out of the default selection, run by
-    ``pytest -m "chaos or long"`` and by ``.ci/run``)."""
+    ``pytest -m "chaos or long"`` and by ``.ci/run``). Under ``--dist load`` the tests of
+    :data:`_SLOWEST` start first, longest first (the order of the others is kept)."""
     for item in items:
         path = Path(str(item.fspath))
         if _CHAOS in path.parents:
             item.add_marker(pytest.mark.chaos)
         elif path.parent == _E2E and path.name in _LONG_E2E:
             item.add_marker(pytest.mark.long)
+    if config.getoption("dist", "no") == "load":
+        items.sort(key=lambda item: -_SLOWEST.get(item.nodeid.split("[")[0], 0))
 
 
 @pytest.fixture

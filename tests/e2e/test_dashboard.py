@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,27 @@ def test_observer_sees_what_is_stuck_and_admin_diagnoses_and_resets(served) -> N
         expect(source_row.nth(4)).to_have_text("source")
         expect(page.locator("#locations tr[data-location='fyst-buffer'] td").nth(4)).to_have_text("2")  # package, bundle
         page.screenshot(path=str(ARTIFACTS / "2-observer.png"), full_page=True)
+
+        # the wallboard: a kiosk token (it reads nothing but the problem summary) in the URL's
+        # fragment, no form, no typing; the problems in red on the first screen, no error text
+        kiosk_token = run_packhorse("token", "create", "--role", "kiosk", "--name", "wallboard",
+                                    "-c", str(cfg)).stdout.splitlines()[-1]
+        board = browser.new_page(viewport={"width": 1400, "height": 1000})
+        board.goto(f"{base}/kiosk?refresh=0.5#token={kiosk_token}")
+        line = board.get_by_test_id("problem-failed")
+        expect(line).to_contain_text("FAILED: 2 operation(s): a human must act")
+        expect(line).to_have_class(re.compile(r"\bhuman\b"))
+        assert ERROR_TEXT not in board.content() and "TransferCommandError" not in board.content()
+        board.screenshot(path=str(ARTIFACTS / "2b-kiosk.png"))
+        board.close()
+        for path, code in (("/api/kiosk", 200), ("/api/transfer/overview", 403), ("/api/admin/breakers", 403)):
+            req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {kiosk_token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - the test's own server
+                    got = r.status
+            except urllib.error.HTTPError as e:
+                got = e.code
+            assert got == code, (path, got)
 
         # admin: diagnose the first, live check, reset, watch it complete
         page.fill("#token", tokens["admin"])

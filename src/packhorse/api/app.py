@@ -85,9 +85,11 @@ DOCS_ASSETS = resources.files("fastapi_offline") / "static"
 
 def required_role(method: str, path: str) -> str:
     """The role a request needs: ``admin`` for ``/api/admin/…`` and any state-changing method,
-    else ``observer``."""
+    ``kiosk`` (any token) to read ``/api/kiosk``, else ``observer``."""
     if path.startswith("/api/admin/") or method.upper() not in READ_METHODS:
         return "admin"
+    if path == "/api/kiosk":
+        return "kiosk"
     return "observer"
 
 
@@ -209,6 +211,17 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         """Operations grouped by kind, location and status, and the unfinished ones (stuck
         first): what is stuck, never why. The same payload for every role."""
         return db.read(lambda s: pipeline_overview(s, limit=limit, ctx=ctx))
+
+    @api.get("/kiosk", response_model=m.Kiosk, tags=["observe"])
+    def kiosk(_who: Caller) -> dict[str, Any]:
+        """What a wallboard shows (any token; a ``kiosk`` token reads only this): the problem
+        lines, the operation totals and which data locations are unavailable. No error text,
+        no paths."""
+        ov = db.read(lambda s: pipeline_overview(s, limit=1, ctx=ctx))
+        down = sorted({b["detail"]["location"] for b in ov["blocked"]
+                       if b["cause"] == "location_unavailable" and b.get("detail")})
+        return {"generated_at": ov["generated_at"], "problems": ov["problems"], "totals": ov["totals"],
+                "unavailable_locations": down}
 
     @api.get("/transfer/locations", response_model=list[m.LocationOut], tags=["observe"])
     def locations(_who: Caller) -> list[dict[str, Any]]:
@@ -389,6 +402,13 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         cfg = json.dumps({"refreshSeconds": settings.api.dashboard_refresh_seconds, "version": __version__})
         # a JSON data block, not a script: the Content-Security-Policy forbids inline scripts
+        return HTMLResponse(page.replace("{/*PACKHORSE_CONFIG*/}", cfg.replace("<", "\\u003c")))
+
+    @app.get("/kiosk", include_in_schema=False, response_class=HTMLResponse)
+    def kiosk_page() -> HTMLResponse:
+        # the token comes in the URL's fragment (#token=…), which browsers never send
+        page = (STATIC / "kiosk.html").read_text(encoding="utf-8")
+        cfg = json.dumps({"refreshSeconds": settings.api.dashboard_refresh_seconds, "version": __version__})
         return HTMLResponse(page.replace("{/*PACKHORSE_CONFIG*/}", cfg.replace("<", "\\u003c")))
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)

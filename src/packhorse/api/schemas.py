@@ -24,7 +24,7 @@ class Problem(_Model):
 
 class WhoAmI(_Model):
     name: str
-    role: Literal["observer", "admin"]
+    role: Literal["kiosk", "observer", "admin"]
 
 
 class OverviewCount(_Model):
@@ -86,6 +86,16 @@ class Overview(_Model):
                                       description="blocked work, as `packhorse status --json` lists it")
     problems: list[ProblemOut] = Field(default_factory=list,
                                        description="one line per kind of problem, most urgent first (the banner)")
+
+
+class Kiosk(_Model):
+    """A wallboard's view (``GET /api/kiosk``): problems first, totals, unavailable locations.
+    No error text, no paths."""
+
+    generated_at: str
+    problems: list[ProblemOut]
+    totals: dict[str, int] = Field(description="operations by status")
+    unavailable_locations: list[str] = Field(description="names of the data locations that are unavailable now")
 
 
 class DiskUsageOut(_Model):

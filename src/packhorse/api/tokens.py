@@ -22,7 +22,9 @@ from packhorse.db.models import ApiToken, utcnow
 from packhorse.db.session import Database
 from packhorse.errors import TokenError
 
-ROLES = ("observer", "admin")
+#: From least to most: ``kiosk`` reads only the problem summary (``/api/kiosk``, a wallboard's),
+#: ``observer`` everything read-only (and what a kiosk reads), ``admin`` everything.
+ROLES = ("kiosk", "observer", "admin")
 TOKEN_PREFIX = "ph_"
 #: ``last_used_at`` is written at most this often per token (seconds): no write per request.
 LAST_USED_RESOLUTION_SECONDS = 60.0
@@ -30,7 +32,7 @@ LAST_USED_RESOLUTION_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's ``name`` and ``role`` (``observer`` or ``admin``)."""
+    """Who is calling: the token's ``name`` and ``role`` (one of :data:`ROLES`)."""
 
     name: str
     role: str
@@ -41,8 +43,9 @@ class Principal:
         return f"token:{self.name}"
 
     def may(self, role: str) -> bool:
-        """Whether this principal has ``role`` (admin includes observer)."""
-        return self.role == "admin" or role == self.role
+        """Whether this principal has ``role``: each role of :data:`ROLES` includes the ones
+        before it (admin ⊃ observer ⊃ kiosk)."""
+        return role in ROLES and self.role in ROLES and ROLES.index(role) <= ROLES.index(self.role)
 
 
 def hash_token(token: str) -> str:

@@ -128,7 +128,7 @@ app.add_typer(config_app, name="config")
 
 @token_app.command("create")
 def token_create(
-    role: Annotated[str, typer.Option("--role", help="observer or admin")],
+    role: Annotated[str, typer.Option("--role", help="admin, observer (read-only) or kiosk (the problem summary only, for a wallboard's /kiosk page)")],
     name: Annotated[str, typer.Option("--name", help="who or what uses it")],
     config: ConfigOpt = None,
 ) -> None:

@@ -600,14 +600,14 @@ class ServiceHeartbeat(Base):
 
 
 class ApiToken(Base):
-    """A bearer token of the HTTP API with a role (``observer`` or ``admin``).
+    """A bearer token of the HTTP API with a role (``kiosk``, ``observer`` or ``admin``).
 
     Only ``token_hash`` (sha256 hex of the token) is stored: the token itself is shown once,
     when it is created. A revoked token (``revoked_at`` set) is refused.
     """
 
     __tablename__ = "api_tokens"
-    __table_args__ = (CheckConstraint("role IN ('observer', 'admin')", name="role"),)
+    __table_args__ = (CheckConstraint("role IN ('kiosk', 'observer', 'admin')", name="role"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
     role: Mapped[str] = mapped_column(String(16))
