@@ -592,7 +592,7 @@ class ServiceHeartbeat(Base):
     #: a row of another one (a container with the same hostname) is judged by its heartbeat alone
     pid_namespace: Mapped[str | None] = mapped_column(String(64), nullable=True)
     #: the offset of the service's host clock to the database's it measured last (s, database
-    #: minus host; packhorse.db.clock; migration 0025); ``None``: not recorded yet
+    #: minus host; packhorse.db.clock; migration 0026); ``None``: not recorded yet
     clock_offset_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 

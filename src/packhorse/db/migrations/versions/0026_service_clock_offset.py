@@ -5,15 +5,15 @@ Every process times leases, heartbeats and ages by the database server's clock
 (seconds, database minus host), which ``packhorse health`` shows and marks beyond
 ``[database] clock_offset_warn_seconds``. Existing rows have none until their next heartbeat.
 
-Revision ID: 0025
-Revises: 0024
+Revision ID: 0026
+Revises: 0025
 Create Date: 2026-12-05 23:30:00
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0025'
-down_revision = '0024'
+revision = '0026'
+down_revision = '0025'
 branch_labels = None
 depends_on = None
 
