@@ -18,6 +18,9 @@ is off sleeps normally. Only packhorse's host-clock read is shifted here; file t
 ``time.monotonic`` keep the real clock, as they do on a real host (their own clock, which this
 test bed shares).
 
+Being first on ``PYTHONPATH``, this file hides any other ``sitecustomize`` of the interpreter
+in that subprocess (this machine's Python has none).
+
 Only test code reads the variable (``tests/unit/test_package_rules.py``: product modules read
 no ``PACKHORSE_TEST_*``).
 """
