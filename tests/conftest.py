@@ -37,7 +37,7 @@ _LONG_E2E = frozenset({
     "test_cli_short_options.py",
     "test_convergence_distributed.py", "test_distributed_versions.py", "test_unavailable_distributed.py",
     "test_distributed_breaker.py", "test_three_archives.py",
-    "test_influx_metrics.py",
+    "test_influx_metrics.py", "test_clock_offset.py",
 })
 
 

@@ -83,11 +83,16 @@ class DatabaseConfig(_Section):
     ``pool_size`` / ``max_overflow``: PostgreSQL connections kept open / opened on demand per
     process (every Celery pool child, manager and monitor has its own pool; see
     ``docs/deployment.md`` for sizing the server's ``max_connections``).
+
+    ``clock_offset_warn_seconds``: every process times leases, heartbeats and ages by the
+    database server's clock (:mod:`packhorse.db.clock`); one whose host clock is farther than
+    this (s) from it logs one ``clock_offset`` WARNING and is marked in ``packhorse health``.
     """
 
     url: str = "sqlite:///packhorse.db"
     pool_size: int = Field(5, ge=1, le=100)
     max_overflow: int = Field(5, ge=0, le=100)
+    clock_offset_warn_seconds: float = Field(2.0, gt=0)
 
 
 class ExecutorConfig(_Section):

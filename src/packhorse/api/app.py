@@ -158,7 +158,7 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         ctx: a process context to share (``packhorse run --api``); built if not given.
     """
     if ctx is None:
-        db = db or Database(settings.database_url)
+        db = db or Database.from_settings(settings)
         ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
     db = ctx.db
     checks = ThreadPoolExecutor(2, thread_name_prefix="live-check")

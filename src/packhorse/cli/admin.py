@@ -40,7 +40,9 @@ def health(
 
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
-    or by --forget NAME."""
+    or by --forget NAME. Each service shows how far its host's clock is from the database
+    server's (clock offset, s, database minus host; packhorse times everything by the
+    database's clock); one beyond database.clock_offset_warn_seconds is named on stderr."""
     from packhorse.recovery.breakers import jsonable  # deferred: start-up time
     from packhorse.recovery.health import forget_service, list_services, scan_health  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
@@ -65,6 +67,9 @@ def health(
     rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
                                                forget_after_seconds=rec.service_forget_after_seconds))
     dead = [r for r in rows if not r["alive"]]
+    warn_above = ctx.settings.database.clock_offset_warn_seconds
+    clock_off = {r["service"] for r in rows
+                 if r["clock_offset_seconds"] is not None and abs(r["clock_offset_seconds"]) > warn_above}
     scans = ctx.db.read(lambda s: scan_health(s, overdue_seconds=rec.scan_overdue_seconds))
     unreclaimed = ctx.db.read(lambda s: lease_not_reclaimed(s, ctx))
     # distributed mode (workers or managers heartbeat) needs a monitor: it alone hands expired
@@ -80,11 +85,24 @@ def health(
                   "and removes it when it stops cleanly; a killed one is listed DEAD)")
         else:
             t = Table("service", "kind", "host", "pid", "state", "last seen (UTC)", "age (s)", "restarts",
-                      title="services")
+                      "clock offset (s)", title="services")
             for r in rows:
+                off = r["clock_offset_seconds"]
+                off_text = "" if off is None else f"{off:+.1f}"
+                if r["service"] in clock_off:
+                    off_text = f"[yellow]{off_text}[/]"
                 t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
-                          r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}", str(r["restarts"]))
+                          r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}", str(r["restarts"]),
+                          off_text)
             table_console().print(t)
+        for r in rows:
+            if r["service"] in clock_off:
+                off = r["clock_offset_seconds"]
+                print(f"clock: {r['service']}: the clock of host {r['host']} is {abs(off):.1f} s "
+                      f"{'behind' if off > 0 else 'ahead of'} the database server's (more than "
+                      f"database.clock_offset_warn_seconds = {warn_above:g} s): "
+                      "packhorse times leases and heartbeats by the database's clock, but synchronize that host's "
+                      "(NTP, chrony): its logs and file times are off", file=sys.stderr)
         for r in dead:
             print(f"dead: {r['service']}: restart it, or if it was taken out: packhorse health --forget {r['service']} "
                   f"(forgotten by itself {rec.service_forget_after_seconds:g} s after its last heartbeat)",

@@ -33,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from packhorse.db import clock
 from packhorse.domain import (
     LIVE_COPY_STATUSES,
     BreakerState,
@@ -57,8 +58,10 @@ NAMING = {
 
 
 def utcnow() -> dt.datetime:
-    """The current time, timezone-aware UTC."""
-    return dt.datetime.now(dt.timezone.utc)
+    """The current time by the database's clock, timezone-aware UTC (:func:`packhorse.db.clock.now`:
+    this host's clock plus this process's measured offset to the database's), so that every
+    process, on every host, writes and judges leases, heartbeats and ages by one clock."""
+    return clock.now()
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -588,6 +591,9 @@ class ServiceHeartbeat(Base):
     #: the process namespace ``pid`` belongs to (operations.process_namespace; migration 0018):
     #: a row of another one (a container with the same hostname) is judged by its heartbeat alone
     pid_namespace: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: the offset of the service's host clock to the database's it measured last (s, database
+    #: minus host; packhorse.db.clock; migration 0026); ``None``: not recorded yet
+    clock_offset_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 # --- operator surface (API tokens, audit log, runtime settings, live checks) ---------

@@ -33,6 +33,13 @@ shutdown and "cannot connect now" ``57P01``–``57P03``, too many connections ``
 pool forks its children after the parent may have connected). :attr:`Database.engine` notices
 that it is used in a new process and builds a fresh engine there, leaving the parent's
 connections untouched (``dispose(close=False)``), so every process has its own pool.
+
+**One clock.** On PostgreSQL, before the first unit of work of a process and again at most every
+``clock_refresh_seconds`` (30 s), :meth:`Database.measure_clock` measures this host's offset to
+the server's clock (:mod:`packhorse.db.clock`), which :func:`packhorse.db.models.utcnow` adds to
+the host's clock: every lease, heartbeat and age is the database's time, whatever this host's
+clock says. A measurement that fails (the server is away) keeps the last offset and is tried
+again within 5 s.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from sqlalchemy import create_engine, event, exc, inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from packhorse.db import clock
 from packhorse.errors import DatabaseNotInitializedError, TransientDatabaseError
 
 if TYPE_CHECKING:
@@ -297,7 +305,7 @@ def try_transaction_lock(session: Session, name: str) -> bool:
 
 #: The head of ``db/migrations`` (a unit test compares it with Alembic's view of the scripts);
 #: a constant, so that checking a database at start needs no Alembic import.
-HEAD_REVISION = "0025"
+HEAD_REVISION = "0026"
 
 
 def _retrying(once: Callable[[], T], attempts: int) -> T:
@@ -323,27 +331,41 @@ def _retrying(once: Callable[[], T], attempts: int) -> T:
     raise AssertionError("unreachable")
 
 
+#: A failed clock measurement is tried again after this long (s), not at every unit of work.
+CLOCK_RETRY_SECONDS = 5.0
+
+
 class Database:
     """The ops database of one process.
 
     Args:
         url: SQLAlchemy URL, e.g. ``sqlite:////abs/path/packhorse.db`` or
             ``postgresql+psycopg://user@host/db``.
+        pool_size, max_overflow: PostgreSQL connection pool of this process.
+        clock_offset_warn_seconds: log one WARNING when this host's clock is farther than this
+            from the database server's (s; :func:`packhorse.db.clock.record`).
+        clock_refresh_seconds: measure the offset again at most this often (s).
     """
 
     def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE,
-                 max_overflow: int = DEFAULT_MAX_OVERFLOW) -> None:
+                 max_overflow: int = DEFAULT_MAX_OVERFLOW,
+                 clock_offset_warn_seconds: float = clock.DEFAULT_WARN_SECONDS,
+                 clock_refresh_seconds: float = clock.DEFAULT_REFRESH_SECONDS) -> None:
         self.url = url
         self.pool_size = pool_size
         self.max_overflow = max_overflow
+        self.clock_offset_warn_seconds = clock_offset_warn_seconds
+        self.clock_refresh_seconds = clock_refresh_seconds
         self._setup()
         _DATABASES.add(self)
 
     @classmethod
     def from_settings(cls, settings: "Settings") -> "Database":
-        """The database of ``[database]`` (URL with a relative SQLite path resolved, pool sizes)."""
+        """The database of ``[database]`` (URL with a relative SQLite path resolved, pool sizes,
+        the clock offset that is warned about)."""
         return cls(settings.database_url, pool_size=settings.database.pool_size,
-                   max_overflow=settings.database.max_overflow)
+                   max_overflow=settings.database.max_overflow,
+                   clock_offset_warn_seconds=settings.database.clock_offset_warn_seconds)
 
     def _setup(self) -> None:
         self._pid = os.getpid()
@@ -361,6 +383,52 @@ class Database:
             read_options["postgresql_readonly"] = True
             self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
         self._read_sessions = sessionmaker(self._engine.execution_options(**read_options), expire_on_commit=False)
+        #: time.monotonic() when the clock is due to be measured (PostgreSQL only; 0: at once);
+        #: a new lock in a forked child (a parent's thread may have held the old one at the fork)
+        self._clock_due = 0.0 if self.url.startswith("postgresql") else float("inf")
+        self._clock_lock = threading.Lock()
+
+    def measure_clock(self) -> float:
+        """Measure this host's offset to the database server's clock now and make it this
+        process's (:func:`packhorse.db.clock.measure` with ``SELECT clock_timestamp()``, then
+        :func:`packhorse.db.clock.record`, which warns once beyond ``clock_offset_warn_seconds``).
+        SQLite: nothing is measured (the database is on this host), 0.0.
+
+        Returns:
+            the offset (s, database minus host).
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the server could not be asked (the offset is kept).
+        """
+        if not self.url.startswith("postgresql"):
+            return 0.0
+        engine = self._autocommit or self._engine
+        with engine.connect() as conn:
+            offset = clock.measure(lambda: conn.exec_driver_sql("SELECT clock_timestamp()").scalar_one())
+        clock.record(offset, warn_above_seconds=self.clock_offset_warn_seconds,
+                     database=self._engine.url.render_as_string(hide_password=True))
+        return offset
+
+    def follow_clock(self) -> None:
+        """Measure the clock when it is due (first use, then every ``clock_refresh_seconds``, s).
+        Never raises: a failed measurement keeps the last offset and is tried again after
+        :data:`CLOCK_RETRY_SECONDS` (the unit of work that follows meets the same error and
+        retries it). Called before every unit of work; costs nothing when not due."""
+        if time.monotonic() < self._clock_due:
+            return
+        # the first measurement of a process is awaited by every thread; a refresh by one only
+        if not self._clock_lock.acquire(blocking=not clock.measured()):
+            return
+        try:
+            if time.monotonic() < self._clock_due:
+                return
+            try:
+                self.measure_clock()
+                self._clock_due = time.monotonic() + self.clock_refresh_seconds
+            except Exception:  # the server is away (SQLAlchemyError) or answered oddly: keep the offset
+                self._clock_due = time.monotonic() + min(CLOCK_RETRY_SECONDS, self.clock_refresh_seconds)
+        finally:
+            self._clock_lock.release()
 
     def _after_fork(self) -> None:
         if os.getpid() != self._pid:
@@ -377,6 +445,7 @@ class Database:
     def session(self) -> Session:
         """A new session (caller commits/closes). Prefer :meth:`transact`."""
         self._after_fork()
+        self.follow_clock()
         return self._sessions()
 
     def transact(self, fn: Callable[[Session], T], *, attempts: int = 8) -> T:
@@ -392,6 +461,7 @@ class Database:
             Any other exception ``fn`` raises (after rolling back).
         """
         self._after_fork()
+        self.follow_clock()
         if self._write_lock is None:
             return self._run(fn, self._sessions, attempts=attempts)
         with self._write_lock:
@@ -422,6 +492,7 @@ class Database:
             Any other exception ``fn`` raises.
         """
         self._after_fork()
+        self.follow_clock()
         engine = self._autocommit
         if engine is None:
             return self.transact(lambda s: fn(s.connection()), attempts=attempts)
@@ -439,6 +510,7 @@ class Database:
         write lock; on PostgreSQL it is ``READ ONLY``. ``fn`` must not write.
         """
         self._after_fork()
+        self.follow_clock()
         return self._run(fn, self._read_sessions, attempts=attempts)
 
     def _run(self, fn: Callable[[Session], T], factory: sessionmaker[Session], *, attempts: int) -> T:

@@ -119,7 +119,7 @@ def _init_worker_process(settings: Settings, topology: Topology, log_config: dic
     _runner_pid = parent_pid
     _die_with(parent_pid)
     logs.configure(**log_config)  # type: ignore[arg-type]
-    _process_ctx = ProcessContext(settings=settings, db=Database(settings.database_url), topology=topology)
+    _process_ctx = ProcessContext(settings=settings, db=Database.from_settings(settings), topology=topology)
     global _process_runtime
     _process_runtime = RuntimeSettings(_process_ctx.db, settings)
 

@@ -34,6 +34,7 @@ import structlog
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from packhorse.db import clock as db_clock
 from packhorse.db.models import ServiceHeartbeat, utcnow
 from packhorse.db.session import Database
 from packhorse.errors import ConfigError, ServiceHealthError
@@ -84,7 +85,8 @@ def expire_services(session: Session, now: dt.datetime, forget_after_seconds: fl
 def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: int, site: str | None = None,
                      instance: str = "", started_at: dt.datetime | None = None, pid_namespace: str | None = None,
                      forget_after_seconds: float = FORGET_AFTER_SECONDS,
-                     now: dt.datetime | None = None) -> tuple[str, int] | None:
+                     now: dt.datetime | None = None,
+                     clock_offset_seconds: float | None = None) -> tuple[str, int] | None:
     """Record that ``service`` is alive now (one short transaction): insert its row, or update
     it — another process (another ``started_at``, or without one another ``pid``) is a restart
     that takes the row over (``restarts`` + 1). Rows expired for ``forget_after_seconds`` are
@@ -98,7 +100,10 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
             (:func:`~packhorse.operations.identity.process_namespace`; ``None`` where it is not known).
         started_at: when this process started serving (UTC; tells a restart from the same
             process even where every process is pid 1, as in containers); default: now.
-        now: the time of the heartbeat (tests; default: the clock).
+        now: the time of the heartbeat (tests; default: the database's clock, ``utcnow``).
+        clock_offset_seconds: the offset of this host's clock to the database's (s, database
+            minus host; default: this process's, :func:`packhorse.db.clock.offset_seconds`,
+            measured by ``db`` at most 30 s ago).
 
     Returns:
         ``(host, pid)`` of the predecessor whose row this heartbeat took over, else ``None``.
@@ -106,11 +111,13 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
 
     def tx(s: Session) -> tuple[str, int] | None:
         t = now or utcnow()
+        offset = db_clock.offset_seconds() if clock_offset_seconds is None else clock_offset_seconds
         expire_services(s, t, forget_after_seconds)
         row = s.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.service == service)).first()
         if row is None:
             s.add(ServiceHeartbeat(service=service, kind=kind, host=host, pid=pid, site=site, instance=instance,
-                                   pid_namespace=pid_namespace, started_at=started_at or t, last_seen=t, restarts=0))
+                                   pid_namespace=pid_namespace, started_at=started_at or t, last_seen=t, restarts=0,
+                                   clock_offset_seconds=offset))
             return None
         previous = None
         if (row.started_at != started_at) if started_at is not None else (row.pid != pid):
@@ -121,6 +128,7 @@ def record_heartbeat(db: Database, service: str, *, kind: str, host: str, pid: i
             row.started_at = started_at or t
         row.kind, row.host, row.pid, row.site, row.instance, row.last_seen = kind, host, pid, site, instance, t
         row.pid_namespace = pid_namespace
+        row.clock_offset_seconds = offset
         return previous
 
     return db.transact(tx)
@@ -173,9 +181,12 @@ def list_services(session: Session, now: dt.datetime | None = None, dead_after_s
     Returns:
         dicts with ``service`` (the identity), ``kind``, ``site``, ``instance``, ``host``,
         ``pid`` (the current or last process), ``started_at``, ``last_seen`` (UTC),
-        ``age_seconds``, ``restarts`` and ``alive`` (:func:`is_alive`: last heartbeat at most
-        ``dead_after_seconds`` old, and on this host its process still runs). Rows older than
-        ``forget_after_seconds`` are left out.
+        ``age_seconds``, ``restarts``, ``alive`` (:func:`is_alive`: last heartbeat at most
+        ``dead_after_seconds`` old, and on this host its process still runs) and
+        ``clock_offset_seconds`` (how far its host's clock is from the database's, s, database
+        minus host, as it measured last; ``None`` if not recorded). Every time is the database's
+        clock (the heartbeat's writer's and this reader's both), so an age is never negative
+        because a host's clock is off. Rows older than ``forget_after_seconds`` are left out.
     """
     now = now or utcnow()
     out = []
@@ -186,7 +197,9 @@ def list_services(session: Session, now: dt.datetime | None = None, dead_after_s
         out.append({"service": r.service, "kind": r.kind, "site": r.site, "instance": r.instance or None,
                     "host": r.host, "pid": r.pid, "started_at": r.started_at, "last_seen": r.last_seen,
                     "age_seconds": round(age, 1), "restarts": r.restarts or 0,
-                    "alive": is_alive(r.host, r.pid, age, dead_after_seconds, r.pid_namespace)})
+                    "alive": is_alive(r.host, r.pid, age, dead_after_seconds, r.pid_namespace),
+                    "clock_offset_seconds": (None if r.clock_offset_seconds is None
+                                             else round(r.clock_offset_seconds, 3))})
     return sorted(out, key=lambda d: (not d["alive"], d["service"]))
 
 
@@ -246,6 +259,8 @@ class HeartbeatThread:
         self.forget_after_seconds = forget_after_seconds
         self._clock = clock
         self._warned_duplicate = False
+        if clock is None:
+            db.follow_clock()  # the database's time, even for the first timestamp of a process
         #: when this process started serving: its incarnation (a restart has another one)
         self.started_at = clock() if clock else utcnow()
         self._stop = threading.Event()

@@ -124,7 +124,8 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
         "failures": {(kind, error_type): n}, "copies": {(location, status): n},
         "copy_bytes": {location: n}, "notifications": {status: n}, "breakers_open": {kind: n},
         "dispatch_lost": {kind: n},
-        "services": [(service, kind, alive)], "disk": {location: (total, used, free, percent)},
+        "services": [(service, kind, alive)], "clock_offsets": [(service, kind, seconds: database
+        clock minus the service host's, for services that recorded one)], "disk": {location: (total, used, free, percent)},
         "blocked": {cause: n}, "locations": [active location names],
         "unavailable": {location: seconds since the outage began}, "not_archived": n,
         "oldest_not_archived_seconds": s (0 when none), "quarantined": {location: bytes}}``.
@@ -189,9 +190,10 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
     out["quarantined"] = {name: int(u.quarantined_bytes) for name, u in usage.items()
                           if u.quarantined_bytes is not None}
 
-    out["services"] = [(r["service"], r["kind"], r["alive"])
-                       for r in list_services(session, now, dead_after_seconds=dead_after_seconds,
-                                              forget_after_seconds=forget_after_seconds)]
+    rows = list_services(session, now, dead_after_seconds=dead_after_seconds, forget_after_seconds=forget_after_seconds)
+    out["services"] = [(r["service"], r["kind"], r["alive"]) for r in rows]
+    out["clock_offsets"] = [(r["service"], r["kind"], r["clock_offset_seconds"]) for r in rows
+                            if r["clock_offset_seconds"] is not None]
     return out
 
 
@@ -323,12 +325,19 @@ class DatabaseCollector(Collector):
         yield q
 
     def _services(self, v: dict[str, Any]) -> Iterator[Metric]:
-        """The ``packhorse_service_up`` family."""
+        """The ``packhorse_service_up`` and ``packhorse_service_clock_offset_seconds`` families."""
         up = GaugeMetricFamily("packhorse_service_up", "1 if the service's last heartbeat is recent, else 0",
                                labels=["service", "kind"])
         for service, kind, alive in v["services"]:
             up.add_metric([service, kind], 1 if alive else 0)
         yield up
+        offset = GaugeMetricFamily("packhorse_service_clock_offset_seconds",
+                                   "The database server's clock minus the service host's, as the service measured "
+                                   "it last (s; packhorse times everything by the database's clock)",
+                                   labels=["service", "kind"])
+        for service, kind, seconds in v["clock_offsets"]:
+            offset.add_metric([service, kind], seconds)
+        yield offset
 
 
 def registry_for(db: Database, *, dead_after_seconds: float = 90.0,
