@@ -410,6 +410,11 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         else:
             c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
     out.print(c)
+    q = r["quarantine"]
+    if q["bytes"]:  # kept until purged (I2): it counts in disk usage
+        where = ", ".join(f"{loc} {v['bytes']:,}" for loc, v in q["locations"].items() if v["bytes"])
+        out.print(f"quarantined: {q['bytes']:,} bytes ({where}; at the latest disk usage measurement): "
+                  "`packhorse quarantine list` / `purge --older-than DAYS`", highlight=False, markup=False)
     if r["source_filters"]:
         f = Table("source location", "include", "exclude", title="scan filters (glob patterns)")
         for loc, v in r["source_filters"].items():

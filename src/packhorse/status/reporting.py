@@ -26,6 +26,7 @@ from packhorse.operations.lifecycle import counts_by_kind_status
 from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 from packhorse.rules.availability import probe, record_outage, release_of
 from packhorse.rules.convergence import superseded_failures
+from packhorse.rules.disk_usage import latest_usage
 from packhorse.rules.fixity import check_copy, recognise_returned, record_findings
 from packhorse.runtime.context import ProcessContext
 from packhorse.status.blocked_work import blocked_items
@@ -82,7 +83,10 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     ``operations``, left out of ``failed_operations``),
     "source_filters": {location: {"include": [glob], "exclude": [glob]}},
     "blocked": [BlockedItem.as_json()], "orphaned": [...] (``IN_PROGRESS`` operations whose
-    holder no longer runs on this host: :func:`_orphaned`), "generated_at": ISO time}``.
+    holder no longer runs on this host: :func:`_orphaned`), "quarantine": {"bytes": n,
+    "locations": {location: {"bytes", "measured_at"}}}`` (bytes under each location's
+    ``_packhorse/quarantine/`` at its latest disk usage sample; locations never measured are
+    left out; ``packhorse quarantine list`` reads the disks now), ``"generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
@@ -140,6 +144,8 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
         nbytes = sum(f["bytes"] for f in source_files.values())
         unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
                               .where(RawDataFile.raw_data_package_id.is_(None))) or 0
+        quarantine = {name: {"bytes": int(u.quarantined_bytes), "measured_at": u.measured_at.isoformat()}
+                      for name, u in sorted(latest_usage(s).items()) if u.quarantined_bytes is not None}
         return {
             "operations": ops,
             "packages": {"total": total, "archived": archived, "failed": failed},
@@ -156,6 +162,7 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
                                for loc in ctx.settings.locations
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},
             "blocked": [b.as_json() for b in blocked_items(s, ctx)],
+            "quarantine": {"bytes": sum(q["bytes"] for q in quarantine.values()), "locations": quarantine},
             "generated_at": utcnow().isoformat(),
         }
 
