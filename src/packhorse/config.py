@@ -195,6 +195,10 @@ class LocationConfig(_Section):
     restore_poll_seconds: float = Field(300.0, gt=0)
     fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
     fixity_bytes_per_second: float | None = Field(None, gt=0)
+    #: source locations: re-hash the registered files still there every this many seconds
+    #: (the source audit, :mod:`packhorse.managers.source_audit`; ``None``: only on demand,
+    #: ``packhorse verify --location``); its reads keep to ``fixity_bytes_per_second``
+    source_audit_interval_seconds: float | None = Field(None, gt=0)
     # -- how other sites reach it (disk locations; docs/configuration.md)
     ssh: SshConfig | None = None
 

@@ -22,6 +22,8 @@ from packhorse.db.models import (
 )
 from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Status
 from packhorse.errors import LocationUnavailableError
+from packhorse.managers.scan import hash_source
+from packhorse.managers.source_audit import AuditResult, audit_source, audit_summaries
 from packhorse.operations.lifecycle import counts_by_kind_status
 from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 from packhorse.rules.availability import probe, record_outage, release_of
@@ -86,7 +88,10 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     holder no longer runs on this host: :func:`_orphaned`), "quarantine": {"bytes": n,
     "locations": {location: {"bytes", "measured_at"}}}`` (bytes under each location's
     ``_packhorse/quarantine/`` at its latest disk usage sample; locations never measured are
-    left out; ``packhorse quarantine list`` reads the disks now), ``"generated_at": ISO time}``.
+    left out; ``packhorse quarantine list`` reads the disks now), ``"source_audits": {source
+    location: {"started_at", "completed_at", "files_checked", "bytes_checked", "changed", "gone",
+    "changed_total"}}`` (:func:`packhorse.managers.source_audit.audit_summaries`; locations
+    never audited are left out), ``"generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
@@ -163,10 +168,24 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},
             "blocked": [b.as_json() for b in blocked_items(s, ctx)],
             "quarantine": {"bytes": sum(q["bytes"] for q in quarantine.values()), "locations": quarantine},
+            "source_audits": audit_summaries(s),
             "generated_at": utcnow().isoformat(),
         }
 
     return ctx.db.read(tx)
+
+
+def audit_source_location(ctx: ProcessContext, location: str) -> AuditResult:
+    """A whole source audit pass of source location ``location`` now (``packhorse verify
+    --location SOURCE``): its registered files still there re-hashed, content changed behind an
+    unchanged size and mtime registered as a new version
+    (:func:`packhorse.managers.source_audit.audit_source`).
+
+    Raises:
+        KeyError: ``location`` is not configured.
+        ValueError: it is not a source location.
+    """
+    return audit_source(ctx, location, hash_source)
 
 
 def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str, Any]:
