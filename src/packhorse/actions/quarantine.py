@@ -55,8 +55,8 @@ def _scan(ctx: ProcessContext, location: str | None) -> tuple[dict[str, list[Qua
             not_listed.append({"location": loc.name, "cause": "object_storage", "reason": f"{loc.storage.value} storage: its quarantine is "
                                f"under _packhorse/quarantine/ in {loc.object_store_uri}; not listed by packhorse"})
             continue
-        if loc.read_only:
-            continue  # packhorse never writes there: it has no quarantine
+        if loc.read_only or not loc.active:
+            continue  # packhorse never writes there (or no longer): nothing of it is looked at
         try:
             err = probe(ctx, loc.name)
         except (ConfigError, StorageServiceError) as e:
