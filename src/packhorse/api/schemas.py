@@ -281,6 +281,10 @@ class LocateFile(_Model):
     package: str | None
     withdrawn: str | None = Field(default=None, description="why this registration was taken out of its package "
                                                             "before it was built (changed or vanished), else None")
+    found_by: str | None = Field(default=None, description="source_audit: the source audit registered this version "
+                                                           "(content changed behind an unchanged size and mtime); "
+                                                           "None: the scan")
+    why: str | None = Field(default=None, description="why a version the source audit registered exists")
 
 
 class LocateCopy(_Model):
