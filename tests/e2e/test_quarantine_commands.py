@@ -124,3 +124,8 @@ def test_minimum_retention_is_configurable_and_unavailable_locations_are_not_tou
     assert [(n["location"], n["cause"]) for n in doc["not_listed"]] == [("cornell-lta", "unavailable")]
     assert len(list((gone / QUARANTINE / "raw").iterdir())) == 1  # kept
     assert cli(cfg, "quarantine", "list", "--location", "nowhere").returncode == 2
+    # on a host of one site, the other sites' disks are not there: --site looks at its own only
+    own = cli(cfg, "quarantine", "list", "--site", "cologne", "--json")
+    assert own.returncode == 0, own.stderr
+    assert set(json.loads(own.stdout)["locations"]) == {"cologne-buffer", "cologne-lta"}
+    assert cli(cfg, "quarantine", "list", "--site", "nowhere").returncode == 2

@@ -41,15 +41,15 @@ def entry_dict(location: str, e: QuarantinedEntry, now: dt.datetime) -> dict[str
             "age_seconds": None if age is None else round(max(age, 0.0), 1), "kind": e.kind, "size_bytes": e.size}
 
 
-def _scan(ctx: ProcessContext, location: str | None) -> tuple[dict[str, list[QuarantinedEntry]],
-                                                              list[dict[str, str]]]:
-    """The quarantine of every configured location (or ``location``): ``({location: entries},
+def _scan(ctx: ProcessContext, location: str | None, site: str | None = None
+          ) -> tuple[dict[str, list[QuarantinedEntry]], list[dict[str, str]]]:
+    """The quarantine of every configured location (or ``location``, or those of ``site``): ``({location: entries},
     [{"location", "cause", "reason"}])`` — the second lists locations not looked at, with why
     (``cause``: ``object_storage``, ``unavailable`` or ``unreadable``)."""
     found: dict[str, list[QuarantinedEntry]] = {}
     not_listed: list[dict[str, str]] = []
     for loc in ctx.settings.locations:
-        if location is not None and loc.name != location:
+        if (location is not None and loc.name != location) or (site is not None and loc.site != site):
             continue
         if loc.storage is not StorageType.DISK:
             not_listed.append({"location": loc.name, "cause": "object_storage", "reason": f"{loc.storage.value} storage: its quarantine is "
@@ -71,9 +71,10 @@ def _scan(ctx: ProcessContext, location: str | None) -> tuple[dict[str, list[Qua
     return found, not_listed
 
 
-def quarantine_listing(ctx: ProcessContext, *, location: str | None = None,
+def quarantine_listing(ctx: ProcessContext, *, location: str | None = None, site: str | None = None,
                        now: dt.datetime | None = None) -> dict[str, Any]:
-    """What the quarantines hold now (read from the disks, read-only).
+    """What the quarantines hold now (read from the disks, read-only), of every location, of
+    ``location``, or of the locations of ``site`` (on a host of that site).
 
     Returns ``{"entries": [entry_dict], "locations": {location: {"count", "bytes"}},
     "not_listed": [{"location", "cause", "reason"}], "min_retention_seconds": s}``; ``bytes`` in
@@ -86,7 +87,7 @@ def quarantine_listing(ctx: ProcessContext, *, location: str | None = None,
     if location is not None:
         ctx.settings.location(location)
     now = now or utcnow()
-    found, not_listed = _scan(ctx, location)
+    found, not_listed = _scan(ctx, location, site)
     entries = [entry_dict(loc, e, now) for loc, es in sorted(found.items()) for e in es]
     return {"entries": entries,
             "locations": {loc: {"count": len(es), "bytes": sum(e.size for e in es)} for loc, es in sorted(found.items())},
@@ -94,10 +95,10 @@ def quarantine_listing(ctx: ProcessContext, *, location: str | None = None,
 
 
 def purge_quarantine(ctx: ProcessContext, *, older_than_seconds: float, reason: str, actor: str,
-                     location: str | None = None, dry_run: bool = False,
+                     location: str | None = None, site: str | None = None, dry_run: bool = False,
                      now: dt.datetime | None = None) -> dict[str, Any]:
     """Remove the quarantine entries moved aside more than ``older_than_seconds`` ago (at every
-    available disk location, or ``location``), then measure the disk usage of the locations
+    available disk location, or ``location``, or those of ``site``), then measure the disk usage of the locations
     that lost some (so ``status`` and ``usage`` show it). Entries whose name carries no stamp
     are kept. With ``dry_run`` nothing is removed, measured or audited: the same answer says
     what would go. Audited as ``quarantine.purge`` (its details list every key removed).
@@ -116,7 +117,8 @@ def purge_quarantine(ctx: ProcessContext, *, older_than_seconds: float, reason: 
     if location is not None:
         ctx.settings.location(location)
     floor = ctx.settings.quarantine.min_retention_seconds
-    details: dict[str, Any] = {"reason": reason, "older_than_seconds": older_than_seconds, "location": location}
+    details: dict[str, Any] = {"reason": reason, "older_than_seconds": older_than_seconds, "location": location,
+                               "site": site}
     if older_than_seconds < floor:
         msg = (f"--older-than {older_than_seconds / DAY_SECONDS:g} days is inside the quarantine's minimum retention "
                f"of {floor / DAY_SECONDS:g} days ([quarantine] min_retention_seconds = {floor:g}): nothing removed")
@@ -125,7 +127,7 @@ def purge_quarantine(ctx: ProcessContext, *, older_than_seconds: float, reason: 
                          result="refused", message=msg)
         raise QuarantineRetentionError(msg)
     now = now or utcnow()
-    found, not_listed = _scan(ctx, location)
+    found, not_listed = _scan(ctx, location, site)
     removed: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     kept = 0

@@ -33,11 +33,15 @@ quarantine_app = typer.Typer(no_args_is_help=True,
 app.add_typer(quarantine_app, name="quarantine")
 
 LocationOpt = Annotated[Optional[str], typer.Option("--location", help="only this data location")]
+SiteOpt = Annotated[Optional[str], typer.Option(
+    "--site", help="only the data locations of this site (on a host of it: other sites' disks are not here)")]
 
 
-def _check_location(ctx: ProcessContext, location: str | None) -> None:
+def _check_location(ctx: ProcessContext, location: str | None, site: str | None) -> None:
     if location is not None and location not in ctx.topology.location_ids:
         raise fail(f"--location {location!r}: no such data location in the configuration", EXIT_CONFIG)
+    if site is not None and site not in {s.name for s in ctx.settings.sites}:
+        raise fail(f"--site {site!r}: no such site in the configuration", EXIT_CONFIG)
 
 
 def _age(seconds: float | None) -> str:
@@ -45,13 +49,14 @@ def _age(seconds: float | None) -> str:
 
 
 @quarantine_app.command("list")
-def quarantine_list(config: ConfigOpt = None, location: LocationOpt = None, as_json: JsonOpt = False) -> None:
+def quarantine_list(config: ConfigOpt = None, location: LocationOpt = None, site: SiteOpt = None,
+                    as_json: JsonOpt = False) -> None:
     """Every entry of every disk location's quarantine (read from the disks now): location, key,
     the key it had, when it was moved aside (UTC), age, bytes. Exit 1 if a location could not
     be looked at (unavailable, unreadable)."""
     ctx = context(config)
-    _check_location(ctx, location)
-    r = quarantine_listing(ctx, location=location)
+    _check_location(ctx, location, site)
+    r = quarantine_listing(ctx, location=location, site=site)
     if as_json:
         print_json(r)
     else:
@@ -80,6 +85,7 @@ def quarantine_purge(
     reason: Annotated[str, typer.Option("--reason", help="why they may go (kept in the audit log)")],
     config: ConfigOpt = None,
     location: LocationOpt = None,
+    site: SiteOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would go; remove nothing")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -87,10 +93,10 @@ def quarantine_purge(
     [quarantine] min_retention_seconds: refused, exit 2), then measure disk usage again.
     Audited. Exit 1 if an entry could not be removed or a location could not be looked at."""
     ctx = context(config)
-    _check_location(ctx, location)
+    _check_location(ctx, location, site)
     try:
         r = purge_quarantine(ctx, older_than_seconds=older_than * DAY_SECONDS, reason=reason, actor=cli_actor(),
-                             location=location, dry_run=dry_run)
+                             location=location, site=site, dry_run=dry_run)
     except (EmptyReasonError, QuarantineRetentionError) as e:
         raise fail(str(e), EXIT_CONFIG) from None
     if as_json:
