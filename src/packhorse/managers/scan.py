@@ -577,7 +577,10 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         cache.folders[location] = seen
     # the source audit's slice, when its pass is due: what the scan cannot see (other bytes
     # behind an unchanged size and mtime) is registered the way the scan registers a change
-    audit_due(ctx, location, hash_source)
+    try:
+        audit_due(ctx, location, hash_source)
+    except Exception as e:  # never costs the scan its result: the next scan's slice goes on
+        log.error("source_audit_slice_failed", location=location, error=repr(e))
     return result
 
 
