@@ -1,5 +1,5 @@
 """``GET /api/transfer/locate`` for a file the source audit registered: the version carries
-``found_by`` and ``why`` (the locate answer's schema holds them). Real files, a real SQLite ops
+``found_by`` and ``why`` (the locate answer's schema holds them); ``/metrics`` counts it. Real files, a real SQLite ops
 database, FastAPI's test client."""
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ def test_locate_over_http_says_which_version_the_source_audit_found(tmp_path: Pa
     with TestClient(create_app(settings, ctx=ctx)) as client:
         r = client.get("/api/transfer/locate", params={"q": "cam/obs1/a.dat"},
                        headers={"Authorization": f"Bearer {token}"})
+        metrics = client.get("/metrics").text
     db.dispose()
+    assert 'packhorse_source_audit_changed_total{location="fyst-source"} 1.0' in metrics
+    assert 'packhorse_source_audit_completed_timestamp_seconds{location="fyst-source"}' in metrics
     assert r.status_code == 200, r.text
     (v,) = r.json()["versions"]
     assert v["found_by"] == "source_audit" and "unchanged size and mtime" in v["why"]
