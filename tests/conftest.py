@@ -34,7 +34,7 @@ _LONG_E2E = frozenset({
     "test_dashboard.py", "test_operator_api.py", "test_file_versions.py", "test_convergence.py",
     "test_unavailable_location.py", "test_startup_errors.py", "test_disk_usage_commands.py", "test_api_command.py",
     "test_missing_source.py", "test_sftp_transfer.py", "test_read_only_source.py", "test_read_only_storage.py",
-    "test_cli_short_options.py",
+    "test_cli_short_options.py", "test_source_audit.py", "test_quarantine_commands.py",
     "test_convergence_distributed.py", "test_distributed_versions.py", "test_unavailable_distributed.py",
     "test_distributed_breaker.py", "test_three_archives.py",
     "test_influx_metrics.py", "test_clock_offset.py",

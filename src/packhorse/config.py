@@ -200,6 +200,10 @@ class LocationConfig(_Section):
     restore_poll_seconds: float = Field(300.0, gt=0)
     fixity_interval_seconds: float = Field(30 * 86400.0, gt=0)
     fixity_bytes_per_second: float | None = Field(None, gt=0)
+    #: source locations: re-hash the registered files still there every this many seconds
+    #: (the source audit, :mod:`packhorse.managers.source_audit`; ``None``: only on demand,
+    #: ``packhorse verify --location``); its reads keep to ``fixity_bytes_per_second``
+    source_audit_interval_seconds: float | None = Field(None, gt=0)
     # -- how other sites reach it (disk locations; docs/configuration.md)
     ssh: SshConfig | None = None
 
@@ -413,6 +417,17 @@ class DeletionConfig(_Section):
     archive_copies_required: int | None = Field(None, ge=1)
 
 
+class QuarantineConfig(_Section):
+    """``[quarantine]``: how long what packhorse moved aside (``_packhorse/quarantine/`` of a
+    location: bad archive copies, damaged buffer copies or staged folders) is kept at least.
+
+    ``min_retention_seconds``: ``packhorse quarantine purge`` refuses to remove entries younger
+    than this (default 30 days, 2592000 s): time to look at a bad copy before it goes.
+    Nothing is ever purged by itself.
+    """
+    min_retention_seconds: float = Field(30 * 86400.0, ge=0)
+
+
 Level = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
@@ -601,6 +616,7 @@ class Settings(_Section):
     managers: ManagersConfig = ManagersConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     deletion: DeletionConfig = DeletionConfig()
+    quarantine: QuarantineConfig = QuarantineConfig()
     notifications: NotificationsConfig = NotificationsConfig()
     disk_usage: DiskUsageConfig = DiskUsageConfig()
     api: ApiConfig = ApiConfig()

@@ -24,6 +24,7 @@
     ├── TokenError                     an API token cannot be created or revoked
     ├── ChannelError                   a notification channel did not accept a message
     ├── EmptyReasonError               a bulk reset asked without a reason (also a ValueError)
+    ├── QuarantineRetentionError       a quarantine purge inside [quarantine] min_retention_seconds
     ├── HistoryWindowError             a history window outside 1 minute … the maximum (ValueError)
     ├── LocateQueryError               a locate query empty or too long (also a ValueError)
     ├── BundledElsewhereError          a bundle's package was bundled by another manager first:
@@ -162,6 +163,11 @@ class ChannelError(PackhorseError):
 
 class EmptyReasonError(PackhorseError, ValueError):
     """A bulk reset was asked without a reason (HTTP 422, CLI exit 2)."""
+
+
+class QuarantineRetentionError(PackhorseError, ValueError):
+    """``packhorse quarantine purge --older-than DAYS`` asked to remove entries younger than
+    ``[quarantine] min_retention_seconds`` (CLI exit 2); nothing is removed."""
 
 
 class HistoryWindowError(PackhorseError, ValueError):

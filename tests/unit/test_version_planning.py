@@ -330,13 +330,13 @@ def test_a_touched_file_is_hashed_once_not_at_every_full_scan(ctx, pool, monkeyp
     mark_built(ctx, "cam/obs1")
 
     hashed: list[str] = []
-    real = scan_module._hash
+    real = scan_module.hash_source
 
     def counting(backend, rel, before):  # type: ignore[no-untyped-def]
         hashed.append(rel)
         return real(backend, rel, before)
 
-    monkeypatch.setattr(scan_module, "_hash", counting)
+    monkeypatch.setattr(scan_module, "hash_source", counting)
     t = time.time() - 30
     os.utime(a, (t, t))
     assert scan_all(ctx, pool).registered == 0

@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any, AsyncIterator
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Security
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request, Security
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
@@ -44,6 +44,7 @@ from packhorse.actions.operator import (
     reset_circuit_breaker,
     reset_operation,
 )
+from packhorse.actions.quarantine import DAY_SECONDS, purge_quarantine, quarantine_listing
 from packhorse.api import schemas as m
 from packhorse.api.security import SecurityHeadersMiddleware
 from packhorse.api.tokens import Principal, authenticate
@@ -54,6 +55,7 @@ from packhorse.errors import (
     EmptyReasonError,
     HistoryWindowError,
     LocateQueryError,
+    QuarantineRetentionError,
     ResetRefusedError,
     RuntimeSettingError,
     TransientDatabaseError,
@@ -196,7 +198,7 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
 
     for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404),
                              (ResetRefusedError, 409), (RuntimeSettingError, 422), (LocateQueryError, 422), (EmptyReasonError, 422),
-                             (HistoryWindowError, 422), (TransientDatabaseError, 503)):
+                             (HistoryWindowError, 422), (QuarantineRetentionError, 422), (TransientDatabaseError, 503)):
         app.add_exception_handler(exc_type, on_error(status))
 
     api = APIRouter(prefix="/api", responses=ERRORS)
@@ -377,6 +379,27 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         """Drop a runtime override: the configuration file's value applies again (audited)."""
         unset_setting(db, key, actor=who.actor)
         return db.read(lambda s: describe(s, settings))
+
+    def known_location(location: str | None) -> None:
+        if location is not None and location not in ctx.topology.location_ids:
+            raise HTTPException(422, f"no data location {location!r} in the configuration")
+
+    @api.get("/admin/quarantine", response_model=m.QuarantineListing, tags=["quarantine"])
+    def quarantine(_who: Caller, location: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
+        """What repairs moved aside into the disk locations' ``_packhorse/quarantine/``, read from
+        this host's disks now (a location whose storage is not on this host is listed under
+        ``not_listed``)."""
+        known_location(location)
+        return quarantine_listing(ctx, location=location)
+
+    @api.post("/admin/quarantine/purge", response_model=m.QuarantinePurgeOut, tags=["quarantine"],
+              responses={422: {"model": m.Problem, "description": "inside the minimum retention, or no reason"}})
+    def quarantine_purge(body: m.QuarantinePurgeIn, who: Caller) -> dict[str, Any]:
+        """Remove quarantined entries moved aside more than ``older_than_days`` ago, never inside
+        ``[quarantine] min_retention_seconds`` (422); audited as ``quarantine.purge``."""
+        known_location(body.location)
+        return purge_quarantine(ctx, older_than_seconds=body.older_than_days * DAY_SECONDS, reason=body.reason,
+                                actor=who.actor, location=body.location, dry_run=body.dry_run)
 
     @api.get("/admin/audit", response_model=list[m.AuditOut], tags=["access"])
     def audit_log(_who: Caller, limit: Annotated[int, Query(ge=1, le=10000)] = 100,

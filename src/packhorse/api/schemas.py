@@ -306,6 +306,10 @@ class LocateFile(_Model):
     package: str | None
     withdrawn: str | None = Field(default=None, description="why this registration was taken out of its package "
                                                             "before it was built (changed or vanished), else None")
+    found_by: str | None = Field(default=None, description="source_audit: the source audit registered this version "
+                                                           "(content changed behind an unchanged size and mtime); "
+                                                           "None: the scan")
+    why: str | None = Field(default=None, description="why a version the source audit registered exists")
 
 
 class LocateCopy(_Model):
@@ -445,3 +449,57 @@ class History(_Model):
     failures: dict[str, list[int]]
     disk: dict[str, DiskSeries]
     thresholds: dict[str, float]
+
+
+class QuarantineEntryOut(_Model):
+    """One entry of a disk location's quarantine (:func:`packhorse.actions.quarantine.entry_dict`)."""
+
+    location: str
+    key: str
+    original_key: str | None
+    quarantined_at: str | None = Field(description="when it was moved aside, ISO 8601 UTC (None: unknown)")
+    age_seconds: float | None
+    kind: str = Field(description="file, folder or other")
+    size_bytes: int
+
+
+class QuarantineNotListed(_Model):
+    location: str
+    cause: str = Field(description="object_storage, unavailable or unreadable")
+    reason: str
+
+
+class QuarantineLocationOut(_Model):
+    count: int
+    bytes: int
+
+
+class QuarantineListing(_Model):
+    """What the quarantines of the disk locations hold now, read from the API host's disks."""
+
+    entries: list[QuarantineEntryOut]
+    locations: dict[str, QuarantineLocationOut]
+    not_listed: list[QuarantineNotListed]
+    min_retention_seconds: float
+
+
+class QuarantinePurgeIn(_Model):
+    older_than_days: float = Field(ge=0, description="remove entries moved aside more than this many days ago")
+    reason: str = Field(min_length=1, max_length=2000, description="why they may go (audited)")
+    location: str | None = Field(None, max_length=200)
+    dry_run: bool = False
+
+
+class QuarantineFailed(_Model):
+    location: str
+    key: str
+    error: str
+
+
+class QuarantinePurgeOut(_Model):
+    removed: list[QuarantineEntryOut]
+    removed_bytes: int
+    kept: int
+    failed: list[QuarantineFailed]
+    not_listed: list[QuarantineNotListed]
+    dry_run: bool

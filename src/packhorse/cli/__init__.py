@@ -4,6 +4,7 @@
 - ``distributed``: worker, manager, monitor, notifier, disk-monitor, api
 - ``operator``: reset, retry, breaker, diagnose, skipped, locate, reconcile, notifications
 - ``admin``: health, token, config, audit, usage
+- ``quarantine``: quarantine list, quarantine purge
 - ``bags``: validate (a BagIt bag folder or tar; no configuration needed)
 
 ``common`` holds the application object, exit codes and the helpers they share; ``progress``
@@ -18,7 +19,7 @@ import os
 import sys
 
 # each registers its commands on ``app``; the order is the order of `packhorse --help`
-from packhorse.cli import admin, bags, distributed, operator, pipeline  # noqa: F401, I001
+from packhorse.cli import admin, bags, distributed, operator, pipeline, quarantine  # noqa: F401, I001
 from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,

@@ -276,9 +276,14 @@ def usage(
         print("no disk usage recorded yet: `packhorse run` (or disk-monitor) measures every "
               f"{ctx.settings.disk_usage.interval_seconds:g} s; `packhorse usage --measure` measures now", file=sys.stderr)
         return
-    t = Table("location", "measured (UTC)", "age", "total", "used", "available", "used %", "level", "alert",
-              title="disk usage (used % as df: used / (used + available))")
+    t = Table("location", "measured (UTC)", "age", "total", "used", "quarantined", "available", "used %", "level",
+              "alert", title="disk usage (used % as df: used / (used + available); quarantined: part of used)")
     for r in rows:
+        q = r["quarantined_bytes"]
         t.add_row(r["location"], r["measured_at"][:19], f"{r['age_seconds']:.0f} s", f"{r['total_bytes']:,}",
-                  f"{r['used_bytes']:,}", f"{r['free_bytes']:,}", f"{r['percent']:.1f}", r["level"], r["alert_level"])
+                  f"{r['used_bytes']:,}", "-" if q is None else f"{q:,}", f"{r['free_bytes']:,}", f"{r['percent']:.1f}",
+                  r["level"], r["alert_level"])
     table_console().print(t)
+    if any(r["quarantined_bytes"] for r in rows):
+        print("quarantined bytes are kept until purged: packhorse quarantine list / purge --older-than DAYS",
+              file=sys.stderr)

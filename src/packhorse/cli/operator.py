@@ -447,6 +447,10 @@ def _print_located(r: dict[str, Any]) -> None:
                       v["registered_at"] or "-",
                       f"(taken out: {v['withdrawn']})" if v.get("withdrawn") else v["package"] or "(not packaged yet)")
         out.print(t)
+        for v in r["versions"]:
+            if v.get("why"):
+                out.print(f"version {v['version']} of {shown(v['location'] + ':' + v['path'])}: {v['why']}, "
+                          f"registered {v['registered_at']}", highlight=False, markup=False)
     for p in r["packages"]:
         label = "bundle" if p["type"] == "data_transfer_package" else "package"
         state = f"archived {p['archived_at']}" if p["archived_at"] else "not archived yet"

@@ -44,6 +44,7 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.db.session import Database
+from packhorse.domain import CopyStatus, LocationRole
 from packhorse.errors import ConfigError, NothingToStageError, StorageServiceError, UnknownOperationError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
@@ -417,6 +418,18 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         else:
             c.add_row(loc, str(v["count"]), f"{v['bytes']:,}")
     out.print(c)
+    q = r["quarantine"]
+    if q["bytes"]:  # kept until purged (I2): it counts in disk usage
+        where = ", ".join(f"{loc} {v['bytes']:,}" for loc, v in q["locations"].items() if v["bytes"])
+        out.print(f"quarantined: {q['bytes']:,} bytes ({where}; at the latest disk usage measurement): "
+                  "`packhorse quarantine list` / `purge --older-than DAYS`", highlight=False, markup=False)
+    for loc, a in r["source_audits"].items():
+        state = (f"completed {a['completed_at'][:19]}" if a["completed_at"]
+                 else f"under way since {(a['started_at'] or '?')[:19]}")
+        out.print(f"source audit {loc}: last pass {state} UTC: {a['files_checked']} files checked "
+                  f"({a['bytes_checked']:,} bytes), {a['changed']} changed behind an unchanged size and mtime "
+                  f"(new versions), {a['gone']} gone; {a['changed_total']} changed found in all",
+                  highlight=False, markup=False)
     if r["source_filters"]:
         f = Table("source location", "include", "exclude", title="scan filters (glob patterns)")
         for loc, v in r["source_filters"].items():
@@ -467,13 +480,17 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
 @app.command()
 def verify(
     config: ConfigOpt = None,
-    location: Annotated[Optional[str], typer.Option("--location", help="only copies at this data location")] = None,
+    location: Annotated[Optional[str], typer.Option(
+        "--location", help="only copies at this data location; a source location: audit its files")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-read every live copy and compare it with its recorded sha256, and check every staged
-    copy in processing locations against its bag manifests. Exit 1 on any problem."""
+    copy in processing locations against its bag manifests. With --location SOURCE, re-hash the
+    registered files still at that source location: content changed behind an unchanged size
+    and mtime is registered as a new version (and archived by the next run); files gone are
+    listed. Exit 1 on any problem (a changed or gone source file is none: nothing is lost)."""
     from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
-    from packhorse.status.reporting import verify_copies  # deferred: start-up time
+    from packhorse.status.reporting import audit_source_location, verify_copies  # deferred: start-up time
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
@@ -481,8 +498,15 @@ def verify(
     r = verify_copies(ctx, location)
     r["staged"] = verify_staged(ctx, location)
     staged_bad = [x for x in r["staged"] if x["status"] != "ok"]
+    source = None
+    if location is not None and ctx.settings.location(location).role is LocationRole.SOURCE:
+        source = audit_source_location(ctx, location).as_json()
+        r["source_audit"] = source
+    source_bad = source is not None and bool(source["unavailable"] or source["unreadable"])
     if as_json:
         print_json(r)
+    elif source is not None:  # a source location holds raw files, not copies
+        _print_source_audit(source)
     else:
         # the line says everything the exit code counts: copies recorded bad earlier and not
         # repaired yet, locations that could not be looked at
@@ -516,7 +540,27 @@ def verify(
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
     raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad
-                     else EXIT_OK)
+                     or source_bad else EXIT_OK)
+
+
+def _print_source_audit(a: dict[str, Any]) -> None:
+    """The text of ``verify --location SOURCE`` (:meth:`packhorse.managers.source_audit.AuditResult.as_json`)."""
+    if a["unavailable"]:
+        print(f"UNAVAILABLE {a['location']}: {a['unavailable']}; no source file checked")
+        return
+    print(f"source {a['location']}: checked {a['checked']} files ({a['bytes_checked']:,} bytes), "
+          f"changed {len(a['changed'])}, gone {len(a['gone'])}, unreadable {len(a['unreadable'])}, "
+          f"left to the scan {len(a['left_to_scan'])}")
+    for c in a["changed"]:
+        what = {"version": f"registered as version {c['version']}, archived by the next run",
+                "update": "registered again in place (not packaged yet)",
+                "left_to_package_stage": "its package is being built: the package stage takes it out"}[c["action"]]
+        print(f"CHANGED {a['location']}:{shown(c['path'])}: other bytes behind the same size and mtime "
+              f"(registered {c['registered_sha256'][:12]}, read {c['sha256'][:12]}); {what}")
+    for p in a["gone"]:
+        print(f"GONE {a['location']}:{shown(p)} (registered, no longer at the source; its archived copies stay)")
+    for u in a["unreadable"]:
+        print(f"UNREADABLE {a['location']}:{shown(u['path'])}: {u['reason']}")
 
 
 @app.command()
@@ -567,7 +611,6 @@ def demo(
     print(f"  files:    {r['files']['registered']} ({r['files']['bytes']:,} bytes)")
     print(f"  packages: {r['packages']['total']} total, {r['packages']['archived']} archived, "
           f"{r['packages']['failed']} failed")
-    from packhorse.domain import LocationRole  # deferred: start-up time
 
     for loc, c in r["copies"].items():
         if ctx.topology.location_role.get(loc) is LocationRole.SOURCE:
@@ -600,7 +643,6 @@ def _an_archived_bag(ctx: ProcessContext) -> Path | None:
     from sqlalchemy import select
 
     from packhorse.db.models import PhysicalCopy  # deferred: start-up time
-    from packhorse.domain import CopyStatus, LocationRole  # deferred: start-up time
 
     disks = {ctx.topology.location_ids[loc.name]: loc.name for loc in ctx.settings.locations
              if loc.role is LocationRole.LONG_TERM_ARCHIVE and loc.path}

@@ -173,6 +173,10 @@ class RawDataFile(Base):
     #: not hashed again at every full scan; ``mtime_ns`` stays what the package's tar holds (I3)
     #: (migration 0015)
     confirmed_mtime_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    #: what registered this version when it was not the scan: ``"source_audit"`` (the source
+    #: audit re-hashed the file and found other bytes behind an unchanged size and mtime,
+    #: :mod:`packhorse.managers.source_audit`); ``None``: the scan (migration 0025)
+    found_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class WithdrawnFile(Base):
@@ -719,6 +723,31 @@ class ScanLease(Base):
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class SourceAudit(Base):
+    """The source audit of one source data location (:mod:`packhorse.managers.source_audit`):
+    its registered files still present re-hashed and compared with their registration, a pass
+    at a time, on the location's ``source_audit_interval_seconds`` cadence.
+
+    ``started_at`` / ``completed_at``: the current (or last) pass (UTC; ``completed_at`` ``None``
+    while it runs). ``cursor``: the last path the running pass checked (it goes on after it;
+    ``None`` when no pass runs). ``files_checked``, ``bytes_checked``, ``changed``, ``gone``: of
+    the current (or last) pass — files hashed, bytes read, files whose bytes differ behind an
+    unchanged size and mtime (registered as a new version), registered files no longer there.
+    ``changed_total``: every such file any pass found.
+    """
+
+    __tablename__ = "source_audits"
+    location: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cursor: Mapped[str | None] = mapped_column(Text, nullable=True)
+    files_checked: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_checked: Mapped[int] = mapped_column(BigInteger, default=0)
+    changed: Mapped[int] = mapped_column(Integer, default=0)
+    gone: Mapped[int] = mapped_column(Integer, default=0)
+    changed_total: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class BacklogSample(Base):

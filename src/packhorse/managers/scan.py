@@ -77,6 +77,7 @@ from packhorse.managers.listing import (
     registered_files,
     walk,
 )
+from packhorse.managers.source_audit import audit_due
 from packhorse.rules.availability import look, record_outage
 from packhorse.runtime.context import ProcessContext
 from packhorse.storage.base import Entry, EntryKind, StorageBackend
@@ -180,7 +181,7 @@ def open_source(backend: StorageBackend, rel: str) -> BinaryIO | str:
         return f"not readable: {e.strerror}"
 
 
-def _hash(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str, str | None]:
+def hash_source(backend: StorageBackend | None, rel: str, before: Entry) -> tuple[str, str | None]:
     """Hash source file ``rel`` through the location's backend (confined, ``O_NOFOLLOW``; I6).
 
     Whether it changed while it was hashed is decided on the open file (``fstat`` of the
@@ -293,7 +294,7 @@ def look_at_change(backend: StorageBackend, path: str, entry: Entry, change: Cha
     (unreadable: the scan skips it with that reason)."""
     if entry.size != change.old[0]:
         return "new", None  # other bytes whatever they are (the scan hashes them to register them)
-    state, value = _hash(backend, path, entry)
+    state, value = hash_source(backend, path, entry)
     if state != "ok":
         return state, value
     assert value is not None
@@ -364,8 +365,8 @@ def _hash_chunk(backend: StorageBackend, pool: ThreadPoolExecutor, chunk: list[t
     rows: list[dict[str, object]] = []
     large = [(p, st_) for p, st_ in chunk if st_.size >= THREAD_HASH_MIN_BYTES]
     batches = [large[i:i + HASH_BATCH] for i in range(0, len(large), HASH_BATCH)]
-    pending = pool.map(lambda b: [_hash(backend, p, st_) for p, st_ in b], batches)
-    digests = {p: _hash(backend, p, st_) for p, st_ in chunk if st_.size < THREAD_HASH_MIN_BYTES}
+    pending = pool.map(lambda b: [hash_source(backend, p, st_) for p, st_ in b], batches)
+    digests = {p: hash_source(backend, p, st_) for p, st_ in chunk if st_.size < THREAD_HASH_MIN_BYTES}
     for batch, results in zip(batches, pending):
         digests.update((p, r) for (p, _), r in zip(batch, results))
     updates: list[tuple[Change, dict[str, Any]]] = []
@@ -574,6 +575,12 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     result.registered = ctx.db.transact(tx)
     if cache is not None and seen is not None:  # only once what was seen is registered
         cache.folders[location] = seen
+    # the source audit's slice, when its pass is due: what the scan cannot see (other bytes
+    # behind an unchanged size and mtime) is registered the way the scan registers a change
+    try:
+        audit_due(ctx, location, hash_source)
+    except Exception as e:  # never costs the scan its result: the next scan's slice goes on
+        log.error("source_audit_slice_failed", location=location, error=repr(e))
     return result
 
 

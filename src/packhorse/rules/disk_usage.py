@@ -139,12 +139,15 @@ def measure_all(db: Database, settings: Settings, location_ids: dict[str, int],
 
 def sample_dict(location: str, s: DiskUsageSample, now: dt.datetime | None = None) -> dict[str, Any]:
     """A sample as plain data: location, measured_at (ISO 8601 UTC), age_seconds (how long
-    before ``now`` it was measured), total/used/free bytes, percent, level, alert_level."""
+    before ``now`` it was measured), total/used/free bytes, percent, level, alert_level,
+    quarantined_bytes (bytes under the location's ``_packhorse/quarantine/``, part of used;
+    ``None``: not measured)."""
     measured = s.measured_at if s.measured_at.tzinfo else s.measured_at.replace(tzinfo=dt.timezone.utc)
     age = ((now or utcnow()) - measured).total_seconds()
     return {"location": location, "measured_at": measured.isoformat(), "age_seconds": round(max(age, 0.0), 1),
             "total_bytes": s.total_bytes, "used_bytes": s.used_bytes, "free_bytes": s.free_bytes,
-            "percent": round(s.percent, 3), "level": s.level, "alert_level": s.alert_level}
+            "percent": round(s.percent, 3), "level": s.level, "alert_level": s.alert_level,
+            "quarantined_bytes": s.quarantined_bytes}
 
 
 def latest_usage(session: Session, *, max_age_seconds: float | None = None) -> dict[str, DiskUsageSample]:

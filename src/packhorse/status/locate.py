@@ -51,6 +51,8 @@ from packhorse.db.models import (
 )
 from packhorse.domain import DONE_WORD, CopyStatus, LocationRole, OperationKind, Status
 from packhorse.errors import LocateQueryError
+from packhorse.managers.source_audit import FOUND_BY as SOURCE_AUDIT
+from packhorse.managers.source_audit import REASON as SOURCE_AUDIT_REASON
 
 if TYPE_CHECKING:
     from packhorse.config import Settings
@@ -94,7 +96,8 @@ def _file_dict(f: RawDataFile, loc_name: str, pkg_name: str | None) -> dict[str,
     return {"location": loc_name, "path": f.relative_path, "version": f.version, "size": f.size,
             "sha256": f.sha256, "mtime": dt.datetime.fromtimestamp(f.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(f.registered_at), "source_deleted_at": _iso(f.source_deleted_at),
-            "package": pkg_name, "withdrawn": None}
+            "package": pkg_name, "withdrawn": None, "found_by": f.found_by,
+            "why": SOURCE_AUDIT_REASON if f.found_by == SOURCE_AUDIT else None}
 
 
 def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
@@ -102,6 +105,7 @@ def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
     return {"location": loc_name, "path": w.relative_path, "version": w.version, "size": w.size,
             "sha256": w.sha256, "mtime": dt.datetime.fromtimestamp(w.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(w.registered_at), "source_deleted_at": None, "package": None,
+            "found_by": None, "why": None,
             "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}" + (
                 f"; forgotten at {_iso(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
                 if w.forgotten_at else "")}
@@ -270,7 +274,9 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         ("also_folder": bool, for a package: its name is also a folder holding other groups,
         which ``QUERY/`` lists),
         "versions": [{"location", "path", "version", "size", "sha256", "mtime", "registered_at",
-        "source_deleted_at", "package", "withdrawn"}], "packages": [{"name", "type", "version", "group", "size",
+        "source_deleted_at", "package", "withdrawn", "found_by", "why"}]`` (``found_by``:
+        ``"source_audit"`` for a version the source audit registered, ``None``: the scan;
+        ``why``: the reason such a version exists), ``"packages": [{"name", "type", "version", "group", "size",
         "sha256", "file_count", "payload_bytes", "created_at", "archived_at", "bundle",
         "copies": [{"artifact", "location", "site", "role", "status", "path", "size", "sha256",
         "created_at", "verified_at", "deleted_at"}], "bundle_copies": [...], "timeline":

@@ -24,6 +24,8 @@ caller with an API token (``observer`` or ``admin``), who may see failures in th
 ``packhorse_packages_not_archived``             gauge      raw data packages without every required verified archive copy
 ``packhorse_oldest_not_archived_age_seconds``   gauge      age of the oldest of them (0 when none)
 ``packhorse_quarantined_bytes``                 gauge      bytes in a location's quarantine (latest disk usage sample), by ``location``
+``packhorse_source_audit_changed_total``        counter    source files the source audit found changed behind an unchanged size and mtime, by ``location``
+``packhorse_source_audit_completed_timestamp_seconds`` gauge when the last source audit pass completed (Unix s, UTC), by ``location``
 ``packhorse_physical_copies``                   gauge      copies by ``location``, ``status``
 ``packhorse_physical_copy_bytes``               gauge      bytes of present copies by ``location``
 ``packhorse_notifications``                     gauge      notification outbox rows by ``status``
@@ -55,6 +57,7 @@ from packhorse.db.models import (
     Operation,
     PhysicalCopy,
     RawDataPackage,
+    SourceAudit,
     utcnow,
 )
 from packhorse.db.session import Database
@@ -128,7 +131,8 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
         clock minus the service host's, for services that recorded one)], "disk": {location: (total, used, free, percent)},
         "blocked": {cause: n}, "locations": [active location names],
         "unavailable": {location: seconds since the outage began}, "not_archived": n,
-        "oldest_not_archived_seconds": s (0 when none), "quarantined": {location: bytes}}``.
+        "oldest_not_archived_seconds": s (0 when none), "quarantined": {location: bytes},
+        "source_audits": {location: (changed found in all, last pass completed at Unix s or None)}}``.
         ``service`` is the service's identity (kind, site, instance, host; never a PID), so the
         label set is bounded by the installation's services; forgotten ones are left out.
     """
@@ -189,6 +193,8 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
                    for name, u in usage.items()}
     out["quarantined"] = {name: int(u.quarantined_bytes) for name, u in usage.items()
                           if u.quarantined_bytes is not None}
+    out["source_audits"] = {a.location: (int(a.changed_total), a.completed_at.timestamp() if a.completed_at else None)
+                            for a in session.scalars(select(SourceAudit))}
 
     rows = list_services(session, now, dead_after_seconds=dead_after_seconds, forget_after_seconds=forget_after_seconds)
     out["services"] = [(r["service"], r["kind"], r["alive"]) for r in rows]
@@ -323,6 +329,18 @@ class DatabaseCollector(Collector):
         for loc, n in sorted(v["quarantined"].items()):
             q.add_metric([loc], n)
         yield q
+        sc = CounterMetricFamily("packhorse_source_audit_changed",
+                                 "Source files the source audit found changed behind an unchanged size and mtime "
+                                 "(registered as new versions)", labels=["location"])
+        st = GaugeMetricFamily("packhorse_source_audit_completed_timestamp_seconds",
+                               "When the last source audit pass of the source location completed (Unix seconds, UTC)",
+                               labels=["location"])
+        for loc, (changed, completed) in sorted(v["source_audits"].items()):
+            sc.add_metric([loc], changed)
+            if completed is not None:
+                st.add_metric([loc], completed)
+        yield sc
+        yield st
 
     def _services(self, v: dict[str, Any]) -> Iterator[Metric]:
         """The ``packhorse_service_up`` and ``packhorse_service_clock_offset_seconds`` families."""

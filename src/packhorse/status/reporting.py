@@ -22,10 +22,13 @@ from packhorse.db.models import (
 )
 from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Status
 from packhorse.errors import LocationUnavailableError
+from packhorse.managers.scan import hash_source
+from packhorse.managers.source_audit import AuditResult, audit_source, audit_summaries
 from packhorse.operations.lifecycle import counts_by_kind_status
 from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 from packhorse.rules.availability import probe, record_outage, release_of
 from packhorse.rules.convergence import superseded_failures
+from packhorse.rules.disk_usage import latest_usage
 from packhorse.rules.fixity import check_copy, recognise_returned, record_findings
 from packhorse.runtime.context import ProcessContext
 from packhorse.status.blocked_work import blocked_items
@@ -88,7 +91,13 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
     "blocked": [BlockedItem.as_json()], "orphaned": [...] (``IN_PROGRESS`` operations whose
     holder no longer runs on this host: :func:`_orphaned`), "problems": [...] (one line per kind
     of problem, most urgent first: :func:`packhorse.status.problems.problem_lines`),
-    "generated_at": ISO time}``.
+    "quarantine": {"bytes": n,
+    "locations": {location: {"bytes", "measured_at"}}}`` (bytes under each location's
+    ``_packhorse/quarantine/`` at its latest disk usage sample; locations never measured are
+    left out; ``packhorse quarantine list`` reads the disks now), ``"source_audits": {source
+    location: {"started_at", "completed_at", "files_checked", "bytes_checked", "changed", "gone",
+    "changed_total"}}`` (:func:`packhorse.managers.source_audit.audit_summaries`; locations
+    never audited are left out), ``"generated_at": ISO time}``.
     ``copies`` counts present copies only; ``source_filters`` lists the source locations that
     have include / exclude patterns (:mod:`packhorse.scanfilter`).
     """
@@ -146,6 +155,8 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
         nbytes = sum(f["bytes"] for f in source_files.values())
         unpackaged = s.scalar(select(func.count()).select_from(RawDataFile)
                               .where(RawDataFile.raw_data_package_id.is_(None))) or 0
+        quarantine = {name: {"bytes": int(u.quarantined_bytes), "measured_at": u.measured_at.isoformat()}
+                      for name, u in sorted(latest_usage(s).items()) if u.quarantined_bytes is not None}
         return {
             "operations": ops,
             "packages": {"total": total, "archived": archived, "failed": failed},
@@ -163,10 +174,25 @@ def status_report(ctx: ProcessContext) -> dict[str, Any]:
                                if loc.role is LocationRole.SOURCE and (loc.include or loc.exclude)},
             "blocked": (blocked := [b.as_json() for b in blocked_items(s, ctx)]),
             "problems": problem_lines(failed, blocked),
+            "quarantine": {"bytes": sum(q["bytes"] for q in quarantine.values()), "locations": quarantine},
+            "source_audits": audit_summaries(s),
             "generated_at": utcnow().isoformat(),
         }
 
     return ctx.db.read(tx)
+
+
+def audit_source_location(ctx: ProcessContext, location: str) -> AuditResult:
+    """A whole source audit pass of source location ``location`` now (``packhorse verify
+    --location SOURCE``): its registered files still there re-hashed, content changed behind an
+    unchanged size and mtime registered as a new version
+    (:func:`packhorse.managers.source_audit.audit_source`).
+
+    Raises:
+        KeyError: ``location`` is not configured.
+        ValueError: it is not a source location.
+    """
+    return audit_source(ctx, location, hash_source)
 
 
 def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str, Any]:
