@@ -24,7 +24,6 @@ Usage (root)::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import statistics
 import subprocess
@@ -32,31 +31,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench_files import BLOCK, make_source, sha256_file
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "multisite"))
-
-BLOCK = 1 << 20
-
-
-def make_source(path: Path, mib: int) -> str:
-    """Write ``mib`` MiB of random bytes to ``path``; return their sha256."""
-    h = hashlib.sha256()
-    with open(path, "wb") as f:
-        for _ in range(mib):
-            b = os.urandom(BLOCK)
-            h.update(b)
-            f.write(b)
-    return h.hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 of the file at ``path``."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(8 * BLOCK):
-            h.update(b)
-    return h.hexdigest()
-
 
 def pull(host: str, port: int, key_file: str, known_hosts: str, root: str, name: str, size: int, sha: str,
          dst_root: str, streams: int) -> None:

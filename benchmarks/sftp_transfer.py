@@ -25,39 +25,19 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench_files import BLOCK, make_source, sha256_file
+
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.sftp import SftpSource, SshEndpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sshd_support import PrivateSshd  # noqa: E402 - the tests' private sshd
-
-BLOCK = 1 << 20
-
-
-def make_source(path: Path, mib: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "wb") as f:
-        for _ in range(mib):
-            b = os.urandom(BLOCK)
-            h.update(b)
-            f.write(b)
-    return h.hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(8 * BLOCK):
-            h.update(b)
-    return h.hexdigest()
 
 
 def run_rsync(sshd: PrivateSshd, src: Path, dst: Path, sha: str, *, check: bool) -> float:
