@@ -55,7 +55,6 @@ import datetime as dt
 import hashlib
 import io
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -69,7 +68,6 @@ from azure.storage.blob import BlobBlock, ContainerClient, ImmutabilityPolicy, S
 from packhorse.errors import (
     ConfigError,
     DestinationConflictError,
-    DestinationWriteError,
     LocationUnavailableError,
     OperationDeferred,
     OperationError,
@@ -87,6 +85,7 @@ from packhorse.storage.base import (
     PendingWrite,
     PublishResult,
     ReuseListing,
+    SpooledPendingWrite,
     StorageBackend,
     check_key,
 )
@@ -169,28 +168,17 @@ class _AzureReader(io.RawIOBase):
         return n
 
 
-class _AzurePendingWrite(PendingWrite):
+class _AzurePendingWrite(SpooledPendingWrite):
     def __init__(self, backend: "AzureBackend", key: str) -> None:
-        super().__init__(key)
+        super().__init__(key, location=backend.location, max_memory_bytes=backend.block_threshold_bytes,
+                         spool_dir=backend.spool_dir)
         self._b = backend
-        self._spool: Any = tempfile.SpooledTemporaryFile(max_size=backend.block_threshold_bytes,
-                                                         dir=backend.spool_dir)
-
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        try:
-            self._spool.write(data)
-        except OSError as e:  # the local spool's disk is full: free it now, name where
-            self.abort()
-            raise DestinationWriteError(
-                f"{self._b.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
-                f"{self._b.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
-                step="write", side="destination", path=self.key, host=self._b.location) from e
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
         try:
             sha = self.check_expected(expected_sha256, b.location)
-            created = b._create(self.key, self._spool, self.size, sha)
+            created = b._create(self.key, self.spool, self.size, sha)
             if not created:
                 b.check_same(self.key, self.size, sha)
                 return PublishResult(self.key, self.size, sha, already_there=True)
@@ -198,15 +186,6 @@ class _AzurePendingWrite(PendingWrite):
             return PublishResult(self.key, self.size, sha, already_there=False, read_back=read_back)
         finally:
             self.abort()
-
-    def abort(self) -> None:
-        try:
-            if not self._spool.closed:
-                self._spool.close()
-        except OSError:
-            pass
-        finally:
-            self.closed = True
 
 
 class AzureBackend(StorageBackend):

@@ -73,13 +73,20 @@ import abc
 import contextlib
 import enum
 import hashlib
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from packhorse.digest import sha256_stream
-from packhorse.errors import DestinationConflictError, LocationUnavailableError, UnsafePathError, VerificationError
+from packhorse.errors import (
+    DestinationConflictError,
+    DestinationWriteError,
+    LocationUnavailableError,
+    UnsafePathError,
+    VerificationError,
+)
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
@@ -305,6 +312,55 @@ class PendingWrite(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         if not self.closed:
             self.abort()
+
+
+class SpooledPendingWrite(PendingWrite):
+    """A :class:`PendingWrite` of an object store that keeps unpublished bytes off the medium
+    (S3, Azure): the bytes go to a local spool, in memory up to ``max_memory_bytes`` and then in
+    an unlinked temporary file in ``spool_dir``, hashed as they arrive; nothing reaches the store
+    before the subclass's :meth:`publish`, so a writer killed before publishing leaves nothing
+    there. Subclasses read the spool (:attr:`spool`) in ``publish`` and call :meth:`abort` when
+    done with it.
+
+    Args:
+        key: the object's key.
+        location: the data location's name, for messages.
+        max_memory_bytes: spool size (bytes) kept in memory before it moves to a file.
+        spool_dir: folder of the spool file (``None``: the system's temporary folder).
+    """
+
+    def __init__(self, key: str, *, location: str, max_memory_bytes: int, spool_dir: str | None) -> None:
+        super().__init__(key)
+        self.location = location
+        self.spool_dir = spool_dir
+        #: the spooled bytes (a :class:`tempfile.SpooledTemporaryFile`)
+        self.spool: Any = tempfile.SpooledTemporaryFile(max_size=max_memory_bytes, dir=spool_dir)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` to the spool.
+
+        Raises:
+            DestinationWriteError: the spool could not be written (its disk is full): the spool
+                is removed at once, and the message names the folder and the bytes spooled.
+        """
+        try:
+            self.spool.write(data)
+        except OSError as e:  # the local spool's disk is full: free it now, name where
+            self.abort()
+            raise DestinationWriteError(
+                f"{self.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
+                f"{self.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
+                step="write", side="destination", path=self.key, host=self.location) from e
+
+    def abort(self) -> None:
+        """Close the spool (an unlinked temporary file: closing frees its space); idempotent."""
+        try:
+            if not self.spool.closed:
+                self.spool.close()
+        except OSError:
+            pass  # the flush of a full disk fails again; the file is closed and gone anyway
+        finally:
+            self.closed = True
 
 
 class StorageBackend(abc.ABC):
