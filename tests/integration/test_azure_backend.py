@@ -186,3 +186,18 @@ def test_azure_config_errors_name_the_key(tmp_path) -> None:
         _settings(tmp_path, two + loc + 'storage = "azure"\naccount_url = "https://a"\ncontainer = "abc"\n'
                                         'prefix = "lta/more"\n')
 
+
+def test_a_refused_container_lookup_names_the_container_and_account_never_none(azurite) -> None:
+    # found by a user: "looking up the container None in container 'archive'"
+    container = azurite.new_container()
+    wrong_key = azurite.connection_string.replace(ACCOUNT_KEY, "A" * 86 + "==")
+    client = make_container_client(account_url=azurite.account_url, container=container,
+                                   connection_string=wrong_key, location="arch")
+    b = AzureBackend("arch", client, "lta")
+    with pytest.raises(StorageServiceError) as e:
+        b.root_missing()
+    msg = str(e.value)
+    assert f"arch: looking up container '{container}' of account 'devstoreaccount1' failed: " in msg, msg
+    assert "None" not in msg and "403" in msg and "A" * 86 not in msg
+    with pytest.raises(StorageServiceError, match=r"reading 'raw/x.tar' \(blob 'lta/raw/x.tar'\) in container"):
+        b.open_read("raw/x.tar")

@@ -243,17 +243,28 @@ class AzureBackend(StorageBackend):
         return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location, reason=why,
                                         path=key)
 
+    def _what(self, key: str | None) -> str:
+        """What a message names: blob ``key`` of the location in its container and account, or,
+        for ``None``, the container itself (never a URL: it may carry a SAS signature)."""
+        where = f"container {self.container!r} of account {self.client.account_name!r}"
+        if key is None:
+            return where
+        if not key:
+            return f"the blobs under {self.prefix!r} in {where}" if self.prefix else f"the blobs in {where}"
+        return f"{key!r} (blob {self.prefix + key!r}) in {where}"
+
     def _error(self, e: Exception, key: str | None, action: str) -> OperationError:
-        """The packhorse error for an SDK error: a missing container is
+        """The packhorse error for an SDK error about blob ``key`` (``None``: the container
+        itself, ``""``: the listing of the location): a missing container is
         :class:`LocationUnavailableError`, anything else :class:`StorageServiceError` naming the
-        service's error code and status (never the request, which may carry a signature)."""
+        blob or container (:meth:`_what`), the service's error code and HTTP status (never the
+        request, which may carry a signature)."""
         if _code(e) == "ContainerNotFound":
             return self._unavailable(key)
         what = _code(e) or type(e).__name__
         status = f" (HTTP {_status(e)})" if _status(e) else ""
-        return StorageServiceError(
-            f"{self.location}: {action} {key!r} in container {self.container!r} failed: {what}{status}",
-            side="destination", path=key, host=self.location)
+        return StorageServiceError(f"{self.location}: {action} {self._what(key)} failed: {what}{status}",
+                                   side="destination", path=key, host=self.location)
 
     def _props(self, key: str) -> Any | None:
         """The blob's properties, ``None`` if there is no (committed) blob under ``key``."""
@@ -361,7 +372,7 @@ class AzureBackend(StorageBackend):
         except ResourceNotFoundError:
             return f"the container {self.container!r} does not exist"
         except AzureError as e:
-            raise self._error(e, None, "looking up the container") from e
+            raise self._error(e, None, "looking up") from e
         return None
 
     def create_root(self) -> bool:
