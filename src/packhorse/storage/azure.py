@@ -30,7 +30,11 @@ archived blob needs a rehydration: :meth:`AzureBackend.request_restore` copies i
 archived original stays in Archive), :meth:`AzureBackend.restore_ready` tells when that copy
 is complete and still of the same blob (its recorded source ETag), and ``open_read`` of an
 archived blob reads that copy, or raises :class:`~packhorse.errors.RestoreRequiredError`
-while there is none. Fixity and staging then wait (``AWAITING RESTORE``) as for any cold store.
+while there is none. Fixity and staging then wait (``AWAITING RESTORE``) as for any cold store,
+and so does a publication that meets a blob already archived under its name
+(:meth:`StorageBackend.holds` requests the rehydration and defers the operation: "already there"
+is decided by reading the bytes, never by the metadata). A blob accepted as already there in an
+online tier is moved to Archive like a new one (:meth:`AzureBackend.adopt_existing`).
 Rehydrated copies older than :data:`REHYDRATED_KEEP_SECONDS` are removed by
 :meth:`AzureBackend.cleanup_partials`.
 
@@ -69,7 +73,6 @@ from packhorse.errors import (
     ConfigError,
     DestinationConflictError,
     LocationUnavailableError,
-    OperationDeferred,
     OperationError,
     RestoreRequiredError,
     SourceMissingError,
@@ -181,6 +184,7 @@ class _AzurePendingWrite(SpooledPendingWrite):
             created = b._create(self.key, self.spool, self.size, sha)
             if not created:
                 b.check_same(self.key, self.size, sha)
+                b.adopt_existing(self.key)
                 return PublishResult(self.key, self.size, sha, already_there=True)
             read_back = b._archive_after_publish(self.key, sha)
             return PublishResult(self.key, self.size, sha, already_there=False, read_back=read_back)
@@ -202,7 +206,7 @@ class AzureBackend(StorageBackend):
             ``"COMPLIANCE"`` (a locked one) and its length in days, put on every published blob.
         rehydrate_priority: ``"Standard"`` or ``"High"`` (Azure's rehydration priorities).
         restore_poll_seconds: how long an operation that meets an archived blob it must read
-            waits before it looks again (:meth:`holds`).
+            waits before it looks again (:meth:`~StorageBackend.defer_until_readable`).
         spool_dir: folder for local spool files of large writes (default: the system's).
     """
 
@@ -674,25 +678,25 @@ class AzureBackend(StorageBackend):
         except AzureError as e:
             raise self._error(e, key, "requesting the rehydration of") from e
 
-    def holds(self, key: str, size: int, sha256: str) -> bool:
-        """:meth:`StorageBackend.holds`, decided by reading the blob back (I2, I4); an archived
-        blob is read through its rehydrated copy. While there is none (a publication meeting a
-        blob archived earlier: a retry after a crash, a second archive run), its rehydration is
-        requested and :class:`~packhorse.errors.OperationDeferred` raised: the operation looks
-        again after ``restore_poll_seconds``, no retry counted ("already there" is never
-        taken on trust).
+    def adopt_existing(self, key: str) -> None:
+        """In a cold location, move a blob found already there (:meth:`holds`) that is still in
+        an online tier (Hot, Cool, Cold: put there by an earlier publication that crashed before
+        its move, by hand, by another tool) to the Archive tier, as every published blob is;
+        nothing for keys under ``_packhorse/``, for blobs already archived, or in a warm location.
 
         Raises:
-            DestinationConflictError: ``key`` holds other bytes; it is left untouched.
-            OperationDeferred: the blob is archived and its rehydration not done yet.
+            StorageServiceError: the service refused the tier change or could not be reached.
         """
-        if self.cold:
-            p = self._props(key)
-            if p is not None and str(p.blob_tier) == "Archive" and not self._rehydrated(key, p):
-                self.request_restore(key)
-                raise OperationDeferred(f"{self.location}:{key}: an archived blob is there; waiting for its "
-                                        "rehydration to compare it", seconds=self.restore_poll_seconds)
-        return super().holds(key, size, sha256)
+        if not self.cold or key.startswith(RESERVED_PREFIX):
+            return
+        p = self._props(key)
+        if p is None or str(p.blob_tier) == "Archive":
+            return
+        try:
+            self._blob(key).set_standard_blob_tier(StandardBlobTier.ARCHIVE)
+        except AzureError as e:
+            raise self._error(e, key, "moving to the Archive tier") from e
+        log.info("azure_existing_blob_archived", location=self.location, key=key, tier_was=str(p.blob_tier))
 
     def restore_ready(self, key: str) -> bool:
         """True when ``key`` can be read: online, or rehydrated (always, in a warm location)."""

@@ -84,6 +84,7 @@ from packhorse.errors import (
     DestinationConflictError,
     DestinationWriteError,
     LocationUnavailableError,
+    OperationDeferred,
     UnsafePathError,
     VerificationError,
 )
@@ -373,6 +374,10 @@ class StorageBackend(abc.ABC):
     location: str
     #: objects need :meth:`request_restore` before they can be read (tape, Glacier)
     cold: bool = False
+    #: how long (seconds) an operation that must read a cold object not restored yet waits
+    #: before it looks again (:meth:`defer_until_readable`; the location's
+    #: ``restore_poll_seconds``, set by :mod:`packhorse.storage.registry`)
+    restore_poll_seconds: float = 300.0
 
     def request_restore(self, key: str) -> None:  # noqa: B027 (optional: warm storage has nothing to do)
         """Ask a cold store to make ``key`` readable (idempotent); a no-op for warm storage."""
@@ -380,6 +385,38 @@ class StorageBackend(abc.ABC):
     def restore_ready(self, key: str) -> bool:
         """True when ``key`` can be read now (always, for warm storage)."""
         return True
+
+    def defer_until_readable(self, key: str, why: str) -> None:
+        """Return at once if ``key`` can be read now (warm storage, or a cold object that is
+        online or restored); else request its restore (:meth:`request_restore`, idempotent) and
+        raise :class:`~packhorse.errors.OperationDeferred`: the operation goes back to waiting
+        for :attr:`restore_poll_seconds` without holding a worker or counting a retry, and looks
+        again (``AWAITING RESTORE``, docs/object-storage.md).
+
+        Args:
+            why: what the bytes are needed for, for the message (e.g. "to compare it").
+
+        Raises:
+            OperationDeferred: the restore is requested and not ready yet.
+            SourceMissingError: there is no object under ``key`` (from :meth:`request_restore`).
+            StorageServiceError: the store refused or could not be reached.
+        """
+        if not self.cold or self.restore_ready(key):
+            return
+        self.request_restore(key)
+        raise OperationDeferred(f"{self.location}:{key} is in cold storage and not restored; restore requested, "
+                                f"waiting for it {why}", seconds=self.restore_poll_seconds)
+
+    def adopt_existing(self, key: str) -> None:  # noqa: B027 (optional: most backends have nothing to do)
+        """Give an object found already there (:meth:`holds` said it holds exactly the bytes
+        being published: a retry after a crash, an archive run again, bytes put there by hand)
+        what a publication of it would have given it, so that it is kept as a new one would be.
+        Idempotent; this default does nothing. Azure in a cold location moves a blob still in an
+        online tier to the Archive tier.
+
+        Raises:
+            StorageServiceError: the store refused or could not be reached.
+        """
 
     def root_missing(self) -> str | None:
         """Why the location's root is not there (a sentence naming the path or bucket), or
@@ -515,16 +552,23 @@ class StorageBackend(abc.ABC):
 
         Returns ``False`` if there is no object under ``key``, ``True`` if it has ``size``
         bytes with ``sha256``, decided by reading the object back through the backend (never
-        by ETag, metadata or size alone).
+        by ETag, metadata or size alone; another size is a conflict without reading). An object
+        of that size in cold storage that is not restored (an archive copy published earlier:
+        a retry after a crash, an archive run again) is restored first
+        (:meth:`defer_until_readable`): "already there" is never taken on trust.
 
         Raises:
             DestinationConflictError: ``key`` holds other bytes; it is left untouched.
+            OperationDeferred: ``key`` is in cold storage and its restore is not ready yet
+                (requested).
         """
         info = self.stat(key)
         if info is None:
             return False
-        if info.size == size and self.sha256(key) == sha256:
-            return True
+        if info.size == size:
+            self.defer_until_readable(key, "to compare it with the bytes being published")
+            if self.sha256(key) == sha256:
+                return True
         raise DestinationConflictError(
             f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
             f"expected {size} with sha256 {sha256}); it is left untouched",
