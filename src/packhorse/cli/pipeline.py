@@ -20,6 +20,7 @@ from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
     EXIT_FAILED,
+    EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_PROBLEM,
     ConfigOpt,
@@ -463,7 +464,9 @@ def verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-read every live copy and compare it with its recorded sha256, and check every staged
-    copy in processing locations against its bag manifests. Exit 1 on any problem."""
+    copy in processing locations against its bag manifests. Exit 1 on any problem; else exit 5
+    (incomplete) when copies in cold storage could not be read: their restore (Azure: a
+    rehydration) is requested, run verify again once it is done."""
     from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
     from packhorse.status.reporting import verify_copies  # deferred: start-up time
 
@@ -482,6 +485,8 @@ def verify(
         earlier = [u for u in r["unrepaired"] if (u["location"], u["path"]) not in found_now]
         more = [f"{n} {what}" for n, what in ((len(earlier), "recorded bad earlier, not repaired yet"),
                                               (len(r["unavailable"]), "location(s) unavailable, not checked"),
+                                              (len(r["awaiting_restore"]), "in cold storage, not restored: restore "
+                                                                          "requested, not checked"),
                                               (len(r["recognised"]), "recorded bad, found back"))
                 if n]
         print(f"checked {r['checked']}, ok {r['ok']}, missing {len(r['missing'])}, corrupt {len(r['corrupt'])}"
@@ -497,7 +502,8 @@ def verify(
             print(f"UNAVAILABLE {u['location']}: {u['reason']}; {u['copies']} copies not checked "
                   f"(release: {u['release']})")
         for a in r["awaiting_restore"]:
-            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
+            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now; "
+                  "run `packhorse verify` again once it is restored)")
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
                   "from another verified copy (waiting for its location if that is unavailable), or rebuilds the "
@@ -507,8 +513,10 @@ def verify(
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad
-                     else EXIT_OK)
+    if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad:
+        raise typer.Exit(EXIT_PROBLEM)
+    # copies that could not be read are not verified: never a silent success
+    raise typer.Exit(EXIT_INCOMPLETE if r["awaiting_restore"] else EXIT_OK)
 
 
 @app.command()
