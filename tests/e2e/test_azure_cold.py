@@ -2,18 +2,19 @@
 ``packhorse`` processes: an archive attempt that fails after its blob was published and
 archived is retried, waits for the blob's rehydration and finds it "already there" (it never
 goes FAILED); ``verify`` says how many archived copies it could not read (exit 5, incomplete)
-instead of a silent success."""
+instead of a silent success; ``init`` that cannot reach the storage leaves no database behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 from e2e_helpers import Pipeline
 from sqlalchemy import select
 
-from azurite_support import azure_location
+from azurite_support import ACCOUNT_KEY, azure_location
 from packhorse.db.models import FailureEvent
 from packhorse.db.session import Database
 from support import run_packhorse, write_site_config
@@ -88,3 +89,25 @@ def test_verify_of_an_archived_copy_it_cannot_read_exits_incomplete_naming_it(az
     assert f"AWAITING RESTORE cologne-az:{key[len('lta/'):]}" in r.stdout
     code, report = p.verify()  # Azurite rehydrates at once: now it is read and verified
     assert code == 0 and report["checked"] == report["ok"] == 1 and not report["awaiting_restore"], report
+
+
+def test_init_that_cannot_reach_the_azure_account_leaves_no_database_and_a_rerun_starts_clean(
+        azurite, tmp_path: Path) -> None:
+    container = azurite.new_container()
+    wrong_key = azurite.connection_string.replace(ACCOUNT_KEY, "A" * 86 + "==")
+    cfg = _config(tmp_path, azurite, container, connection_string=wrong_key)
+    db_file = cfg.parent / "packhorse.db"
+    r = run_packhorse("init", "-c", str(cfg), cwd=cfg.parent)
+    assert r.returncode == 2, r.stderr
+    assert not db_file.exists() and not list(cfg.parent.glob("packhorse.db*")), list(cfg.parent.iterdir())
+    assert f"looking up container '{container}' of account 'devstoreaccount1' failed" in r.stderr, r.stderr
+    assert "None" not in r.stderr and "A" * 86 not in r.stderr and "Traceback" not in r.stderr
+    assert "nothing done (no database created, no location marked)" in r.stderr, r.stderr
+    assert not (cfg.parent / "sites").exists()  # no disk root made or marked either
+    # the credentials fixed: init runs as the first time
+    cfg.write_text(cfg.read_text().replace(wrong_key, azurite.connection_string))
+    r = run_packhorse("init", "-c", str(cfg), cwd=cfg.parent)
+    assert r.returncode == 0, r.stderr
+    assert ": created (migration" in r.stderr, r.stderr
+    with sqlite3.connect(db_file) as conn:
+        assert conn.execute("SELECT count(*) FROM data_locations").fetchone()[0] >= 1

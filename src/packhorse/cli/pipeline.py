@@ -4,6 +4,7 @@ request staging (``stage``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -63,6 +64,27 @@ def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
         raise fail(str(e), EXIT_CONFIG) from None
 
 
+def _refuse_unreachable(db: Database, refused: list[str], *, remove_file: str | None) -> None:
+    """``init``'s check before it creates anything: the storage of every data location it will
+    mark must answer (``refused``: :func:`~packhorse.rules.availability.unreachable_stores`,
+    credentials, reachability, a disk root that can be created). If one does not, ``init`` exits
+    2 naming every such location, having created nothing: no tables, no root, no marker, and the
+    empty SQLite file the connection made (``remove_file``, with its ``-wal``/``-shm`` files) is
+    removed, so that a re-run starts as the first one."""
+    if not refused:
+        return
+    db.dispose()
+    if remove_file is not None:
+        for path in (remove_file, remove_file + "-wal", remove_file + "-shm", remove_file + "-journal",
+                     remove_file + ".writer-lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    created = "no database created, " if remove_file is not None else "database left as it was, "
+    raise fail(f"packhorse init: the storage of {len(refused)} data location(s) cannot be reached; nothing done "
+               f"({created}no location marked); fix it, then run `packhorse init` again:\n  " + "\n  ".join(refused),
+               EXIT_CONFIG)
+
+
 @app.command()
 def version() -> None:
     """Print the packhorse version."""
@@ -94,10 +116,14 @@ def init(config: ConfigOpt = None,
     names it. ``--site`` marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
     from packhorse import logs  # deferred: start-up time
+    from packhorse.rules.availability import root_of, unreachable_stores  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
     s = settings(config)
-    db = database(s, migrate_check=False)
+    db_file = s.database_url[len("sqlite:///"):] if s.database_url.startswith("sqlite:///") else None
+    new_file = db_file is not None and ":memory:" not in db_file and not os.path.exists(db_file)
+    db = database(s, migrate_check=False)  # connects: a new SQLite file exists from here, still empty
+    _refuse_unreachable(db, unreachable_stores(s, db, site or None), remove_file=db_file if new_file else None)
     before = db.current_revision()
     db.upgrade()
     topo = sync_topology(db, s)
@@ -107,8 +133,6 @@ def init(config: ConfigOpt = None,
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
-    from packhorse.rules.availability import root_of  # deferred: start-up time
-
     for m in marked:
         if m.action not in ("already marked", "already identified"):
             extra = f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else ""

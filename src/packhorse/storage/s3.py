@@ -270,8 +270,9 @@ class S3Backend(StorageBackend):
             why = f"the bucket {self.bucket!r} does not exist"
             return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
                                             reason=why, path=key)
+        what = f"bucket {self.bucket!r}" if key is None else f"{key!r} in bucket {self.bucket!r}"
         return StorageServiceError(
-            f"{self.location}: {action} {key!r} in bucket {self.bucket!r} failed: {_code(e) or type(e).__name__}: {e}",
+            f"{self.location}: {action} {what} failed: {_code(e) or type(e).__name__}: {e}",
             side="destination", path=key, host=self.location, code=_code(e) or None,
         )
 
@@ -432,7 +433,7 @@ class S3Backend(StorageBackend):
         except Exception as e:
             if _is_not_found(e) or _code(e) == "NoSuchBucket":
                 return f"the bucket {self.bucket!r} does not exist"
-            raise self._error(e, None, "looking up the bucket") from e
+            raise self._error(e, None, "looking up") from e
         return None
 
     def write_fault(self) -> LocationUnavailableError | None:
