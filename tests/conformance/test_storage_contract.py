@@ -35,6 +35,7 @@ from memory_backend import ColdLayer, MemoryBackend
 from packhorse.errors import (
     DestinationConflictError,
     LocationUnavailableError,
+    OperationDeferred,
     RestoreRequiredError,
     SourceMissingError,
     StorageBusyError,
@@ -666,6 +667,24 @@ def test_cold_store_needs_a_restore_before_reading(harness: Harness) -> None:
         cold.request_restore("raw/never-there.tar")
     r = put(cold, "raw/new.tar", b"just published")  # the hot tier: readable for the verification
     assert not r.already_there and get(cold, "raw/new.tar") == b"just published"
+
+
+def test_a_cold_object_met_by_a_publication_is_restored_and_read_never_taken_on_trust(harness: Harness) -> None:
+    # "already there" of an object in cold storage that is not restored: the restore is
+    # requested and the operation waits (OperationDeferred, the location's poll interval), it
+    # never fails with RestoreRequiredError (found by a user on Azure's Archive tier)
+    clock = FakeClock()
+    put(harness.backend, "raw/cold.tar", b"archived long ago")
+    cold = ColdLayer(harness.backend, restore_seconds=60, clock=clock)
+    with pytest.raises(OperationDeferred, match="'?raw/cold.tar'?.* restore requested") as e:
+        cold.holds("raw/cold.tar", len(b"archived long ago"), sha(b"archived long ago"))
+    assert e.value.seconds == cold.restore_poll_seconds
+    with pytest.raises(OperationDeferred):  # still waiting; the first request's time counts
+        cold.holds("raw/cold.tar", len(b"archived long ago"), sha(b"archived long ago"))
+    clock.now += 60
+    assert cold.holds("raw/cold.tar", len(b"archived long ago"), sha(b"archived long ago")) is True
+    with pytest.raises(DestinationConflictError):  # another size: a conflict without a restore
+        cold.holds("raw/cold.tar", 3, sha(b"abc"))
 
 
 @pytest.fixture

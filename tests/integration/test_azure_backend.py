@@ -21,6 +21,7 @@ from packhorse.errors import (
     RestoreRequiredError,
     StorageServiceError,
 )
+from packhorse.stages.base import already_there
 from packhorse.storage.azure import REHYDRATED_PREFIX, AzureBackend, make_container_client
 from packhorse.storage.layers import innermost
 from packhorse.storage.registry import backend_for
@@ -81,7 +82,7 @@ def test_a_cold_location_archives_every_blob_and_reads_it_only_after_a_rehydrati
     # publishing onto an archived blob not rehydrated: the operation waits for the rehydration,
     # then decides "already there" by reading it back
     put(b, "raw/inst/other.tar", b"other bytes")
-    with pytest.raises(OperationDeferred, match="waiting for its rehydration"):
+    with pytest.raises(OperationDeferred, match="not restored; restore requested"):
         put(b, "raw/inst/other.tar", b"other bytes")
     assert put(b, "raw/inst/other.tar", b"other bytes").already_there is True  # Azurite: at once
     # the identity marker and other packhorse keys stay online
@@ -186,3 +187,76 @@ def test_azure_config_errors_name_the_key(tmp_path) -> None:
         _settings(tmp_path, two + loc + 'storage = "azure"\naccount_url = "https://a"\ncontainer = "abc"\n'
                                         'prefix = "lta/more"\n')
 
+
+
+def _cold_stack(azurite, tmp_path, container: str, **extra):  # type: ignore[no-untyped-def]
+    """The composed stack of a cold Azure location (as workers build it) and its bare backend."""
+    s = _settings(tmp_path, azure_location("cologne-az", azurite, container, prefix="lta", cold=True,
+                                           connection_string=azurite.connection_string, **extra))
+    stack = backend_for(s, "cologne-az")
+    return stack, innermost(stack)
+
+
+def test_an_archived_blob_met_by_an_archive_run_is_rehydrated_and_compared_never_a_failure(azurite, tmp_path) -> None:
+    # found by a user: through the composed stack (as the archive stage sees it) an archived blob
+    # under the package's name raised RestoreRequiredError, retried until FAILED
+    container = azurite.new_container()
+    stack, bare = _cold_stack(azurite, tmp_path, container, restore_poll_seconds=7.5)
+    data = b"archived package bytes"
+    assert put(bare, "raw/p.tar", data).read_back is True and bare.access_tier("raw/p.tar") == "Archive"
+    with pytest.raises(OperationDeferred, match="cold storage and not restored; restore requested") as e:
+        already_there(stack, "raw/p.tar", len(data), sha(data))
+    assert e.value.seconds == 7.5  # the location's restore_poll_seconds: the operation waits, no retry counted
+    # the rehydration was requested (Azurite completes it at once): the next look reads it back
+    assert bare.stat(f"{REHYDRATED_PREFIX}raw/p.tar") is not None
+    assert already_there(stack, "raw/p.tar", len(data), sha(data)) is True
+    assert bare.access_tier("raw/p.tar") == "Archive"  # the original never left the Archive tier
+    # other bytes of the same size: a conflict, decided by the bytes of the rehydrated copy
+    other = b"ARCHIVED package bytes"
+    put(bare, "raw/q.tar", other)
+    with pytest.raises(OperationDeferred):
+        already_there(stack, "raw/q.tar", len(data), sha(data))
+    with pytest.raises(DestinationConflictError):
+        already_there(stack, "raw/q.tar", len(data), sha(data))
+    # another size is a conflict at once: no rehydration needed (and none requested)
+    put(bare, "raw/r.tar", b"short")
+    with pytest.raises(DestinationConflictError):
+        already_there(stack, "raw/r.tar", len(data), sha(data))
+    assert bare.stat(f"{REHYDRATED_PREFIX}raw/r.tar") is None
+
+
+def test_a_hot_blob_accepted_as_already_there_in_a_cold_location_goes_to_the_archive_tier(azurite, tmp_path) -> None:
+    # found by a user: a blob left in the Hot tier (a publication that crashed before its move, a
+    # copy made by hand) was accepted as "already there" and stayed Hot
+    container = azurite.new_container()
+    stack, bare = _cold_stack(azurite, tmp_path, container)
+    warm = backend(azurite, container)  # the same container, not cold: blobs stay Hot
+    data = b"package bytes"
+    for key in ("raw/checked.tar", "raw/published.tar", "_packhorse/own.json"):
+        put(warm, key, data)
+        assert warm.access_tier(key) == "Hot"
+    # the archive stage's check before writing
+    assert already_there(stack, "raw/checked.tar", len(data), sha(data)) is True
+    assert bare.access_tier("raw/checked.tar") == "Archive"
+    # a publication that meets the blob (409 BlobAlreadyExists), through the stack
+    r = put(stack, "raw/published.tar", data)  # type: ignore[arg-type]
+    assert r.already_there is True and bare.access_tier("raw/published.tar") == "Archive"
+    # packhorse's own keys stay online
+    assert already_there(stack, "_packhorse/own.json", len(data), sha(data)) is True
+    assert bare.access_tier("_packhorse/own.json") == "Hot"
+
+
+def test_a_refused_container_lookup_names_the_container_and_account_never_none(azurite) -> None:
+    # found by a user: "looking up the container None in container 'archive'"
+    container = azurite.new_container()
+    wrong_key = azurite.connection_string.replace(ACCOUNT_KEY, "A" * 86 + "==")
+    client = make_container_client(account_url=azurite.account_url, container=container,
+                                   connection_string=wrong_key, location="arch")
+    b = AzureBackend("arch", client, "lta")
+    with pytest.raises(StorageServiceError) as e:
+        b.root_missing()
+    msg = str(e.value)
+    assert f"arch: looking up container '{container}' of account 'devstoreaccount1' failed: " in msg, msg
+    assert "None" not in msg and "403" in msg and "A" * 86 not in msg
+    with pytest.raises(StorageServiceError, match=r"reading 'raw/x.tar' \(blob 'lta/raw/x.tar'\) in container"):
+        b.open_read("raw/x.tar")

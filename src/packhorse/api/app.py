@@ -384,7 +384,8 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         if location is not None and location not in ctx.topology.location_ids:
             raise HTTPException(422, f"no data location {location!r} in the configuration")
 
-    @api.get("/admin/quarantine", response_model=m.QuarantineListing, tags=["quarantine"])
+    @api.get("/admin/quarantine", response_model=m.QuarantineListing, tags=["quarantine"],
+             responses={422: {"model": m.Problem, "description": "no data location of that name"}})
     def quarantine(_who: Caller, location: Annotated[str | None, Query(max_length=200)] = None) -> dict[str, Any]:
         """What repairs moved aside into the disk locations' ``_packhorse/quarantine/``, read from
         this host's disks now (a location whose storage is not on this host is listed under

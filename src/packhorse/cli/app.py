@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
 #: ``validate``: every bag valid, one or more incomplete (payload files listed in fetch.txt not
-#: there yet, RFC 8493 §2.2.3)
+#: there yet, RFC 8493 §2.2.3); ``verify``: nothing bad found, but copies in cold storage could
+#: not be read (not restored: their restore is requested)
 EXIT_INCOMPLETE = 5
 #: the reader of the command's output closed it before the command was done (``packhorse
 #: locate ... | head``): 128 + SIGPIPE, what a shell reports for a command that SIGPIPE ended,

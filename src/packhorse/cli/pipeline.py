@@ -4,6 +4,7 @@ request staging (``stage``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -20,6 +21,7 @@ from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
     EXIT_FAILED,
+    EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_PROBLEM,
     ConfigOpt,
@@ -63,6 +65,27 @@ def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
         raise fail(str(e), EXIT_CONFIG) from None
 
 
+def _refuse_unreachable(db: Database, refused: list[str], *, remove_file: str | None) -> None:
+    """``init``'s check before it creates anything: the storage of every data location it will
+    mark must answer (``refused``: :func:`~packhorse.rules.availability.unreachable_stores`,
+    credentials, reachability, a disk root that can be created). If one does not, ``init`` exits
+    2 naming every such location, having created nothing: no tables, no root, no marker, and the
+    empty SQLite file the connection made (``remove_file``, with its ``-wal``/``-shm`` files) is
+    removed, so that a re-run starts as the first one."""
+    if not refused:
+        return
+    db.dispose()
+    if remove_file is not None:
+        for path in (remove_file, remove_file + "-wal", remove_file + "-shm", remove_file + "-journal",
+                     remove_file + ".writer-lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    created = "no database created, " if remove_file is not None else "database left as it was, "
+    raise fail(f"packhorse init: the storage of {len(refused)} data location(s) cannot be reached; nothing done "
+               f"({created}no location marked); fix it, then run `packhorse init` again:\n  " + "\n  ".join(refused),
+               EXIT_CONFIG)
+
+
 @app.command()
 def version() -> None:
     """Print the packhorse version."""
@@ -94,10 +117,14 @@ def init(config: ConfigOpt = None,
     names it. ``--site`` marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
     from packhorse import logs  # deferred: start-up time
+    from packhorse.rules.availability import root_of, unreachable_stores  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
     s = settings(config)
-    db = database(s, migrate_check=False)
+    db_file = s.database_url[len("sqlite:///"):] if s.database_url.startswith("sqlite:///") else None
+    new_file = db_file is not None and ":memory:" not in db_file and not os.path.exists(db_file)
+    db = database(s, migrate_check=False)  # connects: a new SQLite file exists from here, still empty
+    _refuse_unreachable(db, unreachable_stores(s, db, site or None), remove_file=db_file if new_file else None)
     before = db.current_revision()
     db.upgrade()
     topo = sync_topology(db, s)
@@ -107,8 +134,6 @@ def init(config: ConfigOpt = None,
           file=sys.stderr)
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
-    from packhorse.rules.availability import root_of  # deferred: start-up time
-
     for m in marked:
         if m.action not in ("already marked", "already identified"):
             extra = f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else ""
@@ -488,7 +513,9 @@ def verify(
     copy in processing locations against its bag manifests. With --location SOURCE, re-hash the
     registered files still at that source location: content changed behind an unchanged size
     and mtime is registered as a new version (and archived by the next run); files gone are
-    listed. Exit 1 on any problem (a changed or gone source file is none: nothing is lost)."""
+    listed. Exit 1 on any problem (a changed or gone source file is none: nothing is lost);
+    else exit 5 (incomplete) when copies in cold storage could not be read: their restore
+    (Azure: a rehydration) is requested, run verify again once it is done."""
     from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
     from packhorse.status.reporting import audit_source_location, verify_copies  # deferred: start-up time
 
@@ -514,6 +541,8 @@ def verify(
         earlier = [u for u in r["unrepaired"] if (u["location"], u["path"]) not in found_now]
         more = [f"{n} {what}" for n, what in ((len(earlier), "recorded bad earlier, not repaired yet"),
                                               (len(r["unavailable"]), "location(s) unavailable, not checked"),
+                                              (len(r["awaiting_restore"]), "in cold storage, not restored: restore "
+                                                                          "requested, not checked"),
                                               (len(r["recognised"]), "recorded bad, found back"))
                 if n]
         print(f"checked {r['checked']}, ok {r['ok']}, missing {len(r['missing'])}, corrupt {len(r['corrupt'])}"
@@ -529,7 +558,8 @@ def verify(
             print(f"UNAVAILABLE {u['location']}: {u['reason']}; {u['copies']} copies not checked "
                   f"(release: {u['release']})")
         for a in r["awaiting_restore"]:
-            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now)")
+            print(f"AWAITING RESTORE {a['location']}:{a['path']} (cold storage: restore requested, not verified now; "
+                  "run `packhorse verify` again once it is restored)")
         for u in r["unrepaired"]:
             print(f"UNREPAIRED {u['location']}:{u['path']} (recorded {u['status']}; `packhorse run` repairs it "
                   "from another verified copy (waiting for its location if that is unavailable), or rebuilds the "
@@ -539,8 +569,10 @@ def verify(
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
-    raise typer.Exit(EXIT_PROBLEM if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad
-                     or source_bad else EXIT_OK)
+    if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad or source_bad:
+        raise typer.Exit(EXIT_PROBLEM)
+    # copies that could not be read are not verified: never a silent success
+    raise typer.Exit(EXIT_INCOMPLETE if r["awaiting_restore"] else EXIT_OK)
 
 
 def _print_source_audit(a: dict[str, Any]) -> None:

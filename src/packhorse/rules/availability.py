@@ -32,8 +32,10 @@ copy on an unavailable location.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import uuid
 from collections.abc import Collection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -59,6 +61,7 @@ from packhorse.domain import (
     LocationRole,
     OperationKind,
     Status,
+    StorageType,
     TransferMethod,
 )
 from packhorse.errors import ConfigError, LocationUnavailableError, StorageServiceError
@@ -77,8 +80,11 @@ from packhorse.storage.identity import (
     root_fingerprint,
     root_read_only,
 )
+from packhorse.storage.registry import backend_for
 
 if TYPE_CHECKING:
+    from packhorse.config import Settings
+    from packhorse.db.session import Database
     from packhorse.runtime.context import ProcessContext
 
 log = structlog.get_logger(__name__)
@@ -762,3 +768,47 @@ def mark_locations(ctx: "ProcessContext", replace: Collection[str] = (),
         raise ConfigError(f"{len(refused)} refusals (every other data location is marked; fix each, then run "
                           "`packhorse init` again):\n  " + "\n  ".join(refused))
     return done
+
+
+def _uncreatable_root(root: Path) -> str | None:
+    """Why the missing folder ``root`` could not be created (the nearest folder above it that
+    exists is not writable and searchable for this user), else ``None``."""
+    above = root.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"its root folder {root} does not exist and cannot be created: no write permission in {above}"
+    return None
+
+
+def unreachable_stores(settings: "Settings", db: "Database", sites: Collection[str] | None = None) -> list[str]:
+    """What ``packhorse init`` checks before it creates anything (the ops database, a root, a
+    marker), so that a refused init leaves nothing behind and its re-run starts clean: the
+    storage of every data location it will mark (``sites``: of those sites only; ``None``: every
+    site) must answer. Its backend is built (:func:`~packhorse.storage.registry.backend_for`, with
+    ``db`` for per-object leases, which are not taken here: credentials, an account that is the
+    connection string's, the write-once probe, immutability and Object Lock checks) and asked
+    whether its root is there (read-only: ``root_missing``). A missing root is not refused here:
+    marking creates a folder, and refuses a missing bucket or container naming it. A missing
+    disk root that could not be created (no write permission above it) is refused here too,
+    whatever the storage type the same way.
+
+    Returns:
+        one line per location whose store cannot be reached or refuses the configuration
+        (``"<location>: <why>"``), in configuration order; empty when every one answered.
+    """
+    refused = []
+    for loc in settings.locations:
+        if sites is not None and loc.site not in sites:
+            continue  # another site's storage is reached from its own hosts
+        try:
+            backend = backend_for(settings, loc.name, db=db)
+            why = backend.root_missing()
+        except (ConfigError, StorageServiceError, LocationUnavailableError, OSError) as e:
+            refused.append(f"{loc.name}: {e}")
+            continue
+        if why is not None and loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE:
+            cannot = _uncreatable_root(settings.location_path(loc.name))
+            if cannot is not None:
+                refused.append(f"{loc.name}: {cannot}")
+    return refused

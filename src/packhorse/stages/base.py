@@ -77,16 +77,21 @@ def already_there(backend: StorageBackend, key: str, size: int | None, sha256: s
     """True if ``key`` already holds exactly ``size`` bytes with ``sha256``; ``False`` if there
     is no object or nothing is known to compare with. Decided by the backend's
     :meth:`~packhorse.storage.base.StorageBackend.holds` (reading the object back), the one
-    place that decides it. When it is there, partial writes of ``key`` left by a crashed writer
-    are removed.
+    place that decides it. When it is there it is kept as a new publication would be
+    (:meth:`~packhorse.storage.base.StorageBackend.adopt_existing`: in an Azure cold location
+    it goes to the Archive tier), and partial writes of ``key`` left by a crashed writer are
+    removed.
 
     Raises:
         DestinationConflictError: the key holds different bytes (I2): never overwritten.
+        OperationDeferred: the object is in cold storage and not restored: its restore is
+            requested and the operation waits for it (``AWAITING RESTORE``), no retry counted.
     """
     if sha256 is None or size is None:
         return False
     if not backend.holds(key, size, sha256):
         return False
+    backend.adopt_existing(key)
     # a writer killed between publishing (a link) and removing its partial file left the partial:
     # the object is there and verified, so the partial is garbage (one held by a live writer is
     # left alone); it held a whole object's space unexplained (found by a trial)

@@ -214,7 +214,8 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     [{"location", "path", "expected", "actual"}], "awaiting_restore": [{"location", "path"}],
     "recognised": [{"location", "path", "recorded"}], "unavailable": [{"location", "reason", "copies",
     "release"}], "unrepaired": [...]}``. ``awaiting_restore``: copies in cold storage that are
-    not restored; a restore is requested and they are not checked now (not a problem by itself).
+    not restored; a restore is requested and they are not checked now (not a problem by itself,
+    but nothing was read of them: ``packhorse verify`` exits 5, incomplete, for them).
     ``unrepaired``: see :func:`unrepaired_copies`. A copy whose storage could not be asked
     (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
     not recorded: that is not evidence about the copy.

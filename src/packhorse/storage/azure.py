@@ -30,7 +30,11 @@ archived blob needs a rehydration: :meth:`AzureBackend.request_restore` copies i
 archived original stays in Archive), :meth:`AzureBackend.restore_ready` tells when that copy
 is complete and still of the same blob (its recorded source ETag), and ``open_read`` of an
 archived blob reads that copy, or raises :class:`~packhorse.errors.RestoreRequiredError`
-while there is none. Fixity and staging then wait (``AWAITING RESTORE``) as for any cold store.
+while there is none. Fixity and staging then wait (``AWAITING RESTORE``) as for any cold store,
+and so does a publication that meets a blob already archived under its name
+(:meth:`StorageBackend.holds` requests the rehydration and defers the operation: "already there"
+is decided by reading the bytes, never by the metadata). A blob accepted as already there in an
+online tier is moved to Archive like a new one (:meth:`AzureBackend.adopt_existing`).
 Rehydrated copies older than :data:`REHYDRATED_KEEP_SECONDS` are removed by
 :meth:`AzureBackend.cleanup_partials`.
 
@@ -55,7 +59,6 @@ import datetime as dt
 import hashlib
 import io
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -69,9 +72,7 @@ from azure.storage.blob import BlobBlock, ContainerClient, ImmutabilityPolicy, S
 from packhorse.errors import (
     ConfigError,
     DestinationConflictError,
-    DestinationWriteError,
     LocationUnavailableError,
-    OperationDeferred,
     OperationError,
     RestoreRequiredError,
     SourceMissingError,
@@ -87,6 +88,7 @@ from packhorse.storage.base import (
     PendingWrite,
     PublishResult,
     ReuseListing,
+    SpooledPendingWrite,
     StorageBackend,
     check_key,
 )
@@ -169,44 +171,25 @@ class _AzureReader(io.RawIOBase):
         return n
 
 
-class _AzurePendingWrite(PendingWrite):
+class _AzurePendingWrite(SpooledPendingWrite):
     def __init__(self, backend: "AzureBackend", key: str) -> None:
-        super().__init__(key)
+        super().__init__(key, location=backend.location, max_memory_bytes=backend.block_threshold_bytes,
+                         spool_dir=backend.spool_dir)
         self._b = backend
-        self._spool: Any = tempfile.SpooledTemporaryFile(max_size=backend.block_threshold_bytes,
-                                                         dir=backend.spool_dir)
-
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        try:
-            self._spool.write(data)
-        except OSError as e:  # the local spool's disk is full: free it now, name where
-            self.abort()
-            raise DestinationWriteError(
-                f"{self._b.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
-                f"{self._b.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
-                step="write", side="destination", path=self.key, host=self._b.location) from e
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
         try:
             sha = self.check_expected(expected_sha256, b.location)
-            created = b._create(self.key, self._spool, self.size, sha)
+            created = b._create(self.key, self.spool, self.size, sha)
             if not created:
                 b.check_same(self.key, self.size, sha)
+                b.adopt_existing(self.key)
                 return PublishResult(self.key, self.size, sha, already_there=True)
             read_back = b._archive_after_publish(self.key, sha)
             return PublishResult(self.key, self.size, sha, already_there=False, read_back=read_back)
         finally:
             self.abort()
-
-    def abort(self) -> None:
-        try:
-            if not self._spool.closed:
-                self._spool.close()
-        except OSError:
-            pass
-        finally:
-            self.closed = True
 
 
 class AzureBackend(StorageBackend):
@@ -223,7 +206,7 @@ class AzureBackend(StorageBackend):
             ``"COMPLIANCE"`` (a locked one) and its length in days, put on every published blob.
         rehydrate_priority: ``"Standard"`` or ``"High"`` (Azure's rehydration priorities).
         restore_poll_seconds: how long an operation that meets an archived blob it must read
-            waits before it looks again (:meth:`holds`).
+            waits before it looks again (:meth:`~StorageBackend.defer_until_readable`).
         spool_dir: folder for local spool files of large writes (default: the system's).
     """
 
@@ -264,17 +247,28 @@ class AzureBackend(StorageBackend):
         return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location, reason=why,
                                         path=key)
 
+    def _what(self, key: str | None) -> str:
+        """What a message names: blob ``key`` of the location in its container and account, or,
+        for ``None``, the container itself (never a URL: it may carry a SAS signature)."""
+        where = f"container {self.container!r} of account {self.client.account_name!r}"
+        if key is None:
+            return where
+        if not key:
+            return f"the blobs under {self.prefix!r} in {where}" if self.prefix else f"the blobs in {where}"
+        return f"{key!r} (blob {self.prefix + key!r}) in {where}"
+
     def _error(self, e: Exception, key: str | None, action: str) -> OperationError:
-        """The packhorse error for an SDK error: a missing container is
+        """The packhorse error for an SDK error about blob ``key`` (``None``: the container
+        itself, ``""``: the listing of the location): a missing container is
         :class:`LocationUnavailableError`, anything else :class:`StorageServiceError` naming the
-        service's error code and status (never the request, which may carry a signature)."""
+        blob or container (:meth:`_what`), the service's error code and HTTP status (never the
+        request, which may carry a signature)."""
         if _code(e) == "ContainerNotFound":
             return self._unavailable(key)
         what = _code(e) or type(e).__name__
         status = f" (HTTP {_status(e)})" if _status(e) else ""
-        return StorageServiceError(
-            f"{self.location}: {action} {key!r} in container {self.container!r} failed: {what}{status}",
-            side="destination", path=key, host=self.location)
+        return StorageServiceError(f"{self.location}: {action} {self._what(key)} failed: {what}{status}",
+                                   side="destination", path=key, host=self.location)
 
     def _props(self, key: str) -> Any | None:
         """The blob's properties, ``None`` if there is no (committed) blob under ``key``."""
@@ -382,7 +376,7 @@ class AzureBackend(StorageBackend):
         except ResourceNotFoundError:
             return f"the container {self.container!r} does not exist"
         except AzureError as e:
-            raise self._error(e, None, "looking up the container") from e
+            raise self._error(e, None, "looking up") from e
         return None
 
     def create_root(self) -> bool:
@@ -684,25 +678,25 @@ class AzureBackend(StorageBackend):
         except AzureError as e:
             raise self._error(e, key, "requesting the rehydration of") from e
 
-    def holds(self, key: str, size: int, sha256: str) -> bool:
-        """:meth:`StorageBackend.holds`, decided by reading the blob back (I2, I4); an archived
-        blob is read through its rehydrated copy. While there is none (a publication meeting a
-        blob archived earlier: a retry after a crash, a second archive run), its rehydration is
-        requested and :class:`~packhorse.errors.OperationDeferred` raised: the operation looks
-        again after ``restore_poll_seconds``, no retry counted ("already there" is never
-        taken on trust).
+    def adopt_existing(self, key: str) -> None:
+        """In a cold location, move a blob found already there (:meth:`holds`) that is still in
+        an online tier (Hot, Cool, Cold: put there by an earlier publication that crashed before
+        its move, by hand, by another tool) to the Archive tier, as every published blob is;
+        nothing for keys under ``_packhorse/``, for blobs already archived, or in a warm location.
 
         Raises:
-            DestinationConflictError: ``key`` holds other bytes; it is left untouched.
-            OperationDeferred: the blob is archived and its rehydration not done yet.
+            StorageServiceError: the service refused the tier change or could not be reached.
         """
-        if self.cold:
-            p = self._props(key)
-            if p is not None and str(p.blob_tier) == "Archive" and not self._rehydrated(key, p):
-                self.request_restore(key)
-                raise OperationDeferred(f"{self.location}:{key}: an archived blob is there; waiting for its "
-                                        "rehydration to compare it", seconds=self.restore_poll_seconds)
-        return super().holds(key, size, sha256)
+        if not self.cold or key.startswith(RESERVED_PREFIX):
+            return
+        p = self._props(key)
+        if p is None or str(p.blob_tier) == "Archive":
+            return
+        try:
+            self._blob(key).set_standard_blob_tier(StandardBlobTier.ARCHIVE)
+        except AzureError as e:
+            raise self._error(e, key, "moving to the Archive tier") from e
+        log.info("azure_existing_blob_archived", location=self.location, key=key, tier_was=str(p.blob_tier))
 
     def restore_ready(self, key: str) -> bool:
         """True when ``key`` can be read: online, or rehydrated (always, in a warm location)."""

@@ -73,13 +73,21 @@ import abc
 import contextlib
 import enum
 import hashlib
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from packhorse.digest import sha256_stream
-from packhorse.errors import DestinationConflictError, LocationUnavailableError, UnsafePathError, VerificationError
+from packhorse.errors import (
+    DestinationConflictError,
+    DestinationWriteError,
+    LocationUnavailableError,
+    OperationDeferred,
+    UnsafePathError,
+    VerificationError,
+)
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
@@ -307,6 +315,55 @@ class PendingWrite(abc.ABC):
             self.abort()
 
 
+class SpooledPendingWrite(PendingWrite):
+    """A :class:`PendingWrite` of an object store that keeps unpublished bytes off the medium
+    (S3, Azure): the bytes go to a local spool, in memory up to ``max_memory_bytes`` and then in
+    an unlinked temporary file in ``spool_dir``, hashed as they arrive; nothing reaches the store
+    before the subclass's :meth:`publish`, so a writer killed before publishing leaves nothing
+    there. Subclasses read the spool (:attr:`spool`) in ``publish`` and call :meth:`abort` when
+    done with it.
+
+    Args:
+        key: the object's key.
+        location: the data location's name, for messages.
+        max_memory_bytes: spool size (bytes) kept in memory before it moves to a file.
+        spool_dir: folder of the spool file (``None``: the system's temporary folder).
+    """
+
+    def __init__(self, key: str, *, location: str, max_memory_bytes: int, spool_dir: str | None) -> None:
+        super().__init__(key)
+        self.location = location
+        self.spool_dir = spool_dir
+        #: the spooled bytes (a :class:`tempfile.SpooledTemporaryFile`)
+        self.spool: Any = tempfile.SpooledTemporaryFile(max_size=max_memory_bytes, dir=spool_dir)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` to the spool.
+
+        Raises:
+            DestinationWriteError: the spool could not be written (its disk is full): the spool
+                is removed at once, and the message names the folder and the bytes spooled.
+        """
+        try:
+            self.spool.write(data)
+        except OSError as e:  # the local spool's disk is full: free it now, name where
+            self.abort()
+            raise DestinationWriteError(
+                f"{self.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
+                f"{self.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
+                step="write", side="destination", path=self.key, host=self.location) from e
+
+    def abort(self) -> None:
+        """Close the spool (an unlinked temporary file: closing frees its space); idempotent."""
+        try:
+            if not self.spool.closed:
+                self.spool.close()
+        except OSError:
+            pass  # the flush of a full disk fails again; the file is closed and gone anyway
+        finally:
+            self.closed = True
+
+
 class StorageBackend(abc.ABC):
     """One data location's storage. See the module docstring for the contract.
 
@@ -317,6 +374,10 @@ class StorageBackend(abc.ABC):
     location: str
     #: objects need :meth:`request_restore` before they can be read (tape, Glacier)
     cold: bool = False
+    #: how long (seconds) an operation that must read a cold object not restored yet waits
+    #: before it looks again (:meth:`defer_until_readable`; the location's
+    #: ``restore_poll_seconds``, set by :mod:`packhorse.storage.registry`)
+    restore_poll_seconds: float = 300.0
 
     def request_restore(self, key: str) -> None:  # noqa: B027 (optional: warm storage has nothing to do)
         """Ask a cold store to make ``key`` readable (idempotent); a no-op for warm storage."""
@@ -324,6 +385,38 @@ class StorageBackend(abc.ABC):
     def restore_ready(self, key: str) -> bool:
         """True when ``key`` can be read now (always, for warm storage)."""
         return True
+
+    def defer_until_readable(self, key: str, why: str) -> None:
+        """Return at once if ``key`` can be read now (warm storage, or a cold object that is
+        online or restored); else request its restore (:meth:`request_restore`, idempotent) and
+        raise :class:`~packhorse.errors.OperationDeferred`: the operation goes back to waiting
+        for :attr:`restore_poll_seconds` without holding a worker or counting a retry, and looks
+        again (``AWAITING RESTORE``, docs/object-storage.md).
+
+        Args:
+            why: what the bytes are needed for, for the message (e.g. "to compare it").
+
+        Raises:
+            OperationDeferred: the restore is requested and not ready yet.
+            SourceMissingError: there is no object under ``key`` (from :meth:`request_restore`).
+            StorageServiceError: the store refused or could not be reached.
+        """
+        if not self.cold or self.restore_ready(key):
+            return
+        self.request_restore(key)
+        raise OperationDeferred(f"{self.location}:{key} is in cold storage and not restored; restore requested, "
+                                f"waiting for it {why}", seconds=self.restore_poll_seconds)
+
+    def adopt_existing(self, key: str) -> None:  # noqa: B027 (optional: most backends have nothing to do)
+        """Give an object found already there (:meth:`holds` said it holds exactly the bytes
+        being published: a retry after a crash, an archive run again, bytes put there by hand)
+        what a publication of it would have given it, so that it is kept as a new one would be.
+        Idempotent; this default does nothing. Azure in a cold location moves a blob still in an
+        online tier to the Archive tier.
+
+        Raises:
+            StorageServiceError: the store refused or could not be reached.
+        """
 
     def root_missing(self) -> str | None:
         """Why the location's root is not there (a sentence naming the path or bucket), or
@@ -459,16 +552,23 @@ class StorageBackend(abc.ABC):
 
         Returns ``False`` if there is no object under ``key``, ``True`` if it has ``size``
         bytes with ``sha256``, decided by reading the object back through the backend (never
-        by ETag, metadata or size alone).
+        by ETag, metadata or size alone; another size is a conflict without reading). An object
+        of that size in cold storage that is not restored (an archive copy published earlier:
+        a retry after a crash, an archive run again) is restored first
+        (:meth:`defer_until_readable`): "already there" is never taken on trust.
 
         Raises:
             DestinationConflictError: ``key`` holds other bytes; it is left untouched.
+            OperationDeferred: ``key`` is in cold storage and its restore is not ready yet
+                (requested).
         """
         info = self.stat(key)
         if info is None:
             return False
-        if info.size == size and self.sha256(key) == sha256:
-            return True
+        if info.size == size:
+            self.defer_until_readable(key, "to compare it with the bytes being published")
+            if self.sha256(key) == sha256:
+                return True
         raise DestinationConflictError(
             f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
             f"expected {size} with sha256 {sha256}); it is left untouched",

@@ -125,8 +125,15 @@ class Layer(StorageBackend):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    @property  # type: ignore[override]
+    def restore_poll_seconds(self) -> float:
+        return self.inner.restore_poll_seconds
+
     def request_restore(self, key: str) -> None:
         self.inner.request_restore(key)
+
+    def adopt_existing(self, key: str) -> None:
+        self.inner.adopt_existing(key)
 
     def restore_ready(self, key: str) -> bool:
         return self.inner.restore_ready(key)

@@ -79,6 +79,7 @@ def backend_for(settings: Settings, location_name: str, *, db: "Database | None"
         backend = azure_backend(loc)
     else:
         raise ConfigError(f"locations: storage type {loc.storage.value!r} of {loc.name!r} is not supported yet")
+    backend.restore_poll_seconds = loc.restore_poll_seconds  # how long a wait for a cold restore lasts
     return compose(backend, hooks=hooks, read_bytes_per_second=loc.fixity_bytes_per_second if fixity else None)
 
 

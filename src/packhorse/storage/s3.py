@@ -60,7 +60,6 @@ import datetime as dt
 import hashlib
 import io
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,7 +71,6 @@ import structlog
 from packhorse.errors import (
     ConfigError,
     DestinationConflictError,
-    DestinationWriteError,
     LocationUnavailableError,
     OperationError,
     RestoreRequiredError,
@@ -90,6 +88,7 @@ from packhorse.storage.base import (
     PendingWrite,
     PublishResult,
     ReuseListing,
+    SpooledPendingWrite,
     StorageBackend,
     check_key,
 )
@@ -188,22 +187,11 @@ class _S3Reader(io.RawIOBase):
         super().close()
 
 
-class _S3PendingWrite(PendingWrite):
+class _S3PendingWrite(SpooledPendingWrite):
     def __init__(self, backend: "S3Backend", key: str) -> None:
-        super().__init__(key)
+        super().__init__(key, location=backend.location, max_memory_bytes=backend.multipart_threshold_bytes,
+                         spool_dir=backend.spool_dir)
         self._b = backend
-        self._spool: Any = tempfile.SpooledTemporaryFile(max_size=backend.multipart_threshold_bytes,
-                                                         dir=backend.spool_dir)
-
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        try:
-            self._spool.write(data)
-        except OSError as e:  # the local spool's disk is full: free it now, name where
-            self.abort()
-            raise DestinationWriteError(
-                f"{self._b.location}: spooling {self.key!r} for upload failed after {self.size:,} bytes in "
-                f"{self._b.spool_dir or tempfile.gettempdir()}: {e.strerror or e} (spool file removed)",
-                step="write", side="destination", path=self.key, host=self._b.location) from e
 
     def publish(self, expected_sha256: str | None = None) -> PublishResult:
         b = self._b
@@ -215,7 +203,7 @@ class _S3PendingWrite(PendingWrite):
             with lease:
                 if not b.conditional_writes and b.holds(self.key, self.size, sha):  # check-before-write
                     return PublishResult(self.key, self.size, sha, already_there=True)
-                created = b._create(self.key, self._spool, self.size, digest)
+                created = b._create(self.key, self.spool, self.size, digest)
             if not created:
                 b.check_same(self.key, self.size, sha)
             return PublishResult(self.key, self.size, sha, already_there=not created)
@@ -225,15 +213,6 @@ class _S3PendingWrite(PendingWrite):
         finally:
             if not busy:
                 self.abort()
-
-    def abort(self) -> None:
-        try:
-            if not self._spool.closed:
-                self._spool.close()  # an unlinked temporary file: closing frees its space
-        except OSError:
-            pass  # the flush of a full disk fails again; the file is closed and gone anyway
-        finally:
-            self.closed = True
 
 
 class S3Backend(StorageBackend):
@@ -291,8 +270,9 @@ class S3Backend(StorageBackend):
             why = f"the bucket {self.bucket!r} does not exist"
             return LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
                                             reason=why, path=key)
+        what = f"bucket {self.bucket!r}" if key is None else f"{key!r} in bucket {self.bucket!r}"
         return StorageServiceError(
-            f"{self.location}: {action} {key!r} in bucket {self.bucket!r} failed: {_code(e) or type(e).__name__}: {e}",
+            f"{self.location}: {action} {what} failed: {_code(e) or type(e).__name__}: {e}",
             side="destination", path=key, host=self.location, code=_code(e) or None,
         )
 
@@ -453,7 +433,7 @@ class S3Backend(StorageBackend):
         except Exception as e:
             if _is_not_found(e) or _code(e) == "NoSuchBucket":
                 return f"the bucket {self.bucket!r} does not exist"
-            raise self._error(e, None, "looking up the bucket") from e
+            raise self._error(e, None, "looking up") from e
         return None
 
     def write_fault(self) -> LocationUnavailableError | None:
