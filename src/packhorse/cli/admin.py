@@ -35,8 +35,8 @@ def health(
 ) -> None:
     """List services and workers with their last heartbeat; exit 1 if one is dead now, if workers
     or managers run but no monitor does, if an expired lease has not been taken back within two
-    recovery passes (no monitor reclaims it), or if a source location's scan has not completed
-    for longer than recovery.scan_overdue_seconds.
+    recovery passes (no monitor reclaims it), if a site's workers are all dead (cut off), or if a
+    source location's scan has not completed for longer than recovery.scan_overdue_seconds.
 
     A service is listed by what it is (kind, site, instance, host): a restarted one replaces its
     dead predecessor, a dead one is forgotten after recovery.service_forget_after_seconds (a day)
@@ -46,7 +46,7 @@ def health(
     from packhorse.recovery.breakers import jsonable  # deferred: start-up time
     from packhorse.recovery.health import forget_service, list_services, scan_health  # deferred: start-up time
     from packhorse.runtime import audit  # deferred: start-up time
-    from packhorse.status.blocked_work import lease_not_reclaimed  # deferred: start-up time
+    from packhorse.status.blocked_work import lease_not_reclaimed, site_unreachable  # deferred: start-up time
 
     ctx = context(config)
     rec = ctx.settings.recovery
@@ -72,13 +72,15 @@ def health(
                  if r["clock_offset_seconds"] is not None and abs(r["clock_offset_seconds"]) > warn_above}
     scans = ctx.db.read(lambda s: scan_health(s, overdue_seconds=rec.scan_overdue_seconds))
     unreclaimed = ctx.db.read(lambda s: lease_not_reclaimed(s, ctx))
+    cut_off = ctx.db.read(lambda s: site_unreachable(s, ctx))
     # distributed mode (workers or managers heartbeat) needs a monitor: it alone hands expired
     # leases back, lets breakers half-open and re-dispatches lost messages (DESIGN.md I5)
     distributed = any(r["kind"] in ("worker", "manager") for r in rows)
     no_monitor = distributed and not any(r["kind"] == "monitor" and r["alive"] for r in rows)
     if as_json:
         print_json({"services": [jsonable(r) for r in rows], "dead": len(dead), "scans_overdue": scans,
-                    "no_monitor": no_monitor, "leases_not_reclaimed": [i.as_json() for i in unreclaimed]})
+                    "no_monitor": no_monitor, "leases_not_reclaimed": [i.as_json() for i in unreclaimed],
+                    "sites_unreachable": [i.as_json() for i in cut_off]})
     else:
         if not rows:
             print("no packhorse service is running: none has a heartbeat (each service records one while it runs "
@@ -117,7 +119,10 @@ def health(
                   "(two on different hosts for high availability)", file=sys.stderr)
         for item in unreclaimed:
             print(f"lease not reclaimed: {item.subject}: {item.reason}; {item.release}", file=sys.stderr)
-    raise typer.Exit(EXIT_PROBLEM if dead or scans or no_monitor or unreclaimed else EXIT_OK)
+        for item in cut_off:
+            print(f"{item.subject} unreachable since {(item.since or '-')[:19].replace('T', ' ')} UTC: {item.reason}",
+                  file=sys.stderr)
+    raise typer.Exit(EXIT_PROBLEM if dead or scans or no_monitor or unreclaimed or cut_off else EXIT_OK)
 
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")

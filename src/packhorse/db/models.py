@@ -533,6 +533,20 @@ class LocationOutage(Base):
     fault: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+class SiteOutage(Base):
+    """A site the centre cannot reach now: every worker of the site that ever recorded a health
+    heartbeat is dead (:mod:`packhorse.recovery.site_reachability`). One row per site while the
+    outage lasts, inserted with its WARNING notification and deleted with its INFO one, so an
+    operator hears once per cut and once when it heals, however long it lasts and however many
+    monitors run. ``since`` is the last heartbeat of the site's workers (UTC).
+    """
+
+    __tablename__ = "site_outages"
+    site: Mapped[str] = mapped_column(String(100), primary_key=True)
+    since: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    noticed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
 class CircuitBreaker(Base):
     """The circuit breaker of one operation: stalls counted by the stalled-task monitor.
 

@@ -56,6 +56,7 @@ from packhorse.operations.lifecycle import fenced
 from packhorse.recovery import breakers
 from packhorse.recovery.health import process_alive
 from packhorse.recovery.reconciler import reconcile
+from packhorse.recovery.site_reachability import track_sites
 
 if TYPE_CHECKING:
     from packhorse.recovery.reconciler import BrokerWatch
@@ -273,8 +274,9 @@ def _held_by_the_gone(db: Database, now: dt.datetime) -> list[tuple[int, int, st
 
 def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...] | set[int] = (),
                    broker: BrokerWatch | None = None) -> MonitorReport:
-    """One full recovery pass: the stalled-task monitor, then the reconciler (``packhorse
-    monitor`` and the lease recovery of ``packhorse run`` both run exactly this).
+    """One full recovery pass: the stalled-task monitor, the reconciler, then the sites' reachability
+    (:func:`packhorse.recovery.site_reachability.track_sites`; ``packhorse monitor`` and the lease
+    recovery of ``packhorse run`` both run exactly this).
 
     ``exclude``: operation ids queued in this process right now (not lost dispatches).
     ``broker``: the broker's view of its queues (distributed mode): work still queued there
@@ -283,4 +285,5 @@ def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...]
     """
     report = check_stalled(db, settings)
     report.reset += reconcile(db, settings, exclude=exclude, broker=broker)
+    track_sites(db, settings)  # a site cut off: one notification per cut, one when it heals
     return report

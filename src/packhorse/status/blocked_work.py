@@ -24,6 +24,7 @@ from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanL
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
 from packhorse.operations.scan_lease import overdue_scans
 from packhorse.recovery.reconciler import dispatch_given_up
+from packhorse.recovery.site_reachability import unreachable_sites
 from packhorse.rules.availability import release_of, root_of, waiting_for
 from packhorse.rules.convergence import dead_end_release, plan
 from packhorse.rules.space import waiting_for_space
@@ -276,6 +277,26 @@ def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[Blocked
     return out
 
 
+def site_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``site_unreachable``: sites with workers none of which is alive
+    (:func:`packhorse.recovery.site_reachability.unreachable_sites`): cut off from the centre, or
+    their workers down. :data:`EXIT_WAITING`: its work resumes by itself once a worker of the site
+    heartbeats again. Subject ``"site <name>"``, since = the last heartbeat of its workers,
+    detail ``{"site", "seconds", "workers"}``."""
+    rec = ctx.settings.recovery
+    return [BlockedItem(
+        cause="site_unreachable", subject=f"site {u['site']}",
+        reason=(f"no worker of site {u['site']} has sent a heartbeat for {u['seconds']} s: it is cut off from the "
+                "centre (its link, or the database and broker out of its reach) or its workers are down; its "
+                "work waits, its instruments' files stay at its source location"),
+        release=(f"restore the site's link or start its workers (packhorse worker --site {u['site']}); its work "
+                 "resumes by itself"),
+        exit_code=EXIT_WAITING, since=u["since"],
+        detail={"site": u["site"], "seconds": u["seconds"], "workers": u["workers"]})
+        for u in unreachable_sites(session, dead_after_seconds=rec.service_dead_after_seconds,
+                                   forget_after_seconds=rec.service_forget_after_seconds)]
+
+
 def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``scan_overdue``: source locations whose scan has not completed for longer than
     ``[recovery] scan_overdue_seconds`` (:func:`packhorse.operations.scan_lease.overdue_scans`;
@@ -296,8 +317,8 @@ def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
 
 
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, lease_not_reclaimed, scan_overdue,
-                             location_unavailable, location_full]
+PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, lease_not_reclaimed, site_unreachable,
+                             scan_overdue, location_unavailable, location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

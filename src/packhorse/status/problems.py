@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 #: ``needs_human`` causes first, then what resumes by itself; the order lines are shown in
-_ORDER = ("failed", "no_good_source", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
+_ORDER = ("failed", "no_good_source", "site_unreachable", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
           "circuit_breaker", "scan_overdue", "location_full")
 
 #: What each line says after its count (``{n}`` is the count), by cause.
 _WHAT = {
     "failed": "operation(s): a human must act (packhorse diagnose KIND ID, then packhorse reset)",
     "no_good_source": "package(s) with no good copy or source left: a dead end only a human can release",
+    "site_unreachable": "site(s) unreachable (no worker heartbeat): cut off, or their workers down; their work waits",
     "location_unavailable": "data location(s) unavailable: their work waits and resumes by itself once they are back",
     "lease_not_reclaimed": "operation(s) whose expired lease nothing took back: is a monitor running?",
     "dispatch_lost": "operation(s) whose dispatch was lost: the reconciler gave up until its cool-down ends",
@@ -30,7 +31,8 @@ _WHAT = {
 }
 
 #: The word a line starts with, by cause (FAILED and UNAVAILABLE are their own words).
-_LABEL = {"failed": "FAILED", "location_unavailable": "UNAVAILABLE", "no_good_source": "DEAD END"}
+_LABEL = {"failed": "FAILED", "location_unavailable": "UNAVAILABLE", "no_good_source": "DEAD END",
+          "site_unreachable": "UNREACHABLE"}
 
 
 def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -43,7 +45,7 @@ def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -
             (:meth:`packhorse.status.blocked_work.BlockedItem.as_json`).
 
     Returns:
-        ``[{"label": "FAILED" | "UNAVAILABLE" | "DEAD END" | "BLOCKED", "cause": str, "count": n,
+        ``[{"label": "FAILED" | "UNAVAILABLE" | "UNREACHABLE" | "DEAD END" | "BLOCKED", "cause": str, "count": n,
         "since": ISO 8601 UTC of the oldest or None, "needs_human": bool, "text": str,
         "subjects": [str, ...] (at most 5)}]``; ``[]`` when nothing is wrong.
     """
