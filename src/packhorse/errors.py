@@ -105,6 +105,15 @@ class LeaseLostError(PackhorseError):
     """
 
 
+class LeaseNotRenewedError(LeaseLostError):
+    """The worker could not renew its lease for ``lease_timeout − 1.5 × heartbeat_interval``
+    seconds (database unreachable, process paused): it stops before the lease could look
+    expired to anyone else (docs/recovery.md "Layer 2"). Unlike a stale token, nobody is known
+    to have taken the operation over: the attempt hands it back as soon as the database answers
+    (fenced, no stall counted; :func:`packhorse.engine.worker.hand_back`).
+    """
+
+
 class UnknownOperationError(PackhorseError, LookupError):
     """No operation with the given id, or it is of another kind than the one named.
 
