@@ -8,7 +8,9 @@
     ├── TransientDatabaseError         a database blip; retried by the unit of work, never an
     │                                  operation's failure (DESIGN.md "Architecture")
     ├── LeaseLostError                 this worker's lease / fencing token is no longer current;
-    │                                  the work stops and nothing is committed (I3)
+    │   │                              the work stops and nothing is committed (I3)
+    │   └── LeaseNotRenewedError       no renewal for lease − 1.5 × heartbeat (the database away):
+    │                                  stop, hand the operation back on reconnect, no stall
     ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
     │   │                              back as PENDING with ``not_before``, no retry counted
     │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now:
