@@ -1,8 +1,9 @@
 """A database outage longer than a unit of work's own retries (8 attempts, about 6–13 s) costs
 neither a lease nor a stall (docs/recovery.md "Layer 2", issue "Nothing stuck in silence" item 5).
 
-A real ``packhorse run`` (embedded executor, worker processes) on a private PostgreSQL cluster,
-short lease: a long-term-archive write is held at its first chunk, the server is stopped, the
+Real processes on a private PostgreSQL cluster — ``packhorse run`` (embedded executor, worker
+processes), and for the hand-back also Celery workers, a manager and a monitor (distributed:
+both executors take the same path) — with a short lease: a long-term-archive write is held at its first chunk, the server is stopped, the
 write goes on and reaches its completion with the database away:
 
 * ``continues``: lease 30 s, heartbeat 2 s (the worker may go on for 27 s without a renewal), an
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the arch
 
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
 
-from distributed_support import PrivatePostgres, wait_for, write_source  # noqa: E402
+from distributed_support import Cluster, PrivatePostgres, redis_url, wait_for, write_source  # noqa: E402
 from packhorse.db.models import CircuitBreaker, FailureEvent, Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
@@ -46,11 +47,14 @@ pytestmark = pytest.mark.slow
 LEASE = 30.0
 
 
-@pytest.mark.parametrize("case, heartbeat, outage", [("continues", 2.0, 16.0), ("handed_back", 10.0, 17.0)])
-def test_a_database_restart_costs_no_lease_and_no_stall(case: str, heartbeat: float, outage: float,
+@pytest.mark.parametrize("executor, case, heartbeat, outage", [
+    ("embedded", "continues", 2.0, 16.0), ("embedded", "handed_back", 10.0, 17.0),
+    ("celery", "handed_back", 10.0, 17.0)])
+def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str, heartbeat: float, outage: float,
                                                          site_config, cli, tmp_path: Path) -> None:
     server = PrivatePostgres()
     run: subprocess.Popen[str] | None = None
+    cluster: Cluster | None = None
     db: Database | None = None
     try:
         import psycopg
@@ -68,13 +72,19 @@ def test_a_database_restart_costs_no_lease_and_no_stall(case: str, heartbeat: fl
                               "path": str(go), "seconds": 120, "unless_exists": str(go)}])
         env = {"PACKHORSE_DATABASE__URL": url, "PACKHORSE_TEST_FAULTS": faults}
         p = Pipeline(config, cli, tmp_path / "scratch")
-        r = p.cli("init", env=env)
-        assert r.returncode == 0, r.stderr
         expected = source_files(p.source)
-        log = (tmp_path / "run.log").open("w")
-        run = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "-c", str(config)],
-                               cwd=config.parent, stdout=log, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONPATH": str(SRC), **env})
+        if executor == "celery":
+            cluster = Cluster(config, url, redis_url(), env=env)
+            cluster.init()
+            env = {k: v for k, v in cluster.env.items() if k.startswith("PACKHORSE_")}
+            cluster.start_all(monitor=True)
+        else:
+            r = p.cli("init", env=env)
+            assert r.returncode == 0, r.stderr
+            log = (tmp_path / "run.log").open("w")
+            run = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "--until-idle", "-c", str(config)],
+                                   cwd=config.parent, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(SRC), **env})
         db = Database(url, pool_size=1, max_overflow=0)
         wait_for(held.exists, 60, "an archive write in flight")
         held_ops: dict[int, int] = dict(db.read(lambda s: s.execute(select(Operation.id, Operation.attempt).where(
@@ -93,11 +103,16 @@ def test_a_database_restart_costs_no_lease_and_no_stall(case: str, heartbeat: fl
             Operation.id.in_(held_ops), Operation.status == Status.COMPLETED.value))) == len(held_ops),
                  LEASE, f"long_term_archive {sorted(held_ops)} completed after the restart")
         healed = time.monotonic() - back
-        print(f"{case}: outage {outage:.0f} s, long_term_archive {sorted(held_ops)} completed {healed:.1f} s "
-              "after the restart")
+        print(f"{executor} {case}: outage {outage:.0f} s, long_term_archive {sorted(held_ops)} completed "
+              f"{healed:.1f} s after the restart")
         assert healed < LEASE - outage - 3, f"{case}: {healed:.1f} s after the restart: it waited for its lease"
-        assert run.wait(120) == 0, (tmp_path / "run.log").read_text()[-6000:]
-        run = None
+        if cluster is not None:
+            cluster.wait_finished(120, packages=1)
+            dead = {n: pr.returncode for n, pr in cluster.procs.items() if pr.poll() is not None}
+            assert not dead, f"services died instead of recovering: {dead}"
+        else:
+            assert run is not None and run.wait(120) == 0, (tmp_path / "run.log").read_text()[-6000:]
+            run = None
 
         def facts(s):  # type: ignore[no-untyped-def]
             events = s.execute(select(FailureEvent.operation_id, FailureEvent.attempt, FailureEvent.error_type,
@@ -120,6 +135,8 @@ def test_a_database_restart_costs_no_lease_and_no_stall(case: str, heartbeat: fl
         assert_clean_finish(_status(p, env))
         assert_archived_everywhere(p, expected)
     finally:
+        if cluster is not None:
+            cluster.stop_all()
         if run is not None:
             run.kill()
             run.wait(30)
