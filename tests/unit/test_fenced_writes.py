@@ -205,5 +205,5 @@ def test_a_hand_back_after_a_database_outage_is_fenced_and_counts_no_stall(db: D
     assert db.read(lambda s: s.get(Operation, op_id).lease_owner) == "worker-2"
     events = db.read(lambda s: [(e.attempt, e.error_type, e.will_retry)
                                 for e in s.scalars(select(FailureEvent).order_by(FailureEvent.id))])
-    assert events == [(1, "TransientDatabaseError", True), (1, "TransientDatabaseError", False)]
+    assert events == [(1, "TransientDatabaseError", True), (1, "LeaseLostError", False)]
     assert db.read(lambda s: s.scalars(select(CircuitBreaker)).all()) == []

@@ -226,7 +226,7 @@ def hand_back(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any
     The hand-back is a compare-and-set on :func:`~packhorse.operations.lifecycle.fenced` (the
     attempt and ``IN_PROGRESS``, through :func:`~packhorse.operations.lifecycle.defer`): if the
     monitor or another worker took the operation over meanwhile, it changes nothing and the
-    attempt is recorded as stale. The database is tried for up to ``lease_timeout_seconds``
+    attempt is recorded as stale (a ``LeaseLostError`` failure event). The database is tried for up to ``lease_timeout_seconds``
     (s) more, a try at most :data:`~packhorse.db.session.PATIENT_RETRY_MAX_DELAY` apart; an
     outage longer than that leaves the operation ``IN_PROGRESS`` to lease recovery (the
     monitor, a stall counted), as before.
@@ -257,10 +257,12 @@ def hand_back(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any
         log.error("operation_abandoned_database_unavailable", error=str(e),
                   waited_seconds=round(time.monotonic() - started, 1))
         return Outcome.STALE
-    if not handed:
-        log.warning("operation_attempt_stale", error=str(exc))
+    if not handed:  # taken over meanwhile: recorded as any stale attempt is
+        stale = LeaseLostError(f"operation {c.operation_id}: attempt {c.attempt} is no longer the operation's "
+                               f"current attempt; not handed back ({type(exc).__name__}: {exc})")
+        log.warning("operation_attempt_stale", error=str(stale))
         with contextlib.suppress(Exception):  # the record of a stale attempt is best effort here
-            _record_stale(ctx, c, exc)
+            _record_stale(ctx, c, stale)
         return Outcome.STALE
     log.warning("operation_handed_back_database_unavailable", waited_seconds=round(time.monotonic() - started, 1))
     return Outcome.DEFERRED
