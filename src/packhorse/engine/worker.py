@@ -226,10 +226,11 @@ def hand_back(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any
     The hand-back is a compare-and-set on :func:`~packhorse.operations.lifecycle.fenced` (the
     attempt and ``IN_PROGRESS``, through :func:`~packhorse.operations.lifecycle.defer`): if the
     monitor or another worker took the operation over meanwhile, it changes nothing and the
-    attempt is recorded as stale (a ``LeaseLostError`` failure event). The database is tried for up to ``lease_timeout_seconds``
-    (s) more, a try at most :data:`~packhorse.db.session.PATIENT_RETRY_MAX_DELAY` apart; an
-    outage longer than that leaves the operation ``IN_PROGRESS`` to lease recovery (the
-    monitor, a stall counted), as before.
+    attempt is recorded as stale (a ``LeaseLostError`` failure event). The database is tried
+    for up to ``lease_timeout_seconds`` (s) more, a try at most
+    :data:`~packhorse.db.session.PATIENT_RETRY_MAX_DELAY` apart; an outage longer than that
+    leaves the operation ``IN_PROGRESS`` to lease recovery (the monitor, a stall counted), as
+    before.
 
     Returns:
         ``DEFERRED`` when handed back, else ``STALE``.
