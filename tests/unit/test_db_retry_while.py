@@ -29,8 +29,11 @@ class _Outage:
 
 
 @pytest.fixture(autouse=True)
-def _no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(db_session.time, "sleep", lambda s: None)
+def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses between tries (s), not slept."""
+    out: list[float] = []
+    monkeypatch.setattr(db_session.time, "sleep", out.append)
+    return out
 
 
 def test_a_unit_gives_up_after_its_attempts() -> None:
@@ -40,11 +43,19 @@ def test_a_unit_gives_up_after_its_attempts() -> None:
     assert once.calls == 8
 
 
-def test_inside_retry_while_it_goes_on_while_asked_and_then_succeeds() -> None:
+def test_inside_retry_while_it_goes_on_while_asked_and_then_succeeds(slept: list[float]) -> None:
     once = _Outage(failures=30)
     with retry_while(lambda: True):
         assert _retrying(once, 8) == "done"
     assert once.calls == 31
+    # a lease holder sees the database back within about a second: no long backoff
+    assert len(slept) == 30 and max(slept) <= db_session.PATIENT_RETRY_MAX_DELAY
+
+
+def test_outside_the_backoff_grows(slept: list[float]) -> None:
+    with pytest.raises(TransientDatabaseError):
+        _retrying(_Outage(failures=100), 8)
+    assert len(slept) == 7 and max(slept) > db_session.PATIENT_RETRY_MAX_DELAY
 
 
 def test_it_gives_up_once_the_lease_could_have_expired() -> None:

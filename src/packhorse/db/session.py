@@ -323,8 +323,9 @@ PATIENT_RETRY_MAX_DELAY = 1.0
 @contextlib.contextmanager
 def retry_while(keep_trying: Callable[[], bool]) -> Iterator[None]:
     """Within the block (this thread or task only: a :mod:`contextvars` variable), a unit of work
-    whose attempts are used up by transient errors keeps trying, at most
-    :data:`PATIENT_RETRY_MAX_DELAY` apart, for as long as ``keep_trying()`` is true.
+    whose attempts are used up by transient errors keeps trying for as long as ``keep_trying()``
+    is true, and every try of it (from the first) is at most :data:`PATIENT_RETRY_MAX_DELAY`
+    after the one before (outside, the backoff grows to 5 s, up to 10 s with jitter).
 
     A worker holding a lease uses it so that a database outage costs it nothing while its lease
     is still valid (``keep_trying``: the lease could not have expired yet,
@@ -343,7 +344,7 @@ def _retrying(once: Callable[[], T], attempts: int) -> T:
     """Run ``once()`` until it returns, retrying a transient database error (:func:`_is_transient`)
     with exponential backoff and jitter (0.05 s doubling, capped at 5 s) up to ``attempts``
     times in all, then (inside :func:`retry_while`) for as long as its ``keep_trying()`` holds,
-    at most :data:`PATIENT_RETRY_MAX_DELAY` apart; any other error is raised at once (DESIGN.md
+    every try then at most :data:`PATIENT_RETRY_MAX_DELAY` apart; any other error is raised at once (DESIGN.md
     "Architecture": a transient database error is retried by the unit of work that met it,
     never an operation's failure).
 
@@ -360,13 +361,13 @@ def _retrying(once: Callable[[], T], attempts: int) -> T:
             if not _is_transient(err):
                 raise
             i += 1
-            if i >= attempts:
-                keep = _keep_trying.get()
-                if keep is None or not keep():
-                    raise TransientDatabaseError(f"database unavailable after {i} attempts: {err}") from err
-                time.sleep(min(delay, PATIENT_RETRY_MAX_DELAY) * (1 + random.random()) / 2)
-            else:
+            keep = _keep_trying.get()
+            if i >= attempts and (keep is None or not keep()):
+                raise TransientDatabaseError(f"database unavailable after {i} attempts: {err}") from err
+            if keep is None:
                 time.sleep(delay * (1 + random.random()))
+            else:  # a lease holder sees the database back within about a second
+                time.sleep(min(delay, PATIENT_RETRY_MAX_DELAY) * (1 + random.random()) / 2)
             delay = min(delay * 2, 5.0)
 
 

@@ -29,7 +29,7 @@ import time
 
 import structlog
 
-from packhorse.db.session import Database
+from packhorse.db.session import Database, retry_while
 from packhorse.errors import LeaseLostError, LeaseNotRenewedError
 from packhorse.operations.lifecycle import Claim, heartbeat
 
@@ -123,7 +123,10 @@ class LeaseKeeper:
                                                task_id=f"{self.claim.owner}#{self.claim.attempt}")
         started = time.monotonic()
         try:
-            ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
+            # through an outage the renewal keeps trying (about once a second) while the lease
+            # may hold, so it renews the moment the database is back, not after a long backoff
+            with retry_while(lambda: not self.stopped and self.may_hold()):
+                ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
         except Exception as e:  # database blip: keep trying until the deadline
             log.warning("heartbeat_failed", operation_id=self.claim.operation_id, error=str(e))
         else:
