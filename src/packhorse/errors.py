@@ -8,7 +8,9 @@
     ├── TransientDatabaseError         a database blip; retried by the unit of work, never an
     │                                  operation's failure (DESIGN.md "Architecture")
     ├── LeaseLostError                 this worker's lease / fencing token is no longer current;
-    │                                  the work stops and nothing is committed (I3)
+    │   │                              the work stops and nothing is committed (I3)
+    │   └── LeaseNotRenewedError       no renewal for lease − 1.5 × heartbeat (the database away):
+    │                                  stop, hand the operation back on reconnect, no stall
     ├── OperationDeferred              the operation must wait (a cold-storage restore): handed
     │   │                              back as PENDING with ``not_before``, no retry counted
     │   └── DeletionNotSafeError       the deletion rule (I1) does not hold for the copy now:
@@ -102,6 +104,15 @@ class LeaseLostError(PackhorseError):
     """The worker no longer holds the operation's lease (its fencing token is stale).
 
     The work must stop before publishing and must not commit (DESIGN.md I3, "Lease").
+    """
+
+
+class LeaseNotRenewedError(LeaseLostError):
+    """The worker could not renew its lease for ``lease_timeout − 1.5 × heartbeat_interval``
+    seconds (database unreachable, process paused): it stops before the lease could look
+    expired to anyone else (docs/recovery.md "Layer 2"). Unlike a stale token, nobody is known
+    to have taken the operation over: the attempt hands it back as soon as the database answers
+    (fenced, no stall counted; :func:`packhorse.engine.worker.hand_back`).
     """
 
 

@@ -1,6 +1,7 @@
 """A worker whose lease cannot be renewed (the database refuses its heartbeats) stops its work
 before its lease can look stale to others, removes its temporary output and commits nothing
-(DESIGN.md "Numbers": stop after lease − 1.5 × heartbeat interval)."""
+(DESIGN.md "Numbers": stop after lease − 1.5 × heartbeat interval); it then hands the
+operation back at once (PENDING, fenced, no stall counted: docs/recovery.md "Layer 2")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from chaos_helpers import context, drive_until_kind_exists, make_source
 from sqlalchemy import select
 
-from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, utcnow
+from packhorse.db.models import CircuitBreaker, FailureEvent, Operation, PhysicalCopy, utcnow
 from packhorse.domain import OperationKind
 from packhorse.engine.worker import Outcome, execute_operation
 from packhorse.errors import TransientDatabaseError
@@ -32,18 +33,22 @@ def test_worker_stops_before_its_lease_expires_cleans_up_and_commits_nothing(sit
     # before the 6 s lease ends)
     monkeypatch.setenv("PACKHORSE_TEST_FAULTS", json.dumps(
         [{"point": "long_term_archive.writing", "action": "pause", "seconds": 4.8}]))
+    with ctx.db.session() as s:
+        attempt = s.get(Operation, op_id).attempt
     outcome = execute_operation(ctx, op_id, "slow-worker")
-    stopped_at = utcnow()
-    assert outcome is Outcome.STALE
+    assert outcome is Outcome.DEFERRED
 
     with ctx.db.session() as s:
         op = s.get(Operation, op_id)
-        assert op is not None and op.status == "IN_PROGRESS"
-        # it stopped while its lease was still valid: nobody else could have started meanwhile
-        assert op.lease_expires_at is not None and stopped_at < op.lease_expires_at
+        # handed back at once (it stopped while its lease was still valid: nobody else could
+        # have started meanwhile), no retry counted, no stall on a breaker
+        assert op is not None and op.status == "PENDING" and op.lease_expires_at is None
+        assert op.attempt == attempt + 1 and op.retry_count == 0
+        assert op.not_before is None or op.not_before <= utcnow()
         assert s.scalars(select(PhysicalCopy).where(PhysicalCopy.location_id == op.destination_location_id)).all() == []
         [ev] = s.scalars(select(FailureEvent).where(FailureEvent.operation_id == op_id)).all()
-        assert ev.error_type == "LeaseLostError" and "not renewed" in ev.message
+        assert ev.error_type == "LeaseNotRenewedError" and "not renewed" in ev.message and ev.will_retry
+        assert s.scalars(select(CircuitBreaker)).all() == []
         lta = ctx.location_name(op.destination_location_id)
     root = ctx.settings.location_path(lta)
     # no partial, nothing published (the location's identity marker aside)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,11 +23,12 @@ from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import DataLocation, Operation, Site, utcnow
+from packhorse.db.models import CircuitBreaker, DataLocation, FailureEvent, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.engine import outcome, pipeline
-from packhorse.errors import SourceChangedError
+from packhorse.engine.worker import Outcome, hand_back
+from packhorse.errors import SourceChangedError, TransientDatabaseError
 from packhorse.operations import lifecycle as operations
 from packhorse.recovery.monitor import check_stalled
 
@@ -179,3 +181,29 @@ def test_every_status_write_of_an_operation_goes_through_the_fencing_predicate(d
         where = sql.split(" WHERE ", 1)[1] if " WHERE " in sql else ""
         assert "operations.id = " in where and "operations.attempt = " in where and "operations.status" in where, (
             f"a status write of an operation without the fencing predicate (operations.fenced):\n{sql}")
+
+
+def test_a_hand_back_after_a_database_outage_is_fenced_and_counts_no_stall(db: Database) -> None:
+    """A worker that lost the database for as long as its lease could last hands its attempt
+    back (engine.worker.hand_back): PENDING at once with a failure event, no retry and no stall
+    counted; a hand-back of an attempt somebody else took over meanwhile changes nothing."""
+    ctx: Any = SimpleNamespace(db=db, settings=SETTINGS)
+    op_id = new_op(db, "outage")
+    first = operations.claim(db, op_id, "worker-1", 60, token=0)
+    assert first is not None
+    out = hand_back(ctx, first, TransientDatabaseError("database unavailable after 8 attempts"))
+    assert out is Outcome.DEFERRED and state(db, op_id) == (Status.PENDING.value, 1)
+    op = db.read(lambda s: s.get(Operation, op_id))
+    assert op.lease_owner is None and op.retry_count == 0 and op.stall_count == 0
+    assert op.not_before is None or op.not_before <= utcnow()
+
+    second = operations.claim(db, op_id, "worker-2", 60, token=1)
+    assert second is not None and second.attempt == 2
+    # a late hand-back of the first attempt: the second's lease is untouched
+    assert hand_back(ctx, first, TransientDatabaseError("late")) is Outcome.STALE
+    assert state(db, op_id) == (Status.IN_PROGRESS.value, 2)
+    assert db.read(lambda s: s.get(Operation, op_id).lease_owner) == "worker-2"
+    events = db.read(lambda s: [(e.attempt, e.error_type, e.will_retry)
+                                for e in s.scalars(select(FailureEvent).order_by(FailureEvent.id))])
+    assert events == [(1, "TransientDatabaseError", True), (1, "LeaseLostError", False)]
+    assert db.read(lambda s: s.scalars(select(CircuitBreaker)).all()) == []

@@ -44,6 +44,8 @@ again within 5 s.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fcntl
 import os
 import random
@@ -51,7 +53,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -308,27 +310,65 @@ def try_transaction_lock(session: Session, name: str) -> bool:
 HEAD_REVISION = "0028"
 
 
+#: What a unit of work that used up its attempts asks before it tries again (:func:`retry_while`):
+#: ``None`` (the default) gives up after its attempts.
+_keep_trying: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "packhorse_db_keep_trying", default=None)
+
+#: Longest pause between two tries of a unit retrying past its attempts (s): a database that
+#: came back is seen within about this long.
+PATIENT_RETRY_MAX_DELAY = 1.0
+
+
+@contextlib.contextmanager
+def retry_while(keep_trying: Callable[[], bool]) -> Iterator[None]:
+    """Within the block (this thread or task only: a :mod:`contextvars` variable), a unit of work
+    whose attempts are used up by transient errors keeps trying for as long as ``keep_trying()``
+    is true, and every try of it (from the first) is at most :data:`PATIENT_RETRY_MAX_DELAY`
+    after the one before (outside, the backoff grows to 5 s, up to 10 s with jitter).
+
+    A worker holding a lease uses it so that a database outage costs it nothing while its lease
+    is still valid (``keep_trying``: the lease could not have expired yet,
+    :meth:`packhorse.operations.lease.LeaseKeeper.may_hold`; docs/recovery.md "Layer 2"): 8
+    attempts alone gave up after about 6–12 s, whatever the lease. Nested blocks: the innermost
+    applies. ``keep_trying`` must be cheap and must not touch the database.
+    """
+    token = _keep_trying.set(keep_trying)
+    try:
+        yield
+    finally:
+        _keep_trying.reset(token)
+
+
 def _retrying(once: Callable[[], T], attempts: int) -> T:
     """Run ``once()`` until it returns, retrying a transient database error (:func:`_is_transient`)
     with exponential backoff and jitter (0.05 s doubling, capped at 5 s) up to ``attempts``
-    times in all; any other error is raised at once (DESIGN.md "Architecture": a transient
-    database error is retried by the unit of work that met it, never an operation's failure).
+    times in all, then (inside :func:`retry_while`) for as long as its ``keep_trying()`` holds,
+    every try then at most :data:`PATIENT_RETRY_MAX_DELAY` apart; any other error is raised at once (DESIGN.md
+    "Architecture": a transient database error is retried by the unit of work that met it,
+    never an operation's failure).
 
     Raises:
-        TransientDatabaseError: the database stayed unavailable for every attempt.
+        TransientDatabaseError: the database stayed unavailable for every attempt (and, inside
+            :func:`retry_while`, until ``keep_trying()`` turned false).
     """
     delay = 0.05
-    for i in range(attempts):
+    i = 0
+    while True:
         try:
             return once()
         except exc.SQLAlchemyError as err:
             if not _is_transient(err):
                 raise
-            if i == attempts - 1:
-                raise TransientDatabaseError(f"database unavailable after {attempts} attempts: {err}") from err
-            time.sleep(delay * (1 + random.random()))
+            i += 1
+            keep = _keep_trying.get()
+            if i >= attempts and (keep is None or not keep()):
+                raise TransientDatabaseError(f"database unavailable after {i} attempts: {err}") from err
+            if keep is None:
+                time.sleep(delay * (1 + random.random()))
+            else:  # a lease holder sees the database back within about a second
+                time.sleep(min(delay, PATIENT_RETRY_MAX_DELAY) * (1 + random.random()) / 2)
             delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
 
 
 #: A failed clock measurement is tried again after this long (s), not at every unit of work.

@@ -18,12 +18,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, utcnow
+from packhorse.db.session import retry_while
 from packhorse.domain import WAITING_DELETION_RULE, WAITING_LOCATION, WAITING_SPACE, NotificationLevel
 from packhorse.engine.outcome import build_error_context, complete_in, complete_many, record_failure
 from packhorse.errors import (
     DeletionNotSafeError,
     DestinationWriteError,
     LeaseLostError,
+    LeaseNotRenewedError,
     LocationUnavailableError,
     NeverFitsError,
     OperationDeferred,
@@ -105,7 +107,8 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
     keeper = _keeper(ctx, c)
     work = Work(ctx, c, op, keeper)
     started = time.monotonic()
-    with keeper:
+    # the attempt's units of work ride out a database outage while its lease may hold
+    with keeper, retry_while(keeper.may_hold):
         try:
             recorder = _run_stage(ctx, work)
 
@@ -169,6 +172,10 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
     lease is recorded as a stale attempt; a deferral hands the operation back; a database
     outage leaves it to lease recovery; anything else goes through the single failure path."""
     rec = ctx.settings.recovery
+    if isinstance(exc, (TransientDatabaseError, LeaseNotRenewedError)):
+        # not the operation's failure (DESIGN.md "Architecture"), and no stall: the database
+        # (or this process) was away for as long as the lease could last
+        return hand_back(ctx, c, exc, info)
     if isinstance(exc, LeaseLostError):
         log.warning("operation_attempt_stale", error=str(exc))
         _record_stale(ctx, c, exc)
@@ -192,11 +199,6 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
         if never is None:
             return _wait_for_space(ctx, c, exc, salvage)
         exc = never  # waiting cannot release it: a failure, and a human is told
-    if isinstance(exc, TransientDatabaseError):
-        # not the operation's failure (DESIGN.md "Architecture"): leave it IN_PROGRESS; its
-        # lease expires and lease recovery hands it out again once the database is back
-        log.error("operation_abandoned_database_unavailable", error=str(exc))
-        return Outcome.STALE
     result = record_failure(ctx.db, c, exc, backoff_base=rec.retry_backoff_base_seconds,
                             backoff_max=rec.retry_backoff_max_seconds, operation_info=info,
                             notification_cooldown_seconds=rec.notification_cooldown_seconds,
@@ -209,6 +211,62 @@ def _failed(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any],
     level = log.warning if result.will_retry else log.error
     level("operation_failed", error_type=type(exc).__name__, error=str(exc), will_retry=result.will_retry)
     return Outcome.RETRY if result.will_retry else Outcome.FAILED
+
+
+def hand_back(ctx: ProcessContext, c: Claim, exc: Exception, info: dict[str, Any] | None = None) -> Outcome:
+    """Hand back an attempt that stopped because the database was away for as long as its lease
+    could last (``exc``: a :class:`~packhorse.errors.TransientDatabaseError` that outlived the
+    lease, or :class:`~packhorse.errors.LeaseNotRenewedError`, docs/recovery.md "Layer 2"), as
+    soon as the database answers again: ``PENDING``, due at once, lease cleared, no retry
+    counted, and no stall on the circuit breaker (the operation is no suspect: its worker lost
+    the database, not the work). Why is recorded in the same transaction as a failure event
+    (``will_retry`` true, ``error_type`` the exception's). Both executors come here
+    (:func:`execute_operation`, :func:`execute_task`).
+
+    The hand-back is a compare-and-set on :func:`~packhorse.operations.lifecycle.fenced` (the
+    attempt and ``IN_PROGRESS``, through :func:`~packhorse.operations.lifecycle.defer`): if the
+    monitor or another worker took the operation over meanwhile, it changes nothing and the
+    attempt is recorded as stale (a ``LeaseLostError`` failure event). The database is tried
+    for up to ``lease_timeout_seconds`` (s) more, a try at most
+    :data:`~packhorse.db.session.PATIENT_RETRY_MAX_DELAY` apart; an outage longer than that
+    leaves the operation ``IN_PROGRESS`` to lease recovery (the monitor, a stall counted), as
+    before.
+
+    Returns:
+        ``DEFERRED`` when handed back, else ``STALE``.
+    """
+    rec = ctx.settings.recovery
+    started = time.monotonic()
+    give_up = started + rec.lease_timeout_seconds
+    op = c.operation
+    event = build_error_context(exc, kind=c.kind, operation_id=c.operation_id, task_id=task_id(c),
+                                retry_count=op.retry_count if op is not None else 0, will_retry=True,
+                                operation_info=info, auto_diagnosis=(
+                                    "the ops database was unreachable for as long as the lease could last; "
+                                    "the operation was handed back when it answered again (no action needed)"))
+
+    def record(s: Session) -> None:  # in the hand-back's own transaction
+        s.add(FailureEvent(operation_id=c.operation_id, kind=c.kind.value, attempt=c.attempt,
+                           retry_count=event["retry_count"], error_type=type(exc).__name__,
+                           message=str(exc)[:4000], will_retry=True, error_context=event, created_at=utcnow()))
+
+    log.warning("operation_stopped_database_unavailable", error=str(exc))
+    try:
+        with retry_while(lambda: time.monotonic() < give_up):
+            handed = defer(ctx.db, c, 0.0, also=record)
+    except TransientDatabaseError as e:
+        log.error("operation_abandoned_database_unavailable", error=str(e),
+                  waited_seconds=round(time.monotonic() - started, 1))
+        return Outcome.STALE
+    if not handed:  # taken over meanwhile: recorded as any stale attempt is
+        stale = LeaseLostError(f"operation {c.operation_id}: attempt {c.attempt} is no longer the operation's "
+                               f"current attempt; not handed back ({type(exc).__name__}: {exc})")
+        log.warning("operation_attempt_stale", error=str(stale))
+        with contextlib.suppress(Exception):  # the record of a stale attempt is best effort here
+            _record_stale(ctx, c, stale)
+        return Outcome.STALE
+    log.warning("operation_handed_back_database_unavailable", waited_seconds=round(time.monotonic() - started, 1))
+    return Outcome.DEFERRED
 
 
 def _unavailable_location(ctx: ProcessContext, op: Operation, *, quiet: bool = False
@@ -394,6 +452,7 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
     with contextlib.ExitStack() as leases:
         for w in works.values():
             leases.enter_context(w.lease)
+        leases.enter_context(retry_while(lambda: all(w.lease.may_hold() for w in works.values())))
         try:
             # each folder the task published into is synced once, after its last object and
             # before anything is recorded (StorageBackend.deferred_sync; each object's bytes
@@ -488,6 +547,7 @@ def _run_deletions(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, O
     with contextlib.ExitStack() as leases:
         for w in works.values():
             leases.enter_context(w.lease)
+        leases.enter_context(retry_while(lambda: all(w.lease.may_hold() for w in works.values())))
 
         def mark(s: Session) -> tuple[dict[int, PhysicalCopy], dict[int, Exception]]:
             # the rules of every raw package copy checked in one pass, each as if the copies

@@ -11,7 +11,12 @@ all, and a renewal stuck on the database delays no other operation's. The work c
 * a renewal found the fencing token stale (another attempt owns the operation), or
 * no renewal succeeded for ``lease_timeout − 1.5 × heartbeat_interval`` seconds — the worker
   stops *before* its lease can look expired to the stalled-task monitor (e.g. after the
-  process was paused, or while the database is unreachable).
+  process was paused, or while the database is unreachable):
+  :class:`~packhorse.errors.LeaseNotRenewedError`.
+
+Until then the lease still means "this worker runs it": :meth:`LeaseKeeper.may_hold` tells the
+attempt's units of work to ride out a database outage instead of giving up after their own
+retries (:func:`packhorse.db.session.retry_while`).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ import time
 
 import structlog
 
-from packhorse.db.session import Database
-from packhorse.errors import LeaseLostError
+from packhorse.db.session import Database, retry_while
+from packhorse.errors import LeaseLostError, LeaseNotRenewedError
 from packhorse.operations.lifecycle import Claim, heartbeat
 
 log = structlog.get_logger(__name__)
@@ -118,7 +123,10 @@ class LeaseKeeper:
                                                task_id=f"{self.claim.owner}#{self.claim.attempt}")
         started = time.monotonic()
         try:
-            ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
+            # through an outage the renewal keeps trying (about once a second) while the lease
+            # may hold, so it renews the moment the database is back, not after a long backoff
+            with retry_while(lambda: not self.stopped and self.may_hold()):
+                ok = heartbeat(self.db, self.claim, self.lease_seconds, self.bytes_done)
         except Exception as e:  # database blip: keep trying until the deadline
             log.warning("heartbeat_failed", operation_id=self.claim.operation_id, error=str(e))
         else:
@@ -129,13 +137,21 @@ class LeaseKeeper:
         if not self.stopped:
             _scheduler.add(self, started + self.interval)
 
+    def may_hold(self) -> bool:
+        """Whether this attempt may still hold its lease: no renewal found its token stale and
+        the last successful renewal (or the claim) is less than ``deadline_seconds`` ago
+        (``lease_timeout − 1.5 × heartbeat_interval``, :attr:`packhorse.config.RecoveryConfig.renewal_deadline_seconds`).
+        Cheap, never touches the database; the predicate of :func:`packhorse.db.session.retry_while`."""
+        return not self._lost and time.monotonic() - self._last_renewal <= self.deadline
+
     def check(self) -> None:
-        """Raise :class:`LeaseLostError` if the work must stop (see module docstring)."""
+        """Raise :class:`LeaseLostError` if the work must stop (see module docstring):
+        :class:`~packhorse.errors.LeaseNotRenewedError` when no renewal succeeded in time."""
         if self._lost:
             raise LeaseLostError(f"operation {self.claim.operation_id}: {self._lost}")
         silent = time.monotonic() - self._last_renewal
         if silent > self.deadline:
-            raise LeaseLostError(
+            raise LeaseNotRenewedError(
                 f"operation {self.claim.operation_id}: lease not renewed for {silent:.1f} s "
                 f"(limit {self.deadline:.1f} s); stopping before it can look stale"
             )
