@@ -131,6 +131,46 @@ def test_include_and_exclude_patterns_decide_what_is_registered_and_status_shows
     assert r.returncode == 2 and "locations[0]" in r.stderr and "'../x'" in r.stderr
 
 
+def test_dry_run_verbose_lists_every_file_with_its_decision(tmp_path):
+    # an operator checks include / exclude patterns file by file before the first real run
+    cfg = write_site_config(tmp_path / "site", settle_seconds=30)
+    cfg.write_text(cfg.read_text().replace('role = "source"\n',
+                                           'role = "source"\ninclude = ["*.fits", "logs/*.txt"]\n'
+                                           'exclude = ["scratch"]\n', 1))
+    src = cfg.parent / "source"
+    for rel in ("inst/obs0/a.fits", "inst/obs0/a.tmp", "inst/obs2/scratch/c.fits", "logs/run.txt"):
+        write_settled(src / rel, rel.encode() * 100)
+    (src / "inst/obs0/new.fits").write_bytes(b"just written")  # still settling
+    os.symlink("a.fits", src / "inst/obs0/link.fits")
+    os.mkfifo(src / "inst/obs0/pipe.fits")
+    r = run_packhorse("run", "--dry-run", "--json", "-v", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    (loc,) = json.loads(r.stdout)["register"]
+    got = {d["path"]: (d["decision"], d["reason"], d["package"]) for d in loc["decisions"]}
+    assert [d["path"] for d in loc["decisions"]] == sorted(got)
+    assert got["inst/obs0/a.fits"] == ("register", None, "inst/obs0")
+    assert got["logs/run.txt"] == ("register", None, "logs")
+    assert got["inst/obs0/a.tmp"] == ("excluded", "matches no include pattern ('*.fits', 'logs/*.txt')", None)
+    assert got["inst/obs2/scratch/c.fits"] == ("excluded", "excluded by pattern 'scratch'", None)
+    assert got["inst/obs0/link.fits"][:2] == ("skipped", "symbolic link (not followed)")
+    assert got["inst/obs0/pipe.fits"][:2] == ("skipped", "not a regular file")
+    assert got["inst/obs0/new.fits"][0] == "settling" and "settled after 30 s" in got["inst/obs0/new.fits"][1]
+    assert len(got) == 7
+
+    text = run_packhorse("run", "--dry-run", "-v", "-c", str(cfg))
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert any(re.search(r"register\s+fyst-source:inst/obs0/a\.fits\s+\(package inst/obs0\)", x) for x in lines), lines
+    assert any(re.search(r"excluded\s+fyst-source:inst/obs2/scratch/c\.fits\s+\(excluded by pattern 'scratch'\)", x)
+               for x in lines), lines
+    assert any(re.search(r"skipped\s+fyst-source:inst/obs0/link\.fits\s+\(symbolic link", x) for x in lines), lines
+
+    # without -v: the counts as before, no per-file list
+    quiet = run_packhorse("run", "--dry-run", "-c", str(cfg))
+    assert "a.tmp" not in quiet.stdout and "c.fits" not in quiet.stdout and "would skip" in quiet.stdout
+    assert "decisions" not in json.loads(run_packhorse("run", "--dry-run", "--json", "-c", str(cfg)).stdout)["register"][0]
+
+
 def test_bandwidth_limit_of_a_route_holds_within_20_percent(tmp_path):
     limit = 2 * 1024**2
     cfg = write_site_config(tmp_path / "site", route_extra=f"bandwidth_limit_bytes_per_second = {limit}")

@@ -253,7 +253,8 @@ def run(
     config: ConfigOpt = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log lines at INFO too (every operation)")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log lines at INFO too (every operation); with "
+                                          "--dry-run: every file with its decision")] = False,
     progress_interval: Annotated[float, typer.Option(
         "--progress-interval", min=0.1, envvar="PACKHORSE_PROGRESS_INTERVAL",
         help="Off a terminal: seconds between progress summary lines")] = PROGRESS_INTERVAL_SECONDS,
@@ -262,12 +263,13 @@ def run(
     with_api: Annotated[bool, typer.Option("--api", help="also serve the HTTP API and dashboard (embedded)")] = False,
     api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
     api_port: Annotated[Optional[int], typer.Option("--api-port", help="API port [default: api.port]")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="with --dry-run: the plan as JSON on stdout")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="with --dry-run: the plan as JSON on stdout (with -v: "
+                                          "the decision of every file too)")] = False,
     instance: InstanceOpt = None,
 ) -> None:
     """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
     if dry_run:
-        _dry_run(config, as_json)
+        _dry_run(config, as_json, per_file=verbose)
         return
     if as_json:
         raise fail("--json: only with --dry-run (a run reports on stderr; `packhorse status --json` after it)",
@@ -308,9 +310,11 @@ def run(
     raise typer.Exit(code)
 
 
-def _dry_run(config: Path | None, as_json: bool) -> None:
+def _dry_run(config: Path | None, as_json: bool, *, per_file: bool = False) -> None:
     """``run --dry-run``: print :func:`packhorse.status.dry_run.plan_run`; write nothing (no database is
-    created, no topology registered, nothing in any data location)."""
+    created, no topology registered, nothing in any data location). ``per_file`` (``-v``): every
+    listed file with its decision (registered into which package, excluded by which pattern,
+    skipped and why, settling, unchanged) instead of the skipped ones only."""
     from packhorse import logs  # deferred: start-up time
     from packhorse.status.dry_run import database_exists, plan_run  # deferred: start-up time
 
@@ -318,7 +322,7 @@ def _dry_run(config: Path | None, as_json: bool) -> None:
     s = settings(config)
     require_routes(s)
     db = database(s, migrate_check=True) if database_exists(s) else None
-    plan = plan_run(s, db)
+    plan = plan_run(s, db, per_file=per_file)
     if as_json:
         print_json(plan)
         return
@@ -331,6 +335,14 @@ def _dry_run(config: Path | None, as_json: bool) -> None:
             continue
         out.print(f"would register {r['location']}: {r['files']} file(s), {r['bytes']:,} bytes"
                   + (f"; {r['settling']} still settling" if r["settling"] else ""))
+        if per_file:
+            for d in r["decisions"]:
+                why = f"package {d['package']}" if d["package"] else ""
+                if d["reason"]:
+                    why = f"{why}; {d['reason']}" if why else d["reason"]
+                out.print(f"  {d['decision']:<10} {r['location']}:{d['path']}" + (f"  ({why})" if why else ""),
+                          markup=False)
+            continue
         for k in r["skipped"]:
             out.print(f"  would skip {r['location']}:{k['path']}: {k['reason']}")
     t = Table("raw data package", "source", "files", "bytes", "ship to", "archive at",
