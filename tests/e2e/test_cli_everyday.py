@@ -10,6 +10,8 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -18,7 +20,7 @@ from packhorse.config import load_config
 from packhorse.db.models import DataTransferPackage, Operation, RawDataFile
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from support import run_packhorse, write_settled, write_site_config
+from support import SRC, run_packhorse, write_settled, write_site_config
 
 PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'
               'path = "sites/cologne/processing"\n')
@@ -48,6 +50,45 @@ def test_version_option_prints_the_version():
     r = run_packhorse("--version")
     assert r.returncode == 0 and r.stdout.startswith("packhorse ") and r.stdout.split()[1][0].isdigit()
     assert r.stdout.split()[1] == run_packhorse("version").stdout.strip()
+
+
+_EVERY_HELP = """
+import contextlib, io, json, re, runpy, sys
+out, todo = {}, [[]]
+while todo:
+    args = todo.pop()
+    sys.argv = ["packhorse", *args, "--help"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            runpy.run_module("packhorse", run_name="__main__")
+        except SystemExit:
+            pass
+    text = out[" ".join(args)] = buf.getvalue()
+    listing = False
+    for line in text.splitlines():
+        if line.startswith("Commands:"):
+            listing = True
+        elif listing and re.match(r"  [a-z]", line):
+            todo.append([*args, line.split()[0]])
+        elif listing and not line.strip():
+            listing = False
+print(json.dumps(out))
+"""
+
+
+def test_no_help_shows_markup_or_type_placeholders():
+    # found by an operator: --help printed "<bool>" beside every flag and RST markup
+    # (``--show ID``). Every command's --help, through the entry point (python -m packhorse),
+    # in one process: a process per command took minutes on a busy machine
+    r = subprocess.run([sys.executable, "-c", _EVERY_HELP], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    helps = json.loads(r.stdout)
+    for args, text in helps.items():
+        assert "``" not in text and "<bool>" not in text, (args, text)
+        assert text.startswith("Usage: "), (args, text)
+    assert len(helps) > 25 and "quarantine purge" in helps, sorted(helps)  # every command was looked at
 
 
 def test_a_configuration_without_routes_is_refused_naming_the_key(tmp_path):

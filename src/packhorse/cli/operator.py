@@ -83,7 +83,7 @@ def notifications(
     as_json: JsonOpt = False,
 ) -> None:
     """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead);
-    ``--show ID`` prints one message in full."""
+    --show ID prints one message in full."""
     from packhorse.notify.report import (  # deferred: start-up time
         list_notifications,
         requeue_dead_letters,
@@ -366,7 +366,7 @@ app.add_typer(skipped_app, name="skipped")
 
 @skipped_app.command("list")
 def skipped_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """The source paths not archived, with why (what ``packhorse status`` lists as skipped)."""
+    """The source paths not archived, with why (what 'packhorse status' lists as skipped)."""
     from packhorse.status.reporting import status_report  # deferred: start-up time
 
     rows = status_report(context(config))["skipped"]

@@ -89,9 +89,9 @@ def init(config: ConfigOpt = None,
 
     An existing root with data and no marker (a deployment from before markers) is marked and
     keeps its data; a root marked as another location is refused (exit 2), and so is an empty
-    unmarked root where the database records copies (an unmounted disk), unless ``--replace``
-    names it, and a root marked by another packhorse installation (exit 2), unless ``--adopt``
-    names it. ``--site`` marks the locations of those sites only (in a distributed deployment
+    unmarked root where the database records copies (an unmounted disk), unless --replace
+    names it, and a root marked by another packhorse installation (exit 2), unless --adopt
+    names it. --site marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
     from packhorse import logs  # deferred: start-up time
 
@@ -396,7 +396,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
            list_skipped: Annotated[bool, typer.Option(
                "--skipped", help="list every skipped source path (by default a count per reason)")] = False) -> None:
     """Show operations by kind and status, packages, copies per location, skipped files (a count
-    per reason; ``--skipped`` lists them), FAILED and BLOCKED work."""
+    per reason; --skipped lists them), FAILED and BLOCKED work."""
     from rich.markup import escape
 
     from packhorse.status.reporting import status_report  # deferred: start-up time
