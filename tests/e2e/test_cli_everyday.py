@@ -318,8 +318,10 @@ def test_init_prints_what_it_did_and_no_debug_log_lines(tmp_path):
     cfg = write_site_config(tmp_path / "site")
     r = run_packhorse("init", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    assert "created and marked" in r.stderr and not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)
-    assert r.stdout == ""
+    assert "created and marked" in r.stdout and not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)
+    # what it did is its result, on stdout; stderr is for warnings and errors (none here)
+    assert r.stdout.startswith("database sqlite:///") and ": created (migration " in r.stdout, r.stdout
+    assert r.stderr == "", r.stderr
     loud = run_packhorse("init", "-c", str(cfg), env={"PACKHORSE_LOG_LEVEL": "debug"})
     assert loud.returncode == 0  # a level asked for still applies
 

@@ -103,8 +103,8 @@ def init(config: ConfigOpt = None,
     topo = sync_topology(db, s)
     after = db.current_revision()
     state = "created" if before is None else ("upgraded" if before != after else "already up to date")
-    print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
-          file=sys.stderr)
+    # what init did is its result: on stdout (warnings and errors go to stderr)
+    print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})")
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
     from packhorse.rules.availability import root_of  # deferred: start-up time
@@ -121,8 +121,7 @@ def init(config: ConfigOpt = None,
                                                                                                       m.action)
             if m.location in (replace or ()):
                 done += " (replacing lost storage: its recorded copies are now missing and will be made again)"
-            print(f"location {m.location}: {done} at {root_of(ctx, m.location)}{extra}",
-                  file=sys.stderr)
+            print(f"location {m.location}: {done} at {root_of(ctx, m.location)}{extra}")
 
 
 def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
