@@ -118,6 +118,17 @@ class PathFilter:
         """True if an ``exclude`` pattern matches ``path`` (a file or a folder)."""
         return any(p.matches(path) for p in self._exc)
 
+    def why_left_out(self, path: str) -> str | None:
+        """Why the file at ``path`` is not registered, naming the pattern: ``"excluded by
+        pattern '<exclude pattern>'"`` (the first that matches; exclude wins) or ``"matches no
+        include pattern ('<a>', '<b>')"``; ``None`` if :meth:`accepts` takes it."""
+        for p in self._exc:
+            if p.matches(path):
+                return f"excluded by pattern {p.text!r}"
+        if self._inc and not any(p.matches(path) for p in self._inc):
+            return "matches no include pattern (" + ", ".join(repr(p.text) for p in self._inc) + ")"
+        return None
+
 
 def location_filter(location: object) -> PathFilter:
     """The :class:`PathFilter` of a ``LocationConfig`` (its ``include`` and ``exclude``)."""

@@ -105,7 +105,7 @@ def test_a_dead_monitor_counts_until_it_is_forgotten(site_config):
     forgot = run_packhorse("health", "-c", str(cfg), "--forget", name)
     assert forgot.returncode == 0, forgot.stderr
     assert _health(cfg) == (0, {"services": [], "dead": 0, "scans_overdue": [], "no_monitor": False,
-                                "leases_not_reclaimed": []})
+                                "leases_not_reclaimed": [], "sites_unreachable": []})
     bad = run_packhorse("monitor", "-c", str(cfg), "--instance", "two words")
     assert bad.returncode == 2 and "--instance" in bad.stderr
     audit = json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,12 @@ def test_packhorse_api_serves_until_sigterm(tmp_path: Path) -> None:
         h = {"Authorization": f"Bearer {admin}"}
         r = httpx.put(f"{base}/api/admin/settings/log_level", headers=h, json={"value": "info"})
         assert r.status_code == 200 and next(x for x in r.json() if x["key"] == "log_level")["value"] == "INFO"
+        # the API server is a service like the monitor: health lists it while it serves
+        health = run_packhorse("health", "--json", "-c", str(cfg))
+        assert [(x["kind"], x["alive"]) for x in json.loads(health.stdout)["services"]] == [("api", True)], health
     finally:
         code = stop(proc)
     assert code == 0
+    health = run_packhorse("health", "--json", "-c", str(cfg))
+    assert json.loads(health.stdout)["services"] == []  # a clean stop is not a death
     assert "settings.set" in run_packhorse("audit", "-c", str(cfg)).stdout

@@ -10,6 +10,8 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -18,7 +20,7 @@ from packhorse.config import load_config
 from packhorse.db.models import DataTransferPackage, Operation, RawDataFile
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from support import run_packhorse, write_settled, write_site_config
+from support import SRC, run_packhorse, write_settled, write_site_config
 
 PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrole = "processing"\n'
               'path = "sites/cologne/processing"\n')
@@ -48,6 +50,45 @@ def test_version_option_prints_the_version():
     r = run_packhorse("--version")
     assert r.returncode == 0 and r.stdout.startswith("packhorse ") and r.stdout.split()[1][0].isdigit()
     assert r.stdout.split()[1] == run_packhorse("version").stdout.strip()
+
+
+_EVERY_HELP = """
+import contextlib, io, json, re, runpy, sys
+out, todo = {}, [[]]
+while todo:
+    args = todo.pop()
+    sys.argv = ["packhorse", *args, "--help"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            runpy.run_module("packhorse", run_name="__main__")
+        except SystemExit:
+            pass
+    text = out[" ".join(args)] = buf.getvalue()
+    listing = False
+    for line in text.splitlines():
+        if line.startswith("Commands:"):
+            listing = True
+        elif listing and re.match(r"  [a-z]", line):
+            todo.append([*args, line.split()[0]])
+        elif listing and not line.strip():
+            listing = False
+print(json.dumps(out))
+"""
+
+
+def test_no_help_shows_markup_or_type_placeholders():
+    # found by an operator: --help printed "<bool>" beside every flag and RST markup
+    # (``--show ID``). Every command's --help, through the entry point (python -m packhorse),
+    # in one process: a process per command took minutes on a busy machine
+    r = subprocess.run([sys.executable, "-c", _EVERY_HELP], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    helps = json.loads(r.stdout)
+    for args, text in helps.items():
+        assert "``" not in text and "<bool>" not in text, (args, text)
+        assert text.startswith("Usage: "), (args, text)
+    assert len(helps) > 25 and "quarantine purge" in helps, sorted(helps)  # every command was looked at
 
 
 def test_a_configuration_without_routes_is_refused_naming_the_key(tmp_path):
@@ -129,6 +170,46 @@ def test_include_and_exclude_patterns_decide_what_is_registered_and_status_shows
     cfg.write_text(bad)
     r = run_packhorse("status", "-c", str(cfg))
     assert r.returncode == 2 and "locations[0]" in r.stderr and "'../x'" in r.stderr
+
+
+def test_dry_run_verbose_lists_every_file_with_its_decision(tmp_path):
+    # an operator checks include / exclude patterns file by file before the first real run
+    cfg = write_site_config(tmp_path / "site", settle_seconds=30)
+    cfg.write_text(cfg.read_text().replace('role = "source"\n',
+                                           'role = "source"\ninclude = ["*.fits", "logs/*.txt"]\n'
+                                           'exclude = ["scratch"]\n', 1))
+    src = cfg.parent / "source"
+    for rel in ("inst/obs0/a.fits", "inst/obs0/a.tmp", "inst/obs2/scratch/c.fits", "logs/run.txt"):
+        write_settled(src / rel, rel.encode() * 100)
+    (src / "inst/obs0/new.fits").write_bytes(b"just written")  # still settling
+    os.symlink("a.fits", src / "inst/obs0/link.fits")
+    os.mkfifo(src / "inst/obs0/pipe.fits")
+    r = run_packhorse("run", "--dry-run", "--json", "-v", "-c", str(cfg))
+    assert r.returncode == 0, r.stderr
+    (loc,) = json.loads(r.stdout)["register"]
+    got = {d["path"]: (d["decision"], d["reason"], d["package"]) for d in loc["decisions"]}
+    assert [d["path"] for d in loc["decisions"]] == sorted(got)
+    assert got["inst/obs0/a.fits"] == ("register", None, "inst/obs0")
+    assert got["logs/run.txt"] == ("register", None, "logs")
+    assert got["inst/obs0/a.tmp"] == ("excluded", "matches no include pattern ('*.fits', 'logs/*.txt')", None)
+    assert got["inst/obs2/scratch/c.fits"] == ("excluded", "excluded by pattern 'scratch'", None)
+    assert got["inst/obs0/link.fits"][:2] == ("skipped", "symbolic link (not followed)")
+    assert got["inst/obs0/pipe.fits"][:2] == ("skipped", "not a regular file")
+    assert got["inst/obs0/new.fits"][0] == "settling" and "settled after 30 s" in got["inst/obs0/new.fits"][1]
+    assert len(got) == 7
+
+    text = run_packhorse("run", "--dry-run", "-v", "-c", str(cfg))
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert any(re.search(r"register\s+fyst-source:inst/obs0/a\.fits\s+\(package inst/obs0\)", x) for x in lines), lines
+    assert any(re.search(r"excluded\s+fyst-source:inst/obs2/scratch/c\.fits\s+\(excluded by pattern 'scratch'\)", x)
+               for x in lines), lines
+    assert any(re.search(r"skipped\s+fyst-source:inst/obs0/link\.fits\s+\(symbolic link", x) for x in lines), lines
+
+    # without -v: the counts as before, no per-file list
+    quiet = run_packhorse("run", "--dry-run", "-c", str(cfg))
+    assert "a.tmp" not in quiet.stdout and "c.fits" not in quiet.stdout and "would skip" in quiet.stdout
+    assert "decisions" not in json.loads(run_packhorse("run", "--dry-run", "--json", "-c", str(cfg)).stdout)["register"][0]
 
 
 def test_bandwidth_limit_of_a_route_holds_within_20_percent(tmp_path):
@@ -237,8 +318,10 @@ def test_init_prints_what_it_did_and_no_debug_log_lines(tmp_path):
     cfg = write_site_config(tmp_path / "site")
     r = run_packhorse("init", "-c", str(cfg))
     assert r.returncode == 0, r.stderr
-    assert "created and marked" in r.stderr and not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)
-    assert r.stdout == ""
+    assert "created and marked" in r.stdout and not _debug_or_info_lines(r.stderr + r.stdout), (r.stdout, r.stderr)
+    # what it did is its result, on stdout; stderr is for warnings and errors (none here)
+    assert r.stdout.startswith("database sqlite:///") and ": created (migration " in r.stdout, r.stdout
+    assert r.stderr == "", r.stderr
     loud = run_packhorse("init", "-c", str(cfg), env={"PACKHORSE_LOG_LEVEL": "debug"})
     assert loud.returncode == 0  # a level asked for still applies
 

@@ -5,6 +5,7 @@ retention while buffers below warning keep their copies."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -211,6 +212,8 @@ def test_a_bundle_larger_than_the_whole_destination_buffer_fails_and_says_so_ins
         [failed] = status["failed_operations"]
         assert failed["kind"] == "transfer" and failed["error_type"] == "NeverFitsError", failed
         assert "cologne-buffer" in failed["message"] and "can never fit" in failed["message"], failed
+        # the bundle by its name, as everything else names it (not its database id: "bundle 1")
+        assert re.search(r"\bbundle fyst-\d{8}T\d{6}Z-\d{6} ", failed["message"]), failed
         assert f"({4 << 20:,} bytes)" in failed["message"], failed
         assert "larger file system" in failed["diagnosis"] and "packhorse reset transfer" in failed["diagnosis"]
         assert not [b for b in status["blocked"] if b["cause"] == "location_full"], status["blocked"]

@@ -76,7 +76,7 @@ def test_a_read_only_source_is_archived_without_a_write_and_told_from_another_ex
     with read_only_bind(export, p.source):
         init = p.cli("init")
         assert init.returncode == 0, init.stderr
-        assert "fyst-source: read-only source: nothing written there" in init.stderr, init.stderr
+        assert "fyst-source: read-only source: nothing written there" in init.stdout, (init.stdout, init.stderr)
         with sqlite3.connect(p.root / "packhorse.db") as db:
             (fingerprint,) = db.execute("SELECT fingerprint FROM data_locations WHERE name = 'fyst-source'").fetchone()
         assert fingerprint and '"inode"' in fingerprint

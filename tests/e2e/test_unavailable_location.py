@@ -161,7 +161,7 @@ def test_an_empty_mount_point_blocks_writes_and_init_adopts_an_unmarked_root_wit
     r = p.run(expect=4)
     assert "packhorse init" in r.stderr and "no identity marker" in r.stderr, r.stderr[-3000:]
     init = p.cli("init")
-    assert init.returncode == 0 and "location cologne-lta: adopted" in init.stderr, init.stderr
+    assert init.returncode == 0 and "location cologne-lta: adopted" in init.stdout, (init.stdout, init.stderr)
     assert json.loads((archive / MARKER_KEY).read_text())["location"] == "cologne-lta"
     p.run(expect=0)
     assert_archived_everywhere(p, source_files(p.source))
@@ -206,7 +206,7 @@ def test_init_replace_marks_new_empty_storage_and_the_lost_copies_are_made_again
     os.rename(archive, tmp_path / "lost-disk")  # the disk died; a new, empty one is mounted
     archive.mkdir()
     init = p.cli("init", "--replace", "cologne-lta")
-    assert init.returncode == 0 and "replacing lost storage" in init.stderr, init.stderr
+    assert init.returncode == 0 and "replacing lost storage" in init.stdout, (init.stdout, init.stderr)
     assert json.loads((archive / MARKER_KEY).read_text())["location"] == "cologne-lta"
     assert p.cli("init", "--replace", "no-such-location").returncode == 2
     p.run(expect=0)
@@ -372,7 +372,7 @@ def test_a_root_another_installation_marked_is_refused_until_adopted(pipeline, t
     old_marker = (archive / MARKER_KEY).read_bytes()
     r = run_packhorse("init", "-c", str(other), "--adopt", "cologne-lta")
     assert r.returncode == 0, r.stderr
-    assert "location cologne-lta: taken over from the other installation" in r.stderr, r.stderr
+    assert "location cologne-lta: taken over from the other installation" in r.stdout, (r.stdout, r.stderr)
     after = {f.relative_to(archive): f.read_bytes() for f in archive.rglob("*") if f.is_file()}
     kept = [v for k, v in after.items() if k.parts[:2] == ("_packhorse", "quarantine")]
     assert kept == [old_marker], kept

@@ -205,6 +205,16 @@ def test_run_until_idle_without_a_channel_says_nothing_can_send_the_notification
     assert "delivers them" not in r.stderr
     listed = json.loads(run_packhorse("notifications", "--json", "-c", str(cfg)).stdout)
     assert any(n["event"] == "permanent_failure" and n["status"] == "pending" for n in listed)
+    # the outbox does not promise attempts that no notifier makes: kept, not "next attempt at"
+    why = "no notification channel is configured" if notifications is None else "notifications are disabled"
+    pending = [n for n in listed if n["status"] == "pending"]
+    assert all(n["next_attempt_at"] is None and n["kept_because"].startswith(why) for n in pending), pending
+    text = run_packhorse("notifications", "-c", str(cfg), env={"COLUMNS": "250"})
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"{why} (") and f"the {len(pending)} waiting notification(s) are kept in the " \
+        "outbox, not sent" in text.stdout, text.stdout
+    rows = [line for line in text.stdout.splitlines() if "permanent" in line.lower() or "│ kept" in line]
+    assert rows and all("│ pending" not in line for line in rows), text.stdout
 
 
 def test_notifier_stops_within_five_seconds_of_sigterm_mid_delivery(tmp_path: Path) -> None:

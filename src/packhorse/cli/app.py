@@ -44,7 +44,7 @@ EXIT_INCOMPLETE = 5
 #: so that it is never taken for "nothing matches" (1)
 EXIT_OUTPUT_CLOSED = 128 + 13
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once.")
 err = Console(stderr=True)
 

@@ -19,8 +19,8 @@ def validate(
     """Validate BagIt bags (RFC 8493, or 0.97) and list every problem of each. Exit 0 when every
     one is valid and complete, 1 when one is not valid, 5 when all are valid but one is
     incomplete (payload files listed in its fetch.txt are not there; packhorse does not fetch).
-    Warnings (departures the reference library accepts) are listed and change nothing. ``--json``: one path gives its report, several a list of
-    reports in the order given."""
+    Warnings (departures the reference library accepts) are listed and change nothing. --json:
+    one path gives its report, several a list of reports in the order given."""
     from packhorse.bags.validation import validate_path  # deferred: start-up time
 
     reports = [validate_path(p) for p in paths]

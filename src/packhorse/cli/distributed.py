@@ -266,8 +266,10 @@ def api(
     config: ConfigOpt = None,
     host: Annotated[Optional[str], typer.Option("--host", help="address to listen on [default: api.host]")] = None,
     port: Annotated[Optional[int], typer.Option("--port", help="port (0: any free port) [default: api.port]")] = None,
+    instance: InstanceOpt = None,
 ) -> None:
-    """Serve the HTTP API, /metrics and the web dashboard until stopped."""
+    """Serve the HTTP API, /metrics and the web dashboard until stopped; listed by packhorse
+    health (kind api) while it serves."""
     ctx = context(config)
     server = serve_api(ctx, host or ctx.settings.api.host, ctx.settings.api.port if port is None else port)
     stop = {"now": False}
@@ -277,6 +279,11 @@ def api(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    while not stop["now"] and not server.should_exit:
-        time.sleep(0.2)
-    server.should_exit = True
+    # a heartbeat as every other service has: health lists it, and tells when it died
+    health = heartbeat(ctx, "api", instance=instance)
+    try:
+        while not stop["now"] and not server.should_exit:
+            time.sleep(0.2)
+    finally:
+        server.should_exit = True
+        health.stop(remove=True)

@@ -83,7 +83,7 @@ def notifications(
     as_json: JsonOpt = False,
 ) -> None:
     """List the notification outbox: waiting and retrying first, then recent sent ones (or --dead);
-    ``--show ID`` prints one message in full."""
+    --show ID prints one message in full."""
     from packhorse.notify.report import (  # deferred: start-up time
         list_notifications,
         requeue_dead_letters,
@@ -111,15 +111,21 @@ def notifications(
     if requeue_dead:
         ids = requeue_dead_letters(ctx.db)
         print(f"queued {len(ids)} dead letter(s) again: {', '.join(map(str, ids)) or '-'}", file=sys.stderr)
-    rows = list_notifications(ctx.db, dead=dead, sent_limit=limit)
+    rows = list_notifications(ctx.db, dead=dead, sent_limit=limit, cfg=ctx.settings.notifications)
     if as_json:
         print_json(rows)
         return
+    kept = [r for r in rows if r["kept_because"]]
+    if kept:
+        # not "pending, next attempt at ...": no attempt is made while nothing can deliver
+        print(f"{kept[0]['kept_because']}: the {len(kept)} waiting notification(s) are kept in the outbox, not "
+              "sent; once a channel is configured (docs/notifications.md) `packhorse notifier` or the next "
+              "`packhorse run` sends them")
     t = Table("id", "created (UTC)", "level", "status", "attempts", "next attempt", "delivered to", "repeats",
               "subject", "last error", title="dead letters" if dead else "notifications")
     for r in rows:
-        t.add_row(str(r["id"]), r["created_at"][:19], r["level"], r["status"], str(r["attempts"]),
-                  (r["next_attempt_at"] or "")[:19] if r["status"] == "pending" else "",
+        t.add_row(str(r["id"]), r["created_at"][:19], r["level"], "kept" if r["kept_because"] else r["status"],
+                  str(r["attempts"]), (r["next_attempt_at"] or "")[:19] if r["status"] == "pending" else "",
                   ", ".join(r["delivered_to"]), str(r["repeat_count"]), r["subject"], r["last_error"] or "")
     table_console().print(t)
 
@@ -366,7 +372,7 @@ app.add_typer(skipped_app, name="skipped")
 
 @skipped_app.command("list")
 def skipped_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """The source paths not archived, with why (what ``packhorse status`` lists as skipped)."""
+    """The source paths not archived, with why (what 'packhorse status' lists as skipped)."""
     from packhorse.status.reporting import status_report  # deferred: start-up time
 
     rows = status_report(context(config))["skipped"]

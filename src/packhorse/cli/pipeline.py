@@ -112,9 +112,9 @@ def init(config: ConfigOpt = None,
 
     An existing root with data and no marker (a deployment from before markers) is marked and
     keeps its data; a root marked as another location is refused (exit 2), and so is an empty
-    unmarked root where the database records copies (an unmounted disk), unless ``--replace``
-    names it, and a root marked by another packhorse installation (exit 2), unless ``--adopt``
-    names it. ``--site`` marks the locations of those sites only (in a distributed deployment
+    unmarked root where the database records copies (an unmounted disk), unless --replace
+    names it, and a root marked by another packhorse installation (exit 2), unless --adopt
+    names it. --site marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
     from packhorse import logs  # deferred: start-up time
     from packhorse.rules.availability import root_of, unreachable_stores  # deferred: start-up time
@@ -130,8 +130,8 @@ def init(config: ConfigOpt = None,
     topo = sync_topology(db, s)
     after = db.current_revision()
     state = "created" if before is None else ("upgraded" if before != after else "already up to date")
-    print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})",
-          file=sys.stderr)
+    # what init did is its result: on stdout (warnings and errors go to stderr)
+    print(f"database {db.engine.url.render_as_string(hide_password=True)}: {state} (migration {after})")
     ctx = ProcessContext(settings=s, db=db, topology=topo)
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
     for m in marked:
@@ -146,8 +146,7 @@ def init(config: ConfigOpt = None,
                                                                                                       m.action)
             if m.location in (replace or ()):
                 done += " (replacing lost storage: its recorded copies are now missing and will be made again)"
-            print(f"location {m.location}: {done} at {root_of(ctx, m.location)}{extra}",
-                  file=sys.stderr)
+            print(f"location {m.location}: {done} at {root_of(ctx, m.location)}{extra}")
 
 
 def exit_code_after_run(ctx: ProcessContext, *, quiet: bool = False) -> int:
@@ -278,7 +277,8 @@ def run(
     config: ConfigOpt = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; errors only")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log lines at INFO too (every operation)")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log lines at INFO too (every operation); with "
+                                          "--dry-run: every file with its decision")] = False,
     progress_interval: Annotated[float, typer.Option(
         "--progress-interval", min=0.1, envvar="PACKHORSE_PROGRESS_INTERVAL",
         help="Off a terminal: seconds between progress summary lines")] = PROGRESS_INTERVAL_SECONDS,
@@ -287,12 +287,13 @@ def run(
     with_api: Annotated[bool, typer.Option("--api", help="also serve the HTTP API and dashboard (embedded)")] = False,
     api_host: Annotated[Optional[str], typer.Option("--api-host", help="API address [default: api.host]")] = None,
     api_port: Annotated[Optional[int], typer.Option("--api-port", help="API port [default: api.port]")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="with --dry-run: the plan as JSON on stdout")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="with --dry-run: the plan as JSON on stdout (with -v: "
+                                          "the decision of every file too)")] = False,
     instance: InstanceOpt = None,
 ) -> None:
     """Run managers, workers and lease recovery (embedded mode); with --api also the HTTP API."""
     if dry_run:
-        _dry_run(config, as_json)
+        _dry_run(config, as_json, per_file=verbose)
         return
     if as_json:
         raise fail("--json: only with --dry-run (a run reports on stderr; `packhorse status --json` after it)",
@@ -333,9 +334,11 @@ def run(
     raise typer.Exit(code)
 
 
-def _dry_run(config: Path | None, as_json: bool) -> None:
+def _dry_run(config: Path | None, as_json: bool, *, per_file: bool = False) -> None:
     """``run --dry-run``: print :func:`packhorse.status.dry_run.plan_run`; write nothing (no database is
-    created, no topology registered, nothing in any data location)."""
+    created, no topology registered, nothing in any data location). ``per_file`` (``-v``): every
+    listed file with its decision (registered into which package, excluded by which pattern,
+    skipped and why, settling, unchanged) instead of the skipped ones only."""
     from packhorse import logs  # deferred: start-up time
     from packhorse.status.dry_run import database_exists, plan_run  # deferred: start-up time
 
@@ -343,7 +346,7 @@ def _dry_run(config: Path | None, as_json: bool) -> None:
     s = settings(config)
     require_routes(s)
     db = database(s, migrate_check=True) if database_exists(s) else None
-    plan = plan_run(s, db)
+    plan = plan_run(s, db, per_file=per_file)
     if as_json:
         print_json(plan)
         return
@@ -356,6 +359,14 @@ def _dry_run(config: Path | None, as_json: bool) -> None:
             continue
         out.print(f"would register {r['location']}: {r['files']} file(s), {r['bytes']:,} bytes"
                   + (f"; {r['settling']} still settling" if r["settling"] else ""))
+        if per_file:
+            for d in r["decisions"]:
+                why = f"package {d['package']}" if d["package"] else ""
+                if d["reason"]:
+                    why = f"{why}; {d['reason']}" if why else d["reason"]
+                out.print(f"  {d['decision']:<10} {r['location']}:{d['path']}" + (f"  ({why})" if why else ""),
+                          markup=False)
+            continue
         for k in r["skipped"]:
             out.print(f"  would skip {r['location']}:{k['path']}: {k['reason']}")
     t = Table("raw data package", "source", "files", "bytes", "ship to", "archive at",
@@ -409,7 +420,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
            list_skipped: Annotated[bool, typer.Option(
                "--skipped", help="list every skipped source path (by default a count per reason)")] = False) -> None:
     """Show operations by kind and status, packages, copies per location, skipped files (a count
-    per reason; ``--skipped`` lists them), FAILED and BLOCKED work."""
+    per reason; --skipped lists them), FAILED and BLOCKED work."""
     from rich.markup import escape
 
     from packhorse.status.reporting import status_report  # deferred: start-up time

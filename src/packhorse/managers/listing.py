@@ -200,17 +200,26 @@ def _in_shard(shard: Shard, e: Entry, seen: dict[str, Folder] | None) -> bool:
 
 
 def filter_listing(settings: Settings, location: str, found: list[tuple[str, Entry]],
-                   skipped: list[tuple[str, str]]) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]]]:
+                   skipped: list[tuple[str, str]], left_out: list[tuple[str, str]] | None = None
+                   ) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]]]:
     """``(found, skipped)`` of a listing of ``location`` without what its ``include`` /
     ``exclude`` patterns leave out (:mod:`packhorse.scanfilter`); the lists as they are when
     the location has none. An unreadable folder may hold wanted files: it stays listed unless
-    it is excluded itself."""
+    it is excluded itself. When ``left_out`` is a list, each path left out is appended to it
+    with the pattern that left it out (:meth:`~packhorse.scanfilter.PathFilter.why_left_out`;
+    ``run --dry-run -v``)."""
     wanted = location_filter(settings.location(location))
     if not wanted.active:
         return found, skipped
-    return ([(p, s) for p, s in found if wanted.accepts(p)],
-            [(p, r) for p, r in skipped
-             if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))])
+    kept_found = [(p, s) for p, s in found if wanted.accepts(p)]
+    kept_skipped = [(p, r) for p, r in skipped
+                    if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))]
+    if left_out is not None:
+        kept = {p for p, _ in kept_found} | {p for p, _ in kept_skipped}
+        for p in [p for p, _ in found] + [p for p, _ in skipped]:
+            if p not in kept:
+                left_out.append((p, wanted.why_left_out(p) or "left out by the location's patterns"))
+    return kept_found, kept_skipped
 
 
 def compare_listing(found: list[tuple[str, Entry]], registered: dict[str, tuple[int, int]]

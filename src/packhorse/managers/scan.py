@@ -134,13 +134,14 @@ def group_of(relative_path: str, depth: int) -> str:
 
 
 def list_source(settings: Settings, location: str, cache: ScanCache | None = None,
-                backend: StorageBackend | None = None
+                backend: StorageBackend | None = None, left_out: list[tuple[str, str]] | None = None
                 ) -> tuple[list[tuple[str, Entry]], list[tuple[str, str]], dict[str, Folder] | None, bool]:
     """List source location ``location`` as a scan sees it, registering nothing: ``(found,
     skipped, seen, full)`` — the regular files to consider (path, :class:`Entry`: size, mtime),
     the paths that cannot be registered (path, reason), the folders seen (for ``cache``) and
     whether every folder was listed. Files the location's ``include`` / ``exclude`` patterns
-    leave out (:mod:`packhorse.scanfilter`) are in neither list. The listing goes through the
+    leave out (:mod:`packhorse.scanfilter`) are in neither list; when ``left_out`` is a list they
+    are appended to it with the pattern that left them out. The listing goes through the
     location's storage backend (``backend``, else built from ``settings``; I6: nothing followed).
 
     A location whose root is not there is reported as one skipped entry (``"."``) and lists
@@ -159,7 +160,7 @@ def list_source(settings: Settings, location: str, cache: ScanCache | None = Non
         root = str(settings.location_path(location))
         log.warning("source_folder_missing", location=location, path=root, error=str(e))
         return [], [(".", f"source folder {root} does not exist")], None, False
-    found, skipped = filter_listing(settings, location, found, skipped)
+    found, skipped = filter_listing(settings, location, found, skipped, left_out)
     return found, skipped, seen, full
 
 

@@ -23,9 +23,26 @@ def notification_dict(n: Notification, delivered_to: list[str]) -> dict[str, Any
             "operation_kind": n.operation_kind, "operation_id": n.operation_id, "delivered_to": delivered_to}
 
 
-def list_notifications(db: Database, *, dead: bool = False, sent_limit: int = 20) -> list[dict[str, Any]]:
+def not_sent_because(cfg: NotificationsConfig) -> str | None:
+    """Why nothing in the outbox is sent with configuration ``cfg`` (notifications disabled, or
+    no channel configured: no notifier delivers, so a pending notification is kept, never
+    attempted), or ``None`` when a notifier can deliver."""
+    if not cfg.enabled:
+        return "notifications are disabled ([notifications] enabled = false)"
+    if not cfg.channels_configured:
+        return "no notification channel is configured ([notifications.smtp] or apprise_urls)"
+    return None
+
+
+def list_notifications(db: Database, *, dead: bool = False, sent_limit: int = 20,
+                       cfg: NotificationsConfig | None = None) -> list[dict[str, Any]]:
     """Dead letters (``dead=True``), else the pending rows — those already retried first, as
-    the notifier takes them — then the ``sent_limit`` most recent sent ones."""
+    the notifier takes them — then the ``sent_limit`` most recent sent ones.
+
+    With ``cfg`` under which nothing is sent (:func:`not_sent_because`), each pending row says
+    so: ``"kept_because"`` names why, and its ``"next_attempt_at"`` is ``None`` (no attempt is
+    made until a channel is configured); otherwise ``"kept_because"`` is ``None``."""
+    why = not_sent_because(cfg) if cfg is not None else None
     def q(s: Session) -> list[dict[str, Any]]:
         if dead:
             rows = list(s.scalars(select(Notification).where(Notification.status == NotificationStatus.DEAD.value)
@@ -44,7 +61,13 @@ def list_notifications(db: Database, *, dead: bool = False, sent_limit: int = 20
                                  .where(NotificationDelivery.notification_id.in_(ids))
                                  .order_by(NotificationDelivery.id)):
             channels.setdefault(nid, []).append(ch)
-        return [notification_dict(r, channels.get(r.id, [])) for r in rows]
+        out = [notification_dict(r, channels.get(r.id, [])) for r in rows]
+        for d in out:
+            kept = why if d["status"] == NotificationStatus.PENDING.value else None
+            d["kept_because"] = kept
+            if kept:
+                d["next_attempt_at"] = None
+        return out
 
     return db.read(q)
 

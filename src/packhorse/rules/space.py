@@ -204,8 +204,23 @@ def never_fits(ctx: "ProcessContext", op: Operation, location: str) -> str | Non
     need = ctx.db.read(lambda s: space_needed(s, op))
     if need is None or need[0] <= total:
         return None
-    return (f"needs at least {need[0]:,} bytes at once at data location {location} ({need[1]}), more than its "
-            f"whole file system holds ({total:,} bytes): it can never fit there, whatever is freed")
+    what = ctx.db.read(lambda s: artifact_named(s, op))
+    return (f"{what + ' ' if what else ''}needs at least {need[0]:,} bytes at once at data location {location} "
+            f"({need[1]}), more than its whole file system holds ({total:,} bytes): it can never fit there, "
+            "whatever is freed")
+
+
+def artifact_named(s: Session, op: Operation) -> str | None:
+    """``"bundle <name>"`` or ``"package <name>"``: the artifact ``op`` works on, by the name
+    every other message and command gives it (never its database id); ``None`` when it has
+    none."""
+    if op.data_transfer_package_id is not None:
+        name = s.scalar(select(DataTransferPackage.name).where(DataTransferPackage.id == op.data_transfer_package_id))
+        return f"bundle {name}" if name else None
+    if op.raw_data_package_id is not None:
+        name = s.scalar(select(RawDataPackage.name).where(RawDataPackage.id == op.raw_data_package_id))
+        return f"package {name}" if name else None
+    return None
 
 
 def location_usage(ctx: "ProcessContext", location: str) -> Any:
@@ -328,8 +343,10 @@ def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: 
         return int(s.scalar(select(func.max(RawDataPackage.size))
                             .where(RawDataPackage.data_transfer_package_id == bid)) or 0)
 
-    def read(s: Session) -> tuple[int, int, int]:
-        size = int(s.scalar(select(DataTransferPackage.size).where(DataTransferPackage.id == bundle_id)) or 0)
+    def read(s: Session) -> tuple[str, int, int, int]:
+        name, size = s.execute(select(DataTransferPackage.name, DataTransferPackage.size)
+                               .where(DataTransferPackage.id == bundle_id)).one_or_none() or (str(bundle_id), 0)
+        size = int(size or 0)
         unpacked = select(Operation.data_transfer_package_id).where(
             Operation.kind == OperationKind.UNPACK.value, Operation.status == Status.COMPLETED.value,
             Operation.destination_location_id == loc_id)
@@ -343,12 +360,12 @@ def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: 
                                   Operation.status == Status.IN_PROGRESS.value, Operation.id < op_id,
                                   Operation.destination_location_id == loc_id)).all()
         beside = sum(largest(s, b) for b in here) + sum(int(sz or 0) + largest(s, b) for b, sz in before)
-        return size, largest(s, bundle_id), beside
+        return name, size, largest(s, bundle_id), beside
 
-    size, big, beside = ctx.db.read(read)
+    name, size, big, beside = ctx.db.read(read)
     if not size:
         return
-    _admit(ctx, location, f"bundle {bundle_id} ({size:,} bytes)", need=size + big, beside=beside,
+    _admit(ctx, location, f"bundle {name} ({size:,} bytes)", need=size + big, beside=beside,
            at_once=size + big, reserved="the bundle, then its largest package unpacked beside it",
            release="the bundles there before it are unpacked and their packages archived and freed first",
            operation=f"transfer {op_id}")

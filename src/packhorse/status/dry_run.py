@@ -11,7 +11,9 @@ with, in pipeline order:
 * ``register``: per source location, the settled files not registered yet that its
   ``include`` / ``exclude`` patterns accept, and the registered ones the scan would register
   again (not packaged yet and modified: in place; packaged and new bytes: a new ``version``);
-  files still settling; paths that would be skipped.
+  files still settling; paths that would be skipped. Asked for (``run --dry-run -v``), also
+  every file listed with its decision (``decisions``: registered and into which package, left
+  out by which pattern, skipped and why, settling, unchanged).
 * ``package``: the raw data packages those files and the registered, unpackaged ones would
   form (one per group and version, split at ``bags.packaging.max_package_bytes``; names as the
   package manager gives them: :func:`~packhorse.managers.packages.plan_group`).
@@ -88,7 +90,8 @@ def _destinations(settings: Settings, site: str) -> dict[str, Any]:
                            for l in settings.locations_at(d, LocationRole.LONG_TERM_ARCHIVE)]}
 
 
-def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) -> dict[str, Any]:
+def plan_run(settings: Settings, db: Any | None, *, now: float | None = None,
+             per_file: bool = False) -> dict[str, Any]:
     """The plan of the next run (see the module docstring) as a JSON-able dict:
 
     ``{"database": "existing" | "none yet", "register": [{"location", "files", "bytes",
@@ -100,6 +103,14 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
     "archive_copies", "deletions"}}``. Sizes are bytes. ``shipments`` counts packages times
     destination buffers: how the packages are bundled, hence how many transfers carry them, is
     decided at run time.
+
+    With ``per_file`` each ``register`` entry also holds ``"decisions"``: every file of the
+    listing, in path order, as ``{"path", "decision", "reason" (or null), "package" (or
+    null)}``, the decision one of ``register`` (``package``: the raw data package it would go
+    to), ``excluded`` (``reason``: the ``include`` / ``exclude`` pattern, :mod:`packhorse.scanfilter`),
+    ``skipped`` (``reason``: a symlink, not a regular file, not readable, a name not allowed...),
+    ``settling`` (modified too recently, or changing) and ``unchanged`` (registered already;
+    ``package`` when it is not packaged yet and would be now).
 
     Args:
         db: the ops database (read only), or ``None`` when it does not exist yet.
@@ -130,7 +141,10 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
                 register.append({"location": loc.name, "files": 0, "bytes": 0, "settling": 0, "skipped": [],
                                  "unavailable": str(e)})
                 continue
-        found, skipped, _seen, _full = list_source(settings, loc.name, backend=backend)
+        left_out: list[tuple[str, str]] | None = [] if per_file else None
+        found, skipped, _seen, _full = list_source(settings, loc.name, backend=backend, left_out=left_out)
+        # the decision per file (per_file): path -> [decision, reason, version]
+        decided: dict[str, list[Any]] = {}
         # the scan's own reading of the registrations (a touched file's confirmed mtime counts)
         known = db.read(lambda s: registered_files(s.connection(), loc_id)) if loc_id is not None else {}
         differs = [path for path, st_ in found
@@ -143,6 +157,7 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             if path in known:
                 change = changes.get(path)
                 if change is None:
+                    decided[path] = ["unchanged", None, None]
                     continue  # unchanged (or registered again since it was listed)
             age = t - st_.mtime_ns / 1e9
             # as the scan decides it: a file from a clock ahead of ours settles by being seen
@@ -150,15 +165,19 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
             ahead = age < -FUTURE_MTIME_TOLERANCE_SECONDS
             if (ahead and p.settle_seconds > 0) or (not ahead and age < p.settle_seconds):
                 settling += 1
+                decided[path] = ["settling", f"modified {max(age, 0):.0f} s ago; settled after "
+                                 f"{p.settle_seconds:g} s unchanged", None]
                 continue
             if change is not None and change.action != "update":
                 # packaged: a new version, or (package not built yet) taken out by the package
                 # stage and registered again, only for new bytes; the scan's own decision
                 state, reason = look_at_change(backend, path, st_, change)
                 if state == "same":
+                    decided[path] = ["unchanged", "touched: same bytes", None]
                     continue  # a touch
                 if state == "changed":
                     settling += 1
+                    decided[path] = ["settling", "changing while it was read", None]
                     continue
                 if state == "error":
                     skipped.append((path, str(reason)))
@@ -170,8 +189,12 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
                 continue
             opened.close()
             new.append(_File(path, st_.size, 1 if change is None else change.version))
-        register.append({"location": loc.name, "files": len(new), "bytes": sum(f.size for f in new),
-                         "settling": settling, "skipped": [{"path": a, "reason": b} for a, b in skipped]})
+            decided[path] = ["register", None if change is None else f"changed: version {change.version}",
+                             new[-1].version]
+        entry: dict[str, Any] = {"location": loc.name, "files": len(new), "bytes": sum(f.size for f in new),
+                                 "settling": settling, "skipped": [{"path": a, "reason": b} for a, b in skipped]}
+        register.append(entry)
+        package_of: dict[tuple[str, int], str] = {}  # (path, version) -> the package it would go to
         # keyed by (path, version): a registration the scan updates in place is packaged once
         groups: dict[str, dict[tuple[str, int], _File]] = {}
         if db is not None:
@@ -188,8 +211,11 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
                     taken[base] = db.read(lambda s: names_taken(s, base)) if db is not None else set()
                 name = _name_for(group, taken[base], version)
                 taken[base].add(name)
+                package_of.update({(f.relative_path, f.version): name for f in part})
                 packages.append({"name": name, "location": loc.name, "files": len(part),
                                  "bytes": sum(f.size for f in part), **dest})
+        if per_file:
+            entry["decisions"] = _decisions(decided, skipped, left_out or [], package_of)
     cont = db.read(lambda s: _not_archived(s, settings)) if db is not None else []
     delete = db.read(lambda s: _deletable(s, settings)) if db is not None else []
     totals = {
@@ -201,6 +227,27 @@ def plan_run(settings: Settings, db: Any | None, *, now: float | None = None) ->
     }
     return {"database": "existing" if db is not None else "none yet", "register": register, "package": packages,
             "continue": cont, "delete": delete, "totals": totals}
+
+
+def _decisions(decided: dict[str, list[Any]], skipped: list[tuple[str, str]], left_out: list[tuple[str, str]],
+               package_of: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+    """The ``decisions`` of one source location (see :func:`plan_run`), in path order."""
+    out: dict[str, dict[str, Any]] = {}
+    for path, reason in left_out:
+        out[path] = {"path": path, "decision": "excluded", "reason": reason, "package": None}
+    for path, reason in skipped:
+        out[path] = {"path": path, "decision": "skipped", "reason": reason, "package": None}
+    unpackaged: dict[str, str] = {}  # registered, not packaged yet: the package it would go to now
+    for (path, _version), name in package_of.items():
+        unpackaged[path] = name
+    for path, (decision, reason, version) in decided.items():
+        if path in out:
+            continue  # skipped when it was opened
+        package = package_of.get((path, version)) if version is not None else None
+        if decision == "unchanged":
+            package = unpackaged.get(path)
+        out[path] = {"path": path, "decision": decision, "reason": reason, "package": package}
+    return [out[p] for p in sorted(out)]
 
 
 def _not_archived(session: Session, settings: Settings) -> list[dict[str, Any]]:
