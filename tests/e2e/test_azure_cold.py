@@ -103,11 +103,14 @@ def test_init_that_cannot_reach_the_azure_account_leaves_no_database_and_a_rerun
     assert f"looking up container '{container}' of account 'devstoreaccount1' failed" in r.stderr, r.stderr
     assert "None" not in r.stderr and "A" * 86 not in r.stderr and "Traceback" not in r.stderr
     assert "nothing done (no database created, no location marked)" in r.stderr, r.stderr
+    # the location is named once per line, not "cornell-az: cornell-az:"
+    assert not [line for line in r.stderr.splitlines() if line.strip().count(": ") >= 2
+                and line.strip().split(": ")[0] == line.strip().split(": ")[1]], r.stderr
     assert not (cfg.parent / "sites").exists()  # no disk root made or marked either
     # the credentials fixed: init runs as the first time
     cfg.write_text(cfg.read_text().replace(wrong_key, azurite.connection_string))
     r = run_packhorse("init", "-c", str(cfg), cwd=cfg.parent)
     assert r.returncode == 0, r.stderr
-    assert ": created (migration" in r.stderr, r.stderr
+    assert ": created (migration" in r.stdout, r.stdout + r.stderr
     with sqlite3.connect(db_file) as conn:
         assert conn.execute("SELECT count(*) FROM data_locations").fetchone()[0] >= 1

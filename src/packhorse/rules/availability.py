@@ -805,7 +805,8 @@ def unreachable_stores(settings: "Settings", db: "Database", sites: Collection[s
             backend = backend_for(settings, loc.name, db=db)
             why = backend.root_missing()
         except (ConfigError, StorageServiceError, LocationUnavailableError, OSError) as e:
-            refused.append(f"{loc.name}: {e}")
+            why = str(e)  # the error names the location itself most often: say it once
+            refused.append(why if why.startswith(f"{loc.name}:") else f"{loc.name}: {why}")
             continue
         if why is not None and loc.storage is StorageType.DISK and loc.role is not LocationRole.SOURCE:
             cannot = _uncreatable_root(settings.location_path(loc.name))

@@ -565,13 +565,16 @@ class StorageBackend(abc.ABC):
         info = self.stat(key)
         if info is None:
             return False
+        found = ""
         if info.size == size:
             self.defer_until_readable(key, "to compare it with the bytes being published")
-            if self.sha256(key) == sha256:
+            held = self.sha256(key)
+            if held == sha256:
                 return True
+            found = f" and sha256 {held}"
         raise DestinationConflictError(
-            f"{self.location}: {key!r} already holds different bytes (size {info.size}, "
-            f"expected {size} with sha256 {sha256}); it is left untouched",
+            f"{self.location}: {key!r} already holds different bytes (size {info.size}{found}; "
+            f"expected size {size} with sha256 {sha256}); it is left untouched",
             step="publish", side="destination", path=key, host=self.location,
             diagnosis="an object with this name but other content is already stored here",
         )
