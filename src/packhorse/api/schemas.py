@@ -205,6 +205,8 @@ class ServiceOut(_Model):
     age_seconds: float
     restarts: int = Field(description="times a restarted process took this service over")
     alive: bool
+    clock_offset_seconds: float | None = Field(None, description="how far its host's clock is from the database's "
+                                                                 "(s, database minus host; null: not recorded)")
 
 
 class Health(_Model):
