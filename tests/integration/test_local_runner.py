@@ -162,10 +162,12 @@ def test_a_database_outage_is_never_recorded_as_the_operations_failure(db: Datab
 
     monkeypatch.setitem(worker.STAGES, OperationKind.DELETION, outage)
     ctx = ProcessContext(settings=settings_from_dict({}, environ={}), db=db, topology=Topology())
-    assert worker.execute_operation(ctx, op_id, "w") is Outcome.STALE
+    # handed back at once when the database answers again: PENDING, no retry spent, no stall
+    assert worker.execute_operation(ctx, op_id, "w") is Outcome.DEFERRED
     op = db.read(lambda s: s.get(Operation, op_id))
-    assert op.status == Status.IN_PROGRESS.value and op.error_context is None  # lease recovery owns it
-    assert db.read(lambda s: s.scalars(select(FailureEvent)).all()) == []
+    assert op.status == Status.PENDING.value and op.retry_count == 0 and op.stall_count == 0
+    assert op.lease_owner is None
+    assert all(e.will_retry for e in db.read(lambda s: s.scalars(select(FailureEvent)).all()))
 
 
 def test_concurrent_dispatches_never_hand_out_an_operation_twice(db: Database) -> None:
