@@ -102,7 +102,8 @@ def test_open_breaker_blocks_run_with_exit_4_until_an_admin_retries(site_config,
     h = run_packhorse("health", "-c", str(cfg), "--json")
     report = json.loads(h.stdout)
     # both runs removed their row at their clean stop: no dead service, no current problem
-    assert h.returncode == 0 and report == {"services": [], "dead": 0, "scans_overdue": []}
+    assert h.returncode == 0 and report == {"services": [], "dead": 0, "scans_overdue": [], "no_monitor": False,
+                                         "leases_not_reclaimed": [], "sites_unreachable": []}
     said = run_packhorse("health", "-c", str(cfg))
     assert said.returncode == 0 and said.stdout.startswith("no packhorse service is running")
 

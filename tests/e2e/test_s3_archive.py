@@ -74,14 +74,16 @@ def test_run_refuses_a_store_ignoring_if_none_match(tmp_path):
         (cfg.parent / "source" / "inst" / "obs").mkdir(parents=True)
         (cfg.parent / "source" / "inst" / "obs" / "f").write_bytes(b"x")
         p = Pipeline(cfg, run_packhorse, tmp_path / "x")
-        # refused already by `packhorse init` (it writes the location's identity marker), and by `run`
+        # refused by `packhorse init` (it checks every location before it writes anything), naming
+        # the location and the header, credentials never printed
         r = p.cli("init")
         assert r.returncode == 2 and "'cologne-lta'" in r.stderr and "If-None-Match" in r.stderr, r.stderr
         assert "packhorse-test-secret" not in r.stderr
+        # the refused init created nothing, so `run` has nothing to run and says what to do
+        assert not (cfg.parent / "packhorse.db").exists()
         r = p.cli("run", "--until-idle", "--quiet")
-        assert r.returncode == 2, r.stderr
-        assert "'cologne-lta'" in r.stderr and "If-None-Match" in r.stderr
-        assert "packhorse-test-secret" not in r.stderr  # credentials never printed
+        assert r.returncode == 2 and "run `packhorse init`" in r.stderr, r.stderr
+        assert "packhorse-test-secret" not in r.stderr
         assert bucket_objects(server, bucket) == {}
     finally:
         server.stop()

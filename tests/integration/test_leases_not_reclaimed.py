@@ -16,6 +16,7 @@ from sqlalchemy import select
 from packhorse.db.models import Operation, ServiceHeartbeat, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import Status
+from packhorse.status.metrics import collect_values
 from support import run_packhorse
 
 
@@ -57,6 +58,9 @@ def test_an_expired_lease_with_no_monitor_is_listed_and_fails_health_until_a_mon
     assert item["subject"] == f"transfer {op_id}" and item["detail"]["lease_owner"] == "worker:fyst@obs-host-2:4242"
     assert item["detail"]["lease_expired_seconds_ago"] >= 600 and "packhorse monitor" in item["release"]
 
+    # /metrics counts it by the same rule (the alert PackhorseLeasesNotReclaimed reads this)
+    assert _gauge(config) == 1
+
     # a monitor's first pass hands it back: nothing is left to list
     once = run_packhorse("monitor", "--once", "-c", str(config), cwd=config.parent)
     assert once.returncode == 0, once.stderr
@@ -67,3 +71,13 @@ def test_an_expired_lease_with_no_monitor_is_listed_and_fails_health_until_a_mon
         db.dispose()
     status = run_packhorse("status", "--json", "-c", str(config), cwd=config.parent)
     assert [b for b in json.loads(status.stdout)["blocked"] if b["cause"] == "lease_not_reclaimed"] == []
+    assert _gauge(config) == 0
+
+
+def _gauge(config) -> int:  # type: ignore[no-untyped-def]
+    """``packhorse_operations_blocked{cause="lease_not_reclaimed"}`` as ``/metrics`` reads it."""
+    db = Database(f"sqlite:///{config.parent / 'packhorse.db'}")
+    try:
+        return db.read(lambda s: collect_values(s)["blocked"]["lease_not_reclaimed"])
+    finally:
+        db.dispose()

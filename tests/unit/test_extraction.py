@@ -19,7 +19,7 @@ from pathlib import Path
 
 import bagit
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hostile_tars import (
@@ -454,7 +454,10 @@ def _build(spec: tuple[bool, list[tuple[str, str, str, str, bytes]], bool, int],
         must_refuse = True
     base = good_bag_members() if good else []
     at = min(at, len(base))
-    names = [m[0].name for m in base + members]
+    # a second member of the same name is refused; the archive root entry ("." or "./", the
+    # target folder itself, as `tar cf x.tar .` writes it) is skipped by the reader, so
+    # repeating it changes nothing
+    names = [m[0].name for m in base + members if not (m[0].type == tarfile.DIRTYPE and m[0].name in (".", "./"))]
     if len(set(names)) != len(names):
         must_refuse = True
     return tar_of([*base[:at], *members, *base[at:]]), must_refuse
@@ -463,6 +466,8 @@ def _build(spec: tuple[bool, list[tuple[str, str, str, str, bytes]], bool, int],
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(spec=_archive)
+# found by this property: two archive root entries ("." twice) are harmless and extracted
+@example(spec=(False, [("dir", "", ".", "..", b""), ("dir", "", ".", "..", b"")], False, 0))
 def test_no_hostile_tar_changes_anything_outside_the_target(tmp_path_factory: pytest.TempPathFactory,
                                                              spec: tuple) -> None:  # type: ignore[type-arg]
     parent = tmp_path_factory.mktemp("hostile") / "parent"

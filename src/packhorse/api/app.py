@@ -186,10 +186,11 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     app = FastAPI(title="packhorse", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Operator API of packhorse: spot what is stuck, diagnose why, reset it.")
     app.state.ctx = ctx
-    registry = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds,
-                            forget_after_seconds=settings.recovery.service_forget_after_seconds)
-    detailed = registry_for(db, dead_after_seconds=settings.recovery.service_dead_after_seconds,
-                            forget_after_seconds=settings.recovery.service_forget_after_seconds, error_types=True)
+    scrape = {"dead_after_seconds": settings.recovery.service_dead_after_seconds,
+              "forget_after_seconds": settings.recovery.service_forget_after_seconds,
+              "monitor_interval_seconds": settings.recovery.monitor_interval_seconds}
+    registry = registry_for(db, **scrape)
+    detailed = registry_for(db, **scrape, error_types=True)
 
     def on_error(status: int):  # type: ignore[no-untyped-def]
         async def handler(_request: Request, exc: Exception) -> JSONResponse:

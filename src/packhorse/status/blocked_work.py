@@ -238,6 +238,20 @@ def dispatch_lost(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     return out
 
 
+def not_reclaimed_where(now: dt.datetime, monitor_interval_seconds: float) -> tuple[Any, ...]:
+    """The one definition of a lease not reclaimed, as SQL conditions on :class:`Operation`:
+    ``IN_PROGRESS``, its lease expired before ``now - 2 × monitor_interval_seconds`` (UTC,
+    seconds), and not held by an open or half-open circuit breaker. Used by
+    :func:`lease_not_reclaimed` (``status``, ``health``) and by the
+    ``packhorse_operations_blocked{cause="lease_not_reclaimed"}`` gauge
+    (:mod:`packhorse.status.metrics`), so the three surfaces and the alert agree."""
+    limit = now - dt.timedelta(seconds=2 * monitor_interval_seconds)
+    held = (select(CircuitBreaker.operation_id)
+            .where(CircuitBreaker.state.in_([BreakerState.OPEN.value, BreakerState.HALF_OPEN.value])))
+    return (Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < limit,
+            Operation.id.not_in(held))
+
+
 def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``lease_not_reclaimed``: ``IN_PROGRESS`` operations whose lease expired more than two
     recovery passes ago (``2 × [recovery] monitor_interval_seconds``) and that no process took
@@ -253,13 +267,9 @@ def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[Blocked
     "package", "location"}``."""
     rec = ctx.settings.recovery
     now = utcnow()
-    limit = now - dt.timedelta(seconds=2 * rec.monitor_interval_seconds)
     package, location, join = package_and_location()
-    held = (select(CircuitBreaker.operation_id)
-            .where(CircuitBreaker.state.in_([BreakerState.OPEN.value, BreakerState.HALF_OPEN.value])))
     rows = session.execute(join(select(Operation, package, location).select_from(Operation))
-                           .where(Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at < limit,
-                                  Operation.id.not_in(held))
+                           .where(*not_reclaimed_where(now, rec.monitor_interval_seconds))
                            .order_by(Operation.id)).all()
     out: list[BlockedItem] = []
     for op, pkg, loc in rows:

@@ -74,12 +74,15 @@ from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.rules.availability import waiting_for
 from packhorse.rules.disk_usage import latest_usage
 from packhorse.rules.space import waiting_for_space
+from packhorse.status.blocked_work import not_reclaimed_where
 
 #: The ``cause`` label values of ``packhorse_operations_blocked`` (every one is always
 #: exported, 0 when nothing waits on it, so an alert on it never goes absent): an unavailable
 #: data location (missing, unmarked, refusing writes), a full one, a deletion waiting for its
-#: safety rule, an open or half-open circuit breaker, and FAILED (a human must act).
-BLOCKED_CAUSES = ("location_unavailable", "location_full", "deletion_rule", "circuit_breaker", "failed")
+#: safety rule, an open or half-open circuit breaker, FAILED (a human must act), and an expired
+#: lease that no monitor took back (:func:`~packhorse.status.blocked_work.not_reclaimed_where`).
+BLOCKED_CAUSES = ("location_unavailable", "location_full", "deletion_rule", "circuit_breaker", "failed",
+                  "lease_not_reclaimed")
 
 #: Histogram buckets of stage durations (seconds): 1 s … 1 day.
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
@@ -91,14 +94,16 @@ def _duration_expr(dialect: str) -> Any:
     return cast(func.extract("epoch", Operation.finished_at - Operation.started_at), Float)
 
 
-def blocked_counts(session: Session) -> dict[str, int]:
+def blocked_counts(session: Session, monitor_interval_seconds: float = 60.0) -> dict[str, int]:
     """Operations that wait on something outside the pipeline, by cause (:data:`BLOCKED_CAUSES`;
     read-only): ``PENDING`` ones waiting for an unavailable data location (its source or
     destination, or the location it was handed back for:
     :func:`~packhorse.rules.availability.waiting_for`), for space
     (:func:`~packhorse.rules.space.waiting_for_space`), for a deletion's safety rule; active ones
     held by an open or half-open circuit breaker; ``FAILED`` ones. An operation may count under
-    two causes (waiting for a location behind an open breaker)."""
+    two causes (waiting for a location behind an open breaker). ``lease_not_reclaimed``: expired
+    leases no monitor took back within two passes of ``monitor_interval_seconds`` (seconds; the
+    definition ``status`` and ``health`` use)."""
     def count(*where: Any) -> int:
         return int(session.scalar(select(func.count()).select_from(Operation).where(*where)) or 0)
 
@@ -113,13 +118,17 @@ def blocked_counts(session: Session) -> dict[str, int]:
             .where(CircuitBreaker.state.in_([BreakerState.OPEN.value, BreakerState.HALF_OPEN.value]),
                    Operation.status.in_([st.value for st in ACTIVE_STATUSES]))) or 0),
         "failed": count(Operation.status == Status.FAILED.value),
+        "lease_not_reclaimed": count(*not_reclaimed_where(utcnow(), monitor_interval_seconds)),
     }
 
 
 def collect_values(session: Session, dead_after_seconds: float = 90.0,
-                   forget_after_seconds: float = 86400.0, *, error_types: bool = False) -> dict[str, Any]:
+                   forget_after_seconds: float = 86400.0, *, error_types: bool = False,
+                   monitor_interval_seconds: float = 60.0) -> dict[str, Any]:
     """Every metric value as plain data (one read-only unit of work). With ``error_types``
-    failure events are counted by ``(kind, error_type)``, else by ``(kind, None)``.
+    failure events are counted by ``(kind, error_type)``, else by ``(kind, None)``;
+    ``monitor_interval_seconds`` is ``[recovery] monitor_interval_seconds`` (the
+    ``lease_not_reclaimed`` cause: :func:`blocked_counts`).
 
     Returns:
         ``{"operations": {(kind, status): n}, "stalled": {kind: n}, "queue": {kind: n},
@@ -164,7 +173,7 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
     else:
         out["failures"] = {(k, None): int(n) for k, n in session.execute(
             select(FailureEvent.kind, func.count()).group_by(FailureEvent.kind))}
-    out["blocked"] = blocked_counts(session)
+    out["blocked"] = blocked_counts(session, monitor_interval_seconds)
     out["locations"] = list(session.scalars(select(DataLocation.name).where(DataLocation.active.is_(True))
                                             .order_by(DataLocation.name)))
     out["unavailable"] = {name: max(0.0, (now - since).total_seconds()) for name, since in session.execute(
@@ -212,8 +221,9 @@ class DatabaseCollector(Collector):
     """
 
     def __init__(self, db: Database, dead_after_seconds: float = 90.0, forget_after_seconds: float = 86400.0,
-                 *, error_types: bool = False) -> None:
+                 *, error_types: bool = False, monitor_interval_seconds: float = 60.0) -> None:
         self.db = db
+        self.monitor_interval_seconds = monitor_interval_seconds
         self.dead_after_seconds = dead_after_seconds
         self.forget_after_seconds = forget_after_seconds
         self.error_types = error_types
@@ -222,7 +232,8 @@ class DatabaseCollector(Collector):
         up = GaugeMetricFamily("packhorse_database_up", "1 when the ops database could be read for this scrape")
         try:
             v = self.db.read(lambda s: collect_values(s, self.dead_after_seconds, self.forget_after_seconds,
-                                                      error_types=self.error_types))
+                                                      error_types=self.error_types,
+                                                      monitor_interval_seconds=self.monitor_interval_seconds))
         except Exception:
             up.add_metric([], 0)
             yield up
@@ -359,13 +370,16 @@ class DatabaseCollector(Collector):
 
 
 def registry_for(db: Database, *, dead_after_seconds: float = 90.0,
-                 forget_after_seconds: float = 86400.0, error_types: bool = False) -> CollectorRegistry:
+                 forget_after_seconds: float = 86400.0, error_types: bool = False,
+                 monitor_interval_seconds: float = 60.0) -> CollectorRegistry:
     """A fresh registry holding one :class:`DatabaseCollector` for ``db`` (a service is dead
     when its last heartbeat is older than ``dead_after_seconds``, forgotten after
     ``forget_after_seconds``; ``error_types``: failure events by ``error_type`` too, for a
-    caller who may see failures)."""
+    caller who may see failures; ``monitor_interval_seconds``: ``[recovery]
+    monitor_interval_seconds``, for the ``lease_not_reclaimed`` cause)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(DatabaseCollector(db, dead_after_seconds, forget_after_seconds, error_types=error_types))
+    reg.register(DatabaseCollector(db, dead_after_seconds, forget_after_seconds, error_types=error_types,
+                                   monitor_interval_seconds=monitor_interval_seconds))
     return reg
 
 

@@ -21,16 +21,7 @@
   const resetDrafts = new Map(); // group key or "kind:K" -> reason typed so far (kept across refreshes)
   const $ = (id) => document.getElementById(id);
 
-  function el(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "class") e.className = v;
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else if (v !== undefined && v !== null) e.setAttribute(k, v);
-    }
-    for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c === null || c === undefined ? "" : String(c)));
-    return e;
-  }
+  const { el, utc, problemLines } = window.PackhorseDom;
   function fill(table, head, rows) {
     table.replaceChildren(el("tr", {}, ...head.map((h) => el("th", {}, h))), ...rows);
   }
@@ -239,14 +230,9 @@
     fill($("counts"), ["stage", ...STATUSES, "stalled"], rows);
   }
   // one time format everywhere: "2026-12-05 10:01:02 UTC" (the CLI's)
-  function utc(iso) { return iso ? iso.replace("T", " ").slice(0, 19) + " UTC" : "—"; }
   // problems first: one line per kind of problem, red where a human is needed (status/problems.py)
   function renderProblems(ov) {
-    const lines = ov.problems || [];
-    $("problems").replaceChildren(...(lines.length ? lines.map((p) => el("p", {
-        class: "problem " + (p.needs_human ? "human" : "waiting"), "data-testid": "problem-" + p.cause }, p.text))
-      : [el("p", { class: "problem none", "data-testid": "problem-none" },
-          "No problems: nothing FAILED, nothing blocked, every data location available.")]));
+    $("problems").replaceChildren(...problemLines(ov.problems));
   }
   function renderBlocked(ov) {
     const items = ov.blocked || [];

@@ -9,13 +9,7 @@
   const refreshMs = Math.max(1, Number(new URLSearchParams(location.search).get("refresh")) || cfg.refreshSeconds || 15) * 1000;
   $("version").textContent = cfg.version || "";
 
-  function el(tag, attrs, ...children) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
-    e.append(...children.map((c) => (c instanceof Node ? c : document.createTextNode(String(c)))));
-    return e;
-  }
-  function utc(iso) { return iso ? iso.replace("T", " ").slice(0, 19) + " UTC" : "—"; }
+  const { el, utc, problemLines } = window.PackhorseDom;
   function notice(text) { $("notice").textContent = text; $("notice").hidden = false; }
 
   async function refresh() {
@@ -34,11 +28,7 @@
     if (!r.ok) { notice("packhorse answered HTTP " + r.status + "; showing the last answer."); return; }
     const k = await r.json();
     $("notice").hidden = true;
-    const lines = k.problems.map((p) => el("p", { class: "problem " + (p.needs_human ? "human" : "waiting"),
-      "data-testid": "problem-" + p.cause }, p.text));
-    if (!lines.length) lines.push(el("p", { class: "problem none", "data-testid": "problem-none" },
-      "No problems: nothing FAILED, nothing blocked, every data location available."));
-    $("problems").replaceChildren(...lines);
+    $("problems").replaceChildren(...problemLines(k.problems));
     const statuses = Object.keys(k.totals);
     $("totals").replaceChildren(el("tr", {}, ...statuses.map((s) => el("th", {}, s))),
       el("tr", {}, ...statuses.map((s) => el("td", { class: "num " + (s === "FAILED" && k.totals[s] ? "FAILED" : "") }, k.totals[s]))));
