@@ -62,12 +62,11 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import structlog
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, HttpResponseError, ResourceExistsError, ResourceNotFoundError
-from azure.storage.blob import BlobBlock, ContainerClient, ExponentialRetry, ImmutabilityPolicy, StandardBlobTier
 
 from packhorse.errors import (
     ConfigError,
@@ -92,6 +91,9 @@ from packhorse.storage.base import (
     StorageBackend,
     check_key,
 )
+
+if TYPE_CHECKING:
+    from azure.storage.blob import ContainerClient
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +121,14 @@ COPY_WAIT_SECONDS = 60.0
 IMMUTABILITY_MODES = {"GOVERNANCE": "Unlocked", "COMPLIANCE": "Locked"}
 
 
+def _blob_sdk() -> Any:
+    """The ``azure.storage.blob`` module, imported on first use: it is a third of every
+    ``packhorse`` command's start-up, and only a process with an Azure location needs it."""
+    import azure.storage.blob as sdk  # noqa: PLC0415 - start-up time (see the docstring)
+
+    return sdk
+
+
 def make_container_client(*, account_url: str, container: str, connection_string: str | None,
                           location: str) -> ContainerClient:
     """A :class:`ContainerClient` for ``container`` from a connection string (``connection_string``
@@ -136,9 +146,9 @@ def make_container_client(*, account_url: str, container: str, connection_string
         # fail within seconds when the account does not answer (the SDK's default waits 15 s,
         # then 18 s, 24 s … between tries: a minute of silence per call while the whole run
         # waits); packhorse retries the operation itself and marks the location unavailable
-        client = ContainerClient.from_connection_string(
+        client = _blob_sdk().ContainerClient.from_connection_string(
             secret, container, connection_timeout=CONNECTION_TIMEOUT_SECONDS,
-            retry_policy=ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=3, random_jitter_range=1))
+            retry_policy=_blob_sdk().ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=3, random_jitter_range=1))
     except (ValueError, AzureError):
         raise ConfigError(f"locations: {location!r}: the Azure connection string is not valid") from None
     endpoint = client.primary_endpoint.rstrip("/")
@@ -317,7 +327,7 @@ class AzureBackend(StorageBackend):
             else:
                 blob.stage_block(block, data, length=len(data), validate_content=True)
                 self.bytes_uploaded += len(data)
-            ids.append(BlobBlock(block_id=block))
+            ids.append(_blob_sdk().BlobBlock(block_id=block))
             index += 1
         if reused:
             log.info("azure_blocks_resumed", location=self.location, key=key, reused_bytes=reused, size=size)
@@ -361,14 +371,14 @@ class AzureBackend(StorageBackend):
                     "it is left in the online tier", step="verify", side="destination", path=key, host=self.location)
             read_back = True
             try:
-                self._blob(key).set_standard_blob_tier(StandardBlobTier.ARCHIVE)
+                self._blob(key).set_standard_blob_tier(_blob_sdk().StandardBlobTier.ARCHIVE)
             except AzureError as e:
                 raise self._error(e, key, "moving to the Archive tier") from e
         if self.immutability_mode and self.immutability_days:
             until = dt.datetime.now(dt.UTC) + dt.timedelta(days=self.immutability_days)
             try:
                 self._blob(key).set_immutability_policy(
-                    ImmutabilityPolicy(expiry_time=until, policy_mode=IMMUTABILITY_MODES[self.immutability_mode]))
+                    _blob_sdk().ImmutabilityPolicy(expiry_time=until, policy_mode=IMMUTABILITY_MODES[self.immutability_mode]))
             except AzureError as e:
                 raise self._error(e, key, "setting the immutability policy of") from e
         return read_back
@@ -552,7 +562,7 @@ class AzureBackend(StorageBackend):
         target = self._blob(target_key)
         extra: dict[str, Any] = {}
         if archived:  # an archived blob can only be copied to an online tier (a rehydration)
-            extra = {"standard_blob_tier": StandardBlobTier.COOL, "rehydrate_priority": self.rehydrate_priority}
+            extra = {"standard_blob_tier": _blob_sdk().StandardBlobTier.COOL, "rehydrate_priority": self.rehydrate_priority}
         try:
             result = target.start_copy_from_url(self._blob(source_key).url, match_condition=MatchConditions.IfMissing,
                                                 **extra)
@@ -633,7 +643,7 @@ class AzureBackend(StorageBackend):
             raise self._error(e, key, "writing the immutability probe") from e
         try:
             until = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
-            blob.set_immutability_policy(ImmutabilityPolicy(expiry_time=until, policy_mode="Unlocked"))
+            blob.set_immutability_policy(_blob_sdk().ImmutabilityPolicy(expiry_time=until, policy_mode="Unlocked"))
             blob.delete_immutability_policy()
         except HttpResponseError as e:
             raise ConfigError(
@@ -678,7 +688,7 @@ class AzureBackend(StorageBackend):
         target = self._blob(REHYDRATED_PREFIX + key)
         try:
             target.start_copy_from_url(self._blob(key).url, metadata={SOURCE_ETAG_METADATA: str(p.etag).strip('"')},
-                                       standard_blob_tier=StandardBlobTier.HOT,
+                                       standard_blob_tier=_blob_sdk().StandardBlobTier.HOT,
                                        rehydrate_priority=self.rehydrate_priority,
                                        match_condition=MatchConditions.IfMissing)
         except ResourceExistsError as e:
@@ -702,7 +712,7 @@ class AzureBackend(StorageBackend):
         if p is None or str(p.blob_tier) == "Archive":
             return
         try:
-            self._blob(key).set_standard_blob_tier(StandardBlobTier.ARCHIVE)
+            self._blob(key).set_standard_blob_tier(_blob_sdk().StandardBlobTier.ARCHIVE)
         except AzureError as e:
             raise self._error(e, key, "moving to the Archive tier") from e
         log.info("azure_existing_blob_archived", location=self.location, key=key, tier_was=str(p.blob_tier))
