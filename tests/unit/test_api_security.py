@@ -77,6 +77,7 @@ _LOADED = re.compile(r"""(?:\bsrc\s*[:=]\s*|\burl\(\s*|@import\s+)["']?(https?:)
 def test_the_api_docs_scripts_and_schema_load_nothing_from_the_internet(api, page: str) -> None:
     client, _token, _db = api
     assert not re.search(r"https?://", client.get("/openapi.json").text)  # no x-logo, no remote link
+    assert not re.search(r"https?://", client.get(page).text)
     for asset in _assets(client.get(page).text):
         text = client.get(asset).text
         found = [text[max(m.start() - 40, 0):m.end() + 40] for m in _LOADED.finditer(text)]
