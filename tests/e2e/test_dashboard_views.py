@@ -21,21 +21,16 @@ def _browser(pw):  # type: ignore[no-untyped-def]
     return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
 
 
-#: ReDoc's sidebar always shows a Redocly logo from its CDN; the docs' Content-Security-Policy
-#: refuses it (img-src 'self' data:), so it is never fetched: that refusal is the one allowed.
-REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
-
-
 def _watch(page, base: str) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
     """Record what the page fetched from other origins (a request that completed or got any
-    answer), foreign requests the browser refused other than by its CSP, and console errors
+    answer), foreign requests the browser refused (by its CSP too: none is allowed), and console errors
     (CSP violations are console errors)."""
     seen: dict[str, list[str]] = {"foreign": [], "errors": []}
     local = (base, "data:", "blob:")
     page.on("requestfinished", lambda r: seen["foreign"].append(r.url) if not r.url.startswith(local) else None)
     page.on("requestfailed", lambda r: seen["foreign"].append(f"{r.url} ({r.failure})")
-            if not r.url.startswith(local) and not (r.url == REDOC_LOGO and r.failure == "csp") else None)
-    page.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" and REDOC_LOGO not in m.text else None)
+            if not r.url.startswith(local) else None)
+    page.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" else None)
     return seen
 
 

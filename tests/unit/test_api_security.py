@@ -69,6 +69,26 @@ def test_the_api_docs_load_every_asset_from_the_package(api, page: str) -> None:
         assert any(a.endswith("redoc.standalone.js") for a in assets)
 
 
+#: A resource a script or a style sheet would load: an image, script or style source, a CSS url().
+_LOADED = re.compile(r"""(?:\bsrc\s*[:=]\s*|\burl\(\s*|@import\s+)["']?(https?:)?//""")
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_docs_scripts_and_schema_load_nothing_from_the_internet(api, page: str) -> None:
+    client, _token, _db = api
+    assert not re.search(r"https?://", client.get("/openapi.json").text)  # no x-logo, no remote link
+    assert not re.search(r"https?://", client.get(page).text)
+    for asset in _assets(client.get(page).text):
+        text = client.get(asset).text
+        found = [text[max(m.start() - 40, 0):m.end() + 40] for m in _LOADED.finditer(text)]
+        assert found == [], (asset, found)
+    if page == "/redoc":  # the footer's logo, from the package
+        js = client.get("/static/docs-assets/redoc.standalone.js").text
+        assert 'src:"/static/redoc-logo.svg"' in js
+        logo = client.get("/static/redoc-logo.svg")
+        assert logo.status_code == 200 and logo.headers["content-type"].startswith("image/svg+xml")
+
+
 def test_a_package_name_with_slashes_reaches_its_report(api) -> None:
     client, token, db = api
     from packhorse.runtime.topology import sync_topology

@@ -406,6 +406,25 @@ def test_a_tar_with_a_link_or_a_member_outside_the_bag_is_refused(tmp_path: Path
                                                           ("unsafe-member", "other/x")]
 
 
+def test_a_problem_quotes_a_4_kb_name_cut_with_its_length_and_keeps_it_whole_as_its_path(tmp_path: Path) -> None:
+    long = "data/" + "/".join(["d" * 200] * 20) + "/x"  # 4,026 characters
+    root = make_bag(tmp_path / "bag", algorithms=["sha256"], payload={"a.txt": b"a"})
+    with (root / "manifest-sha256.txt").open("a", encoding="utf-8") as f:
+        f.write(f"{hashlib.sha256(b'x').hexdigest()}  {long}\n")
+    buf = io.BytesIO(tar_of(root, tags_first=True))
+    with tarfile.open(fileobj=buf, mode="a") as tar:
+        tar.addfile(tarfile.TarInfo("bag/" + long))  # an empty file where the manifest says 'x'
+        link = tarfile.TarInfo("bag/" + long + "-link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/" + "e" * 4000
+        tar.addfile(link)
+    for report in (validate_folder(root), validate_tar(io.BytesIO(buf.getvalue()), bag="x.tar")[0]):
+        long_ones = [p for p in report.problems if len(p.path) > 4000]
+        assert long_ones, report.problems
+        for p in long_ones:
+            assert len(p.message) < 800, (p.code, p.message)
+            assert f"({len(p.path):,} characters)" in p.message, p.message
+
+
 def test_a_damaged_tar_and_a_non_tar_are_problems_not_crashes(tmp_path: Path) -> None:
     root = make_bag(tmp_path / "bag", algorithms=["sha256"])
     data = tar_of(root, tags_first=True)

@@ -41,6 +41,7 @@ from packhorse.bags.packaging import PayloadFile, write_bag_tar
 from packhorse.bags.validation import validate_path
 from packhorse.errors import OperationError, SourceChangedError, UnsafePathError
 from packhorse.stages.staging import ArchiveCopy, check_archive_copy, extract_archive_copy
+from packhorse.storage.base import check_key
 from packhorse.storage.disk import DiskBackend
 
 SOURCES = {
@@ -140,7 +141,9 @@ def test_every_hostile_kind_is_refused_on_every_path(tmp_path: Path, kind: str, 
     with pytest.raises(UnsafePathError) as ei:
         PATHS[path](data, target, limits)
     msg = str(ei.value)
-    assert msg.startswith(f"{source}: refused tar member {member!r}: "), msg
+    # a name of more than 200 characters is cut in the message, kept whole in ``path``
+    shown = repr(member) if len(member) <= 200 else f"{member[:200]!r}… ({len(member):,} characters)"
+    assert msg.startswith(f"{source}: refused tar member {shown}: "), msg
     reason = reason.replace("{file}", "bundle/data/pkg.tar" if path == "unpack-bundle" else "pkg/data/a.txt")
     assert re.search(reason, msg), msg
     assert ei.value.path == member and ei.value.is_retryable is False
@@ -274,6 +277,53 @@ def test_names_differing_by_unicode_normalization_are_refused_only_where_the_tar
     with pytest.raises(UnsafePathError, match=r"refused tar member 'pkg/data/.*': differs from member 'pkg/data/.*' only by Unicode"):
         extract_tar(io.BytesIO(data), tmp_path / "merged", source="lta:raw/pkg.tar")
     assert not (tmp_path / "merged").exists()
+
+
+def test_a_normalization_refusal_shows_each_names_form_and_code_points(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the two names print alike: the message tells them apart
+    import packhorse.bags.extraction as extraction
+
+    data = tar_of(good_bag_members(payload={"caf\u00e9.txt": b"composed", "cafe\u0301.txt": b"decomposed"}))
+    with pytest.raises(UnsafePathError) as listed:
+        list(iter_members(io.BytesIO(data), source="x:y", normalization=True))
+    monkeypatch.setattr(extraction, "_normalizes", lambda fd: True)
+    with pytest.raises(UnsafePathError) as extracted:
+        extract_tar(io.BytesIO(data), tmp_path / "merged", source="lta:raw/pkg.tar")
+    for ei in (listed, extracted):
+        msg = str(ei.value)
+        # the second in the archive is refused (the bag writer sorts them: NFD first)
+        assert "only by Unicode normalization ('pkg/data/caf\u00e9.txt' (NFC: U+00E9) and " \
+               "'pkg/data/cafe\u0301.txt' (NFD: U+0065 U+0301); the target file system merges them)" in msg, msg
+        assert ei.value.path == "pkg/data/caf\u00e9.txt"
+    # a folder of the pair, deeper down
+    data = tar_of([reg("pkg/Gr\u00fc\u00dfe/a", b"1"), reg("pkg/Gru\u0308\u00dfe/b", b"2")])
+    with pytest.raises(UnsafePathError, match=r"\(NFD: U\+0075 U\+0308\) and .* \(NFC: U\+00FC\)"):
+        list(iter_members(io.BytesIO(data), source="x:y", normalization=True))
+
+
+def test_a_refusal_quotes_a_4_kb_name_cut_with_its_length_and_keeps_it_whole_as_data(tmp_path: Path) -> None:
+    name = "pkg/" + "/".join(["d" * 200] * 20) + "/x"  # 4,026 characters: under PATH_MAX
+    cases = {
+        "a link": [reg("pkg/bagit.txt", b"b"), special(name, tarfile.SYMTYPE, "/" + "e" * 4000)],
+        "a duplicate": [reg(name, b"1"), reg(name, b"2")],
+        "a file under a file": [reg(name.rsplit("/", 1)[0], b"1"), reg(name, b"2")],
+        "case twins": [reg(name, b"1"), reg(name.upper(), b"2")],
+    }
+    for what, members in cases.items():
+        with pytest.raises(UnsafePathError) as ei:
+            list(iter_members(io.BytesIO(tar_of(members)), source="x:y", casefold=what == "case twins"))
+        msg = str(ei.value)
+        assert len(msg) < 1000, (what, len(msg))
+        assert "characters)" in msg and f"({len(ei.value.path):,} characters)" in msg, (what, msg)
+        assert len(ei.value.path) > 4000, what  # the data keeps the whole name
+    with pytest.raises(UnsafePathError) as ei:
+        extract_tar(io.BytesIO(tar_of(cases["a duplicate"])), tmp_path / "t", source="lta:raw/pkg.tar")
+    assert len(str(ei.value)) < 1000 and f"({len(name):,} characters)" in str(ei.value)
+    # the scan's skip reason for a name not allowed in an archive
+    with pytest.raises(UnsafePathError) as ei:
+        check_key(name + "//y")
+    assert len(str(ei.value)) < 400 and ei.value.path == name + "//y"
 
 
 def test_case_folding_is_refused_only_for_case_insensitive_targets() -> None:

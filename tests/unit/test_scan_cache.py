@@ -338,3 +338,20 @@ def test_files_in_a_folder_named_with_the_partial_suffix_are_listed_as_skipped(t
     assert [p for p, _ in skipped] == ["cam14/.packhorse-partial/f.txt"]
     assert "reserved suffix" in skipped[0][1]
 
+
+
+def test_a_skip_reason_quotes_a_4_kb_name_cut_with_its_length_and_keeps_the_path_whole(tmp_path: Path) -> None:
+    from packhorse.storage.disk import DiskBackend
+
+    root = tmp_path / "src"
+    deep = root.joinpath(*["d" * 200] * 19, "cam14", ".packhorse-partial")
+    deep.mkdir(parents=True)
+    (deep / "f.txt").write_bytes(b"x")
+    found: list = []
+    skipped: list[tuple[str, str]] = []
+    listing.walk(DiskBackend("src", root), found, skipped)
+    ((path, reason),) = skipped
+    # ~3.8 KB (the test makes the folders by absolute path, which must stay under PATH_MAX)
+    assert len(path) > 3800 and path.endswith("/cam14/.packhorse-partial/f.txt")  # the row keeps it whole
+    assert "reserved suffix" in reason and len(reason) < 400, reason
+    assert f"({len(path):,} characters)" in reason, reason

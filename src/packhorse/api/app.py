@@ -11,27 +11,37 @@ Access (checked by :class:`AuthMiddleware` *before* FastAPI parses or validates 
 
 Every response carries a Content-Security-Policy, ``X-Content-Type-Options: nosniff`` and
 ``X-Frame-Options: DENY`` (:mod:`packhorse.api.security`); ``/docs`` and ``/redoc`` load
-their scripts from the package, never from a CDN.
+their scripts from the package, never from a CDN, and ReDoc's footer logo from the package too
+(:func:`redoc_script`).
+
+The OpenAPI schema documents the runtime settings' keys and values, a 400 on every route
+that reads a body (:data:`BAD_BODY`: one that cannot be decoded), and a 405 lists every method
+of its path in ``Allow`` (:func:`allowed_methods`).
 
 Build with :func:`create_app`; serve with ``packhorse api`` or ``packhorse run --api``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request, Security
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from packhorse import __version__
@@ -66,7 +76,7 @@ from packhorse.recovery.breakers import jsonable, list_breakers
 from packhorse.recovery.health import list_services
 from packhorse.runtime import audit
 from packhorse.runtime.context import ProcessContext
-from packhorse.runtime.settings import RuntimeSettings, describe, set_setting, unset_setting
+from packhorse.runtime.settings import KEYS, RuntimeSettings, describe, set_setting, unset_setting
 from packhorse.runtime.topology import sync_topology
 from packhorse.status.diagnose import (
     diagnose_operation,
@@ -83,6 +93,19 @@ from packhorse.status.overview import location_usage, pipeline_overview
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 STATIC = resources.files("packhorse.api") / "static"
 DOCS_ASSETS = resources.files("fastapi_offline") / "static"
+#: The one resource ReDoc's script loads from the internet (the logo of its "API docs by
+#: Redocly" footer, an ``<img>`` the Content-Security-Policy blocks), and the local file served
+#: in its place by :func:`redoc_script`.
+REDOC_REMOTE_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+REDOC_LOCAL_LOGO = "/static/redoc-logo.svg"
+
+
+@functools.cache
+def redoc_script() -> str:
+    """ReDoc's standalone script as the fastapi-offline package ships it, with its one remote
+    image (:data:`REDOC_REMOTE_LOGO`) pointed at :data:`REDOC_LOCAL_LOGO` (read once, ~1 MB)."""
+    return (DOCS_ASSETS / "redoc.standalone.js").read_text(encoding="utf-8").replace(REDOC_REMOTE_LOGO,
+                                                                                    REDOC_LOCAL_LOGO)
 
 
 def required_role(method: str, path: str) -> str:
@@ -149,6 +172,20 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": m.Problem, "description": "the ops database is unavailable"},
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": m.Problem, "description": "no such operation or package"}}
+#: Documented on every route that reads a request body (FastAPI answers 400 to one it cannot decode).
+BAD_BODY: dict[str, Any] = {"model": m.BodyProblem, "description": "a request body that cannot be read (not UTF-8 "
+                                                                   "or not parsable)"}
+#: The ``{key}`` of ``/api/admin/settings/{key}``: a plain string at run time (an unknown key is
+#: answered 422 by :func:`set_setting`, and audited), the known keys in the schema.
+SettingKey = Annotated[str, Path(max_length=100, description="a runtime setting key",
+                                 json_schema_extra={"enum": list(KEYS)})]
+
+
+def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
+    """Every method one of ``routes`` (FastAPI path operations; other routes are skipped)
+    answers at ``path``, sorted: what a 405's ``Allow`` header lists."""
+    return sorted({method for route in routes if isinstance(route, APIRoute) and route.path_regex.match(path)
+                   for method in route.methods})
 
 
 def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessContext | None = None) -> FastAPI:
@@ -197,6 +234,17 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
             return JSONResponse({"detail": str(exc)}, status)
         return handler
 
+    async def with_allow(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's 405 names the methods of the first route whose path matched; ``Allow``
+        # must list every method of that path (``PUT`` and ``DELETE`` on one settings key)
+        if exc.status_code == 405:
+            exc = StarletteHTTPException(405, exc.detail, headers={**(exc.headers or {}),
+                                                                   "Allow": ", ".join(allowed_methods(
+                                                                       [*api.routes, *app.router.routes],
+                                                                       request.url.path))})
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, with_allow)
     for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404),
                              (ResetRefusedError, 409), (RuntimeSettingError, 422), (LocateQueryError, 422), (EmptyReasonError, 422),
                              (HistoryWindowError, 422), (QuarantineRetentionError, 422), (TransientDatabaseError, 503)):
@@ -369,14 +417,14 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
 
     @api.put("/admin/settings/{key}", response_model=list[m.SettingOut], tags=["settings"],
              responses={422: {"model": m.Problem, "description": "unknown key or bad value"}})
-    def put_setting(key: Annotated[str, Path(max_length=100)], body: m.SettingIn, who: Caller) -> list[dict[str, Any]]:
+    def put_setting(key: SettingKey, body: m.SettingIn, who: Caller) -> list[dict[str, Any]]:
         """Change a runtime setting; running services pick it up within a minute (audited)."""
         set_setting(db, key, body.value, actor=who.actor)
         return db.read(lambda s: describe(s, settings))
 
     @api.delete("/admin/settings/{key}", response_model=list[m.SettingOut], tags=["settings"],
                 responses={422: {"model": m.Problem, "description": "unknown key"}})
-    def delete_setting(key: Annotated[str, Path(max_length=100)], who: Caller) -> list[dict[str, Any]]:
+    def delete_setting(key: SettingKey, who: Caller) -> list[dict[str, Any]]:
         """Drop a runtime override: the configuration file's value applies again (audited)."""
         unset_setting(db, key, actor=who.actor)
         return db.read(lambda s: describe(s, settings))
@@ -409,6 +457,9 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
         """The newest admin actions: who, what, when, result."""
         return db.read(lambda s: audit.entries(s, limit=limit, action=action))
 
+    for route in api.routes:
+        if isinstance(route, APIRoute) and route.body_field is not None:
+            route.responses.setdefault(400, BAD_BODY)
     app.include_router(api)
 
     @app.get("/metrics", include_in_schema=False)
@@ -444,7 +495,12 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
     def redoc() -> HTMLResponse:
         return HTMLResponse((STATIC / "redoc.html").read_text(encoding="utf-8"))
 
-    # Swagger UI and ReDoc from the files the fastapi-offline package ships (no CDN)
+    @app.get("/static/docs-assets/redoc.standalone.js", include_in_schema=False)
+    def redoc_js() -> Response:
+        return Response(redoc_script(), media_type="text/javascript; charset=utf-8")
+
+    # Swagger UI and ReDoc from the files the fastapi-offline package ships (no CDN); ReDoc's
+    # script through the route above, which serves it with its footer logo local
     app.mount("/static/docs-assets", StaticFiles(directory=str(DOCS_ASSETS)), name="docs-assets")
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
     app.add_middleware(AuthMiddleware, db=db)

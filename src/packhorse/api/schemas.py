@@ -7,9 +7,11 @@ error, traceback, message or diagnosis field, so none can ever be served to an o
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from packhorse.runtime.settings import KEYS, value_schemas
 
 
 class _Model(BaseModel):
@@ -20,6 +22,12 @@ class Problem(_Model):
     """An error answer: what went wrong, in words."""
 
     detail: Any
+
+
+class BodyProblem(_Model):
+    """The answer to a request body that cannot be read at all (not UTF-8, not parsable): 400."""
+
+    detail: Literal["There was an error parsing the body"]
 
 
 class WhoAmI(_Model):
@@ -272,7 +280,7 @@ class ReconcileAllResult(_Model):
 
 
 class SettingOut(_Model):
-    key: str
+    key: Annotated[str, Field(json_schema_extra={"enum": list(KEYS)})]
     value: Any
     default: Any
     source: Literal["runtime", "file"]
@@ -282,7 +290,10 @@ class SettingOut(_Model):
 
 
 class SettingIn(_Model):
-    value: str | float | int
+    """A runtime setting's new value; which values a key accepts is in the schema (one
+    alternative per key, titled with it: :func:`packhorse.runtime.settings.value_schemas`)."""
+
+    value: Annotated[str | float | int, Field(json_schema_extra={"anyOf": value_schemas()})]
 
 
 class AuditOut(_Model):

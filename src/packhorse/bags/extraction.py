@@ -14,7 +14,9 @@ kernel follows the links out of the target).
 
 Input is treated as hostile. The reader refuses, with
 :class:`~packhorse.errors.UnsafePathError` (permanent, never retried) whose message starts
-with the artifact (``location:key``) and names the member:
+with the artifact (``location:key``) and names the member (quoted by
+:func:`packhorse.names.quoted`: a name longer than 200 characters is cut there and its length
+said; the error's ``path`` keeps it whole):
 
 - every member that is not a regular file or a directory: symbolic and hard links, character
   and block devices, FIFOs, sparse and contiguous files, unknown types;
@@ -27,7 +29,9 @@ with the artifact (``location:key``) and names the member:
   APFS or ZFS with ``normalization=formD``) or only by letter case (a case-insensitive one);
   :func:`extract_tar` probes its new target for both. Readers that create no file from a
   member name (unpack, validation) do not refuse such pairs: on Linux file systems ``é`` in
-  NFC and in NFD are two files, a source folder may hold both, and packhorse archives both;
+  NFC and in NFD are two files, a source folder may hold both, and packhorse archives both.
+  The two names print alike: the refusal shows each one's form and the code points where they
+  differ (:func:`packhorse.names.twins`);
 - a directory member carrying data, an extended (PAX or GNU) header over
   :data:`MAX_HEADER_BYTES` (tarfile would read it whole into memory);
 - more members than ``bags.extraction.max_members``, a member larger than
@@ -64,6 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from packhorse.errors import ExtendedHeaderTooLargeError, UnsafePathError, VerificationError
+from packhorse.names import quoted, twins
 from packhorse.storage.disk import remove_tree
 
 if TYPE_CHECKING:
@@ -158,8 +163,10 @@ class TarMember:
 
 def refused(source: str, name: str, reason: str, *, step: str = "extract") -> UnsafePathError:
     """The error for a refused member: ``"<source>: refused tar member '<name>': <reason>"``
-    (``path`` = the member, ``host`` = the location, the part of ``source`` before ``:``)."""
-    return UnsafePathError(f"{source}: refused tar member {name!r}: {reason}", path=name,
+    (``path`` = the member's whole name, ``host`` = the location, the part of ``source`` before
+    ``:``). The message quotes the name with :func:`packhorse.names.quoted`: a name of more
+    than 200 characters is cut there, its length said."""
+    return UnsafePathError(f"{source}: refused tar member {quoted(name)}: {reason}", path=name,
                            host=source.partition(":")[0] or None, step=step)
 
 
@@ -347,7 +354,7 @@ def _name_of(member: tarfile.TarInfo, source: str, step: str) -> tuple[str, tupl
 def _kind_refusal(member: tarfile.TarInfo) -> str | None:
     """Why ``member``'s type is refused, or ``None`` for a plain file or directory."""
     if member.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
-        return f"is {_KIND_NAMES[member.type]} (to {member.linkname!r}); links are refused"
+        return f"is {_KIND_NAMES[member.type]} (to {quoted(member.linkname)}); links are refused"
     if member.sparse is not None:
         return "is a sparse file; only regular files and folders are extracted"
     if member.type in _FILE_TYPES or member.type == tarfile.DIRTYPE:
@@ -363,8 +370,10 @@ def _key(part: str, casefold: bool, normalization: bool) -> str:
 
 def _merged_reason(name: str, other: str) -> str:
     if unicodedata.normalize("NFC", name) == unicodedata.normalize("NFC", other):
-        return f"differs from member {other!r} only by Unicode normalization (the target file system merges them)"
-    return f"differs from member {other!r} only by letter case (the target file system is case-insensitive)"
+        # the two print alike: each one's form and the code points where they differ
+        return (f"differs from member {quoted(other)} only by Unicode normalization ({twins(name, other)}; "
+                "the target file system merges them)")
+    return f"differs from member {quoted(other)} only by letter case (the target file system is case-insensitive)"
 
 
 def iter_members(
@@ -503,9 +512,9 @@ def _check(member: tarfile.TarInfo, entries: _Entry, *, source: str,
         path.append(seen)
         if seen.spelled != parts[i]:
             spelled = "/".join(parts[:i + 1])
-            raise refused(source, name, f"its folder {spelled!r} {_merged_reason(spelled, _spelled(path))}", step=step)
+            raise refused(source, name, f"its folder {quoted(spelled)} {_merged_reason(spelled, _spelled(path))}", step=step)
         if seen.kind == "file":
-            raise refused(source, name, f"its folder {'/'.join(parts[:i + 1])!r} is a file member earlier in the "
+            raise refused(source, name, f"its folder {quoted('/'.join(parts[:i + 1]))} is a file member earlier in the "
                                         "archive", step=step)
         node = seen
     last = node.children.get(keys[-1]) if missing == len(parts) - 1 else None
@@ -596,7 +605,7 @@ class _Folders:
                     except FileExistsError:
                         # we did not create it: another member's name the file system merged
                         # with this one, or something outside packhorse wrote into the target
-                        raise refused(self.source, member, f"its folder {'/'.join(parts[:i + 1])!r} already exists "
+                        raise refused(self.source, member, f"its folder {quoted('/'.join(parts[:i + 1]))} already exists "
                                                            "in the target (the file system merged two names)") from None
                     below = made[comp] = {}
                 made = below
@@ -604,7 +613,7 @@ class _Folders:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
                 except OSError as e:
                     if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise refused(self.source, member, f"its folder {'/'.join(parts[:i + 1])!r} is not a folder in "
+                        raise refused(self.source, member, f"its folder {quoted('/'.join(parts[:i + 1]))} is not a folder in "
                                                            "the target") from None
                     raise
                 if fd != self.root_fd:
@@ -643,7 +652,7 @@ def _write_member(dir_fd: int, m: TarMember, source: str, on_block: Callable[[in
             if on_block:
                 on_block(len(block))
         if written != m.size:
-            raise VerificationError(f"{source}: damaged tar: member {m.name!r} ends after {written} of {m.size} bytes",
+            raise VerificationError(f"{source}: damaged tar: member {quoted(m.name)} ends after {written} of {m.size} bytes",
                                     path=m.name, step="extract")
         try:
             os.utime(fd, ns=(m.mtime * 1_000_000_000, m.mtime * 1_000_000_000))

@@ -41,6 +41,7 @@ from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits
 from packhorse.bags.validation import UNSAFE_CODES, BagReport, validate_folder, validate_tar
 from packhorse.bags.validation import decode_manifest_path as _decode
 from packhorse.errors import SourceChangedError, SourceMissingError, UnsafePathError, VerificationError
+from packhorse.names import quoted
 
 BAGIT_VERSION = "1.0"
 SOFTWARE_AGENT = "packhorse"  # no version: rebuilt tars must stay byte-identical across upgrades (I3)
@@ -266,7 +267,7 @@ def write_bag_tar(
         SourceChangedError: a payload file's size or sha256 differs from what was registered.
     """
     if not bag_dir or "/" in bag_dir or bag_dir in (".", ".."):
-        raise UnsafePathError(f"bad bag folder name {bag_dir!r}")
+        raise UnsafePathError(f"bad bag folder name {quoted(bag_dir)}")
     tar = _TarWriter(out)
     for name, data in bag_tag_files(
         files, bag_info=bag_info, bagging_date=bagging_date, external_identifier=external_identifier

@@ -67,6 +67,7 @@ from typing import Any, BinaryIO
 
 from packhorse.bags.extraction import DEFAULT_LIMITS, ExtractionLimits, members_of, open_tar
 from packhorse.errors import UnsafePathError, VerificationError
+from packhorse.names import quoted
 
 #: The checksum algorithms RFC 8493 §2.4 names (the IANA "BagIt Checksum Algorithms" registry).
 #: Verified too, as the reference ``bagit`` library does: sha224 and sha384 (older tools write them).
@@ -397,14 +398,14 @@ class BagValidator:
         m = _MANIFEST_NAME.fullmatch(name)
         if m or name in _SPECIAL:
             if size > MAX_TAG_FILE_BYTES:
-                self.problem("tag-file-too-large", path, f"tag file {path!r} is {size} bytes, more than the "
+                self.problem("tag-file-too-large", path, f"tag file {quoted(path)} is {size} bytes, more than the "
                                                          f"{MAX_TAG_FILE_BYTES} packhorse reads")
                 if not isinstance(stream, (bytes, bytearray, memoryview)):
                     hash_stream(stream, ())
                 return
             data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_all(stream)
             if len(data) != size:
-                self.problem("truncated", path, f"tag file {path!r} ends after {len(data)} of {size} bytes")
+                self.problem("truncated", path, f"tag file {quoted(path)} ends after {len(data)} of {size} bytes")
             self._tags[name] = data
             if m:
                 (self._tag_algs if m.group(1) else self._payload_algs).add(m.group(2))
@@ -421,7 +422,7 @@ class BagValidator:
         ``size`` bytes read, ``digests`` {algorithm: hex}. Called by :meth:`add` too."""
         self._has_data_dir = True
         if declared_size is not None and size != declared_size:
-            self.problem("truncated", path, f"payload file {path!r} ends after {size} of {declared_size} bytes")
+            self.problem("truncated", path, f"payload file {quoted(path)} ends after {size} of {declared_size} bytes")
         self._seen.add(path)
         self._payload[path] = PayloadEntry(size=size, digests={a: d.lower() for a, d in digests.items()})
 
@@ -437,10 +438,10 @@ class BagValidator:
     def _admit(self, path: str) -> bool:
         reason = _unsafe_reason(path)
         if reason:
-            self.problem("unsafe-member", path, f"entry {path!r} {reason}")
+            self.problem("unsafe-member", path, f"entry {quoted(path)} {reason}")
             return False
         if path in self._seen:
-            self.problem("duplicate-entry", path, f"{path!r} appears twice")
+            self.problem("duplicate-entry", path, f"{quoted(path)} appears twice")
             return False
         self._seen.add(path)
         return True
@@ -490,7 +491,7 @@ class BagValidator:
         try:
             return self._tags[name].decode(encoding)
         except (UnicodeDecodeError, LookupError) as e:
-            self.problem("tag-file-unreadable", name, f"tag file {name!r} is not valid {encoding}: {e}")
+            self.problem("tag-file-unreadable", name, f"tag file {quoted(name)} is not valid {encoding}: {e}")
             return None
 
     def _declaration(self) -> tuple[str | None, str]:
@@ -519,7 +520,7 @@ class BagValidator:
         try:
             codecs.lookup(encoding)
         except LookupError:
-            self.problem("unknown-encoding", "bagit.txt", f"bagit.txt declares the unknown encoding {encoding!r}")
+            self.problem("unknown-encoding", "bagit.txt", f"bagit.txt declares the unknown encoding {quoted(encoding)}")
             encoding = "utf-8"
         if version in OLD_VERSIONS:
             self.warn("old-version", "bagit.txt", f"BagIt-Version {version} is a draft before 0.97; read as 0.97")
@@ -556,17 +557,17 @@ class BagValidator:
                     self.warn("manifest-path-dot-prefix", name, f"{name} line {number}: a leading './' dropped")
             reason = _unsafe_reason(path)
             if reason:
-                problem("manifest-path-unsafe", name, f"{name} line {number}: path {path!r} {reason}")
+                problem("manifest-path-unsafe", name, f"{name} line {number}: path {quoted(path)} {reason}")
                 continue
             if payload and not path.startswith("data/"):
                 problem("manifest-path-outside-payload", name,
-                        f"{name} line {number}: {path!r} is not under data/ (a payload manifest lists payload files)")
+                        f"{name} line {number}: {quoted(path)} is not under data/ (a payload manifest lists payload files)")
                 continue
             if not payload and path.startswith("data/"):
-                problem("tag-manifest-lists-payload", name, f"{name} line {number}: {path!r} is a payload file")
+                problem("tag-manifest-lists-payload", name, f"{name} line {number}: {quoted(path)} is a payload file")
                 continue
             if path in out:
-                problem("manifest-duplicate-entry", name, f"{name} lists {path!r} more than once")
+                problem("manifest-duplicate-entry", name, f"{name} lists {quoted(path)} more than once")
                 continue
             out[path] = m.group(1).lower()
         return out
@@ -587,7 +588,7 @@ class BagValidator:
             label, colon, value = line.partition(":")
             if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
                 self.warn("bag-info-label-whitespace", "bag-info.txt",
-                          f"bag-info.txt line {number}: whitespace before the colon of {label.rstrip()!r}")
+                          f"bag-info.txt line {number}: whitespace before the colon of {quoted(label.rstrip())}")
                 label = label.rstrip(" \t")
             if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
                 self.problem("bag-info-invalid", "bag-info.txt",
@@ -619,7 +620,7 @@ class BagValidator:
             alg, is_tag = m.group(2), bool(m.group(1))
             if alg not in DIGEST_HEX_LENGTH:
                 self.problem("unsupported-algorithm", name,
-                             f"{name} uses the algorithm {alg!r}, which packhorse cannot verify "
+                             f"{name} uses the algorithm {quoted(alg)}, which packhorse cannot verify "
                              f"(it verifies {', '.join(ALGORITHMS)})")
             parsed = self._manifest(name, payload=not is_tag, encoding=encoding)
             (tag_manifests if is_tag else manifests)[alg] = parsed
@@ -639,24 +640,24 @@ class BagValidator:
                     if path in fetch:
                         pending.add(path)  # to be fetched (§2.2.3): the bag is incomplete, not invalid
                     else:
-                        self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
+                        self.problem("file-missing", path, f"{name} lists {quoted(path)}, which is not in the bag")
                     continue
                 if alg not in DIGEST_HEX_LENGTH:
                     continue
                 actual = entry.digests.get(alg)
                 if actual is None:
                     self.problem("not-verified", path,
-                                 f"payload file {path!r} came before {name} in a stream that cannot be read twice; "
+                                 f"payload file {quoted(path)} came before {name} in a stream that cannot be read twice; "
                                  f"packhorse hashes payload read before any manifest with "
                                  f"{' and '.join(EARLY_ALGORITHMS)} only")
                 elif actual != expected:
                     self.problem("checksum-mismatch", path,
-                                 f"payload file {path!r} has {alg} {actual}, {name} says {expected}")
+                                 f"payload file {quoted(path)} has {alg} {actual}, {name} says {expected}")
         for path in sorted(fetch):  # a file to fetch must be one the manifests say how to verify
             absent = [a for a, entries in manifests.items() if path not in entries]
             if absent and manifests:
                 self.problem("fetch-not-in-manifest", path,
-                             f"fetch.txt lists {path!r}, which is not in "
+                             f"fetch.txt lists {quoted(path)}, which is not in "
                              + ", ".join(f"manifest-{a}.txt" for a in absent))
         every = version not in ("0.97", *OLD_VERSIONS)  # 0.97 and its drafts: in at least one
         for path in self._payload:
@@ -666,7 +667,7 @@ class BagValidator:
                 absent = [] if path in listed_anywhere else list(manifests)
             if absent and manifests:
                 self.problem("payload-not-in-manifest", path,
-                             f"payload file {path!r} is not in " + ", ".join(f"manifest-{a}.txt" for a in absent))
+                             f"payload file {quoted(path)} is not in " + ", ".join(f"manifest-{a}.txt" for a in absent))
         # tag manifests
         for alg, entries in tag_manifests.items():
             name = f"tagmanifest-{alg}.txt"
@@ -677,10 +678,10 @@ class BagValidator:
                 elif path in self._tag_digests:
                     actual = self._tag_digests[path].get(alg)
                 else:
-                    self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
+                    self.problem("file-missing", path, f"{name} lists {quoted(path)}, which is not in the bag")
                     continue
                 if actual is not None and actual != expected:
-                    self.problem("checksum-mismatch", path, f"tag file {path!r} has {alg} {actual}, {name} says {expected}")
+                    self.problem("checksum-mismatch", path, f"tag file {quoted(path)} has {alg} {actual}, {name} says {expected}")
         # bag-info and Payload-Oxum
         report.bag_info = self._bag_info(encoding)
         octets = sum(e.size for e in self._payload.values())
@@ -688,11 +689,11 @@ class BagValidator:
             m = _OXUM.fullmatch(oxum)
             if not m:
                 self.problem("payload-oxum-invalid", "bag-info.txt",
-                             f"Payload-Oxum {oxum!r} is not 'OctetCount.StreamCount'")
+                             f"Payload-Oxum {quoted(oxum)} is not 'OctetCount.StreamCount'")
             elif not pending and (int(m.group(1)), int(m.group(2))) != (octets, len(self._payload)):
                 # (the Oxum counts the complete payload: with files still to fetch it cannot be checked)
                 self.problem("payload-oxum-mismatch", "bag-info.txt",
-                             f"Payload-Oxum {oxum!r} but payload is {octets}.{len(self._payload)}")
+                             f"Payload-Oxum {quoted(oxum)} but payload is {octets}.{len(self._payload)}")
         report.problems = list(self._problems)
         report.warnings = list(self._warnings)
         report.payload = dict(self._payload)
@@ -762,18 +763,18 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
             # O_NONBLOCK: a FIFO put there after the listing is refused below, never waited on
             fd = _open_below(root, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
-            v.problem("unreadable", rel, f"cannot read {rel!r}: {e.strerror}")
+            v.problem("unreadable", rel, f"cannot read {quoted(rel)}: {e.strerror}")
             continue
         with os.fdopen(fd, "rb", buffering=0) as f:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                v.problem("special-file", rel, f"{rel!r} is not a regular file or folder")
+                v.problem("special-file", rel, f"{quoted(rel)} is not a regular file or folder")
                 continue
             os.set_blocking(fd, True)
             try:
                 v.add(rel, st.st_size, f)  # type: ignore[arg-type]
             except OSError as e:
-                v.problem("unreadable", rel, f"cannot read {rel!r}: {e.strerror}")
+                v.problem("unreadable", rel, f"cannot read {quoted(rel)}: {e.strerror}")
     return v.finish()
 
 
@@ -817,28 +818,28 @@ def _walk(root: Path, rel: str, v: BagValidator) -> Iterator[tuple[str, bool]]:
         try:
             dfd = _open_below(root, rel, _DIR_FLAGS) if rel else os.open(root, _DIR_FLAGS)
         except OSError as e:
-            v.problem("unreadable", rel, f"cannot list {rel or '.'!r}: {e.strerror}")
+            v.problem("unreadable", rel, f"cannot list {quoted(rel or '.')}: {e.strerror}")
             continue
         try:
             with os.scandir(dfd) as it:
                 children = sorted(it, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
             links = {e.name: os.readlink(e.name, dir_fd=dfd) for e in children if e.is_symlink()}
         except OSError as e:
-            v.problem("unreadable", rel, f"cannot list {rel or '.'!r}: {e.strerror}")
+            v.problem("unreadable", rel, f"cannot list {quoted(rel or '.')}: {e.strerror}")
             continue
         finally:
             os.close(dfd)
         for entry in children:
             path = f"{rel}/{entry.name}" if rel else entry.name
             if entry.name in links:
-                v.problem("symlink", path, f"{path!r} is a symlink (to {links[entry.name]!r}); links are not followed")
+                v.problem("symlink", path, f"{quoted(path)} is a symlink (to {quoted(links[entry.name])}); links are not followed")
             elif entry.is_dir(follow_symlinks=False):
                 yield path, True
                 stack.append(path)
             elif entry.is_file(follow_symlinks=False):
                 yield path, False
             else:
-                v.problem("special-file", path, f"{path!r} is not a regular file or folder")
+                v.problem("special-file", path, f"{quoted(path)} is not a regular file or folder")
 
 
 def validate_tar(
@@ -906,13 +907,13 @@ def validate_tar(
                 member, name = m.info, m.name
                 top, sep, rest = name.partition("/")
                 if not sep and not m.is_dir:  # a file at the top: it names no bag folder
-                    v.problem("not-a-bag-container", name, f"member {name!r} is at the top of the tar, not inside "
+                    v.problem("not-a-bag-container", name, f"member {quoted(name)} is at the top of the tar, not inside "
                               "a bag folder (a bag tar holds one folder, the bag, with bagit.txt in it)")
                     continue
                 if bag_dir is None:
                     bag_dir = top
                 if top != bag_dir:
-                    refused(UnsafePathError(f"{bag}: member {name!r} is outside the bag folder {bag_dir!r}",
+                    refused(UnsafePathError(f"{bag}: member {quoted(name)} is outside the bag folder {quoted(bag_dir)}",
                                             path=name))
                     continue
                 if m.is_dir:
@@ -920,7 +921,7 @@ def validate_tar(
                         v.add_directory(rest)
                     continue
                 if not rest:
-                    v.problem("not-a-bag-container", name, f"member {name!r} is not inside a bag folder")
+                    v.problem("not-a-bag-container", name, f"member {quoted(name)} is not inside a bag folder")
                     continue
                 if rest.startswith("data/") and (on_payload is not None or payload_bytes is not None):
                     _payload_member(v, lambda: _data(tar, base, member), member, rest, on_payload, payload_bytes,
@@ -1009,7 +1010,7 @@ def _payload_member(v: BagValidator, open_data: Callable[[], BinaryIO], member: 
     if payload_bytes is not None and member.sparse is None:
         end = member.offset_data + member.size
         if end > len(payload_bytes):
-            v.problem("truncated", rest, f"damaged tar: {rest!r} ends after the archive")
+            v.problem("truncated", rest, f"damaged tar: {quoted(rest)} ends after the archive")
             return
         v.add_payload_digests(rest, member.size, v._hash_bytes(payload_bytes[member.offset_data:end], algs))
         return
@@ -1025,7 +1026,7 @@ def _payload_member(v: BagValidator, open_data: Callable[[], BinaryIO], member: 
     reader = _Counted(raw) if seekable and not others else _HashingReader(raw, others)  # type: ignore[arg-type]
     sha256 = on_payload(rest[len("data/"):], member.size, reader.stream)  # type: ignore[arg-type]
     if raw.read(1):
-        v.problem("unreadable", rest, f"payload file {rest!r} was not read to its end")
+        v.problem("unreadable", rest, f"payload file {quoted(rest)} was not read to its end")
         hash_stream(raw, ())  # type: ignore[arg-type]
     v.add_payload_digests(rest, reader.size, {**reader.digests(), "sha256": sha256}, declared_size=member.size)
 
@@ -1139,7 +1140,7 @@ def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> Bag
     """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs)."""
     if path.is_symlink():
         v = BagValidator(str(path))
-        v.unusable("symlink", f"is a symlink (to {os.readlink(path)!r}); links are not followed")
+        v.unusable("symlink", f"is a symlink (to {quoted(os.readlink(path))}); links are not followed")
         return v.finish()
     if path.is_dir():
         if not os.path.lexists(path / "bagit.txt"):

@@ -36,12 +36,14 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 @dataclass(frozen=True)
 class Key:
-    """One runtime-settable key: how to parse a value and where its file default is."""
+    """One runtime-settable key: how to parse a value, where its file default is, and the JSON
+    Schema of the values it accepts (``schema``: what the API's OpenAPI document shows for it)."""
 
     name: str
     description: str
     parse: Callable[[Any], Any]
     default: Callable[[Settings], Any]
+    schema: dict[str, Any]
 
 
 def _positive_seconds(key: str) -> Callable[[Any], float]:
@@ -64,13 +66,28 @@ def _log_level(value: Any) -> str:
     return v
 
 
+#: The values :func:`_positive_seconds` accepts (a numeric string such as ``"5"`` too).
+_SECONDS_SCHEMA: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0,
+                                   "description": "seconds: a positive, finite number"}
+
 KEYS: dict[str, Key] = {k.name: k for k in (
     Key("managers.poll_interval_seconds", "how often managers look for new work (seconds)",
-        _positive_seconds("managers.poll_interval_seconds"), lambda s: s.managers.poll_interval_seconds),
+        _positive_seconds("managers.poll_interval_seconds"), lambda s: s.managers.poll_interval_seconds,
+        _SECONDS_SCHEMA),
     Key("recovery.monitor_interval_seconds", "how often lease recovery looks for stalled operations (seconds)",
-        _positive_seconds("recovery.monitor_interval_seconds"), lambda s: s.recovery.monitor_interval_seconds),
-    Key("log_level", "log level of running services", _log_level, lambda s: None),
+        _positive_seconds("recovery.monitor_interval_seconds"), lambda s: s.recovery.monitor_interval_seconds,
+        _SECONDS_SCHEMA),
+    Key("log_level", "log level of running services", _log_level, lambda s: None,
+        {"type": "string", "enum": list(LOG_LEVELS), "description": "a log level (any letter case)"}),
 )}
+
+
+def value_schemas() -> list[dict[str, Any]]:
+    """The JSON Schema of each key's values, titled with the key and described with its
+    description: ``[{"title": key, "description": …, "type": …, …}]`` in :data:`KEYS` order
+    (the alternatives of the API's ``SettingIn.value``)."""
+    return [{**k.schema, "title": k.name, "description": f"{k.name}: {k.description}; {k.schema['description']}"}
+            for k in KEYS.values()]
 
 
 def _key(name: str) -> Key:

@@ -29,6 +29,7 @@ from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackag
 from packhorse.digest import sha256_stream
 from packhorse.domain import CopyStatus, LocationRole
 from packhorse.errors import SourceMissingError, UnsafePathError, VerificationError
+from packhorse.names import quoted
 from packhorse.runtime.topology import bundle_key, raw_package_key
 from packhorse.stages.base import (
     Recorder,
@@ -105,7 +106,7 @@ def _check_members(stream: BinaryIO, *, source: str, limits: ExtractionLimits) -
         first = m.name.partition("/")[0]
         top = first if top is None else top
         if first != top:
-            raise UnsafePathError(f"{source}: member {m.name!r} is outside the bag folder {top!r}",
+            raise UnsafePathError(f"{source}: member {quoted(m.name)} is outside the bag folder {quoted(top)}",
                                   path=m.name, step="unpack")
 
 

@@ -88,6 +88,7 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
+from packhorse.names import quoted
 
 #: Suffix of in-progress (unpublished) files on disk backends.
 PARTIAL_SUFFIX = ".packhorse-partial"
@@ -100,20 +101,21 @@ CHUNK_BYTES = 1 << 20
 
 
 def check_key(key: str) -> str:
-    """Return ``key`` if it is a safe relative object key, else raise :class:`UnsafePathError`."""
+    """Return ``key`` if it is a safe relative object key, else raise :class:`UnsafePathError`
+    (its ``path`` the whole key; its message quotes it by :func:`packhorse.names.quoted`)."""
     if not isinstance(key, str) or not key:
         raise UnsafePathError(f"empty object key {key!r}", path=str(key))
     if key.startswith("/") or "\\" in key or "\x00" in key:
-        raise UnsafePathError(f"unsafe object key {key!r}: absolute or contains a backslash/NUL", path=key)
+        raise UnsafePathError(f"unsafe object key {quoted(key)}: absolute or contains a backslash/NUL", path=key)
     # an empty, "." or ".." component, as substrings of "/key/" (this runs once per file of
     # every full scan: no split, no list)
     framed = f"/{key}/"
     if "//" in framed or "/./" in framed or "/../" in framed:
-        raise UnsafePathError(f"unsafe object key {key!r}: empty, '.' or '..' component", path=key)
+        raise UnsafePathError(f"unsafe object key {quoted(key)}: empty, '.' or '..' component", path=key)
     if PARTIAL_SUFFIX in key and f"{PARTIAL_SUFFIX}/" in f"{key}/":
         # in any component: a disk backend's partial writes are files and folders named so, and
         # its sweep removes them (a file stored below such a folder would be swept with it)
-        raise UnsafePathError(f"object key {key!r} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
+        raise UnsafePathError(f"object key {quoted(key)} uses the reserved suffix {PARTIAL_SUFFIX}", path=key)
     return key
 
 

@@ -56,6 +56,7 @@ from packhorse.errors import (
     UnsafePathError,
     VerificationError,
 )
+from packhorse.names import quoted
 from packhorse.storage.base import (
     PARTIAL_SUFFIX,
     RESERVED_PREFIX,
@@ -362,7 +363,7 @@ class PendingFolder:
         src = self.path if folder is None else Path(folder)
         try:
             if src != self.path and self.path not in src.parents:
-                raise UnsafePathError(f"{self._backend.location}: {str(src)!r} is not inside the partial folder of "
+                raise UnsafePathError(f"{self._backend.location}: {quoted(str(src))} is not inside the partial folder of "
                                       f"{self.key!r}", path=self.key, host=self._backend.location)
             try:
                 _renameat2_noreplace(str(src), str(self._final))
@@ -588,7 +589,7 @@ class DiskBackend(StorageBackend):
         finally:
             os.close(dfd)
         if not os.path.stat.S_ISREG(st.st_mode):
-            raise UnsafePathError(f"{self.location}: {key!r} is not a regular file", path=key, host=self.location)
+            raise UnsafePathError(f"{self.location}: {quoted(key)} is not a regular file", path=key, host=self.location)
         return ObjectInfo(key, st.st_size, st.st_mtime, st.st_mtime_ns)
 
     def open_read(self, key: str) -> BinaryIO:
@@ -622,14 +623,14 @@ class DiskBackend(StorageBackend):
             ) from None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise UnsafePathError(f"{self.location}: {key!r} is a symlink", path=key, host=self.location) from None
+                raise UnsafePathError(f"{self.location}: {quoted(key)} is a symlink", path=key, host=self.location) from None
             raise
         finally:
             if dfd >= 0:
                 os.close(dfd)
         try:
             if not S_ISREG(os.fstat(fd).st_mode):
-                raise NotRegularFileError(f"{self.location}: {key!r} is not a regular file", path=key,
+                raise NotRegularFileError(f"{self.location}: {quoted(key)} is not a regular file", path=key,
                                           host=self.location)
             os.set_blocking(fd, True)
         except BaseException:
@@ -761,7 +762,7 @@ class DiskBackend(StorageBackend):
             self._check_root(key)
             return None
         if not os.path.stat.S_ISDIR(st.st_mode):
-            raise UnsafePathError(f"{self.location}: {key!r} is not a folder", path=key, host=self.location)
+            raise UnsafePathError(f"{self.location}: {quoted(key)} is not a folder", path=key, host=self.location)
         return path
 
     def quarantine_folder(self, key: str) -> str | None:
@@ -862,7 +863,7 @@ class DiskBackend(StorageBackend):
                 self._check_root()  # the root went away since it was looked at: absent, not empty
                 return
             if not S_ISDIR(st.st_mode):
-                raise UnsafePathError(f"{self.location}: {prefix!r} is not a folder", path=prefix, host=self.location)
+                raise UnsafePathError(f"{self.location}: {quoted(prefix)} is not a folder", path=prefix, host=self.location)
         else:
             st = root_st
         yield from _walk_folder(self._root_str, prefix, st.st_mtime_ns, reuse, everything)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packhorse.errors import UnsafePathError
+from packhorse.names import quoted
 from packhorse.storage.base import QUARANTINE_PREFIX, check_key
 
 #: ``<original key>.<UTC stamp>-<random>``, as :meth:`StorageBackend.quarantine_key` names entries
@@ -126,13 +127,13 @@ def remove_quarantined(root: Path, key: str) -> None:
     """
     check_key(key)
     if not key.startswith(QUARANTINE_PREFIX) or key == QUARANTINE_PREFIX:
-        raise UnsafePathError(f"{key!r} is not in the quarantine ({QUARANTINE_PREFIX})", path=key)
+        raise UnsafePathError(f"{quoted(key)} is not in the quarantine ({QUARANTINE_PREFIX})", path=key)
     top = root / QUARANTINE_PREFIX.rstrip("/")
     path = root / key
     folder = path.parent
     while folder != root:  # no link on the way (I6): the entry must be inside this quarantine
         if folder.is_symlink():
-            raise UnsafePathError(f"{key!r}: {folder} is a symbolic link; not removed", path=key)
+            raise UnsafePathError(f"{quoted(key)}: {folder} is a symbolic link; not removed", path=key)
         folder = folder.parent
     try:
         st = os.lstat(path)
