@@ -84,6 +84,12 @@ OLD_VERSIONS: tuple[str, ...] = ("0.93", "0.94", "0.95", "0.96")
 MAX_TAG_FILE_BYTES = 256 << 20
 #: Read size (bytes) when hashing.
 CHUNK_BYTES = 1 << 20
+#: Problems (and, separately, warnings) a report lists; the others are counted
+#: (:attr:`BagReport.problems_omitted`), so a bag with millions of wrong lines costs no more.
+MAX_LISTED_PROBLEMS = 1000
+#: A manifest line longer than this (characters) is a ``manifest-line-invalid`` problem and is
+#: not held (a file path is at most a few thousand bytes).
+MAX_MANIFEST_LINE_CHARS = 1 << 16
 
 #: Every problem code, with the rule that decides it.
 PROBLEM_CODES: dict[str, str] = {
@@ -119,6 +125,8 @@ PROBLEM_CODES: dict[str, str] = {
     "duplicate-entry": "a tar holding one path twice is two different bags",
     "not-a-bag-container": "a bag tar holds one bag folder; a damaged or non-tar file is not a bag",
     "tag-file-too-large": f"packhorse holds special tag files in memory up to {MAX_TAG_FILE_BYTES} bytes",
+    "manifest-too-large": "packhorse holds at most [extraction] max_members manifest entries per bag (all its "
+                          "manifests and tag manifests together): no tar it reads holds more files",
     "truncated": "the container ended inside a file",
     "unreadable": "a file of the bag could not be read",
 }
@@ -170,9 +178,14 @@ class BagReport:
     Attributes:
         bag: the bag's name in messages (a path, ``location:key``).
         version: the declared BagIt version (``"1.0"``), or None when bagit.txt is unusable.
-        problems: every problem, in the order found; empty means valid.
+        problems: the problems, in the order found, the first :data:`MAX_LISTED_PROBLEMS` of
+            them (and the first refusing an unsafe entry, :data:`UNSAFE_CODES`, wherever it
+            came); empty means valid.
+        problems_omitted: how many more problems were found and not listed (0 when all are).
+        omitted_codes: the codes of those not listed, sorted.
         warnings: departures the reference library accepts (:data:`WARNING_CODES`), in the
-            order found; they do not make the bag invalid.
+            order found, the first :data:`MAX_LISTED_PROBLEMS`; they do not make the bag invalid.
+        warnings_omitted: how many more warnings were found and not listed.
         payload: {path under ``data/``: :class:`PayloadEntry`} for every payload file read.
         payload_algorithms: the algorithms of the payload manifests, sorted.
         tag_algorithms: the algorithms of the tag manifests, sorted.
@@ -194,10 +207,13 @@ class BagReport:
     bag_info: dict[str, list[str]] = field(default_factory=dict)
     passes: int = 1
     fetch_pending: list[str] = field(default_factory=list)
+    problems_omitted: int = 0
+    omitted_codes: list[str] = field(default_factory=list)
+    warnings_omitted: int = 0
 
     @property
     def valid(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.problems_omitted
 
     @property
     def complete(self) -> bool:
@@ -210,14 +226,19 @@ class BagReport:
         what = (f"BagIt {self.version or '?'}; payload manifests: {', '.join(self.payload_algorithms) or 'none'}; "
                 f"tag manifests: {', '.join(self.tag_algorithms) or 'none'}; {files} payload file(s), {octets} bytes")
         warned = [f"  warning [{w.code}] {w.message}" for w in self.warnings]
+        if self.warnings_omitted:
+            warned.append(f"  … and {self.warnings_omitted:,} more warning(s), not listed")
         if self.valid and self.fetch_pending:
             return "\n".join([f"INCOMPLETE {self.bag}: valid, but {len(self.fetch_pending)} payload file(s) listed in "
                               f"fetch.txt are not in the bag ({what})",
                               *(f"  to fetch: {p}" for p in self.fetch_pending), *warned])
         if self.valid:
             return "\n".join([f"VALID {self.bag} ({what})", *warned])
-        lines = [f"INVALID {self.bag}: {len(self.problems)} problem(s) ({what})"]
+        lines = [f"INVALID {self.bag}: {len(self.problems) + self.problems_omitted} problem(s) ({what})"]
         lines += [f"  [{p.code}] {p.message}" for p in self.problems]
+        if self.problems_omitted:
+            lines.append(f"  … and {self.problems_omitted:,} more problem(s), not listed: "
+                         f"{', '.join(self.omitted_codes)}")
         return "\n".join([*lines, *warned])
 
     def as_dict(self) -> dict[str, object]:
@@ -233,7 +254,10 @@ class BagReport:
             "payload_files": len(self.payload),
             "payload_bytes": sum(e.size for e in self.payload.values()),
             "problems": [p.as_dict() for p in self.problems],
+            "problems_omitted": self.problems_omitted,
+            "omitted_codes": self.omitted_codes,
             "warnings": [w.as_dict() for w in self.warnings],
+            "warnings_omitted": self.warnings_omitted,
         }
 
 
@@ -314,6 +338,65 @@ def hash_stream(stream: BinaryIO, algorithms: Iterable[str]) -> tuple[int, dict[
     return size, {a: h.hexdigest() for a, h in hashes}
 
 
+def _declared_encoding(raw: bytes) -> str:
+    """The encoding ``bagit.txt`` (``raw``) declares, as :meth:`BagValidator.finish` reads it:
+    UTF-8 when it declares none usable (the problems are recorded there)."""
+    if raw.startswith(codecs.BOM_UTF8):
+        return "utf-8"
+    try:
+        m = _DECLARATION.fullmatch(raw.decode("utf-8"))
+        if m:
+            codecs.lookup(m.group("encoding"))
+            return m.group("encoding")
+    except (UnicodeDecodeError, LookupError):
+        pass
+    return "utf-8"
+
+
+def _ascii_compatible(encoding: str) -> bool:
+    """Whether ``encoding`` writes ASCII as ASCII (UTF-8, Latin-1...; not UTF-16)."""
+    try:
+        return "\r\n%09azAZ".encode(encoding) == b"\r\n%09azAZ"
+    except (LookupError, UnicodeError):
+        return False
+
+
+@dataclass
+class _Manifest:
+    """One manifest or tag manifest as parsed while it was read (its text is never held).
+
+    ``entries`` is {path relative to the bag root: checksum as bytes} (``b""`` for an
+    algorithm packhorse does not verify); ``problems`` and ``warnings`` are ``(code, path,
+    message)`` found in it, the first :data:`MAX_LISTED_PROBLEMS` of each, ``omitted`` the codes
+    of the others (code: count); they join the report at :meth:`BagValidator.finish`, in
+    manifest-name order, as when manifests were parsed there."""
+
+    name: str
+    algorithm: str
+    tag: bool
+    encoding: str
+    provisional: bool  # read as UTF-8 before bagit.txt declared the encoding
+    entries: dict[str, bytes] = field(default_factory=dict)
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+    warnings: list[tuple[str, str, str]] = field(default_factory=list)
+    omitted: dict[str, int] = field(default_factory=dict)
+    warnings_omitted: int = 0
+    unreadable: str | None = None  # why it is not text in its encoding
+    not_utf8: str | None = None  # (provisional) why it is not UTF-8
+    refused: bool = False  # beyond the bag's manifest-entry budget: entries dropped
+    lines: int = 0
+    skipping: bool = False  # inside a line too long to hold
+
+    def note(self, code: str, path: str, message: str, *, warning: bool = False) -> None:
+        kept = self.warnings if warning else self.problems
+        if len(kept) < MAX_LISTED_PROBLEMS:
+            kept.append((code, path, message))
+        elif warning:
+            self.warnings_omitted += 1
+        else:
+            self.omitted[code] = self.omitted.get(code, 0) + 1
+
+
 class BagValidator:
     """The streaming core: fed a bag's entries in any order, it reports every problem.
 
@@ -321,25 +404,40 @@ class BagValidator:
         bag: the bag's name for messages (a folder path, ``location:key``).
         required_algorithms: algorithms every payload file is hashed with whatever the manifests
             say (packhorse's readers ask for ``("sha256",)``: they record it).
+        max_manifest_entries: how many entries the bag's manifests and tag manifests may list
+            together (``[extraction] max_members``, default 1,000,000): a manifest line beyond it
+            is a ``manifest-too-large`` problem, and that manifest is dropped and read no
+            further (about 200 bytes are held per entry, docs/bags.md).
+
+    Memory: manifests are parsed line by line as they are read (never held whole); per entry
+    the path (a ``str``) and the checksum as bytes. Problems and warnings beyond
+    :data:`MAX_LISTED_PROBLEMS` are counted, not kept.
 
     Use: :meth:`add` each file (and :meth:`add_directory` for directory entries), report what a
     front end found itself with :meth:`problem`, optionally satisfy :meth:`rehash_needed`, then
     :meth:`finish`. Not thread-safe; one validator per bag.
     """
 
-    def __init__(self, bag: str, *, required_algorithms: Iterable[str] = ()) -> None:
+    def __init__(self, bag: str, *, required_algorithms: Iterable[str] = (),
+                 max_manifest_entries: int = DEFAULT_LIMITS.max_members) -> None:
         self.bag = bag
         self._required = tuple(required_algorithms)
         self._problems: list[Problem] = []
+        self._omitted: dict[str, int] = {}  # problems beyond MAX_LISTED_PROBLEMS: {code: count}
+        self._unsafe_listed = False
         self._warnings: list[Problem] = []
-        self._tags: dict[str, bytes] = {}  # special tag files and manifests, held
+        self._warning_set: set[Problem] = set()
+        self._warnings_omitted = 0
+        self._tags: dict[str, bytes] = {}  # special tag files (bagit.txt, bag-info.txt, fetch.txt), held
+        self._manifests: dict[str, _Manifest] = {}  # manifests and tag manifests, parsed as read
+        self._max_entries = max_manifest_entries
+        self._entries = 0  # entries held in self._manifests
         self._tag_digests: dict[str, dict[str, str]] = {}  # other tag files: {algorithm: hex}
         self._payload: dict[str, PayloadEntry] = {}
         self._seen: set[str] = set()
         self._has_data_dir = False
         self._payload_algs: set[str] = set()
         self._tag_algs: set[str] = set()
-        self._early: dict[str, set[str]] = {}  # payload manifests parsed early: {name: paths}
         self._unusable = False
         self.passes = 1
 
@@ -348,14 +446,24 @@ class BagValidator:
     def problem(self, code: str, path: str, message: str) -> None:
         """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
         assert code in PROBLEM_CODES, code
-        self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+        unsafe = code in UNSAFE_CODES
+        if len(self._problems) < MAX_LISTED_PROBLEMS or (unsafe and not self._unsafe_listed):
+            self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+            self._unsafe_listed |= unsafe
+        else:
+            self._omitted[code] = self._omitted.get(code, 0) + 1
 
     def warn(self, code: str, path: str, message: str) -> None:
         """Record a warning (:data:`WARNING_CODES`): listed in the report, the bag stays valid."""
         assert code in WARNING_CODES, code
         warning = Problem(code, path, f"{self.bag}: {message}")
-        if warning not in self._warnings:  # (a manifest parsed early and again warns once)
+        if warning in self._warning_set:
+            return
+        if len(self._warnings) < MAX_LISTED_PROBLEMS:
             self._warnings.append(warning)
+            self._warning_set.add(warning)
+        else:
+            self._warnings_omitted += 1
 
     def unusable(self, code: str, message: str) -> None:
         """Record that the container cannot be read at all (not a tar, no such folder): the report
@@ -402,18 +510,135 @@ class BagValidator:
                 if not isinstance(stream, (bytes, bytearray, memoryview)):
                     hash_stream(stream, ())
                 return
+            if m:
+                self._read_manifest(name, m.group(2), bool(m.group(1)), size, stream)
+                return
             data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_all(stream)
             if len(data) != size:
                 self.problem("truncated", path, f"tag file {path!r} ends after {len(data)} of {size} bytes")
             self._tags[name] = data
-            if m:
-                (self._tag_algs if m.group(1) else self._payload_algs).add(m.group(2))
             return
         algs = set(ALGORITHMS) | (self._tag_algs & set(DIGEST_HEX_LENGTH))
         if isinstance(stream, (bytes, bytearray, memoryview)):
             self._tag_digests[name] = self._hash_bytes(stream, algs)
         else:
             _, self._tag_digests[name] = hash_stream(stream, algs)
+
+    def _read_manifest(self, name: str, alg: str, tag: bool, size: int,
+                       stream: BinaryIO | bytes | memoryview) -> None:
+        """Parse manifest ``name`` line by line as it is read (:class:`_Manifest`), hashing it
+        with every algorithm (a tag manifest may list it). Read in the encoding ``bagit.txt``
+        declares; before ``bagit.txt`` as UTF-8, put right at :meth:`finish` if it declares
+        another."""
+        (self._tag_algs if tag else self._payload_algs).add(alg)
+        declaration = self._tags.get("bagit.txt")
+        st = _Manifest(name, alg, tag, encoding=_declared_encoding(declaration) if declaration is not None else "utf-8",
+                       provisional=declaration is None)
+        self._manifests[name] = st
+        src: BinaryIO = (io.BytesIO(stream) if isinstance(stream, (bytes, bytearray, memoryview))  # type: ignore[assignment]
+                         else stream)
+        hashes = list(_new_hashes(ALGORITHMS).items())
+        decoder = codecs.getincrementaldecoder(st.encoding)()
+        width = DIGEST_HEX_LENGTH.get(alg)
+        read, carry, reading = 0, "", True
+        while True:
+            block = src.read(CHUNK_BYTES)
+            final = not block
+            for _, h in hashes:
+                h.update(block)
+            read += len(block)
+            if reading:
+                try:
+                    text = decoder.decode(block, final)
+                except UnicodeDecodeError as e:
+                    if st.provisional:  # the declared encoding decides, at finish
+                        st.not_utf8 = st.not_utf8 or f"{name} is not valid utf-8: {e}"
+                        decoder.errors = "surrogateescape"
+                        text = decoder.decode(block, final)
+                    else:
+                        st.unreadable = f"{name} is not valid {st.encoding}: {e}"
+                        text = ""
+                if st.unreadable is None:
+                    carry = self._manifest_text(st, carry + text, final, width)
+                if st.unreadable is not None or st.refused:
+                    reading, carry = False, ""
+                    self._drop(st)
+            if final:
+                break
+        if read != size:
+            self.problem("truncated", name, f"tag file {name!r} ends after {read} of {size} bytes")
+        self._tag_digests[name] = {a: h.hexdigest() for a, h in hashes}
+
+    def _drop(self, st: _Manifest) -> None:
+        """Forget the entries of a manifest that cannot be used (unreadable, over the budget)."""
+        self._entries -= len(st.entries)
+        st.entries = {}
+
+    def _manifest_text(self, st: _Manifest, text: str, final: bool, width: int | None) -> str:
+        """Parse the whole lines of ``text`` (line ends LF, CR or CRLF, RFC 8493 §2.3: not
+        :meth:`str.splitlines`, which also splits at U+0085, U+2028... that may occur in file
+        names); return the unfinished last line (all of it when ``final``)."""
+        held = ""
+        if not final and text.endswith("\r"):  # perhaps the first half of a CRLF
+            text, held = text[:-1], "\r"
+        lines = _LINE_END.split(text)
+        rest = "" if final else lines.pop()
+        if final and lines and lines[-1] == "":
+            lines.pop()
+        for line in lines:
+            st.lines += 1
+            if st.skipping:  # the end of a line too long to hold
+                st.skipping = False
+                continue
+            if line:
+                self._manifest_line(st, st.lines, line, width)
+                if st.refused:
+                    return ""
+        rest += held
+        if len(rest) > MAX_MANIFEST_LINE_CHARS:
+            if not st.skipping:
+                st.note("manifest-line-invalid", st.name, f"{st.name} line {st.lines + 1} is longer than "
+                                                          f"{MAX_MANIFEST_LINE_CHARS} characters: {rest[:200]!r}")
+                st.skipping = True
+            rest = ""
+        return rest
+
+    def _manifest_line(self, st: _Manifest, number: int, line: str, width: int | None) -> None:
+        """One manifest line: an entry of ``st``, or a problem."""
+        name, alg = st.name, st.algorithm
+        m = _MANIFEST_LINE.fullmatch(line)
+        if not m or (width is not None and len(m.group(1)) != width):
+            st.note("manifest-line-invalid", name, f"{name} line {number} is not '<{alg} checksum> <path>': "
+                                                   f"{line[:200]!r}")
+            return
+        path = decode_manifest_path(m.group(2))
+        if path.startswith("./"):
+            while path.startswith("./"):
+                path = path[2:]
+            st.note("manifest-path-dot-prefix", name, f"{name} line {number}: a leading './' dropped", warning=True)
+        reason = _unsafe_reason(path)
+        if reason:
+            st.note("manifest-path-unsafe", name, f"{name} line {number}: path {path!r} {reason}")
+            return
+        if not st.tag and not path.startswith("data/"):
+            st.note("manifest-path-outside-payload", name,
+                    f"{name} line {number}: {path!r} is not under data/ (a payload manifest lists payload files)")
+            return
+        if st.tag and path.startswith("data/"):
+            st.note("tag-manifest-lists-payload", name, f"{name} line {number}: {path!r} is a payload file")
+            return
+        if path in st.entries:
+            st.note("manifest-duplicate-entry", name, f"{name} lists {path!r} more than once")
+            return
+        if self._entries >= self._max_entries:
+            st.refused = True
+            st.note("manifest-too-large", name,
+                    f"{name} line {number}: the bag's manifests list more than {self._max_entries:,} entries "
+                    f"together, more files than a bag may hold ([extraction] max_members = {self._max_entries}); "
+                    f"{name} is refused")
+            return
+        st.entries[path] = bytes.fromhex(m.group(1)) if width is not None else b""
+        self._entries += 1
 
     def add_payload_digests(self, path: str, size: int, digests: dict[str, str], *,
                             declared_size: int | None = None) -> None:
@@ -458,10 +683,8 @@ class BagValidator:
         if not self._payload_algs:
             return None
         for alg in self._payload_algs:
-            name = f"manifest-{alg}.txt"
-            if name not in self._early:
-                self._early[name] = set(self._manifest(name, payload=True, report=False))
-            if path in self._early[name]:
+            st = self._manifests.get(f"manifest-{alg}.txt")
+            if st is None or st.refused or path in st.entries:
                 return True
         return False
 
@@ -528,48 +751,33 @@ class BagValidator:
                          f"BagIt-Version {version} is not one packhorse reads ({', '.join(VERSIONS)})")
         return version, encoding
 
-    def _manifest(self, name: str, *, payload: bool, report: bool = True,
-                  encoding: str = "utf-8") -> dict[str, str]:
-        """Parse manifest ``name`` into {path relative to the bag root: lowercase hex}."""
-        out: dict[str, str] = {}
-        alg = _MANIFEST_NAME.fullmatch(name).group(2)  # type: ignore[union-attr]
-        problem = self.problem if report else (lambda code, path, message: None)
-        try:
-            text = self._tags[name].decode(encoding)
-        except (UnicodeDecodeError, LookupError) as e:
-            problem("tag-file-unreadable", name, f"{name} is not valid {encoding}: {e}")
-            return out
-        width = DIGEST_HEX_LENGTH.get(alg)
-        for number, line in enumerate(_lines(text), 1):
-            if not line:
-                continue
-            m = _MANIFEST_LINE.fullmatch(line)
-            if not m or (width is not None and len(m.group(1)) != width):
-                problem("manifest-line-invalid", name, f"{name} line {number} is not '<{alg} checksum> <path>': "
-                                                       f"{line[:200]!r}")
-                continue
-            path = decode_manifest_path(m.group(2))
-            if path.startswith("./"):
-                while path.startswith("./"):
-                    path = path[2:]
-                if report:
-                    self.warn("manifest-path-dot-prefix", name, f"{name} line {number}: a leading './' dropped")
-            reason = _unsafe_reason(path)
-            if reason:
-                problem("manifest-path-unsafe", name, f"{name} line {number}: path {path!r} {reason}")
-                continue
-            if payload and not path.startswith("data/"):
-                problem("manifest-path-outside-payload", name,
-                        f"{name} line {number}: {path!r} is not under data/ (a payload manifest lists payload files)")
-                continue
-            if not payload and path.startswith("data/"):
-                problem("tag-manifest-lists-payload", name, f"{name} line {number}: {path!r} is a payload file")
-                continue
-            if path in out:
-                problem("manifest-duplicate-entry", name, f"{name} lists {path!r} more than once")
-                continue
-            out[path] = m.group(1).lower()
-        return out
+    def _settle(self, st: _Manifest, encoding: str) -> None:
+        """Record what was found in manifest ``st`` (see :class:`_Manifest`), now that the
+        declared ``encoding`` is known: a manifest read as UTF-8 before ``bagit.txt`` is read again
+        from its entries in the declared encoding, or is unreadable."""
+        if st.provisional and st.unreadable is None:
+            if codecs.lookup(encoding).name == "utf-8":
+                st.unreadable = st.not_utf8
+            elif not _ascii_compatible(encoding):
+                st.unreadable = (f"{st.name} came before bagit.txt, which declares {encoding}; packhorse reads a "
+                                 f"manifest in an encoding that does not write ASCII as ASCII only after bagit.txt")
+            else:
+                try:
+                    st.entries = {p.encode("utf-8", "surrogateescape").decode(encoding): d
+                                  for p, d in st.entries.items()}
+                except UnicodeError as e:
+                    st.unreadable = f"{st.name} is not valid {encoding}: {e}"
+        if st.unreadable is not None:
+            self._drop(st)
+            self.problem("tag-file-unreadable", st.name, st.unreadable)
+            return
+        for code, path, message in st.problems:
+            self.problem(code, path, message)
+        for code, n in st.omitted.items():
+            self._omitted[code] = self._omitted.get(code, 0) + n
+        for code, path, message in st.warnings:
+            self.warn(code, path, message)
+        self._warnings_omitted += st.warnings_omitted
 
     def _bag_info(self, encoding: str) -> dict[str, list[str]]:
         info: dict[str, list[str]] = {}
@@ -602,37 +810,36 @@ class BagValidator:
         """Check everything fed so far against the rules; return the report with every problem."""
         report = BagReport(bag=self.bag, passes=self.passes)
         if self._unusable:
-            report.problems = list(self._problems)
-            report.warnings = list(self._warnings)
+            self._fill(report)
             return report
         version, encoding = self._declaration()
         report.version = version
         if not self._has_data_dir:
             self.problem("payload-directory-missing", "data", "the bag has no data/ payload directory")
         fetch = self._fetch(encoding)
-        manifests: dict[str, dict[str, str]] = {}
-        tag_manifests: dict[str, dict[str, str]] = {}
-        for name in sorted(self._tags):
-            m = _MANIFEST_NAME.fullmatch(name)
-            if not m:
-                continue
-            alg, is_tag = m.group(2), bool(m.group(1))
+        manifests: dict[str, dict[str, bytes]] = {}  # {algorithm: entries}, those usable
+        tag_manifests: dict[str, dict[str, bytes]] = {}
+        refused: dict[bool, set[str]] = {False: set(), True: set()}  # beyond the budget: {is tag: algorithms}
+        for name in sorted(self._manifests):
+            st = self._manifests[name]
+            alg, is_tag = st.algorithm, st.tag
             if alg not in DIGEST_HEX_LENGTH:
                 self.problem("unsupported-algorithm", name,
                              f"{name} uses the algorithm {alg!r}, which packhorse cannot verify "
                              f"(it verifies {', '.join(ALGORITHMS)})")
-            parsed = self._manifest(name, payload=not is_tag, encoding=encoding)
-            (tag_manifests if is_tag else manifests)[alg] = parsed
-        report.payload_algorithms = sorted(manifests)
-        report.tag_algorithms = sorted(tag_manifests)
-        if not manifests:
+            self._settle(st, encoding)
+            if st.refused:
+                refused[is_tag].add(alg)
+                continue
+            (tag_manifests if is_tag else manifests)[alg] = st.entries
+        report.payload_algorithms = sorted(manifests.keys() | refused[False])
+        report.tag_algorithms = sorted(tag_manifests.keys() | refused[True])
+        if not report.payload_algorithms:
             self.problem("payload-manifest-missing", "", "the bag has no payload manifest (manifest-<algorithm>.txt)")
         # completeness and validity of the payload
-        listed_anywhere: set[str] = set()
         pending: set[str] = set()
         for alg, entries in manifests.items():
             name = f"manifest-{alg}.txt"
-            listed_anywhere |= entries.keys()
             for path, expected in entries.items():
                 entry = self._payload.get(path)
                 if entry is None:
@@ -649,9 +856,9 @@ class BagValidator:
                                  f"payload file {path!r} came before {name} in a stream that cannot be read twice; "
                                  f"packhorse hashes payload read before any manifest with "
                                  f"{' and '.join(EARLY_ALGORITHMS)} only")
-                elif actual != expected:
+                elif actual != expected.hex():
                     self.problem("checksum-mismatch", path,
-                                 f"payload file {path!r} has {alg} {actual}, {name} says {expected}")
+                                 f"payload file {path!r} has {alg} {actual}, {name} says {expected.hex()}")
         for path in sorted(fetch):  # a file to fetch must be one the manifests say how to verify
             absent = [a for a, entries in manifests.items() if path not in entries]
             if absent and manifests:
@@ -663,7 +870,7 @@ class BagValidator:
             if every:
                 absent = [a for a, entries in manifests.items() if path not in entries]
             else:
-                absent = [] if path in listed_anywhere else list(manifests)
+                absent = [] if any(path in entries for entries in manifests.values()) else list(manifests)
             if absent and manifests:
                 self.problem("payload-not-in-manifest", path,
                              f"payload file {path!r} is not in " + ", ".join(f"manifest-{a}.txt" for a in absent))
@@ -679,8 +886,9 @@ class BagValidator:
                 else:
                     self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
                     continue
-                if actual is not None and actual != expected:
-                    self.problem("checksum-mismatch", path, f"tag file {path!r} has {alg} {actual}, {name} says {expected}")
+                if actual is not None and actual != expected.hex():
+                    self.problem("checksum-mismatch", path,
+                                 f"tag file {path!r} has {alg} {actual}, {name} says {expected.hex()}")
         # bag-info and Payload-Oxum
         report.bag_info = self._bag_info(encoding)
         octets = sum(e.size for e in self._payload.values())
@@ -693,11 +901,18 @@ class BagValidator:
                 # (the Oxum counts the complete payload: with files still to fetch it cannot be checked)
                 self.problem("payload-oxum-mismatch", "bag-info.txt",
                              f"Payload-Oxum {oxum!r} but payload is {octets}.{len(self._payload)}")
-        report.problems = list(self._problems)
-        report.warnings = list(self._warnings)
+        self._fill(report)
         report.payload = dict(self._payload)
         report.fetch_pending = sorted(pending)
         return report
+
+    def _fill(self, report: BagReport) -> None:
+        """Put the problems and warnings found into ``report``."""
+        report.problems = list(self._problems)
+        report.problems_omitted = sum(self._omitted.values())
+        report.omitted_codes = sorted(self._omitted)
+        report.warnings = list(self._warnings)
+        report.warnings_omitted = self._warnings_omitted
 
     def _fetch(self, encoding: str) -> set[str]:
         """The payload paths fetch.txt lists (RFC 8493 §2.2.3: ``URL LENGTH FILEPATH`` per line,
@@ -862,7 +1077,8 @@ def validate_tar(
             return the sha256 (hex) of what it read, which is the file's sha256 in the report
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
-        limits: member count and byte limits of the tar reader (default: its defaults).
+        limits: member count and byte limits of the tar reader (default: its defaults);
+            ``max_members`` is also the bag's budget of manifest entries (:class:`BagValidator`).
         stop_at_refused: raise the reader's :class:`~packhorse.errors.UnsafePathError` at the
             first refused member instead of reporting it and reading on: what packhorse's own
             readers ask for, so that nothing after a hostile member reaches ``on_payload`` (a
@@ -876,7 +1092,8 @@ def validate_tar(
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
+    v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()),
+                     max_manifest_entries=(limits or DEFAULT_LIMITS).max_members)
     bag_dir: str | None = None
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}
