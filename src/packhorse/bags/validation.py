@@ -59,6 +59,7 @@ import io
 import os
 import re
 import stat
+import sys
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -87,6 +88,13 @@ CHUNK_BYTES = 1 << 20
 #: Problems (and, separately, warnings) a report lists; the others are counted
 #: (:attr:`BagReport.problems_omitted`), so a bag with millions of wrong lines costs no more.
 MAX_LISTED_PROBLEMS = 1000
+#: Memory (bytes) the manifest entries of one bag may hold together, counted as Python holds them
+#: (``sys.getsizeof`` of the path and of the checksum, plus :data:`_ENTRY_SLOT_BYTES`): about
+#: 200 bytes an entry of a 41-character path and a sha256, so 1,000,000 such entries (the default
+#: ``[extraction] max_members``, the other limit) fit. Beyond either, ``manifest-too-large``.
+MAX_MANIFEST_MEMORY_BYTES = 200 << 20
+#: What one entry costs in its manifest's dict besides the path and checksum objects (bytes).
+_ENTRY_SLOT_BYTES = 40
 #: A manifest line longer than this (characters) is a ``manifest-line-invalid`` problem and is
 #: not held (a file path is at most a few thousand bytes).
 MAX_MANIFEST_LINE_CHARS = 1 << 16
@@ -126,7 +134,8 @@ PROBLEM_CODES: dict[str, str] = {
     "not-a-bag-container": "a bag tar holds one bag folder; a damaged or non-tar file is not a bag",
     "tag-file-too-large": f"packhorse holds special tag files in memory up to {MAX_TAG_FILE_BYTES} bytes",
     "manifest-too-large": "packhorse holds at most [extraction] max_members manifest entries per bag (all its "
-                          "manifests and tag manifests together): no tar it reads holds more files",
+                          "manifests and tag manifests together; no tar it reads holds more files), in at most "
+                          f"{MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory",
     "truncated": "the container ended inside a file",
     "unreadable": "a file of the bag could not be read",
 }
@@ -276,6 +285,8 @@ _SPECIAL = ("bagit.txt", "bag-info.txt", "fetch.txt")
 
 def decode_manifest_path(path: str) -> str:
     """Decode a manifest path: ``%0A``, ``%0D``, ``%25`` (any case) in one pass (RFC 8493 §2.1.3)."""
+    if "%" not in path:
+        return path
     return _PERCENT.sub(lambda m: _PERCENT_VALUE[m.group(1).lower()], path)
 
 
@@ -290,6 +301,8 @@ def _lines(text: str) -> list[str]:
 
 
 def _unsafe_reason(path: str) -> str | None:
+    if path and "//" not in path and "/." not in path and path[0] not in "/." and path[-1] != "/":
+        return None  # (most paths: no empty, '.' or '..' component can be there)
     if not path:
         return "is empty"
     if path.startswith("/"):
@@ -384,6 +397,7 @@ class _Manifest:
     unreadable: str | None = None  # why it is not text in its encoding
     not_utf8: str | None = None  # (provisional) why it is not UTF-8
     refused: bool = False  # beyond the bag's manifest-entry budget: entries dropped
+    held: int = 0  # bytes its entries hold (see MAX_MANIFEST_MEMORY_BYTES)
     lines: int = 0
     skipping: bool = False  # inside a line too long to hold
 
@@ -432,6 +446,7 @@ class BagValidator:
         self._manifests: dict[str, _Manifest] = {}  # manifests and tag manifests, parsed as read
         self._max_entries = max_manifest_entries
         self._entries = 0  # entries held in self._manifests
+        self._held = 0  # bytes they hold (MAX_MANIFEST_MEMORY_BYTES)
         self._tag_digests: dict[str, dict[str, str]] = {}  # other tag files: {algorithm: hex}
         self._payload: dict[str, PayloadEntry] = {}
         self._seen: set[str] = set()
@@ -572,7 +587,8 @@ class BagValidator:
     def _drop(self, st: _Manifest) -> None:
         """Forget the entries of a manifest that cannot be used (unreadable, over the budget)."""
         self._entries -= len(st.entries)
-        st.entries = {}
+        self._held -= st.held
+        st.entries, st.held = {}, 0
 
     def _manifest_text(self, st: _Manifest, text: str, final: bool, width: int | None) -> str:
         """Parse the whole lines of ``text`` (line ends LF, CR or CRLF, RFC 8493 §2.3: not
@@ -607,11 +623,13 @@ class BagValidator:
         """One manifest line: an entry of ``st``, or a problem."""
         name, alg = st.name, st.algorithm
         m = _MANIFEST_LINE.fullmatch(line)
-        if not m or (width is not None and len(m.group(1)) != width):
+        if m is not None:
+            checksum, path = m.groups()
+        if m is None or (width is not None and len(checksum) != width):
             st.note("manifest-line-invalid", name, f"{name} line {number} is not '<{alg} checksum> <path>': "
                                                    f"{line[:200]!r}")
             return
-        path = decode_manifest_path(m.group(2))
+        path = decode_manifest_path(path)
         if path.startswith("./"):
             while path.startswith("./"):
                 path = path[2:]
@@ -630,14 +648,20 @@ class BagValidator:
         if path in st.entries:
             st.note("manifest-duplicate-entry", name, f"{name} lists {path!r} more than once")
             return
-        if self._entries >= self._max_entries:
+        digest = bytes.fromhex(checksum) if width is not None else b""
+        cost = sys.getsizeof(path) + sys.getsizeof(digest) + _ENTRY_SLOT_BYTES
+        if self._entries >= self._max_entries or self._held + cost > MAX_MANIFEST_MEMORY_BYTES:
             st.refused = True
-            st.note("manifest-too-large", name,
-                    f"{name} line {number}: the bag's manifests list more than {self._max_entries:,} entries "
-                    f"together, more files than a bag may hold ([extraction] max_members = {self._max_entries}); "
-                    f"{name} is refused")
+            limit = (f"more than {self._max_entries:,} entries together, more files than a bag may hold "
+                     f"([extraction] max_members = {self._max_entries})" if self._entries >= self._max_entries
+                     else f"entries holding more than {MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory together "
+                          f"(the budget of one bag's manifests)")
+            st.note("manifest-too-large", name, f"{name} line {number}: the bag's manifests list {limit}; "
+                                                f"{name} is refused")
             return
-        st.entries[path] = bytes.fromhex(m.group(1)) if width is not None else b""
+        st.entries[path] = digest
+        st.held += cost
+        self._held += cost
         self._entries += 1
 
     def add_payload_digests(self, path: str, size: int, digests: dict[str, str], *,
