@@ -334,9 +334,9 @@ def raise_for_problems(report: BagReport, *, step: str, side: str | None = None)
     lead = (unsafe or report.problems)[0]
     rest = [p for p in report.problems if p is not lead]
     message = lead.message
-    if rest:
-        codes = sorted({p.code for p in rest})
-        message += f" (and {len(rest)} more problem(s): {', '.join(codes)})"
+    if rest or report.problems_omitted:
+        codes = sorted({p.code for p in rest} | set(report.omitted_codes))
+        message += f" (and {len(rest) + report.problems_omitted} more problem(s): {', '.join(codes)})"
     extra = {"side": side} if side else {}
     if unsafe:
         raise UnsafePathError(message, path=lead.path, step=step, **extra)
