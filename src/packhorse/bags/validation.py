@@ -970,7 +970,8 @@ def _read_all(stream: BinaryIO) -> bytes:
 # ------------------------------------------------------------------------------ front ends
 
 
-def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: Iterable[str] = ()) -> BagReport:
+def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: Iterable[str] = (),
+                    max_manifest_entries: int = DEFAULT_LIMITS.max_members) -> BagReport:
     """Validate the bag folder ``root``: tag files first, then the payload in sorted order (one
     pass), never following a symlink (a symlink, a device, a FIFO is a problem, not followed).
 
@@ -978,11 +979,13 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
         root: the bag's base directory.
         bag: its name in messages (default: the path).
         required_algorithms: see :class:`BagValidator`.
+        max_manifest_entries: see :class:`BagValidator` (``[extraction] max_members``).
 
     Returns:
         the :class:`BagReport`; a missing or unreadable folder is a report with problems, not an error.
     """
-    v = BagValidator(bag or str(root), required_algorithms=required_algorithms)
+    v = BagValidator(bag or str(root), required_algorithms=required_algorithms,
+                     max_manifest_entries=max_manifest_entries)
     try:
         st = os.lstat(root)
     except OSError as e:
