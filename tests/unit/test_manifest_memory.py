@@ -184,3 +184,16 @@ def test_the_entry_budget_is_across_all_manifests_of_a_bag(tmp_path: Path) -> No
     assert refused[0].message.startswith("bag.tar: manifest-md5.txt line 3:")
     assert report.payload_algorithms == ["md5", "sha256"]
     assert {p.code for p in report.problems} == {"manifest-too-large", "file-missing"}
+
+
+def test_a_line_too_long_to_hold_is_a_problem_and_the_next_line_is_read(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(validation, "MAX_MANIFEST_LINE_CHARS", 100)
+    monkeypatch.setattr(validation, "CHUNK_BYTES", 64)
+    bag = _bag(tmp_path / "bag", 1)
+    manifest = bag / "manifest-sha256.txt"
+    manifest.write_bytes(b"0" * 64 + b"  data/" + b"x" * 500 + b"\r\n" + manifest.read_bytes())
+    report = validate_folder(bag)
+    assert [p.code for p in report.problems] == ["manifest-line-invalid"]
+    assert "manifest-sha256.txt line 1 is longer than 100 characters" in report.problems[0].message
+    assert list(report.payload) == ["data/present.txt"]

@@ -3,7 +3,8 @@
 :class:`BagValidator` is a streaming core. A front end hands it every entry of a bag in whatever
 order the container has them — :meth:`~BagValidator.add` with a path relative to the bag root, a
 size in bytes and a readable stream — and :meth:`~BagValidator.finish` returns a
-:class:`BagReport` listing **every** problem found (never only the first). Two front ends:
+:class:`BagReport` of **every** problem found (never only the first: the first
+:data:`MAX_LISTED_PROBLEMS` listed, the others counted). Two front ends:
 :func:`validate_folder` (a bag folder; symlinks are never followed, a symlink is a problem) and
 :func:`validate_tar` (a bag tar holding one top folder, read in one pass).
 
@@ -47,8 +48,17 @@ needs an algorithm a file was not hashed with, :meth:`BagValidator.rehash_needed
 front end that can read the entry again (a folder, a seekable tar) does so in a second pass, a
 stream cannot, and the file is reported ``not-verified``. Bags whose tag files come first — as
 packhorse writes them — are always validated in one pass, hashing only what their manifests
-name. Special tag files (``bagit.txt``, ``bag-info.txt``, ``fetch.txt``, manifests) are held in
-memory up to :data:`MAX_TAG_FILE_BYTES` each; other tag files are only hashed.
+name. Special tag files (``bagit.txt``, ``bag-info.txt``, ``fetch.txt``) are held in memory up
+to :data:`MAX_TAG_FILE_BYTES` each; other tag files are only hashed.
+
+Memory (docs/bags.md, "One pass, bounded memory"): manifests and tag manifests are parsed line
+by line as they are read, never held whole, and hashed as they go (a tag manifest may list
+them); per entry the path and the checksum as bytes are kept. The manifests of one bag hold at
+most ``max_manifest_entries`` entries (``[extraction] max_members``) and
+:data:`MAX_MANIFEST_MEMORY_BYTES` together; the manifest that goes beyond is a
+``manifest-too-large`` problem and its entries are dropped. A manifest read before
+``bagit.txt`` is read as UTF-8 and put right at :meth:`BagValidator.finish` if ``bagit.txt``
+declares another encoding.
 """
 
 from __future__ import annotations
@@ -96,8 +106,8 @@ MAX_MANIFEST_MEMORY_BYTES = 200 << 20
 #: What one entry costs in its manifest's dict besides the path and checksum objects (bytes).
 _ENTRY_SLOT_BYTES = 40
 #: A manifest line longer than this (characters) is a ``manifest-line-invalid`` problem and is
-#: not held (a file path is at most a few thousand bytes).
-MAX_MANIFEST_LINE_CHARS = 1 << 16
+#: not held (a path in a bag thousands of folders deep is some tens of thousands).
+MAX_MANIFEST_LINE_CHARS = 1 << 20
 
 #: Every problem code, with the rule that decides it.
 PROBLEM_CODES: dict[str, str] = {
