@@ -197,3 +197,34 @@ def test_a_line_too_long_to_hold_is_a_problem_and_the_next_line_is_read(tmp_path
     assert [p.code for p in report.problems] == ["manifest-line-invalid"]
     assert "manifest-sha256.txt line 1 is longer than 100 characters" in report.problems[0].message
     assert list(report.payload) == ["data/present.txt"]
+
+
+def test_bag_info_and_fetch_txt_are_read_line_by_line_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bag-info.txt with continuation lines and CRLF ends, fetch.txt: the same whatever the read size."""
+    bag = _bag(tmp_path / "bag", 1)
+    (bag / "bag-info.txt").write_bytes(b"Source-Organization: Observatory \xc3\xb6\r\nExternal-Description: one\r\n"
+                                       b"  two\r\n\tthree\r\nBagging-Date: 2024-05-06")
+    missing = "data/later/scan.fits"
+    manifest = bag / "manifest-sha256.txt"
+    manifest.write_text(manifest.read_text() + f"{hashlib.sha256(b'later').hexdigest()}  {missing}\n")
+    (bag / "fetch.txt").write_text(f"https://example.org/scan.fits 5 {missing}\r\n")
+    for chunk in (1, 3, 16, 1 << 20):
+        monkeypatch.setattr(validation, "CHUNK_BYTES", chunk)
+        report = validate_folder(bag)
+        assert report.valid and not report.complete, (chunk, report.summary())
+        assert report.fetch_pending == [missing]
+        assert report.bag_info == {"Source-Organization": ["Observatory \u00f6"],
+                                   "External-Description": ["one two three"], "Bagging-Date": ["2024-05-06"]}
+
+
+def test_fetch_txt_beyond_the_entry_budget_is_refused(tmp_path: Path) -> None:
+    bag = _bag(tmp_path / "bag", 3)
+    (bag / "fetch.txt").write_text("".join(f"https://example.org/{i} - data/missing/obs-00000/scan-{i:08d}.fits\n"
+                                           for i in range(1, 20)))
+    tar = _tar(bag, tmp_path / "bag.tar")
+    with tarfile.open(tar, "a") as t:
+        t.add(bag / "fetch.txt", arcname="bag/fetch.txt")
+    report, _ = validate_tar(io.BytesIO(tar.read_bytes()), bag="bag.tar", limits=ExtractionLimits(max_members=10))
+    refused = [p for p in report.problems if p.code == "tag-file-too-large"]
+    assert [p.path for p in refused] == ["fetch.txt"]
+    assert refused[0].message.startswith("bag.tar: fetch.txt line 8:")  # 3 manifest entries + 7 and "max_members = 10" in refused[0].message

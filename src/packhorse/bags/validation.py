@@ -142,7 +142,8 @@ PROBLEM_CODES: dict[str, str] = {
     "unsafe-member": "packhorse (DESIGN I6): tar members stay inside the bag folder, no links or devices",
     "duplicate-entry": "a tar holding one path twice is two different bags",
     "not-a-bag-container": "a bag tar holds one bag folder; a damaged or non-tar file is not a bag",
-    "tag-file-too-large": f"packhorse holds special tag files in memory up to {MAX_TAG_FILE_BYTES} bytes",
+    "tag-file-too-large": f"packhorse reads special tag files up to {MAX_TAG_FILE_BYTES} bytes, and holds what "
+                          "fetch.txt and bag-info.txt say within the bag's memory budget (manifest-too-large)",
     "manifest-too-large": "packhorse holds at most [extraction] max_members manifest entries per bag (all its "
                           "manifests and tag manifests together; no tar it reads holds more files), in at most "
                           f"{MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory",
@@ -300,16 +301,6 @@ def decode_manifest_path(path: str) -> str:
     return _PERCENT.sub(lambda m: _PERCENT_VALUE[m.group(1).lower()], path)
 
 
-def _lines(text: str) -> list[str]:
-    """Lines of a text tag file: ends are LF, CR or CRLF only (RFC 8493 §2.3); not
-    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur in
-    payload file names. A last line without an end is kept."""
-    lines = _LINE_END.split(text)
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
-
-
 def _unsafe_reason(path: str) -> str | None:
     if path and "//" not in path and "/." not in path and path[0] not in "/." and path[-1] != "/":
         return None  # (most paths: no empty, '.' or '..' component can be there)
@@ -385,21 +376,26 @@ def _ascii_compatible(encoding: str) -> bool:
 
 
 @dataclass
-class _Manifest:
-    """One manifest or tag manifest as parsed while it was read (its text is never held).
+class _TagText:
+    """A manifest, tag manifest, ``fetch.txt`` or ``bag-info.txt`` as parsed while it was read
+    (its text is never held).
 
-    ``entries`` is {path relative to the bag root: checksum as bytes} (``b""`` for an
-    algorithm packhorse does not verify); ``problems`` and ``warnings`` are ``(code, path,
+    ``entries`` is {path relative to the bag root: checksum as bytes} for a manifest (``b""`` for
+    an algorithm packhorse does not verify), {payload path: ``b""``} for ``fetch.txt``; ``info``
+    is ``bag-info.txt`` as {label: [values]}. ``problems`` and ``warnings`` are ``(code, path,
     message)`` found in it, the first :data:`MAX_LISTED_PROBLEMS` of each, ``omitted`` the codes
-    of the others (code: count); they join the report at :meth:`BagValidator.finish`, in
-    manifest-name order, as when manifests were parsed there."""
+    of the others (code: count); they join the report at :meth:`BagValidator.finish`, in the
+    order they did when these files were parsed there."""
 
     name: str
-    algorithm: str
-    tag: bool
     encoding: str
     provisional: bool  # read as UTF-8 before bagit.txt declared the encoding
+    algorithm: str = ""  # a manifest's
+    tag: bool = False  # a tag manifest
+    line_code: str = "manifest-line-invalid"  # the problem of a line that is not one
     entries: dict[str, bytes] = field(default_factory=dict)
+    info: dict[str, list[str]] = field(default_factory=dict)
+    last: tuple[str, int] | None = None  # bag-info.txt: the value a continuation line extends
     problems: list[tuple[str, str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str, str]] = field(default_factory=list)
     omitted: dict[str, int] = field(default_factory=dict)
@@ -410,6 +406,15 @@ class _Manifest:
     held: int = 0  # bytes its entries hold (see MAX_MANIFEST_MEMORY_BYTES)
     lines: int = 0
     skipping: bool = False  # inside a line too long to hold
+
+    @property
+    def manifest(self) -> bool:
+        return bool(self.algorithm)
+
+    def undecodable(self, encoding: str, error: Exception) -> str:
+        """The message of a file that is not text in ``encoding``."""
+        return (f"{self.name} is not valid {encoding}: {error}" if self.manifest
+                else f"tag file {self.name!r} is not valid {encoding}: {error}")
 
     def note(self, code: str, path: str, message: str, *, warning: bool = False) -> None:
         kept = self.warnings if warning else self.problems
@@ -452,8 +457,9 @@ class BagValidator:
         self._warnings: list[Problem] = []
         self._warning_set: set[Problem] = set()
         self._warnings_omitted = 0
-        self._tags: dict[str, bytes] = {}  # special tag files (bagit.txt, bag-info.txt, fetch.txt), held
-        self._manifests: dict[str, _Manifest] = {}  # manifests and tag manifests, parsed as read
+        self._tags: dict[str, bytes] = {}  # bagit.txt, held
+        self._manifests: dict[str, _TagText] = {}  # manifests and tag manifests, parsed as read
+        self._texts: dict[str, _TagText] = {}  # bag-info.txt and fetch.txt, parsed as read
         self._max_entries = max_manifest_entries
         self._entries = 0  # entries held in self._manifests
         self._held = 0  # bytes they hold (MAX_MANIFEST_MEMORY_BYTES)
@@ -538,6 +544,14 @@ class BagValidator:
             if m:
                 self._read_manifest(name, m.group(2), bool(m.group(1)), size, stream)
                 return
+            if name == "fetch.txt":
+                st = self._texts[name] = self._text_state(name, line_code="fetch-line-invalid")
+                self._read_text(st, size, stream, lambda n, line: self._fetch_line(st, n, line))
+                return
+            if name == "bag-info.txt":
+                st = self._texts[name] = self._text_state(name, line_code="bag-info-invalid")
+                self._read_text(st, size, stream, lambda n, line: self._bag_info_line(st, n, line))
+                return
             data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_all(stream)
             if len(data) != size:
                 self.problem("truncated", path, f"tag file {path!r} ends after {len(data)} of {size} bytes")
@@ -549,22 +563,32 @@ class BagValidator:
         else:
             _, self._tag_digests[name] = hash_stream(stream, algs)
 
+    def _text_state(self, name: str, **kw: Any) -> _TagText:
+        """The parsing state of tag file ``name``: in the encoding ``bagit.txt`` declares, or,
+        before ``bagit.txt``, as UTF-8, put right at :meth:`finish` if it declares another."""
+        declaration = self._tags.get("bagit.txt")
+        return _TagText(name, encoding=_declared_encoding(declaration) if declaration is not None else "utf-8",
+                        provisional=declaration is None, **kw)
+
     def _read_manifest(self, name: str, alg: str, tag: bool, size: int,
                        stream: BinaryIO | bytes | memoryview) -> None:
-        """Parse manifest ``name`` line by line as it is read (:class:`_Manifest`), hashing it
-        with every algorithm (a tag manifest may list it). Read in the encoding ``bagit.txt``
-        declares; before ``bagit.txt`` as UTF-8, put right at :meth:`finish` if it declares
-        another."""
+        """Parse manifest ``name`` line by line as it is read (:class:`_TagText`)."""
         (self._tag_algs if tag else self._payload_algs).add(alg)
-        declaration = self._tags.get("bagit.txt")
-        st = _Manifest(name, alg, tag, encoding=_declared_encoding(declaration) if declaration is not None else "utf-8",
-                       provisional=declaration is None)
-        self._manifests[name] = st
+        st = self._manifests[name] = self._text_state(name, algorithm=alg, tag=tag)
+        width = DIGEST_HEX_LENGTH.get(alg)
+        self._read_text(st, size, stream, lambda n, line: self._manifest_line(st, n, line, width))
+
+    def _read_text(self, st: _TagText, size: int, stream: BinaryIO | bytes | memoryview,
+                   on_line: Callable[[int, str], None]) -> None:
+        """Read tag file ``st.name`` (``size`` bytes declared) to its end, handing each line
+        (its number from 1, the text without its end) to ``on_line``, and hashing it with every
+        algorithm (a tag manifest may list it). Memory: one read of :data:`CHUNK_BYTES` and one
+        unfinished line (up to :data:`MAX_MANIFEST_LINE_CHARS`)."""
+        name = st.name
         src: BinaryIO = (io.BytesIO(stream) if isinstance(stream, (bytes, bytearray, memoryview))  # type: ignore[assignment]
                          else stream)
         hashes = list(_new_hashes(ALGORITHMS).items())
         decoder = codecs.getincrementaldecoder(st.encoding)()
-        width = DIGEST_HEX_LENGTH.get(alg)
         read, carry, reading = 0, "", True
         while True:
             block = src.read(CHUNK_BYTES)
@@ -577,14 +601,14 @@ class BagValidator:
                     text = decoder.decode(block, final)
                 except UnicodeDecodeError as e:
                     if st.provisional:  # the declared encoding decides, at finish
-                        st.not_utf8 = st.not_utf8 or f"{name} is not valid utf-8: {e}"
+                        st.not_utf8 = st.not_utf8 or st.undecodable("utf-8", e)
                         decoder.errors = "surrogateescape"
                         text = decoder.decode(block, final)
                     else:
-                        st.unreadable = f"{name} is not valid {st.encoding}: {e}"
+                        st.unreadable = st.undecodable(st.encoding, e)
                         text = ""
                 if st.unreadable is None:
-                    carry = self._manifest_text(st, carry + text, final, width)
+                    carry = self._text_lines(st, carry + text, final, on_line)
                 if st.unreadable is not None or st.refused:
                     reading, carry = False, ""
                     self._drop(st)
@@ -594,13 +618,32 @@ class BagValidator:
             self.problem("truncated", name, f"tag file {name!r} ends after {read} of {size} bytes")
         self._tag_digests[name] = {a: h.hexdigest() for a, h in hashes}
 
-    def _drop(self, st: _Manifest) -> None:
-        """Forget the entries of a manifest that cannot be used (unreadable, over the budget)."""
-        self._entries -= len(st.entries)
+    def _drop(self, st: _TagText) -> None:
+        """Forget the entries of a tag file that cannot be used (unreadable, over the budget)."""
+        if st.manifest or st.name == "fetch.txt":
+            self._entries -= len(st.entries)
         self._held -= st.held
-        st.entries, st.held = {}, 0
+        st.entries, st.info, st.held = {}, {}, 0
 
-    def _manifest_text(self, st: _Manifest, text: str, final: bool, width: int | None) -> str:
+    def _hold(self, st: _TagText, number: int, cost: int, *, entry: bool) -> bool:
+        """Whether line ``number`` of ``st`` may add ``cost`` bytes (and, with ``entry``, one
+        entry) to what the bag's tag files hold; if not, ``st`` is refused (a problem)."""
+        over_entries = entry and self._entries >= self._max_entries
+        if not over_entries and self._held + cost <= MAX_MANIFEST_MEMORY_BYTES:
+            st.held += cost
+            self._held += cost
+            self._entries += entry
+            return True
+        st.refused = True
+        limit = (f"more than {self._max_entries:,} entries together, more files than a bag may hold "
+                 f"([extraction] max_members = {self._max_entries})" if over_entries
+                 else f"entries holding more than {MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory together "
+                      f"(the budget of one bag's manifests, fetch.txt and bag-info.txt)")
+        st.note("manifest-too-large" if st.manifest else "tag-file-too-large", st.name,
+                f"{st.name} line {number}: the bag's manifests and tag files list {limit}; {st.name} is refused")
+        return False
+
+    def _text_lines(self, st: _TagText, text: str, final: bool, on_line: Callable[[int, str], None]) -> str:
         """Parse the whole lines of ``text`` (line ends LF, CR or CRLF, RFC 8493 §2.3: not
         :meth:`str.splitlines`, which also splits at U+0085, U+2028... that may occur in file
         names); return the unfinished last line (all of it when ``final``)."""
@@ -616,21 +659,22 @@ class BagValidator:
             if st.skipping:  # the end of a line too long to hold
                 st.skipping = False
                 continue
-            if line:
-                self._manifest_line(st, st.lines, line, width)
-                if st.refused:
-                    return ""
+            on_line(st.lines, line)
+            if st.refused:
+                return ""
         rest += held
         if len(rest) > MAX_MANIFEST_LINE_CHARS:
             if not st.skipping:
-                st.note("manifest-line-invalid", st.name, f"{st.name} line {st.lines + 1} is longer than "
-                                                          f"{MAX_MANIFEST_LINE_CHARS} characters: {rest[:200]!r}")
+                st.note(st.line_code, st.name, f"{st.name} line {st.lines + 1} is longer than "
+                                               f"{MAX_MANIFEST_LINE_CHARS} characters: {rest[:200]!r}")
                 st.skipping = True
             rest = ""
         return rest
 
-    def _manifest_line(self, st: _Manifest, number: int, line: str, width: int | None) -> None:
+    def _manifest_line(self, st: _TagText, number: int, line: str, width: int | None) -> None:
         """One manifest line: an entry of ``st``, or a problem."""
+        if not line:
+            return
         name, alg = st.name, st.algorithm
         m = _MANIFEST_LINE.fullmatch(line)
         if m is not None:
@@ -659,20 +703,48 @@ class BagValidator:
             st.note("manifest-duplicate-entry", name, f"{name} lists {path!r} more than once")
             return
         digest = bytes.fromhex(checksum) if width is not None else b""
-        cost = sys.getsizeof(path) + sys.getsizeof(digest) + _ENTRY_SLOT_BYTES
-        if self._entries >= self._max_entries or self._held + cost > MAX_MANIFEST_MEMORY_BYTES:
-            st.refused = True
-            limit = (f"more than {self._max_entries:,} entries together, more files than a bag may hold "
-                     f"([extraction] max_members = {self._max_entries})" if self._entries >= self._max_entries
-                     else f"entries holding more than {MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory together "
-                          f"(the budget of one bag's manifests)")
-            st.note("manifest-too-large", name, f"{name} line {number}: the bag's manifests list {limit}; "
-                                                f"{name} is refused")
+        if self._hold(st, number, sys.getsizeof(path) + sys.getsizeof(digest) + _ENTRY_SLOT_BYTES, entry=True):
+            st.entries[path] = digest
+
+    def _fetch_line(self, st: _TagText, number: int, line: str) -> None:
+        """One line of fetch.txt (RFC 8493 §2.2.3: ``URL LENGTH FILEPATH``, ``LENGTH`` octets or
+        ``-``, ``FILEPATH`` percent-encoded as in a manifest, under ``data/``): an entry, or a problem."""
+        if not line.strip():
             return
-        st.entries[path] = digest
-        st.held += cost
-        self._held += cost
-        self._entries += 1
+        fields = line.split(None, 2)
+        path = decode_manifest_path(fields[2]) if len(fields) == 3 else ""
+        if (len(fields) != 3 or not (fields[1].isdigit() or fields[1] == "-") or _unsafe_reason(path)
+                or not path.startswith("data/")):
+            st.note("fetch-line-invalid", "fetch.txt",
+                    f"fetch.txt line {number} is not 'URL LENGTH FILEPATH' naming a payload file: {line[:200]!r}")
+            return
+        if path not in st.entries and self._hold(st, number, sys.getsizeof(path) + _ENTRY_SLOT_BYTES, entry=True):
+            st.entries[path] = b""
+
+    def _bag_info_line(self, st: _TagText, number: int, line: str) -> None:
+        """One line of bag-info.txt (RFC 8493 §2.2.2: ``Label: value``, or a continuation line
+        starting with a space or tab): a value, or a problem."""
+        info = st.info
+        if line[:1] in (" ", "\t") and st.last is not None:
+            label, i = st.last
+            more = " " + line.strip(" \t")
+            if self._hold(st, number, len(more), entry=False):
+                info[label][i] += more
+            return
+        label, colon, value = line.partition(":")
+        if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
+            st.note("bag-info-label-whitespace", "bag-info.txt",
+                    f"bag-info.txt line {number}: whitespace before the colon of {label.rstrip()!r}", warning=True)
+            label = label.rstrip(" \t")
+        if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
+            st.note("bag-info-invalid", "bag-info.txt", f"bag-info.txt line {number} is not 'Label: value': {line[:200]!r}")
+            st.last = None
+            return
+        value = value[1:]
+        if self._hold(st, number, sys.getsizeof(label) + sys.getsizeof(value) + _ENTRY_SLOT_BYTES, entry=False):
+            values = info.setdefault(label, [])
+            values.append(value)
+            st.last = (label, len(values) - 1)
 
     def add_payload_digests(self, path: str, size: int, digests: dict[str, str], *,
                             declared_size: int | None = None) -> None:
@@ -743,13 +815,6 @@ class BagValidator:
         entry.digests.update(digests)
         self.passes = 2
 
-    def _decode(self, name: str, encoding: str) -> str | None:
-        try:
-            return self._tags[name].decode(encoding)
-        except (UnicodeDecodeError, LookupError) as e:
-            self.problem("tag-file-unreadable", name, f"tag file {name!r} is not valid {encoding}: {e}")
-            return None
-
     def _declaration(self) -> tuple[str | None, str]:
         """(version, encoding) from bagit.txt; problems recorded. Falls back to (None, utf-8)."""
         raw = self._tags.get("bagit.txt")
@@ -785,22 +850,24 @@ class BagValidator:
                          f"BagIt-Version {version} is not one packhorse reads ({', '.join(VERSIONS)})")
         return version, encoding
 
-    def _settle(self, st: _Manifest, encoding: str) -> None:
-        """Record what was found in manifest ``st`` (see :class:`_Manifest`), now that the
-        declared ``encoding`` is known: a manifest read as UTF-8 before ``bagit.txt`` is read again
-        from its entries in the declared encoding, or is unreadable."""
+    def _settle(self, st: _TagText, encoding: str) -> None:
+        """Record what was found in tag file ``st`` (see :class:`_TagText`), now that the
+        declared ``encoding`` is known: one read as UTF-8 before ``bagit.txt`` is read again from
+        its entries in the declared encoding, or is unreadable."""
         if st.provisional and st.unreadable is None:
             if codecs.lookup(encoding).name == "utf-8":
                 st.unreadable = st.not_utf8
             elif not _ascii_compatible(encoding):
                 st.unreadable = (f"{st.name} came before bagit.txt, which declares {encoding}; packhorse reads a "
-                                 f"manifest in an encoding that does not write ASCII as ASCII only after bagit.txt")
+                                 f"tag file in an encoding that does not write ASCII as ASCII only after bagit.txt")
             else:
+                def again(text: str) -> str:
+                    return text.encode("utf-8", "surrogateescape").decode(encoding)
                 try:
-                    st.entries = {p.encode("utf-8", "surrogateescape").decode(encoding): d
-                                  for p, d in st.entries.items()}
+                    st.entries = {again(p): d for p, d in st.entries.items()}
+                    st.info = {again(k): [again(v) for v in vs] for k, vs in st.info.items()}
                 except UnicodeError as e:
-                    st.unreadable = f"{st.name} is not valid {encoding}: {e}"
+                    st.unreadable = st.undecodable(encoding, e)
         if st.unreadable is not None:
             self._drop(st)
             self.problem("tag-file-unreadable", st.name, st.unreadable)
@@ -814,31 +881,12 @@ class BagValidator:
         self._warnings_omitted += st.warnings_omitted
 
     def _bag_info(self, encoding: str) -> dict[str, list[str]]:
-        info: dict[str, list[str]] = {}
-        if "bag-info.txt" not in self._tags:
-            return info
-        text = self._decode("bag-info.txt", encoding)
-        if text is None:
-            return info
-        last: tuple[str, int] | None = None
-        for number, line in enumerate(_lines(text), 1):
-            if line[:1] in (" ", "\t") and last is not None:
-                label, i = last
-                info[label][i] += " " + line.strip(" \t")
-                continue
-            label, colon, value = line.partition(":")
-            if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
-                self.warn("bag-info-label-whitespace", "bag-info.txt",
-                          f"bag-info.txt line {number}: whitespace before the colon of {label.rstrip()!r}")
-                label = label.rstrip(" \t")
-            if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
-                self.problem("bag-info-invalid", "bag-info.txt",
-                             f"bag-info.txt line {number} is not 'Label: value': {line[:200]!r}")
-                last = None
-                continue
-            info.setdefault(label, []).append(value[1:])
-            last = (label, len(info[label]) - 1)
-        return info
+        """bag-info.txt as {label: [values]} (empty without it); its problems recorded."""
+        st = self._texts.get("bag-info.txt")
+        if st is None:
+            return {}
+        self._settle(st, encoding)
+        return st.info
 
     def finish(self) -> BagReport:
         """Check everything fed so far against the rules; return the report with every problem."""
@@ -948,26 +996,14 @@ class BagValidator:
         report.warnings = list(self._warnings)
         report.warnings_omitted = self._warnings_omitted
 
-    def _fetch(self, encoding: str) -> set[str]:
-        """The payload paths fetch.txt lists (RFC 8493 §2.2.3: ``URL LENGTH FILEPATH`` per line,
-        ``LENGTH`` octets or ``-``, ``FILEPATH`` percent-encoded as in a manifest, under
-        ``data/``); problems recorded for lines that are not so. Empty without fetch.txt."""
-        out: set[str] = set()
-        if "fetch.txt" not in self._tags:
-            return out
-        text = self._decode("fetch.txt", encoding)
-        for number, line in enumerate(_lines(text or ""), 1):
-            if not line.strip():
-                continue
-            fields = line.split(None, 2)
-            path = decode_manifest_path(fields[2]) if len(fields) == 3 else ""
-            if (len(fields) != 3 or not (fields[1].isdigit() or fields[1] == "-") or _unsafe_reason(path)
-                    or not path.startswith("data/")):
-                self.problem("fetch-line-invalid", "fetch.txt",
-                             f"fetch.txt line {number} is not 'URL LENGTH FILEPATH' naming a payload file: {line[:200]!r}")
-                continue
-            out.add(path)
-        return out
+    def _fetch(self, encoding: str) -> dict[str, bytes]:
+        """The payload paths fetch.txt lists (as the keys; :meth:`_fetch_line`); its problems
+        recorded. Empty without fetch.txt."""
+        st = self._texts.get("fetch.txt")
+        if st is None:
+            return {}
+        self._settle(st, encoding)
+        return st.entries
 
 
 def _read_all(stream: BinaryIO) -> bytes:
