@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/manifest_memory.py [--lines 100000 1000000] [--path-chars 41] [--dir /tmp]
                                                        [--entry-points validate validate-json unpack staging]
+                                                       [--tag-lines N]
 
 For each ``--lines`` N, builds a bag folder whose ``manifest-sha256.txt`` has N lines: one for
 the bag's single payload file, N-1 for payload files that are not there (``file-missing``, one
@@ -19,7 +20,9 @@ wall time and its exit code:
   check of the extracted bag).
 
 ``import`` is a child that only imports packhorse and the validator: the floor. Every bag is
-deleted afterwards. Prints a Markdown table (the one in docs/benchmarks.md, "Manifest memory").
+deleted afterwards. With ``--tag-lines N`` the bag also has a ``bag-info.txt`` of N lines (one
+``External-Description`` label, N values) and a ``fetch.txt`` of N lines (files not in the bag,
+not in the manifest). Prints a Markdown table (the one in docs/benchmarks.md, "Manifest memory").
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ except PackhorseError as e:
 _IMPORT = "import packhorse.bags.packaging, packhorse.cli.bags"
 
 
-def build(root: Path, lines: int, path_chars: int = 41) -> tuple[Path, Path]:
+def build(root: Path, lines: int, path_chars: int = 41, tag_lines: int = 0) -> tuple[Path, Path]:
     """Write the bag folder ``root/bag`` (manifest of ``lines`` lines) and ``root/bag.tar``."""
     bag = root / "bag"
     (bag / "data").mkdir(parents=True)
@@ -74,9 +77,20 @@ def build(root: Path, lines: int, path_chars: int = 41) -> tuple[Path, Path]:
         for start in range(1, lines, step):
             out.write("".join(f"{fake}  data/missing/obs-{i // 1000:05d}/{pad}scan-{i:08d}.fits\n"
                               for i in range(start, min(start + step, lines))))
+    tags = ["bagit.txt", "manifest-sha256.txt"]
+    if tag_lines:
+        tags += ["bag-info.txt", "fetch.txt"]
+        with open(bag / "bag-info.txt", "w", encoding="utf-8", newline="\n") as info, \
+                open(bag / "fetch.txt", "w", encoding="utf-8", newline="\n") as fetch:
+            for start in range(0, tag_lines, 100_000):
+                span = range(start, min(start + 100_000, tag_lines))
+                info.write("".join(f"External-Description: line {i} of a long description of the bag\n"
+                                   for i in span))
+                fetch.write("".join(f"https://example.org/files/scan-{i:08d}.fits - data/fetched/scan-{i:08d}.fits\n"
+                                    for i in span))
     tar = root / "bag.tar"
     with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as t:
-        for name in ("bagit.txt", "manifest-sha256.txt", "data", "data/present.txt"):
+        for name in (*tags, "data", "data/present.txt"):
             t.add(bag / name, arcname=f"bag/{name}", recursive=False)
     return bag, tar
 
@@ -95,11 +109,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lines", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--path-chars", type=int, default=41, help="characters of each missing file's path (>= 41)")
+    ap.add_argument("--tag-lines", type=int, default=0, help="lines of bag-info.txt and of fetch.txt (0: none)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--entry-points", nargs="+", default=["validate", "validate-json", "unpack", "staging"])
     args = ap.parse_args()
     py = sys.executable
-    print(f"paths of {args.path_chars} characters\n")
+    print(f"paths of {args.path_chars} characters; bag-info.txt and fetch.txt of {args.tag_lines} lines\n")
     print("| manifest lines | manifest MiB | entry point | peak RSS MiB | wall s | exit |")
     print("|---:|---:|---|---:|---:|---:|")
     rss, wall, code = run([py, "-c", _IMPORT])
@@ -107,7 +122,7 @@ def main() -> None:
     for lines in args.lines:
         root = Path(tempfile.mkdtemp(prefix="manifest-memory-", dir=args.dir))
         try:
-            bag, tar = build(root, lines, args.path_chars)
+            bag, tar = build(root, lines, args.path_chars, args.tag_lines)
             mib = (bag / "manifest-sha256.txt").stat().st_size / 2**20
             commands = {
                 "validate": [py, "-m", "packhorse", "validate", str(bag)],

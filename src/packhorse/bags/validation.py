@@ -48,17 +48,18 @@ needs an algorithm a file was not hashed with, :meth:`BagValidator.rehash_needed
 front end that can read the entry again (a folder, a seekable tar) does so in a second pass, a
 stream cannot, and the file is reported ``not-verified``. Bags whose tag files come first — as
 packhorse writes them — are always validated in one pass, hashing only what their manifests
-name. Special tag files (``bagit.txt``, ``bag-info.txt``, ``fetch.txt``) are held in memory up
-to :data:`MAX_TAG_FILE_BYTES` each; other tag files are only hashed.
+name. ``bagit.txt`` is held in memory (up to :data:`MAX_TAG_FILE_BYTES`); other tag files that
+are not special are only hashed.
 
-Memory (docs/bags.md, "One pass, bounded memory"): manifests and tag manifests are parsed line
-by line as they are read, never held whole, and hashed as they go (a tag manifest may list
-them); per entry the path and the checksum as bytes are kept. The manifests of one bag hold at
-most ``max_manifest_entries`` entries (``[extraction] max_members``) and
-:data:`MAX_MANIFEST_MEMORY_BYTES` together; the manifest that goes beyond is a
-``manifest-too-large`` problem and its entries are dropped. A manifest read before
-``bagit.txt`` is read as UTF-8 and put right at :meth:`BagValidator.finish` if ``bagit.txt``
-declares another encoding.
+Memory (docs/bags.md, "One pass, bounded memory"): manifests, tag manifests, ``fetch.txt`` and
+``bag-info.txt`` (each up to :data:`MAX_TAG_FILE_BYTES`) are parsed line by line as they are
+read, never held whole, and hashed as they go (a tag manifest may list them); per manifest entry
+the path and the checksum as bytes are kept. What they hold for one bag is at most
+``max_manifest_entries`` entries (manifest and fetch.txt lines; ``[extraction] max_members``)
+and :data:`MAX_MANIFEST_MEMORY_BYTES` together; the file that goes beyond is a
+``manifest-too-large`` (``tag-file-too-large``) problem and what it held is dropped. A tag file
+read before ``bagit.txt`` is read as UTF-8 and put right at :meth:`BagValidator.finish` if
+``bagit.txt`` declares another encoding.
 """
 
 from __future__ import annotations
@@ -433,14 +434,15 @@ class BagValidator:
         bag: the bag's name for messages (a folder path, ``location:key``).
         required_algorithms: algorithms every payload file is hashed with whatever the manifests
             say (packhorse's readers ask for ``("sha256",)``: they record it).
-        max_manifest_entries: how many entries the bag's manifests and tag manifests may list
-            together (``[extraction] max_members``, default 1,000,000): a manifest line beyond it
-            is a ``manifest-too-large`` problem, and that manifest is dropped and read no
-            further (about 200 bytes are held per entry, docs/bags.md).
+        max_manifest_entries: how many entries the bag's manifests, tag manifests and fetch.txt
+            may list together (``[extraction] max_members``, default 1,000,000): a line beyond it
+            is a ``manifest-too-large`` problem (``tag-file-too-large`` in fetch.txt), and that
+            file is dropped and read no further (about 200 bytes are held per manifest entry,
+            docs/bags.md); so is one whose line goes beyond :data:`MAX_MANIFEST_MEMORY_BYTES`.
 
-    Memory: manifests are parsed line by line as they are read (never held whole); per entry
-    the path (a ``str``) and the checksum as bytes. Problems and warnings beyond
-    :data:`MAX_LISTED_PROBLEMS` are counted, not kept.
+    Memory: manifests, fetch.txt and bag-info.txt are parsed line by line as they are read
+    (never held whole); per manifest entry the path (a ``str``) and the checksum as bytes.
+    Problems and warnings beyond :data:`MAX_LISTED_PROBLEMS` are counted, not kept.
 
     Use: :meth:`add` each file (and :meth:`add_directory` for directory entries), report what a
     front end found itself with :meth:`problem`, optionally satisfy :meth:`rehash_needed`, then
