@@ -228,3 +228,11 @@ def test_fetch_txt_beyond_the_entry_budget_is_refused(tmp_path: Path) -> None:
     refused = [p for p in report.problems if p.code == "tag-file-too-large"]
     assert [p.path for p in refused] == ["fetch.txt"]
     assert refused[0].message.startswith("bag.tar: fetch.txt line 8:")  # 3 manifest entries + 7 and "max_members = 10" in refused[0].message
+
+
+def test_a_long_bagit_txt_is_invalid_not_held(tmp_path: Path) -> None:
+    bag = _bag(tmp_path / "bag", 1)
+    (bag / "bagit.txt").write_bytes(DECLARATION + b"X-Padding: " + b"x" * (200 << 10) + b"\n")
+    report = validate_folder(bag)
+    assert [p.code for p in report.problems] == ["bag-declaration-invalid"]
+    assert len(report.problems[0].message) < 1000

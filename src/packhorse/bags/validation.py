@@ -94,6 +94,9 @@ OLD_VERSIONS: tuple[str, ...] = ("0.93", "0.94", "0.95", "0.96")
 #: A special tag file (bagit.txt, bag-info.txt, fetch.txt, a manifest) larger than this (bytes)
 #: is refused rather than held in memory (about 1.5 million lines of a sha512 manifest).
 MAX_TAG_FILE_BYTES = 256 << 20
+#: Bytes of ``bagit.txt`` held (it is two short lines; a longer one is invalid, and refused on what
+#: these bytes show).
+MAX_DECLARATION_BYTES = 64 << 10
 #: Read size (bytes) when hashing.
 CHUNK_BYTES = 1 << 20
 #: Problems (and, separately, warnings) a report lists; the others are counted
@@ -554,16 +557,32 @@ class BagValidator:
                 st = self._texts[name] = self._text_state(name, line_code="bag-info-invalid")
                 self._read_text(st, size, stream, lambda n, line: self._bag_info_line(st, n, line))
                 return
-            data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_all(stream)
-            if len(data) != size:
-                self.problem("truncated", path, f"tag file {path!r} ends after {len(data)} of {size} bytes")
-            self._tags[name] = data
+            self._read_declaration(name, size, stream)
             return
         algs = set(ALGORITHMS) | (self._tag_algs & set(DIGEST_HEX_LENGTH))
         if isinstance(stream, (bytes, bytearray, memoryview)):
             self._tag_digests[name] = self._hash_bytes(stream, algs)
         else:
             _, self._tag_digests[name] = hash_stream(stream, algs)
+
+    def _read_declaration(self, name: str, size: int, stream: BinaryIO | bytes | memoryview) -> None:
+        """Read ``bagit.txt`` to its end, hashing it with every algorithm; hold its first
+        :data:`MAX_DECLARATION_BYTES` + 1 bytes (two short lines are valid: more is a problem
+        found in those)."""
+        src: BinaryIO = (io.BytesIO(stream) if isinstance(stream, (bytes, bytearray, memoryview))  # type: ignore[assignment]
+                         else stream)
+        hashes = list(_new_hashes(ALGORITHMS).items())
+        kept, read = bytearray(), 0
+        while block := src.read(CHUNK_BYTES):
+            for _, h in hashes:
+                h.update(block)
+            read += len(block)
+            if len(kept) <= MAX_DECLARATION_BYTES:
+                kept += block[:MAX_DECLARATION_BYTES + 1 - len(kept)]
+        if read != size:
+            self.problem("truncated", name, f"tag file {name!r} ends after {read} of {size} bytes")
+        self._tags[name] = bytes(kept)
+        self._tag_digests[name] = {a: h.hexdigest() for a, h in hashes}
 
     def _text_state(self, name: str, **kw: Any) -> _TagText:
         """The parsing state of tag file ``name``: in the encoding ``bagit.txt`` declares, or,
@@ -962,10 +981,7 @@ class BagValidator:
         for alg, entries in tag_manifests.items():
             name = f"tagmanifest-{alg}.txt"
             for path, expected in entries.items():
-                if path in self._tags:
-                    actual: str | None = (hashlib.new(alg, self._tags[path]).hexdigest()
-                                          if alg in DIGEST_HEX_LENGTH else None)
-                elif path in self._tag_digests:
+                if path in self._tag_digests:
                     actual = self._tag_digests[path].get(alg)
                 else:
                     self.problem("file-missing", path, f"{name} lists {path!r}, which is not in the bag")
@@ -1006,13 +1022,6 @@ class BagValidator:
             return {}
         self._settle(st, encoding)
         return st.entries
-
-
-def _read_all(stream: BinaryIO) -> bytes:
-    chunks = []
-    while block := stream.read(CHUNK_BYTES):
-        chunks.append(block)
-    return b"".join(chunks)
 
 
 # ------------------------------------------------------------------------------ front ends
