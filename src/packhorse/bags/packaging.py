@@ -335,9 +335,9 @@ def raise_for_problems(report: BagReport, *, step: str, side: str | None = None)
     lead = (unsafe or report.problems)[0]
     rest = [p for p in report.problems if p is not lead]
     message = lead.message
-    if rest:
-        codes = sorted({p.code for p in rest})
-        message += f" (and {len(rest)} more problem(s): {', '.join(codes)})"
+    if rest or report.problems_omitted:
+        codes = sorted({p.code for p in rest} | set(report.omitted_codes))
+        message += f" (and {len(rest) + report.problems_omitted} more problem(s): {', '.join(codes)})"
     extra = {"side": side} if side else {}
     if unsafe:
         raise UnsafePathError(message, path=lead.path, step=step, **extra)
@@ -455,16 +455,18 @@ def iter_files(root: Path) -> Iterator[Path]:
         stack.extend(reversed(subfolders))
 
 
-def verify_bag_folder(bag: Path, *, source: str) -> dict[str, str]:
+def verify_bag_folder(bag: Path, *, source: str, limits: ExtractionLimits = DEFAULT_LIMITS) -> dict[str, str]:
     """Validate the bag folder ``bag`` to RFC 8493 (:func:`~packhorse.bags.validation.validate_folder`:
     every manifest, the tag manifests, Payload-Oxum, no symlinks). Returns ``{payload path under
-    data/: sha256}``.
+    data/: sha256}``. ``limits.max_members`` is the bag's budget of manifest entries, as for the
+    tar it was extracted from (``manifest-too-large`` beyond).
 
     Raises:
         VerificationError: the bag is not valid (a file missing, extra, with other bytes...),
             naming the first problem and counting the others.
         UnsafePathError: the folder holds a symlink or a special file.
     """
-    report = validate_folder(bag, bag=source, required_algorithms=("sha256",))
+    report = validate_folder(bag, bag=source, required_algorithms=("sha256",),
+                             max_manifest_entries=limits.max_members)
     raise_for_problems(report, step="staging", side="destination")
     return {p[len("data/"):]: e.digests["sha256"] for p, e in report.payload.items()}

@@ -3,7 +3,8 @@
 :class:`BagValidator` is a streaming core. A front end hands it every entry of a bag in whatever
 order the container has them — :meth:`~BagValidator.add` with a path relative to the bag root, a
 size in bytes and a readable stream — and :meth:`~BagValidator.finish` returns a
-:class:`BagReport` listing **every** problem found (never only the first). Two front ends:
+:class:`BagReport` of **every** problem found (never only the first: the first
+:data:`MAX_LISTED_PROBLEMS` listed, the others counted). Two front ends:
 :func:`validate_folder` (a bag folder; symlinks are never followed, a symlink is a problem) and
 :func:`validate_tar` (a bag tar holding one top folder, read in one pass).
 
@@ -47,8 +48,18 @@ needs an algorithm a file was not hashed with, :meth:`BagValidator.rehash_needed
 front end that can read the entry again (a folder, a seekable tar) does so in a second pass, a
 stream cannot, and the file is reported ``not-verified``. Bags whose tag files come first — as
 packhorse writes them — are always validated in one pass, hashing only what their manifests
-name. Special tag files (``bagit.txt``, ``bag-info.txt``, ``fetch.txt``, manifests) are held in
-memory up to :data:`MAX_TAG_FILE_BYTES` each; other tag files are only hashed.
+name. ``bagit.txt`` is held in memory (up to :data:`MAX_TAG_FILE_BYTES`); other tag files that
+are not special are only hashed.
+
+Memory (docs/bags.md, "One pass, bounded memory"): manifests, tag manifests, ``fetch.txt`` and
+``bag-info.txt`` (each up to :data:`MAX_TAG_FILE_BYTES`) are parsed line by line as they are
+read, never held whole, and hashed as they go (a tag manifest may list them); per manifest entry
+the path and the checksum as bytes are kept. What they hold for one bag is at most
+``max_manifest_entries`` entries (manifest and fetch.txt lines; ``[extraction] max_members``)
+and :data:`MAX_MANIFEST_MEMORY_BYTES` together; the file that goes beyond is a
+``manifest-too-large`` (``tag-file-too-large``) problem and what it held is dropped. A tag file
+read before ``bagit.txt`` is read as UTF-8 and put right at :meth:`BagValidator.finish` if
+``bagit.txt`` declares another encoding.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ import io
 import os
 import re
 import stat
+import sys
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -83,8 +95,24 @@ OLD_VERSIONS: tuple[str, ...] = ("0.93", "0.94", "0.95", "0.96")
 #: A special tag file (bagit.txt, bag-info.txt, fetch.txt, a manifest) larger than this (bytes)
 #: is refused rather than held in memory (about 1.5 million lines of a sha512 manifest).
 MAX_TAG_FILE_BYTES = 256 << 20
+#: Bytes of ``bagit.txt`` held (it is two short lines; a longer one is invalid, and refused on what
+#: these bytes show).
+MAX_DECLARATION_BYTES = 64 << 10
 #: Read size (bytes) when hashing.
 CHUNK_BYTES = 1 << 20
+#: Problems (and, separately, warnings) a report lists; the others are counted
+#: (:attr:`BagReport.problems_omitted`), so a bag with millions of wrong lines costs no more.
+MAX_LISTED_PROBLEMS = 1000
+#: Memory (bytes) the manifest entries of one bag may hold together, counted as Python holds them
+#: (``sys.getsizeof`` of the path and of the checksum, plus :data:`_ENTRY_SLOT_BYTES`): about
+#: 200 bytes an entry of a 41-character path and a sha256, so 1,000,000 such entries (the default
+#: ``[extraction] max_members``, the other limit) fit. Beyond either, ``manifest-too-large``.
+MAX_MANIFEST_MEMORY_BYTES = 200 << 20
+#: What one entry costs in its manifest's dict besides the path and checksum objects (bytes).
+_ENTRY_SLOT_BYTES = 40
+#: A manifest line longer than this (characters) is a ``manifest-line-invalid`` problem and is
+#: not held (a path in a bag thousands of folders deep is some tens of thousands).
+MAX_MANIFEST_LINE_CHARS = 1 << 20
 
 #: Every problem code, with the rule that decides it.
 PROBLEM_CODES: dict[str, str] = {
@@ -119,7 +147,11 @@ PROBLEM_CODES: dict[str, str] = {
     "unsafe-member": "packhorse (DESIGN I6): tar members stay inside the bag folder, no links or devices",
     "duplicate-entry": "a tar holding one path twice is two different bags",
     "not-a-bag-container": "a bag tar holds one bag folder; a damaged or non-tar file is not a bag",
-    "tag-file-too-large": f"packhorse holds special tag files in memory up to {MAX_TAG_FILE_BYTES} bytes",
+    "tag-file-too-large": f"packhorse reads special tag files up to {MAX_TAG_FILE_BYTES} bytes, and holds what "
+                          "fetch.txt and bag-info.txt say within the bag's memory budget (manifest-too-large)",
+    "manifest-too-large": "packhorse holds at most [extraction] max_members manifest entries per bag (all its "
+                          "manifests and tag manifests together; no tar it reads holds more files), in at most "
+                          f"{MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory",
     "truncated": "the container ended inside a file",
     "unreadable": "a file of the bag could not be read",
 }
@@ -171,9 +203,14 @@ class BagReport:
     Attributes:
         bag: the bag's name in messages (a path, ``location:key``).
         version: the declared BagIt version (``"1.0"``), or None when bagit.txt is unusable.
-        problems: every problem, in the order found; empty means valid.
+        problems: the problems, in the order found, the first :data:`MAX_LISTED_PROBLEMS` of
+            them (and the first refusing an unsafe entry, :data:`UNSAFE_CODES`, wherever it
+            came); empty means valid.
+        problems_omitted: how many more problems were found and not listed (0 when all are).
+        omitted_codes: the codes of those not listed, sorted.
         warnings: departures the reference library accepts (:data:`WARNING_CODES`), in the
-            order found; they do not make the bag invalid.
+            order found, the first :data:`MAX_LISTED_PROBLEMS`; they do not make the bag invalid.
+        warnings_omitted: how many more warnings were found and not listed.
         payload: {path under ``data/``: :class:`PayloadEntry`} for every payload file read.
         payload_algorithms: the algorithms of the payload manifests, sorted.
         tag_algorithms: the algorithms of the tag manifests, sorted.
@@ -195,10 +232,13 @@ class BagReport:
     bag_info: dict[str, list[str]] = field(default_factory=dict)
     passes: int = 1
     fetch_pending: list[str] = field(default_factory=list)
+    problems_omitted: int = 0
+    omitted_codes: list[str] = field(default_factory=list)
+    warnings_omitted: int = 0
 
     @property
     def valid(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.problems_omitted
 
     @property
     def complete(self) -> bool:
@@ -211,14 +251,19 @@ class BagReport:
         what = (f"BagIt {self.version or '?'}; payload manifests: {', '.join(self.payload_algorithms) or 'none'}; "
                 f"tag manifests: {', '.join(self.tag_algorithms) or 'none'}; {files} payload file(s), {octets} bytes")
         warned = [f"  warning [{w.code}] {w.message}" for w in self.warnings]
+        if self.warnings_omitted:
+            warned.append(f"  … and {self.warnings_omitted:,} more warning(s), not listed")
         if self.valid and self.fetch_pending:
             return "\n".join([f"INCOMPLETE {self.bag}: valid, but {len(self.fetch_pending)} payload file(s) listed in "
                               f"fetch.txt are not in the bag ({what})",
                               *(f"  to fetch: {p}" for p in self.fetch_pending), *warned])
         if self.valid:
             return "\n".join([f"VALID {self.bag} ({what})", *warned])
-        lines = [f"INVALID {self.bag}: {len(self.problems)} problem(s) ({what})"]
+        lines = [f"INVALID {self.bag}: {len(self.problems) + self.problems_omitted} problem(s) ({what})"]
         lines += [f"  [{p.code}] {p.message}" for p in self.problems]
+        if self.problems_omitted:
+            lines.append(f"  … and {self.problems_omitted:,} more problem(s), not listed: "
+                         f"{', '.join(self.omitted_codes)}")
         return "\n".join([*lines, *warned])
 
     def as_dict(self) -> dict[str, object]:
@@ -234,7 +279,10 @@ class BagReport:
             "payload_files": len(self.payload),
             "payload_bytes": sum(e.size for e in self.payload.values()),
             "problems": [p.as_dict() for p in self.problems],
+            "problems_omitted": self.problems_omitted,
+            "omitted_codes": self.omitted_codes,
             "warnings": [w.as_dict() for w in self.warnings],
+            "warnings_omitted": self.warnings_omitted,
         }
 
 
@@ -253,20 +301,14 @@ _SPECIAL = ("bagit.txt", "bag-info.txt", "fetch.txt")
 
 def decode_manifest_path(path: str) -> str:
     """Decode a manifest path: ``%0A``, ``%0D``, ``%25`` (any case) in one pass (RFC 8493 §2.1.3)."""
+    if "%" not in path:
+        return path
     return _PERCENT.sub(lambda m: _PERCENT_VALUE[m.group(1).lower()], path)
 
 
-def _lines(text: str) -> list[str]:
-    """Lines of a text tag file: ends are LF, CR or CRLF only (RFC 8493 §2.3); not
-    :meth:`str.splitlines`, which also splits at U+0085, U+2028, form feed... that may occur in
-    payload file names. A last line without an end is kept."""
-    lines = _LINE_END.split(text)
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
-
-
 def _unsafe_reason(path: str) -> str | None:
+    if path and "//" not in path and "/." not in path and path[0] not in "/." and path[-1] != "/":
+        return None  # (most paths: no empty, '.' or '..' component can be there)
     if not path:
         return "is empty"
     if path.startswith("/"):
@@ -315,6 +357,80 @@ def hash_stream(stream: BinaryIO, algorithms: Iterable[str]) -> tuple[int, dict[
     return size, {a: h.hexdigest() for a, h in hashes}
 
 
+def _declared_encoding(raw: bytes) -> str:
+    """The encoding ``bagit.txt`` (``raw``) declares, as :meth:`BagValidator.finish` reads it:
+    UTF-8 when it declares none usable (the problems are recorded there)."""
+    if raw.startswith(codecs.BOM_UTF8):
+        return "utf-8"
+    try:
+        m = _DECLARATION.fullmatch(raw.decode("utf-8"))
+        if m:
+            codecs.lookup(m.group("encoding"))
+            return m.group("encoding")
+    except (UnicodeDecodeError, LookupError):
+        pass
+    return "utf-8"
+
+
+def _ascii_compatible(encoding: str) -> bool:
+    """Whether ``encoding`` writes ASCII as ASCII (UTF-8, Latin-1...; not UTF-16)."""
+    try:
+        return "\r\n%09azAZ".encode(encoding) == b"\r\n%09azAZ"
+    except (LookupError, UnicodeError):
+        return False
+
+
+@dataclass
+class _TagText:
+    """A manifest, tag manifest, ``fetch.txt`` or ``bag-info.txt`` as parsed while it was read
+    (its text is never held).
+
+    ``entries`` is {path relative to the bag root: checksum as bytes} for a manifest (``b""`` for
+    an algorithm packhorse does not verify), {payload path: ``b""``} for ``fetch.txt``; ``info``
+    is ``bag-info.txt`` as {label: [values]}. ``problems`` and ``warnings`` are ``(code, path,
+    message)`` found in it, the first :data:`MAX_LISTED_PROBLEMS` of each, ``omitted`` the codes
+    of the others (code: count); they join the report at :meth:`BagValidator.finish`, in the
+    order they did when these files were parsed there."""
+
+    name: str
+    encoding: str
+    provisional: bool  # read as UTF-8 before bagit.txt declared the encoding
+    algorithm: str = ""  # a manifest's
+    tag: bool = False  # a tag manifest
+    line_code: str = "manifest-line-invalid"  # the problem of a line that is not one
+    entries: dict[str, bytes] = field(default_factory=dict)
+    info: dict[str, list[str]] = field(default_factory=dict)
+    last: tuple[str, int] | None = None  # bag-info.txt: the value a continuation line extends
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+    warnings: list[tuple[str, str, str]] = field(default_factory=list)
+    omitted: dict[str, int] = field(default_factory=dict)
+    warnings_omitted: int = 0
+    unreadable: str | None = None  # why it is not text in its encoding
+    not_utf8: str | None = None  # (provisional) why it is not UTF-8
+    refused: bool = False  # beyond the bag's manifest-entry budget: entries dropped
+    held: int = 0  # bytes its entries hold (see MAX_MANIFEST_MEMORY_BYTES)
+    lines: int = 0
+    skipping: bool = False  # inside a line too long to hold
+
+    @property
+    def manifest(self) -> bool:
+        return bool(self.algorithm)
+
+    def undecodable(self, encoding: str, error: Exception) -> str:
+        """The message of a file that is not text in ``encoding``."""
+        return (f"{self.name} is not valid {encoding}: {error}" if self.manifest
+                else f"tag file {quoted(self.name)} is not valid {encoding}: {error}")
+
+    def note(self, code: str, path: str, message: str, *, warning: bool = False) -> None:
+        kept = self.warnings if warning else self.problems
+        if len(kept) < MAX_LISTED_PROBLEMS:
+            kept.append((code, path, message))
+        elif warning:
+            self.warnings_omitted += 1
+        else:
+            self.omitted[code] = self.omitted.get(code, 0) + 1
+
+
 class BagValidator:
     """The streaming core: fed a bag's entries in any order, it reports every problem.
 
@@ -322,25 +438,43 @@ class BagValidator:
         bag: the bag's name for messages (a folder path, ``location:key``).
         required_algorithms: algorithms every payload file is hashed with whatever the manifests
             say (packhorse's readers ask for ``("sha256",)``: they record it).
+        max_manifest_entries: how many entries the bag's manifests, tag manifests and fetch.txt
+            may list together (``[extraction] max_members``, default 1,000,000): a line beyond it
+            is a ``manifest-too-large`` problem (``tag-file-too-large`` in fetch.txt), and that
+            file is dropped and read no further (about 200 bytes are held per manifest entry,
+            docs/bags.md); so is one whose line goes beyond :data:`MAX_MANIFEST_MEMORY_BYTES`.
+
+    Memory: manifests, fetch.txt and bag-info.txt are parsed line by line as they are read
+    (never held whole); per manifest entry the path (a ``str``) and the checksum as bytes.
+    Problems and warnings beyond :data:`MAX_LISTED_PROBLEMS` are counted, not kept.
 
     Use: :meth:`add` each file (and :meth:`add_directory` for directory entries), report what a
     front end found itself with :meth:`problem`, optionally satisfy :meth:`rehash_needed`, then
     :meth:`finish`. Not thread-safe; one validator per bag.
     """
 
-    def __init__(self, bag: str, *, required_algorithms: Iterable[str] = ()) -> None:
+    def __init__(self, bag: str, *, required_algorithms: Iterable[str] = (),
+                 max_manifest_entries: int = DEFAULT_LIMITS.max_members) -> None:
         self.bag = bag
         self._required = tuple(required_algorithms)
         self._problems: list[Problem] = []
+        self._omitted: dict[str, int] = {}  # problems beyond MAX_LISTED_PROBLEMS: {code: count}
+        self._unsafe_listed = False
         self._warnings: list[Problem] = []
-        self._tags: dict[str, bytes] = {}  # special tag files and manifests, held
+        self._warning_set: set[Problem] = set()
+        self._warnings_omitted = 0
+        self._tags: dict[str, bytes] = {}  # bagit.txt, held
+        self._manifests: dict[str, _TagText] = {}  # manifests and tag manifests, parsed as read
+        self._texts: dict[str, _TagText] = {}  # bag-info.txt and fetch.txt, parsed as read
+        self._max_entries = max_manifest_entries
+        self._entries = 0  # entries held in self._manifests
+        self._held = 0  # bytes they hold (MAX_MANIFEST_MEMORY_BYTES)
         self._tag_digests: dict[str, dict[str, str]] = {}  # other tag files: {algorithm: hex}
         self._payload: dict[str, PayloadEntry] = {}
         self._seen: set[str] = set()
         self._has_data_dir = False
         self._payload_algs: set[str] = set()
         self._tag_algs: set[str] = set()
-        self._early: dict[str, set[str]] = {}  # payload manifests parsed early: {name: paths}
         self._unusable = False
         self.passes = 1
 
@@ -349,14 +483,24 @@ class BagValidator:
     def problem(self, code: str, path: str, message: str) -> None:
         """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
         assert code in PROBLEM_CODES, code
-        self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+        unsafe = code in UNSAFE_CODES
+        if len(self._problems) < MAX_LISTED_PROBLEMS or (unsafe and not self._unsafe_listed):
+            self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+            self._unsafe_listed |= unsafe
+        else:
+            self._omitted[code] = self._omitted.get(code, 0) + 1
 
     def warn(self, code: str, path: str, message: str) -> None:
         """Record a warning (:data:`WARNING_CODES`): listed in the report, the bag stays valid."""
         assert code in WARNING_CODES, code
         warning = Problem(code, path, f"{self.bag}: {message}")
-        if warning not in self._warnings:  # (a manifest parsed early and again warns once)
+        if warning in self._warning_set:
+            return
+        if len(self._warnings) < MAX_LISTED_PROBLEMS:
             self._warnings.append(warning)
+            self._warning_set.add(warning)
+        else:
+            self._warnings_omitted += 1
 
     def unusable(self, code: str, message: str) -> None:
         """Record that the container cannot be read at all (not a tar, no such folder): the report
@@ -403,18 +547,226 @@ class BagValidator:
                 if not isinstance(stream, (bytes, bytearray, memoryview)):
                     hash_stream(stream, ())
                 return
-            data = bytes(stream) if isinstance(stream, (bytes, bytearray, memoryview)) else _read_all(stream)
-            if len(data) != size:
-                self.problem("truncated", path, f"tag file {quoted(path)} ends after {len(data)} of {size} bytes")
-            self._tags[name] = data
             if m:
-                (self._tag_algs if m.group(1) else self._payload_algs).add(m.group(2))
+                self._read_manifest(name, m.group(2), bool(m.group(1)), size, stream)
+                return
+            if name == "fetch.txt":
+                st = self._texts[name] = self._text_state(name, line_code="fetch-line-invalid")
+                self._read_text(st, size, stream, lambda n, line: self._fetch_line(st, n, line))
+                return
+            if name == "bag-info.txt":
+                st = self._texts[name] = self._text_state(name, line_code="bag-info-invalid")
+                self._read_text(st, size, stream, lambda n, line: self._bag_info_line(st, n, line))
+                return
+            self._read_declaration(name, size, stream)
             return
         algs = set(ALGORITHMS) | (self._tag_algs & set(DIGEST_HEX_LENGTH))
         if isinstance(stream, (bytes, bytearray, memoryview)):
             self._tag_digests[name] = self._hash_bytes(stream, algs)
         else:
             _, self._tag_digests[name] = hash_stream(stream, algs)
+
+    def _read_declaration(self, name: str, size: int, stream: BinaryIO | bytes | memoryview) -> None:
+        """Read ``bagit.txt`` to its end, hashing it with every algorithm; hold its first
+        :data:`MAX_DECLARATION_BYTES` + 1 bytes (two short lines are valid: more is a problem
+        found in those)."""
+        src: BinaryIO = (io.BytesIO(stream) if isinstance(stream, (bytes, bytearray, memoryview))  # type: ignore[assignment]
+                         else stream)
+        hashes = list(_new_hashes(ALGORITHMS).items())
+        kept, read = bytearray(), 0
+        while block := src.read(CHUNK_BYTES):
+            for _, h in hashes:
+                h.update(block)
+            read += len(block)
+            if len(kept) <= MAX_DECLARATION_BYTES:
+                kept += block[:MAX_DECLARATION_BYTES + 1 - len(kept)]
+        if read != size:
+            self.problem("truncated", name, f"tag file {quoted(name)} ends after {read} of {size} bytes")
+        self._tags[name] = bytes(kept)
+        self._tag_digests[name] = {a: h.hexdigest() for a, h in hashes}
+
+    def _text_state(self, name: str, **kw: Any) -> _TagText:
+        """The parsing state of tag file ``name``: in the encoding ``bagit.txt`` declares, or,
+        before ``bagit.txt``, as UTF-8, put right at :meth:`finish` if it declares another."""
+        declaration = self._tags.get("bagit.txt")
+        return _TagText(name, encoding=_declared_encoding(declaration) if declaration is not None else "utf-8",
+                        provisional=declaration is None, **kw)
+
+    def _read_manifest(self, name: str, alg: str, tag: bool, size: int,
+                       stream: BinaryIO | bytes | memoryview) -> None:
+        """Parse manifest ``name`` line by line as it is read (:class:`_TagText`)."""
+        (self._tag_algs if tag else self._payload_algs).add(alg)
+        st = self._manifests[name] = self._text_state(name, algorithm=alg, tag=tag)
+        width = DIGEST_HEX_LENGTH.get(alg)
+        self._read_text(st, size, stream, lambda n, line: self._manifest_line(st, n, line, width))
+
+    def _read_text(self, st: _TagText, size: int, stream: BinaryIO | bytes | memoryview,
+                   on_line: Callable[[int, str], None]) -> None:
+        """Read tag file ``st.name`` (``size`` bytes declared) to its end, handing each line
+        (its number from 1, the text without its end) to ``on_line``, and hashing it with every
+        algorithm (a tag manifest may list it). Memory: one read of :data:`CHUNK_BYTES` and one
+        unfinished line (up to :data:`MAX_MANIFEST_LINE_CHARS`)."""
+        name = st.name
+        src: BinaryIO = (io.BytesIO(stream) if isinstance(stream, (bytes, bytearray, memoryview))  # type: ignore[assignment]
+                         else stream)
+        hashes = list(_new_hashes(ALGORITHMS).items())
+        decoder = codecs.getincrementaldecoder(st.encoding)()
+        read, carry, reading = 0, "", True
+        while True:
+            block = src.read(CHUNK_BYTES)
+            final = not block
+            for _, h in hashes:
+                h.update(block)
+            read += len(block)
+            if reading:
+                try:
+                    text = decoder.decode(block, final)
+                except UnicodeDecodeError as e:
+                    if st.provisional:  # the declared encoding decides, at finish
+                        st.not_utf8 = st.not_utf8 or st.undecodable("utf-8", e)
+                        decoder.errors = "surrogateescape"
+                        text = decoder.decode(block, final)
+                    else:
+                        st.unreadable = st.undecodable(st.encoding, e)
+                        text = ""
+                if st.unreadable is None:
+                    carry = self._text_lines(st, carry + text, final, on_line)
+                if st.unreadable is not None or st.refused:
+                    reading, carry = False, ""
+                    self._drop(st)
+            if final:
+                break
+        if read != size:
+            self.problem("truncated", name, f"tag file {quoted(name)} ends after {read} of {size} bytes")
+        self._tag_digests[name] = {a: h.hexdigest() for a, h in hashes}
+
+    def _drop(self, st: _TagText) -> None:
+        """Forget the entries of a tag file that cannot be used (unreadable, over the budget)."""
+        if st.manifest or st.name == "fetch.txt":
+            self._entries -= len(st.entries)
+        self._held -= st.held
+        st.entries, st.info, st.held = {}, {}, 0
+
+    def _hold(self, st: _TagText, number: int, cost: int, *, entry: bool) -> bool:
+        """Whether line ``number`` of ``st`` may add ``cost`` bytes (and, with ``entry``, one
+        entry) to what the bag's tag files hold; if not, ``st`` is refused (a problem)."""
+        over_entries = entry and self._entries >= self._max_entries
+        if not over_entries and self._held + cost <= MAX_MANIFEST_MEMORY_BYTES:
+            st.held += cost
+            self._held += cost
+            self._entries += entry
+            return True
+        st.refused = True
+        limit = (f"more than {self._max_entries:,} entries together, more files than a bag may hold "
+                 f"([extraction] max_members = {self._max_entries})" if over_entries
+                 else f"entries holding more than {MAX_MANIFEST_MEMORY_BYTES >> 20} MiB of memory together "
+                      f"(the budget of one bag's manifests, fetch.txt and bag-info.txt)")
+        st.note("manifest-too-large" if st.manifest else "tag-file-too-large", st.name,
+                f"{st.name} line {number}: the bag's manifests and tag files list {limit}; {st.name} is refused")
+        return False
+
+    def _text_lines(self, st: _TagText, text: str, final: bool, on_line: Callable[[int, str], None]) -> str:
+        """Parse the whole lines of ``text`` (line ends LF, CR or CRLF, RFC 8493 §2.3: not
+        :meth:`str.splitlines`, which also splits at U+0085, U+2028... that may occur in file
+        names); return the unfinished last line (all of it when ``final``)."""
+        held = ""
+        if not final and text.endswith("\r"):  # perhaps the first half of a CRLF
+            text, held = text[:-1], "\r"
+        lines = _LINE_END.split(text)
+        rest = "" if final else lines.pop()
+        if final and lines and lines[-1] == "":
+            lines.pop()
+        for line in lines:
+            st.lines += 1
+            if st.skipping:  # the end of a line too long to hold
+                st.skipping = False
+                continue
+            on_line(st.lines, line)
+            if st.refused:
+                return ""
+        rest += held
+        if len(rest) > MAX_MANIFEST_LINE_CHARS:
+            if not st.skipping:
+                st.note(st.line_code, st.name, f"{st.name} line {st.lines + 1} is longer than "
+                                               f"{MAX_MANIFEST_LINE_CHARS} characters: {rest[:200]!r}")
+                st.skipping = True
+            rest = ""
+        return rest
+
+    def _manifest_line(self, st: _TagText, number: int, line: str, width: int | None) -> None:
+        """One manifest line: an entry of ``st``, or a problem."""
+        if not line:
+            return
+        name, alg = st.name, st.algorithm
+        m = _MANIFEST_LINE.fullmatch(line)
+        if m is not None:
+            checksum, path = m.groups()
+        if m is None or (width is not None and len(checksum) != width):
+            st.note("manifest-line-invalid", name, f"{name} line {number} is not '<{alg} checksum> <path>': "
+                                                   f"{line[:200]!r}")
+            return
+        path = decode_manifest_path(path)
+        if path.startswith("./"):
+            while path.startswith("./"):
+                path = path[2:]
+            st.note("manifest-path-dot-prefix", name, f"{name} line {number}: a leading './' dropped", warning=True)
+        reason = _unsafe_reason(path)
+        if reason:
+            st.note("manifest-path-unsafe", name, f"{name} line {number}: path {quoted(path)} {reason}")
+            return
+        if not st.tag and not path.startswith("data/"):
+            st.note("manifest-path-outside-payload", name,
+                    f"{name} line {number}: {quoted(path)} is not under data/ (a payload manifest lists payload files)")
+            return
+        if st.tag and path.startswith("data/"):
+            st.note("tag-manifest-lists-payload", name, f"{name} line {number}: {quoted(path)} is a payload file")
+            return
+        if path in st.entries:
+            st.note("manifest-duplicate-entry", name, f"{name} lists {quoted(path)} more than once")
+            return
+        digest = bytes.fromhex(checksum) if width is not None else b""
+        if self._hold(st, number, sys.getsizeof(path) + sys.getsizeof(digest) + _ENTRY_SLOT_BYTES, entry=True):
+            st.entries[path] = digest
+
+    def _fetch_line(self, st: _TagText, number: int, line: str) -> None:
+        """One line of fetch.txt (RFC 8493 §2.2.3: ``URL LENGTH FILEPATH``, ``LENGTH`` octets or
+        ``-``, ``FILEPATH`` percent-encoded as in a manifest, under ``data/``): an entry, or a problem."""
+        if not line.strip():
+            return
+        fields = line.split(None, 2)
+        path = decode_manifest_path(fields[2]) if len(fields) == 3 else ""
+        if (len(fields) != 3 or not (fields[1].isdigit() or fields[1] == "-") or _unsafe_reason(path)
+                or not path.startswith("data/")):
+            st.note("fetch-line-invalid", "fetch.txt",
+                    f"fetch.txt line {number} is not 'URL LENGTH FILEPATH' naming a payload file: {line[:200]!r}")
+            return
+        if path not in st.entries and self._hold(st, number, sys.getsizeof(path) + _ENTRY_SLOT_BYTES, entry=True):
+            st.entries[path] = b""
+
+    def _bag_info_line(self, st: _TagText, number: int, line: str) -> None:
+        """One line of bag-info.txt (RFC 8493 §2.2.2: ``Label: value``, or a continuation line
+        starting with a space or tab): a value, or a problem."""
+        info = st.info
+        if line[:1] in (" ", "\t") and st.last is not None:
+            label, i = st.last
+            more = " " + line.strip(" \t")
+            if self._hold(st, number, len(more), entry=False):
+                info[label][i] += more
+            return
+        label, colon, value = line.partition(":")
+        if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
+            st.note("bag-info-label-whitespace", "bag-info.txt",
+                    f"bag-info.txt line {number}: whitespace before the colon of {quoted(label.rstrip())}", warning=True)
+            label = label.rstrip(" \t")
+        if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
+            st.note("bag-info-invalid", "bag-info.txt", f"bag-info.txt line {number} is not 'Label: value': {line[:200]!r}")
+            st.last = None
+            return
+        value = value[1:]
+        if self._hold(st, number, sys.getsizeof(label) + sys.getsizeof(value) + _ENTRY_SLOT_BYTES, entry=False):
+            values = info.setdefault(label, [])
+            values.append(value)
+            st.last = (label, len(values) - 1)
 
     def add_payload_digests(self, path: str, size: int, digests: dict[str, str], *,
                             declared_size: int | None = None) -> None:
@@ -459,10 +811,8 @@ class BagValidator:
         if not self._payload_algs:
             return None
         for alg in self._payload_algs:
-            name = f"manifest-{alg}.txt"
-            if name not in self._early:
-                self._early[name] = set(self._manifest(name, payload=True, report=False))
-            if path in self._early[name]:
+            st = self._manifests.get(f"manifest-{alg}.txt")
+            if st is None or st.refused or path in st.entries:
                 return True
         return False
 
@@ -486,13 +836,6 @@ class BagValidator:
         _, digests = hash_stream(stream, self.rehash_needed().get(path, ()))
         entry.digests.update(digests)
         self.passes = 2
-
-    def _decode(self, name: str, encoding: str) -> str | None:
-        try:
-            return self._tags[name].decode(encoding)
-        except (UnicodeDecodeError, LookupError) as e:
-            self.problem("tag-file-unreadable", name, f"tag file {quoted(name)} is not valid {encoding}: {e}")
-            return None
 
     def _declaration(self) -> tuple[str | None, str]:
         """(version, encoding) from bagit.txt; problems recorded. Falls back to (None, utf-8)."""
@@ -529,111 +872,78 @@ class BagValidator:
                          f"BagIt-Version {version} is not one packhorse reads ({', '.join(VERSIONS)})")
         return version, encoding
 
-    def _manifest(self, name: str, *, payload: bool, report: bool = True,
-                  encoding: str = "utf-8") -> dict[str, str]:
-        """Parse manifest ``name`` into {path relative to the bag root: lowercase hex}."""
-        out: dict[str, str] = {}
-        alg = _MANIFEST_NAME.fullmatch(name).group(2)  # type: ignore[union-attr]
-        problem = self.problem if report else (lambda code, path, message: None)
-        try:
-            text = self._tags[name].decode(encoding)
-        except (UnicodeDecodeError, LookupError) as e:
-            problem("tag-file-unreadable", name, f"{name} is not valid {encoding}: {e}")
-            return out
-        width = DIGEST_HEX_LENGTH.get(alg)
-        for number, line in enumerate(_lines(text), 1):
-            if not line:
-                continue
-            m = _MANIFEST_LINE.fullmatch(line)
-            if not m or (width is not None and len(m.group(1)) != width):
-                problem("manifest-line-invalid", name, f"{name} line {number} is not '<{alg} checksum> <path>': "
-                                                       f"{line[:200]!r}")
-                continue
-            path = decode_manifest_path(m.group(2))
-            if path.startswith("./"):
-                while path.startswith("./"):
-                    path = path[2:]
-                if report:
-                    self.warn("manifest-path-dot-prefix", name, f"{name} line {number}: a leading './' dropped")
-            reason = _unsafe_reason(path)
-            if reason:
-                problem("manifest-path-unsafe", name, f"{name} line {number}: path {quoted(path)} {reason}")
-                continue
-            if payload and not path.startswith("data/"):
-                problem("manifest-path-outside-payload", name,
-                        f"{name} line {number}: {quoted(path)} is not under data/ (a payload manifest lists payload files)")
-                continue
-            if not payload and path.startswith("data/"):
-                problem("tag-manifest-lists-payload", name, f"{name} line {number}: {quoted(path)} is a payload file")
-                continue
-            if path in out:
-                problem("manifest-duplicate-entry", name, f"{name} lists {quoted(path)} more than once")
-                continue
-            out[path] = m.group(1).lower()
-        return out
+    def _settle(self, st: _TagText, encoding: str) -> None:
+        """Record what was found in tag file ``st`` (see :class:`_TagText`), now that the
+        declared ``encoding`` is known: one read as UTF-8 before ``bagit.txt`` is read again from
+        its entries in the declared encoding, or is unreadable."""
+        if st.provisional and st.unreadable is None:
+            if codecs.lookup(encoding).name == "utf-8":
+                st.unreadable = st.not_utf8
+            elif not _ascii_compatible(encoding):
+                st.unreadable = (f"{st.name} came before bagit.txt, which declares {encoding}; packhorse reads a "
+                                 f"tag file in an encoding that does not write ASCII as ASCII only after bagit.txt")
+            else:
+                def again(text: str) -> str:
+                    return text.encode("utf-8", "surrogateescape").decode(encoding)
+                try:
+                    st.entries = {again(p): d for p, d in st.entries.items()}
+                    st.info = {again(k): [again(v) for v in vs] for k, vs in st.info.items()}
+                except UnicodeError as e:
+                    st.unreadable = st.undecodable(encoding, e)
+        if st.unreadable is not None:
+            self._drop(st)
+            self.problem("tag-file-unreadable", st.name, st.unreadable)
+            return
+        for code, path, message in st.problems:
+            self.problem(code, path, message)
+        for code, n in st.omitted.items():
+            self._omitted[code] = self._omitted.get(code, 0) + n
+        for code, path, message in st.warnings:
+            self.warn(code, path, message)
+        self._warnings_omitted += st.warnings_omitted
 
     def _bag_info(self, encoding: str) -> dict[str, list[str]]:
-        info: dict[str, list[str]] = {}
-        if "bag-info.txt" not in self._tags:
-            return info
-        text = self._decode("bag-info.txt", encoding)
-        if text is None:
-            return info
-        last: tuple[str, int] | None = None
-        for number, line in enumerate(_lines(text), 1):
-            if line[:1] in (" ", "\t") and last is not None:
-                label, i = last
-                info[label][i] += " " + line.strip(" \t")
-                continue
-            label, colon, value = line.partition(":")
-            if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
-                self.warn("bag-info-label-whitespace", "bag-info.txt",
-                          f"bag-info.txt line {number}: whitespace before the colon of {quoted(label.rstrip())}")
-                label = label.rstrip(" \t")
-            if (not colon or not label or label != label.strip(" \t") or value[:1] not in (" ", "\t")):
-                self.problem("bag-info-invalid", "bag-info.txt",
-                             f"bag-info.txt line {number} is not 'Label: value': {line[:200]!r}")
-                last = None
-                continue
-            info.setdefault(label, []).append(value[1:])
-            last = (label, len(info[label]) - 1)
-        return info
+        """bag-info.txt as {label: [values]} (empty without it); its problems recorded."""
+        st = self._texts.get("bag-info.txt")
+        if st is None:
+            return {}
+        self._settle(st, encoding)
+        return st.info
 
     def finish(self) -> BagReport:
         """Check everything fed so far against the rules; return the report with every problem."""
         report = BagReport(bag=self.bag, passes=self.passes)
         if self._unusable:
-            report.problems = list(self._problems)
-            report.warnings = list(self._warnings)
+            self._fill(report)
             return report
         version, encoding = self._declaration()
         report.version = version
         if not self._has_data_dir:
             self.problem("payload-directory-missing", "data", "the bag has no data/ payload directory")
         fetch = self._fetch(encoding)
-        manifests: dict[str, dict[str, str]] = {}
-        tag_manifests: dict[str, dict[str, str]] = {}
-        for name in sorted(self._tags):
-            m = _MANIFEST_NAME.fullmatch(name)
-            if not m:
-                continue
-            alg, is_tag = m.group(2), bool(m.group(1))
+        manifests: dict[str, dict[str, bytes]] = {}  # {algorithm: entries}, those usable
+        tag_manifests: dict[str, dict[str, bytes]] = {}
+        refused: dict[bool, set[str]] = {False: set(), True: set()}  # beyond the budget: {is tag: algorithms}
+        for name in sorted(self._manifests):
+            st = self._manifests[name]
+            alg, is_tag = st.algorithm, st.tag
             if alg not in DIGEST_HEX_LENGTH:
                 self.problem("unsupported-algorithm", name,
                              f"{name} uses the algorithm {quoted(alg)}, which packhorse cannot verify "
                              f"(it verifies {', '.join(ALGORITHMS)})")
-            parsed = self._manifest(name, payload=not is_tag, encoding=encoding)
-            (tag_manifests if is_tag else manifests)[alg] = parsed
-        report.payload_algorithms = sorted(manifests)
-        report.tag_algorithms = sorted(tag_manifests)
-        if not manifests:
+            self._settle(st, encoding)
+            if st.refused:
+                refused[is_tag].add(alg)
+                continue
+            (tag_manifests if is_tag else manifests)[alg] = st.entries
+        report.payload_algorithms = sorted(manifests.keys() | refused[False])
+        report.tag_algorithms = sorted(tag_manifests.keys() | refused[True])
+        if not report.payload_algorithms:
             self.problem("payload-manifest-missing", "", "the bag has no payload manifest (manifest-<algorithm>.txt)")
         # completeness and validity of the payload
-        listed_anywhere: set[str] = set()
         pending: set[str] = set()
         for alg, entries in manifests.items():
             name = f"manifest-{alg}.txt"
-            listed_anywhere |= entries.keys()
             for path, expected in entries.items():
                 entry = self._payload.get(path)
                 if entry is None:
@@ -650,9 +960,9 @@ class BagValidator:
                                  f"payload file {quoted(path)} came before {name} in a stream that cannot be read twice; "
                                  f"packhorse hashes payload read before any manifest with "
                                  f"{' and '.join(EARLY_ALGORITHMS)} only")
-                elif actual != expected:
+                elif actual != expected.hex():
                     self.problem("checksum-mismatch", path,
-                                 f"payload file {quoted(path)} has {alg} {actual}, {name} says {expected}")
+                                 f"payload file {quoted(path)} has {alg} {actual}, {name} says {expected.hex()}")
         for path in sorted(fetch):  # a file to fetch must be one the manifests say how to verify
             absent = [a for a, entries in manifests.items() if path not in entries]
             if absent and manifests:
@@ -664,7 +974,7 @@ class BagValidator:
             if every:
                 absent = [a for a, entries in manifests.items() if path not in entries]
             else:
-                absent = [] if path in listed_anywhere else list(manifests)
+                absent = [] if any(path in entries for entries in manifests.values()) else list(manifests)
             if absent and manifests:
                 self.problem("payload-not-in-manifest", path,
                              f"payload file {quoted(path)} is not in " + ", ".join(f"manifest-{a}.txt" for a in absent))
@@ -672,16 +982,14 @@ class BagValidator:
         for alg, entries in tag_manifests.items():
             name = f"tagmanifest-{alg}.txt"
             for path, expected in entries.items():
-                if path in self._tags:
-                    actual: str | None = (hashlib.new(alg, self._tags[path]).hexdigest()
-                                          if alg in DIGEST_HEX_LENGTH else None)
-                elif path in self._tag_digests:
+                if path in self._tag_digests:
                     actual = self._tag_digests[path].get(alg)
                 else:
                     self.problem("file-missing", path, f"{name} lists {quoted(path)}, which is not in the bag")
                     continue
-                if actual is not None and actual != expected:
-                    self.problem("checksum-mismatch", path, f"tag file {quoted(path)} has {alg} {actual}, {name} says {expected}")
+                if actual is not None and actual != expected.hex():
+                    self.problem("checksum-mismatch", path,
+                                 f"tag file {quoted(path)} has {alg} {actual}, {name} says {expected.hex()}")
         # bag-info and Payload-Oxum
         report.bag_info = self._bag_info(encoding)
         octets = sum(e.size for e in self._payload.values())
@@ -694,45 +1002,34 @@ class BagValidator:
                 # (the Oxum counts the complete payload: with files still to fetch it cannot be checked)
                 self.problem("payload-oxum-mismatch", "bag-info.txt",
                              f"Payload-Oxum {quoted(oxum)} but payload is {octets}.{len(self._payload)}")
-        report.problems = list(self._problems)
-        report.warnings = list(self._warnings)
+        self._fill(report)
         report.payload = dict(self._payload)
         report.fetch_pending = sorted(pending)
         return report
 
-    def _fetch(self, encoding: str) -> set[str]:
-        """The payload paths fetch.txt lists (RFC 8493 §2.2.3: ``URL LENGTH FILEPATH`` per line,
-        ``LENGTH`` octets or ``-``, ``FILEPATH`` percent-encoded as in a manifest, under
-        ``data/``); problems recorded for lines that are not so. Empty without fetch.txt."""
-        out: set[str] = set()
-        if "fetch.txt" not in self._tags:
-            return out
-        text = self._decode("fetch.txt", encoding)
-        for number, line in enumerate(_lines(text or ""), 1):
-            if not line.strip():
-                continue
-            fields = line.split(None, 2)
-            path = decode_manifest_path(fields[2]) if len(fields) == 3 else ""
-            if (len(fields) != 3 or not (fields[1].isdigit() or fields[1] == "-") or _unsafe_reason(path)
-                    or not path.startswith("data/")):
-                self.problem("fetch-line-invalid", "fetch.txt",
-                             f"fetch.txt line {number} is not 'URL LENGTH FILEPATH' naming a payload file: {line[:200]!r}")
-                continue
-            out.add(path)
-        return out
+    def _fill(self, report: BagReport) -> None:
+        """Put the problems and warnings found into ``report``."""
+        report.problems = list(self._problems)
+        report.problems_omitted = sum(self._omitted.values())
+        report.omitted_codes = sorted(self._omitted)
+        report.warnings = list(self._warnings)
+        report.warnings_omitted = self._warnings_omitted
 
-
-def _read_all(stream: BinaryIO) -> bytes:
-    chunks = []
-    while block := stream.read(CHUNK_BYTES):
-        chunks.append(block)
-    return b"".join(chunks)
+    def _fetch(self, encoding: str) -> dict[str, bytes]:
+        """The payload paths fetch.txt lists (as the keys; :meth:`_fetch_line`); its problems
+        recorded. Empty without fetch.txt."""
+        st = self._texts.get("fetch.txt")
+        if st is None:
+            return {}
+        self._settle(st, encoding)
+        return st.entries
 
 
 # ------------------------------------------------------------------------------ front ends
 
 
-def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: Iterable[str] = ()) -> BagReport:
+def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: Iterable[str] = (),
+                    max_manifest_entries: int = DEFAULT_LIMITS.max_members) -> BagReport:
     """Validate the bag folder ``root``: tag files first, then the payload in sorted order (one
     pass), never following a symlink (a symlink, a device, a FIFO is a problem, not followed).
 
@@ -740,11 +1037,13 @@ def validate_folder(root: Path, *, bag: str | None = None, required_algorithms: 
         root: the bag's base directory.
         bag: its name in messages (default: the path).
         required_algorithms: see :class:`BagValidator`.
+        max_manifest_entries: see :class:`BagValidator` (``[extraction] max_members``).
 
     Returns:
         the :class:`BagReport`; a missing or unreadable folder is a report with problems, not an error.
     """
-    v = BagValidator(bag or str(root), required_algorithms=required_algorithms)
+    v = BagValidator(bag or str(root), required_algorithms=required_algorithms,
+                     max_manifest_entries=max_manifest_entries)
     try:
         st = os.lstat(root)
     except OSError as e:
@@ -863,7 +1162,8 @@ def validate_tar(
             return the sha256 (hex) of what it read, which is the file's sha256 in the report
             (the caller's own hash is not done twice).
         payload_bytes: the whole tar in memory, when it is; payload is hashed from it directly.
-        limits: member count and byte limits of the tar reader (default: its defaults).
+        limits: member count and byte limits of the tar reader (default: its defaults);
+            ``max_members`` is also the bag's budget of manifest entries (:class:`BagValidator`).
         stop_at_refused: raise the reader's :class:`~packhorse.errors.UnsafePathError` at the
             first refused member instead of reporting it and reading on: what packhorse's own
             readers ask for, so that nothing after a hostile member reaches ``on_payload`` (a
@@ -877,7 +1177,8 @@ def validate_tar(
         (report, bag_dir): the report, and the tar's top folder name ("" when it has none).
         A damaged tar or a non-tar is a report with a problem, not an error.
     """
-    v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()))
+    v = BagValidator(bag, required_algorithms=tuple(required_algorithms) + (("sha256",) if on_payload else ()),
+                     max_manifest_entries=(limits or DEFAULT_LIMITS).max_members)
     bag_dir: str | None = None
     seekable = _seekable(fileobj)
     members: dict[str, tarfile.TarInfo] = {}

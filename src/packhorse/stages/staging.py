@@ -212,7 +212,7 @@ def extract_archive_copy(copy: ArchiveCopy, target: Path, *, limits: ExtractionL
         if not reader.matches(copy.size, copy.sha256):
             raise copy.differs(reader, "it changed after the check pass; the extracted folder was removed")
         bag = target / contents.bag_dir
-        verify_bag_folder(bag, source=copy.source)
+        verify_bag_folder(bag, source=copy.source, limits=limits)
     except BaseException:
         if extracted:
             _remove_extracted(target)
@@ -293,12 +293,13 @@ def run(work: Work) -> Recorder:
         return lambda s: None
     dst_backend = ctx.backend(dst)  # a disk location (request_staging refuses others)
     existing = dst_backend.folder(pkg.name)  # the key is checked and confined by the backend (I6)
+    limits = ExtractionLimits.from_settings(ctx.settings)
     moved_aside = None
     if existing is not None and ctx.db.read(recorded_bad):
         # staging again (`packhorse stage --again`): the staged folder packhorse made here was
         # found damaged; it is moved aside whole, never overwritten or deleted (I2)
         try:
-            verify_bag_folder(existing, source=f"{dst}:{pkg.name}")
+            verify_bag_folder(existing, source=f"{dst}:{pkg.name}", limits=limits)
         except (VerificationError, UnsafePathError):
             work.check()
             moved_aside = dst_backend.quarantine_folder(pkg.name)
@@ -311,7 +312,6 @@ def run(work: Work) -> Recorder:
         ensure_readable(work, src, key)
         copy = ArchiveCopy(open=lambda: src.open_read(key), size=pkg.size, sha256=pkg.sha256, host=src_name,
                            key=key)
-        limits = ExtractionLimits.from_settings(ctx.settings)
         # the check pass first: nothing, not even the partial folder, is created in the
         # processing location before the copy proved to be the package's bytes (I6)
         contents = check_archive_copy(copy, limits=limits, on_block=lambda n: work.check())
@@ -326,7 +326,7 @@ def run(work: Work) -> Recorder:
         raise VerificationError(f"{dst}: {pkg.name!r} vanished right after it was staged", step="staging",
                                 side="destination", path=pkg.name, host=dst)
     try:
-        verify_bag_folder(final, source=f"{dst}:{pkg.name}")
+        verify_bag_folder(final, source=f"{dst}:{pkg.name}", limits=limits)
     except VerificationError as e:
         raise DestinationConflictError(f"{dst}: {pkg.name!r} already exists and does not match the package: {e}; "
                                        "left untouched", step="staging", side="destination", path=pkg.name,
