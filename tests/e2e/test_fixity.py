@@ -1,6 +1,7 @@
 """The fixity audit end to end: real ``packhorse run`` / ``verify`` processes, an S3
-archive on moto's server and disk archives; judged by the bytes in the archives, the copy
-rows, the notification outbox and exit codes."""
+archive on SeaweedFS (a real S3 server; moto, the mock, stays in the fast tests) and disk
+archives; judged by the bytes in the archives, the copy rows, the notification outbox and
+exit codes."""
 
 from __future__ import annotations
 
@@ -83,15 +84,15 @@ def _notifications(ctx) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def
     return ctx.db.read(lambda s: [(n.level, n.event) for n in s.scalars(select(Notification).order_by(Notification.id))])
 
 
-def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining_copy(s3_server, tmp_path):
-    p, bucket = _setup(tmp_path, s3_server, third_archive=True)
+def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining_copy(seaweedfs, tmp_path):
+    p, bucket = _setup(tmp_path, seaweedfs, third_archive=True)
     ctx = context(p.config)
     pkg = _package(ctx)
     key = f"raw/{pkg.name}.tar"
     good = (p.root / "sites/cornell/archive2" / key).read_bytes()
     assert hashlib.sha256(good).hexdigest() == pkg.sha256
     time.sleep(INTERVAL + 0.5)  # every copy is due for its next check
-    rotten = _flip_s3(s3_server, bucket, f"lta/{key}")
+    rotten = _flip_s3(seaweedfs, bucket, f"lta/{key}")
     _delete_disk(p.root / "sites/cornell/archive" / key)
 
     p.run()
@@ -104,7 +105,7 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
     assert _copies(ctx, "cornell-lta") in ([(CopyStatus.MISSING.value, key), (CopyStatus.PRESENT.value, key)],
                                             [(CopyStatus.PRESENT.value, key)])
     assert _copies(ctx, "cornell-lta2") == [(CopyStatus.PRESENT.value, key)]
-    objects = bucket_objects(s3_server, bucket)
+    objects = bucket_objects(seaweedfs, bucket)
     assert objects[f"lta/{key}"] == good
     quarantined = [k for k in objects if k.startswith(f"lta/_packhorse/quarantine/{key}.")]
     # moved aside, not overwritten; the missing copy's audit checks its siblings too, so both
@@ -134,14 +135,14 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
     assert "by the scheduled fixity check" in corrupt["detail"] and corrupt["operation_id"], corrupt
 
 
-def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source(s3_server, tmp_path):
-    p, bucket = _setup(tmp_path, s3_server, third_archive=False)
+def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source(seaweedfs, tmp_path):
+    p, bucket = _setup(tmp_path, seaweedfs, third_archive=False)
     ctx = context(p.config)
     pkg = _package(ctx)
     key = f"raw/{pkg.name}.tar"
     good = (p.root / "sites/cornell/archive" / key).read_bytes()
     time.sleep(INTERVAL + 0.5)
-    rotten = _flip_s3(s3_server, bucket, f"lta/{key}")
+    rotten = _flip_s3(seaweedfs, bucket, f"lta/{key}")
     _delete_disk(p.root / "sites/cornell/archive" / key)
 
     p.run()
@@ -153,7 +154,7 @@ def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_fr
     # into both archives; the rotten object is moved aside, never overwritten (I2)
     assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
     assert _copies(ctx, "cornell-lta") == [(CopyStatus.MISSING.value, key), (CopyStatus.PRESENT.value, key)]
-    objects = bucket_objects(s3_server, bucket)
+    objects = bucket_objects(seaweedfs, bucket)
     assert objects[f"lta/{key}"] == good
     assert [v for k, v in objects.items() if k.startswith(f"lta/_packhorse/quarantine/{key}.")] == [rotten]
     assert (p.root / "sites/cornell/archive" / key).read_bytes() == good
@@ -164,13 +165,13 @@ def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_fr
     assert code == 0 and report["unrepaired"] == [], report
 
 
-def test_verify_records_like_the_audit_and_run_repairs(s3_server, tmp_path):
-    p, bucket = _setup(tmp_path, s3_server, third_archive=False)
+def test_verify_records_like_the_audit_and_run_repairs(seaweedfs, tmp_path):
+    p, bucket = _setup(tmp_path, seaweedfs, third_archive=False)
     ctx = context(p.config)
     pkg = _package(ctx)
     key = f"raw/{pkg.name}.tar"
     good = (p.root / "sites/cornell/archive" / key).read_bytes()
-    _flip_s3(s3_server, bucket, f"lta/{key}")
+    _flip_s3(seaweedfs, bucket, f"lta/{key}")
 
     code, report = p.verify()
     assert code == 1
@@ -179,12 +180,12 @@ def test_verify_records_like_the_audit_and_run_repairs(s3_server, tmp_path):
     assert _notifications(ctx) == [("ERROR", "fixity_corrupt")]
 
     p.run()
-    assert bucket_objects(s3_server, bucket)[f"lta/{key}"] == good
+    assert bucket_objects(seaweedfs, bucket)[f"lta/{key}"] == good
     assert _copies(ctx, "cologne-lta") == [(CopyStatus.CORRUPT.value, key), (CopyStatus.PRESENT.value, key)]
     code, report = p.verify()
     assert code == 0 and report["ok"] == 2 and report["unrepaired"] == []
 
-    _flip_s3(s3_server, bucket, f"lta/{key}")  # the repaired copy goes bad as well: one copy owed, listed once
+    _flip_s3(seaweedfs, bucket, f"lta/{key}")  # the repaired copy goes bad as well: one copy owed, listed once
     code, report = p.verify()
     assert code == 1 and report["unrepaired"] == [{"location": "cologne-lta", "path": key, "status": "corrupt"}]
 

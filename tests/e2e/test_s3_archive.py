@@ -1,5 +1,5 @@
-"""End-to-end with an S3 long-term archive: ``cologne-lta`` is a bucket on moto's
-S3 server, ``cornell-lta`` a folder. The rest of the pipeline runs unchanged through
+"""End-to-end with an S3 long-term archive: ``cologne-lta`` is a bucket on SeaweedFS (a
+real S3 server; a store ignoring ``If-None-Match`` is moto's, patched), ``cornell-lta`` a folder. The rest of the pipeline runs unchanged through
 ``storage/registry.py``; judged by the objects in the bucket (bags validated with ``bagit``
 after download), ``status`` and ``verify``."""
 
@@ -17,8 +17,8 @@ from s3_support import bucket_objects, s3_site_config
 from support import run_packhorse
 
 
-def test_pipeline_archives_into_s3_and_disk(s3_server, tmp_path):
-    cfg, bucket = s3_site_config(tmp_path / "site", s3_server, workers=2,
+def test_pipeline_archives_into_s3_and_disk(seaweedfs, tmp_path):
+    cfg, bucket = s3_site_config(tmp_path / "site", seaweedfs, workers=2,
                                  s3_extra={"multipart_threshold_bytes": MIN_PART_BYTES,
                                            "multipart_part_bytes": MIN_PART_BYTES})
     p = Pipeline(cfg, run_packhorse, tmp_path / "x")
@@ -37,7 +37,7 @@ def test_pipeline_archives_into_s3_and_disk(s3_server, tmp_path):
     code, report = p.verify()
     assert code == 0 and report["checked"] == report["ok"] and not report["corrupt"] and not report["missing"]
 
-    objects = bucket_objects(s3_server, bucket)
+    objects = bucket_objects(seaweedfs, bucket)
     assert sorted(objects) == sorted(f"lta/raw/{b.info['External-Identifier']}.tar" for b in p.bags("cornell-lta"))
     payload = {}
     for i, (key, data) in enumerate(sorted(objects.items())):
@@ -62,7 +62,7 @@ def test_pipeline_archives_into_s3_and_disk(s3_server, tmp_path):
         assert data == disk
     # running again archives nothing twice
     p.run()
-    assert sorted(bucket_objects(s3_server, bucket)) == sorted(objects)
+    assert sorted(bucket_objects(seaweedfs, bucket)) == sorted(objects)
 
 
 def test_run_refuses_a_store_ignoring_if_none_match(tmp_path):

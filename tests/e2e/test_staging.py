@@ -50,10 +50,10 @@ def _ops(p: Pipeline) -> list[Operation]:
         Operation.kind == OperationKind.STAGING.value))))
 
 
-def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(s3_server, tmp_path, monkeypatch):
+def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(seaweedfs, tmp_path, monkeypatch):
     # the test-side cold store (tests/fault_hooks.py): a restore takes 2 s in every process
     monkeypatch.setenv("PACKHORSE_TEST_COLD_RESTORE_SECONDS", "2")
-    p, bucket = _pipeline(tmp_path, s3_server, cold=True)
+    p, bucket = _pipeline(tmp_path, seaweedfs, cold=True)
     expected = {rel: sha for rel, (sha, _m) in source_files(p.source).items() if rel.startswith("chai/obs01/")}
 
     r = p.cli("stage", "obs01", "--to", "cologne-processing")
@@ -83,7 +83,7 @@ def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(s3
     copies = ctx.db.read(lambda s: [(c.path, c.status) for c in s.scalars(
         select(PhysicalCopy).where(PhysicalCopy.location_id == loc_id))])
     assert copies == [("chai/obs01", CopyStatus.PRESENT.value)]
-    assert any(k.startswith("lta/_packhorse/restore/") for k in bucket_objects(s3_server, bucket))
+    assert any(k.startswith("lta/_packhorse/restore/") for k in bucket_objects(seaweedfs, bucket))
 
     # staging twice is a no-op
     before = os.stat(staged / "bag-info.txt")
@@ -101,8 +101,8 @@ def test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified(s3
         ("cologne-lta", "raw/chai/obs02.tar"), ("cornell-lta", "raw/chai/obs01.tar"), ("cornell-lta", "raw/chai/obs02.tar")]
 
 
-def test_stage_refuses_bad_requests(s3_server, tmp_path):
-    p, _bucket = _pipeline(tmp_path, s3_server, cold=False)
+def test_stage_refuses_bad_requests(seaweedfs, tmp_path):
+    p, _bucket = _pipeline(tmp_path, seaweedfs, cold=False)
     r = p.cli("stage", "obs99", "--to", "cologne-processing")
     assert r.returncode == 1 and "no raw data package or observation unit called 'obs99'" in r.stderr
     r = p.cli("stage", "obs01", "--to", "cologne-lta")

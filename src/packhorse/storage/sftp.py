@@ -49,10 +49,6 @@ from packhorse.ratelimit import RateLimiter
 from packhorse.storage.base import ObjectInfo, check_key
 from packhorse.storage.identity import MARKER_KEY, MAX_MARKER_BYTES
 
-with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates, at import
-    warnings.simplefilter("ignore")
-    import asyncssh
-
 #: Default number of parallel streams (SSH connections) of one transfer.
 DEFAULT_STREAMS = 4
 #: Bytes one stream reads in one ranged read (the unit handed out in order), bytes.
@@ -125,16 +121,39 @@ def endpoint_for(settings: Settings, location: str) -> SshEndpoint:
                        connect_timeout_seconds=s.connect_timeout_seconds)
 
 
-class _Client(asyncssh.SSHClient):
-    """Keeps the host key the server offered when it is not in the known-hosts file (asyncssh
-    asks this only then), so the refusal can name its fingerprint; never trusts it."""
+#: the asyncssh module once :func:`_load_asyncssh` ran (with the first :class:`SftpSource`)
+asyncssh: Any = None
+#: the SSH client class (:func:`_load_asyncssh`)
+_Client: Any = None
+_load_lock = threading.Lock()
 
-    def __init__(self) -> None:
-        self.refused_key: Any = None
 
-    def validate_host_public_key(self, host: str, addr: str, port: int, key: Any) -> bool:
-        self.refused_key = key
-        return False
+def _load_asyncssh() -> None:
+    """Import asyncssh and build the client class, once per process, with the first
+    :class:`SftpSource`: asyncssh and cryptography are an eighth of ``packhorse run``'s start-up
+    (and of its fork server's), and a site with no SSH route never needs them."""
+    global asyncssh, _Client
+    with _load_lock:
+        if asyncssh is not None:
+            return
+        with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates, at import
+            warnings.simplefilter("ignore")
+            import asyncssh as module  # noqa: PLC0415 - start-up time (see the docstring)
+
+        class Client(module.SSHClient):  # type: ignore[misc]
+            """Keeps the host key the server offered when it is not in the known-hosts file
+            (asyncssh asks this only then), so the refusal can name its fingerprint; never
+            trusts it."""
+
+            def __init__(self) -> None:
+                self.refused_key: Any = None
+
+            def validate_host_public_key(self, host: str, addr: str, port: int, key: Any) -> bool:
+                self.refused_key = key
+                return False
+
+        _Client = Client
+        asyncssh = module
 
 
 class SftpSource:
@@ -156,6 +175,7 @@ class SftpSource:
                  block_bytes: int = BLOCK_BYTES) -> None:
         if streams < 1:
             raise ValueError(f"streams must be at least 1, not {streams}")
+        _load_asyncssh()
         self.endpoint = endpoint
         self.location = endpoint.location
         self.streams = streams
