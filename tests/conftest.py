@@ -37,7 +37,7 @@ _LONG_E2E = frozenset({
     "test_cli_short_options.py", "test_source_audit.py", "test_quarantine_commands.py",
     "test_convergence_distributed.py", "test_distributed_versions.py", "test_unavailable_distributed.py",
     "test_distributed_breaker.py", "test_three_archives.py", "test_azure_cold.py",
-    "test_influx_metrics.py", "test_clock_offset.py", "test_site_unreachable.py",
+    "test_influx_metrics.py", "test_clock_offset.py", "test_site_unreachable.py", "test_validate_command.py",
 })
 
 

@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support import SRC, run_packhorse, write_site_config
+
+# real `packhorse` processes writing into closed pipes: long (out of the default selection)
+pytestmark = pytest.mark.long
 
 
 def closed_output(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,8 @@ from packhorse.notify.notifier import Notifier
 from packhorse.operations.lifecycle import claim, create_operation, dedup_key
 from support import SRC, run_packhorse, write_site_config
 
-pytestmark = pytest.mark.timeout(240)
+# real `packhorse run` processes waiting on mail servers: long (out of the default selection)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.long]
 
 
 @pytest.fixture
