@@ -81,6 +81,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: -_SLOWEST.get(item.nodeid.split("[")[0], 0))
 
 
+@pytest.fixture(autouse=True)
+def _structlog_restored():
+    """Every test leaves structlog's configuration as it found it: a test that runs
+    ``packhorse.logs.configure`` in-process (at WARNING, say) would otherwise decide what a later
+    test of the same process can capture (an INFO event went missing that way in CI)."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
 @pytest.fixture
 def site_config(tmp_path: Path):
     """Factory: ``site_config(**overrides) -> Path`` of a three-site config in ``tmp_path / "site"``."""
