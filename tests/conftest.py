@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from azurite_support import AzuriteServer, shared_azurite
 from packhorse.db.session import Database
@@ -86,8 +87,6 @@ def _structlog_restored():
     """Every test leaves structlog's configuration as it found it: a test that runs
     ``packhorse.logs.configure`` in-process (at WARNING, say) would otherwise decide what a later
     test of the same process can capture (an INFO event went missing that way in CI)."""
-    import structlog
-
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
