@@ -187,6 +187,7 @@ def short_root(tmp_path: Path) -> Path:
         os.close(fd)
 
 
+@pytest.mark.long  # seconds of real processes: out of the default selection
 def test_a_source_tree_2000_levels_deep_is_registered_with_the_rest_of_the_location(
         tmp_path: Path, short_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PACKHORSE_EXECUTOR__POOL", "thread")
@@ -291,6 +292,7 @@ PROCESSING = ('[[locations]]\nname = "cologne-processing"\nsite = "cologne"\nrol
               'path = "sites/cologne/processing"\n')
 
 
+@pytest.mark.long  # seconds of real processes: out of the default selection
 def test_a_package_2000_levels_deep_is_staged_and_verified(tmp_path: Path, short_root: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # the processing location's root is a long path: the staged bag's deepest names are longer

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+import pytest
 from sqlalchemy import select
 
 from packhorse.db.models import Operation, ServiceHeartbeat, Site, utcnow
@@ -20,6 +21,7 @@ from packhorse.status.metrics import collect_values
 from support import run_packhorse
 
 
+@pytest.mark.long  # five real CLI processes: out of the default selection
 def test_an_expired_lease_with_no_monitor_is_listed_and_fails_health_until_a_monitor_takes_it_back(
         site_config) -> None:
     config = site_config()

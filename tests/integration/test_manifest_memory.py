@@ -85,6 +85,7 @@ def large_bag(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _bag(tmp_path_factory.mktemp("large") / "bag", LINES)
 
 
+@pytest.mark.long  # seconds of real processes: out of the default selection
 def test_validate_of_a_huge_manifest_stays_within_the_budget(large_bag: Path) -> None:
     code, rss, out = _run([sys.executable, "-m", "packhorse", "validate", "--json", str(large_bag)])
     report = json.loads(out)
@@ -95,6 +96,7 @@ def test_validate_of_a_huge_manifest_stays_within_the_budget(large_bag: Path) ->
     assert report["omitted_codes"] == ["file-missing"]
 
 
+@pytest.mark.long  # seconds of real processes: out of the default selection
 def test_the_unpack_reader_of_a_huge_manifest_stays_within_the_budget(large_bag: Path, tmp_path: Path) -> None:
     tar = _tar(large_bag, tmp_path / "bag.tar")
     script = ("import sys\nfrom packhorse.bags.packaging import read_bag_tar\n"

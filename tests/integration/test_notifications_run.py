@@ -21,7 +21,8 @@ from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
 from support import run_packhorse, write_site_config
 
-pytestmark = pytest.mark.timeout(240)
+# real `packhorse run` processes and a mail server: long (out of the default selection)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.long]
 
 
 def test_run_until_idle_delivers_retry_and_permanent_failure_mails_before_exiting(

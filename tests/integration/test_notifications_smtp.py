@@ -23,7 +23,8 @@ from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
 from support import SRC, write_site_config
 
-pytestmark = pytest.mark.timeout(180)
+# notifiers killed mid-delivery and restarted: long (out of the default selection)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.long]
 
 
 @pytest.fixture
