@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import tarfile
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -563,3 +564,24 @@ def test_packhorse_s_own_reader_refuses_a_valid_bag_still_waiting_for_fetched_fi
     assert report.valid and report.fetch_pending == ["data/b.txt"]
     with pytest.raises(VerificationError, match=r"incomplete: 1 payload file\(s\) listed in fetch.txt"):
         read_bag_bytes(tar_of(root, tags_first=True), source="bag.tar")
+
+
+def test_bag_info_continuation_lines_cost_time_linear_in_their_number(tmp_path: Path) -> None:
+    # a value extended by 8,000 continuation lines of 1,000 characters took 20 s to read (each
+    # line copied the whole value again: quadratic); found by an attacker's trial
+    seconds = {}
+    for lines in (2_000, 8_000):
+        root = make_bag(tmp_path / f"bag{lines}", algorithms=["sha256"])
+        info = root / "bag-info.txt"
+        info.write_bytes(info.read_bytes() + b"External-Description: start\n" + (b" " + b"x" * 999 + b"\n") * lines)
+        retag(root)
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            report = validate_path(root)
+            best = min(best, time.perf_counter() - t)
+        assert report.valid, report.problems[:3]
+        [value] = report.bag_info["External-Description"]
+        assert len(value) == len("start") + lines * 1_000
+        seconds[lines] = best
+    assert seconds[8_000] / seconds[2_000] < 8, seconds  # linear: about 4 (four times the lines)

@@ -380,6 +380,15 @@ def _ascii_compatible(encoding: str) -> bool:
         return False
 
 
+def _fold(st: "_TagText") -> None:
+    """Join the continuation lines read for ``st.last`` onto its value, once (a value extended
+    line by line would be copied whole for every line: quadratic in the file's size)."""
+    if st.more and st.last is not None:
+        label, i = st.last
+        st.info[label][i] += "".join(st.more)
+    st.more.clear()
+
+
 @dataclass
 class _TagText:
     """A manifest, tag manifest, ``fetch.txt`` or ``bag-info.txt`` as parsed while it was read
@@ -401,6 +410,7 @@ class _TagText:
     entries: dict[str, bytes] = field(default_factory=dict)
     info: dict[str, list[str]] = field(default_factory=dict)
     last: tuple[str, int] | None = None  # bag-info.txt: the value a continuation line extends
+    more: list[str] = field(default_factory=list)  # bag-info.txt: continuation pieces of ``last``, not yet joined
     problems: list[tuple[str, str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str, str]] = field(default_factory=list)
     omitted: dict[str, int] = field(default_factory=dict)
@@ -748,11 +758,11 @@ class BagValidator:
         starting with a space or tab): a value, or a problem."""
         info = st.info
         if line[:1] in (" ", "\t") and st.last is not None:
-            label, i = st.last
             more = " " + line.strip(" \t")
             if self._hold(st, number, len(more), entry=False):
-                info[label][i] += more
+                st.more.append(more)  # joined once, by _fold: appending to the value is quadratic
             return
+        _fold(st)
         label, colon, value = line.partition(":")
         if colon and label.strip(" \t") and label != label.rstrip(" \t") and label == label.lstrip(" \t"):
             st.note("bag-info-label-whitespace", "bag-info.txt",
@@ -876,6 +886,7 @@ class BagValidator:
         """Record what was found in tag file ``st`` (see :class:`_TagText`), now that the
         declared ``encoding`` is known: one read as UTF-8 before ``bagit.txt`` is read again from
         its entries in the declared encoding, or is unreadable."""
+        _fold(st)
         if st.provisional and st.unreadable is None:
             if codecs.lookup(encoding).name == "utf-8":
                 st.unreadable = st.not_utf8
