@@ -9,11 +9,16 @@ name is data (an error's ``path``, a database row, a ``--json`` field), it is ke
 Two names that one normalizing file system would merge (the same text in Unicode NFC and
 NFD) print identically; :func:`twins` shows each one's form and the code points where they
 differ.
+
+Text that came from outside (a request body, a file name read with ``surrogateescape``) may
+hold a lone surrogate or raw bytes, which UTF-8 and JSON cannot carry; :func:`json_safe` turns
+such values into text that can be stored, logged and answered (the audit log, the API's 422).
 """
 
 from __future__ import annotations
 
 import unicodedata
+from typing import Any
 
 #: The characters of a name a message quotes; a longer name is cut there (:func:`quoted`).
 QUOTED_CHARACTERS = 200
@@ -69,3 +74,23 @@ def twins(name: str, other: str) -> str:
         end -= 1
     return (f"{quoted(name)} ({form(name)}: {_code_points(name[start:len(name) - end])}) and "
             f"{quoted(other)} ({form(other)}: {_code_points(other[start:len(other) - end])})")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, tuples, strings, numbers, ``None``, bytes) with every
+    string encodable as UTF-8: a lone surrogate becomes its ``\\udcxx`` escape, bytes become
+    text (UTF-8, undecodable bytes as ``\\xNN``); other values are returned unchanged.
+    Dict keys are made safe too. Never raises."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

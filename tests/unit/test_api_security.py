@@ -6,6 +6,7 @@ by-package report."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -112,3 +113,31 @@ def test_a_non_loopback_host_is_told_apart_for_the_tls_warning() -> None:
 
     assert all(_is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
     assert not any(_is_loopback(h) for h in ("0.0.0.0", "192.168.1.10", "::", "packhorse.example.org"))
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/octet-stream", None])
+def test_a_body_of_bytes_that_are_not_utf_8_is_refused_not_a_500(api, content_type: str | None) -> None:
+    # sent as anything but JSON, the body reached FastAPI's 422 as raw bytes, which its answer
+    # could not encode: a 500 without the security headers (found by an attacker's trial)
+    client, token, _db = api
+    headers = {"Authorization": f"Bearer {token}", **({"Content-Type": content_type} if content_type else {})}
+    for method, path in (("PUT", "/api/admin/settings/log_level"), ("POST", "/api/admin/failures/reset")):
+        r = client.request(method, path, content=b"caf\xe9 \xff", headers=headers)
+        assert r.status_code in (400, 422), (path, r.status_code, r.text)
+        assert r.headers["x-content-type-options"] == "nosniff"
+        r.json()  # a JSON answer
+
+
+def test_a_lone_surrogate_in_a_request_is_refused_and_leaves_the_audit_log_readable(api) -> None:
+    # a refused PUT with a lone surrogate was audited as it came, and from then on every read of
+    # the audit log failed (the API with a 500, `packhorse audit --json` with a traceback)
+    client, token, _db = api
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    r = client.put("/api/admin/settings/log_level", content=b'{"value": "x\\ud800y"}', headers=headers)
+    assert r.status_code == 422, r.text
+    r = client.post("/api/admin/failures/reset", content=b'{"reason": "x\\ud800y"}', headers=headers)
+    assert r.status_code in (200, 409, 422), r.text
+    r.json()
+    audit = client.get("/api/admin/audit", headers=headers)
+    assert audit.status_code == 200, audit.text
+    assert any("\\ud800" in json.dumps(e) for e in audit.json()), audit.json()

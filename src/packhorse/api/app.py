@@ -33,7 +33,9 @@ from importlib import resources
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request, Security
+from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -72,6 +74,7 @@ from packhorse.errors import (
     UnknownOperationError,
     UnknownPackageError,
 )
+from packhorse.names import json_safe
 from packhorse.recovery.breakers import jsonable, list_breakers
 from packhorse.recovery.health import list_services
 from packhorse.runtime import audit
@@ -244,7 +247,13 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
                                                                        request.url.path))})
         return await http_exception_handler(request, exc)
 
+    async def unprocessable(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each error's input: a body of bytes that are not UTF-8
+        # (sent as text/plain, say) or a string holding a lone surrogate made that answer a 500
+        return JSONResponse({"detail": jsonable_encoder(json_safe(list(exc.errors())))}, 422)
+
     app.add_exception_handler(StarletteHTTPException, with_allow)
+    app.add_exception_handler(RequestValidationError, unprocessable)
     for exc_type, status in ((UnknownOperationError, 404), (UnknownPackageError, 404),
                              (ResetRefusedError, 409), (RuntimeSettingError, 422), (LocateQueryError, 422), (EmptyReasonError, 422),
                              (HistoryWindowError, 422), (QuarantineRetentionError, 422), (TransientDatabaseError, 503)):

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from packhorse.db.models import AuditEntry, utcnow
 from packhorse.db.session import Database
+from packhorse.names import json_safe
 
 RESULTS = ("ok", "refused", "error")
 
@@ -50,8 +51,11 @@ def record(db: Database, *, actor: str, action: str, target: str | None = None,
         raise ValueError(f"audit result must be one of {RESULTS}, not {result!r}")
 
     def tx(s: Session) -> None:
-        s.add(AuditEntry(at=utcnow(), actor=actor[:200], action=action, target=target, details=details,
-                         result=result, message=message))
+        # text from a request may hold a lone surrogate: stored as its escape, so every reader
+        # (``packhorse audit``, the API) can encode what it reads back
+        s.add(AuditEntry(at=utcnow(), actor=json_safe(actor[:200]), action=json_safe(action),
+                         target=json_safe(target), details=json_safe(details), result=result,
+                         message=json_safe(message)))
 
     db.transact(tx)
 
@@ -64,5 +68,6 @@ def entries(session: Session, *, limit: int = 100, action: str | None = None) ->
     q = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if action:
         q = q.where(AuditEntry.action == action)
-    return [{"id": e.id, "at": e.at.isoformat(), "actor": e.actor, "action": e.action, "target": e.target,
-             "details": e.details, "result": e.result, "message": e.message} for e in session.scalars(q)]
+    # json_safe: an entry written before record() made its text safe reads back readable too
+    return [json_safe({"id": e.id, "at": e.at.isoformat(), "actor": e.actor, "action": e.action, "target": e.target,
+                       "details": e.details, "result": e.result, "message": e.message}) for e in session.scalars(q)]
