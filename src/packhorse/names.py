@@ -29,12 +29,19 @@ SHOWN_CODE_POINTS = 8
 def quoted(name: str, limit: int = QUOTED_CHARACTERS) -> str:
     """``name`` quoted for a human message: ``repr(name)``, or for a name of more than
     ``limit`` characters the ``repr`` of its first ``limit`` and its length in characters:
-    ``'dddd…dd'… (4,200 characters)``.
+    ``'dddd…dd'… (4,200 characters)``. A name not in Unicode NFC says its form after it
+    (``'café.txt' (NFD)``), so two messages about normalization twins read apart.
 
     Args:
         name: a file, member or object name (any ``str``, surrogates included).
         limit: characters kept, > 0.
     """
+    text = _cut(name, limit)
+    shape = form(name)
+    return text if shape == "NFC" else f"{text} ({shape})"
+
+
+def _cut(name: str, limit: int = QUOTED_CHARACTERS) -> str:
     if len(name) <= limit:
         return repr(name)
     return f"{name[:limit]!r}… ({len(name):,} characters)"
@@ -58,7 +65,7 @@ def _code_points(part: str) -> str:
 def twins(name: str, other: str) -> str:
     """Two names told apart for a message, when they may print alike (the same text in two
     normalization forms): ``"'café' (NFD: U+0065 U+0301) and 'café' (NFC: U+00E9)"``: each
-    quoted (:func:`quoted`), with its form (:func:`form`) and the code points of the part
+    quoted (as :func:`quoted` does), with its form (:func:`form`) and the code points of the part
     where the two differ (from the base character before the first difference to the end of
     the difference; at most :data:`SHOWN_CODE_POINTS`)."""
     start = 0
@@ -72,8 +79,8 @@ def twins(name: str, other: str) -> str:
         end += 1
     while end > 0 and any(unicodedata.combining(s[len(s) - end]) for s in (name, other)):
         end -= 1
-    return (f"{quoted(name)} ({form(name)}: {_code_points(name[start:len(name) - end])}) and "
-            f"{quoted(other)} ({form(other)}: {_code_points(other[start:len(other) - end])})")
+    return (f"{_cut(name)} ({form(name)}: {_code_points(name[start:len(name) - end])}) and "
+            f"{_cut(other)} ({form(other)}: {_code_points(other[start:len(other) - end])})")
 
 
 def json_safe(value: Any) -> Any:

@@ -22,3 +22,11 @@ def test_twins_show_each_form_and_the_differing_code_points() -> None:
     assert twins("e\u0301", "e\u0300") == "'e\u0301' (NFD: U+0065 U+0301) and 'e\u0300' (NFD: U+0065 U+0300)"
     # a long run of differences shows its first code points only
     assert twins("e\u0301" * 10, "\u00e9" * 10).count("U+") == 8 + 8
+
+
+def test_a_name_not_in_nfc_says_its_form_so_messages_about_twins_read_apart() -> None:
+    # two validation problems, one about each twin, printed identically (found by an attacker's trial)
+    nfc, nfd = "data/caf\u00e9.txt", "data/cafe\u0301.txt"
+    assert quoted(nfc) == repr(nfc)
+    assert quoted(nfd) == f"{nfd!r} (NFD)"
+    assert quoted("x" * 300 + "e\u0301").endswith("… (302 characters) (NFD)")
