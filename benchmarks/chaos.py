@@ -274,8 +274,13 @@ class Harness:
 
     def __init__(self, workdir: Path, *, seed: int, faults: int, types: tuple[str, ...] = FAULT_TYPES,
                  points: tuple[str, ...] = NAMED_POINTS, units_per_round: int = 6, no_fencing: bool = False,
-                 verbose: bool = False, round_timeout: float = 300.0, named_only: bool = False) -> None:
+                 verbose: bool = False, round_timeout: float = 300.0, named_only: bool = False,
+                 wake_after_successor: bool = False) -> None:
         self.root = workdir
+        #: a stopped run is woken once the run started in its place has finished (not after the
+        #: successor's first archive object, up to 8 s): every stale writer then wakes after its
+        #: object was published by another, whatever the machine's load (the negative control)
+        self.wake_after_successor = wake_after_successor
         self.rng = random.Random(seed)
         self.fig = Figures(seed=seed)
         self.target_faults = faults
@@ -409,7 +414,12 @@ class Harness:
         f = self.record(kind, f"SIGSTOP process group {proc.pid} {how}")
         time.sleep(LEASE_SECONDS + 1.0)
         started = time.monotonic()
-        self.spawn()
+        successor = self.spawn()
+        if self.wake_after_successor:
+            try:
+                successor.wait(self.round_timeout)
+            except subprocess.TimeoutExpired:
+                pass
         # let the successor publish something in an archive first (up to 8 s), so the stale
         # worker wakes after its work was done by another (the post-mortem's sequence)
         deadline = started + 8.0
