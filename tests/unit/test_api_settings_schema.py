@@ -80,3 +80,13 @@ def test_a_405_lists_every_method_of_its_path(api) -> None:
             re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(p)), _url(path)) for m in o}
         assert r.headers["allow"].split(", ") == sorted(same_url), (path, r.headers["allow"])
     assert client.options("/api/admin/settings/log_level", headers=auth).headers["allow"] == "DELETE, PUT"
+
+
+def test_a_405_outside_the_api_lists_the_methods_there_too(api) -> None:
+    # the schema and the static files answered a 405 with an empty Allow (found by an attacker's trial)
+    client, _auth = api
+    for method, path in (("POST", "/openapi.json"), ("DELETE", "/openapi.json"), ("POST", "/static/app.js"),
+                         ("PUT", "/static/docs-assets/swagger-ui.css")):
+        r = client.request(method, path)
+        assert r.status_code == 405, (method, path, r.status_code)
+        assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}, (path, r.headers.get("allow"))

@@ -44,6 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from packhorse import __version__
@@ -185,10 +186,16 @@ SettingKey = Annotated[str, Path(max_length=100, description="a runtime setting 
 
 
 def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
-    """Every method one of ``routes`` (FastAPI path operations; other routes are skipped)
-    answers at ``path``, sorted: what a 405's ``Allow`` header lists."""
-    return sorted({method for route in routes if isinstance(route, APIRoute) and route.path_regex.match(path)
-                   for method in route.methods})
+    """Every method one of ``routes`` answers at ``path``, sorted: what a 405's ``Allow``
+    header lists. Routes with methods count (path operations, ``/openapi.json``); a mount of
+    static files answers ``GET`` and ``HEAD`` under its prefix."""
+    out: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(path):
+            out |= route.methods
+        elif isinstance(route, Mount) and isinstance(route.app, StaticFiles) and route.path_regex.match(path):
+            out |= {"GET", "HEAD"}
+    return sorted(out)
 
 
 def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessContext | None = None) -> FastAPI:
