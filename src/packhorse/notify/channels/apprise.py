@@ -9,15 +9,21 @@ it again when another URL fails and the notification is retried.
 from __future__ import annotations
 
 import hashlib
-
-import apprise
+from typing import Any
 
 from packhorse.errors import ChannelError, ConfigError
 from packhorse.notify.channels.base import Message
 
-_TYPES = {"DEBUG": apprise.NotifyType.INFO, "INFO": apprise.NotifyType.INFO,
-          "WARNING": apprise.NotifyType.WARNING, "ERROR": apprise.NotifyType.FAILURE,
-          "CRITICAL": apprise.NotifyType.FAILURE}
+#: packhorse's levels → apprise's notify types (the values of ``apprise.NotifyType``)
+_TYPES = {"DEBUG": "info", "INFO": "info", "WARNING": "warning", "ERROR": "failure", "CRITICAL": "failure"}
+
+
+def _apprise() -> Any:
+    """The apprise module, imported with the first apprise channel: a process whose
+    configuration names no apprise URL never pays its import (start-up time)."""
+    import apprise  # noqa: PLC0415 - start-up time (see the docstring)
+
+    return apprise
 
 
 class AppriseChannel:
@@ -31,7 +37,7 @@ class AppriseChannel:
         self.url = url
         self.levels = levels
         self.name = "apprise:" + hashlib.sha256(url.encode()).hexdigest()[:12]
-        self._apprise = apprise.Apprise()
+        self._apprise = _apprise().Apprise()
         if not self._apprise.add(url):
             raise ConfigError(f"{key}: {_redact(url)!r} is not a URL apprise can deliver to")
 
@@ -51,7 +57,7 @@ class AppriseChannel:
             ChannelError: apprise reported a failed delivery.
         """
         ok = self._apprise.notify(title=message.subject, body=message.body,
-                                  notify_type=_TYPES.get(message.level, apprise.NotifyType.INFO))
+                                  notify_type=_apprise().NotifyType(_TYPES.get(message.level, "info")))
         if not ok:
             raise ChannelError(f"{self.name} ({_redact(self.url)}): delivery failed")
 
