@@ -269,6 +269,10 @@ class Watcher(threading.Thread):
         return min(later) if later else None
 
 
+#: how long a stopped run waits for the run started in its place to finish (``wake_after_successor``), seconds
+SUCCESSOR_WAIT_SECONDS = 20.0
+
+
 class Harness:
     """One chaos run in ``workdir`` (see the module docstring)."""
 
@@ -416,8 +420,8 @@ class Harness:
         started = time.monotonic()
         successor = self.spawn()
         if self.wake_after_successor:
-            try:
-                successor.wait(self.round_timeout)
+            try:  # at most 20 s: the stopped run may hold its successor up (CI saw a 300 s wait)
+                successor.wait(min(self.round_timeout, SUCCESSOR_WAIT_SECONDS))
             except subprocess.TimeoutExpired:
                 pass
         # let the successor publish something in an archive first (up to 8 s), so the stale

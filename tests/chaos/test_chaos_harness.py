@@ -43,10 +43,11 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("fencing", [False, True])
 def test_harness_fails_when_fencing_is_switched_off(tmp_path: Path, fencing: bool) -> None:
-    # each stale writer wakes once the run started in its place has finished, so it always
-    # finds its object published by another: two chances, where one would do (with four chances
-    # and a wake after the successor's first object, a loaded machine once saw no overwrite)
-    fig = chaos.Harness(tmp_path / "chaos", seed=SEED, faults=2, types=("stop",),
+    # each stale writer wakes once the run started in its place has finished (up to 20 s: a
+    # stopped run may hold the SQLite write lock its successor waits for), so it finds its object
+    # published by another; four chances (waking after the successor's first object alone, a
+    # loaded machine once saw no overwrite in four)
+    fig = chaos.Harness(tmp_path / "chaos", seed=SEED, faults=4, types=("stop",),
                         points=("long_term_archive.write",), named_only=True, no_fencing=not fencing,
                         wake_after_successor=True).run()
     print(fig.line())
