@@ -5,6 +5,8 @@ Put this folder first on the subprocess's ``PYTHONPATH`` and set
 ``sitecustomize`` at start-up, which replaces :func:`packhorse.db.clock.host_now` — the one read
 of the host's clock that packhorse derives database timestamps from — by one running that many
 seconds ahead. Processes forked from it (Celery pool children, local workers) inherit it.
+Celery's worker reads the wall clock once more, to drop a message whose ``expires`` has
+passed: that read (``celery.worker.request``'s ``datetime.now``) is shifted the same way.
 Without the variable nothing is imported or changed.
 
 ``PACKHORSE_TEST_HOSTNAME`` (optional) makes the process name another host
@@ -43,6 +45,21 @@ if _SHIFT:
         return _real_host_now() + _delta
 
     _clock.host_now = _shifted_host_now
+
+    # Celery's worker reads the host's wall clock too: it drops a message whose ``expires``
+    # (an absolute time the sender stamped with its own clock) is behind its clock. A worker
+    # on a host whose clock is ahead sees that clock there.
+    try:
+        from celery.worker import request as _celery_request
+    except ImportError:  # no Celery in this interpreter: nothing of it to shift
+        _celery_request = None
+    if _celery_request is not None:
+        class _ShiftedDatetime(_dt.datetime):
+            @classmethod
+            def now(cls, tz: _dt.tzinfo | None = None) -> _dt.datetime:  # type: ignore[override]
+                return _dt.datetime.now(tz) + _delta
+
+        _celery_request.datetime = _ShiftedDatetime  # type: ignore[misc]
 
 _HOSTNAME = os.environ.get("PACKHORSE_TEST_HOSTNAME")
 

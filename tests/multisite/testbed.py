@@ -46,6 +46,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
+CLOCK_SHIFT = HERE.parent / "clock_shift"
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
@@ -95,8 +96,13 @@ class TestBed:
     __test__ = False  # not a pytest class
 
     def __init__(self, root: Path, *, rate_mbit: float | None = None, delay_ms: float = 0.0,
-                 ssh_streams: int = 4) -> None:
+                 ssh_streams: int = 4, clock_ahead: dict[str, float] | None = None,
+                 settle_seconds: float = 0.0) -> None:
         self.root = root.resolve()
+        #: site → seconds its packhorse processes' clock runs ahead of the centre's (the
+        #: project's clock-shift hook, ``tests/clock_shift``; negative: behind)
+        self.clock_ahead = dict(clock_ahead or {})
+        self.settle_seconds = settle_seconds
         self.tag = hashlib.sha1(str(self.root).encode()).hexdigest()[:4]
         self.ns = {name: f"phb{self.tag}-{name}" for name in ["central", *SITES]}
         self.rate_mbit = rate_mbit
@@ -297,7 +303,7 @@ poll_interval_seconds = 0.5
 
 [packaging]
 group_depth = 2
-settle_seconds = 0
+settle_seconds = {self.settle_seconds}
 bundle_max_wait_seconds = {extra.get("bundle_max_wait_seconds", 2)}
 
 [[sites]]
@@ -358,7 +364,8 @@ streams = {self.ssh_streams}
         self.config.write_text(text)
         return self.config
 
-    def cli(self, ns: str, *args: str, timeout: float = 120, hide_sites: bool = True) -> subprocess.CompletedProcess[str]:
+    def cli(self, ns: str, *args: str, timeout: float = 120, hide_sites: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``packhorse ARGS`` in namespace ``ns`` (a site or ``"central"``) and wait for it."""
         cmd = ["ip", "netns", "exec", self.ns[ns]]
         if hide_sites:
@@ -367,12 +374,13 @@ streams = {self.ssh_streams}
             cmd += ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh"]
         cmd += [sys.executable, "-m", "packhorse", *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": str(SRC)})
+                              env={**os.environ, "PYTHONPATH": str(SRC), **(env or {})})
 
     def start_packhorse(self) -> None:
         """``init`` at each site (its own locations), then a worker per site, two managers and a monitor."""
         for site in SITES:
-            r = self.cli(site, "init", "-c", str(self.config), "--site", site, timeout=180)
+            r = self.cli(site, "init", "-c", str(self.config), "--site", site, timeout=180,
+                         env=self.clock_env(site))
             if r.returncode != 0:
                 raise RuntimeError(f"init --site {site} exited {r.returncode}: {r.stdout[-2000:]} {r.stderr[-3000:]}")
         for site in SITES:
@@ -383,10 +391,22 @@ streams = {self.ssh_streams}
         self._spawn("monitor", "central", [sys.executable, "-m", "packhorse", "monitor", "-c", str(self.config)],
                     hide_sites=True)
 
+    def clock_env(self, site: str) -> dict[str, str]:
+        """The environment of a packhorse process of ``site``: with the site's clock shifted when
+        :attr:`clock_ahead` names it (its host clock as packhorse and Celery read it, and the
+        name of a host of its own: ``<site>-host``), else nothing more."""
+        ahead = self.clock_ahead.get(site)
+        if not ahead:
+            return {}
+        return {"PYTHONPATH": f"{CLOCK_SHIFT}{os.pathsep}{SRC}", "PACKHORSE_TEST_CLOCK_SHIFT_SECONDS": str(ahead),
+                "PACKHORSE_TEST_HOSTNAME": f"{site}-host"}
+
     def start_worker(self, site: str) -> None:
-        """Start (or restart) the worker of ``site`` in its namespace."""
+        """Start (or restart) the worker of ``site`` in its namespace (its clock shifted when
+        :attr:`clock_ahead` names the site)."""
         self._spawn(f"worker-{site}", site, [sys.executable, "-m", "packhorse", "worker", "--site", site, "-c",
-                                             str(self.config), "--concurrency", "2"], hide_sites=True)
+                                             str(self.config), "--concurrency", "2"], hide_sites=True,
+                    env=self.clock_env(site))
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         """Stop process ``name`` (its whole process group), SIGKILL after ``timeout`` s."""
@@ -462,8 +482,18 @@ def main() -> int:
     p.add_argument("root", type=Path)
     p.add_argument("--rate-mbit", type=float, default=None, help="shape every site link to this rate")
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of the SSH relays")
+    p.add_argument("--clock-ahead", action="append", default=[], metavar="SITE=SECONDS",
+                   help="run SITE's packhorse processes with a clock SECONDS ahead of the centre's (repeatable)")
+    p.add_argument("--settle-seconds", type=float, default=0.0, help="[packaging] settle_seconds")
     a = p.parse_args()
-    bed = TestBed(a.root, rate_mbit=a.rate_mbit, delay_ms=a.delay_ms)
+    ahead = {}
+    for item in a.clock_ahead:
+        site, _, seconds = item.partition("=")
+        if site not in SITES or not seconds:
+            p.error(f"--clock-ahead {item}: expected SITE=SECONDS with SITE one of {', '.join(SITES)}")
+        ahead[site] = float(seconds)
+    bed = TestBed(a.root, rate_mbit=a.rate_mbit, delay_ms=a.delay_ms, clock_ahead=ahead,
+                  settle_seconds=a.settle_seconds)
     if a.action == "down":
         bed.down()
         return 0
