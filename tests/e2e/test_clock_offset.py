@@ -171,3 +171,26 @@ def test_a_monitor_two_hours_ahead_leaves_a_live_lease_alone(site_config, pg: st
         assert len(warnings) == 1, warnings  # once per process
     finally:
         cluster.stop_all()
+
+
+def test_a_source_site_worker_5_minutes_ahead_of_the_managers_scans_and_packages(site_config, pg: str,
+                                                                                tmp_path: Path) -> None:
+    # the manager asks for a scan every poll; a request is good for a minute. A worker whose clock
+    # runs 5 minutes ahead judged that minute by its own clock (Celery's ``expires``) and dropped
+    # every request: nothing at its site was ever scanned, packaged or archived
+    cluster = _cluster(site_config, pg, tmp_path, [])
+    try:
+        cluster.start_worker("fyst", env=shifted(300, host="fyst-ahead"))
+        cluster.start("manager", "manager")
+
+        def packaged() -> Operation | None:
+            op, _ = _packaging(pg)
+            return op if op is not None and op.status == Status.COMPLETED.value else None
+
+        try:
+            wait_for(packaged, 90, "the source file to be packaged at the site 5 minutes ahead")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{_logs(cluster)}") from None
+        assert "scan_skipped_expired" not in cluster.log("worker-fyst")
+    finally:
+        cluster.stop_all()

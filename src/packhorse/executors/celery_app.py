@@ -42,6 +42,7 @@ a fork.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import socket
 import threading
@@ -293,14 +294,35 @@ def scan_location_and_package(ctx: ProcessContext, location: str) -> dict[str, i
         return pipeline.scan_and_package(ctx, location, pool)
 
 
-def scan_task(self: Any, location: str) -> dict[str, int]:
+def scan_expired(expires_at: str | None, now: dt.datetime) -> bool:
+    """A scan request stamped ``expires_at`` (ISO 8601, UTC, by the database's clock; ``None``:
+    never) is stale at ``now`` (the database's clock, as this process sees it: ``utcnow``).
+
+    Both times are the database's: a worker whose host clock runs ahead of the manager's judges
+    the request as the manager meant it. Celery's own ``expires`` is not used for this: it is
+    stamped with the sender's host clock and compared with the receiver's, so a worker whose
+    clock runs ahead by more than the expiry drops every scan request (nothing is ever scanned
+    at its site)."""
+    if expires_at is None:
+        return False
+    when = dt.datetime.fromisoformat(expires_at)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return now > when
+
+
+def scan_task(self: Any, location: str, expires_at: str | None = None) -> dict[str, int]:
     """Celery task: scan source location ``location`` and package what settled, under the
     location's scan lease (:mod:`packhorse.operations.scan_lease`: at most one scan of a
     location at a time; a holder that stops renewing for ``[recovery] lease_timeout_seconds``
     loses it to the next worker's scan). A scan whose lease another holder keeps is skipped
-    (INFO ``scan_skipped_already_running``)."""
+    (INFO ``scan_skipped_already_running``), and so is one received after ``expires_at``
+    (ISO 8601 UTC, the database's clock: :func:`dispatch_scans`; INFO ``scan_skipped_expired``)."""
     ctx = process_context(_SETTINGS[id(self.app)])
     rec = ctx.settings.recovery
+    if scan_expired(expires_at, utcnow()):
+        log.info("scan_skipped_expired", location=location, expires_at=expires_at)
+        return {"registered": 0, "packages": 0, "skipped": 0}
     try:
         with scan_lease(ctx.db, location, _owner(self.request.id), lease_seconds=rec.lease_timeout_seconds,
                         heartbeat_seconds=rec.heartbeat_interval_seconds) as held:
@@ -410,16 +432,19 @@ def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
 def dispatch_scans(ctx: ProcessContext, app: Celery) -> list[str]:
     """Publish one scan of every active source disk location to its site's scan queue.
 
-    A scan message expires after three poll intervals (at least a minute): while a site's
-    workers are down, its scan requests do not pile up into a backlog of useless scans (the
-    next one sent after they are back does the work).
+    A scan request expires after three poll intervals (at least a minute), by the database's
+    clock (:func:`scan_expired`): while a site's workers are down, the requests that wait for
+    them are skipped once they are back, not run as a backlog of useless scans (the next one
+    sent does the work). The expiry is not Celery's ``expires``, which the receiving worker
+    judges by its own host clock: a site whose clock runs ahead would drop every request.
     """
     sent = []
-    expires = max(60.0, 3 * ctx.settings.managers.poll_interval_seconds)
+    expires_at = (utcnow() + dt.timedelta(seconds=max(60.0, 3 * ctx.settings.managers.poll_interval_seconds))
+                  ).isoformat()
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
             q = queue_name(loc.site, loc.name, SCAN)
-            app.send_task(SCAN_TASK, args=[loc.name], queue=q, routing_key=q, expires=expires,
+            app.send_task(SCAN_TASK, args=[loc.name, expires_at], queue=q, routing_key=q,
                           retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
             sent.append(q)
     return sent
