@@ -75,6 +75,7 @@ from packhorse.operations.lifecycle import fenced
 from packhorse.operations.scan_lease import scan_lease
 from packhorse.recovery.health import HeartbeatThread
 from packhorse.recovery.loop import ErrorCounter
+from packhorse.rules.availability import check_outages
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.hooks import hooks_for
 from packhorse.runtime.topology import load_topology
@@ -597,6 +598,48 @@ class Manager:
             health.stop(remove=True)
 
 
+class SiteOutageWatch:
+    """The site worker's look at its own site's open outages (a thread of ``packhorse worker``'s
+    main process): every ``managers.poll_interval_seconds`` (seconds) it runs
+    :func:`packhorse.rules.availability.check_outages` for ``site`` — a disk location of the site
+    that is back has its outage ended and its waiting operations made due at once, one still
+    away has its outage's ``checked_at`` and reason refreshed. Only the site's own hosts see its
+    folders; the managers judge no site's disk (DESIGN.md "Across sites"). Several workers of a
+    site may all look: the outage ends once. A look that fails (the database away) is logged
+    (INFO ``site_outage_check_failed``) and made again at the next interval; it never stops
+    the worker."""
+
+    def __init__(self, settings: Settings, site: str, *, interval_seconds: float | None = None) -> None:
+        self.settings = settings
+        self.site = site
+        self.interval_seconds = interval_seconds or settings.managers.poll_interval_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def look_once(self) -> list[str]:
+        """Look at the site's open outages now; returns the locations whose outage ended."""
+        return check_outages(process_context(self.settings), sites={self.site})
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_seconds):
+            try:
+                self.look_once()
+            except Exception as e:  # noqa: BLE001 - the next look tries again
+                log.info("site_outage_check_failed", site=self.site, error=repr(e))
+
+    def start(self) -> "SiteOutageWatch":
+        """Start the thread (a daemon); returns ``self``."""
+        self._thread = threading.Thread(target=self._run, name=f"outage-watch-{self.site}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (waits up to 5 s for a look under way)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
 def cleanup_site_partials(settings: Settings, site: str) -> int:
     """The pipeline's partial-file sweep (:func:`packhorse.engine.pipeline.sweep_partials`) of
     ``site``'s data locations (disk partials older than a lease, S3 multipart uploads older
@@ -656,6 +699,7 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     health = HeartbeatThread(db, "worker", site=site, instance=instance,
                              interval_seconds=rec.service_heartbeat_interval_seconds,
                              forget_after_seconds=rec.service_forget_after_seconds).start()
+    outages = SiteOutageWatch(settings, site).start()
     try:
         code = celery_main(app, [
             "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,
@@ -663,6 +707,7 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ])
     finally:
+        outages.stop()
         health.stop(remove=True)
     if code:
         log.critical("worker_stopped_on_error", site=site, exit_code=code)

@@ -326,21 +326,31 @@ def open_outages(ctx: "ProcessContext") -> dict[str, LocationOutage]:
     return ctx.db.read(tx)
 
 
-def check_outages(ctx: "ProcessContext", *, every_location: bool = False) -> list[str]:
-    """Look at every location with an open outage again (the managers' cycle): end those that
-    are back (their waiting operations become due at once). Returns the locations that came
-    back. A location that cannot be looked at (its object store unreachable) stays as it is.
+def check_outages(ctx: "ProcessContext", *, every_location: bool = False,
+                  sites: Collection[str] | None = None) -> list[str]:
+    """Look at every location with an open outage that this process can see again: end those
+    that are back (their waiting operations become due at once). Returns the locations that
+    came back. A location that cannot be looked at (its object store unreachable) stays as it is.
+
+    Only a process that sees a storage judges it (DESIGN.md "Across sites"): an object store
+    (S3, Azure), reached over the network, is looked at by any caller; a disk location only by
+    a process of its own site (``sites``: the site worker's periodic look,
+    :class:`packhorse.executors.celery_app.SiteOutageWatch`). The distributed managers pass no
+    ``sites``: they run on hosts of their own, where a site's folder is absent or is another
+    folder of the same path, so they would keep an outage that is over or end one that is not.
 
     With ``every_location`` (the embedded runner, which sees all storage) every active
-    location is looked at, so an outage is recorded (and notified) as soon as a cycle sees it,
-    before any operation meets it."""
+    location is looked at, every site's disks included, so an outage is recorded (and
+    notified) as soon as a cycle sees it, before any operation meets it."""
     back = []
     outages = open_outages(ctx)
-    names = list(outages)
-    out = set(names)
     if every_location:
+        names = list(outages)
         names += [l.name for l in ctx.settings.locations if l.active and l.name not in names
                   and l.name in ctx.topology.location_ids]
+    else:
+        names = [name for name in outages if visible_here(ctx, name, sites)]
+    out = set(outages)
     for name in names:
         try:
             err = probe(ctx, name, writable=name in outages and outages[name].fault is not None)
@@ -354,6 +364,20 @@ def check_outages(ctx: "ProcessContext", *, every_location: bool = False) -> lis
         else:
             record_outage(ctx, err)
     return back
+
+
+def visible_here(ctx: "ProcessContext", location: str, sites: Collection[str] | None) -> bool:
+    """A process of ``sites`` (``None``: of no site, a manager's host) can judge ``location``'s
+    availability: the location is an object store (reached over the network from anywhere), or
+    a disk location of one of ``sites`` (a site's folders are on its own hosts). A location no
+    longer configured is judged by nobody here."""
+    try:
+        loc = ctx.settings.location(location)
+    except KeyError:
+        return False
+    if loc.storage is not StorageType.DISK:
+        return True
+    return sites is not None and loc.site in sites
 
 
 def look(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
