@@ -51,3 +51,45 @@ def test_an_archive_root_away_in_distributed_mode_waits_and_resumes(site_config,
         assert_archived_everywhere(p, source_files(config.parent / "source"))
     finally:
         drop()
+
+
+def test_a_sites_archive_back_ends_its_outage_by_the_sites_own_worker(site_config, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # distributed, the managers run on hosts of their own and judge no site's disk: the site's
+    # worker looks at its own site's open outages, with no work waiting and no manager running
+    from sqlalchemy import func, select
+
+    from packhorse.config import load_config
+    from packhorse.db.models import LocationOutage
+    from packhorse.db.session import Database
+    from packhorse.rules.availability import probe, record_outage
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import load_topology
+
+    db_url, drop = postgres_database()
+    config = site_config(poll_interval_seconds=0.5)
+    cluster = Cluster(config, db_url, redis_url())
+    monkeypatch.setenv("PACKHORSE_DATABASE__URL", db_url)
+    settings = load_config(config)
+    db = Database(db_url)
+    try:
+        cluster.init()
+        ctx = ProcessContext(settings=settings, db=db, topology=load_topology(db, settings))
+        archive = settings.location_path("cologne-lta")
+        away = tmp_path / "cologne-archive-unmounted"
+        os.rename(archive, away)  # an archive operation at cologne met its disk unmounted
+        err = probe(ctx, "cologne-lta")
+        assert err is not None
+        record_outage(ctx, err)
+        os.rename(away, archive)  # mounted again
+        cluster.start_worker("cologne")
+
+        def open_outages() -> int:
+            return int(db.read(lambda s: s.scalar(select(func.count()).select_from(LocationOutage))))
+
+        wait_for(lambda: open_outages() == 0, 60, "cologne's worker to end its archive's outage", interval=0.5)
+        assert "location_available_again" in cluster.log("worker-cologne")
+    finally:
+        cluster.stop_all()
+        db.dispose()
+        drop()

@@ -149,8 +149,10 @@ class CycleInput:
         on_commit: called after each committed packaging transaction (dispatch at once).
         look_at_all_locations: look at every active location's root and marker, not only
             those with an open outage (:func:`packhorse.rules.availability.check_outages`): the
-            embedded runner, which sees every site's storage; distributed managers see only
-            their own host's.
+            embedded runner, which sees every site's storage. Without it (the distributed
+            managers, which see no site's folders) only object stores' outages are looked at;
+            a site's disk outages are its workers' to judge
+            (:class:`packhorse.executors.celery_app.SiteOutageWatch`).
         started_at: when the embedded runner started (epoch seconds; ``None`` for the
             distributed managers): bad archive copies with nothing to repair them from are read
             back once per start (:func:`packhorse.managers.fixity_checks.recheck_key`).

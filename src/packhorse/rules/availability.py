@@ -14,7 +14,9 @@ empty mount point, the wrong disk mounted — it is *unavailable*, and:
 * the outage is recorded once (:class:`~packhorse.db.models.LocationOutage`), with one
   notification per outage, and listed by ``packhorse status`` as blocked work
   (:func:`packhorse.status.blocked_work.location_unavailable`);
-* the managers' cycle looks at every open outage again (:func:`check_outages`); when the
+* every open outage is looked at again (:func:`check_outages`) by the processes that can see
+  the storage — the embedded runner's cycle (every location), the distributed managers' cycle
+  (object stores only) and each site worker's periodic look at its own site's disks; when the
   location is back the outage ends and the operations waiting on it are due at once
   (resumed by themselves; nothing to reset).
 
