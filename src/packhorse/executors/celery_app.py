@@ -615,10 +615,19 @@ class SiteOutageWatch:
         self.interval_seconds = interval_seconds or settings.managers.poll_interval_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ctx: ProcessContext | None = None
 
     def look_once(self) -> list[str]:
-        """Look at the site's open outages now; returns the locations whose outage ended."""
-        return check_outages(process_context(self.settings), sites={self.site})
+        """Look at the site's open outages now; returns the locations whose outage ended.
+
+        The watch has a process context of its own (its own database engine), never the shared
+        one of :func:`process_context`: the prefork pool forks its children while this thread
+        runs, and a child forked while the thread held that function's lock (building the
+        context: connecting, loading the topology) would wait for it forever."""
+        if self._ctx is None:
+            db = Database.from_settings(self.settings)
+            self._ctx = ProcessContext(settings=self.settings, db=db, topology=load_topology(db, self.settings))
+        return check_outages(self._ctx, sites={self.site})
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_seconds):
@@ -638,6 +647,8 @@ class SiteOutageWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        if self._ctx is not None and (self._thread is None or not self._thread.is_alive()):
+            self._ctx.db.dispose()
 
 
 def cleanup_site_partials(settings: Settings, site: str) -> int:
