@@ -334,12 +334,12 @@ def check_outages(ctx: "ProcessContext", *, every_location: bool = False,
     that are back (their waiting operations become due at once). Returns the locations that
     came back. A location that cannot be looked at (its object store unreachable) stays as it is.
 
-    Only a process that sees a storage judges it (DESIGN.md "Across sites"): an object store
-    (S3, Azure), reached over the network, is looked at by any caller; a disk location only by
-    a process of its own site (``sites``: the site worker's periodic look,
-    :class:`packhorse.executors.celery_app.SiteOutageWatch`). The distributed managers pass no
-    ``sites``: they run on hosts of their own, where a site's folder is absent or is another
-    folder of the same path, so they would keep an outage that is over or end one that is not.
+    Only a process that sees a storage judges it (DESIGN.md "Across sites"): with ``sites`` (a
+    site worker's periodic look, :class:`packhorse.executors.celery_app.SiteOutageWatch`) the
+    locations of those sites, whatever their storage; without (the distributed managers) only
+    object stores (S3, Azure), reached over the network — a manager runs on a host of its own,
+    where a site's folder is absent or is another folder of the same path, so it would keep an
+    outage that is over or end one that is not.
 
     With ``every_location`` (the embedded runner, which sees all storage) every active
     location is looked at, every site's disks included, so an outage is recorded (and
@@ -369,17 +369,17 @@ def check_outages(ctx: "ProcessContext", *, every_location: bool = False,
 
 
 def visible_here(ctx: "ProcessContext", location: str, sites: Collection[str] | None) -> bool:
-    """A process of ``sites`` (``None``: of no site, a manager's host) can judge ``location``'s
-    availability: the location is an object store (reached over the network from anywhere), or
-    a disk location of one of ``sites`` (a site's folders are on its own hosts). A location no
-    longer configured is judged by nobody here."""
+    """A process of ``sites`` judges ``location``'s availability when the location is one of
+    those sites' (a site's folders are on its own hosts; its object stores are reached from
+    them); a process of no site (``None``: a manager's host) judges only object stores, reached
+    over the network from anywhere. A location no longer configured is judged by nobody here."""
     try:
         loc = ctx.settings.location(location)
     except KeyError:
         return False
-    if loc.storage is not StorageType.DISK:
-        return True
-    return sites is not None and loc.site in sites
+    if sites is not None:
+        return loc.site in sites
+    return loc.storage is not StorageType.DISK
 
 
 def look(ctx: "ProcessContext", location: str) -> LocationUnavailableError | None:
