@@ -76,6 +76,7 @@ from packhorse.recovery.health import HeartbeatThread
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.hooks import hooks_for
+from packhorse.runtime.settings import RuntimeSettings
 from packhorse.runtime.topology import load_topology
 from packhorse.stages import STAGES
 
@@ -497,7 +498,8 @@ class BrokerQueues:
 class Manager:
     """``packhorse manager``: the managers of every stage and the dispatcher, in a loop.
 
-    Every ``managers.poll_interval_seconds``: publish a scan of each source location to its
+    Every ``managers.poll_interval_seconds`` (the runtime setting when one is set, re-read every
+    ``managers.runtime_settings_refresh_seconds``): publish a scan of each source location to its
     site (the scan and package steps run there, :func:`scan_location_and_package`), run the
     pipeline's other managers (:func:`packhorse.engine.pipeline.manager_cycle`), publish every due
     ``PENDING`` operation (dispatch runs at least every second). Any number of managers may run
@@ -540,9 +542,10 @@ class Manager:
         health = HeartbeatThread(ctx.db, "manager", instance=self.instance,
                                  interval_seconds=rec.service_heartbeat_interval_seconds,
                                  forget_after_seconds=rec.service_forget_after_seconds).start()
+        runtime = RuntimeSettings(ctx.db, self.settings)  # `packhorse config set` reaches a running manager
         poll = self.settings.managers.poll_interval_seconds
         started = time.monotonic()
-        next_scan = 0.0
+        last_scan = float("-inf")
         declared = False
         log.info("manager_started", instance=self.instance, poll_interval_seconds=poll,
                  queues=len(all_queues(self.settings)))
@@ -552,14 +555,16 @@ class Manager:
                 if max_seconds is not None and t0 - started > max_seconds:
                     break
                 self.cycles += 1
+                runtime.refresh()  # rate-limited: re-reads every managers.runtime_settings_refresh_seconds
+                poll = runtime.poll_interval_seconds
                 try:
                     if not declared:
                         declare_queues(self.app, all_queues(self.settings))
                         declared = True
-                    scan = t0 >= next_scan
+                    scan = t0 - last_scan >= poll
                     self.dispatched += self.cycle(scan=scan)
                     if scan:
-                        next_scan = t0 + poll
+                        last_scan = t0
                     errors.succeeded()
                 except Exception as exc:  # a failed cycle is never fatal
                     errors.failed(exc)
