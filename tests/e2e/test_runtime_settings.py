@@ -137,3 +137,31 @@ def test_a_running_monitor_and_the_views_follow_the_monitor_interval_set_at_run_
         log.close()
         db.dispose()
     assert code == 0, (tmp_path / "monitor.log").read_text()[-3000:]
+
+
+def test_a_running_distributed_manager_follows_the_poll_interval_set_at_run_time(tmp_path: Path) -> None:
+    # `packhorse manager` read its poll interval from the file once: `config set` never reached it
+    import redis
+
+    from distributed_support import Cluster, postgres_database, redis_url
+
+    site = tmp_path / "site"
+    cfg = write_site_config(site, poll_interval_seconds=f"1000\nruntime_settings_refresh_seconds = {REFRESH}")
+    url, drop = postgres_database()
+    broker = redis_url()
+    cluster = Cluster(cfg, url, broker)
+    queue = redis.Redis.from_url(broker)
+    scans = "fyst_fyst-source_scan"  # the scan queue of fyst's source (no worker consumes it here)
+    try:
+        cluster.init()
+        cluster.start("manager", "manager")
+        _wait(lambda: queue.llen(scans) >= 1, 60, "the manager's first scan request")
+        time.sleep(3)
+        assert queue.llen(scans) == 1  # the next poll is 1000 s away
+        r = cluster.cli("config", "set", "managers.poll_interval_seconds", "0.3")
+        assert r.returncode == 0, r.stderr
+        _wait(lambda: queue.llen(scans) >= 4, 30, "scan requests at the new poll interval")
+    finally:
+        cluster.stop_all()
+        queue.close()
+        drop()
