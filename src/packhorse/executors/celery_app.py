@@ -408,15 +408,17 @@ def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
         db.transact(tx)
 
 
-def dispatch_scans(ctx: ProcessContext, app: Celery) -> list[str]:
+def dispatch_scans(ctx: ProcessContext, app: Celery, poll_seconds: float | None = None) -> list[str]:
     """Publish one scan of every active source disk location to its site's scan queue.
 
-    A scan message expires after three poll intervals (at least a minute): while a site's
+    A scan message expires after three poll intervals (``poll_seconds``, the one in force;
+    default ``managers.poll_interval_seconds``; at least a minute): while a site's
     workers are down, its scan requests do not pile up into a backlog of useless scans (the
     next one sent after they are back does the work).
     """
     sent = []
-    expires = max(60.0, 3 * ctx.settings.managers.poll_interval_seconds)
+    poll = ctx.settings.managers.poll_interval_seconds if poll_seconds is None else poll_seconds
+    expires = max(60.0, 3 * poll)
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
             q = queue_name(loc.site, loc.name, SCAN)
@@ -523,11 +525,12 @@ class Manager:
         self.cycles = 0
         self.dispatched = 0
 
-    def cycle(self, *, scan: bool) -> int:
-        """One cycle; returns how many operations it dispatched."""
+    def cycle(self, *, scan: bool, poll_seconds: float | None = None) -> int:
+        """One cycle; returns how many operations it dispatched. ``poll_seconds``: the poll
+        interval in force (the runtime setting when one is set), for the scans' expiry."""
         ctx = process_context(self.settings)
         if scan:
-            dispatch_scans(ctx, self.app)
+            dispatch_scans(ctx, self.app, poll_seconds)
         # packaging runs with the scan on the source's site: no unsettled groups here
         pipeline.manager_cycle(ctx, pipeline.CycleInput(unsettled=None, flush=False))
         return len(dispatch_pending(ctx, self.app))
@@ -562,7 +565,7 @@ class Manager:
                         declare_queues(self.app, all_queues(self.settings))
                         declared = True
                     scan = t0 - last_scan >= poll
-                    self.dispatched += self.cycle(scan=scan)
+                    self.dispatched += self.cycle(scan=scan, poll_seconds=poll)
                     if scan:
                         last_scan = t0
                     errors.succeeded()
