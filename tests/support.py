@@ -13,8 +13,11 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -159,3 +162,16 @@ def no_such_pid() -> int:
     without starting and ending one)."""
     with open("/proc/sys/kernel/pid_max") as f:
         return int(f.read()) + 1
+
+
+def best_seconds(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
+    """Call ``fn`` ``repeat`` times; the fastest wall time in seconds (``time.perf_counter``) and
+    the last result. For cost-shape tests that compare two sizes of input (linear, not
+    quadratic): the best of a few runs is the least disturbed by other work on the machine."""
+    best = float("inf")
+    result: Any = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, result

@@ -4,14 +4,24 @@ up within ``managers.runtime_settings_refresh_seconds``; the embedded API serves
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from api_support import start_serving, stop
-from support import run_packhorse, write_site_config
+from packhorse.db.models import Operation, Site, utcnow
+from packhorse.db.session import Database
+from packhorse.domain import Status
+from packhorse.status.metrics import collect_values
+from support import SRC, run_packhorse, write_site_config
 
 REFRESH = 0.5
 
@@ -72,3 +82,86 @@ def test_a_shorter_poll_interval_set_at_run_time_is_picked_up_without_restart(tm
     finally:
         code = stop(proc)
     assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
+
+
+
+def test_a_running_monitor_and_the_views_follow_the_monitor_interval_set_at_run_time(tmp_path: Path) -> None:
+    # `packhorse monitor` read its interval from the file once: a shorter one set with `config set`
+    # never reached it; and status and the gauge judged "lease not reclaimed" by the file's
+    # interval while the monitors used another
+    site = tmp_path / "site"
+    cfg = write_site_config(site, monitor_interval_seconds=1000,
+                            poll_interval_seconds=f"1\nruntime_settings_refresh_seconds = {REFRESH}")
+    assert run_packhorse("init", "-c", str(cfg), cwd=site).returncode == 0
+    db = Database(f"sqlite:///{site / 'packhorse.db'}")
+
+    def seed(s: Session) -> int:
+        now = utcnow()
+        op = Operation(kind="transfer", status=Status.IN_PROGRESS.value, dedup_key="transfer:expired",
+                       site_id=s.scalar(select(Site.id).order_by(Site.id).limit(1)), attempt=1,
+                       lease_owner="worker:fyst@gone:1", lease_expires_at=now - dt.timedelta(minutes=10),
+                       heartbeat_at=now - dt.timedelta(minutes=11), started_at=now - dt.timedelta(minutes=12),
+                       updated_at=now - dt.timedelta(minutes=11))
+        s.add(op)
+        s.flush()
+        return op.id
+
+    def not_reclaimed() -> tuple[list[str], int]:
+        """(``status --json``'s lease_not_reclaimed subjects, the /metrics gauge's value as served
+        with the file's interval)."""
+        r = run_packhorse("status", "--json", "-c", str(cfg), cwd=site)
+        listed = [b["subject"] for b in json.loads(r.stdout)["blocked"] if b["cause"] == "lease_not_reclaimed"]
+        gauge = db.read(lambda s: collect_values(s, monitor_interval_seconds=1000)["blocked"]["lease_not_reclaimed"])
+        return listed, gauge
+
+    log = (tmp_path / "monitor.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "packhorse", "monitor", "-c", str(cfg)], cwd=site,
+                            env={**os.environ, "PYTHONPATH": str(SRC)}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: "monitor" in run_packhorse("health", "--json", "-c", str(cfg), cwd=site).stdout, 60,
+              "the monitor's first pass")
+        op_id = db.transact(seed)
+        # expired 10 min ago: two passes of 1000 s have not gone by, nothing to list
+        assert not_reclaimed() == ([], 0)
+        r = run_packhorse("config", "set", "recovery.monitor_interval_seconds", "120", "-c", str(cfg), cwd=site)
+        assert r.returncode == 0, r.stderr
+        # two passes of 120 s have gone by: listed by status and counted by the gauge alike
+        assert not_reclaimed() == ([f"transfer {op_id}"], 1)
+        r = run_packhorse("config", "set", "recovery.monitor_interval_seconds", "0.5", "-c", str(cfg), cwd=site)
+        assert r.returncode == 0, r.stderr
+        _wait(lambda: db.read(lambda s: s.get(Operation, op_id).status) == Status.PENDING.value, 30,
+              "the running monitor to take the expired lease back at its new interval")
+    finally:
+        proc.terminate()
+        code = proc.wait(30)
+        log.close()
+        db.dispose()
+    assert code == 0, (tmp_path / "monitor.log").read_text()[-3000:]
+
+
+def test_a_running_distributed_manager_follows_the_poll_interval_set_at_run_time(tmp_path: Path) -> None:
+    # `packhorse manager` read its poll interval from the file once: `config set` never reached it
+    import redis
+
+    from distributed_support import Cluster, postgres_database, redis_url
+
+    site = tmp_path / "site"
+    cfg = write_site_config(site, poll_interval_seconds=f"1000\nruntime_settings_refresh_seconds = {REFRESH}")
+    url, drop = postgres_database()
+    broker = redis_url()
+    cluster = Cluster(cfg, url, broker)
+    queue = redis.Redis.from_url(broker)
+    scans = "fyst_fyst-source_scan"  # the scan queue of fyst's source (no worker consumes it here)
+    try:
+        cluster.init()
+        cluster.start("manager", "manager")
+        _wait(lambda: queue.llen(scans) >= 1, 60, "the manager's first scan request")
+        time.sleep(3)
+        assert queue.llen(scans) == 1  # the next poll is 1000 s away
+        r = cluster.cli("config", "set", "managers.poll_interval_seconds", "0.3")
+        assert r.returncode == 0, r.stderr
+        _wait(lambda: queue.llen(scans) >= 4, 30, "scan requests at the new poll interval")
+    finally:
+        cluster.stop_all()
+        queue.close()
+        drop()

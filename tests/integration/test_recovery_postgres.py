@@ -17,7 +17,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import Notification, Operation, Site, utcnow
+from packhorse.db.models import Notification, Operation, ServiceHeartbeat, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.operations.lifecycle import claim, create_operation
@@ -97,3 +97,43 @@ def test_monitor_and_reconciler_on_postgres(pg_db: Database) -> None:
     rows = pg_db.read(lambda s: {o.id: (o.status, o.retry_count, o.reconcile_count, o.stall_count)
                                  for o in s.scalars(select(Operation))})
     assert rows == {stalled: ("PENDING", 0, 0, 1), lost: ("PENDING", 0, 1, 0)}
+
+
+def test_a_stall_caused_by_a_database_restart_or_a_cut_off_site_is_not_counted(pg_db: Database) -> None:
+    # A worker that cannot reach the database stops before its lease could look expired; when the
+    # outage outlasts the lease the monitor resets its operation. Each such reset used to count a
+    # stall, so a site cut off for hours three times opened the breakers of the work it had in hand
+    # (and a long database restart did the same everywhere).
+    settings = settings_from_dict({}, environ={})
+    now = utcnow()
+    started = pg_db.read(lambda s: s.scalar(text("SELECT pg_postmaster_start_time()")))
+
+    def seed(s: Session) -> dict[str, int]:
+        s.add(Site(id=2, name="cologne"))
+        s.flush()
+        # fyst's worker is alive; every worker of cologne has been silent for ten minutes
+        s.add(ServiceHeartbeat(service="worker:fyst@a", kind="worker", host="a", pid=1, site="fyst",
+                               started_at=now, last_seen=now))
+        s.add(ServiceHeartbeat(service="worker:cologne@b", kind="worker", host="b", pid=2, site="cologne",
+                               started_at=now - dt.timedelta(hours=1), last_seen=now - dt.timedelta(minutes=10)))
+        ids = {}
+        for name, site_id, renewed in (("suspect", 1, now - dt.timedelta(seconds=40)),
+                                       ("before_restart", 1, started - dt.timedelta(seconds=1)),
+                                       ("cut_off_site", 2, now - dt.timedelta(seconds=40))):
+            op = create_operation(s, kind=OperationKind.TRANSFER, dedup_key=name, site_id=site_id, max_retries=3)
+            assert op is not None
+            op.status, op.attempt, op.lease_owner = "IN_PROGRESS", 1, f"elsewhere:{op.id}"
+            op.heartbeat_at, op.lease_expires_at = renewed, now - dt.timedelta(seconds=5)
+            ids[name] = op.id
+        return ids
+
+    ids = pg_db.transact(seed)
+    report = recovery_cycle(pg_db, settings)
+    assert sorted(report.reset) == sorted(ids.values())
+    stalls = pg_db.read(lambda s: {name: s.get(Operation, i).stall_count for name, i in ids.items()})
+    assert stalls == {"suspect": 1, "before_restart": 0, "cut_off_site": 0}
+    bodies = pg_db.read(lambda s: {n.operation_id: n.body for n in s.scalars(
+        select(Notification).where(Notification.event == "stalled_recovered"))})
+    assert "Stall count: 1 of" in bodies[ids["suspect"]]
+    assert "The database restarted at" in bodies[ids["before_restart"]]
+    assert "Its site is cut off from the centre" in bodies[ids["cut_off_site"]]

@@ -380,6 +380,36 @@ def _ascii_compatible(encoding: str) -> bool:
         return False
 
 
+class _Capped:
+    """A list of problems (or warnings) that keeps the first :data:`MAX_LISTED_PROBLEMS` in the
+    order found and only counts the rest, by code: the one rule for every list a report shows.
+
+    ``items``: the kept entries; ``omitted``: {code: how many were not kept}."""
+
+    __slots__ = ("items", "omitted")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.omitted: dict[str, int] = {}
+
+    def add(self, code: str, item: Any, *, always: bool = False) -> bool:
+        """Keep ``item`` if there is room (or ``always``) and return True; else count it under ``code``."""
+        if always or len(self.items) < MAX_LISTED_PROBLEMS:
+            self.items.append(item)
+            return True
+        self.omitted[code] = self.omitted.get(code, 0) + 1
+        return False
+
+    def count(self, omitted: dict[str, int]) -> None:
+        """Add another list's counts of entries not kept."""
+        for code, n in omitted.items():
+            self.omitted[code] = self.omitted.get(code, 0) + n
+
+    @property
+    def omitted_count(self) -> int:
+        return sum(self.omitted.values())
+
+
 def _fold(st: "_TagText") -> None:
     """Join the continuation lines read for ``st.last`` onto its value, once (a value extended
     line by line would be copied whole for every line: quadratic in the file's size)."""
@@ -397,8 +427,7 @@ class _TagText:
     ``entries`` is {path relative to the bag root: checksum as bytes} for a manifest (``b""`` for
     an algorithm packhorse does not verify), {payload path: ``b""``} for ``fetch.txt``; ``info``
     is ``bag-info.txt`` as {label: [values]}. ``problems`` and ``warnings`` are ``(code, path,
-    message)`` found in it, the first :data:`MAX_LISTED_PROBLEMS` of each, ``omitted`` the codes
-    of the others (code: count); they join the report at :meth:`BagValidator.finish`, in the
+    message)`` found in it (:class:`_Capped`); they join the report at :meth:`BagValidator.finish`, in the
     order they did when these files were parsed there."""
 
     name: str
@@ -411,10 +440,8 @@ class _TagText:
     info: dict[str, list[str]] = field(default_factory=dict)
     last: tuple[str, int] | None = None  # bag-info.txt: the value a continuation line extends
     more: list[str] = field(default_factory=list)  # bag-info.txt: continuation pieces of ``last``, not yet joined
-    problems: list[tuple[str, str, str]] = field(default_factory=list)
-    warnings: list[tuple[str, str, str]] = field(default_factory=list)
-    omitted: dict[str, int] = field(default_factory=dict)
-    warnings_omitted: int = 0
+    problems: _Capped = field(default_factory=_Capped)  # of (code, path, message)
+    warnings: _Capped = field(default_factory=_Capped)
     unreadable: str | None = None  # why it is not text in its encoding
     not_utf8: str | None = None  # (provisional) why it is not UTF-8
     refused: bool = False  # beyond the bag's manifest-entry budget: entries dropped
@@ -432,13 +459,7 @@ class _TagText:
                 else f"tag file {quoted(self.name)} is not valid {encoding}: {error}")
 
     def note(self, code: str, path: str, message: str, *, warning: bool = False) -> None:
-        kept = self.warnings if warning else self.problems
-        if len(kept) < MAX_LISTED_PROBLEMS:
-            kept.append((code, path, message))
-        elif warning:
-            self.warnings_omitted += 1
-        else:
-            self.omitted[code] = self.omitted.get(code, 0) + 1
+        (self.warnings if warning else self.problems).add(code, (code, path, message))
 
 
 class BagValidator:
@@ -467,12 +488,10 @@ class BagValidator:
                  max_manifest_entries: int = DEFAULT_LIMITS.max_members) -> None:
         self.bag = bag
         self._required = tuple(required_algorithms)
-        self._problems: list[Problem] = []
-        self._omitted: dict[str, int] = {}  # problems beyond MAX_LISTED_PROBLEMS: {code: count}
+        self._problems = _Capped()  # of Problem
         self._unsafe_listed = False
-        self._warnings: list[Problem] = []
+        self._warnings = _Capped()  # of Problem
         self._warning_set: set[Problem] = set()
-        self._warnings_omitted = 0
         self._tags: dict[str, bytes] = {}  # bagit.txt, held
         self._manifests: dict[str, _TagText] = {}  # manifests and tag manifests, parsed as read
         self._texts: dict[str, _TagText] = {}  # bag-info.txt and fetch.txt, parsed as read
@@ -494,11 +513,9 @@ class BagValidator:
         """Record a problem a front end found (``message`` without the bag's name: it is prefixed)."""
         assert code in PROBLEM_CODES, code
         unsafe = code in UNSAFE_CODES
-        if len(self._problems) < MAX_LISTED_PROBLEMS or (unsafe and not self._unsafe_listed):
-            self._problems.append(Problem(code, path, f"{self.bag}: {message}"))
+        if self._problems.add(code, Problem(code, path, f"{self.bag}: {message}"),
+                              always=unsafe and not self._unsafe_listed):
             self._unsafe_listed |= unsafe
-        else:
-            self._omitted[code] = self._omitted.get(code, 0) + 1
 
     def warn(self, code: str, path: str, message: str) -> None:
         """Record a warning (:data:`WARNING_CODES`): listed in the report, the bag stays valid."""
@@ -506,11 +523,8 @@ class BagValidator:
         warning = Problem(code, path, f"{self.bag}: {message}")
         if warning in self._warning_set:
             return
-        if len(self._warnings) < MAX_LISTED_PROBLEMS:
-            self._warnings.append(warning)
+        if self._warnings.add(code, warning):
             self._warning_set.add(warning)
-        else:
-            self._warnings_omitted += 1
 
     def unusable(self, code: str, message: str) -> None:
         """Record that the container cannot be read at all (not a tar, no such folder): the report
@@ -905,13 +919,12 @@ class BagValidator:
             self._drop(st)
             self.problem("tag-file-unreadable", st.name, st.unreadable)
             return
-        for code, path, message in st.problems:
+        for code, path, message in st.problems.items:
             self.problem(code, path, message)
-        for code, n in st.omitted.items():
-            self._omitted[code] = self._omitted.get(code, 0) + n
-        for code, path, message in st.warnings:
+        self._problems.count(st.problems.omitted)
+        for code, path, message in st.warnings.items:
             self.warn(code, path, message)
-        self._warnings_omitted += st.warnings_omitted
+        self._warnings.count(st.warnings.omitted)
 
     def _bag_info(self, encoding: str) -> dict[str, list[str]]:
         """bag-info.txt as {label: [values]} (empty without it); its problems recorded."""
@@ -1020,11 +1033,11 @@ class BagValidator:
 
     def _fill(self, report: BagReport) -> None:
         """Put the problems and warnings found into ``report``."""
-        report.problems = list(self._problems)
-        report.problems_omitted = sum(self._omitted.values())
-        report.omitted_codes = sorted(self._omitted)
-        report.warnings = list(self._warnings)
-        report.warnings_omitted = self._warnings_omitted
+        report.problems = list(self._problems.items)
+        report.problems_omitted = self._problems.omitted_count
+        report.omitted_codes = sorted(self._problems.omitted)
+        report.warnings = list(self._warnings.items)
+        report.warnings_omitted = self._warnings.omitted_count
 
     def _fetch(self, encoding: str) -> dict[str, bytes]:
         """The payload paths fetch.txt lists (as the keys; :meth:`_fetch_line`); its problems

@@ -28,6 +28,7 @@ from packhorse.cli.app import (
 )
 from packhorse.errors import ConfigError
 from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.settings import RuntimeSettings
 
 
 def _celery_settings(config: Path | None) -> ProcessContext:
@@ -206,8 +207,14 @@ def monitor(
         else:
             print(" ".join(f"{k}={','.join(map(str, v)) or '-'}" for k, v in data.items()))
         raise typer.Exit(EXIT_OK)
+    runtime = RuntimeSettings(ctx.db, ctx.settings)  # `packhorse config set` reaches a running monitor
+
+    def interval() -> float:
+        runtime.refresh()
+        return runtime.monitor_interval_seconds
+
     loop = ServiceLoop(ctx.db, "monitor", lambda _session: recover(ctx, broker=broker),
-                       interval_seconds=rec.monitor_interval_seconds,
+                       interval_seconds=interval,
                        max_consecutive_errors=ctx.settings.managers.max_consecutive_errors,
                        notification_cooldown_seconds=rec.notification_cooldown_seconds)
 

@@ -78,6 +78,7 @@ from packhorse.recovery.loop import ErrorCounter
 from packhorse.rules.availability import check_outages
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.hooks import hooks_for
+from packhorse.runtime.settings import RuntimeSettings
 from packhorse.runtime.topology import load_topology
 from packhorse.stages import STAGES
 
@@ -430,18 +431,19 @@ def _unschedule(db: Database, operation_id: int, attempt: int) -> None:
         db.transact(tx)
 
 
-def dispatch_scans(ctx: ProcessContext, app: Celery) -> list[str]:
+def dispatch_scans(ctx: ProcessContext, app: Celery, poll_seconds: float | None = None) -> list[str]:
     """Publish one scan of every active source disk location to its site's scan queue.
 
-    A scan request expires after three poll intervals (at least a minute), by the database's
-    clock (:func:`scan_expired`): while a site's workers are down, the requests that wait for
-    them are skipped once they are back, not run as a backlog of useless scans (the next one
-    sent does the work). The expiry is not Celery's ``expires``, which the receiving worker
-    judges by its own host clock: a site whose clock runs ahead would drop every request.
+    A scan request expires after three poll intervals (``poll_seconds``, the one in force;
+    default ``managers.poll_interval_seconds``; at least a minute), by the database's clock
+    (:func:`scan_expired`): while a site's workers are down, the requests that wait for them
+    are skipped once they are back, not run as a backlog of useless scans (the next one sent
+    does the work). The expiry is not Celery's ``expires``, which the receiving worker judges
+    by its own host clock: a site whose clock runs ahead would drop every request.
     """
     sent = []
-    expires_at = (utcnow() + dt.timedelta(seconds=max(60.0, 3 * ctx.settings.managers.poll_interval_seconds))
-                  ).isoformat()
+    poll = ctx.settings.managers.poll_interval_seconds if poll_seconds is None else poll_seconds
+    expires_at = (utcnow() + dt.timedelta(seconds=max(60.0, 3 * poll))).isoformat()
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
             q = queue_name(loc.site, loc.name, SCAN)
@@ -523,7 +525,8 @@ class BrokerQueues:
 class Manager:
     """``packhorse manager``: the managers of every stage and the dispatcher, in a loop.
 
-    Every ``managers.poll_interval_seconds``: publish a scan of each source location to its
+    Every ``managers.poll_interval_seconds`` (the runtime setting when one is set, re-read every
+    ``managers.runtime_settings_refresh_seconds``): publish a scan of each source location to its
     site (the scan and package steps run there, :func:`scan_location_and_package`), run the
     pipeline's other managers (:func:`packhorse.engine.pipeline.manager_cycle`), publish every due
     ``PENDING`` operation (dispatch runs at least every second). Any number of managers may run
@@ -547,11 +550,12 @@ class Manager:
         self.cycles = 0
         self.dispatched = 0
 
-    def cycle(self, *, scan: bool) -> int:
-        """One cycle; returns how many operations it dispatched."""
+    def cycle(self, *, scan: bool, poll_seconds: float | None = None) -> int:
+        """One cycle; returns how many operations it dispatched. ``poll_seconds``: the poll
+        interval in force (the runtime setting when one is set), for the scans' expiry."""
         ctx = process_context(self.settings)
         if scan:
-            dispatch_scans(ctx, self.app)
+            dispatch_scans(ctx, self.app, poll_seconds)
         # packaging runs with the scan on the source's site: no unsettled groups here
         pipeline.manager_cycle(ctx, pipeline.CycleInput(unsettled=None, flush=False))
         return len(dispatch_pending(ctx, self.app))
@@ -566,9 +570,10 @@ class Manager:
         health = HeartbeatThread(ctx.db, "manager", instance=self.instance,
                                  interval_seconds=rec.service_heartbeat_interval_seconds,
                                  forget_after_seconds=rec.service_forget_after_seconds).start()
+        runtime = RuntimeSettings(ctx.db, self.settings)  # `packhorse config set` reaches a running manager
         poll = self.settings.managers.poll_interval_seconds
         started = time.monotonic()
-        next_scan = 0.0
+        last_scan = float("-inf")
         declared = False
         log.info("manager_started", instance=self.instance, poll_interval_seconds=poll,
                  queues=len(all_queues(self.settings)))
@@ -578,14 +583,16 @@ class Manager:
                 if max_seconds is not None and t0 - started > max_seconds:
                     break
                 self.cycles += 1
+                runtime.refresh()  # rate-limited: re-reads every managers.runtime_settings_refresh_seconds
+                poll = runtime.poll_interval_seconds
                 try:
                     if not declared:
                         declare_queues(self.app, all_queues(self.settings))
                         declared = True
-                    scan = t0 >= next_scan
-                    self.dispatched += self.cycle(scan=scan)
+                    scan = t0 - last_scan >= poll
+                    self.dispatched += self.cycle(scan=scan, poll_seconds=poll)
                     if scan:
-                        next_scan = t0 + poll
+                        last_scan = t0
                     errors.succeeded()
                 except Exception as exc:  # a failed cycle is never fatal
                     errors.failed(exc)

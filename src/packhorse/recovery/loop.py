@@ -88,22 +88,26 @@ class ServiceLoop:
         db: the ops database.
         name: the service name (logs, notifications).
         work: one cycle; gets a fresh session it may use (commit is done for it on success).
-        interval_seconds: sleep between cycles (s).
+        interval_seconds: time from the start of one cycle to the next (s), or a function
+            returning it, asked again while the loop waits (at least every second): a runtime
+            setting changed with ``packhorse config set`` shortens a wait already begun.
         max_consecutive_errors: failed cycles in a row before CRITICAL (log + notification).
         notification_cooldown_seconds: cooldown of the CRITICAL notification.
     """
 
-    def __init__(self, db: Database, name: str, work: Callable[[Session], Any], *, interval_seconds: float,
+    def __init__(self, db: Database, name: str, work: Callable[[Session], Any], *,
+                 interval_seconds: float | Callable[[], float],
                  max_consecutive_errors: int = 5, notification_cooldown_seconds: float = 3600.0) -> None:
         self.db = db
         self.name = name
         self.work = work
-        self.interval = interval_seconds
+        self.interval: Callable[[], float] = (interval_seconds if callable(interval_seconds)
+                                              else lambda: float(interval_seconds))
         self.stop = threading.Event()
         self.cycles = 0
         self.errors = ErrorCounter(db, name, max_consecutive_errors=max_consecutive_errors,
                                    notification_cooldown_seconds=notification_cooldown_seconds,
-                                   retry_seconds=interval_seconds)
+                                   retry_seconds=self.interval())
 
     @property
     def consecutive_errors(self) -> int:
@@ -142,4 +146,8 @@ class ServiceLoop:
             self.run_cycle()
             if max_cycles is not None and self.cycles >= max_cycles:
                 return
-            self.stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            while not self.stop.is_set():
+                left = self.interval() - (time.monotonic() - started)
+                if left <= 0:
+                    break
+                self.stop.wait(min(left, 1.0))

@@ -9,8 +9,11 @@ One cycle (:func:`check_stalled`):
    host and pid namespace that no longer runs, say a ``packhorse run`` killed and restarted;
    its lease could never be renewed, so nothing is gained by waiting it out): append a
    ``Stalled`` failure event and count the stall on its breaker — once per attempt, and not
-   when the attempt's embedded runner is gone with it (:func:`died_with_its_runner`: the whole
-   service was stopped, not the operation's fault);
+   when the operation is no suspect (:func:`excuse`): the attempt's embedded runner is gone
+   with it (the whole service was stopped), the database restarted after the holder's last
+   renewal, or the operation's site is cut off from the centre (none of its workers
+   heartbeats) — the holder lost the database, the operation did nothing wrong, so a site cut
+   off for hours three times does not open the breakers of the work it had in hand;
 3. if the breaker is open (``max_stall_count`` stalls, or the attempt let through after a
    cool-down stalled): leave the operation for the cool-down and queue one ERROR notification
    per cooldown window; otherwise run the recovery handler registered for the
@@ -37,11 +40,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import Settings
-from packhorse.db.models import FailureEvent, Operation, utcnow
+from packhorse.db.models import FailureEvent, Operation, Site, utcnow
 from packhorse.db.session import Database, bound_idle_in_transaction
 from packhorse.domain import BreakerState, NotificationLevel, OperationKind, Status
 from packhorse.notify.outbox import enqueue
@@ -56,7 +59,7 @@ from packhorse.operations.lifecycle import fenced
 from packhorse.recovery import breakers
 from packhorse.recovery.health import process_alive
 from packhorse.recovery.reconciler import reconcile
-from packhorse.recovery.site_reachability import track_sites
+from packhorse.recovery.site_reachability import track_sites, unreachable_sites
 
 if TYPE_CHECKING:
     from packhorse.recovery.reconciler import BrokerWatch
@@ -169,11 +172,59 @@ def provably_gone(owner: str | None) -> bool:
     return ns is not None and namespace_of(owner) == ns and lease_holder_gone(owner)
 
 
+@dataclass(frozen=True)
+class Circumstances:
+    """What one monitor cycle knows about the whole installation when it judges stalls:
+    ``cut_off_site_ids``, the sites the centre cannot reach now
+    (:func:`packhorse.recovery.site_reachability.unreachable_sites`), and ``database_started_at``,
+    when the database server last started (PostgreSQL's ``pg_postmaster_start_time()``, UTC;
+    ``None`` for SQLite, which has no server)."""
+
+    cut_off_site_ids: frozenset[int] = frozenset()
+    database_started_at: dt.datetime | None = None
+
+
+def circumstances(session: Session, settings: Settings) -> Circumstances:
+    """Read the :class:`Circumstances` of this cycle (two small queries)."""
+    rec = settings.recovery
+    cut = {u["site"] for u in unreachable_sites(session, dead_after_seconds=rec.service_dead_after_seconds,
+                                                forget_after_seconds=rec.service_forget_after_seconds)}
+    ids = frozenset(session.scalars(select(Site.id).where(Site.name.in_(cut)))) if cut else frozenset()
+    started = None
+    if session.get_bind().dialect.name == "postgresql":
+        started = session.scalar(text("SELECT pg_postmaster_start_time()"))
+    return Circumstances(ids, started)
+
+
+def excuse(op: Operation, seen: Circumstances) -> str | None:
+    """Why the stalled attempt of ``op`` is no suspect (no stall is counted on its circuit
+    breaker), or ``None`` when it is one. DESIGN.md "Circuit breaker": the breaker holds an
+    operation that keeps killing or hanging its worker, not one whose worker lost the database:
+
+    * its embedded runner is gone with it (:func:`died_with_its_runner`);
+    * the database started after the holder's last renewal (``heartbeat_at``, the database's
+      clock): nobody could renew a lease while it was down;
+    * its site is cut off from the centre now (every worker of the site silent for
+      ``service_dead_after_seconds``): the centre cannot tell a cut link from stopped workers,
+      and either way the operation did nothing.
+    A worker that dies alone under a live site and a running database is still a suspect."""
+    if died_with_its_runner(op.lease_owner):
+        return "Its runner is gone (the whole service stopped): no stall is counted against the operation."
+    if (seen.database_started_at is not None and op.heartbeat_at is not None
+            and op.heartbeat_at < seen.database_started_at):
+        return (f"The database restarted at {seen.database_started_at.isoformat()}, after the attempt's last "
+                "renewal: no stall is counted against the operation.")
+    if op.site_id in seen.cut_off_site_ids:
+        return ("Its site is cut off from the centre (none of its workers heartbeats): no stall is counted "
+                "against the operation.")
+    return None
+
+
 def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, report: MonitorReport, *,
-                gone_owner: str | None = None) -> None:
+                gone_owner: str | None = None, seen: Circumstances = Circumstances()) -> None:
     """Handle one stalled attempt (module docstring, steps 2–4): its lease expired, or, with
     ``gone_owner``, it is still held by that owner, whose process is gone
-    (:func:`provably_gone`)."""
+    (:func:`provably_gone`). ``seen``: this cycle's :class:`Circumstances` (:func:`excuse`)."""
     rec = settings.recovery
 
     def tx(s: Session) -> str | None:
@@ -191,9 +242,10 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         if gone and not provably_gone(gone_owner):
             return None  # looked again under the row lock: not certain any more, the lease is waited out
         b = breakers.get_breaker(s, op.kind, op.id)
+        excused = excuse(op, seen)
         if b is None or b.last_stall_attempt != op.attempt:
             s.add(_stall_event(op, now, gone=gone))
-            if not died_with_its_runner(op.lease_owner):
+            if excused is None:
                 b = breakers.count_stall(s, op, rec, now)
         if b is not None and b.state == BreakerState.OPEN.value:
             breakers.notify_open(s, b, op, rec, now)
@@ -211,9 +263,9 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
             return "unhandled"
         context = {**(breakers.jsonable(breakers.breaker_row(b)) if b is not None else {}), "attempt": op.attempt,
                    "lease_owner": op.lease_owner}
-        counted = (f"Stall count: {b.stall_count} of {rec.max_stall_count} before the circuit breaker opens."
-                   if b is not None else "Its runner is gone (the whole service stopped): no stall is counted "
-                   "against the operation.")
+        counted = (excused if excused is not None
+                   else f"Stall count: {b.stall_count} of {rec.max_stall_count} before the circuit breaker opens."
+                   if b is not None else "No stall is counted against the operation.")
         ended = ("ended: its process is gone from this host, so it was taken over before its lease expired"
                  if gone else "stopped renewing its lease")
         body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} {ended}.\n"
@@ -250,10 +302,11 @@ def check_stalled(db: Database, settings: Settings) -> MonitorReport:
     stalled = db.read(lambda s: [(r.id, r.attempt) for r in s.execute(
         select(Operation.id, Operation.attempt).where(Operation.status == Status.IN_PROGRESS.value,
                                                      Operation.lease_expires_at < now).order_by(Operation.id))])
+    seen = db.read(lambda s: circumstances(s, settings)) if stalled else Circumstances()
     for op_id, attempt in stalled:
-        _handle_one(db, settings, op_id, attempt, report)
+        _handle_one(db, settings, op_id, attempt, report, seen=seen)
     for op_id, attempt, owner in _held_by_the_gone(db, now):
-        _handle_one(db, settings, op_id, attempt, report, gone_owner=owner)
+        _handle_one(db, settings, op_id, attempt, report, gone_owner=owner, seen=seen)
     return report
 
 

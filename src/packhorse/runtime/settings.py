@@ -153,6 +153,24 @@ def stored(session: Session) -> dict[str, Any]:
     return {r.key: json.loads(r.value) for r in session.scalars(select(RuntimeSetting)) if r.key in KEYS}
 
 
+def effective(session: Session, settings: Settings, name: str) -> Any:
+    """The value of key ``name`` in force now: the stored override read in ``session``, else the
+    file's. For views judged by a setting a running service follows (``status``, ``health`` and
+    ``/metrics`` judge a lease "not reclaimed" by the monitor interval the monitor uses).
+
+    Raises:
+        RuntimeSettingError: ``name`` is not a runtime setting."""
+    key = _key(name)
+    value = stored_value(session, name)
+    return key.default(settings) if value is None else value
+
+
+def stored_value(session: Session, name: str) -> Any | None:
+    """The override of key ``name`` stored now (read in ``session``), ``None`` when there is none."""
+    row = session.get(RuntimeSetting, name)
+    return json.loads(row.value) if row is not None else None
+
+
 def describe(session: Session, settings: Settings) -> list[dict[str, Any]]:
     """Every key with its effective value: ``[{"key", "value", "default", "source" ("runtime" or
     "file"), "description", "updated_at", "updated_by"}]``."""

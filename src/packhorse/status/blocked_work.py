@@ -28,6 +28,7 @@ from packhorse.recovery.site_reachability import unreachable_sites
 from packhorse.rules.availability import release_of, root_of, waiting_for
 from packhorse.rules.convergence import dead_end_release, plan
 from packhorse.rules.space import waiting_for_space
+from packhorse.runtime.settings import effective
 from packhorse.status.operation_names import package_and_location
 
 if TYPE_CHECKING:
@@ -254,7 +255,8 @@ def not_reclaimed_where(now: dt.datetime, monitor_interval_seconds: float) -> tu
 
 def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``lease_not_reclaimed``: ``IN_PROGRESS`` operations whose lease expired more than two
-    recovery passes ago (``2 × [recovery] monitor_interval_seconds``) and that no process took
+    recovery passes ago (``2 × recovery.monitor_interval_seconds``, the runtime setting when one
+    is set, as the running monitors use it) and that no process took
     back: no monitor (``packhorse monitor``; in embedded mode ``packhorse run``) is running, or
     each one is stuck. The stalled-task monitor would have reset them to ``PENDING`` within one
     pass (:mod:`packhorse.recovery.monitor`); one whose breaker is open is held on purpose and
@@ -265,11 +267,11 @@ def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[Blocked
     retry`` hands it back now. Each item: subject ``"<kind> <id>"``, since = the lease's expiry
     (ISO 8601 UTC), detail ``{"kind", "operation_id", "lease_owner", "lease_expired_seconds_ago",
     "package", "location"}``."""
-    rec = ctx.settings.recovery
+    interval = float(effective(session, ctx.settings, "recovery.monitor_interval_seconds"))
     now = utcnow()
     package, location, join = package_and_location()
     rows = session.execute(join(select(Operation, package, location).select_from(Operation))
-                           .where(*not_reclaimed_where(now, rec.monitor_interval_seconds))
+                           .where(*not_reclaimed_where(now, interval))
                            .order_by(Operation.id)).all()
     out: list[BlockedItem] = []
     for op, pkg, loc in rows:
@@ -278,7 +280,7 @@ def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[Blocked
             cause="lease_not_reclaimed", subject=f"{op.kind} {op.id}",
             reason=(f"its lease (held by {op.lease_owner or 'nobody'}) expired {ago} s ago and no process took it "
                     f"back: a running monitor hands an expired lease back within "
-                    f"{rec.monitor_interval_seconds:g} s, so none is running or each one is stuck"),
+                    f"{interval:g} s, so none is running or each one is stuck"),
             release=(f"start packhorse monitor (packhorse health lists the services), or packhorse retry "
                      f"{op.kind} {op.id} --reason '<why>'"),
             exit_code=EXIT_WAITING, since=op.lease_expires_at.isoformat(),

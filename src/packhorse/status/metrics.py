@@ -74,6 +74,7 @@ from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.rules.availability import waiting_for
 from packhorse.rules.disk_usage import latest_usage
 from packhorse.rules.space import waiting_for_space
+from packhorse.runtime.settings import stored_value
 from packhorse.status.blocked_work import not_reclaimed_where
 
 #: The ``cause`` label values of ``packhorse_operations_blocked`` (every one is always
@@ -103,7 +104,12 @@ def blocked_counts(session: Session, monitor_interval_seconds: float = 60.0) -> 
     held by an open or half-open circuit breaker; ``FAILED`` ones. An operation may count under
     two causes (waiting for a location behind an open breaker). ``lease_not_reclaimed``: expired
     leases no monitor took back within two passes of ``monitor_interval_seconds`` (seconds; the
-    definition ``status`` and ``health`` use)."""
+    definition ``status`` and ``health`` use; the runtime setting ``recovery.monitor_interval_seconds``
+    overrides it when one is set, as it does for the running monitors)."""
+    override = stored_value(session, "recovery.monitor_interval_seconds")
+    if override is not None:
+        monitor_interval_seconds = float(override)
+
     def count(*where: Any) -> int:
         return int(session.scalar(select(func.count()).select_from(Operation).where(*where)) or 0)
 
