@@ -17,12 +17,13 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import Notification, Operation, ServiceHeartbeat, Site, utcnow
-from packhorse.db.session import Database
+from packhorse.db.models import Notification, Operation, ServiceHeartbeat, Site, SiteOutage, utcnow
+from packhorse.db.session import Database, insert_if_absent
 from packhorse.domain import OperationKind
 from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery.loop import ServiceLoop
 from packhorse.recovery.monitor import recovery_cycle
+from packhorse.recovery.site_reachability import track_sites
 
 ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 
@@ -137,3 +138,27 @@ def test_a_stall_caused_by_a_database_restart_or_a_cut_off_site_is_not_counted(p
     assert "Stall count: 1 of" in bodies[ids["suspect"]]
     assert "The database restarted at" in bodies[ids["before_restart"]]
     assert "Its site is cut off from the centre" in bodies[ids["cut_off_site"]]
+
+
+def test_a_site_cut_off_is_notified_once_on_postgres(pg_db: Database) -> None:
+    # on PostgreSQL an INSERT's rowcount is -1 (SQLAlchemy 2.1, psycopg 3): the cut was recorded
+    # in site_outages but taken for another monitor's, so `Site X unreachable` was never queued
+    # while `Site X reachable again` was
+    settings = settings_from_dict({}, environ={})
+    now = utcnow()
+    pg_db.transact(lambda s: s.add(ServiceHeartbeat(
+        service="worker:fyst@a", kind="worker", host="a", pid=1, site="fyst",
+        started_at=now - dt.timedelta(hours=1), last_seen=now - dt.timedelta(minutes=5))))
+    assert track_sites(pg_db, settings) == (["fyst"], [])
+    assert track_sites(pg_db, settings) == ([], [])  # a second pass (or monitor): nothing more
+    pg_db.transact(lambda s: s.execute(update(ServiceHeartbeat).values(last_seen=utcnow())))
+    assert track_sites(pg_db, settings) == ([], ["fyst"])
+    notes = pg_db.read(lambda s: [(n.level, n.event) for n in s.scalars(select(Notification).order_by(Notification.id))])
+    assert notes == [("WARNING", "site_unreachable"), ("INFO", "site_reachable")]
+
+
+def test_insert_if_absent_tells_the_first_insert_on_postgres(pg_db: Database) -> None:
+    t = SiteOutage.__table__
+    row = {"site": "fyst", "since": utcnow(), "noticed_at": utcnow()}
+    assert pg_db.transact(lambda s: insert_if_absent(s, t, [t.c.site], row)) is True
+    assert pg_db.transact(lambda s: insert_if_absent(s, t, [t.c.site], row)) is False

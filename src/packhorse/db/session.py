@@ -53,7 +53,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -278,6 +278,19 @@ def insert_ignoring_conflicts(session: Session, table: Any, *keys: Any) -> Any:
     else:
         from sqlalchemy.dialects.sqlite import insert
     return insert(table).on_conflict_do_nothing(index_elements=list(keys))
+
+
+def insert_if_absent(session: Session, table: Any, keys: Sequence[Any], values: dict[str, Any]) -> bool:
+    """Insert one row of ``values`` into ``table`` unless a row with the same unique ``keys``
+    (columns) exists: whether this call inserted it (a compare-and-set: of two writers racing,
+    exactly one gets ``True``).
+
+    Told by ``RETURNING`` (SQLite ≥ 3.35 and PostgreSQL), never by the result's ``rowcount``:
+    with SQLAlchemy 2.1 and psycopg 3 an ``INSERT``'s ``rowcount`` is ``-1`` on PostgreSQL, so a
+    check of it took every first insert for a conflict (a site cut off, a location found
+    unavailable: recorded, but never notified)."""
+    stmt = insert_ignoring_conflicts(session, table, *keys).values(**values).returning(*keys)
+    return session.execute(stmt).first() is not None
 
 
 def bound_idle_in_transaction(session: Session, seconds: float) -> None:

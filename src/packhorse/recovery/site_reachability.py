@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from packhorse.config import Settings
 from packhorse.db.models import SiteOutage, utcnow
-from packhorse.db.session import Database, insert_ignoring_conflicts
+from packhorse.db.session import Database, insert_if_absent
 from packhorse.domain import NotificationLevel
 from packhorse.notify.outbox import enqueue
 from packhorse.recovery.health import list_services
@@ -80,9 +80,8 @@ def track_sites(db: Database, settings: Settings) -> tuple[list[str], list[str]]
             if site in recorded:
                 continue
             t = SiteOutage.__table__
-            if s.execute(insert_ignoring_conflicts(s, t, t.c.site),
-                         [{"site": site, "since": dt.datetime.fromisoformat(u["since"]), "noticed_at": now}]
-                         ).rowcount != 1:
+            if not insert_if_absent(s, t, [t.c.site],
+                                    {"site": site, "since": dt.datetime.fromisoformat(u["since"]), "noticed_at": now}):
                 continue  # another monitor recorded it first
             cut.append(site)
             enqueue(s, level=NotificationLevel.WARNING, event="site_unreachable",

@@ -55,7 +55,7 @@ from packhorse.db.models import (
     RawDataPackage,
     utcnow,
 )
-from packhorse.db.session import insert_ignoring_conflicts
+from packhorse.db.session import insert_if_absent, insert_ignoring_conflicts
 from packhorse.domain import (
     LIVE_COPY_STATUSES,
     WAITING_LOCATION,
@@ -261,10 +261,9 @@ def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.
     def tx(s: Session) -> dt.datetime:
         now = utcnow()
         t = LocationOutage.__table__
-        res = s.execute(insert_ignoring_conflicts(s, t, t.c.location_id).values(
-            location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now, checked_at=now,
-            fault=error.fault))
-        if res.rowcount == 1:
+        if insert_if_absent(s, t, [t.c.location_id], dict(
+                location_id=loc_id, reason=error.reason[:2000], marker_only=error.marker_only, since=now,
+                checked_at=now, fault=error.fault)):
             log.warning("location_unavailable", location=error.location, reason=error.reason, fault=error.fault)
             notify_unavailable(s, location=error.location, reason=error.reason, since=now,
                                release=release_of(ctx, error.location, error.marker_only, error.fault))
