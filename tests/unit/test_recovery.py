@@ -92,7 +92,7 @@ def test_breaker_opens_after_max_stalls_and_leaves_the_operation(db: Database) -
     assert report.reset == [] and report.blocked == [op_id]
     op = op_row(db, op_id)
     assert op.status == "IN_PROGRESS" and op.attempt == 3  # left for a human
-    # further cycles count nothing more and fold the ERROR notification into one (cooldown)
+    # further cycles count nothing more and page nothing more (the breaker was open already)
     for _ in range(3):
         assert check_stalled(db, s3).blocked == [op_id]
     [b] = db.read(lambda s: breakers.list_breakers(s))
@@ -100,7 +100,7 @@ def test_breaker_opens_after_max_stalls_and_leaves_the_operation(db: Database) -
     # held for the cool-down (600 s by default), then one attempt goes through by itself
     assert b["next_attempt_at"] == b["opened_at"] + dt.timedelta(seconds=600) and b["trips"] == 1
     opened = notes(db, op_id, "breaker_open")
-    assert len(opened) == 1 and opened[0].level == "ERROR" and opened[0].repeat_count == 3
+    assert len(opened) == 1 and opened[0].level == "ERROR" and opened[0].repeat_count == 0
     assert "packhorse retry long_term_archive" in opened[0].body
     stalls = db.read(lambda s: s.scalar(select(text("count(*)")).select_from(FailureEvent)
                                         .where(FailureEvent.error_type == "Stalled")))
@@ -439,3 +439,47 @@ def test_reconciler_needs_two_absences_confirm_seconds_apart(db: Database) -> No
     assert reconcile(db, s, broker=w) == [op_id]  # absent for 10 s: lost
     assert op_row(db, op_id).reconcile_count == 1
 
+
+
+def test_the_stalled_attempt_failing_late_under_an_open_breaker_keeps_its_cool_down(db: Database) -> None:
+    # a site cut off mid-transfer: its attempt stalled three times and the breaker opened; when
+    # the link came back the cut-off worker's attempt failed (its SSH connection was gone) and that
+    # late failure was taken for the attempt let through after the cool-down: "open again", a
+    # second page, and the cool-down doubled 54 s into the first
+    from packhorse.engine.outcome import record_failure
+    from packhorse.errors import SshConnectionError
+
+    s3 = settings()
+    op_id = new_op(db)
+    for _ in range(2):
+        stall(db, op_id)
+        assert check_stalled(db, s3).reset == [op_id]
+    late = claim(db, op_id, "cut-off-worker", 30)
+    assert late is not None
+    expire(db, op_id)
+    assert check_stalled(db, s3).blocked == [op_id]
+    [before] = db.read(lambda s: breakers.list_breakers(s))
+    record_failure(db, late, SshConnectionError("connection to fyst lost"), backoff_base=0, backoff_max=0,
+                   recovery=s3.recovery)
+    [after] = db.read(lambda s: breakers.list_breakers(s))
+    assert (after["state"], after["trips"], after["next_attempt_at"]) == ("open", 1, before["next_attempt_at"])
+    assert [n.subject for n in notes(db, op_id, "breaker_open")] == [f"Circuit breaker open: long_term_archive {op_id} held after 3 stalls"]
+    op = op_row(db, op_id)
+    assert op.status == "PENDING" and op.not_before == before["next_attempt_at"]  # held until the cool-down ends
+
+
+def test_a_stall_is_excused_only_once_the_site_would_have_been_heard_from() -> None:
+    # the bed's short lease (20 s) is shorter than a live site's health heartbeat interval (30 s):
+    # until that long after the last renewal, silence from the site proves nothing
+    from packhorse.recovery.monitor import UNDECIDED, Circumstances, excuse
+
+    rec = settings(lease_timeout_seconds=20, heartbeat_interval_seconds=2,
+                   service_heartbeat_interval_seconds=30).recovery
+    t0 = utcnow()
+    op = Operation(kind="transfer", site_id=7, lease_owner="elsewhere:1", heartbeat_at=t0)
+    cut = Circumstances(site_heard_at={7: t0 - dt.timedelta(seconds=5)})
+    assert excuse(op, cut, rec, t0 + dt.timedelta(seconds=21)) == UNDECIDED
+    assert "No worker of its site has been heard from" in str(excuse(op, cut, rec, t0 + dt.timedelta(seconds=33)))
+    alive = Circumstances(site_heard_at={7: t0 + dt.timedelta(seconds=10)})
+    assert excuse(op, alive, rec, t0 + dt.timedelta(seconds=21)) is None
+    assert excuse(op, Circumstances(), rec, t0 + dt.timedelta(seconds=21)) is None  # no worker heartbeats (embedded)

@@ -220,11 +220,14 @@ def after_success(session: Session, kind: str, operation_id: int, now: dt.dateti
 
 def after_failure(session: Session, kind: str, operation_id: int, *, will_retry: bool, rec: RecoveryConfig,
                   now: dt.datetime | None = None) -> dt.datetime | None:
-    """In the transaction that recorded a failure of ``operation_id``: an open or half-open
-    breaker (the attempt let through failed) opens again for the next cool-down when the
-    operation will retry (ERROR notification) and the time of the next automatic attempt is
-    returned — the caller makes the operation not due before it; a permanent failure closes the
-    breaker (the ``FAILED`` operation waits for ``packhorse reset``) and ``None`` is returned.
+    """In the transaction that recorded a failure of ``operation_id``: a half-open breaker (the
+    attempt let through failed) opens again for the next cool-down when the operation will
+    retry (ERROR notification) and the time of the next automatic attempt is returned — the
+    caller makes the operation not due before it. An open breaker is not the attempt let
+    through failing but the stalled one reporting late (its holder was cut off): it stays open
+    until its cool-down ends, as it was (that time is returned; no notification). A permanent
+    failure closes the breaker (the ``FAILED`` operation waits for ``packhorse reset``) and
+    ``None`` is returned.
     Called only for operations that ever stalled (:func:`packhorse.engine.outcome.record_failure`)."""
     now = now or utcnow()
     b = session.scalars(select(CircuitBreaker).where(CircuitBreaker.kind == kind,
@@ -236,6 +239,10 @@ def after_failure(session: Session, kind: str, operation_id: int, *, will_retry:
         _close(session, b, reason="the attempt after the cool-down failed permanently: the operation is FAILED",
                actor="worker", now=now)
         return None
+    if b.state == _OPEN:
+        # not the attempt let through: the one that stalled (its holder was cut off, not dead)
+        # reporting its failure late. The cool-down runs on as it was; no second page.
+        return b.next_attempt_at
     _trip(b, rec, now)
     nxt = b.next_attempt_at
     enqueue(session, level=NotificationLevel.ERROR, event="breaker_open",

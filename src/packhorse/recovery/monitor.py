@@ -11,9 +11,11 @@ One cycle (:func:`check_stalled`):
    ``Stalled`` failure event and count the stall on its breaker — once per attempt, and not
    when the operation is no suspect (:func:`excuse`): the attempt's embedded runner is gone
    with it (the whole service was stopped), the database restarted after the holder's last
-   renewal, or the operation's site is cut off from the centre (none of its workers
-   heartbeats) — the holder lost the database, the operation did nothing wrong, so a site cut
-   off for hours three times does not open the breakers of the work it had in hand;
+   renewal, or no worker of the operation's site has been heard from since (the site is cut
+   off from the centre) — the holder lost the database, the operation did nothing wrong, so a
+   site cut off, however long and however often, opens no breaker of the work it had in hand,
+   and its operations are handed back without a page each (the cut is notified once, as the
+   site's: :mod:`packhorse.recovery.site_reachability`);
 3. if the breaker is open (``max_stall_count`` stalls, or the attempt let through after a
    cool-down stalled): leave the operation for the cool-down and queue one ERROR notification
    per cooldown window; otherwise run the recovery handler registered for the
@@ -40,11 +42,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from packhorse.config import Settings
-from packhorse.db.models import FailureEvent, Operation, Site, utcnow
+from packhorse.config import RecoveryConfig, Settings
+from packhorse.db.models import FailureEvent, Operation, ServiceHeartbeat, Site, utcnow
 from packhorse.db.session import Database, bound_idle_in_transaction
 from packhorse.domain import BreakerState, NotificationLevel, OperationKind, Status
 from packhorse.notify.outbox import enqueue
@@ -59,7 +61,7 @@ from packhorse.operations.lifecycle import fenced
 from packhorse.recovery import breakers
 from packhorse.recovery.health import process_alive
 from packhorse.recovery.reconciler import reconcile
-from packhorse.recovery.site_reachability import track_sites, unreachable_sites
+from packhorse.recovery.site_reachability import track_sites
 
 if TYPE_CHECKING:
     from packhorse.recovery.reconciler import BrokerWatch
@@ -175,48 +177,65 @@ def provably_gone(owner: str | None) -> bool:
 @dataclass(frozen=True)
 class Circumstances:
     """What one monitor cycle knows about the whole installation when it judges stalls:
-    ``cut_off_site_ids``, the sites the centre cannot reach now
-    (:func:`packhorse.recovery.site_reachability.unreachable_sites`), and ``database_started_at``,
-    when the database server last started (PostgreSQL's ``pg_postmaster_start_time()``, UTC;
-    ``None`` for SQLite, which has no server)."""
+    ``site_heard_at``, the latest health heartbeat of any worker of each site ({site id:
+    UTC}; sites whose workers never sent one are absent), and ``database_started_at``, when the
+    database server last started (PostgreSQL's ``pg_postmaster_start_time()``, UTC; ``None``
+    for SQLite, which has no server)."""
 
-    cut_off_site_ids: frozenset[int] = frozenset()
+    site_heard_at: dict[int, dt.datetime] = field(default_factory=dict)
     database_started_at: dt.datetime | None = None
 
 
-def circumstances(session: Session, settings: Settings) -> Circumstances:
+def circumstances(session: Session) -> Circumstances:
     """Read the :class:`Circumstances` of this cycle (two small queries)."""
-    rec = settings.recovery
-    cut = {u["site"] for u in unreachable_sites(session, dead_after_seconds=rec.service_dead_after_seconds,
-                                                forget_after_seconds=rec.service_forget_after_seconds)}
-    ids = frozenset(session.scalars(select(Site.id).where(Site.name.in_(cut)))) if cut else frozenset()
+    heard = dict(session.execute(
+        select(Site.id, func.max(ServiceHeartbeat.last_seen)).join(ServiceHeartbeat, ServiceHeartbeat.site == Site.name)
+        .where(ServiceHeartbeat.kind == "worker").group_by(Site.id)).tuples().all())
     started = None
     if session.get_bind().dialect.name == "postgresql":
         started = session.scalar(text("SELECT pg_postmaster_start_time()"))
-    return Circumstances(ids, started)
+    return Circumstances(heard, started)
 
 
-def excuse(op: Operation, seen: Circumstances) -> str | None:
+#: :func:`excuse`'s answer while it cannot tell yet (the operation is looked at again next pass).
+UNDECIDED = "undecided"
+
+#: :func:`excuse`'s answer when the attempt's embedded runner is gone with it (still notified:
+#: the service was stopped on this host).
+RUNNER_GONE = "Its runner is gone (the whole service stopped): no stall is counted against the operation."
+
+
+def excuse(op: Operation, seen: Circumstances, rec: RecoveryConfig, now: dt.datetime) -> str | None:
     """Why the stalled attempt of ``op`` is no suspect (no stall is counted on its circuit
-    breaker), or ``None`` when it is one. DESIGN.md "Circuit breaker": the breaker holds an
-    operation that keeps killing or hanging its worker, not one whose worker lost the database:
+    breaker and nobody is paged about it), ``None`` when it is one, or :data:`UNDECIDED`.
+    DESIGN.md "Circuit breaker": the breaker holds an operation that keeps killing or hanging
+    its worker, not one whose worker lost the database:
 
     * its embedded runner is gone with it (:func:`died_with_its_runner`);
     * the database started after the holder's last renewal (``heartbeat_at``, the database's
       clock): nobody could renew a lease while it was down;
-    * its site is cut off from the centre now (every worker of the site silent for
-      ``service_dead_after_seconds``): the centre cannot tell a cut link from stopped workers,
-      and either way the operation did nothing.
+    * no worker of its site has been heard from since the attempt's last renewal (plus one
+      ``heartbeat_interval_seconds``): the site is cut off from the centre, or all its workers
+      stopped — the centre cannot tell the two apart, and either way the operation did nothing.
+      A live site's workers send a health heartbeat every ``service_heartbeat_interval_seconds``;
+      until that long has passed since the renewal (a lease shorter than the two intervals) the
+      answer is :data:`UNDECIDED`.
+
     A worker that dies alone under a live site and a running database is still a suspect."""
     if died_with_its_runner(op.lease_owner):
-        return "Its runner is gone (the whole service stopped): no stall is counted against the operation."
-    if (seen.database_started_at is not None and op.heartbeat_at is not None
-            and op.heartbeat_at < seen.database_started_at):
+        return RUNNER_GONE
+    renewed = op.heartbeat_at or op.started_at
+    if renewed is None:
+        return None
+    if seen.database_started_at is not None and renewed < seen.database_started_at:
         return (f"The database restarted at {seen.database_started_at.isoformat()}, after the attempt's last "
                 "renewal: no stall is counted against the operation.")
-    if op.site_id in seen.cut_off_site_ids:
-        return ("Its site is cut off from the centre (none of its workers heartbeats): no stall is counted "
-                "against the operation.")
+    heard = seen.site_heard_at.get(op.site_id)
+    if heard is not None and heard <= renewed + dt.timedelta(seconds=rec.heartbeat_interval_seconds):
+        if now < renewed + dt.timedelta(seconds=rec.heartbeat_interval_seconds + rec.service_heartbeat_interval_seconds):
+            return UNDECIDED
+        return (f"No worker of its site has been heard from since {heard.isoformat()} (the site is cut off from "
+                "the centre, or its workers stopped): no stall is counted against the operation.")
     return None
 
 
@@ -242,13 +261,19 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         if gone and not provably_gone(gone_owner):
             return None  # looked again under the row lock: not certain any more, the lease is waited out
         b = breakers.get_breaker(s, op.kind, op.id)
-        excused = excuse(op, seen)
+        # a holder provably gone from this host: only its runner's death excuses it (its site is
+        # this host's, alive)
+        excused = (excuse(op, Circumstances(), rec, now) if gone else excuse(op, seen, rec, now))
+        if excused == UNDECIDED:
+            return None  # looked at again next pass
+        was_open = b is not None and b.state == BreakerState.OPEN.value
         if b is None or b.last_stall_attempt != op.attempt:
             s.add(_stall_event(op, now, gone=gone))
             if excused is None:
                 b = breakers.count_stall(s, op, rec, now)
         if b is not None and b.state == BreakerState.OPEN.value:
-            breakers.notify_open(s, b, op, rec, now)
+            if not was_open:  # opened by this stall: one page; later passes only keep it held
+                breakers.notify_open(s, b, op, rec, now)
             return "blocked"
         handler = RECOVERY_HANDLERS.get(OperationKind(op.kind))
         if handler is None:
@@ -272,10 +297,15 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
                 f"{counted}\nThe operation was reset to PENDING and will be dispatched again.")
         kind, oid = op.kind, op.id
         handler(s, op, now)
-        enqueue(s, level=NotificationLevel.WARNING, event="stalled_recovered",
-                subject=f"Stalled {kind} {oid} recovered", body=body, context=context,
-                operation_kind=kind, operation_id=oid, cooldown_seconds=rec.notification_cooldown_seconds,
-                now=now)
+        if excused is None or excused == RUNNER_GONE:
+            # a database restart or a cut site: no suspect and nothing for anyone to do here (the
+            # site's cut is notified once, as such)
+            enqueue(s, level=NotificationLevel.WARNING, event="stalled_recovered",
+                    subject=f"Stalled {kind} {oid} recovered", body=body, context=context,
+                    operation_kind=kind, operation_id=oid, cooldown_seconds=rec.notification_cooldown_seconds,
+                    now=now)
+        else:
+            log.info("stalled_operation_excused", operation_id=oid, kind=kind, why=excused)
         return "reset"
 
     outcome = db.transact(tx)
@@ -302,7 +332,7 @@ def check_stalled(db: Database, settings: Settings) -> MonitorReport:
     stalled = db.read(lambda s: [(r.id, r.attempt) for r in s.execute(
         select(Operation.id, Operation.attempt).where(Operation.status == Status.IN_PROGRESS.value,
                                                      Operation.lease_expires_at < now).order_by(Operation.id))])
-    seen = db.read(lambda s: circumstances(s, settings)) if stalled else Circumstances()
+    seen = db.read(circumstances) if stalled else Circumstances()
     for op_id, attempt in stalled:
         _handle_one(db, settings, op_id, attempt, report, seen=seen)
     for op_id, attempt, owner in _held_by_the_gone(db, now):
