@@ -190,3 +190,18 @@ def test_a_bag_with_a_fetch_txt_is_valid_but_incomplete_until_its_files_are_ther
     (bag / "data" / "obs" / "a.fits").write_bytes(b"ALPHA")  # fetched, wrong bytes: invalid
     r = run_packhorse("validate", str(bag))
     assert r.returncode == 1 and "[checksum-mismatch]" in r.stdout, r.stdout
+
+
+def test_validate_takes_a_configuration_and_applies_its_extraction_limits(tmp_path: Path) -> None:
+    # "every command takes --config/-c": validate refused it ("No such option: -c")
+    from support import write_site_config
+
+    root = _bag(tmp_path)
+    with tarfile.open(tmp_path / "bag.tar", "w") as tar:
+        tar.add(str(root), arcname="bag")
+    cfg = write_site_config(tmp_path / "site", extra="[extraction]\nmax_members = 5")
+    assert run_packhorse("validate", "-c", str(cfg), str(root)).returncode == 0
+    # the tar has 9 members (folders, tag files, payload): more than the configuration allows
+    r = run_packhorse("validate", "-c", str(cfg), str(tmp_path / "bag.tar"))
+    assert r.returncode == 1 and "5" in r.stdout, r.stdout + r.stderr
+    assert run_packhorse("validate", str(tmp_path / "bag.tar")).returncode == 0  # default limits

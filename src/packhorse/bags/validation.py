@@ -1461,8 +1461,12 @@ def _seekable(stream: BinaryIO) -> bool:
         return False
 
 
-def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> BagReport:
-    """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs)."""
+def validate_path(path: Path, *, required_algorithms: Iterable[str] = (),
+                  limits: ExtractionLimits | None = None) -> BagReport:
+    """Validate a bag folder or a bag tar at ``path`` (what ``packhorse validate`` runs).
+    ``limits``: ``[extraction]`` of the configuration in use (default :data:`DEFAULT_LIMITS`):
+    a tar's member caps, and the manifests' entry budget (``max_members``) of either form."""
+    limits = limits or DEFAULT_LIMITS
     if path.is_symlink():
         v = BagValidator(str(path))
         v.unusable("symlink", f"is a symlink (to {quoted(os.readlink(path))}); links are not followed")
@@ -1480,7 +1484,8 @@ def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> Bag
                            + ", ".join(inner[:5]) + (", …" if len(inner) > 5 else "")
                            + f"); validate each: packhorse validate {path / inner[0]}")
                 return v.finish()
-        return validate_folder(path, required_algorithms=required_algorithms)
+        return validate_folder(path, required_algorithms=required_algorithms,
+                               max_manifest_entries=limits.max_members)
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -1488,4 +1493,4 @@ def validate_path(path: Path, *, required_algorithms: Iterable[str] = ()) -> Bag
         v.unusable("unreadable", f"cannot open: {e.strerror}")
         return v.finish()
     with f:
-        return validate_tar(f, bag=str(path), required_algorithms=required_algorithms)[0]
+        return validate_tar(f, bag=str(path), required_algorithms=required_algorithms, limits=limits)[0]
