@@ -239,3 +239,32 @@ def test_run_survives_database_errors_in_the_middle_of_manager_cycles(site_confi
                 if p.is_file() and p.relative_to(src).parts[0] != "_packhorse"}  # not the identity marker
     for lta in ("sites/cologne/archive", "sites/cornell/archive"):
         assert _payloads(cfg.parent / lta) == expected
+
+
+def test_the_notifier_and_the_disk_monitor_are_listed_by_health_while_they_run(site_config):
+    # `packhorse health` listed api, managers, monitors and workers; a running notifier and disk
+    # monitor recorded no heartbeat, so a dead one was nobody's to see
+    cfg = site_config(extra="service_heartbeat_interval_seconds = 0.2\nservice_dead_after_seconds = 2\n"
+                            "[notifications.smtp]\nhost = \"127.0.0.1\"\nport = 9\n"
+                            "from_address = \"packhorse@example.org\"\nrecipients = [\"ops@example.org\"]\n")
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    procs = [subprocess.Popen([sys.executable, "-m", "packhorse", kind, "-c", str(cfg)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for kind in ("notifier", "disk-monitor")]
+
+    def kinds() -> list[tuple[str, bool]]:
+        h = json.loads(run_packhorse("health", "-c", str(cfg), "--json").stdout)
+        return sorted((s["kind"], s["alive"]) for s in h["services"])
+
+    try:
+        deadline = time.monotonic() + 60
+        while kinds() != [("disk-monitor", True), ("notifier", True)]:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), kinds()
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert kinds() == []  # a clean stop is not a death

@@ -95,9 +95,10 @@ def manager(
     mgr.run(max_seconds=max_seconds)
 
 
-def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
+def _serve(ctx: ProcessContext, service: str, body: Any, *, instance: str | None = None) -> None:
     """Run ``body(stop_event, lifecycle)`` as a service until SIGINT/SIGTERM, with its
-    started / still-alive / stopped notifications."""
+    started / still-alive / stopped notifications and its health heartbeat (kind ``service``,
+    listed by ``packhorse health`` like every other service; removed when it stops)."""
     import threading
 
     from packhorse.notify.lifecycle import ServiceLifecycle  # deferred: start-up time
@@ -113,6 +114,7 @@ def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
     life = ServiceLifecycle(ctx.db, service,
                             still_alive_interval_seconds=ctx.settings.notifications.still_alive_interval_seconds)
     life.started()
+    health = heartbeat(ctx, service, instance=instance)
     why = "stopped"
     try:
         body(stop_event, life)
@@ -121,13 +123,14 @@ def _serve(ctx: ProcessContext, service: str, body: Any) -> None:
         why = f"error: {type(e).__name__}: {e}"
         raise
     finally:
+        health.stop(remove=True)
         life.stopped(why)
         for s, h in old.items():
             signal.signal(s, h)
 
 
 @app.command()
-def notifier(config: ConfigOpt = None) -> None:
+def notifier(config: ConfigOpt = None, instance: InstanceOpt = None) -> None:
     """Deliver the notification outbox (SMTP, apprise) until stopped: retries with backoff, dead letters."""
     from packhorse.executors.services import notifier_for  # deferred: start-up time
 
@@ -155,12 +158,12 @@ def notifier(config: ConfigOpt = None) -> None:
         n.stop()
         t.join(timeout=cfg.stop_grace_seconds)
 
-    _serve(ctx, "notifier", body)
+    _serve(ctx, "notifier", body, instance=instance)
     n.flush(cfg.stop_grace_seconds)  # its own "stopped" message, if the server takes it at once
 
 
 @app.command("disk-monitor")
-def disk_monitor(config: ConfigOpt = None) -> None:
+def disk_monitor(config: ConfigOpt = None, instance: InstanceOpt = None) -> None:
     """Measure every active disk location every disk_usage.interval_seconds (60 s) until stopped."""
     from packhorse.rules.disk_usage import DiskMonitor  # deferred: start-up time
 
@@ -176,7 +179,7 @@ def disk_monitor(config: ConfigOpt = None) -> None:
             life.tick()
         t.join(timeout=30)
 
-    _serve(ctx, "disk-monitor", body)
+    _serve(ctx, "disk-monitor", body, instance=instance)
 @app.command()
 def monitor(
     config: ConfigOpt = None,
