@@ -35,3 +35,16 @@ def test_lines_are_grouped_by_cause_with_counts_and_the_oldest_since_humans_firs
 def test_an_unknown_cause_is_still_a_line() -> None:
     [line] = problem_lines([], [_blocked("something_new", "x 1", None)])
     assert line["text"] == "BLOCKED: 1 blocked by something new"
+
+
+def test_a_line_about_sites_or_locations_names_them() -> None:
+    # "UNREACHABLE: 1 site(s) unreachable …" did not say which site; the operator had to read on
+    from packhorse.status.problems import problem_lines
+
+    blocked = [{"cause": "site_unreachable", "subject": "site fyst", "since": "2026-12-06T06:00:07+00:00",
+                "exit_code": 4}] + [{"cause": "location_unavailable", "subject": f"location l{i}", "exit_code": 4}
+                                    for i in range(5)]
+    lines = {x["cause"]: x["text"] for x in problem_lines([], blocked)}
+    assert lines["site_unreachable"].startswith("UNREACHABLE: 1 site(s) unreachable") and "(site fyst)" in lines[
+        "site_unreachable"]
+    assert "(location l0, location l1, location l2, …)" in lines["location_unavailable"]

@@ -106,7 +106,10 @@ def health(
                       "packhorse times leases and heartbeats by the database's clock, but synchronize that host's "
                       "(NTP, chrony): its logs and file times are off", file=sys.stderr)
         for r in dead:
-            print(f"dead: {r['service']}: restart it, or if it was taken out: packhorse health --forget {r['service']} "
+            # the centre cannot tell a stopped service from one whose host or link is cut off
+            print(f"dead: {r['service']}: no heartbeat for {r['age_seconds']:.0f} s: it stopped, or its host or "
+                  "link is cut off from the database; if it stopped, restart it; if it was taken out: "
+                  f"packhorse health --forget {r['service']} "
                   f"(forgotten by itself {rec.service_forget_after_seconds:g} s after its last heartbeat)",
                   file=sys.stderr)
         for sc in scans:

@@ -67,7 +67,8 @@ def reset(
 
     operation_action(kind, config, as_json, act,
                      lambda k, out: (f"reset {len(out['reset'])} {k.value} operation(s) to PENDING: "
-                                     f"{', '.join(map(str, out['reset']))}; `packhorse run` picks them up"
+                                     f"{', '.join(map(str, out['reset']))}; the running services pick them up "
+                                     "(`packhorse run`, or the managers and workers)"
                                      if out["reset"] else f"no FAILED {k.value} operation: nothing reset"),
                      refused=(ResetRefusedError,), precheck=precheck)
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from packhorse.config import Settings
 from packhorse.db.models import SiteOutage, utcnow
 from packhorse.db.session import Database, insert_if_absent
-from packhorse.domain import NotificationLevel
+from packhorse.domain import LocationRole, NotificationLevel
 from packhorse.notify.outbox import enqueue
 from packhorse.recovery.health import list_services
 
@@ -74,6 +74,7 @@ def track_sites(db: Database, settings: Settings) -> tuple[list[str], list[str]]
                                                         forget_after_seconds=rec.service_forget_after_seconds,
                                                         now=now)}
         recorded = {o.site: o for o in s.scalars(select(SiteOutage))}
+        sources = {loc.site for loc in settings.locations if loc.role is LocationRole.SOURCE}
         cut: list[str] = []
         healed: list[str] = []
         for site, u in down.items():
@@ -89,8 +90,9 @@ def track_sites(db: Database, settings: Settings) -> tuple[list[str], list[str]]
                     body=(f"No worker of site {site} has sent a heartbeat since {u['since']} UTC ({u['seconds']} s): "
                           f"the site is cut off from the centre (its link, or the database and broker are out of "
                           f"its reach) or its workers are down ({', '.join(u['workers'])}). Its work waits and "
-                          "resumes by itself once they are back; its instruments' files stay in its source "
-                          "location meanwhile. `packhorse health` lists its workers."),
+                          "resumes by itself once they are back"
+                          + ("; its instruments' files stay in its source location meanwhile"
+                             if site in sources else "") + ". `packhorse health` lists its workers."),
                     context={"site": site, "since": u["since"], "workers": u["workers"]},
                     cooldown_seconds=0, now=now, key=f"site_unreachable:{site}:{u['since']}")
         for site, o in recorded.items():

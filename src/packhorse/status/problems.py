@@ -35,6 +35,10 @@ _LABEL = {"failed": "FAILED", "location_unavailable": "UNAVAILABLE", "no_good_so
           "site_unreachable": "UNREACHABLE"}
 
 
+#: Causes whose line names its subjects (at most three): sites and data locations.
+_NAMED = ("site_unreachable", "location_unavailable", "location_full")
+
+
 def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The problem summary, one entry per cause that has anything, most urgent first.
 
@@ -62,7 +66,11 @@ def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -
         since = min(times) if times else None
         label = _LABEL.get(cause, "BLOCKED")
         what = _WHAT.get(cause, f"blocked by {cause.replace('_', ' ')}")
-        text = f"{label}: {len(items)} {what}" + (f"; since {_short(since)} UTC" if since else "")
+        named = ""
+        if cause in _NAMED:  # few, and the name is what the operator acts on
+            names = [subject for subject, _, _ in items[:3]]
+            named = f" ({', '.join(names)}{', …' if len(items) > 3 else ''})"
+        text = f"{label}: {len(items)} {what}{named}" + (f"; since {_short(since)} UTC" if since else "")
         out.append({"label": label, "cause": cause, "count": len(items), "since": since,
                     "needs_human": any(h for _, _, h in items), "text": text,
                     "subjects": [s for s, _, _ in items[:5]]})
