@@ -476,10 +476,13 @@ streams = {self.ssh_streams}
 
 
 def main() -> int:
-    """``testbed.py up|down ROOT``: build a bed and leave it running, or remove it."""
+    """``testbed.py up|down ROOT``: build a bed and leave it running, or remove it;
+    ``testbed.py worker ROOT SITE``: start SITE's worker again as ``up`` starts it (its
+    namespace, the other sites' folders hidden, its clock shift: give the same ``--clock-ahead``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("action", choices=["up", "down", "worker"])
     p.add_argument("root", type=Path)
+    p.add_argument("site", nargs="?", choices=SITES, help="worker: the site whose worker to start")
     p.add_argument("--rate-mbit", type=float, default=None, help="shape every site link to this rate")
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of the SSH relays")
     p.add_argument("--clock-ahead", action="append", default=[], metavar="SITE=SECONDS",
@@ -496,6 +499,13 @@ def main() -> int:
                   settle_seconds=a.settle_seconds)
     if a.action == "down":
         bed.down()
+        return 0
+    if a.action == "worker":
+        if a.site is None:
+            p.error("worker: name the site (one of " + ", ".join(SITES) + ")")
+        bed.start_worker(a.site)
+        bed.procs[f"worker-{a.site}"].returncode = 0  # it outlives this command
+        print(f"worker of {a.site} started in {bed.ns[a.site]}; log: {bed.logs}/worker-{a.site}.log")
         return 0
     why = namespaces_work()
     if why:
