@@ -187,3 +187,32 @@ def test_a_key_the_source_site_does_not_accept_fails_naming_user_and_key(pipelin
     for _t, message, _op in events:
         assert sshd.user in message and str(wrong) in message and "127.0.0.1" in message
     assert p.objects("cologne-buffer") == {}
+
+
+def test_a_worker_that_loses_the_database_mid_transfer_keeps_its_partial_for_the_next_attempt(
+        pipeline, sshd, tmp_path):
+    # a site cut off from the centre for longer than a lease: its worker stops the attempt
+    # (the lease could not be renewed) and removed the partial, so every such cut sent the
+    # bundle again from byte 0
+    size = 8 * 1024 * 1024
+    limit = 4 * 1024 * 1024  # bytes/s
+    p, _ = sftp_pipeline(pipeline, sshd, tmp_path, route=f"bandwidth_limit_bytes_per_second = {limit}",
+                         max_retries=10, retry_backoff_base_seconds=0.2, retry_backoff_max_seconds=0.5)
+    text = p.config.read_text().replace('destination_sites = ["cologne", "cornell"]', 'destination_sites = ["cologne"]')
+    p.config.write_text(text)
+    payload = os.urandom(size)
+    write(p.source, "inst/obs0/frame.fits", payload)
+    p.init()
+    write_log = tmp_path / "writes.jsonl"
+    faults = json.dumps([{"point": "transfer.writing", "action": "db_error", "times": 1}])
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_WRITE_LOG": str(write_log),
+           "PACKHORSE_TEST_FAULTS": faults}
+    r = subprocess.run([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--until-idle", "--quiet"],
+                       cwd=p.root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TransientDatabaseError" in [t for t, _m, _op in failures(p)], failures(p)
+    records = [json.loads(line) for line in write_log.read_text().splitlines()]
+    mine = [r for r in records if r["location"] == "cologne-buffer" and r["key"].startswith("bundles/")]
+    assert mine and mine[-1]["taken_over_bytes"] > 0 and mine[-1]["kept_bytes"] > 0, records  # resumed, not resent
+    assert _payload_sha(p.root / "sites/cologne/archive", "inst/obs0/frame.fits") == hashlib.sha256(payload).hexdigest()
+    assert not _partials(p.root / "sites")

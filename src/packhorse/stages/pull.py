@@ -25,7 +25,13 @@ from collections.abc import Callable
 
 import structlog
 
-from packhorse.errors import SourceMissingError, SshConnectionError, VerificationError
+from packhorse.errors import (
+    LeaseLostError,
+    SourceMissingError,
+    SshConnectionError,
+    TransientDatabaseError,
+    VerificationError,
+)
 from packhorse.ratelimit import RateLimiter
 from packhorse.stages.base import Work, note_lost_source, publish_verified, there_or_moved_aside
 from packhorse.storage.base import CHUNK_BYTES, PendingWrite, StorageBackend
@@ -108,8 +114,11 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
                             work.ctx.hooks.hit("transfer.writing")
                             first = False
                         work.progress(n)
-            except SshConnectionError:
-                w.suspend()  # what arrived stays for the next attempt to resume
+            except (SshConnectionError, LeaseLostError, TransientDatabaseError):
+                # the link, or this worker's hold on the database, was lost, not the bytes: what
+                # arrived stays for the next attempt to resume (a site cut off for longer than a
+                # lease keeps its partial; the successor re-checks it and reads it all back, I4)
+                w.suspend()
                 raise
             publish_verified(work, w, dst, expected_sha256=sha256, point="transfer")
 
