@@ -261,21 +261,41 @@ class SftpSource:
                        f"{e.known_hosts_file} (`ssh-keyscan -p {e.port} {e.host}`); it is never trusted on first use"))
 
     def _ensure(self, n: int) -> None:
-        """Have at least ``n`` open connections."""
-        while len(self._conns) < n:
-            self._conns.append(self._run(self._connect_one(), self.endpoint.connect_timeout_seconds + 5))
+        """Have at least ``n`` open connections; the missing ones are opened at once, not one
+        after another: an SSH login is a dozen round trips (about 1.3 s over a 100 ms round
+        trip), so opening four streams in turn cost a transfer four of them
+        (docs/benchmarks.md, "20,000 small files over a long thin link").
+
+        Raises:
+            HostKeyError / SshAuthenticationError: as :meth:`connect` (preferred over a cut
+                link when both happen: they are permanent); the connections that did open are kept.
+            SshConnectionError: a connection could not be opened.
+        """
+        missing = n - len(self._conns)
+        if missing <= 0:
+            return
+
+        async def open_all() -> list[Any]:
+            return await asyncio.gather(*(self._connect_one() for _ in range(missing)), return_exceptions=True)
+
+        opened = self._run(open_all(), self.endpoint.connect_timeout_seconds + 5)
+        self._conns.extend(c for c in opened if not isinstance(c, BaseException))
+        failed = [c for c in opened if isinstance(c, BaseException)]
+        if failed:
+            raise next((c for c in failed if not isinstance(c, SshConnectionError)), failed[0])
 
     def connect(self) -> None:
-        """Open the first connection and check the remote root: there and carrying the
-        location's identity marker, naming this location (storage that is absent is not empty;
-        the marker's uuid is left to the owning site's own checks).
+        """Open the connections (all :attr:`streams` at once) and check the remote root over
+        the first: there and carrying the location's identity marker, naming this location
+        (storage that is absent is not empty; the marker's uuid is left to the owning site's
+        own checks).
 
         Raises:
             HostKeyError / SshAuthenticationError: permanent, a configuration to fix.
             SshConnectionError: the server cannot be reached now.
             LocationUnavailableError: the remote root or its identity marker is missing.
         """
-        self._ensure(1)
+        self._ensure(self.streams)
         root = self.endpoint.root
         if self._stat_path(root) is None:
             why = f"its root {root} is not there on {self.endpoint.host}"
