@@ -16,6 +16,7 @@ Usage::
 
     .venv/bin/python benchmarks/fault_table.py --runs 2
     .venv/bin/python benchmarks/fault_table.py --runs 1 -k "poison or paused"   # a subset
+    .venv/bin/python benchmarks/fault_table.py --report a.jsonl b.jsonl   # the table of kept records
 """
 
 from __future__ import annotations
@@ -97,7 +98,13 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="how many times to run the whole selection (default 1)")
     ap.add_argument("-k", dest="keyword", help="pytest -k expression: a subset of the fault tests")
     ap.add_argument("--records", type=Path, help="keep the JSON lines in this file (default: a temp file)")
+    ap.add_argument("--report", type=Path, nargs="+", metavar="JSONL",
+                    help="run nothing: print the table of records kept earlier (--records) in these files")
     args = ap.parse_args()
+    if args.report:
+        kept = [json.loads(line) for f in args.report for line in f.read_text().splitlines() if line.strip()]
+        print(table(kept))
+        return 1 if any(any(r[c] for c in COUNTS) for r in kept) else 0
     work = Path(tempfile.mkdtemp(prefix="fault-table-"))
     records_file = args.records or work / "heal.jsonl"
     started = datetime.now(timezone.utc)
