@@ -115,7 +115,7 @@ def main() -> int:
         code, failed, took = run_once(records_file, work / f"junit-{n}.xml", work / f"pt-{n}", args.keyword)
         loads.append(load())
         walls.append(took)
-        failures += [f"run {n + 1}: {f}" for f in failed]
+        failures += [f"run {n + 1}: {f}" for f in failed] or ([f"run {n + 1}: pytest exit {code}"] if code else [])
         print(f"run {n + 1}/{args.runs}: pytest exit {code}, {took:.0f} s, {len(failed)} failed, load {loads[-1]}",
               file=sys.stderr)
     records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()] \

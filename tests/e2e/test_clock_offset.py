@@ -72,7 +72,8 @@ def pg() -> Iterator[str]:
 
 def _cluster(site_config: Any, pg: str, tmp_path: Path, faults: list[dict[str, Any]],
              broker_url: str | None = None) -> Cluster:
-    config = site_config(poll_interval_seconds=0.5, extra=f"service_heartbeat_interval_seconds = 0.5\nservice_dead_after_seconds = {DEAD_AFTER}\n")
+    config = site_config(poll_interval_seconds=0.5, bundle_max_wait_seconds=0.5,
+                         extra=f"service_heartbeat_interval_seconds = 0.5\nservice_dead_after_seconds = {DEAD_AFTER}\n")
     src = config.parent / "source" / "inst" / "obs0"
     src.mkdir(parents=True)
     (src / "f0.dat").write_bytes(os.urandom(50_000))
