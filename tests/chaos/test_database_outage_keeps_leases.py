@@ -15,11 +15,10 @@ write goes on and reaches its completion with the database away:
 
 Either way the operation held during the outage is completed within seconds of the restart,
 long before its lease (30 s from its claim) would have run out and the monitor could take it;
-no stall is counted on any operation or breaker; every file is archived once everywhere. Before
-the seconds from the restart until the held operations completed are reported (``HEAL``
-line) with the source files lost, duplicated or corrupt and the archive objects overwritten
-counted from the archives' bytes (all 0). Before
-the fix the completion gave up after its 8 attempts, left the operation ``IN_PROGRESS`` until
+no stall is counted on any operation or breaker; every file is archived once everywhere. The
+seconds from the restart until the held operations completed are reported (``HEAL`` line) with
+the source files lost, duplicated or corrupt and the archive objects overwritten, counted from
+the archives' bytes (all 0). Before the fix the completion gave up after its 8 attempts, left the operation ``IN_PROGRESS`` until
 its lease expired, and the monitor counted a stall.
 """
 
