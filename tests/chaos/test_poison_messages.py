@@ -8,8 +8,9 @@ process is still alive and still works (the scan and packaging of the site run o
 garbage), every garbage message was dropped (the queue is empty of it) and logged once with
 its queue; once the other sites' workers are up too, every source file is archived once at each
 destination with its bytes. The seconds from the push until the last garbage message was
-dropped (the worker free for real work again) are reported (``HEAL`` line). And a worker whose consumer must stop exits non-zero (so a ``Restart=`` unit brings
-it back), where Celery's own ``worker_main`` exits 0.
+dropped (the worker free for real work again) are reported (``HEAL`` line). And a worker
+whose consumer must stop exits non-zero (so a ``Restart=`` unit brings it back), where
+Celery's own ``worker_main`` exits 0.
 """
 
 from __future__ import annotations
