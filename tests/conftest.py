@@ -82,6 +82,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: -_SLOWEST.get(item.nodeid.split("[")[0], 0))
 
 
+@pytest.fixture
+def broker_url(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The URL of the broker the test is parametrized with (``broker``): ``"redis"`` a database
+    of the shared Redis, ``"rabbitmq"`` a private vhost of the shared RabbitMQ (deleted afterwards)."""
+    from distributed_support import rabbitmq_vhost, redis_url
+
+    if request.node.callspec.params["broker"] == "redis":
+        yield redis_url()
+        return
+    url, delete = rabbitmq_vhost()
+    try:
+        yield url
+    finally:
+        delete()
+
+
 @pytest.fixture(autouse=True)
 def _structlog_restored():
     """Every test leaves structlog's configuration as it found it: a test that runs

@@ -449,10 +449,14 @@ class Cluster:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    def wait_finished(self, timeout: float, *, packages: int | None = None) -> dict[str, Any]:
-        """Wait until every package is archived, every operation COMPLETED and buffers freed."""
+    def wait_finished(self, timeout: float, *, packages: int | None = None,
+                      watch: ArchiveWatch | None = None) -> dict[str, Any]:
+        """Wait until every package is archived, every operation COMPLETED and buffers freed
+        (``watch``: looked at on every poll, so an archive object overwritten meanwhile is seen)."""
 
         def done() -> dict[str, Any] | None:
+            if watch is not None:
+                watch.look()
             st = self.status()
             pk = st["packages"]
             if not pk["total"] or pk["archived"] != pk["total"] or (packages is not None and pk["total"] != packages):
@@ -497,3 +501,104 @@ def work_created(database_url: str) -> dict[str, int]:
             return out
     finally:
         engine.dispose()
+
+
+# ------------------------------------------------------------------------------ the fault table
+
+#: the sites whose long-term archives the three-site configuration fills
+DESTINATIONS = ("cologne", "cornell")
+#: when set, :func:`report_heal` appends one JSON line per measured fault to this file
+#: (``benchmarks/fault_table.py`` sets it and prints the table of docs/reliability.md)
+FAULT_TABLE_ENV = "PACKHORSE_FAULT_TABLE"
+CLEAN = {"lost": 0, "duplicated": 0, "corrupt": 0, "overwritten": 0}
+
+
+def source_digests(root: Path) -> dict[str, str]:
+    """``{path relative to the source folder: sha256}`` of every file under ``root``."""
+    import hashlib
+
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink() and "_packhorse" not in p.relative_to(root).parts:
+            with open(p, "rb") as f:
+                out[p.relative_to(root).as_posix()] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
+
+
+class ArchiveWatch:
+    """The destinations' long-term archives looked at from outside packhorse, on their bytes.
+
+    :meth:`look` (called while a test waits) remembers each archive object as first seen
+    (inode, mtime, size); an object that later changes or vanishes counts as *overwritten*.
+    :meth:`tally` reads every package tar with :mod:`tarfile`: a source file in no package of
+    an archive is *lost*, in more than one *duplicated*, with other bytes *corrupt*.
+    """
+
+    def __init__(self, root: Path, sites: tuple[str, ...] = DESTINATIONS) -> None:
+        self.root = root  # the installation folder (the one holding packhorse.toml)
+        self.sites = sites
+        self.first: dict[tuple[str, str], tuple[int, int, int]] = {}
+        self.overwritten: set[tuple[str, str]] = set()
+
+    def _objects(self, site: str) -> dict[str, tuple[int, int, int]]:
+        base = self.root / "sites" / site / "archive"
+        out = {}
+        for p in base.rglob("*.tar") if base.exists() else ():
+            rel = p.relative_to(base)
+            if "_packhorse" in rel.parts:
+                continue
+            try:
+                s = p.stat()
+            except FileNotFoundError:
+                continue
+            out[rel.as_posix()] = (s.st_ino, s.st_mtime_ns, s.st_size)
+        return out
+
+    def look(self) -> None:
+        for site in self.sites:
+            now = self._objects(site)
+            for (s, key), first in self.first.items():
+                if s == site and now.get(key) != first:
+                    self.overwritten.add((s, key))
+            for key, v in now.items():
+                self.first.setdefault((site, key), v)
+
+    def tally(self, expected: dict[str, str]) -> dict[str, int]:
+        """Lost, duplicated, corrupt and overwritten over every destination archive."""
+        import hashlib
+        import tarfile
+
+        self.look()
+        counts = dict(CLEAN, overwritten=len(self.overwritten))
+        for site in self.sites:
+            found: dict[str, list[str]] = {}
+            base = self.root / "sites" / site / "archive"
+            for key in self._objects(site):
+                with tarfile.open(base / key) as tar:
+                    for m in tar.getmembers():
+                        parts = m.name.split("/", 2)  # <bag folder>/data/<source path>
+                        if m.isfile() and len(parts) == 3 and parts[1] == "data":
+                            f = tar.extractfile(m)
+                            assert f is not None
+                            found.setdefault(parts[2], []).append(hashlib.sha256(f.read()).hexdigest())
+            for path, digest in expected.items():
+                copies = found.get(path, [])
+                counts["lost"] += not copies
+                counts["duplicated"] += max(0, len(copies) - 1)
+                counts["corrupt"] += sum(d != digest for d in copies)
+        return counts
+
+
+def report_heal(kind: str, broker: str, seconds: float, counts: dict[str, int], *, since: str) -> None:
+    """One measured fault: print ``HEAL kind=… broker=… seconds=… lost=… …`` and, when
+    ``PACKHORSE_FAULT_TABLE`` names a file, append it there as a JSON line. ``since`` says in
+    a few words what the seconds are counted from: the fault's end where it ends (the
+    database back), its injection where it does not (a process killed, messages lost), the
+    run's start where it lasts the whole run."""
+    rec = {"kind": kind, "broker": broker, "seconds": round(seconds, 2), **{k: counts.get(k, 0) for k in CLEAN},
+           "since": since}
+    print("HEAL " + " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in rec.items()), flush=True)
+    path = os.environ.get(FAULT_TABLE_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")

@@ -5,7 +5,9 @@ and started again while the Celery workers, the manager and the monitor run. Wha
 checks afterwards: the same worker processes (same PIDs, still alive) carry on, every source
 file ends in exactly one verified bag per archive, no operation FAILED, every service alive.
 A restarted Redis (``--save ""``) comes back empty: the messages queued in it are lost and
-the reconciler re-dispatches them after its floor.
+the reconciler re-dispatches them after its floor. The seconds from the broker's last return
+until the run finished are reported (``HEAL`` line) with the source files lost, duplicated or
+corrupt and the archive objects overwritten, counted from the archives' bytes (all 0).
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the arch
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
 
 from distributed_support import (  # noqa: E402
+    CLEAN,
     SITES,
+    ArchiveWatch,
     Cluster,
     PrivateRabbitMQ,
     PrivateRedis,
     postgres_database,
+    report_heal,
+    source_digests,
     wait_for,
     write_source,
 )
@@ -67,13 +73,16 @@ def _failures(database_url: str) -> list[tuple[str, str]]:
 
 
 def _run_through_restart(cluster: Cluster, config: Path, stop: Any, start: Any, *, outage_seconds: float,
-                         packages: int, restarts: int = 1, between_seconds: float = 1.5) -> dict[str, Any]:
+                         packages: int, restarts: int = 1, between_seconds: float = 1.5,
+                         heal: tuple[str, str] | None = None) -> dict[str, Any]:
     """Start every service; once an archive write is in flight, stop the broker for
     ``outage_seconds`` and start it again (``restarts`` times, ``between_seconds`` apart: a
     worker that loses its connection while a task runs is what used to exit); then add a
     second batch of source files (new work that only moves if the workers consume from the
-    restarted broker) and wait for the end."""
+    restarted broker) and wait for the end; ``heal`` (kind, broker): count from the archives
+    and report the seconds from the broker's last start to the end."""
     db = Database(cluster.database_url, pool_size=1, max_overflow=0)
+    watch = ArchiveWatch(config.parent)
     try:
         cluster.start_all(monitor=True)
         pids = {name: p.pid for name, p in cluster.procs.items()}
@@ -84,17 +93,24 @@ def _run_through_restart(cluster: Cluster, config: Path, stop: Any, start: Any, 
                 Operation.status == Status.IN_PROGRESS.value))) >= 1
 
         wait_for(archiving, 180, "an archive write in flight")
+        watch.look()
         for i in range(restarts):
             if i:
                 time.sleep(between_seconds)
             stop()
             time.sleep(outage_seconds)
             start()
+        back = time.monotonic()
         for g in (10, 11):  # two more observation units: two more packages
             f = config.parent / "source" / f"inst/obs{g}/frame_00.fits"
             f.parent.mkdir(parents=True)
             f.write_bytes(os.urandom(64 << 10))
-        st = cluster.wait_finished(300, packages=packages)
+        st = cluster.wait_finished(300, packages=packages, watch=watch)
+        healed = time.monotonic() - back
+        if heal is not None:
+            counts = watch.tally(source_digests(config.parent / "source"))
+            report_heal(*heal, healed, counts, since="the broker's last start (until the run finished)")
+            assert counts == CLEAN, counts
         dead = {n: p.returncode for n, p in cluster.procs.items() if p.poll() is not None}
         assert not dead, f"services exited on the broker restart instead of reconnecting: {dead}\n" + "\n".join(
             f"--- {n}.log\n{cluster.log(n)[-3000:]}" for n in dead)
@@ -115,7 +131,8 @@ def test_redis_restart_under_running_workers(pg: str, site_config, cli, tmp_path
     try:
         # four restarts while archives are written (under Celery 5.7.0 a worker exited on one)
         st = _run_through_restart(cluster, config, redis.stop, redis.start, outage_seconds=2, packages=5,
-                                  restarts=4)
+                                  restarts=4,
+                                  heal=("broker restarted (4 times, 2 s down)", "redis"))
     finally:
         cluster.stop_all()
         redis.close()
@@ -133,7 +150,8 @@ def test_rabbitmq_restart_under_running_workers(pg: str, site_config, cli, tmp_p
     cluster.init()
     try:
         # a node restart takes some 10-30 s here: the outage is the shutdown and the boot
-        st = _run_through_restart(cluster, config, rabbit.stop, rabbit.start, outage_seconds=1, packages=5)
+        st = _run_through_restart(cluster, config, rabbit.stop, rabbit.start, outage_seconds=1, packages=5,
+                                  heal=("broker restarted (node shutdown and boot)", "rabbitmq"))
     finally:
         cluster.stop_all()
         rabbit.close()

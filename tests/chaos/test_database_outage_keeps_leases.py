@@ -15,8 +15,10 @@ write goes on and reaches its completion with the database away:
 
 Either way the operation held during the outage is completed within seconds of the restart,
 long before its lease (30 s from its claim) would have run out and the monitor could take it;
-no stall is counted on any operation or breaker; every file is archived once everywhere. Before
-the fix the completion gave up after its 8 attempts, left the operation ``IN_PROGRESS`` until
+no stall is counted on any operation or breaker; every file is archived once everywhere. The
+seconds from the restart until the held operations completed are reported (``HEAL`` line) with
+the source files lost, duplicated or corrupt and the archive objects overwritten, counted from
+the archives' bytes (all 0). Before the fix the completion gave up after its 8 attempts, left the operation ``IN_PROGRESS`` until
 its lease expired, and the monitor counted a stall.
 """
 
@@ -36,7 +38,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the arch
 
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
 
-from distributed_support import Cluster, PrivatePostgres, redis_url, wait_for, write_source  # noqa: E402
+from distributed_support import (  # noqa: E402
+    CLEAN,
+    ArchiveWatch,
+    Cluster,
+    PrivatePostgres,
+    rabbitmq_vhost,
+    redis_url,
+    report_heal,
+    source_digests,
+    wait_for,
+    write_source,
+)
 from packhorse.db.models import CircuitBreaker, FailureEvent, Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
@@ -47,12 +60,13 @@ pytestmark = pytest.mark.slow
 LEASE = 30.0
 
 
-@pytest.mark.parametrize("executor, case, heartbeat, outage", [
-    ("embedded", "continues", 2.0, 16.0), ("embedded", "handed_back", 10.0, 17.0),
-    ("celery", "handed_back", 10.0, 17.0)])
+@pytest.mark.parametrize("executor, case, heartbeat, outage, broker", [
+    ("embedded", "continues", 2.0, 16.0, "none"), ("embedded", "handed_back", 10.0, 17.0, "none"),
+    ("celery", "handed_back", 10.0, 17.0, "redis"), ("celery", "handed_back", 10.0, 17.0, "rabbitmq")])
 def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str, heartbeat: float, outage: float,
-                                                         site_config, cli, tmp_path: Path) -> None:
+                                                         broker: str, site_config, cli, tmp_path: Path) -> None:
     server = PrivatePostgres()
+    delete_vhost = None
     run: subprocess.Popen[str] | None = None
     cluster: Cluster | None = None
     db: Database | None = None
@@ -73,8 +87,13 @@ def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str
         env = {"PACKHORSE_DATABASE__URL": url, "PACKHORSE_TEST_FAULTS": faults}
         p = Pipeline(config, cli, tmp_path / "scratch")
         expected = source_files(p.source)
+        watch = ArchiveWatch(config.parent)
         if executor == "celery":
-            cluster = Cluster(config, url, redis_url(), env=env)
+            if broker == "redis":
+                broker_url = redis_url()
+            else:
+                broker_url, delete_vhost = rabbitmq_vhost()
+            cluster = Cluster(config, url, broker_url, env=env)
             cluster.init()
             env = {k: v for k, v in cluster.env.items() if k.startswith("PACKHORSE_")}
             cluster.start_all(monitor=True)
@@ -87,6 +106,7 @@ def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str
                                    env={**os.environ, "PYTHONPATH": str(SRC), **env})
         db = Database(url, pool_size=1, max_overflow=0)
         wait_for(held.exists, 60, "an archive write in flight")
+        watch.look()
         held_ops: dict[int, int] = dict(db.read(lambda s: s.execute(select(Operation.id, Operation.attempt).where(
             Operation.kind == OperationKind.LONG_TERM_ARCHIVE.value,
             Operation.status == Status.IN_PROGRESS.value)).all()))
@@ -107,7 +127,7 @@ def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str
               f"{healed:.1f} s after the restart")
         assert healed < LEASE - outage - 3, f"{case}: {healed:.1f} s after the restart: it waited for its lease"
         if cluster is not None:
-            cluster.wait_finished(120, packages=1)
+            cluster.wait_finished(120, packages=1, watch=watch)
             dead = {n: pr.returncode for n, pr in cluster.procs.items() if pr.poll() is not None}
             assert not dead, f"services died instead of recovering: {dead}"
         else:
@@ -134,6 +154,11 @@ def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str
             assert final == {i: a + 1 for i, a in held_ops.items()}
         assert_clean_finish(_status(p, env))
         assert_archived_everywhere(p, expected)
+        counts = watch.tally(source_digests(p.source))
+        report_heal(f"PostgreSQL outage {outage:.0f} s, write {case.replace('_', ' ')}",
+                    broker if executor == "celery" else "embedded", healed, counts,
+                    since="the restart (until the held operation completed)")
+        assert counts == CLEAN, counts
     finally:
         if cluster is not None:
             cluster.stop_all()
@@ -143,6 +168,8 @@ def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str
         if db is not None:
             db.dispose()
         server.close()
+        if delete_vhost is not None:
+            delete_vhost()
 
 
 def _status(p: Pipeline, env: dict[str, str]) -> dict:  # type: ignore[type-arg]

@@ -5,18 +5,31 @@ messages are lost (``FLUSHALL``) twice with a reconciler cap of one re-dispatch.
 operator sees: after the second loss ``packhorse status --json`` lists each lost transfer as
 blocked with cause ``dispatch_lost`` (not an empty list with one ERROR mail as the only sign);
 once the sites' workers are back, the reconciler's half-open re-dispatch after its cool-down
-moves them without anyone running ``packhorse retry``: the run finishes, nothing is blocked.
+moves them without anyone running ``packhorse retry``: the run finishes, nothing is blocked,
+every source file archived once at each destination with its bytes. The seconds from the
+workers' return until the run finished are reported (``HEAL`` line; the cool-down included).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from distributed_support import Cluster, PrivateRedis, postgres_database, wait_for, write_source
+from distributed_support import (
+    CLEAN,
+    ArchiveWatch,
+    Cluster,
+    PrivateRedis,
+    postgres_database,
+    report_heal,
+    source_digests,
+    wait_for,
+    write_source,
+)
 from packhorse.db.models import Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
@@ -47,6 +60,7 @@ def test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_dow
                       env={"PACKHORSE_RECOVERY__RECONCILE_MAX_RESETS": "1",
                            "PACKHORSE_RECOVERY__RECONCILE_COOLDOWN_SECONDS": str(COOLDOWN)})
     cluster.init()
+    watch = ArchiveWatch(config.parent)
     db = Database(pg, pool_size=1, max_overflow=0)
 
     def transfers_scheduled() -> bool:
@@ -80,12 +94,18 @@ def test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_dow
         # re-dispatch after the cool-down moves the transfers
         cluster.start_worker("cologne")
         cluster.start_worker("cornell")
-        st = cluster.wait_finished(180, packages=1)
+        back = time.monotonic()
+        st = cluster.wait_finished(180, packages=1, watch=watch)
+        healed = time.monotonic() - back
         half_open = [e for e in _events(cluster.log("monitor"), "reconciler_redispatched") if e.get("half_open")]
     finally:
         cluster.stop_all()
         db.dispose()
         redis.close()
         drop()
+    counts = watch.tally(source_digests(config.parent / "source"))
+    report_heal("dispatch lost beyond the cap", "redis", healed, counts,
+                since="the workers' return (after the give-up)")
+    assert counts == CLEAN, counts
     assert st["blocked"] == []
     assert {e["operation_kind"] for e in half_open} == {"transfer"}

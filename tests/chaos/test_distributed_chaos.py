@@ -11,6 +11,9 @@
 
 What is checked is what a user cares about: every source file in exactly one verified bag per
 archive, one physical copy per (package, archive), no FAILED operation, every service alive.
+Each test also counts, from the archives' bytes, the source files lost, duplicated or corrupt
+and the archive objects overwritten (all 0), and reports the seconds until the run was done
+again (``HEAL`` line; ``benchmarks/fault_table.py`` collects them).
 """
 
 from __future__ import annotations
@@ -33,13 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the arch
 from e2e_helpers import Pipeline, assert_archived_everywhere, assert_clean_finish, source_files  # noqa: E402
 
 from distributed_support import (  # noqa: E402
+    CLEAN,
     SITES,
+    ArchiveWatch,
     Cluster,
     PrivatePostgres,
     PrivateRedis,
     has_monitor,
     postgres_database,
     redis_url,
+    report_heal,
+    source_digests,
     wait_for,
     write_source,
 )
@@ -72,6 +79,14 @@ def _events(log: str, event: str) -> list[dict[str, Any]]:
     return out
 
 
+def _heal(kind: str, broker: str, seconds: float, watch: ArchiveWatch, *, since: str) -> None:
+    """Count lost, duplicated, corrupt, overwritten from the archives, report them with the
+    seconds to heal, and require all four to be 0."""
+    counts = watch.tally(source_digests(watch.root / "source"))
+    report_heal(kind, broker, seconds, counts, since=since)
+    assert counts == CLEAN, counts
+
+
 def _assert_archived_once(cluster: Cluster, config: Path, cli: Any, scratch: Path, st: dict[str, Any]) -> None:
     assert_clean_finish(st)
     assert_archived_everywhere(Pipeline(config, cli, scratch), source_files(config.parent / "source"))
@@ -97,16 +112,17 @@ def _failure_events(cluster: Cluster) -> list[tuple[str, str]]:
 # --------------------------------------------------------------- duplicates and redelivery
 
 
-def test_every_task_published_twice_has_one_effect(pg: str, site_config, cli, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_every_task_published_twice_has_one_effect(broker: str, broker_url: str, pg: str, site_config, cli,
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from packhorse.config import load_config
     from packhorse.executors import celery_app
 
     config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5)
     write_source(config.parent / "source", groups=3, files_per_group=2, size=128 << 10)
-    broker = redis_url()
-    cluster = Cluster(config, pg, broker)
+    cluster = Cluster(config, pg, broker_url)
     cluster.init()
+    watch = ArchiveWatch(config.parent)
     published: list[int] = []
     original = celery_app.publish
 
@@ -125,12 +141,15 @@ def test_every_task_published_twice_has_one_effect(pg: str, site_config, cli, tm
         for site in SITES:
             cluster.start_worker(site, concurrency=2)
         t.start()
-        st = cluster.wait_finished(240, packages=3)
+        started = time.monotonic()  # every publication doubled from the first: the fault lasts the run
+        st = cluster.wait_finished(240, packages=3, watch=watch)
+        healed = time.monotonic() - started
     finally:
         manager.stop.set()
         t.join(30)
         cluster.stop_all()
     _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
+    _heal("published twice", broker, healed, watch, since="the run's start (fault throughout)")
     skipped = sum(len(_events(cluster.log(f"worker-{s}"), "task_skipped")) for s in SITES)
     assert len(published) == len(set(published)) > 0
     assert skipped >= len(published), (skipped, len(published))  # every second copy found nothing to do
@@ -145,16 +164,20 @@ def test_a_task_outliving_the_visibility_timeout_is_not_run_twice(pg: str, site_
     slow = json.dumps([{"point": "long_term_archive.writing", "action": "pause", "seconds": 5}])
     cluster = Cluster(config, pg, redis_url(), visibility_timeout=2, env={"PACKHORSE_TEST_FAULTS": slow})
     cluster.init()
+    watch = ArchiveWatch(config.parent)
     try:
         cluster.start_worker("fyst")
         cluster.start_worker("cornell")
         cluster.start_worker("cologne", name="worker-cologne")
         cluster.start_worker("cologne", name="worker-cologne-2")
         cluster.start("manager", "manager")
-        st = cluster.wait_finished(300, packages=2)
+        started = time.monotonic()  # every archive write slow from the first: the fault lasts the run
+        st = cluster.wait_finished(300, packages=2, watch=watch)
+        healed = time.monotonic() - started
     finally:
         cluster.stop_all()
     _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
+    _heal("visibility timeout", "redis", healed, watch, since="the run's start (fault throughout)")
     logs = [cluster.log(n) for n in ("worker-cologne", "worker-cologne-2", "worker-cornell")]
     db = Database(pg, pool_size=1, max_overflow=0)
     lta_ids = set(db.read(lambda s: list(s.scalars(select(Operation.id).where(
@@ -171,14 +194,17 @@ def test_a_task_outliving_the_visibility_timeout_is_not_run_twice(pg: str, site_
 
 
 @needs_monitor
-def test_sigkill_of_a_pool_child_in_the_middle_of_an_archive_write(pg: str, site_config, cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_sigkill_of_a_pool_child_in_the_middle_of_an_archive_write(broker: str, broker_url: str, pg: str, site_config,
+                                                                   cli, tmp_path: Path) -> None:
     config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5)
     write_source(config.parent / "source", groups=2, files_per_group=2, size=512 << 10)
     marker = tmp_path / "archive-writing.pid"
     hook = json.dumps([{"point": "long_term_archive.writing", "action": "pause", "seconds": 120,
                         "marker": str(marker), "unless_exists": str(marker)}])
-    cluster = Cluster(config, pg, redis_url(), visibility_timeout=5)
+    cluster = Cluster(config, pg, broker_url, visibility_timeout=5)
     cluster.init()
+    watch = ArchiveWatch(config.parent)
     try:
         cluster.start_all(monitor=True, worker_env={"cologne": {"PACKHORSE_TEST_FAULTS": hook}})
         child = int(wait_for(lambda: marker.exists() and marker.read_text().strip(), 180,
@@ -188,12 +214,16 @@ def test_sigkill_of_a_pool_child_in_the_middle_of_an_archive_write(pg: str, site
         partial = wait_for(lambda: [p for p in (config.parent / "sites/cologne/archive").rglob("*")
                                     if p.name.endswith(".packhorse-partial")], 30, "a partial archive write")
         assert partial
+        watch.look()
         os.kill(child, signal.SIGKILL)
-        st = cluster.wait_finished(240, packages=2)
+        killed = time.monotonic()  # a killed process does not come back: counted from the kill
+        st = cluster.wait_finished(240, packages=2, watch=watch)
+        healed = time.monotonic() - killed
         assert cluster.procs["worker-cologne"].poll() is None, "the worker itself must survive its child's death"
     finally:
         cluster.stop_all()
     _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
+    _heal("pool child killed in an archive write", broker, healed, watch, since="the kill")
     stalled = [k for k, t in _failure_events(cluster) if t == "Stalled"]
     assert stalled == [OperationKind.LONG_TERM_ARCHIVE.value], stalled
 
@@ -210,6 +240,7 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
     # floor = visibility timeout = 8 s: the queued messages are not re-dispatched before they are lost
     cluster = Cluster(config, pg, redis.url, visibility_timeout=8)
     cluster.init()
+    watch = ArchiveWatch(config.parent)
     db = Database(pg, pool_size=1, max_overflow=0)
     try:
         cluster.start_worker("fyst")
@@ -232,16 +263,19 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
         wait_for(transfers_queued, 120, "transfer operations scheduled for cologne and cornell")
         wait_for(lambda: transfer_messages_in_redis() >= 2, 60, "transfer messages in Redis")
         redis.client.flushall()  # every queued message is gone
+        flushed = time.monotonic()  # lost messages do not come back: counted from the flush
         assert redis.client.dbsize() == 0
         cluster.start_worker("cologne")
         cluster.start_worker("cornell")
-        st = cluster.wait_finished(240, packages=3)
+        st = cluster.wait_finished(240, packages=3, watch=watch)
+        healed = time.monotonic() - flushed
         assert all(p.poll() is None for p in cluster.procs.values())
     finally:
         cluster.stop_all()
         db.dispose()
         redis.close()
     _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
+    _heal("FLUSHALL of queued transfers", "redis", healed, watch, since="the flush")
     redispatched = {e["operation_kind"] for e in _events(cluster.log("monitor"), "reconciler_redispatched")}
     assert "transfer" in redispatched, "the lost transfer messages were not re-dispatched by the reconciler"
 
@@ -250,7 +284,8 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
 
 
 @needs_monitor
-def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_postgres_restart_in_the_middle_of_a_run(broker: str, broker_url: str, site_config, cli, tmp_path: Path) -> None:
     server = PrivatePostgres()
     try:
         import psycopg
@@ -264,8 +299,9 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
                              heartbeat_interval_seconds=0.5)
         write_source(config.parent / "source", groups=4, files_per_group=1, size=256 << 10)
         slow = json.dumps([{"point": "long_term_archive.writing", "action": "pause", "seconds": 3}])
-        cluster = Cluster(config, url, redis_url(), env={"PACKHORSE_TEST_FAULTS": slow})
+        cluster = Cluster(config, url, broker_url, env={"PACKHORSE_TEST_FAULTS": slow})
         cluster.init()
+        watch = ArchiveWatch(config.parent)
         db = Database(url, pool_size=1, max_overflow=0)
         try:
             cluster.start_all(monitor=True)
@@ -276,17 +312,21 @@ def test_postgres_restart_in_the_middle_of_a_run(site_config, cli, tmp_path: Pat
                     Operation.status == Status.IN_PROGRESS.value))) >= 1
 
             wait_for(archiving, 180, "an archive write in flight")
+            watch.look()
             server.stop("fast")  # every connection dropped, the server gone
             # longer than a unit of work retries (8 attempts, about 6-12 s): services see failures
             time.sleep(15)
             server.start()
-            st = cluster.wait_finished(300, packages=4)
+            back = time.monotonic()
+            st = cluster.wait_finished(300, packages=4, watch=watch)
+            healed = time.monotonic() - back
             dead = {n: p.returncode for n, p in cluster.procs.items() if p.poll() is not None}
             assert not dead, f"services died instead of recovering: {dead}"
         finally:
             cluster.stop_all()
             db.dispose()
         _assert_archived_once(cluster, config, cli, tmp_path / "x", st)
+        _heal("PostgreSQL restart (15 s down)", broker, healed, watch, since="the restart")
         assert "service_loop_cycle_failed" in cluster.log("manager"), "the outage was not felt by the manager"
         for name in ["manager", "monitor", *(f"worker-{s}" for s in SITES)]:
             log = cluster.log(name)

@@ -6,8 +6,11 @@ base64, a JSON value that is no envelope; on RabbitMQ a body that is no Celery m
 JSON task message whose body does not parse. What an operator checks afterwards: the worker
 process is still alive and still works (the scan and packaging of the site run on it after the
 garbage), every garbage message was dropped (the queue is empty of it) and logged once with
-its queue. And a worker whose consumer must stop exits non-zero (so a ``Restart=`` unit brings
-it back), where Celery's own ``worker_main`` exits 0.
+its queue; once the other sites' workers are up too, every source file is archived once at each
+destination with its bytes. The seconds from the push until the last garbage message was
+dropped (the worker free for real work again) are reported (``HEAL`` line). And a worker
+whose consumer must stop exits non-zero (so a ``Restart=`` unit brings it back), where
+Celery's own ``worker_main`` exits 0.
 """
 
 from __future__ import annotations
@@ -16,13 +19,25 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 import redis
 from kombu import Connection, Exchange, Producer
 from sqlalchemy import func, select
 
-from distributed_support import Cluster, postgres_database, rabbitmq_vhost, redis_url, wait_for, write_source
+from distributed_support import (
+    CLEAN,
+    ArchiveWatch,
+    Cluster,
+    postgres_database,
+    rabbitmq_vhost,
+    redis_url,
+    report_heal,
+    source_digests,
+    wait_for,
+    write_source,
+)
 from packhorse.db.models import Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
@@ -83,13 +98,16 @@ def test_worker_survives_poison_messages_and_keeps_working(broker: str, site_con
     config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5)
     write_source(config.parent / "source", groups=2, files_per_group=1, size=32 << 10)
     cluster = Cluster(config, db_url, broker_url)
+    watch = ArchiveWatch(config.parent)
     try:
         cluster.init()
         worker = cluster.start_worker("fyst")
         wait_for(lambda: _ready(cluster, "worker-fyst"), 60, "the fyst worker to be ready")
         sent = push(broker_url)
+        pushed = time.monotonic()
         wait_for(lambda: len(re.findall(r"broker_message_dropped", cluster.log("worker-fyst"))) >= sent, 30,
                  "every poison message to be dropped")
+        healed = time.monotonic() - pushed
         assert worker.poll() is None, f"the worker died on a poison message:\n{cluster.log('worker-fyst')[-3000:]}"
         if broker == "redis":
             r = redis.Redis.from_url(broker_url)
@@ -99,12 +117,19 @@ def test_worker_survives_poison_messages_and_keeps_working(broker: str, site_con
         wait_for(lambda: _count(db_url, OperationKind.RAW_DATA_PACKAGE, Status.COMPLETED) >= 2, 120,
                  "the fyst worker to build both packages after the garbage")
         assert worker.poll() is None
+        cluster.start_worker("cologne")
+        cluster.start_worker("cornell")
+        cluster.wait_finished(240, packages=2, watch=watch)
+        assert worker.poll() is None
         log = cluster.log("worker-fyst")
     finally:
         cluster.stop_all()
         drop()
         if delete_vhost is not None:
             delete_vhost()
+    counts = watch.tally(source_digests(config.parent / "source"))
+    report_heal("poison messages", broker, healed, counts, since="the push (until the last one dropped)")
+    assert counts == CLEAN, counts
     lines = [ln for ln in log.splitlines() if "broker_message_dropped" in ln]
     assert len(lines) == sent, lines  # once per message
     assert all(SCAN_QUEUE in ln or PACKAGE_QUEUE in ln for ln in lines), lines  # with its queue

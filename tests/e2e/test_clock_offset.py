@@ -13,6 +13,10 @@ process now times leases, heartbeats and ages by the database's clock, so:
   age, and names its host on stderr;
 * a monitor 2 h ahead leaves a live lease alone (no ``Stalled`` event, the attempt unchanged,
   the operation completes in its first attempt) and warns once in its log about its clock.
+
+Either way the run then finishes with the other sites' workers (and, for the killed one, a
+fyst worker on time): the source file is archived once at each destination with its bytes
+(lost, duplicated, corrupt, overwritten: 0, ``HEAL`` line with the seconds).
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from distributed_support import Cluster, postgres_database, redis_url, wait_for
+from distributed_support import (
+    CLEAN,
+    ArchiveWatch,
+    Cluster,
+    postgres_database,
+    redis_url,
+    report_heal,
+    source_digests,
+    wait_for,
+)
 from packhorse.db.models import FailureEvent, Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
@@ -57,12 +70,14 @@ def pg() -> Iterator[str]:
     drop()
 
 
-def _cluster(site_config: Any, pg: str, tmp_path: Path, faults: list[dict[str, Any]]) -> Cluster:
-    config = site_config(poll_interval_seconds=0.5, extra=f"service_heartbeat_interval_seconds = 0.5\nservice_dead_after_seconds = {DEAD_AFTER}\n")
+def _cluster(site_config: Any, pg: str, tmp_path: Path, faults: list[dict[str, Any]],
+             broker_url: str | None = None) -> Cluster:
+    config = site_config(poll_interval_seconds=0.5, bundle_max_wait_seconds=0.5,
+                         extra=f"service_heartbeat_interval_seconds = 0.5\nservice_dead_after_seconds = {DEAD_AFTER}\n")
     src = config.parent / "source" / "inst" / "obs0"
     src.mkdir(parents=True)
     (src / "f0.dat").write_bytes(os.urandom(50_000))
-    cluster = Cluster(config, pg, redis_url(), env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
+    cluster = Cluster(config, pg, broker_url or redis_url(), env={"PACKHORSE_TEST_FAULTS": json.dumps(faults)})
     cluster.init()
     return cluster
 
@@ -82,14 +97,29 @@ def _health(cluster: Cluster) -> dict[str, dict[str, Any]]:
     return {s["kind"]: s for s in json.loads(r.stdout)["services"]}
 
 
+def _finish_and_count(cluster: Cluster, kind: str, broker: str, seconds: float, since: str) -> None:
+    """The other sites' workers archive the package; report and require 0 lost, duplicated,
+    corrupt and overwritten."""
+    watch = ArchiveWatch(cluster.root)
+    for site in ("cologne", "cornell"):
+        if f"worker-{site}" not in cluster.procs:
+            cluster.start_worker(site)
+    cluster.wait_finished(180, packages=1, watch=watch)
+    counts = watch.tally(source_digests(cluster.root / "source"))
+    report_heal(kind, broker, seconds, counts, since=since)
+    assert counts == CLEAN, counts
+
+
 def _logs(cluster: Cluster) -> str:
     return "\n".join(f"--- {n}.log\n{cluster.log(n)[-3000:]}" for n in ("worker-fyst", "manager", "monitor"))
 
 
-def test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease(site_config, pg: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease(broker: str, broker_url: str, site_config,
+                                                                       pg: str, tmp_path: Path) -> None:
     marker = tmp_path / "packaging"
     cluster = _cluster(site_config, pg, tmp_path, [
-        {"point": "raw_data_package.write", "action": "pause", "seconds": 300, "marker": str(marker)}])
+        {"point": "raw_data_package.write", "action": "pause", "seconds": 300, "marker": str(marker)}], broker_url)
     try:
         worker = cluster.start_worker("fyst", env=shifted(3600, host="obs-ahead"))
         cluster.start("manager", "manager")
@@ -132,6 +162,11 @@ def test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease(site_conf
         # passes service_dead_after_seconds — not alive for an hour with a negative age
         dead = wait_for(lambda: not (h := _health(cluster)["worker"])["alive"] and h, 30, "the killed worker to be dead")
         assert dead["age_seconds"] >= DEAD_AFTER, dead
+        # a fyst worker on time (no pause) takes the handed-back packaging; the seconds reported
+        # are the kill's to the hand-back (the operation moved)
+        cluster.start_worker("fyst", env={"PACKHORSE_TEST_FAULTS": "[]"})
+        _finish_and_count(cluster, "worker 1 h ahead killed in a write", broker, took,
+                          "the kill (until the operation was handed back)")
     finally:
         cluster.stop_all()
 
@@ -156,12 +191,14 @@ def test_a_monitor_two_hours_ahead_leaves_a_live_lease_alone(site_config, pg: st
         assert op is not None and (op.status, op.attempt) == (Status.IN_PROGRESS.value, attempt), _logs(cluster)
         assert not [e for e in events if e.error_type == "Stalled"], [(e.error_type, e.message) for e in events]
         go_on.write_text("")
+        released = time.monotonic()
 
         def completed() -> Operation | None:
             done, _ = _packaging(pg)
             return done if done is not None and done.status == Status.COMPLETED.value else None
 
         done = wait_for(completed, 60, "the packaging operation to complete")
+        took = time.monotonic() - released
         assert done.attempt == attempt  # in its first attempt: nobody took it away
         monitor = wait_for(lambda: (h := _health(cluster)).get("monitor") and
                            h["monitor"]["clock_offset_seconds"] is not None and h["monitor"], 30,
@@ -169,6 +206,8 @@ def test_a_monitor_two_hours_ahead_leaves_a_live_lease_alone(site_config, pg: st
         assert monitor["clock_offset_seconds"] == pytest.approx(-7200, abs=5) and monitor["age_seconds"] >= 0
         warnings = [line for line in cluster.log("monitor").splitlines() if "clock_offset" in line]
         assert len(warnings) == 1, warnings  # once per process
+        _finish_and_count(cluster, "monitor 2 h ahead, a live lease held", "redis", took,
+                          "the held write's release (until it completed, first attempt)")
     finally:
         cluster.stop_all()
 

@@ -26,7 +26,16 @@ from test_convergence import (
     write_source,
 )
 
-from distributed_support import Cluster, postgres_database, redis_url, wait_for
+from distributed_support import (
+    CLEAN,
+    ArchiveWatch,
+    Cluster,
+    postgres_database,
+    redis_url,
+    report_heal,
+    source_digests,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -62,9 +71,14 @@ class _Installation:
             return None
         return st
 
-    def wait_converged(self, timeout: float = 300) -> dict[str, Any]:
+    def wait_converged(self, timeout: float = 300, watch: ArchiveWatch | None = None) -> dict[str, Any]:
+        def converged() -> dict[str, Any] | None:
+            if watch is not None:
+                watch.look()
+            return self.converged()
+
         try:
-            return wait_for(self.converged, timeout, "the cluster to converge", interval=1.0)
+            return wait_for(converged, timeout, "the cluster to converge", interval=1.0)
         except AssertionError:
             logs = "\n".join(f"--- {n}.log (tail)\n{self.cluster.log(n)[-3000:]}" for n in
                              ["manager", "monitor", "worker-fyst", "worker-cologne", "worker-cornell"])
@@ -128,13 +142,21 @@ def test_bundle_deleted_before_its_transfer_is_rebuilt_and_shipped(installation,
     wait_for(marker.exists, 180, "a transfer to start")
     bundles = [path for key, path in inst.p.objects("fyst-buffer").items() if key.startswith("bundles/")]
     assert len(bundles) == 1, bundles
+    watch = ArchiveWatch(inst.p.root)
+    watch.look()
     os.chmod(bundles[0], 0o644)
     bundles[0].unlink()
     deleted.write_text("")
+    gone = time.monotonic()  # a deleted bundle does not come back by itself: counted from the deletion
 
-    st = inst.wait_converged()
+    st = inst.wait_converged(watch=watch)
+    healed = time.monotonic() - gone
 
     _assert_archived(inst)
+    counts = watch.tally(source_digests(inst.p.source))
+    report_heal("bundle deleted under its transfer", "redis", healed, counts,
+                since="the deletion (until converged)")
+    assert counts == CLEAN, counts
     assert st["operations"]["data_transfer_package"] == {"COMPLETED": 2}, st["operations"]
 
 
