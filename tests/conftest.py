@@ -53,6 +53,8 @@ _SLOWEST = {
     "tests/multisite/test_across_sites.py::test_sites_that_share_no_file_system_archive_a_tree_and_heal_a_source_site_cut_off_from_the_centre": 201,
     "tests/multisite/test_across_sites.py::test_a_transfer_cut_mid_stream_and_a_flapping_link_lose_nothing": 200,
     "tests/chaos/test_chaos_harness.py::test_short_chaos_run_keeps_every_invariant": 143,
+    "tests/multisite/test_clock_and_outages.py::test_sites_whose_clocks_run_5_minutes_ahead_archive_everything": 120,
+    "tests/multisite/test_clock_and_outages.py::test_a_site_archive_disk_away_and_back_ends_its_outage_by_itself": 90,
     "tests/chaos/test_distributed_chaos.py::test_postgres_restart_in_the_middle_of_a_run": 88,
     "tests/chaos/test_resumable_transfer.py::test_copy_transfer_killed_at_60_percent_resumes": 86,
     "tests/chaos/test_chaos_harness.py::test_harness_fails_when_fencing_is_switched_off": 76,
