@@ -197,17 +197,14 @@ def circumstances(session: Session) -> Circumstances:
     return Circumstances(heard, started)
 
 
-#: :func:`excuse`'s answer while it cannot tell yet (the operation is looked at again next pass).
-UNDECIDED = "undecided"
-
 #: :func:`excuse`'s answer when the attempt's embedded runner is gone with it (still notified:
 #: the service was stopped on this host).
 RUNNER_GONE = "Its runner is gone (the whole service stopped): no stall is counted against the operation."
 
 
-def excuse(op: Operation, seen: Circumstances, rec: RecoveryConfig, now: dt.datetime) -> str | None:
+def excuse(op: Operation, seen: Circumstances, rec: RecoveryConfig) -> str | None:
     """Why the stalled attempt of ``op`` is no suspect (no stall is counted on its circuit
-    breaker and nobody is paged about it), ``None`` when it is one, or :data:`UNDECIDED`.
+    breaker and nobody is paged about it), or ``None`` when it is one.
     DESIGN.md "Circuit breaker": the breaker holds an operation that keeps killing or hanging
     its worker, not one whose worker lost the database:
 
@@ -217,9 +214,10 @@ def excuse(op: Operation, seen: Circumstances, rec: RecoveryConfig, now: dt.date
     * no worker of its site has been heard from since the attempt's last renewal (plus one
       ``heartbeat_interval_seconds``): the site is cut off from the centre, or all its workers
       stopped — the centre cannot tell the two apart, and either way the operation did nothing.
-      A live site's workers send a health heartbeat every ``service_heartbeat_interval_seconds``;
-      until that long has passed since the renewal (a lease shorter than the two intervals) the
-      answer is :data:`UNDECIDED`.
+      A live site's workers send a health heartbeat every ``service_heartbeat_interval_seconds``,
+      so this is judged only where that interval plus ``heartbeat_interval_seconds`` fits in
+      the lease (the defaults: 30 + 60 ≤ 300 s): a live site has then certainly been heard
+      from by the time the lease expired. With a longer health interval it is not judged.
 
     A worker that dies alone under a live site and a running database is still a suspect."""
     if died_with_its_runner(op.lease_owner):
@@ -231,9 +229,8 @@ def excuse(op: Operation, seen: Circumstances, rec: RecoveryConfig, now: dt.date
         return (f"The database restarted at {seen.database_started_at.isoformat()}, after the attempt's last "
                 "renewal: no stall is counted against the operation.")
     heard = seen.site_heard_at.get(op.site_id)
-    if heard is not None and heard <= renewed + dt.timedelta(seconds=rec.heartbeat_interval_seconds):
-        if now < renewed + dt.timedelta(seconds=rec.heartbeat_interval_seconds + rec.service_heartbeat_interval_seconds):
-            return UNDECIDED
+    judged = rec.service_heartbeat_interval_seconds + rec.heartbeat_interval_seconds <= rec.lease_timeout_seconds
+    if judged and heard is not None and heard <= renewed + dt.timedelta(seconds=rec.heartbeat_interval_seconds):
         return (f"No worker of its site has been heard from since {heard.isoformat()} (the site is cut off from "
                 "the centre, or its workers stopped): no stall is counted against the operation.")
     return None
@@ -263,9 +260,7 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
         b = breakers.get_breaker(s, op.kind, op.id)
         # a holder provably gone from this host: only its runner's death excuses it (its site is
         # this host's, alive)
-        excused = (excuse(op, Circumstances(), rec, now) if gone else excuse(op, seen, rec, now))
-        if excused == UNDECIDED:
-            return None  # looked at again next pass
+        excused = excuse(op, Circumstances() if gone else seen, rec)
         was_open = b is not None and b.state == BreakerState.OPEN.value
         if b is None or b.last_stall_attempt != op.attempt:
             s.add(_stall_event(op, now, gone=gone))
