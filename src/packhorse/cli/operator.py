@@ -468,6 +468,11 @@ def _print_located(r: dict[str, Any]) -> None:
             t.add_row("bundle" if c["artifact"] == "data_transfer_package" else "package", c["location"], c["site"],
                       c["role"], c["status"], shown(c["path"]), c["verified_at"] or "-")
         out.print(t)
+        for c in p["copies"] + p["bundle_copies"]:
+            if c.get("quarantined_as"):
+                out.print(f"the {c['status']} copy {c['location']}:{shown(c['path'])} was moved aside to "
+                          f"{c['location']}:{shown(c['quarantined_as'])} at {c['quarantined_at']} UTC",
+                          highlight=False, markup=False)
         t = Table("at (UTC)", "event", "location", "operation", "detail", title="history")
         for e in p["timeline"]:
             why = f": {e['error_type']}: {e['message']}" if e["error_type"] else ""

@@ -20,7 +20,8 @@ was built (the file changed or vanished meanwhile, ``withdrawn_files``) are list
 package involved: every physical copy with its location, status and when it was last verified,
 and its **timeline** — registered, packaged, bundled, shipped, unpacked, archived, staged,
 fixity checks, copies found corrupt or missing (by the scheduled fixity check, or by
-``packhorse verify`` or a read-back), repairs, deletions and failures — oldest first, from the operations and failure
+``packhorse verify`` or a read-back), bad copies moved aside into the location's quarantine
+(``quarantined``: where to, by which operation), repairs, deletions and failures — oldest first, from the operations and failure
 events in the ops database (the single source of truth; nothing extra is recorded).
 
 Error text (error type, message) of failures is included only with ``include_errors`` (an
@@ -126,7 +127,9 @@ def _copies(session: Session, col: Any, art_id: int) -> list[dict[str, Any]]:
     return [{"artifact": "data_transfer_package" if c.data_transfer_package_id else "raw_data_package",
              "location": loc, "site": site, "role": role, "status": c.status, "path": c.path, "size": c.size,
              "sha256": c.sha256, "created_at": _iso(c.created_at), "verified_at": _iso(c.verified_at),
-             "deleted_at": _iso(c.deleted_at)} for c, loc, role, site in rows]
+             "deleted_at": _iso(c.deleted_at), "found_bad_at": _iso(c.found_bad_at),
+             "quarantined_as": c.quarantined_as, "quarantined_at": _iso(c.quarantined_at)}
+            for c, loc, role, site in rows]
 
 
 def _copy_locations(session: Session, cond: Any) -> dict[int, tuple[int, bool]]:
@@ -205,6 +208,19 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
         if new is not None and not said:
             add(new.created_at, "repaired", None, locs.get(loc_id),
                 detail=f"{what} rewritten from a verified copy ({new.path}); now {new.status}")
+    # quarantines: the bad copy's bytes moved aside (never deleted, I2) by the repair that
+    # replaced it, or by the read-back that found them rotted; the key says where they are
+    for c in (session.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(list(copy_loc)),
+                                                         PhysicalCopy.quarantined_at.is_not(None))
+                              .order_by(PhysicalCopy.quarantined_at)) if copy_loc else []):
+        loc_id, bundle_copy = copy_loc[c.id]
+        what = "the bundle's copy" if bundle_copy else "the package's copy"
+        at = c.quarantined_at
+        by = next((op for op in ops if op.physical_copy_id == c.id and op.created_at <= at
+                   and (op.finished_at is None or op.finished_at >= at)), None)
+        who = f"by {by.kind} operation {by.id}" if by else "by a repair"
+        add(at, "quarantined", by, locs.get(loc_id),
+            detail=f"{what} ({c.path}) moved aside to {c.quarantined_as}, {who}")
     if archived_at is not None:
         add(archived_at, "archived everywhere", detail="every archive location of every destination holds a verified copy")
     events.sort(key=lambda x: (x["at"] or "", x["operation_id"] or 0))
@@ -279,7 +295,8 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         ``why``: the reason such a version exists), ``"packages": [{"name", "type", "version", "group", "size",
         "sha256", "file_count", "payload_bytes", "created_at", "archived_at", "bundle",
         "copies": [{"artifact", "location", "site", "role", "status", "path", "size", "sha256",
-        "created_at", "verified_at", "deleted_at"}], "bundle_copies": [...], "timeline":
+        "created_at", "verified_at", "deleted_at", "found_bad_at", "quarantined_as",
+        "quarantined_at"}], "bundle_copies": [...], "timeline":
         [{"at", "event", "kind", "operation_id", "status", "location", "detail",
         "error_type", "message"}], "files": [...]} (+ "members" for a bundle)],
         "truncated": bool, "skipped": [{"location", "path", "reason", "first_seen_at",
