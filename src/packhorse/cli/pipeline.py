@@ -524,7 +524,10 @@ def verify(
     copy in processing locations against its bag manifests. With --location SOURCE, re-hash the
     registered files still at that source location: content changed behind an unchanged size
     and mtime is registered as a new version (and archived by the next run); files gone are
-    listed. Exit 1 on any problem (a changed or gone source file is none: nothing is lost);
+    listed. Without --location the source locations are not re-hashed (a pass over every
+    source file; the scheduled source audit, source_audit_interval_seconds, does it): the
+    output names each with its last audit pass and the command that audits it.
+    Exit 1 on any problem (a changed or gone source file is none: nothing is lost);
     else exit 5 (incomplete) when copies in cold storage could not be read: their restore
     (Azure: a rehydration) is requested, run verify again once it is done."""
     from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
@@ -541,6 +544,8 @@ def verify(
         source = audit_source_location(ctx, location).as_json()
         r["source_audit"] = source
     source_bad = source is not None and bool(source["unavailable"] or source["unreadable"])
+    if location is None:
+        r["sources_not_audited"] = _sources_not_audited(ctx)
     if as_json:
         print_json(r)
     elif source is not None:  # a source location holds raw files, not copies
@@ -580,10 +585,28 @@ def verify(
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
+        for n in r.get("sources_not_audited", []):
+            last = f"last audit pass completed {n['last_completed_at']}" if n["last_completed_at"] else "never audited"
+            cadence = (f"scheduled every {n['interval_seconds']:g} s" if n["interval_seconds"]
+                       else "no scheduled audit (source_audit_interval_seconds)")
+            print(f"SOURCE {n['location']}: its files are not re-hashed by this verify ({last}; {cadence}); "
+                  f"`packhorse verify --location {n['location']}` audits them")
     if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad or source_bad:
         raise typer.Exit(EXIT_PROBLEM)
     # copies that could not be read are not verified: never a silent success
     raise typer.Exit(EXIT_INCOMPLETE if r["awaiting_restore"] else EXIT_OK)
+
+
+def _sources_not_audited(ctx: Any) -> list[dict[str, Any]]:
+    """The configured, active source locations a ``verify`` without ``--location`` does not re-hash:
+    ``[{"location", "last_completed_at" (ISO 8601 UTC or None), "interval_seconds" (the
+    scheduled audit's cadence, seconds, or None)}]``."""
+    from packhorse.managers.source_audit import audit_summaries  # deferred: start-up time
+
+    audits = ctx.db.read(audit_summaries)
+    return [{"location": loc.name, "last_completed_at": audits.get(loc.name, {}).get("completed_at"),
+             "interval_seconds": loc.source_audit_interval_seconds}
+            for loc in ctx.settings.locations if loc.role is LocationRole.SOURCE and loc.active]
 
 
 def _print_source_audit(a: dict[str, Any]) -> None:

@@ -86,7 +86,7 @@ def quarantine_purge(
     config: ConfigOpt = None,
     location: LocationOpt = None,
     site: SiteOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would go; remove nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="say what would go; remove nothing")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Remove quarantined entries moved aside more than DAYS days ago (never fewer days than
