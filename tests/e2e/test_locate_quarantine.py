@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 
 def test_locate_shows_the_bad_copy_moved_aside_between_its_detection_and_its_repair(pipeline):
@@ -45,3 +46,8 @@ def test_locate_shows_the_bad_copy_moved_aside_between_its_detection_and_its_rep
     assert "moved aside to" in text and "quarantined" in text, text
     flat = "".join(text.split())  # the table may wrap the key
     assert "".join(bad["quarantined_as"].split()) in flat, text
+    # times in the one format of the text surfaces (as `status` and the dashboard): seconds, UTC
+    # said once, no microseconds or offsets (it printed 2026-12-06T05:57:00.476850+00:00)
+    assert f"at {bad['quarantined_at'].replace('T', ' ')[:19]} UTC" in text, text
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}|\+00:00|\d{4}-\d\d-\d\dT\d\d:", text), text
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text), text

@@ -44,6 +44,7 @@ from packhorse.cli.app import (
     settings,
     shown,
     table_console,
+    utc_text,
 )
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, LocationRole
@@ -460,8 +461,8 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         out.print(f"quarantined: {q['bytes']:,} bytes ({where}; at the latest disk usage measurement): "
                   "`packhorse quarantine list` / `purge --older-than DAYS`", highlight=False, markup=False)
     for loc, a in r["source_audits"].items():
-        state = (f"completed {a['completed_at'][:19]}" if a["completed_at"]
-                 else f"under way since {(a['started_at'] or '?')[:19]}")
+        state = (f"completed {utc_text(a['completed_at'])}" if a["completed_at"]
+                 else f"under way since {utc_text(a['started_at'], '?')}")
         out.print(f"source audit {loc}: last pass {state} UTC: {a['files_checked']} files checked "
                   f"({a['bytes_checked']:,} bytes), {a['changed']} changed behind an unchanged size and mtime "
                   f"(new versions), {a['gone']} gone; {a['changed_total']} changed found in all",
@@ -586,7 +587,8 @@ def verify(
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
         for n in r.get("sources_not_audited", []):
-            last = f"last audit pass completed {n['last_completed_at']}" if n["last_completed_at"] else "never audited"
+            last = (f"last audit pass completed {utc_text(n['last_completed_at'])} UTC" if n["last_completed_at"]
+                    else "never audited")
             cadence = (f"scheduled every {n['interval_seconds']:g} s" if n["interval_seconds"]
                        else "no scheduled audit (source_audit_interval_seconds)")
             print(f"SOURCE {n['location']}: its files are not re-hashed by this verify ({last}; {cadence}); "

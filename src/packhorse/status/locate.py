@@ -71,6 +71,12 @@ def _iso(t: dt.datetime | None) -> str | None:
     return t.isoformat() if t else None
 
 
+def _said(t: dt.datetime | None) -> str:
+    """A time inside a sentence (an event's detail): ``2026-12-05 10:01:02 UTC``, the one
+    format of the text surfaces; the fields themselves stay ISO 8601."""
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC") if t else "?"
+
+
 def source_candidates(session: Session, query: str, settings: Settings | None) -> list[tuple[int, str]]:
     """``[(source location id, relative path)]`` a path the operator gave may name: ``LOCATION:PATH``,
     an absolute path under a source location's root, or a path relative to any source location."""
@@ -107,8 +113,8 @@ def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
             "sha256": w.sha256, "mtime": dt.datetime.fromtimestamp(w.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(w.registered_at), "source_deleted_at": None, "package": None,
             "found_by": None, "why": None,
-            "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}" + (
-                f"; forgotten at {_iso(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
+            "withdrawn": f"{w.cause} at {_said(w.withdrawn_at)}: {w.reason}" + (
+                f"; forgotten at {_said(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
                 if w.forgotten_at else "")}
 
 
@@ -241,7 +247,7 @@ def _raw_package(session: Session, pkg: RawDataPackage, locs: dict[int, str], in
                                             PhysicalCopy.data_transfer_package_id == (bundle.id if bundle else -1)))
     reg = session.execute(select(func.min(RawDataFile.registered_at), func.max(RawDataFile.registered_at),
                                  func.count()).where(RawDataFile.raw_data_package_id == pkg.id)).one()
-    first = (f"{reg[2]} file(s), the last at {_iso(reg[1])}", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
+    first = (f"{reg[2]} file(s), the last at {_said(reg[1])}", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
     out: dict[str, Any] = {
         "name": pkg.name, "type": "raw_data_package", "version": pkg.version, "group": pkg.group_path,
         "size": pkg.size,
