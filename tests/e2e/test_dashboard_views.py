@@ -87,6 +87,10 @@ def test_charts_render_with_data_and_the_search_shows_a_timeline(served) -> None
             expect(timeline.locator(f"li[data-event='{event}']").first).to_be_visible()
         expect(card.get_by_test_id("locate-copies")).to_contain_text("fyst-buffer")
         assert ERROR_TEXT not in result.inner_text() and "TransferCommandError" not in result.inner_text()
+        # its times in the dashboard's one format (2026-12-06 05:43:55 UTC), never raw ISO with
+        # microseconds and an offset beside them (the versions, copies and "archived" line were)
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}|\+00:00|\d{4}-\d\d-\d\dT\d\d:\d\d", result.inner_text()), \
+            result.inner_text()
         result.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "locate-observer.png"), full_page=True)
 
