@@ -497,7 +497,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         # only `run` and `monitor` hand leases back (managers never do): say which must run
         when = ("at the next recovery pass of a `packhorse run` or `packhorse monitor` running on this host"
                 if o["taken_over"] == "next_recovery_pass"
-                else f"by a running `packhorse monitor` once its lease expires ({o['lease_expires_at']})")
+                else f"by a running `packhorse monitor` once its lease expires ({utc_text(o['lease_expires_at'])} UTC)")
         out.print(f"[yellow]ORPHANED[/] {o['kind']} {o['id']}: IN_PROGRESS, but its holder {escape(o['owner'])} no "
                   f"longer runs; handed out again {when}", highlight=False)
     if len(r["orphaned"]) > len(shown_orphans):
@@ -508,7 +508,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
                   "later repair that completed: history, nothing to do (packhorse diagnose --package NAME "
                   "shows them)", highlight=False)
     for b in r["blocked"]:  # every cause of status/blocked_work.py, with what releases it
-        since = f" since {b['since']}" if b.get("since") else ""
+        since = f" since {utc_text(b['since'])} UTC" if b.get("since") else ""
         out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + ' (' + b['cause'] + ')' + since + ': ' + b['reason'])}",
                   highlight=False)
         out.print(f"  release: {b['release']}", highlight=False, markup=False)
