@@ -51,3 +51,22 @@ def test_locate_shows_the_bad_copy_moved_aside_between_its_detection_and_its_rep
     assert f"at {bad['quarantined_at'].replace('T', ' ')[:19]} UTC" in text, text
     assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}|\+00:00|\d{4}-\d\d-\d\dT\d\d:", text), text
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", text), text
+
+    # the API's locate answers the same (its schema holds the new fields)
+    from fastapi.testclient import TestClient
+
+    from packhorse.api.app import create_app
+    from packhorse.api.tokens import create_token
+    from packhorse.config import load_config
+    from packhorse.db.session import Database
+
+    settings = load_config(p.config)
+    db = Database(settings.database_url)
+    token = create_token(db, name="ops", role="observer", created_by="test")
+    with TestClient(create_app(settings)) as client:
+        r = client.get("/api/transfer/locate", params={"q": "inst/obs1"}, headers={"Authorization": f"Bearer {token}"})
+    db.dispose()
+    assert r.status_code == 200, r.text
+    api = r.json()["packages"][0]
+    assert [c for c in api["copies"] if c["quarantined_as"]] == [bad]
+    assert [e for e in api["timeline"] if e["event"] == "quarantined"] == [q]
