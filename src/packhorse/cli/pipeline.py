@@ -532,7 +532,11 @@ def verify(
     else exit 5 (incomplete) when copies in cold storage could not be read: their restore
     (Azure: a rehydration) is requested, run verify again once it is done."""
     from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
-    from packhorse.status.reporting import audit_source_location, verify_copies  # deferred: start-up time
+    from packhorse.status.reporting import (  # deferred: start-up time
+        audit_source_location,
+        sources_not_audited,
+        verify_copies,
+    )
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
@@ -546,7 +550,7 @@ def verify(
         r["source_audit"] = source
     source_bad = source is not None and bool(source["unavailable"] or source["unreadable"])
     if location is None:
-        r["sources_not_audited"] = _sources_not_audited(ctx)
+        r["sources_not_audited"] = sources_not_audited(ctx)
     if as_json:
         print_json(r)
     elif source is not None:  # a source location holds raw files, not copies
@@ -597,18 +601,6 @@ def verify(
         raise typer.Exit(EXIT_PROBLEM)
     # copies that could not be read are not verified: never a silent success
     raise typer.Exit(EXIT_INCOMPLETE if r["awaiting_restore"] else EXIT_OK)
-
-
-def _sources_not_audited(ctx: Any) -> list[dict[str, Any]]:
-    """The configured, active source locations a ``verify`` without ``--location`` does not re-hash:
-    ``[{"location", "last_completed_at" (ISO 8601 UTC or None), "interval_seconds" (the
-    scheduled audit's cadence, seconds, or None)}]``."""
-    from packhorse.managers.source_audit import audit_summaries  # deferred: start-up time
-
-    audits = ctx.db.read(audit_summaries)
-    return [{"location": loc.name, "last_completed_at": audits.get(loc.name, {}).get("completed_at"),
-             "interval_seconds": loc.source_audit_interval_seconds}
-            for loc in ctx.settings.locations if loc.role is LocationRole.SOURCE and loc.active]
 
 
 def _print_source_audit(a: dict[str, Any]) -> None:
