@@ -416,6 +416,13 @@ def test_a_package_damaged_in_the_source_buffer_and_recorded_corrupt_by_verify_i
     assert [f.read_bytes() for f in quarantined_files(p, "fyst-buffer")] == [bad_bytes], \
         "the damaged package tar is moved aside as it was, never overwritten"
     assert p.status()["blocked"] == []
+    # `locate` shows it: found corrupt (by verify), then moved aside (where), then written again
+    [moved] = quarantined_files(p, "fyst-buffer")
+    where = json.loads(p.cli("locate", GROUPS[1], "--json").stdout)["packages"][0]
+    [row] = [c for c in where["copies"] if c["location"] == "fyst-buffer" and c["quarantined_as"]]
+    assert row["quarantined_as"] == str(moved.relative_to(p.location("fyst-buffer"))), row
+    events = [(e["event"], e["location"]) for e in where["timeline"]]
+    assert events.index(("found corrupt", "fyst-buffer")) < events.index(("quarantined", "fyst-buffer")), events
 
 
 def _json(value: Any) -> dict[str, Any]:

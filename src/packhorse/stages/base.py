@@ -99,14 +99,17 @@ def already_there(backend: StorageBackend, key: str, size: int | None, sha256: s
     return True
 
 
-def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sha256: str | None) -> bool:
+def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sha256: str | None,
+                         ctx: ProcessContext | None = None) -> bool:
     """:func:`already_there` for a buffer, where the key belongs to one artifact whose bytes are
     recorded: other bytes under it are that artifact's copy damaged at rest (found by ``verify``
     or the audit, which recorded it ``corrupt``, or by nobody yet). They are moved into the
     location's quarantine (never overwritten or deleted, I2) and ``False`` is returned, so the
     caller writes the artifact again instead of meeting a conflict it cannot leave (DESIGN.md
     "Converging"). Archives keep :func:`already_there`'s loud conflict: their bad copies are the
-    fixity repair's, which quarantines after its own read-back.
+    fixity repair's, which quarantines after its own read-back. With ``ctx``, where the bytes
+    went is recorded at once on the newest copy row of that key at that location
+    (:func:`note_key_quarantined`), for ``packhorse locate``.
 
     Raises:
         DestinationConflictError: the quarantine name is taken (nothing moved).
@@ -117,6 +120,9 @@ def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sh
         moved = backend.quarantine(key)
         log.warning("buffer_copy_damaged_quarantined", location=backend.location, key=key, quarantined_as=moved,
                     expected_sha256=sha256)
+        if ctx is not None and moved is not None and backend.location in ctx.topology.location_ids:
+            loc_id = ctx.topology.location_ids[backend.location]
+            ctx.db.transact(lambda s: note_key_quarantined(s, loc_id, key, moved))
         return False
 
 
@@ -225,7 +231,8 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
         VerificationError: the bytes read from the source or back from the destination differ.
         LeaseLostError: the lease was lost; nothing is published.
     """
-    if (there_or_moved_aside if to_buffer else already_there)(dst, dst_key, size, sha256):
+    if (there_or_moved_aside(dst, dst_key, size, sha256, work.ctx) if to_buffer
+            else already_there(dst, dst_key, size, sha256)):
         return PublishResult(dst_key, size, sha256, already_there=True)
     if not resume:
         clear_partials(dst, dst_key)
@@ -314,6 +321,17 @@ def note_quarantined(session: Session, copy_id: int, quarantined_as: str) -> Non
     operator can see where it went). A copy already noted keeps its first record."""
     session.execute(update(PhysicalCopy).where(PhysicalCopy.id == copy_id, PhysicalCopy.quarantined_as.is_(None))
                     .values(quarantined_as=quarantined_as, quarantined_at=utcnow()))
+
+
+def note_key_quarantined(session: Session, location_id: int, key: str, quarantined_as: str) -> None:
+    """:func:`note_quarantined` for the copy whose bytes stood at ``key`` of data location
+    ``location_id``: the newest copy row there with that path (a key belongs to one artifact),
+    unless it is already noted. Nothing when there is none."""
+    copy_id = session.scalar(select(PhysicalCopy.id).where(
+        PhysicalCopy.location_id == location_id, PhysicalCopy.path == key)
+        .order_by(PhysicalCopy.id.desc()).limit(1))
+    if copy_id is not None:
+        note_quarantined(session, copy_id, quarantined_as)
 
 
 def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id: int | None,
