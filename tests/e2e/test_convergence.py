@@ -423,6 +423,8 @@ def test_a_package_damaged_in_the_source_buffer_and_recorded_corrupt_by_verify_i
     assert row["quarantined_as"] == str(moved.relative_to(p.location("fyst-buffer"))), row
     events = [(e["event"], e["location"]) for e in where["timeline"]]
     assert events.index(("found corrupt", "fyst-buffer")) < events.index(("quarantined", "fyst-buffer")), events
+    moved_by = where["timeline"][events.index(("quarantined", "fyst-buffer"))]
+    assert moved_by["kind"] == "raw_data_package" and moved_by["operation_id"], moved_by  # the rebuild moved it
 
 
 def _json(value: Any) -> dict[str, Any]:

@@ -222,9 +222,13 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
         loc_id, bundle_copy = copy_loc[c.id]
         what = "the bundle's copy" if bundle_copy else "the package's copy"
         at = c.quarantined_at
-        by = next((op for op in ops if op.physical_copy_id == c.id and op.created_at <= at
-                   and (op.finished_at is None or op.finished_at >= at)), None)
-        who = f"by {by.kind} operation {by.id}" if by else "by a repair"
+        running = [op for op in ops if op.created_at <= at and (op.finished_at is None or op.finished_at >= at)]
+        # the copy's own repair; else the work that wrote the key again at that location, or
+        # that read the copy from there and found it rotted
+        by = (next((op for op in running if op.physical_copy_id == c.id), None)
+              or next((op for op in running if op.destination_location_id == loc_id), None)
+              or next((op for op in running if op.source_location_id == loc_id), None))
+        who = f"by {by.kind} operation {by.id}" if by else "before the copy was written again"
         add(at, "quarantined", by, locs.get(loc_id),
             detail=f"{what} ({c.path}) moved aside to {c.quarantined_as}, {who}")
     if archived_at is not None:
