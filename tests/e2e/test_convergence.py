@@ -329,6 +329,14 @@ def test_bundle_corrupt_in_the_source_buffer_is_quarantined_rebuilt_and_shipped(
     # the transfers to both destinations may meet the bad bytes at once: each moves them aside
     # (no-replace hard links of the one bad file; nothing is overwritten or lost)
     assert 1 <= len(bad) <= 2 and all(b"\xde\xad\xbe\xef" in f.read_bytes() for f in bad), bad
+    # `locate` says where the rotten bundle went: its copy's row records the quarantine key
+    root = p.location("fyst-buffer")
+    keys = {str(f.relative_to(root)) for f in bad}
+    bundle = bad[0].name.split(".tar.")[0]
+    where = json.loads(p.cli("locate", bundle, "--json").stdout)["packages"][0]
+    moved = [c for c in where["copies"] if c["location"] == "fyst-buffer" and c["quarantined_as"]]
+    assert len(moved) == 1 and moved[0]["quarantined_as"] in keys and moved[0]["status"] == "missing", where["copies"]
+    assert [e["location"] for e in where["timeline"] if e["event"] == "quarantined"] == ["fyst-buffer"], where
 
 
 @pytest.mark.parametrize("damage", ["deleted", "replaced"])
@@ -408,6 +416,15 @@ def test_a_package_damaged_in_the_source_buffer_and_recorded_corrupt_by_verify_i
     assert [f.read_bytes() for f in quarantined_files(p, "fyst-buffer")] == [bad_bytes], \
         "the damaged package tar is moved aside as it was, never overwritten"
     assert p.status()["blocked"] == []
+    # `locate` shows it: found corrupt (by verify), then moved aside (where), then written again
+    [moved] = quarantined_files(p, "fyst-buffer")
+    where = json.loads(p.cli("locate", GROUPS[1], "--json").stdout)["packages"][0]
+    [row] = [c for c in where["copies"] if c["location"] == "fyst-buffer" and c["quarantined_as"]]
+    assert row["quarantined_as"] == str(moved.relative_to(p.location("fyst-buffer"))), row
+    events = [(e["event"], e["location"]) for e in where["timeline"]]
+    assert events.index(("found corrupt", "fyst-buffer")) < events.index(("quarantined", "fyst-buffer")), events
+    moved_by = where["timeline"][events.index(("quarantined", "fyst-buffer"))]
+    assert moved_by["kind"] == "raw_data_package" and moved_by["operation_id"], moved_by  # the rebuild moved it
 
 
 def _json(value: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ nothing from outside and break no Content-Security-Policy rule. Screenshots go t
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -86,6 +87,10 @@ def test_charts_render_with_data_and_the_search_shows_a_timeline(served) -> None
             expect(timeline.locator(f"li[data-event='{event}']").first).to_be_visible()
         expect(card.get_by_test_id("locate-copies")).to_contain_text("fyst-buffer")
         assert ERROR_TEXT not in result.inner_text() and "TransferCommandError" not in result.inner_text()
+        # its times in the dashboard's one format (2026-12-06 05:43:55 UTC), never raw ISO with
+        # microseconds and an offset beside them (the versions, copies and "archived" line were)
+        assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}|\+00:00|\d{4}-\d\d-\d\dT\d\d:\d\d", result.inner_text()), \
+            result.inner_text()
         result.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "locate-observer.png"), full_page=True)
 
@@ -192,3 +197,82 @@ def test_the_api_docs_render_offline(served, page_path: str, ready: str) -> None
         browser.close()
     assert not seen["foreign"], seen["foreign"]
     assert not [e for e in seen["errors"] if "Content Security Policy" in e or "Refused" in e], seen["errors"]
+
+
+#: Every axis label of every chart, with its box in CSS pixels relative to the chart's canvas
+#: (the text measured with the axis's own font, placed as uPlot places it: a left axis's labels
+#: end ``gap`` pixels before its ticks, a bottom axis's are centred on their tick).
+_AXIS_LABELS = """(ids) => ids.map((id) => {
+  const u = window.PackhorseCharts.plot(id);
+  if (!u) return { id, labels: [] };
+  const ctx = document.createElement("canvas").getContext("2d");
+  const left = u.bbox.left / devicePixelRatio; const top = u.bbox.top / devicePixelRatio;
+  const pw = u.bbox.width / devicePixelRatio; const ph = u.bbox.height / devicePixelRatio;
+  const labels = [];
+  u.axes.forEach((a, i) => {
+    if (a.show === false) return;
+    ctx.font = Array.isArray(a.font) ? a.font[0] : a.font;
+    const scale = u.scales[a.scale];
+    (a._values || []).forEach((v, j) => {
+      if (v === null || v === undefined || v === "") return;
+      const lines = String(v).split("\\n");
+      const w = Math.max(...lines.map((l) => ctx.measureText(l).width)) / devicePixelRatio;
+      const pos = u.valToPos(a._splits[j], a.scale);
+      const tick = a.ticks && a.ticks.show !== false ? a.ticks.size : 0;
+      if (a.side === 3) {  // left: right-aligned before the tick
+        const x1 = left - tick - a.gap; labels.push({ axis: i, text: String(v), x0: x1 - w, x1, y: top + pos });
+      } else if (a.side === 2) {  // bottom: centred on the tick
+        labels.push({ axis: i, text: String(v), x0: left + pos - w / 2, x1: left + pos + w / 2, y: top + ph });
+      }
+    });
+  });
+  return { id, width: u.width, height: u.height, labels };
+})"""
+
+
+def _scaled(body: dict, factor: float) -> dict:
+    """The history payload with every throughput and failure value times ``factor``: an
+    installation moving hundreds of TiB a minute, the widest labels the axes get."""
+    for series in body["throughput"].values():
+        for k in ("bytes_per_minute", "files_per_minute"):
+            series[k] = [None if v is None else v * factor for v in series[k]]
+    body["failures"] = {k: [None if v is None else v * 1000 for v in vs] for k, vs in body["failures"].items()}
+    return body
+
+
+@pytest.mark.parametrize(("width", "factor"), [(1400, 1), (1000, 1), (1400, 3e11), (1000, 7e7)])
+def test_no_chart_axis_label_is_clipped(served, width: int, factor: float) -> None:  # noqa: F811
+    """Every axis label lies inside its chart's canvas: the y axis is as wide as its widest label
+    (``1023.9 TiB``, ``100.0 %``), the first and last time labels fit."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, tokens, _cfg = served
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = _browser(pw)
+        page = browser.new_page(viewport={"width": width, "height": 1000})
+        page.set_default_timeout(30_000)
+        if factor != 1:
+            def bigger(route) -> None:  # type: ignore[no-untyped-def]
+                r = route.fetch()
+                route.fulfill(response=r, body=json.dumps(_scaled(r.json(), factor)))
+
+            page.route("**/api/transfer/history*", bigger)
+        page.goto(f"{base}/?refresh=1")
+        _sign_in(page, tokens["observer"], "observer")
+        ids = ["throughput-bytes", "throughput-files", "backlog", "disk", "failures"]
+        for chart in ids:
+            expect(page.get_by_test_id(f"chart-{chart}").locator("canvas")).to_have_count(1)
+        found = page.evaluate(_AXIS_LABELS, ids)
+        expect(page.get_by_test_id("chart-backlog").locator(".u-legend")).to_contain_text("time (UTC)")
+        page.get_by_test_id("chart-throughput-bytes").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / f"chart-axes-{width}-{factor:g}.png"), full_page=True)
+        browser.close()
+    assert all(c["labels"] for c in found), found
+    clipped = [(c["id"], lab["text"], round(lab["x0"], 1), round(lab["x1"], 1), c["width"])
+               for c in found for lab in c["labels"] if lab["x0"] < 0 or lab["x1"] > c["width"]]
+    assert not clipped, clipped
+    # the time axis in the dashboard's one time format: UTC, 24-hour, the date where the day changes
+    times = [lab["text"] for c in found for lab in c["labels"] if lab["axis"] == 0]
+    assert times and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?(\n\d{4}-\d\d-\d\d)?", t) for t in times), times
+    assert not [t for t in times if "am" in t or "pm" in t], times

@@ -133,6 +133,11 @@ def test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining
     assert "repaired" in [e for e, _ in events[found:]], events
     corrupt = next(e for e in where["packages"][0]["timeline"] if e["event"] == "found corrupt")
     assert "by the scheduled fixity check" in corrupt["detail"] and corrupt["operation_id"], corrupt
+    # and where its bytes went (moved aside by the repair), between the detection and the repair
+    moved = events.index(("quarantined", "cologne-lta"))
+    assert found < moved and "repaired" in [e for e, _ in events[moved:]], events
+    [bad] = [c for c in where["packages"][0]["copies"] if c["location"] == "cologne-lta" and c["status"] == "corrupt"]
+    assert bad["quarantined_as"] and objects[f"lta/{bad['quarantined_as']}"] == rotten, bad
 
 
 def test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source(seaweedfs, tmp_path):

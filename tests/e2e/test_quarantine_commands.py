@@ -86,6 +86,12 @@ def test_quarantine_list_purge_status_and_usage(tmp_path: Path) -> None:
     assert dry.returncode == 0, dry.stderr
     assert sorted(e["key"] for e in json.loads(dry.stdout)["removed"]) == sorted([old_file, old_folder])
     assert (lta / old_file).exists() and (buf / old_folder).is_dir()
+    # -n is --dry-run, as for `packhorse run`
+    short = cli(cfg, "quarantine", "purge", "--older-than", "30", "--reason", "looked at", "-n", "--json")
+    assert short.returncode == 0, short.stderr
+    assert sorted(e["key"] for e in json.loads(short.stdout)["removed"]) == sorted([old_file, old_folder])
+    assert json.loads(short.stdout)["dry_run"] is True
+    assert (lta / old_file).exists() and (buf / old_folder).is_dir()
 
     done = cli(cfg, "quarantine", "purge", "--older-than", "30", "--reason", "looked at")
     assert done.returncode == 0, done.stderr

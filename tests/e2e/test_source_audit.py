@@ -124,6 +124,28 @@ def test_verify_source_text_and_an_unavailable_source(pipeline) -> None:
     assert json.loads(r.stdout)["source_audit"]["unavailable"]
 
 
+def test_verify_without_a_location_names_the_sources_it_did_not_audit_and_how(pipeline) -> None:
+    """``packhorse verify`` alone re-reads the archive and buffer copies; the source files are a
+    pass of their own. It said nothing about them, so an operator took "checked 2, ok 2" for
+    the sources too: now every source location is named, with its last pass and the command."""
+    p = pipeline()
+    unit(p.source)
+    p.init()
+    p.run()
+    r = p.cli("verify")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("SOURCE fyst-source: its files are not re-hashed by this verify (never audited; no scheduled "
+            "audit (source_audit_interval_seconds)); `packhorse verify --location fyst-source` audits them") \
+        in r.stdout, r.stdout
+    assert json.loads(p.cli("verify", "--json").stdout)["sources_not_audited"] == [
+        {"location": "fyst-source", "last_completed_at": None, "interval_seconds": None}]
+    assert p.cli("verify", "--location", "fyst-source").returncode == 0
+    after = json.loads(p.cli("verify", "--json").stdout)["sources_not_audited"]
+    assert after[0]["last_completed_at"] is not None
+    shown = after[0]["last_completed_at"].replace("T", " ")[:19]  # the text surfaces' one time format
+    assert f"(last audit pass completed {shown} UTC;" in p.cli("verify").stdout
+
+
 def test_the_run_audits_sources_on_their_cadence(pipeline) -> None:
     p = pipeline()
     with_source_audit(p.config, 0.1)

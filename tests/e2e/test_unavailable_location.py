@@ -445,3 +445,25 @@ def test_a_repair_does_not_wait_for_an_unrelated_archive_and_waits_visibly_when_
     for loc in ("cologne-lta", "cornell-lta"):
         assert (p.location(loc) / name).read_bytes() == good, loc
     assert (archive2 / name).read_bytes() == good
+
+
+def test_the_blocked_line_counts_the_work_a_stopped_run_left_queued_for_an_unavailable_archive(pipeline) -> None:
+    """A second ``run --until-idle`` with an archive away left its archive operation SCHEDULED
+    (queued when it stopped; the next run queues it again), and ``status`` then said "0
+    operation(s) wait for it" although that operation still waits for the archive."""
+    p = pipeline(bundle_max_wait_seconds=0)
+    _source(p, groups=1, size=5000)
+    p.init()
+    archive = p.location("cologne-lta")
+    away = archive.with_name(archive.name + "-unmounted")
+    archive.rename(away)
+    counts = []
+    for _ in range(2):
+        p.run(expect=4)
+        counts.append(_blocked(p)["cologne-lta"]["detail"]["operations_waiting"])
+        time.sleep(1.1)
+    assert counts == [1, 1], counts
+    assert "1 operation(s) wait for it" in _blocked(p)["cologne-lta"]["reason"]
+    away.rename(archive)
+    p.run()
+    assert "cologne-lta" not in _blocked(p)

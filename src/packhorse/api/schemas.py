@@ -337,12 +337,16 @@ class LocateCopy(_Model):
     created_at: str | None
     verified_at: str | None = Field(description="when its bytes were last read back and matched")
     deleted_at: str | None
+    found_bad_at: str | None = Field(default=None, description="when it was last found corrupt or missing (UTC)")
+    quarantined_as: str | None = Field(default=None, description="the key under its location its bad bytes were "
+                                       "moved aside to (_packhorse/quarantine/...); None if never")
+    quarantined_at: str | None = Field(default=None, description="when they were moved aside (UTC)")
 
 
 class TimelineEvent(_Model):
     at: str | None
     event: str = Field(description="registered, packaged, bundled, shipped, unpacked, archived, staged, "
-                                   "fixity checked, repaired, deleted, attempt failed, … failed, archived everywhere")
+                                   "fixity checked, found corrupt, found missing, quarantined, repaired, deleted, attempt failed, … failed, archived everywhere")
     kind: str | None
     operation_id: int | None
     status: str | None

@@ -22,6 +22,7 @@ from packhorse.cli.app import (
     print_json,
     printable,
     table_console,
+    utc_text,
 )
 from packhorse.errors import RuntimeSettingError, ServiceHealthError, TokenError
 
@@ -288,7 +289,7 @@ def usage(
               "alert", title="disk usage (used % as df: used / (used + available); quarantined: part of used)")
     for r in rows:
         q = r["quarantined_bytes"]
-        t.add_row(r["location"], r["measured_at"][:19], f"{r['age_seconds']:.0f} s", f"{r['total_bytes']:,}",
+        t.add_row(r["location"], utc_text(r["measured_at"]), f"{r['age_seconds']:.0f} s", f"{r['total_bytes']:,}",
                   f"{r['used_bytes']:,}", "-" if q is None else f"{q:,}", f"{r['free_bytes']:,}", f"{r['percent']:.1f}",
                   r["level"], r["alert_level"])
     table_console().print(t)

@@ -29,6 +29,7 @@ from packhorse.cli.app import (
     printable,
     shown,
     table_console,
+    utc_text,
 )
 from packhorse.domain import OperationKind
 from packhorse.errors import (
@@ -125,8 +126,8 @@ def notifications(
     t = Table("id", "created (UTC)", "level", "status", "attempts", "next attempt", "delivered to", "repeats",
               "subject", "last error", title="dead letters" if dead else "notifications")
     for r in rows:
-        t.add_row(str(r["id"]), r["created_at"][:19], r["level"], "kept" if r["kept_because"] else r["status"],
-                  str(r["attempts"]), (r["next_attempt_at"] or "")[:19] if r["status"] == "pending" else "",
+        t.add_row(str(r["id"]), utc_text(r["created_at"]), r["level"], "kept" if r["kept_because"] else r["status"],
+                  str(r["attempts"]), utc_text(r["next_attempt_at"], "") if r["status"] == "pending" else "",
                   ", ".join(r["delivered_to"]), str(r["repeat_count"]), r["subject"], r["last_error"] or "")
     table_console().print(t)
 
@@ -442,7 +443,7 @@ def _print_located(r: dict[str, Any]) -> None:
     out = table_console()
     for k in r.get("skipped", []):  # before anything else: this path is not archived
         out.print(f"SKIPPED {k['location']}:{shown(k['path'])}: {shown(k['reason'])} (seen by the scan since "
-                  f"{k['first_seen_at']}, last {k['last_seen_at']} UTC; never archived while it stays so; "
+                  f"{utc_text(k['first_seen_at'])}, last {utc_text(k['last_seen_at'])} UTC; never archived while it stays so; "
                   f"`packhorse skipped forget` when it is gone for good)", highlight=False, markup=False)
     if not r["matched"]:
         out.print(f"nothing registered or packaged matches {shown(repr(r['query']))}", highlight=False)
@@ -451,28 +452,33 @@ def _print_located(r: dict[str, Any]) -> None:
         t = Table("location", "path", "version", "size", "sha256", "registered (UTC)", "package", title="versions")
         for v in r["versions"]:
             t.add_row(v["location"], shown(v["path"]), str(v["version"]), str(v["size"]), v["sha256"][:12],
-                      v["registered_at"] or "-",
+                      utc_text(v["registered_at"]),
                       f"(taken out: {v['withdrawn']})" if v.get("withdrawn") else v["package"] or "(not packaged yet)")
         out.print(t)
         for v in r["versions"]:
             if v.get("why"):
                 out.print(f"version {v['version']} of {shown(v['location'] + ':' + v['path'])}: {v['why']}, "
-                          f"registered {v['registered_at']}", highlight=False, markup=False)
+                          f"registered {utc_text(v['registered_at'])} UTC", highlight=False, markup=False)
     for p in r["packages"]:
         label = "bundle" if p["type"] == "data_transfer_package" else "package"
-        state = f"archived {p['archived_at']}" if p["archived_at"] else "not archived yet"
+        state = f"archived {utc_text(p['archived_at'])} UTC" if p["archived_at"] else "not archived yet"
         version = f"version {p['version']}, " if p.get("version") else ""
         out.print(f"[bold]{label} {shown(p['name'])}[/] ({version}{p['size'] if p['size'] is not None else '?'} bytes"
                   f"{', bundle ' + p['bundle'] if p['bundle'] else ''}; {state})", highlight=False)
         t = Table("of", "location", "site", "role", "status", "path", "last verified (UTC)", title="physical copies")
         for c in p["copies"] + p["bundle_copies"]:
             t.add_row("bundle" if c["artifact"] == "data_transfer_package" else "package", c["location"], c["site"],
-                      c["role"], c["status"], shown(c["path"]), c["verified_at"] or "-")
+                      c["role"], c["status"], shown(c["path"]), utc_text(c["verified_at"]))
         out.print(t)
+        for c in p["copies"] + p["bundle_copies"]:
+            if c.get("quarantined_as"):
+                out.print(f"the {c['status']} copy {c['location']}:{shown(c['path'])} was moved aside to "
+                          f"{c['location']}:{shown(c['quarantined_as'])} at {utc_text(c['quarantined_at'])} UTC",
+                          highlight=False, markup=False)
         t = Table("at (UTC)", "event", "location", "operation", "detail", title="history")
         for e in p["timeline"]:
             why = f": {e['error_type']}: {e['message']}" if e["error_type"] else ""
-            t.add_row(e["at"] or "-", e["event"], e["location"] or "-",
+            t.add_row(utc_text(e["at"]), e["event"], e["location"] or "-",
                       f"{e['kind']} {e['operation_id']}" if e["operation_id"] else "-", (e["detail"] or "") + why)
         out.print(t)
     if r["truncated"]:

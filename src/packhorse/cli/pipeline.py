@@ -44,6 +44,7 @@ from packhorse.cli.app import (
     settings,
     shown,
     table_console,
+    utc_text,
 )
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, LocationRole
@@ -460,8 +461,8 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         out.print(f"quarantined: {q['bytes']:,} bytes ({where}; at the latest disk usage measurement): "
                   "`packhorse quarantine list` / `purge --older-than DAYS`", highlight=False, markup=False)
     for loc, a in r["source_audits"].items():
-        state = (f"completed {a['completed_at'][:19]}" if a["completed_at"]
-                 else f"under way since {(a['started_at'] or '?')[:19]}")
+        state = (f"completed {utc_text(a['completed_at'])}" if a["completed_at"]
+                 else f"under way since {utc_text(a['started_at'], '?')}")
         out.print(f"source audit {loc}: last pass {state} UTC: {a['files_checked']} files checked "
                   f"({a['bytes_checked']:,} bytes), {a['changed']} changed behind an unchanged size and mtime "
                   f"(new versions), {a['gone']} gone; {a['changed_total']} changed found in all",
@@ -496,7 +497,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         # only `run` and `monitor` hand leases back (managers never do): say which must run
         when = ("at the next recovery pass of a `packhorse run` or `packhorse monitor` running on this host"
                 if o["taken_over"] == "next_recovery_pass"
-                else f"by a running `packhorse monitor` once its lease expires ({o['lease_expires_at']})")
+                else f"by a running `packhorse monitor` once its lease expires ({utc_text(o['lease_expires_at'])} UTC)")
         out.print(f"[yellow]ORPHANED[/] {o['kind']} {o['id']}: IN_PROGRESS, but its holder {escape(o['owner'])} no "
                   f"longer runs; handed out again {when}", highlight=False)
     if len(r["orphaned"]) > len(shown_orphans):
@@ -507,7 +508,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
                   "later repair that completed: history, nothing to do (packhorse diagnose --package NAME "
                   "shows them)", highlight=False)
     for b in r["blocked"]:  # every cause of status/blocked_work.py, with what releases it
-        since = f" since {b['since']}" if b.get("since") else ""
+        since = f" since {utc_text(b['since'])} UTC" if b.get("since") else ""
         out.print(f"[yellow]BLOCKED[/] {escape(b['subject'] + ' (' + b['cause'] + ')' + since + ': ' + b['reason'])}",
                   highlight=False)
         out.print(f"  release: {b['release']}", highlight=False, markup=False)
@@ -524,11 +525,18 @@ def verify(
     copy in processing locations against its bag manifests. With --location SOURCE, re-hash the
     registered files still at that source location: content changed behind an unchanged size
     and mtime is registered as a new version (and archived by the next run); files gone are
-    listed. Exit 1 on any problem (a changed or gone source file is none: nothing is lost);
+    listed. Without --location the source locations are not re-hashed (a pass over every
+    source file; the scheduled source audit, source_audit_interval_seconds, does it): the
+    output names each with its last audit pass and the command that audits it.
+    Exit 1 on any problem (a changed or gone source file is none: nothing is lost);
     else exit 5 (incomplete) when copies in cold storage could not be read: their restore
     (Azure: a rehydration) is requested, run verify again once it is done."""
     from packhorse.rules.staged_copies import verify_staged  # deferred: start-up time
-    from packhorse.status.reporting import audit_source_location, verify_copies  # deferred: start-up time
+    from packhorse.status.reporting import (  # deferred: start-up time
+        audit_source_location,
+        sources_not_audited,
+        verify_copies,
+    )
 
     ctx = context(config)
     if location is not None and location not in ctx.topology.location_ids:
@@ -541,6 +549,8 @@ def verify(
         source = audit_source_location(ctx, location).as_json()
         r["source_audit"] = source
     source_bad = source is not None and bool(source["unavailable"] or source["unreadable"])
+    if location is None:
+        r["sources_not_audited"] = sources_not_audited(ctx)
     if as_json:
         print_json(r)
     elif source is not None:  # a source location holds raw files, not copies
@@ -580,6 +590,13 @@ def verify(
         for x in staged_bad:
             print(f"STAGED {x['status'].upper()} {x['location']}:{x['path']}: {x['error']} "
                   f"(`packhorse stage {x['package']} --to {x['location']} --again` stages it again)")
+        for n in r.get("sources_not_audited", []):
+            last = (f"last audit pass completed {utc_text(n['last_completed_at'])} UTC" if n["last_completed_at"]
+                    else "never audited")
+            cadence = (f"scheduled every {n['interval_seconds']:g} s" if n["interval_seconds"]
+                       else "no scheduled audit (source_audit_interval_seconds)")
+            print(f"SOURCE {n['location']}: its files are not re-hashed by this verify ({last}; {cadence}); "
+                  f"`packhorse verify --location {n['location']}` audits them")
     if r["missing"] or r["corrupt"] or r["unrepaired"] or r["unavailable"] or staged_bad or source_bad:
         raise typer.Exit(EXIT_PROBLEM)
     # copies that could not be read are not verified: never a silent success

@@ -23,6 +23,7 @@ from packhorse.cli.app import (
     print_json,
     shown,
     table_console,
+    utc_text,
 )
 from packhorse.errors import EmptyReasonError, QuarantineRetentionError
 from packhorse.runtime.audit import cli_actor
@@ -65,7 +66,7 @@ def quarantine_list(config: ConfigOpt = None, location: LocationOpt = None, site
                       title="quarantine (kept until purged)")
             for e in r["entries"]:
                 t.add_row(e["location"], shown(e["key"]), shown(e["original_key"] or "-"),
-                          (e["quarantined_at"] or "unknown")[:19], _age(e["age_seconds"]), e["kind"],
+                          utc_text(e["quarantined_at"], "unknown"), _age(e["age_seconds"]), e["kind"],
                           f"{e['size_bytes']:,}")
             table_console().print(t)
         total = sum(v["bytes"] for v in r["locations"].values())
@@ -86,7 +87,7 @@ def quarantine_purge(
     config: ConfigOpt = None,
     location: LocationOpt = None,
     site: SiteOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would go; remove nothing")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="say what would go; remove nothing")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Remove quarantined entries moved aside more than DAYS days ago (never fewer days than

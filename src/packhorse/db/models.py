@@ -336,6 +336,12 @@ class PhysicalCopy(Base):
     deleted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     #: when the copy's status last became ``corrupt`` or ``missing`` (UTC; ``None`` before that)
     found_bad_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: the key under the copy's location its bytes were moved aside to
+    #: (``_packhorse/quarantine/<key>.<UTC stamp>-<random>``) by the repair that replaced it, or by
+    #: the read-back that found them rotted; ``None`` when never moved aside
+    quarantined_as: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: when its bytes were moved aside (UTC, the database clock); ``None`` with ``quarantined_as``
+    quarantined_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Operation(Base):

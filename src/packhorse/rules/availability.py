@@ -279,14 +279,16 @@ def record_outage(ctx: "ProcessContext", error: LocationUnavailableError) -> dt.
     return ctx.db.transact(tx)
 
 
-def waiting_for(location_ids: Any) -> Any:
+def waiting_for(location_ids: Any, statuses: tuple[Status, ...] = (Status.PENDING,)) -> Any:
     """The SQL condition "a ``PENDING`` operation waiting for one of ``location_ids``" (a list
     of ids or a subquery of them): its source or destination is one, or it was handed back
     because one it needed was unavailable (:func:`packhorse.engine.worker._wait_for_location`:
     ``error_context["waiting"] = "location"`` with its ``location_id``; a repair reading
     another site's copy, for one). One definition for the idle check of ``run --until-idle``,
-    the blocked list and the release when the location is back."""
-    return and_(Operation.status == Status.PENDING.value, or_(
+    the blocked list and the release when the location is back. ``statuses``: the blocked list
+    counts ``SCHEDULED`` ones too (queued by a run that stopped, or in a worker's queue: they
+    wait for the location as well)."""
+    return and_(Operation.status.in_([x.value for x in statuses]), or_(
         Operation.source_location_id.in_(location_ids), Operation.destination_location_id.in_(location_ids),
         and_(Operation.error_context["waiting"].as_string() == WAITING_LOCATION,
              Operation.error_context["location_id"].as_integer().in_(location_ids))))

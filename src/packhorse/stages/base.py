@@ -99,14 +99,17 @@ def already_there(backend: StorageBackend, key: str, size: int | None, sha256: s
     return True
 
 
-def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sha256: str | None) -> bool:
+def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sha256: str | None,
+                         ctx: ProcessContext | None = None) -> bool:
     """:func:`already_there` for a buffer, where the key belongs to one artifact whose bytes are
     recorded: other bytes under it are that artifact's copy damaged at rest (found by ``verify``
     or the audit, which recorded it ``corrupt``, or by nobody yet). They are moved into the
     location's quarantine (never overwritten or deleted, I2) and ``False`` is returned, so the
     caller writes the artifact again instead of meeting a conflict it cannot leave (DESIGN.md
     "Converging"). Archives keep :func:`already_there`'s loud conflict: their bad copies are the
-    fixity repair's, which quarantines after its own read-back.
+    fixity repair's, which quarantines after its own read-back. With ``ctx``, where the bytes
+    went is recorded at once on the newest copy row of that key at that location
+    (:func:`note_key_quarantined`), for ``packhorse locate``.
 
     Raises:
         DestinationConflictError: the quarantine name is taken (nothing moved).
@@ -117,6 +120,9 @@ def there_or_moved_aside(backend: StorageBackend, key: str, size: int | None, sh
         moved = backend.quarantine(key)
         log.warning("buffer_copy_damaged_quarantined", location=backend.location, key=key, quarantined_as=moved,
                     expected_sha256=sha256)
+        if ctx is not None and moved is not None and backend.location in ctx.topology.location_ids:
+            loc_id = ctx.topology.location_ids[backend.location]
+            ctx.db.transact(lambda s: note_key_quarantined(s, loc_id, key, moved))
         return False
 
 
@@ -225,7 +231,8 @@ def copy_object(work: Work, src: StorageBackend, src_key: str, dst: StorageBacke
         VerificationError: the bytes read from the source or back from the destination differ.
         LeaseLostError: the lease was lost; nothing is published.
     """
-    if (there_or_moved_aside if to_buffer else already_there)(dst, dst_key, size, sha256):
+    if (there_or_moved_aside(dst, dst_key, size, sha256, work.ctx) if to_buffer
+            else already_there(dst, dst_key, size, sha256)):
         return PublishResult(dst_key, size, sha256, already_there=True)
     if not resume:
         clear_partials(dst, dst_key)
@@ -284,12 +291,14 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
         created_at=utcnow(), verified_at=when)).inserted_primary_key[0])
 
 def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | None = None,
-              data_transfer_package_id: int | None = None, seen_gone_at: dt.datetime | None = None) -> int:
+              data_transfer_package_id: int | None = None, seen_gone_at: dt.datetime | None = None,
+              quarantined_as: str | None = None) -> int:
     """Record the present copy of an artifact at ``location_id`` as ``missing`` (a
     compare-and-set on ``present``, so a copy repaired, deleted or being deleted meanwhile is
     left alone). With ``seen_gone_at`` (UTC, when its key was found empty) only a copy recorded
     by then: one recorded since is a new copy (a rebuild that published the key after that
-    look; marking it would ship it again for nothing). Returns the rows changed (0 or 1). The
+    look; marking it would ship it again for nothing). With ``quarantined_as``, the key its bytes
+    were moved aside to is recorded with it (:func:`note_quarantined`). Returns the rows changed (0 or 1). The
     desired state then finds another source of the bytes (:mod:`packhorse.rules.convergence`)."""
     t = PhysicalCopy.__table__
     subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
@@ -297,11 +306,37 @@ def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | 
     recorded_by = [t.c.created_at <= seen_gone_at] if seen_gone_at is not None else []
     return int(session.connection().execute(update(t).where(
         subject, t.c.location_id == location_id, t.c.status == CopyStatus.PRESENT.value, *recorded_by)
-        .values(status=CopyStatus.MISSING.value, found_bad_at=utcnow())).rowcount or 0)
+        .values(status=CopyStatus.MISSING.value, found_bad_at=utcnow(),
+                **({"quarantined_as": quarantined_as, "quarantined_at": utcnow()} if quarantined_as else {})))
+        .rowcount or 0)
+
+
+def note_quarantined(session: Session, copy_id: int, quarantined_as: str) -> None:
+    """Record on the physical copy ``copy_id`` that its bytes were moved aside to the key
+    ``quarantined_as`` of its location (``_packhorse/quarantine/...``, what
+    :meth:`~packhorse.storage.base.StorageBackend.quarantine` returned), now (UTC, the database
+    clock). ``packhorse locate`` shows it as the copy's "quarantined" event. Written by the
+    process that moved the bytes, as soon as they are moved: a fact about the location, true
+    whether or not the attempt that moved them completes (I2: nothing is lost, and the
+    operator can see where it went). A copy already noted keeps its first record."""
+    session.execute(update(PhysicalCopy).where(PhysicalCopy.id == copy_id, PhysicalCopy.quarantined_as.is_(None))
+                    .values(quarantined_as=quarantined_as, quarantined_at=utcnow()))
+
+
+def note_key_quarantined(session: Session, location_id: int, key: str, quarantined_as: str) -> None:
+    """:func:`note_quarantined` for the copy whose bytes stood at ``key`` of data location
+    ``location_id``: the newest copy row there with that path (a key belongs to one artifact),
+    unless it is already noted. Nothing when there is none."""
+    copy_id = session.scalar(select(PhysicalCopy.id).where(
+        PhysicalCopy.location_id == location_id, PhysicalCopy.path == key)
+        .order_by(PhysicalCopy.id.desc()).limit(1))
+    if copy_id is not None:
+        note_quarantined(session, copy_id, quarantined_as)
 
 
 def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id: int | None,
-                            data_transfer_package_id: int | None, seen_gone_at: dt.datetime | None = None) -> None:
+                            data_transfer_package_id: int | None, seen_gone_at: dt.datetime | None = None,
+                            quarantined_as: str | None = None) -> None:
     """Chain onto :attr:`Work.salvage` the recording of the copy at ``location_id`` as
     ``missing`` (:func:`mark_lost`), run in the attempt's fenced failure transaction (I3)."""
     earlier = work.salvage
@@ -310,7 +345,8 @@ def _record_lost_on_failure(work: Work, *, location_id: int, raw_data_package_id
         if earlier is not None:
             earlier(s)
         mark_lost(s, location_id=location_id, raw_data_package_id=raw_data_package_id,
-                  data_transfer_package_id=data_transfer_package_id, seen_gone_at=seen_gone_at)
+                  data_transfer_package_id=data_transfer_package_id, seen_gone_at=seen_gone_at,
+                  quarantined_as=quarantined_as)
 
     work.salvage = salvage
 
@@ -346,7 +382,7 @@ def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expect
     log.warning("source_copy_corrupt_quarantined", location=backend.location, key=key, quarantined_as=moved,
                 sha256=h.hexdigest(), expected=expected_sha256)
     _record_lost_on_failure(work, location_id=location_id, raw_data_package_id=raw_data_package_id,
-                            data_transfer_package_id=data_transfer_package_id)
+                            data_transfer_package_id=data_transfer_package_id, quarantined_as=moved)
     return True
 
 

@@ -51,7 +51,7 @@ def run(work: Work) -> Recorder:
     key = bundle_key(dtp.name)
     work.info.update(bundle=dtp.name, destination=buf_name, key=key)
     ctx.hooks.hit("data_transfer_package.start")  # hooks: claimed, nothing read yet
-    if there_or_moved_aside(buf, key, dtp.size, dtp.sha256):
+    if there_or_moved_aside(buf, key, dtp.size, dtp.sha256, work.ctx):
         size, sha = dtp.size, dtp.sha256
     else:
         mtime = calendar.timegm(dtp.created_at.utctimetuple())

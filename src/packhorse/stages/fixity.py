@@ -12,6 +12,8 @@ may be repaired from (:func:`packhorse.rules.convergence.repair_sources`: an arc
    (``_packhorse/quarantine/<key>.<UTC stamp>-<random>``; never overwriting), unless the key
    already holds exactly the right bytes (an earlier attempt's repair); a folder, a link or a
    special file standing at the key (the copy counts as missing) is moved aside whole, unread;
+   where it went is recorded on the bad copy's row at once (``quarantined_as``, ``quarantined_at``:
+   :func:`~packhorse.stages.base.note_quarantined`), shown by ``packhorse locate``;
 2. the package is copied write-once from the good copy (bytes hashed while copied,
    compared before publishing, re-read after: I2, I4);
 3. the completion transaction records the new ``present`` copy and an INFO notification.
@@ -36,7 +38,7 @@ from packhorse.rules.availability import look
 from packhorse.rules.convergence import repair_sources
 from packhorse.rules.fixity import Finding, check_copy, recognise_returned, record_findings
 from packhorse.rules.policy import mark_archived_if_complete
-from packhorse.stages.base import Recorder, Work, copy_object, record_copy
+from packhorse.stages.base import Recorder, Work, copy_object, note_quarantined, record_copy
 from packhorse.stages.staging import ensure_readable
 
 
@@ -161,6 +163,8 @@ def run(work: Work) -> Recorder:
             # a folder, a link or a special file stands at the key: moved aside whole, unread
             quarantined = dst.quarantine(bad.path)
 
+        if quarantined is not None:
+            ctx.db.transact(lambda s, b=bad, q=quarantined: note_quarantined(s, b.copy_id, q))
         work.check()
         result = copy_object(work, ctx.backend(source.location), source.path, dst, bad.path, size=bad.size,
                              sha256=bad.expected, point="fixity_check")

@@ -288,7 +288,7 @@ def run(work: Work) -> Recorder:
         pkg, files = ctx.db.read(load)
         key = raw_package_key(pkg.name)
         work.info.update(package=pkg.name, destination=dst_name, key=key)
-        if there_or_moved_aside(dst, key, pkg.size, pkg.sha256):
+        if there_or_moved_aside(dst, key, pkg.size, pkg.sha256, work.ctx):
             size, sha = pkg.size, pkg.sha256
             break
         if not files:

@@ -76,7 +76,7 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
         VerificationError: the bytes differ from ``sha256`` (nothing published).
         LeaseLostError: the lease was lost (nothing published).
     """
-    if there_or_moved_aside(dst, key, size, sha256):
+    if there_or_moved_aside(dst, key, size, sha256, work.ctx):
         return
     limiter = None if share is None else RateLimiter(share(), burst_seconds=0.25)
     next_refresh = [time.monotonic() + SHARE_REFRESH_SECONDS]

@@ -199,7 +199,7 @@ def unpack_bundle(work: Work, stream: BinaryIO, *, buf: StorageBackend, source: 
         if path in not_needed:
             return sha256_stream(member)  # the bundle's manifest still checks its bytes
         pkey = raw_package_key(pkg.name)
-        if there_or_moved_aside(buf, pkey, pkg.size, pkg.sha256):
+        if there_or_moved_aside(buf, pkey, pkg.size, pkg.sha256, work.ctx):
             done.append((pkg.id, pkey, size, pkg.sha256 or ""))
             return sha256_stream(member)
         clear_partials(buf, pkey)

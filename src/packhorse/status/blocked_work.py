@@ -80,7 +80,7 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     the work resumes by itself when the location is back (or after ``packhorse init`` when only
     the marker is missing). ``detail``: ``location``, ``location_id``, ``path`` (its root),
     ``marker_only``, ``fault`` (the storage's refusal: ``EROFS``, ``EIO``, ``EACCES``,
-    ``AccessDenied``, or ``None`` for a missing root or marker), ``operations_waiting`` (``PENDING`` operations waiting for it:
+    ``AccessDenied``, or ``None`` for a missing root or marker), ``operations_waiting`` (``PENDING`` and ``SCHEDULED`` operations waiting for it:
     :func:`~packhorse.rules.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
     8601 UTC)."""
     from sqlalchemy import func, select
@@ -92,7 +92,7 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
         if name is None:
             continue  # a location no longer configured
         waiting = session.scalar(select(func.count()).select_from(Operation).where(
-            waiting_for([row.location_id]))) or 0
+            waiting_for([row.location_id], (Status.PENDING, Status.SCHEDULED)))) or 0
         items.append(BlockedItem(
             cause="location_unavailable", subject=f"location {name}",
             reason=f"data location {name} is unavailable: {row.reason}; {waiting} operation(s) wait for it",

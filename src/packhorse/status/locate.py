@@ -20,7 +20,8 @@ was built (the file changed or vanished meanwhile, ``withdrawn_files``) are list
 package involved: every physical copy with its location, status and when it was last verified,
 and its **timeline** — registered, packaged, bundled, shipped, unpacked, archived, staged,
 fixity checks, copies found corrupt or missing (by the scheduled fixity check, or by
-``packhorse verify`` or a read-back), repairs, deletions and failures — oldest first, from the operations and failure
+``packhorse verify`` or a read-back), bad copies moved aside into the location's quarantine
+(``quarantined``: where to, by which operation), repairs, deletions and failures — oldest first, from the operations and failure
 events in the ops database (the single source of truth; nothing extra is recorded).
 
 Error text (error type, message) of failures is included only with ``include_errors`` (an
@@ -70,6 +71,12 @@ def _iso(t: dt.datetime | None) -> str | None:
     return t.isoformat() if t else None
 
 
+def _said(t: dt.datetime | None) -> str:
+    """A time inside a sentence (an event's detail): ``2026-12-05 10:01:02 UTC``, the one
+    format of the text surfaces; the fields themselves stay ISO 8601."""
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC") if t else "?"
+
+
 def source_candidates(session: Session, query: str, settings: Settings | None) -> list[tuple[int, str]]:
     """``[(source location id, relative path)]`` a path the operator gave may name: ``LOCATION:PATH``,
     an absolute path under a source location's root, or a path relative to any source location."""
@@ -106,8 +113,8 @@ def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
             "sha256": w.sha256, "mtime": dt.datetime.fromtimestamp(w.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(w.registered_at), "source_deleted_at": None, "package": None,
             "found_by": None, "why": None,
-            "withdrawn": f"{w.cause} at {_iso(w.withdrawn_at)}: {w.reason}" + (
-                f"; forgotten at {_iso(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
+            "withdrawn": f"{w.cause} at {_said(w.withdrawn_at)}: {w.reason}" + (
+                f"; forgotten at {_said(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
                 if w.forgotten_at else "")}
 
 
@@ -126,7 +133,9 @@ def _copies(session: Session, col: Any, art_id: int) -> list[dict[str, Any]]:
     return [{"artifact": "data_transfer_package" if c.data_transfer_package_id else "raw_data_package",
              "location": loc, "site": site, "role": role, "status": c.status, "path": c.path, "size": c.size,
              "sha256": c.sha256, "created_at": _iso(c.created_at), "verified_at": _iso(c.verified_at),
-             "deleted_at": _iso(c.deleted_at)} for c, loc, role, site in rows]
+             "deleted_at": _iso(c.deleted_at), "found_bad_at": _iso(c.found_bad_at),
+             "quarantined_as": c.quarantined_as, "quarantined_at": _iso(c.quarantined_at)}
+            for c, loc, role, site in rows]
 
 
 def _copy_locations(session: Session, cond: Any) -> dict[int, tuple[int, bool]]:
@@ -205,6 +214,23 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
         if new is not None and not said:
             add(new.created_at, "repaired", None, locs.get(loc_id),
                 detail=f"{what} rewritten from a verified copy ({new.path}); now {new.status}")
+    # quarantines: the bad copy's bytes moved aside (never deleted, I2) by the repair that
+    # replaced it, or by the read-back that found them rotted; the key says where they are
+    for c in (session.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(list(copy_loc)),
+                                                         PhysicalCopy.quarantined_at.is_not(None))
+                              .order_by(PhysicalCopy.quarantined_at)) if copy_loc else []):
+        loc_id, bundle_copy = copy_loc[c.id]
+        what = "the bundle's copy" if bundle_copy else "the package's copy"
+        at = c.quarantined_at
+        running = [op for op in ops if op.created_at <= at and (op.finished_at is None or op.finished_at >= at)]
+        # the copy's own repair; else the work that wrote the key again at that location, or
+        # that read the copy from there and found it rotted
+        by = (next((op for op in running if op.physical_copy_id == c.id), None)
+              or next((op for op in running if op.destination_location_id == loc_id), None)
+              or next((op for op in running if op.source_location_id == loc_id), None))
+        who = f"by {by.kind} operation {by.id}" if by else "before the copy was written again"
+        add(at, "quarantined", by, locs.get(loc_id),
+            detail=f"{what} ({c.path}) moved aside to {c.quarantined_as}, {who}")
     if archived_at is not None:
         add(archived_at, "archived everywhere", detail="every archive location of every destination holds a verified copy")
     events.sort(key=lambda x: (x["at"] or "", x["operation_id"] or 0))
@@ -225,7 +251,7 @@ def _raw_package(session: Session, pkg: RawDataPackage, locs: dict[int, str], in
                                             PhysicalCopy.data_transfer_package_id == (bundle.id if bundle else -1)))
     reg = session.execute(select(func.min(RawDataFile.registered_at), func.max(RawDataFile.registered_at),
                                  func.count()).where(RawDataFile.raw_data_package_id == pkg.id)).one()
-    first = (f"{reg[2]} file(s), the last at {_iso(reg[1])}", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
+    first = (f"{reg[2]} file(s), the last at {_said(reg[1])}", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
     out: dict[str, Any] = {
         "name": pkg.name, "type": "raw_data_package", "version": pkg.version, "group": pkg.group_path,
         "size": pkg.size,
@@ -279,7 +305,8 @@ def locate(session: Session, query: str, *, include_errors: bool = False,
         ``why``: the reason such a version exists), ``"packages": [{"name", "type", "version", "group", "size",
         "sha256", "file_count", "payload_bytes", "created_at", "archived_at", "bundle",
         "copies": [{"artifact", "location", "site", "role", "status", "path", "size", "sha256",
-        "created_at", "verified_at", "deleted_at"}], "bundle_copies": [...], "timeline":
+        "created_at", "verified_at", "deleted_at", "found_bad_at", "quarantined_as",
+        "quarantined_at"}], "bundle_copies": [...], "timeline":
         [{"at", "event", "kind", "operation_id", "status", "location", "detail",
         "error_type", "message"}], "files": [...]} (+ "members" for a bundle)],
         "truncated": bool, "skipped": [{"location", "path", "reason", "first_seen_at",

@@ -195,6 +195,18 @@ def audit_source_location(ctx: ProcessContext, location: str) -> AuditResult:
     return audit_source(ctx, location, hash_source)
 
 
+def sources_not_audited(ctx: ProcessContext) -> list[dict[str, Any]]:
+    """The configured, active source locations a ``packhorse verify`` without ``--location``
+    does not re-hash (their files are a pass of their own: :func:`audit_source_location`):
+    ``[{"location", "last_completed_at"`` (the last source audit pass, ISO 8601 UTC, or
+    ``None``: never), ``"interval_seconds"`` (the scheduled audit's cadence,
+    ``source_audit_interval_seconds``, seconds, or ``None``: off)``}]``. Read-only."""
+    audits = ctx.db.read(audit_summaries)
+    return [{"location": loc.name, "last_completed_at": audits.get(loc.name, {}).get("completed_at"),
+             "interval_seconds": loc.source_audit_interval_seconds}
+            for loc in ctx.settings.locations if loc.role is LocationRole.SOURCE and loc.active]
+
+
 def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str, Any]:
     """Re-read every present copy (optionally of one location) through its backend (I4) and
     record what was found exactly as the fixity audit does (:func:`packhorse.rules.fixity.record_findings`:

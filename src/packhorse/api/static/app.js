@@ -71,8 +71,8 @@
       const t = el("table", { "data-testid": "locate-versions" });
       fill(t, ["version: location", "path", "version", "size", "sha256", "modified", "registered", "package"], r.versions.map((v) => el("tr", {},
         el("td", {}, v.location), el("td", {}, v.path), el("td", { class: "num" }, v.version), el("td", { class: "num" }, v.size), el("td", { title: v.sha256 }, v.sha256.slice(0, 12) + "…"),
-        el("td", {}, v.mtime), el("td", {}, v.registered_at || "—"),
-        el("td", {}, v.withdrawn ? `taken out: ${v.withdrawn}` : (v.package || "not packaged yet"), v.source_deleted_at ? ` (deleted from the source ${v.source_deleted_at})` : ""))));
+        el("td", {}, utc(v.mtime)), el("td", {}, utc(v.registered_at)),
+        el("td", {}, v.withdrawn ? `taken out: ${v.withdrawn}` : (v.package || "not packaged yet"), v.source_deleted_at ? ` (deleted from the source ${utc(v.source_deleted_at)})` : ""))));
       parts.push(t);
     }
     for (const p of r.packages) parts.push(packageCard(p));
@@ -82,16 +82,16 @@
     const card = el("div", { class: "package-card", "data-testid": "locate-package", "data-package": p.name });
     const what = p.type === "data_transfer_package" ? "bundle" : "package";
     card.append(el("h3", {}, `${what} ${p.name} `, el("small", {}, [p.size !== null ? bytes(p.size) : "size not known yet",
-      p.bundle ? "in bundle " + p.bundle : null, p.archived_at ? "archived " + p.archived_at : "not archived yet",
+      p.bundle ? "in bundle " + p.bundle : null, p.archived_at ? "archived " + utc(p.archived_at) : "not archived yet",
       p.members ? p.members.length + " package(s)" : null].filter(Boolean).join(" · "))));
     const copies = el("table", { "data-testid": "locate-copies" });
     fill(copies, ["copy of", "location", "site", "role", "status", "path", "last verified"], [...p.copies, ...p.bundle_copies].map((c) => el("tr", { "data-location": c.location },
       el("td", {}, c.artifact === "data_transfer_package" ? "bundle" : "package"), el("td", {}, c.location), el("td", {}, c.site), el("td", {}, c.role),
-      el("td", { class: c.status === "present" ? "ok" : (c.status === "deleted" ? "" : "bad") }, c.status + (c.deleted_at ? " " + c.deleted_at : "")),
-      el("td", {}, c.path), el("td", {}, c.verified_at || "—"))));
+      el("td", { class: c.status === "present" ? "ok" : (c.status === "deleted" ? "" : "bad") }, c.status + (c.deleted_at ? " " + utc(c.deleted_at) : "") + (c.quarantined_as ? ", moved aside to " + c.quarantined_as + " " + utc(c.quarantined_at) : "")),
+      el("td", {}, c.path), el("td", {}, utc(c.verified_at)))));
     card.append(copies);
     card.append(el("ol", { class: "timeline", "data-testid": "timeline" }, ...p.timeline.map((e) => el("li", {
-      class: /failed/.test(e.event) ? "bad" : "", "data-event": e.event },
+      class: /failed|^found /.test(e.event) ? "bad" : "", "data-event": e.event },
       el("time", {}, utc(e.at)), el("strong", {}, e.event),
       e.location ? " at " + e.location : "", e.operation_id ? ` (${e.kind} ${e.operation_id})` : "",
       e.detail ? " — " + e.detail : "", e.error_type ? `: ${e.error_type}: ${e.message}` : ""))));
@@ -123,7 +123,7 @@
       rows.push(groupRow(g, key, false));
       if (expandedGroups.has(key)) {
         for (const o of g.operations) rows.push(el("tr", { class: "group-ops", "data-testid": "group-op-" + o.operation_id },
-          el("td", {}, ""), el("td", { colspan: 3 }, `${g.kind} ${o.operation_id} · ${o.package || "—"} · failed ${o.updated_at || "—"} · retries ${o.retry_count} / ${o.max_retries}`),
+          el("td", {}, ""), el("td", { colspan: 3 }, `${g.kind} ${o.operation_id} · ${o.package || "—"} · failed ${utc(o.updated_at)} · retries ${o.retry_count} / ${o.max_retries}`),
           el("td", { colspan: 3 }, el("button", { type: "button", "data-testid": "diagnose", onclick: () => showReport(g.kind, o.operation_id) }, "Diagnose"))));
         if (g.count > g.operations.length) rows.push(el("tr", { class: "group-ops" }, el("td", {}, ""), el("td", { colspan: 6 }, `… and ${g.count - g.operations.length} more`)));
       }
@@ -152,7 +152,7 @@
       el("td", {}, gone ? "" : el("button", { type: "button", "data-testid": "group-toggle", "aria-expanded": String(open),
         onclick: () => { if (open) expandedGroups.delete(key); else expandedGroups.add(key); saveGroups(); renderFailures(); } }, open ? "▾" : "▸")),
       el("td", {}, g.kind), el("td", {}, g.location || "—"), el("td", { class: "FAILED", title: g.sample_message || "" }, g.error_type),
-      el("td", { class: "num", "data-testid": "group-count" }, gone ? 0 : g.count), el("td", {}, g.last_at || "—"));
+      el("td", { class: "num", "data-testid": "group-count" }, gone ? 0 : g.count), el("td", {}, utc(g.last_at)));
     const cell = el("td", {});
     if (!gone) {
       if (resetDrafts.has(key)) cell.append(reasonForm(key, `Reset ${g.count} operation(s)`, (reason) => resetGroup(g, key, reason)));
@@ -238,7 +238,7 @@
     const items = ov.blocked || [];
     $("blocked-empty").hidden = items.length > 0;
     const next = (b) => (b.detail && b.detail.state === "half_open") ? "half-open: one attempt running"
-      : (b.detail && b.detail.next_attempt_at) ? "next automatic attempt " + b.detail.next_attempt_at : "";
+      : (b.detail && b.detail.next_attempt_at) ? "next automatic attempt " + utc(b.detail.next_attempt_at) : "";
     fill($("blocked"), ["what", "cause", "why", "releases it", "since"], items.map((b) => el("tr", {
         "data-testid": "blocked-" + b.cause + "-" + b.subject.replace(/\s+/g, "-") },
       el("td", {}, b.subject), el("td", {}, b.cause.replace(/_/g, " ")),
@@ -298,7 +298,7 @@
     const open = b.filter((x) => x.state === "open" || x.state === "half_open");
     fill($("breakers"), ["kind", "operation", "stalls", "last stall", "next automatic attempt", "actions"], open.map((x) => el("tr", { "data-testid": "breaker-" + x.kind + "-" + x.operation_id },
       el("td", {}, x.kind), el("td", { class: "num" }, x.operation_id), el("td", { class: "num" }, x.stall_count),
-      el("td", {}, x.last_stall_at), el("td", {}, x.state === "open" ? x.next_attempt_at : "half-open: trying since " + x.half_open_at),
+      el("td", {}, utc(x.last_stall_at)), el("td", {}, x.state === "open" ? utc(x.next_attempt_at) : "half-open: trying since " + utc(x.half_open_at)),
       el("td", {}, el("button", { type: "button", "data-testid": "breaker-reset", onclick: () => breakerAction(x, "reset") }, "Reset breaker"), " ",
         el("button", { type: "button", "data-testid": "force-retry", onclick: () => breakerAction(x, "force-retry") }, "Force retry")))));
   }
@@ -342,7 +342,7 @@
     fill($("report-snapshot"), ["field", "value"], keys.map((k) => el("tr", {}, el("th", {}, k), el("td", {}, snap[k] === null ? "—" : snap[k]))));
     $("report-events").replaceChildren(...(r.failure_events.length ? r.failure_events.map((e) => {
       const d = el("details", { "data-testid": "event", "data-event-id": e.id, open: openEvents.has(e.id) ? "" : null },
-        el("summary", {}, `${e.created_at} attempt ${e.attempt}: ${e.error_type}: ${e.message}${e.will_retry ? " (retried)" : ""}`),
+        el("summary", {}, `${utc(e.created_at)} attempt ${e.attempt}: ${e.error_type}: ${e.message}${e.will_retry ? " (retried)" : ""}`),
         el("pre", {}, (e.error_context && e.error_context.traceback) || JSON.stringify(e.error_context, null, 2)));
       d.addEventListener("toggle", () => { if (d.open) openEvents.add(e.id); else openEvents.delete(e.id); saveReportState(); });
       return d;
@@ -351,7 +351,7 @@
       el("td", {}, c.name), el("td", {}, c.location), el("td", {}, c.role),
       el("td", { class: c.status === "present" ? "ok" : (c.status === "absent" ? "" : "bad") }, c.status),
       el("td", {}, c.path || "—"), el("td", { class: "num" }, c.size === null ? "—" : c.size),
-      el("td", {}, c.deleted_at ? "deleted " + c.deleted_at : (c.verified_at || "—")))));
+      el("td", {}, c.deleted_at ? "deleted " + utc(c.deleted_at) : utc(c.verified_at)))));
     if (!quiet) $("report").scrollIntoView();
   }
   async function liveCheck() {
@@ -382,7 +382,7 @@
         c.objects.map(liveObject).join("; "))));
     }
     for (const k of s.result.skipped) items.push(el("li", {}, `${k.location}: skipped (${k.reason})`));
-    out.replaceChildren(el("p", {}, `live check at ${s.result.checked_at}:`), el("ul", {}, ...items));
+    out.replaceChildren(el("p", {}, `live check at ${utc(s.result.checked_at)}:`), el("ul", {}, ...items));
   }
 
   document.addEventListener("DOMContentLoaded", () => {

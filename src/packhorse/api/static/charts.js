@@ -2,7 +2,8 @@
 // MIT; nothing is loaded from the internet). Input: the payload of GET /api/transfer/history.
 // window.PackhorseCharts.render(container, history) draws (or updates) five charts:
 // throughput bytes/min and files/min per stage, backlog per stage, disk usage per location
-// against its thresholds, failures per stage.
+// against its thresholds, failures per stage. Times are UTC, 24-hour; each axis is sized to its
+// widest label, so none is cut off.
 "use strict";
 (function () {
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
@@ -11,12 +12,45 @@
 
   function bytesPerMin(v) {
     if (v === null || v === undefined) return "–";
-    const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const u = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let i = 0; let x = Number(v);
     while (Math.abs(x) >= 1024 && i < u.length - 1) { x /= 1024; i++; }
     return (i ? x.toFixed(1) : x.toFixed(0)) + " " + u[i];
   }
   const count = (v) => (v === null || v === undefined ? "–" : String(Math.round(v * 100) / 100));
+
+  // times in the dashboard's one format: UTC, 24-hour (as dom.js utc(): "2026-12-06 05:43:55 UTC");
+  // a time label carries its date under it where the day changes (and on the first label)
+  function utcTicks(u, splits, axisIdx, space, incr) {
+    let day = null;
+    return splits.map((ts) => {
+      const iso = new Date(ts * 1000).toISOString();
+      const t = incr < 60 ? iso.slice(11, 19) : iso.slice(11, 16);
+      const d = iso.slice(0, 10);
+      const out = d !== day ? t + "\n" + d : t;
+      day = d;
+      return out;
+    });
+  }
+  const utcValue = (u, ts) => (ts === null || ts === undefined ? "–" : new Date(ts * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC");
+
+  // an axis as wide (a left axis) or as tall (a bottom axis) as its widest (tallest) label, measured
+  // with the axis's own font, plus its ticks and gap: a fixed size cut off "1023.9 TiB" and
+  // long counts at the chart's left edge
+  function axisSize(u, values, axisIdx) { // measured every cycle: the splits change between cycles
+    const axis = u.axes[axisIdx];
+    const tick = axis.ticks && axis.ticks.show !== false ? axis.ticks.size : 0;
+    const vals = (values || []).filter((v) => v !== null && v !== undefined && v !== "");
+    u.ctx.font = Array.isArray(axis.font) ? axis.font[0] : axis.font;
+    const px = window.devicePixelRatio || 1;
+    if (axis.side === 2 || axis.side === 0) { // horizontal: lines of text
+      const lines = Math.max(1, ...vals.map((v) => String(v).split("\n").length));
+      const lineHeight = (Array.isArray(axis.font) ? axis.font[1] : 12) / px * 1.5;
+      return Math.ceil(tick + axis.gap + lines * lineHeight + 4);
+    }
+    const widest = Math.max(0, ...vals.map((v) => Math.max(...String(v).split("\n").map((l) => u.ctx.measureText(l).width)))) / px;
+    return Math.ceil(tick + axis.gap + widest + 6);
+  }
 
   function specs(h) {
     const kinds = (o) => Object.keys(o).sort();
@@ -74,8 +108,8 @@
     const opts = {
       width, height: 220,
       scales: { x: { time: true }, y: spec.range ? { range: spec.range } : { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
-      axes: [{}, { values: (u, vals) => vals.map((v) => spec.fmt(v)), size: 70 }],
-      series: [{ label: "time (local)" }, ...lines, ...extra],
+      axes: [{ values: utcTicks, size: axisSize }, { values: (u, vals) => vals.map((v) => spec.fmt(v)), size: axisSize }],
+      series: [{ label: "time (UTC)", value: utcValue }, ...lines, ...extra],
       legend: { live: true },
     };
     charts[spec.id] = { plot: new uPlot(opts, data, plotEl), key };
@@ -83,5 +117,7 @@
 
   window.PackhorseCharts = {
     render(container, h) { for (const spec of specs(h)) draw(container, spec, h); },
+    // the uPlot instance of a chart (or null): what the dashboard's browser tests measure
+    plot(id) { return charts[id] ? charts[id].plot : null; },
   };
 })();
