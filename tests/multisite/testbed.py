@@ -293,6 +293,9 @@ broker_url = "{self.broker_url}"
 [recovery]
 lease_timeout_seconds = {lease}
 heartbeat_interval_seconds = {extra.get("heartbeat_interval_seconds", 2)}
+# health heartbeats well inside a lease, as the defaults have them (30 + 60 ≤ 300 s): the
+# monitor can then tell a site cut off from a worker that died (docs/recovery.md)
+service_heartbeat_interval_seconds = {extra.get("service_heartbeat_interval_seconds", 5)}
 monitor_interval_seconds = 1
 max_retries = 50
 retry_backoff_base_seconds = 0.5
