@@ -229,3 +229,50 @@ def test_a_write_that_is_not_resumable_is_aborted_by_suspend(tmp_path):
         w.write(b"x" * 100)
         w.suspend()
     assert not [p for p in (tmp_path / "buf").rglob("*") if p.name.endswith(PARTIAL_SUFFIX)]
+
+
+def test_a_deferred_read_back_follows_the_write_and_still_refuses_a_damaged_tail(tmp_path, monkeypatch):
+    # a resumable write whose hash is deferred (a transfer's) reads its partial back in segments
+    # while it is written (each after an fdatasync), and the rest after the final fsync: the
+    # sha256 compared before publishing is that of the bytes read back, all of them (I4)
+    from packhorse.errors import VerificationError
+    from packhorse.storage import disk
+
+    monkeypatch.setattr(disk, "READ_BACK_SEGMENT_BYTES", 64 * 1024)
+    backend = DiskBackend("buf", tmp_path)
+    data = os.urandom(300 * 1024)
+    sha = hashlib.sha256(data).hexdigest()
+    with backend.open_resumable_write(KEY, 1) as w:
+        assert w.defer_hash()
+        for i in range(0, len(data), 10_000):
+            w.write(data[i:i + 10_000])
+        result = w.publish(sha)
+    assert result.read_back and result.sha256 == sha and result.size == len(data)
+    assert backend.local_path(KEY).read_bytes() == data
+
+    other = "bundles/b2.tar"
+    with backend.open_resumable_write(other, 1) as w:
+        w.defer_hash()
+        for i in range(0, len(data), 10_000):
+            w.write(data[i:i + 10_000])
+        with open(w.local_path, "r+b") as f:  # the last byte, written after the last segment handed over
+            f.seek(len(data) - 1)
+            f.write(bytes([data[-1] ^ 0xFF]))
+        with pytest.raises(VerificationError, match="before publishing"):
+            w.publish(sha)
+    assert not backend.local_path(other).exists()
+    assert not [p for p in backend.local_path(other).parent.iterdir() if p.name.startswith(".b2.tar")]
+
+
+def test_a_suspended_write_stops_its_read_back_and_leaves_the_partial(tmp_path, monkeypatch):
+    from packhorse.storage import disk
+
+    monkeypatch.setattr(disk, "READ_BACK_SEGMENT_BYTES", 64 * 1024)
+    backend = DiskBackend("buf", tmp_path)
+    data = os.urandom(200 * 1024)
+    with backend.open_resumable_write(KEY, 1) as w:
+        w.defer_hash()
+        w.write(data)
+        w.suspend()
+    partials = [p for p in backend.local_path(KEY).parent.iterdir() if p.name.endswith(PARTIAL_SUFFIX)]
+    assert len(partials) == 1 and partials[0].read_bytes() == data

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,8 @@ class FakeFile:
 
 
 class FakeSftp:
+    limits = SimpleNamespace(max_read_len=261120)  # what OpenSSH announces (limits@openssh.com)
+
     async def stat(self, path: str, follow_symlinks: bool = True) -> object:
         return object()
 

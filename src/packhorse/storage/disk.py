@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import secrets
@@ -73,6 +74,10 @@ from packhorse.storage.faults import fault_of
 
 _RENAME_NOREPLACE = 1
 WRITE_BUFFER_BYTES = 1 << 20
+#: A resumable write whose hash is deferred (a transfer's) reads its partial back while it is
+#: written, in segments of this many bytes, each after an ``fdatasync``: publishing then reads back
+#: only the last segment after its ``fsync`` (I4; the read-back no longer follows the transfer).
+READ_BACK_SEGMENT_BYTES = 64 << 20
 _AT_FDCWD = -100
 
 
@@ -176,6 +181,7 @@ class _DiskPendingWrite(PendingWrite):
         # is in the partial when its process is killed, for the next attempt to resume from
         self._write_through = token is not None or taken_over is not None
         self._file = os.fdopen(fd, "r+b", buffering=WRITE_BUFFER_BYTES)  # tar headers are 512-byte writes
+        self._follower: _ReadBackFollower | None = None  # the overlapped read-back (defer_hash)
 
     @property
     def local_path(self) -> Path:
@@ -231,6 +237,10 @@ class _DiskPendingWrite(PendingWrite):
                 self._file.flush()
         except OSError as e:
             raise self._write_failed(e) from e
+        if self._write_through and not self._hashing:  # in the file now: read back the segments done
+            if self._follower is None:
+                self._follower = _ReadBackFollower(self._file.fileno())
+            self._follower.written(self.size + len(data))
 
     def _write_failed(self, e: OSError) -> DestinationWriteError:
         """Remove the partial file at once (a full disk must not stay full of it) and name the
@@ -265,7 +275,10 @@ class _DiskPendingWrite(PendingWrite):
         if expected_sha256 is None:
             raise ValueError(f"{self.key!r}: a write with a deferred hash is published with its expected sha256")
         try:
-            size, h = hash_fd(self._file.fileno())
+            if self._follower is not None:  # the segments it read back after their fdatasync, then the rest
+                size, h = self._follower.finish()
+            else:
+                size, h = hash_fd(self._file.fileno())
         except OSError as e:
             raise self._write_failed(e) from e
         sha = h.hexdigest()
@@ -306,10 +319,16 @@ class _DiskPendingWrite(PendingWrite):
         finally:
             self.abort()
 
+    def _stop_follower(self) -> None:
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None
+
     def suspend(self) -> None:
         if not self._write_through:  # not a resumable write: nothing may resume it
             self.abort()
             return
+        self._stop_follower()
         try:  # closing releases the flock: a later attempt's open_resumable_write takes it over
             if not self._file.closed:
                 self._file.close()
@@ -320,6 +339,7 @@ class _DiskPendingWrite(PendingWrite):
     def abort(self) -> None:
         # close() flushes the write buffer, which fails again on a full disk: the partial
         # file is removed whatever close() says
+        self._stop_follower()
         try:
             if not self._file.closed:
                 self._file.close()
@@ -331,6 +351,81 @@ class _DiskPendingWrite(PendingWrite):
             except FileNotFoundError:
                 pass
             self.closed = True
+
+
+class _ReadBackFollower:
+    """The read-back of a partial file that is still being written (I4, overlapped): a thread
+    that, each time :data:`READ_BACK_SEGMENT_BYTES` more were written, ``fdatasync``s the file
+    and reads the bytes from where it stopped up to what was written before that sync back with
+    ``pread`` into a running sha256. :meth:`finish` (after the writer's final ``fsync``) reads
+    the rest to the file's end: every byte is hashed as read back from the file after it was
+    synced, none from the writer's buffers."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._hash = hashlib.sha256()
+        self._at = 0  # bytes read back
+        self._handed = 0  # bytes handed to the thread
+        self._cond = threading.Condition()
+        self._target = 0
+        self._stopping = False
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="read-back", daemon=True)
+        self._thread.start()
+
+    def written(self, end: int) -> None:
+        """The file holds ``end`` bytes written (flushed to the file descriptor)."""
+        if end - self._handed >= READ_BACK_SEGMENT_BYTES:
+            self._handed = end
+            with self._cond:
+                self._target = end
+                self._cond.notify()
+
+    def _run(self) -> None:
+        buf = bytearray(8 << 20)
+        view = memoryview(buf)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._target > self._at)
+                if self._stopping:
+                    return
+                target = self._target
+            try:
+                os.fdatasync(self._fd)
+                while self._at < target:
+                    n = os.preadv(self._fd, [view[:min(len(buf), target - self._at)]], self._at)
+                    if not n:
+                        raise OSError(errno.EIO, f"the partial file ended at {self._at:,} bytes, "
+                                                 f"{target:,} were written")
+                    self._hash.update(view[:n])
+                    self._at += n
+            except OSError as e:
+                self._error = e
+                return
+
+    def stop(self) -> None:
+        """Stop the thread (after the segment it reads now)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    def finish(self) -> tuple[int, Any]:
+        """After the writer's ``fsync``: read the rest back to the file's end; ``(bytes read back,
+        sha256 hash object)``.
+
+        Raises:
+            OSError: a sync or read failed (now or in the thread).
+        """
+        self.stop()
+        if self._error is not None:
+            raise self._error
+        buf = bytearray(8 << 20)
+        view = memoryview(buf)
+        while n := os.preadv(self._fd, [buf], self._at):
+            self._hash.update(view[:n])
+            self._at += n
+        return self._at, self._hash
 
 
 class PendingFolder:

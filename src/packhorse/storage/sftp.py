@@ -53,17 +53,29 @@ from packhorse.storage.identity import MARKER_KEY, MAX_MARKER_BYTES
 DEFAULT_STREAMS = 4
 #: Bytes one stream reads in one ranged read (the unit handed out in order), bytes.
 BLOCK_BYTES = 4 * 1024 * 1024
-#: Blocks read ahead of the caller per stream (the reorder window): memory ≈ streams × this × block.
+#: Blocks each stream has in flight at once (its ranged reads overlap, so no round trip is lost
+#: between one block and the next); the caller may fall behind by ``streams × (this + 1)`` blocks
+#: (the reorder window): memory ≈ streams × (this + 1) × block.
 AHEAD_PER_STREAM = 2
 #: A ranged read (or a connection attempt) with no answer for this long counts as a cut link, seconds.
 STALL_SECONDS = 60.0
 #: SSH keepalives: sent after this many idle seconds; the link is dead after KEEPALIVE_COUNT unanswered.
 KEEPALIVE_SECONDS = 15.0
 KEEPALIVE_COUNT = 4
-#: Size of one SFTP read request within a ranged read, bytes (asyncssh pipelines them).
+#: Size of one SFTP read request within a ranged read at most, bytes (asyncssh pipelines them); a
+#: server that announces a smaller maximum read length (``limits@openssh.com``: OpenSSH's
+#: sftp-server answers at most 255 KiB) gets requests of that size, as a shorter answer costs one
+#: more round trip for the rest of the request.
 REQUEST_BYTES = 256 * 1024
-#: SFTP read requests in flight per stream.
+#: SFTP read requests in flight per ranged read (asyncssh's ``max_requests``): a whole block is requested at once.
 REQUESTS_IN_FLIGHT = 32
+#: The SSH channel's receive window, bytes: how much the server may send unasked for (asyncssh's
+#: default, 2 MiB, refilled at half, holds one stream to about 1.5 MiB per round trip, 125 Mbit/s at 100 ms:
+#: below a link's rate once the round trip is longer). It must cover what a stream has requested
+#: (``AHEAD_PER_STREAM × BLOCK_BYTES``), so the server never waits for a window adjustment.
+WINDOW_BYTES = 16 * 1024 * 1024
+#: asyncssh's read length when the server announces none (it then assumes 16 KiB)
+_UNANNOUNCED_READ_LEN = 16 * 1024
 
 T = TypeVar("T")
 
@@ -228,7 +240,7 @@ class SftpSource:
             conn, _ = await asyncio.wait_for(asyncssh.create_connection(
                 lambda: client, e.host, e.port, username=e.user, client_keys=[key], known_hosts=known,
                 agent_path=None, config=None, preferred_auth="publickey", password=None,
-                keepalive_interval=KEEPALIVE_SECONDS, keepalive_count_max=KEEPALIVE_COUNT,
+                keepalive_interval=KEEPALIVE_SECONDS, keepalive_count_max=KEEPALIVE_COUNT, window=WINDOW_BYTES,
                 login_timeout=e.connect_timeout_seconds), e.connect_timeout_seconds)
         except asyncssh.HostKeyNotVerifiable as exc:
             raise self._host_key_error(client.refused_key, known, str(exc)) from None
@@ -395,8 +407,10 @@ class SftpSource:
     async def _open(self, sftp: Any, key: str) -> Any:
         """Open ``key`` for reading on one SFTP session (an asyncssh file: pipelined requests)."""
         path = self._path(key)
+        announced = sftp.limits.max_read_len
+        request = min(REQUEST_BYTES, announced) if announced > _UNANNOUNCED_READ_LEN else REQUEST_BYTES
         try:
-            return await sftp.open(path, "rb", block_size=REQUEST_BYTES, max_requests=REQUESTS_IN_FLIGHT)
+            return await sftp.open(path, "rb", block_size=request, max_requests=REQUESTS_IN_FLIGHT)
         except asyncssh.SFTPNoSuchFile:
             raise SourceMissingError(f"{self.location}: {key!r} does not exist on {self.endpoint.host} ({path})",
                                      step="transfer", side="source", path=key, host=self.endpoint.host) from None
@@ -435,10 +449,11 @@ class SftpSource:
 
 
 class ParallelReader:
-    """A binary file object over ranged reads of one remote object by several streams: blocks
-    are requested by the streams as they become free, at most ``streams × AHEAD_PER_STREAM``
-    blocks ahead of the caller, and returned by :meth:`readinto` / :meth:`read` strictly in
-    order. Closing it cancels what is still in flight (the connections stay open)."""
+    """A binary file object over ranged reads of one remote object by several streams: each
+    stream keeps ``AHEAD_PER_STREAM`` blocks requested at once, at most
+    ``streams × (AHEAD_PER_STREAM + 1)`` blocks ahead of the caller, and they are returned by
+    :meth:`readinto` / :meth:`read` strictly in order. Closing it cancels what is still in
+    flight (the connections stay open)."""
 
     def __init__(self, source: SftpSource, key: str, offset: int, size: int,
                  on_read: Callable[[], None] | None) -> None:
@@ -451,7 +466,8 @@ class ParallelReader:
         self._blocks = [(o, min(block, size - o)) for o in range(offset, size, block)]
         rate = source.limiter.rate if source.limiter is not None else None
         #: seconds the caller waits for its next block at most (then the link counts as cut)
-        self._patience = STALL_SECONDS * 2 + (source.streams * AHEAD_PER_STREAM * block / rate if rate else 0)
+        self._patience = STALL_SECONDS * 2 + (source.streams * (AHEAD_PER_STREAM + 1) * block / rate
+                                               if rate else 0)
         self._next = 0  # the next block the caller gets
         self._buf = memoryview(b"")
         self._done: dict[int, bytes] = {}
@@ -463,7 +479,7 @@ class ParallelReader:
     async def _start(self) -> None:
         self._cond = asyncio.Condition()
         taken = iter(range(len(self._blocks)))
-        window = self._src.streams * AHEAD_PER_STREAM
+        window = self._src.streams * (AHEAD_PER_STREAM + 1)
         limiter = self._src.limiter
 
         async def stream(sftp: Any) -> None:
@@ -475,8 +491,8 @@ class ParallelReader:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 await fail(exc)
                 return
-            try:
-                await blocks(f)
+            try:  # AHEAD_PER_STREAM ranged reads at once on this stream's file handle
+                await asyncio.gather(*(blocks(f) for _ in range(AHEAD_PER_STREAM)))
             finally:
                 try:
                     await f.close()
