@@ -52,7 +52,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -200,17 +199,10 @@ def archived_counts(bed: Any, destinations: list[str]) -> dict[str, int]:
 
 def check_archives(bed: Any, sums: dict[str, str], destinations: list[str]) -> None:
     """Every source file exactly once, with its bytes, in the package tars at each destination."""
+    from testbed import archived_files
+
     for d in destinations:
-        root = bed.root / "sites" / d / "archive"
-        found: dict[str, list[str]] = {}
-        for tar_path in root.rglob("*.tar"):
-            if "_packhorse" in tar_path.parts:
-                continue
-            with tarfile.open(tar_path) as tar:
-                for m in tar.getmembers():
-                    parts = m.name.split("/", 2)  # <bag folder>/data/<source path>
-                    if m.isfile() and len(parts) == 3 and parts[1] == "data":
-                        found.setdefault(parts[2], []).append(hashlib.sha256(tar.extractfile(m).read()).hexdigest())
+        found = archived_files(bed, d)
         bad = [p for p, s in sums.items() if found.get(p) != [s]]
         if bad or len(found) != len(sums):
             raise SystemExit(f"{d}: {len(bad)} files missing, duplicated or corrupt (e.g. {bad[:3]}); "

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tarfile
 import time
 
 import pytest
-from testbed import SITES, TestBed, namespaces_work
+from testbed import SITES, TestBed, archived_files, bed_for_test
 
 pytestmark = [pytest.mark.multisite, pytest.mark.timeout(900)]
 
@@ -25,12 +24,7 @@ DESTINATIONS = ["cologne", "cornell"]
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    why = namespaces_work()
-    if why:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and the multi-site test bed cannot run: {why}")
-        pytest.skip(why)
-    b = TestBed(tmp_path_factory.mktemp("bed"), rate_mbit=200).up()
+    b = bed_for_test(tmp_path_factory.mktemp("bed"), rate_mbit=200)
     try:
         yield b
     finally:
@@ -54,22 +48,6 @@ def archive_objects(bed: TestBed, site: str) -> dict[str, tuple[int, int]]:
     root = bed.root / "sites" / site / "archive"
     return {str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns)
             for p in root.rglob("*.tar") if "_packhorse" not in p.parts}
-
-
-def archived_files(bed: TestBed, site: str) -> dict[str, list[str]]:
-    """``{source path: [sha256 of each copy found]}`` read from the package tars at ``site``."""
-    found: dict[str, list[str]] = {}
-    root = bed.root / "sites" / site / "archive"
-    for tar_path in root.rglob("*.tar"):
-        if "_packhorse" in tar_path.parts:
-            continue
-        with tarfile.open(tar_path) as tar:
-            for m in tar.getmembers():
-                parts = m.name.split("/", 2)  # <bag folder>/data/<source path>
-                if m.isfile() and len(parts) == 3 and parts[1] == "data":
-                    digest = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
-                    found.setdefault(parts[2], []).append(digest)
-    return found
 
 
 def tally(bed: TestBed, expected: dict[str, str], before: dict[str, dict[str, tuple[int, int]]]) -> dict[str, int]:

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from test_across_sites import archived_files, snapshot, tally, wait_archived, write_files
-from testbed import CENTRAL_ADDRESS, PG_BIN, PG_PORT, TestBed, namespaces_work
+from testbed import CENTRAL_ADDRESS, PG_BIN, PG_PORT, TestBed, bed_for_test
 
 pytestmark = [pytest.mark.multisite, pytest.mark.timeout(900)]
 
@@ -27,13 +27,8 @@ ZERO = dict(lost=0, duplicated=0, corrupt=0, overwritten=0)
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    why = namespaces_work()
-    if why:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and the multi-site test bed cannot run: {why}")
-        pytest.skip(why)
-    b = TestBed(tmp_path_factory.mktemp("bed"), rate_mbit=200, clock_ahead={"fyst": AHEAD, "cologne": AHEAD},
-                settle_seconds=2).up()
+    b = bed_for_test(tmp_path_factory.mktemp("bed"), rate_mbit=200, clock_ahead={"fyst": AHEAD, "cologne": AHEAD},
+                     settle_seconds=2)
     try:
         yield b
     finally:

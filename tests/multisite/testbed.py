@@ -40,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -476,6 +477,38 @@ streams = {self.ssh_streams}
         """Remove the bed's state (site folders, keys, SSH servers' files); the logs stay."""
         for name in ("sites", "keys", "ssh"):
             shutil.rmtree(self.root / name, ignore_errors=True)
+
+
+def bed_for_test(root: Path, **options: Any) -> TestBed:
+    """A bed in ``root`` brought up for a test (``options`` as :class:`TestBed`'s); where
+    namespaces cannot be made the test is skipped with the reason, or fails under ``CI=true``
+    (CI runs as root and must run these tests)."""
+    import pytest
+
+    why = namespaces_work()
+    if why:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and the multi-site test bed cannot run: {why}")
+        pytest.skip(why)
+    return TestBed(root, **options).up()
+
+
+def archived_files(bed: TestBed, site: str) -> dict[str, list[str]]:
+    """``{source path: [sha256 of each copy found]}`` read from the package tars in ``site``'s
+    long-term archive, from outside packhorse (every member ``<bag folder>/data/<source path>``)."""
+    found: dict[str, list[str]] = {}
+    root = bed.root / "sites" / site / "archive"
+    for tar_path in root.rglob("*.tar"):
+        if "_packhorse" in tar_path.parts:
+            continue
+        with tarfile.open(tar_path) as tar:
+            for m in tar.getmembers():
+                parts = m.name.split("/", 2)
+                if m.isfile() and len(parts) == 3 and parts[1] == "data":
+                    member = tar.extractfile(m)
+                    assert member is not None
+                    found.setdefault(parts[2], []).append(hashlib.sha256(member.read()).hexdigest())
+    return found
 
 
 def main() -> int:
