@@ -841,8 +841,8 @@ def _format_validation_error(source: str, exc: ValidationError, data: dict[str, 
     return f"{source}: " + "; ".join(parts)
 
 
-ENV_SECTIONS = ("database", "executor", "packaging", "extraction", "managers", "recovery", "deletion", "notifications",
-                "disk_usage", "api", "hooks")
+ENV_SECTIONS = ("database", "executor", "packaging", "extraction", "managers", "recovery", "deletion", "quarantine",
+                "notifications", "disk_usage", "api", "hooks", "metrics")
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

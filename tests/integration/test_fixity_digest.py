@@ -44,4 +44,5 @@ def test_every_copy_of_many_packages_bad_at_once_is_one_critical_digest(pipeline
     assert "3 packages" in note.subject
     for name in ("cam/obs-1", "cam/obs-2", "cam/obs-3"):
         assert name in note.body
-    assert "packhorse diagnose --package" in note.body
+    # the command as it runs: the package's name, not its label ("raw data package cam/obs-1")
+    assert "`packhorse diagnose --package cam/obs-1`" in note.body

@@ -502,3 +502,15 @@ def test_an_extraction_limit_below_the_package_size_is_refused_at_start() -> Non
     assert "extraction.max_member_bytes: 100000 is less than packaging.max_package_bytes" in msg
     d["packaging"] = {"max_package_bytes": 100_000}
     settings_from_dict(d, source="site.toml", environ={})
+
+
+def test_every_table_of_keys_takes_environment_overrides() -> None:
+    # [quarantine] and [metrics] were documented as overridable and refused ("unknown section")
+    s = settings_from_dict({}, environ={"PACKHORSE_QUARANTINE__MIN_RETENTION_SECONDS": "0",
+                                        "PACKHORSE_METRICS__INFLUXDB__URL": "http://127.0.0.1:8086",
+                                        "PACKHORSE_METRICS__INFLUXDB__DATABASE": "packhorse"})
+    assert s.quarantine.min_retention_seconds == 0
+    assert s.metrics.influxdb.url == "http://127.0.0.1:8086"
+    from packhorse.config import ENV_SECTIONS, Settings
+    tables = {name for name, f in Settings.model_fields.items() if hasattr(f.default, "model_fields")}
+    assert tables <= set(ENV_SECTIONS), tables - set(ENV_SECTIONS)

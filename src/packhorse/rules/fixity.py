@@ -173,7 +173,7 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
         lines = [f"{g.status.upper()} {g.location}:{g.path} (expected sha256 {g.expected}, size {g.size}"
                  + (f"; read sha256 {g.actual}" if g.actual else "") + (f"; {g.error}" if g.error else "") + ")"
                  for g in group]
-        context = {"package": label, "copies": [{"location": g.location, "path": g.path, "status": g.status,
+        context = {"package": label, "name": name, "copies": [{"location": g.location, "path": g.path, "status": g.status,
                                                  "expected": g.expected, "actual": g.actual} for g in group]}
         if _present_copies(session, group[0]) == 0:
             all_bad.extend(group)
@@ -238,7 +238,8 @@ def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterab
 
 def _render_all_bad(packages: list[dict[str, Any]]) -> tuple[str, str]:
     """Subject and body of the CRITICAL "every copy bad" message for ``packages`` (each
-    ``{"package", "lines", "locations"}``): one digest per set of locations."""
+    ``{"package"`` (its label: "raw data package NAME" or "bundle NAME")``, "name", "lines",
+    "locations"}``): one digest per set of locations."""
     first = packages[0]["package"]
     locations = sorted({loc for p in packages for loc in p["locations"]})
     subject = (f"Every copy of {first} looks bad at once" if len(packages) == 1 else
@@ -253,7 +254,8 @@ def _render_all_bad(packages: list[dict[str, Any]]) -> tuple[str, str]:
     if len(packages) > DIGEST_BODY_MAX:
         body.append(f"… and {len(packages) - DIGEST_BODY_MAX} more packages (`packhorse verify`)")
     body += ["", f"Next: check that {', '.join(locations)} are mounted and reachable (`packhorse usage --measure`, "
-                 "`packhorse verify`), then `packhorse diagnose --package " + first + "`."]
+                 "`packhorse verify`), then `packhorse diagnose --package "
+                 + shlex.quote(packages[0].get("name", first)) + "`."]
     return subject, "\n".join(body)
 
 
@@ -262,7 +264,8 @@ def _all_copies_bad(session: Session, label: str, lines: list[str], context: dic
     """Queue (or fold into the waiting digest of the same locations) the CRITICAL message for a
     package whose every copy failed at once: one root cause (a mount gone) hitting many
     packages is one message per cooldown window, listing them."""
-    entry = {"package": label, "lines": lines, "locations": sorted({c["location"] for c in context["copies"]})}
+    entry = {"package": label, "name": context["name"], "lines": lines,
+             "locations": sorted({c["location"] for c in context["copies"]})}
     subject, body = _render_all_bad([entry])
 
     def merge(row: Notification) -> tuple[str, str, dict[str, Any]]:
