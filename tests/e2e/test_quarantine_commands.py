@@ -102,7 +102,9 @@ def test_quarantine_list_purge_status_and_usage(tmp_path: Path) -> None:
 
     audit = json.loads(cli(cfg, "audit", "--json").stdout)
     purges = [a for a in audit if a["action"] == "quarantine.purge"]
-    assert [a["result"] for a in purges] == ["ok", "refused"]  # newest first; the dry run is not audited
+    # newest first: the purge, the blank reason, the one inside the retention; the dry runs are not audited
+    assert [a["result"] for a in purges] == ["ok", "refused", "refused"]
+    assert "--reason" in purges[1]["message"] and "2592000)" in purges[2]["message"]
     assert purges[0]["details"]["reason"] == "looked at"
     assert sorted(purges[0]["details"]["removed"]) == sorted([f"cologne-lta:{old_file}", f"cornell-buffer:{old_folder}"])
     assert purges[0]["details"]["removed_bytes"] == 1320

@@ -107,21 +107,25 @@ def purge_quarantine(ctx: ProcessContext, *, older_than_seconds: float, reason: 
     age), "failed": [{"location", "key", "error"}], "not_listed": [...], "dry_run": bool}``.
 
     Raises:
-        EmptyReasonError: ``reason`` is blank (nothing removed).
+        EmptyReasonError: ``reason`` is blank (nothing removed; audited as refused).
         QuarantineRetentionError: ``older_than_seconds`` is below ``[quarantine]
             min_retention_seconds`` (nothing removed; audited as refused).
         KeyError: ``location`` is not configured.
     """
-    if not reason.strip():
-        raise EmptyReasonError("--reason: say why the quarantined copies may go (kept in the audit log)")
     if location is not None:
         ctx.settings.location(location)
     floor = ctx.settings.quarantine.min_retention_seconds
     details: dict[str, Any] = {"reason": reason, "older_than_seconds": older_than_seconds, "location": location,
                                "site": site}
+    if not reason.strip():
+        msg = "--reason: say why the quarantined copies may go (kept in the audit log)"
+        if not dry_run:  # every refused purge is in the audit log, as every refused change is
+            audit.record(ctx.db, actor=actor, action="quarantine.purge", target=location or "*", details=details,
+                         result="refused", message=msg)
+        raise EmptyReasonError(msg)
     if older_than_seconds < floor:
         msg = (f"--older-than {older_than_seconds / DAY_SECONDS:g} days is inside the quarantine's minimum retention "
-               f"of {floor / DAY_SECONDS:g} days ([quarantine] min_retention_seconds = {floor:g}): nothing removed")
+               f"of {floor / DAY_SECONDS:g} days ([quarantine] min_retention_seconds = {floor:.0f}): nothing removed")
         if not dry_run:
             audit.record(ctx.db, actor=actor, action="quarantine.purge", target=location or "*", details=details,
                          result="refused", message=msg)
