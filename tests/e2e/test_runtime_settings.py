@@ -90,7 +90,7 @@ def test_a_running_monitor_and_the_views_follow_the_monitor_interval_set_at_run_
     # never reached it; and status and the gauge judged "lease not reclaimed" by the file's
     # interval while the monitors used another
     site = tmp_path / "site"
-    cfg = write_site_config(site, monitor_interval_seconds=1000,
+    cfg = write_site_config(site, monitor_interval_seconds=3600,
                             poll_interval_seconds=f"1\nruntime_settings_refresh_seconds = {REFRESH}")
     assert run_packhorse("init", "-c", str(cfg), cwd=site).returncode == 0
     db = Database(f"sqlite:///{site / 'packhorse.db'}")
@@ -99,9 +99,9 @@ def test_a_running_monitor_and_the_views_follow_the_monitor_interval_set_at_run_
         now = utcnow()
         op = Operation(kind="transfer", status=Status.IN_PROGRESS.value, dedup_key="transfer:expired",
                        site_id=s.scalar(select(Site.id).order_by(Site.id).limit(1)), attempt=1,
-                       lease_owner="worker:fyst@gone:1", lease_expires_at=now - dt.timedelta(minutes=10),
-                       heartbeat_at=now - dt.timedelta(minutes=11), started_at=now - dt.timedelta(minutes=12),
-                       updated_at=now - dt.timedelta(minutes=11))
+                       lease_owner="worker:fyst@gone:1", lease_expires_at=now - dt.timedelta(minutes=60),
+                       heartbeat_at=now - dt.timedelta(minutes=61), started_at=now - dt.timedelta(minutes=62),
+                       updated_at=now - dt.timedelta(minutes=61))
         s.add(op)
         s.flush()
         return op.id
@@ -111,7 +111,7 @@ def test_a_running_monitor_and_the_views_follow_the_monitor_interval_set_at_run_
         with the file's interval)."""
         r = run_packhorse("status", "--json", "-c", str(cfg), cwd=site)
         listed = [b["subject"] for b in json.loads(r.stdout)["blocked"] if b["cause"] == "lease_not_reclaimed"]
-        gauge = db.read(lambda s: collect_values(s, monitor_interval_seconds=1000)["blocked"]["lease_not_reclaimed"])
+        gauge = db.read(lambda s: collect_values(s, monitor_interval_seconds=3600)["blocked"]["lease_not_reclaimed"])
         return listed, gauge
 
     log = (tmp_path / "monitor.log").open("wb")
@@ -121,11 +121,12 @@ def test_a_running_monitor_and_the_views_follow_the_monitor_interval_set_at_run_
         _wait(lambda: "monitor" in run_packhorse("health", "--json", "-c", str(cfg), cwd=site).stdout, 60,
               "the monitor's first pass")
         op_id = db.transact(seed)
-        # expired 10 min ago: two passes of 1000 s have not gone by, nothing to list
+        # expired an hour ago: two passes of 3600 s have not gone by, nothing to list
         assert not_reclaimed() == ([], 0)
-        r = run_packhorse("config", "set", "recovery.monitor_interval_seconds", "120", "-c", str(cfg), cwd=site)
+        # (the running monitor's next pass is 600 s after its first: it takes nothing meanwhile)
+        r = run_packhorse("config", "set", "recovery.monitor_interval_seconds", "600", "-c", str(cfg), cwd=site)
         assert r.returncode == 0, r.stderr
-        # two passes of 120 s have gone by: listed by status and counted by the gauge alike
+        # two passes of 600 s have gone by: listed by status and counted by the gauge alike
         assert not_reclaimed() == ([f"transfer {op_id}"], 1)
         r = run_packhorse("config", "set", "recovery.monitor_interval_seconds", "0.5", "-c", str(cfg), cwd=site)
         assert r.returncode == 0, r.stderr
