@@ -32,7 +32,9 @@ def test_every_copy_of_many_packages_bad_at_once_is_one_critical_digest(pipeline
 
     copies = ctx.db.read(archive_copies)
     assert len({name for _, name in copies}) == 3
-    # the archive mounts are gone: every archive copy of every package reads as missing
+    # the archive mounts are gone: every archive copy of every package reads as missing; the
+    # findings arrive last package first, and the digest still reads in name order
+    copies.sort(key=lambda pair: pair[1], reverse=True)
     findings = [Finding(c.id, ctx.location_name(c.location_id), c.path, c.size, c.sha256, "missing",
                         error="not found", raw_data_package_id=c.raw_data_package_id) for c, _ in copies]
     ctx.db.transact(lambda s: record_findings(s, ctx, findings))

@@ -239,7 +239,9 @@ def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterab
 def _render_all_bad(packages: list[dict[str, Any]]) -> tuple[str, str]:
     """Subject and body of the CRITICAL "every copy bad" message for ``packages`` (each
     ``{"package"`` (its label: "raw data package NAME" or "bundle NAME")``, "name", "lines",
-    "locations"}``): one digest per set of locations."""
+    "locations"}``): one digest per set of locations, packages in name order (so the message
+    reads the same whichever package's finding was recorded first)."""
+    packages = sorted(packages, key=lambda p: str(p.get("name", p["package"])))
     first = packages[0]["package"]
     locations = sorted({loc for p in packages for loc in p["locations"]})
     subject = (f"Every copy of {first} looks bad at once" if len(packages) == 1 else
