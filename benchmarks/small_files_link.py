@@ -136,6 +136,8 @@ class IoSampler:
                 continue
             key = (pid, start)
             vals = {k: int(v) for k, v in io.items()}
+            # CPU time, clock ticks: user + system, with the children the process reaped
+            vals["cpu_ticks"] = sum(int(stat[i]) for i in (11, 12, 13, 14))
             if key not in self.kind:
                 self.kind[key] = f"{part}: {self._kind(pid)}"
                 # a process already running when the sampling started counts from then
@@ -301,6 +303,8 @@ def packhorse(bed: Any, data: Path, sums: dict[str, str], destinations: list[str
             counts = archived_counts(bed, destinations)
             if all(n >= len(sums) for n in counts.values()):
                 took = time.monotonic() - t0
+                io.sample()
+                cpu_archived = io.totals("cpu_ticks")
                 break
             time.sleep(0.5)
         if took is None:
@@ -329,6 +333,13 @@ def packhorse(bed: Any, data: Path, sums: dict[str, str], destinations: list[str
             bed, f"select kind, extract(epoch from started_at) - {t_wall}, extract(epoch from finished_at) - {t_wall}, "
                  "bytes_done from operations where kind in ('data_transfer_package', 'transfer', 'unpack') "
                  "and finished_at is not null order by started_at")]
+        # each packaging operation: created, dispatched, started, finished (s after the files
+        # appeared) and the worker that ran it last
+        package_starts = [[*(round(float(x), 2) for x in row[:4]), row[4]] for row in psql(
+            bed, f"select extract(epoch from created_at) - {t_wall}, extract(epoch from scheduled_at) - {t_wall}, "
+                 f"extract(epoch from started_at) - {t_wall}, extract(epoch from finished_at) - {t_wall}, "
+                 "coalesce(lease_owner, '') from operations where kind = 'raw_data_package' and finished_at is not null "
+                 "order by started_at")]
         first_reg, last_reg = psql(bed, f"select min(extract(epoch from registered_at)) - {t_wall}, "
                                         f"max(extract(epoch from registered_at)) - {t_wall} from raw_data_files")[0]
         published = {f"{loc} {what}": {"copies": int(n), "bytes": int(b)} for loc, what, n, b in psql(
@@ -345,7 +356,9 @@ def packhorse(bed: Any, data: Path, sums: dict[str, str], destinations: list[str
     check_archives(bed, sums, destinations)
     return {"seconds": took, "settled_seconds": round(settled, 1), "registered": [round(float(first_reg), 2),
             round(float(last_reg), 2)], "timeline": timeline, "each": each, "published": published,
-            "operations": statuses, "write_bytes": io.totals(), "cancelled_write_bytes":
+            "operations": statuses, "cpu_seconds": {k: round(v / os.sysconf("SC_CLK_TCK"), 2)
+                                                     for k, v in cpu_archived.items()},
+            "package_starts": package_starts, "write_bytes": io.totals(), "cancelled_write_bytes":
             io.totals("cancelled_write_bytes"), "read_bytes": io.totals("read_bytes")}
 
 
@@ -425,6 +438,10 @@ def main() -> None:
         print("| bundle, transfer, unpack | started s | finished s | bytes done |\n| --- | --- | --- | --- |")
         for kind, st, fin, n in ph["each"]:
             print(f"| {kind} | {st} | {fin} | {n:,} |")
+        print("\nCPU seconds until archived (user + system, children reaped included):")
+        print("| process | CPU s |\n| --- | --- |")
+        for k, v in sorted(ph["cpu_seconds"].items(), key=lambda kv: -kv[1]):
+            print(f"| {k} | {v} |")
         per_copy = payload * len(a.destinations)
         db = sum(v for k, v in ph["write_bytes"].items() if "postgres" in k)
         ours = sum(v for k, v in ph["write_bytes"].items() if "packhorse" in k)

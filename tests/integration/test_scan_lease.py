@@ -47,6 +47,24 @@ def test_a_live_holder_excludes_others_and_a_silent_one_loses_the_lease(empty_db
     assert release(db, b, completed=True) and row(db).completed_at is not None
 
 
+def test_a_completed_scan_rests_before_the_next_one(empty_db: Database) -> None:
+    """Every manager sends every site a scan request each poll: a scan completed less than the
+    poll interval ago, or than three times its own duration, rests, and the requests meanwhile
+    are skipped (one scan per interval however many managers send)."""
+    db = empty_db
+    a = acquire(db, LOC, "worker-a", lease_seconds=60, now=utcnow() - dt.timedelta(seconds=10))
+    assert a is not None and release(db, a, completed=True)  # a scan that took about 10 s
+    done = row(db).completed_at
+    assert acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=1, now=done + dt.timedelta(seconds=5)) is None
+    assert acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60,
+                   now=done + dt.timedelta(seconds=31)) is None  # the poll interval is longer
+    b = acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=1, now=done + dt.timedelta(seconds=31))
+    assert b is not None and b.token == a.token + 1
+    # a scan that did not complete (the holder died) leaves nothing to rest: taken over at once
+    db.transact(lambda s: s.execute(update(ScanLease).values(expires_at=utcnow() - dt.timedelta(seconds=1))))
+    assert acquire(db, LOC, "worker-c", lease_seconds=60, min_rest_seconds=60) is not None
+
+
 def test_a_keeper_whose_lease_was_taken_over_says_it_lost_it(empty_db: Database) -> None:
     db = empty_db
     a = acquire(db, LOC, "worker-a", lease_seconds=5)

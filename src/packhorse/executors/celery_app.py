@@ -313,13 +313,15 @@ def scan_expired(expires_at: str | None, now: dt.datetime) -> bool:
     return now > when
 
 
-def scan_task(self: Any, location: str, expires_at: str | None = None) -> dict[str, int]:
+def scan_task(self: Any, location: str, expires_at: str | None = None, rest_seconds: float = 0.0) -> dict[str, int]:
     """Celery task: scan source location ``location`` and package what settled, under the
     location's scan lease (:mod:`packhorse.operations.scan_lease`: at most one scan of a
     location at a time; a holder that stops renewing for ``[recovery] lease_timeout_seconds``
     loses it to the next worker's scan). A scan whose lease another holder keeps is skipped
-    (INFO ``scan_skipped_already_running``), and so is one received after ``expires_at``
-    (ISO 8601 UTC, the database's clock: :func:`dispatch_scans`; INFO ``scan_skipped_expired``)."""
+    (INFO ``scan_skipped_already_running``), and so is one while the last completed scan rests
+    (at least ``rest_seconds``, the sender's poll interval: every manager sends one each poll;
+    DEBUG ``scan_skipped_resting``), and one received after ``expires_at`` (ISO 8601 UTC, the
+    database's clock: :func:`dispatch_scans`; INFO ``scan_skipped_expired``)."""
     ctx = process_context(_SETTINGS[id(self.app)])
     rec = ctx.settings.recovery
     if scan_expired(expires_at, utcnow()):
@@ -327,9 +329,8 @@ def scan_task(self: Any, location: str, expires_at: str | None = None) -> dict[s
         return {"registered": 0, "packages": 0, "skipped": 0}
     try:
         with scan_lease(ctx.db, location, _owner(self.request.id), lease_seconds=rec.lease_timeout_seconds,
-                        heartbeat_seconds=rec.heartbeat_interval_seconds) as held:
+                        heartbeat_seconds=rec.heartbeat_interval_seconds, min_rest_seconds=rest_seconds) as held:
             if held is None:
-                log.info("scan_skipped_already_running", location=location)
                 return {"registered": 0, "packages": 0, "skipped": 0}
             ctx.hooks.hit("scan.started")  # tests: a holder paused or hung with the lease held
             return scan_location_and_package(ctx, location)
@@ -439,7 +440,10 @@ def dispatch_scans(ctx: ProcessContext, app: Celery, poll_seconds: float | None 
     (:func:`scan_expired`): while a site's workers are down, the requests that wait for them
     are skipped once they are back, not run as a backlog of useless scans (the next one sent
     does the work). The expiry is not Celery's ``expires``, which the receiving worker judges
-    by its own host clock: a site whose clock runs ahead would drop every request.
+    by its own host clock: a site whose clock runs ahead would drop every request. The request
+    carries the poll interval too: a scan completed less than that ago (or than three times
+    its own duration) rests, so N managers cause one scan per interval, not N
+    (:func:`packhorse.operations.scan_lease.acquire`).
     """
     sent = []
     poll = ctx.settings.managers.poll_interval_seconds if poll_seconds is None else poll_seconds
@@ -447,7 +451,7 @@ def dispatch_scans(ctx: ProcessContext, app: Celery, poll_seconds: float | None 
     for loc in ctx.settings.locations:
         if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
             q = queue_name(loc.site, loc.name, SCAN)
-            app.send_task(SCAN_TASK, args=[loc.name, expires_at], queue=q, routing_key=q,
+            app.send_task(SCAN_TASK, args=[loc.name, expires_at, poll], queue=q, routing_key=q,
                           retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
             sent.append(q)
     return sent

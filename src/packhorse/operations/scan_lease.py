@@ -14,6 +14,12 @@ like an operation's (DESIGN.md "Lease", I5):
   another worker of the site takes it over; the old holder's renewals and release then change
   nothing (:attr:`ScanLeaseKeeper.lost` is set and logged once);
 * :func:`release` ends it, recording ``completed_at`` when the scan completed;
+* a scan request that arrives while the last completed scan rests (:func:`rest_until`: at
+  least the managers' poll interval, and :data:`SCAN_REST_FACTOR` times as long as that scan
+  took) is skipped too: every manager sends every site a scan request each poll, and a site's
+  worker processes must not spend themselves walking an unchanged tree back to back while
+  packaging waits for a free process (docs/benchmarks.md, "20,000 small files over a long
+  thin link");
 * :func:`overdue_scans`: locations whose scan has not completed for longer than
   ``[recovery] scan_overdue_seconds`` (listed by ``status`` as blocked work, cause
   ``scan_overdue``, and by ``health``).
@@ -40,6 +46,10 @@ from packhorse.db.session import Database, insert_ignoring_conflicts
 
 log = structlog.get_logger(__name__)
 
+#: A completed scan rests this many times as long as it took before the next one starts (so
+#: the scans of a location take at most about a quarter of one worker process).
+SCAN_REST_FACTOR = 3.0
+
 
 @dataclass(frozen=True)
 class ScanClaim:
@@ -50,17 +60,39 @@ class ScanClaim:
     token: int
 
 
-def acquire(db: Database, location: str, holder: str, *, lease_seconds: float,
+def rest_until(started_at: dt.datetime | None, completed_at: dt.datetime | None, *,
+               min_rest_seconds: float) -> dt.datetime | None:
+    """When the next scan of a location may start after its last completed one (UTC; ``None``:
+    at once): ``completed_at`` plus the longer of ``min_rest_seconds`` (s) and
+    :data:`SCAN_REST_FACTOR` × how long that scan took (``completed_at − started_at``). A
+    location never completed, or a scan under way since (``started_at`` after
+    ``completed_at``), does not rest."""
+    if completed_at is None or (started_at is not None and started_at > completed_at):
+        return None
+    took = (completed_at - started_at).total_seconds() if started_at is not None else 0.0
+    return completed_at + dt.timedelta(seconds=max(min_rest_seconds, SCAN_REST_FACTOR * took))
+
+
+def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, min_rest_seconds: float = 0.0,
             now: dt.datetime | None = None) -> ScanClaim | None:
     """Take the scan lease of ``location`` for ``holder`` for ``lease_seconds`` (s), if nobody
     holds it or the holder's lease expired (then it is taken over: WARNING
-    ``scan_lease_taken_over``). Returns the claim, or ``None`` while another holder's lease is
-    live (the caller skips its scan)."""
-    def tx(s: Session) -> tuple[ScanClaim | None, str | None]:
+    ``scan_lease_taken_over``), and the last completed scan has rested (:func:`rest_until` with
+    ``min_rest_seconds``; ``0``: only :data:`SCAN_REST_FACTOR` × its duration). Returns the
+    claim, or ``None`` when the caller skips its scan: another holder's lease is live (INFO
+    ``scan_skipped_already_running``) or the last scan rests (DEBUG ``scan_skipped_resting``).
+    Times are the database's clock (``utcnow``)."""
+    def tx(s: Session) -> tuple[ScanClaim | None, str | None, dt.datetime | None]:
         t = now or utcnow()
         s.execute(insert_ignoring_conflicts(s, ScanLease.__table__, ScanLease.__table__.c.location),
                   [{"location": location, "token": 0}])
-        before = s.execute(select(ScanLease.holder, ScanLease.expires_at).where(ScanLease.location == location)).one()
+        before = s.execute(select(ScanLease.holder, ScanLease.expires_at, ScanLease.started_at,
+                                  ScanLease.completed_at).where(ScanLease.location == location)).one()
+        live = before.expires_at is not None and before.expires_at > t
+        rest = None if live else rest_until(before.started_at, before.completed_at,
+                                            min_rest_seconds=min_rest_seconds)
+        if rest is not None and rest > t:
+            return None, None, rest
         got = s.execute(update(ScanLease).where(
             ScanLease.location == location, or_(ScanLease.expires_at.is_(None), ScanLease.expires_at <= t))
             .values(holder=holder, token=ScanLease.token + 1, expires_at=t + dt.timedelta(seconds=lease_seconds),
@@ -68,10 +100,14 @@ def acquire(db: Database, location: str, holder: str, *, lease_seconds: float,
                         (ScanLease.completed_at.is_(None) & ScanLease.started_at.is_not(None), ScanLease.started_at),
                         else_=t)).returning(ScanLease.token)).first()
         if got is None:
-            return None, None
-        return ScanClaim(location, holder, int(got[0])), (before.holder if before.expires_at is not None else None)
+            return None, None, None
+        return ScanClaim(location, holder, int(got[0])), (before.holder if before.expires_at is not None else None), None
 
-    claim, previous = db.transact(tx)
+    claim, previous, resting = db.transact(tx)
+    if resting is not None:
+        log.debug("scan_skipped_resting", location=location, until=resting.isoformat())
+    elif claim is None:
+        log.info("scan_skipped_already_running", location=location)
     if claim is not None and previous is not None:
         log.warning("scan_lease_taken_over", location=location, previous_holder=previous, holder=holder,
                     token=claim.token)
@@ -151,12 +187,12 @@ class ScanLeaseKeeper:
 
 @contextlib.contextmanager
 def scan_lease(db: Database, location: str, holder: str, *, lease_seconds: float,
-               heartbeat_seconds: float) -> Iterator[ScanLeaseKeeper | None]:
+               heartbeat_seconds: float, min_rest_seconds: float = 0.0) -> Iterator[ScanLeaseKeeper | None]:
     """Hold the scan lease of ``location`` while the block runs, renewed by a
     :class:`ScanLeaseKeeper`; yields ``None`` (the caller skips its scan) while another
-    holder's lease is live. A block that returns records ``completed_at``; one that raises
-    releases the lease without it."""
-    claim = acquire(db, location, holder, lease_seconds=lease_seconds)
+    holder's lease is live or the last scan rests (:func:`acquire`). A block that returns
+    records ``completed_at``; one that raises releases the lease without it."""
+    claim = acquire(db, location, holder, lease_seconds=lease_seconds, min_rest_seconds=min_rest_seconds)
     if claim is None:
         yield None
         return
