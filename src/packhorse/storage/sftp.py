@@ -18,8 +18,15 @@ permanent (a configuration to fix). A connection that cannot be made, is cut or 
 :data:`STALL_SECONDS` raises :class:`~packhorse.errors.SshConnectionError` (retryable: the
 transfer resumes from its partial at the next attempt).
 
-The client runs on its own asyncio event loop in one thread per :class:`SftpSource`
-(asyncssh); the methods here are blocking and may be called from any one thread at a time.
+The client runs on one asyncio event loop per process, in a thread of its own (asyncssh);
+the methods here are blocking and may be called from any one thread at a time. A transfer
+that ends with its connections sound hands them back to the process
+(:class:`_ConnectionPool`): the next transfer from the same server with the same credentials
+takes them instead of logging in again (a login is a dozen round trips, about 1.3 s over a
+100 ms link), for up to :data:`IDLE_KEEP_SECONDS`; a connection taken back is probed first
+(:data:`PROBE_SECONDS`) and replaced by a new login if it does not answer. Connections of a
+transfer whose link failed are closed, never kept. Host-key checking happens at each login; a
+kept connection was checked at its own.
 Nothing here writes to the remote location: deletion of a bundle at the source buffer stays
 with the source site's own workers.
 """
@@ -29,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -74,6 +83,13 @@ REQUESTS_IN_FLIGHT = 32
 #: below a link's rate once the round trip is longer). It must cover what a stream has requested
 #: (``AHEAD_PER_STREAM × BLOCK_BYTES``), so the server never waits for a window adjustment.
 WINDOW_BYTES = 16 * 1024 * 1024
+#: An SSH connection a finished transfer left sound is kept this long for the next transfer
+#: from the same server (seconds), then closed.
+IDLE_KEEP_SECONDS = 30.0
+#: A kept connection taken back must answer its first request within this many seconds, or
+#: every kept one of the transfer is dropped and new ones are opened (a link that dropped
+#: while they sat idle can leave them half-dead until their keepalives fail).
+PROBE_SECONDS = 10.0
 #: asyncssh's read length when the server announces none (it then assumes 16 KiB)
 _UNANNOUNCED_READ_LEN = 16 * 1024
 
@@ -168,6 +184,86 @@ def _load_asyncssh() -> None:
         asyncssh = module
 
 
+#: One SSH server and the credentials used there: what a kept connection may be reused for.
+_PoolKey = tuple[str, int, str, str, str]
+
+
+class _ConnectionPool:
+    """This process's SSH event loop (one daemon thread) and the connections finished transfers
+    left sound, by :data:`_PoolKey`, each kept :data:`IDLE_KEEP_SECONDS` at most (see the
+    module). One per process (:func:`_pool`): a forked child makes its own."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sftp", daemon=True)
+        self._thread.start()
+        self._lock = threading.Lock()
+        self._idle: dict[_PoolKey, list[tuple[float, Any, Any]]] = {}  # (since, connection, SFTP client)
+
+    def take(self, key: _PoolKey, n: int) -> list[tuple[Any, Any]]:
+        """Up to ``n`` kept connections for ``key`` (the most recently kept first), each
+        ``(connection, SFTP client)``; expired or closed ones met on the way are closed."""
+        now = time.monotonic()
+        out: list[tuple[Any, Any]] = []
+        stale: list[Any] = []
+        with self._lock:
+            kept = self._idle.get(key, [])
+            while kept and len(out) < n:
+                since, conn, sftp = kept.pop()
+                if now - since > IDLE_KEEP_SECONDS or conn.is_closed():
+                    stale.append(conn)
+                else:
+                    out.append((conn, sftp))
+        self.discard(stale)
+        return out
+
+    def give(self, key: _PoolKey, conns: list[tuple[Any, Any]]) -> None:
+        """Keep ``conns`` (sound, their transfer finished) for the next transfer to ``key``."""
+        now = time.monotonic()
+        with self._lock:
+            self._idle.setdefault(key, []).extend((now, c, f) for c, f in conns if not c.is_closed())
+        self.loop.call_soon_threadsafe(self.loop.call_later, IDLE_KEEP_SECONDS + 1, self._expire)
+
+    def discard(self, conns: list[Any]) -> None:
+        """Close ``conns`` (SSH connections) at once, without the SSH goodbye (called from
+        another thread than the loop's)."""
+        if not conns:
+            return
+
+        async def abort() -> None:
+            for conn in conns:
+                conn.abort()
+
+        try:
+            asyncio.run_coroutine_threadsafe(abort(), self.loop).result(5)
+        except Exception:  # noqa: BLE001 - a connection that cannot even be aborted is gone
+            pass
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [c for kept in self._idle.values() for since, c, _ in kept if now - since > IDLE_KEEP_SECONDS]
+            for key, kept in list(self._idle.items()):
+                self._idle[key] = [k for k in kept if now - k[0] <= IDLE_KEEP_SECONDS]
+        for conn in stale:
+            conn.abort()
+
+
+_pool_instance: _ConnectionPool | None = None
+_pool_lock = threading.Lock()
+
+
+def _pool() -> _ConnectionPool:
+    """This process's :class:`_ConnectionPool`, made on first use (and anew in a forked child:
+    an event loop and its connections never cross a fork)."""
+    global _pool_instance
+    with _pool_lock:
+        if _pool_instance is None or _pool_instance.pid != os.getpid():
+            _pool_instance = _ConnectionPool()
+        return _pool_instance
+
+
 class SftpSource:
     """Blocking read access to one data location of another site over SFTP (see the module).
 
@@ -180,7 +276,8 @@ class SftpSource:
         block_bytes: bytes of one ranged read; with a limiter at most about a second of its rate
             (at least 64 KiB), so a cut loses little of what was paid for.
 
-    Use as a context manager, or call :meth:`close`.
+    Use as a context manager, or call :meth:`close`: the connections go back to the process for
+    the next transfer unless the link failed under them (see the module).
     """
 
     def __init__(self, endpoint: SshEndpoint, *, streams: int = DEFAULT_STREAMS, limiter: RateLimiter | None = None,
@@ -193,10 +290,14 @@ class SftpSource:
         self.streams = streams
         self.limiter = limiter
         self.block_bytes = block_bytes
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"sftp-{endpoint.location}", daemon=True)
-        self._thread.start()
+        self._pool = _pool()
+        self._loop = self._pool.loop
+        self._pool_key: _PoolKey = (endpoint.host, endpoint.port, endpoint.user, str(endpoint.key_file),
+                                    str(endpoint.known_hosts_file))
         self._conns: list[tuple[Any, Any]] = []  # (SSHClientConnection, SFTPClient)
+        self._reused = 0  # how many of them were kept ones, taken back
+        self._broken = False  # the link failed under them: never kept
+        self._closed = False
 
     # -- the event loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -211,6 +312,7 @@ class SftpSource:
             raise
 
     def _cut(self, why: str) -> SshConnectionError:
+        self._broken = True
         e = self.endpoint
         return SshConnectionError(
             f"data location {e.location}: the SSH connection to {e.where} failed or was cut: {why}",
@@ -307,9 +409,22 @@ class SftpSource:
             SshConnectionError: the server cannot be reached now.
             LocationUnavailableError: the remote root or its identity marker is missing.
         """
+        if not self._conns:
+            self._conns = self._pool.take(self._pool_key, self.streams)
+            self._reused = len(self._conns)
         self._ensure(self.streams)
         root = self.endpoint.root
-        if self._stat_path(root) is None:
+        if self._reused:  # kept connections: one short question first, new logins if unanswered
+            try:
+                there = self._stat_path(root, timeout=PROBE_SECONDS)
+            except SshConnectionError:
+                self._pool.discard([c for c, _ in self._conns])
+                self._conns, self._reused, self._broken = [], 0, False
+                self._ensure(self.streams)
+                there = self._stat_path(root)
+        else:
+            there = self._stat_path(root)
+        if there is None:
             why = f"its root {root} is not there on {self.endpoint.host}"
             raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
                                            reason=why)
@@ -330,32 +445,16 @@ class SftpSource:
                                            reason=why)
 
     def close(self) -> None:
-        """Close every connection and stop the event loop; idempotent."""
-        if not self._loop.is_running():
+        """Hand the connections back to the process for the next transfer to the same server
+        (:data:`IDLE_KEEP_SECONDS`), or close them if the link failed under them; idempotent."""
+        if self._closed:
             return
-
-        async def shut() -> None:
-            for conn, sftp in self._conns:
-                sftp.exit()
-                conn.close()
-            for conn, _ in self._conns:
-                try:
-                    await asyncio.wait_for(conn.wait_closed(), 5)
-                except TimeoutError:
-                    conn.abort()
-
-        try:
-            self._run(shut(), 10)
-        except Exception:  # noqa: BLE001 - closing a cut connection may fail; it is gone either way
-            pass
-        try:  # the threads that waited for the limiter
-            self._run(self._loop.shutdown_default_executor(), 10)
-        except Exception:  # noqa: BLE001 - a thread still asleep ends by itself
-            pass
-        self._conns.clear()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._closed = True
+        conns, self._conns = self._conns, []
+        if self._broken:
+            self._pool.discard([c for c, _ in conns])
+        else:
+            self._pool.give(self._pool_key, conns)
 
     def __enter__(self) -> "SftpSource":
         return self
@@ -367,14 +466,14 @@ class SftpSource:
     def _path(self, key: str) -> str:
         return str(PurePosixPath(self.endpoint.root) / check_key(key))
 
-    def _stat_path(self, path: str) -> Any:
+    def _stat_path(self, path: str, timeout: float = STALL_SECONDS) -> Any:
         async def go() -> Any:
             try:
                 return await self._conns[0][1].stat(path, follow_symlinks=False)
             except asyncssh.SFTPNoSuchFile:
                 return None
         try:
-            return self._run(go(), STALL_SECONDS)
+            return self._run(go(), timeout)
         except (OSError, asyncssh.Error) as exc:
             raise self._cut(f"stat {path}: {type(exc).__name__}: {exc}") from None
 
