@@ -67,6 +67,29 @@ def failures(p) -> list[tuple[str, str, int]]:
         return db.execute("SELECT error_type, message, operation_id FROM failure_events ORDER BY id").fetchall()
 
 
+def one_destination_transfer(pipeline, sshd: PrivateSshd, tmp_path: Path, *, size: int, limit: int,
+                             backoff: tuple[float, float], faults: list[dict] | None = None):
+    """A pipeline whose route pulls bundles from fyst's buffer over ``sshd`` to cologne only, at
+    ``limit`` bytes/s, each operation retried up to 10 times with ``backoff`` (base, max:
+    seconds), and one random file of ``size`` bytes in the source; initialized, not run.
+
+    Returns ``(pipeline, the file's bytes, the write log, the environment of a packhorse
+    process)``: the environment has ``packhorse`` importable, records every write in the
+    write log and, with ``faults``, plans those faults (``PACKHORSE_TEST_FAULTS``)."""
+    p, _ = sftp_pipeline(pipeline, sshd, tmp_path, route=f"bandwidth_limit_bytes_per_second = {limit}",
+                         max_retries=10, retry_backoff_base_seconds=backoff[0], retry_backoff_max_seconds=backoff[1])
+    text = p.config.read_text().replace('destination_sites = ["cologne", "cornell"]', 'destination_sites = ["cologne"]')
+    p.config.write_text(text)
+    payload = os.urandom(size)
+    write(p.source, "inst/obs0/frame.fits", payload)
+    p.init()
+    write_log = tmp_path / "writes.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_WRITE_LOG": str(write_log)}
+    if faults is not None:
+        env["PACKHORSE_TEST_FAULTS"] = json.dumps(faults)
+    return p, payload, write_log, env
+
+
 def test_bundles_are_pulled_over_ssh_and_archived_with_the_source_bytes(pipeline, sshd, tmp_path):
     p, _ = sftp_pipeline(pipeline, sshd, tmp_path, group_depth=2)
     for i in range(3):
@@ -107,15 +130,8 @@ def _payload_sha(archive: Path, rel: str) -> str:
 def test_a_link_cut_mid_transfer_resumes_from_the_partial(pipeline, sshd, tmp_path):
     size = 24 * 1024 * 1024
     limit = 4 * 1024 * 1024  # bytes/s: the transfer takes about 6 s, long enough to cut
-    p, _ = sftp_pipeline(pipeline, sshd, tmp_path, route=f"bandwidth_limit_bytes_per_second = {limit}",
-                         max_retries=10, retry_backoff_base_seconds=0.5, retry_backoff_max_seconds=1.0)
-    text = p.config.read_text().replace('destination_sites = ["cologne", "cornell"]', 'destination_sites = ["cologne"]')
-    p.config.write_text(text)
-    payload = os.urandom(size)
-    write(p.source, "inst/obs0/frame.fits", payload)
-    p.init()
-    write_log = tmp_path / "writes.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_WRITE_LOG": str(write_log)}
+    p, payload, write_log, env = one_destination_transfer(pipeline, sshd, tmp_path, size=size, limit=limit,
+                                                          backoff=(0.5, 1.0))
     run = subprocess.Popen([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--until-idle", "--quiet"],
                            cwd=p.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     dest = p.root / "sites/cologne/buffer"
@@ -196,17 +212,9 @@ def test_a_worker_that_loses_the_database_mid_transfer_keeps_its_partial_for_the
     # bundle again from byte 0
     size = 8 * 1024 * 1024
     limit = 4 * 1024 * 1024  # bytes/s
-    p, _ = sftp_pipeline(pipeline, sshd, tmp_path, route=f"bandwidth_limit_bytes_per_second = {limit}",
-                         max_retries=10, retry_backoff_base_seconds=0.2, retry_backoff_max_seconds=0.5)
-    text = p.config.read_text().replace('destination_sites = ["cologne", "cornell"]', 'destination_sites = ["cologne"]')
-    p.config.write_text(text)
-    payload = os.urandom(size)
-    write(p.source, "inst/obs0/frame.fits", payload)
-    p.init()
-    write_log = tmp_path / "writes.jsonl"
-    faults = json.dumps([{"point": "transfer.writing", "action": "db_error", "times": 1}])
-    env = {**os.environ, "PYTHONPATH": str(SRC), "PACKHORSE_TEST_WRITE_LOG": str(write_log),
-           "PACKHORSE_TEST_FAULTS": faults}
+    p, payload, write_log, env = one_destination_transfer(
+        pipeline, sshd, tmp_path, size=size, limit=limit, backoff=(0.2, 0.5),
+        faults=[{"point": "transfer.writing", "action": "db_error", "times": 1}])
     r = subprocess.run([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--until-idle", "--quiet"],
                        cwd=p.root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

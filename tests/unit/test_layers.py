@@ -27,7 +27,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "packhorse"
 #: Bottom to top. A top-level module (``packhorse.errors``) is in the ground layer; a package
 #: (``packhorse.rules``) is in the layer that names it.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("ground", {"", "errors", "domain", "config", "logs", "digest", "names", "ratelimit", "scanfilter"}),
+    ("ground", {"", "errors", "domain", "config", "logs", "digest", "names", "ratelimit", "scanfilter",
+                "time_text"}),
     ("db", {"db"}),
     ("storage", {"storage"}),
     ("bags", {"bags"}),

@@ -22,9 +22,9 @@ from packhorse.cli.app import (
     print_json,
     printable,
     table_console,
-    utc_text,
 )
 from packhorse.errors import RuntimeSettingError, ServiceHealthError, TokenError
+from packhorse.time_text import utc_text
 
 
 @app.command()
@@ -63,7 +63,7 @@ def health(
         if as_json:
             print_json({"forgotten": jsonable(gone)})
         else:
-            print(f"forgot {forget} (last heartbeat {gone['last_seen']:%Y-%m-%d %H:%M:%S} UTC)", file=sys.stderr)
+            print(f"forgot {forget} (last heartbeat {utc_text(gone['last_seen'])} UTC)", file=sys.stderr)
         return
     rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
                                                forget_after_seconds=rec.service_forget_after_seconds))
@@ -95,7 +95,7 @@ def health(
                 if r["service"] in clock_off:
                     off_text = f"[yellow]{off_text}[/]"
                 t.add_row(r["service"], r["kind"], r["host"], str(r["pid"]), "alive" if r["alive"] else "[red]DEAD[/]",
-                          r["last_seen"].strftime("%Y-%m-%d %H:%M:%S"), f"{r['age_seconds']:.0f}", str(r["restarts"]),
+                          utc_text(r["last_seen"]), f"{r['age_seconds']:.0f}", str(r["restarts"]),
                           off_text)
             table_console().print(t)
         for r in rows:
@@ -115,7 +115,7 @@ def health(
                   file=sys.stderr)
         for sc in scans:
             print(f"scan overdue: {sc['location']}: no scan completed for {sc['overdue_seconds']} s "
-                  f"(last completed {sc['completed_at'] or 'never'}; lease holder {sc['holder'] or 'none'}): "
+                  f"(last completed {utc_text(sc['completed_at']) + ' UTC' if sc['completed_at'] else 'never'}; lease holder {sc['holder'] or 'none'}): "
                   "check the site's workers (a paused or hung holder loses its lease by itself)", file=sys.stderr)
         if no_monitor:
             print("no monitor is running: workers and managers are, but nothing hands expired leases back, "
@@ -124,7 +124,7 @@ def health(
         for item in unreclaimed:
             print(f"lease not reclaimed: {item.subject}: {item.reason}; {item.release}", file=sys.stderr)
         for item in cut_off:
-            print(f"{item.subject} unreachable since {(item.since or '-')[:19].replace('T', ' ')} UTC: {item.reason}",
+            print(f"{item.subject} unreachable since {utc_text(item.since)} UTC: {item.reason}",
                   file=sys.stderr)
     raise typer.Exit(EXIT_PROBLEM if dead or scans or no_monitor or unreclaimed or cut_off else EXIT_OK)
 

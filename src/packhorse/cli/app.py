@@ -191,13 +191,6 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def utc_text(iso: str | None, missing: str = "-") -> str:
-    """An ISO 8601 UTC time as every text surface shows it: ``2026-12-05T10:01:02.123456+00:00``
-    → ``2026-12-05 10:01:02`` (seconds, no offset: the column or line says UTC; the dashboard's
-    and ``status``'s one format). ``missing`` when ``iso`` is ``None``. ``--json`` keeps ISO 8601."""
-    return iso.replace("T", " ")[:19] if iso else missing
-
-
 def shown(name: str) -> str:
     """A path or name as a table cell shows it: :func:`printable`, and ``[`` escaped so rich
     never reads a file name as markup. ``--json`` keeps the name itself."""

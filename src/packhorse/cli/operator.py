@@ -29,7 +29,6 @@ from packhorse.cli.app import (
     printable,
     shown,
     table_console,
-    utc_text,
 )
 from packhorse.domain import OperationKind
 from packhorse.errors import (
@@ -42,6 +41,7 @@ from packhorse.errors import (
 )
 from packhorse.runtime.audit import cli_actor
 from packhorse.runtime.context import ProcessContext
+from packhorse.time_text import utc_text
 
 
 @app.command()
@@ -147,16 +147,13 @@ def breaker_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([jsonable(r) for r in rows])
         return
-    def when(t: Any) -> str:
-        return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
-
     t = Table("kind", "operation", "state", "stalls", "opened (UTC)", "next automatic attempt (UTC)",
               title="circuit breakers")
     for r in rows:
-        nxt = when(r["next_attempt_at"]) if r["state"] == "open" else (
-            f"running since {when(r['half_open_at'])}" if r["state"] == "half_open" else "-")
+        nxt = utc_text(r["next_attempt_at"]) if r["state"] == "open" else (
+            f"running since {utc_text(r['half_open_at'])}" if r["state"] == "half_open" else "-")
         t.add_row(r["kind"], str(r["operation_id"]), r["state"].replace("_", "-"), str(r["stall_count"]),
-                  when(r["opened_at"]), nxt)
+                  utc_text(r["opened_at"]), nxt)
     table_console().print(t)
 
 

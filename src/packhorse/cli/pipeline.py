@@ -44,13 +44,13 @@ from packhorse.cli.app import (
     settings,
     shown,
     table_console,
-    utc_text,
 )
 from packhorse.db.session import Database
 from packhorse.domain import CopyStatus, LocationRole
 from packhorse.errors import ConfigError, NothingToStageError, StorageServiceError, UnknownOperationError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
+from packhorse.time_text import utc_text
 
 
 def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:

@@ -23,11 +23,11 @@ from packhorse.cli.app import (
     print_json,
     shown,
     table_console,
-    utc_text,
 )
 from packhorse.errors import EmptyReasonError, QuarantineRetentionError
 from packhorse.runtime.audit import cli_actor
 from packhorse.runtime.context import ProcessContext
+from packhorse.time_text import utc_text
 
 quarantine_app = typer.Typer(no_args_is_help=True,
                              help="What repairs moved aside instead of overwriting it: list it, purge what is old enough.")

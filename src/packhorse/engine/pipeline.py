@@ -152,7 +152,7 @@ class CycleInput:
             embedded runner, which sees every site's storage. Without it (the distributed
             managers, which see no site's folders) only object stores' outages are looked at;
             a site's disk outages are its workers' to judge
-            (:class:`packhorse.executors.celery_app.SiteOutageWatch`).
+            (:class:`packhorse.executors.celery_app.LocationOutageWatch`).
         started_at: when the embedded runner started (epoch seconds; ``None`` for the
             distributed managers): bad archive copies with nothing to repair them from are read
             back once per start (:func:`packhorse.managers.fixity_checks.recheck_key`).

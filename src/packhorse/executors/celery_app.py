@@ -609,16 +609,17 @@ class Manager:
             health.stop(remove=True)
 
 
-class SiteOutageWatch:
-    """The site worker's look at its own site's open outages (a thread of ``packhorse worker``'s
-    main process): every ``managers.poll_interval_seconds`` (seconds) it runs
-    :func:`packhorse.rules.availability.check_outages` for ``site`` — a disk location of the site
-    that is back has its outage ended and its waiting operations made due at once, one still
-    away has its outage's ``checked_at`` and reason refreshed. Only the site's own hosts see its
-    folders; the managers judge no site's disk (DESIGN.md "Across sites"). Several workers of a
-    site may all look: the outage ends once. A look that fails (the database away) is logged
-    (INFO ``site_outage_check_failed``) and made again at the next interval; it never stops
-    the worker."""
+class LocationOutageWatch:
+    """The site worker's look at the open outages of its own site's data locations (a thread of
+    ``packhorse worker``'s main process; not a site outage, a site cut off from the centre, which
+    :mod:`packhorse.recovery.site_reachability` judges): every ``managers.poll_interval_seconds``
+    (seconds) it runs :func:`packhorse.rules.availability.check_outages` for the locations of
+    ``site`` — a data location of the site that is back has its outage ended and its waiting
+    operations made due at once, one still away has its outage's ``checked_at`` and reason
+    refreshed. Only the site's own hosts see its folders; the managers judge no site's disk
+    (DESIGN.md "Across sites"). Several workers of a site may all look: the outage ends once. A
+    look that fails (the database away) is logged (INFO ``location_outage_check_failed``) and
+    made again at the next interval; it never stops the worker."""
 
     def __init__(self, settings: Settings, site: str, *, interval_seconds: float | None = None) -> None:
         self.settings = settings
@@ -629,7 +630,8 @@ class SiteOutageWatch:
         self._ctx: ProcessContext | None = None
 
     def look_once(self) -> list[str]:
-        """Look at the site's open outages now; returns the locations whose outage ended.
+        """Look at the open outages of the site's data locations now; returns the locations
+        whose outage ended.
 
         The watch has a process context of its own (its own database engine), never the shared
         one of :func:`process_context`: the prefork pool forks its children while this thread
@@ -645,9 +647,9 @@ class SiteOutageWatch:
             try:
                 self.look_once()
             except Exception as e:  # noqa: BLE001 - the next look tries again
-                log.info("site_outage_check_failed", site=self.site, error=repr(e))
+                log.info("location_outage_check_failed", site=self.site, error=repr(e))
 
-    def start(self) -> "SiteOutageWatch":
+    def start(self) -> "LocationOutageWatch":
         """Start the thread (a daemon); returns ``self``."""
         self._thread = threading.Thread(target=self._run, name=f"outage-watch-{self.site}", daemon=True)
         self._thread.start()
@@ -721,7 +723,7 @@ def run_worker(settings: Settings, site: str, *, kinds: Sequence[str] | None = N
     health = HeartbeatThread(db, "worker", site=site, instance=instance,
                              interval_seconds=rec.service_heartbeat_interval_seconds,
                              forget_after_seconds=rec.service_forget_after_seconds).start()
-    outages = SiteOutageWatch(settings, site).start()
+    outages = LocationOutageWatch(settings, site).start()
     try:
         code = celery_main(app, [
             "worker", "--queues", ",".join(queues), "--concurrency", str(n), "--pool", pool,

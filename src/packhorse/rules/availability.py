@@ -336,7 +336,7 @@ def check_outages(ctx: "ProcessContext", *, every_location: bool = False,
     came back. A location that cannot be looked at (its object store unreachable) stays as it is.
 
     Only a process that sees a storage judges it (DESIGN.md "Across sites"): with ``sites`` (a
-    site worker's periodic look, :class:`packhorse.executors.celery_app.SiteOutageWatch`) the
+    site worker's periodic look, :class:`packhorse.executors.celery_app.LocationOutageWatch`) the
     locations of those sites, whatever their storage; without (the distributed managers) only
     object stores (S3, Azure), reached over the network — a manager runs on a host of its own,
     where a site's folder is absent or is another folder of the same path, so it would keep an

@@ -54,6 +54,7 @@ from packhorse.domain import DONE_WORD, CopyStatus, LocationRole, OperationKind,
 from packhorse.errors import LocateQueryError
 from packhorse.managers.source_audit import FOUND_BY as SOURCE_AUDIT
 from packhorse.managers.source_audit import REASON as SOURCE_AUDIT_REASON
+from packhorse.time_text import utc_text
 
 if TYPE_CHECKING:
     from packhorse.config import Settings
@@ -69,12 +70,6 @@ DONE_EVENT = {k.value: w for k, w in DONE_WORD.items()}
 
 def _iso(t: dt.datetime | None) -> str | None:
     return t.isoformat() if t else None
-
-
-def _said(t: dt.datetime | None) -> str:
-    """A time inside a sentence (an event's detail): ``2026-12-05 10:01:02 UTC``, the one
-    format of the text surfaces; the fields themselves stay ISO 8601."""
-    return t.strftime("%Y-%m-%d %H:%M:%S UTC") if t else "?"
 
 
 def source_candidates(session: Session, query: str, settings: Settings | None) -> list[tuple[int, str]]:
@@ -113,8 +108,8 @@ def _withdrawn_dict(w: WithdrawnFile, loc_name: str) -> dict[str, Any]:
             "sha256": w.sha256, "mtime": dt.datetime.fromtimestamp(w.mtime_ns / 1e9, dt.timezone.utc).isoformat(),
             "registered_at": _iso(w.registered_at), "source_deleted_at": None, "package": None,
             "found_by": None, "why": None,
-            "withdrawn": f"{w.cause} at {_said(w.withdrawn_at)}: {w.reason}" + (
-                f"; forgotten at {_said(w.forgotten_at)} by {w.forgotten_by}: {w.forgotten_reason}"
+            "withdrawn": f"{w.cause} at {utc_text(w.withdrawn_at)} UTC: {w.reason}" + (
+                f"; forgotten at {utc_text(w.forgotten_at)} UTC by {w.forgotten_by}: {w.forgotten_reason}"
                 if w.forgotten_at else "")}
 
 
@@ -251,7 +246,7 @@ def _raw_package(session: Session, pkg: RawDataPackage, locs: dict[int, str], in
                                             PhysicalCopy.data_transfer_package_id == (bundle.id if bundle else -1)))
     reg = session.execute(select(func.min(RawDataFile.registered_at), func.max(RawDataFile.registered_at),
                                  func.count()).where(RawDataFile.raw_data_package_id == pkg.id)).one()
-    first = (f"{reg[2]} file(s), the last at {_said(reg[1])}", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
+    first = (f"{reg[2]} file(s), the last at {utc_text(reg[1])} UTC", reg[0], locs.get(pkg.source_location_id)) if reg[2] else None
     out: dict[str, Any] = {
         "name": pkg.name, "type": "raw_data_package", "version": pkg.version, "group": pkg.group_path,
         "size": pkg.size,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from packhorse.time_text import utc_text
+
 #: ``needs_human`` causes first, then what resumes by itself; the order lines are shown in
 _ORDER = ("failed", "no_good_source", "site_unreachable", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
           "circuit_breaker", "scan_overdue", "location_full")
@@ -70,14 +72,8 @@ def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -
         if cause in _NAMED:  # few, and the name is what the operator acts on
             names = [subject for subject, _, _ in items[:3]]
             named = f" ({', '.join(names)}{', …' if len(items) > 3 else ''})"
-        text = f"{label}: {len(items)} {what}{named}" + (f"; since {_short(since)} UTC" if since else "")
+        text = f"{label}: {len(items)} {what}{named}" + (f"; since {utc_text(since)} UTC" if since else "")
         out.append({"label": label, "cause": cause, "count": len(items), "since": since,
                     "needs_human": any(h for _, _, h in items), "text": text,
                     "subjects": [s for s, _, _ in items[:5]]})
     return out
-
-
-def _short(iso: str) -> str:
-    """``2026-12-05T10:01:02.123456+00:00`` → ``2026-12-05 10:01:02`` (the one time format
-    the text surfaces show; UTC)."""
-    return iso.replace("T", " ")[:19]

@@ -34,6 +34,7 @@ with the source site's own workers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import json
 import os
@@ -149,39 +150,29 @@ def endpoint_for(settings: Settings, location: str) -> SshEndpoint:
                        connect_timeout_seconds=s.connect_timeout_seconds)
 
 
-#: the asyncssh module once :func:`_load_asyncssh` ran (with the first :class:`SftpSource`)
-asyncssh: Any = None
-#: the SSH client class (:func:`_load_asyncssh`)
-_Client: Any = None
-_load_lock = threading.Lock()
+@functools.cache
+def _asyncssh() -> tuple[Any, type]:
+    """``(the asyncssh module, the SSH client class)``, imported and built on first use (with the
+    first :class:`SftpSource`) and kept for the process: asyncssh and cryptography are an eighth
+    of ``packhorse run``'s start-up (and of its fork server's), and a site with no SSH route
+    never needs them. Two first calls at once may each build the class; either one serves."""
+    with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates, at import
+        warnings.simplefilter("ignore")
+        import asyncssh  # noqa: PLC0415 - start-up time (see the docstring)
 
+    class Client(asyncssh.SSHClient):  # type: ignore[misc]
+        """Keeps the host key the server offered when it is not in the known-hosts file
+        (asyncssh asks this only then), so the refusal can name its fingerprint; never
+        trusts it."""
 
-def _load_asyncssh() -> None:
-    """Import asyncssh and build the client class, once per process, with the first
-    :class:`SftpSource`: asyncssh and cryptography are an eighth of ``packhorse run``'s start-up
-    (and of its fork server's), and a site with no SSH route never needs them."""
-    global asyncssh, _Client
-    with _load_lock:
-        if asyncssh is not None:
-            return
-        with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates, at import
-            warnings.simplefilter("ignore")
-            import asyncssh as module  # noqa: PLC0415 - start-up time (see the docstring)
+        def __init__(self) -> None:
+            self.refused_key: Any = None
 
-        class Client(module.SSHClient):  # type: ignore[misc]
-            """Keeps the host key the server offered when it is not in the known-hosts file
-            (asyncssh asks this only then), so the refusal can name its fingerprint; never
-            trusts it."""
+        def validate_host_public_key(self, host: str, addr: str, port: int, key: Any) -> bool:
+            self.refused_key = key
+            return False
 
-            def __init__(self) -> None:
-                self.refused_key: Any = None
-
-            def validate_host_public_key(self, host: str, addr: str, port: int, key: Any) -> bool:
-                self.refused_key = key
-                return False
-
-        _Client = Client
-        asyncssh = module
+    return asyncssh, Client
 
 
 #: One SSH server and the credentials used there: what a kept connection may be reused for.
@@ -284,7 +275,7 @@ class SftpSource:
                  block_bytes: int = BLOCK_BYTES) -> None:
         if streams < 1:
             raise ValueError(f"streams must be at least 1, not {streams}")
-        _load_asyncssh()
+        self._ssh, self._client_class = _asyncssh()
         self.endpoint = endpoint
         self.location = endpoint.location
         self.streams = streams
@@ -323,40 +314,40 @@ class SftpSource:
     # -- connections ---------------------------------------------------------------------
     async def _connect_one(self) -> tuple[Any, Any]:
         e = self.endpoint
-        client = _Client()
+        client = self._client_class()
         try:
-            known = asyncssh.read_known_hosts(str(e.known_hosts_file))
+            known = self._ssh.read_known_hosts(str(e.known_hosts_file))
         except (OSError, ValueError) as exc:
             raise HostKeyError(f"data location {e.location}: cannot read the known-hosts file {e.known_hosts_file}: "
                                f"{exc}", step="connect", side="source", host=e.host, path=str(e.known_hosts_file),
                                diagnosis="set [locations.ssh] known_hosts_file to a readable file listing the "
                                          "host key of " + e.host) from None
         try:
-            key = asyncssh.read_private_key(str(e.key_file))
-        except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+            key = self._ssh.read_private_key(str(e.key_file))
+        except (OSError, ValueError, self._ssh.KeyImportError) as exc:
             raise SshAuthenticationError(
                 f"data location {e.location}: cannot read the SSH key file {e.key_file} (user {e.user} at "
                 f"{e.host}:{e.port}): {exc}", step="connect", side="source", host=e.host, path=str(e.key_file),
                 diagnosis="set [locations.ssh] key_file to a readable private key without a passphrase") from None
         try:
-            conn, _ = await asyncio.wait_for(asyncssh.create_connection(
+            conn, _ = await asyncio.wait_for(self._ssh.create_connection(
                 lambda: client, e.host, e.port, username=e.user, client_keys=[key], known_hosts=known,
                 agent_path=None, config=None, preferred_auth="publickey", password=None,
                 keepalive_interval=KEEPALIVE_SECONDS, keepalive_count_max=KEEPALIVE_COUNT, window=WINDOW_BYTES,
                 login_timeout=e.connect_timeout_seconds), e.connect_timeout_seconds)
-        except asyncssh.HostKeyNotVerifiable as exc:
+        except self._ssh.HostKeyNotVerifiable as exc:
             raise self._host_key_error(client.refused_key, known, str(exc)) from None
-        except asyncssh.PermissionDenied as exc:
+        except self._ssh.PermissionDenied as exc:
             raise SshAuthenticationError(
                 f"data location {e.location}: {e.where} refused user {e.user} with the key {e.key_file}: "
                 f"{exc.reason or exc}", step="connect", side="source", host=e.host, path=str(e.key_file),
                 diagnosis=f"add the public key of {e.key_file} to ~{e.user}/.ssh/authorized_keys on {e.host}, or "
                           "fix [locations.ssh] user / key_file") from None
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
+        except (OSError, self._ssh.Error, TimeoutError) as exc:
             raise self._cut(f"{type(exc).__name__}: {exc}") from None
         try:
             sftp = await asyncio.wait_for(conn.start_sftp_client(), e.connect_timeout_seconds)
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
+        except (OSError, self._ssh.Error, TimeoutError) as exc:
             conn.abort()
             raise self._cut(f"the SFTP session could not start: {type(exc).__name__}: {exc}") from None
         return conn, sftp
@@ -470,11 +461,11 @@ class SftpSource:
         async def go() -> Any:
             try:
                 return await self._conns[0][1].stat(path, follow_symlinks=False)
-            except asyncssh.SFTPNoSuchFile:
+            except self._ssh.SFTPNoSuchFile:
                 return None
         try:
             return self._run(go(), timeout)
-        except (OSError, asyncssh.Error) as exc:
+        except (OSError, self._ssh.Error) as exc:
             raise self._cut(f"stat {path}: {type(exc).__name__}: {exc}") from None
 
     def stat(self, key: str) -> ObjectInfo | None:
@@ -486,7 +477,7 @@ class SftpSource:
         """
         self._ensure(1)
         attrs = self._stat_path(self._path(key))
-        if attrs is None or attrs.type != asyncssh.FILEXFER_TYPE_REGULAR:
+        if attrs is None or attrs.type != self._ssh.FILEXFER_TYPE_REGULAR:
             return None
         return ObjectInfo(key, int(attrs.size or 0), float(attrs.mtime or 0))
 
@@ -510,16 +501,16 @@ class SftpSource:
         request = min(REQUEST_BYTES, announced) if announced > _UNANNOUNCED_READ_LEN else REQUEST_BYTES
         try:
             return await sftp.open(path, "rb", block_size=request, max_requests=REQUESTS_IN_FLIGHT)
-        except asyncssh.SFTPNoSuchFile:
+        except self._ssh.SFTPNoSuchFile:
             raise SourceMissingError(f"{self.location}: {key!r} does not exist on {self.endpoint.host} ({path})",
                                      step="transfer", side="source", path=key, host=self.endpoint.host) from None
-        except (OSError, asyncssh.Error) as exc:
+        except (OSError, self._ssh.Error) as exc:
             raise self._cut(f"opening {path}: {type(exc).__name__}: {exc}") from None
 
     async def _read_at(self, f: Any, key: str, offset: int, length: int) -> bytes:
         try:
             return bytes(await f.read(length, offset))
-        except (OSError, asyncssh.Error) as exc:
+        except (OSError, self._ssh.Error) as exc:
             raise self._cut(f"reading {self._path(key)}: {type(exc).__name__}: {exc}") from None
 
     async def _read(self, sftp: Any, key: str, offset: int, length: int) -> bytes:
@@ -529,7 +520,7 @@ class SftpSource:
         finally:
             try:
                 await f.close()
-            except (OSError, asyncssh.Error):
+            except (OSError, self._ssh.Error):
                 pass  # the session is gone: so is the handle
 
     def open_read(self, key: str, *, offset: int = 0, size: int,
@@ -595,7 +586,7 @@ class ParallelReader:
             finally:
                 try:
                     await f.close()
-                except (OSError, asyncssh.Error):
+                except (OSError, self._src._ssh.Error):
                     pass  # the session is gone: so is the handle
 
         async def fail(err: BaseException) -> None:
