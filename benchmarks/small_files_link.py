@@ -276,7 +276,8 @@ def start_packhorse(bed: Any, db_delay_ms: float) -> None:
             raise SystemExit(f"init --site {site} exited {r.returncode}: {r.stderr[-3000:]}")
     for site in SITES:
         bed._spawn(f"worker-{site}", site, [sys.executable, "-m", "packhorse", "worker", "--site", site, "-c",
-                                            str(site_config), "--concurrency", "2"], hide_sites=True)
+                                            str(site_config), "--concurrency", str(bed.worker_processes)],
+                   hide_sites=True)
     for n in (1, 2):
         bed._spawn(f"manager-{n}", "central", [sys.executable, "-m", "packhorse", "manager", "-c", str(bed.config),
                                                "--instance", str(n)], hide_sites=True)
@@ -375,6 +376,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds packhorse may take per round")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/packhorse-bench-small-files-link"))
     ap.add_argument("--json", type=Path, help="write every round's measurements here")
+    ap.add_argument("--worker-processes", type=int, nargs="+", default=[2],
+                    help="pool processes of each site's worker; one packhorse kind per count, interleaved "
+                         "(default: the bed's 2)")
     a = ap.parse_args()
 
     from testbed import TestBed, namespaces_work
@@ -386,32 +390,36 @@ def main() -> None:
     data = a.workdir / "data" / "b"
     sums, payload = make_dataset(data)
     print(f"data set (b): {len(sums):,} files, {payload:,} bytes", flush=True)
-    kinds = ["tar | ssh | tar", "packhorse"]
+    ours = {("packhorse" if len(a.worker_processes) == 1 else f"packhorse, {n} processes a site"): n
+            for n in a.worker_processes}
+    kinds = ["tar | ssh | tar", *ours]
     if a.only:
         kinds = [k for k in kinds if k.startswith(a.only[:3])]
     times: dict[str, list[float]] = {k: [] for k in kinds}
     rounds: list[dict[str, Any]] = []
     try:
         for r in range(a.repeats):
-            bed = TestBed(a.workdir / "bed", rate_mbit=a.rate_mbit, delay_ms=a.delay_ms).up(packhorse=False)
-            try:
-                text = bed.config.read_text()
-                route = 'destination_sites = ["cologne", "cornell"]'
-                assert route in text
-                bed.config.write_text(text.replace(route, "destination_sites = " + json.dumps(a.destinations)))
-                result: dict[str, Any] = {"round": r + 1, "uptime": Path("/proc/loadavg").read_text().split()[:3]}
-                for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                    if k == "packhorse":
+            result: dict[str, Any] = {"round": r + 1, "uptime": Path("/proc/loadavg").read_text().split()[:3]}
+            for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+                # a fresh bed for every kind: packhorse's database must not know the files yet
+                bed = TestBed(a.workdir / "bed", rate_mbit=a.rate_mbit, delay_ms=a.delay_ms,
+                              worker_processes=ours.get(k, 2)).up(packhorse=False)
+                try:
+                    text = bed.config.read_text()
+                    route = 'destination_sites = ["cologne", "cornell"]'
+                    assert route in text
+                    bed.config.write_text(text.replace(route, "destination_sites = " + json.dumps(a.destinations)))
+                    if k in ours:
                         result[k] = packhorse(bed, data, sums, a.destinations, a.timeout, a.db_delay_ms)
                         took = result[k]["seconds"]
                     else:
                         took, io = baseline(bed, data, sums, a.workdir)
                         result[k] = {"seconds": took, "write_bytes": io}
-                    times[k].append(took)
-                    print(f"round {r + 1}: {k}: {took:.1f} s", flush=True)
-                rounds.append(result)
-            finally:
-                bed.down()
+                finally:
+                    bed.down()
+                times[k].append(took)
+                print(f"round {r + 1}: {k}: {took:.1f} s", flush=True)
+            rounds.append(result)
     finally:
         if a.json:
             a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "payload_bytes": payload,
@@ -426,37 +434,38 @@ def main() -> None:
         ratio = f"{t / base:.2f}" if base else "-"
         print(f"| {k} | {t:.1f} ({', '.join(f'{x:.1f}' for x in ts)}) | {ratio} |")
     for res in rounds:
-        ph = res.get("packhorse")
-        if not ph:
-            continue
-        print(f"\nround {res['round']} (load {' '.join(res['uptime'])}): packhorse archived in {ph['seconds']:.1f} s, "
-              f"every operation done at {ph['settled_seconds']} s; files registered "
-              f"{ph['registered'][0]}–{ph['registered'][1]} s")
-        print("| operation | count | first start s | last finish s | busy s |\n| --- | --- | --- | --- | --- |")
-        for kind, t in ph["timeline"].items():
-            print(f"| {kind} | {t['count']} | {t['first_start']} | {t['last_finish']} | {t['busy_seconds']} |")
-        print("| bundle, transfer, unpack | started s | finished s | bytes done |\n| --- | --- | --- | --- |")
-        for kind, st, fin, n in ph["each"]:
-            print(f"| {kind} | {st} | {fin} | {n:,} |")
-        print("\nCPU seconds until archived (user + system, children reaped included):")
-        print("| process | CPU s |\n| --- | --- |")
-        for k, v in sorted(ph["cpu_seconds"].items(), key=lambda kv: -kv[1]):
-            print(f"| {k} | {v} |")
-        per_copy = payload * len(a.destinations)
-        db = sum(v for k, v in ph["write_bytes"].items() if "postgres" in k)
-        ours = sum(v for k, v in ph["write_bytes"].items() if "packhorse" in k)
-        rest = sum(ph["write_bytes"].values()) - db - ours
-        print(f"\nbytes written (write_bytes), payload {payload:,} bytes x {len(a.destinations)} archive copies:")
-        print("| process | bytes written | per payload byte archived |\n| --- | --- | --- |")
-        for k, v in ph["write_bytes"].items():
-            print(f"| {k} | {v:,} | {v / per_copy:.2f} |")
-        print(f"| packhorse processes | {ours:,} | **{ours / per_copy:.2f}** |")
-        print(f"| database (PostgreSQL) | {db:,} | {db / per_copy:.2f} |")
-        print(f"| other processes of the bed | {rest:,} | {rest / per_copy:.2f} |")
-        print("\npublished objects (physical copies, deleted ones included):")
-        print("| location, artifact | copies | bytes | per payload byte archived |\n| --- | --- | --- | --- |")
-        for k, v in ph["published"].items():
-            print(f"| {k} | {v['copies']} | {v['bytes']:,} | {v['bytes'] / per_copy:.2f} |")
+        for name in ours:
+            ph = res.get(name)
+            if not ph:
+                continue
+            print(f"\nround {res['round']} (load {' '.join(res['uptime'])}): {name} archived in {ph['seconds']:.1f} s, "
+                  f"every operation done at {ph['settled_seconds']} s; files registered "
+                  f"{ph['registered'][0]}–{ph['registered'][1]} s")
+            print("| operation | count | first start s | last finish s | busy s |\n| --- | --- | --- | --- | --- |")
+            for kind, t in ph["timeline"].items():
+                print(f"| {kind} | {t['count']} | {t['first_start']} | {t['last_finish']} | {t['busy_seconds']} |")
+            print("| bundle, transfer, unpack | started s | finished s | bytes done |\n| --- | --- | --- | --- |")
+            for kind, st, fin, n in ph["each"]:
+                print(f"| {kind} | {st} | {fin} | {n:,} |")
+            print("\nCPU seconds until archived (user + system, children reaped included):")
+            print("| process | CPU s |\n| --- | --- |")
+            for k, v in sorted(ph["cpu_seconds"].items(), key=lambda kv: -kv[1]):
+                print(f"| {k} | {v} |")
+            per_copy = payload * len(a.destinations)
+            db = sum(v for k, v in ph["write_bytes"].items() if "postgres" in k)
+            mine = sum(v for k, v in ph["write_bytes"].items() if "packhorse" in k)
+            rest = sum(ph["write_bytes"].values()) - db - mine
+            print(f"\nbytes written (write_bytes), payload {payload:,} bytes x {len(a.destinations)} archive copies:")
+            print("| process | bytes written | per payload byte archived |\n| --- | --- | --- |")
+            for k, v in ph["write_bytes"].items():
+                print(f"| {k} | {v:,} | {v / per_copy:.2f} |")
+            print(f"| packhorse processes | {mine:,} | **{mine / per_copy:.2f}** |")
+            print(f"| database (PostgreSQL) | {db:,} | {db / per_copy:.2f} |")
+            print(f"| other processes of the bed | {rest:,} | {rest / per_copy:.2f} |")
+            print("\npublished objects (physical copies, deleted ones included):")
+            print("| location, artifact | copies | bytes | per payload byte archived |\n| --- | --- | --- | --- |")
+            for k, v in ph["published"].items():
+                print(f"| {k} | {v['copies']} | {v['bytes']:,} | {v['bytes'] / per_copy:.2f} |")
     for res in rounds:
         if "tar | ssh | tar" in res:
             w = res["tar | ssh | tar"]["write_bytes"]

@@ -98,8 +98,10 @@ class TestBed:
 
     def __init__(self, root: Path, *, rate_mbit: float | None = None, delay_ms: float = 0.0,
                  ssh_streams: int = 4, clock_ahead: dict[str, float] | None = None,
-                 settle_seconds: float = 0.0) -> None:
+                 settle_seconds: float = 0.0, worker_processes: int = 2) -> None:
         self.root = root.resolve()
+        #: pool processes of each site's worker (``--concurrency``; two, to spare the shared cores)
+        self.worker_processes = worker_processes
         #: site → seconds its packhorse processes' clock runs ahead of the centre's (the
         #: project's clock-shift hook, ``tests/clock_shift``; negative: behind)
         self.clock_ahead = dict(clock_ahead or {})
@@ -409,7 +411,8 @@ streams = {self.ssh_streams}
         """Start (or restart) the worker of ``site`` in its namespace (its clock shifted when
         :attr:`clock_ahead` names the site)."""
         self._spawn(f"worker-{site}", site, [sys.executable, "-m", "packhorse", "worker", "--site", site, "-c",
-                                             str(self.config), "--concurrency", "2"], hide_sites=True,
+                                             str(self.config), "--concurrency", str(self.worker_processes)],
+                    hide_sites=True,
                     env=self.clock_env(site))
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
