@@ -53,6 +53,7 @@ from packhorse.domain import (
     StorageType,
 )
 from packhorse.errors import UnknownPackageError
+from packhorse.operations.attempts import claim_words, failure_words
 from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
 from packhorse.recovery.health import DEAD_AFTER_SECONDS, list_services
@@ -79,11 +80,14 @@ def _location_names(session: Session) -> dict[int, str]:
 def snapshot(session: Session, op: Operation, now: dt.datetime | None = None) -> dict[str, Any]:
     """The operation row as a dict, with names resolved and ``stalled`` computed.
 
-    Shape: ``{"id", "kind", "status", "stalled", "attempt", "retry_count", "max_retries",
+    Shape: ``{"id", "kind", "status", "stalled", "attempt", "attempt_words", "retry_count", "max_retries",
     "stall_count", "site", "source_location", "destination_location", "raw_data_package",
     "data_transfer_package", "physical_copy_id", "lease_owner", "lease_expires_at",
     "heartbeat_at", "not_before", "created_at", "updated_at", "scheduled_at", "started_at",
-    "finished_at", "bytes_done", "error_context"}``.
+    "finished_at", "bytes_done", "error_context"}``. ``attempt`` is the fencing token (one more
+    per claim, waits included); ``attempt_words`` says it as an operator reads it
+    (:func:`~packhorse.operations.attempts.claim_words`: "claim N" when claims that waited came
+    between, "attempt N" otherwise).
     """
     now = now or utcnow()
     locs = _location_names(session)
@@ -92,7 +96,8 @@ def snapshot(session: Session, op: Operation, now: dt.datetime | None = None) ->
     site = session.get(Site, op.site_id)
     return {
         "id": op.id, "kind": op.kind, "status": op.status, "stalled": is_stalled(op, now),
-        "attempt": op.attempt, "retry_count": op.retry_count, "max_retries": op.max_retries,
+        "attempt": op.attempt, "attempt_words": claim_words(op.attempt, op.retry_count, explain=False),
+        "retry_count": op.retry_count, "max_retries": op.max_retries,
         "stall_count": op.stall_count, "site": site.name if site else None,
         "source_location": locs.get(op.source_location_id) if op.source_location_id else None,
         "destination_location": locs.get(op.destination_location_id) if op.destination_location_id else None,
@@ -113,11 +118,13 @@ def is_stalled(op: Operation, now: dt.datetime) -> bool:
 
 def failure_events(session: Session, operation_id: int) -> list[dict[str, Any]]:
     """Every failure event of the operation, newest first: ``[{"id", "created_at", "attempt",
-    "retry_count", "error_type", "message", "will_retry", "error_context"}]`` (the error
-    context carries the traceback)."""
+    "failure", "retry_count", "error_type", "message", "will_retry", "error_context"}]`` (the
+    error context carries the traceback; ``failure``: "failure K (claim N)",
+    :func:`~packhorse.operations.attempts.failure_words`)."""
     q = select(FailureEvent).where(FailureEvent.operation_id == operation_id).order_by(
         FailureEvent.created_at.desc(), FailureEvent.id.desc())
-    return [{"id": e.id, "created_at": _iso(e.created_at), "attempt": e.attempt, "retry_count": e.retry_count,
+    return [{"id": e.id, "created_at": _iso(e.created_at), "attempt": e.attempt,
+             "failure": failure_words(e.attempt, e.retry_count), "retry_count": e.retry_count,
              "error_type": e.error_type, "message": e.message, "will_retry": e.will_retry,
              "error_context": e.error_context} for e in session.scalars(q)]
 
@@ -229,10 +236,10 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
     what = f"{ctx.get('error_type')}: {ctx.get('message')}" if ctx.get("error_type") else None
     st = op.status
     if st == Status.COMPLETED.value:
-        return f"completed at {_iso(op.finished_at)} after {op.attempt} attempt(s); nothing to do", "db"
+        return (f"completed at {_iso(op.finished_at)} ({claim_words(op.attempt, op.retry_count)}); nothing to do"), "db"
     if st == Status.IN_PROGRESS.value:
         if is_stalled(op, now):
-            line = (f"stalled: attempt {op.attempt} held by {op.lease_owner} stopped renewing its lease "
+            line = (f"stalled: {claim_words(op.attempt, op.retry_count)} held by {op.lease_owner} stopped renewing its lease "
                     f"(last heartbeat {_iso(op.heartbeat_at)}, lease expired {_iso(op.lease_expires_at)}); "
                     "lease recovery resets it to PENDING on its next pass")
             if op.stall_count:
@@ -243,11 +250,11 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
             when = ("at its next recovery pass, without waiting for the lease (which expires at "
                     f"{_iso(op.lease_expires_at)}): the holder was in this pid namespace" if provably_gone(op.lease_owner)
                     else f"once its lease expires at {_iso(op.lease_expires_at)}")
-            return (f"its worker is gone: attempt {op.attempt} was held by {op.lease_owner}, a process that no "
+            return (f"its worker is gone: {claim_words(op.attempt, op.retry_count)} was held by {op.lease_owner}, a process that no "
                     f"longer runs on this host (killed, or the host restarted); lease recovery by a running "
                     f"`packhorse run`, `packhorse monitor` or `packhorse manager` of this host hands it out "
                     f"again {when}; or now: packhorse retry {op.kind} {op.id}"), "db"
-        return (f"running: attempt {op.attempt} by {op.lease_owner}, lease valid until "
+        return (f"running: {claim_words(op.attempt, op.retry_count)} by {op.lease_owner}, lease valid until "
                 f"{_iso(op.lease_expires_at)}, {op.bytes_done} bytes done"), "db"
     if st == Status.SCHEDULED.value:
         return (f"queued for a worker since {_iso(op.scheduled_at)}; if no worker claims it, "
@@ -260,7 +267,7 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
                     f"({outage.reason}); it runs again by itself once the location is back (no retry is "
                     "counted; packhorse status lists the location as blocked)"), "db"
         if ctx.get("waiting") == WAITING_SPACE:
-            return (f"waiting for space at data location {ctx.get('location')}: its write at attempt "
+            return (f"waiting for space at data location {ctx.get('location')}: its write at claim "
                     f"{ctx.get('attempt', op.attempt)} met a full file system ({ctx.get('message')}); it looks "
                     f"again at {_iso(op.not_before)} and goes on by itself once there is space (no retry is "
                     "counted; packhorse status lists the location as blocked)"), "db"

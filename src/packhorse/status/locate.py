@@ -54,6 +54,7 @@ from packhorse.domain import DONE_WORD, CopyStatus, LocationRole, OperationKind,
 from packhorse.errors import LocateQueryError
 from packhorse.managers.source_audit import FOUND_BY as SOURCE_AUDIT
 from packhorse.managers.source_audit import REASON as SOURCE_AUDIT_REASON
+from packhorse.operations.attempts import claim_words, failure_words
 from packhorse.time_text import utc_text
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
         if op.kind == OperationKind.FIXITY_CHECK.value and ":repair-copy" in op.dedup_key:
             word = "repaired"
         if op.status == Status.COMPLETED.value:
-            add(op.finished_at, word, op, loc, detail=(f"{what}, " if what else "") + f"attempt {op.attempt}")
+            add(op.finished_at, word, op, loc,
+                detail=(f"{what}, " if what else "") + claim_words(op.attempt, op.retry_count))
         elif op.status == Status.FAILED.value:
             add(op.updated_at, f"{op.kind} failed", op, loc, detail=f"gave up after {op.retry_count} retries")
         else:
@@ -177,7 +179,7 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
             op = by_id[e.operation_id]
             loc_id = op.destination_location_id or op.source_location_id
             add(e.created_at, "attempt failed", op, locs.get(loc_id) if loc_id else None,
-                detail=f"attempt {e.attempt}" + (", will retry" if e.will_retry else ", gave up"),
+                detail=failure_words(e.attempt, e.retry_count) + (", will retry" if e.will_retry else ", gave up"),
                 error_type=e.error_type if include_errors else None, message=e.message if include_errors else None)
     # detections: a copy the fixity audit, `packhorse verify` or a read-back found bad (the
     # repair that followed is an operation above; the detection is only on the copy's row)
