@@ -18,6 +18,7 @@ notification), I3 (every status write is a compare-and-set on the fencing token)
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import traceback as tb
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -95,6 +96,10 @@ def build_error_context(
 ) -> dict[str, Any]:
     """The one error-context dict of a failure (DESIGN.md "Error context"); built once.
 
+    ``host`` is where the failure happened as the error names it (a data location, or a
+    remote endpoint); ``worker_host`` is the machine the attempt ran on (the host of
+    ``task_id``'s lease owner, ``<host>:<pid>…#<attempt>``, else this machine's hostname).
+
     The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail. A
     diagnosis carried by the exception (set where it was raised) wins, with
     ``diagnosis_source = "boundary"``; otherwise ``auto_diagnosis`` (made from the database by
@@ -120,6 +125,8 @@ def build_error_context(
         value = getattr(exc, key, None)
         if value is not None:
             ctx[key] = value
+    # the machine the attempt ran on (the error's ``host`` is where it happened: a data location)
+    ctx["worker_host"] = task_id.split(":", 1)[0] if ":" in task_id else socket.gethostname()
     if ctx.get("diagnosis"):
         ctx["diagnosis_source"] = "boundary"
     elif auto_diagnosis:

@@ -122,7 +122,7 @@ def _stall_event(op: Operation, now: dt.datetime, *, gone: bool = False) -> Fail
            "operation_kind": op.kind, "operation_id": op.id, "task_id": f"{op.lease_owner}#{op.attempt}",
            "task_name": f"packhorse.{op.kind}", "retry_count": op.retry_count, "will_retry": True,
            "timestamp": now.isoformat(), "operation_info": {"bytes_done": op.bytes_done}, "step": "lease",
-           "host": (op.lease_owner or "").split(":")[0] or None}
+           "worker_host": (op.lease_owner or "").split(":")[0] or None}
     return FailureEvent(operation_id=op.id, kind=op.kind, attempt=op.attempt, retry_count=op.retry_count,
                         error_type="Stalled", message=ctx["message"], will_retry=True, error_context=ctx,
                         created_at=now)
