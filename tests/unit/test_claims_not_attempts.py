@@ -92,3 +92,23 @@ def test_claims_that_all_failed_are_still_attempts(db: Database) -> None:
     assert rep["operation"]["attempt_words"] == "attempt 3"
     assert [e["failure"] for e in rep["failure_events"]] == ["failure 2", "failure 1"]
     assert "(attempt 3); nothing to do" in rep["diagnosis"]
+
+
+def test_the_stall_notification_of_a_claim_after_waits_calls_it_a_claim(db: Database) -> None:
+    from ops_support import expire
+    from packhorse.config import settings_from_dict
+    from packhorse.db.models import Notification
+    from packhorse.recovery.monitor import check_stalled
+
+    op = db.transact(lambda s: create_operation(s, kind=KIND, dedup_key="lta:1", site_id=1, max_retries=3,
+                                                raw_data_package_id=1, destination_location_id=2))
+    for _ in range(2):  # the archive was away twice
+        c = claim(db, op.id, "w", 30)
+        assert c is not None and defer(db, c, 0, note={"waiting": "location"})
+    assert claim(db, op.id, "dead-worker", 30) is not None
+    expire(db, op.id)  # that worker died
+    check_stalled(db, settings_from_dict({}, environ={}))
+    [body] = db.read(lambda s: list(s.scalars(select(Notification.body).where(
+        Notification.event == "stalled_recovered"))))
+    assert "Claim 3 by dead-worker stopped renewing its lease (0 retries counted before it)." in body
+    assert "Attempt 3" not in body

@@ -50,6 +50,7 @@ from packhorse.db.models import FailureEvent, Operation, ServiceHeartbeat, Site,
 from packhorse.db.session import Database, bound_idle_in_transaction
 from packhorse.domain import BreakerState, NotificationLevel, OperationKind, Status
 from packhorse.notify.outbox import enqueue
+from packhorse.operations.attempts import claim_words
 from packhorse.operations.identity import (
     NAMESPACE_TAG,
     holder_processes,
@@ -288,7 +289,9 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
                    if b is not None else "No stall is counted against the operation.")
         ended = ("ended: its process is gone from this host, so it was taken over before its lease expired"
                  if gone else "stopped renewing its lease")
-        body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} {ended}.\n"
+        held = claim_words(op.attempt, op.retry_count, explain=False)
+        body = (f"Operation: {op.kind} {op.id}\n{held[0].upper()}{held[1:]} by {op.lease_owner or '-'} {ended}"
+                f" ({op.retry_count} retries counted before it).\n"
                 f"{counted}\nThe operation was reset to PENDING and will be dispatched again.")
         kind, oid = op.kind, op.id
         handler(s, op, now)
