@@ -73,7 +73,7 @@ def test_a_permanent_failure_says_what_where_why_and_the_commands(tmp_path: Path
     assert "Site: cologne" in body or "Site: cornell" in body
     dest = "cologne-lta" if "Destination location: cologne-lta" in body else "cornell-lta"
     assert f"Destination location: {dest}" in body
-    assert "Source location: " in body and "Key: " in body and "Worker host: " in body
+    assert "Source location: " in body and "Key: " in body and "Host: " in body and f"Host: {dest}" not in body
     # why
     assert "Error type: RuntimeError" in body and "Error: " in body
     # what next, the exact commands

@@ -311,7 +311,7 @@ def test_the_plan_names_a_source_location_that_is_not_there(tmp_path):
 
 def _live_report(objects: list[dict], *, ok: bool, error: str | None = None) -> dict:
     op = {"kind": "raw_data_package", "id": 7, "status": "COMPLETED", "stalled": False, "attempt": 1,
-          "retry_count": 0, "max_retries": 3, "stall_count": 0, "raw_data_package": "inst/obs-1",
+          "attempt_words": "attempt 1", "retry_count": 0, "max_retries": 3, "stall_count": 0, "raw_data_package": "inst/obs-1",
           "data_transfer_package": None, "source_location": "fyst-source", "destination_location": "fyst-buffer"}
     return {"operation": op, "diagnosis": "completed", "diagnosis_source": "database", "failure_events": [],
             "copies": [], "live_check": {"checked": [{"location": "fyst-source", "storage": "disk", "ok": ok,
@@ -379,7 +379,7 @@ def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unf
         r["operation"].update(id=op_id, kind=kind, status=status)
         return {**r, "diagnosis": diagnosis, "failure_events": events, "copies": copies, "live_check": None}
 
-    event = {"created_at": "2026-12-04T10:00:00+00:00", "attempt": 2, "error_type": "VerificationError",
+    event = {"created_at": "2026-12-04T10:00:00+00:00", "attempt": 2, "failure": "failure 2", "error_type": "VerificationError",
              "message": "read back other bytes", "will_retry": False}
     _print_package("inst/obs-1", [report(1, "raw_data_package", "COMPLETED", "completed; nothing to do", []),
                                   report(4, "transfer", "COMPLETED", "completed after 2 attempt(s)", [dict(event)]),
@@ -388,7 +388,7 @@ def test_a_packages_diagnosis_lists_each_operation_once_and_details_only_the_unf
     assert "operations of inst/obs-1" in out
     assert out.count("raw/inst/obs-1.tar") == 2  # the copies once: two locations, not two per operation
     assert "1 failure event(s): packhorse diagnose transfer 4" in out  # history of a finished one: a pointer
-    assert "long_term_archive 9: FAILED" in out and "attempt 2: VerificationError: read back other bytes" in out
+    assert "long_term_archive 9: FAILED" in out and "failure 2: VerificationError: read back other bytes" in out
     assert "transfer 4: COMPLETED" not in out and "raw_data_package 1: COMPLETED" not in out
     # a deleted copy shows when it was deleted, not a verification of bytes no longer there
     assert out.count("deleted 2026-12-04T11:00:00+00:00") == 2 and "2026-12-04T09:00" not in out

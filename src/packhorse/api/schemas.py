@@ -131,7 +131,9 @@ class OperationSnapshot(_Model):
     kind: str
     status: str
     stalled: bool
-    attempt: int
+    attempt: int = Field(description="the fencing token: one more per claim, claims that only waited included")
+    attempt_words: str = Field(description='"attempt N", or "claim N" when claims that waited (no failure) came '
+                                           "between")
     retry_count: int
     max_retries: int
     stall_count: int
@@ -157,7 +159,9 @@ class OperationSnapshot(_Model):
 class FailureEventOut(_Model):
     id: int
     created_at: str | None
-    attempt: int
+    attempt: int = Field(description="the claim (fencing token) the failure happened at")
+    failure: str = Field(description='"failure K" (the K-th failure of the operation), with "(claim N)" when claims '
+                                     "that waited came between")
     retry_count: int
     error_type: str
     message: str

@@ -258,7 +258,7 @@ def _print_package(name: str, reports: list[dict[str, Any]]) -> None:
     the full report (:func:`_print_report`) of every operation not completed, and the live
     check of every object once. ``--json`` has every report in full."""
     out = table_console(highlight=False, soft_wrap=True)
-    t = Table("id", "kind", "status", "attempt", "retries", "diagnosis", title=f"operations of {name}")
+    t = Table("id", "kind", "status", "claims", "retries", "diagnosis", title=f"operations of {name}")
     for r in reports:
         op = r["operation"]
         events = len(r["failure_events"])
@@ -302,12 +302,12 @@ def _print_report(r: dict[str, Any]) -> None:
     out = table_console(highlight=False, soft_wrap=True)
     op = r["operation"]
     out.print(f"[bold]{op['kind']} {op['id']}[/]: {op['status']}{' (stalled)' if op['stalled'] else ''}, "
-              f"attempt {op['attempt']}, retries {op['retry_count']}/{op['max_retries']}, stalls {op['stall_count']}")
+              f"{op['attempt_words']}, retries {op['retry_count']}/{op['max_retries']}, stalls {op['stall_count']}")
     out.print(f"  package: {op['raw_data_package'] or op['data_transfer_package'] or '-'}; "
               f"{op['source_location'] or '-'} -> {op['destination_location'] or '-'}")
     out.print(f"  diagnosis: {r['diagnosis']}  [{r['diagnosis_source']}]")
     for e in r["failure_events"]:
-        out.print(f"  {e['created_at']} attempt {e['attempt']}: {e['error_type']}: {e['message']}"
+        out.print(f"  {e['created_at']} {e['failure']}: {e['error_type']}: {e['message']}"
                   f"{' (retried)' if e['will_retry'] else ''}")
     if r["copies"]:
         out.print(_copies_table(r["copies"]))

@@ -137,8 +137,10 @@ def init(config: ConfigOpt = None,
     marked = _mark(ctx, replace=replace or (), sites=site or None, adopt=adopt or ())
     for m in marked:
         if m.action not in ("already marked", "already identified"):
-            extra = f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else ""
+            extra = (f" ({m.objects} object(s) kept as they are)" if m.action in ("adopted", "taken over") else
+                     f" (holds {m.objects} file(s) to archive)" if m.action == "initialised" else "")
             done = {"created": "created and marked", "adopted": "adopted and marked",
+                    "initialised": "initialised and marked",
                     "taken over": "taken over from the other installation and marked anew (its marker is kept in "
                                   "_packhorse/quarantine/; its database no longer finds this root)",
                     "identified": "read-only source: nothing written there; its identity (a uuid and a fingerprint "

@@ -18,6 +18,7 @@ notification), I3 (every status write is a compare-and-set on the fencing token)
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import traceback as tb
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import FailureEvent, Notification, Operation, utcnow
+from packhorse.db.models import CircuitBreaker, FailureEvent, Notification, NotificationDelivery, Operation, utcnow
 from packhorse.db.session import Database
-from packhorse.domain import OperationKind, Status
+from packhorse.domain import BreakerState, OperationKind, Status
 from packhorse.notify import messages
+from packhorse.notify.notifier import WITHDRAWN
+from packhorse.notify.outbox import FOLLOW_UP_OF
 from packhorse.operations.lifecycle import (
     Claim,
     backoff_seconds,
@@ -41,6 +44,7 @@ from packhorse.operations.lifecycle import (
 )
 from packhorse.recovery import breakers, diagnosis
 from packhorse.rules.convergence import superseded_failures
+from packhorse.rules.space import waiting_for_space
 
 if TYPE_CHECKING:
     from packhorse.config import RecoveryConfig
@@ -92,6 +96,10 @@ def build_error_context(
 ) -> dict[str, Any]:
     """The one error-context dict of a failure (DESIGN.md "Error context"); built once.
 
+    ``host`` is where the failure happened as the error names it (a data location, or a
+    remote endpoint); ``worker_host`` is the machine the attempt ran on (the host of
+    ``task_id``'s lease owner, ``<host>:<pid>…#<attempt>``, else this machine's hostname).
+
     The traceback is always kept, capped at :data:`TRACEBACK_MAX_CHARS` with its tail. A
     diagnosis carried by the exception (set where it was raised) wins, with
     ``diagnosis_source = "boundary"``; otherwise ``auto_diagnosis`` (made from the database by
@@ -117,6 +125,8 @@ def build_error_context(
         value = getattr(exc, key, None)
         if value is not None:
             ctx[key] = value
+    # the machine the attempt ran on (the error's ``host`` is where it happened: a data location)
+    ctx["worker_host"] = task_id.split(":", 1)[0] if ":" in task_id else socket.gethostname()
     if ctx.get("diagnosis"):
         ctx["diagnosis_source"] = "boundary"
     elif auto_diagnosis:
@@ -270,10 +280,53 @@ def complete_many(session: Session, claims: Iterable[Claim],
 #: The events :func:`review_notification` re-decides at send time.
 REVIEWED_EVENTS = ("permanent_failure", "failure_repaired")
 
+#: Events about a standing condition: a follow-up of one ("Repeated: …", the repeats counted
+#: during the cooldown) is withdrawn at send time once the condition has ended
+#: (:func:`condition_stands`).
+STANDING_CONDITIONS = ("location_full", "breaker_open")
+
+
+def condition_stands(session: Session, row: Notification) -> bool:
+    """Whether the standing condition outbox ``row`` is about still holds now: for
+    ``location_full``, an operation still waits for space at the data location of its context
+    (:func:`packhorse.rules.space.waiting_for_space`); for ``breaker_open``, the circuit
+    breaker of its operation is not closed. Any other event (or a row naming no location or
+    operation) counts as standing."""
+    ctx = row.context or {}
+    if row.event == "location_full" and ctx.get("location"):
+        return session.scalar(select(Operation.id).where(
+            waiting_for_space(in_backoff=False),
+            Operation.error_context["location"].as_string() == str(ctx["location"])).limit(1)) is not None
+    if row.event == "breaker_open" and row.operation_kind and row.operation_id is not None:
+        return session.scalar(select(CircuitBreaker.id).where(
+            CircuitBreaker.kind == row.operation_kind, CircuitBreaker.operation_id == row.operation_id,
+            CircuitBreaker.state != BreakerState.CLOSED.value)) is not None
+    return True
+
+
+def _withdraw_ended_follow_up(session: Session, row: Notification) -> bool:
+    """Delete ``row`` unsent when it is a follow-up ("Repeated: …") of a standing condition
+    that has ended meanwhile (its end was told already, or needs no message: a location full
+    has none); never once any channel got it. Returns whether it was deleted."""
+    if row.event not in STANDING_CONDITIONS or not (row.context or {}).get(FOLLOW_UP_OF):
+        return False
+    if condition_stands(session, row):
+        return False
+    if session.scalar(select(NotificationDelivery.id).where(NotificationDelivery.notification_id == row.id)
+                      .limit(1)) is not None:
+        return False
+    log.info("follow_up_withdrawn", notification_id=row.id, notification_event=row.event, subject=row.subject,
+             follow_up_of=(row.context or {}).get(FOLLOW_UP_OF))
+    session.delete(row)
+    session.flush()
+    return True
+
 
 def review_notification(session: Session, row: Notification) -> str | None:
     """The notifier's review of outbox ``row`` just before it is sent (the gather window is
-    over): a permanent-failure digest pages (ERROR) only for what still needs a human.
+    over): a permanent-failure digest pages (ERROR) only for what still needs a human, and a
+    follow-up of a standing condition (a data location full, a circuit breaker open) that has
+    ended meanwhile is not sent at all (:data:`WITHDRAWN`: the row is deleted).
 
     A listed operation no longer needs one when the convergence made its work by other means
     meanwhile (:func:`packhorse.rules.convergence.superseded_failures`: a later operation of the
@@ -285,9 +338,11 @@ def review_notification(session: Session, row: Notification) -> str | None:
     other events are left alone.
 
     Returns:
-        ``"unchanged"``, ``"partly_repaired"``, ``"repaired"``, or ``None`` for an event that
-        is not reviewed.
+        ``"unchanged"``, ``"partly_repaired"``, ``"repaired"``, :data:`WITHDRAWN`, or ``None``
+        for an event that is not reviewed.
     """
+    if _withdraw_ended_follow_up(session, row):
+        return WITHDRAWN
     if row.event not in REVIEWED_EVENTS:
         return None
     ctx = row.context or {}

@@ -225,7 +225,8 @@ def failure_item(ctx: dict[str, Any], where: dict[str, Any]) -> dict[str, Any]:
             "source": where.get("source") or info.get("source") or info.get("location"),
             "destination": where.get("destination") or info.get("destination"),
             "key": ctx.get("path") or info.get("key") or where.get("key"),
-            "host": ctx.get("host"), "worker_host": str(ctx.get("task_id") or "").split(":", 1)[0] or None,
+            "host": ctx.get("host"),
+            "worker_host": ctx.get("worker_host") or str(ctx.get("task_id") or "").split(":", 1)[0] or None,
             "error_type": ctx["error_type"], "message": ctx["message"], "timestamp": ctx.get("timestamp")}
 
 
@@ -254,7 +255,8 @@ def _commands(items: list[dict[str, Any]]) -> list[str]:
 def _where_lines(i: dict[str, Any]) -> dict[str, Any]:
     return {"Package": i.get("package"), "Bundle": i.get("bundle"), "Site": i.get("site"),
             "Source location": i.get("source"), "Destination location": i.get("destination"), "Key": i.get("key"),
-            "Host": i.get("host"), "Worker host": i.get("worker_host")}
+            "Location": i.get("host") if i.get("host") not in (i.get("source"), i.get("destination")) else None,
+            "Host": i.get("worker_host")}
 
 
 def render_failure(context: dict[str, Any]) -> tuple[str, str]:
@@ -262,7 +264,8 @@ def render_failure(context: dict[str, Any]) -> tuple[str, str]:
     failure's error context plus ``failures``: every operation of the cause in this window).
 
     The body says what failed, where (package, site, source and destination location, key,
-    host), why (error type, message, step, diagnosis) and what to do next with the exact
+    the location it happened at when neither of those, and the host — the machine the attempt
+    ran on, never a data location), why (error type, message, step, diagnosis) and what to do next with the exact
     commands; a digest lists every operation, then the first failure in full."""
     items: list[dict[str, Any]] = context["failures"]
     first = items[0]

@@ -56,6 +56,9 @@ from packhorse.runtime.hooks import NO_HOOKS, Hooks
 log = structlog.get_logger(__name__)
 
 PENDING, SENT, DEAD = (s.value for s in (NotificationStatus.PENDING, NotificationStatus.SENT, NotificationStatus.DEAD))
+#: What a review returns for a row it deleted unsent (a follow-up whose condition ended):
+#: :meth:`Notifier.deliver` sends nothing and returns it.
+WITHDRAWN = "withdrawn"
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class Notifier:
             subject, body and context (the engine's
             :func:`packhorse.engine.outcome.review_notification`: a failure repaired within
             the gather window does not page). A review that raises is logged and the row is
-            sent as it was.
+            sent as it was; one that returns ``"withdrawn"`` deleted the row: nothing is sent.
     """
     def __init__(self, cfg: NotificationsConfig, db: Database, *, channels: list[Channel] | None = None,
                  owner: str | None = None, hooks: Hooks = NO_HOOKS,
@@ -195,7 +198,8 @@ class Notifier:
 
         Returns:
             ``"sent"``, ``"retry"``, ``"dead"``, ``"deferred"`` (a channel is down; handed
-            back untried) or ``"lost"`` (the lease went to another notifier).
+            back untried), ``"lost"`` (the lease went to another notifier) or ``"withdrawn"``
+            (the review deleted the row unsent: a follow-up whose condition has ended).
         """
         def load(s: Session) -> tuple[Notification, set[str]]:
             n = s.get(Notification, c.notification_id)
@@ -204,8 +208,9 @@ class Notifier:
                                  .where(NotificationDelivery.notification_id == n.id)))
             return n, done
 
-        if self.review is not None:
-            self._review(c)
+        if self.review is not None and self._review(c) == WITHDRAWN:
+            log.info("notification_withdrawn", notification_id=c.notification_id)
+            return WITHDRAWN
         n, done = self.db.read(load)
         msg = self.message(n)
         errors: list[str] = []
@@ -247,20 +252,23 @@ class Notifier:
             return self._release(c, deferred_for if deadline is None else 0.0, n.id)
         return self._finish(c, n.attempts, errors, permanent=permanent)
 
-    def _review(self, c: NotificationClaim) -> None:
-        """Run :attr:`review` on claimed row ``c`` (fenced on the claim; never raises)."""
+    def _review(self, c: NotificationClaim) -> Any:
+        """Run :attr:`review` on claimed row ``c`` (fenced on the claim; never raises); returns
+        what it returned (``None`` when it failed or the row was no longer ours)."""
         review = self.review
         assert review is not None
 
-        def tx(s: Session) -> None:
+        def tx(s: Session) -> Any:
             n = s.get(Notification, c.notification_id)
             if n is not None and n.claim_token == c.token and n.status == PENDING:
-                review(s, n)
+                return review(s, n)
+            return None
 
         try:
-            self.db.transact(tx)
+            return self.db.transact(tx)
         except Exception as e:  # noqa: BLE001 - a review that fails must not keep a message back
             log.warning("notification_review_failed", notification_id=c.notification_id, error=repr(e))
+            return None
 
     def message(self, n: Notification) -> Message:
         """The :class:`Message` channels send for outbox row ``n`` (:func:`rendered`)."""

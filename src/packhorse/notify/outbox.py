@@ -37,7 +37,8 @@ _CONTEXT_LINES = (
     ("step", "Step"),
     ("side", "Side"),
     ("path", "Path"),
-    ("host", "Host"),
+    ("host", "Location"),
+    ("worker_host", "Host"),
     ("diagnosis", "Diagnosis"),
     ("diagnosis_source", "Diagnosis source"),
     ("timestamp", "Time (UTC)"),
@@ -59,7 +60,12 @@ def cooldown_key(kind: str | None, operation_id: int | None, subject: str) -> st
 def render_error_context(ctx: dict[str, Any]) -> str:
     """The body of a failure notification, rendered from the one prebuilt error context
     (:func:`packhorse.engine.outcome.build_error_context`): one ``Label: value`` line per field
-    that is set (diagnosis lines only when set), then the traceback."""
+    that is set (diagnosis lines only when set), then the traceback. ``Location`` is where the
+    failure happened (the error's ``host``: a data location, or a remote endpoint); ``Host`` is
+    the machine the failing attempt ran on (``worker_host``, else the host of the ``task_id``'s
+    lease owner)."""
+    if ctx.get("worker_host") in (None, "") and ":" in str(ctx.get("task_id") or ""):
+        ctx = {**ctx, "worker_host": str(ctx["task_id"]).split(":", 1)[0]}
     lines = [f"{label}: {ctx[key]}" for key, label in _CONTEXT_LINES if ctx.get(key) not in (None, "")]
     if ctx.get("traceback"):
         lines += ["", "Traceback:", str(ctx["traceback"])]

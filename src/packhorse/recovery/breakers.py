@@ -193,7 +193,8 @@ def notify_open(session: Session, b: CircuitBreaker, op: Operation, rec: Recover
                else BREAKER_REOPENED_SUBJECT.format(kind=b.kind, id=b.operation_id, how="stalled"))
     enqueue(session, level=NotificationLevel.ERROR, event="breaker_open", subject=subject,
             body=(f"Operation: {b.kind} {b.operation_id}\nStall count: {b.stall_count}\n"
-                  f"Times opened: {b.trips}\nLast attempt: {op.attempt}\n"
+                  f"Times opened: {b.trips}\nLast claim: {op.attempt} ({op.retry_count} retries counted; a claim "
+                  "that waited or stalled is no failure)\n"
                   f"Last lease owner: {op.lease_owner or '-'}\n"
                   f"Last stall (UTC): {b.last_stall_at.isoformat() if b.last_stall_at else '-'}\n"
                   f"Next automatic attempt (UTC): {nxt.isoformat() if nxt else '-'}\n\n"

@@ -50,6 +50,7 @@ from packhorse.db.models import FailureEvent, Operation, ServiceHeartbeat, Site,
 from packhorse.db.session import Database, bound_idle_in_transaction
 from packhorse.domain import BreakerState, NotificationLevel, OperationKind, Status
 from packhorse.notify.outbox import enqueue
+from packhorse.operations.attempts import claim_words
 from packhorse.operations.identity import (
     NAMESPACE_TAG,
     holder_processes,
@@ -122,7 +123,7 @@ def _stall_event(op: Operation, now: dt.datetime, *, gone: bool = False) -> Fail
            "operation_kind": op.kind, "operation_id": op.id, "task_id": f"{op.lease_owner}#{op.attempt}",
            "task_name": f"packhorse.{op.kind}", "retry_count": op.retry_count, "will_retry": True,
            "timestamp": now.isoformat(), "operation_info": {"bytes_done": op.bytes_done}, "step": "lease",
-           "host": (op.lease_owner or "").split(":")[0] or None}
+           "worker_host": (op.lease_owner or "").split(":")[0] or None}
     return FailureEvent(operation_id=op.id, kind=op.kind, attempt=op.attempt, retry_count=op.retry_count,
                         error_type="Stalled", message=ctx["message"], will_retry=True, error_context=ctx,
                         created_at=now)
@@ -288,7 +289,9 @@ def _handle_one(db: Database, settings: Settings, op_id: int, attempt: int, repo
                    if b is not None else "No stall is counted against the operation.")
         ended = ("ended: its process is gone from this host, so it was taken over before its lease expired"
                  if gone else "stopped renewing its lease")
-        body = (f"Operation: {op.kind} {op.id}\nAttempt {op.attempt} by {op.lease_owner or '-'} {ended}.\n"
+        held = claim_words(op.attempt, op.retry_count, explain=False)
+        body = (f"Operation: {op.kind} {op.id}\n{held[0].upper()}{held[1:]} by {op.lease_owner or '-'} {ended}"
+                f" ({op.retry_count} retries counted before it).\n"
                 f"{counted}\nThe operation was reset to PENDING and will be dispatched again.")
         kind, oid = op.kind, op.id
         handler(s, op, now)

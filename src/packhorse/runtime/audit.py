@@ -5,6 +5,11 @@ force retry, runtime setting change, token create/revoke, live check) appends on
 :class:`~packhorse.db.models.AuditEntry` after it ran, with its result: ``ok``, ``refused``
 (the action was not allowed in the current state, e.g. resetting an operation that is not
 FAILED) or ``error``. Entries are never updated or deleted by packhorse.
+
+``packhorse verify`` (the operator's audit of the copies) also appends one
+:data:`COPY_FOUND_BAD` entry per copy it found bad, in the transaction that marks the copy, so
+``packhorse locate`` can tell a copy the operator's audit found from one the scheduled fixity
+check found.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from packhorse.db.session import Database
 from packhorse.names import json_safe
 
 RESULTS = ("ok", "refused", "error")
+#: The action of a copy ``packhorse verify`` found bad (target ``physical_copy/<id>``; details:
+#: ``location``, ``path``, ``status``).
+COPY_FOUND_BAD = "copy.found_bad"
 
 
 def cli_actor() -> str:
@@ -47,17 +55,30 @@ def record(db: Database, *, actor: str, action: str, target: str | None = None,
     Raises:
         ValueError: ``result`` is not one of :data:`RESULTS`.
     """
+    db.transact(lambda s: add(s, actor=actor, action=action, target=target, details=details, result=result,
+                              message=message))
+
+
+def add(session: Session, *, actor: str, action: str, target: str | None = None,
+        details: dict[str, Any] | None = None, result: str = "ok", message: str | None = None) -> None:
+    """:func:`record` inside the caller's transaction (the entry commits with the change it
+    records, or not at all). Same arguments.
+
+    Raises:
+        ValueError: ``result`` is not one of :data:`RESULTS`.
+    """
     if result not in RESULTS:
         raise ValueError(f"audit result must be one of {RESULTS}, not {result!r}")
+    # text from a request may hold a lone surrogate: stored as its escape, so every reader
+    # (``packhorse audit``, the API) can encode what it reads back
+    session.add(AuditEntry(at=utcnow(), actor=json_safe(actor[:200]), action=json_safe(action),
+                           target=json_safe(target), details=json_safe(details), result=result,
+                           message=json_safe(message)))
 
-    def tx(s: Session) -> None:
-        # text from a request may hold a lone surrogate: stored as its escape, so every reader
-        # (``packhorse audit``, the API) can encode what it reads back
-        s.add(AuditEntry(at=utcnow(), actor=json_safe(actor[:200]), action=json_safe(action),
-                         target=json_safe(target), details=json_safe(details), result=result,
-                         message=json_safe(message)))
 
-    db.transact(tx)
+def copy_target(copy_id: int) -> str:
+    """The audit target naming physical copy ``copy_id``: ``physical_copy/<id>``."""
+    return f"physical_copy/{copy_id}"
 
 
 def entries(session: Session, *, limit: int = 100, action: str | None = None) -> list[dict[str, Any]]:

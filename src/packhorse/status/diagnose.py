@@ -20,6 +20,7 @@ Times are ISO 8601 UTC strings; sizes bytes.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import secrets
 import socket
 from pathlib import Path
@@ -43,6 +44,7 @@ from packhorse.db.models import (
 )
 from packhorse.db.session import Database
 from packhorse.domain import (
+    ACTIVE_STATUSES,
     LIVE_COPY_STATUSES,
     WAITING_LOCATION,
     WAITING_SPACE,
@@ -53,6 +55,7 @@ from packhorse.domain import (
     StorageType,
 )
 from packhorse.errors import UnknownPackageError
+from packhorse.operations.attempts import claim_words, failure_words
 from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
 from packhorse.recovery.health import DEAD_AFTER_SECONDS, list_services
@@ -79,11 +82,14 @@ def _location_names(session: Session) -> dict[int, str]:
 def snapshot(session: Session, op: Operation, now: dt.datetime | None = None) -> dict[str, Any]:
     """The operation row as a dict, with names resolved and ``stalled`` computed.
 
-    Shape: ``{"id", "kind", "status", "stalled", "attempt", "retry_count", "max_retries",
+    Shape: ``{"id", "kind", "status", "stalled", "attempt", "attempt_words", "retry_count", "max_retries",
     "stall_count", "site", "source_location", "destination_location", "raw_data_package",
     "data_transfer_package", "physical_copy_id", "lease_owner", "lease_expires_at",
     "heartbeat_at", "not_before", "created_at", "updated_at", "scheduled_at", "started_at",
-    "finished_at", "bytes_done", "error_context"}``.
+    "finished_at", "bytes_done", "error_context"}``. ``attempt`` is the fencing token (one more
+    per claim, waits included); ``attempt_words`` says it as an operator reads it
+    (:func:`~packhorse.operations.attempts.claim_words`: "claim N" when claims that waited came
+    between, "attempt N" otherwise).
     """
     now = now or utcnow()
     locs = _location_names(session)
@@ -92,7 +98,8 @@ def snapshot(session: Session, op: Operation, now: dt.datetime | None = None) ->
     site = session.get(Site, op.site_id)
     return {
         "id": op.id, "kind": op.kind, "status": op.status, "stalled": is_stalled(op, now),
-        "attempt": op.attempt, "retry_count": op.retry_count, "max_retries": op.max_retries,
+        "attempt": op.attempt, "attempt_words": claim_words(op.attempt, op.retry_count, explain=False),
+        "retry_count": op.retry_count, "max_retries": op.max_retries,
         "stall_count": op.stall_count, "site": site.name if site else None,
         "source_location": locs.get(op.source_location_id) if op.source_location_id else None,
         "destination_location": locs.get(op.destination_location_id) if op.destination_location_id else None,
@@ -113,11 +120,13 @@ def is_stalled(op: Operation, now: dt.datetime) -> bool:
 
 def failure_events(session: Session, operation_id: int) -> list[dict[str, Any]]:
     """Every failure event of the operation, newest first: ``[{"id", "created_at", "attempt",
-    "retry_count", "error_type", "message", "will_retry", "error_context"}]`` (the error
-    context carries the traceback)."""
+    "failure", "retry_count", "error_type", "message", "will_retry", "error_context"}]`` (the
+    error context carries the traceback; ``failure``: "failure K (claim N)",
+    :func:`~packhorse.operations.attempts.failure_words`)."""
     q = select(FailureEvent).where(FailureEvent.operation_id == operation_id).order_by(
         FailureEvent.created_at.desc(), FailureEvent.id.desc())
-    return [{"id": e.id, "created_at": _iso(e.created_at), "attempt": e.attempt, "retry_count": e.retry_count,
+    return [{"id": e.id, "created_at": _iso(e.created_at), "attempt": e.attempt,
+             "failure": failure_words(e.attempt, e.retry_count), "retry_count": e.retry_count,
              "error_type": e.error_type, "message": e.message, "will_retry": e.will_retry,
              "error_context": e.error_context} for e in session.scalars(q)]
 
@@ -211,6 +220,62 @@ def _waiting_for_dispatch(session: Session, now: dt.datetime, dead_after_seconds
             "(`packhorse health`): start one")
 
 
+#: A repair operation's dedup key names the bad copy and the copy it repairs from
+#: (:mod:`packhorse.managers.fixity_checks`).
+_REPAIR_KEY = re.compile(r":repair-copy(\d+)@copy(\d+)")
+
+
+def fixity_doing(session: Session, op: Operation) -> str | None:
+    """What a ``fixity_check`` operation is doing, from its physical copy's row: ``"checking the
+    fixity of copy KEY at LOCATION"`` while the copy is ``present``, ``"repairing the corrupt
+    copy KEY at LOCATION from SOURCE (the bad object moved aside to …)"`` once it was found bad
+    (by this check, an earlier one or ``packhorse verify``; SOURCE is the copy a repair
+    operation names, else "a verified good copy"). ``None`` for another operation kind or a
+    copy that is gone from the database."""
+    if op.kind != OperationKind.FIXITY_CHECK.value or op.physical_copy_id is None:
+        return None
+    copy = session.get(PhysicalCopy, op.physical_copy_id)
+    if copy is None:
+        return None
+    names = _location_names(session)
+    here = f"copy {copy.path} at {names.get(copy.location_id, copy.location_id)}"
+    if copy.status not in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
+        return f"checking the fixity of {here} (reading it back against its recorded sha256)"
+    m = _REPAIR_KEY.search(op.dedup_key or "")
+    source = session.get(PhysicalCopy, int(m.group(2))) if m else None
+    frm = (f"{names.get(source.location_id, source.location_id)}:{source.path}" if source is not None
+           else "a verified good copy (another archive, or one at its own site)")
+    return (f"repairing the {copy.status} {here} from {frm}"
+            + (f" (the bad object moved aside to {copy.quarantined_as})" if copy.quarantined_as else ""))
+
+
+def _fixity_left(session: Session, op: Operation) -> str | None:
+    """For a completed ``fixity_check`` whose copy is still recorded bad with no live copy at its
+    location: what comes next (the repair operation in flight, or the one the fixity manager
+    creates), instead of "nothing to do". ``None`` otherwise."""
+    if op.kind != OperationKind.FIXITY_CHECK.value or op.physical_copy_id is None:
+        return None
+    copy = session.get(PhysicalCopy, op.physical_copy_id)
+    if copy is None or copy.status not in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
+        return None
+    col, art = ((PhysicalCopy.raw_data_package_id, copy.raw_data_package_id) if copy.raw_data_package_id is not None
+                else (PhysicalCopy.data_transfer_package_id, copy.data_transfer_package_id))
+    if session.scalar(select(PhysicalCopy.id).where(
+            col == art, PhysicalCopy.location_id == copy.location_id,
+            PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1)) is not None:
+        return None  # repaired since
+    where = f"{_location_names(session).get(copy.location_id, copy.location_id)}:{copy.path}"
+    repair = session.scalars(select(Operation).where(
+        Operation.kind == OperationKind.FIXITY_CHECK.value, Operation.physical_copy_id == copy.id,
+        Operation.id != op.id, Operation.status.in_([x.value for x in ACTIVE_STATUSES]))
+        .order_by(Operation.id.desc())).first()
+    if repair is not None:
+        return (f"the copy {where} is recorded {copy.status}; its repair is fixity_check {repair.id} "
+                f"({repair.status}: packhorse diagnose fixity_check {repair.id})")
+    return (f"the copy {where} is recorded {copy.status} and not repaired yet: the fixity manager's next cycle "
+            "repairs it from a good copy (packhorse status lists it if there is none)")
+
+
 def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]],
                    events: list[dict[str, Any]], now: dt.datetime | None = None, *,
                    dead_after_seconds: float = DEAD_AFTER_SECONDS) -> tuple[str, str]:
@@ -229,25 +294,30 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
     what = f"{ctx.get('error_type')}: {ctx.get('message')}" if ctx.get("error_type") else None
     st = op.status
     if st == Status.COMPLETED.value:
-        return f"completed at {_iso(op.finished_at)} after {op.attempt} attempt(s); nothing to do", "db"
+        done = f"completed at {_iso(op.finished_at)} ({claim_words(op.attempt, op.retry_count)})"
+        after = _fixity_left(session, op)
+        return (f"{done}; {after}" if after else f"{done}; nothing to do"), "db"
     if st == Status.IN_PROGRESS.value:
+        doing = fixity_doing(session, op)
+        was = f"; it was {doing}" if doing else ""
         if is_stalled(op, now):
-            line = (f"stalled: attempt {op.attempt} held by {op.lease_owner} stopped renewing its lease "
+            line = (f"stalled: {claim_words(op.attempt, op.retry_count)} held by {op.lease_owner} stopped renewing its lease "
                     f"(last heartbeat {_iso(op.heartbeat_at)}, lease expired {_iso(op.lease_expires_at)}); "
                     "lease recovery resets it to PENDING on its next pass")
             if op.stall_count:
                 line += f"; it has stalled {op.stall_count} time(s) before — check its circuit breaker"
-            return line, "db"
+            return line + was, "db"
 
         if lease_holder_gone(op.lease_owner):
             when = ("at its next recovery pass, without waiting for the lease (which expires at "
                     f"{_iso(op.lease_expires_at)}): the holder was in this pid namespace" if provably_gone(op.lease_owner)
                     else f"once its lease expires at {_iso(op.lease_expires_at)}")
-            return (f"its worker is gone: attempt {op.attempt} was held by {op.lease_owner}, a process that no "
+            return (f"its worker is gone: {claim_words(op.attempt, op.retry_count)} was held by {op.lease_owner}, a process that no "
                     f"longer runs on this host (killed, or the host restarted); lease recovery by a running "
                     f"`packhorse run`, `packhorse monitor` or `packhorse manager` of this host hands it out "
-                    f"again {when}; or now: packhorse retry {op.kind} {op.id}"), "db"
-        return (f"running: attempt {op.attempt} by {op.lease_owner}, lease valid until "
+                    f"again {when}; or now: packhorse retry {op.kind} {op.id}{was}"), "db"
+        return ((f"running: {doing}; " if doing else "running: ")
+                + f"{claim_words(op.attempt, op.retry_count)} by {op.lease_owner}, lease valid until "
                 f"{_iso(op.lease_expires_at)}, {op.bytes_done} bytes done"), "db"
     if st == Status.SCHEDULED.value:
         return (f"queued for a worker since {_iso(op.scheduled_at)}; if no worker claims it, "
@@ -260,7 +330,7 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
                     f"({outage.reason}); it runs again by itself once the location is back (no retry is "
                     "counted; packhorse status lists the location as blocked)"), "db"
         if ctx.get("waiting") == WAITING_SPACE:
-            return (f"waiting for space at data location {ctx.get('location')}: its write at attempt "
+            return (f"waiting for space at data location {ctx.get('location')}: its write at claim "
                     f"{ctx.get('attempt', op.attempt)} met a full file system ({ctx.get('message')}); it looks "
                     f"again at {_iso(op.not_before)} and goes on by itself once there is space (no retry is "
                     "counted; packhorse status lists the location as blocked)"), "db"

@@ -39,6 +39,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import (
+    AuditEntry,
     DataLocation,
     DataTransferPackage,
     FailureEvent,
@@ -54,6 +55,8 @@ from packhorse.domain import DONE_WORD, CopyStatus, LocationRole, OperationKind,
 from packhorse.errors import LocateQueryError
 from packhorse.managers.source_audit import FOUND_BY as SOURCE_AUDIT
 from packhorse.managers.source_audit import REASON as SOURCE_AUDIT_REASON
+from packhorse.operations.attempts import claim_words, failure_words
+from packhorse.runtime import audit
 from packhorse.time_text import utc_text
 
 if TYPE_CHECKING:
@@ -165,7 +168,8 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
         if op.kind == OperationKind.FIXITY_CHECK.value and ":repair-copy" in op.dedup_key:
             word = "repaired"
         if op.status == Status.COMPLETED.value:
-            add(op.finished_at, word, op, loc, detail=(f"{what}, " if what else "") + f"attempt {op.attempt}")
+            add(op.finished_at, word, op, loc,
+                detail=(f"{what}, " if what else "") + claim_words(op.attempt, op.retry_count))
         elif op.status == Status.FAILED.value:
             add(op.updated_at, f"{op.kind} failed", op, loc, detail=f"gave up after {op.retry_count} retries")
         else:
@@ -177,7 +181,7 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
             op = by_id[e.operation_id]
             loc_id = op.destination_location_id or op.source_location_id
             add(e.created_at, "attempt failed", op, locs.get(loc_id) if loc_id else None,
-                detail=f"attempt {e.attempt}" + (", will retry" if e.will_retry else ", gave up"),
+                detail=failure_words(e.attempt, e.retry_count) + (", will retry" if e.will_retry else ", gave up"),
                 error_type=e.error_type if include_errors else None, message=e.message if include_errors else None)
     # detections: a copy the fixity audit, `packhorse verify` or a read-back found bad (the
     # repair that followed is an operation above; the detection is only on the copy's row)
@@ -188,11 +192,18 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
                               .order_by(PhysicalCopy.found_bad_at)) if copy_loc else []):
         loc_id, bundle_copy = copy_loc[c.id]
         what = "the bundle's copy" if bundle_copy else "the package's copy"
-        by = next((op for op in fixity_done if op.physical_copy_id == c.id
-                   and abs((op.finished_at - c.found_bad_at).total_seconds()) < 60), None)
+        # `packhorse verify` leaves an audit entry in the transaction that marked the copy: the
+        # operator's audit found it, even when a scheduled check of the copy finished right after
+        verified = session.scalar(select(AuditEntry.at).where(
+            AuditEntry.action == audit.COPY_FOUND_BAD, AuditEntry.target == audit.copy_target(c.id),
+            AuditEntry.at >= c.found_bad_at - dt.timedelta(seconds=60),
+            AuditEntry.at <= c.found_bad_at + dt.timedelta(seconds=60)).limit(1)) is not None
+        by = None if verified else next((op for op in fixity_done if op.physical_copy_id == c.id
+                                         and abs((op.finished_at - c.found_bad_at).total_seconds()) < 60), None)
         word = f"found {c.status}" if c.status in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value) else "found bad"
         add(c.found_bad_at, word, by, locs.get(loc_id),
-            detail=f"{what} ({c.path}), by " + ("the scheduled fixity check" if by else
+            detail=f"{what} ({c.path}), by " + ("`packhorse verify` (the operator's audit)" if verified else
+                                                "the scheduled fixity check" if by else
                                                 "packhorse verify or a read-back") + f"; now {c.status}")
         # the copy that replaced it at the same location (a repair inside the fixity check writes
         # it without an operation of its own): "repaired", unless a repair operation says so

@@ -30,6 +30,8 @@ from packhorse.rules.availability import probe, record_outage, release_of
 from packhorse.rules.convergence import superseded_failures
 from packhorse.rules.disk_usage import latest_usage
 from packhorse.rules.fixity import check_copy, recognise_returned, record_findings
+from packhorse.runtime import audit
+from packhorse.runtime.audit import cli_actor
 from packhorse.runtime.context import ProcessContext
 from packhorse.status.blocked_work import blocked_items
 from packhorse.status.problems import problem_lines
@@ -207,7 +209,7 @@ def sources_not_audited(ctx: ProcessContext) -> list[dict[str, Any]]:
             for loc in ctx.settings.locations if loc.role is LocationRole.SOURCE and loc.active]
 
 
-def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str, Any]:
+def verify_copies(ctx: ProcessContext, location: str | None = None, *, actor: str | None = None) -> dict[str, Any]:
     """Re-read every present copy (optionally of one location) through its backend (I4) and
     record what was found exactly as the fixity audit does (:func:`packhorse.rules.fixity.record_findings`:
     ``verified_at`` for good copies; ``missing`` / ``corrupt`` plus an ERROR notification for
@@ -231,6 +233,10 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
     ``unrepaired``: see :func:`unrepaired_copies`. A copy whose storage could not be asked
     (an unknown location, an unreachable store) is listed under ``missing`` with ``error`` but
     not recorded: that is not evidence about the copy.
+
+    Every copy it marks bad gets an audit entry (:data:`packhorse.runtime.audit.COPY_FOUND_BAD`,
+    by ``actor``, default :func:`~packhorse.runtime.audit.cli_actor`) in the same transaction:
+    ``packhorse locate`` says it was found by ``packhorse verify``, not by the scheduled check.
     """
     def load(s: Session) -> list[tuple[PhysicalCopy, str]]:
         q = (select(PhysicalCopy, DataLocation.name).join(DataLocation, DataLocation.id == PhysicalCopy.location_id)
@@ -297,8 +303,12 @@ def verify_copies(ctx: ProcessContext, location: str | None = None) -> dict[str,
         else:
             report["corrupt"].append({"location": loc, "path": copy.path, "expected": f.expected, "actual": f.actual})
 
+    who = actor or cli_actor()
+
     def record(s: Session) -> list[Any]:
-        record_findings(s, ctx, findings)
+        for f in record_findings(s, ctx, findings)["recorded"]:
+            audit.add(s, actor=who, action=audit.COPY_FOUND_BAD, target=audit.copy_target(f.copy_id),
+                      details={"location": f.location, "path": f.path, "status": f.status})
         return recognise_returned(s, ctx, returned)
 
     back = ctx.db.transact(record)

@@ -54,10 +54,11 @@ MAX_MARKER_BYTES = 64 * 1024
 @dataclass(frozen=True)
 class InitResult:
     """What :func:`mark_location` did: ``action`` is ``"created"`` (a new, empty root),
-    ``"adopted"`` (an existing root with objects and no marker: an existing deployment),
-    ``"marked"`` (an existing empty root), ``"taken over"`` (marked anew for this installation
-    by ``init --adopt``) or ``"already marked"``; ``objects`` counts the objects found under an
-    adopted or taken-over root."""
+    ``"adopted"`` (an existing buffer or archive root with objects and no marker: an existing
+    deployment), ``"initialised"`` (a source root with files and no marker: the instrument's
+    data, packhorse's to read from now on), ``"marked"`` (an existing empty root), ``"taken
+    over"`` (marked anew for this installation by ``init --adopt``) or ``"already marked"``;
+    ``objects`` counts the objects found under an adopted, initialised or taken-over root."""
 
     location: str
     action: str
@@ -180,8 +181,10 @@ def check_identity(backend: StorageBackend, location: str, expected_uuid: str | 
 def mark_location(backend: StorageBackend, *, location: str, site: str, role: str, storage: str,
                   version: str, installation: str | None = None, take_over: bool = False) -> InitResult:
     """Create the root of ``location`` if needed and write its identity marker (``packhorse
-    init``; the only code that creates a root). An existing root with objects and no marker is
-    adopted (an existing deployment: its objects are kept as they are).
+    init``; the only code that creates a root). An existing buffer or archive root with objects
+    and no marker is adopted (an existing deployment: its objects are kept as they are); a
+    source root (``role`` ``"source"``) with files and no marker is initialised: its files are
+    the instrument's data, not an earlier deployment's.
 
     With ``take_over`` (``init --adopt``), a root marked as ``location`` by another
     installation than ``installation`` is marked anew for this one: the old marker is moved
@@ -226,7 +229,9 @@ def mark_location(backend: StorageBackend, *, location: str, site: str, role: st
         return InitResult(location, "already marked")
     if taking_over:
         return InitResult(location, "taken over", objects)
-    return InitResult(location, "created" if created else ("adopted" if objects else "marked"), objects)
+    if created or not objects:
+        return InitResult(location, "created" if created else "marked", objects)
+    return InitResult(location, "initialised" if role == "source" else "adopted", objects)
 
 
 #: Value of a read-only source's fingerprint ``format`` field.

@@ -337,12 +337,12 @@
     $("report-diagnosis").textContent = r.diagnosis;
     $("report-reset").disabled = r.operation.status !== "FAILED";
     const snap = r.operation;
-    const keys = ["status", "attempt", "retry_count", "max_retries", "stall_count", "site", "source_location", "destination_location",
+    const keys = ["status", "attempt_words", "retry_count", "max_retries", "stall_count", "site", "source_location", "destination_location",
       "raw_data_package", "data_transfer_package", "lease_owner", "lease_expires_at", "heartbeat_at", "not_before", "updated_at", "finished_at", "bytes_done"];
     fill($("report-snapshot"), ["field", "value"], keys.map((k) => el("tr", {}, el("th", {}, k), el("td", {}, snap[k] === null ? "—" : snap[k]))));
     $("report-events").replaceChildren(...(r.failure_events.length ? r.failure_events.map((e) => {
       const d = el("details", { "data-testid": "event", "data-event-id": e.id, open: openEvents.has(e.id) ? "" : null },
-        el("summary", {}, `${utc(e.created_at)} attempt ${e.attempt}: ${e.error_type}: ${e.message}${e.will_retry ? " (retried)" : ""}`),
+        el("summary", {}, `${utc(e.created_at)} ${e.failure}: ${e.error_type}: ${e.message}${e.will_retry ? " (retried)" : ""}`),
         el("pre", {}, (e.error_context && e.error_context.traceback) || JSON.stringify(e.error_context, null, 2)));
       d.addEventListener("toggle", () => { if (d.open) openEvents.add(e.id); else openEvents.delete(e.id); saveReportState(); });
       return d;
