@@ -539,7 +539,14 @@ _path = st.lists(_component, min_size=1, max_size=4).map("/".join)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(payload=st.dictionaries(_path, st.binary(max_size=300), min_size=1, max_size=6))
+def _could_be_on_disk(payload: dict[str, bytes]) -> bool:
+    """No path is also the folder of another (``0`` and ``0/0``): no file system holds both, so
+    no scan can hand such a payload to the packager (the reader refuses such a tar:
+    tests/unit/test_extraction.py)."""
+    return not any(q.startswith(p + "/") for p in payload for q in payload)
+
+
+@given(payload=st.dictionaries(_path, st.binary(max_size=300), min_size=1, max_size=6).filter(_could_be_on_disk))
 def test_write_then_read_round_trips_the_manifest(tmp_path_factory: pytest.TempPathFactory,
                                                   payload: dict[str, bytes]) -> None:
     folder = tmp_path_factory.mktemp("prop")
