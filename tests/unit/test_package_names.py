@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from packhorse.db.models import DataLocation, RawDataPackage, Site
 from packhorse.db.session import Database
 from packhorse.managers.packages import name_for as _name_for
-from packhorse.managers.packages import names_taken
+from packhorse.managers.packages import names_taken, names_taken_many
 from packhorse.stages.package import bag_dir_name
 
 
@@ -43,6 +43,18 @@ def test_long_runs_of_suffixes_are_followed_past_one_batch(empty_db: Database) -
     taken = empty_db.read(lambda s: names_taken(s, "g", batch=8))
     assert len(taken) == 149
     assert _name_for("g", taken) == "g+150"
+
+
+def test_the_names_of_many_groups_are_found_with_one_query_and_follow_ups_only_where_used(empty_db: Database) -> None:
+    _with_packages(empty_db, ["a/x", "a/x+2", "a/y+v2", "c/z"])
+    statements: list[str] = []
+    from sqlalchemy import event
+
+    event.listen(empty_db.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    taken = empty_db.read(lambda s: names_taken_many(s, ["a/x", "a/y", "a/y+v2", "b/new", "b/other"]))
+    assert taken == {"a/x": {"a/x", "a/x+2"}, "a/y": set(), "a/y+v2": {"a/y+v2"}, "b/new": set(), "b/other": set()}
+    # one query for the five names, then names_taken's own for the two already in use
+    assert sum("raw_data_packages" in q for q in statements) == 1 + 2 * 2
 
 
 def _decode(bag_dir: str) -> str:

@@ -79,3 +79,36 @@ def test_files_named_like_packhorse_s_own_are_reported_not_left_out(ctx) -> None
     assert "reserved suffix" in reasons["inst/obs1/.raw.0123456789ab.packhorse-partial"]
     assert "identity marker" in reasons["_packhorse/notes.txt"]
     assert "_packhorse/location.json" not in reasons  # the marker itself is packhorse's own
+
+
+def test_packaging_ten_groups_costs_the_statements_of_one(ctx) -> None:  # type: ignore[no-untyped-def]
+    """A site across a long link from the database pays a round trip per statement: the
+    packages of a chunk of groups (new ones, and one packaged before) are made in
+    a fixed handful of statements, whatever the number of groups, with the names and file
+    assignments a group at a time would give."""
+    from sqlalchemy import event
+
+    root = source(ctx)
+    for g in range(10):
+        for f in range(3):
+            write(root / f"inst/obs{g}/f{f}.dat", bytes([g, f]) * 10)
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    assert packages.manage(ctx, {}, groups=["inst/obs0"]) == 1  # packaged before: the next is +2
+    write(root / "inst/obs0/late.dat", b"late")
+    with ThreadPoolExecutor(2) as pool:
+        scan_all(ctx, pool)
+    statements: list[str] = []
+    event.listen(ctx.db.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    created = packages.manage(ctx, {})
+    # SQLite answers an INSERT … RETURNING a row at a time (in the process: no round trip);
+    # PostgreSQL gets the packages in one statement. Everything else is a fixed handful: the
+    # transactions, the chunk's files, the names in use (and the follow-up of the one group
+    # packaged before), one UPDATE of every group's files, one INSERT of the operations.
+    others = [" ".join(q.split())[:60] for q in statements if not q.lstrip().startswith("INSERT INTO raw_data_packages")]
+    assert created == 10 and len(others) <= 9, others
+    names = set(ctx.db.read(lambda s: list(s.scalars(select(RawDataPackage.name)))))
+    assert {"inst/obs0", "inst/obs0+2", "inst/obs1", "inst/obs9"} <= names and len(names) == 11
+    unassigned = ctx.db.read(lambda s: list(s.scalars(select(RawDataFile.id).where(
+        RawDataFile.raw_data_package_id.is_(None)))))
+    assert unassigned == []
