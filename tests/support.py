@@ -175,3 +175,42 @@ def best_seconds(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
         result = fn()
         best = min(best, time.perf_counter() - t)
     return best, result
+
+
+def seed_rows(db: Any, site: str, locations: list[tuple[str, str]], packages: list[tuple[str, str]]) -> None:
+    """Rows for a test's ops database (a :class:`packhorse.db.session.Database`): site ``site``
+    (id 1), its data locations ``[(name, role), …]`` (ids 1, 2, … in order, disk), and raw data
+    packages ``[(name, group path), …]`` (ids 1, 2, … in order, of the first location, one file
+    of 10 bytes each)."""
+    from packhorse.db.models import DataLocation, RawDataPackage, Site
+
+    def tx(s: Any) -> None:
+        s.add(Site(id=1, name=site))
+        s.flush()
+        for i, (name, role) in enumerate(locations, 1):
+            s.add(DataLocation(id=i, name=name, site_id=1, role=role, storage_type="disk", uri=f"/loc{i}"))
+        s.flush()
+        for i, (name, group) in enumerate(packages, 1):
+            s.add(RawDataPackage(id=i, name=name, group_path=group, source_location_id=1, bagging_date="2026-12-05",
+                                 file_count=1, payload_bytes=10))
+
+    db.transact(tx)
+
+
+class RecordingChannel:
+    """A notification channel for tests that keeps what it is sent (``got``); it takes the
+    levels in ``levels`` (``None``: every level)."""
+
+    def __init__(self, name: str = "mail", levels: set[str] | None = None) -> None:
+        self.name = name
+        self.levels = levels
+        self.got: list[Any] = []
+
+    def wants(self, level: str) -> bool:
+        return self.levels is None or level in self.levels
+
+    def send(self, message: Any, *, timeout: float | None = None) -> None:
+        self.got.append(message)
+
+    def abort(self) -> None:
+        pass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from packhorse.db.models import DataLocation, Operation, RawDataPackage, Site
+from packhorse.db.models import Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.engine.outcome import complete_in, record_failure
@@ -16,23 +16,15 @@ from packhorse.errors import VerificationError
 from packhorse.operations.lifecycle import claim, create_operation, defer
 from packhorse.status.diagnose import diagnose_operation
 from packhorse.status.locate import locate
+from support import seed_rows
 
 KIND = OperationKind.LONG_TERM_ARCHIVE
 
 
 @pytest.fixture
 def db(empty_db: Database) -> Database:
-    def tx(s) -> None:  # type: ignore[no-untyped-def]
-        s.add(Site(id=1, name="fyst"))
-        s.flush()
-        s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/s"))
-        s.add(DataLocation(id=2, name="cologne-lta", site_id=1, role="long_term_archive", storage_type="disk",
-                           uri="/l"))
-        s.flush()
-        s.add(RawDataPackage(id=1, name="fyst_inst_obs1", group_path="inst/obs1", source_location_id=1,
-                             bagging_date="2026-12-05", file_count=1, payload_bytes=10))
-
-    empty_db.transact(tx)
+    seed_rows(empty_db, "fyst", [("fyst-source", "source"), ("cologne-lta", "long_term_archive")],
+              [("fyst_inst_obs1", "inst/obs1")])
     return empty_db
 
 

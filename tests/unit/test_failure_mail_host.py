@@ -6,27 +6,19 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from packhorse.db.models import DataLocation, Notification, RawDataPackage, Site
+from packhorse.db.models import Notification
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.engine.outcome import record_failure
 from packhorse.errors import DestinationWriteError
 from packhorse.operations.lifecycle import claim, create_operation
+from support import seed_rows
 
 
 @pytest.fixture
 def db(empty_db: Database) -> Database:
-    def tx(s) -> None:  # type: ignore[no-untyped-def]
-        s.add(Site(id=1, name="cologne"))
-        s.flush()
-        s.add(DataLocation(id=1, name="cologne-buffer", site_id=1, role="buffer", storage_type="disk", uri="/b"))
-        s.add(DataLocation(id=2, name="cologne-lta", site_id=1, role="long_term_archive", storage_type="disk",
-                           uri="/l"))
-        s.flush()
-        s.add(RawDataPackage(id=1, name="cam/obs1", group_path="cam/obs1", source_location_id=1,
-                             bagging_date="2026-12-05", file_count=1, payload_bytes=10))
-
-    empty_db.transact(tx)
+    seed_rows(empty_db, "cologne", [("cologne-buffer", "buffer"), ("cologne-lta", "long_term_archive")],
+              [("cam/obs1", "cam/obs1")])
     return empty_db
 
 

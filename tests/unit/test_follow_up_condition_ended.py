@@ -10,7 +10,6 @@ again); while work still waits, it goes.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
 
 import pytest
 from sqlalchemy import select, update
@@ -20,28 +19,13 @@ from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, OperationKind
 from packhorse.engine.outcome import review_notification
-from packhorse.notify.channels.base import Message
 from packhorse.notify.notifier import Notifier
 from packhorse.notify.outbox import enqueue
 from packhorse.operations.lifecycle import create_operation
+from support import RecordingChannel
 
 LOCATION = "cologne-buffer"
 SUBJECT = f"Data location {LOCATION} is full: work waits for space"
-
-
-@dataclass
-class Mailbox:
-    name: str = "mail"
-    got: list[Message] = field(default_factory=list)
-
-    def wants(self, level: str) -> bool:
-        return True
-
-    def send(self, message: Message, *, timeout: float | None = None) -> None:
-        self.got.append(message)
-
-    def abort(self) -> None:
-        pass
 
 
 @pytest.fixture
@@ -70,11 +54,11 @@ def location_full(db: Database, at: dt.datetime) -> Notification | None:
                                          key=f"location_full:{LOCATION}", now=at))
 
 
-def deliver_all_due(db: Database) -> Mailbox:
+def deliver_all_due(db: Database) -> RecordingChannel:
     """The notifier (with the engine's review) sends what is due, the follow-up included."""
     db.transact(lambda s: s.execute(update(Notification).where(Notification.status == "pending")
                                     .values(next_attempt_at=utcnow() - dt.timedelta(seconds=1))))
-    box = Mailbox()
+    box = RecordingChannel()
     Notifier(settings_from_dict({}, environ={}).notifications, db, channels=[box], review=review_notification).drain()
     return box
 

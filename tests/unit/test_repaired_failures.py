@@ -11,57 +11,28 @@ FAILED pages, and a digest with both pages only for what still needs a human.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
 
 import pytest
 from sqlalchemy import select, update
 
 from packhorse.config import settings_from_dict
-from packhorse.db.models import DataLocation, Notification, Operation, RawDataPackage, Site, utcnow
+from packhorse.db.models import Notification, Operation, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
 from packhorse.engine.outcome import record_failure, review_notification
 from packhorse.errors import SourceChangedError
-from packhorse.notify.channels.base import Message
 from packhorse.notify.notifier import Notifier
 from packhorse.operations.lifecycle import claim, create_operation
+from support import RecordingChannel, seed_rows
 
 KIND = OperationKind.LONG_TERM_ARCHIVE
 GATHER = 30.0
 
 
-@dataclass
-class Inbox:
-    """A channel taking the levels in ``levels``."""
-
-    name: str
-    levels: set[str]
-    got: list[Message] = field(default_factory=list)
-
-    def wants(self, level: str) -> bool:
-        return level in self.levels
-
-    def send(self, message: Message, *, timeout: float | None = None) -> None:
-        self.got.append(message)
-
-    def abort(self) -> None:
-        pass
-
-
 @pytest.fixture
 def db(empty_db: Database) -> Database:
-    def tx(s) -> None:  # type: ignore[no-untyped-def]
-        s.add(Site(id=1, name="fyst"))
-        s.flush()
-        s.add(DataLocation(id=1, name="fyst-source", site_id=1, role="source", storage_type="disk", uri="/s"))
-        s.add(DataLocation(id=2, name="cologne-lta", site_id=1, role="long_term_archive", storage_type="disk",
-                           uri="/l"))
-        s.flush()
-        for i in (1, 2):
-            s.add(RawDataPackage(id=i, name=f"fyst_inst_obs{i}", group_path=f"inst/obs{i}", source_location_id=1,
-                                 bagging_date="2026-12-05", file_count=1, payload_bytes=10))
-
-    empty_db.transact(tx)
+    seed_rows(empty_db, "fyst", [("fyst-source", "source"), ("cologne-lta", "long_term_archive")],
+              [(f"fyst_inst_obs{i}", f"inst/obs{i}") for i in (1, 2)])
     return empty_db
 
 
@@ -89,11 +60,11 @@ def repaired(db: Database, package_id: int) -> None:
     db.transact(tx)
 
 
-def send_due(db: Database, *, review: bool = True) -> tuple[Inbox, Inbox]:
+def send_due(db: Database, *, review: bool = True) -> tuple[RecordingChannel, RecordingChannel]:
     """The gather window ends; the notifier sends what is due."""
     db.transact(lambda s: s.execute(update(Notification).values(
         next_attempt_at=utcnow() - dt.timedelta(seconds=1))))
-    oncall, everything = Inbox("oncall", {"ERROR", "CRITICAL"}), Inbox("all", {"DEBUG", "INFO", "WARNING", "ERROR"})
+    oncall, everything = RecordingChannel("oncall", {"ERROR", "CRITICAL"}), RecordingChannel("all", {"DEBUG", "INFO", "WARNING", "ERROR"})
     cfg = settings_from_dict({}, environ={}).notifications
     n = Notifier(cfg, db, channels=[oncall, everything], review=review_notification if review else None)
     n.drain()
