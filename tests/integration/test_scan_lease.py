@@ -125,3 +125,51 @@ def test_health_and_status_commands_list_an_overdue_scan(site_config) -> None:
     status = run_packhorse("status", "--json", "-c", str(config), cwd=config.parent)
     assert [b["subject"] for b in json.loads(status.stdout)["blocked"] if b["cause"] == "scan_overdue"] == [
         f"location {LOC}"]
+
+
+def test_a_release_committed_while_another_scan_looks_does_not_skip_the_rest_postgresql() -> None:
+    """On PostgreSQL a holder's release can commit between another worker's read of the lease
+    and its update. The read locks the row, so the release waits for the late request, which
+    skips (the lease was live when it looked); without the lock the release slipped in, the
+    update then found the lease free, and a scan started with no rest and warned of a takeover
+    that never happened (found on the multi-site test bed: ``scan_lease_taken_over`` 2 s into a
+    20 s lease)."""
+    import threading
+
+    from sqlalchemy import event
+
+    from distributed_support import postgres_database
+
+    url, drop = postgres_database()
+    db = Database(url, pool_size=2, max_overflow=2)
+    try:
+        db.upgrade()
+        a = acquire(db, LOC, "worker-a", lease_seconds=60)
+        assert a is not None
+        released_update = threading.Event()
+        me = threading.get_ident()
+
+        def release() -> None:  # the holder's release, committed
+            with db.engine.begin() as conn:
+                conn.execute(update(ScanLease).where(ScanLease.token == a.token).values(
+                    holder=None, expires_at=None, completed_at=utcnow()))
+            released_update.set()
+
+        racer = threading.Thread(target=release)
+
+        def after(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+            # right after the late request has read the lease: the holder releases it
+            if threading.get_ident() == me and statement.lstrip().startswith("SELECT") and "scan_leases" in statement \
+                    and not racer.is_alive() and not released_update.is_set():
+                racer.start()
+                released_update.wait(1.5)  # with the row locked, the release waits for us instead
+
+        event.listen(db.engine, "after_cursor_execute", after)
+        took = acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60)
+        event.remove(db.engine, "after_cursor_execute", after)
+        racer.join()
+        assert took is None  # the lease was live when this request looked: it skips
+        assert row(db).holder is None and row(db).completed_at is not None and row(db).token == a.token
+    finally:
+        db.dispose()
+        drop()

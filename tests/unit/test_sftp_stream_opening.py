@@ -3,17 +3,22 @@ another, and not at all when a finished transfer left sound connections to the s
 (an SSH login is a dozen round trips: over a 100 ms link, four streams opened in turn cost every
 transfer about four seconds; docs/benchmarks.md, "20,000 small files over a long thin link").
 The SSH connections are fakes: what is checked is how many logins are under way at once, and
-how many a transfer needed."""
+how many a transfer needed; the known-hosts file is real."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates
+    warnings.simplefilter("ignore")
+    import asyncssh
 
 from packhorse.errors import HostKeyError, SshConnectionError
 from packhorse.storage.sftp import SftpSource, SshEndpoint
@@ -40,9 +45,27 @@ class FakeSftp:
         pass
 
 
+HOST_KEY = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+HOSTS = ["fyst.example.org", "at-once.example.org", "refused.example.org", "kept.example.org",
+         "other.example.org", "half-dead.example.org", "partly.example.org", "removed.example.org"]
+KNOWN_HOSTS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def known_hosts(tmp_path: Path) -> Path:
+    """A known-hosts file listing :data:`HOST_KEY` for every host of these tests."""
+    path = tmp_path / "known_hosts"
+    path.write_text(f"{','.join(HOSTS)} {HOST_KEY.export_public_key('openssh').decode().strip()}\n")
+    KNOWN_HOSTS[:] = [path]
+    return path
+
+
 class FakeConn:
     def __init__(self) -> None:
         self.closed = False
+
+    def get_server_host_key(self) -> Any:
+        return HOST_KEY
 
     def is_closed(self) -> bool:
         return self.closed
@@ -59,7 +82,8 @@ class FakeConn:
 
 def source(streams: int, host: str = "fyst.example.org") -> SftpSource:
     return SftpSource(SshEndpoint(location="fyst-buffer", host=host, port=22, user="packhorse",
-                                  key_file=Path("/k"), known_hosts_file=Path("/kh"), root="/buffer"), streams=streams)
+                                  key_file=Path("/k"), known_hosts_file=KNOWN_HOSTS[0], root="/buffer"),
+                      streams=streams)
 
 
 def counting(state: dict[str, int], fail: list[BaseException] | None = None, sftp: Any = FakeSftp) -> Any:
@@ -140,3 +164,50 @@ def test_a_kept_connection_that_does_not_answer_is_replaced_by_a_new_login() -> 
         assert state["logins"] == 4 and not s._broken
         assert all(isinstance(f, FakeSftp) and not isinstance(f, DeadSftp) for _, f in s._conns)
     assert all(c.closed for c in dead)
+
+
+def test_only_the_kept_connections_that_do_not_answer_are_replaced() -> None:
+    state = {"now": 0, "peak": 0}
+    sessions = iter([FakeSftp, DeadSftp, FakeSftp, DeadSftp])
+    with source(4, "partly.example.org") as s:
+        async def connect_one() -> tuple[FakeConn, FakeSftp]:
+            state["logins"] = state.get("logins", 0) + 1
+            return FakeConn(), next(sessions)()
+        s._connect_one = connect_one  # type: ignore[method-assign]
+        s._ensure(4)
+    with source(4, "partly.example.org") as s:
+        s._connect_one = counting(state)  # type: ignore[method-assign]
+        s.connect()
+        assert state["logins"] == 4 + 2 and len(s._conns) == 4
+        assert sum(isinstance(f, DeadSftp) for _, f in s._conns) == 0
+
+
+def test_a_kept_connection_whose_host_key_left_the_known_hosts_file_is_not_used(known_hosts: Path) -> None:
+    state = {"now": 0, "peak": 0}
+    with source(2, "removed.example.org") as s:
+        s._connect_one = counting(state)  # type: ignore[method-assign]
+        s.connect()
+        kept = [c for c, _ in s._conns]
+    assert state["logins"] == 2
+    # the operators remove the host's key (compromised, or the host retired)
+    known_hosts.write_text(known_hosts.read_text().replace(",removed.example.org ", " "))
+    with source(2, "removed.example.org") as s:
+        s._connect_one = counting(state)  # type: ignore[method-assign]
+        s.connect()  # a real login would now be refused (the fake one is not: it counts)
+        assert state["logins"] == 4
+    assert all(c.closed for c in kept)
+
+
+def test_a_refused_login_closes_the_kept_connections_too() -> None:
+    state = {"now": 0, "peak": 0}
+    with source(2, "refused.example.org") as s:
+        s._connect_one = counting(state)  # type: ignore[method-assign]
+        s._ensure(1)  # one kept from an earlier transfer
+    trust = HostKeyError("changed host key", step="connect", side="source", host="h", path="/kh")
+    with source(2, "refused.example.org") as s:
+        s._connect_one = counting(state, [trust])  # type: ignore[method-assign]
+        kept = [c for _, c, _ in s._pool._idle[s._pool_key]]
+        with pytest.raises(HostKeyError):
+            s.connect()
+    assert kept and all(c.closed for c in kept)
+    assert not s._pool._idle.get(s._pool_key)

@@ -86,8 +86,13 @@ def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, m
         t = now or utcnow()
         s.execute(insert_ignoring_conflicts(s, ScanLease.__table__, ScanLease.__table__.c.location),
                   [{"location": location, "token": 0}])
+        # the row locked as read (PostgreSQL; SQLite's write transaction holds its lock): a
+        # holder's release committed between this read and the update below would otherwise
+        # pass the update's condition while this read still saw its lease live (a scan started
+        # with no rest, and a takeover warned of that never happened)
         before = s.execute(select(ScanLease.holder, ScanLease.expires_at, ScanLease.started_at,
-                                  ScanLease.completed_at).where(ScanLease.location == location)).one()
+                                  ScanLease.completed_at).where(ScanLease.location == location)
+                           .with_for_update()).one()
         live = before.expires_at is not None and before.expires_at > t
         rest = None if live else rest_until(before.started_at, before.completed_at,
                                             min_rest_seconds=min_rest_seconds)

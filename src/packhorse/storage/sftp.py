@@ -23,10 +23,12 @@ the methods here are blocking and may be called from any one thread at a time. A
 that ends with its connections sound hands them back to the process
 (:class:`_ConnectionPool`): the next transfer from the same server with the same credentials
 takes them instead of logging in again (a login is a dozen round trips, about 1.3 s over a
-100 ms link), for up to :data:`IDLE_KEEP_SECONDS`; a connection taken back is probed first
-(:data:`PROBE_SECONDS`) and replaced by a new login if it does not answer. Connections of a
-transfer whose link failed are closed, never kept. Host-key checking happens at each login; a
-kept connection was checked at its own.
+100 ms link) when they sat idle for at most :data:`IDLE_KEEP_SECONDS`. A kept connection is
+taken only while the host key it logged in with is still listed for the host in the
+known-hosts file, read again for every transfer (a key removed from the file is trusted by no
+later transfer), and every kept connection taken must answer a first question within
+:data:`PROBE_SECONDS`, or it is closed and replaced by a new login. Connections of a transfer
+whose link failed, or that met a host key or a login it may not trust, are closed, never kept.
 Nothing here writes to the remote location: deletion of a bundle at the source buffer stays
 with the source site's own workers.
 """
@@ -45,6 +47,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
+
+import structlog
 
 from packhorse.config import Settings
 from packhorse.errors import (
@@ -95,6 +99,8 @@ PROBE_SECONDS = 10.0
 _UNANNOUNCED_READ_LEN = 16 * 1024
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -303,7 +309,7 @@ class SftpSource:
             raise
 
     def _cut(self, why: str) -> SshConnectionError:
-        self._broken = True
+        self._broken = True  # the connections are closed at the end, never kept
         e = self.endpoint
         return SshConnectionError(
             f"data location {e.location}: the SSH connection to {e.where} failed or was cut: {why}",
@@ -351,6 +357,52 @@ class SftpSource:
             conn.abort()
             raise self._cut(f"the SFTP session could not start: {type(exc).__name__}: {exc}") from None
         return conn, sftp
+
+    def _still_trusted(self, kept: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        """The kept connections whose server host key is still listed for the host in the
+        known-hosts file (read now); the others are closed. A connection was trusted at its
+        login; a key the operators have removed from the file since is trusted no longer."""
+        if not kept:
+            return kept
+        e = self.endpoint
+        try:
+            trusted, _, revoked, *_ = self._ssh.read_known_hosts(str(e.known_hosts_file)).match(e.host, "", e.port)
+        except (OSError, ValueError):
+            trusted, revoked = [], []  # unreadable now: the next login says why
+        listed = {k.public_data for k in trusted} - {k.public_data for k in revoked}
+        good, gone = [], []
+        for conn, sftp in kept:
+            key = conn.get_server_host_key()
+            (good if key is not None and key.public_data in listed else gone).append((conn, sftp))
+        self._pool.discard([c for c, _ in gone])
+        return good
+
+    def _probe(self) -> None:
+        """Ask every kept connection of :attr:`_conns` one short question (a ``stat`` of the
+        remote root, :data:`PROBE_SECONDS` at most, all at once); close those that do not
+        answer (a link that dropped while they sat idle can leave them half-dead until their
+        keepalives fail), so :meth:`_ensure` replaces them with new logins."""
+        root = self.endpoint.root
+        ssh = self._ssh
+
+        async def ask(sftp: Any) -> bool:
+            try:
+                await asyncio.wait_for(sftp.stat(root, follow_symlinks=False), PROBE_SECONDS)
+                return True
+            except ssh.SFTPNoSuchFile:
+                return True  # it answered (the root's absence is judged after)
+            except (OSError, ssh.Error, TimeoutError):
+                return False
+
+        async def ask_all() -> list[bool]:
+            return list(await asyncio.gather(*(ask(f) for _, f in self._conns)))
+
+        answered = self._run(ask_all(), PROBE_SECONDS + 5)
+        dead = [c for (c, _), ok in zip(self._conns, answered) if not ok]
+        if dead:
+            self._pool.discard(dead)
+            self._conns = [(c, f) for (c, f), ok in zip(self._conns, answered) if ok]
+            self._reused = len(self._conns)
 
     def _host_key_error(self, key: Any, known: Any, detail: str) -> HostKeyError:
         e = self.endpoint
@@ -400,21 +452,25 @@ class SftpSource:
             SshConnectionError: the server cannot be reached now.
             LocationUnavailableError: the remote root or its identity marker is missing.
         """
-        if not self._conns:
-            self._conns = self._pool.take(self._pool_key, self.streams)
+        fresh = not self._conns
+        if fresh:
+            taken = self._pool.take(self._pool_key, self.streams)
+            self._conns = self._still_trusted(taken)
+            untrusted = len(taken) - len(self._conns)
+            if self._conns:
+                self._probe()
             self._reused = len(self._conns)
-        self._ensure(self.streams)
+        try:
+            self._ensure(self.streams)
+        except (HostKeyError, SshAuthenticationError):
+            self._broken = True  # nothing of this server is kept while it is not trusted
+            raise
+        if fresh:  # INFO: which of the transfer's connections were kept ones (else only sshd's log says)
+            log.info("ssh_connections", location=self.location, server=self.endpoint.where, kept=self._reused,
+                     opened=len(self._conns) - self._reused,
+                     dropped=len(taken) - self._reused, dropped_untrusted=untrusted)
         root = self.endpoint.root
-        if self._reused:  # kept connections: one short question first, new logins if unanswered
-            try:
-                there = self._stat_path(root, timeout=PROBE_SECONDS)
-            except SshConnectionError:
-                self._pool.discard([c for c, _ in self._conns])
-                self._conns, self._reused, self._broken = [], 0, False
-                self._ensure(self.streams)
-                there = self._stat_path(root)
-        else:
-            there = self._stat_path(root)
+        there = self._stat_path(root)
         if there is None:
             why = f"its root {root} is not there on {self.endpoint.host}"
             raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
@@ -457,14 +513,14 @@ class SftpSource:
     def _path(self, key: str) -> str:
         return str(PurePosixPath(self.endpoint.root) / check_key(key))
 
-    def _stat_path(self, path: str, timeout: float = STALL_SECONDS) -> Any:
+    def _stat_path(self, path: str) -> Any:
         async def go() -> Any:
             try:
                 return await self._conns[0][1].stat(path, follow_symlinks=False)
             except self._ssh.SFTPNoSuchFile:
                 return None
         try:
-            return self._run(go(), timeout)
+            return self._run(go(), STALL_SECONDS)
         except (OSError, self._ssh.Error) as exc:
             raise self._cut(f"stat {path}: {type(exc).__name__}: {exc}") from None
 
