@@ -570,18 +570,21 @@ def test_packhorse_s_own_reader_refuses_a_valid_bag_still_waiting_for_fetched_fi
 def test_bag_info_continuation_lines_cost_time_linear_in_their_number(tmp_path: Path) -> None:
     # a value extended by 8,000 continuation lines of 1,000 characters took 20 s to read (each
     # line copied the whole value again: quadratic); found by an attacker's trial
+    # 16 times the lines: linear costs about 16 times the time, quadratic 256 times; the bound
+    # between them leaves room for a machine busy with other work (the smaller bag's best of
+    # three is rarely slowed, the larger one's may be, by a few times)
     seconds = {}
-    for lines in (2_000, 8_000):
+    for lines in (1_000, 16_000):
         root = make_bag(tmp_path / f"bag{lines}", algorithms=["sha256"])
         info = root / "bag-info.txt"
         info.write_bytes(info.read_bytes() + b"External-Description: start\n" + (b" " + b"x" * 999 + b"\n") * lines)
         retag(root)
-        best, report = best_seconds(partial(validate_path, root), 2)
+        best, report = best_seconds(partial(validate_path, root), 3)
         assert report.valid, report.problems[:3]
         [value] = report.bag_info["External-Description"]
         assert len(value) == len("start") + lines * 1_000
         seconds[lines] = best
-    assert seconds[8_000] / seconds[2_000] < 8, seconds  # linear: about 4 (four times the lines)
+    assert seconds[16_000] / seconds[1_000] < 64, seconds  # linear: about 16
 
 
 def test_problems_found_in_a_manifest_and_in_the_payload_share_one_listing_cap(tmp_path: Path) -> None:
