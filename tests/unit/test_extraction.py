@@ -653,12 +653,14 @@ def _deep_bag_tar(path: Path, members: int, depth: int) -> None:
 def test_reading_a_tar_costs_time_linear_in_the_depth_of_its_members(tmp_path: Path) -> None:
     # 300 members at depth 1,900 took 22 s to validate (76 ms each, 17 times the cost at depth
     # 475 for 4 times the name length); docs/benchmarks.md "Deep tar members"
+    # 8 times the depth: linear costs about 8 times the time, quadratic 64 times; the bound
+    # between them leaves room for a machine busy with other work (no absolute bound: that
+    # measures the machine)
     seconds = {}
-    for depth in (475, 1900):
+    for depth in (240, 1920):
         tar = tmp_path / f"deep{depth}.tar"
         _deep_bag_tar(tar, 300, depth)
         best, report = best_seconds(partial(validate_path, tar), 3)
         assert report.valid, report.problems[:3]
         seconds[depth] = best
-    assert seconds[1900] / seconds[475] < 8, seconds  # linear: about 4 (names 4 times as long)
-    assert seconds[1900] < 5, seconds
+    assert seconds[1920] / seconds[240] < 24, seconds  # linear: about 8 (names 8 times as long)
