@@ -379,6 +379,9 @@ def main() -> None:
     ap.add_argument("--worker-processes", type=int, nargs="+", default=[2],
                     help="pool processes of each site's worker; one packhorse kind per count, interleaved "
                          "(default: the bed's 2)")
+    ap.add_argument("--bundles-in-flight", type=int, nargs="+", default=[0],
+                    help="[packaging] bundles_in_flight; one packhorse kind per value (and per process "
+                         "count), interleaved (default: 0, the bed's: partial bundles wait 2 s)")
     a = ap.parse_args()
 
     from testbed import TestBed, namespaces_work
@@ -390,8 +393,12 @@ def main() -> None:
     data = a.workdir / "data" / "b"
     sums, payload = make_dataset(data)
     print(f"data set (b): {len(sums):,} files, {payload:,} bytes", flush=True)
-    ours = {("packhorse" if len(a.worker_processes) == 1 else f"packhorse, {n} processes a site"): n
-            for n in a.worker_processes}
+    ours: dict[str, tuple[int, int]] = {}  # kind → (pool processes a site, bundles_in_flight)
+    for n in a.worker_processes:
+        for f in a.bundles_in_flight:
+            words = ([f"{n} processes a site"] if len(a.worker_processes) > 1 else []) + (
+                [f"bundles_in_flight {f}"] if len(a.bundles_in_flight) > 1 or f else [])
+            ours[", ".join(["packhorse", *words])] = (n, f)
     kinds = ["tar | ssh | tar", *ours]
     if a.only:
         kinds = [k for k in kinds if k.startswith(a.only[:3])]
@@ -403,12 +410,17 @@ def main() -> None:
             for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                 # a fresh bed for every kind: packhorse's database must not know the files yet
                 bed = TestBed(a.workdir / "bed", rate_mbit=a.rate_mbit, delay_ms=a.delay_ms,
-                              worker_processes=ours.get(k, 2)).up(packhorse=False)
+                              worker_processes=ours.get(k, (2, 0))[0]).up(packhorse=False)
                 try:
                     text = bed.config.read_text()
                     route = 'destination_sites = ["cologne", "cornell"]'
                     assert route in text
-                    bed.config.write_text(text.replace(route, "destination_sites = " + json.dumps(a.destinations)))
+                    text = text.replace(route, "destination_sites = " + json.dumps(a.destinations))
+                    if ours.get(k, (2, 0))[1]:
+                        wait = "\nbundle_max_wait_seconds = "
+                        assert wait in text
+                        text = text.replace(wait, f"\nbundles_in_flight = {ours[k][1]}{wait}", 1)
+                    bed.config.write_text(text)
                     if k in ours:
                         result[k] = packhorse(bed, data, sums, a.destinations, a.timeout, a.db_delay_ms)
                         took = result[k]["seconds"]

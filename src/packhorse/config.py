@@ -315,6 +315,11 @@ class PackagingConfig(_Section):
     settle_seconds: float = Field(60.0, ge=0)
     bundle_target_bytes: int = Field(1024**3, gt=0)
     bundle_max_wait_seconds: float = Field(300.0, ge=0)
+    #: while fewer than this many bundles of a site are in flight (being built, or at its
+    #: buffer and not yet transferred to every destination), its partial bundle ships without
+    #: waiting ``bundle_max_wait_seconds``, so the link is not left idle while packages wait
+    #: (:mod:`packhorse.managers.bundles`). 0: the target and the wait alone decide.
+    bundles_in_flight: int = Field(0, ge=0, le=64)
 
 
 class ExtractionConfig(_Section):

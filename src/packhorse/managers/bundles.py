@@ -4,7 +4,10 @@ Packages built at a source site's buffer and not yet bundled are taken in id ord
 bundled once they reach ``bundle_target_bytes``, and never beyond half the buffer's file system
 (a bundle is built beside its package tars). The rest waits until the oldest of them has
 waited ``bundle_max_wait_seconds`` — or ships at once when ``flush`` is set (``run
---until-idle`` sets it when nothing else is pending).
+--until-idle`` sets it when nothing else is pending), or while fewer than
+``bundles_in_flight`` bundles of its site are in flight (:func:`in_flight`): a link with
+nothing to carry does not wait for a bundle to fill, and the bundles made while it is busy
+grow with what arrives meanwhile (as Nagle's algorithm does with a TCP connection's bytes).
 
 A package to be shipped again whose old bundle is not rebuilt (:mod:`packhorse.rules.convergence`,
 step 5) is first taken out of that bundle, then bundled like a new one.
@@ -26,13 +29,13 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from packhorse.bags.packaging import TAG_MEMBERS
-from packhorse.db.models import DataTransferPackage, PhysicalCopy, RawDataPackage, utcnow
+from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataPackage, utcnow
 from packhorse.db.session import bound_idle_in_transaction, try_transaction_lock
-from packhorse.domain import CopyStatus, LocationRole, OperationKind
+from packhorse.domain import ACTIVE_STATUSES, CopyStatus, LocationRole, OperationKind, Status
 from packhorse.errors import BundledElsewhereError
 from packhorse.managers.wanted import create_missing, planned
 from packhorse.operations.lifecycle import create_operation, dedup_key
@@ -105,7 +108,9 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
             if cur:
                 oldest = min(r[2] for r in rows if r[0] in set(cur))
                 age = (utcnow() - oldest).total_seconds()
-                if flush or age >= cfg.bundle_max_wait_seconds:
+                if (flush or age >= cfg.bundle_max_wait_seconds
+                        or (cfg.bundles_in_flight
+                            and in_flight(ctx, s, site) + len(groups) < cfg.bundles_in_flight)):
                     groups.append(cur)
                 else:
                     wait = cfg.bundle_max_wait_seconds - age
@@ -143,6 +148,39 @@ def manage(ctx: ProcessContext, *, flush: bool = False, repairs: "Plan | None" =
     created += create_missing(ctx, OperationKind.DATA_TRANSFER_PACKAGE,
                               planned(ctx, OperationKind.DATA_TRANSFER_PACKAGE, repairs))
     return created, due_in
+
+
+def in_flight(ctx: ProcessContext, s: Session, site: str) -> int:
+    """How many bundles of source ``site`` are in flight: being built (an active
+    ``data_transfer_package`` operation), being transferred (an active ``transfer``), or present at
+    the site's buffer and not yet transferred to every destination of its route (built, its
+    transfers not yet created or waiting to retry). A bundle whose transfer failed for good
+    counts until an operator acts: its site's partial bundles then wait
+    ``bundle_max_wait_seconds`` as they would with ``bundles_in_flight = 0``, never longer.
+    Reads only live rows (active operations, present copies at one buffer)."""
+    route = ctx.settings.route_from(site)
+    site_id = ctx.topology.site_ids[site]
+    buf_id = ctx.topology.location_ids[ctx.settings.buffer_of(site).name]
+    kinds = [OperationKind.DATA_TRANSFER_PACKAGE.value, OperationKind.TRANSFER.value]
+    busy = set(s.execute(
+        select(Operation.data_transfer_package_id)
+        .join(DataTransferPackage, DataTransferPackage.id == Operation.data_transfer_package_id)
+        .where(Operation.kind.in_(kinds), Operation.status.in_([x.value for x in ACTIVE_STATUSES]),
+               DataTransferPackage.source_site_id == site_id)).scalars())
+    at_buffer = set(s.execute(
+        select(PhysicalCopy.data_transfer_package_id)
+        .where(PhysicalCopy.location_id == buf_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
+               PhysicalCopy.data_transfer_package_id.is_not(None))).scalars()) - busy
+    if at_buffer and route is not None:
+        shipped: dict[int, int] = {}
+        for dtp_id, n in s.execute(
+                select(Operation.data_transfer_package_id, func.count(func.distinct(Operation.destination_location_id)))
+                .where(Operation.kind == OperationKind.TRANSFER.value, Operation.status == Status.COMPLETED.value,
+                       Operation.data_transfer_package_id.in_(at_buffer))
+                .group_by(Operation.data_transfer_package_id)):
+            shipped[dtp_id] = n
+        busy |= {d for d in at_buffer if shipped.get(d, 0) < len(route.destination_sites)}
+    return len(busy)
 
 
 def _take_out(ctx: ProcessContext, site: str, repairs: "Plan | None") -> int:
