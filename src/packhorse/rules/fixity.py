@@ -193,6 +193,26 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
     return {"recorded": marked, "all_bad": all_bad}
 
 
+def live_copy_at(session: Session, location_id: int, raw_data_package_id: int | None,
+                 data_transfer_package_id: int | None, *, other_than: int | None = None) -> int | None:
+    """The id of a live copy (``LIVE_COPY_STATUSES``) of one artifact at ``location_id``, or
+    ``None``: whether a bad copy there still needs its repair, or was repaired meanwhile (the
+    unique constraint on live copies, I3, allows one per artifact and location).
+
+    The artifact is the raw data package ``raw_data_package_id`` when it is not ``None``, else the
+    data transfer package ``data_transfer_package_id`` (the column a physical copy fills).
+    ``other_than``: a copy id to leave out (the copy being judged). One query, in the caller's
+    session; raises nothing of its own."""
+    col = PhysicalCopy.raw_data_package_id if raw_data_package_id is not None else \
+        PhysicalCopy.data_transfer_package_id
+    subject = raw_data_package_id if raw_data_package_id is not None else data_transfer_package_id
+    q = select(PhysicalCopy.id).where(col == subject, PhysicalCopy.location_id == location_id,
+                                      PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES]))
+    if other_than is not None:
+        q = q.where(PhysicalCopy.id != other_than)
+    return session.scalar(q.limit(1))
+
+
 def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterable[Finding], *,
                        operation_id: int | None = None) -> list[Finding]:
     """Mark copies recorded ``missing`` or ``corrupt`` whose read-back was ``ok`` (the recorded
@@ -213,13 +233,8 @@ def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterab
         if copy is None or copy.status not in (MISSING, CORRUPT) or copy.sha256 != f.expected:
             continue
         was = copy.status
-        col = PhysicalCopy.raw_data_package_id if copy.raw_data_package_id is not None else \
-            PhysicalCopy.data_transfer_package_id
-        subject = copy.raw_data_package_id if copy.raw_data_package_id is not None else copy.data_transfer_package_id
-        live = session.scalar(select(PhysicalCopy.id).where(
-            col == subject, PhysicalCopy.location_id == copy.location_id, PhysicalCopy.id != copy.id,
-            PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1))
-        if live is not None:
+        if live_copy_at(session, copy.location_id, copy.raw_data_package_id, copy.data_transfer_package_id,
+                        other_than=copy.id) is not None:
             continue
         copy.status, copy.verified_at = CopyStatus.PRESENT.value, now
         back.append(f)

@@ -60,6 +60,7 @@ from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
 from packhorse.recovery.health import DEAD_AFTER_SECONDS, list_services
 from packhorse.recovery.monitor import lease_holder_gone, provably_gone
+from packhorse.rules.fixity import live_copy_at
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import bundle_key, raw_package_key
 
@@ -258,11 +259,8 @@ def _fixity_left(session: Session, op: Operation) -> str | None:
     copy = session.get(PhysicalCopy, op.physical_copy_id)
     if copy is None or copy.status not in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
         return None
-    col, art = ((PhysicalCopy.raw_data_package_id, copy.raw_data_package_id) if copy.raw_data_package_id is not None
-                else (PhysicalCopy.data_transfer_package_id, copy.data_transfer_package_id))
-    if session.scalar(select(PhysicalCopy.id).where(
-            col == art, PhysicalCopy.location_id == copy.location_id,
-            PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1)) is not None:
+    if live_copy_at(session, copy.location_id, copy.raw_data_package_id,
+                    copy.data_transfer_package_id) is not None:
         return None  # repaired since
     where = f"{_location_names(session).get(copy.location_id, copy.location_id)}:{copy.path}"
     repair = session.scalars(select(Operation).where(
