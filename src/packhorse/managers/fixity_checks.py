@@ -41,7 +41,7 @@ from packhorse.managers.wanted import create_missing, new_only
 from packhorse.notify.outbox import enqueue
 from packhorse.operations.lifecycle import dedup_key
 from packhorse.rules.convergence import Plan, dead_end_release, plan, repair_sources
-from packhorse.rules.fixity import live_copy_at
+from packhorse.rules.fixity import live_copy_at, repair_key
 from packhorse.rules.policy import refresh_archived
 from packhorse.runtime.context import ProcessContext
 
@@ -107,7 +107,7 @@ def manage(ctx: ProcessContext, repairs: "Plan | None" = None, *, started_at: fl
                     # one repair per (bad copy, source copy): a repair whose source turned out bad
                     # too is followed by one from the next good source (DESIGN.md "Converging");
                     # a missing copy's repair reads the copy itself back first (bytes back?)
-                    key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}@copy{source}", loc.name)
+                    key = repair_key(cid, source, loc.name)
                 elif cid not in failed and live_copy_at(s, loc_id, rdp, dtp) is None:
                     # nothing to repair from: look again now and then (and once per run), its
                     # bytes may come back (a remounted disk, a good copy put back by hand)

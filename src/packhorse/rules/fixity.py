@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Notif
 from packhorse.errors import SourceMissingError, UnsafePathError
 from packhorse.notify.messages import DIGEST_BODY_MAX
 from packhorse.notify.outbox import enqueue
+from packhorse.operations.lifecycle import dedup_key
 from packhorse.rules.policy import refresh_archived
 from packhorse.storage.base import CHUNK_BYTES, StorageBackend
 
@@ -51,6 +53,33 @@ if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
 
 OK, MISSING, CORRUPT = "ok", CopyStatus.MISSING.value, CopyStatus.CORRUPT.value
+
+
+#: The dedup key of a repair operation: ``fixity_check:repair-copyC@copyS->LOCATION``, bad copy
+#: ``C`` at ``LOCATION`` repaired from copy ``S`` (:func:`repair_key`).
+_REPAIR_KEY = re.compile(rf"{re.escape(OperationKind.FIXITY_CHECK.value)}:repair-copy(\d+)@copy(\d+)(?:->.*)?",
+                         re.DOTALL)
+
+
+def repair_key(copy_id: int, source_copy_id: int, location: str) -> str:
+    """The dedup key of the ``fixity_check`` operation that repairs bad copy ``copy_id`` at
+    data location ``location`` (its name) from copy ``source_copy_id``: one operation per
+    (bad copy, source copy), so a repair whose source turned out bad too is followed by one
+    from the next good source (DESIGN.md "Converging"). Read back by :func:`parse_repair_key`."""
+    return dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{copy_id}@copy{source_copy_id}", location)
+
+
+def parse_repair_key(key: str | None) -> tuple[int, int] | None:
+    """``(copy_id, source_copy_id)`` of a repair operation's dedup key (:func:`repair_key`), or
+    ``None`` for any other key (an audit, a recheck, another kind, ``None``). Raises nothing."""
+    m = _REPAIR_KEY.fullmatch(key or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_repair(key: str | None) -> bool:
+    """Whether ``key`` is a repair operation's dedup key (:func:`repair_key`), not an audit's or
+    a recheck's."""
+    return parse_repair_key(key) is not None
 
 
 @dataclass
