@@ -20,7 +20,7 @@ with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography d
     warnings.simplefilter("ignore")
     import asyncssh
 
-from packhorse.errors import HostKeyError, SshConnectionError
+from packhorse.errors import HostKeyError, LocationUnavailableError, SshConnectionError
 from packhorse.storage.sftp import SftpSource, SshEndpoint
 
 
@@ -47,7 +47,8 @@ class FakeSftp:
 
 HOST_KEY = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
 HOSTS = ["fyst.example.org", "at-once.example.org", "refused.example.org", "kept.example.org",
-         "other.example.org", "half-dead.example.org", "partly.example.org", "removed.example.org"]
+         "other.example.org", "half-dead.example.org", "partly.example.org", "counted.example.org",
+         "rootless.example.org", "removed.example.org"]  # removed last: a test takes it out of the file
 KNOWN_HOSTS: list[Path] = []
 
 
@@ -211,3 +212,46 @@ def test_a_refused_login_closes_the_kept_connections_too() -> None:
             s.connect()
     assert kept and all(c.closed for c in kept)
     assert not s._pool._idle.get(s._pool_key)
+
+
+ROOT_STATS: list[str] = []
+
+
+class CountingSftp(FakeSftp):
+    async def stat(self, path: str, follow_symlinks: bool = True) -> object:
+        ROOT_STATS.extend([path] if path == "/buffer" else [])
+        return object()
+
+
+def test_the_root_is_asked_about_once_per_connect_the_probe_of_kept_connections_included() -> None:
+    state = {"now": 0, "peak": 0}
+    ROOT_STATS.clear()
+    with source(2, "counted.example.org") as s:
+        s._connect_one = counting(state, sftp=CountingSftp)  # type: ignore[method-assign]
+        s.connect()  # new logins: the root check asks
+    assert ROOT_STATS == ["/buffer"]
+    ROOT_STATS.clear()
+    with source(2, "counted.example.org") as s:
+        s._connect_one = counting(state, sftp=CountingSftp)  # type: ignore[method-assign]
+        s.connect()  # two kept connections: each probed, and the first one's answer is the root check's
+    assert state["logins"] == 2
+    assert ROOT_STATS == ["/buffer", "/buffer"]
+
+
+class RootlessSftp(FakeSftp):
+    async def stat(self, path: str, follow_symlinks: bool = True) -> object:
+        if path == "/buffer":
+            raise asyncssh.SFTPNoSuchFile("no such file")
+        return object()
+
+
+def test_a_root_gone_while_the_connections_were_kept_is_unavailable_storage() -> None:
+    state = {"now": 0, "peak": 0}
+    with source(2, "rootless.example.org") as s:
+        s._connect_one = counting(state, sftp=RootlessSftp)  # type: ignore[method-assign]
+        s._ensure(2)
+    with source(2, "rootless.example.org") as s:
+        s._connect_one = counting(state)  # type: ignore[method-assign]
+        with pytest.raises(LocationUnavailableError, match="its root /buffer is not there on rootless.example.org"):
+            s.connect()
+        assert state["logins"] == 2 and not s._broken  # the kept ones answered: no new login

@@ -377,32 +377,38 @@ class SftpSource:
         self._pool.discard([c for c, _ in gone])
         return good
 
-    def _probe(self) -> None:
+    def _probe(self) -> tuple[bool, Any]:
         """Ask every kept connection of :attr:`_conns` one short question (a ``stat`` of the
         remote root, :data:`PROBE_SECONDS` at most, all at once); close those that do not
         answer (a link that dropped while they sat idle can leave them half-dead until their
-        keepalives fail), so :meth:`_ensure` replaces them with new logins."""
+        keepalives fail), so :meth:`_ensure` replaces them with new logins.
+
+        Returns:
+            ``(True, attrs)``: the answer of the connection now first in :attr:`_conns` (the
+            root's SFTP attributes, ``None`` when it is not there), which :meth:`connect` takes
+            for its root check instead of asking again; ``(False, None)`` when none answered.
+        """
         root = self.endpoint.root
         ssh = self._ssh
 
-        async def ask(sftp: Any) -> bool:
+        async def ask(sftp: Any) -> tuple[bool, Any]:
             try:
-                await asyncio.wait_for(sftp.stat(root, follow_symlinks=False), PROBE_SECONDS)
-                return True
+                return True, await asyncio.wait_for(sftp.stat(root, follow_symlinks=False), PROBE_SECONDS)
             except ssh.SFTPNoSuchFile:
-                return True  # it answered (the root's absence is judged after)
+                return True, None  # it answered (the root's absence is judged after)
             except (OSError, ssh.Error, TimeoutError):
-                return False
+                return False, None
 
-        async def ask_all() -> list[bool]:
+        async def ask_all() -> list[tuple[bool, Any]]:
             return list(await asyncio.gather(*(ask(f) for _, f in self._conns)))
 
-        answered = self._run(ask_all(), PROBE_SECONDS + 5)
-        dead = [c for (c, _), ok in zip(self._conns, answered) if not ok]
+        answers = self._run(ask_all(), PROBE_SECONDS + 5)
+        dead = [c for (c, _), (ok, _) in zip(self._conns, answers) if not ok]
         if dead:
             self._pool.discard(dead)
-            self._conns = [(c, f) for (c, f), ok in zip(self._conns, answered) if ok]
+            self._conns = [(c, f) for (c, f), (ok, _) in zip(self._conns, answers) if ok]
             self._reused = len(self._conns)
+        return next(((True, attrs) for ok, attrs in answers if ok), (False, None))
 
     def _host_key_error(self, key: Any, known: Any, detail: str) -> HostKeyError:
         e = self.endpoint
@@ -445,7 +451,8 @@ class SftpSource:
         """Open the connections (all :attr:`streams` at once) and check the remote root over
         the first: there and carrying the location's identity marker, naming this location
         (storage that is absent is not empty; the marker's uuid is left to the owning site's
-        own checks).
+        own checks). When kept connections were taken, the first's answer to :meth:`_probe` (a
+        ``stat`` of the root) is that check's answer: the root is asked about once per connect.
 
         Raises:
             HostKeyError / SshAuthenticationError: permanent, a configuration to fix.
@@ -453,12 +460,13 @@ class SftpSource:
             LocationUnavailableError: the remote root or its identity marker is missing.
         """
         fresh = not self._conns
+        probed, root_attrs = False, None
         if fresh:
             taken = self._pool.take(self._pool_key, self.streams)
             self._conns = self._still_trusted(taken)
             untrusted = len(taken) - len(self._conns)
-            if self._conns:
-                self._probe()
+            if self._conns:  # the first kept one that answered stays first: its answer is the root check's
+                probed, root_attrs = self._probe()
             self._reused = len(self._conns)
         try:
             self._ensure(self.streams)
@@ -470,7 +478,7 @@ class SftpSource:
                      opened=len(self._conns) - self._reused,
                      dropped=len(taken) - self._reused, dropped_untrusted=untrusted)
         root = self.endpoint.root
-        there = self._stat_path(root)
+        there = root_attrs if probed else self._stat_path(root)
         if there is None:
             why = f"its root {root} is not there on {self.endpoint.host}"
             raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
