@@ -295,6 +295,8 @@ class SftpSource:
         self._reused = 0  # how many of them were kept ones, taken back
         self._broken = False  # the link failed under them: never kept
         self._closed = False
+        #: the known-hosts file as read for this connect (:meth:`_read_known_hosts`); ``None``: not yet
+        self._known_hosts: tuple[Any, str | None] | None = None
 
     # -- the event loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -318,16 +320,38 @@ class SftpSource:
                       "resumes from its partial by itself once it answers again")
 
     # -- connections ---------------------------------------------------------------------
+    def _read_known_hosts(self) -> tuple[Any, str | None]:
+        """The known-hosts file (asyncssh's ``SSHKnownHosts``, ``None`` if unreadable) and why it
+        could not be read (``None`` if it could): read at most once per :meth:`connect` (which
+        forgets the last reading), for the kept connections' trust (:meth:`_still_trusted`) and
+        every new login (:meth:`_connect_one`) alike."""
+        if self._known_hosts is None:
+            try:
+                self._known_hosts = (self._ssh.read_known_hosts(str(self.endpoint.known_hosts_file)), None)
+            except (OSError, ValueError) as exc:
+                self._known_hosts = (None, str(exc))
+        return self._known_hosts
+
+    def _known(self) -> Any:
+        """The known-hosts file for a login (:meth:`_read_known_hosts`).
+
+        Raises:
+            HostKeyError: the file cannot be read (permanent: a configuration to fix).
+        """
+        known, unreadable = self._read_known_hosts()
+        if known is None:
+            e = self.endpoint
+            raise HostKeyError(f"data location {e.location}: cannot read the known-hosts file {e.known_hosts_file}: "
+                               f"{unreadable}", step="connect", side="source", host=e.host,
+                               path=str(e.known_hosts_file),
+                               diagnosis="set [locations.ssh] known_hosts_file to a readable file listing the "
+                                         "host key of " + e.host)
+        return known
+
     async def _connect_one(self) -> tuple[Any, Any]:
         e = self.endpoint
         client = self._client_class()
-        try:
-            known = self._ssh.read_known_hosts(str(e.known_hosts_file))
-        except (OSError, ValueError) as exc:
-            raise HostKeyError(f"data location {e.location}: cannot read the known-hosts file {e.known_hosts_file}: "
-                               f"{exc}", step="connect", side="source", host=e.host, path=str(e.known_hosts_file),
-                               diagnosis="set [locations.ssh] known_hosts_file to a readable file listing the "
-                                         "host key of " + e.host) from None
+        known = self._known()
         try:
             key = self._ssh.read_private_key(str(e.key_file))
         except (OSError, ValueError, self._ssh.KeyImportError) as exc:
@@ -360,14 +384,16 @@ class SftpSource:
 
     def _still_trusted(self, kept: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """The kept connections whose server host key is still listed for the host in the
-        known-hosts file (read now); the others are closed. A connection was trusted at its
-        login; a key the operators have removed from the file since is trusted no longer."""
+        known-hosts file (read now, once for this connect: :meth:`_read_known_hosts`); the others
+        are closed. A connection was trusted at its login; a key the operators have removed from
+        the file since is trusted no longer."""
         if not kept:
             return kept
         e = self.endpoint
-        try:
-            trusted, _, revoked, *_ = self._ssh.read_known_hosts(str(e.known_hosts_file)).match(e.host, "", e.port)
-        except (OSError, ValueError):
+        known, _ = self._read_known_hosts()
+        if known is not None:
+            trusted, _, revoked, *_ = known.match(e.host, "", e.port)
+        else:
             trusted, revoked = [], []  # unreadable now: the next login says why
         listed = {k.public_data for k in trusted} - {k.public_data for k in revoked}
         good, gone = [], []
@@ -461,6 +487,7 @@ class SftpSource:
         """
         fresh = not self._conns
         probed, root_attrs = False, None
+        self._known_hosts = None  # read again, once, for the kept connections' trust and the new logins alike
         if fresh:
             taken = self._pool.take(self._pool_key, self.streams)
             self._conns = self._still_trusted(taken)
