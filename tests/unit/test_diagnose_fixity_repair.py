@@ -12,6 +12,7 @@ import pytest
 from packhorse.db.models import DataLocation, Operation, PhysicalCopy, RawDataPackage, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
+from packhorse.rules.fixity import live_copy_at
 from packhorse.status.diagnose import diagnose_operation
 
 KIND = OperationKind.FIXITY_CHECK
@@ -76,3 +77,18 @@ def test_a_completed_check_whose_copy_is_still_bad_names_the_repair(db: Database
     assert "nothing to do" not in line
     assert line.endswith(f"the copy cologne-lta:raw/cam/obs1.tar is recorded corrupt; its repair is fixity_check "
                          f"{repair} (IN_PROGRESS: packhorse diagnose fixity_check {repair})"), line
+
+
+def test_a_completed_check_whose_copy_was_repaired_since_has_nothing_to_do(db: Database) -> None:
+    check = fixity_op(db, "fixity_check:copy1@1.0->cologne-lta", "COMPLETED")
+    db.transact(lambda s: s.add(PhysicalCopy(id=3, raw_data_package_id=1, location_id=2, path="raw/cam/obs1.tar",
+                                             size=20, sha256="b" * 64, status="present", verified_at=utcnow())))
+    line = db.read(lambda s: diagnose_operation(s, KIND, check))["diagnosis"]
+    assert line.endswith("; nothing to do"), line
+
+
+def test_the_live_copy_query_is_per_artifact_and_location_and_leaves_out_the_copy_judged(db: Database) -> None:
+    assert db.read(lambda s: live_copy_at(s, 3, 1, None)) == 2
+    assert db.read(lambda s: live_copy_at(s, 3, 1, None, other_than=2)) is None
+    assert db.read(lambda s: live_copy_at(s, 2, 1, None)) is None  # copy 1 there is corrupt
+    assert db.read(lambda s: live_copy_at(s, 3, None, 1)) is None  # no data transfer package 1 there

@@ -5,9 +5,11 @@ name has its own bag folder inside the tar."""
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import event
 
 from packhorse.db.models import DataLocation, RawDataPackage, Site
 from packhorse.db.session import Database
@@ -47,14 +49,15 @@ def test_long_runs_of_suffixes_are_followed_past_one_batch(empty_db: Database) -
 
 def test_the_names_of_many_groups_are_found_with_one_query_and_follow_ups_only_where_used(empty_db: Database) -> None:
     _with_packages(empty_db, ["a/x", "a/x+2", "a/y+v2", "c/z"])
-    statements: list[str] = []
-    from sqlalchemy import event
-
-    event.listen(empty_db.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    statements: list[tuple[str, Any]] = []
+    event.listen(empty_db.engine, "before_cursor_execute", lambda *a: statements.append((a[2], a[3])))
     taken = empty_db.read(lambda s: names_taken_many(s, ["a/x", "a/y", "a/y+v2", "b/new", "b/other"]))
     assert taken == {"a/x": {"a/x", "a/x+2"}, "a/y": set(), "a/y+v2": {"a/y+v2"}, "b/new": set(), "b/other": set()}
-    # one query for the five names, then names_taken's own for the two already in use
-    assert sum("raw_data_packages" in q for q in statements) == 1 + 2 * 2
+    # one query for the five names, then one for the suffixed names of each of the two already
+    # in use: no name is asked about twice (the bases are not asked about again)
+    asked = [p for q, params in statements if "raw_data_packages" in q for p in params]
+    assert sum("raw_data_packages" in q for q, _ in statements) == 1 + 2
+    assert len(asked) == len(set(asked)), sorted(asked)
 
 
 def _decode(bag_dir: str) -> str:

@@ -20,7 +20,7 @@ with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography d
     warnings.simplefilter("ignore")
     import asyncssh
 
-from packhorse.errors import HostKeyError, SshConnectionError
+from packhorse.errors import HostKeyError, LocationUnavailableError, SshConnectionError
 from packhorse.storage.sftp import SftpSource, SshEndpoint
 
 
@@ -47,7 +47,8 @@ class FakeSftp:
 
 HOST_KEY = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
 HOSTS = ["fyst.example.org", "at-once.example.org", "refused.example.org", "kept.example.org",
-         "other.example.org", "half-dead.example.org", "partly.example.org", "removed.example.org"]
+         "other.example.org", "half-dead.example.org", "partly.example.org", "counted.example.org",
+         "rootless.example.org", "read-once.example.org", "removed.example.org"]  # removed last: a test takes it out of the file
 KNOWN_HOSTS: list[Path] = []
 
 
@@ -211,3 +212,102 @@ def test_a_refused_login_closes_the_kept_connections_too() -> None:
             s.connect()
     assert kept and all(c.closed for c in kept)
     assert not s._pool._idle.get(s._pool_key)
+
+
+ROOT_STATS: list[str] = []
+
+
+class CountingSftp(FakeSftp):
+    async def stat(self, path: str, follow_symlinks: bool = True) -> object:
+        ROOT_STATS.extend([path] if path == "/buffer" else [])
+        return object()
+
+
+def test_the_root_is_asked_about_once_per_connect_the_probe_of_kept_connections_included() -> None:
+    state = {"now": 0, "peak": 0}
+    ROOT_STATS.clear()
+    with source(2, "counted.example.org") as s:
+        s._connect_one = counting(state, sftp=CountingSftp)  # type: ignore[method-assign]
+        s.connect()  # new logins: the root check asks
+    assert ROOT_STATS == ["/buffer"]
+    ROOT_STATS.clear()
+    with source(2, "counted.example.org") as s:
+        s._connect_one = counting(state, sftp=CountingSftp)  # type: ignore[method-assign]
+        s.connect()  # two kept connections: each probed, and the first one's answer is the root check's
+    assert state["logins"] == 2
+    assert ROOT_STATS == ["/buffer", "/buffer"]
+
+
+class RootlessSftp(FakeSftp):
+    async def stat(self, path: str, follow_symlinks: bool = True) -> object:
+        if path == "/buffer":
+            raise asyncssh.SFTPNoSuchFile("no such file")
+        return object()
+
+
+def test_a_root_gone_while_the_connections_were_kept_is_unavailable_storage() -> None:
+    state = {"now": 0, "peak": 0}
+    with source(2, "rootless.example.org") as s:
+        s._connect_one = counting(state, sftp=RootlessSftp)  # type: ignore[method-assign]
+        s._ensure(2)
+    with source(2, "rootless.example.org") as s:
+        s._connect_one = counting(state)  # type: ignore[method-assign]
+        with pytest.raises(LocationUnavailableError, match="its root /buffer is not there on rootless.example.org"):
+            s.connect()
+        assert state["logins"] == 2 and not s._broken  # the kept ones answered: no new login
+
+
+class LoginConn(FakeConn):
+    async def start_sftp_client(self) -> FakeSftp:
+        return FakeSftp()
+
+
+class CountingSsh:
+    """asyncssh, but reading the known-hosts file is counted, and a login is a fake one that
+    records the known hosts it was handed."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.handed: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncssh, name)
+
+    def read_known_hosts(self, path: str) -> Any:
+        self.reads += 1
+        return asyncssh.read_known_hosts(path)
+
+    def read_private_key(self, path: str) -> object:
+        return object()
+
+    async def create_connection(self, factory: Any, host: str, port: int, **kw: Any) -> tuple[LoginConn, None]:
+        self.handed.append(kw["known_hosts"])
+        return LoginConn(), None
+
+
+def test_the_known_hosts_file_is_read_once_per_connect_for_the_kept_connections_and_every_login() -> None:
+    ssh = CountingSsh()
+    with source(3, "read-once.example.org") as s:
+        s._ssh = ssh
+        s.connect()  # three logins
+        assert len(s._conns) == 3
+    assert ssh.reads == 1 and len(ssh.handed) == 3 and all(k is ssh.handed[0] for k in ssh.handed)
+    with source(4, "read-once.example.org") as s:
+        s._ssh = ssh
+        s.connect()  # three kept connections, trusted by the file as read now, and one login with it
+        assert len(s._conns) == 4 and s._reused == 3
+    assert ssh.reads == 2 and len(ssh.handed) == 4 and ssh.handed[3] is not ssh.handed[0]
+
+
+def test_an_unreadable_known_hosts_file_refuses_the_logins_and_trusts_no_kept_connection(known_hosts: Path) -> None:
+    ssh = CountingSsh()
+    with source(2, "read-once.example.org") as s:
+        s._ssh = ssh
+        s._ensure(2)  # kept from an earlier transfer
+        kept = [c for c, _ in s._conns]
+    known_hosts.unlink()
+    with source(2, "read-once.example.org") as s:
+        s._ssh = ssh
+        with pytest.raises(HostKeyError, match="cannot read the known-hosts file"):
+            s.connect()
+    assert all(c.closed for c in kept)

@@ -41,6 +41,7 @@ from packhorse.managers.wanted import create_missing, new_only
 from packhorse.notify.outbox import enqueue
 from packhorse.operations.lifecycle import dedup_key
 from packhorse.rules.convergence import Plan, dead_end_release, plan, repair_sources
+from packhorse.rules.fixity import live_copy_at, repair_key
 from packhorse.rules.policy import refresh_archived
 from packhorse.runtime.context import ProcessContext
 
@@ -106,8 +107,8 @@ def manage(ctx: ProcessContext, repairs: "Plan | None" = None, *, started_at: fl
                     # one repair per (bad copy, source copy): a repair whose source turned out bad
                     # too is followed by one from the next good source (DESIGN.md "Converging");
                     # a missing copy's repair reads the copy itself back first (bytes back?)
-                    key = dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{cid}@copy{source}", loc.name)
-                elif cid not in failed and _live_here(s, loc_id, rdp, dtp) is None:
+                    key = repair_key(cid, source, loc.name)
+                elif cid not in failed and live_copy_at(s, loc_id, rdp, dtp) is None:
                     # nothing to repair from: look again now and then (and once per run), its
                     # bytes may come back (a remounted disk, a good copy put back by hand)
                     key = dedup_key(OperationKind.FIXITY_CHECK, recheck_key(cid, now.timestamp(), started_at),
@@ -120,15 +121,6 @@ def manage(ctx: ProcessContext, repairs: "Plan | None" = None, *, started_at: fl
         return new_only(s, wanted)
 
     return create_missing(ctx, OperationKind.FIXITY_CHECK, ctx.db.read(find))
-
-
-def _live_here(s: Session, loc_id: int, rdp: int | None, dtp: int | None) -> int | None:
-    """The id of a live copy of the artifact at ``loc_id``, or ``None``."""
-    col = PhysicalCopy.raw_data_package_id if rdp is not None else PhysicalCopy.data_transfer_package_id
-    subject = rdp if rdp is not None else dtp
-    return s.scalar(select(PhysicalCopy.id).where(
-        col == subject, PhysicalCopy.location_id == loc_id,
-        PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1))
 
 
 def _repair_source(ctx: ProcessContext, s: Session, loc_id: int, rdp: int | None, dtp: int | None) -> int | None:

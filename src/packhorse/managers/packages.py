@@ -82,8 +82,13 @@ def names_taken(session: Session, base: str, *, batch: int = 64) -> set[str]:
     index and takes a ``_`` or ``%`` in a group name for a wildcard, nor a range, whose order
     depends on the PostgreSQL database's collation."""
     taken = set(session.scalars(select(RawDataPackage.name).where(RawDataPackage.name == base)))
-    if not taken:
-        return taken
+    return (taken | _suffixes_taken(session, base, batch=batch)) if taken else taken
+
+
+def _suffixes_taken(session: Session, base: str, *, batch: int = 64) -> set[str]:
+    """The names in use among ``base+2``, ``base+3``, … up to the first gap, ``base`` itself
+    known to be in use (:func:`names_taken`)."""
+    taken: set[str] = set()
     first = 2
     while True:
         names = [f"{base}+{n}" for n in range(first, first + batch)]
@@ -96,15 +101,16 @@ def names_taken(session: Session, base: str, *, batch: int = 64) -> set[str]:
 
 def names_taken_many(session: Session, bases: Collection[str]) -> dict[str, set[str]]:
     """:func:`names_taken` of every one of ``bases`` (names): one query for all of them, and
-    the follow-up queries of :func:`names_taken` only for a base already in use (a group
-    packaged before). A transaction packaging many groups at once pays one round trip to the
-    database here, not one per group (docs/benchmarks.md, "20,000 small files over a long thin
-    link": a site reaches the database across the link)."""
+    the follow-up queries of :func:`names_taken` for its suffixed names (``base+2``, …) only for
+    a base that query found in use (a group packaged before; the base is not asked about again).
+    A transaction packaging many groups at once pays one round trip to the database here, not
+    one per group (docs/benchmarks.md, "20,000 small files over a long thin link": a site
+    reaches the database across the link)."""
     wanted = sorted(set(bases))
     used: set[str] = set()
     for i in range(0, len(wanted), 500):
         used |= set(session.scalars(select(RawDataPackage.name).where(RawDataPackage.name.in_(wanted[i:i + 500]))))
-    return {b: (names_taken(session, b) if b in used else set()) for b in wanted}
+    return {b: (({b} | _suffixes_taken(session, b)) if b in used else set()) for b in wanted}
 
 
 def _split(files: Sequence[Any], limit: int, max_files: int | None = None) -> list[list[Any]]:

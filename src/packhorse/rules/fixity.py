@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from packhorse.domain import LIVE_COPY_STATUSES, CopyStatus, LocationRole, Notif
 from packhorse.errors import SourceMissingError, UnsafePathError
 from packhorse.notify.messages import DIGEST_BODY_MAX
 from packhorse.notify.outbox import enqueue
+from packhorse.operations.lifecycle import dedup_key
 from packhorse.rules.policy import refresh_archived
 from packhorse.storage.base import CHUNK_BYTES, StorageBackend
 
@@ -51,6 +53,33 @@ if TYPE_CHECKING:
     from packhorse.runtime.context import ProcessContext
 
 OK, MISSING, CORRUPT = "ok", CopyStatus.MISSING.value, CopyStatus.CORRUPT.value
+
+
+#: The dedup key of a repair operation: ``fixity_check:repair-copyC@copyS->LOCATION``, bad copy
+#: ``C`` at ``LOCATION`` repaired from copy ``S`` (:func:`repair_key`).
+_REPAIR_KEY = re.compile(rf"{re.escape(OperationKind.FIXITY_CHECK.value)}:repair-copy(\d+)@copy(\d+)(?:->.*)?",
+                         re.DOTALL)
+
+
+def repair_key(copy_id: int, source_copy_id: int, location: str) -> str:
+    """The dedup key of the ``fixity_check`` operation that repairs bad copy ``copy_id`` at
+    data location ``location`` (its name) from copy ``source_copy_id``: one operation per
+    (bad copy, source copy), so a repair whose source turned out bad too is followed by one
+    from the next good source (DESIGN.md "Converging"). Read back by :func:`parse_repair_key`."""
+    return dedup_key(OperationKind.FIXITY_CHECK, f"repair-copy{copy_id}@copy{source_copy_id}", location)
+
+
+def parse_repair_key(key: str | None) -> tuple[int, int] | None:
+    """``(copy_id, source_copy_id)`` of a repair operation's dedup key (:func:`repair_key`), or
+    ``None`` for any other key (an audit, a recheck, another kind, ``None``). Raises nothing."""
+    m = _REPAIR_KEY.fullmatch(key or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_repair(key: str | None) -> bool:
+    """Whether ``key`` is a repair operation's dedup key (:func:`repair_key`), not an audit's or
+    a recheck's."""
+    return parse_repair_key(key) is not None
 
 
 @dataclass
@@ -193,6 +222,26 @@ def record_findings(session: Session, ctx: "ProcessContext", findings: Iterable[
     return {"recorded": marked, "all_bad": all_bad}
 
 
+def live_copy_at(session: Session, location_id: int, raw_data_package_id: int | None,
+                 data_transfer_package_id: int | None, *, other_than: int | None = None) -> int | None:
+    """The id of a live copy (``LIVE_COPY_STATUSES``) of one artifact at ``location_id``, or
+    ``None``: whether a bad copy there still needs its repair, or was repaired meanwhile (the
+    unique constraint on live copies, I3, allows one per artifact and location).
+
+    The artifact is the raw data package ``raw_data_package_id`` when it is not ``None``, else the
+    data transfer package ``data_transfer_package_id`` (the column a physical copy fills).
+    ``other_than``: a copy id to leave out (the copy being judged). One query, in the caller's
+    session; raises nothing of its own."""
+    col = PhysicalCopy.raw_data_package_id if raw_data_package_id is not None else \
+        PhysicalCopy.data_transfer_package_id
+    subject = raw_data_package_id if raw_data_package_id is not None else data_transfer_package_id
+    q = select(PhysicalCopy.id).where(col == subject, PhysicalCopy.location_id == location_id,
+                                      PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES]))
+    if other_than is not None:
+        q = q.where(PhysicalCopy.id != other_than)
+    return session.scalar(q.limit(1))
+
+
 def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterable[Finding], *,
                        operation_id: int | None = None) -> list[Finding]:
     """Mark copies recorded ``missing`` or ``corrupt`` whose read-back was ``ok`` (the recorded
@@ -213,13 +262,8 @@ def recognise_returned(session: Session, ctx: "ProcessContext", findings: Iterab
         if copy is None or copy.status not in (MISSING, CORRUPT) or copy.sha256 != f.expected:
             continue
         was = copy.status
-        col = PhysicalCopy.raw_data_package_id if copy.raw_data_package_id is not None else \
-            PhysicalCopy.data_transfer_package_id
-        subject = copy.raw_data_package_id if copy.raw_data_package_id is not None else copy.data_transfer_package_id
-        live = session.scalar(select(PhysicalCopy.id).where(
-            col == subject, PhysicalCopy.location_id == copy.location_id, PhysicalCopy.id != copy.id,
-            PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1))
-        if live is not None:
+        if live_copy_at(session, copy.location_id, copy.raw_data_package_id, copy.data_transfer_package_id,
+                        other_than=copy.id) is not None:
             continue
         copy.status, copy.verified_at = CopyStatus.PRESENT.value, now
         back.append(f)

@@ -20,7 +20,6 @@ Times are ISO 8601 UTC strings; sizes bytes.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import secrets
 import socket
 from pathlib import Path
@@ -60,6 +59,7 @@ from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
 from packhorse.recovery.health import DEAD_AFTER_SECONDS, list_services
 from packhorse.recovery.monitor import lease_holder_gone, provably_gone
+from packhorse.rules.fixity import live_copy_at, parse_repair_key
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import bundle_key, raw_package_key
 
@@ -220,11 +220,6 @@ def _waiting_for_dispatch(session: Session, now: dt.datetime, dead_after_seconds
             "(`packhorse health`): start one")
 
 
-#: A repair operation's dedup key names the bad copy and the copy it repairs from
-#: (:mod:`packhorse.managers.fixity_checks`).
-_REPAIR_KEY = re.compile(r":repair-copy(\d+)@copy(\d+)")
-
-
 def fixity_doing(session: Session, op: Operation) -> str | None:
     """What a ``fixity_check`` operation is doing, from its physical copy's row: ``"checking the
     fixity of copy KEY at LOCATION"`` while the copy is ``present``, ``"repairing the corrupt
@@ -241,8 +236,8 @@ def fixity_doing(session: Session, op: Operation) -> str | None:
     here = f"copy {copy.path} at {names.get(copy.location_id, copy.location_id)}"
     if copy.status not in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
         return f"checking the fixity of {here} (reading it back against its recorded sha256)"
-    m = _REPAIR_KEY.search(op.dedup_key or "")
-    source = session.get(PhysicalCopy, int(m.group(2))) if m else None
+    repair = parse_repair_key(op.dedup_key)
+    source = session.get(PhysicalCopy, repair[1]) if repair else None
     frm = (f"{names.get(source.location_id, source.location_id)}:{source.path}" if source is not None
            else "a verified good copy (another archive, or one at its own site)")
     return (f"repairing the {copy.status} {here} from {frm}"
@@ -258,11 +253,8 @@ def _fixity_left(session: Session, op: Operation) -> str | None:
     copy = session.get(PhysicalCopy, op.physical_copy_id)
     if copy is None or copy.status not in (CopyStatus.CORRUPT.value, CopyStatus.MISSING.value):
         return None
-    col, art = ((PhysicalCopy.raw_data_package_id, copy.raw_data_package_id) if copy.raw_data_package_id is not None
-                else (PhysicalCopy.data_transfer_package_id, copy.data_transfer_package_id))
-    if session.scalar(select(PhysicalCopy.id).where(
-            col == art, PhysicalCopy.location_id == copy.location_id,
-            PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES])).limit(1)) is not None:
+    if live_copy_at(session, copy.location_id, copy.raw_data_package_id,
+                    copy.data_transfer_package_id) is not None:
         return None  # repaired since
     where = f"{_location_names(session).get(copy.location_id, copy.location_id)}:{copy.path}"
     repair = session.scalars(select(Operation).where(

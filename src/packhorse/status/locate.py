@@ -56,6 +56,7 @@ from packhorse.errors import LocateQueryError
 from packhorse.managers.source_audit import FOUND_BY as SOURCE_AUDIT
 from packhorse.managers.source_audit import REASON as SOURCE_AUDIT_REASON
 from packhorse.operations.attempts import claim_words, failure_words
+from packhorse.rules.fixity import is_repair
 from packhorse.runtime import audit
 from packhorse.time_text import utc_text
 
@@ -165,7 +166,7 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
             what = "the bundle's copy" if bundle_copy else "the package's copy"
         loc = locs.get(loc_id) if loc_id else None
         word = DONE_EVENT[op.kind]
-        if op.kind == OperationKind.FIXITY_CHECK.value and ":repair-copy" in op.dedup_key:
+        if op.kind == OperationKind.FIXITY_CHECK.value and is_repair(op.dedup_key):
             word = "repaired"
         if op.status == Status.COMPLETED.value:
             add(op.finished_at, word, op, loc,
@@ -186,7 +187,7 @@ def _timeline(session: Session, ops: list[Operation], locs: dict[int, str], copy
     # detections: a copy the fixity audit, `packhorse verify` or a read-back found bad (the
     # repair that followed is an operation above; the detection is only on the copy's row)
     fixity_done = [op for op in ops if op.kind == OperationKind.FIXITY_CHECK.value
-                   and ":repair-copy" not in op.dedup_key and op.finished_at is not None]
+                   and not is_repair(op.dedup_key) and op.finished_at is not None]
     for c in (session.scalars(select(PhysicalCopy).where(PhysicalCopy.id.in_(list(copy_loc)),
                                                          PhysicalCopy.found_bad_at.is_not(None))
                               .order_by(PhysicalCopy.found_bad_at)) if copy_loc else []):

@@ -295,6 +295,8 @@ class SftpSource:
         self._reused = 0  # how many of them were kept ones, taken back
         self._broken = False  # the link failed under them: never kept
         self._closed = False
+        #: the known-hosts file as read for this connect (:meth:`_read_known_hosts`); ``None``: not yet
+        self._known_hosts: tuple[Any, str | None] | None = None
 
     # -- the event loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -318,16 +320,38 @@ class SftpSource:
                       "resumes from its partial by itself once it answers again")
 
     # -- connections ---------------------------------------------------------------------
+    def _read_known_hosts(self) -> tuple[Any, str | None]:
+        """The known-hosts file (asyncssh's ``SSHKnownHosts``, ``None`` if unreadable) and why it
+        could not be read (``None`` if it could): read at most once per :meth:`connect` (which
+        forgets the last reading), for the kept connections' trust (:meth:`_still_trusted`) and
+        every new login (:meth:`_connect_one`) alike."""
+        if self._known_hosts is None:
+            try:
+                self._known_hosts = (self._ssh.read_known_hosts(str(self.endpoint.known_hosts_file)), None)
+            except (OSError, ValueError) as exc:
+                self._known_hosts = (None, str(exc))
+        return self._known_hosts
+
+    def _known(self) -> Any:
+        """The known-hosts file for a login (:meth:`_read_known_hosts`).
+
+        Raises:
+            HostKeyError: the file cannot be read (permanent: a configuration to fix).
+        """
+        known, unreadable = self._read_known_hosts()
+        if known is None:
+            e = self.endpoint
+            raise HostKeyError(f"data location {e.location}: cannot read the known-hosts file {e.known_hosts_file}: "
+                               f"{unreadable}", step="connect", side="source", host=e.host,
+                               path=str(e.known_hosts_file),
+                               diagnosis="set [locations.ssh] known_hosts_file to a readable file listing the "
+                                         "host key of " + e.host)
+        return known
+
     async def _connect_one(self) -> tuple[Any, Any]:
         e = self.endpoint
         client = self._client_class()
-        try:
-            known = self._ssh.read_known_hosts(str(e.known_hosts_file))
-        except (OSError, ValueError) as exc:
-            raise HostKeyError(f"data location {e.location}: cannot read the known-hosts file {e.known_hosts_file}: "
-                               f"{exc}", step="connect", side="source", host=e.host, path=str(e.known_hosts_file),
-                               diagnosis="set [locations.ssh] known_hosts_file to a readable file listing the "
-                                         "host key of " + e.host) from None
+        known = self._known()
         try:
             key = self._ssh.read_private_key(str(e.key_file))
         except (OSError, ValueError, self._ssh.KeyImportError) as exc:
@@ -360,14 +384,16 @@ class SftpSource:
 
     def _still_trusted(self, kept: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
         """The kept connections whose server host key is still listed for the host in the
-        known-hosts file (read now); the others are closed. A connection was trusted at its
-        login; a key the operators have removed from the file since is trusted no longer."""
+        known-hosts file (read now, once for this connect: :meth:`_read_known_hosts`); the others
+        are closed. A connection was trusted at its login; a key the operators have removed from
+        the file since is trusted no longer."""
         if not kept:
             return kept
         e = self.endpoint
-        try:
-            trusted, _, revoked, *_ = self._ssh.read_known_hosts(str(e.known_hosts_file)).match(e.host, "", e.port)
-        except (OSError, ValueError):
+        known, _ = self._read_known_hosts()
+        if known is not None:
+            trusted, _, revoked, *_ = known.match(e.host, "", e.port)
+        else:
             trusted, revoked = [], []  # unreadable now: the next login says why
         listed = {k.public_data for k in trusted} - {k.public_data for k in revoked}
         good, gone = [], []
@@ -377,32 +403,38 @@ class SftpSource:
         self._pool.discard([c for c, _ in gone])
         return good
 
-    def _probe(self) -> None:
+    def _probe(self) -> tuple[bool, Any]:
         """Ask every kept connection of :attr:`_conns` one short question (a ``stat`` of the
         remote root, :data:`PROBE_SECONDS` at most, all at once); close those that do not
         answer (a link that dropped while they sat idle can leave them half-dead until their
-        keepalives fail), so :meth:`_ensure` replaces them with new logins."""
+        keepalives fail), so :meth:`_ensure` replaces them with new logins.
+
+        Returns:
+            ``(True, attrs)``: the answer of the connection now first in :attr:`_conns` (the
+            root's SFTP attributes, ``None`` when it is not there), which :meth:`connect` takes
+            for its root check instead of asking again; ``(False, None)`` when none answered.
+        """
         root = self.endpoint.root
         ssh = self._ssh
 
-        async def ask(sftp: Any) -> bool:
+        async def ask(sftp: Any) -> tuple[bool, Any]:
             try:
-                await asyncio.wait_for(sftp.stat(root, follow_symlinks=False), PROBE_SECONDS)
-                return True
+                return True, await asyncio.wait_for(sftp.stat(root, follow_symlinks=False), PROBE_SECONDS)
             except ssh.SFTPNoSuchFile:
-                return True  # it answered (the root's absence is judged after)
+                return True, None  # it answered (the root's absence is judged after)
             except (OSError, ssh.Error, TimeoutError):
-                return False
+                return False, None
 
-        async def ask_all() -> list[bool]:
+        async def ask_all() -> list[tuple[bool, Any]]:
             return list(await asyncio.gather(*(ask(f) for _, f in self._conns)))
 
-        answered = self._run(ask_all(), PROBE_SECONDS + 5)
-        dead = [c for (c, _), ok in zip(self._conns, answered) if not ok]
+        answers = self._run(ask_all(), PROBE_SECONDS + 5)
+        dead = [c for (c, _), (ok, _) in zip(self._conns, answers) if not ok]
         if dead:
             self._pool.discard(dead)
-            self._conns = [(c, f) for (c, f), ok in zip(self._conns, answered) if ok]
+            self._conns = [(c, f) for (c, f), (ok, _) in zip(self._conns, answers) if ok]
             self._reused = len(self._conns)
+        return next(((True, attrs) for ok, attrs in answers if ok), (False, None))
 
     def _host_key_error(self, key: Any, known: Any, detail: str) -> HostKeyError:
         e = self.endpoint
@@ -445,7 +477,8 @@ class SftpSource:
         """Open the connections (all :attr:`streams` at once) and check the remote root over
         the first: there and carrying the location's identity marker, naming this location
         (storage that is absent is not empty; the marker's uuid is left to the owning site's
-        own checks).
+        own checks). When kept connections were taken, the first's answer to :meth:`_probe` (a
+        ``stat`` of the root) is that check's answer: the root is asked about once per connect.
 
         Raises:
             HostKeyError / SshAuthenticationError: permanent, a configuration to fix.
@@ -453,12 +486,14 @@ class SftpSource:
             LocationUnavailableError: the remote root or its identity marker is missing.
         """
         fresh = not self._conns
+        probed, root_attrs = False, None
+        self._known_hosts = None  # read again, once, for the kept connections' trust and the new logins alike
         if fresh:
             taken = self._pool.take(self._pool_key, self.streams)
             self._conns = self._still_trusted(taken)
             untrusted = len(taken) - len(self._conns)
-            if self._conns:
-                self._probe()
+            if self._conns:  # the first kept one that answered stays first: its answer is the root check's
+                probed, root_attrs = self._probe()
             self._reused = len(self._conns)
         try:
             self._ensure(self.streams)
@@ -470,7 +505,7 @@ class SftpSource:
                      opened=len(self._conns) - self._reused,
                      dropped=len(taken) - self._reused, dropped_untrusted=untrusted)
         root = self.endpoint.root
-        there = self._stat_path(root)
+        there = root_attrs if probed else self._stat_path(root)
         if there is None:
             why = f"its root {root} is not there on {self.endpoint.host}"
             raise LocationUnavailableError(f"data location {self.location}: {why}", location=self.location,
