@@ -17,6 +17,11 @@ all, and a renewal stuck on the database delays no other operation's. The work c
 Until then the lease still means "this worker runs it": :meth:`LeaseKeeper.may_hold` tells the
 attempt's units of work to ride out a database outage instead of giving up after their own
 retries (:func:`packhorse.db.session.retry_while`).
+
+Work that may block for long between two checks (a pull waiting on a stalled link) registers
+:meth:`LeaseKeeper.on_lost` callbacks: the renewal that finds the token stale runs them at once,
+so a stale attempt stops within about one heartbeat interval and frees what it holds (its
+partial's lock) for the successor (docs/reliability.md "Resumable transfers").
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -101,6 +107,8 @@ class LeaseKeeper:
         self._lost: str | None = None
         #: set when the work is over: a renewal that falls due later is not made
         self.stopped = False
+        self._callbacks_lock = threading.Lock()
+        self._on_lost: list[Callable[[LeaseLostError], None]] = []
 
     def __enter__(self) -> "LeaseKeeper":
         self._last_renewal = time.monotonic()
@@ -132,10 +140,55 @@ class LeaseKeeper:
         else:
             if not ok:
                 self._lost = f"attempt {self.claim.attempt} is no longer the operation's current attempt"
+                self._run_on_lost()
                 return
             self._last_renewal = time.monotonic()
         if not self.stopped:
             _scheduler.add(self, started + self.interval)
+
+    def on_lost(self, callback: Callable[[LeaseLostError], None]) -> Callable[[], None]:
+        """Run ``callback`` once, with the :class:`~packhorse.errors.LeaseLostError` that
+        :meth:`check` raises, as soon as a renewal finds the fencing token stale (another attempt
+        owns the operation, I3). It runs in the renewal thread, so it must be quick and
+        thread-safe (e.g. :meth:`packhorse.storage.sftp.ParallelReader.abort`); an exception it
+        raises is logged, never raised. Registered after the loss was found, it runs at once in
+        the caller's thread. A deadline passed without renewal
+        (:class:`~packhorse.errors.LeaseNotRenewedError`) does not run it: :meth:`check` still
+        reports that one. The rule's origin: DESIGN.md "Lease" (a stale attempt stops and frees
+        what it holds for its successor; docs/reliability.md "Resumable transfers").
+
+        Returns:
+            a function that unregisters ``callback`` (no-op once it ran).
+        """
+        with self._callbacks_lock:
+            lost = self._lost is not None
+            if not lost:
+                self._on_lost.append(callback)
+        if lost:
+            self._call(callback)
+
+        def forget() -> None:
+            with self._callbacks_lock:
+                if callback in self._on_lost:
+                    self._on_lost.remove(callback)
+        return forget
+
+    def lost_error(self) -> LeaseLostError:
+        """The error :meth:`check` raises for a stale token (what :meth:`on_lost` callbacks get)."""
+        return LeaseLostError(f"operation {self.claim.operation_id}: {self._lost or 'the lease was lost'}")
+
+    def _run_on_lost(self) -> None:
+        with self._callbacks_lock:
+            callbacks, self._on_lost = self._on_lost, []
+        for callback in callbacks:
+            self._call(callback)
+
+    def _call(self, callback: Callable[[LeaseLostError], None]) -> None:
+        try:
+            callback(self.lost_error())
+        except Exception as e:  # noqa: BLE001 - a callback never breaks the renewal
+            log.warning("lease_lost_callback_failed", operation_id=self.claim.operation_id,
+                        error_type=type(e).__name__, error=str(e))
 
     def may_hold(self) -> bool:
         """Whether this attempt may still hold its lease: no renewal found its token stale and
@@ -148,7 +201,7 @@ class LeaseKeeper:
         """Raise :class:`LeaseLostError` if the work must stop (see module docstring):
         :class:`~packhorse.errors.LeaseNotRenewedError` when no renewal succeeded in time."""
         if self._lost:
-            raise LeaseLostError(f"operation {self.claim.operation_id}: {self._lost}")
+            raise self.lost_error()
         silent = time.monotonic() - self._last_renewal
         if silent > self.deadline:
             raise LeaseNotRenewedError(
