@@ -634,7 +634,8 @@ class ParallelReader:
     stream keeps ``AHEAD_PER_STREAM`` blocks requested at once, at most
     ``streams × (AHEAD_PER_STREAM + 1)`` blocks ahead of the caller, and they are returned by
     :meth:`readinto` / :meth:`read` strictly in order. Closing it cancels what is still in
-    flight (the connections stay open)."""
+    flight (the connections stay open). :meth:`abort` (from any thread) makes a waiting or
+    later read raise at once."""
 
     def __init__(self, source: SftpSource, key: str, offset: int, size: int,
                  on_read: Callable[[], None] | None) -> None:
@@ -656,9 +657,12 @@ class ParallelReader:
         self._cond: asyncio.Condition | None = None
         self._tasks: list[Any] = []
         self._started = False
+        self._aborted: BaseException | None = None  # set by abort(), from any thread
 
     async def _start(self) -> None:
         self._cond = asyncio.Condition()
+        if self._aborted is not None:  # aborted before the first read: nothing is requested
+            self._error = self._aborted
         taken = iter(range(len(self._blocks)))
         window = self._src.streams * (AHEAD_PER_STREAM + 1)
         limiter = self._src.limiter
@@ -731,7 +735,14 @@ class ParallelReader:
             raise self._error
 
     def readinto(self, buffer: Any) -> int:
-        """Fill ``buffer`` with the next bytes (fewer at a block's end); 0 at the end."""
+        """Fill ``buffer`` with the next bytes (fewer at a block's end); 0 at the end.
+
+        Raises:
+            SourceMissingError / SshConnectionError: as :meth:`SftpSource.read_range`.
+            the error given to :meth:`abort`, once it was called.
+        """
+        if self._aborted is not None:
+            raise self._aborted
         if self._on_read is not None:
             self._on_read()
         if not self._buf:
@@ -743,6 +754,8 @@ class ParallelReader:
             # a stream that stalls is cut by its own timeout; this one only guards against a lost
             # wake-up, beyond the time the limiter may make the blocks ahead of this one wait
             self._buf = memoryview(self._src._run(self._take(self._next), self._patience))
+            if self._aborted is not None:
+                raise self._aborted
         with memoryview(buffer) as view:
             n = min(len(view), len(self._buf))
             view[:n] = self._buf[:n]
@@ -760,6 +773,37 @@ class ParallelReader:
                 break
             out += chunk[:n]
         return bytes(out)
+
+    def abort(self, exc: BaseException) -> None:
+        """Make the read waiting in :meth:`readinto` (in another thread) and every later one
+        raise ``exc`` at once, instead of waiting up to its patience (``2 × STALL_SECONDS``
+        and more) for a stalled link; the block reads in flight are cancelled and the source's
+        connections are not kept (:meth:`SftpSource.close`: a cancelled request may still be
+        answered on them). Thread-safe, never blocks, idempotent (the first ``exc`` stays).
+        The ``sftp`` pull calls it when its lease is lost
+        (:meth:`packhorse.operations.lease.LeaseKeeper.on_lost`): the stale attempt then
+        suspends its partial and frees its lock for the successor without delay
+        (docs/reliability.md "Resumable transfers")."""
+        if self._aborted is not None:
+            return
+        self._aborted = exc
+        self._src._broken = True
+
+        async def wake() -> None:
+            if self._cond is None:  # not started: _start() sees _aborted
+                return
+            async with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            for t in self._tasks:
+                t.cancel()
+
+        loop = self._src._loop
+        if loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(wake(), loop)
+            except RuntimeError:  # the loop closed meanwhile: no read can be waiting on it
+                pass
 
     def close(self) -> None:
         """Cancel the reads still in flight; idempotent."""
