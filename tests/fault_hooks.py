@@ -172,8 +172,8 @@ class FaultLayer(Layer):
         yield first
         yield from entries
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
-        pending = self.inner.open_resumable_write(key, token)
+    def open_resumable_write(self, key: str, token: int, **wait: Any) -> PendingWrite:
+        pending = self.inner.open_resumable_write(key, token, **wait)
         log_path = os.environ.get(WRITE_LOG_ENV)
         return _CountedPending(pending, self, log_path) if log_path else _FaultPending(pending, self)
 

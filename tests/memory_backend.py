@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from packhorse.errors import (
     DestinationConflictError,
@@ -207,8 +207,8 @@ class ColdLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _HotPending(self.inner.open_write(key), self)
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
-        return _HotPending(self.inner.open_resumable_write(key, token), self)
+    def open_resumable_write(self, key: str, token: int, **wait: Any) -> PendingWrite:
+        return _HotPending(self.inner.open_resumable_write(key, token, **wait), self)
 
     def request_restore(self, key: str) -> None:
         if self.inner.stat(key) is None:

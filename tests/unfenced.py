@@ -71,7 +71,7 @@ class OverwritingLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _Overwriting(self.inner.open_write(key), self.inner)
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+    def open_resumable_write(self, key: str, token: int, **wait: Any) -> PendingWrite:
         return _Overwriting(self.inner.open_write(key), self.inner)  # no resumption without fencing
 
     def remove_partials_of(self, key: str) -> int:

@@ -470,12 +470,20 @@ class StorageBackend(abc.ABC):
     def open_write(self, key: str) -> PendingWrite:
         """Start a write-once write of ``key`` (see :class:`PendingWrite`)."""
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+    def open_resumable_write(self, key: str, token: int, *, wait_for_held_seconds: float = 0.0,
+                             while_waiting: Callable[[], None] | None = None) -> PendingWrite:
         """Start a write-once write of ``key`` that may take over the partial of an earlier,
         interrupted attempt (see "Resumption" in the module docstring). ``token`` is the
         operation's fencing token (its attempt, >= 1): only partials written under a lower token,
         which no live writer holds, are taken over. Backends that keep no partials on the medium
-        return a plain :meth:`open_write` (``resumed_bytes == 0``)."""
+        return a plain :meth:`open_write` (``resumed_bytes == 0``).
+
+        ``wait_for_held_seconds`` (seconds, default 0: never wait): a backend whose partials are
+        held by their live writers (disk: ``flock``) waits up to that long for the best partial
+        of a lower token to be released by its stale writer, calling ``while_waiting`` (e.g. the
+        lease check; what it raises is raised) between looks; then it takes it over, or starts
+        without it (docs/reliability.md "Resumable transfers"). Backends without such locks
+        (S3, Azure, memory) ignore both: an interrupted multipart upload is never held."""
         return self.open_write(key)
 
     @abc.abstractmethod

@@ -41,10 +41,12 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 from typing import Any, BinaryIO
+
+import structlog
 
 from packhorse.digest import hash_fd, hash_stream
 from packhorse.errors import (
@@ -72,7 +74,12 @@ from packhorse.storage.base import (
 )
 from packhorse.storage.faults import fault_of
 
+log = structlog.get_logger(__name__)
+
 _RENAME_NOREPLACE = 1
+#: How often a resumable write that waits for an earlier attempt's partial to be released
+#: (``open_resumable_write(..., wait_for_held_seconds=)``) looks at its lock again, seconds.
+HELD_PARTIAL_POLL_SECONDS = 0.2
 WRITE_BUFFER_BYTES = 1 << 20
 #: A resumable write whose hash is deferred (a transfer's) reads its partial back while it is
 #: written, in segments of this many bytes, each after an ``fdatasync``: publishing then reads back
@@ -752,7 +759,8 @@ class DiskBackend(StorageBackend):
                                    "while the write started", side="destination", path=key,
                                    host=self.location) from None
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
+    def open_resumable_write(self, key: str, token: int, *, wait_for_held_seconds: float = 0.0,
+                             while_waiting: Callable[[], None] | None = None) -> PendingWrite:
         """Start the write of ``key`` under fencing token ``token``, taking over the partial an
         earlier attempt left if there is one (see "Resumption" in :mod:`packhorse.storage.base`).
 
@@ -764,10 +772,21 @@ class DiskBackend(StorageBackend):
         partials a live writer holds are left alone. ``flock`` works on local file systems and
         on NFS (Linux emulates it with POSIX locks there).
 
+        With ``wait_for_held_seconds`` (> 0, seconds) the write waits when the largest partial of
+        a lower token is held by a live writer (a stale attempt about to stop: it suspends its
+        partial once its lease is found lost, docs/reliability.md "Resumable transfers"): it
+        looks at the lock again every :data:`HELD_PARTIAL_POLL_SECONDS`, calling
+        ``while_waiting`` each time (the transfer's lease check: whatever it raises ends the
+        wait and is raised), and takes the partial over as soon as it is free. Still held after
+        that long, the write starts without it (logged, INFO ``partial_held_by_live_writer``).
+        ``0`` (the default) never waits.
+
         Raises:
             StorageBusyError / DestinationConflictError: as :meth:`open_write`.
+            whatever ``while_waiting`` raises (e.g. :class:`~packhorse.errors.LeaseLostError`).
         """
         path = self._path(key, create_parents=True)
+        self._wait_for_held(key, path, token, wait_for_held_seconds, while_waiting)
         taken = self._take_over(path, token)
         try:
             return _DiskPendingWrite(self, key, path, token=token, taken_over=taken)
@@ -776,14 +795,37 @@ class DiskBackend(StorageBackend):
                                    "while the write started", side="destination", path=key,
                                    host=self.location) from None
 
-    def _take_over(self, final: Path, token: int) -> tuple[int, Path] | None:
-        """Lock and rename to a fresh name of ``token`` the largest free partial of ``final``
-        from a lower token; remove the other free partials of ``final``. Returns (locked fd,
-        new path) or ``None``."""
+    def _wait_for_held(self, key: str, final: Path, token: int, seconds: float,
+                       while_waiting: Callable[[], None] | None) -> None:
+        """Wait up to ``seconds`` while the best partial :meth:`_take_over` would take (the
+        largest of a lower token) is held by a live writer (see :meth:`open_resumable_write`)."""
+        if seconds <= 0:
+            return
+        started = time.monotonic()
+        while True:
+            candidates = self._partials_below(final, token)
+            if not candidates or not candidates[0][0]:
+                return  # no resumable partial of a lower token
+            best = final.parent / candidates[0][2]
+            if not _held_by_live_writer(str(best)):
+                return
+            waited = time.monotonic() - started
+            if waited >= seconds:
+                log.info("partial_held_by_live_writer", location=self.location, key=key, attempt=token,
+                         held_attempt=partial_token(final.name, best.name), held_bytes=candidates[0][1],
+                         waited_seconds=round(waited, 3), outcome="starting without it")
+                return
+            if while_waiting is not None:
+                while_waiting()
+            time.sleep(min(HELD_PARTIAL_POLL_SECONDS, seconds - waited))
+
+    def _partials_below(self, final: Path, token: int) -> list[tuple[int, int, str]]:
+        """The partial files of ``final`` a write under ``token`` may take over or remove, as
+        (resumable?, size in bytes, name), best first (resumable, then largest)."""
         try:
             entries = list(os.scandir(final.parent))
         except FileNotFoundError:
-            return None
+            return []
         prefix = f".{final.name}."
         candidates: list[tuple[int, int, str]] = []  # (resumable?, size, name)
         for entry in entries:
@@ -804,6 +846,13 @@ class DiskBackend(StorageBackend):
             if os.path.stat.S_ISREG(st.st_mode):
                 candidates.append((int(own is not None), st.st_size, name))
         candidates.sort(reverse=True)
+        return candidates
+
+    def _take_over(self, final: Path, token: int) -> tuple[int, Path] | None:
+        """Lock and rename to a fresh name of ``token`` the largest free partial of ``final``
+        from a lower token; remove the other free partials of ``final``. Returns (locked fd,
+        new path) or ``None``."""
+        candidates = self._partials_below(final, token)
         taken: tuple[int, Path] | None = None
         for resumable, _size, name in candidates:
             p = final.parent / name

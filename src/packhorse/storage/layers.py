@@ -159,8 +159,10 @@ class Layer(StorageBackend):
     def open_write(self, key: str) -> PendingWrite:
         return self.inner.open_write(key)
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
-        return self.inner.open_resumable_write(key, token)
+    def open_resumable_write(self, key: str, token: int, *, wait_for_held_seconds: float = 0.0,
+                             while_waiting: Callable[[], None] | None = None) -> PendingWrite:
+        return self.inner.open_resumable_write(key, token, wait_for_held_seconds=wait_for_held_seconds,
+                                               while_waiting=while_waiting)
 
     def delete(self, key: str, *, prune: bool = True) -> bool:
         return self.inner.delete(key, prune=prune)
@@ -242,9 +244,10 @@ class RetryLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _RetryingPending(self._retry("open_write", key, lambda: self.inner.open_write(key)), self)
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
-        return _RetryingPending(self._retry("open_write", key, lambda: self.inner.open_resumable_write(key, token)),
-                                self)
+    def open_resumable_write(self, key: str, token: int, *, wait_for_held_seconds: float = 0.0,
+                             while_waiting: Callable[[], None] | None = None) -> PendingWrite:
+        return _RetryingPending(self._retry("open_write", key, lambda: self.inner.open_resumable_write(
+            key, token, wait_for_held_seconds=wait_for_held_seconds, while_waiting=while_waiting)), self)
 
 
 # ------------------------------------------------------------------------------ logging
@@ -275,8 +278,10 @@ class LoggingLayer(Layer):
     def open_write(self, key: str) -> PendingWrite:
         return _LoggedPending(self.inner.open_write(key), self.location)
 
-    def open_resumable_write(self, key: str, token: int) -> PendingWrite:
-        pending = self.inner.open_resumable_write(key, token)
+    def open_resumable_write(self, key: str, token: int, *, wait_for_held_seconds: float = 0.0,
+                             while_waiting: Callable[[], None] | None = None) -> PendingWrite:
+        pending = self.inner.open_resumable_write(key, token, wait_for_held_seconds=wait_for_held_seconds,
+                                                  while_waiting=while_waiting)
         if pending.resumed_bytes:
             log.info("storage_partial_taken_over", location=self.location, key=key, attempt=token,
                      unverified_bytes=pending.resumed_bytes)
