@@ -49,6 +49,21 @@ RESUME_TAIL_BLOCKS = 8
 #: ... and :data:`RESUME_SAMPLES` ranges of :data:`RESUME_SAMPLE_BYTES` spread over the rest.
 RESUME_SAMPLES = 16
 RESUME_SAMPLE_BYTES = 64 * 1024
+#: A successor attempt waits for the partial its stale predecessor still holds for two
+#: heartbeat intervals and this many seconds more (:func:`held_partial_wait_seconds`).
+HELD_PARTIAL_MARGIN_SECONDS = 10.0
+
+
+def held_partial_wait_seconds(work: Work) -> float:
+    """How long (seconds) a pull waits for the partial a stale attempt of its operation still
+    holds before it starts without it: ``2 × heartbeat interval + HELD_PARTIAL_MARGIN_SECONDS``.
+    The stale attempt's next renewal, at most one interval after the successor's claim, finds
+    its fencing token stale and aborts its read (:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost`);
+    it then suspends its partial, which frees the lock (docs/reliability.md "Resumable
+    transfers"). A stale attempt cut off from the database too stops only at its renewal
+    deadline, usually later: the successor then starts without its partial, as it would
+    without the wait."""
+    return 2 * work.lease.interval + HELD_PARTIAL_MARGIN_SECONDS
 
 
 def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, size: int, sha256: str,
@@ -64,7 +79,10 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
     keeps the partial on the disk for the next attempt
     (:meth:`~packhorse.storage.base.PendingWrite.suspend`); any other failure removes it, as for
     ``copy`` (a failed final verification included, so a partial whose sampled check passed but
-    whose bytes differ is never resumed twice). With ``share`` (a function giving this
+    whose bytes differ is never resumed twice). A lost lease (the fencing token found stale by
+    a renewal) aborts the read at once instead of after the link's patience, and the partial is
+    suspended: its lock is free for the successor, which waits for it up to
+    :func:`held_partial_wait_seconds` instead of starting from byte 0. With ``share`` (a function giving this
     transfer's share of the route's bandwidth limit now, bytes/s) every byte read over the link
     is paid for first; it is asked again every :data:`SHARE_REFRESH_SECONDS`.
 
@@ -102,18 +120,25 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
         work.info.update(streams=streams, over=source.endpoint.where)
         buf = bytearray(CHUNK_BYTES)
         view = memoryview(buf)
-        with dst.open_resumable_write(key, work.claim.attempt) as w:
+        with dst.open_resumable_write(key, work.claim.attempt, wait_for_held_seconds=held_partial_wait_seconds(work),
+                                      while_waiting=work.check) as w:
             deferred = w.defer_hash()  # disk: the finished partial is read back before publishing
             try:
                 kept = resume_sampled(work, source, w, size, hash_prefix=not deferred) if w.resumed_bytes else 0
                 with source.open_read(key, offset=kept, size=size, on_read=refresh) as f:
-                    first = True
-                    while n := f.readinto(buf):
-                        w.write(view[:n])
-                        if first:
-                            work.ctx.hooks.hit("transfer.writing")
-                            first = False
-                        work.progress(n)
+                    # a stale attempt stops at once, not after a stalled read's patience: its
+                    # partial is suspended below and its lock freed for the successor
+                    forget = work.lease.on_lost(f.abort)
+                    try:
+                        first = True
+                        while n := f.readinto(buf):
+                            w.write(view[:n])
+                            if first:
+                                work.ctx.hooks.hit("transfer.writing")
+                                first = False
+                            work.progress(n)
+                    finally:
+                        forget()
             except (SshConnectionError, LeaseLostError, TransientDatabaseError):
                 # the link, or this worker's hold on the database, was lost, not the bytes: what
                 # arrived stays for the next attempt to resume (a site cut off for longer than a

@@ -1,0 +1,171 @@
+"""The ``sftp`` pull when its link stalls and a successor attempt is claimed
+(:func:`packhorse.stages.pull.pull_over_ssh`, docs/reliability.md "Resumable transfers"): the
+stale attempt's renewal finds its fencing token stale, which aborts its read at once
+(:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost`) instead of after the link's patience;
+it suspends its partial, and the successor, which waited for that partial's lock, takes its
+bytes over and reads only the rest over the link.
+
+The SSH source is a fake (its reader stalls after the first bytes until aborted); the lease
+keepers are real, their renewal driven by hand with the database call replaced; the
+destination is a real disk buffer. Threads and short waits: an integration test."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from packhorse.domain import OperationKind
+from packhorse.errors import LeaseLostError, SshConnectionError
+from packhorse.operations import lease as lease_module
+from packhorse.operations.lease import LeaseKeeper
+from packhorse.operations.lifecycle import Claim
+from packhorse.runtime.hooks import NO_HOOKS
+from packhorse.stages import pull
+from packhorse.storage.base import CHUNK_BYTES, ObjectInfo
+from packhorse.storage.disk import DiskBackend
+
+KEY = "bundles/b1.tar"
+DATA = os.urandom(6 * CHUNK_BYTES + 123)
+ACROSS = 3 * CHUNK_BYTES  # what the stale attempt got across before the link stalled
+PATIENCE = 20.0  # the fake link's patience: a read waits this long before the link counts as cut
+
+
+class StallingReader:
+    """Returns the source's bytes from ``offset``; with ``stall_at``, waits there until aborted
+    (then raises what :meth:`abort` got) or until :data:`PATIENCE` passed (a cut link)."""
+
+    def __init__(self, offset: int, stall_at: int | None) -> None:
+        self.pos = offset
+        self.stall_at = stall_at
+        self.stalled = threading.Event()
+        self._woken = threading.Event()
+        self._error: BaseException | None = None
+
+    def readinto(self, buf: Any) -> int:
+        if self._error is not None:
+            raise self._error
+        if self.stall_at is not None and self.pos >= self.stall_at:
+            self.stalled.set()
+            if not self._woken.wait(PATIENCE):
+                raise SshConnectionError("a ranged read stalled", step="transfer", side="source", host="fyst")
+            assert self._error is not None
+            raise self._error
+        end = min(len(DATA), self.pos + len(buf), self.stall_at or len(DATA))
+        n = end - self.pos
+        buf[:n] = DATA[self.pos:end]
+        self.pos = end
+        return n
+
+    def abort(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._woken.set()
+
+    def __enter__(self) -> "StallingReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class FakeSource:
+    """Stands for :class:`packhorse.storage.sftp.SftpSource`; records the offsets read from."""
+
+    stall_at: int | None = None
+    readers: list[StallingReader] = []
+
+    def __init__(self, endpoint: Any, *, streams: int, limiter: Any) -> None:
+        self.endpoint = SimpleNamespace(host="fyst", where="packhorse@fyst:22")
+
+    def __enter__(self) -> "FakeSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def connect(self) -> None:
+        pass
+
+    def stat(self, key: str) -> ObjectInfo:
+        return ObjectInfo(key, len(DATA), 0.0)
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        return DATA[offset:offset + length]
+
+    def open_read(self, key: str, *, offset: int, size: int, on_read: Any = None) -> StallingReader:
+        r = StallingReader(offset, type(self).stall_at)
+        type(self).readers.append(r)
+        return r
+
+
+def work_of(attempt: int) -> SimpleNamespace:
+    claim = Claim(operation_id=7, kind=OperationKind.TRANSFER, attempt=attempt, owner=f"w:{attempt}",
+                  expires_at=dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc))
+    keeper = LeaseKeeper(db=None, claim=claim, lease_seconds=60, interval_seconds=0.5,  # type: ignore[arg-type]
+                         deadline_seconds=60)
+    keeper.stopped = True  # renewals are made by hand here (no scheduler)
+    return SimpleNamespace(ctx=SimpleNamespace(settings=None, hooks=NO_HOOKS), claim=claim, lease=keeper,
+                           check=keeper.check, progress=lambda n: keeper.check(), info={})
+
+
+def run(work: SimpleNamespace, dst: DiskBackend) -> None:
+    pull.pull_over_ssh(work, "fyst-buffer", dst, KEY, size=len(DATA), sha256=hashlib.sha256(DATA).hexdigest(),  # type: ignore[arg-type]
+                       location_id=1, data_transfer_package_id=1, streams=2, share=None)
+
+
+def test_a_stale_attempt_stops_at_once_and_its_successor_resumes_its_partial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pull, "SftpSource", FakeSource)
+    monkeypatch.setattr(pull, "endpoint_for", lambda settings, name: None)
+    monkeypatch.setattr(lease_module, "heartbeat", lambda *a, **kw: False)  # every renewal finds its token stale
+    monkeypatch.setattr(FakeSource, "readers", [])
+    (tmp_path / "buf").mkdir()
+    dst = DiskBackend("buf", tmp_path / "buf")
+
+    stale = work_of(1)
+    FakeSource.stall_at = ACROSS
+    outcome: dict[str, Any] = {}
+
+    def stale_attempt() -> None:
+        try:
+            run(stale, dst)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=stale_attempt, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not FakeSource.readers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
+    if "error" in outcome:
+        raise outcome["error"]
+
+    # the monitor declares it stalled and the successor is claimed (token 2); the stale
+    # attempt's next renewal, half a second later, finds its token stale
+    renewal = threading.Timer(0.5, stale.lease._renew)
+    renewal.start()
+    successor = work_of(2)
+    FakeSource.stall_at = None
+    started = time.monotonic()
+    run(successor, dst)
+    took = time.monotonic() - started
+    t.join(10)
+    renewal.join()
+
+    assert isinstance(outcome.get("error"), LeaseLostError)
+    assert outcome["at"] - started < 5 < PATIENCE  # stopped at once, not after the link's patience
+    assert took < 5
+    assert (tmp_path / "buf" / KEY).read_bytes() == DATA
+    assert successor.info["resumed_bytes"] == ACROSS  # the bytes across the link were not sent again
+    assert FakeSource.readers[-1].pos == len(DATA) and len(FakeSource.readers) == 2
+    assert not [p for p in (tmp_path / "buf").rglob("*") if p.name.endswith(".packhorse-partial")]
