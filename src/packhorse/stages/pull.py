@@ -8,7 +8,10 @@ recorded at the source before it is published, and read back (I2, I4), as every 
 What differs from ``copy`` (docs/reliability.md "Resumable transfers"):
 
 * a cut link keeps the partial on the disk for the next attempt
-  (:meth:`~packhorse.storage.base.PendingWrite.suspend`) instead of removing it;
+  (:meth:`~packhorse.storage.base.PendingWrite.suspend`) instead of removing it, and so does a
+  lost lease, which aborts a read waiting on a stalled link at once
+  (:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost`); a successor waits for a partial
+  its stale predecessor still holds (:func:`held_partial_wait_seconds`) and resumes it;
 * a taken-over partial is compared with the source by sampled ranges
   (:func:`resume_sampled`), not re-read whole over the link;
 * the source's availability (its root and identity marker) is looked at over SSH
