@@ -100,6 +100,9 @@ class FakeSource:
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         return DATA[offset:offset + length]
 
+    def abort_range_reads(self, exc: BaseException) -> None:
+        pass  # the fake's ranged reads never stall
+
     def open_read(self, key: str, *, offset: int, size: int, on_read: Any = None) -> StallingReader:
         r = StallingReader(offset, type(self).stall_at)
         type(self).readers.append(r)
@@ -144,11 +147,11 @@ def test_a_stale_attempt_stops_at_once_and_its_successor_resumes_its_partial(
     t = threading.Thread(target=stale_attempt, daemon=True)
     t.start()
     deadline = time.monotonic() + 10
-    while not FakeSource.readers and time.monotonic() < deadline:
+    while not FakeSource.readers and "error" not in outcome and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
     if "error" in outcome:
         raise outcome["error"]
+    assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
 
     # the monitor declares it stalled and the successor is claimed (token 2); the stale
     # attempt's next renewal, half a second later, finds its token stale

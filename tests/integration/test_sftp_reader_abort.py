@@ -1,4 +1,5 @@
-""":meth:`packhorse.storage.sftp.ParallelReader.abort`: a read waiting on a stalled link (the
+""":meth:`packhorse.storage.sftp.ParallelReader.abort` (and
+:meth:`~packhorse.storage.sftp.SftpSource.abort_range_reads`): a read waiting on a stalled link (the
 caller's ``readinto`` may otherwise wait ``2 × STALL_SECONDS`` and more) raises the given error
 at once when another thread aborts the reader — what the ``sftp`` pull does when its lease is
 found lost, so the stale attempt frees its partial for the successor (docs/reliability.md
@@ -25,7 +26,7 @@ from packhorse.errors import LeaseLostError
 from packhorse.storage.sftp import STALL_SECONDS, SftpSource, SshEndpoint
 
 HOST_KEY = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
-HOSTS = ["stalled.example.org", "early.example.org"]
+HOSTS = ["stalled.example.org", "early.example.org", "ranged.example.org"]
 SIZE = 8 << 20
 
 
@@ -140,3 +141,29 @@ def test_abort_before_the_first_read_requests_nothing_and_raises(tmp_path: Path)
             f.abort(LeaseLostError("lost"))
             with pytest.raises(LeaseLostError):
                 f.readinto(bytearray(1024))
+
+
+def test_abort_range_reads_makes_a_ranged_read_waiting_on_a_stalled_link_raise_at_once(tmp_path: Path) -> None:
+    conns: list[FakeConn] = []
+    with source(tmp_path, "ranged.example.org", conns, answered=0) as s:
+        s._ensure(1)
+        outcome: dict[str, Any] = {}
+
+        def compare() -> None:  # what resume_sampled does with a taken-over partial
+            try:
+                s.read_range("bundles/b.tar", 0, 1 << 20)
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                outcome["error"] = e
+
+        t = threading.Thread(target=compare, daemon=True)
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "the ranged read should be waiting on the stalled link"
+        lost = LeaseLostError("operation 7: attempt 3 is no longer the operation's current attempt")
+        s.abort_range_reads(lost)
+        t.join(5)
+        assert not t.is_alive(), "the aborted ranged read still waits"
+        assert outcome["error"] is lost
+        with pytest.raises(LeaseLostError):  # and every later one
+            s.read_range("bundles/b.tar", 0, 10)
+    assert conns and all(c.closed for c in conns)

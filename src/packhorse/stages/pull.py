@@ -127,7 +127,11 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
                                       while_waiting=work.check) as w:
             deferred = w.defer_hash()  # disk: the finished partial is read back before publishing
             try:
-                kept = resume_sampled(work, source, w, size, hash_prefix=not deferred) if w.resumed_bytes else 0
+                forget = work.lease.on_lost(source.abort_range_reads)  # as for the reader below
+                try:
+                    kept = resume_sampled(work, source, w, size, hash_prefix=not deferred) if w.resumed_bytes else 0
+                finally:
+                    forget()
                 with source.open_read(key, offset=kept, size=size, on_read=refresh) as f:
                     # a stale attempt stops at once, not after a stalled read's patience: its
                     # partial is suspended below and its lock freed for the successor

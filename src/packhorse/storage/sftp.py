@@ -36,6 +36,7 @@ with the source site's own workers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import getpass
 import json
@@ -297,6 +298,8 @@ class SftpSource:
         self._closed = False
         #: the known-hosts file as read for this connect (:meth:`_read_known_hosts`); ``None``: not yet
         self._known_hosts: tuple[Any, str | None] | None = None
+        self._aborted: BaseException | None = None  # abort_range_reads(), from any thread
+        self._range_read: Any = None  # the concurrent future of the read_range under way
 
     # -- the event loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -583,7 +586,37 @@ class SftpSource:
         self._ensure(1)
         if self.limiter is not None:
             self.limiter.take(length)
-        return self._run(self._read(self._conns[0][1], key, offset, length), STALL_SECONDS)
+        fut = asyncio.run_coroutine_threadsafe(self._read(self._conns[0][1], key, offset, length), self._loop)
+        self._range_read = fut
+        try:
+            if self._aborted is not None:  # set before abort_range_reads() could see this read
+                raise self._aborted
+            return fut.result(STALL_SECONDS)
+        except TimeoutError:
+            raise self._cut(f"no answer for {STALL_SECONDS:.0f} s") from None
+        except concurrent.futures.CancelledError:
+            if self._aborted is not None:
+                raise self._aborted from None
+            raise
+        finally:
+            self._range_read = None
+            fut.cancel()  # no-op once it is done
+
+    def abort_range_reads(self, exc: BaseException) -> None:
+        """Make the :meth:`read_range` waiting in another thread, and every later one, raise
+        ``exc`` at once instead of waiting up to ``STALL_SECONDS`` on a stalled link (the read is
+        cancelled; the connections are then not kept). Thread-safe, never blocks, idempotent
+        (the first ``exc`` stays). The ``sftp`` pull calls it when its lease is lost while it
+        compares a taken-over partial with the source
+        (:meth:`packhorse.operations.lease.LeaseKeeper.on_lost`; docs/reliability.md
+        "Resumable transfers")."""
+        if self._aborted is not None:
+            return
+        self._aborted = exc
+        self._broken = True
+        fut = self._range_read
+        if fut is not None:
+            fut.cancel()
 
     async def _open(self, sftp: Any, key: str) -> Any:
         """Open ``key`` for reading on one SFTP session (an asyncssh file: pipelined requests)."""
