@@ -197,6 +197,31 @@ def seed_rows(db: Any, site: str, locations: list[tuple[str, str]], packages: li
     db.transact(tx)
 
 
+def package_at_source_buffer(ctx: Any, i: int, *, age_seconds: float = 0.0) -> int:
+    """A raw data package ``inst/obsNN`` (``NN`` = ``i``) made ``age_seconds`` ago from
+    ``fyst-source``, present at ``fyst-buffer`` and not bundled (``size`` 1000 + ``i`` bytes),
+    in the ops database of ``ctx`` (a :class:`packhorse.runtime.context.ProcessContext` of
+    :func:`write_site_config`'s sites). Returns its id."""
+    import datetime as dt
+
+    from packhorse.db.models import PhysicalCopy, RawDataPackage, utcnow
+    from packhorse.domain import CopyStatus
+
+    def tx(s: Any) -> int:
+        then = utcnow() - dt.timedelta(seconds=age_seconds)
+        pkg = RawDataPackage(name=f"inst/obs{i:02d}", group_path=f"inst/obs{i:02d}", bagging_date="2026-01-01",
+                             file_count=1, payload_bytes=100, size=1000 + i, sha256=f"{i:064x}", created_at=then,
+                             source_location_id=ctx.topology.location_ids["fyst-source"])
+        s.add(pkg)
+        s.flush()
+        s.add(PhysicalCopy(raw_data_package_id=pkg.id, location_id=ctx.topology.location_ids["fyst-buffer"],
+                           path=f"raw/inst/obs{i:02d}.tar", size=1000 + i, sha256=f"{i:064x}",
+                           status=CopyStatus.PRESENT.value, created_at=then, verified_at=then))
+        return pkg.id
+
+    return ctx.db.transact(tx)
+
+
 class RecordingChannel:
     """A notification channel for tests that keeps what it is sent (``got``); it takes the
     levels in ``levels`` (``None``: every level)."""

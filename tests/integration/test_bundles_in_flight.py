@@ -7,7 +7,6 @@ it makes, and with which packages, is read back from the database.
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from packhorse.managers import bundles
 from packhorse.operations.lifecycle import create_operation, dedup_key
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-from support import write_site_config
+from support import package_at_source_buffer, write_site_config
 
 
 def _ctx(tmp_path: Path, in_flight: int) -> ProcessContext:
@@ -45,22 +44,6 @@ def make_ctx(tmp_path: Path):
     yield make
     for c in made:
         c.db.dispose()
-
-
-def _package_at_buffer(ctx: ProcessContext, i: int, *, age_seconds: float = 0.0) -> int:
-    def tx(s: Session) -> int:
-        then = utcnow() - dt.timedelta(seconds=age_seconds)
-        pkg = RawDataPackage(name=f"inst/obs{i:02d}", group_path=f"inst/obs{i:02d}", bagging_date="2026-01-01",
-                             file_count=1, payload_bytes=100, size=1000 + i, sha256=f"{i:064x}", created_at=then,
-                             source_location_id=ctx.topology.location_ids["fyst-source"])
-        s.add(pkg)
-        s.flush()
-        s.add(PhysicalCopy(raw_data_package_id=pkg.id, location_id=ctx.topology.location_ids["fyst-buffer"],
-                           path=f"raw/inst/obs{i:02d}.tar", size=1000 + i, sha256=f"{i:064x}",
-                           status=CopyStatus.PRESENT.value, created_at=then, verified_at=then))
-        return pkg.id
-
-    return ctx.db.transact(tx)
 
 
 def _bundles(ctx: ProcessContext) -> list[list[int]]:
@@ -110,7 +93,7 @@ def _bundle_ids(ctx: ProcessContext) -> list[int]:
 
 def test_without_bundles_in_flight_a_partial_bundle_waits(make_ctx) -> None:
     ctx = make_ctx(0)
-    _package_at_buffer(ctx, 1)
+    package_at_source_buffer(ctx, 1)
     created, due_in = bundles.manage(ctx)
     assert created == 0 and _bundles(ctx) == []
     assert due_in is not None and 290 < due_in <= 300
@@ -118,12 +101,12 @@ def test_without_bundles_in_flight_a_partial_bundle_waits(make_ctx) -> None:
 
 def test_a_partial_bundle_ships_while_the_link_is_idle_and_waits_while_one_is_in_flight(make_ctx) -> None:
     ctx = make_ctx(1)
-    first = [_package_at_buffer(ctx, 1), _package_at_buffer(ctx, 2)]
+    first = [package_at_source_buffer(ctx, 1), package_at_source_buffer(ctx, 2)]
     assert bundles.manage(ctx)[0] == 1  # nothing in flight: ships at once, not after 300 s
     assert _bundles(ctx) == [first]
     (dtp,) = _bundle_ids(ctx)
 
-    later = _package_at_buffer(ctx, 3)
+    later = package_at_source_buffer(ctx, 3)
     created, due_in = bundles.manage(ctx)  # the first bundle is being built: in flight
     assert created == 0 and due_in is not None and due_in > 290
     _built(ctx, dtp)
@@ -145,15 +128,15 @@ def test_a_partial_bundle_ships_while_the_link_is_idle_and_waits_while_one_is_in
 
 def test_a_transfer_failed_for_good_holds_partial_bundles_to_the_wait_not_longer(make_ctx) -> None:
     ctx = make_ctx(1)
-    _package_at_buffer(ctx, 1)
+    package_at_source_buffer(ctx, 1)
     assert bundles.manage(ctx)[0] == 1
     (dtp,) = _bundle_ids(ctx)
     _built(ctx, dtp)
     _transferred(ctx, dtp, "cologne", Status.FAILED)  # waits for an operator
     _transferred(ctx, dtp, "cornell", Status.COMPLETED)
-    _package_at_buffer(ctx, 2)
+    package_at_source_buffer(ctx, 2)
     assert bundles.manage(ctx)[0] == 0  # counted as in flight: waits as with bundles_in_flight = 0
-    old = _package_at_buffer(ctx, 3, age_seconds=301)
+    old = package_at_source_buffer(ctx, 3, age_seconds=301)
     assert bundles.manage(ctx)[0] == 1  # the oldest waited bundle_max_wait_seconds: ships
     assert old in _bundles(ctx)[-1]
 
@@ -161,15 +144,15 @@ def test_a_transfer_failed_for_good_holds_partial_bundles_to_the_wait_not_longer
 def test_full_bundles_made_in_the_same_cycle_count_as_in_flight(make_ctx) -> None:
     ctx = make_ctx(2)
     target = ctx.settings.packaging.bundle_target_bytes
-    big = _package_at_buffer(ctx, 1)
+    big = package_at_source_buffer(ctx, 1)
 
     def grow(s: Session) -> None:
         s.get(RawDataPackage, big).size = target  # a full bundle on its own
 
     ctx.db.transact(grow)
-    a, b = _package_at_buffer(ctx, 2), _package_at_buffer(ctx, 3)
+    a, b = package_at_source_buffer(ctx, 2), package_at_source_buffer(ctx, 3)
     assert bundles.manage(ctx)[0] == 2  # the full one, and the partial (1 in flight < 2)
     assert _bundles(ctx) == [[big], [a, b]]
-    c = _package_at_buffer(ctx, 4)
+    c = package_at_source_buffer(ctx, 4)
     assert bundles.manage(ctx)[0] == 0  # two in flight
     assert c not in sum(_bundles(ctx), [])

@@ -29,18 +29,17 @@ from packhorse.db.models import (
     FailureEvent,
     Notification,
     Operation,
-    PhysicalCopy,
     RawDataPackage,
     utcnow,
 )
 from packhorse.db.session import Database
-from packhorse.domain import CopyStatus, OperationKind, Status
+from packhorse.domain import OperationKind, Status
 from packhorse.managers import bundles
 from packhorse.operations.lifecycle import claim, create_operation
 from packhorse.recovery import breakers, monitor
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
-from support import write_site_config
+from support import package_at_source_buffer, write_site_config
 
 MANAGERS = 4
 
@@ -97,22 +96,7 @@ def at_once(n: int, target: Callable[[], Any]) -> list[Any]:
 
 
 def _packages_at_the_source_buffer(ctx: ProcessContext, n: int) -> list[int]:
-    def tx(s: Session) -> list[int]:
-        ids = []
-        then = utcnow() - dt.timedelta(minutes=5)
-        for i in range(n):
-            pkg = RawDataPackage(name=f"inst/obs{i:02d}", group_path=f"inst/obs{i:02d}", bagging_date="2026-01-01",
-                                 file_count=1, payload_bytes=100, size=1000 + i, sha256=f"{i:064x}", created_at=then,
-                                 source_location_id=ctx.topology.location_ids["fyst-source"])
-            s.add(pkg)
-            s.flush()
-            s.add(PhysicalCopy(raw_data_package_id=pkg.id, location_id=ctx.topology.location_ids["fyst-buffer"],
-                               path=f"raw/inst/obs{i:02d}.tar", size=1000 + i, sha256=f"{i:064x}",
-                               status=CopyStatus.PRESENT.value, created_at=then, verified_at=then))
-            ids.append(pkg.id)
-        return ids
-
-    return ctx.db.transact(tx)
+    return [package_at_source_buffer(ctx, i, age_seconds=300) for i in range(n)]
 
 
 def test_concurrent_managers_put_each_package_in_one_bundle(pg_ctx: ProcessContext, monkeypatch) -> None:

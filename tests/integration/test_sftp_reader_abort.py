@@ -11,21 +11,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography deprecates
-    warnings.simplefilter("ignore")
-    import asyncssh
-
 from packhorse.errors import LeaseLostError
 from packhorse.storage.sftp import STALL_SECONDS, SftpSource, SshEndpoint
+from ssh_fakes import HOST_KEY, FakeConn
 
-HOST_KEY = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
 HOSTS = ["stalled.example.org", "early.example.org", "ranged.example.org"]
 SIZE = 8 << 20
 
@@ -59,26 +54,6 @@ class SilentSftp:
         return SilentFile(self.answered)
 
     def exit(self) -> None:
-        pass
-
-
-class FakeConn:
-    def __init__(self) -> None:
-        self.closed = False
-
-    def get_server_host_key(self) -> Any:
-        return HOST_KEY
-
-    def is_closed(self) -> bool:
-        return self.closed
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def close(self) -> None:
-        self.closed = True
-
-    async def wait_closed(self) -> None:
         pass
 
 

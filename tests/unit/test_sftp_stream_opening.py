@@ -22,6 +22,7 @@ with warnings.catch_warnings():  # asyncssh names DSA keys, which cryptography d
 
 from packhorse.errors import HostKeyError, LocationUnavailableError, SshConnectionError
 from packhorse.storage.sftp import SftpSource, SshEndpoint
+from ssh_fakes import HOST_KEY, FakeConn
 
 
 class FakeFile:
@@ -45,7 +46,6 @@ class FakeSftp:
         pass
 
 
-HOST_KEY = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
 HOSTS = ["fyst.example.org", "at-once.example.org", "refused.example.org", "kept.example.org",
          "other.example.org", "half-dead.example.org", "partly.example.org", "counted.example.org",
          "rootless.example.org", "read-once.example.org", "removed.example.org"]  # removed last: a test takes it out of the file
@@ -59,26 +59,6 @@ def known_hosts(tmp_path: Path) -> Path:
     path.write_text(f"{','.join(HOSTS)} {HOST_KEY.export_public_key('openssh').decode().strip()}\n")
     KNOWN_HOSTS[:] = [path]
     return path
-
-
-class FakeConn:
-    def __init__(self) -> None:
-        self.closed = False
-
-    def get_server_host_key(self) -> Any:
-        return HOST_KEY
-
-    def is_closed(self) -> bool:
-        return self.closed
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def close(self) -> None:
-        self.closed = True
-
-    async def wait_closed(self) -> None:
-        pass
 
 
 def source(streams: int, host: str = "fyst.example.org") -> SftpSource:
