@@ -244,8 +244,10 @@ def deletion_blockers_many(session: Session, ctx: ProcessContext, copies: list[P
                            leaving: set[int] | None = None) -> dict[int, list[str]]:
     """:func:`deletion_blockers` of every one of ``copies``, by copy id, in a few queries
     whatever their number (the raw package copies' packages, all their copies, and the
-    operations in flight on any of them, each read once; bundle copies one by one). The rules
-    are evaluated on one snapshot (the deletion manager's read-only unit of work).
+    operations in flight on any of them, each read once; bundle copies one by one). The
+    deletion manager's verdicts come from a read (:meth:`packhorse.db.session.Database.read`:
+    each statement sees what was committed when it started); they only propose. The worker
+    decides again in the fenced transaction that marks the copies (``leaving``, below).
 
     ``leaving``: for a transaction that marks the copies that may go (a worker's batch of
     deletions, :func:`packhorse.stages.deletion.mark_copies`). The raw package copies are then
