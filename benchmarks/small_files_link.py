@@ -382,6 +382,11 @@ def main() -> None:
     ap.add_argument("--bundles-in-flight", type=int, nargs="+", default=[0],
                     help="[packaging] bundles_in_flight; one packhorse kind per value (and per process "
                          "count), interleaved (default: 0, the bed's: partial bundles wait 2 s)")
+    ap.add_argument("--packaging", nargs="+", default=[],
+                    help="further [packaging] settings, one packhorse kind per value (and per process count and "
+                         "bundles_in_flight), each a comma-separated list of KEY=VALUE, e.g. "
+                         "'bundles_in_flight=4,bundle_target_bytes=16000000'; route.KEY=VALUE sets the route's "
+                         "KEY (e.g. route.compression=true)")
     a = ap.parse_args()
 
     from testbed import TestBed, namespaces_work
@@ -393,12 +398,18 @@ def main() -> None:
     data = a.workdir / "data" / "b"
     sums, payload = make_dataset(data)
     print(f"data set (b): {len(sums):,} files, {payload:,} bytes", flush=True)
-    ours: dict[str, tuple[int, int]] = {}  # kind → (pool processes a site, bundles_in_flight)
+    # kind → (pool processes a site, [packaging] settings beyond the bed's)
+    ours: dict[str, tuple[int, dict[str, str]]] = {}
     for n in a.worker_processes:
         for f in a.bundles_in_flight:
-            words = ([f"{n} processes a site"] if len(a.worker_processes) > 1 else []) + (
-                [f"bundles_in_flight {f}"] if len(a.bundles_in_flight) > 1 or f else [])
-            ours[", ".join(["packhorse", *words])] = (n, f)
+            for extra in a.packaging or [""]:
+                settings = dict(kv.split("=", 1) for kv in extra.split(",") if kv)
+                if f:
+                    settings["bundles_in_flight"] = str(f)
+                words = ([f"{n} processes a site"] if len(a.worker_processes) > 1 else []) + (
+                    [f"bundles_in_flight {f}"] if len(a.bundles_in_flight) > 1 or f else []) + (
+                    [extra] if extra else [])
+                ours[", ".join(["packhorse", *words])] = (n, settings)
     kinds = ["tar | ssh | tar", *ours]
     if a.only:
         kinds = [k for k in kinds if k.startswith(a.only[:3])]
@@ -410,16 +421,22 @@ def main() -> None:
             for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                 # a fresh bed for every kind: packhorse's database must not know the files yet
                 bed = TestBed(a.workdir / "bed", rate_mbit=a.rate_mbit, delay_ms=a.delay_ms,
-                              worker_processes=ours.get(k, (2, 0))[0]).up(packhorse=False)
+                              worker_processes=ours.get(k, (2, {}))[0]).up(packhorse=False)
                 try:
                     text = bed.config.read_text()
                     route = 'destination_sites = ["cologne", "cornell"]'
                     assert route in text
                     text = text.replace(route, "destination_sites = " + json.dumps(a.destinations))
-                    if ours.get(k, (2, 0))[1]:
-                        wait = "\nbundle_max_wait_seconds = "
-                        assert wait in text
-                        text = text.replace(wait, f"\nbundles_in_flight = {ours[k][1]}{wait}", 1)
+                    for key, value in ours.get(k, (2, {}))[1].items():
+                        if key.startswith("route."):  # the route's table (the last in the bed's file)
+                            assert '\nmethod = "sftp"\n' in text
+                            text = text.replace('\nmethod = "sftp"\n', f'\nmethod = "sftp"\n{key[6:]} = {value}\n', 1)
+                            continue
+                        line = re.search(rf"^{re.escape(key)} = .*$", text, flags=re.M)
+                        if line:  # the bed's own value of it
+                            text = text[:line.start()] + f"{key} = {value}" + text[line.end():]
+                        else:
+                            text = text.replace("\n[packaging]\n", f"\n[packaging]\n{key} = {value}\n", 1)
                     bed.config.write_text(text)
                     if k in ours:
                         result[k] = packhorse(bed, data, sums, a.destinations, a.timeout, a.db_delay_ms)

@@ -81,6 +81,24 @@ def test_parallel_ranged_reads_return_the_exact_bytes_in_order(sshd, root):
     assert sshd.served().count("Accepted publickey") == 4
 
 
+def test_a_compressed_route_reads_the_exact_bytes_over_zlib_and_an_uncompressed_one_over_none(sshd, root):
+    # the route's compression = true asks OpenSSH for zlib after login; the bytes are the same
+    # either way, and a kept connection serves only a transfer that asks the same
+    data = b"".join(b"%08d FITS card, mostly spaces" % i + b" " * 40 for i in range(200_000))
+    (root / "bundles/c.tar").write_bytes(data)
+    with SftpSource(endpoint(sshd, root), streams=2, block_bytes=1024 * 1024, compression=True) as src:
+        src.connect()
+        assert src.compression_in_use == {"zlib@openssh.com"}
+        with src.open_read("bundles/c.tar", size=len(data)) as f:
+            assert f.read() == data
+    with SftpSource(endpoint(sshd, root), streams=2, block_bytes=1024 * 1024) as src:
+        src.connect()
+        assert src.compression_in_use == {"none"}  # the compressed connections kept above are not taken
+        with src.open_read("bundles/c.tar", size=len(data)) as f:
+            assert f.read() == data
+    assert sshd.served().count("Accepted publickey") == 4
+
+
 def test_an_unknown_host_key_is_refused_naming_host_port_and_fingerprint(sshd, root, tmp_path):
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")

@@ -63,8 +63,12 @@ def test_an_sftp_route_needs_the_ssh_table_of_the_source_buffer() -> None:
     assert "routes[0]" in msg and "'fyst-buffer'" in msg and "[locations.ssh]" in msg
 
 
-def test_streams_only_apply_to_sftp() -> None:
+def test_streams_and_compression_only_apply_to_sftp() -> None:
     assert "streams only applies to method 'sftp'" in refuse(config(streams=2))
+    assert "compression only applies to method 'sftp'" in refuse(config(compression=True))
+    s = settings_from_dict(config({"host": "h", "key_file": "k"}, method="sftp", compression=True), environ={})
+    assert s.routes[0].compression is True
+    assert settings_from_dict(config({"host": "h", "key_file": "k"}, method="sftp"), environ={}).routes[0].compression is False
 
 
 def test_an_ssh_table_needs_host_and_key_file_and_refuses_unknown_keys() -> None:

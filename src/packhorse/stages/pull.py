@@ -71,14 +71,14 @@ def held_partial_wait_seconds(work: Work) -> float:
 
 def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, size: int, sha256: str,
                   location_id: int, data_transfer_package_id: int, streams: int,
-                  share: Callable[[], float] | None) -> None:
+                  share: Callable[[], float] | None, compression: bool = False) -> None:
     """The ``sftp`` method: pull ``key`` (``size`` bytes) from data location ``src_name`` of
     another site over SSH into the destination buffer ``dst``, verified against ``sha256`` (the
     one recorded at the source) before and after publishing (I4), written once (I2).
 
     The partial is resumable under the attempt's fencing token; a taken-over partial is kept
     as far as :func:`resume_sampled` finds it equal to the source, and the rest is read over
-    ``streams`` SSH connections in order. A cut link (:class:`~packhorse.errors.SshConnectionError`)
+    ``streams`` SSH connections in order (zlib-compressed with ``compression``, the route's). A cut link (:class:`~packhorse.errors.SshConnectionError`)
     keeps the partial on the disk for the next attempt
     (:meth:`~packhorse.storage.base.PendingWrite.suspend`); any other failure removes it, as for
     ``copy`` (a failed final verification included, so a partial whose sampled check passed but
@@ -107,7 +107,8 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
             next_refresh[0] = time.monotonic() + SHARE_REFRESH_SECONDS
             limiter.set_rate(share())
 
-    with SftpSource(endpoint_for(work.ctx.settings, src_name), streams=streams, limiter=limiter) as source:
+    with SftpSource(endpoint_for(work.ctx.settings, src_name), streams=streams, limiter=limiter,
+                    compression=compression) as source:
         source.connect()
         found = source.stat(key)
         if found is None:

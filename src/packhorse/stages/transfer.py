@@ -143,7 +143,8 @@ def run(work: Work) -> Recorder:
         assert route is not None
         share = None if limit is None else (lambda: route_share(work, limit))  # type: ignore[arg-type]
         pull_over_ssh(work, src_name, dst, key, size=dtp.size, sha256=dtp.sha256, location_id=src_id,
-                      data_transfer_package_id=dtp.id, streams=route.streams, share=share)
+                      data_transfer_package_id=dtp.id, streams=route.streams, share=share,
+                      compression=route.compression)
     elif not there_or_moved_aside(dst, key, dtp.size, dtp.sha256, work.ctx):
         if note_lost_source(work, src, key, location_id=src_id, data_transfer_package_id=dtp.id):
             raise SourceMissingError(f"{src_name}: {key!r} does not exist", side="source", path=key, host=src_name,

@@ -89,6 +89,11 @@ REQUESTS_IN_FLIGHT = 32
 #: below a link's rate once the round trip is longer). It must cover what a stream has requested
 #: (``AHEAD_PER_STREAM × BLOCK_BYTES``), so the server never waits for a window adjustment.
 WINDOW_BYTES = 16 * 1024 * 1024
+#: The SSH compression a connection asks for with a route's ``compression = true``, in order of
+#: preference: OpenSSH's zlib after login (its default ``Compression yes``), else none. Without
+#: it: none (stated, not left to asyncssh's defaults).
+COMPRESSED = ["zlib@openssh.com", "zlib", "none"]
+UNCOMPRESSED = ["none"]
 #: An SSH connection a finished transfer left sound is kept this long for the next transfer
 #: from the same server (seconds), then closed.
 IDLE_KEEP_SECONDS = 30.0
@@ -183,7 +188,7 @@ def _asyncssh() -> tuple[Any, type]:
 
 
 #: One SSH server and the credentials used there: what a kept connection may be reused for.
-_PoolKey = tuple[str, int, str, str, str]
+_PoolKey = tuple[str, int, str, str, str, bool]
 
 
 class _ConnectionPool:
@@ -273,13 +278,16 @@ class SftpSource:
             requested, across all streams (the route's ``bandwidth_limit_bytes_per_second``).
         block_bytes: bytes of one ranged read; with a limiter at most about a second of its rate
             (at least 64 KiB), so a cut loses little of what was paid for.
+        compression: ask the server for zlib compression of the connections
+            (:data:`COMPRESSED`; the route's ``compression``); kept connections are reused only
+            by a transfer that asks the same.
 
     Use as a context manager, or call :meth:`close`: the connections go back to the process for
     the next transfer unless the link failed under them (see the module).
     """
 
     def __init__(self, endpoint: SshEndpoint, *, streams: int = DEFAULT_STREAMS, limiter: RateLimiter | None = None,
-                 block_bytes: int = BLOCK_BYTES) -> None:
+                 block_bytes: int = BLOCK_BYTES, compression: bool = False) -> None:
         if streams < 1:
             raise ValueError(f"streams must be at least 1, not {streams}")
         self._ssh, self._client_class = _asyncssh()
@@ -288,10 +296,11 @@ class SftpSource:
         self.streams = streams
         self.limiter = limiter
         self.block_bytes = block_bytes
+        self.compression = compression
         self._pool = _pool()
         self._loop = self._pool.loop
         self._pool_key: _PoolKey = (endpoint.host, endpoint.port, endpoint.user, str(endpoint.key_file),
-                                    str(endpoint.known_hosts_file))
+                                    str(endpoint.known_hosts_file), compression)
         self._conns: list[tuple[Any, Any]] = []  # (SSHClientConnection, SFTPClient)
         self._reused = 0  # how many of them were kept ones, taken back
         self._broken = False  # the link failed under them: never kept
@@ -367,7 +376,8 @@ class SftpSource:
                 lambda: client, e.host, e.port, username=e.user, client_keys=[key], known_hosts=known,
                 agent_path=None, config=None, preferred_auth="publickey", password=None,
                 keepalive_interval=KEEPALIVE_SECONDS, keepalive_count_max=KEEPALIVE_COUNT, window=WINDOW_BYTES,
-                login_timeout=e.connect_timeout_seconds), e.connect_timeout_seconds)
+                login_timeout=e.connect_timeout_seconds,
+                compression_algs=COMPRESSED if self.compression else UNCOMPRESSED), e.connect_timeout_seconds)
         except self._ssh.HostKeyNotVerifiable as exc:
             raise self._host_key_error(client.refused_key, known, str(exc)) from None
         except self._ssh.PermissionDenied as exc:
@@ -476,6 +486,13 @@ class SftpSource:
         if failed:
             raise next((c for c in failed if not isinstance(c, SshConnectionError)), failed[0])
 
+    @property
+    def compression_in_use(self) -> set[str]:
+        """The compression the open connections receive with, as negotiated with the server
+        (``{"none"}``, or ``{"zlib@openssh.com"}`` with :attr:`compression` where the server
+        allows it; the empty set before :meth:`connect`)."""
+        return {str(conn.get_extra_info("recv_compression")) for conn, _ in self._conns}
+
     def connect(self) -> None:
         """Open the connections (all :attr:`streams` at once) and check the remote root over
         the first: there and carrying the location's identity marker, naming this location
@@ -506,7 +523,8 @@ class SftpSource:
         if fresh:  # INFO: which of the transfer's connections were kept ones (else only sshd's log says)
             log.info("ssh_connections", location=self.location, server=self.endpoint.where, kept=self._reused,
                      opened=len(self._conns) - self._reused,
-                     dropped=len(taken) - self._reused, dropped_untrusted=untrusted)
+                     dropped=len(taken) - self._reused, dropped_untrusted=untrusted,
+                     compression=",".join(sorted(self.compression_in_use)))
         root = self.endpoint.root
         there = root_attrs if probed else self._stat_path(root)
         if there is None:
