@@ -211,15 +211,17 @@ def check_archives(bed: Any, sums: dict[str, str], destinations: list[str]) -> N
                              f"{len(found)} found")
 
 
-def baseline(bed: Any, data: Path, sums: dict[str, str], work: Path) -> tuple[float, dict[str, int]]:
-    """``sha256sum`` at fyst, ``tar c | ssh | tar x`` into cologne, ``sha256sum -c`` there."""
+def baseline(bed: Any, data: Path, sums: dict[str, str], work: Path,
+             compression: bool = False) -> tuple[float, dict[str, int]]:
+    """``sha256sum`` at fyst, ``tar c | ssh | tar x`` into cologne, ``sha256sum -c`` there
+    (``ssh -C`` with ``compression``)."""
     from testbed import CENTRAL_ADDRESS
 
     key, kh = bed.root / "keys" / "client_key", bed.root / "keys" / "known_hosts"
     manifest_dir = bed.root / "sites" / "fyst" / "baseline"
     dst = bed.root / "sites" / "cologne" / "baseline"
     manifest_dir.mkdir(parents=True, exist_ok=True)
-    ssh = (f"ssh -p 2202 -i {key} -o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes -o BatchMode=yes "
+    ssh = (f"ssh {'-C ' if compression else ''}-p 2202 -i {key} -o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes -o BatchMode=yes "
            f"root@{CENTRAL_ADDRESS}")
     remote = f"mkdir -p {dst} && tar xf - -C {dst} && cd {dst} && sha256sum -c --quiet SHA256SUMS"
     script = (f"set -eu; cd {data} && find . -type f -print0 | xargs -0 sha256sum > {manifest_dir}/SHA256SUMS && "
@@ -286,10 +288,18 @@ def start_packhorse(bed: Any, db_delay_ms: float) -> None:
 
 
 def packhorse(bed: Any, data: Path, sums: dict[str, str], destinations: list[str],
-              timeout: float, db_delay_ms: float = 0.0) -> dict[str, Any]:
-    """Start packhorse on the bed, make the files appear in fyst's source, time until archived."""
+              timeout: float, db_delay_ms: float = 0.0, transfer_processes: int = 0) -> dict[str, Any]:
+    """Start packhorse on the bed, make the files appear in fyst's source, time until archived.
+    ``transfer_processes``: each destination also runs ``packhorse worker --kinds transfer``
+    with that many pool processes (docs/deployment.md "Scaling": a dedicated transfer worker)."""
     start_packhorse(bed, db_delay_ms)
-    wait_ready(bed, ["fyst", *destinations])
+    if transfer_processes:
+        config = bed.root / "packhorse-sites.toml" if db_delay_ms else bed.config
+        for site in destinations:
+            bed._spawn(f"worker-{site}-transfers", site,
+                       [sys.executable, "-m", "packhorse", "worker", "--site", site, "-c", str(config),
+                        "--kinds", "transfer", "--concurrency", str(transfer_processes)], hide_sites=True)
+    wait_ready(bed, ["fyst", *destinations, *([f"{d}-transfers" for d in destinations] if transfer_processes else [])])
     time.sleep(5)  # managers and monitor through their first cycles, idle
     source = bed.root / "sites" / "fyst" / "source"
     groups = sorted(p.name for p in data.iterdir())
@@ -386,7 +396,10 @@ def main() -> None:
                     help="further [packaging] settings, one packhorse kind per value (and per process count and "
                          "bundles_in_flight), each a comma-separated list of KEY=VALUE, e.g. "
                          "'bundles_in_flight=4,bundle_target_bytes=16000000'; route.KEY=VALUE sets the route's "
-                         "KEY (e.g. route.compression=true)")
+                         "KEY (e.g. route.compression=true); transfer_processes=N starts a dedicated transfer "
+                         "worker (--kinds transfer --concurrency N) at each destination")
+    ap.add_argument("--baseline-compression", action="store_true",
+                    help="also time `tar | ssh -C | tar` (OpenSSH's zlib), a kind of its own")
     a = ap.parse_args()
 
     from testbed import TestBed, namespaces_work
@@ -410,9 +423,9 @@ def main() -> None:
                     [f"bundles_in_flight {f}"] if len(a.bundles_in_flight) > 1 or f else []) + (
                     [extra] if extra else [])
                 ours[", ".join(["packhorse", *words])] = (n, settings)
-    kinds = ["tar | ssh | tar", *ours]
+    kinds = ["tar | ssh | tar", *(["tar | ssh -C | tar"] if a.baseline_compression else []), *ours]
     if a.only:
-        kinds = [k for k in kinds if k.startswith(a.only[:3])]
+        kinds = [k for k in kinds if (k in ours) == (a.only == "packhorse")]
     times: dict[str, list[float]] = {k: [] for k in kinds}
     rounds: list[dict[str, Any]] = []
     try:
@@ -427,7 +440,11 @@ def main() -> None:
                     route = 'destination_sites = ["cologne", "cornell"]'
                     assert route in text
                     text = text.replace(route, "destination_sites = " + json.dumps(a.destinations))
+                    transfer_processes = 0
                     for key, value in ours.get(k, (2, {}))[1].items():
+                        if key == "transfer_processes":  # the benchmark's, not the configuration's
+                            transfer_processes = int(value)
+                            continue
                         if key.startswith("route."):  # the route's table (the last in the bed's file)
                             assert '\nmethod = "sftp"\n' in text
                             text = text.replace('\nmethod = "sftp"\n', f'\nmethod = "sftp"\n{key[6:]} = {value}\n', 1)
@@ -439,10 +456,11 @@ def main() -> None:
                             text = text.replace("\n[packaging]\n", f"\n[packaging]\n{key} = {value}\n", 1)
                     bed.config.write_text(text)
                     if k in ours:
-                        result[k] = packhorse(bed, data, sums, a.destinations, a.timeout, a.db_delay_ms)
+                        result[k] = packhorse(bed, data, sums, a.destinations, a.timeout, a.db_delay_ms,
+                                              transfer_processes=transfer_processes)
                         took = result[k]["seconds"]
                     else:
-                        took, io = baseline(bed, data, sums, a.workdir)
+                        took, io = baseline(bed, data, sums, a.workdir, compression="-C" in k)
                         result[k] = {"seconds": took, "write_bytes": io}
                 finally:
                     bed.down()

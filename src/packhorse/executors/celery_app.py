@@ -444,16 +444,32 @@ def dispatch_scans(ctx: ProcessContext, app: Celery, poll_seconds: float | None 
     carries the poll interval too: a scan completed less than that ago (or than three times
     its own duration) rests, so N managers cause one scan per interval, not N
     (:func:`packhorse.operations.scan_lease.acquire`).
+
+    A location whose scan queue still holds a request gets none more (:func:`queue_depths`;
+    a broker that cannot say: one is sent). Every request a site's worker takes costs one of
+    its pool processes the broker's round trips (fetch, acknowledgement), which across a long
+    link are a good part of a second: while the pool was busy packaging, N managers' requests
+    piled up in the queue and were then taken and skipped one by one, between the packaging
+    operations (on the test bed with the database and broker 100 ms away, 887 expired
+    requests in a run of 200 s, docs/benchmarks.md). Two managers may each send one at once;
+    never more pile up.
     """
     sent = []
     poll = ctx.settings.managers.poll_interval_seconds if poll_seconds is None else poll_seconds
     expires_at = (utcnow() + dt.timedelta(seconds=max(60.0, 3 * poll))).isoformat()
-    for loc in ctx.settings.locations:
-        if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK:
-            q = queue_name(loc.site, loc.name, SCAN)
-            app.send_task(SCAN_TASK, args=[loc.name, expires_at, poll], queue=q, routing_key=q,
-                          retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
-            sent.append(q)
+    wanted = {queue_name(loc.site, loc.name, SCAN): loc for loc in ctx.settings.locations
+              if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK}
+    try:
+        waiting = queue_depths(app, list(wanted))
+    except Exception as exc:  # noqa: BLE001 - the broker could not say: send, as before
+        log.debug("scan_queue_depth_unknown", error=str(exc))
+        waiting = {}
+    for q, loc in wanted.items():
+        if waiting.get(q, 0):
+            continue
+        app.send_task(SCAN_TASK, args=[loc.name, expires_at, poll], queue=q, routing_key=q,
+                      retry=True, retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5})
+        sent.append(q)
     return sent
 
 
@@ -499,28 +515,47 @@ class BrokerQueues:
         Raises:
             any of the broker client's connection errors (the broker is unreachable).
         """
-        from kombu.exceptions import ChannelError
-
-        t = self.timeout
         out: dict[tuple[int, int, str], int | None] = {}
-        with self.app.connection_for_read(connect_timeout=t, transport_options={
-                "socket_timeout": t, "socket_connect_timeout": t}) as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=t)
-            for key in keys:
-                try:
-                    name = self.queue(key)
-                except Exception:  # noqa: BLE001 - a location no longer configured: unknown
-                    out[key] = None
-                    continue
-                channel = conn.channel()
-                try:
-                    out[key] = int(channel.queue_declare(queue=name, passive=True).message_count)
-                except (ChannelError, *conn.channel_errors):
-                    out[key] = 0  # no such queue: it holds nothing
-                finally:
-                    with contextlib.suppress(Exception):
-                        channel.close()
+        names: dict[tuple[int, int, str], str] = {}
+        for key in keys:
+            try:
+                names[key] = self.queue(key)
+            except Exception:  # noqa: BLE001 - a location no longer configured: unknown
+                out[key] = None
+        waiting = queue_depths(self.app, set(names.values()), timeout_seconds=self.timeout)
+        out.update((key, waiting[name]) for key, name in names.items())
         return out
+
+
+def queue_depths(app: Celery, queues: Collection[str], *, timeout_seconds: float = 5.0) -> dict[str, int]:
+    """How many messages wait in each of ``queues`` now (not those a worker has taken and not
+    yet acknowledged): a passive queue declaration (AMQP ``queue.declare`` with ``passive``; on
+    Redis the length of the queue's lists), over one short-lived connection with
+    ``timeout_seconds`` (s) for connecting and for every broker call. A queue the broker does
+    not know holds 0.
+
+    Raises:
+        any of the broker client's connection errors (the broker is unreachable).
+    """
+    from kombu.exceptions import ChannelError
+
+    t = timeout_seconds
+    out: dict[str, int] = {}
+    if not queues:
+        return out
+    with app.connection_for_read(connect_timeout=t, transport_options={
+            "socket_timeout": t, "socket_connect_timeout": t}) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=t)
+        for name in queues:
+            channel = conn.channel()
+            try:
+                out[name] = int(channel.queue_declare(queue=name, passive=True).message_count)
+            except (ChannelError, *conn.channel_errors):
+                out[name] = 0  # no such queue: it holds nothing
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+    return out
 
 
 # ------------------------------------------------------------------------------ services
