@@ -6,6 +6,7 @@ processes to take and skip between their packaging operations."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from packhorse.config import settings_from_dict
@@ -46,3 +47,37 @@ def test_a_location_whose_scan_request_waits_gets_no_second_one(empty_db: Databa
     assert waiting() == 0
     assert dispatch_scans(ctx, app, 0.5) == [q]
     assert waiting() == 1
+
+
+def test_a_location_whose_scan_runs_or_rests_gets_no_request(empty_db: Database, tmp_path: Path) -> None:
+    from packhorse.operations import scan_lease
+
+    settings = settings_from_dict({
+        "executor": {"kind": "celery", "broker_url": "memory://"},
+        "sites": [{"name": "resting-site"}, {"name": "resting-dest"}],
+        "locations": [
+            {"name": "resting-src", "site": "resting-site", "role": "source", "path": "src"},
+            {"name": "resting-buf", "site": "resting-site", "role": "buffer", "path": "buf"},
+            {"name": "resting-lta", "site": "resting-dest", "role": "long_term_archive", "path": "lta"},
+        ],
+    }, base_dir=tmp_path, environ={})
+    ctx = ProcessContext(settings=settings, db=empty_db, topology=sync_topology(empty_db, settings))
+    app = make_app(settings)
+    q = queue_name("resting-site", "resting-src", "scan")
+
+    def take() -> None:  # a worker takes the waiting request
+        with app.connection_for_read() as conn:
+            conn.SimpleQueue(q, no_ack=True).get(timeout=5)
+
+    claim = scan_lease.acquire(empty_db, "resting-src", "w1", lease_seconds=60)
+    assert claim is not None
+    assert dispatch_scans(ctx, app, 30) == []  # its scan runs
+    scan_lease.release(empty_db, claim, completed=True)
+    assert dispatch_scans(ctx, app, 30) == []  # it rests the poll interval (30 s) after completing
+    time.sleep(0.5)  # three times as long as that scan took (acquire to release) has passed too
+    assert dispatch_scans(ctx, app, 0.01) == [q]  # rested: a request goes out
+    take()
+    claim = scan_lease.acquire(empty_db, "resting-src", "w2", lease_seconds=0.01)
+    assert claim is not None
+    time.sleep(0.05)
+    assert dispatch_scans(ctx, app, 0.01) == [q]  # a holder whose lease expired is not waited for

@@ -72,7 +72,7 @@ from packhorse.executors.poison_messages import CONSUMER, REDIS_TRANSPORT
 from packhorse.operations.batching import group_tasks, small_archives
 from packhorse.operations.identity import CELERY_OWNER_TAG, worker_identity
 from packhorse.operations.lifecycle import fenced
-from packhorse.operations.scan_lease import scan_lease
+from packhorse.operations.scan_lease import not_due, scan_lease
 from packhorse.recovery.health import HeartbeatThread
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.rules.availability import check_outages
@@ -445,20 +445,24 @@ def dispatch_scans(ctx: ProcessContext, app: Celery, poll_seconds: float | None 
     its own duration) rests, so N managers cause one scan per interval, not N
     (:func:`packhorse.operations.scan_lease.acquire`).
 
-    A location whose scan queue still holds a request gets none more (:func:`queue_depths`;
-    a broker that cannot say: one is sent). Every request a site's worker takes costs one of
-    its pool processes the broker's round trips (fetch, acknowledgement), which across a long
-    link are a good part of a second: while the pool was busy packaging, N managers' requests
-    piled up in the queue and were then taken and skipped one by one, between the packaging
-    operations (on the test bed with the database and broker 100 ms away, 887 expired
-    requests in a run of 200 s, docs/benchmarks.md). Two managers may each send one at once;
-    never more pile up.
+    Only requests a worker would act on are sent: none to a location whose scan runs (its
+    lease is live) or rests (:func:`packhorse.operations.scan_lease.not_due`, read from the
+    database; the worker decides again when the request arrives), and none to one whose scan
+    queue still holds a request (:func:`queue_depths`; a broker that cannot say: one is sent).
+    Every request a site's worker takes costs one of its pool processes the broker's round
+    trips (fetch, acknowledgement), a good part of a second across a long link: on the test bed
+    with the database and broker 100 ms away, two managers polling every 0.5 s kept fyst's two
+    processes taking and skipping requests between their packaging operations (926 requests
+    in a run of 200 s, 887 of them expired, docs/benchmarks.md). Two managers may each send
+    one at once; never more pile up.
     """
     sent = []
     poll = ctx.settings.managers.poll_interval_seconds if poll_seconds is None else poll_seconds
     expires_at = (utcnow() + dt.timedelta(seconds=max(60.0, 3 * poll))).isoformat()
     wanted = {queue_name(loc.site, loc.name, SCAN): loc for loc in ctx.settings.locations
               if loc.role is LocationRole.SOURCE and loc.active and loc.storage is StorageType.DISK}
+    skip = ctx.db.read(lambda s: not_due(s, [loc.name for loc in wanted.values()], min_rest_seconds=poll))
+    wanted = {q: loc for q, loc in wanted.items() if loc.name not in skip}
     try:
         waiting = queue_depths(app, list(wanted))
     except Exception as exc:  # noqa: BLE001 - the broker could not say: send, as before

@@ -33,7 +33,7 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,4 +229,28 @@ def overdue_scans(session: Session, *, overdue_seconds: float, now: dt.datetime 
                     "started_at": r.started_at.isoformat() if r.started_at else None, "holder": r.holder,
                     "expires_at": r.expires_at.isoformat() if r.expires_at else None,
                     "overdue_seconds": round((t - since).total_seconds())})
+    return out
+
+
+def not_due(session: Session, locations: Collection[str], *, min_rest_seconds: float,
+            now: dt.datetime | None = None) -> dict[str, str]:
+    """The source locations among ``locations`` a scan request would now only be skipped at,
+    and why: ``{location: "running"}`` while a holder's lease is live, ``{location: "resting"}``
+    while its last completed scan rests (:func:`rest_until` with ``min_rest_seconds``, s).
+    :func:`acquire` decides again when a request arrives; this is the sender's look, so that a
+    request it would skip is not sent (each costs the receiving worker a pool process and the
+    broker's round trips; :func:`packhorse.executors.celery_app.dispatch_scans`). Locations
+    without a lease row are due. Times are the database's clock (``utcnow``)."""
+    t = now or utcnow()
+    out: dict[str, str] = {}
+    if not locations:
+        return out
+    for r in session.execute(select(ScanLease.location, ScanLease.expires_at, ScanLease.started_at,
+                                    ScanLease.completed_at).where(ScanLease.location.in_(list(locations)))):
+        if r.expires_at is not None and r.expires_at > t:
+            out[r.location] = "running"
+            continue
+        rest = rest_until(r.started_at, r.completed_at, min_rest_seconds=min_rest_seconds)
+        if rest is not None and rest > t:
+            out[r.location] = "resting"
     return out
