@@ -90,9 +90,9 @@ REQUESTS_IN_FLIGHT = 32
 #: (``AHEAD_PER_STREAM × BLOCK_BYTES``), so the server never waits for a window adjustment.
 WINDOW_BYTES = 16 * 1024 * 1024
 #: The SSH compression a connection asks for with a route's ``compression = true``, in order of
-#: preference: OpenSSH's zlib after login (its default ``Compression yes``), else none. Without
-#: it: none (stated, not left to asyncssh's defaults).
-COMPRESSED = ["zlib@openssh.com", "zlib", "none"]
+#: preference: OpenSSH's zlib after login (its default ``Compression yes``; never zlib before
+#: login), else none. Without it: none (stated, not left to asyncssh's defaults).
+COMPRESSED = ["zlib@openssh.com", "none"]
 UNCOMPRESSED = ["none"]
 #: An SSH connection a finished transfer left sound is kept this long for the next transfer
 #: from the same server (seconds), then closed.
