@@ -24,6 +24,9 @@ class FakeConn:
     def get_server_host_key(self) -> Any:
         return HOST_KEY
 
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return "none" if name in ("send_compression", "recv_compression") else default
+
     def is_closed(self) -> bool:
         return self.closed
 
