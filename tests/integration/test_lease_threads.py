@@ -1,11 +1,14 @@
 """Threads that keep a lease or a service row alive, with real time: the lease keeper's
-renewals, its takeover and deadline checks (restic's lock monitor, DESIGN.md "Numbers"), and the
+renewals, its takeover and deadline checks (restic's lock monitor, DESIGN.md "Numbers") and its
+:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost` callbacks at the renewal deadline, and the
 service heartbeat thread. (The lifecycle they write through is unit-tested in
-``tests/unit/test_operations.py``.)"""
+``tests/unit/test_operations.py``; the deadline's callbacks without threads in
+``tests/unit/test_lease_deadline_on_lost.py``.)"""
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from typing import Any
 
@@ -16,7 +19,8 @@ from packhorse.config import settings_from_dict
 from packhorse.db.models import Operation, Site, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind
-from packhorse.errors import LeaseLostError
+from packhorse.errors import LeaseLostError, LeaseNotRenewedError
+from packhorse.operations import lease as lease_module
 from packhorse.operations.lease import LeaseKeeper
 from packhorse.operations.lifecycle import claim, create_operation, dedup_key
 from packhorse.recovery import health
@@ -110,3 +114,46 @@ def test_heartbeat_thread_beats_and_unregisters_on_clean_stop(db: Database) -> N
         raise AssertionError("heartbeat was not renewed")
     t.stop(remove=True)
     assert db.read(health.list_services) == []
+
+
+def test_lease_keeper_runs_on_lost_at_the_deadline_while_a_renewal_hangs(db: Database,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database unreachable (every renewal hangs): the callbacks run at the renewal
+    deadline from the scheduler thread, without a check by the work."""
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    released = threading.Event()
+    monkeypatch.setattr(lease_module, "heartbeat", lambda *a, **kw: released.wait(10))
+    got: list[BaseException] = []
+    try:
+        with LeaseKeeper(db, c, lease_seconds=30, interval_seconds=0.05, deadline_seconds=0.3) as keeper:
+            keeper.on_lost(got.append)
+            started = time.monotonic()
+            while not got and time.monotonic() < started + 5:
+                time.sleep(0.01)
+            took = time.monotonic() - started
+            assert len(got) == 1 and isinstance(got[0], LeaseNotRenewedError)
+            assert 0.25 <= took < 2
+            with pytest.raises(LeaseNotRenewedError):
+                keeper.check()
+            released.set()  # the hung renewal now succeeds: the loss stays
+            time.sleep(0.1)
+            with pytest.raises(LeaseNotRenewedError):
+                keeper.check()
+            assert len(got) == 1
+    finally:
+        released.set()
+
+
+def test_lease_keeper_runs_on_lost_at_a_deadline_before_the_first_renewal(db: Database) -> None:
+    op_id = new_op(db)
+    c = claim(db, op_id, "w1", 30)
+    assert c is not None
+    got: list[BaseException] = []
+    with LeaseKeeper(db, c, lease_seconds=30, interval_seconds=30, deadline_seconds=0.2) as keeper:
+        keeper.on_lost(got.append)
+        started = time.monotonic()
+        while not got and time.monotonic() < started + 5:
+            time.sleep(0.01)
+        assert len(got) == 1 and isinstance(got[0], LeaseNotRenewedError)

@@ -3,11 +3,13 @@
 stale attempt's renewal finds its fencing token stale, which aborts its read at once
 (:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost`) instead of after the link's patience;
 it suspends its partial, and the successor, which waited for that partial's lock, takes its
-bytes over and reads only the rest over the link.
+bytes over and reads only the rest over the link. A stale attempt cut off from the database
+too (its renewals hang) does the same at its renewal deadline.
 
 The SSH source is a fake (its reader stalls after the first bytes until aborted); the lease
-keepers are real, their renewal driven by hand with the database call replaced; the
-destination is a real disk buffer. Threads and short waits: an integration test."""
+keepers are real, their renewal driven by hand with the database call replaced (the deadline
+test runs the real scheduler); the destination is a real disk buffer. Threads and short
+waits: an integration test."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 
 from packhorse.domain import OperationKind
-from packhorse.errors import LeaseLostError, SshConnectionError
+from packhorse.errors import LeaseLostError, LeaseNotRenewedError, SshConnectionError
 from packhorse.operations import lease as lease_module
 from packhorse.operations.lease import LeaseKeeper
 from packhorse.operations.lifecycle import Claim
@@ -82,7 +84,7 @@ class FakeSource:
     stall_at: int | None = None
     readers: list[StallingReader] = []
 
-    def __init__(self, endpoint: Any, *, streams: int, limiter: Any) -> None:
+    def __init__(self, endpoint: Any, *, streams: int, limiter: Any, compression: bool = False) -> None:
         self.endpoint = SimpleNamespace(host="fyst", where="packhorse@fyst:22")
 
     def __enter__(self) -> "FakeSource":
@@ -172,3 +174,52 @@ def test_a_stale_attempt_stops_at_once_and_its_successor_resumes_its_partial(
     assert successor.info["resumed_bytes"] == ACROSS  # the bytes across the link were not sent again
     assert FakeSource.readers[-1].pos == len(DATA) and len(FakeSource.readers) == 2
     assert not [p for p in (tmp_path / "buf").rglob("*") if p.name.endswith(".packhorse-partial")]
+
+
+def test_a_stale_attempt_cut_off_from_the_database_stops_at_its_deadline_and_its_successor_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pull, "SftpSource", FakeSource)
+    monkeypatch.setattr(pull, "endpoint_for", lambda settings, name: None)
+    unreachable = threading.Event()  # set at the end: the database answers again
+    monkeypatch.setattr(lease_module, "heartbeat", lambda *a, **kw: unreachable.wait(30))  # every renewal hangs
+    monkeypatch.setattr(FakeSource, "readers", [])
+    (tmp_path / "buf").mkdir()
+    dst = DiskBackend("buf", tmp_path / "buf")
+
+    stale = work_of(1)
+    stale.lease.interval, stale.lease.deadline = 0.2, 1.5
+    stale.lease.stopped = False  # the real scheduler renews it (and checks its deadline)
+    FakeSource.stall_at = ACROSS
+    outcome: dict[str, Any] = {}
+
+    def stale_attempt() -> None:
+        try:
+            with stale.lease:
+                run(stale, dst)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    try:
+        started = time.monotonic()
+        t = threading.Thread(target=stale_attempt, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not FakeSource.readers and "error" not in outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if "error" in outcome:
+            raise outcome["error"]
+        assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
+
+        successor = work_of(2)  # claimed once the stale lease expired; waits for the partial's lock
+        FakeSource.stall_at = None
+        run(successor, dst)
+        t.join(10)
+
+        assert isinstance(outcome.get("error"), LeaseNotRenewedError)
+        assert outcome["at"] - started < 5 < PATIENCE  # stopped at its deadline, not after the link's patience
+        assert (tmp_path / "buf" / KEY).read_bytes() == DATA
+        assert successor.info["resumed_bytes"] == ACROSS
+        assert FakeSource.readers[-1].pos == len(DATA) and len(FakeSource.readers) == 2
+    finally:
+        unreachable.set()

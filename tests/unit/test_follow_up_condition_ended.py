@@ -4,7 +4,8 @@ Against a real (SQLite) ops database and the real notifier with the engine's rev
 location full queues its WARNING, the message goes, more writes meet the full location within
 the cooldown (a follow-up due when the window ends). If, by then, nothing waits for space there
 any more, the follow-up is not sent (an operator was told an hour after the location had room
-again); while work still waits, it goes.
+again); while work still waits, it goes. The review and the notifier report the withdrawal by
+one name (:data:`packhorse.notify.outbox.WITHDRAWN`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from packhorse.db.session import Database
 from packhorse.domain import NotificationLevel, OperationKind
 from packhorse.engine.outcome import review_notification
 from packhorse.notify.notifier import Notifier
-from packhorse.notify.outbox import enqueue
+from packhorse.notify.outbox import WITHDRAWN, enqueue
 from packhorse.operations.lifecycle import create_operation
 from support import RecordingChannel
 
@@ -115,3 +116,26 @@ def test_no_repeated_breaker_message_once_the_breaker_closed(db: Database) -> No
     db.transact(lambda s: s.execute(update(CircuitBreaker).values(state="closed")))  # "Circuit breaker closed" went
     assert deliver_all_due(db).got == []
     assert rows(db) == [(subject, "sent")]
+
+
+def test_the_review_and_the_notifier_report_the_withdrawn_follow_up_by_one_name(db: Database) -> None:
+    op_id = waiting_for_space(db)
+    full_then_repeated(db)
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        status="COMPLETED", error_context=None, finished_at=utcnow())))
+    follow = db.read(lambda s: s.scalars(select(Notification).where(Notification.status == "pending")).one())
+    assert db.transact(lambda s: review_notification(s, s.get(Notification, follow.id))) == WITHDRAWN
+    assert rows(db) == [(SUBJECT, "sent")]  # the review deleted it
+
+
+def test_the_notifier_counts_a_withdrawn_follow_up_under_that_name(db: Database) -> None:
+    op_id = waiting_for_space(db)
+    full_then_repeated(db)
+    db.transact(lambda s: s.execute(update(Operation).where(Operation.id == op_id).values(
+        status="COMPLETED", error_context=None, finished_at=utcnow())))
+    db.transact(lambda s: s.execute(update(Notification).where(Notification.status == "pending")
+                                    .values(next_attempt_at=utcnow() - dt.timedelta(seconds=1))))
+    box = RecordingChannel()
+    counts = Notifier(settings_from_dict({}, environ={}).notifications, db, channels=[box],
+                      review=review_notification).run_once()
+    assert counts == {WITHDRAWN: 1} and box.got == []

@@ -32,8 +32,7 @@ from packhorse.db.models import CircuitBreaker, FailureEvent, Notification, Noti
 from packhorse.db.session import Database
 from packhorse.domain import BreakerState, OperationKind, Status
 from packhorse.notify import messages
-from packhorse.notify.notifier import WITHDRAWN
-from packhorse.notify.outbox import FOLLOW_UP_OF
+from packhorse.notify.outbox import FOLLOW_UP_OF, WITHDRAWN
 from packhorse.operations.lifecycle import (
     Claim,
     backoff_seconds,
@@ -282,7 +281,7 @@ REVIEWED_EVENTS = ("permanent_failure", "failure_repaired")
 
 #: Events about a standing condition: a follow-up of one ("Repeated: …", the repeats counted
 #: during the cooldown) is withdrawn at send time once the condition has ended
-#: (:func:`condition_stands`).
+#: (:func:`condition_stands`; :data:`packhorse.notify.outbox.WITHDRAWN`).
 STANDING_CONDITIONS = ("location_full", "breaker_open")
 
 
@@ -326,7 +325,8 @@ def review_notification(session: Session, row: Notification) -> str | None:
     """The notifier's review of outbox ``row`` just before it is sent (the gather window is
     over): a permanent-failure digest pages (ERROR) only for what still needs a human, and a
     follow-up of a standing condition (a data location full, a circuit breaker open) that has
-    ended meanwhile is not sent at all (:data:`WITHDRAWN`: the row is deleted).
+    ended meanwhile is not sent at all (:data:`~packhorse.notify.outbox.WITHDRAWN`: the row is
+    deleted).
 
     A listed operation no longer needs one when the convergence made its work by other means
     meanwhile (:func:`packhorse.rules.convergence.superseded_failures`: a later operation of the
@@ -338,7 +338,8 @@ def review_notification(session: Session, row: Notification) -> str | None:
     other events are left alone.
 
     Returns:
-        ``"unchanged"``, ``"partly_repaired"``, ``"repaired"``, :data:`WITHDRAWN`, or ``None``
+        ``"unchanged"``, ``"partly_repaired"``, ``"repaired"``,
+        :data:`~packhorse.notify.outbox.WITHDRAWN`, or ``None``
         for an event that is not reviewed.
     """
     if _withdraw_ended_follow_up(session, row):

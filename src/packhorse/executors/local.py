@@ -7,9 +7,10 @@ of queueing on one interpreter lock. ``pool = "thread"`` runs them in threads of
 (debugging, tests that replace the stage). Worker processes die with ``packhorse run``: a
 SIGKILLed run leaves no worker writing on (its leases expire and are recovered).
 
-:class:`LocalRunner` loops: scan (every poll interval, or when unsettled files settle), run the
-managers (:func:`packhorse.engine.pipeline.manager_cycle`), run the stalled-task monitor and the
-reconciler (every monitor interval, :func:`packhorse.engine.pipeline.recover`), dispatch the runnable
+:class:`LocalRunner` loops: scan (paced by the rule of distributed mode, :class:`ScanPacing`,
+or when unsettled files settle), run the managers (:func:`packhorse.engine.pipeline.manager_cycle`),
+run the stalled-task monitor and the reconciler (every monitor interval,
+:func:`packhorse.engine.pipeline.recover`), dispatch the runnable
 operations :func:`packhorse.engine.pipeline.take_runnable` picks to the pool. What runs and in which
 order is the pipeline's (:mod:`packhorse.engine.pipeline`); this module only decides that it runs here.
 A finished operation wakes the loop at once, so the next stage starts without waiting for the
@@ -59,6 +60,7 @@ from packhorse.managers.deletions import waiting_on_rule
 from packhorse.managers.scan import ScanCache, ScanResult, scan_all
 from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_archives
 from packhorse.operations.identity import runner_worker_identity, worker_identity
+from packhorse.operations.scan_lease import scan_rest_seconds
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.rules.availability import waiting_for
 from packhorse.rules.space import look_for_space_again, waiting_for_space
@@ -71,6 +73,28 @@ log = structlog.get_logger(__name__)
 #: The statuses this runner dispatches from: it is the only dispatcher of its database and
 #: knows every task it queued (:func:`packhorse.engine.pipeline.runnable_statuses`).
 _STATUSES = pipeline.runnable_statuses(executor_knows_its_queue=True)
+
+
+class ScanPacing:
+    """When the runner scans its source locations next: a completed scan rests
+    :func:`~packhorse.operations.scan_lease.scan_rest_seconds` (at least the poll interval, and
+    three times as long as it took), the rule a distributed site's scans rest by
+    (:func:`~packhorse.operations.scan_lease.rest_until`); a failed scan waits the poll interval.
+    Times are ``time.monotonic()`` seconds. (Files settling start a scan sooner:
+    :meth:`LocalRunner.run`.)"""
+
+    def __init__(self) -> None:
+        self.ended = float("-inf")  # the latest scan's end; none yet: the first is due at once
+        self.took = 0.0  # how long it took if it completed; 0 if it failed (the poll interval only)
+
+    def scanned(self, started: float, ended: float, *, completed: bool) -> None:
+        """Record a scan from ``started`` to ``ended``; ``completed``: it succeeded."""
+        self.ended = ended
+        self.took = ended - started if completed else 0.0
+
+    def due_at(self, poll_seconds: float) -> float:
+        """When the next scan is due, with ``poll_seconds`` the poll interval in force now (s)."""
+        return self.ended + scan_rest_seconds(self.took, min_rest_seconds=poll_seconds)
 
 
 # ------------------------------------------------------------------------------ worker processes
@@ -507,7 +531,8 @@ class LocalRunner:
         self._guard("space", look_for_space_again, self.ctx, default=0)
         rt = self.runtime
         self._running = True
-        last_scan = last_monitor = float("-inf")
+        last_monitor = float("-inf")
+        pacing = ScanPacing()
         monitor_due: float | None = None  # an earlier monitor pass (lease about to expire)
         scan = ScanResult()
         scan_failed = True  # until the first scan succeeds
@@ -527,12 +552,13 @@ class LocalRunner:
                         self.errors.failed(e, "recovery")
                     last_monitor, monitor_due = now, None
                 settle_due = scan.next_settle_at is not None and time.time() >= scan.next_settle_at
-                if now >= last_scan + poll or settle_due:
+                if now >= pacing.due_at(poll) or settle_due:
+                    scan_started = time.monotonic()
                     looked = self._guard("scan", scan_all, self.ctx, self.hash_pool, self.scan_cache,
                                          self._package_registered, self.scan_processes, default=None)
                     scan_failed = looked is None
                     scan = scan if looked is None else looked
-                    last_scan = time.monotonic()
+                    pacing.scanned(scan_started, time.monotonic(), completed=not scan_failed)
                 self.wake.clear()
                 # Coalesce wake-ups: a burst of finished operations is handled by one manager
                 # cycle; the gap is twice the last cycle's cost, so managers never take more

@@ -48,7 +48,7 @@ from packhorse.domain import NotificationStatus
 from packhorse.errors import ChannelError
 from packhorse.notify.channels import build_channels
 from packhorse.notify.channels.base import Channel, Message
-from packhorse.notify.outbox import ascii_subject, pending_count
+from packhorse.notify.outbox import WITHDRAWN, ascii_subject, pending_count
 from packhorse.operations.identity import worker_identity
 from packhorse.operations.lifecycle import backoff_seconds
 from packhorse.runtime.hooks import NO_HOOKS, Hooks
@@ -56,9 +56,6 @@ from packhorse.runtime.hooks import NO_HOOKS, Hooks
 log = structlog.get_logger(__name__)
 
 PENDING, SENT, DEAD = (s.value for s in (NotificationStatus.PENDING, NotificationStatus.SENT, NotificationStatus.DEAD))
-#: What a review returns for a row it deleted unsent (a follow-up whose condition ended):
-#: :meth:`Notifier.deliver` sends nothing and returns it.
-WITHDRAWN = "withdrawn"
 
 
 @dataclass(frozen=True)
@@ -106,7 +103,8 @@ class Notifier:
             subject, body and context (the engine's
             :func:`packhorse.engine.outcome.review_notification`: a failure repaired within
             the gather window does not page). A review that raises is logged and the row is
-            sent as it was; one that returns ``"withdrawn"`` deleted the row: nothing is sent.
+            sent as it was; one that returns :data:`~packhorse.notify.outbox.WITHDRAWN` deleted
+            the row (a follow-up whose condition ended): nothing is sent.
     """
     def __init__(self, cfg: NotificationsConfig, db: Database, *, channels: list[Channel] | None = None,
                  owner: str | None = None, hooks: Hooks = NO_HOOKS,
@@ -198,8 +196,9 @@ class Notifier:
 
         Returns:
             ``"sent"``, ``"retry"``, ``"dead"``, ``"deferred"`` (a channel is down; handed
-            back untried), ``"lost"`` (the lease went to another notifier) or ``"withdrawn"``
-            (the review deleted the row unsent: a follow-up whose condition has ended).
+            back untried), ``"lost"`` (the lease went to another notifier) or
+            :data:`~packhorse.notify.outbox.WITHDRAWN` (the review deleted the row unsent: a
+            follow-up whose condition has ended).
         """
         def load(s: Session) -> tuple[Notification, set[str]]:
             n = s.get(Notification, c.notification_id)

@@ -76,6 +76,13 @@ def render_error_context(ctx: dict[str, Any]) -> str:
 #: (ISO 8601 UTC) and which earlier row a follow-up reports the repeats of.
 WINDOW_START, FOLLOW_UP_OF = "cooldown_window_start", "follow_up_of"
 
+#: A follow-up (``"Repeated: …"``, :data:`FOLLOW_UP_OF`) about a standing condition that has
+#: ended by the time it is due is *withdrawn*: deleted unsent. The engine's review at send time
+#: decides and deletes it and returns this
+#: (:func:`packhorse.engine.outcome.review_notification`); the notifier then sends nothing and
+#: returns it too (:meth:`packhorse.notify.notifier.Notifier.deliver`).
+WITHDRAWN = "withdrawn"
+
 #: ``merge(row) -> (subject, body, context)``: the content of ``row`` with one more repeat in it.
 Merge = Callable[[Notification], tuple[str, str, dict[str, Any]]]
 

@@ -16,10 +16,10 @@ like an operation's (DESIGN.md "Lease", I5):
 * :func:`release` ends it, recording ``completed_at`` when the scan completed;
 * a scan request that arrives while the last completed scan rests (:func:`rest_until`: at
   least the managers' poll interval, and :data:`SCAN_REST_FACTOR` times as long as that scan
-  took) is skipped too: every manager sends every site a scan request each poll, and a site's
-  worker processes must not spend themselves walking an unchanged tree back to back while
-  packaging waits for a free process (docs/benchmarks.md, "20,000 small files over a long
-  thin link");
+  took; :func:`scan_rest_seconds`, the rule embedded mode paces its scans by too) is skipped
+  too: every manager sends every site a scan request each poll, and a site's worker processes
+  must not spend themselves walking an unchanged tree back to back while packaging waits for
+  a free process (docs/benchmarks.md, "20,000 small files over a long thin link");
 * :func:`overdue_scans`: locations whose scan has not completed for longer than
   ``[recovery] scan_overdue_seconds`` (listed by ``status`` as blocked work, cause
   ``scan_overdue``, and by ``health``).
@@ -60,17 +60,27 @@ class ScanClaim:
     token: int
 
 
+def scan_rest_seconds(took_seconds: float, *, min_rest_seconds: float) -> float:
+    """How long (s) a completed scan of a source rests before the next one may start: the
+    longer of ``min_rest_seconds`` (the managers' poll interval, s) and :data:`SCAN_REST_FACTOR`
+    × ``took_seconds`` (how long that scan took, s). The one pacing rule of both modes:
+    distributed, on the scan lease's row (:func:`rest_until`, by the database's clock);
+    embedded, in :class:`packhorse.executors.local.ScanPacing` (by this process's monotonic
+    clock, a scan there covering every source location)."""
+    return max(min_rest_seconds, SCAN_REST_FACTOR * took_seconds)
+
+
 def rest_until(started_at: dt.datetime | None, completed_at: dt.datetime | None, *,
                min_rest_seconds: float) -> dt.datetime | None:
     """When the next scan of a location may start after its last completed one (UTC; ``None``:
-    at once): ``completed_at`` plus the longer of ``min_rest_seconds`` (s) and
-    :data:`SCAN_REST_FACTOR` × how long that scan took (``completed_at − started_at``). A
-    location never completed, or a scan under way since (``started_at`` after
-    ``completed_at``), does not rest."""
+    at once): ``completed_at`` plus :func:`scan_rest_seconds` of how long that scan took
+    (``completed_at − started_at``) and ``min_rest_seconds`` (s). A location never completed,
+    or a scan under way since (``started_at`` after ``completed_at``; a failed scan records no
+    completion either), does not rest."""
     if completed_at is None or (started_at is not None and started_at > completed_at):
         return None
     took = (completed_at - started_at).total_seconds() if started_at is not None else 0.0
-    return completed_at + dt.timedelta(seconds=max(min_rest_seconds, SCAN_REST_FACTOR * took))
+    return completed_at + dt.timedelta(seconds=scan_rest_seconds(took, min_rest_seconds=min_rest_seconds))
 
 
 def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, min_rest_seconds: float = 0.0,

@@ -9,7 +9,8 @@ What differs from ``copy`` (docs/reliability.md "Resumable transfers"):
 
 * a cut link keeps the partial on the disk for the next attempt
   (:meth:`~packhorse.storage.base.PendingWrite.suspend`) instead of removing it, and so does a
-  lost lease, which aborts a read waiting on a stalled link at once
+  lost lease (a stale fencing token, or the renewal deadline passed without renewal), which
+  aborts a read waiting on a stalled link at once
   (:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost`); a successor waits for a partial
   its stale predecessor still holds (:func:`held_partial_wait_seconds`) and resumes it;
 * a taken-over partial is compared with the source by sampled ranges
@@ -63,9 +64,12 @@ def held_partial_wait_seconds(work: Work) -> float:
     The stale attempt's next renewal, at most one interval after the successor's claim, finds
     its fencing token stale and aborts its read (:meth:`~packhorse.operations.lease.LeaseKeeper.on_lost`);
     it then suspends its partial, which frees the lock (docs/reliability.md "Resumable
-    transfers"). A stale attempt cut off from the database too stops only at its renewal
-    deadline, usually later: the successor then starts without its partial, as it would
-    without the wait."""
+    transfers"). A stale attempt cut off from the database too aborts its read the same way at
+    its renewal deadline (``lease_timeout − 1.5 × heartbeat_interval`` after its last renewal),
+    which passes before its lease can expire, so usually before the successor's claim: the lock
+    is then free already. Only a predecessor that cannot run at all (a paused process) holds
+    it past the wait; the successor then starts without its partial, as it would without the
+    wait."""
     return 2 * work.lease.interval + HELD_PARTIAL_MARGIN_SECONDS
 
 
@@ -83,8 +87,9 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
     (:meth:`~packhorse.storage.base.PendingWrite.suspend`); any other failure removes it, as for
     ``copy`` (a failed final verification included, so a partial whose sampled check passed but
     whose bytes differ is never resumed twice). A lost lease (the fencing token found stale by
-    a renewal) aborts the read at once instead of after the link's patience, and the partial is
-    suspended: its lock is free for the successor, which waits for it up to
+    a renewal, or the renewal deadline passed without a successful renewal, e.g. while the
+    database is unreachable) aborts the read at once instead of after the link's patience, and
+    the partial is suspended: its lock is free for the successor, which waits for it up to
     :func:`held_partial_wait_seconds` instead of starting from byte 0. With ``share`` (a function giving this
     transfer's share of the route's bandwidth limit now, bytes/s) every byte read over the link
     is paid for first; it is asked again every :data:`SHARE_REFRESH_SECONDS`.
@@ -95,7 +100,8 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
         LocationUnavailableError: the remote root or its identity marker is missing (waits).
         SourceMissingError: no bundle under ``key`` at the source (its copy is recorded missing).
         VerificationError: the bytes differ from ``sha256`` (nothing published).
-        LeaseLostError: the lease was lost (nothing published).
+        LeaseLostError: the lease was lost (nothing published);
+            :class:`~packhorse.errors.LeaseNotRenewedError` when it was not renewed in time.
     """
     if there_or_moved_aside(dst, key, size, sha256, work.ctx):
         return
@@ -134,8 +140,9 @@ def pull_over_ssh(work: Work, src_name: str, dst: StorageBackend, key: str, *, s
                 finally:
                     forget()
                 with source.open_read(key, offset=kept, size=size, on_read=refresh) as f:
-                    # a stale attempt stops at once, not after a stalled read's patience: its
-                    # partial is suspended below and its lock freed for the successor
+                    # a stale attempt (or one past its renewal deadline) stops at once, not after
+                    # a stalled read's patience: its partial is suspended below and its lock freed
+                    # for the successor
                     forget = work.lease.on_lost(f.abort)
                     try:
                         first = True
