@@ -347,9 +347,9 @@ def has_monitor() -> bool:
         import packhorse.recovery.reconciler  # noqa: F401
     except ImportError:
         return False
-    from packhorse.cli import app
+    from packhorse.cli.distributed import commands
 
-    return any(c.name == "monitor" or (c.callback and c.callback.__name__ == "monitor") for c in app.registered_commands)
+    return any(c.name == "monitor" or (c.callback and c.callback.__name__ == "monitor") for c in commands.registered_commands)
 
 
 SITES = ("fyst", "cologne", "cornell")

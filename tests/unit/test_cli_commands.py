@@ -1,0 +1,103 @@
+"""The ``packhorse`` application loads a command's module only when that command runs
+(:mod:`packhorse.cli`): :data:`~packhorse.cli.COMMANDS` names every command of every cli module,
+in the order of ``packhorse --help``, and neither the application nor a command that needs no
+database (``--version``, ``validate``) imports SQLAlchemy, the database or runtime layers, the
+storage registry (every storage type's SDK), or the other commands' modules.
+
+The import checks run in this process on a fresh import of packhorse: the test takes packhorse
+and the heavy libraries out of ``sys.modules``, imports, looks at what came in, and puts every
+module back as it was.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+#: What a start-up that needs no database must not import (module names and their submodules).
+HEAVY = ("sqlalchemy", "alembic", "azure", "boto3", "prometheus_client", "packhorse.db", "packhorse.runtime",
+         "packhorse.storage.registry", "packhorse.engine", "packhorse.executors", "packhorse.status", "packhorse.cli.pipeline",
+         "packhorse.cli.operator", "packhorse.cli.distributed", "packhorse.cli.admin", "packhorse.cli.quarantine")
+#: Taken out of ``sys.modules`` for a fresh import (and put back afterwards).
+FRESH = ("packhorse", *HEAVY)
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@pytest.fixture
+def fresh_import() -> Iterator[None]:
+    """``sys.modules`` without packhorse and :data:`HEAVY` for the test; restored after it."""
+    saved = dict(sys.modules)
+    for name in [n for n in sys.modules if _under(n, FRESH)]:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.clear()
+        sys.modules.update(saved)
+
+
+def _heavy_loaded() -> list[str]:
+    return sorted(n for n in sys.modules if _under(n, HEAVY))
+
+
+def test_every_command_of_every_module_is_listed_in_order_of_the_help() -> None:
+    from packhorse.cli import COMMANDS, app, command_set_of
+
+    defined: dict[str, str] = {}
+    for module in dict.fromkeys(COMMANDS.values()):
+        for name in typer.main.get_group(command_set_of(module)).commands:
+            assert name not in defined, f"{name} is defined by {defined[name]} and {module}"
+            defined[name] = module
+    assert defined == COMMANDS
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    assert group.list_commands(None) == list(COMMANDS)  # type: ignore[arg-type]
+
+
+def test_the_help_lists_every_command_and_a_typo_is_answered_with_a_suggestion() -> None:
+    from packhorse.cli import COMMANDS, app
+
+    r = CliRunner().invoke(app, ["--help"])
+    assert r.exit_code == 0
+    listed = [line.split()[0] for line in r.output.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == list(COMMANDS)
+    r = CliRunner().invoke(app, ["helth"])
+    assert r.exit_code == 2
+    assert "No such command 'helth'. Did you mean 'health'?" in r.output
+
+
+@pytest.mark.usefixtures("fresh_import")
+def test_the_application_imports_no_database_and_no_command_module() -> None:
+    import packhorse.cli  # noqa: F401
+
+    assert _heavy_loaded() == []
+
+
+@pytest.mark.usefixtures("fresh_import")
+def test_version_and_validate_start_without_the_database_layers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from packhorse.cli import app
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert (r.exit_code, r.output.startswith("packhorse ")) == (0, True)
+    r = CliRunner().invoke(app, ["validate", "--help"])
+    assert r.exit_code == 0 and "Validate BagIt bags" in r.output
+    r = CliRunner().invoke(app, ["validate", str(tmp_path / "no-such-bag")])
+    assert r.exit_code == 1
+    assert _heavy_loaded() == []
+
+
+@pytest.mark.usefixtures("fresh_import")
+def test_a_command_loads_its_own_module_only() -> None:
+    from packhorse.cli import app
+
+    r = CliRunner().invoke(app, ["health", "--help"])
+    assert r.exit_code == 0
+    loaded = {n for n in sys.modules if n.startswith("packhorse.cli.")}
+    assert loaded == {"packhorse.cli.app", "packhorse.cli.admin"}
