@@ -7,8 +7,9 @@
 - ``quarantine``: quarantine list, quarantine purge
 - ``bags``: validate (a BagIt bag folder or tar; no configuration needed)
 
-``app`` holds what every command shares (global options, exit codes, helpers); ``progress`` the
-per-stage progress of a run (bars on a terminal, summary lines off one). Exit codes: 0 ok, 1 a
+The module ``cli.app`` holds what every command shares (global options, exit codes, helpers);
+``progress`` the per-stage progress of a run (bars on a terminal, summary lines off one). The
+typer application is :data:`app` of this package. Exit codes: 0 ok, 1 a
 check found a problem, 2 configuration error, 3 an operation FAILED, 4 work is blocked waiting
 for a human. ``main`` is the console-script entry point (``packhorse``).
 
