@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -347,9 +348,9 @@ def has_monitor() -> bool:
         import packhorse.recovery.reconciler  # noqa: F401
     except ImportError:
         return False
-    from packhorse.cli import app
+    from packhorse.cli.distributed import commands
 
-    return any(c.name == "monitor" or (c.callback and c.callback.__name__ == "monitor") for c in app.registered_commands)
+    return any(c.name == "monitor" or (c.callback and c.callback.__name__ == "monitor") for c in commands.registered_commands)
 
 
 SITES = ("fyst", "cologne", "cornell")
@@ -445,9 +446,26 @@ class Cluster:
             self.stop(name)
 
     def status(self) -> dict[str, Any]:
-        r = self.cli("status", "--json")
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+        """What ``packhorse status --json`` prints for the cluster: its report
+        (:func:`~packhorse.status.reporting.status_report` of the configuration under the
+        cluster's environment, as JSON), made in this process. The waits poll it every second or
+        more often, and a ``packhorse`` process per poll (0.7 s of CPU each) took most of a core
+        from the cluster under test; the command itself is tested in tests/e2e."""
+        from packhorse.config import settings_from_dict
+        from packhorse.db.session import Database
+        from packhorse.runtime.context import ProcessContext
+        from packhorse.runtime.hooks import NO_HOOKS
+        from packhorse.runtime.topology import load_topology
+        from packhorse.status.reporting import status_report
+
+        settings = settings_from_dict(tomllib.loads(self.config.read_text(encoding="utf-8")),
+                                      base_dir=self.config.resolve().parent, source=str(self.config), environ=self.env)
+        db = Database.from_settings(settings)
+        try:
+            ctx = ProcessContext(settings=settings, db=db, topology=load_topology(db, settings), hooks=NO_HOOKS)
+            return json.loads(json.dumps(status_report(ctx), default=str))
+        finally:
+            db.dispose()
 
     def wait_finished(self, timeout: float, *, packages: int | None = None,
                       watch: ArchiveWatch | None = None) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 import packhorse.managers as managers_pkg
-from packhorse.cli import EXIT_FAILED, EXIT_OK, exit_code_after_run
+from packhorse.cli import EXIT_FAILED, EXIT_OK
+from packhorse.cli.pipeline import exit_code_after_run
 from packhorse.config import settings_from_dict
 from packhorse.db.models import Notification, Operation, Site, utcnow
 from packhorse.db.session import Database

@@ -16,7 +16,7 @@ from packhorse.cli.app import (
     EXIT_PROBLEM,
     ConfigOpt,
     JsonOpt,
-    app,
+    command_set,
     context,
     fail,
     print_json,
@@ -24,10 +24,15 @@ from packhorse.cli.app import (
     table_console,
 )
 from packhorse.errors import RuntimeSettingError, ServiceHealthError, TokenError
+from packhorse.runtime import audit
+from packhorse.runtime.settings import describe, set_setting, unset_setting
 from packhorse.time_text import utc_text
 
+#: this module's commands (loaded by packhorse.cli when one of them runs)
+commands = command_set()
 
-@app.command()
+
+@commands.command()
 def health(
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
@@ -46,7 +51,6 @@ def health(
     database's clock); one beyond database.clock_offset_warn_seconds is named on stderr."""
     from packhorse.recovery.breakers import jsonable  # deferred: start-up time
     from packhorse.recovery.health import forget_service, list_services, scan_health  # deferred: start-up time
-    from packhorse.runtime import audit  # deferred: start-up time
     from packhorse.status.blocked_work import lease_not_reclaimed, site_unreachable  # deferred: start-up time
 
     ctx = context(config)
@@ -129,10 +133,10 @@ def health(
     raise typer.Exit(EXIT_PROBLEM if dead or scans or no_monitor or unreclaimed or cut_off else EXIT_OK)
 
 
-token_app = typer.Typer(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")
-config_app = typer.Typer(no_args_is_help=True, help="Runtime settings stored in the database (picked up within 60 s).")
-app.add_typer(token_app, name="token")
-app.add_typer(config_app, name="config")
+token_app = command_set(no_args_is_help=True, help="API tokens: create (shown once), list, revoke.")
+config_app = command_set(no_args_is_help=True, help="Runtime settings stored in the database (picked up within 60 s).")
+commands.add_typer(token_app, name="token")
+commands.add_typer(config_app, name="config")
 
 
 @token_app.command("create")
@@ -143,7 +147,6 @@ def token_create(
 ) -> None:
     """Create an API token; it is printed once, alone on the last line of stdout."""
     from packhorse.api.tokens import create_token  # deferred: start-up time
-    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -178,7 +181,6 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
                  as_json: JsonOpt = False) -> None:
     """Revoke a token: it is refused from the next request on."""
     from packhorse.api.tokens import revoke_token  # deferred: start-up time
-    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -198,8 +200,6 @@ def token_revoke(name: Annotated[str, typer.Argument(help="the token's name")], 
 def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_interval_seconds, log_level")],
                value: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Change a runtime setting; running services pick it up within a minute (audited)."""
-    from packhorse.runtime import audit  # deferred: start-up time
-    from packhorse.runtime.settings import set_setting  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -216,8 +216,6 @@ def config_set(key: Annotated[str, typer.Argument(help="e.g. managers.poll_inter
 @config_app.command("unset")
 def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Drop a runtime override: the configuration file's value applies again (audited)."""
-    from packhorse.runtime import audit  # deferred: start-up time
-    from packhorse.runtime.settings import unset_setting  # deferred: start-up time
 
     ctx = context(config)
     try:
@@ -233,7 +231,6 @@ def config_unset(key: Annotated[str, typer.Argument()], config: ConfigOpt = None
 @config_app.command("show")
 def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Runtime settings: effective value, file default and where the value comes from."""
-    from packhorse.runtime.settings import describe  # deferred: start-up time
 
     ctx = context(config)
     rows = ctx.db.read(lambda s: describe(s, ctx.settings))
@@ -247,11 +244,10 @@ def config_show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     table_console().print(t)
 
 
-@app.command("audit")
+@commands.command("audit")
 def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entries")] = 50,
               config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The audit log of admin actions, newest first."""
-    from packhorse.runtime import audit  # deferred: start-up time
 
     ctx = context(config)
     rows = ctx.db.read(lambda s: audit.entries(s, limit=limit))
@@ -265,7 +261,7 @@ def audit_cmd(limit: Annotated[int, typer.Option("--limit", help="newest N entri
                         f"{f' (reason: {reason})' if reason else ''}"))
 
 
-@app.command()
+@commands.command()
 def usage(
     config: ConfigOpt = None,
     measure: Annotated[bool, typer.Option("--measure", help="measure every disk location now (and record it)")] = False,

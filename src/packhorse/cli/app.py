@@ -1,6 +1,12 @@
-"""What every ``packhorse`` command shares: the typer application, exit codes, option types,
+"""What every ``packhorse`` command shares: the global options, exit codes, option types,
 configuration and database opening, JSON output, and the one helper behind the commands that
 act on one operation (``KIND ID [--reason] [--json]``).
+
+Each cli module holds its commands in a :func:`command_set` of its own, which the ``packhorse``
+application (:mod:`packhorse.cli`) loads only when one of them runs: a command's start-up
+imports its own module and what it needs, not the database layer and every other command's
+dependencies (``packhorse --help`` and ``validate`` need no SQLAlchemy). This module therefore
+imports the database and runtime layers only inside the functions that open them.
 
 Exit codes: 0 ok, 1 a check found a problem, 2 configuration error, 3 an operation FAILED,
 4 work is blocked and waits (by itself or on one command: :mod:`packhorse.status.blocked_work`). Machine-readable output (``--json``) goes to stdout
@@ -17,10 +23,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 
+from packhorse import logs
 from packhorse.config import Settings, load_config
-from packhorse.db.session import Database
 from packhorse.errors import (
     ConfigError,
     DatabaseNotInitializedError,
@@ -28,11 +33,11 @@ from packhorse.errors import (
     StorageServiceError,
     UnknownOperationError,
 )
-from packhorse.runtime.context import ProcessContext
-from packhorse.runtime.topology import sync_topology
 
 if TYPE_CHECKING:
+    from packhorse.db.session import Database
     from packhorse.domain import OperationKind
+    from packhorse.runtime.context import ProcessContext
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CONFIG, EXIT_FAILED, EXIT_BLOCKED = 0, 1, 2, 3, 4
 #: ``validate``: every bag valid, one or more incomplete (payload files listed in fetch.txt not
@@ -44,8 +49,8 @@ EXIT_INCOMPLETE = 5
 #: so that it is never taken for "nothing matches" (1)
 EXIT_OUTPUT_CLOSED = 128 + 13
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once.")
+#: what ``packhorse --help`` says first (the application's help)
+HELP = "packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once."
 err = Console(stderr=True)
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML configuration file [default: ./packhorse.toml]")]
@@ -83,16 +88,22 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(EXIT_OK)
 
 
-@app.callback()
-def _global_options(
+def command_set(**options: Any) -> typer.Typer:
+    """A typer application that holds the commands of one cli module (``options``: typer's, for
+    a command group such as ``token``); :mod:`packhorse.cli` loads it when one of its commands
+    runs. Help text is plain, as in the application itself (no rich markup)."""
+    return typer.Typer(rich_markup_mode=None, **options)
+
+
+def global_options(
     version: Annotated[bool, typer.Option("--version", "-V", callback=_print_version, is_eager=True,
                                           help="Print the packhorse version and exit")] = False,
     log_format: Annotated[Optional[str], typer.Option(
         "--log-format", help="Log lines on stderr: json or console [default: console on a terminal, else json]",
         envvar="PACKHORSE_LOG_FORMAT")] = None,
 ) -> None:
-    """packhorse: pack raw data into BagIt bags, ship, verify and archive it exactly once."""
-    from packhorse import logs  # deferred: start-up time
+    """The options before the command (the application's callback, :mod:`packhorse.cli`):
+    ``--version`` prints it and exits 0; ``--log-format`` other than json or console exits 2."""
 
     if log_format is not None:
         if log_format not in ("json", "console"):
@@ -131,6 +142,10 @@ def settings(config: Path | None) -> Settings:
 
 def database(settings: Settings, *, migrate_check: bool) -> Database:
     """Open the ops database; an unusable URL or an un-migrated schema exits 2."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from packhorse.db.session import Database  # deferred: start-up time (SQLAlchemy)
+
     url = settings.database_url
     if migrate_check and url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):]):
         # do not leave an empty database file behind: only `init` creates it
@@ -156,7 +171,8 @@ def database(settings: Settings, *, migrate_check: bool) -> Database:
 def context(config: Path | None, *, migrate_check: bool = True) -> ProcessContext:
     """Configuration, migrated database and registered topology of ``config``; logging at
     WARNING unless ``PACKHORSE_LOG_LEVEL`` says otherwise."""
-    from packhorse import logs  # deferred: start-up time
+    from packhorse.runtime.context import ProcessContext  # deferred: start-up time (storage backends)
+    from packhorse.runtime.topology import sync_topology  # deferred: start-up time (ORM models)
 
     logs.configure(log_level("WARNING"))
     s = settings(config)

@@ -8,10 +8,22 @@ from typing import Annotated
 
 import typer
 
-from packhorse.cli.app import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, ConfigOpt, JsonOpt, app, print_json, settings
+from packhorse.cli.app import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    ConfigOpt,
+    JsonOpt,
+    command_set,
+    print_json,
+    settings,
+)
+
+#: this module's commands (loaded by packhorse.cli when one of them runs)
+commands = command_set()
 
 
-@app.command()
+@commands.command()
 def validate(
     paths: Annotated[list[Path], typer.Argument(help="bag folders, or bag tars holding one top folder each")],
     as_json: JsonOpt = False,

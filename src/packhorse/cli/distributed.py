@@ -12,13 +12,14 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from packhorse import logs
 from packhorse.cli.app import (
     EXIT_CONFIG,
     EXIT_OK,
     ConfigOpt,
     InstanceOpt,
     JsonOpt,
-    app,
+    command_set,
     context,
     fail,
     heartbeat,
@@ -30,6 +31,9 @@ from packhorse.errors import ConfigError
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.settings import RuntimeSettings
 
+#: this module's commands (loaded by packhorse.cli when one of them runs)
+commands = command_set()
+
 
 def _celery_settings(config: Path | None) -> ProcessContext:
     ctx = context(config)
@@ -40,7 +44,7 @@ def _celery_settings(config: Path | None) -> ProcessContext:
     return ctx
 
 
-@app.command()
+@commands.command()
 def worker(
     site: Annotated[str, typer.Option("--site", help="the site whose queues this worker consumes")],
     kinds: Annotated[Optional[str], typer.Option("--kinds", help="only these kinds, comma separated "
@@ -66,14 +70,13 @@ def worker(
         raise typer.Exit(code)
 
 
-@app.command()
+@commands.command()
 def manager(
     config: ConfigOpt = None,
     max_seconds: Annotated[Optional[float], typer.Option("--max-seconds", help="stop after this long")] = None,
     instance: InstanceOpt = None,
 ) -> None:
     """Run the pipeline's managers and the dispatcher to Celery (distributed mode; any number may run at once)."""
-    from packhorse import logs  # deferred: start-up time
     from packhorse.executors.celery_app import Manager  # deferred: start-up time
 
     ctx = _celery_settings(config)
@@ -129,7 +132,7 @@ def _serve(ctx: ProcessContext, service: str, body: Any, *, instance: str | None
             signal.signal(s, h)
 
 
-@app.command()
+@commands.command()
 def notifier(config: ConfigOpt = None, instance: InstanceOpt = None) -> None:
     """Deliver the notification outbox (SMTP, apprise) until stopped: retries with backoff, dead letters."""
     from packhorse.executors.services import notifier_for  # deferred: start-up time
@@ -162,7 +165,7 @@ def notifier(config: ConfigOpt = None, instance: InstanceOpt = None) -> None:
     n.flush(cfg.stop_grace_seconds)  # its own "stopped" message, if the server takes it at once
 
 
-@app.command("disk-monitor")
+@commands.command("disk-monitor")
 def disk_monitor(config: ConfigOpt = None, instance: InstanceOpt = None) -> None:
     """Measure every active disk location every disk_usage.interval_seconds (60 s) until stopped."""
     from packhorse.rules.disk_usage import DiskMonitor  # deferred: start-up time
@@ -180,7 +183,7 @@ def disk_monitor(config: ConfigOpt = None, instance: InstanceOpt = None) -> None
         t.join(timeout=30)
 
     _serve(ctx, "disk-monitor", body, instance=instance)
-@app.command()
+@commands.command()
 def monitor(
     config: ConfigOpt = None,
     once: Annotated[bool, typer.Option("--once", help="Run one cycle, print what it did, exit")] = False,
@@ -271,7 +274,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-@app.command()
+@commands.command()
 def api(
     config: ConfigOpt = None,
     host: Annotated[Optional[str], typer.Option("--host", help="address to listen on [default: api.host]")] = None,

@@ -20,7 +20,7 @@ from packhorse.cli.app import (
     KindArg,
     OperationIdArg,
     ReasonOpt,
-    app,
+    command_set,
     context,
     fail,
     operation_action,
@@ -43,8 +43,11 @@ from packhorse.runtime.audit import cli_actor
 from packhorse.runtime.context import ProcessContext
 from packhorse.time_text import utc_text
 
+#: this module's commands (loaded by packhorse.cli when one of them runs)
+commands = command_set()
 
-@app.command()
+
+@commands.command()
 def reset(
     kind: KindArg,
     operation_id: Annotated[Optional[int], typer.Argument(help="operation id (or use --all-failed)", min=1, max=2**63 - 1)] = None,
@@ -74,7 +77,7 @@ def reset(
                      refused=(ResetRefusedError,), precheck=precheck)
 
 
-@app.command()
+@commands.command()
 def notifications(
     config: ConfigOpt = None,
     dead: Annotated[bool, typer.Option("--dead", help="only dead letters (delivery gave up)")] = False,
@@ -132,8 +135,8 @@ def notifications(
     table_console().print(t)
 
 
-breaker_app = typer.Typer(help="Circuit breakers of stalled operations: list, reset.", no_args_is_help=True)
-app.add_typer(breaker_app, name="breaker")
+breaker_app = command_set(help="Circuit breakers of stalled operations: list, reset.", no_args_is_help=True)
+commands.add_typer(breaker_app, name="breaker")
 
 
 @breaker_app.command("list")
@@ -171,7 +174,7 @@ def breaker_reset(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt
                         f"(had {out['previous_stall_count']} stall(s))"))
 
 
-@app.command()
+@commands.command()
 def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not given",
           config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Force a retry: reset the circuit breaker, set the operation PENDING, dispatch it now."""
@@ -184,7 +187,7 @@ def retry(kind: KindArg, operation_id: OperationIdArg, reason: ReasonOpt = "not 
         refused=(ResetRefusedError,))
 
 
-@app.command()
+@commands.command()
 def diagnose(
     kind: Annotated[Optional[str], typer.Argument(help="operation kind, e.g. transfer")] = None,
     operation_id: Annotated[Optional[int], typer.Argument(help="operation id", min=1, max=2**63 - 1)] = None,
@@ -365,8 +368,8 @@ def _live_object_text(o: dict[str, Any]) -> str:
     return f"present, {o['size']:,} bytes" + (" as recorded" if o["expected_size"] is not None else "") + note
 
 
-skipped_app = typer.Typer(help="Source files not archived: list them, forget one gone for good.", no_args_is_help=True)
-app.add_typer(skipped_app, name="skipped")
+skipped_app = command_set(help="Source files not archived: list them, forget one gone for good.", no_args_is_help=True)
+commands.add_typer(skipped_app, name="skipped")
 
 
 @skipped_app.command("list")
@@ -413,7 +416,7 @@ def skipped_forget(
         print(f"forgot {d['location']}:{shown(d['path'])} ({d['reason']}); no longer listed as skipped")
 
 
-@app.command()
+@commands.command()
 def locate(
     query: Annotated[str, typer.Argument(help="a source path (relative, LOCATION:PATH or absolute) or a package name")],
     config: ConfigOpt = None,
@@ -485,7 +488,7 @@ def _print_located(r: dict[str, Any]) -> None:
                   f"{shown(r['query'].rstrip('/') + '/')} lists them", highlight=False)
 
 
-@app.command()
+@commands.command()
 def reconcile(
     package_id: Annotated[Optional[int], typer.Argument(help="raw data package id (default: every package)",
                                                         min=1, max=2**63 - 1)] = None,

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from packhorse import __version__
+from packhorse import __version__, logs
 from packhorse.cli.app import (
     EXIT_BLOCKED,
     EXIT_CONFIG,
@@ -29,9 +29,9 @@ from packhorse.cli.app import (
     JsonOpt,
     KindArg,
     OperationIdArg,
-    app,
     check_read_only_sources,
     check_storage,
+    command_set,
     context,
     database,
     err,
@@ -51,6 +51,9 @@ from packhorse.errors import ConfigError, NothingToStageError, StorageServiceErr
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 from packhorse.time_text import utc_text
+
+#: this module's commands (loaded by packhorse.cli when one of them runs)
+commands = command_set()
 
 
 def _mark(ctx: ProcessContext, **kwargs: Any) -> list[Any]:
@@ -87,13 +90,13 @@ def _refuse_unreachable(db: Database, refused: list[str], *, remove_file: str | 
                EXIT_CONFIG)
 
 
-@app.command()
+@commands.command()
 def version() -> None:
     """Print the packhorse version."""
     print(__version__)
 
 
-@app.command()
+@commands.command()
 def init(config: ConfigOpt = None,
          replace: Annotated[list[str] | None, typer.Option(
              "--replace", metavar="LOCATION",
@@ -117,7 +120,6 @@ def init(config: ConfigOpt = None,
     names it, and a root marked by another packhorse installation (exit 2), unless --adopt
     names it. --site marks the locations of those sites only (in a distributed deployment
     each site's folders are on its own hosts); the database is created or upgraded either way."""
-    from packhorse import logs  # deferred: start-up time
     from packhorse.rules.availability import root_of, unreachable_stores  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))  # what init did is printed below; log lines only for trouble
@@ -223,7 +225,6 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     with ``--log-format json``; with ``quiet`` errors only; with ``verbose`` INFO log lines too
     (every operation started, completed, deferred). Health: the run records itself as
     service ``runner`` (with ``instance``: :func:`packhorse.recovery.health.service_identity`)."""
-    from packhorse import logs  # deferred: start-up time
     from packhorse.cli.progress import SummaryLines, TerminalProgress  # deferred: start-up time
     from packhorse.executors.local import LocalRunner  # deferred: start-up time
 
@@ -275,7 +276,7 @@ def _run(ctx: ProcessContext, *, until_idle: bool, quiet: bool,
     return time.monotonic() - start, (stopped_by[0] if stopped_by else None)
 
 
-@app.command()
+@commands.command()
 def run(
     config: ConfigOpt = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when no work can become runnable by itself")] = False,
@@ -342,7 +343,6 @@ def _dry_run(config: Path | None, as_json: bool, *, per_file: bool = False) -> N
     created, no topology registered, nothing in any data location). ``per_file`` (``-v``): every
     listed file with its decision (registered into which package, excluded by which pattern,
     skipped and why, settling, unchanged) instead of the skipped ones only."""
-    from packhorse import logs  # deferred: start-up time
     from packhorse.status.dry_run import database_exists, plan_run  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))
@@ -395,7 +395,7 @@ def _dry_run(config: Path | None, as_json: bool, *, per_file: bool = False) -> N
               f"{n['shipments']} package shipment(s) to destination buffers (bundled into transfers at run time), {n['archive_copies']} archive copies, {n['deletions']} deletion(s)")
 
 
-@app.command("run-operation")
+@commands.command("run-operation")
 def run_operation(
     kind: KindArg,
     operation_id: OperationIdArg,
@@ -418,7 +418,7 @@ def run_operation(
                       "failed": EXIT_FAILED}[outcome.value])
 
 
-@app.command()
+@commands.command()
 def status(config: ConfigOpt = None, as_json: JsonOpt = False,
            list_skipped: Annotated[bool, typer.Option(
                "--skipped", help="list every skipped source path (by default a count per reason)")] = False) -> None:
@@ -516,7 +516,7 @@ def status(config: ConfigOpt = None, as_json: JsonOpt = False,
         out.print(f"  release: {b['release']}", highlight=False, markup=False)
 
 
-@app.command()
+@commands.command()
 def verify(
     config: ConfigOpt = None,
     location: Annotated[Optional[str], typer.Option(
@@ -625,7 +625,7 @@ def _print_source_audit(a: dict[str, Any]) -> None:
         print(f"UNREADABLE {a['location']}:{shown(u['path'])}: {u['reason']}")
 
 
-@app.command()
+@commands.command()
 def demo(
     source: Annotated[Optional[Path], typer.Option("--source", help="archive this folder instead of generated data")] = None,
     workdir: Annotated[Path, typer.Option("--workdir", help="where the demo's config, database and sites go")] = Path("packhorse-demo"),
@@ -657,7 +657,6 @@ def demo(
     db = Database.from_settings(ctx_settings)
     db.upgrade()
     ctx = ProcessContext(settings=ctx_settings, db=db, topology=sync_topology(db, ctx_settings))
-    from packhorse import logs  # deferred: start-up time
 
     logs.configure(log_level("WARNING"))  # the run below sets its own level
     _mark(ctx)
@@ -718,7 +717,7 @@ def _an_archived_bag(ctx: ProcessContext) -> Path | None:
     return None if row is None else ctx.settings.location_path(disks[row.location_id]) / row.path
 
 
-@app.command()
+@commands.command()
 def stage(
     name: Annotated[str, typer.Argument(help="raw data package name or observation unit")],
     to: Annotated[str, typer.Option("--to", help="processing location to extract into")],

@@ -17,7 +17,7 @@ from packhorse.cli.app import (
     EXIT_PROBLEM,
     ConfigOpt,
     JsonOpt,
-    app,
+    command_set,
     context,
     fail,
     print_json,
@@ -29,9 +29,12 @@ from packhorse.runtime.audit import cli_actor
 from packhorse.runtime.context import ProcessContext
 from packhorse.time_text import utc_text
 
-quarantine_app = typer.Typer(no_args_is_help=True,
+#: this module's commands (loaded by packhorse.cli when one of them runs)
+commands = command_set()
+
+quarantine_app = command_set(no_args_is_help=True,
                              help="What repairs moved aside instead of overwriting it: list it, purge what is old enough.")
-app.add_typer(quarantine_app, name="quarantine")
+commands.add_typer(quarantine_app, name="quarantine")
 
 LocationOpt = Annotated[Optional[str], typer.Option("--location", help="only this data location")]
 SiteOpt = Annotated[Optional[str], typer.Option(
