@@ -18,6 +18,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -126,6 +127,30 @@ def run(work: SimpleNamespace, dst: DiskBackend) -> None:
                        location_id=1, data_transfer_package_id=1, streams=2, share=None)
 
 
+
+def start_stalled(attempt: Callable[[], None]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``attempt`` (a pull) in a thread until its read stalls mid-bundle
+    (:attr:`FakeSource.stall_at`): ``(the thread, its outcome)``; the outcome gets ``error``
+    (what the attempt raised) and ``at`` (when, monotonic seconds) once it ends."""
+    outcome: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            attempt()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+            outcome["at"] = time.monotonic()
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not FakeSource.readers and "error" not in outcome and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if "error" in outcome:
+        raise outcome["error"]
+    assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
+    return t, outcome
+
 def test_a_stale_attempt_stops_at_once_and_its_successor_resumes_its_partial(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pull, "SftpSource", FakeSource)
@@ -137,23 +162,7 @@ def test_a_stale_attempt_stops_at_once_and_its_successor_resumes_its_partial(
 
     stale = work_of(1)
     FakeSource.stall_at = ACROSS
-    outcome: dict[str, Any] = {}
-
-    def stale_attempt() -> None:
-        try:
-            run(stale, dst)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
-            outcome["at"] = time.monotonic()
-
-    t = threading.Thread(target=stale_attempt, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not FakeSource.readers and "error" not in outcome and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if "error" in outcome:
-        raise outcome["error"]
-    assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
+    t, outcome = start_stalled(lambda: run(stale, dst))
 
     # the monitor declares it stalled and the successor is claimed (token 2); the stale
     # attempt's next renewal, half a second later, finds its token stale
@@ -190,26 +199,13 @@ def test_a_stale_attempt_cut_off_from_the_database_stops_at_its_deadline_and_its
     stale.lease.interval, stale.lease.deadline = 0.2, 1.5
     stale.lease.stopped = False  # the real scheduler renews it (and checks its deadline)
     FakeSource.stall_at = ACROSS
-    outcome: dict[str, Any] = {}
-
     def stale_attempt() -> None:
-        try:
-            with stale.lease:
-                run(stale, dst)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome["error"] = e
-            outcome["at"] = time.monotonic()
+        with stale.lease:
+            run(stale, dst)
 
     try:
         started = time.monotonic()
-        t = threading.Thread(target=stale_attempt, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 10
-        while not FakeSource.readers and "error" not in outcome and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if "error" in outcome:
-            raise outcome["error"]
-        assert FakeSource.readers and FakeSource.readers[0].stalled.wait(10)  # the link stalls mid-bundle
+        t, outcome = start_stalled(stale_attempt)
 
         successor = work_of(2)  # claimed once the stale lease expired; waits for the partial's lock
         FakeSource.stall_at = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from packhorse.config import settings_from_dict
 from packhorse.db.session import Database
@@ -16,19 +17,24 @@ from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 
 
-def test_a_location_whose_scan_request_waits_gets_no_second_one(empty_db: Database, tmp_path: Path) -> None:
+def _site(db: Database, tmp_path: Path, name: str) -> tuple[ProcessContext, Any, str]:
+    """A source site ``name`` with a buffer and a destination, in distributed mode over the
+    in-memory broker: ``(process context, Celery app, the source's scan queue)``."""
     settings = settings_from_dict({
         "executor": {"kind": "celery", "broker_url": "memory://"},
-        "sites": [{"name": "pileup-site"}, {"name": "pileup-dest"}],
+        "sites": [{"name": f"{name}-site"}, {"name": f"{name}-dest"}],
         "locations": [
-            {"name": "pileup-src", "site": "pileup-site", "role": "source", "path": "src"},
-            {"name": "pileup-buf", "site": "pileup-site", "role": "buffer", "path": "buf"},
-            {"name": "pileup-lta", "site": "pileup-dest", "role": "long_term_archive", "path": "lta"},
+            {"name": f"{name}-src", "site": f"{name}-site", "role": "source", "path": "src"},
+            {"name": f"{name}-buf", "site": f"{name}-site", "role": "buffer", "path": "buf"},
+            {"name": f"{name}-lta", "site": f"{name}-dest", "role": "long_term_archive", "path": "lta"},
         ],
     }, base_dir=tmp_path, environ={})
-    ctx = ProcessContext(settings=settings, db=empty_db, topology=sync_topology(empty_db, settings))
-    app = make_app(settings)
-    q = queue_name("pileup-site", "pileup-src", "scan")
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return ctx, make_app(settings), queue_name(f"{name}-site", f"{name}-src", "scan")
+
+
+def test_a_location_whose_scan_request_waits_gets_no_second_one(empty_db: Database, tmp_path: Path) -> None:
+    ctx, app, q = _site(empty_db, tmp_path, "pileup")
 
     def waiting() -> int:
         return queue_depths(app, [q])[q]
@@ -37,7 +43,7 @@ def test_a_location_whose_scan_request_waits_gets_no_second_one(empty_db: Databa
     assert dispatch_scans(ctx, app, 0.5) == [q]
     for _ in range(10):
         assert dispatch_scans(ctx, app, 0.5) == []
-        assert dispatch_scans(ctx, make_app(settings), 0.5) == []
+        assert dispatch_scans(ctx, make_app(ctx.settings), 0.5) == []
     assert waiting() == 1
 
     # the worker takes it: the next poll sends the next one
@@ -52,18 +58,7 @@ def test_a_location_whose_scan_request_waits_gets_no_second_one(empty_db: Databa
 def test_a_location_whose_scan_runs_or_rests_gets_no_request(empty_db: Database, tmp_path: Path) -> None:
     from packhorse.operations import scan_lease
 
-    settings = settings_from_dict({
-        "executor": {"kind": "celery", "broker_url": "memory://"},
-        "sites": [{"name": "resting-site"}, {"name": "resting-dest"}],
-        "locations": [
-            {"name": "resting-src", "site": "resting-site", "role": "source", "path": "src"},
-            {"name": "resting-buf", "site": "resting-site", "role": "buffer", "path": "buf"},
-            {"name": "resting-lta", "site": "resting-dest", "role": "long_term_archive", "path": "lta"},
-        ],
-    }, base_dir=tmp_path, environ={})
-    ctx = ProcessContext(settings=settings, db=empty_db, topology=sync_topology(empty_db, settings))
-    app = make_app(settings)
-    q = queue_name("resting-site", "resting-src", "scan")
+    ctx, app, q = _site(empty_db, tmp_path, "resting")
 
     def take() -> None:  # a worker takes the waiting request
         with app.connection_for_read() as conn:
