@@ -152,16 +152,26 @@ def test_a_running_distributed_manager_follows_the_poll_interval_set_at_run_time
     broker = redis_url()
     cluster = Cluster(cfg, url, broker)
     queue = redis.Redis.from_url(broker)
-    scans = "fyst_fyst-source_scan"  # the scan queue of fyst's source (no worker consumes it here)
+    # the scan queue of fyst's source: no worker runs here, the test takes the requests itself
+    # (a manager sends none while one still waits there)
+    scans = "fyst_fyst-source_scan"
+    taken: list[bytes] = []
+
+    def take() -> int:
+        message = queue.rpop(scans)
+        if message is not None:
+            taken.append(message)
+        return len(taken)
+
     try:
         cluster.init()
         cluster.start("manager", "manager")
-        _wait(lambda: queue.llen(scans) >= 1, 60, "the manager's first scan request")
+        _wait(lambda: take() >= 1, 60, "the manager's first scan request")
         time.sleep(3)
-        assert queue.llen(scans) == 1  # the next poll is 1000 s away
+        assert take() == 1  # the next poll is 1000 s away
         r = cluster.cli("config", "set", "managers.poll_interval_seconds", "0.3")
         assert r.returncode == 0, r.stderr
-        _wait(lambda: queue.llen(scans) >= 4, 30, "scan requests at the new poll interval")
+        _wait(lambda: take() >= 4, 30, "scan requests at the new poll interval")
     finally:
         cluster.stop_all()
         queue.close()
