@@ -5,7 +5,8 @@ act on one operation (``KIND ID [--reason] [--json]``).
 Each cli module holds its commands in a :func:`command_set` of its own, which the ``packhorse``
 application (:mod:`packhorse.cli`) loads only when one of them runs: a command's start-up
 imports its own module and what it needs, not the database layer and every other command's
-dependencies (``packhorse --help`` and ``validate`` need no SQLAlchemy). This module therefore
+dependencies (``packhorse --version`` and ``validate`` need no SQLAlchemy; ``--help`` lists
+every command, so it loads every command's module). This module therefore
 imports the database and runtime layers only inside the functions that open them.
 
 Exit codes: 0 ok, 1 a check found a problem, 2 configuration error, 3 an operation FAILED,
