@@ -1,8 +1,9 @@
 """Long-term-archive operations of small packages run together in one task
 (:func:`packhorse.engine.worker.execute_task`): one claim and one completion transaction for the task,
 yet every operation keeps its own bytes, fencing token and outcome (I2, I3, I4); the embedded
-runner puts archive operations together only when more of them are runnable than it has free
-task slots, and never a package larger than ``ARCHIVE_BATCH_BYTES``."""
+runner puts archive operations (and builds of small packages, the same rule) together only
+when more of them are runnable than it has free task slots, and never a package larger than
+``SMALL_BATCH_BYTES``."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.engine.worker import Outcome, execute_operation, execute_task
 from packhorse.executors.local import LocalRunner
-from packhorse.operations.batching import ARCHIVE_BATCH, ARCHIVE_BATCH_BYTES, group_tasks
+from packhorse.operations.batching import SMALL_BATCH, SMALL_BATCH_BYTES, group_tasks
 from packhorse.operations.lifecycle import create_operation, dedup_key
 from packhorse.rules.availability import mark_locations
 from packhorse.runtime.context import ProcessContext
@@ -227,9 +228,13 @@ def _runner(db: Database, workers: int, prefetch: int) -> LocalRunner:
                                              db=db, hooks=NO_HOOKS))  # type: ignore[arg-type]
 
 
-def _archive_operations(db: Database, sizes: list[int], stalled: dict[int, int] | None = None) -> list[int]:
+def _archive_operations(db: Database, sizes: list[int], stalled: dict[int, int] | None = None, *,
+                        kind: OperationKind = LTA) -> list[int]:
     """A source location and one PENDING long-term-archive operation per package of ``sizes``
-    (bytes), the ``k``-th with ``stall_count`` ``stalled[k]``; returns their operation ids."""
+    (bytes), the ``k``-th with ``stall_count`` ``stalled[k]``; returns their operation ids.
+    ``kind`` ``RAW_DATA_PACKAGE``: builds of packages of ``sizes`` payload bytes, not built yet
+    (no size, no sha256)."""
+    built = kind is LTA
     def seed(s: Session) -> list[int]:
         s.add(Site(id=1, name="fyst"))
         s.flush()
@@ -238,10 +243,11 @@ def _archive_operations(db: Database, sizes: list[int], stalled: dict[int, int] 
         ids = []
         for i, size in enumerate(sizes):
             pkg = RawDataPackage(name=f"p{i}", group_path=f"p{i}", source_location_id=1, bagging_date="2026-01-01",
-                                 file_count=1, payload_bytes=size, size=size, sha256="0" * 64)
+                                 file_count=1, payload_bytes=size, size=size if built else None,
+                                 sha256="0" * 64 if built else None)
             s.add(pkg)
             s.flush()
-            op = create_operation(s, kind=LTA, dedup_key=f"lta:{i}", site_id=1, max_retries=3,
+            op = create_operation(s, kind=kind, dedup_key=f"{kind.value}:{i}", site_id=1, max_retries=3,
                                   raw_data_package_id=pkg.id)
             assert op is not None
             op.stall_count = (stalled or {}).get(i, 0)
@@ -264,8 +270,8 @@ def _handed(db: Database, *, workers: int, prefetch: int) -> list[tuple[int, ...
     return handed
 
 
-BIG = ARCHIVE_BATCH_BYTES + 1
-THIRD = ARCHIVE_BATCH_BYTES // 3
+BIG = SMALL_BATCH_BYTES + 1
+THIRD = SMALL_BATCH_BYTES // 3
 
 
 @pytest.mark.parametrize(("sizes", "expected"), [
@@ -273,26 +279,29 @@ THIRD = ARCHIVE_BATCH_BYTES // 3
     ([10] * 4, [1, 1, 1, 1]),
     ([10] * 15, [4, 4, 4, 3]),
     ([10] * 18, [5, 5, 5, 3]),
-    ([10] * 40, [ARCHIVE_BATCH] * 4),
+    ([10] * 40, [SMALL_BATCH] * 4),
     ([BIG] * 10, [1, 1, 1, 1]),                         # large packages: one to a task, always
     ([10, BIG, 10, 10, BIG, 10, 10, 10, 10], [2, 1, 2, 1]),
-    ([THIRD + 1] * 12, [2, 2, 2, 2]),                   # at most ARCHIVE_BATCH_BYTES to a task
+    ([THIRD + 1] * 12, [2, 2, 2, 2]),                   # at most SMALL_BATCH_BYTES to a task
 ], ids=["3", "4", "15", "18", "40", "large", "mixed", "bytes"])
+@pytest.mark.parametrize("kind", [LTA, OperationKind.RAW_DATA_PACKAGE], ids=["archives", "builds"])
 def test_the_runner_puts_small_archives_together_beyond_its_free_slots(tmp_path: Path, sizes: list[int],
-                                                                        expected: list[int]) -> None:
-    """Few archive operations go one to a task, so every worker copies one; more than the free
-    task slots are spread over them, at most ARCHIVE_BATCH and ARCHIVE_BATCH_BYTES to a task;
-    a package larger than ARCHIVE_BATCH_BYTES is always archived alone."""
+                                                                        expected: list[int],
+                                                                        kind: OperationKind) -> None:
+    """Few archive operations (or package builds) go one to a task, so every worker copies
+    (builds) one; more than the free task slots are spread over them, at most SMALL_BATCH and
+    SMALL_BATCH_BYTES to a task; a package larger than SMALL_BATCH_BYTES (a build: its payload,
+    its package not written yet) is always archived or built alone."""
     db = Database(f"sqlite:///{tmp_path}/t.db")
     db.upgrade()
     try:
-        _archive_operations(db, sizes)
+        _archive_operations(db, sizes, kind=kind)
         handed = _handed(db, workers=2, prefetch=2)  # 4 free task slots
         assert [len(ids) for ids in handed] == expected
         ids = [i for task in handed for i in task]
-        size_of = db.read(lambda s: dict(s.execute(select(Operation.id, RawDataPackage.size).join(
+        size_of = db.read(lambda s: dict(s.execute(select(Operation.id, RawDataPackage.payload_bytes).join(
             RawDataPackage, RawDataPackage.id == Operation.raw_data_package_id)).all()))
-        assert all(len(t) == 1 or sum(size_of[i] for i in t) <= ARCHIVE_BATCH_BYTES for t in handed)
+        assert all(len(t) == 1 or sum(size_of[i] for i in t) <= SMALL_BATCH_BYTES for t in handed)
         scheduled = db.read(lambda s: set(s.scalars(select(Operation.id).where(
             Operation.status == Status.SCHEDULED.value))))
         assert scheduled == set(ids)
@@ -315,7 +324,7 @@ def _row(op_id: int, kind: OperationKind, queue: str, copy: int | None = None) -
 def test_the_distributed_executor_groups_each_queue_alone_and_spreads_its_archives_over_a_sites_workers() -> None:
     """A broker message goes to one queue: a task never mixes queues. Each queue's archive
     operations of small packages are spread over ``spread`` messages (a site's worker processes)
-    before any message gets two, at most ARCHIVE_BATCH to one; deletions go 16 to a message;
+    before any message gets two, at most SMALL_BATCH to one; deletions go 16 to a message;
     every other operation is a message of its own. Every row is taken, in dispatch order."""
     rows = ([_row(i, LTA, "cologne_lta") for i in range(12)] + [_row(100 + i, LTA, "cornell_lta") for i in range(3)]
             + [_row(200 + i, OperationKind.DELETION, "fyst_buffer", copy=i) for i in range(20)]
@@ -330,7 +339,7 @@ def test_the_distributed_executor_groups_each_queue_alone_and_spreads_its_archiv
     assert by_queue == {"cologne_lta": [6, 6], "cornell_lta": [2, 1], "fyst_buffer": [16, 4],
                         "cologne_buffer": [1], "fyst_source": [1]}  # a source file's deletion is not batched
     assert sorted(i for t in tasks for i in t) == sorted(r.id for r in rows)
-    assert [len(t) for t in group_tasks(rows[:12], small, key=lambda r: r.queue)] == [ARCHIVE_BATCH, 4]
+    assert [len(t) for t in group_tasks(rows[:12], small, key=lambda r: r.queue)] == [SMALL_BATCH, 4]
 
 
 def test_an_operation_that_stalled_before_runs_alone_in_both_executors(tmp_path: Path) -> None:

@@ -436,8 +436,11 @@ def execute_task(ctx: ProcessContext, operations: list[tuple[int, int | None]], 
 
 def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
     """Run claimed attempts one after the other and complete every one that succeeded in one
-    transaction, each in its own savepoint (a completion refused, stale or conflicting, changes
-    nothing of the others'). Each destination folder is synced once for the task, before the
+    transaction. When every completion is accepted, that is the whole of it; when one is
+    refused (stale or conflicting), the transaction is rolled back and run again with each
+    completion in its own savepoint, so the refused one changes nothing of the others' (a
+    savepoint and its release are two round trips an operation, which a database across a
+    long link pays in tenths of a second: docs/benchmarks.md). Each destination folder is synced once for the task, before the
     completion transaction (a failed folder sync fails every operation of the task). Every lease is renewed by its heartbeats while its attempt waits
     its turn. Nothing is recorded before that transaction, so a worker killed mid-task leaves
     only leases to expire (lease recovery), as a single attempt would; a failure of one goes
@@ -472,12 +475,12 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
             failed.update((op_id, exc) for op_id in done)
             done = {}
 
-        def finish(s: Session) -> dict[int, Exception]:
+        def finish(s: Session, *, savepoints: bool) -> dict[int, Exception]:
             refused: dict[int, Exception] = {}
             for op_id, recorder in done.items():
                 w = works[op_id]
                 try:
-                    with s.begin_nested():
+                    with s.begin_nested() if savepoints else contextlib.nullcontext():
                         if not complete_in(s, w.claim, w.lease.bytes_done):
                             raise LeaseLostError(f"operation {op_id}: attempt {w.claim.attempt} is stale; "
                                                  "completion rejected")
@@ -485,12 +488,19 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
                 except SQLAlchemyError:
                     raise  # the database's trouble, not this operation's: every one of the task
                 except Exception as exc:  # noqa: BLE001 - this operation's own, as if run alone
+                    if not savepoints:
+                        raise  # roll the whole back; the next run gives each its savepoint
                     refused[op_id] = exc
             return refused
 
         if done:
             try:
-                refused = ctx.db.transact(finish)
+                try:  # every completion at once; only when one is refused, each in its savepoint
+                    refused = ctx.db.transact(lambda s: finish(s, savepoints=False))
+                except (SQLAlchemyError, TransientDatabaseError):
+                    raise  # the database's trouble: every operation of the task
+                except Exception:  # noqa: BLE001 - one operation's own: again, each alone
+                    refused = ctx.db.transact(lambda s: finish(s, savepoints=True))
             except Exception as exc:  # each operation's failure, as if run alone
                 refused = {op_id: exc for op_id in done}
             for op_id in done:

@@ -17,9 +17,9 @@ A finished operation wakes the loop at once, so the next stage starts without wa
 poll interval. The pool holds up to ``workers ×
 prefetch_multiplier`` tasks, refilled from completions once only a worker's worth is left; a
 task is one operation, up to :data:`~packhorse.operations.batching.DELETION_BATCH` buffer-copy deletions,
-or up to :data:`~packhorse.operations.batching.ARCHIVE_BATCH` long-term-archive operations of small raw data
-packages (:data:`~packhorse.operations.batching.ARCHIVE_BATCH_BYTES` in all) run together
-(:mod:`packhorse.operations.batching`, :func:`~packhorse.engine.worker.execute_task`): archive operations go to a task together only when
+or up to :data:`~packhorse.operations.batching.SMALL_BATCH` builds or long-term-archive copies of small raw data
+packages (:data:`~packhorse.operations.batching.SMALL_BATCH_BYTES` in all) run together
+(:mod:`packhorse.operations.batching`, :func:`~packhorse.engine.worker.execute_task`): small operations go to a task together only when
 more of them are runnable than there are free task slots, so a few packages still go one to a
 worker.
 
@@ -58,7 +58,7 @@ from packhorse.engine.worker import Outcome, execute_operation, execute_task
 from packhorse.managers import packages as packages_manager
 from packhorse.managers.deletions import waiting_on_rule
 from packhorse.managers.scan import ScanCache, ScanResult, scan_all
-from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_archives
+from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_operations
 from packhorse.operations.identity import runner_worker_identity, worker_identity
 from packhorse.operations.scan_lease import scan_rest_seconds
 from packhorse.recovery.loop import ErrorCounter
@@ -395,7 +395,7 @@ class LocalRunner:
             def choose(rows: list[Any]) -> list[int]:
                 # fill the free task slots in dispatch order, small operations batched
                 # (packhorse.operations.batching, as the distributed executor's messages are)
-                tasks[:] = group_tasks(rows, small_archives(s, rows), slots=free)
+                tasks[:] = group_tasks(rows, small_operations(s, rows), slots=free)
                 return [i for task in tasks for i in task]
 
             # the token each was dispatched at: its claim is fenced on it (I3)

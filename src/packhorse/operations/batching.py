@@ -8,8 +8,10 @@ completion transaction, each operation still with its own row, lease, fencing to
 outcome, I3):
 
 * up to :data:`DELETION_BATCH` deletions of buffer copies (:func:`batchable`);
-* up to :data:`ARCHIVE_BATCH` long-term-archive operations of raw data packages of at most
-  :data:`ARCHIVE_BATCH_BYTES`, at most that many bytes in all (:func:`small_archives`).
+* up to :data:`SMALL_BATCH` operations of one of the :data:`SMALL_BATCH_KINDS` on raw data
+  packages of at most :data:`SMALL_BATCH_BYTES`, at most that many bytes in all
+  (:func:`small_operations`): builds of small packages (their payload bytes) and their
+  long-term-archive copies (their package bytes).
 
 Every other operation is a task of its own, and so is an operation that stalled before
 (``stall_count`` > 0: its worker died or hung under it, and its circuit breaker may be
@@ -19,9 +21,10 @@ again and again until their breakers open too (DESIGN.md I5, "every state has an
 circuit breaker is per operation). A few milliseconds of database work per operation
 were most of a small operation's cost (benchmark (b), docs/benchmarks.md); on PostgreSQL one
 claim and one completion a transaction cost about 1.2–1.5 ms of CPU, a batch's about 0.2 ms an
-operation ("Control plane").
+operation ("Control plane"). Across a long link each of them is also round trips: a site whose
+database is 100 ms away paid about a second a package build in claims, completions and broker
+deliveries ("20,000 small files over a long thin link").
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
@@ -36,16 +39,21 @@ from packhorse.domain import OperationKind
 
 #: Buffer-copy deletions one task holds at most.
 DELETION_BATCH = 16
-#: Long-term-archive operations of small raw data packages one task holds at most.
-ARCHIVE_BATCH = 8
-#: The most package bytes one task of archive operations holds (bytes). A larger package is
-#: archived alone: its completion must not wait for others' bytes, and its per-operation
-#: costs are small beside its bytes.
-ARCHIVE_BATCH_BYTES = 64 * 2**20
+#: Operations of one small-batch kind (package builds, or long-term-archive copies) one task
+#: holds at most.
+SMALL_BATCH = 8
+#: The most bytes one task of small operations holds (bytes): package bytes for an archive
+#: copy, payload bytes for a package build. A larger package is built or archived alone: its
+#: completion must not wait for others' bytes, and its per-operation costs are small beside
+#: its bytes.
+SMALL_BATCH_BYTES = 64 * 2**20
 
 _DELETION = OperationKind.DELETION.value
 _ARCHIVE = OperationKind.LONG_TERM_ARCHIVE.value
-_DELETIONS, _ARCHIVES = "deletions", "archives"  # the kinds of batch a task can be
+_BUILD = OperationKind.RAW_DATA_PACKAGE.value
+#: The operation kinds whose operations on small raw data packages run together.
+SMALL_BATCH_KINDS = frozenset({_BUILD, _ARCHIVE})
+_DELETIONS = "deletions"  # a batch of deletions; a batch of small operations is named by its kind
 
 
 def batchable(kind: str, physical_copy_id: int | None) -> bool:
@@ -57,21 +65,27 @@ def batchable(kind: str, physical_copy_id: int | None) -> bool:
 def operations_per_task(kind: str) -> int:
     """The most operations of ``kind`` one task (one broker message) can hold: what the
     reconciler allows per message still queued (:class:`packhorse.recovery.reconciler.BrokerWatch`)."""
-    return DELETION_BATCH if kind == _DELETION else ARCHIVE_BATCH if kind == _ARCHIVE else 1
+    return DELETION_BATCH if kind == _DELETION else SMALL_BATCH if kind in SMALL_BATCH_KINDS else 1
 
 
-def small_archives(conn: Connection | Session, rows: Sequence[Any]) -> dict[int, int]:
-    """``{operation id: package size in bytes}`` of the long-term-archive operations among
-    ``rows`` (with ``id`` and ``kind``) whose raw data package is at most
-    :data:`ARCHIVE_BATCH_BYTES`: those a task may run together. One query, and none without
-    archive operations."""
-    ids = [r.id for r in rows if r.kind == _ARCHIVE]
+def small_operations(conn: Connection | Session, rows: Sequence[Any]) -> dict[int, int]:
+    """``{operation id: bytes}`` of the operations among ``rows`` (with ``id`` and ``kind``)
+    that a task may run together: long-term-archive copies of raw data packages of at most
+    :data:`SMALL_BATCH_BYTES` (their package size), and builds of raw data packages whose
+    payload is at most that (their payload bytes; the package tar is a little larger, its
+    headers and manifests). One query, and none without operations of those kinds."""
+    ids = [r.id for r in rows if r.kind in SMALL_BATCH_KINDS]
     if not ids:
         return {}
-    q = (select(Operation.id, RawDataPackage.size)
+    q = (select(Operation.id, Operation.kind, RawDataPackage.size, RawDataPackage.payload_bytes)
          .join(RawDataPackage, RawDataPackage.id == Operation.raw_data_package_id)
-         .where(Operation.id.in_(ids), RawDataPackage.size <= ARCHIVE_BATCH_BYTES))
-    return {op_id: size for op_id, size in conn.execute(q)}
+         .where(Operation.id.in_(ids)))
+    out: dict[int, int] = {}
+    for op_id, kind, size, payload in conn.execute(q):
+        n = size if kind == _ARCHIVE else payload
+        if n is not None and n <= SMALL_BATCH_BYTES:
+            out[op_id] = n
+    return out
 
 
 def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None = None,
@@ -80,18 +94,18 @@ def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None
     ``physical_copy_id`` and optionally ``stall_count``) into tasks: ``[[operation id, …], …]``
     in that order. An operation that stalled before is a task of its own (module docstring).
 
-    Archive operations of small packages are spread over ``slots`` (or ``spread``) tasks
-    before any task gets two of them, so a few packages still go one to a worker: ``k`` of them
-    go ``min(ARCHIVE_BATCH, ⌈k / slots⌉)`` to a task. Deletions always go
+    Small operations of one kind (package builds, archive copies) are spread over ``slots``
+    (or ``spread``) tasks before any task gets two of them, so a few packages still go one to a
+    worker: ``k`` of them go ``min(SMALL_BATCH, ⌈k / slots⌉)`` to a task. Deletions always go
     :data:`DELETION_BATCH` to a task (each is small, and their rules are checked in one pass).
 
     Args:
-        small: :func:`small_archives` of ``rows``.
+        small: :func:`small_operations` of ``rows``.
         slots: the most tasks wanted (the embedded runner's free task slots; the rows beyond
             them are not taken). ``None``: every row.
         key: rows of one task share it (the distributed executor: the queue a message goes
             to, its site, location and kind). ``None``: any rows of one batch kind.
-        spread: without ``slots``, the tasks each key's archive operations are spread over
+        spread: without ``slots``, the tasks each key's small operations of a kind are spread over
             (the distributed executor: the worker processes of a site, ``executor.workers``).
             ``None`` with ``slots`` ``None``: full batches.
     """
@@ -99,24 +113,24 @@ def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None
         return key(r) if key is not None else None
 
     over = slots if slots is not None else spread
-    archives: dict[Hashable, int] = {}
+    count: dict[tuple[str, Hashable], int] = {}  # small operations of each kind and key
     for r in rows:
         if r.id in small and not getattr(r, "stall_count", 0):
-            archives[key_of(r)] = archives.get(key_of(r), 0) + 1
+            count[(r.kind, key_of(r))] = count.get((r.kind, key_of(r)), 0) + 1
     tasks: list[list[int]] = []
     open_batch: dict[tuple[str, Hashable], tuple[list[int], list[int]]] = {}  # → (ids, [bytes])
     for r in rows:
         group = (None if getattr(r, "stall_count", 0)  # stalled before: alone (module docstring)
                  else _DELETIONS if batchable(r.kind, r.physical_copy_id)
-                 else _ARCHIVES if r.id in small else None)
+                 else r.kind if r.id in small else None)
         size = small.get(r.id, 0)
         where = (group, key_of(r)) if group is not None else None
-        if group == _ARCHIVES:
-            most = ARCHIVE_BATCH if over is None else min(ARCHIVE_BATCH, max(1, -(-archives[key_of(r)] // over)))
+        if group is not None and group != _DELETIONS:
+            most = SMALL_BATCH if over is None else min(SMALL_BATCH, max(1, -(-count[(group, key_of(r))] // over)))
         else:
             most = DELETION_BATCH
         batch = open_batch.get(where) if where is not None else None
-        if batch is None or len(batch[0]) >= most or batch[1][0] + size > ARCHIVE_BATCH_BYTES:
+        if batch is None or len(batch[0]) >= most or batch[1][0] + size > SMALL_BATCH_BYTES:
             if slots is not None and len(tasks) == slots:
                 break
             batch = ([], [0])

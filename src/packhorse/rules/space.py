@@ -301,17 +301,18 @@ def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, l
     def read(s: Session) -> tuple[int, int]:
         # the packages there whose bundle is not written there yet (not bundled, or bundled and
         # waiting for the build: their bundle is written beside them), and the builds before
-        # this one still writing theirs
-        there = s.scalar(select(func.coalesce(func.sum(RawDataPackage.size), 0))
-                         .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
-                         .where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
-                                or_(RawDataPackage.data_transfer_package_id.is_(None), ~bundle_here)))
-        building = s.scalar(select(func.coalesce(func.sum(RawDataPackage.payload_bytes), 0))
-                            .join(Operation, Operation.raw_data_package_id == RawDataPackage.id)
-                            .where(Operation.kind == OperationKind.RAW_DATA_PACKAGE.value,
-                                   Operation.status == Status.IN_PROGRESS.value, Operation.id < op_id,
-                                   Operation.destination_location_id == loc_id))
-        return int(there or 0), int(building or 0)
+        # this one still writing theirs; both sums in one statement (one round trip)
+        there = (select(func.coalesce(func.sum(RawDataPackage.size), 0))
+                 .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
+                 .where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
+                        or_(RawDataPackage.data_transfer_package_id.is_(None), ~bundle_here)))
+        building = (select(func.coalesce(func.sum(RawDataPackage.payload_bytes), 0))
+                    .join(Operation, Operation.raw_data_package_id == RawDataPackage.id)
+                    .where(Operation.kind == OperationKind.RAW_DATA_PACKAGE.value,
+                           Operation.status == Status.IN_PROGRESS.value, Operation.id < op_id,
+                           Operation.destination_location_id == loc_id))
+        row = s.execute(select(there.scalar_subquery(), building.scalar_subquery())).one()
+        return int(row[0] or 0), int(row[1] or 0)
 
     there, building = ctx.db.read(read)
     # written packages need only their bundle's room more; builds before this one both

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import structlog
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import Operation, PhysicalCopy, utcnow
@@ -276,9 +276,19 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
     subject = (t.c.raw_data_package_id == raw_data_package_id if raw_data_package_id is not None
                else t.c.data_transfer_package_id == data_transfer_package_id)
     conn = session.connection()
-    existing = conn.execute(select(t.c.id, t.c.sha256).where(
-        t.c.location_id == location_id, t.c.status.in_([s.value for s in LIVE_COPY_STATUSES]), subject)).first()
+    live = (t.c.location_id == location_id, t.c.status.in_([s.value for s in LIVE_COPY_STATUSES]), subject)
     when = verified_at or utcnow()
+    if conn.dialect.insert_returning:
+        # the usual case in one statement (one round trip, not two): insert unless a live copy is there
+        values = dict(raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
+                      location_id=location_id, path=key, size=size, sha256=sha256, status=CopyStatus.PRESENT.value,
+                      created_at=utcnow(), verified_at=when)
+        new_id = conn.execute(insert(t).from_select(
+            list(values), select(*(literal(v, t.c[k].type) for k, v in values.items()))
+            .where(~select(t.c.id).where(*live).exists())).returning(t.c.id)).scalar()
+        if new_id is not None:
+            return int(new_id)
+    existing = conn.execute(select(t.c.id, t.c.sha256).where(*live)).first()
     if existing is not None:
         if existing.sha256 != sha256:
             raise DestinationConflictError(

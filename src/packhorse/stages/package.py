@@ -332,12 +332,13 @@ def run(work: Work) -> Recorder:
 
     def record(s: Session) -> None:
         t = RawDataPackage.__table__
-        row = s.connection().execute(select(t.c.name, t.c.sha256).where(t.c.id == pkg_id)).first()
-        assert row is not None
-        if row.sha256 is None:
-            s.connection().execute(update(t).where(t.c.id == pkg_id).values(size=size, sha256=sha))
-        elif row.sha256 != sha:
-            raise DestinationConflictError(f"package {row.name!r} rebuilt with sha256 {sha}, recorded {row.sha256}")
+        conn = s.connection()
+        # a first build records its bytes in one statement; a rebuild must match them
+        if not conn.execute(update(t).where(t.c.id == pkg_id, t.c.sha256.is_(None)).values(size=size, sha256=sha)).rowcount:
+            row = conn.execute(select(t.c.name, t.c.sha256).where(t.c.id == pkg_id)).first()
+            assert row is not None
+            if row.sha256 != sha:
+                raise DestinationConflictError(f"package {row.name!r} rebuilt with sha256 {sha}, recorded {row.sha256}")
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
 
     return record
