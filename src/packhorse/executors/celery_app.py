@@ -69,7 +69,7 @@ from packhorse.engine import pipeline
 from packhorse.engine.worker import execute_task
 from packhorse.errors import ConfigError, TransientDatabaseError
 from packhorse.executors.poison_messages import CONSUMER, REDIS_TRANSPORT
-from packhorse.operations.batching import group_tasks, small_operations
+from packhorse.operations.batching import group_tasks, in_flight, small_operations
 from packhorse.operations.identity import CELERY_OWNER_TAG, worker_identity
 from packhorse.operations.lifecycle import fenced
 from packhorse.operations.scan_lease import not_due, scan_lease
@@ -357,7 +357,8 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
     managers never pick the same operation); the status change commits *before* publishing.
     They go in tasks as the embedded runner's do (:func:`packhorse.operations.batching.group_tasks`, each
     task's operations of one queue; a queue's builds and archive copies of small packages spread over
-    ``executor.workers`` messages first, the worker processes of a site by default): a task of one operation is one ``run_operation``
+    ``executor.workers`` messages first, the worker processes of a site by default, less those its
+    operations already queued or running keep busy: :func:`packhorse.operations.batching.in_flight`): a task of one operation is one ``run_operation``
     message, a batch of small ones one ``run_operations`` message. A publish that fails
     (broker down) hands its operations back to ``PENDING`` (each fenced on ``SCHEDULED`` and its
     attempt), so the next cycle tries again; if even that write fails, the reconciler finds the
@@ -373,7 +374,9 @@ def dispatch_pending(ctx: ProcessContext, app: Celery, *, batch: int = DISPATCH_
         tasks: list[list[int]] = []
 
         def choose(rows: list[Any]) -> list[int]:
-            tasks[:] = group_tasks(rows, small_operations(s, rows), key=queue_of, spread=ctx.settings.executor.workers)
+            small = small_operations(s, rows)
+            tasks[:] = group_tasks(rows, small, key=queue_of, spread=ctx.settings.executor.workers,
+                                   busy=in_flight(s, queue_of) if small else None)
             return [i for task in tasks for i in task]
 
         return pipeline.take_runnable(s.connection(), limit=batch, statuses=_STATUSES, choose=choose), tasks

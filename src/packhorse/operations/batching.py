@@ -30,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import Operation, RawDataPackage
-from packhorse.domain import OperationKind
+from packhorse.domain import OperationKind, Status
 
 #: Buffer-copy deletions one task holds at most.
 DELETION_BATCH = 16
@@ -88,8 +88,28 @@ def small_operations(conn: Connection | Session, rows: Sequence[Any]) -> dict[in
     return out
 
 
+def in_flight(conn: Connection | Session, key: Callable[[Any], Hashable]) -> dict[Hashable, int]:
+    """``{key: operations}``: the ``SCHEDULED`` and ``IN_PROGRESS`` operations of the
+    :data:`SMALL_BATCH_KINDS` by ``key`` of their row (with ``site_id``, ``source_location_id``,
+    ``destination_location_id`` and ``kind``: the distributed executor's queue). The worker
+    processes they keep busy have no room for a new task to spread to (:func:`group_tasks`'s
+    ``busy``). One query, grouped in the database."""
+    q = (select(Operation.site_id, Operation.source_location_id, Operation.destination_location_id,
+                Operation.kind, func.count())
+         .where(Operation.status.in_([Status.SCHEDULED.value, Status.IN_PROGRESS.value]),
+                Operation.kind.in_(sorted(SMALL_BATCH_KINDS)))
+         .group_by(Operation.site_id, Operation.source_location_id, Operation.destination_location_id,
+                   Operation.kind))
+    out: dict[Hashable, int] = {}
+    for r in conn.execute(q):
+        k = key(r)
+        out[k] = out.get(k, 0) + int(r[4])
+    return out
+
+
 def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None = None,
-                key: Callable[[Any], Hashable] | None = None, spread: int | None = None) -> list[list[int]]:
+                key: Callable[[Any], Hashable] | None = None, spread: int | None = None,
+                busy: dict[Hashable, int] | None = None) -> list[list[int]]:
     """Group runnable ``rows`` (in dispatch order, with ``id``, ``kind``,
     ``physical_copy_id`` and optionally ``stall_count``) into tasks: ``[[operation id, …], …]``
     in that order. An operation that stalled before is a task of its own (module docstring).
@@ -108,6 +128,11 @@ def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None
         spread: without ``slots``, the tasks each key's small operations of a kind are spread over
             (the distributed executor: the worker processes of a site, ``executor.workers``).
             ``None`` with ``slots`` ``None``: full batches.
+        busy: with ``spread``, the operations each key already has queued or running
+            (:func:`in_flight`): they hold that many of its worker processes, so the new ones
+            are spread over the rest (at least one task). A site whose database is far away
+            paid a second a task in round trips; archive copies trickling in a few at a time
+            went one to a message behind a backlog ("20,000 small files over a long thin link").
     """
     def key_of(r: Any) -> Hashable:
         return key(r) if key is not None else None
@@ -126,7 +151,8 @@ def group_tasks(rows: Sequence[Any], small: dict[int, int], *, slots: int | None
         size = small.get(r.id, 0)
         where = (group, key_of(r)) if group is not None else None
         if group is not None and group != _DELETIONS:
-            most = SMALL_BATCH if over is None else min(SMALL_BATCH, max(1, -(-count[(group, key_of(r))] // over)))
+            free = over if over is None or slots is not None else max(1, over - (busy or {}).get(key_of(r), 0))
+            most = SMALL_BATCH if free is None else min(SMALL_BATCH, max(1, -(-count[(group, key_of(r))] // free)))
         else:
             most = DELETION_BATCH
         batch = open_batch.get(where) if where is not None else None
