@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from packhorse.db.models import FailureEvent, Operation, PhysicalCopy, utcnow
 from packhorse.db.session import retry_while
-from packhorse.domain import WAITING_DELETION_RULE, WAITING_LOCATION, WAITING_SPACE, NotificationLevel
+from packhorse.domain import WAITING_DELETION_RULE, WAITING_LOCATION, WAITING_SPACE, NotificationLevel, OperationKind
 from packhorse.engine.outcome import build_error_context, complete_in, complete_many, record_failure
 from packhorse.errors import (
     DeletionNotSafeError,
@@ -38,7 +38,7 @@ from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_
 from packhorse.rules.availability import check_operation, record_outage, storage_fault, wait_seconds
 from packhorse.rules.space import free_bytes, never_fits
 from packhorse.runtime.context import ProcessContext
-from packhorse.stages import STAGES, deletion
+from packhorse.stages import PRELOADS, STAGES, deletion
 from packhorse.stages.base import Recorder, Work
 
 log = structlog.get_logger(__name__)
@@ -434,6 +434,21 @@ def execute_task(ctx: ProcessContext, operations: list[tuple[int, int | None]], 
     return [outcomes[i] for i, _ in operations]
 
 
+def _preload(works: Iterable[Work]) -> None:
+    """Each kind's first reads for all its operations of a task at once (:data:`PRELOADS`).
+    Where that fails (the database away), each stage reads for itself, and fails or waits as
+    it would alone."""
+    by_kind: dict[OperationKind, list[Work]] = {}
+    for w in works:
+        by_kind.setdefault(w.claim.kind, []).append(w)
+    for kind, ws in by_kind.items():
+        if kind in PRELOADS:
+            try:
+                PRELOADS[kind](ws)
+            except Exception as e:  # noqa: BLE001 - the stages read for themselves
+                log.debug("task_preload_failed", operation_kind=kind.value, error=repr(e))
+
+
 def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
     """Run claimed attempts one after the other and complete every one that succeeded in one
     transaction. When every completion is accepted, that is the whole of it; when one is
@@ -464,6 +479,7 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
                 for location_id in sorted({w.op.destination_location_id for w in works.values()
                                            if w.op.destination_location_id is not None}):
                     syncs.enter_context(ctx.backend(ctx.location_name(location_id)).deferred_sync())
+                _preload(works.values())
                 for op_id, w in works.items():
                     with structlog.contextvars.bound_contextvars(**_log_context(w.claim)):
                         log.debug("operation_claimed")

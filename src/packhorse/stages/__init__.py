@@ -25,4 +25,11 @@ STAGES: dict[OperationKind, StageFn] = {
     OperationKind.STAGING: staging.run,
 }
 
-__all__ = ["STAGES", "Recorder", "StageFn", "Work"]
+#: For the kinds whose operations run several to a task (:mod:`packhorse.operations.batching`),
+#: what reads the first read of every stage of a task at once, before they run
+#: (:func:`packhorse.engine.worker.execute_task`).
+PRELOADS: dict[OperationKind, Callable[[list[Work]], None]] = {
+    OperationKind.RAW_DATA_PACKAGE: package.preload,
+}
+
+__all__ = ["PRELOADS", "STAGES", "Recorder", "StageFn", "Work"]
