@@ -363,3 +363,26 @@ def test_an_operation_that_stalled_before_runs_alone_in_both_executors(tmp_path:
         assert max(len(t) for t in handed) == 6  # the 11 others over 2 slots, 6 to a task; the rest wait
     finally:
         db.dispose()
+
+
+def test_a_task_of_archive_copies_reads_its_packages_at_once(buf: Buffer) -> None:
+    """Every statement is a round trip to a database across a long link: a task of archive
+    copies reads all its packages in one statement, not one a copy; each copy is still
+    archived with its own bytes."""
+    import threading
+
+    from sqlalchemy import event
+
+    ops = [buf.waiting(f"r{i}", bytes([i]) * 700) for i in range(4)]
+    reads: list[str] = []
+    me = threading.get_ident()
+
+    def seen(conn: Any, cursor: Any, statement: str, *a: Any) -> None:
+        if threading.get_ident() == me and statement.lstrip().startswith("SELECT raw_data_packages.id"):
+            reads.append(statement)
+
+    event.listen(buf.db.engine, "before_cursor_execute", seen)
+    assert execute_task(buf.ctx, _task(ops), "w") == [Outcome.COMPLETED] * 4
+    event.remove(buf.db.engine, "before_cursor_execute", seen)
+    assert len(reads) == 1, reads
+    assert all(buf.archived(f"r{i}") == bytes([i]) * 700 for i in range(4))

@@ -30,6 +30,7 @@ STAGES: dict[OperationKind, StageFn] = {
 #: (:func:`packhorse.engine.worker.execute_task`).
 PRELOADS: dict[OperationKind, Callable[[list[Work]], None]] = {
     OperationKind.RAW_DATA_PACKAGE: package.preload,
+    OperationKind.LONG_TERM_ARCHIVE: archive.preload,
 }
 
 __all__ = ["PRELOADS", "STAGES", "Recorder", "StageFn", "Work"]

@@ -9,6 +9,7 @@ every destination site of its route holds a verified copy.
 
 from __future__ import annotations
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import RawDataPackage
@@ -25,10 +26,21 @@ from packhorse.stages.base import (
 )
 
 
+def preload(works: list[Work]) -> None:
+    """Read the packages of every archive copy of one task in one statement, not one a copy
+    (:attr:`~packhorse.stages.base.Work.preloaded`)."""
+    ids = [w.op.raw_data_package_id for w in works]
+    ctx = works[0].ctx
+    pkgs = ctx.db.read(lambda s: {p.id: p for p in s.scalars(select(RawDataPackage).where(RawDataPackage.id.in_(ids)))})
+    for w in works:
+        w.preloaded = pkgs.get(w.op.raw_data_package_id)
+
+
 def run(work: Work) -> Recorder:
     """Copy the package from the destination buffer to the archive; record the archive copy."""
     ctx = work.ctx
-    pkg = ctx.db.read(lambda s: s.get(RawDataPackage, work.op.raw_data_package_id))
+    pkg = work.preloaded if work.preloaded is not None else ctx.db.read(
+        lambda s: s.get(RawDataPackage, work.op.raw_data_package_id))
     assert pkg is not None and pkg.size is not None and pkg.sha256 is not None
     src_name = ctx.location_name(work.op.source_location_id)
     dst_name = ctx.location_name(work.op.destination_location_id)
