@@ -240,11 +240,14 @@ def baseline(bed: Any, data: Path, sums: dict[str, str], work: Path,
     return took, io.totals()
 
 
-def wait_ready(bed: Any, sites: list[str], timeout: float = 120) -> None:
-    """Until the workers of ``sites`` say they are ready (Celery's ``ready.`` line)."""
+def wait_ready(bed: Any, sites: list[str], since: dict[str, int], timeout: float = 120) -> None:
+    """Until the workers of ``sites`` say they are ready (Celery's ``ready.`` line) after
+    ``since`` (characters of each worker's log before this round's start: the bed's logs are
+    appended to from round to round, and an earlier round's line says nothing of this one's
+    workers)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(re.search(r"\bready\.", bed.log(f"worker-{s}")) for s in sites):
+        if all(re.search(r"\bready\.", bed.log(f"worker-{s}")[since.get(s, 0):]) for s in sites):
             return
         time.sleep(0.5)
     raise SystemExit(f"workers not ready within {timeout} s: " + " | ".join(bed.log(f"worker-{s}")[-800:] for s in sites))
@@ -292,6 +295,8 @@ def packhorse(bed: Any, data: Path, sums: dict[str, str], destinations: list[str
     """Start packhorse on the bed, make the files appear in fyst's source, time until archived.
     ``transfer_processes``: each destination also runs ``packhorse worker --kinds transfer``
     with that many pool processes (docs/deployment.md "Scaling": a dedicated transfer worker)."""
+    workers = ["fyst", *destinations, *([f"{d}-transfers" for d in destinations] if transfer_processes else [])]
+    since = {s: len(bed.log(f"worker-{s}")) for s in workers}
     start_packhorse(bed, db_delay_ms)
     if transfer_processes:
         config = bed.root / "packhorse-sites.toml" if db_delay_ms else bed.config
@@ -299,7 +304,7 @@ def packhorse(bed: Any, data: Path, sums: dict[str, str], destinations: list[str
             bed._spawn(f"worker-{site}-transfers", site,
                        [sys.executable, "-m", "packhorse", "worker", "--site", site, "-c", str(config),
                         "--kinds", "transfer", "--concurrency", str(transfer_processes)], hide_sites=True)
-    wait_ready(bed, ["fyst", *destinations, *([f"{d}-transfers" for d in destinations] if transfer_processes else [])])
+    wait_ready(bed, workers, since)
     time.sleep(5)  # managers and monitor through their first cycles, idle
     source = bed.root / "sites" / "fyst" / "source"
     groups = sorted(p.name for p in data.iterdir())
