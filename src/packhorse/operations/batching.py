@@ -25,6 +25,7 @@ operation ("Control plane"). Across a long link each of them is also round trips
 database is 100 ms away paid about a second a package build in claims, completions and broker
 deliveries ("20,000 small files over a long thin link").
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence

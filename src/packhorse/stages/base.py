@@ -35,7 +35,10 @@ Recorder = Callable[[Session], None]
 class Work:
     """One claimed operation being run: the claim, a snapshot of its row, its lease keeper.
 
-    ``preloaded``: see the attribute. ``salvage``: what an attempt that fails still records, because it is true whatever the
+    ``preloaded``: what the stage's first read would return, read for every operation of its
+    task at once (:data:`packhorse.stages.PRELOADS`); ``None`` when run alone.
+
+    ``salvage``: what an attempt that fails still records, because it is true whatever the
     failure (e.g. the raw packages an unpack published and verified before it met a refused
     member). A stage sets it before it raises; the failure path runs it in the same fenced
     transaction as the failure (:func:`~packhorse.engine.outcome.record_failure`), so a stale
@@ -48,8 +51,7 @@ class Work:
     lease: LeaseKeeper
     info: dict[str, Any] = field(default_factory=dict)
     salvage: Recorder | None = None
-    #: What the stage's first read would return, read for every operation of its task at once
-    #: (:data:`packhorse.stages.PRELOADS`); the stage takes it once, then reads for itself.
+    #: Taken by the stage once; a later read (a further round) reads for itself.
     preloaded: Any = None
 
     def check(self) -> None:
