@@ -1,0 +1,83 @@
+"""``record_copy`` on both ops databases: a new verified copy is recorded in one statement; the
+same copy recorded again (a completion run a second time, I3) keeps its row and refreshes its
+``verified_at``; a copy with other bytes at the location is refused (I2), its row unchanged; a
+copy that is no longer live (deleted) does not stop a new one. The PostgreSQL case runs against
+the shared server in a database of its own (skipped when unreachable; failed with
+``CI=true``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, select, update
+from sqlalchemy.orm import Session
+
+from distributed_support import postgres_database
+from packhorse.db.models import DataLocation, PhysicalCopy, RawDataPackage, Site
+from packhorse.db.session import Database
+from packhorse.errors import DestinationConflictError
+from packhorse.stages.base import record_copy
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        d = Database(f"sqlite:///{tmp_path}/ops.db")
+        drop = None
+    else:
+        url, drop = postgres_database()
+        d = Database(url)
+    d.upgrade()
+    yield d
+    d.dispose()
+    if drop is not None:
+        drop()
+
+
+def _package(db: Database) -> tuple[int, int]:
+    def seed(s: Session) -> tuple[int, int]:
+        site = Site(name="cologne")
+        s.add(site)
+        s.flush()
+        loc = DataLocation(name="cologne-lta", site_id=site.id, role="long_term_archive", storage_type="disk", uri="/x")
+        src = DataLocation(name="fyst-source", site_id=site.id, role="source", storage_type="disk", uri="/y")
+        s.add_all([loc, src])
+        s.flush()
+        pkg = RawDataPackage(name="inst/obs1", group_path="inst/obs1", source_location_id=src.id,
+                             bagging_date="2026-12-06", file_count=1, payload_bytes=1, size=10, sha256="b" * 64)
+        s.add(pkg)
+        s.flush()
+        return loc.id, pkg.id
+
+    return db.transact(seed)
+
+
+def test_a_copy_is_recorded_once_and_a_conflicting_one_is_refused(db: Database) -> None:
+    loc, pkg = _package(db)
+    statements: list[str] = []
+
+    def record(sha: str, when: dt.datetime) -> int:
+        return db.transact(lambda s: record_copy(s, location_id=loc, key="raw/inst/obs1.tar", size=10, sha256=sha,
+                                                 raw_data_package_id=pkg, verified_at=when))
+
+    first = dt.datetime(2026, 12, 6, 10, tzinfo=dt.timezone.utc)
+    listen = (lambda *a: statements.append(a[2]))  # noqa: E731
+    event.listen(db.engine, "before_cursor_execute", listen)
+    copy_id = record("b" * 64, first)
+    event.remove(db.engine, "before_cursor_execute", listen)
+    assert len([q for q in statements if not q.lstrip().startswith(("BEGIN", "COMMIT"))]) == 1  # one statement
+    later = first + dt.timedelta(hours=1)
+    assert record("b" * 64, later) == copy_id  # again: the same row, verified again
+    with pytest.raises(DestinationConflictError):
+        record("c" * 64, later + dt.timedelta(hours=1))
+    rows = db.read(lambda s: [(c.id, c.sha256, c.verified_at, c.status) for c in s.scalars(select(PhysicalCopy))])
+    assert len(rows) == 1 and rows[0][:2] == (copy_id, "b" * 64) and rows[0][3] == "present"
+    assert rows[0][2].replace(tzinfo=dt.timezone.utc) == later
+    db.transact(lambda s: s.execute(update(PhysicalCopy).values(status="deleted")))
+    new_id = record("c" * 64, later)  # the deleted copy is no longer live: a new one is recorded
+    assert new_id != copy_id
+    live = db.read(lambda s: list(s.scalars(select(PhysicalCopy.sha256).where(PhysicalCopy.status == "present"))))
+    assert live == ["c" * 64]
