@@ -1,7 +1,8 @@
-"""``record_copy`` on both ops databases: a new verified copy is recorded in one statement; the
-same copy recorded again (a completion run a second time, I3) keeps its row and refreshes its
-``verified_at``; a copy with other bytes at the location is refused (I2), its row unchanged; a
-copy that is no longer live (deleted) does not stop a new one. The PostgreSQL case runs against
+"""``record_copy`` and ``record_copies`` on both ops databases: a new verified copy is recorded
+in one statement, a bundle's worth of copies in three at most; the same copy recorded again (a
+completion run a second time, I3) keeps its row and refreshes its ``verified_at``; a copy with
+other bytes at the location is refused (I2), its row unchanged; a copy that is no longer live
+(deleted) does not stop a new one. The PostgreSQL case runs against
 the shared server in a database of its own (skipped when unreachable; failed with
 ``CI=true``)."""
 
@@ -12,14 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event, select, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session
 
 from distributed_support import postgres_database
 from packhorse.db.models import DataLocation, PhysicalCopy, RawDataPackage, Site
 from packhorse.db.session import Database
 from packhorse.errors import DestinationConflictError
-from packhorse.stages.base import record_copy
+from packhorse.stages.base import record_copies, record_copy
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -37,7 +38,9 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
         drop()
 
 
-def _package(db: Database) -> tuple[int, int]:
+def _package(db: Database, more: int = 0) -> tuple[int, int]:
+    """A site with an archive and a source, and ``1 + more`` packages; returns the archive's id
+    and the first package's (the others follow it)."""
     def seed(s: Session) -> tuple[int, int]:
         site = Site(name="cologne")
         s.add(site)
@@ -49,6 +52,11 @@ def _package(db: Database) -> tuple[int, int]:
         pkg = RawDataPackage(name="inst/obs1", group_path="inst/obs1", source_location_id=src.id,
                              bagging_date="2026-12-06", file_count=1, payload_bytes=1, size=10, sha256="b" * 64)
         s.add(pkg)
+        s.flush()
+        for k in range(more):
+            s.add(RawDataPackage(name=f"inst/obs{k + 2}", group_path=f"inst/obs{k + 2}", source_location_id=src.id,
+                                 bagging_date="2026-12-06", file_count=1, payload_bytes=1, size=10,
+                                 sha256=f"{k:x}" * 64))
         s.flush()
         return loc.id, pkg.id
 
@@ -81,3 +89,38 @@ def test_a_copy_is_recorded_once_and_a_conflicting_one_is_refused(db: Database) 
     assert new_id != copy_id
     live = db.read(lambda s: list(s.scalars(select(PhysicalCopy.sha256).where(PhysicalCopy.status == "present"))))
     assert live == ["c" * 64]
+
+
+def test_a_bundles_copies_are_recorded_in_three_statements_and_a_conflict_records_none(db: Database) -> None:
+    """Four copies at once, one of them recorded before (verified again, its row kept): one
+    read, one update and one insert; the ids returned are the rows'. Then a batch holding a
+    copy with other bytes than the live one is refused whole (I2), and a deleted copy does not
+    stop a new one."""
+    loc, first = _package(db, more=3)
+    pkgs = [first, first + 1, first + 2, first + 3]
+    shas = {p: db.read(lambda s, p=p: s.get(RawDataPackage, p).sha256) for p in pkgs}
+    early = dt.datetime(2026, 12, 6, 9, tzinfo=dt.timezone.utc)
+    before = db.transact(lambda s: record_copy(s, location_id=loc, key="raw/k0.tar", size=10, sha256=shas[first],
+                                               raw_data_package_id=first, verified_at=early))
+    copies = [(p, f"raw/k{i}.tar", 10, shas[p]) for i, p in enumerate(pkgs)]
+    statements: list[str] = []
+    listen = (lambda *a: statements.append(a[2]))  # noqa: E731
+    later = early + dt.timedelta(hours=1)
+    event.listen(db.engine, "before_cursor_execute", listen)
+    ids = db.transact(lambda s: record_copies(s, location_id=loc, copies=copies, verified_at=later))
+    event.remove(db.engine, "before_cursor_execute", listen)
+    assert len([q for q in statements if not q.lstrip().startswith(("BEGIN", "COMMIT"))]) == 3, statements
+    rows = db.read(lambda s: {c.raw_data_package_id: (c.id, c.path, c.sha256, c.verified_at, c.status)
+                              for c in s.scalars(select(PhysicalCopy))})
+    assert set(rows) == set(pkgs) and ids == {p: rows[p][0] for p in pkgs} and ids[first] == before
+    assert all(rows[p][1:3] == (f"raw/k{i}.tar", shas[p]) and rows[p][4] == "present" for i, p in enumerate(pkgs))
+    assert all(rows[p][3].replace(tzinfo=dt.timezone.utc) == later for p in pkgs)
+    assert db.transact(lambda s: record_copies(s, location_id=loc, copies=copies)) == ids  # again: the same rows
+    with pytest.raises(DestinationConflictError, match=f"raw data package {first + 2}"):
+        db.transact(lambda s: record_copies(s, location_id=loc, copies=[
+            (first + 1, "raw/k1.tar", 10, shas[first + 1]), (first + 2, "raw/k2.tar", 10, "e" * 64)]))
+    assert db.read(lambda s: s.scalar(select(func.count()).select_from(PhysicalCopy))) == 4
+    db.transact(lambda s: s.execute(update(PhysicalCopy).where(PhysicalCopy.raw_data_package_id == first + 2)
+                                    .values(status="deleted")))
+    new = db.transact(lambda s: record_copies(s, location_id=loc, copies=[(first + 2, "raw/k2.tar", 10, "e" * 64)]))
+    assert new[first + 2] not in ids.values()

@@ -38,7 +38,7 @@ from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_
 from packhorse.rules.availability import check_operation, record_outage, storage_fault, wait_seconds
 from packhorse.rules.space import free_bytes, never_fits
 from packhorse.runtime.context import ProcessContext
-from packhorse.stages import PRELOADS, STAGES, deletion
+from packhorse.stages import FINISHERS, PRELOADS, STAGES, deletion
 from packhorse.stages.base import Recorder, Work
 
 log = structlog.get_logger(__name__)
@@ -116,6 +116,8 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
                 if not complete_in(s, c, keeper.bytes_done):
                     raise LeaseLostError(f"operation {operation_id}: attempt {c.attempt} is stale; completion rejected")
                 recorder(s)
+                if c.kind in FINISHERS:
+                    FINISHERS[c.kind](s, [work])
 
             ctx.db.transact(finish)
         except Exception as exc:
@@ -451,15 +453,18 @@ def _preload(works: Iterable[Work]) -> None:
 
 def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
     """Run claimed attempts one after the other and complete every one that succeeded in one
-    transaction. When every completion is accepted, that is the whole of it; when one is
+    transaction: every operation's row in one statement (:func:`complete_many`, each a
+    compare-and-set at its own fencing token, I3), then each stage's recorder, then once for the
+    task what depends on several (:data:`~packhorse.stages.FINISHERS`). When one completion is
     refused (stale or conflicting), the transaction is rolled back and run again with each
-    completion in its own savepoint, so the refused one changes nothing of the others' (a
-    savepoint and its release are two round trips an operation, which a database across a
-    long link pays in tenths of a second: docs/benchmarks.md). Each destination folder is synced once for the task, before the
-    completion transaction (a failed folder sync fails every operation of the task). Every lease is renewed by its heartbeats while its attempt waits
-    its turn. Nothing is recorded before that transaction, so a worker killed mid-task leaves
-    only leases to expire (lease recovery), as a single attempt would; a failure of one goes
-    through the single failure path (:func:`_failed`) and the others go on."""
+    completion in its own savepoint, so the refused one changes nothing of the others'. Across
+    a long link every statement is a round trip (a savepoint and its release two more an
+    operation): docs/benchmarks.md. Each destination folder is synced once for the task, before
+    the completion transaction (a failed folder sync fails every operation of the task). Every
+    lease is renewed by its heartbeats while its attempt waits its turn. Nothing is recorded
+    before that transaction, so a worker killed mid-task leaves only leases to expire (lease
+    recovery), as a single attempt would; a failure of one goes through the single failure path
+    (:func:`_failed`) and the others go on."""
     works = {op_id: Work(ctx, c, c.operation if c.operation is not None
                          else ctx.db.read(lambda s, i=op_id: s.get(Operation, i)), _keeper(ctx, c))
              for op_id, c in claims.items()}
@@ -493,11 +498,16 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
 
         def finish(s: Session, *, savepoints: bool) -> dict[int, Exception]:
             refused: dict[int, Exception] = {}
+            if not savepoints:  # every completion in one statement; a stale one: again, each alone
+                completed = complete_many(s, [works[i].claim for i in done],
+                                          {i: works[i].lease.bytes_done for i in done})
+                if stale := sorted(set(done) - completed):
+                    raise LeaseLostError(f"operations {stale}: attempts stale; completion rejected")
             for op_id, recorder in done.items():
                 w = works[op_id]
                 try:
                     with s.begin_nested() if savepoints else contextlib.nullcontext():
-                        if not complete_in(s, w.claim, w.lease.bytes_done):
+                        if savepoints and not complete_in(s, w.claim, w.lease.bytes_done):
                             raise LeaseLostError(f"operation {op_id}: attempt {w.claim.attempt} is stale; "
                                                  "completion rejected")
                         recorder(s)
@@ -507,6 +517,13 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
                     if not savepoints:
                         raise  # roll the whole back; the next run gives each its savepoint
                     refused[op_id] = exc
+            by_kind: dict[OperationKind, list[Work]] = {}
+            for op_id in done:
+                if op_id not in refused:
+                    by_kind.setdefault(works[op_id].claim.kind, []).append(works[op_id])
+            for kind, ws in by_kind.items():  # what depends on several: once for the task's
+                if kind in FINISHERS:
+                    FINISHERS[kind](s, ws)
             return refused
 
         if done:

@@ -62,9 +62,14 @@ def is_archived(session: Session, ctx: ProcessContext, pkg: RawDataPackage) -> b
     return _holds_every_archive(session, ctx, pkg.id, pkg.source_location_id)
 
 
-def _holds_every_archive(session: Session, ctx: ProcessContext, pkg_id: int, source_location_id: int) -> bool:
-    needed = {ctx.topology.location_ids[n] for n in archive_locations(
+def _archives_needed(ctx: ProcessContext, source_location_id: int) -> set[int]:
+    """The location ids of the long-term archives a package from ``source_location_id`` needs."""
+    return {ctx.topology.location_ids[n] for n in archive_locations(
         ctx, ctx.topology.location_site[ctx.location_name(source_location_id)])}
+
+
+def _holds_every_archive(session: Session, ctx: ProcessContext, pkg_id: int, source_location_id: int) -> bool:
+    needed = _archives_needed(ctx, source_location_id)
     if not needed:
         return False
     c = PhysicalCopy.__table__
@@ -75,30 +80,49 @@ def _holds_every_archive(session: Session, ctx: ProcessContext, pkg_id: int, sou
 
 
 def mark_archived_if_complete(session: Session, ctx: ProcessContext, pkg_id: int) -> bool:
-    """Set ``archived_at`` once the package is archived; returns whether it is.
+    """Set ``archived_at`` once the package is archived; returns whether it is
+    (:func:`mark_archived_many` of one package)."""
+    return pkg_id in mark_archived_many(session, ctx, [pkg_id])
 
-    The package row is locked first (``SELECT … FOR NO KEY UPDATE`` on PostgreSQL, which does
-    not conflict with the key-share lock the copy's foreign key took): two archive
-    completions of one package at two sites commit concurrently, and without the lock neither
-    would see the other's copy, so the package would never be marked archived (and its buffer
-    copies never freed). The second waits for the first and then sees its copy.
+
+def mark_archived_many(session: Session, ctx: ProcessContext, pkg_ids: list[int]) -> set[int]:
+    """Set ``archived_at`` of each of ``pkg_ids`` that every archive it needs now holds (a
+    present, verified copy), in the caller's transaction; returns the ids of those archived
+    (before or now). Three statements at most, however many packages: across a long link each
+    is a round trip.
+
+    The package rows are locked first, in id order (``SELECT … FOR NO KEY UPDATE`` on
+    PostgreSQL, which does not conflict with the key-share lock a copy's foreign key took): two
+    archive completions of one package at two sites commit concurrently, and without the lock
+    neither would see the other's copy, so the package would never be marked archived (and its
+    buffer copies never freed, I1). The second waits for the first and then sees its copy.
     """
-    t = RawDataPackage.__table__
+    ids = sorted(set(pkg_ids))
+    if not ids:
+        return set()
+    t, c = RawDataPackage.__table__, PhysicalCopy.__table__
     conn = session.connection()
-    row = conn.execute(select(t.c.archived_at, t.c.source_location_id).where(t.c.id == pkg_id)
-                       .with_for_update(key_share=True)).first()
-    assert row is not None
-    if row.archived_at is not None:
-        return True
-    if not _holds_every_archive(session, ctx, pkg_id, row.source_location_id):
-        return False
-    conn.execute(update(t).where(t.c.id == pkg_id).values(archived_at=utcnow()))
-    return True
+    rows = conn.execute(select(t.c.id, t.c.archived_at, t.c.source_location_id).where(t.c.id.in_(ids))
+                        .order_by(t.c.id).with_for_update(key_share=True)).all()
+    archived = {r.id for r in rows if r.archived_at is not None}
+    pending = [r for r in rows if r.archived_at is None]
+    if not pending:
+        return archived
+    have: dict[int, set[int]] = {}
+    for pkg_id, location_id in conn.execute(select(c.c.raw_data_package_id, c.c.location_id).where(
+            c.c.raw_data_package_id.in_([r.id for r in pending]), c.c.status == CopyStatus.PRESENT.value,
+            c.c.verified_at.is_not(None))):
+        have.setdefault(pkg_id, set()).add(location_id)
+    done = [r.id for r in pending
+            if (needed := _archives_needed(ctx, r.source_location_id)) and needed <= have.get(r.id, set())]
+    if done:
+        conn.execute(update(t).where(t.c.id.in_(done)).values(archived_at=utcnow()))
+    return archived | set(done)
 
 
 def refresh_archived(session: Session, ctx: ProcessContext, pkg_ids: list[int]) -> int:
     """Recompute ``archived_at`` of ``pkg_ids`` from their copies now, in the caller's
-    transaction (rows locked as in :func:`mark_archived_if_complete`): set when every required
+    transaction (rows locked as in :func:`mark_archived_many`): set when every required
     archive holds a present, verified copy, cleared when one does not. Called in the same
     transaction as every change of an archive copy's status (:mod:`packhorse.rules.fixity`, the
     archive and repair stages) and by the fixity manager's sweep, so "archived" is always what

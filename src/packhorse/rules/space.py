@@ -18,11 +18,12 @@ space is freed, and fails when it can never fit (DESIGN.md I5: every state has a
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from packhorse.db.models import DataTransferPackage, Operation, PhysicalCopy, RawDataFile, RawDataPackage, utcnow
 from packhorse.domain import WAITING_SPACE, CopyStatus, OperationKind, Status
@@ -288,10 +289,44 @@ def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, l
     """
     if ctx.settings.location(location).object_store_uri is not None:
         return
+    there, building = _before_bundling(ctx, location, below=op_id)
+    # written packages need only their bundle's room more; builds before this one both
+    _admit(ctx, location, f"package {package} ({size:,} bytes)", need=2 * size, beside=there + 2 * building,
+           at_once=2 * size, reserved="the package, then the bundle of it beside it",
+           release=(f"the {there + building:,} bytes of packages there or being built before it are bundled, "
+                    "shipped and freed first"), operation=f"raw_data_package {op_id}")
+
+
+def room_to_bundle_together(ctx: "ProcessContext", builds: dict[int, int], location: str) -> bool:
+    """Admission of several package builds of one task into the disk buffer ``location`` at
+    once (``builds``: payload bytes by operation id), in one statement instead of one a build
+    (a database across a long link pays each in a round trip): their free space must hold
+    every one of them and its bundle, beside what :func:`room_to_bundle` keeps for the packages
+    there and for every other build into ``location`` claimed before the task's last (a
+    superset of what each build's own admission keeps, so whatever this admits, each build's
+    own admission would admit too, I1's deadlock rule unchanged).
+
+    Returns:
+        ``True``: every build is admitted (an object store or a root that cannot be measured:
+        always); ``False``: not all at once now, and each build must go through
+        :func:`room_to_bundle` itself (which waits, or says it can never fit). Never raises for
+        want of room.
+    """
+    if ctx.settings.location(location).object_store_uri is not None:
+        return True
+    if not builds:
+        return True
+    there, building = _before_bundling(ctx, location, below=max(builds), besides=set(builds))
+    usage = location_usage(ctx, location)
+    return usage is None or usage.free >= 2 * sum(builds.values()) + there + 2 * building
+
+
+def _before_bundling(ctx: "ProcessContext", location: str, below: int,
+                     besides: Collection[int] = ()) -> tuple[int, int]:
+    """``(bytes of the packages at ``location`` whose bundle is not written there yet, payload
+    bytes of the package builds into it in progress with an operation id below ``below``, not
+    in ``besides``)``, in one statement (one round trip)."""
     loc_id = ctx.topology.location_ids[location]
-    from sqlalchemy.orm import aliased
-
-
     bundle_copy = aliased(PhysicalCopy)
     bundle_here = (select(bundle_copy.id).where(
         bundle_copy.data_transfer_package_id == RawDataPackage.data_transfer_package_id,
@@ -301,7 +336,7 @@ def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, l
     def read(s: Session) -> tuple[int, int]:
         # the packages there whose bundle is not written there yet (not bundled, or bundled and
         # waiting for the build: their bundle is written beside them), and the builds before
-        # this one still writing theirs; both sums in one statement (one round trip)
+        # these still writing theirs; both sums in one statement
         there = (select(func.coalesce(func.sum(RawDataPackage.size), 0))
                  .join(PhysicalCopy, PhysicalCopy.raw_data_package_id == RawDataPackage.id)
                  .where(PhysicalCopy.location_id == loc_id, PhysicalCopy.status == CopyStatus.PRESENT.value,
@@ -309,17 +344,14 @@ def room_to_bundle(ctx: "ProcessContext", op_id: int, package: str, size: int, l
         building = (select(func.coalesce(func.sum(RawDataPackage.payload_bytes), 0))
                     .join(Operation, Operation.raw_data_package_id == RawDataPackage.id)
                     .where(Operation.kind == OperationKind.RAW_DATA_PACKAGE.value,
-                           Operation.status == Status.IN_PROGRESS.value, Operation.id < op_id,
+                           Operation.status == Status.IN_PROGRESS.value, Operation.id < below,
                            Operation.destination_location_id == loc_id))
+        if besides:
+            building = building.where(Operation.id.not_in(sorted(besides)))
         row = s.execute(select(there.scalar_subquery(), building.scalar_subquery())).one()
         return int(row[0] or 0), int(row[1] or 0)
 
-    there, building = ctx.db.read(read)
-    # written packages need only their bundle's room more; builds before this one both
-    _admit(ctx, location, f"package {package} ({size:,} bytes)", need=2 * size, beside=there + 2 * building,
-           at_once=2 * size, reserved="the package, then the bundle of it beside it",
-           release=(f"the {there + building:,} bytes of packages there or being built before it are bundled, "
-                    "shipped and freed first"), operation=f"raw_data_package {op_id}")
+    return ctx.db.read(read)
 
 
 def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: str) -> None:

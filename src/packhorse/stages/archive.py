@@ -4,7 +4,8 @@ Idempotent (I3): if the archive already holds the same bytes the operation compl
 rewriting; different bytes raise :class:`~packhorse.errors.DestinationConflictError` (I2).
 Publication is conditional (no-replace) and the object is re-read through its backend before
 the copy is recorded (I4). The package is marked archived when every long-term archive of
-every destination site of its route holds a verified copy.
+every destination site of its route holds a verified copy (:func:`finish`, once for every
+archive copy completed in one transaction).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from packhorse.db.models import RawDataPackage
 from packhorse.errors import SourceMissingError, VerificationError
-from packhorse.rules.policy import mark_archived_if_complete
+from packhorse.rules.policy import mark_archived_many
 from packhorse.runtime.topology import raw_package_key
 from packhorse.stages.base import (
     Recorder,
@@ -63,6 +64,14 @@ def run(work: Work) -> Recorder:
 
     def record(s: Session) -> None:
         record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
-        mark_archived_if_complete(s, ctx, pkg_id)
 
     return record
+
+
+def finish(s: Session, works: list[Work]) -> None:
+    """After the recorders of ``works`` (archive copies completed in the transaction of ``s``):
+    mark each of their packages archived once every archive it needs holds a verified copy
+    (:func:`~packhorse.rules.policy.mark_archived_many`: a few statements for the whole task,
+    not a few a copy)."""
+    if works:
+        mark_archived_many(s, works[0].ctx, [w.op.raw_data_package_id for w in works])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -304,6 +304,67 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
         raw_data_package_id=raw_data_package_id, data_transfer_package_id=data_transfer_package_id,
         location_id=location_id, path=key, size=size, sha256=sha256, status=CopyStatus.PRESENT.value,
         created_at=utcnow(), verified_at=when)).inserted_primary_key[0])
+
+def record_copies(session: Session, *, location_id: int, copies: Sequence[tuple[int, str, int, str]],
+                  verified_at: dt.datetime | None = None) -> dict[int, int]:
+    """:func:`record_copy` for several raw data packages' copies at one data location, in three
+    statements at most for every :data:`COPIES_AT_ONCE` of them, not one a copy (an unpack
+    records every package of its bundle; a database across a long link pays each statement in a
+    round trip): each is recorded as present and verified unless a live copy of its package is
+    there; a live one with the same bytes is verified again (I3: a completion run twice).
+
+    Args:
+        copies: ``(raw data package id, key, size in bytes, sha256)`` of each copy.
+
+    Returns:
+        ``{raw data package id: its copy's id}``.
+
+    Raises:
+        DestinationConflictError: a live copy at the location has other bytes than one of
+            ``copies`` (I2); nothing of the batch it is in is recorded (the caller's transaction
+            is rolled back).
+        ValueError: a package appears twice in ``copies``.
+    """
+    t = PhysicalCopy.__table__
+    conn = session.connection()
+    when = verified_at or utcnow()
+    out: dict[int, int] = {}
+    todo = list(copies)
+    if len({c[0] for c in todo}) != len(todo):
+        raise ValueError("record_copies: a raw data package appears twice")
+    for i in range(0, len(todo), COPIES_AT_ONCE):
+        part = todo[i:i + COPIES_AT_ONCE]
+        live = {r.raw_data_package_id: r for r in conn.execute(select(
+            t.c.id, t.c.raw_data_package_id, t.c.sha256).where(
+            t.c.location_id == location_id, t.c.status.in_([s.value for s in LIVE_COPY_STATUSES]),
+            t.c.raw_data_package_id.in_([c[0] for c in part])))}
+        for pkg_id, _, _, sha in part:
+            if pkg_id in live and live[pkg_id].sha256 != sha:
+                raise DestinationConflictError(
+                    f"copy record of raw data package {pkg_id} at location {location_id} has sha256 "
+                    f"{live[pkg_id].sha256}, new copy {sha}")
+        again = sorted(live[c[0]].id for c in part if c[0] in live)
+        if again:
+            conn.execute(update(t).where(t.c.id.in_(again)).values(verified_at=when))
+        out.update((pkg_id, int(live[pkg_id].id)) for pkg_id in live)
+        new = [dict(raw_data_package_id=pkg_id, data_transfer_package_id=None, location_id=location_id, path=key,
+                    size=size, sha256=sha, status=CopyStatus.PRESENT.value, created_at=utcnow(), verified_at=when)
+               for pkg_id, key, size, sha in part if pkg_id not in live]
+        if not new:
+            continue
+        if conn.dialect.insert_executemany_returning:  # one statement (SQLAlchemy's "insertmanyvalues")
+            out.update((int(r.raw_data_package_id), int(r.id)) for r in conn.execute(
+                insert(t).returning(t.c.id, t.c.raw_data_package_id), new))
+        else:
+            for row in new:
+                out[row["raw_data_package_id"]] = int(conn.execute(insert(t).values(**row)).inserted_primary_key[0])
+    return out
+
+
+#: How many copies :func:`record_copies` records with one set of statements (bound parameters
+#: of one statement stay well below every database's limit).
+COPIES_AT_ONCE = 500
+
 
 def mark_lost(session: Session, *, location_id: int, raw_data_package_id: int | None = None,
               data_transfer_package_id: int | None = None, seen_gone_at: dt.datetime | None = None,

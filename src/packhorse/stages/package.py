@@ -33,6 +33,7 @@ import calendar
 import datetime as dt
 import hashlib
 import posixpath
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -52,7 +53,7 @@ from packhorse.errors import (
 from packhorse.notify.messages import source_files_vanished
 from packhorse.operations.lifecycle import fenced
 from packhorse.rules.availability import look
-from packhorse.rules.space import room_to_bundle
+from packhorse.rules.space import room_to_bundle, room_to_bundle_together
 from packhorse.runtime.topology import raw_package_key
 from packhorse.stages.base import (
     Recorder,
@@ -273,18 +274,38 @@ def _loaded(s: Session, pkg_ids: list[int]) -> dict[int, tuple[RawDataPackage, l
     return {i: (pkgs[i], files[i]) for i in pkg_ids}
 
 
+@dataclass
+class _Preloaded:
+    """What :func:`preload` read for one build: its package, its files, and whether its buffer
+    room was admitted with the rest of its task's (:func:`~packhorse.rules.space.room_to_bundle_together`)."""
+
+    package: RawDataPackage
+    files: list[Any]
+    admitted: bool
+
+
 def preload(works: list[Work]) -> None:
     """Read the packages and files of every build of one task at once, for each build's first
-    round (:attr:`~packhorse.stages.base.Work.preloaded`): two statements for the task, not
-    two a build, which a site whose database is far away pays in round trips
-    (docs/benchmarks.md, "20,000 small files over a long thin link")."""
+    round (:attr:`~packhorse.stages.base.Work.preloaded`), and admit their room at their
+    buffers together: three statements for the task, not three a build, which a site whose
+    database is far away pays in round trips (docs/benchmarks.md, "20,000 small files over a
+    long thin link"). A build whose room was not admitted with the others' asks for its own."""
     ids = [w.op.raw_data_package_id for w in works if w.op.raw_data_package_id is not None]
     if not ids:
         return
-    loaded = works[0].ctx.db.read(lambda s: _loaded(s, ids))
+    ctx = works[0].ctx
+    loaded = ctx.db.read(lambda s: _loaded(s, ids))
+    by_buffer: dict[int, dict[int, int]] = {}
+    for w in works:
+        if w.op.raw_data_package_id is not None and w.op.destination_location_id is not None:
+            by_buffer.setdefault(w.op.destination_location_id, {})[w.op.id] = sum(
+                f.size for f in loaded[w.op.raw_data_package_id][1])
+    admitted = {op_id for location_id, builds in by_buffer.items()
+                if room_to_bundle_together(ctx, builds, ctx.location_name(location_id)) for op_id in builds}
     for w in works:
         if w.op.raw_data_package_id is not None:
-            w.preloaded = loaded[w.op.raw_data_package_id]
+            pkg, files = loaded[w.op.raw_data_package_id]
+            w.preloaded = _Preloaded(pkg, files, w.op.id in admitted)
 
 
 def run(work: Work) -> Recorder:
@@ -307,8 +328,12 @@ def run(work: Work) -> Recorder:
     src = ctx.backend(ctx.location_name(work.op.source_location_id))
     dst_name = ctx.location_name(work.op.destination_location_id)
     dst = ctx.backend(dst_name)
+    admitted = False  # its room at the buffer, with its task's (a later round holds fewer files)
     while True:  # each round takes at least one file out, or ends
-        pkg, files = work.preloaded if work.preloaded is not None else ctx.db.read(load)
+        if work.preloaded is not None:
+            pkg, files, admitted = work.preloaded.package, work.preloaded.files, work.preloaded.admitted
+        else:
+            pkg, files = ctx.db.read(load)
         work.preloaded = None  # a later round (after a withdrawal) reads again
         key = raw_package_key(pkg.name)
         work.info.update(package=pkg.name, destination=dst_name, key=key)
@@ -331,7 +356,8 @@ def run(work: Work) -> Recorder:
             continue
         refuse_beyond_limits(ctx.settings.extraction.max_member_bytes, files)
         # keep room at the buffer for the bundle of what waits there (a deadlock otherwise)
-        room_to_bundle(ctx, work.op.id, pkg.name, sum(f.size for f in files), dst_name)
+        if not admitted:
+            room_to_bundle(ctx, work.op.id, pkg.name, sum(f.size for f in files), dst_name)
         try:
             size, sha = _build(work, pkg, files, src, dst, key)
         except (SourceChangedError, SourceMissingError, UnsafePathError) as e:

@@ -38,7 +38,7 @@ from packhorse.stages.base import (
     note_corrupt_source,
     note_lost_source,
     publish_verified,
-    record_copy,
+    record_copies,
     there_or_moved_aside,
 )
 from packhorse.storage.base import CHUNK_BYTES, PendingWrite, PublishResult, StorageBackend
@@ -305,8 +305,7 @@ def run(work: Work) -> Recorder:
     done: list[tuple[int, str, int, str]] = []
 
     def record(s: Session) -> None:
-        for pkg_id, pkey, size, sha in done:
-            record_copy(s, location_id=location_id, key=pkey, size=size, sha256=sha, raw_data_package_id=pkg_id)
+        record_copies(s, location_id=location_id, copies=done)
 
     # a raw package published and verified stays recorded if a later member fails the
     # unpack (a refused member, a damaged package): no verified object is left in the buffer
