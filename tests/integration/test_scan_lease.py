@@ -173,3 +173,39 @@ def test_a_release_committed_while_another_scan_looks_does_not_skip_the_rest_pos
     finally:
         db.dispose()
         drop()
+
+
+def test_a_scan_whose_renewals_hung_records_only_its_work_and_rests_by_that(empty_db: Database,
+                                                                             monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The holder's renewals hang while the link to the database is silent (a site cut off from
+    the centre) and the scan waits as long; the lease records how long the scan worked without
+    that wait, and the managers' look (``not_due``) finds the location due again after three
+    times the work, not three times the wait (a trial's files waited minutes after a cut)."""
+    import threading
+
+    import packhorse.operations.scan_lease as sl
+
+    db = empty_db
+    real = sl.renew
+    silent = threading.Event()
+
+    def renew(db, claim, *, lease_seconds):  # type: ignore[no-untyped-def]
+        while silent.is_set():  # a link gone silent: the renewal hangs until it is back
+            time.sleep(0.02)
+        return real(db, claim, lease_seconds=lease_seconds)
+
+    monkeypatch.setattr(sl, "renew", renew)
+    with scan_lease(db, LOC, "worker-a", lease_seconds=60, heartbeat_seconds=0.1) as keeper:
+        assert keeper is not None
+        time.sleep(0.3)  # the scan works
+        silent.set()
+        time.sleep(2.5)  # it waits on the database as its renewals do
+        silent.clear()
+        time.sleep(0.3)
+    r = row(db)
+    took = (r.completed_at - r.started_at).total_seconds()
+    assert took >= 3.0 and r.worked_seconds is not None and r.worked_seconds < 1.5, (took, r.worked_seconds)
+    due = r.completed_at + dt.timedelta(seconds=3 * r.worked_seconds + 0.1)
+    assert db.read(lambda s: sl.not_due(s, [LOC], min_rest_seconds=0.5, now=due)) == {}
+    assert db.read(lambda s: sl.not_due(s, [LOC], min_rest_seconds=0.5,
+                                        now=r.completed_at + dt.timedelta(seconds=0.2))) == {LOC: "resting"}

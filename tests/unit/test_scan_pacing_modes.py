@@ -11,9 +11,10 @@ import datetime as dt
 import pytest
 
 from packhorse.executors.local import ScanPacing
-from packhorse.operations.scan_lease import rest_until, scan_rest_seconds
+from packhorse.operations.scan_lease import ScanClaim, ScanLeaseKeeper, rest_until, scan_rest_seconds
 
 T0 = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+CLAIM = ScanClaim("fyst-source", "worker-a", 1)
 
 #: (how long the scan took, poll interval, the rest both modes must give), seconds
 CASES = [
@@ -50,3 +51,29 @@ def test_the_embedded_runner_scans_at_once_first_and_a_failed_scan_waits_the_pol
 def test_a_scan_never_completed_or_under_way_does_not_rest_on_the_lease() -> None:
     assert rest_until(None, None, min_rest_seconds=10) is None
     assert rest_until(T0 + dt.timedelta(seconds=5), T0, min_rest_seconds=10) is None
+
+
+def test_a_scan_held_up_by_an_unreachable_database_rests_by_its_work_not_by_the_outage() -> None:
+    """A site cut off from the centre: the scan under way waits on the database as long as the
+    cut lasts, and its lease renewals fail or hang as long. The keeper leaves that time out of
+    the scan's work, so after a 132 s cut a scan that worked 2 s rests 6 s, not 3 × 134 s (a
+    trial waited minutes for files written during the cut to be registered); a scan that ends
+    before a renewal came through again leaves the open gap out too."""
+    keeper = ScanLeaseKeeper(None, CLAIM, lease_seconds=600, heartbeat_seconds=5)  # type: ignore[arg-type]
+    keeper.started = keeper.last_ok = 1000.0
+    for t in (1005.0, 1010.2, 1015.3):  # renewals on time: nothing left out
+        keeper.renewed(t)
+    assert keeper.unreachable_seconds == 0.0
+    keeper.renewed(1015.3 + 132.0)  # the next one came through once the link was back
+    assert keeper.unreachable_seconds == pytest.approx(127.0)
+    assert keeper.worked_seconds(now=1149.3) == pytest.approx(22.3)
+    completed = T0 + dt.timedelta(seconds=149.3)
+    rest = rest_until(T0, completed, min_rest_seconds=0.5, worked_seconds=keeper.worked_seconds(now=1149.3))
+    assert rest is not None and (rest - completed).total_seconds() == pytest.approx(3 * 22.3)
+    assert rest_until(T0, completed, min_rest_seconds=0.5) == completed + dt.timedelta(seconds=3 * 149.3)  # before
+
+    ending = ScanLeaseKeeper(None, CLAIM, lease_seconds=600, heartbeat_seconds=5)  # type: ignore[arg-type]
+    ending.started = ending.last_ok = 2000.0
+    ending.renewed(2004.0)
+    assert ending.worked_seconds(now=2009.0) == pytest.approx(9.0)  # one heartbeat late: still work
+    assert ending.worked_seconds(now=2100.0) == pytest.approx(9.0)  # the database away since 2004 + 5

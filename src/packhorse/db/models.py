@@ -733,6 +733,10 @@ class ScanLease(Base):
     the first one began —, ``completed_at`` when a scan last completed (UTC; ``None`` before
     the first): ``status`` and ``health`` list a location whose
     scan has not completed for longer than ``[recovery] scan_overdue_seconds``.
+    ``worked_seconds``: how long the last completed scan worked (s), the time its holder could
+    not reach the database left out; what its rest is measured by
+    (:func:`packhorse.operations.scan_lease.rest_until`). ``None``: not recorded (a scan
+    completed before migration 0030), the rest goes by ``completed_at − started_at``.
     """
 
     __tablename__ = "scan_leases"
@@ -743,6 +747,7 @@ class ScanLease(Base):
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    worked_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SourceAudit(Base):

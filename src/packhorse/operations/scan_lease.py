@@ -16,7 +16,8 @@ like an operation's (DESIGN.md "Lease", I5):
 * :func:`release` ends it, recording ``completed_at`` when the scan completed;
 * a scan request that arrives while the last completed scan rests (:func:`rest_until`: at
   least the managers' poll interval, and :data:`SCAN_REST_FACTOR` times as long as that scan
-  took; :func:`scan_rest_seconds`, the rule embedded mode paces its scans by too) is skipped
+  worked, the time its holder could not reach the database left out;
+  :func:`scan_rest_seconds`, the rule embedded mode paces its scans by too) is skipped
   too: every manager sends every site a scan request each poll, and a site's worker processes
   must not spend themselves walking an unchanged tree back to back while packaging waits for
   a free process (docs/benchmarks.md, "20,000 small files over a long thin link");
@@ -71,15 +72,19 @@ def scan_rest_seconds(took_seconds: float, *, min_rest_seconds: float) -> float:
 
 
 def rest_until(started_at: dt.datetime | None, completed_at: dt.datetime | None, *,
-               min_rest_seconds: float) -> dt.datetime | None:
+               min_rest_seconds: float, worked_seconds: float | None = None) -> dt.datetime | None:
     """When the next scan of a location may start after its last completed one (UTC; ``None``:
-    at once): ``completed_at`` plus :func:`scan_rest_seconds` of how long that scan took
-    (``completed_at − started_at``) and ``min_rest_seconds`` (s). A location never completed,
-    or a scan under way since (``started_at`` after ``completed_at``; a failed scan records no
-    completion either), does not rest."""
+    at once): ``completed_at`` plus :func:`scan_rest_seconds` of how long that scan worked
+    (``worked_seconds``, the time its holder could not reach the database left out; where it
+    was not recorded, ``completed_at − started_at``) and ``min_rest_seconds`` (s). A location
+    never completed, or a scan under way since (``started_at`` after ``completed_at``; a failed
+    scan records no completion either), does not rest."""
     if completed_at is None or (started_at is not None and started_at > completed_at):
         return None
-    took = (completed_at - started_at).total_seconds() if started_at is not None else 0.0
+    if worked_seconds is not None:
+        took = max(0.0, worked_seconds)
+    else:
+        took = (completed_at - started_at).total_seconds() if started_at is not None else 0.0
     return completed_at + dt.timedelta(seconds=scan_rest_seconds(took, min_rest_seconds=min_rest_seconds))
 
 
@@ -101,11 +106,11 @@ def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, m
         # pass the update's condition while this read still saw its lease live (a scan started
         # with no rest, and a takeover warned of that never happened)
         before = s.execute(select(ScanLease.holder, ScanLease.expires_at, ScanLease.started_at,
-                                  ScanLease.completed_at).where(ScanLease.location == location)
-                           .with_for_update()).one()
+                                  ScanLease.completed_at, ScanLease.worked_seconds)
+                           .where(ScanLease.location == location).with_for_update()).one()
         live = before.expires_at is not None and before.expires_at > t
         rest = None if live else rest_until(before.started_at, before.completed_at,
-                                            min_rest_seconds=min_rest_seconds)
+                                            min_rest_seconds=min_rest_seconds, worked_seconds=before.worked_seconds)
         if rest is not None and rest > t:
             return None, None, rest
         got = s.execute(update(ScanLease).where(
@@ -141,13 +146,16 @@ def renew(db: Database, claim: ScanClaim, *, lease_seconds: float) -> bool:
     return bool(db.transact(tx))
 
 
-def release(db: Database, claim: ScanClaim, *, completed: bool) -> bool:
-    """End ``claim``'s lease (fenced on its token); with ``completed`` record ``completed_at``.
-    ``False`` if the lease was taken over meanwhile (nothing changed)."""
+def release(db: Database, claim: ScanClaim, *, completed: bool, worked_seconds: float | None = None) -> bool:
+    """End ``claim``'s lease (fenced on its token); with ``completed`` record ``completed_at``
+    and ``worked_seconds`` (how long the scan worked, s, the time its holder could not reach the
+    database left out; :func:`rest_until`). ``False`` if the lease was taken over meanwhile
+    (nothing changed)."""
     def tx(s: Session) -> bool:
         values: dict[str, Any] = {"holder": None, "expires_at": None}
         if completed:
             values["completed_at"] = utcnow()
+            values["worked_seconds"] = worked_seconds
         return s.execute(update(ScanLease).where(ScanLease.location == claim.location,
                                                  ScanLease.token == claim.token).values(**values)).rowcount == 1
 
@@ -158,7 +166,14 @@ class ScanLeaseKeeper:
     """Renews a scan lease in a daemon thread every ``heartbeat_seconds`` (s) until
     :meth:`stop`. :attr:`lost` is set (and logged once, WARNING ``scan_lease_lost``) when a
     renewal finds the token stale, or when no renewal succeeded for ``lease_seconds − 1.5 ×
-    heartbeat_seconds`` (the database unreachable): from then on another worker may scan."""
+    heartbeat_seconds`` (the database unreachable): from then on another worker may scan.
+
+    :attr:`unreachable_seconds` adds up the time the holder could not reach the database: each
+    gap between two successful renewals beyond two heartbeats (renewals that failed, or hung on
+    a link that went silent), less the one heartbeat a renewal is due after. :meth:`worked_seconds`
+    is the scan's time less that: what its rest is measured by, so that a scan held up by a
+    site cut off from the centre does not rest three times the cut once the link is back
+    (found by a trial: new files waited minutes after a 132 s cut)."""
 
     def __init__(self, db: Database, claim: ScanClaim, *, lease_seconds: float, heartbeat_seconds: float) -> None:
         self.db = db
@@ -166,11 +181,14 @@ class ScanLeaseKeeper:
         self.lease_seconds = lease_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.lost = threading.Event()
+        self.started = self.last_ok = time.monotonic()
+        self.unreachable_seconds = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"scan-lease-{claim.location}", daemon=True)
 
     def start(self) -> ScanLeaseKeeper:
         """Start renewing; returns ``self``."""
+        self.started = self.last_ok = time.monotonic()
         self._thread.start()
         return self
 
@@ -179,6 +197,25 @@ class ScanLeaseKeeper:
         self._stop.set()
         self._thread.join(timeout=self.heartbeat_seconds + 5)
 
+    def renewed(self, now: float) -> None:
+        """Account a successful renewal at ``now`` (``time.monotonic()`` seconds): a gap since
+        the last one (or the start) beyond two heartbeats was time the database could not be
+        reached (:attr:`unreachable_seconds`)."""
+        self.unreachable_seconds += self._beyond(now)
+        self.last_ok = now
+
+    def _beyond(self, now: float) -> float:
+        gap = now - self.last_ok
+        return gap - self.heartbeat_seconds if gap > 2 * self.heartbeat_seconds else 0.0
+
+    def worked_seconds(self, now: float | None = None) -> float:
+        """How long the scan has worked (s) until ``now`` (``time.monotonic()``; default: now):
+        since :meth:`start`, less :attr:`unreachable_seconds` and the gap since the last
+        renewal if that is already beyond two heartbeats (a scan ending while the database is
+        still out of reach, or before a renewal came through after it returned)."""
+        now = time.monotonic() if now is None else now
+        return max(0.0, now - self.started - self.unreachable_seconds - self._beyond(now))
+
     def _lose(self, why: str) -> None:
         if not self.lost.is_set():
             self.lost.set()
@@ -186,16 +223,15 @@ class ScanLeaseKeeper:
                         token=self.claim.token, reason=why)
 
     def _run(self) -> None:
-        last_ok = time.monotonic()
         give_up = max(self.heartbeat_seconds, self.lease_seconds - 1.5 * self.heartbeat_seconds)
         while not self._stop.wait(self.heartbeat_seconds):
             try:
                 if not renew(self.db, self.claim, lease_seconds=self.lease_seconds):
                     self._lose("taken over by another worker (token stale)")
                     return
-                last_ok = time.monotonic()
+                self.renewed(time.monotonic())
             except Exception as e:  # noqa: BLE001 - the database may be down for a while
-                if time.monotonic() - last_ok > give_up:
+                if time.monotonic() - self.last_ok > give_up:
                     self._lose(f"no renewal for {give_up:.0f} s: {e!r}")
                     return
 
@@ -219,7 +255,8 @@ def scan_lease(db: Database, location: str, holder: str, *, lease_seconds: float
     finally:
         keeper.stop()
         with contextlib.suppress(Exception):  # an unreachable database: the lease expires by itself
-            release(db, claim, completed=completed and not keeper.lost.is_set())
+            release(db, claim, completed=completed and not keeper.lost.is_set(),
+                    worked_seconds=keeper.worked_seconds())
 
 
 def overdue_scans(session: Session, *, overdue_seconds: float, now: dt.datetime | None = None) -> list[dict[str, Any]]:
@@ -256,11 +293,13 @@ def not_due(session: Session, locations: Collection[str], *, min_rest_seconds: f
     if not locations:
         return out
     for r in session.execute(select(ScanLease.location, ScanLease.expires_at, ScanLease.started_at,
-                                    ScanLease.completed_at).where(ScanLease.location.in_(list(locations)))):
+                                    ScanLease.completed_at, ScanLease.worked_seconds)
+                             .where(ScanLease.location.in_(list(locations)))):
         if r.expires_at is not None and r.expires_at > t:
             out[r.location] = "running"
             continue
-        rest = rest_until(r.started_at, r.completed_at, min_rest_seconds=min_rest_seconds)
+        rest = rest_until(r.started_at, r.completed_at, min_rest_seconds=min_rest_seconds,
+                          worked_seconds=r.worked_seconds)
         if rest is not None and rest > t:
             out[r.location] = "resting"
     return out
