@@ -251,7 +251,8 @@ def test_circuit_breakers_health_and_force_retry_through_the_api(inst) -> None:
     assert ("breaker.reset", "ok") in actions and ("operation.force_retry", "ok") in actions
     assert ("operation.force_retry", "refused") in actions
     health = api.client.get("/api/health", headers=obs)
-    assert health.status_code == 200 and set(health.json()) == {"services", "dead"}
+    assert health.status_code == 200 and set(health.json()) == {
+        "services", "dead", "scans_overdue", "no_monitor", "leases_not_reclaimed", "sites_unreachable"}
     cli = run_packhorse("breaker", "reset", "transfer", str(oid), "-c", str(cfg), "--json")
     assert cli.returncode == 0
     assert json.loads(run_packhorse("audit", "-c", str(cfg), "--json").stdout)[0]["action"] == "breaker.reset"

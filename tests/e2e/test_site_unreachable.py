@@ -15,6 +15,7 @@ import json
 
 from sqlalchemy import select, update
 
+from api_support import api_for
 from packhorse.db.models import Notification, ServiceHeartbeat, utcnow
 from packhorse.db.session import Database
 from support import run_packhorse
@@ -54,6 +55,18 @@ def test_a_site_cut_off_is_listed_notified_once_and_once_more_when_it_heals(site
         health = run_packhorse("health", "-c", str(config), cwd=config.parent)
         assert health.returncode == 1 and "site cologne unreachable since" in health.stderr, health.stderr
         assert "site cornell" not in health.stderr
+        # the browser's report is the terminal's (a trial found the API's without the cut-off site)
+        as_json = json.loads(run_packhorse("health", "--json", "-c", str(config), cwd=config.parent).stdout)
+        api = api_for(config)
+        served = api.client.get("/api/health", headers=api.auth(api.observer)).json()  # type: ignore[attr-defined]
+        assert [u["subject"] for u in served["sites_unreachable"]] == ["site cologne"]
+        assert served["sites_unreachable"][0]["since"].startswith(cut_at.isoformat()[:19])
+        for key in ("scans_overdue", "no_monitor", "leases_not_reclaimed", "dead"):
+            assert served[key] == as_json[key], key
+        assert [(u["subject"], u["since"], u["detail"]["workers"]) for u in served["sites_unreachable"]] == [
+            (u["subject"], u["since"], u["detail"]["workers"]) for u in as_json["sites_unreachable"]]
+        # cologne holds no source: nothing is said of instruments' files waiting there
+        assert "source location" not in served["sites_unreachable"][0]["reason"]
 
         # the link is back: a worker of cologne heartbeats again
         db.transact(lambda s: s.execute(update(ServiceHeartbeat).where(ServiceHeartbeat.service

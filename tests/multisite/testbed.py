@@ -556,8 +556,8 @@ def main() -> int:
     print(f"test bed up in {bed.root}\n  config: {bed.config}\n  database: {bed.database_url}\n"
           f"  namespaces: {', '.join(bed.ns.values())}\n  logs: {bed.logs}\n"
           f"  drop raw files into {bed.root}/sites/fyst/source/<instrument>/<observation>/\n"
-          f"  look: ip netns exec {bed.ns['central']} python -m packhorse status -c {bed.config}\n"
-          f"  remove: python {__file__} down {bed.root}")
+          f"  look: ip netns exec {bed.ns['central']} {sys.executable} -m packhorse status -c {bed.config}\n"
+          f"  remove: {sys.executable} {__file__} down {bed.root}")
     return 0
 
 

@@ -77,7 +77,6 @@ from packhorse.errors import (
 )
 from packhorse.names import json_safe
 from packhorse.recovery.breakers import jsonable, list_breakers
-from packhorse.recovery.health import list_services
 from packhorse.runtime import audit
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.settings import KEYS, RuntimeSettings, describe, set_setting, unset_setting
@@ -89,6 +88,7 @@ from packhorse.status.diagnose import (
     request_live_check,
     run_live_check,
 )
+from packhorse.status.health import health_report
 from packhorse.status.history import BacklogSampler, history
 from packhorse.status.locate import locate
 from packhorse.status.metrics import registry_for, render
@@ -400,11 +400,10 @@ def create_app(settings: Settings, db: Database | None = None, *, ctx: ProcessCo
 
     @api.get("/health", response_model=m.Health, tags=["observe"])
     def health(_who: Caller) -> dict[str, Any]:
-        """Services and workers with their last heartbeat: alive or dead."""
-        rec = settings.recovery
-        rows = db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
-                                               forget_after_seconds=rec.service_forget_after_seconds))
-        return {"services": [jsonable(r) for r in rows], "dead": sum(1 for r in rows if not r["alive"])}
+        """What ``packhorse health --json`` prints: services and workers with their last heartbeat
+        (alive or dead), scans overdue, a missing monitor, leases not reclaimed and sites cut off
+        from the centre (:func:`packhorse.status.health.health_report`)."""
+        return health_report(ctx).as_json()
 
     @api.get("/admin/breakers", response_model=list[m.BreakerOut], tags=["breakers"])
     def breakers(_who: Caller) -> list[dict[str, Any]]:

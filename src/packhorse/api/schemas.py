@@ -222,8 +222,16 @@ class ServiceOut(_Model):
 
 
 class Health(_Model):
+    """``packhorse health --json``'s report (:class:`packhorse.status.health.HealthReport`)."""
+
     services: list[ServiceOut]
-    dead: int
+    dead: int = Field(description="how many services are dead (no heartbeat for service_dead_after_seconds)")
+    scans_overdue: list[dict[str, Any]] = Field(
+        description="source locations whose scan has not completed for longer than scan_overdue_seconds")
+    no_monitor: bool = Field(description="workers or managers run but no monitor does")
+    leases_not_reclaimed: list[BlockedOut]
+    sites_unreachable: list[BlockedOut] = Field(
+        description="sites none of whose workers sent a heartbeat for service_dead_after_seconds, since when")
 
 
 class DiagnosticReport(_Model):

@@ -50,8 +50,8 @@ def health(
     server's (clock offset, s, database minus host; packhorse times everything by the
     database's clock); one beyond database.clock_offset_warn_seconds is named on stderr."""
     from packhorse.recovery.breakers import jsonable  # deferred: start-up time
-    from packhorse.recovery.health import forget_service, list_services, scan_health  # deferred: start-up time
-    from packhorse.status.blocked_work import lease_not_reclaimed, site_unreachable  # deferred: start-up time
+    from packhorse.recovery.health import forget_service  # deferred: start-up time
+    from packhorse.status.health import health_report  # deferred: start-up time
 
     ctx = context(config)
     rec = ctx.settings.recovery
@@ -69,23 +69,15 @@ def health(
         else:
             print(f"forgot {forget} (last heartbeat {utc_text(gone['last_seen'])} UTC)", file=sys.stderr)
         return
-    rows = ctx.db.read(lambda s: list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
-                                               forget_after_seconds=rec.service_forget_after_seconds))
-    dead = [r for r in rows if not r["alive"]]
+    report = health_report(ctx)
+    rows, dead = report.services, report.dead
     warn_above = ctx.settings.database.clock_offset_warn_seconds
     clock_off = {r["service"] for r in rows
                  if r["clock_offset_seconds"] is not None and abs(r["clock_offset_seconds"]) > warn_above}
-    scans = ctx.db.read(lambda s: scan_health(s, overdue_seconds=rec.scan_overdue_seconds))
-    unreclaimed = ctx.db.read(lambda s: lease_not_reclaimed(s, ctx))
-    cut_off = ctx.db.read(lambda s: site_unreachable(s, ctx))
-    # distributed mode (workers or managers heartbeat) needs a monitor: it alone hands expired
-    # leases back, lets breakers half-open and re-dispatches lost messages (DESIGN.md I5)
-    distributed = any(r["kind"] in ("worker", "manager") for r in rows)
-    no_monitor = distributed and not any(r["kind"] == "monitor" and r["alive"] for r in rows)
+    scans, unreclaimed, cut_off, no_monitor = (report.scans_overdue, report.leases_not_reclaimed,
+                                               report.sites_unreachable, report.no_monitor)
     if as_json:
-        print_json({"services": [jsonable(r) for r in rows], "dead": len(dead), "scans_overdue": scans,
-                    "no_monitor": no_monitor, "leases_not_reclaimed": [i.as_json() for i in unreclaimed],
-                    "sites_unreachable": [i.as_json() for i in cut_off]})
+        print_json(report.as_json())
     else:
         if not rows:
             print("no packhorse service is running: none has a heartbeat (each service records one while it runs "

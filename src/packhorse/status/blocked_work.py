@@ -296,11 +296,13 @@ def site_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedIte
     heartbeats again. Subject ``"site <name>"``, since = the last heartbeat of its workers,
     detail ``{"site", "seconds", "workers"}``."""
     rec = ctx.settings.recovery
+    sources = {loc.site for loc in ctx.settings.locations if loc.role is LocationRole.SOURCE}
     return [BlockedItem(
         cause="site_unreachable", subject=f"site {u['site']}",
         reason=(f"no worker of site {u['site']} has sent a heartbeat for {u['seconds']} s: it is cut off from the "
                 "centre (its link, or the database and broker out of its reach) or its workers are down; its "
-                "work waits, its instruments' files stay at its source location"),
+                "work waits" + (", its instruments' files stay at its source location" if u["site"] in sources
+                                else "")),
         release=(f"restore the site's link or start its workers (packhorse worker --site {u['site']}); its work "
                  "resumes by itself"),
         exit_code=EXIT_WAITING, since=u["since"],
