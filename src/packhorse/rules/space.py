@@ -76,15 +76,19 @@ def space_freed(ctx: "ProcessContext") -> int:
     handed back (its ``error_context["free_bytes"]``: an operator freed some, or a file system
     grew) and at least what it must still write (:func:`still_to_write`; unknown: 1 MiB more),
     so that a few bytes freed by anything else on that file system do not start a write that
-    can only fail again. It looks again now instead of after its backoff (up to ``[recovery]
+    can only fail again; or, for a transfer or a package build, its admission would let it in
+    now (:func:`fits_now`: the work let in before it, which it waited for, has gone, though the
+    disk's free bytes are what they were when it gave up: a ``run --until-idle`` ended with
+    exit 4 and an empty buffer that way, under load in CI). It looks again now instead of after its backoff (up to ``[recovery]
     retry_backoff_max_seconds``), and ``run --until-idle`` goes on instead of ending with
     work that would fit now (exit 4). Both executors run it in every manager cycle
     (:func:`packhorse.engine.pipeline.manager_cycle`): a read of the few operations waiting for space,
     and one ``statvfs`` per location they wait for. Returns how many were made due."""
-    def waiting(s: Session) -> list[tuple[int, Any, Any, Any, Any]]:
+    def waiting(s: Session) -> list[tuple[int, Any, Any, Any, Any, str, Any, Any]]:
         return [tuple(r) for r in s.execute(select(  # type: ignore[misc]
             Operation.id, Operation.updated_at, Operation.error_context["location_id"].as_integer(),
-            Operation.error_context["location"].as_string(), Operation.error_context["free_bytes"].as_integer())
+            Operation.error_context["location"].as_string(), Operation.error_context["free_bytes"].as_integer(),
+            Operation.kind, Operation.data_transfer_package_id, Operation.raw_data_package_id)
             .where(waiting_for_space())).all()]
 
     rows = ctx.db.read(waiting)
@@ -92,7 +96,12 @@ def space_freed(ctx: "ProcessContext") -> int:
         return 0
     free_now: dict[str, int | None] = {}
     due = []
-    for op_id, since, loc_id, location, free_then in rows:
+    for op_id, since, loc_id, location, free_then, kind, bundle_id, pkg_id in rows:
+        # it waited for room kept for work let in before it: that work may have gone since with
+        # the disk's bytes back where they were (nothing freed, nothing "more free")
+        if location and fits_now(ctx, op_id, kind, location, bundle_id=bundle_id, raw_data_package_id=pkg_id):
+            due.append(op_id)
+            continue
         if location and free_then is not None:
             if location not in free_now:
                 free_now[location] = free_bytes(ctx, location)
@@ -354,22 +363,9 @@ def _before_bundling(ctx: "ProcessContext", location: str, below: int,
     return ctx.db.read(read)
 
 
-def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: str) -> None:
-    """Admission of the transfer ``op_id`` of bundle ``bundle_id`` into the disk buffer
-    ``location``: its free space must hold the bundle and then its largest package (the
-    unpack writes the packages beside the bundle; those published before can be archived and
-    freed meanwhile), plus the largest package of every bundle there not unpacked yet and the
-    bundle and largest package of every transfer into ``location`` claimed before it (lower
-    operation ids). Four bundles transferred at once filled a small buffer so that no unpack
-    could write a package and nothing could ever be freed (a deadlock, found by a trial).
-
-    Raises:
-        NeverFitsError: the bundle and its largest package are larger than the whole file
-            system (the unpack could never run there).
-        DestinationWriteError: ``out_of_space``: not room enough now (it waits for space).
-    """
-    if ctx.settings.location(location).object_store_uri is not None:
-        return
+def _before_unpacking(ctx: "ProcessContext", op_id: int, bundle_id: int, location: str) -> tuple[str, int, int, int]:
+    """``(bundle name, its bytes, its largest package's bytes, bytes kept for the work there
+    before it)`` of :func:`room_to_unpack`, in one read."""
     loc_id = ctx.topology.location_ids[location]
 
     def largest(s: Session, bid: int) -> int:
@@ -395,7 +391,52 @@ def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: 
         beside = sum(largest(s, b) for b in here) + sum(int(sz or 0) + largest(s, b) for b, sz in before)
         return name, size, largest(s, bundle_id), beside
 
-    name, size, big, beside = ctx.db.read(read)
+    return ctx.db.read(read)
+
+
+def fits_now(ctx: "ProcessContext", op_id: int, kind: str, location: str, *, bundle_id: int | None = None,
+             raw_data_package_id: int | None = None) -> bool:
+    """Whether the admission of transfer or package build ``op_id`` into disk location
+    ``location`` (:func:`room_to_unpack`, :func:`room_to_bundle`) would let it in now, by the
+    same arithmetic, without raising. ``False`` for any other kind (its wait is for bytes the
+    disk lacked: :func:`space_freed`'s other rules), an object store, a root that cannot be
+    measured, or a row it cannot read."""
+    if kind not in (K.TRANSFER.value, K.RAW_DATA_PACKAGE.value):
+        return False
+    try:
+        usage = location_usage(ctx, location)
+        if usage is None:
+            return False
+        if kind == K.TRANSFER.value and bundle_id is not None:
+            _, size, big, beside = _before_unpacking(ctx, op_id, bundle_id, location)
+            return bool(size) and usage.free >= size + big + beside
+        if kind == K.RAW_DATA_PACKAGE.value and raw_data_package_id is not None:
+            payload = ctx.db.read(lambda s: s.scalar(select(RawDataPackage.payload_bytes).where(
+                RawDataPackage.id == raw_data_package_id)))
+            there, building = _before_bundling(ctx, location, below=op_id)
+            return payload is not None and usage.free >= 2 * int(payload) + there + 2 * building
+    except (KeyError, ConfigError):
+        return False
+    return False
+
+
+def room_to_unpack(ctx: "ProcessContext", op_id: int, bundle_id: int, location: str) -> None:
+    """Admission of the transfer ``op_id`` of bundle ``bundle_id`` into the disk buffer
+    ``location``: its free space must hold the bundle and then its largest package (the
+    unpack writes the packages beside the bundle; those published before can be archived and
+    freed meanwhile), plus the largest package of every bundle there not unpacked yet and the
+    bundle and largest package of every transfer into ``location`` claimed before it (lower
+    operation ids). Four bundles transferred at once filled a small buffer so that no unpack
+    could write a package and nothing could ever be freed (a deadlock, found by a trial).
+
+    Raises:
+        NeverFitsError: the bundle and its largest package are larger than the whole file
+            system (the unpack could never run there).
+        DestinationWriteError: ``out_of_space``: not room enough now (it waits for space).
+    """
+    if ctx.settings.location(location).object_store_uri is not None:
+        return
+    name, size, big, beside = _before_unpacking(ctx, op_id, bundle_id, location)
     if not size:
         return
     _admit(ctx, location, f"bundle {name} ({size:,} bytes)", need=size + big, beside=beside,
