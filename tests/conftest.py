@@ -42,30 +42,46 @@ _LONG_E2E = frozenset({
 })
 
 
-#: The slowest tests of the chaos, long and multi-site selection, seconds each as CI measured
-#: them on 2 cores with four test processes. Only the order tests start in depends on it: with
+#: The slowest tests of the chaos, long and multi-site selection, seconds each as a CI run
+#: measured them on 2 cores with four test processes (2026-12-06, a loaded one: the order is
+#: what counts). Only the order tests start in depends on it: with
 #: ``--dist load --maxschedchunk 1`` (how ``.ci/run`` runs that selection) the longest start
 #: first and the four processes finish together, instead of one running a 140 s test alone at
 #: the end. A test missing here keeps its place after them. The two multi-site tests share one
-#: test bed (a module fixture): first and second, they go to one process together (the first
-#: chunk of each process is two tests), which builds the bed once.
+#: test bed (a module fixture): first and second (listed above any other, whatever they took),
+#: they go to one process together (the first chunk of each process is two tests), which
+#: builds the bed once.
 _SLOWEST = {
-    "tests/multisite/test_across_sites.py::test_sites_that_share_no_file_system_archive_a_tree_and_heal_a_source_site_cut_off_from_the_centre": 201,
-    "tests/multisite/test_across_sites.py::test_a_transfer_cut_mid_stream_and_a_flapping_link_lose_nothing": 200,
-    "tests/chaos/test_chaos_harness.py::test_short_chaos_run_keeps_every_invariant": 143,
-    "tests/multisite/test_clock_and_outages.py::test_sites_whose_clocks_run_5_minutes_ahead_archive_everything": 120,
-    "tests/multisite/test_clock_and_outages.py::test_a_site_archive_disk_away_and_back_ends_its_outage_by_itself": 90,
-    "tests/chaos/test_distributed_chaos.py::test_postgres_restart_in_the_middle_of_a_run": 88,
-    "tests/chaos/test_resumable_transfer.py::test_copy_transfer_killed_at_60_percent_resumes": 86,
-    "tests/chaos/test_chaos_harness.py::test_harness_fails_when_fencing_is_switched_off": 76,
+    "tests/multisite/test_across_sites.py::test_sites_that_share_no_file_system_archive_a_tree_and_heal_a_source_site_cut_off_from_the_centre": 1001,
+    "tests/multisite/test_across_sites.py::test_a_transfer_cut_mid_stream_and_a_flapping_link_lose_nothing": 1000,
+    "tests/chaos/test_resumable_transfer.py::test_s3_multipart_archive_killed_at_60_percent_resumes": 199,
+    "tests/chaos/test_resumable_transfer.py::test_copy_transfer_killed_at_60_percent_resumes": 190,
+    "tests/e2e/test_file_versions.py::test_a_file_gone_for_good_is_forgotten_by_an_operator_and_no_longer_listed": 135,
+    "tests/e2e/test_file_versions.py::test_the_dry_run_predicts_no_new_version_for_a_touched_file_and_one_for_new_bytes": 132,
+    "tests/chaos/test_chaos_harness.py::test_short_chaos_run_keeps_every_invariant": 124,
+    "tests/chaos/test_resumable_transfer.py::test_rsync_command_transfer_killed_at_60_percent_resumes": 114,
+    "tests/e2e/test_cli_everyday.py::test_verify_checks_staged_copies_and_stage_again_restores_a_removed_one": 101,
+    "tests/e2e/test_convergence.py::test_no_good_source_released_by_a_good_copy_put_back_is_recognised_by_verify": 86,
+    "tests/e2e/test_convergence.py::test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end": 82,
+    "tests/e2e/test_file_versions.py::test_a_file_modified_after_archiving_is_archived_as_a_second_version_and_the_first_stays": 81,
+    "tests/e2e/test_convergence.py::test_no_good_source_released_by_a_good_copy_put_back_converges_on_a_plain_run": 79,
+    "tests/e2e/test_fixity.py::test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source": 78,
+    "tests/chaos/test_database_outage_keeps_leases.py::test_a_database_restart_costs_no_lease_and_no_stall": 74,
+    "tests/chaos/test_chaos_harness.py::test_harness_fails_when_fencing_is_switched_off": 72,
     "tests/e2e/test_distributed_breaker.py::test_the_monitor_lets_one_attempt_through_after_the_cool_down": 71,
-    "tests/e2e/test_convergence.py::test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end": 67,
-    "tests/chaos/test_resumable_transfer.py::test_s3_multipart_archive_killed_at_60_percent_resumes": 66,
-    "tests/chaos/test_queued_not_lost.py::test_messages_queued_behind_a_busy_worker_are_not_reconciled": 65,
-    "tests/e2e/test_staging.py::test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified": 64,
-    "tests/chaos/test_dispatch_lost.py::test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_down": 64,
-    "tests/chaos/test_broker_restart.py::test_rabbitmq_restart_under_running_workers": 62,
-    "tests/chaos/test_broker_restart.py::test_redis_restart_under_running_workers": 59,
+    "tests/e2e/test_fixity.py::test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining_copy": 70,
+    "tests/e2e/test_disk_pressure.py::test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_once_there_is_space": 67,
+    "tests/chaos/test_health_after_restart.py::test_a_killed_and_restarted_runner_is_one_live_row_and_the_labels_stay_bounded": 67,
+    "tests/chaos/test_health_after_restart.py::test_a_dead_monitor_counts_until_it_is_forgotten": 62,
+    "tests/chaos/test_dispatch_lost.py::test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_down": 61,
+    "tests/e2e/test_file_versions.py::test_a_file_gone_before_packaging_is_recorded_with_a_reason_and_a_notification": 60,
+    "tests/chaos/test_broker_restart.py::test_rabbitmq_restart_under_running_workers": 56,
+    "tests/e2e/test_convergence.py::test_a_package_whose_siblings_sources_are_gone_is_repaired_from_its_own_source_files": 54,
+    "tests/chaos/test_distributed_chaos.py::test_postgres_restart_in_the_middle_of_a_run": 54,
+    "tests/e2e/test_clock_offset.py::test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease": 52,
+    "tests/chaos/test_queued_not_lost.py::test_messages_queued_behind_a_busy_worker_are_not_reconciled": 52,
+    "tests/e2e/test_disk_pressure.py::test_a_bundle_larger_than_the_whole_destination_buffer_fails_and_says_so_instead_of_waiting_for_ever": 51,
+    "tests/e2e/test_convergence.py::test_every_archive_copy_corrupt_is_re_archived_from_the_source_files": 51,
 }
 
 
