@@ -124,3 +124,31 @@ def test_a_bundles_copies_are_recorded_in_three_statements_and_a_conflict_record
                                     .values(status="deleted")))
     new = db.transact(lambda s: record_copies(s, location_id=loc, copies=[(first + 2, "raw/k2.tar", 10, "e" * 64)]))
     assert new[first + 2] not in ids.values()
+
+
+def test_a_task_of_builds_records_its_packages_bytes_at_once_and_a_rebuild_must_match(db: Database) -> None:
+    """``record_builds``: first builds record their packages' size and sha256 in one statement
+    and their buffer copies in two; a rebuild (convergence) of the same bytes changes nothing;
+    one of other bytes refuses the whole batch (I2), naming its package, and records nothing."""
+    from packhorse.stages.package import record_builds
+
+    loc, first = _package(db, more=2)
+    pkgs = [first + 1, first + 2]  # seeded with bytes already; clear them: never built
+    db.transact(lambda s: s.execute(update(RawDataPackage).where(RawDataPackage.id.in_(pkgs))
+                                    .values(size=None, sha256=None)))
+    items = [(p, loc, f"raw/b{i}.tar", 100 + i, f"{i + 7}" * 64) for i, p in enumerate(pkgs)]
+    statements: list[str] = []
+    listen = (lambda *a: statements.append(a[2]))  # noqa: E731
+    event.listen(db.engine, "before_cursor_execute", listen)
+    db.transact(lambda s: record_builds(s, items))
+    event.remove(db.engine, "before_cursor_execute", listen)
+    assert len([q for q in statements if not q.lstrip().startswith(("BEGIN", "COMMIT"))]) <= 3, statements
+    rows = db.read(lambda s: {p.id: (p.size, p.sha256) for p in s.scalars(select(RawDataPackage))})
+    assert [rows[p] for p in pkgs] == [(100, "7" * 64), (101, "8" * 64)]
+    copies = db.read(lambda s: {c.raw_data_package_id: (c.path, c.sha256) for c in s.scalars(select(PhysicalCopy))})
+    assert copies == {pkgs[0]: ("raw/b0.tar", "7" * 64), pkgs[1]: ("raw/b1.tar", "8" * 64)}
+    db.transact(lambda s: record_builds(s, items))  # the same bytes again: nothing changes
+    assert db.read(lambda s: s.scalar(select(func.count()).select_from(PhysicalCopy))) == 2
+    with pytest.raises(DestinationConflictError, match="inst/obs3"):
+        db.transact(lambda s: record_builds(s, [items[0], (pkgs[1], loc, "raw/b1.tar", 101, "9" * 64)]))
+    assert db.read(lambda s: s.get(RawDataPackage, pkgs[1]).sha256) == "8" * 64

@@ -38,8 +38,8 @@ from packhorse.operations.lifecycle import Claim, backoff_seconds, claim, claim_
 from packhorse.rules.availability import check_operation, record_outage, storage_fault, wait_seconds
 from packhorse.rules.space import free_bytes, never_fits
 from packhorse.runtime.context import ProcessContext
-from packhorse.stages import FINISHERS, PRELOADS, STAGES, deletion
-from packhorse.stages.base import Recorder, Work
+from packhorse.stages import PRELOADS, STAGES, deletion
+from packhorse.stages.base import Recorder, Records, Work
 
 log = structlog.get_logger(__name__)
 
@@ -116,8 +116,6 @@ def _run_claimed(ctx: ProcessContext, c: Claim) -> Outcome:
                 if not complete_in(s, c, keeper.bytes_done):
                     raise LeaseLostError(f"operation {operation_id}: attempt {c.attempt} is stale; completion rejected")
                 recorder(s)
-                if c.kind in FINISHERS:
-                    FINISHERS[c.kind](s, [work])
 
             ctx.db.transact(finish)
         except Exception as exc:
@@ -454,8 +452,9 @@ def _preload(works: Iterable[Work]) -> None:
 def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict[int, Outcome]:
     """Run claimed attempts one after the other and complete every one that succeeded in one
     transaction: every operation's row in one statement (:func:`complete_many`, each a
-    compare-and-set at its own fencing token, I3), then each stage's recorder, then once for the
-    task what depends on several (:data:`~packhorse.stages.FINISHERS`). When one completion is
+    compare-and-set at its own fencing token, I3), then what the stages record, those of one
+    kind that can together (:class:`~packhorse.stages.base.Records`: builds, archive copies)
+    with a few statements for all of them. When one completion is
     refused (stale or conflicting), the transaction is rolled back and run again with each
     completion in its own savepoint, so the refused one changes nothing of the others'. Across
     a long link every statement is a round trip (a savepoint and its release two more an
@@ -503,8 +502,12 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
                                           {i: works[i].lease.bytes_done for i in done})
                 if stale := sorted(set(done) - completed):
                     raise LeaseLostError(f"operations {stale}: attempts stale; completion rejected")
+            together: dict[Callable[[Session, list[Any]], None], list[Any]] = {}
             for op_id, recorder in done.items():
                 w = works[op_id]
+                if not savepoints and isinstance(recorder, Records):  # with the others of its kind, below
+                    together.setdefault(recorder.record_many, []).append(recorder.item)
+                    continue
                 try:
                     with s.begin_nested() if savepoints else contextlib.nullcontext():
                         if savepoints and not complete_in(s, w.claim, w.lease.bytes_done):
@@ -517,13 +520,8 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
                     if not savepoints:
                         raise  # roll the whole back; the next run gives each its savepoint
                     refused[op_id] = exc
-            by_kind: dict[OperationKind, list[Work]] = {}
-            for op_id in done:
-                if op_id not in refused:
-                    by_kind.setdefault(works[op_id].claim.kind, []).append(works[op_id])
-            for kind, ws in by_kind.items():  # what depends on several: once for the task's
-                if kind in FINISHERS:
-                    FINISHERS[kind](s, ws)
+            for record_many, items in together.items():  # a few statements for all of them
+                record_many(s, items)  # one item's refusal: rolled back, each again in its savepoint
             return refused
 
         if done:

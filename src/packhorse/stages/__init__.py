@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy.orm import Session
-
 from packhorse.domain import OperationKind
 from packhorse.stages import archive, bundle, deletion, fixity, package, staging, transfer, unpack
-from packhorse.stages.base import Recorder, Work
+from packhorse.stages.base import Recorder, Records, Work
 
 StageFn = Callable[[Work], Recorder]
 
@@ -35,13 +33,4 @@ PRELOADS: dict[OperationKind, Callable[[list[Work]], None]] = {
     OperationKind.LONG_TERM_ARCHIVE: archive.preload,
 }
 
-#: For the kinds whose completion records something about several operations at once, what
-#: records it once for every operation of the kind completed in one transaction, after their
-#: own recorders (:func:`packhorse.engine.worker.execute_task`; an operation run alone is a
-#: list of one). Across a long link each statement is a round trip: an archive copy's check
-#: that its package is now archived everywhere is two or three statements, once a task.
-FINISHERS: dict[OperationKind, Callable[[Session, list[Work]], None]] = {
-    OperationKind.LONG_TERM_ARCHIVE: archive.finish,
-}
-
-__all__ = ["FINISHERS", "PRELOADS", "STAGES", "Recorder", "StageFn", "Work"]
+__all__ = ["PRELOADS", "STAGES", "Recorder", "Records", "StageFn", "Work"]

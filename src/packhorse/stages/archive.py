@@ -4,8 +4,8 @@ Idempotent (I3): if the archive already holds the same bytes the operation compl
 rewriting; different bytes raise :class:`~packhorse.errors.DestinationConflictError` (I2).
 Publication is conditional (no-replace) and the object is re-read through its backend before
 the copy is recorded (I4). The package is marked archived when every long-term archive of
-every destination site of its route holds a verified copy (:func:`finish`, once for every
-archive copy completed in one transaction).
+every destination site of its route holds a verified copy (:func:`record_archive_copies`, once
+for every archive copy completed in one transaction).
 """
 
 from __future__ import annotations
@@ -16,14 +16,16 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import RawDataPackage
 from packhorse.errors import SourceMissingError, VerificationError
 from packhorse.rules.policy import mark_archived_many
+from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import raw_package_key
 from packhorse.stages.base import (
     Recorder,
+    Records,
     Work,
     copy_object,
     note_corrupt_source,
     note_lost_source,
-    record_copy,
+    record_copies,
 )
 
 
@@ -60,18 +62,23 @@ def run(work: Work) -> Recorder:
                             raw_data_package_id=pkg.id)
         raise
     location_id = ctx.topology.location_ids[dst_name]
-    size, sha, pkg_id = pkg.size, pkg.sha256, pkg.id
-
-    def record(s: Session) -> None:
-        record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
-
-    return record
+    return Records(record_archive_copies, (ctx, location_id, pkg.id, key, pkg.size, pkg.sha256))
 
 
-def finish(s: Session, works: list[Work]) -> None:
-    """After the recorders of ``works`` (archive copies completed in the transaction of ``s``):
-    mark each of their packages archived once every archive it needs holds a verified copy
-    (:func:`~packhorse.rules.policy.mark_archived_many`: a few statements for the whole task,
-    not a few a copy)."""
-    if works:
-        mark_archived_many(s, works[0].ctx, [w.op.raw_data_package_id for w in works])
+def record_archive_copies(s: Session, items: list[tuple[ProcessContext, int, int, str, int, str]]) -> None:
+    """Record archive copies ``(process context, archive location id, raw data package id, key,
+    size in bytes, sha256)`` (:func:`~packhorse.stages.base.record_copies`, per archive) and then mark each of
+    their packages archived once every archive it needs holds a verified copy
+    (:func:`~packhorse.rules.policy.mark_archived_many`): a few statements for a whole task of
+    copies, not a few a copy.
+
+    Raises:
+        DestinationConflictError: a live copy at an archive has other bytes (I2).
+    """
+    by_location: dict[int, list[tuple[int, str, int, str]]] = {}
+    for _, location_id, pkg_id, key, size, sha in items:
+        by_location.setdefault(location_id, []).append((pkg_id, key, size, sha))
+    for location_id, copies in by_location.items():
+        record_copies(s, location_id=location_id, copies=copies)
+    if items:
+        mark_archived_many(s, items[0][0], [item[2] for item in items])

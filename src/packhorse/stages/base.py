@@ -31,6 +31,26 @@ log = structlog.get_logger(__name__)
 Recorder = Callable[[Session], None]
 
 
+@dataclass(frozen=True)
+class Records:
+    """A :data:`Recorder` that several operations of one kind can run as one: ``record_many``
+    records every ``item`` given it (one an operation) with a few statements for them all, not
+    a few each (a database across a long link pays each statement in a round trip;
+    :func:`packhorse.engine.worker.execute_task` gathers the items of a task's operations whose
+    completions are all accepted). Called alone, it records its own ``item``: the completion of
+    an operation run alone, or one in its own savepoint.
+
+    ``record_many(session, items)`` must raise (the caller's transaction is then rolled back,
+    and each operation's completion tried again in its own savepoint) rather than record part
+    of what one item asks."""
+
+    record_many: Callable[[Session, list[Any]], None]
+    item: Any
+
+    def __call__(self, session: Session) -> None:
+        self.record_many(session, [self.item])
+
+
 @dataclass
 class Work:
     """One claimed operation being run: the claim, a snapshot of its row, its lease keeper.
@@ -309,8 +329,9 @@ def record_copies(session: Session, *, location_id: int, copies: Sequence[tuple[
                   verified_at: dt.datetime | None = None) -> dict[int, int]:
     """:func:`record_copy` for several raw data packages' copies at one data location, in three
     statements at most for every :data:`COPIES_AT_ONCE` of them, not one a copy (an unpack
-    records every package of its bundle; a database across a long link pays each statement in a
-    round trip): each is recorded as present and verified unless a live copy of its package is
+    records every package of its bundle, a task of builds or archive copies each of its
+    packages; a database across a long link pays each statement in a round trip; one copy:
+    :func:`record_copy`'s one statement): each is recorded as present and verified unless a live copy of its package is
     there; a live one with the same bytes is verified again (I3: a completion run twice).
 
     Args:
@@ -332,6 +353,10 @@ def record_copies(session: Session, *, location_id: int, copies: Sequence[tuple[
     todo = list(copies)
     if len({c[0] for c in todo}) != len(todo):
         raise ValueError("record_copies: a raw data package appears twice")
+    if len(todo) == 1:  # one statement where the database can (record_copy)
+        pkg_id, key, size, sha = todo[0]
+        return {pkg_id: record_copy(session, location_id=location_id, key=key, size=size, sha256=sha,
+                                    raw_data_package_id=pkg_id, verified_at=verified_at)}
     for i in range(0, len(todo), COPIES_AT_ONCE):
         part = todo[i:i + COPIES_AT_ONCE]
         live = {r.raw_data_package_id: r for r in conn.execute(select(

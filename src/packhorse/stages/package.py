@@ -36,7 +36,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from packhorse.bags.packaging import PayloadFile, TeeReader, bag_info_value, read_bag_tar, write_bag_tar
@@ -57,10 +57,11 @@ from packhorse.rules.space import room_to_bundle, room_to_bundle_together
 from packhorse.runtime.topology import raw_package_key
 from packhorse.stages.base import (
     Recorder,
+    Records,
     Work,
     clear_partials,
     publish_verified,
-    record_copy,
+    record_copies,
     there_or_moved_aside,
 )
 from packhorse.storage.base import Entry, EntryKind, StorageBackend
@@ -379,19 +380,46 @@ def run(work: Work) -> Recorder:
         break
     assert size is not None and sha is not None
     location_id = ctx.topology.location_ids[dst_name]
+    return Records(record_builds, (pkg_id, location_id, key, size, sha))
 
-    def record(s: Session) -> None:
-        t = RawDataPackage.__table__
-        conn = s.connection()
-        # a first build records its bytes in one statement; a rebuild must match them
-        if not conn.execute(update(t).where(t.c.id == pkg_id, t.c.sha256.is_(None)).values(size=size, sha256=sha)).rowcount:
-            row = conn.execute(select(t.c.name, t.c.sha256).where(t.c.id == pkg_id)).first()
-            assert row is not None
-            if row.sha256 != sha:
-                raise DestinationConflictError(f"package {row.name!r} rebuilt with sha256 {sha}, recorded {row.sha256}")
-        record_copy(s, location_id=location_id, key=key, size=size, sha256=sha, raw_data_package_id=pkg_id)
 
-    return record
+def record_builds(s: Session, items: list[tuple[int, int, str, int, str]]) -> None:
+    """Record built packages ``(raw data package id, buffer location id, key, size in bytes,
+    sha256)``: each package's bytes (a first build records them, a rebuild must match them) and
+    its buffer copy (:func:`~packhorse.stages.base.record_copies`, per buffer), with a few
+    statements for a whole task of builds, not two a build.
+
+    Raises:
+        DestinationConflictError: a rebuild's bytes differ from those recorded (I2), or a live
+            buffer copy has other bytes.
+    """
+    t = RawDataPackage.__table__
+    conn = s.connection()
+    built = {pkg_id: (size, sha) for pkg_id, _, _, size, sha in items}
+    first: set[int] = set()
+    if conn.dialect.update_returning:  # every first build's bytes in one statement
+        first = set(conn.execute(update(t).where(t.c.id.in_(list(built)), t.c.sha256.is_(None)).values(
+            size=case({i: v[0] for i, v in built.items()}, value=t.c.id),
+            sha256=case({i: v[1] for i, v in built.items()}, value=t.c.id)).returning(t.c.id)).scalars())
+    else:
+        for pkg_id, (size, sha) in built.items():
+            if conn.execute(update(t).where(t.c.id == pkg_id, t.c.sha256.is_(None))
+                            .values(size=size, sha256=sha)).rowcount:
+                first.add(pkg_id)
+    again = [i for i in built if i not in first]
+    if again:  # rebuilds (convergence): exactly the recorded bytes, or nothing
+        seen = set()
+        for row in conn.execute(select(t.c.id, t.c.name, t.c.sha256).where(t.c.id.in_(again))):
+            seen.add(row.id)
+            if row.sha256 != built[row.id][1]:
+                raise DestinationConflictError(
+                    f"package {row.name!r} rebuilt with sha256 {built[row.id][1]}, recorded {row.sha256}")
+        assert seen == set(again), f"raw data packages {sorted(set(again) - seen)} are gone"
+    by_location: dict[int, list[tuple[int, str, int, str]]] = {}
+    for pkg_id, location_id, key, size, sha in items:
+        by_location.setdefault(location_id, []).append((pkg_id, key, size, sha))
+    for location_id, copies in by_location.items():
+        record_copies(s, location_id=location_id, copies=copies)
 
 
 class _Sha256Sink:
