@@ -79,7 +79,8 @@ def space_freed(ctx: "ProcessContext") -> int:
     can only fail again; or, for a transfer or a package build, its admission would let it in
     now (:func:`fits_now`: the work let in before it, which it waited for, has gone, though the
     disk's free bytes are what they were when it gave up: a ``run --until-idle`` ended with
-    exit 4 and an empty buffer that way, under load in CI). It looks again now instead of after its backoff (up to ``[recovery]
+    exit 4 and an empty buffer that way, under load in CI). It looks again now instead of
+    after its backoff (up to ``[recovery]
     retry_backoff_max_seconds``), and ``run --until-idle`` goes on instead of ending with
     work that would fit now (exit 4). Both executors run it in every manager cycle
     (:func:`packhorse.engine.pipeline.manager_cycle`): a read of the few operations waiting for space,
@@ -313,7 +314,7 @@ def room_to_bundle_together(ctx: "ProcessContext", builds: dict[int, int], locat
     every one of them and its bundle, beside what :func:`room_to_bundle` keeps for the packages
     there and for every other build into ``location`` claimed before the task's last (a
     superset of what each build's own admission keeps, so whatever this admits, each build's
-    own admission would admit too, I1's deadlock rule unchanged).
+    own admission would admit too: the rule against a full buffer's deadlock is unchanged).
 
     Returns:
         ``True``: every build is admitted (an object store or a root that cannot be measured:

@@ -325,14 +325,17 @@ def record_copy(session: Session, *, location_id: int, key: str, size: int, sha2
         location_id=location_id, path=key, size=size, sha256=sha256, status=CopyStatus.PRESENT.value,
         created_at=utcnow(), verified_at=when)).inserted_primary_key[0])
 
+
 def record_copies(session: Session, *, location_id: int, copies: Sequence[tuple[int, str, int, str]],
                   verified_at: dt.datetime | None = None) -> dict[int, int]:
     """:func:`record_copy` for several raw data packages' copies at one data location, in three
     statements at most for every :data:`COPIES_AT_ONCE` of them, not one a copy (an unpack
     records every package of its bundle, a task of builds or archive copies each of its
     packages; a database across a long link pays each statement in a round trip; one copy:
-    :func:`record_copy`'s one statement): each is recorded as present and verified unless a live copy of its package is
-    there; a live one with the same bytes is verified again (I3: a completion run twice).
+    :func:`record_copy`'s one statement): each is recorded as present and verified unless a
+    live copy of its package is there; a live one with the same bytes is verified again (I3: a
+    completion run twice). Like :func:`record_copy`, it relies on the operation's lease for
+    being the only writer of that package's copy at that location.
 
     Args:
         copies: ``(raw data package id, key, size in bytes, sha256)`` of each copy.
