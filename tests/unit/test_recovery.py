@@ -333,7 +333,10 @@ def test_force_retry_is_a_compare_and_set_on_what_it_read(db: Database, monkeypa
 
 
 class FakeBroker:
-    """A broker holding ``depth[key]`` messages per queue (``None``: cannot be asked)."""
+    """A broker holding ``depth[key]`` messages per queue (``None``: cannot be asked);
+    ``counts_delivered``: the counts include what workers took and did not acknowledge (Redis)."""
+
+    counts_delivered = False
 
     def __init__(self, **depths: int | None) -> None:
         self.depths_by_kind = depths
@@ -415,6 +418,27 @@ def test_reconciler_counts_nothing_while_the_broker_cannot_be_asked(db: Database
     assert reconcile(db, s, broker=w) == []
     clock.t += 10
     assert reconcile(db, s, broker=w) == [op_id]
+
+
+@pytest.mark.parametrize("counts_delivered", [True, False])
+def test_a_message_redis_holds_nowhere_is_sent_again_without_waiting_the_visibility_timeout(
+        db: Database, counts_delivered: bool) -> None:
+    """A worker's connection took the message from Redis in the second its site's link went
+    down: the message is in no queue and in no worker's unacknowledged set, so the broker will
+    never deliver it again (a trial's bundle waited the hour of the visibility timeout). A
+    broker whose counts include what workers hold (Redis) lets the reconciler send it again
+    once its absence is confirmed; one whose counts do not (RabbitMQ, which requeues a lost
+    worker's messages itself) keeps the floor."""
+    s = settings(reconcile_floor_seconds=3600)
+    op_id = new_op(db)
+    schedule(db, op_id, 120)  # sent two minutes ago, never claimed
+    broker, clock = FakeBroker(long_term_archive=0), Clock()
+    broker.counts_delivered = counts_delivered
+    w = watch(broker, clock)
+    assert reconcile(db, s, broker=w) == []  # absent once: not yet confirmed
+    clock.t += 10
+    assert reconcile(db, s, broker=w) == ([op_id] if counts_delivered else [])
+    assert op_row(db, op_id).status == ("PENDING" if counts_delivered else "SCHEDULED")
 
 
 def test_reconciler_needs_two_absences_confirm_seconds_apart(db: Database) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import socket
 import threading
@@ -510,6 +511,9 @@ class BrokerQueues:
         self.ctx = ctx
         self.app = app
         self.timeout = timeout_seconds
+        #: Redis: the depths count the messages workers took and did not acknowledge too
+        #: (:func:`queue_depths`; :attr:`packhorse.recovery.reconciler.BrokerView.counts_delivered`)
+        self.counts_delivered = _is_redis(app)
 
     def queue(self, key: tuple[int, int, str]) -> str:
         """The queue name of ``(site id, location id, operation kind)``."""
@@ -534,12 +538,19 @@ class BrokerQueues:
         return out
 
 
+def _is_redis(app: Celery) -> bool:
+    """Whether ``app``'s broker is Redis (``redis://``, ``rediss://``, ``redis+socket://``)."""
+    return str(app.conf.broker_url or "").split("://", 1)[0].split("+", 1)[0] in ("redis", "rediss")
+
+
 def queue_depths(app: Celery, queues: Collection[str], *, timeout_seconds: float = 5.0) -> dict[str, int]:
-    """How many messages wait in each of ``queues`` now (not those a worker has taken and not
-    yet acknowledged): a passive queue declaration (AMQP ``queue.declare`` with ``passive``; on
-    Redis the length of the queue's lists), over one short-lived connection with
-    ``timeout_seconds`` (s) for connecting and for every broker call. A queue the broker does
-    not know holds 0.
+    """How many messages each of ``queues`` holds now: waiting ones, by a passive queue
+    declaration (AMQP ``queue.declare`` with ``passive``; on Redis the length of the queue's
+    lists), and on Redis also those a worker has taken and not acknowledged (kombu's
+    ``unacked`` hash, by routing key): Redis gives back nothing else, so a message in neither is
+    gone for good. On RabbitMQ those a worker holds are not counted (the broker requeues them
+    itself if the worker goes). One short-lived connection with ``timeout_seconds`` (s) for
+    connecting and for every broker call. A queue the broker does not know holds 0.
 
     Raises:
         any of the broker client's connection errors (the broker is unreachable).
@@ -559,6 +570,19 @@ def queue_depths(app: Celery, queues: Collection[str], *, timeout_seconds: float
                 out[name] = int(channel.queue_declare(queue=name, passive=True).message_count)
             except (ChannelError, *conn.channel_errors):
                 out[name] = 0  # no such queue: it holds nothing
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.close()
+        if _is_redis(app):
+            channel = conn.channel()
+            try:
+                for raw in channel.client.hvals(channel.unacked_key):
+                    try:
+                        routing_key = json.loads(raw)[2]
+                    except (ValueError, TypeError, IndexError):
+                        continue  # not a message of kombu's: not ours to count
+                    if routing_key in out:
+                        out[routing_key] += 1
             finally:
                 with contextlib.suppress(Exception):
                     channel.close()

@@ -4,8 +4,9 @@ It re-dispatches
 
 * ``SCHEDULED`` operations whose dispatch was lost — never claimed, scheduled longer ago than
   the *floor* (``Settings.reconcile_floor_seconds``: 0 embedded; at least the broker's
-  ``visibility_timeout_seconds`` with Celery, so it never races the broker's own redelivery)
-  **and not still waiting in the broker**. Old is not lost: a message queued behind a busy
+  ``visibility_timeout_seconds`` with Celery, so it never races the broker's own redelivery;
+  with a broker that counts the messages its workers hold too, Redis, only the watch's
+  confirmation: :attr:`BrokerView.counts_delivered`) **and not still waiting in the broker**. Old is not lost: a message queued behind a busy
   worker may wait far longer than any floor. With a broker (:class:`BrokerView`, given by
   ``packhorse monitor`` in distributed mode) the reconciler asks it how many messages each
   queue holds right now. Queues are first in, first out, so a queue holding *n* messages can
@@ -71,10 +72,20 @@ class BrokerView(Protocol):
     "please run operation N" messages; this says how many it still holds)."""
 
     def depths(self, keys: Collection[QueueKey]) -> Mapping[QueueKey, int | None]:
-        """Messages waiting (ready, not delivered) in the queue of each key right now;
+        """Messages the broker holds for the queue of each key right now: waiting ones, and
+        where :attr:`counts_delivered`, those a worker has taken and not acknowledged too;
         ``None`` for a queue the broker could not be asked about. May raise any error when
         the broker is unreachable (the reconciler then treats every queue as unknown)."""
         ...
+
+    #: ``True``: :meth:`depths` counts every message the broker could still deliver or
+    #: deliver again (Redis: the queue's lists and kombu's unacknowledged hash), so a message in
+    #: neither can never come back from the broker, and the reconciler need not wait the
+    #: broker's visibility timeout before sending its operation again (a message a worker's
+    #: connection took from Redis in the second a site's link went down is gone with it: a
+    #: trial's bundle waited an hour). ``False``: a worker may hold messages the count
+    #: misses (RabbitMQ's delivered ones, requeued by the broker itself if the worker goes).
+    counts_delivered: bool
 
 
 def _queue_key(site_id: int, source_location_id: int | None, destination_location_id: int | None,
@@ -158,11 +169,12 @@ class BrokerWatch:
         return set(db.read(newest))
 
 
-def _orphans(floor: float, now: dt.datetime):  # type: ignore[no-untyped-def]
+def _orphans(floor: float, now: dt.datetime, scheduled_floor: float | None = None):  # type: ignore[no-untyped-def]
     older = now - dt.timedelta(seconds=floor)
-    scheduled_since = Operation.scheduled_at.is_(None) | (Operation.scheduled_at <= older)
+    older_scheduled = now - dt.timedelta(seconds=floor if scheduled_floor is None else scheduled_floor)
+    scheduled_since = Operation.scheduled_at.is_(None) | (Operation.scheduled_at <= older_scheduled)
     return or_(
-        and_(Operation.status == Status.SCHEDULED.value, scheduled_since, Operation.updated_at <= older),
+        and_(Operation.status == Status.SCHEDULED.value, scheduled_since, Operation.updated_at <= older_scheduled),
         and_(Operation.status == Status.IN_PROGRESS.value, Operation.lease_expires_at.is_(None),
              Operation.updated_at <= older),
     )
@@ -188,11 +200,15 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
     """
     rec = settings.recovery
     floor = settings.reconcile_floor_seconds
+    # a broker that counts every message it could still deliver (BrokerView.counts_delivered):
+    # an operation whose message it holds nowhere waits only the watch's confirmation
+    scheduled_floor = (min(floor, broker.confirm)
+                       if broker is not None and getattr(broker.view, "counts_delivered", False) else floor)
     now = utcnow()
     found = db.read(lambda s: [tuple(r) for r in s.execute(
         select(Operation.id, Operation.status, Operation.attempt, Operation.site_id, Operation.source_location_id,
                Operation.destination_location_id, Operation.kind)
-        .where(_orphans(floor, now)).order_by(Operation.id))])
+        .where(_orphans(floor, now, scheduled_floor)).order_by(Operation.id))])
     found = [r for r in found if r[0] not in exclude]
     scheduled = [(r[0], _queue_key(r[3], r[4], r[5], r[6])) for r in found if r[1] == Status.SCHEDULED.value]
     lost = broker.lost(db, scheduled) if broker is not None else set()
@@ -206,7 +222,7 @@ def reconcile(db: Database, settings: Settings, *, exclude: Collection[int] = ()
             bound_idle_in_transaction(s, rec.lease_timeout_seconds)
             t = utcnow()
             op = s.scalars(select(Operation).where(Operation.id == op_id, Operation.status == status,
-                                                   Operation.attempt == attempt, _orphans(floor, t))
+                                                   Operation.attempt == attempt, _orphans(floor, t, scheduled_floor))
                                .with_for_update(skip_locked=True)).first()  # another reconciler has it
             if op is None:
                 return None  # claimed or moved on meanwhile
