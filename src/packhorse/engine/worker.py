@@ -504,10 +504,10 @@ def _run_claimed_together(ctx: ProcessContext, claims: dict[int, Claim]) -> dict
                     raise LeaseLostError(f"operations {stale}: attempts stale; completion rejected")
             together: dict[Callable[[Session, list[Any]], None], list[Any]] = {}
             for op_id, recorder in done.items():
-                w = works[op_id]
                 if not savepoints and isinstance(recorder, Records):  # with the others of its kind, below
                     together.setdefault(recorder.record_many, []).append(recorder.item)
                     continue
+                w = works[op_id]
                 try:
                     with s.begin_nested() if savepoints else contextlib.nullcontext():
                         if savepoints and not complete_in(s, w.claim, w.lease.bytes_done):

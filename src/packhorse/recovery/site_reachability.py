@@ -59,6 +59,12 @@ def unreachable_sites(session: Session, *, dead_after_seconds: float, forget_aft
     return out
 
 
+def source_sites(settings: Settings) -> set[str]:
+    """The names of the sites that hold a source location (whose instruments' files wait there
+    while the site is cut off)."""
+    return {loc.site for loc in settings.locations if loc.role is LocationRole.SOURCE}
+
+
 def track_sites(db: Database, settings: Settings) -> tuple[list[str], list[str]]:
     """Record sites that became unreachable and sites that came back, once each, with their
     notification (see the module docstring), in one transaction.
@@ -74,7 +80,7 @@ def track_sites(db: Database, settings: Settings) -> tuple[list[str], list[str]]
                                                         forget_after_seconds=rec.service_forget_after_seconds,
                                                         now=now)}
         recorded = {o.site: o for o in s.scalars(select(SiteOutage))}
-        sources = {loc.site for loc in settings.locations if loc.role is LocationRole.SOURCE}
+        sources = source_sites(settings)
         cut: list[str] = []
         healed: list[str] = []
         for site, u in down.items():

@@ -25,7 +25,7 @@ from packhorse.stages.base import (
     copy_object,
     note_corrupt_source,
     note_lost_source,
-    record_copies,
+    record_copies_at,
 )
 
 
@@ -67,7 +67,7 @@ def run(work: Work) -> Recorder:
 
 def record_archive_copies(s: Session, items: list[tuple[ProcessContext, int, int, str, int, str]]) -> None:
     """Record archive copies ``(process context, archive location id, raw data package id, key,
-    size in bytes, sha256)`` (:func:`~packhorse.stages.base.record_copies`, per archive) and then mark each of
+    size in bytes, sha256)`` (:func:`~packhorse.stages.base.record_copies_at`) and then mark each of
     their packages archived once every archive it needs holds a verified copy
     (:func:`~packhorse.rules.policy.mark_archived_many`): a few statements for a whole task of
     copies, not a few a copy.
@@ -75,10 +75,6 @@ def record_archive_copies(s: Session, items: list[tuple[ProcessContext, int, int
     Raises:
         DestinationConflictError: a live copy at an archive has other bytes (I2).
     """
-    by_location: dict[int, list[tuple[int, str, int, str]]] = {}
-    for _, location_id, pkg_id, key, size, sha in items:
-        by_location.setdefault(location_id, []).append((pkg_id, key, size, sha))
-    for location_id, copies in by_location.items():
-        record_copies(s, location_id=location_id, copies=copies)
+    record_copies_at(s, [item[1:] for item in items])
     if items:
         mark_archived_many(s, items[0][0], [item[2] for item in items])

@@ -389,6 +389,16 @@ def record_copies(session: Session, *, location_id: int, copies: Sequence[tuple[
     return out
 
 
+def record_copies_at(session: Session, copies: Sequence[tuple[int, int, str, int, str]]) -> None:
+    """:func:`record_copies` of ``(data location id, raw data package id, key, size in bytes,
+    sha256)`` copies at one or more locations, once per location."""
+    by_location: dict[int, list[tuple[int, str, int, str]]] = {}
+    for location_id, pkg_id, key, size, sha in copies:
+        by_location.setdefault(location_id, []).append((pkg_id, key, size, sha))
+    for location_id, at in by_location.items():
+        record_copies(session, location_id=location_id, copies=at)
+
+
 #: How many copies :func:`record_copies` records with one set of statements (bound parameters
 #: of one statement stay well below every database's limit).
 COPIES_AT_ONCE = 500

@@ -61,7 +61,7 @@ from packhorse.stages.base import (
     Work,
     clear_partials,
     publish_verified,
-    record_copies,
+    record_copies_at,
     there_or_moved_aside,
 )
 from packhorse.storage.base import Entry, EntryKind, StorageBackend
@@ -386,7 +386,7 @@ def run(work: Work) -> Recorder:
 def record_builds(s: Session, items: list[tuple[int, int, str, int, str]]) -> None:
     """Record built packages ``(raw data package id, buffer location id, key, size in bytes,
     sha256)``: each package's bytes (a first build records them, a rebuild must match them) and
-    its buffer copy (:func:`~packhorse.stages.base.record_copies`, per buffer), with a few
+    its buffer copy (:func:`~packhorse.stages.base.record_copies_at`), with a few
     statements for a whole task of builds, not two a build.
 
     Raises:
@@ -415,11 +415,7 @@ def record_builds(s: Session, items: list[tuple[int, int, str, int, str]]) -> No
                 raise DestinationConflictError(
                     f"package {row.name!r} rebuilt with sha256 {built[row.id][1]}, recorded {row.sha256}")
         assert seen == set(again), f"raw data packages {sorted(set(again) - seen)} are gone"
-    by_location: dict[int, list[tuple[int, str, int, str]]] = {}
-    for pkg_id, location_id, key, size, sha in items:
-        by_location.setdefault(location_id, []).append((pkg_id, key, size, sha))
-    for location_id, copies in by_location.items():
-        record_copies(s, location_id=location_id, copies=copies)
+    record_copies_at(s, [(location_id, pkg_id, key, size, sha) for pkg_id, location_id, key, size, sha in items])
 
 
 class _Sha256Sink:

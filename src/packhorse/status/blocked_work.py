@@ -24,7 +24,7 @@ from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanL
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
 from packhorse.operations.scan_lease import overdue_scans
 from packhorse.recovery.reconciler import dispatch_given_up
-from packhorse.recovery.site_reachability import unreachable_sites
+from packhorse.recovery.site_reachability import source_sites, unreachable_sites
 from packhorse.rules.availability import release_of, root_of, waiting_for
 from packhorse.rules.convergence import dead_end_release, plan
 from packhorse.rules.space import waiting_for_space
@@ -296,7 +296,7 @@ def site_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedIte
     heartbeats again. Subject ``"site <name>"``, since = the last heartbeat of its workers,
     detail ``{"site", "seconds", "workers"}``."""
     rec = ctx.settings.recovery
-    sources = {loc.site for loc in ctx.settings.locations if loc.role is LocationRole.SOURCE}
+    sources = source_sites(ctx.settings)
     return [BlockedItem(
         cause="site_unreachable", subject=f"site {u['site']}",
         reason=(f"no worker of site {u['site']} has sent a heartbeat for {u['seconds']} s: it is cut off from the "
