@@ -65,6 +65,8 @@ from packhorse.db import clock
 from packhorse.errors import DatabaseNotInitializedError, TransientDatabaseError
 
 if TYPE_CHECKING:
+    from sqlalchemy.sql.base import Executable
+
     from packhorse.config import Settings
 
 T = TypeVar("T")
@@ -93,6 +95,43 @@ def _is_transient(err: BaseException) -> bool:
         text = str(err.orig if err.orig is not None else err).lower()
         return any(w in text for w in _TRANSIENT_WORDS)
     return False
+
+
+def driver_rows(conn: Connection, statement: Executable) -> list[tuple[Any, ...]]:
+    """Every row of ``statement`` as the database driver's plain tuples, read on ``conn`` with the
+    driver's own cursor: for reads of millions of rows, where a SQLAlchemy row each costs as much
+    as the work done with it (:func:`packhorse.managers.listing.registered_files`).
+
+    An error of the driver is raised as SQLAlchemy raises it for its own statements (a
+    :class:`sqlalchemy.exc.DBAPIError` subclass; on a lost connection the connection is
+    invalidated and the error says so), so the unit of work around it retries it like any other
+    transient error (:func:`_retrying`). A driver error raised as it is would end the unit at its
+    first attempt: a scan under way when its site's link to the database was cut failed at once,
+    instead of waiting out the cut.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the driver failed (its ``orig`` is the driver's exception).
+    """
+    compiled = statement.compile(dialect=conn.dialect)
+    params: Any = compiled.params
+    if compiled.positional:  # qmark (SQLite); named (psycopg's pyformat) takes the dict
+        params = tuple(params[name] for name in compiled.positiontup or ())
+    sql = str(compiled)
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    raw = conn.connection
+    cursor = raw.cursor()
+    try:
+        cursor.execute(sql, params)
+        return cursor.fetchall()  # type: ignore[no-any-return]
+    except dbapi_error as err:
+        lost = conn.dialect.is_disconnect(err, raw.dbapi_connection, cursor)
+        if lost:
+            conn.invalidate(err)
+        raise exc.DBAPIError.instance(sql, params, err, dbapi_error, connection_invalidated=lost,
+                                      dialect=conn.dialect) from err
+    finally:
+        with contextlib.suppress(dbapi_error):
+            cursor.close()
 
 
 #: Default connection pool of one process on PostgreSQL (``[database] pool_size``, ``max_overflow``).

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from packhorse.config import Settings
 from packhorse.db.models import RawDataFile
+from packhorse.db.session import driver_rows
 from packhorse.errors import UnsafePathError
 from packhorse.scanfilter import location_filter
 from packhorse.storage.base import RESERVED_PREFIX, Entry, EntryKind, StorageBackend, check_key
@@ -261,16 +262,7 @@ def registered_files(conn: Connection, loc_id: int, paths: list[str] | None = No
             q = q.where(path >= lo)
         if hi is not None:
             q = q.where(path < hi)
-        compiled = q.compile(dialect=conn.dialect)
-        params: Any = compiled.params
-        if compiled.positional:  # qmark (SQLite); named (psycopg's pyformat) takes the dict
-            params = tuple(params[name] for name in compiled.positiontup or ())
-        cursor = conn.connection.cursor()
-        try:
-            cursor.execute(str(compiled), params)
-            rows = cursor.fetchall()
-        finally:
-            cursor.close()
+        rows = driver_rows(conn, q)
     else:
         rows = [r for i in range(0, len(paths), 500)
                 for r in conn.execute(q.where(t.c.relative_path.in_(paths[i:i + 500]))).all()]
