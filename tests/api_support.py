@@ -11,7 +11,6 @@ command to ``cp`` so a reset operation can complete.
 from __future__ import annotations
 
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +43,6 @@ def clone(cfg: Path, dest: Path) -> Path:
     """Copy the whole installation (config, database, site folders); returns the new config."""
     shutil.copytree(cfg.parent, dest, symlinks=True)
     return dest / cfg.name
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from azure.storage.blob import BlobServiceClient, ContainerClient, StandardBlobTier
 
-from shared_service import SharedService, free_port, wait_until
+from free_ports import free_port
+from shared_service import SharedService, start_with_retries, wait_until
 
 ACCOUNT = "devstoreaccount1"
 #: Azurite's fixed, published development key (not a secret)
@@ -44,7 +45,7 @@ def start_azurite(data: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
         raise RuntimeError("azurite is not installed (npm install -g azurite)")
     port = free_port()
     log = data / "azurite.log"
-    with open(log, "ab") as out:
+    with open(log, "wb") as out:  # a retry (start_with_retries) reads only its own attempt
         proc = subprocess.Popen([program, "--skipApiVersionCheck", "--disableTelemetry", "--silent",
                                  "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data)],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=data, start_new_session=True)
@@ -132,7 +133,7 @@ def shared_azurite(folder: Path) -> SharedService:
         if os.environ.get("CI") == "true":
             raise RuntimeError("azurite is not installed (npm install -g azurite)")
         pytest.skip("Azurite (npm install -g azurite) is not installed")
-    return SharedService("azurite", folder, start_azurite)
+    return SharedService("azurite", folder, start_with_retries(start_azurite))
 
 
 def azure_location(name: str, server: AzuriteServer, container: str, *, site: str = "cologne",

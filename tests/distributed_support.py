@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from free_ports import free_port
 from support import SRC
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
@@ -46,12 +47,6 @@ def unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true and a required service is unavailable: {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from shared_service import free_port, stop_pid, wait_until
+from free_ports import free_port
+from shared_service import stop_pid, wait_until
 
 
 def influxd_binary() -> str | None:

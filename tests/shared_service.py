@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -32,13 +31,6 @@ import pytest
 
 #: ``start(data folder) -> (server process, info for clients)``
 Starter = Callable[[Path], tuple[subprocess.Popen[bytes], dict[str, Any]]]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 just now (the caller binds it soon after)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -75,6 +67,27 @@ def stop_pid(pid: int, proc: subprocess.Popen[bytes] | None = None, timeout: flo
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(5)
+
+
+#: what a server's log says when a port it was given was taken before it bound it
+PORT_TAKEN = ("address already in use", "eaddrinuse")
+
+
+def start_with_retries(start: Starter, attempts: int = 3) -> Starter:
+    """``start`` retried (up to ``attempts`` times, each drawing fresh ports) when it fails
+    because a port it was given was taken between being drawn and being bound (its error names
+    :data:`PORT_TAKEN`); any other failure is raised at once (:mod:`free_ports`)."""
+
+    def starter(data: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+        for attempt in range(1, attempts + 1):
+            try:
+                return start(data)
+            except RuntimeError as e:
+                if attempt == attempts or not any(s in str(e).lower() for s in PORT_TAKEN):
+                    raise
+        raise AssertionError("unreachable")
+
+    return starter
 
 
 class SharedService:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from free_ports import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -30,13 +32,6 @@ def sshd_or_skip() -> None:
     """Skip the calling test unless Debian's ``sshd`` and ``ssh-keygen`` are installed."""
     if not os.path.exists(SSHD) or shutil.which("ssh-keygen") is None:
         pytest.skip("openssh-server is not installed (apt-get install openssh-server; .ci/run does)")
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (high, chosen by the kernel)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def keygen(path: Path) -> Path:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from free_ports import free_port
+
 try:
     from aiosmtpd.controller import Controller
 except ImportError:  # pragma: no cover - the test extra installs it
@@ -25,12 +27,6 @@ def require_aiosmtpd() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail("aiosmtpd is required in CI")
         pytest.skip("aiosmtpd is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Inbox:
