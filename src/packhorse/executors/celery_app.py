@@ -64,7 +64,7 @@ from sqlalchemy.orm import Session
 from packhorse import logs
 from packhorse.config import Settings
 from packhorse.db.models import Operation, utcnow
-from packhorse.db.session import Database
+from packhorse.db.session import Database, retry_while
 from packhorse.domain import LocationRole, OperationKind, Status, StorageType
 from packhorse.engine import pipeline
 from packhorse.engine.worker import execute_task
@@ -322,7 +322,10 @@ def scan_task(self: Any, location: str, expires_at: str | None = None, rest_seco
     (INFO ``scan_skipped_already_running``), and so is one while the last completed scan rests
     (at least ``rest_seconds``, the sender's poll interval: every manager sends one each poll;
     DEBUG ``scan_skipped_resting``), and one received after ``expires_at`` (ISO 8601 UTC, the
-    database's clock: :func:`dispatch_scans`; INFO ``scan_skipped_expired``)."""
+    database's clock: :func:`dispatch_scans`; INFO ``scan_skipped_expired``). While the lease
+    holds, a unit of work that meets an unreachable database keeps trying
+    (:func:`packhorse.db.session.retry_while`); once it is lost, the task is given back to the
+    broker for later."""
     ctx = process_context(_SETTINGS[id(self.app)])
     rec = ctx.settings.recovery
     if scan_expired(expires_at, utcnow()):
@@ -334,7 +337,10 @@ def scan_task(self: Any, location: str, expires_at: str | None = None, rest_seco
             if held is None:
                 return {"registered": 0, "packages": 0, "skipped": 0}
             ctx.hooks.hit("scan.started")  # tests: a holder paused or hung with the lease held
-            return scan_location_and_package(ctx, location)
+            # a database out of reach (a site cut off from the centre) is waited out while the
+            # lease holds, as an operation's holder does; after that the scan is sent again
+            with retry_while(lambda: not held.lost.is_set()):
+                return scan_location_and_package(ctx, location)
     except TransientDatabaseError as exc:
         raise _retry_later(self, exc) from exc
 
