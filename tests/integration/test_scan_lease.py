@@ -19,7 +19,7 @@ from sqlalchemy import update
 from packhorse.config import settings_from_dict
 from packhorse.db.models import ScanLease, utcnow
 from packhorse.db.session import Database
-from packhorse.operations.scan_lease import ScanLeaseKeeper, acquire, release, renew, scan_lease
+from packhorse.operations.scan_lease import ScanClaim, ScanLeaseKeeper, acquire, release, renew, scan_lease
 from packhorse.recovery.health import scan_health
 from packhorse.status.blocked_work import PROVIDERS, blocked_items, scan_overdue
 
@@ -209,3 +209,102 @@ def test_a_scan_whose_renewals_hung_records_only_its_work_and_rests_by_that(empt
     assert db.read(lambda s: sl.not_due(s, [LOC], min_rest_seconds=0.5, now=due)) == {}
     assert db.read(lambda s: sl.not_due(s, [LOC], min_rest_seconds=0.5,
                                         now=r.completed_at + dt.timedelta(seconds=0.2))) == {LOC: "resting"}
+
+
+def _statements(db: Database) -> list[str]:
+    """Every statement sent on ``db``'s engine from now on (``BEGIN`` and ``COMMIT`` of a
+    transaction included: each is a round trip on PostgreSQL)."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+
+    def stmt(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        sent.append(statement.split()[0].upper())
+
+    def begin(conn) -> None:  # type: ignore[no-untyped-def]
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            sent.append("BEGIN")
+
+    def commit(conn) -> None:  # type: ignore[no-untyped-def]
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            sent.append("COMMIT")
+
+    event.listen(db.engine, "before_cursor_execute", stmt)
+    event.listen(db.engine, "begin", begin)
+    event.listen(db.engine, "commit", commit)
+    return sent
+
+
+def test_a_scan_request_costs_one_round_trip_to_skip_and_two_to_take_the_lease_postgresql() -> None:
+    """Every manager sends every source a scan request each poll; across a long link each round
+    trip of deciding keeps a worker process from its work (the locking transaction took five):
+    a request that skips reads once, one that takes the lease reads and updates, a renewal and
+    a release are one statement each, and none opens a transaction."""
+    from distributed_support import postgres_database
+
+    url, drop = postgres_database()
+    db = Database(url, pool_size=2, max_overflow=2)
+    try:
+        db.upgrade()
+        assert acquire(db, LOC, "worker-a", lease_seconds=60) is not None  # the location's first: its row
+        sent = _statements(db)
+        assert acquire(db, LOC, "worker-b", lease_seconds=60) is None  # live: skipped
+        assert sent == ["SELECT"], sent
+        held = ScanClaim(LOC, "worker-a", row(db).token)
+        sent.clear()
+        assert renew(db, held, lease_seconds=60)
+        assert release(db, held, completed=True, worked_seconds=0.01)
+        assert sent == ["UPDATE", "UPDATE"], sent
+        sent.clear()
+        assert acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60) is None  # resting
+        assert sent == ["SELECT"], sent
+        time.sleep(0.1)  # 3 × its 0.01 s of work
+        sent.clear()
+        assert acquire(db, LOC, "worker-b", lease_seconds=60) is not None  # rested (no minimum): taken
+        assert sent == ["SELECT", "UPDATE"], sent
+    finally:
+        db.dispose()
+        drop()
+
+
+def test_an_expired_holders_release_committed_while_another_scan_looks_is_not_overtaken_postgresql() -> None:
+    """A holder whose lease expired may still finish and release it (fenced on its token, which
+    nobody took yet) between another worker's read of the lease (free: expired) and its take.
+    The take is a compare-and-set on the completion it read, so it finds the row changed and the
+    request skips: the scan that just completed rests, and no takeover is warned of."""
+    import threading
+
+    from sqlalchemy import event
+
+    from distributed_support import postgres_database
+
+    url, drop = postgres_database()
+    db = Database(url, pool_size=2, max_overflow=2)
+    try:
+        db.upgrade()
+        a = acquire(db, LOC, "worker-a", lease_seconds=0.2)
+        assert a is not None
+        time.sleep(0.4)  # its lease expired; nobody took it over
+        me = threading.get_ident()
+        done = threading.Event()
+
+        def after(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+            # right after the late request has read the lease: the old holder completes and releases
+            if threading.get_ident() == me and statement.lstrip().startswith("SELECT") and "scan_leases" in statement \
+                    and not done.is_set():
+                done.set()
+                t = threading.Thread(target=lambda: release(db, a, completed=True, worked_seconds=30.0))
+                t.start()
+                t.join(timeout=2)  # a lock on the row would keep it waiting for this request
+
+        event.listen(db.engine, "after_cursor_execute", after)
+        took = acquire(db, LOC, "worker-b", lease_seconds=60)
+        event.remove(db.engine, "after_cursor_execute", after)
+        assert done.is_set()
+        assert took is None  # the holder's completed scan rests (3 × 30 s): nothing taken
+        r = row(db)
+        assert r.holder is None and r.completed_at is not None and r.token == a.token
+        assert acquire(db, LOC, "worker-b", lease_seconds=60) is None  # and it still rests
+    finally:
+        db.dispose()
+        drop()

@@ -308,11 +308,12 @@ def _discard(session: Session) -> None:
             pass
 
 
-def insert_ignoring_conflicts(session: Session, table: Any, *keys: Any) -> Any:
-    """``INSERT INTO table … ON CONFLICT (keys) DO NOTHING`` for the session's database
-    (SQLite or PostgreSQL): a row whose unique ``keys`` exist already is skipped by the database
-    itself, so two writers racing insert it once and neither fails."""
-    if session.get_bind().dialect.name == "postgresql":
+def insert_ignoring_conflicts(session: Session | Connection, table: Any, *keys: Any) -> Any:
+    """``INSERT INTO table … ON CONFLICT (keys) DO NOTHING`` for the database of ``session`` (a
+    session or a connection; SQLite or PostgreSQL): a row whose unique ``keys`` exist already is
+    skipped by the database itself, so two writers racing insert it once and neither fails."""
+    dialect = session.dialect if isinstance(session, Connection) else session.get_bind().dialect
+    if dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert

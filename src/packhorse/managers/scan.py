@@ -573,7 +573,14 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
                 s.delete(row)
         return len(registered_paths)
 
-    result.registered = ctx.db.transact(tx)
+    if result.skipped:
+        result.registered = ctx.db.transact(tx)
+    else:  # the usual scan, nothing skipped: one statement (a round trip) instead of a transaction
+        gone = delete(SkippedFile).where(SkippedFile.location_id == loc_id)
+        if not full:
+            gone = gone.where(SkippedFile.reason.startswith("folder not readable", autoescape=True))
+        ctx.db.statements(lambda conn: conn.execute(gone))
+        result.registered = len(registered_paths)
     if cache is not None and seen is not None:  # only once what was seen is registered
         cache.folders[location] = seen
     # the source audit's slice, when its pass is due: what the scan cannot see (other bytes

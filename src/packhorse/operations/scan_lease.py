@@ -40,6 +40,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import case, or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from packhorse.db.models import ScanLease, utcnow
@@ -88,6 +89,12 @@ def rest_until(started_at: dt.datetime | None, completed_at: dt.datetime | None,
     return completed_at + dt.timedelta(seconds=scan_rest_seconds(took, min_rest_seconds=min_rest_seconds))
 
 
+_LEASE = ScanLease.__table__
+#: what :func:`acquire` decides by: the lease's holder, expiry, fencing token and last scan
+_BEFORE = select(_LEASE.c.holder, _LEASE.c.expires_at, _LEASE.c.token, _LEASE.c.started_at, _LEASE.c.completed_at,
+                 _LEASE.c.worked_seconds)
+
+
 def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, min_rest_seconds: float = 0.0,
             now: dt.datetime | None = None) -> ScanClaim | None:
     """Take the scan lease of ``location`` for ``holder`` for ``lease_seconds`` (s), if nobody
@@ -96,34 +103,46 @@ def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, m
     ``min_rest_seconds``; ``0``: only :data:`SCAN_REST_FACTOR` × its duration). Returns the
     claim, or ``None`` when the caller skips its scan: another holder's lease is live (INFO
     ``scan_skipped_already_running``) or the last scan rests (DEBUG ``scan_skipped_resting``).
-    Times are the database's clock (``utcnow``)."""
-    def tx(s: Session) -> tuple[ScanClaim | None, str | None, dt.datetime | None]:
+    Times are the database's clock (``utcnow``).
+
+    One read decides, and the take is a compare-and-set on what it read
+    (:meth:`packhorse.db.session.Database.statements`: on PostgreSQL each statement one round
+    trip, no transaction around them; every manager sends a scan request each poll, and across
+    a long link the five round trips of a locking transaction kept a worker process from its
+    work for half a second a request): the update applies only while the row still has the
+    fencing token and the last completion that were read and the lease is still free. A
+    holder's release or renewal committed between the read and the update changes one of
+    them, so the update finds nothing and the request skips, as it would had it read after
+    (found on the multi-site test bed: a release slipped in, and a scan started with no rest
+    and warned of a takeover that never happened).
+    """
+    def once(conn: Connection) -> tuple[ScanClaim | None, str | None, dt.datetime | None]:
         t = now or utcnow()
-        s.execute(insert_ignoring_conflicts(s, ScanLease.__table__, ScanLease.__table__.c.location),
-                  [{"location": location, "token": 0}])
-        # the row locked as read (PostgreSQL; SQLite's write transaction holds its lock): a
-        # holder's release committed between this read and the update below would otherwise
-        # pass the update's condition while this read still saw its lease live (a scan started
-        # with no rest, and a takeover warned of that never happened)
-        before = s.execute(select(ScanLease.holder, ScanLease.expires_at, ScanLease.started_at,
-                                  ScanLease.completed_at, ScanLease.worked_seconds)
-                           .where(ScanLease.location == location).with_for_update()).one()
-        live = before.expires_at is not None and before.expires_at > t
-        rest = None if live else rest_until(before.started_at, before.completed_at,
-                                            min_rest_seconds=min_rest_seconds, worked_seconds=before.worked_seconds)
+        read = _BEFORE.where(_LEASE.c.location == location)
+        before = conn.execute(read).first()
+        if before is None:  # the location's first scan: its row, once
+            conn.execute(insert_ignoring_conflicts(conn, _LEASE, _LEASE.c.location),
+                         [{"location": location, "token": 0}])
+            before = conn.execute(read).one()
+        if before.expires_at is not None and before.expires_at > t:
+            return None, None, None  # another holder's lease is live
+        rest = rest_until(before.started_at, before.completed_at, min_rest_seconds=min_rest_seconds,
+                          worked_seconds=before.worked_seconds)
         if rest is not None and rest > t:
             return None, None, rest
-        got = s.execute(update(ScanLease).where(
-            ScanLease.location == location, or_(ScanLease.expires_at.is_(None), ScanLease.expires_at <= t))
-            .values(holder=holder, token=ScanLease.token + 1, expires_at=t + dt.timedelta(seconds=lease_seconds),
+        got = conn.execute(update(_LEASE).where(
+            _LEASE.c.location == location, _LEASE.c.token == before.token,
+            _LEASE.c.completed_at.is_not_distinct_from(before.completed_at),
+            or_(_LEASE.c.expires_at.is_(None), _LEASE.c.expires_at <= t))
+            .values(holder=holder, token=_LEASE.c.token + 1, expires_at=t + dt.timedelta(seconds=lease_seconds),
                     heartbeat_at=t, started_at=case(
-                        (ScanLease.completed_at.is_(None) & ScanLease.started_at.is_not(None), ScanLease.started_at),
-                        else_=t)).returning(ScanLease.token)).first()
+                        (_LEASE.c.completed_at.is_(None) & _LEASE.c.started_at.is_not(None), _LEASE.c.started_at),
+                        else_=t)).returning(_LEASE.c.token)).first()
         if got is None:
             return None, None, None
         return ScanClaim(location, holder, int(got[0])), (before.holder if before.expires_at is not None else None), None
 
-    claim, previous, resting = db.transact(tx)
+    claim, previous, resting = db.statements(once)
     if resting is not None:
         log.debug("scan_skipped_resting", location=location, until=resting.isoformat())
     elif claim is None:
@@ -136,30 +155,31 @@ def acquire(db: Database, location: str, holder: str, *, lease_seconds: float, m
 
 def renew(db: Database, claim: ScanClaim, *, lease_seconds: float) -> bool:
     """Extend ``claim``'s lease by ``lease_seconds`` (s) from now; ``False`` if it is no longer
-    the holder's (taken over: its token is stale)."""
-    def tx(s: Session) -> bool:
+    the holder's (taken over: its token is stale). One statement, a compare-and-set on the
+    token (:meth:`packhorse.db.session.Database.statements`)."""
+    def once(conn: Connection) -> bool:
         t = utcnow()
-        return s.execute(update(ScanLease).where(ScanLease.location == claim.location,
-                                                 ScanLease.token == claim.token)
-                         .values(expires_at=t + dt.timedelta(seconds=lease_seconds), heartbeat_at=t)).rowcount == 1
+        return conn.execute(update(_LEASE).where(_LEASE.c.location == claim.location, _LEASE.c.token == claim.token)
+                            .values(expires_at=t + dt.timedelta(seconds=lease_seconds), heartbeat_at=t)
+                            .returning(_LEASE.c.token)).first() is not None
 
-    return bool(db.transact(tx))
+    return bool(db.statements(once))
 
 
 def release(db: Database, claim: ScanClaim, *, completed: bool, worked_seconds: float | None = None) -> bool:
     """End ``claim``'s lease (fenced on its token); with ``completed`` record ``completed_at``
     and ``worked_seconds`` (how long the scan worked, s, the time its holder could not reach the
     database left out; :func:`rest_until`). ``False`` if the lease was taken over meanwhile
-    (nothing changed)."""
-    def tx(s: Session) -> bool:
+    (nothing changed). One statement, a compare-and-set on the token."""
+    def once(conn: Connection) -> bool:
         values: dict[str, Any] = {"holder": None, "expires_at": None}
         if completed:
             values["completed_at"] = utcnow()
             values["worked_seconds"] = worked_seconds
-        return s.execute(update(ScanLease).where(ScanLease.location == claim.location,
-                                                 ScanLease.token == claim.token).values(**values)).rowcount == 1
+        return conn.execute(update(_LEASE).where(_LEASE.c.location == claim.location, _LEASE.c.token == claim.token)
+                            .values(**values).returning(_LEASE.c.token)).first() is not None
 
-    return bool(db.transact(tx))
+    return bool(db.statements(once))
 
 
 class ScanLeaseKeeper:
