@@ -157,13 +157,14 @@ def manage(ctx: ProcessContext, unsettled: dict[str, set[str]], *, locations: Co
         waiting = unsettled.get(loc.name, set())
 
         def unpackaged(s: Session) -> list[str]:
-            q = select(RawDataFile.group_path).where(RawDataFile.location_id == loc_id,
-                                                     RawDataFile.raw_data_package_id.is_(None))
-            if groups is not None:
-                q = q.where(RawDataFile.group_path.in_(sorted(groups)))
-            return list(s.scalars(q.distinct()))
+            return list(s.scalars(select(RawDataFile.group_path).where(
+                RawDataFile.location_id == loc_id, RawDataFile.raw_data_package_id.is_(None)).distinct()))
 
-        ready = [g for g in sorted(ctx.db.read(unpackaged)) if g not in waiting]
+        # the groups a scan has just registered need no read: the transaction below takes each
+        # group's unpackaged files and leaves a group with none (a round trip saved a chunk of
+        # a scan, across a long link)
+        found = set(groups) if groups is not None else ctx.db.read(unpackaged)
+        ready = [g for g in sorted(found) if g not in waiting]
 
         def tx(s: Session, chunk: list[str], loc_id: int = loc_id, site: str = loc.site,
                buffer_name: str = buffer_name) -> int:
