@@ -593,10 +593,11 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
     if result.skipped:
         result.registered = ctx.db.transact(tx)
     else:  # the usual scan, nothing skipped: one statement (a round trip) instead of a transaction
-        gone = delete(SkippedFile).where(SkippedFile.location_id == loc_id)
-        if not full:
-            gone = gone.where(SkippedFile.reason.startswith("folder not readable", autoescape=True))
-        ctx.db.statements(lambda conn: conn.execute(gone))
+        if skipped_before != set():  # (none at all if this scan read them: nothing to delete)
+            gone = delete(SkippedFile).where(SkippedFile.location_id == loc_id)
+            if not full:
+                gone = gone.where(SkippedFile.reason.startswith("folder not readable", autoescape=True))
+            ctx.db.statements(lambda conn: conn.execute(gone))
         result.registered = len(registered_paths)
     if cache is not None and seen is not None:  # only once what was seen is registered
         cache.folders[location] = seen
