@@ -124,6 +124,14 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         self._as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"])
 
+    def new_database(self, name: str = "ops") -> str:
+        """Create database ``name`` in this cluster; returns its SQLAlchemy URL."""
+        import psycopg
+
+        with psycopg.connect(host=PG_HOST, port=self.port, user="postgres", dbname="postgres", autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg://postgres@{PG_HOST}:{self.port}/{name}"
+
     def close(self) -> None:
         try:
             self.stop("immediate")

@@ -71,12 +71,7 @@ def test_a_database_restart_costs_no_lease_and_no_stall(executor: str, case: str
     cluster: Cluster | None = None
     db: Database | None = None
     try:
-        import psycopg
-
-        with psycopg.connect(host="127.0.0.1", port=server.port, user="postgres", dbname="postgres",
-                             autocommit=True) as c:
-            c.execute("CREATE DATABASE ops")
-        url = f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/ops"
+        url = server.new_database()
         config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5, lease_timeout_seconds=LEASE,
                              heartbeat_interval_seconds=heartbeat, monitor_interval_seconds=0.5)
         write_source(config.parent / "source", groups=1, files_per_group=1, size=256 << 10)

@@ -288,12 +288,7 @@ def test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler(pg: str,
 def test_postgres_restart_in_the_middle_of_a_run(broker: str, broker_url: str, site_config, cli, tmp_path: Path) -> None:
     server = PrivatePostgres()
     try:
-        import psycopg
-
-        with psycopg.connect(host="127.0.0.1", port=server.port, user="postgres", dbname="postgres",
-                             autocommit=True) as c:
-            c.execute("CREATE DATABASE ops")
-        url = f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/ops"
+        url = server.new_database()
         # a lease long enough to ride out the restart; archive writes slow enough to be in flight
         config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5, lease_timeout_seconds=30,
                              heartbeat_interval_seconds=0.5)

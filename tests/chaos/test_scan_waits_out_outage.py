@@ -35,12 +35,7 @@ def test_a_scan_under_way_waits_out_a_database_outage_within_its_lease(site_conf
     cluster: Cluster | None = None
     db: Database | None = None
     try:
-        import psycopg
-
-        with psycopg.connect(host="127.0.0.1", port=server.port, user="postgres", dbname="postgres",
-                             autocommit=True) as c:
-            c.execute("CREATE DATABASE ops")
-        url = f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/ops"
+        url = server.new_database()
         config = site_config(bundle_max_wait_seconds=0.5, poll_interval_seconds=0.5, lease_timeout_seconds=LEASE,
                              heartbeat_interval_seconds=HEARTBEAT)
         write_source(config.parent / "source", groups=2, files_per_group=2, size=16 << 10)

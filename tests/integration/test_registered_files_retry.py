@@ -44,7 +44,12 @@ def _seed(db: Database, n: int) -> int:
     return db.transact(seed)
 
 
-def test_a_whole_location_read_whose_connection_dies_is_read_again(db: tuple[Database, str]) -> None:
+@pytest.mark.parametrize("paths, expected", [
+    (None, None),  # the whole location: the driver's own cursor
+    (["inst/f00003", "inst/f00009", "inst/missing"], {"inst/f00003": (3, 1003), "inst/f00009": (9, 1009)}),
+], ids=["whole-location", "short-list"])
+def test_a_read_of_registrations_whose_connection_dies_is_read_again(
+        db: tuple[Database, str], paths: list[str] | None, expected: dict[str, tuple[int, int]] | None) -> None:
     database, url = db
     loc_id = _seed(database, 3000)
     other = create_engine(url)
@@ -56,34 +61,15 @@ def test_a_whole_location_read_whose_connection_dies_is_read_again(db: tuple[Dat
         if len(attempts) == 1:  # the link dies under the first attempt's read
             with other.connect() as killer:
                 killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": attempts[0]})
-        return registered_files(conn, loc_id)
+        return registered_files(conn, loc_id, paths)
 
     try:
         found = database.read(read)
     finally:
         other.dispose()
     assert len(attempts) == 2 and attempts[0] != attempts[1]  # read again, on a new connection
-    assert len(found) == 3000
-    assert found["inst/f00007"] == (7, 1007)
-
-
-def test_a_short_list_read_whose_connection_dies_is_read_again(db: tuple[Database, str]) -> None:
-    database, url = db
-    loc_id = _seed(database, 10)
-    other = create_engine(url)
-    attempts: list[int] = []
-
-    def read(s: Session) -> dict[str, tuple[int, int]]:
-        conn = s.connection()
-        attempts.append(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
-        if len(attempts) == 1:
-            with other.connect() as killer:
-                killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": attempts[0]})
-        return registered_files(conn, loc_id, ["inst/f00003", "inst/f00009", "inst/missing"])
-
-    try:
-        found = database.read(read)
-    finally:
-        other.dispose()
-    assert len(attempts) == 2
-    assert found == {"inst/f00003": (3, 1003), "inst/f00009": (9, 1009)}
+    if expected is None:
+        assert len(found) == 3000
+        assert found["inst/f00007"] == (7, 1007)
+    else:
+        assert found == expected

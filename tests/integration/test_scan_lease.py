@@ -12,8 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 
+import pytest
 from sqlalchemy import update
 
 from packhorse.config import settings_from_dict
@@ -24,6 +26,20 @@ from packhorse.recovery.health import scan_health
 from packhorse.status.blocked_work import PROVIDERS, blocked_items, scan_overdue
 
 LOC = "fyst-source"
+
+
+@pytest.fixture
+def pg_db() -> Iterator[Database]:
+    """An ops database of its own on the shared PostgreSQL server (skipped when unreachable;
+    failed with ``CI=true``)."""
+    from distributed_support import postgres_database
+
+    url, drop = postgres_database()
+    db = Database(url, pool_size=2, max_overflow=2)
+    db.upgrade()
+    yield db
+    db.dispose()
+    drop()
 
 
 def row(db: Database) -> ScanLease:
@@ -127,52 +143,45 @@ def test_health_and_status_commands_list_an_overdue_scan(site_config) -> None:
         f"location {LOC}"]
 
 
-def test_a_release_committed_while_another_scan_looks_does_not_skip_the_rest_postgresql() -> None:
+def test_a_release_committed_while_another_scan_looks_does_not_skip_the_rest_postgresql(pg_db: Database) -> None:
     """On PostgreSQL a holder's release can commit between another worker's read of the lease
-    and its update. The read locks the row, so the release waits for the late request, which
-    skips (the lease was live when it looked); without the lock the release slipped in, the
-    update then found the lease free, and a scan started with no rest and warned of a takeover
-    that never happened (found on the multi-site test bed: ``scan_lease_taken_over`` 2 s into a
-    20 s lease)."""
+    and its update. The request decides by what it read (the lease live: it skips), and its take
+    is a compare-and-set on the completion it read, so a release that slipped in cannot let it
+    start a scan with no rest. Before, the update only asked whether the lease was free now: the
+    release slipped in, the update found the lease free, and a scan started with no rest and
+    warned of a takeover that never happened (found on the multi-site test bed:
+    ``scan_lease_taken_over`` 2 s into a 20 s lease)."""
     import threading
 
     from sqlalchemy import event
 
-    from distributed_support import postgres_database
+    db = pg_db
+    a = acquire(db, LOC, "worker-a", lease_seconds=60)
+    assert a is not None
+    released_update = threading.Event()
+    me = threading.get_ident()
 
-    url, drop = postgres_database()
-    db = Database(url, pool_size=2, max_overflow=2)
-    try:
-        db.upgrade()
-        a = acquire(db, LOC, "worker-a", lease_seconds=60)
-        assert a is not None
-        released_update = threading.Event()
-        me = threading.get_ident()
+    def release() -> None:  # the holder's release, committed
+        with db.engine.begin() as conn:
+            conn.execute(update(ScanLease).where(ScanLease.token == a.token).values(
+                holder=None, expires_at=None, completed_at=utcnow()))
+        released_update.set()
 
-        def release() -> None:  # the holder's release, committed
-            with db.engine.begin() as conn:
-                conn.execute(update(ScanLease).where(ScanLease.token == a.token).values(
-                    holder=None, expires_at=None, completed_at=utcnow()))
-            released_update.set()
+    racer = threading.Thread(target=release)
 
-        racer = threading.Thread(target=release)
+    def after(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        # right after the late request has read the lease: the holder releases it
+        if threading.get_ident() == me and statement.lstrip().startswith("SELECT") and "scan_leases" in statement \
+                and not racer.is_alive() and not released_update.is_set():
+            racer.start()
+            released_update.wait(1.5)  # committed before this request goes on (a lock would hold it)
 
-        def after(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
-            # right after the late request has read the lease: the holder releases it
-            if threading.get_ident() == me and statement.lstrip().startswith("SELECT") and "scan_leases" in statement \
-                    and not racer.is_alive() and not released_update.is_set():
-                racer.start()
-                released_update.wait(1.5)  # with the row locked, the release waits for us instead
-
-        event.listen(db.engine, "after_cursor_execute", after)
-        took = acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60)
-        event.remove(db.engine, "after_cursor_execute", after)
-        racer.join()
-        assert took is None  # the lease was live when this request looked: it skips
-        assert row(db).holder is None and row(db).completed_at is not None and row(db).token == a.token
-    finally:
-        db.dispose()
-        drop()
+    event.listen(db.engine, "after_cursor_execute", after)
+    took = acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60)
+    event.remove(db.engine, "after_cursor_execute", after)
+    racer.join()
+    assert took is None  # the lease was live when this request looked: it skips
+    assert row(db).holder is None and row(db).completed_at is not None and row(db).token == a.token
 
 
 def test_a_scan_whose_renewals_hung_records_only_its_work_and_rests_by_that(empty_db: Database,
@@ -235,39 +244,31 @@ def _statements(db: Database) -> list[str]:
     return sent
 
 
-def test_a_scan_request_costs_one_round_trip_to_skip_and_two_to_take_the_lease_postgresql() -> None:
+def test_a_scan_request_costs_one_round_trip_to_skip_and_two_to_take_the_lease_postgresql(pg_db: Database) -> None:
     """Every manager sends every source a scan request each poll; across a long link each round
     trip of deciding keeps a worker process from its work (the locking transaction took five):
     a request that skips reads once, one that takes the lease reads and updates, a renewal and
     a release are one statement each, and none opens a transaction."""
-    from distributed_support import postgres_database
-
-    url, drop = postgres_database()
-    db = Database(url, pool_size=2, max_overflow=2)
-    try:
-        db.upgrade()
-        assert acquire(db, LOC, "worker-a", lease_seconds=60) is not None  # the location's first: its row
-        sent = _statements(db)
-        assert acquire(db, LOC, "worker-b", lease_seconds=60) is None  # live: skipped
-        assert sent == ["SELECT"], sent
-        held = ScanClaim(LOC, "worker-a", row(db).token)
-        sent.clear()
-        assert renew(db, held, lease_seconds=60)
-        assert release(db, held, completed=True, worked_seconds=0.01)
-        assert sent == ["UPDATE", "UPDATE"], sent
-        sent.clear()
-        assert acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60) is None  # resting
-        assert sent == ["SELECT"], sent
-        time.sleep(0.1)  # 3 × its 0.01 s of work
-        sent.clear()
-        assert acquire(db, LOC, "worker-b", lease_seconds=60) is not None  # rested (no minimum): taken
-        assert sent == ["SELECT", "UPDATE"], sent
-    finally:
-        db.dispose()
-        drop()
+    db = pg_db
+    assert acquire(db, LOC, "worker-a", lease_seconds=60) is not None  # the location's first: its row
+    sent = _statements(db)
+    assert acquire(db, LOC, "worker-b", lease_seconds=60) is None  # live: skipped
+    assert sent == ["SELECT"], sent
+    held = ScanClaim(LOC, "worker-a", row(db).token)
+    sent.clear()
+    assert renew(db, held, lease_seconds=60)
+    assert release(db, held, completed=True, worked_seconds=0.01)
+    assert sent == ["UPDATE", "UPDATE"], sent
+    sent.clear()
+    assert acquire(db, LOC, "worker-b", lease_seconds=60, min_rest_seconds=60) is None  # resting
+    assert sent == ["SELECT"], sent
+    time.sleep(0.1)  # 3 × its 0.01 s of work
+    sent.clear()
+    assert acquire(db, LOC, "worker-b", lease_seconds=60) is not None  # rested (no minimum): taken
+    assert sent == ["SELECT", "UPDATE"], sent
 
 
-def test_an_expired_holders_release_committed_while_another_scan_looks_is_not_overtaken_postgresql() -> None:
+def test_an_expired_holders_release_committed_while_another_scan_looks_is_not_overtaken_postgresql(pg_db: Database) -> None:
     """A holder whose lease expired may still finish and release it (fenced on its token, which
     nobody took yet) between another worker's read of the lease (free: expired) and its take.
     The take is a compare-and-set on the completion it read, so it finds the row changed and the
@@ -276,35 +277,27 @@ def test_an_expired_holders_release_committed_while_another_scan_looks_is_not_ov
 
     from sqlalchemy import event
 
-    from distributed_support import postgres_database
+    db = pg_db
+    a = acquire(db, LOC, "worker-a", lease_seconds=0.2)
+    assert a is not None
+    time.sleep(0.4)  # its lease expired; nobody took it over
+    me = threading.get_ident()
+    done = threading.Event()
 
-    url, drop = postgres_database()
-    db = Database(url, pool_size=2, max_overflow=2)
-    try:
-        db.upgrade()
-        a = acquire(db, LOC, "worker-a", lease_seconds=0.2)
-        assert a is not None
-        time.sleep(0.4)  # its lease expired; nobody took it over
-        me = threading.get_ident()
-        done = threading.Event()
+    def after(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        # right after the late request has read the lease: the old holder completes and releases
+        if threading.get_ident() == me and statement.lstrip().startswith("SELECT") and "scan_leases" in statement \
+                and not done.is_set():
+            done.set()
+            t = threading.Thread(target=lambda: release(db, a, completed=True, worked_seconds=30.0))
+            t.start()
+            t.join(timeout=2)  # a lock on the row would keep it waiting for this request
 
-        def after(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
-            # right after the late request has read the lease: the old holder completes and releases
-            if threading.get_ident() == me and statement.lstrip().startswith("SELECT") and "scan_leases" in statement \
-                    and not done.is_set():
-                done.set()
-                t = threading.Thread(target=lambda: release(db, a, completed=True, worked_seconds=30.0))
-                t.start()
-                t.join(timeout=2)  # a lock on the row would keep it waiting for this request
-
-        event.listen(db.engine, "after_cursor_execute", after)
-        took = acquire(db, LOC, "worker-b", lease_seconds=60)
-        event.remove(db.engine, "after_cursor_execute", after)
-        assert done.is_set()
-        assert took is None  # the holder's completed scan rests (3 × 30 s): nothing taken
-        r = row(db)
-        assert r.holder is None and r.completed_at is not None and r.token == a.token
-        assert acquire(db, LOC, "worker-b", lease_seconds=60) is None  # and it still rests
-    finally:
-        db.dispose()
-        drop()
+    event.listen(db.engine, "after_cursor_execute", after)
+    took = acquire(db, LOC, "worker-b", lease_seconds=60)
+    event.remove(db.engine, "after_cursor_execute", after)
+    assert done.is_set()
+    assert took is None  # the holder's completed scan rests (3 × 30 s): nothing taken
+    r = row(db)
+    assert r.holder is None and r.completed_at is not None and r.token == a.token
+    assert acquire(db, LOC, "worker-b", lease_seconds=60) is None  # and it still rests

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import event, select
+from test_scan_cache import make_ctx
 
 from packhorse.db.models import RawDataFile, RawDataPackage, SkippedFile
 from packhorse.engine.pipeline import scan_and_package
 from packhorse.managers import scan as scan_module
 from packhorse.runtime.context import ProcessContext
-from test_scan_cache import make_ctx
 
 
 @pytest.fixture
