@@ -279,11 +279,12 @@ THIRD = SMALL_BATCH_BYTES // 3
     ([10] * 4, [1, 1, 1, 1]),
     ([10] * 15, [4, 4, 4, 3]),
     ([10] * 18, [5, 5, 5, 3]),
-    ([10] * 40, [SMALL_BATCH] * 4),
+    ([10] * 40, [10] * 4),
+    ([10] * 80, [SMALL_BATCH] * 4),
     ([BIG] * 10, [1, 1, 1, 1]),                         # large packages: one to a task, always
     ([10, BIG, 10, 10, BIG, 10, 10, 10, 10], [2, 1, 2, 1]),
     ([THIRD + 1] * 12, [2, 2, 2, 2]),                   # at most SMALL_BATCH_BYTES to a task
-], ids=["3", "4", "15", "18", "40", "large", "mixed", "bytes"])
+], ids=["3", "4", "15", "18", "40", "80", "large", "mixed", "bytes"])
 @pytest.mark.parametrize("kind", [LTA, OperationKind.RAW_DATA_PACKAGE], ids=["archives", "builds"])
 def test_the_runner_puts_small_archives_together_beyond_its_free_slots(tmp_path: Path, sizes: list[int],
                                                                         expected: list[int],
@@ -339,7 +340,8 @@ def test_the_distributed_executor_groups_each_queue_alone_and_spreads_its_archiv
     assert by_queue == {"cologne_lta": [6, 6], "cornell_lta": [2, 1], "fyst_buffer": [16, 4],
                         "cologne_buffer": [1], "fyst_source": [1]}  # a source file's deletion is not batched
     assert sorted(i for t in tasks for i in t) == sorted(r.id for r in rows)
-    assert [len(t) for t in group_tasks(rows[:12], small, key=lambda r: r.queue)] == [SMALL_BATCH, 4]
+    many = [_row(400 + i, LTA, "cologne_lta") for i in range(SMALL_BATCH + 4)]
+    assert [len(t) for t in group_tasks(many, {r.id: 10 for r in many}, key=lambda r: r.queue)] == [SMALL_BATCH, 4]
 
 
 def test_an_operation_that_stalled_before_runs_alone_in_both_executors(tmp_path: Path) -> None:

@@ -41,8 +41,11 @@ from packhorse.domain import OperationKind, Status
 #: Buffer-copy deletions one task holds at most.
 DELETION_BATCH = 16
 #: Operations of one small-batch kind (package builds, or long-term-archive copies) one task
-#: holds at most.
-SMALL_BATCH = 8
+#: holds at most. A task's claim, completion and broker delivery cost a site 100 ms from its
+#: database about a second whatever its size, and a scan registering ten groups a chunk got
+#: them built as a task of 8 and a task of 2 (docs/benchmarks.md, "20,000 small files over a
+#: long thin link"); :data:`SMALL_BATCH_BYTES` still bounds what one task holds.
+SMALL_BATCH = 16
 #: The most bytes one task of small operations holds (bytes): package bytes for an archive
 #: copy, payload bytes for a package build. A larger package is built or archived alone: its
 #: completion must not wait for others' bytes, and its per-operation costs are small beside
