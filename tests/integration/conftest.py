@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,17 @@ def pipeline_ctx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ProcessCont
     mark_locations(c)  # as `packhorse init` does: every location root exists and is marked
     yield c
     db.dispose()
+
+
+@pytest.fixture
+def pg_db() -> Iterator[Database]:
+    """An ops database of its own on the shared PostgreSQL server, migrated (skipped when the
+    server is unreachable; failed with ``CI=true``)."""
+    from distributed_support import postgres_database
+
+    url, drop = postgres_database()
+    db = Database(url, pool_size=2, max_overflow=2)
+    db.upgrade()
+    yield db
+    db.dispose()
+    drop()

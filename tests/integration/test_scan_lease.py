@@ -12,10 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 
-import pytest
 from sqlalchemy import update
 
 from packhorse.config import settings_from_dict
@@ -27,19 +25,6 @@ from packhorse.status.blocked_work import PROVIDERS, blocked_items, scan_overdue
 
 LOC = "fyst-source"
 
-
-@pytest.fixture
-def pg_db() -> Iterator[Database]:
-    """An ops database of its own on the shared PostgreSQL server (skipped when unreachable;
-    failed with ``CI=true``)."""
-    from distributed_support import postgres_database
-
-    url, drop = postgres_database()
-    db = Database(url, pool_size=2, max_overflow=2)
-    db.upgrade()
-    yield db
-    db.dispose()
-    drop()
 
 
 def row(db: Database) -> ScanLease:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_scan_cache import age_folders, make_ctx, write  # noqa: E402
 from test_scan_shards import PATHS, check_ranges, insert_registrations  # noqa: E402
 
-from distributed_support import postgres_database  # noqa: E402
 from packhorse.config import load_config  # noqa: E402
 from packhorse.db.models import RawDataFile  # noqa: E402
 from packhorse.db.session import Database  # noqa: E402
@@ -112,15 +110,6 @@ def test_a_sharded_scan_of_a_root_that_is_not_a_tree_falls_back_to_one_process(c
         result = scan_location(ctx, "fyst-source", pool, None, processes=2)
     assert sharded == [None] and result.registered == 1
 
-
-@pytest.fixture
-def pg_db() -> Iterator[Database]:
-    url, drop = postgres_database()
-    db = Database(url, pool_size=2, max_overflow=2)
-    db.upgrade()
-    yield db
-    db.dispose()
-    drop()
 
 
 def test_a_range_of_registrations_is_the_paths_python_puts_in_it_postgresql(pg_db: Database, tmp_path: Path) -> None:

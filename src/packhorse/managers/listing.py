@@ -31,6 +31,10 @@ from packhorse.storage.identity import MARKER_KEY
 
 log = structlog.get_logger(__name__)
 
+#: How the skip reason of a folder that could not be listed begins: such a record is ended by
+#: the next scan that lists the folder, not only by a full listing (:mod:`packhorse.managers.scan`).
+FOLDER_NOT_READABLE = "folder not readable"
+
 
 _gc_lock = threading.Lock()
 
@@ -168,7 +172,7 @@ def walk(backend: StorageBackend, out: list[tuple[str, Entry]], skipped: list[tu
                             and path.rpartition("/")[0] not in reused:
                         parent.subfolders.append(path)
             if e.error is not None:
-                skipped.append((_printable(path or "."), f"folder not readable: {e.error}"))
+                skipped.append((_printable(path or "."), f"{FOLDER_NOT_READABLE}: {e.error}"))
                 if seen is not None:
                     seen[path].clean = False
         elif e.kind is EntryKind.SYMLINK:
@@ -214,7 +218,7 @@ def filter_listing(settings: Settings, location: str, found: list[tuple[str, Ent
         return found, skipped
     kept_found = [(p, s) for p, s in found if wanted.accepts(p)]
     kept_skipped = [(p, r) for p, r in skipped
-                    if wanted.accepts(p) or (r.startswith("folder not readable") and not wanted.excludes(p))]
+                    if wanted.accepts(p) or (r.startswith(FOLDER_NOT_READABLE) and not wanted.excludes(p))]
     if left_out is not None:
         kept = {p for p, _ in kept_found} | {p for p, _ in kept_skipped}
         for p in [p for p, _ in found] + [p for p, _ in skipped]:

@@ -70,6 +70,7 @@ from packhorse.errors import (
 )
 from packhorse.managers import scanshards
 from packhorse.managers.listing import (
+    FOLDER_NOT_READABLE,
     Folder,
     compare_listing,
     cycle_collection_paused,
@@ -586,7 +587,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         # scan, so its entry goes at once; the others at the next full listing
         current = {path for path, _ in result.skipped}
         for path, row in existing.items():
-            if path not in current and (full or row.reason.startswith("folder not readable")):
+            if path not in current and (full or row.reason.startswith(FOLDER_NOT_READABLE)):
                 s.delete(row)
         return len(registered_paths)
 
@@ -596,7 +597,7 @@ def scan_location(ctx: ProcessContext, location: str, pool: ThreadPoolExecutor,
         if skipped_before != set():  # (none at all if this scan read them: nothing to delete)
             gone = delete(SkippedFile).where(SkippedFile.location_id == loc_id)
             if not full:
-                gone = gone.where(SkippedFile.reason.startswith("folder not readable", autoescape=True))
+                gone = gone.where(SkippedFile.reason.startswith(FOLDER_NOT_READABLE, autoescape=True))
             ctx.db.statements(lambda conn: conn.execute(gone))
         result.registered = len(registered_paths)
     if cache is not None and seen is not None:  # only once what was seen is registered
