@@ -32,7 +32,9 @@ every process, the test-only environment variables (only test code reads them):
 
   A hook fires at most ``times`` times per process (default: always). ``"unless_exists":
   PATH`` stops it once that file exists; ``"if_exists": PATH`` starts it only once that file
-  exists.
+  exists. A hook whose ``marker`` is its ``unless_exists`` fires once in all processes: the
+  first to get there creates the marker (with its pid) atomically, and only it acts (two worker
+  processes that both saw no marker would otherwise both pause).
 * ``PACKHORSE_TEST_DISK_USAGE``: a JSON file ``{"<location>": {"total": bytes, "used":
   bytes}}`` read at every measurement of the disk monitor (other locations: the file system).
 * ``PACKHORSE_TEST_COLD_RESTORE_SECONDS``: every cold location (``cold = true``) gets a
@@ -81,6 +83,21 @@ def _plan_from_env() -> list[dict[str, Any]]:
         return []
     data = json.loads(raw)
     return data if isinstance(data, list) else [data]
+
+
+def _claim(marker: str) -> bool:
+    """Create ``marker`` holding this process's pid, unless it exists: True if this process
+    created it. Atomic across processes (a hard link to a private file, which fails if the name
+    is taken), and the marker never exists without its pid."""
+    mine = Path(f"{marker}.{os.getpid()}.{threading.get_ident()}")
+    mine.write_text(str(os.getpid()))
+    try:
+        os.link(mine, marker)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        mine.unlink()
 
 
 class _Published(threading.local):
@@ -242,6 +259,8 @@ class FaultPlan(Hooks):
                 continue
             if hook.get("unless_exists") and Path(hook["unless_exists"]).exists():
                 continue
+            if hook.get("marker") and hook.get("marker") == hook.get("unless_exists") and not _claim(hook["marker"]):
+                continue  # another process got there first (the check above is not atomic)
             if hook.get("if_exists") and not Path(hook["if_exists"]).exists():
                 continue
             with self._lock:

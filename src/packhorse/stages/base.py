@@ -437,13 +437,20 @@ def note_quarantined(session: Session, copy_id: int, quarantined_as: str) -> Non
                     .values(quarantined_as=quarantined_as, quarantined_at=utcnow()))
 
 
-def note_key_quarantined(session: Session, location_id: int, key: str, quarantined_as: str) -> None:
-    """:func:`note_quarantined` for the copy whose bytes stood at ``key`` of data location
-    ``location_id``: the newest copy row there with that path (a key belongs to one artifact),
-    unless it is already noted. Nothing when there is none."""
-    copy_id = session.scalar(select(PhysicalCopy.id).where(
+def copy_at(session: Session, location_id: int, key: str) -> int | None:
+    """The id of the physical copy whose bytes stand at ``key`` of data location ``location_id``:
+    the newest copy row there with that path (a key belongs to one artifact); ``None`` if none.
+    Read before the bytes are moved aside, it cannot be a copy a rebuild records once the key is
+    free."""
+    return session.scalar(select(PhysicalCopy.id).where(
         PhysicalCopy.location_id == location_id, PhysicalCopy.path == key)
         .order_by(PhysicalCopy.id.desc()).limit(1))
+
+
+def note_key_quarantined(session: Session, location_id: int, key: str, quarantined_as: str) -> None:
+    """:func:`note_quarantined` for the copy whose bytes stood at ``key`` of data location
+    ``location_id`` (:func:`copy_at`), unless it is already noted. Nothing when there is none."""
+    copy_id = copy_at(session, location_id, key)
     if copy_id is not None:
         note_quarantined(session, copy_id, quarantined_as)
 
@@ -472,7 +479,9 @@ def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expect
     at rest rotted or were changed, not the transfer), move it aside into the location's
     quarantine (never overwritten or deleted, I2) and have this attempt's failure record the
     copy ``missing`` at its key (:attr:`Work.salvage`, fenced: I3), as :func:`note_lost_source`
-    does for a copy that is gone. Returns whether it did.
+    does for a copy that is gone. Where the bytes went is recorded on that copy at once
+    (:func:`note_quarantined`, a fact about the location whether or not this attempt's failure
+    is recorded). Returns whether it did.
 
     That is what keeps a corrupt bundle in a buffer from being a dead end (DESIGN.md
     "Converging"): its key is free again, so the bundle is rebuilt byte-identical from its
@@ -481,6 +490,8 @@ def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expect
 
     Raises:
         LocationUnavailableError / StorageServiceError: the source cannot be read (nothing recorded).
+        TransientDatabaseError: the database is away (the bytes may be moved aside already;
+            this attempt's failure then records where, as above).
     """
     h = hashlib.sha256()
     try:
@@ -492,11 +503,20 @@ def note_corrupt_source(work: Work, backend: StorageBackend, key: str, *, expect
                                 data_transfer_package_id=data_transfer_package_id)
     if h.hexdigest() == expected_sha256:
         return False  # the source is good: the transfer or the destination was at fault
+    # the copy these bytes are, read while they still stand at the key (no rebuild can have
+    # recorded a copy there yet)
+    copy_id = work.ctx.db.read(lambda s: copy_at(s, location_id, key))
     moved = backend.quarantine(key)
     log.warning("source_copy_corrupt_quarantined", location=backend.location, key=key, quarantined_as=moved,
                 sha256=h.hexdigest(), expected=expected_sha256)
     _record_lost_on_failure(work, location_id=location_id, raw_data_package_id=raw_data_package_id,
                             data_transfer_package_id=data_transfer_package_id, quarantined_as=moved)
+    if moved is not None and copy_id is not None:
+        # where the bytes went is recorded now, not only by this attempt's failure: another
+        # attempt that met the key empty meanwhile (a transfer to another destination) may
+        # record the copy missing first, and the failure's compare-and-set on "present" would
+        # then record nothing (found by CI: `locate` showed no quarantine for a rotten bundle)
+        work.ctx.db.transact(lambda s: note_quarantined(s, copy_id, moved))
     return True
 
 
