@@ -42,61 +42,67 @@ _LONG_E2E = frozenset({
 })
 
 
-#: The slowest tests of the chaos, long and multi-site selection, seconds each as a CI run
-#: measured them on 2 cores with four test processes (2026-12-06, a loaded one: the order is
-#: what counts). Only the order tests start in depends on it: with
-#: ``--dist load --maxschedchunk 1`` (how ``.ci/run`` runs that selection) the longest start
-#: first and the four processes finish together, instead of one running a 140 s test alone at
-#: the end. A test missing here keeps its place after them. The two multi-site tests share one
-#: test bed (a module fixture): first and second (listed above any other, whatever they took),
-#: they go to one process together (the first chunk of each process is two tests), which
-#: builds the bed once.
+#: The slowest tests of the chaos, long and multi-site selection, seconds each (setup and
+#: teardown included) as a run of that selection measured them on 2 cores with four test
+#: processes (2026-12-07; the order is what counts). Only the order tests start in depends on
+#: it: with ``--dist load --maxschedchunk 1`` (how ``.ci/run`` runs that selection) the longest
+#: start first and the four processes finish together, instead of one running a 150 s test
+#: alone at the end. A test missing here keeps its place after them. The multi-site tests come
+#: first whatever they took: they mostly wait (on links cut for 30 s, a link flapping for a
+#: minute), so they overlap the tests that keep both cores busy; and each module's two share
+#: one test bed (a module fixture): listed as pairs, they go to one process together (the first
+#: chunk of each process is two tests), which builds that bed once.
 _SLOWEST = {
     "tests/multisite/test_across_sites.py::test_sites_that_share_no_file_system_archive_a_tree_and_heal_a_source_site_cut_off_from_the_centre": 1001,
     "tests/multisite/test_across_sites.py::test_a_transfer_cut_mid_stream_and_a_flapping_link_lose_nothing": 1000,
-    "tests/chaos/test_resumable_transfer.py::test_s3_multipart_archive_killed_at_60_percent_resumes": 199,
-    "tests/chaos/test_resumable_transfer.py::test_copy_transfer_killed_at_60_percent_resumes": 190,
-    "tests/e2e/test_file_versions.py::test_a_file_gone_for_good_is_forgotten_by_an_operator_and_no_longer_listed": 135,
-    "tests/e2e/test_file_versions.py::test_the_dry_run_predicts_no_new_version_for_a_touched_file_and_one_for_new_bytes": 132,
-    "tests/chaos/test_chaos_harness.py::test_short_chaos_run_keeps_every_invariant": 124,
-    "tests/chaos/test_resumable_transfer.py::test_rsync_command_transfer_killed_at_60_percent_resumes": 114,
-    "tests/e2e/test_cli_everyday.py::test_verify_checks_staged_copies_and_stage_again_restores_a_removed_one": 101,
-    "tests/e2e/test_convergence.py::test_no_good_source_released_by_a_good_copy_put_back_is_recognised_by_verify": 86,
-    "tests/e2e/test_convergence.py::test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end": 82,
-    "tests/e2e/test_file_versions.py::test_a_file_modified_after_archiving_is_archived_as_a_second_version_and_the_first_stays": 81,
-    "tests/e2e/test_convergence.py::test_no_good_source_released_by_a_good_copy_put_back_converges_on_a_plain_run": 79,
-    "tests/e2e/test_fixity.py::test_every_copy_bad_at_once_is_one_critical_notification_then_re_archived_from_the_source": 78,
-    "tests/chaos/test_database_outage_keeps_leases.py::test_a_database_restart_costs_no_lease_and_no_stall": 74,
-    "tests/chaos/test_chaos_harness.py::test_harness_fails_when_fencing_is_switched_off": 72,
-    "tests/e2e/test_distributed_breaker.py::test_the_monitor_lets_one_attempt_through_after_the_cool_down": 71,
-    "tests/e2e/test_fixity.py::test_flipped_byte_and_deleted_copy_are_found_and_repaired_from_the_remaining_copy": 70,
-    "tests/e2e/test_disk_pressure.py::test_a_full_destination_buffer_makes_the_work_wait_and_it_goes_on_by_itself_once_there_is_space": 67,
-    "tests/chaos/test_health_after_restart.py::test_a_killed_and_restarted_runner_is_one_live_row_and_the_labels_stay_bounded": 67,
-    "tests/chaos/test_health_after_restart.py::test_a_dead_monitor_counts_until_it_is_forgotten": 62,
-    "tests/chaos/test_dispatch_lost.py::test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_down": 61,
-    "tests/e2e/test_file_versions.py::test_a_file_gone_before_packaging_is_recorded_with_a_reason_and_a_notification": 60,
-    "tests/chaos/test_broker_restart.py::test_rabbitmq_restart_under_running_workers": 56,
-    "tests/e2e/test_convergence.py::test_a_package_whose_siblings_sources_are_gone_is_repaired_from_its_own_source_files": 54,
-    "tests/chaos/test_distributed_chaos.py::test_postgres_restart_in_the_middle_of_a_run": 54,
-    "tests/e2e/test_clock_offset.py::test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease": 52,
-    "tests/chaos/test_queued_not_lost.py::test_messages_queued_behind_a_busy_worker_are_not_reconciled": 52,
-    "tests/e2e/test_disk_pressure.py::test_a_bundle_larger_than_the_whole_destination_buffer_fails_and_says_so_instead_of_waiting_for_ever": 51,
-    "tests/e2e/test_convergence.py::test_every_archive_copy_corrupt_is_re_archived_from_the_source_files": 51,
+    "tests/multisite/test_clock_and_outages.py::test_sites_whose_clocks_run_5_minutes_ahead_archive_everything": 999,
+    "tests/multisite/test_clock_and_outages.py::test_a_site_archive_disk_away_and_back_ends_its_outage_by_itself": 998,
+    "tests/chaos/test_chaos_harness.py::test_harness_fails_when_fencing_is_switched_off": 120,
+    "tests/chaos/test_chaos_harness.py::test_short_chaos_run_keeps_every_invariant": 120,
+    "tests/chaos/test_resumable_transfer.py::test_copy_transfer_killed_at_60_percent_resumes": 70,
+    "tests/e2e/test_distributed_breaker.py::test_the_monitor_lets_one_attempt_through_after_the_cool_down": 65,
+    "tests/chaos/test_dispatch_lost.py::test_a_dispatch_lost_beyond_the_cap_is_listed_and_retried_after_the_cool_down": 62,
+    "tests/chaos/test_broker_restart.py::test_redis_restart_under_running_workers": 60,
+    "tests/chaos/test_broker_restart.py::test_rabbitmq_restart_under_running_workers": 49,
+    "tests/chaos/test_scan_lease_paused_holder.py::test_a_paused_scan_holder_loses_the_lease_to_another_worker_of_the_site": 48,
+    "tests/chaos/test_resumable_transfer.py::test_rsync_command_transfer_killed_at_60_percent_resumes": 47,
+    "tests/chaos/test_resumable_transfer.py::test_s3_multipart_archive_killed_at_60_percent_resumes": 46,
+    "tests/chaos/test_database_outage_keeps_leases.py::test_a_database_restart_costs_no_lease_and_no_stall": 43,
+    "tests/chaos/test_distributed_chaos.py::test_postgres_restart_in_the_middle_of_a_run": 42,
+    "tests/chaos/test_queued_not_lost.py::test_messages_queued_behind_a_busy_worker_are_not_reconciled": 42,
+    "tests/e2e/test_file_versions.py::test_a_file_gone_for_good_is_forgotten_by_an_operator_and_no_longer_listed": 41,
+    "tests/e2e/test_convergence.py::test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end": 41,
+    "tests/e2e/test_distributed.py::test_pipeline_on_postgres_with_a_worker_per_site": 40,
+    "tests/e2e/test_convergence.py::test_no_good_source_released_by_a_good_copy_put_back_is_recognised_by_verify": 39,
+    "tests/e2e/test_convergence.py::test_no_good_source_released_by_a_good_copy_put_back_converges_on_a_plain_run": 38,
+    "tests/chaos/test_distributed_chaos.py::test_every_task_published_twice_has_one_effect": 37,
+    "tests/e2e/test_unavailable_location.py::test_an_empty_mount_point_blocks_writes_and_init_adopts_an_unmarked_root_with_data": 37,
+    "tests/chaos/test_distributed_chaos.py::test_flushall_in_the_middle_of_a_run_is_recovered_by_the_reconciler": 35,
+    "tests/e2e/test_clock_offset.py::test_a_killed_worker_an_hour_ahead_is_handed_back_within_the_lease": 35,
+    "tests/e2e/test_convergence_distributed.py::test_every_copy_bad_and_the_source_gone_is_the_one_loud_dead_end": 35,
+    "tests/chaos/test_distributed_chaos.py::test_a_task_outliving_the_visibility_timeout_is_not_run_twice": 35,
+    "tests/chaos/test_distributed_chaos.py::test_sigkill_of_a_pool_child_in_the_middle_of_an_archive_write": 35,
+    "tests/e2e/test_clock_offset.py::test_a_monitor_two_hours_ahead_leaves_a_live_lease_alone": 34,
+    "tests/e2e/test_staging.py::test_stage_from_cold_archive_waits_for_the_restore_then_extracts_verified": 34,
+    "tests/e2e/test_one_pipeline.py::test_same_scenario_same_operations_embedded_and_with_two_managers_and_two_monitors": 33,
 }
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under ``tests/chaos`` carries the ``chaos`` marker, every test of the
     :data:`_LONG_E2E` modules the ``long`` one (both left out of the default selection, run by
-    ``pytest -m "chaos or long"`` and by ``.ci/run``). Under ``--dist load`` the tests of
-    :data:`_SLOWEST` start first, longest first (the order of the others is kept)."""
+    ``pytest -m "chaos or long"`` and by ``.ci/run``). Run in test processes (pytest-xdist),
+    the tests of :data:`_SLOWEST` start first, longest first (the order of the others is kept).
+    The order is what each test process collects (the scheduler hands out its indexes), and
+    pytest-xdist sets ``dist`` to ``"no"`` in them: a check of ``dist`` alone never sorted,
+    and the multi-site tests ran last, one alone for minutes at the end of every CI run."""
     for item in items:
         path = Path(str(item.fspath))
         if _CHAOS in path.parents:
             item.add_marker(pytest.mark.chaos)
         elif path.parent == _E2E and path.name in _LONG_E2E:
             item.add_marker(pytest.mark.long)
-    if config.getoption("dist", "no") == "load":
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "no":
         items.sort(key=lambda item: -_SLOWEST.get(item.nodeid.split("[")[0], 0))
 
 
