@@ -36,8 +36,12 @@ log = structlog.get_logger(__name__)
 
 
 def unreachable_sites(session: Session, *, dead_after_seconds: float, forget_after_seconds: float,
-                      now: dt.datetime | None = None) -> list[dict[str, Any]]:
-    """Sites with workers none of which is alive, by name.
+                      now: dt.datetime | None = None,
+                      services: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Sites with workers none of which is alive, by name. ``services``: the rows of
+    :func:`~packhorse.recovery.health.list_services` read at ``now`` by the caller with the same
+    ``dead_after_seconds`` and ``forget_after_seconds`` (one read for a whole report); ``None``
+    reads them.
 
     Returns:
         ``[{"site", "since" (the last heartbeat of its workers, ISO 8601 UTC), "seconds" (since
@@ -45,8 +49,10 @@ def unreachable_sites(session: Session, *, dead_after_seconds: float, forget_aft
     """
     now = now or utcnow()
     by_site: dict[str, list[dict[str, Any]]] = {}
-    for r in list_services(session, now, dead_after_seconds=dead_after_seconds,
-                           forget_after_seconds=forget_after_seconds):
+    if services is None:
+        services = list_services(session, now, dead_after_seconds=dead_after_seconds,
+                                 forget_after_seconds=forget_after_seconds)
+    for r in services:
         if r["kind"] == "worker" and r["site"]:
             by_site.setdefault(r["site"], []).append(r)
     out = []

@@ -289,10 +289,12 @@ def lease_not_reclaimed(session: Session, ctx: "ProcessContext") -> list[Blocked
     return out
 
 
-def site_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+def site_unreachable(session: Session, ctx: "ProcessContext", *, services: list[dict[str, Any]] | None = None,
+                     now: dt.datetime | None = None) -> list[BlockedItem]:
     """Cause ``site_unreachable``: sites with workers none of which is alive
-    (:func:`packhorse.recovery.site_reachability.unreachable_sites`): cut off from the centre, or
-    their workers down. :data:`EXIT_WAITING`: its work resumes by itself once a worker of the site
+    (:func:`packhorse.recovery.site_reachability.unreachable_sites`; ``services`` and ``now``: the
+    services the caller read at ``now`` with the recovery settings' ages, else read here): cut off
+    from the centre, or their workers down. :data:`EXIT_WAITING`: its work resumes by itself once a worker of the site
     heartbeats again. Subject ``"site <name>"``, since = the last heartbeat of its workers,
     detail ``{"site", "seconds", "workers"}``."""
     rec = ctx.settings.recovery
@@ -308,7 +310,8 @@ def site_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedIte
         exit_code=EXIT_WAITING, since=u["since"],
         detail={"site": u["site"], "seconds": u["seconds"], "workers": u["workers"]})
         for u in unreachable_sites(session, dead_after_seconds=rec.service_dead_after_seconds,
-                                   forget_after_seconds=rec.service_forget_after_seconds)]
+                                   forget_after_seconds=rec.service_forget_after_seconds, now=now,
+                                   services=services)]
 
 
 def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from packhorse.db.models import utcnow
 from packhorse.recovery.breakers import jsonable
 from packhorse.recovery.health import list_services, scan_health
 from packhorse.status.blocked_work import BlockedItem, lease_not_reclaimed, site_unreachable
@@ -55,7 +56,8 @@ def health_report(ctx: "ProcessContext") -> HealthReport:
     rec = ctx.settings.recovery
 
     def read(s: Any) -> HealthReport:
-        rows = list_services(s, dead_after_seconds=rec.service_dead_after_seconds,
+        now = utcnow()
+        rows = list_services(s, now, dead_after_seconds=rec.service_dead_after_seconds,
                              forget_after_seconds=rec.service_forget_after_seconds)
         # distributed mode (workers or managers heartbeat) needs a monitor: it alone hands expired
         # leases back, lets breakers half-open and re-dispatches lost messages (DESIGN.md I5)
@@ -63,6 +65,7 @@ def health_report(ctx: "ProcessContext") -> HealthReport:
         return HealthReport(
             services=rows, scans_overdue=scan_health(s, overdue_seconds=rec.scan_overdue_seconds),
             no_monitor=distributed and not any(r["kind"] == "monitor" and r["alive"] for r in rows),
-            leases_not_reclaimed=lease_not_reclaimed(s, ctx), sites_unreachable=site_unreachable(s, ctx))
+            leases_not_reclaimed=lease_not_reclaimed(s, ctx),
+            sites_unreachable=site_unreachable(s, ctx, services=rows, now=now))  # the services read once
 
     return ctx.db.read(read)
