@@ -306,6 +306,33 @@ def test_verify_checks_staged_copies_and_stage_again_restores_a_removed_one(tmp_
     assert "already requested" in twice.stdout  # the new staged copy verifies: nothing to redo
 
 
+def test_stage_again_records_where_the_damaged_staged_folder_went(tmp_path):
+    # the staged folder moved aside by `stage --again` was named only in the notification of an
+    # attempt that completed: `locate` never showed it, and a failed attempt left it unrecorded
+    cfg = write_site_config(tmp_path / "site", extra=PROCESSING)
+    _files(cfg.parent / "source", n=1, size=5000)
+    assert run_packhorse("init", "-c", str(cfg)).returncode == 0
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    assert run_packhorse("stage", "obs0", "--to", "cologne-processing", "-c", str(cfg)).returncode == 0
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    payload = cfg.parent / "sites/cologne/processing/inst/obs0/data/inst/obs0/frame0.fits"
+    good = payload.read_bytes()
+    payload.write_bytes(b"x" + good[1:])  # damaged by processing
+    assert run_packhorse("verify", "-c", str(cfg)).returncode == 1
+    again = run_packhorse("stage", "obs0", "--to", "cologne-processing", "--again", "-c", str(cfg))
+    assert again.returncode == 0 and "created" in again.stdout, again.stdout + again.stderr
+    assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
+    assert payload.read_bytes() == good
+
+    where = json.loads(run_packhorse("locate", "inst/obs0", "--json", "-c", str(cfg)).stdout)["packages"][0]
+    staged = [c for c in where["copies"] if c["location"] == "cologne-processing"]
+    moved = [c["quarantined_as"] for c in staged if c["quarantined_as"]]
+    assert len(staged) == 2 and len(moved) == 1, staged
+    aside = cfg.parent / "sites/cologne/processing" / moved[0]
+    assert (aside / "data/inst/obs0/frame0.fits").read_bytes() == b"x" + good[1:]  # kept as it was
+    assert [e["location"] for e in where["timeline"] if e["event"] == "quarantined"] == ["cologne-processing"]
+
+
 def _debug_or_info_lines(stderr: str) -> list[str]:
     """Log lines below WARNING (console or JSON rendering)."""
     return [line for line in stderr.splitlines()

@@ -62,7 +62,7 @@ from packhorse.errors import (
     VerificationError,
 )
 from packhorse.notify.outbox import enqueue
-from packhorse.stages.base import Recorder, Work, record_copy
+from packhorse.stages.base import Recorder, Work, note_quarantined, record_copy
 from packhorse.storage.base import CHUNK_BYTES, StorageBackend
 
 #: Statuses of a staged copy recorded damaged or gone (by ``packhorse stage --again``).
@@ -283,10 +283,10 @@ def run(work: Work) -> Recorder:
             PhysicalCopy.raw_data_package_id == pkg.id, PhysicalCopy.location_id == dst_id,
             PhysicalCopy.status.in_([x.value for x in LIVE_COPY_STATUSES]))) is not None
 
-    def recorded_bad(s: Session) -> bool:
+    def recorded_bad(s: Session) -> int | None:
         return s.scalar(select(PhysicalCopy.id).where(
             PhysicalCopy.raw_data_package_id == pkg.id, PhysicalCopy.location_id == dst_id,
-            PhysicalCopy.status.in_(_BAD_STAGED)).limit(1)) is not None
+            PhysicalCopy.status.in_(_BAD_STAGED)).order_by(PhysicalCopy.id.desc()).limit(1))
 
     if ctx.db.read(staged):
         work.info.update(result="already staged")
@@ -295,7 +295,8 @@ def run(work: Work) -> Recorder:
     existing = dst_backend.folder(pkg.name)  # the key is checked and confined by the backend (I6)
     limits = ExtractionLimits.from_settings(ctx.settings)
     moved_aside = None
-    if existing is not None and ctx.db.read(recorded_bad):
+    bad_copy = ctx.db.read(recorded_bad) if existing is not None else None
+    if existing is not None and bad_copy is not None:
         # staging again (`packhorse stage --again`): the staged folder packhorse made here was
         # found damaged; it is moved aside whole, never overwritten or deleted (I2)
         try:
@@ -304,6 +305,10 @@ def run(work: Work) -> Recorder:
             work.check()
             moved_aside = dst_backend.quarantine_folder(pkg.name)
             work.info.update(moved_aside=moved_aside)
+            if moved_aside is not None:
+                # where it went is recorded on the bad copy now (`packhorse locate`), whether or
+                # not this attempt completes: its notification below is sent only if it does
+                ctx.db.transact(lambda s: note_quarantined(s, bad_copy, moved_aside))
             existing = None
     if existing is None:
         src_name, key = _nearest_source(work, pkg.id, dst)
