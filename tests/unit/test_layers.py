@@ -8,7 +8,9 @@ Every import of a packhorse module counts, wherever it is written: at module top
 * the module import graph has no cycle;
 * imports sit at module top (``if TYPE_CHECKING:`` blocks included); only ``cli/`` defers
   imports into functions, for start-up time, each with a reason in a comment on it, and no more of
-  them than :data:`MAX_CLI_DEFERRED`;
+  them than :data:`MAX_CLI_DEFERRED`; elsewhere only the modules of :data:`OPTIONAL` (optional
+  integrations most installations never use, whose client libraries every process would
+  otherwise load) are imported in the function that needs them, with a reason likewise;
 * error classes are imported from ``packhorse.errors`` only; no ``_private`` name is imported
   from another module; no module is named ``common``.
 
@@ -48,6 +50,11 @@ SIBLINGS = {"stages", "managers", "recovery"}
 #: Imports deferred into functions in cli/ (start-up time), at most: a command's start-up imports what
 #: it needs (packhorse.cli loads the module of the command that runs, six of these imports).
 MAX_CLI_DEFERRED = 68
+#: Modules a module outside cli/ may import in a function (with its reason on the line): the Azure
+#: backend (the Azure SDK, ~90 M instructions of a 3.3 G ``packhorse status``) and the InfluxDB sink
+#: (the Prometheus client, ~110 M), needed only where an Azure location or ``[metrics.influxdb]``
+#: is configured.
+OPTIONAL = {"packhorse.storage.azure", "packhorse.runtime.influx"}
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,9 @@ def violations(root: Path, max_cli_deferred: int = MAX_CLI_DEFERRED) -> list[str
                 cli_deferred += 1
                 if not imp.reason:
                     out.append(f"{where}: a deferred import in cli/ needs its reason on its line")
+            elif imp.target in OPTIONAL:
+                if not imp.reason:
+                    out.append(f"{where}: a deferred import of an optional integration needs its reason on its line")
             else:
                 out.append(f"{where}: inside a function (imports sit at module top)")
         for n in imp.names:
@@ -271,3 +281,18 @@ def test_the_checker_counts_deferred_imports_in_cli(tmp_path: Path) -> None:
     assert any("cli/ defers 2 imports, more than 1" in v for v in found)
     assert any("packhorse.cli.app:4" in v and "needs its reason" in v for v in found)
     assert not any("packhorse.cli.app:2" in v for v in found)
+
+
+def test_outside_cli_only_an_optional_integration_is_imported_in_a_function_with_its_reason(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "errors.py": "",
+        "storage/azure.py": "",
+        "storage/disk.py": "",
+        "storage/registry.py": ("def a():\n    from packhorse.storage.azure import x  # optional: its SDK\n"
+                                "def b():\n    from packhorse.storage.azure import x\n"
+                                "def c():\n    from packhorse.storage.disk import y  # start-up time\n"),
+    })
+    found = violations(root)
+    assert not any("packhorse.storage.registry:2" in v for v in found), found
+    assert any("packhorse.storage.registry:4" in v and "needs its reason" in v for v in found), found
+    assert any("packhorse.storage.registry:6" in v and "inside a function" in v for v in found), found

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 from packhorse.config import Settings
 from packhorse.db.session import Database
 from packhorse.runtime.hooks import Hooks, hooks_for
-from packhorse.runtime.influx import InfluxSink
 from packhorse.runtime.topology import Topology
 from packhorse.storage.registry import backend_for
 
 if TYPE_CHECKING:
+    from packhorse.runtime.influx import InfluxSink
     from packhorse.storage.base import StorageBackend
 
 
@@ -67,6 +67,8 @@ class ProcessContext:
         """This process's InfluxDB sink (:mod:`packhorse.runtime.influx`; started on first use), or
         ``None`` when ``[metrics.influxdb] url`` is not set."""
         if self._metrics_sink is None and self.settings.metrics.influxdb.url:
+            from packhorse.runtime.influx import InfluxSink  # optional: Prometheus client
+
             self._metrics_sink = InfluxSink(self.settings.metrics.influxdb)
         return self._metrics_sink
 

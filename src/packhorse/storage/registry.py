@@ -27,7 +27,6 @@ import structlog
 from packhorse.config import LocationConfig, Settings
 from packhorse.domain import StorageType
 from packhorse.errors import ConfigError
-from packhorse.storage.azure import AzureBackend, make_container_client
 from packhorse.storage.base import StorageBackend
 from packhorse.storage.disk import DiskBackend
 from packhorse.storage.layers import LoggingLayer, ReadRateLayer, RetryLayer, limiter_for
@@ -37,6 +36,7 @@ from packhorse.storage.s3 import S3Backend, make_client
 if TYPE_CHECKING:
     from packhorse.db.session import Database
     from packhorse.ratelimit import RateLimiter
+    from packhorse.storage.azure import AzureBackend
 
 log = structlog.get_logger(__name__)
 _probe_lock = threading.Lock()
@@ -120,6 +120,8 @@ def azure_backend(loc: LocationConfig) -> AzureBackend:
         LocationUnavailableError: the container does not exist (work waits for it).
         StorageServiceError: the service could not be reached.
     """
+    from packhorse.storage.azure import AzureBackend, make_container_client  # optional: the Azure SDK
+
     assert loc.account_url is not None and loc.container is not None
     secret = loc.connection_string.get_secret_value() if loc.connection_string is not None else None
     client = make_container_client(account_url=loc.account_url, container=loc.container, connection_string=secret,
