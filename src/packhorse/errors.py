@@ -325,12 +325,15 @@ class SshConnectionError(RetryableError):
     its partial file, so the next attempt resumes from its verified prefix
     (docs/reliability.md "Resumable transfers").
 
-    Links between sites drop for minutes or hours: it is retried up to :attr:`max_retries`
-    times whatever the operation's own ``max_retries`` (with the backoff capped at ``[recovery]
-    retry_backoff_max_seconds``, 300 s by default, about eight hours of a cut link), then FAILED
-    with a notification like any other failure."""
+    Links between sites drop for minutes, hours or days: it is retried for as long as the link
+    stays cut, whatever the operation's ``max_retries`` (:attr:`retry_without_limit`; the backoff
+    capped at ``[recovery] retry_backoff_max_seconds``, 300 s by default), never FAILED for it:
+    the transfer resumes by itself when the link returns. Meanwhile ``packhorse status`` lists
+    the link as blocked (cause ``link_unreachable``, since its first failure). A host key or a
+    login the server refuses is no cut link (:class:`HostKeyError`,
+    :class:`SshAuthenticationError`: permanent)."""
 
-    max_retries = 100
+    retry_without_limit = True
 
 
 class StorageServiceError(RetryableError):

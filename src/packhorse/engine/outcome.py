@@ -72,12 +72,16 @@ HUMAN_NOTIFICATIONS: dict[Status, tuple[str, str]] = {
 
 def is_retryable(exc: BaseException, retry_count: int, max_retries: int) -> bool:
     """Classify a failure: permanent builtins and ``is_retryable = False``
-    errors never retry; otherwise retry while ``retry_count`` is below the cap (the exception's
-    own ``max_retries`` if it carries one, else the operation's)."""
+    errors never retry; errors with ``retry_without_limit`` (a cut link between sites:
+    :class:`~packhorse.errors.SshConnectionError`) always do; otherwise retry while
+    ``retry_count`` is below the cap (the exception's own ``max_retries`` if it carries one, else
+    the operation's)."""
     if isinstance(exc, PERMANENT_BUILTINS):
         return False
     if getattr(exc, "is_retryable", True) is False:
         return False
+    if getattr(exc, "retry_without_limit", False) is True:
+        return True
     cap = getattr(exc, "max_retries", None)
     return retry_count < (cap if isinstance(cap, int) else max_retries)
 

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease, utcnow
+from packhorse.db.models import CircuitBreaker, FailureEvent, LocationOutage, Operation, ScanLease, utcnow
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
+from packhorse.errors import SshConnectionError
 from packhorse.operations.scan_lease import overdue_scans
 from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.recovery.site_reachability import source_sites, unreachable_sites
@@ -40,6 +41,8 @@ EXIT_NEEDS_HUMAN = 3
 #: ``run --until-idle`` exit code for work that waits and may resume by itself or on one
 #: command (an open circuit breaker, an unavailable data location).
 EXIT_WAITING = 4
+#: The error type of a cut link between sites (:class:`~packhorse.errors.SshConnectionError`).
+LINK_CUT = SshConnectionError.__name__
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,62 @@ def site_unreachable(session: Session, ctx: "ProcessContext", *, services: list[
                                    services=services)]
 
 
+def link_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
+    """Cause ``link_unreachable``: transfers waiting for a cut link between sites, one item per
+    source data location and destination data location: ``PENDING`` or ``SCHEDULED`` operations
+    whose latest failure is a lost SSH connection (:class:`~packhorse.errors.SshConnectionError`,
+    retried for as long as the link stays cut; a retry's failure lives in its failure event).
+    :data:`EXIT_WAITING`: each resumes from its partial by itself once the link is back. Since =
+    the first failure of the cut still going on (the earliest lost connection after any other
+    failure of those operations); detail ``{"source", "destination", "host" (the SSH server as
+    the error named it), "operations": [ids], "message" (the latest)}``. Three aggregate reads,
+    however many retries the cut has cost."""
+    waiting = select(Operation.id).where(Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
+                                         Operation.retry_count > 0)
+    latest = (select(func.max(FailureEvent.id)).where(FailureEvent.operation_id.in_(waiting))
+              .group_by(FailureEvent.operation_id))
+    rows = session.execute(select(
+        FailureEvent.operation_id, Operation.source_location_id, Operation.destination_location_id,
+        FailureEvent.error_context["host"].as_string(), FailureEvent.message)
+        .join(Operation, Operation.id == FailureEvent.operation_id)
+        .where(FailureEvent.id.in_(latest), FailureEvent.error_type == LINK_CUT)
+        .order_by(FailureEvent.operation_id)).all()
+    if not rows:
+        return []
+    op_ids = [r[0] for r in rows]
+    other = dict(session.execute(select(FailureEvent.operation_id, func.max(FailureEvent.id)).where(
+        FailureEvent.operation_id.in_(op_ids), FailureEvent.error_type != LINK_CUT)
+        .group_by(FailureEvent.operation_id)).all())
+    began: dict[int, Any] = {}
+    for op_id, event_id, at in session.execute(select(FailureEvent.operation_id, FailureEvent.id, FailureEvent.created_at)
+                                               .where(FailureEvent.operation_id.in_(op_ids),
+                                                      FailureEvent.error_type == LINK_CUT)
+                                               .order_by(FailureEvent.operation_id, FailureEvent.id)):
+        if op_id not in began and event_id > other.get(op_id, 0):
+            began[op_id] = at
+    routes: dict[tuple[int | None, int | None], list[Any]] = {}
+    for r in rows:
+        routes.setdefault((r[1], r[2]), []).append(r)
+    names = ctx.topology.location_names
+    items = []
+    for (src, dst), ops in routes.items():
+        source = names.get(src, f"location {src}") if src is not None else "its source"
+        destination = names.get(dst, f"location {dst}") if dst is not None else "its destination"
+        since = [began[r[0]] for r in ops if r[0] in began]
+        host = ops[-1][3] or source
+        items.append(BlockedItem(
+            cause="link_unreachable", subject=f"link {source} → {destination}",
+            reason=(f"{len(ops)} transfer(s) from {source} to {destination} cannot reach {host} over SSH (the link "
+                    f"between the sites is cut, or its SSH server is down): {ops[-1][4]}; they try again for as long "
+                    "as it stays cut"),
+            release=(f"restore the link or the SSH server of {source}'s site; the transfers resume from their "
+                     "partials by themselves"),
+            exit_code=EXIT_WAITING, since=min(since).isoformat() if since else None,
+            detail={"source": source, "destination": destination, "host": host,
+                    "operations": [r[0] for r in ops], "message": ops[-1][4]}))
+    return items
+
+
 def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``scan_overdue``: source locations whose scan has not completed for longer than
     ``[recovery] scan_overdue_seconds`` (:func:`packhorse.operations.scan_lease.overdue_scans`;
@@ -335,7 +394,7 @@ def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
 
 #: One provider per cause, in the order ``status`` lists them.
 PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, lease_not_reclaimed, site_unreachable,
-                             scan_overdue, location_unavailable, location_full]
+                             link_unreachable, scan_overdue, location_unavailable, location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

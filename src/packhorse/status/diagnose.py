@@ -53,7 +53,7 @@ from packhorse.domain import (
     Status,
     StorageType,
 )
-from packhorse.errors import UnknownPackageError
+from packhorse.errors import SshConnectionError, UnknownPackageError
 from packhorse.operations.attempts import claim_words, failure_words
 from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
@@ -65,6 +65,8 @@ from packhorse.runtime.topology import bundle_key, raw_package_key
 
 #: Error types whose cause is "the bytes to read are gone".
 MISSING_ERRORS = ("SourceMissingError", "FileNotFoundError")
+#: The error type of a cut link between sites (retried without limit: the transfer waits for the link).
+LINK_CUT = SshConnectionError.__name__
 #: At most this many raw files are stat'ed per live check of a raw data package's source.
 LIVE_CHECK_MAX_FILES = 1000
 
@@ -326,6 +328,11 @@ def diagnosis_line(session: Session, op: Operation, copies: list[dict[str, Any]]
                     f"{ctx.get('attempt', op.attempt)} met a full file system ({ctx.get('message')}); it looks "
                     f"again at {_iso(op.not_before)} and goes on by itself once there is space (no retry is "
                     "counted; packhorse status lists the location as blocked)"), "db"
+        if op.not_before is not None and op.not_before > now and ctx.get("error_type") == LINK_CUT:
+            return (f"waiting for the link to {ctx.get('host') or 'the source site'}: its SSH connection could not be "
+                    f"made or was cut ({ctx.get('message')}); it tries again at {_iso(op.not_before)}, for as long "
+                    f"as the link stays cut ({op.retry_count} tries so far, no limit), and resumes from its partial "
+                    "by itself once the link is back (packhorse status lists the link as blocked)"), "db"
         if op.not_before is not None and op.not_before > now:
             line = (f"waiting for its retry backoff until {_iso(op.not_before)} "
                     f"(retry {op.retry_count} of {op.max_retries})")

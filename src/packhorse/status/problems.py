@@ -16,7 +16,7 @@ from typing import Any
 from packhorse.time_text import utc_text
 
 #: ``needs_human`` causes first, then what resumes by itself; the order lines are shown in
-_ORDER = ("failed", "no_good_source", "site_unreachable", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
+_ORDER = ("failed", "no_good_source", "site_unreachable", "link_unreachable", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
           "circuit_breaker", "scan_overdue", "location_full")
 
 #: What each line says after its count (``{n}`` is the count), by cause.
@@ -24,6 +24,8 @@ _WHAT = {
     "failed": "operation(s): a human must act (packhorse diagnose KIND ID, then packhorse reset)",
     "no_good_source": "package(s) with no good copy or source left: a dead end only a human can release",
     "site_unreachable": "site(s) unreachable (no worker heartbeat): cut off, or their workers down; their work waits",
+    "link_unreachable": ("link(s) between sites cut (SSH): their transfers wait and resume from their partials "
+                         "by themselves once the link is back"),
     "location_unavailable": "data location(s) unavailable: their work waits and resumes by itself once they are back",
     "lease_not_reclaimed": "operation(s) whose expired lease nothing took back: is a monitor running?",
     "dispatch_lost": "operation(s) whose dispatch was lost: the reconciler gave up until its cool-down ends",
@@ -34,11 +36,11 @@ _WHAT = {
 
 #: The word a line starts with, by cause (FAILED and UNAVAILABLE are their own words).
 _LABEL = {"failed": "FAILED", "location_unavailable": "UNAVAILABLE", "no_good_source": "DEAD END",
-          "site_unreachable": "UNREACHABLE"}
+          "site_unreachable": "UNREACHABLE", "link_unreachable": "UNREACHABLE"}
 
 
 #: Causes whose line names its subjects (at most three): sites and data locations.
-_NAMED = ("site_unreachable", "location_unavailable", "location_full")
+_NAMED = ("site_unreachable", "link_unreachable", "location_unavailable", "location_full")
 
 
 def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,64 @@
+"""A transfer whose SSH link to the source site is cut waits for the link, however long the cut,
+and says so.
+
+A trial cut the SSH path alone (the sites still heard from the centre) for seven minutes on the
+test bed: the transfers' 100 retries ran out (about 6.5 minutes at the bed's 5 s backoff cap,
+about 8 hours at the default 300 s), they went FAILED and needed a human after the link came
+back; meanwhile ``status`` said "no problems" and ``diagnose`` said "retry 52 of 50".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from packhorse.config import load_config
+from packhorse.db.models import FailureEvent
+from packhorse.db.session import Database
+from packhorse.domain import OperationKind, Status
+from packhorse.engine.outcome import record_failure
+from packhorse.errors import SshConnectionError
+from packhorse.operations.lifecycle import claim, create_operation
+from packhorse.runtime.context import ProcessContext
+from packhorse.runtime.topology import sync_topology
+from packhorse.status.blocked_work import EXIT_WAITING, blocked_items
+from packhorse.status.diagnose import diagnose_operation
+from packhorse.status.problems import problem_lines
+from support import write_site_config
+
+
+def test_a_transfer_cut_off_from_its_source_retries_without_limit_and_status_names_the_link(tmp_path: Path) -> None:
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ids = ctx.topology.location_ids
+    op_id = db.transact(lambda s: create_operation(
+        s, kind=OperationKind.TRANSFER, dedup_key="transfer:b1:cologne", site_id=ctx.topology.site_ids["cologne"],
+        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
+
+    cut = SshConnectionError("data location fyst-buffer: no connection to 10.201.0.1:2201 (timed out)",
+                             host="10.201.0.1:2201")
+    for _ in range(120):  # far beyond max_retries and the old cap of 100
+        c = claim(db, op_id, "cologne-worker", 30)
+        assert c is not None
+        out = record_failure(db, c, cut, backoff_base=0, backoff_max=0)
+        assert out.will_retry and out.status is Status.PENDING
+    op = db.read(lambda s: s.get(type(c.operation), op_id))
+    assert op.status == "PENDING" and op.retry_count == 120
+
+    # the wait is in status, named by its link and dated by its first failure
+    first = db.read(lambda s: s.query(FailureEvent.created_at).order_by(FailureEvent.id).first()[0])
+    [item] = db.read(lambda s: [i for i in blocked_items(s, ctx) if i.cause == "link_unreachable"])
+    assert item.subject == "link fyst-buffer → cologne-buffer" and item.exit_code == EXIT_WAITING
+    assert item.since == first.isoformat() and item.detail["operations"] == [op_id]
+    assert "10.201.0.1:2201" in item.reason and "resume" in item.release
+    [line] = problem_lines([], [item.as_json()])
+    assert line["label"] == "UNREACHABLE" and line["subjects"] == ["link fyst-buffer → cologne-buffer"]
+
+    # diagnose says it waits for the link, with no limit, not "retry 120 of 50"
+    later = first + dt.timedelta(seconds=0.001)
+    db.transact(lambda s: s.get(type(c.operation), op_id).__setattr__("not_before", later + dt.timedelta(hours=1)))
+    said = db.read(lambda s: diagnose_operation(s, OperationKind.TRANSFER, op_id, now=later))["diagnosis"]
+    assert said.startswith("waiting for the link to 10.201.0.1:2201") and "no limit" in said, said
+    assert "of 50" not in said
