@@ -167,8 +167,21 @@ class TestBed:
         _run("ip", "-n", self.ns[site], "route", "replace", "default", "via", f"10.201.{i}.1")
 
     def cut_ssh(self, site: str) -> None:
-        """Drop the SSH path to ``site`` (its relay stops; open connections break)."""
-        self.stop(f"relay-{site}", sig=signal.SIGKILL)
+        """Drop the SSH path to ``site`` (its relay stops; open connections break). The relay of
+        a bed another process brought up (``testbed.py cut-ssh``) is found in the central
+        namespace by its command line."""
+        name = f"relay-{site}"
+        if name in self.procs:
+            self.stop(name, sig=signal.SIGKILL)
+            return
+        listen = f"{CENTRAL_ADDRESS}:{2200 + SITES.index(site) + 1}".encode()
+        for pid in _run("ip", "netns", "pids", self.ns["central"], check=False).stdout.split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"delay_relay.py") for a in argv) and listen in argv:
+                os.kill(int(pid), signal.SIGKILL)
 
     def heal_ssh(self, site: str) -> None:
         """Bring the SSH path to ``site`` back."""
@@ -444,6 +457,8 @@ streams = {self.ssh_streams}
     def up(self, *, packhorse: bool = True) -> "TestBed":
         """Build the bed: namespaces and links, PostgreSQL, Redis, sshd and relays, then packhorse."""
         self.root.mkdir(parents=True, exist_ok=True)
+        if any(Path("/run/netns", ns).exists() for ns in self.ns.values()):
+            self.down()  # a bed of this folder still up (brought up by another process): afresh
         self._forget_state()  # a bed brought up here before: its keys, data and markers go
         try:
             self._network_up()
@@ -467,13 +482,20 @@ streams = {self.ssh_streams}
         self._postgres_down()
         for ns in self.ns.values():
             # processes started by hand in the namespace (a bed brought up by another process)
-            pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-            _run("ip", "netns", "del", ns, check=False)
+            # killed processes leave the namespace only once they have exited, and until then
+            # its name may not go: `up` again at once met "ip netns add" refused (a trial)
+            deadline = time.monotonic() + 15
+            while True:
+                pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                _run("ip", "netns", "del", ns, check=False)
+                if not Path("/run/netns", ns).exists() or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
         self._forget_state()
 
     def _forget_state(self) -> None:
@@ -517,11 +539,14 @@ def archived_files(bed: TestBed, site: str) -> dict[str, list[str]]:
 def main() -> int:
     """``testbed.py up|down ROOT``: build a bed and leave it running, or remove it;
     ``testbed.py worker ROOT SITE``: start SITE's worker again as ``up`` starts it (its
-    namespace, the other sites' folders hidden, its clock shift: give the same ``--clock-ahead``)."""
+    namespace, the other sites' folders hidden, its clock shift: give the same ``--clock-ahead``);
+    ``testbed.py cut-ssh|heal-ssh ROOT SITE``: drop or restore only the SSH path to SITE (give
+    ``heal-ssh`` the same ``--delay-ms`` as ``up``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["up", "down", "worker"])
+    p.add_argument("action", choices=["up", "down", "worker", "cut-ssh", "heal-ssh"])
     p.add_argument("root", type=Path)
-    p.add_argument("site", nargs="?", choices=SITES, help="worker: the site whose worker to start")
+    p.add_argument("site", nargs="?", choices=SITES,
+                   help="worker: the site whose worker to start; cut-ssh/heal-ssh: the site whose SSH path to drop/restore")
     p.add_argument("--rate-mbit", type=float, default=None, help="shape every site link to this rate")
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of the SSH relays")
     p.add_argument("--clock-ahead", action="append", default=[], metavar="SITE=SECONDS",
@@ -538,6 +563,16 @@ def main() -> int:
                   settle_seconds=a.settle_seconds)
     if a.action == "down":
         bed.down()
+        return 0
+    if a.action in ("cut-ssh", "heal-ssh"):
+        if a.site is None:
+            p.error(f"{a.action}: name the site (one of " + ", ".join(SITES) + ")")
+        if a.action == "cut-ssh":
+            bed.cut_ssh(a.site)
+        else:
+            bed.heal_ssh(a.site)
+            bed.procs[f"relay-{a.site}"].returncode = 0  # it outlives this command
+        print(f"SSH path to {a.site} {'dropped' if a.action == 'cut-ssh' else 'back'}")
         return 0
     if a.action == "worker":
         if a.site is None:
