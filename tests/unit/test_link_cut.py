@@ -62,3 +62,7 @@ def test_a_transfer_cut_off_from_its_source_retries_without_limit_and_status_nam
     said = db.read(lambda s: diagnose_operation(s, OperationKind.TRANSFER, op_id, now=later))["diagnosis"]
     assert said.startswith("waiting for the link to 10.201.0.1:2201") and "no limit" in said, said
     assert "of 50" not in said
+
+    # handed back since for another wait (space at its destination): that wait is listed, not the link
+    db.transact(lambda s: s.get(type(c.operation), op_id).__setattr__("error_context", {"waiting": "space"}))
+    assert not db.read(lambda s: [i for i in blocked_items(s, ctx) if i.cause == "link_unreachable"])

@@ -327,8 +327,10 @@ def link_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedIte
     failure of those operations); detail ``{"source", "destination", "host" (the SSH server as
     the error named it), "operations": [ids], "message" (the latest)}``. Three aggregate reads,
     however many retries the cut has cost."""
+    # handed back since for another wait (a location away, space): that wait is listed instead
     waiting = select(Operation.id).where(Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-                                         Operation.retry_count > 0)
+                                         Operation.retry_count > 0,
+                                         Operation.error_context["waiting"].as_string().is_(None))
     latest = (select(func.max(FailureEvent.id)).where(FailureEvent.operation_id.in_(waiting))
               .group_by(FailureEvent.operation_id))
     rows = session.execute(select(
