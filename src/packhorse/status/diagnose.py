@@ -53,7 +53,7 @@ from packhorse.domain import (
     Status,
     StorageType,
 )
-from packhorse.errors import SshConnectionError, UnknownPackageError
+from packhorse.errors import UnknownPackageError
 from packhorse.operations.attempts import claim_words, failure_words
 from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
@@ -62,11 +62,10 @@ from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 from packhorse.rules.fixity import live_copy_at, parse_repair_key
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import bundle_key, raw_package_key
+from packhorse.status.blocked_work import LINK_CUT
 
 #: Error types whose cause is "the bytes to read are gone".
 MISSING_ERRORS = ("SourceMissingError", "FileNotFoundError")
-#: The error type of a cut link between sites (retried without limit: the transfer waits for the link).
-LINK_CUT = SshConnectionError.__name__
 #: At most this many raw files are stat'ed per live check of a raw data package's source.
 LIVE_CHECK_MAX_FILES = 1000
 

@@ -39,7 +39,7 @@ _LABEL = {"failed": "FAILED", "location_unavailable": "UNAVAILABLE", "no_good_so
           "site_unreachable": "UNREACHABLE", "link_unreachable": "UNREACHABLE"}
 
 
-#: Causes whose line names its subjects (at most three): sites and data locations.
+#: Causes whose line names its subjects (at most three): sites, links between sites and data locations.
 _NAMED = ("site_unreachable", "link_unreachable", "location_unavailable", "location_full")
 
 
