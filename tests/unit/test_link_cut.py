@@ -10,10 +10,13 @@ back; meanwhile ``status`` said "no problems" and ``diagnose`` said "retry 52 of
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from packhorse.config import load_config
-from packhorse.db.models import FailureEvent
+from packhorse.db.models import FailureEvent, Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.engine.outcome import record_failure
@@ -66,3 +69,58 @@ def test_a_transfer_cut_off_from_its_source_retries_without_limit_and_status_nam
     # handed back since for another wait (space at its destination): that wait is listed, not the link
     db.transact(lambda s: s.get(type(c.operation), op_id).__setattr__("error_context", {"waiting": "space"}))
     assert not db.read(lambda s: [i for i in blocked_items(s, ctx) if i.cause == "link_unreachable"])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The ops database on SQLite (embedded) or on the shared PostgreSQL server (distributed)."""
+    if request.param == "sqlite":
+        yield
+        return
+    from distributed_support import postgres_database
+
+    url, drop = postgres_database()
+    monkeypatch.setenv("PACKHORSE_DATABASE__URL", url)
+    yield
+    drop()
+
+
+def test_a_cut_is_dated_from_its_own_first_failure_not_from_an_earlier_cut(tmp_path: Path, database_url: None) -> None:
+    """An earlier cut, then another failure, then a new cut: ``since`` is the new cut's first
+    lost connection, for each transfer on its own (one aggregate read, on both databases)."""
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ids = ctx.topology.location_ids
+    ops = [db.transact(lambda s, n=n: create_operation(
+        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:b{n}:cologne", site_id=ctx.topology.site_ids["cologne"],
+        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
+        for n in (1, 2)]
+    cut = SshConnectionError("data location fyst-buffer: no connection to 10.201.0.1:2201 (timed out)",
+                             host="10.201.0.1:2201")
+
+    def fail(op_id: int, error: Exception) -> int:
+        c = claim(db, op_id, "cologne-worker", 30)
+        assert c is not None
+        record_failure(db, c, error, backoff_base=0, backoff_max=0)
+        return db.read(lambda s: s.query(FailureEvent.id).filter_by(operation_id=op_id)
+                       .order_by(FailureEvent.id.desc()).first()[0])
+
+    def created(event_id: int) -> str:
+        return db.read(lambda s: s.get(FailureEvent, event_id).created_at.isoformat())
+
+    fail(ops[0], cut)                                    # an earlier cut of the first transfer ...
+    fail(ops[0], OSError("disk hiccup at the destination"))  # ... ended by another failure
+    second = fail(ops[0], cut)                           # a new cut
+    fail(ops[0], cut)
+    first_of_other = fail(ops[1], cut)                   # the second transfer: one cut only
+    fail(ops[1], cut)
+    [item] = db.read(lambda s: [i for i in blocked_items(s, ctx) if i.cause == "link_unreachable"])
+    assert item.detail["operations"] == ops
+    assert item.since == min(created(second), created(first_of_other))
+    # the first transfer alone (the second handed back for another wait): the new cut's first failure
+    db.transact(lambda s: s.get(Operation, ops[1]).__setattr__("error_context", {"waiting": "space"}))
+    [item] = db.read(lambda s: [i for i in blocked_items(s, ctx) if i.cause == "link_unreachable"])
+    assert item.detail["operations"] == [ops[0]] and item.since == created(second)
+    db.dispose()

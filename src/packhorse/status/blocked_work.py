@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from packhorse.db.models import CircuitBreaker, FailureEvent, LocationOutage, Operation, ScanLease, utcnow
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
@@ -325,7 +325,7 @@ def link_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedIte
     :data:`EXIT_WAITING`: each resumes from its partial by itself once the link is back. Since =
     the first failure of the cut still going on (the earliest lost connection after any other
     failure of those operations); detail ``{"source", "destination", "host" (the SSH server as
-    the error named it), "operations": [ids], "message" (the latest)}``. Three aggregate reads,
+    the error named it), "operations": [ids], "message" (the latest)}``. Two aggregate reads,
     however many retries the cut has cost."""
     # handed back since for another wait (a location away, space): that wait is listed instead
     waiting = select(Operation.id).where(Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
@@ -342,16 +342,16 @@ def link_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedIte
     if not rows:
         return []
     op_ids = [r[0] for r in rows]
-    other = dict(session.execute(select(FailureEvent.operation_id, func.max(FailureEvent.id)).where(
-        FailureEvent.operation_id.in_(op_ids), FailureEvent.error_type != LINK_CUT)
+    # the cut began at the first lost connection after the operation's last other failure
+    other = aliased(FailureEvent)
+    last_other = (select(func.coalesce(func.max(other.id), 0))
+                  .where(other.operation_id == FailureEvent.operation_id, other.error_type != LINK_CUT)
+                  .correlate(FailureEvent).scalar_subquery())
+    began: dict[int, Any] = dict(session.execute(
+        select(FailureEvent.operation_id, func.min(FailureEvent.created_at))
+        .where(FailureEvent.operation_id.in_(op_ids), FailureEvent.error_type == LINK_CUT,
+               FailureEvent.id > last_other)
         .group_by(FailureEvent.operation_id)).all())
-    began: dict[int, Any] = {}
-    for op_id, event_id, at in session.execute(select(FailureEvent.operation_id, FailureEvent.id, FailureEvent.created_at)
-                                               .where(FailureEvent.operation_id.in_(op_ids),
-                                                      FailureEvent.error_type == LINK_CUT)
-                                               .order_by(FailureEvent.operation_id, FailureEvent.id)):
-        if op_id not in began and event_id > other.get(op_id, 0):
-            began[op_id] = at
     routes: dict[tuple[int | None, int | None], list[Any]] = {}
     for r in rows:
         routes.setdefault((r[1], r[2]), []).append(r)
