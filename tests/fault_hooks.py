@@ -259,14 +259,16 @@ class FaultPlan(Hooks):
                 continue
             if hook.get("unless_exists") and Path(hook["unless_exists"]).exists():
                 continue
-            if hook.get("marker") and hook.get("marker") == hook.get("unless_exists") and not _claim(hook["marker"]):
-                continue  # another process got there first (the check above is not atomic)
             if hook.get("if_exists") and not Path(hook["if_exists"]).exists():
                 continue
             with self._lock:
                 times = hook.get("times")
                 if times is not None and self._fired.get(i, 0) >= int(times):
                     continue
+                # claimed last, just before acting: a hook that does not fire never takes the marker
+                if (hook.get("marker") and hook.get("marker") == hook.get("unless_exists")
+                        and not _claim(hook["marker"])):
+                    continue  # another process got there first (the check above is not atomic)
                 self._fired[i] = self._fired.get(i, 0) + 1
             action = hook.get("action")
             if action == "pause":

@@ -38,3 +38,24 @@ def test_a_first_to_get_there_hook_fires_in_one_process_of_many(tmp_path: Path) 
         assert fired.read_text() == "x"  # one process acted
         assert int(marker.read_text()) in {p.pid for p in procs}  # and the marker names it
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith("writing.")] == []  # no litter
+
+
+def test_a_first_to_get_there_hook_that_does_not_fire_leaves_the_marker_free(tmp_path: Path) -> None:
+    """A hook held back by ``if_exists`` or by ``times`` takes no marker: the process that does
+    fire it later still acts, and the marker names that process."""
+    marker, fired, go = tmp_path / "writing", tmp_path / "fired", tmp_path / "go"
+    fired.touch()
+    plan = [{"point": "long_term_archive.writing", "action": "append", "path": str(fired), "data": "x",
+             "marker": str(marker), "unless_exists": str(marker), "if_exists": str(go)}]
+    faults = FaultPlan(plan)
+    faults.hit("long_term_archive.writing")  # not yet: the go file is missing
+    assert not marker.exists() and fired.read_text() == ""
+    go.touch()
+    faults.hit("long_term_archive.writing")
+    assert fired.read_text() == "x" and marker.read_text() == str(multiprocessing.current_process().pid)
+
+    marker.unlink()
+    fired.write_text("")
+    spent = FaultPlan([{**plan[0], "if_exists": None, "times": 0}])
+    spent.hit("long_term_archive.writing")  # its times are spent: it neither acts nor claims
+    assert not marker.exists() and fired.read_text() == ""
