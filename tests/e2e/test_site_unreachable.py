@@ -65,6 +65,10 @@ def test_a_site_cut_off_is_listed_notified_once_and_once_more_when_it_heals(site
             assert served[key] == as_json[key], key
         assert [(u["subject"], u["since"], u["detail"]["workers"]) for u in served["sites_unreachable"]] == [
             (u["subject"], u["since"], u["detail"]["workers"]) for u in as_json["sites_unreachable"]]
+        # Prometheus sees it too (the outage the monitor recorded)
+        metrics = api.client.get("/metrics").text
+        assert 'packhorse_site_unreachable{site="cologne"} 1.0' in metrics, metrics
+        assert 'packhorse_site_unreachable{site="cornell"} 0.0' in metrics
         # cologne holds no source: nothing is said of instruments' files waiting there
         assert "source location" not in served["sites_unreachable"][0]["reason"]
 
@@ -79,5 +83,6 @@ def test_a_site_cut_off_is_listed_notified_once_and_once_more_when_it_heals(site
                          ("INFO", "site_reachable", "Site cologne reachable again")], notes
         status = json.loads(run_packhorse("status", "--json", "-c", str(config), cwd=config.parent).stdout)
         assert [b for b in status["blocked"] if b["cause"] == "site_unreachable"] == []
+        assert 'packhorse_site_unreachable{site="cologne"} 0.0' in api.client.get("/metrics").text
     finally:
         db.dispose()

@@ -71,7 +71,7 @@ def test_the_example_rules_pass_promtool_and_their_alerts_fire() -> None:
     promtool = _promtool()
     check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 10 rules found" in check.stdout
+    assert "SUCCESS: 12 rules found" in check.stdout
     fire = subprocess.run([promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True,
                           cwd=RULE_TESTS.parent)
     assert fire.returncode == 0, fire.stdout + fire.stderr
@@ -88,7 +88,8 @@ def test_every_metric_of_the_rules_and_panels_is_exported_and_error_types_need_a
     assert missing == {}, f"named in docs/ but not exported by /metrics: {missing}"
     for metric in ("packhorse_operations_blocked", "packhorse_location_unavailable",
                    "packhorse_location_unavailable_seconds", "packhorse_packages_not_archived",
-                   "packhorse_oldest_not_archived_age_seconds", "packhorse_quarantined_bytes"):
+                   "packhorse_oldest_not_archived_age_seconds", "packhorse_quarantined_bytes",
+                   "packhorse_site_unreachable", "packhorse_link_unreachable_seconds"):
         assert any(metric in names for names in named.values()), f"no rule or panel uses {metric}"
 
     # what the installation holds, as the gauges say it

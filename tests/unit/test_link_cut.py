@@ -12,20 +12,24 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from packhorse.config import load_config
-from packhorse.db.models import FailureEvent, Operation
+from packhorse.db.models import FailureEvent, LinkOutage, Notification, Operation
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.engine.outcome import record_failure
 from packhorse.errors import SshConnectionError
-from packhorse.operations.lifecycle import claim, create_operation
+from packhorse.operations.lifecycle import claim, create_operation, heartbeat
+from packhorse.recovery.link_reachability import cut_links, track_links
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import sync_topology
 from packhorse.status.blocked_work import EXIT_WAITING, blocked_items
 from packhorse.status.diagnose import diagnose_operation
+from packhorse.status.metrics import collect_values
 from packhorse.status.problems import problem_lines
 from support import write_site_config
 
@@ -123,4 +127,70 @@ def test_a_cut_is_dated_from_its_own_first_failure_not_from_an_earlier_cut(tmp_p
     db.transact(lambda s: s.get(Operation, ops[1]).__setattr__("error_context", {"waiting": "space"}))
     [item] = db.read(lambda s: [i for i in blocked_items(s, ctx) if i.cause == "link_unreachable"])
     assert item.detail["operations"] == [ops[0]] and item.since == created(second)
+    db.dispose()
+
+
+def test_a_cut_link_is_notified_once_after_its_grace_and_once_when_a_transfer_moves_bytes_again(
+        tmp_path: Path, database_url: None) -> None:
+    """One WARNING ``link_unreachable`` per cut (after ``service_dead_after_seconds``, however many
+    transfers wait and however many passes run), kept while a retry is connecting, and one INFO
+    ``link_reachable`` once a transfer over the link reports a byte moved."""
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ids = ctx.topology.location_ids
+    ops = [db.transact(lambda s, n=n: create_operation(
+        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:b{n}:cologne", site_id=ctx.topology.site_ids["cologne"],
+        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
+        for n in (1, 2, 3)]
+    cut = SshConnectionError("data location fyst-buffer: no connection to 10.201.0.1:2201 (timed out)",
+                             host="10.201.0.1:2201")
+    for op_id in ops:
+        for _ in range(3):
+            c = claim(db, op_id, "cologne-worker", 30)
+            assert c is not None
+            record_failure(db, c, cut, backoff_base=0, backoff_max=0)
+
+    def notes() -> list[tuple[str, str, str]]:
+        return db.read(lambda s: [(n.level, n.event, n.subject) for n in s.scalars(
+            select(Notification).where(Notification.event.like("link_%")).order_by(Notification.id))])
+
+    assert track_links(db, settings) == ([], [])  # cut for less than the grace: not news yet
+    assert notes() == []
+    # the cut began longer ago than the grace
+    grace = settings.recovery.service_dead_after_seconds
+
+    def earlier(s: Any) -> None:
+        for event in s.scalars(select(FailureEvent)):
+            event.created_at -= dt.timedelta(seconds=grace + 5)
+
+    db.transact(earlier)
+    assert track_links(db, settings) == (["fyst-buffer → cologne-buffer"], [])
+    assert track_links(db, settings) == ([], [])  # a second pass (or monitor) says nothing more
+    assert notes() == [("WARNING", "link_unreachable", "Link fyst-buffer -> cologne-buffer cut")]
+    body = db.read(lambda s: s.scalars(select(Notification.body)).one())
+    assert "3 transfer(s)" in body and "10.201.0.1:2201" in body
+    # Prometheus sees the cut link (one series while it lasts)
+    gauges = db.read(collect_values)
+    assert list(gauges["links_unreachable"]) == [("fyst-buffer", "cologne-buffer")]
+    assert gauges["links_unreachable"][("fyst-buffer", "cologne-buffer")] >= grace
+
+    # every transfer is claimed again: connecting, no byte moved yet, the link still counts as cut
+    claims = [claim(db, op_id, "cologne-worker", 30) for op_id in ops]
+    assert all(claims)
+    [link] = db.read(cut_links)
+    assert link["operations"] == ops
+    assert track_links(db, settings) == ([], [])
+    # one transfer moves bytes again (its heartbeat says so): the link is back for the others too
+    assert heartbeat(db, claims[0], 30, bytes_done=65536)
+    assert track_links(db, settings) == ([], [])  # two still connect: not yet
+    for c in claims[1:]:
+        assert heartbeat(db, c, 30, bytes_done=1)
+    assert track_links(db, settings) == ([], ["fyst-buffer → cologne-buffer"])
+    assert track_links(db, settings) == ([], [])
+    assert notes() == [("WARNING", "link_unreachable", "Link fyst-buffer -> cologne-buffer cut"),
+                       ("INFO", "link_reachable", "Link fyst-buffer -> cologne-buffer back")]
+    assert db.read(lambda s: s.scalars(select(LinkOutage)).all()) == []
+    assert db.read(collect_values)["links_unreachable"] == {}
     db.dispose()

@@ -553,6 +553,24 @@ class SiteOutage(Base):
     noticed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
 
 
+class LinkOutage(Base):
+    """A link between sites cut now: the transfers from ``source`` to ``destination`` (data
+    location names) have waited on a lost SSH connection for longer than the grace of
+    :mod:`packhorse.recovery.link_reachability`. One row per link while the cut lasts, inserted
+    with its WARNING notification and deleted with its INFO one, so an operator hears once per
+    cut and once when it heals, however many transfers wait and however many monitors run.
+    ``since`` is the first lost connection of the cut, ``host`` the SSH server the transfers
+    could not reach (UTC times).
+    """
+
+    __tablename__ = "link_outages"
+    source: Mapped[str] = mapped_column(String(100), primary_key=True)
+    destination: Mapped[str] = mapped_column(String(100), primary_key=True)
+    host: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    since: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    noticed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
 class CircuitBreaker(Base):
     """The circuit breaker of one operation: stalls counted by the stalled-task monitor.
 

@@ -360,7 +360,7 @@ def try_transaction_lock(session: Session, name: str) -> bool:
 
 #: The head of ``db/migrations`` (a unit test compares it with Alembic's view of the scripts);
 #: a constant, so that checking a database at start needs no Alembic import.
-HEAD_REVISION = "0030"
+HEAD_REVISION = "0031"
 
 
 #: What a unit of work that used up its attempts asks before it tries again (:func:`retry_while`):

@@ -61,6 +61,7 @@ from packhorse.operations.identity import (
 from packhorse.operations.lifecycle import fenced
 from packhorse.recovery import breakers
 from packhorse.recovery.health import process_alive
+from packhorse.recovery.link_reachability import track_links
 from packhorse.recovery.reconciler import reconcile
 from packhorse.recovery.site_reachability import track_sites
 
@@ -355,8 +356,9 @@ def _held_by_the_gone(db: Database, now: dt.datetime) -> list[tuple[int, int, st
 
 def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...] | set[int] = (),
                    broker: BrokerWatch | None = None) -> MonitorReport:
-    """One full recovery pass: the stalled-task monitor, the reconciler, then the sites' reachability
-    (:func:`packhorse.recovery.site_reachability.track_sites`; ``packhorse monitor`` and the lease
+    """One full recovery pass: the stalled-task monitor, the reconciler, then the sites' and the
+    links' reachability (:func:`packhorse.recovery.site_reachability.track_sites`,
+    :func:`packhorse.recovery.link_reachability.track_links`; ``packhorse monitor`` and the lease
     recovery of ``packhorse run`` both run exactly this).
 
     ``exclude``: operation ids queued in this process right now (not lost dispatches).
@@ -367,4 +369,5 @@ def recovery_cycle(db: Database, settings: Settings, *, exclude: tuple[int, ...]
     report = check_stalled(db, settings)
     report.reset += reconcile(db, settings, exclude=exclude, broker=broker)
     track_sites(db, settings)  # a site cut off: one notification per cut, one when it heals
+    track_links(db, settings)  # a link between sites cut: likewise
     return report

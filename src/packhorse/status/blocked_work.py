@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
-from packhorse.db.models import CircuitBreaker, FailureEvent, LocationOutage, Operation, ScanLease, utcnow
+from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease, utcnow
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
-from packhorse.errors import SshConnectionError
 from packhorse.operations.scan_lease import overdue_scans
+from packhorse.recovery.link_reachability import cut_links
 from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.recovery.site_reachability import source_sites, unreachable_sites
 from packhorse.rules.availability import release_of, root_of, waiting_for
@@ -41,9 +41,6 @@ EXIT_NEEDS_HUMAN = 3
 #: ``run --until-idle`` exit code for work that waits and may resume by itself or on one
 #: command (an open circuit breaker, an unavailable data location).
 EXIT_WAITING = 4
-#: The error type of a cut link between sites (:class:`~packhorse.errors.SshConnectionError`).
-LINK_CUT = SshConnectionError.__name__
-
 
 @dataclass(frozen=True)
 class BlockedItem:
@@ -86,7 +83,7 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     ``AccessDenied``, or ``None`` for a missing root or marker), ``operations_waiting`` (``PENDING`` and ``SCHEDULED`` operations waiting for it:
     :func:`~packhorse.rules.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
     8601 UTC)."""
-    from sqlalchemy import func, select
+    from sqlalchemy import select
 
 
     items = []
@@ -319,59 +316,28 @@ def site_unreachable(session: Session, ctx: "ProcessContext", *, services: list[
 
 def link_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``link_unreachable``: transfers waiting for a cut link between sites, one item per
-    source data location and destination data location: ``PENDING`` or ``SCHEDULED`` operations
-    whose latest failure is a lost SSH connection (:class:`~packhorse.errors.SshConnectionError`,
-    retried for as long as the link stays cut; a retry's failure lives in its failure event).
-    :data:`EXIT_WAITING`: each resumes from its partial by itself once the link is back. Since =
-    the first failure of the cut still going on (the earliest lost connection after any other
-    failure of those operations); detail ``{"source", "destination", "host" (the SSH server as
-    the error named it), "operations": [ids], "message" (the latest)}``. Two aggregate reads,
-    however many retries the cut has cost."""
-    # handed back since for another wait (a location away, space): that wait is listed instead
-    waiting = select(Operation.id).where(Operation.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-                                         Operation.retry_count > 0,
-                                         Operation.error_context["waiting"].as_string().is_(None))
-    latest = (select(func.max(FailureEvent.id)).where(FailureEvent.operation_id.in_(waiting))
-              .group_by(FailureEvent.operation_id))
-    rows = session.execute(select(
-        FailureEvent.operation_id, Operation.source_location_id, Operation.destination_location_id,
-        FailureEvent.error_context["host"].as_string(), FailureEvent.message)
-        .join(Operation, Operation.id == FailureEvent.operation_id)
-        .where(FailureEvent.id.in_(latest), FailureEvent.error_type == LINK_CUT)
-        .order_by(FailureEvent.operation_id)).all()
-    if not rows:
-        return []
-    op_ids = [r[0] for r in rows]
-    # the cut began at the first lost connection after the operation's last other failure
-    other = aliased(FailureEvent)
-    last_other = (select(func.coalesce(func.max(other.id), 0))
-                  .where(other.operation_id == FailureEvent.operation_id, other.error_type != LINK_CUT)
-                  .correlate(FailureEvent).scalar_subquery())
-    began: dict[int, Any] = dict(session.execute(
-        select(FailureEvent.operation_id, func.min(FailureEvent.created_at))
-        .where(FailureEvent.operation_id.in_(op_ids), FailureEvent.error_type == LINK_CUT,
-               FailureEvent.id > last_other)
-        .group_by(FailureEvent.operation_id)).all())
-    routes: dict[tuple[int | None, int | None], list[Any]] = {}
-    for r in rows:
-        routes.setdefault((r[1], r[2]), []).append(r)
-    names = ctx.topology.location_names
+    source data location and destination data location
+    (:func:`packhorse.recovery.link_reachability.cut_links`: the latest failure is a lost SSH
+    connection, retried for as long as the link stays cut). :data:`EXIT_WAITING`: each resumes
+    from its partial by itself once the link is back. Since = the first failure of the cut still
+    going on; detail ``{"source", "destination", "host" (the SSH server as the error named it),
+    "operations": [ids], "message" (the latest)}``."""
     items = []
-    for (src, dst), ops in routes.items():
-        source = names.get(src, f"location {src}") if src is not None else "its source"
-        destination = names.get(dst, f"location {dst}") if dst is not None else "its destination"
-        since = [began[r[0]] for r in ops if r[0] in began]
-        host = ops[-1][3] or source
+    for link in cut_links(session):
+        source = link["source"] or "its source"
+        destination = link["destination"] or "its destination"
+        host = link["host"] or source
+        ops = link["operations"]
         items.append(BlockedItem(
             cause="link_unreachable", subject=f"link {source} → {destination}",
             reason=(f"{len(ops)} transfer(s) from {source} to {destination} cannot reach {host} over SSH (the link "
-                    f"between the sites is cut, or its SSH server is down): {ops[-1][4]}; they try again for as long "
-                    "as it stays cut"),
+                    f"between the sites is cut, or its SSH server is down): {link['message']}; they try again for "
+                    "as long as it stays cut"),
             release=(f"restore the link or the SSH server of {source}'s site; the transfers resume from their "
                      "partials by themselves"),
-            exit_code=EXIT_WAITING, since=min(since).isoformat() if since else None,
-            detail={"source": source, "destination": destination, "host": host,
-                    "operations": [r[0] for r in ops], "message": ops[-1][4]}))
+            exit_code=EXIT_WAITING, since=link["since"].isoformat() if link["since"] else None,
+            detail={"source": source, "destination": destination, "host": host, "operations": ops,
+                    "message": link["message"]}))
     return items
 
 

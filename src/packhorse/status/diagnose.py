@@ -58,11 +58,11 @@ from packhorse.operations.attempts import claim_words, failure_words
 from packhorse.operations.lifecycle import get_operation
 from packhorse.recovery.breakers import breaker_row, get_breaker, jsonable
 from packhorse.recovery.health import DEAD_AFTER_SECONDS, list_services
+from packhorse.recovery.link_reachability import LINK_CUT
 from packhorse.recovery.monitor import lease_holder_gone, provably_gone
 from packhorse.rules.fixity import live_copy_at, parse_repair_key
 from packhorse.runtime.context import ProcessContext
 from packhorse.runtime.topology import bundle_key, raw_package_key
-from packhorse.status.blocked_work import LINK_CUT
 
 #: Error types whose cause is "the bytes to read are gone".
 MISSING_ERRORS = ("SourceMissingError", "FileNotFoundError")

@@ -21,6 +21,10 @@ caller with an API token (``observer`` or ``admin``), who may see failures in th
 ``packhorse_operations_blocked``                gauge      operations that wait on something outside the pipeline, by ``cause``
 ``packhorse_location_unavailable``              gauge      1 while a data location is unavailable (its work waits), by ``location``
 ``packhorse_location_unavailable_seconds``      gauge      how long it has been unavailable (0 when available), by ``location``
+``packhorse_site_unreachable``                  gauge      1 while a site is cut off from the centre (recorded by a monitor), by ``site``
+``packhorse_site_unreachable_seconds``          gauge      how long since its workers' last heartbeat (0 when reachable), by ``site``
+``packhorse_links_unreachable``                 gauge      links between sites cut now (recorded by a monitor)
+``packhorse_link_unreachable_seconds``          gauge      how long a link has been cut, by ``source``, ``destination`` (only links cut now)
 ``packhorse_packages_not_archived``             gauge      raw data packages without every required verified archive copy
 ``packhorse_oldest_not_archived_age_seconds``   gauge      age of the oldest of them (0 when none)
 ``packhorse_quarantined_bytes``                 gauge      bytes in a location's quarantine (latest disk usage sample), by ``location``
@@ -52,11 +56,14 @@ from packhorse.db.models import (
     CircuitBreaker,
     DataLocation,
     FailureEvent,
+    LinkOutage,
     LocationOutage,
     Notification,
     Operation,
     PhysicalCopy,
     RawDataPackage,
+    Site,
+    SiteOutage,
     SourceAudit,
     utcnow,
 )
@@ -145,7 +152,9 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
         "services": [(service, kind, alive)], "clock_offsets": [(service, kind, seconds: database
         clock minus the service host's, for services that recorded one)], "disk": {location: (total, used, free, percent)},
         "blocked": {cause: n}, "locations": [active location names],
-        "unavailable": {location: seconds since the outage began}, "not_archived": n,
+        "unavailable": {location: seconds since the outage began}, "sites": [site names],
+        "sites_unreachable": {site: seconds since its workers' last heartbeat},
+        "links_unreachable": {(source, destination): seconds since the cut began}, "not_archived": n,
         "oldest_not_archived_seconds": s (0 when none), "quarantined": {location: bytes},
         "source_audits": {location: (changed found in all, last pass completed at Unix s or None)}}``.
         ``service`` is the service's identity (kind, site, instance, host; never a PID), so the
@@ -184,6 +193,12 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
                                             .order_by(DataLocation.name)))
     out["unavailable"] = {name: max(0.0, (now - since).total_seconds()) for name, since in session.execute(
         select(DataLocation.name, LocationOutage.since).join(DataLocation, DataLocation.id == LocationOutage.location_id))}
+    # the outages a monitor recorded (and notified): the same cut, once past its grace
+    out["sites"] = list(session.scalars(select(Site.name).order_by(Site.name)))
+    out["sites_unreachable"] = {site: max(0.0, (now - since).total_seconds())
+                                for site, since in session.execute(select(SiteOutage.site, SiteOutage.since))}
+    out["links_unreachable"] = {(src, dst): max(0.0, (now - since).total_seconds()) for src, dst, since in
+                                session.execute(select(LinkOutage.source, LinkOutage.destination, LinkOutage.since))}
     n, oldest = session.execute(select(func.count(), func.min(RawDataPackage.created_at))
                                 .where(RawDataPackage.archived_at.is_(None))).one()
     out["not_archived"] = int(n or 0)
@@ -335,6 +350,26 @@ class DatabaseCollector(Collector):
             us.add_metric([loc], v["unavailable"].get(loc, 0.0))
         yield un
         yield us
+        su = GaugeMetricFamily("packhorse_site_unreachable",
+                               "1 while the site is cut off from the centre (no worker heartbeat; recorded by a "
+                               "monitor), else 0", labels=["site"])
+        ss = GaugeMetricFamily("packhorse_site_unreachable_seconds",
+                               "Seconds since the last heartbeat of the unreachable site's workers (0 when reachable)",
+                               labels=["site"])
+        for site in sorted(set(v["sites"]) | set(v["sites_unreachable"])):
+            su.add_metric([site], 1 if site in v["sites_unreachable"] else 0)
+            ss.add_metric([site], v["sites_unreachable"].get(site, 0.0))
+        yield su
+        yield ss
+        yield GaugeMetricFamily("packhorse_links_unreachable",
+                                "Links between sites cut now: transfers wait on a lost SSH connection (recorded by "
+                                "a monitor)", value=len(v["links_unreachable"]))
+        ls = GaugeMetricFamily("packhorse_link_unreachable_seconds",
+                               "Seconds since the link from the source to the destination data location was cut "
+                               "(only links cut now)", labels=["source", "destination"])
+        for (src, dst), seconds in sorted(v["links_unreachable"].items()):
+            ls.add_metric([src, dst], seconds)
+        yield ls
         yield GaugeMetricFamily("packhorse_packages_not_archived",
                                 "Raw data packages without every required verified archive copy yet",
                                 value=v["not_archived"])
