@@ -27,6 +27,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,15 @@ log = structlog.get_logger(__name__)
 HEARTBEAT_INTERVAL_SECONDS = 30.0
 DEAD_AFTER_SECONDS = 90.0
 FORGET_AFTER_SECONDS = 86400.0
+#: A heartbeat the database took longer than this to take (s) is made again at once: its time
+#: was read before the wait (a link cut in the middle of the write), so the row would say the
+#: service was last seen at a moment long past, and a site cut off would still look cut off
+#: after the link came back (its ``since`` moved by the wait), until the next heartbeat.
+SLOW_BEAT_SECONDS = 2.0
+#: After a failed heartbeat the next is tried this soon (s; never later than the interval), so
+#: a service cut off from the database shows alive again within seconds of the link's return,
+#: not up to a whole interval later.
+RETRY_AFTER_FAILURE_SECONDS = 5.0
 
 #: What an instance name (and a site name inside an identity) may be.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -266,8 +276,13 @@ class HeartbeatThread:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"health-{kind}", daemon=True)
 
-    def beat(self) -> bool:
-        """Record one heartbeat now; ``False`` (logged) if the database refused it."""
+    #: see :data:`SLOW_BEAT_SECONDS` and :data:`RETRY_AFTER_FAILURE_SECONDS` (seconds)
+    slow_beat_seconds = SLOW_BEAT_SECONDS
+    retry_after_failure_seconds = RETRY_AFTER_FAILURE_SECONDS
+
+    def beat(self, *, quiet: bool = False) -> bool:
+        """Record one heartbeat now; ``False`` (logged: an ERROR, or DEBUG when ``quiet``, for a
+        failure that repeats one logged already) if the database refused it."""
         try:
             host = socket.gethostname()
             previous = record_heartbeat(self.db, self.service, kind=self.kind, host=host, pid=os.getpid(),
@@ -284,13 +299,23 @@ class HeartbeatThread:
                           hint="give each service of one kind on one host its own --instance NAME")
             return True
         except Exception as e:  # never let health reporting kill the service
-            log.error("health_heartbeat_failed", service=self.service, error=str(e))
+            (log.debug if quiet else log.error)("health_heartbeat_failed", service=self.service, error=str(e))
             return False
 
     def _run(self) -> None:
+        """Beat every interval; a slow beat is made again at once, a failed one is tried again
+        after :attr:`retry_after_failure_seconds` (one ERROR per run of failures, one INFO
+        ``health_heartbeat_back`` when it ends)."""
+        failing = False
         while True:
-            self.beat()
-            if self._stop.wait(self.interval):
+            started = time.monotonic()
+            ok = self.beat(quiet=failing)
+            if ok and time.monotonic() - started > self.slow_beat_seconds:
+                ok = self.beat(quiet=failing)  # the first one's time is from before the wait
+            if ok and failing:
+                log.info("health_heartbeat_back", service=self.service)
+            failing = not ok
+            if self._stop.wait(self.interval if ok else min(self.interval, self.retry_after_failure_seconds)):
                 return
 
     def start(self) -> "HeartbeatThread":
