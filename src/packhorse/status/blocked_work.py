@@ -42,6 +42,7 @@ EXIT_NEEDS_HUMAN = 3
 #: command (an open circuit breaker, an unavailable data location).
 EXIT_WAITING = 4
 
+
 @dataclass(frozen=True)
 class BlockedItem:
     """One piece of blocked work.
@@ -83,9 +84,6 @@ def location_unavailable(session: Session, ctx: "ProcessContext") -> list[Blocke
     ``AccessDenied``, or ``None`` for a missing root or marker), ``operations_waiting`` (``PENDING`` and ``SCHEDULED`` operations waiting for it:
     :func:`~packhorse.rules.availability.waiting_for`), ``checked_at`` (last seen unavailable, ISO
     8601 UTC)."""
-    from sqlalchemy import select
-
-
     items = []
     for row in session.scalars(select(LocationOutage).order_by(LocationOutage.since)):
         name = ctx.topology.location_names.get(row.location_id)
