@@ -331,9 +331,17 @@ class SshConnectionError(RetryableError):
     the transfer resumes by itself when the link returns. Meanwhile ``packhorse status`` lists
     the link as blocked (cause ``link_unreachable``, since its first failure). A host key or a
     login the server refuses is no cut link (:class:`HostKeyError`,
-    :class:`SshAuthenticationError`: permanent)."""
+    :class:`SshAuthenticationError`: permanent).
+
+    Its ``step`` says whether the link carried data before it failed: :attr:`AFTER_DATA` once a
+    payload byte had arrived since the connections were made (a new cut begins), else
+    :attr:`BEFORE_DATA` (the same cut goes on); ``status`` dates a cut link by it."""
 
     retry_without_limit = True
+    #: ``step`` of a failure after payload bytes had arrived over the connection
+    AFTER_DATA = "transfer"
+    #: ``step`` of a failure before any payload byte arrived since the connections were made
+    BEFORE_DATA = "connect"
 
 
 class StorageServiceError(RetryableError):

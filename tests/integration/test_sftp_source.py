@@ -137,6 +137,7 @@ def test_a_server_that_is_down_is_a_retryable_connection_error(root, tmp_path):
         with pytest.raises(SshConnectionError) as e:
             src.connect()
     assert e.value.is_retryable and "127.0.0.1" in str(e.value)
+    assert e.value.step == SshConnectionError.BEFORE_DATA  # the link carried nothing: the same cut goes on
 
 
 def test_a_cut_mid_read_is_a_retryable_connection_error(sshd, root):
@@ -146,9 +147,10 @@ def test_a_cut_mid_read_is_a_retryable_connection_error(sshd, root):
         with src.open_read("bundles/b.tar", size=size) as f:
             assert f.read(1024 * 1024)
             sshd.cut()
-            with pytest.raises(SshConnectionError):
+            with pytest.raises(SshConnectionError) as e:
                 while f.read(1024 * 1024):
                     pass
+    assert e.value.step == SshConnectionError.AFTER_DATA  # the link worked before it: a new cut begins
 
 
 def test_a_missing_remote_root_or_marker_is_an_unavailable_location(sshd, root):

@@ -11,8 +11,11 @@ seconds until everything is archived again are measured from the moment the link
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from testbed import SITES, TestBed, archived_files, bed_for_test
@@ -24,7 +27,8 @@ DESTINATIONS = ["cologne", "cornell"]
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    b = bed_for_test(tmp_path_factory.mktemp("bed"), rate_mbit=200)
+    # a site or link is news after 12 s (90 s by default), so the cuts below are notified
+    b = bed_for_test(tmp_path_factory.mktemp("bed"), rate_mbit=200, config_extra={"service_dead_after_seconds": 12})
     try:
         yield b
     finally:
@@ -76,6 +80,25 @@ def wait_archived(bed: TestBed, expected: dict[str, str], timeout: float) -> flo
     raise AssertionError(f"not archived within {timeout} s; status: {bed.status()}\n{logs}")
 
 
+def notifications(bed: TestBed, *events: str) -> list[tuple[str, str, str]]:
+    """``(level, event, subject)`` of the bed's queued notifications of ``events``, oldest first
+    (as ``packhorse notifications --json`` from the centre lists them)."""
+    r = bed.cli("central", "notifications", "--json", "-c", str(bed.config), timeout=60)
+    rows = json.loads(r.stdout)
+    return [(n["level"], n["event"], n["subject"]) for n in sorted(rows, key=lambda n: n["id"]) if n["event"] in events]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    """Poll ``check`` every second until it returns something true (fails after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got or time.monotonic() > deadline:
+            assert got, f"{what}: not within {timeout} s"
+            return got
+        time.sleep(1)
+
+
 def snapshot(bed: TestBed) -> dict[str, dict[str, tuple[int, int]]]:
     return {site: archive_objects(bed, site) for site in DESTINATIONS}
 
@@ -98,6 +121,11 @@ def test_sites_that_share_no_file_system_archive_a_tree_and_heal_a_source_site_c
     healed = wait_archived(bed, expected, 240)
     assert tally(bed, expected, before) == dict(lost=0, duplicated=0, corrupt=0, overwritten=0)
     print(f"source site cut off 30 s: everything archived {healed:.0f} s after the link came back")
+    # the operators heard once of the cut and once of its end, however many operations waited
+    site_notes = ["site_unreachable", "site_reachable"]
+    wait_for("site_reachable", lambda: len(notifications(bed, *site_notes)) >= 2, 60)
+    assert notifications(bed, *site_notes) == [("WARNING", "site_unreachable", "Site fyst unreachable"),
+                                               ("INFO", "site_reachable", "Site fyst reachable again")]
 
     # the central database restarted while a destination site is cut off
     before = snapshot(bed)
@@ -128,11 +156,18 @@ def test_a_transfer_cut_mid_stream_and_a_flapping_link_lose_nothing(bed: TestBed
         links = [str(b["subject"]) for b in bed.status().get("blocked", []) if b["cause"] == "link_unreachable"]
     assert "link fyst-buffer → cologne-buffer" in links, bed.status()
     assert all(link.startswith("link fyst-buffer → ") for link in links), links  # only the cut path
-    time.sleep(max(0.0, 8 - (time.monotonic() - cut)))
+    # one notification for the cut link once it is news (12 s on this bed), however many transfers wait
+    link_notes = ["link_unreachable", "link_reachable"]
+    wait_for("link_unreachable", lambda: notifications(bed, *link_notes), 90)
     bed.heal_ssh("fyst")
     healed = wait_archived(bed, expected, 300)
     assert tally(bed, expected, before) == dict(lost=0, duplicated=0, corrupt=0, overwritten=0)
     assert not [b for b in bed.status().get("blocked", []) if b["cause"] == "link_unreachable"]
+    # and one when it is back
+    wait_for("link_reachable", lambda: len(notifications(bed, *link_notes)) >= 2, 60)
+    assert notifications(bed, *link_notes) == [
+        ("WARNING", "link_unreachable", "Link fyst-buffer -> cologne-buffer cut"),
+        ("INFO", "link_reachable", "Link fyst-buffer -> cologne-buffer back")]
     print(f"SSH to the source cut mid-transfer for {time.monotonic() - cut - healed:.0f} s: archived {healed:.0f} s "
           "after it came back")
 

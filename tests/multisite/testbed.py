@@ -98,8 +98,11 @@ class TestBed:
 
     def __init__(self, root: Path, *, rate_mbit: float | None = None, delay_ms: float = 0.0,
                  ssh_streams: int = 4, clock_ahead: dict[str, float] | None = None,
-                 settle_seconds: float = 0.0, worker_processes: int = 2) -> None:
+                 settle_seconds: float = 0.0, worker_processes: int = 2,
+                 config_extra: dict[str, Any] | None = None) -> None:
         self.root = root.resolve()
+        #: options of :meth:`write_config` the bed's configuration is written with at ``up``
+        self.config_extra = dict(config_extra or {})
         #: pool processes of each site's worker (``--concurrency``; two, to spare the shared cores)
         self.worker_processes = worker_processes
         #: site → seconds its packhorse processes' clock runs ahead of the centre's (the
@@ -312,6 +315,7 @@ heartbeat_interval_seconds = {extra.get("heartbeat_interval_seconds", 2)}
 # health heartbeats well inside a lease, as the defaults have them (30 + 60 ≤ 300 s): the
 # monitor can then tell a site cut off from a worker that died (docs/recovery.md)
 service_heartbeat_interval_seconds = {extra.get("service_heartbeat_interval_seconds", 5)}
+service_dead_after_seconds = {extra.get("service_dead_after_seconds", 90)}
 monitor_interval_seconds = 1
 max_retries = 50
 retry_backoff_base_seconds = 0.5
@@ -465,7 +469,7 @@ streams = {self.ssh_streams}
             self._postgres_up()
             self._redis_up()
             self._sshd_up()
-            self.write_config()
+            self.write_config(**self.config_extra)
             if packhorse:
                 self.start_packhorse()
         except BaseException:

@@ -194,3 +194,59 @@ def test_a_cut_link_is_notified_once_after_its_grace_and_once_when_a_transfer_mo
     assert db.read(lambda s: s.scalars(select(LinkOutage)).all()) == []
     assert db.read(collect_values)["links_unreachable"] == {}
     db.dispose()
+
+
+def test_a_flapping_link_begins_a_new_cut_at_each_drop_and_is_news_only_if_one_drop_lasts(
+        tmp_path: Path, database_url: None) -> None:
+    """A transfer whose connection carried bytes before it failed (``step`` = after data) begins
+    a new cut: ``since`` moves to it, and a link that drops for a few seconds at a time is never
+    notified (a trial of the design without this saw one pair of notifications per drop once the
+    first drop was older than the grace)."""
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ids = ctx.topology.location_ids
+    op_id = db.transact(lambda s: create_operation(
+        s, kind=OperationKind.TRANSFER, dedup_key="transfer:b1:cologne", site_id=ctx.topology.site_ids["cologne"],
+        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
+
+    def fail(step: str) -> int:
+        c = claim(db, op_id, "cologne-worker", 30)
+        assert c is not None
+        record_failure(db, c, SshConnectionError("data location fyst-buffer: cut", host="10.201.0.1", step=step),
+                       backoff_base=0, backoff_max=0)
+        return db.read(lambda s: s.scalar(select(FailureEvent.id).order_by(FailureEvent.id.desc()).limit(1)))
+
+    def since() -> str:
+        [link] = db.read(cut_links)
+        return link["since"].isoformat()
+
+    def created(event_id: int) -> str:
+        return db.read(lambda s: s.get(FailureEvent, event_id).created_at.isoformat())
+
+    first = fail(SshConnectionError.BEFORE_DATA)
+    fail(SshConnectionError.BEFORE_DATA)
+    assert since() == created(first)  # one cut: nothing moved since it began
+
+    def earlier(s: Any) -> None:  # ... long enough ago to be news
+        for event in s.scalars(select(FailureEvent)):
+            event.created_at -= dt.timedelta(seconds=settings.recovery.service_dead_after_seconds + 5)
+
+    db.transact(earlier)
+    assert track_links(db, settings)[0] == ["fyst-buffer → cologne-buffer"]
+    # the link came back (bytes moved) and dropped again: a new cut, dated from this drop
+    dropped = fail(SshConnectionError.AFTER_DATA)
+    fail(SshConnectionError.BEFORE_DATA)
+    assert since() == created(dropped)
+    # the old cut's record ends and the new drop is not news yet: no second WARNING
+    c = claim(db, op_id, "cologne-worker", 30)
+    assert c is not None and heartbeat(db, c, 30, bytes_done=4096)
+    assert track_links(db, settings) == ([], ["fyst-buffer → cologne-buffer"])
+    record_failure(db, c, SshConnectionError("cut", host="10.201.0.1", step=SshConnectionError.AFTER_DATA),
+                   backoff_base=0, backoff_max=0)
+    assert track_links(db, settings) == ([], [])
+    events = db.read(lambda s: [n.event for n in s.scalars(select(Notification).order_by(Notification.id))])
+    assert events == ["link_unreachable", "link_reachable"]
+    db.dispose()
+

@@ -8,8 +8,10 @@ A link — a source data location and a destination data location that pulls fro
 its retry backoff), or ``IN_PROGRESS`` without a byte moved yet (a retry connecting), its latest
 failure is a lost SSH connection (:data:`LINK_CUT`), and it has not been handed back since for
 another wait (a location away, space). ``since`` is the first lost connection of the cut still
-going on: the earliest one after any other failure of that transfer. The link counts as back as
-soon as a transfer over it reports a byte moved (its heartbeat) or has no such wait any more.
+going on: the earliest one after any other failure of that transfer and after its last
+connection that carried bytes (:data:`LINK_WORKED`), so a link that flaps starts a new cut each
+time it drops, and is news only if one drop lasts the grace. The link counts as back as soon as
+a transfer over it reports a byte moved (its heartbeat) or has no such wait any more.
 
 :func:`cut_links` computes it (read-only: ``status``, the dashboard, the monitor's passes);
 :func:`track_links`, run by every recovery pass (``packhorse monitor``, ``packhorse run``), records
@@ -40,6 +42,10 @@ log = structlog.get_logger(__name__)
 
 #: The ``error_type`` of a failure event for a lost SSH connection to another site's data location.
 LINK_CUT = SshConnectionError.__name__
+#: The ``step`` of such a failure when payload bytes had arrived over the connection before it
+#: failed (:class:`packhorse.storage.sftp.SftpSource`): the link worked, the failure begins a new
+#: cut; otherwise it has carried nothing since the last failure, and the same cut goes on.
+LINK_WORKED = SshConnectionError.AFTER_DATA
 
 
 def cut_links(session: Session) -> list[dict[str, Any]]:
@@ -72,15 +78,20 @@ def cut_links(session: Session) -> list[dict[str, Any]]:
         .order_by(FailureEvent.operation_id)).all()
     if not rows:
         return []
-    # the cut began at the first lost connection after the operation's last other failure
-    other = aliased(FailureEvent)
+    # the cut began at the first lost connection after the operation's last other failure, or
+    # at its last lost connection that came after bytes had moved (the link worked before it)
+    other, moved = aliased(FailureEvent), aliased(FailureEvent)
     last_other = (select(func.coalesce(func.max(other.id), 0))
                   .where(other.operation_id == FailureEvent.operation_id, other.error_type != LINK_CUT)
+                  .correlate(FailureEvent).scalar_subquery())
+    last_moved = (select(func.coalesce(func.max(moved.id), 0))
+                  .where(moved.operation_id == FailureEvent.operation_id, moved.error_type == LINK_CUT,
+                         moved.error_context["step"].as_string() == LINK_WORKED)
                   .correlate(FailureEvent).scalar_subquery())
     began: dict[int, dt.datetime] = dict(session.execute(  # type: ignore[arg-type]
         select(FailureEvent.operation_id, func.min(FailureEvent.created_at))
         .where(FailureEvent.operation_id.in_([r[0] for r in rows]), FailureEvent.error_type == LINK_CUT,
-               FailureEvent.id > last_other)
+               FailureEvent.id > last_other, FailureEvent.id >= last_moved)
         .group_by(FailureEvent.operation_id)).all())
     links: dict[tuple[str | None, str | None], list[Any]] = {}
     for r in rows:

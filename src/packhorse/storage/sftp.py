@@ -309,6 +309,10 @@ class SftpSource:
         self._known_hosts: tuple[Any, str | None] | None = None
         self._aborted: BaseException | None = None  # abort_range_reads(), from any thread
         self._range_read: Any = None  # the concurrent future of the read_range under way
+        #: a payload byte arrived since the last :meth:`connect`: the link carried data, so a cut
+        #: now is a new cut (its failure's ``step`` is ``"transfer"``, before that ``"connect"``;
+        #: :mod:`packhorse.recovery.link_reachability` dates a cut link by it)
+        self._moved = False
 
     # -- the event loop ------------------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -323,11 +327,15 @@ class SftpSource:
             raise
 
     def _cut(self, why: str) -> SshConnectionError:
+        """The error of a link that failed: ``step`` ``"transfer"`` once a payload byte had
+        arrived since :meth:`connect` (the link worked, this is a new cut), else ``"connect"``
+        (it has not carried data since the last failure: the same cut goes on)."""
         self._broken = True  # the connections are closed at the end, never kept
         e = self.endpoint
         return SshConnectionError(
             f"data location {e.location}: the SSH connection to {e.where} failed or was cut: {why}",
-            step="transfer", side="source", host=e.host,
+            step=SshConnectionError.AFTER_DATA if self._moved else SshConnectionError.BEFORE_DATA,
+            side="source", host=e.host,
             diagnosis=f"the link to {e.host} port {e.port} is down or the SSH server there stopped; the transfer "
                       "resumes from its partial by itself once it answers again")
 
@@ -506,6 +514,7 @@ class SftpSource:
             LocationUnavailableError: the remote root or its identity marker is missing.
         """
         fresh = not self._conns
+        self._moved = False
         probed, root_attrs = False, None
         self._known_hosts = None  # read again, once, for the kept connections' trust and the new logins alike
         if fresh:
@@ -651,9 +660,11 @@ class SftpSource:
 
     async def _read_at(self, f: Any, key: str, offset: int, length: int) -> bytes:
         try:
-            return bytes(await f.read(length, offset))
+            data = bytes(await f.read(length, offset))
         except (OSError, self._ssh.Error) as exc:
             raise self._cut(f"reading {self._path(key)}: {type(exc).__name__}: {exc}") from None
+        self._moved = self._moved or bool(data)
+        return data
 
     async def _read(self, sftp: Any, key: str, offset: int, length: int) -> bytes:
         f = await self._open(sftp, key)
