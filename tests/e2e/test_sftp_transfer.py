@@ -224,3 +224,40 @@ def test_a_worker_that_loses_the_database_mid_transfer_keeps_its_partial_for_the
     assert mine and mine[-1]["taken_over_bytes"] > 0 and mine[-1]["kept_bytes"] > 0, records  # resumed, not resent
     assert _payload_sha(p.root / "sites/cologne/archive", "inst/obs0/frame.fits") == hashlib.sha256(payload).hexdigest()
     assert not _partials(p.root / "sites")
+
+
+def test_run_until_idle_ends_with_exit_4_on_a_link_cut_past_its_grace_and_the_next_run_resumes(
+        pipeline, sshd, tmp_path):
+    """The source site's SSH server away for longer than the grace (``service_dead_after_seconds``,
+    2 s here): the transfer is retried without limit, so ``run --until-idle`` used to wait for
+    as long as the link stayed cut. It now ends with exit 4 once the cut link is recorded
+    (notified, listed by ``status``), and the next run, with the link back, archives the bundle."""
+    p, _ = sftp_pipeline(pipeline, sshd, tmp_path, retry_backoff_base_seconds=0.2, retry_backoff_max_seconds=0.5,
+                         extra="service_dead_after_seconds = 2")
+    p.config.write_text(p.config.read_text().replace('destination_sites = ["cologne", "cornell"]',
+                                                     'destination_sites = ["cologne"]'))
+    payload = os.urandom(512 * 1024)
+    write(p.source, "inst/obs0/frame.fits", payload)
+    p.init()
+    sshd.cut()  # the link to fyst is down before the first transfer
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "packhorse", "run", "-c", str(p.config), "--until-idle", "--quiet"],
+                         cwd=p.root, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert time.monotonic() - started < 90
+    assert "blocked: link fyst-buffer → cologne-buffer" in run.stderr, run.stderr[-3000:]
+    [link] = [b for b in p.status()["blocked"] if b["cause"] == "link_unreachable"]
+    assert link["detail"]["source"] == "fyst-buffer" and link["since"]
+    with sqlite3.connect(p.root / "packhorse.db") as db:
+        assert db.execute("SELECT status FROM operations WHERE kind = 'transfer'").fetchall() == [("PENDING",)]
+        notes = db.execute("SELECT level, event FROM notification_outbox WHERE event LIKE 'link%' ORDER BY id").fetchall()
+    assert notes == [("WARNING", "link_unreachable")]
+
+    sshd.start()  # the link is back: the next run resumes
+    p.run()
+    assert _payload_sha(p.root / "sites/cologne/archive", "inst/obs0/frame.fits") == hashlib.sha256(payload).hexdigest()
+    assert not [b for b in p.status()["blocked"] if b["cause"] == "link_unreachable"]
+    with sqlite3.connect(p.root / "packhorse.db") as db:
+        notes = db.execute("SELECT level, event FROM notification_outbox WHERE event LIKE 'link%' ORDER BY id").fetchall()
+    assert notes == [("WARNING", "link_unreachable"), ("INFO", "link_reachable")]

@@ -26,8 +26,9 @@ worker.
 ``until_idle``: the loop keeps going while work can become runnable by itself (a retry
 backoff, an expiring lease, files settling, a partial bundle — shipped at once when nothing
 else is pending) and stops when the only work left waits on a retention period, a human (a
-FAILED operation) or the cool-down of an open circuit breaker (the next run lets one attempt
-through once it passed).
+FAILED operation), the cool-down of an open circuit breaker (the next run lets one attempt
+through once it passed), an unavailable or full data location, or a link between sites recorded
+cut (:func:`~packhorse.recovery.link_reachability.waiting_for_cut_link`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from packhorse.managers.scan import ScanCache, ScanResult, scan_all
 from packhorse.operations.batching import DELETION_BATCH, group_tasks, small_operations
 from packhorse.operations.identity import runner_worker_identity, worker_identity
 from packhorse.operations.scan_lease import scan_rest_seconds
+from packhorse.recovery.link_reachability import waiting_for_cut_link
 from packhorse.recovery.loop import ErrorCounter
 from packhorse.rules.availability import waiting_for
 from packhorse.rules.space import look_for_space_again, waiting_for_space
@@ -491,14 +493,16 @@ class LocalRunner:
         rule = select(Operation.id).where(waiting_on_rule())
 
         def tx(s: Session) -> tuple[int, float | None]:
+            now = utcnow()
+            # likewise a transfer in its backoff over a link between sites recorded cut (past its grace)
+            cut = waiting_for_cut_link(now)
             n = s.scalar(select(func.count()).select_from(Operation).where(
                 Operation.status.in_([x.value for x in ACTIVE_STATUSES]), Operation.id.not_in(blocked),
-                Operation.id.not_in(waiting), Operation.id.not_in(rule))) or 0
+                Operation.id.not_in(waiting), Operation.id.not_in(cut), Operation.id.not_in(rule))) or 0
             if n:
                 n += s.scalar(select(func.count()).select_from(Operation).where(Operation.id.in_(rule))) or 0
-            now = utcnow()
             nb = s.scalar(select(func.min(Operation.not_before)).where(
-                Operation.status == Status.PENDING.value, Operation.not_before > now))
+                Operation.status == Status.PENDING.value, Operation.not_before > now, Operation.id.not_in(cut)))
             le = s.scalar(select(func.min(Operation.lease_expires_at)).where(
                 Operation.status == Status.IN_PROGRESS.value, Operation.id.not_in(blocked)))
             soon = [t for t in (nb, le) if t is not None]

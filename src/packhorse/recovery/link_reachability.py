@@ -28,7 +28,7 @@ import datetime as dt
 from typing import Any
 
 import structlog
-from sqlalchemy import delete, func, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.orm import Session, aliased
 
 from packhorse.config import Settings
@@ -103,6 +103,21 @@ def cut_links(session: Session) -> list[dict[str, Any]]:
                     "since": min(since) if since else None, "operations": [r[0] for r in ops],
                     "message": ops[-1][4]})
     return out
+
+
+def waiting_for_cut_link(now: dt.datetime) -> Select[tuple[int]]:
+    """The ids of the transfers in their retry backoff at ``now`` (UTC: ``PENDING``, not due
+    yet) over a link recorded cut (a ``link_outages`` row: cut for longer than the grace,
+    notified): work that waits on the world outside, as work for an unavailable data location
+    does. ``run --until-idle`` does not wait for it (it exits 4, ``status`` lists the link; the
+    next run tries it again at once, as it is due by then), while a link cut more briefly is
+    waited for like any retry backoff."""
+    src, dst = aliased(DataLocation), aliased(DataLocation)
+    return (select(Operation.id)
+            .join(src, src.id == Operation.source_location_id)
+            .join(dst, dst.id == Operation.destination_location_id)
+            .join(LinkOutage, (LinkOutage.source == src.name) & (LinkOutage.destination == dst.name))
+            .where(Operation.status == Status.PENDING.value, Operation.not_before > now))
 
 
 def track_links(db: Database, settings: Settings) -> tuple[list[str], list[str]]:
