@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from packhorse.config import load_config
-from packhorse.db.models import FailureEvent, LinkOutage, Notification, Operation
+from packhorse.db.models import FailureEvent, LinkOutage, Notification, Operation, SiteOutage, utcnow
 from packhorse.db.session import Database
 from packhorse.domain import OperationKind, Status
 from packhorse.engine.outcome import record_failure
@@ -250,3 +250,52 @@ def test_a_flapping_link_begins_a_new_cut_at_each_drop_and_is_news_only_if_one_d
     assert events == ["link_unreachable", "link_reachable"]
     db.dispose()
 
+
+
+def test_the_links_of_a_site_cut_off_from_the_centre_are_not_told_again(tmp_path: Path, database_url: None) -> None:
+    """A trial cut a whole site off: one ``site_unreachable`` and, 60 s later, a
+    ``link_unreachable`` for each of its links (the destinations' transfers from it fail on SSH
+    too), and as many INFO ones at the heal. The site's line is the one: its links are not listed
+    nor notified while it is recorded cut off, and a link recorded cut before is not taken for
+    back meanwhile."""
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    ids = ctx.topology.location_ids
+    ops = {dst: db.transact(lambda s, dst=dst: create_operation(
+        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:b1:{dst}", site_id=ctx.topology.site_ids[dst],
+        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids[f"{dst}-buffer"])).id
+        for dst in ("cologne", "cornell")}
+    cut = SshConnectionError("data location fyst-buffer: cut", host="10.201.0.1")
+    c = claim(db, ops["cologne"], "cologne-worker", 30)
+    assert c is not None
+    record_failure(db, c, cut, backoff_base=0, backoff_max=0)
+    grace = settings.recovery.service_dead_after_seconds
+
+    def earlier(s: Any) -> None:
+        for event in s.scalars(select(FailureEvent)):
+            event.created_at -= dt.timedelta(seconds=grace + 5)
+
+    db.transact(earlier)
+    assert track_links(db, settings)[0] == ["fyst-buffer → cologne-buffer"]  # the SSH path alone, first
+
+    # then the whole of fyst is cut off from the centre, and recorded so (its workers' heartbeats stopped)
+    db.transact(lambda s: s.add(SiteOutage(site="fyst", since=utcnow(), noticed_at=utcnow())))
+    c = claim(db, ops["cornell"], "cornell-worker", 30)
+    assert c is not None
+    record_failure(db, c, cut, backoff_base=0, backoff_max=0)
+    db.transact(earlier)
+    assert db.read(cut_links) == []  # the site's line is the one
+    assert [i.cause for i in db.read(lambda s: blocked_items(s, ctx)) if i.cause == "link_unreachable"] == []
+    assert db.read(collect_values)["links_unreachable"] == {}
+    assert track_links(db, settings) == ([], [])  # cornell's link not told, cologne's not taken for back
+    assert db.read(lambda s: [(o.source, o.destination) for o in s.scalars(select(LinkOutage))]) == [
+        ("fyst-buffer", "cologne-buffer")]
+
+    # fyst is back, its SSH path still cut: both links are the news now, each once
+    db.transact(lambda s: s.execute(delete(SiteOutage)))
+    assert track_links(db, settings) == (["fyst-buffer → cornell-buffer"], [])
+    events = db.read(lambda s: [n.subject for n in s.scalars(select(Notification).order_by(Notification.id))])
+    assert events == ["Link fyst-buffer -> cologne-buffer cut", "Link fyst-buffer -> cornell-buffer cut"]
+    db.dispose()

@@ -11,7 +11,10 @@ another wait (a location away, space). ``since`` is the first lost connection of
 going on: the earliest one after any other failure of that transfer and after its last
 connection that carried bytes (:data:`LINK_WORKED`), so a link that flaps starts a new cut each
 time it drops, and is news only if one drop lasts the grace. The link counts as back as soon as
-a transfer over it reports a byte moved (its heartbeat) or has no such wait any more.
+a transfer over it reports a byte moved (its heartbeat) or has no such wait any more. A link
+with a site at either end recorded cut off from the centre (``site_outages``,
+:mod:`packhorse.recovery.site_reachability`) is not listed: that cut is the site's, told once
+as such (a trial cutting a whole site off got one site notification and two link ones).
 
 :func:`cut_links` computes it (read-only: ``status``, the dashboard, the monitor's passes);
 :func:`track_links`, run by every recovery pass (``packhorse monitor``, ``packhorse run``), records
@@ -28,11 +31,11 @@ import datetime as dt
 from typing import Any
 
 import structlog
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import Select, delete, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from packhorse.config import Settings
-from packhorse.db.models import DataLocation, FailureEvent, LinkOutage, Operation, utcnow
+from packhorse.db.models import DataLocation, FailureEvent, LinkOutage, Operation, Site, SiteOutage, utcnow
 from packhorse.db.session import Database, insert_if_absent
 from packhorse.domain import NotificationLevel, Status
 from packhorse.errors import SshConnectionError
@@ -68,13 +71,18 @@ def cut_links(session: Session) -> list[dict[str, Any]]:
     latest = (select(func.max(FailureEvent.id)).where(FailureEvent.operation_id.in_(waiting))
               .group_by(FailureEvent.operation_id))
     src, dst = aliased(DataLocation), aliased(DataLocation)
+    # a site recorded cut off from the centre is its own line and notification: its links are not
+    # listed again (the destination's transfers from a source site cut off fail on SSH too)
+    cut_off = select(Site.id).join(SiteOutage, SiteOutage.site == Site.name)
     rows = session.execute(select(
         FailureEvent.operation_id, src.name, dst.name, FailureEvent.error_context["host"].as_string(),
         FailureEvent.message)
         .join(Operation, Operation.id == FailureEvent.operation_id)
         .outerjoin(src, src.id == Operation.source_location_id)
         .outerjoin(dst, dst.id == Operation.destination_location_id)
-        .where(FailureEvent.id.in_(latest), FailureEvent.error_type == LINK_CUT)
+        .where(FailureEvent.id.in_(latest), FailureEvent.error_type == LINK_CUT,
+               or_(src.site_id.is_(None), src.site_id.not_in(cut_off)),
+               or_(dst.site_id.is_(None), dst.site_id.not_in(cut_off)))
         .order_by(FailureEvent.operation_id)).all()
     if not rows:
         return []
@@ -135,6 +143,10 @@ def track_links(db: Database, settings: Settings) -> tuple[list[str], list[str]]
         links = {(c["source"], c["destination"]): c for c in cut_links(s)
                  if c["source"] is not None and c["destination"] is not None}
         recorded = {(o.source, o.destination): o for o in s.scalars(select(LinkOutage))}
+        # locations at a site cut off from the centre: their links are not listed meanwhile, which
+        # does not mean a link recorded cut before is back
+        cut_off = set(s.scalars(select(DataLocation.name).join(Site, Site.id == DataLocation.site_id)
+                                .join(SiteOutage, SiteOutage.site == Site.name))) if recorded else set()
         cut: list[str] = []
         healed: list[str] = []
         for (source, destination), c in links.items():
@@ -158,7 +170,7 @@ def track_links(db: Database, settings: Settings) -> tuple[list[str], list[str]]
                              "since": c["since"].isoformat(), "operations": c["operations"]},
                     cooldown_seconds=0, now=now, key=f"link_unreachable:{source}:{destination}:{c['since'].isoformat()}")
         for (source, destination), o in recorded.items():
-            if (source, destination) in links:
+            if (source, destination) in links or source in cut_off or destination in cut_off:
                 continue
             if s.execute(delete(LinkOutage).where(LinkOutage.source == source, LinkOutage.destination == destination,
                                                   LinkOutage.since == o.since)).rowcount != 1:

@@ -21,9 +21,9 @@ caller with an API token (``observer`` or ``admin``), who may see failures in th
 ``packhorse_operations_blocked``                gauge      operations that wait on something outside the pipeline, by ``cause``
 ``packhorse_location_unavailable``              gauge      1 while a data location is unavailable (its work waits), by ``location``
 ``packhorse_location_unavailable_seconds``      gauge      how long it has been unavailable (0 when available), by ``location``
-``packhorse_site_unreachable``                  gauge      1 while a site is cut off from the centre (recorded by a monitor), by ``site``
+``packhorse_site_unreachable``                  gauge      1 while a site is cut off from the centre (as ``status`` lists it), by ``site``
 ``packhorse_site_unreachable_seconds``          gauge      how long since its workers' last heartbeat (0 when reachable), by ``site``
-``packhorse_links_unreachable``                 gauge      links between sites cut now (recorded by a monitor)
+``packhorse_links_unreachable``                 gauge      links between sites cut now (as ``status`` lists them)
 ``packhorse_link_unreachable_seconds``          gauge      how long a link has been cut, by ``source``, ``destination`` (only links cut now)
 ``packhorse_packages_not_archived``             gauge      raw data packages without every required verified archive copy
 ``packhorse_oldest_not_archived_age_seconds``   gauge      age of the oldest of them (0 when none)
@@ -56,14 +56,12 @@ from packhorse.db.models import (
     CircuitBreaker,
     DataLocation,
     FailureEvent,
-    LinkOutage,
     LocationOutage,
     Notification,
     Operation,
     PhysicalCopy,
     RawDataPackage,
     Site,
-    SiteOutage,
     SourceAudit,
     utcnow,
 )
@@ -77,7 +75,9 @@ from packhorse.domain import (
     Status,
 )
 from packhorse.recovery.health import list_services
+from packhorse.recovery.link_reachability import cut_links
 from packhorse.recovery.reconciler import dispatch_given_up
+from packhorse.recovery.site_reachability import unreachable_sites
 from packhorse.rules.availability import waiting_for
 from packhorse.rules.disk_usage import latest_usage
 from packhorse.rules.space import waiting_for_space
@@ -193,12 +193,15 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
                                             .order_by(DataLocation.name)))
     out["unavailable"] = {name: max(0.0, (now - since).total_seconds()) for name, since in session.execute(
         select(DataLocation.name, LocationOutage.since).join(DataLocation, DataLocation.id == LocationOutage.location_id))}
-    # the outages a monitor recorded (and notified): the same cut, once past its grace
+    # sites and links cut off as `status` lists them (the same readers), from the first moment
+    rows = list_services(session, now, dead_after_seconds=dead_after_seconds, forget_after_seconds=forget_after_seconds)
     out["sites"] = list(session.scalars(select(Site.name).order_by(Site.name)))
-    out["sites_unreachable"] = {site: max(0.0, (now - since).total_seconds())
-                                for site, since in session.execute(select(SiteOutage.site, SiteOutage.since))}
-    out["links_unreachable"] = {(src, dst): max(0.0, (now - since).total_seconds()) for src, dst, since in
-                                session.execute(select(LinkOutage.source, LinkOutage.destination, LinkOutage.since))}
+    out["sites_unreachable"] = {u["site"]: float(u["seconds"]) for u in unreachable_sites(
+        session, dead_after_seconds=dead_after_seconds, forget_after_seconds=forget_after_seconds, now=now,
+        services=rows)}
+    out["links_unreachable"] = {(c["source"], c["destination"]): max(0.0, (now - c["since"]).total_seconds())
+                                for c in cut_links(session)
+                                if c["source"] is not None and c["destination"] is not None and c["since"] is not None}
     n, oldest = session.execute(select(func.count(), func.min(RawDataPackage.created_at))
                                 .where(RawDataPackage.archived_at.is_(None))).one()
     out["not_archived"] = int(n or 0)
@@ -226,7 +229,6 @@ def collect_values(session: Session, dead_after_seconds: float = 90.0,
     out["source_audits"] = {a.location: (int(a.changed_total), a.completed_at.timestamp() if a.completed_at else None)
                             for a in session.scalars(select(SourceAudit))}
 
-    rows = list_services(session, now, dead_after_seconds=dead_after_seconds, forget_after_seconds=forget_after_seconds)
     out["services"] = [(r["service"], r["kind"], r["alive"]) for r in rows]
     out["clock_offsets"] = [(r["service"], r["kind"], r["clock_offset_seconds"]) for r in rows
                             if r["clock_offset_seconds"] is not None]
@@ -351,8 +353,8 @@ class DatabaseCollector(Collector):
         yield un
         yield us
         su = GaugeMetricFamily("packhorse_site_unreachable",
-                               "1 while the site is cut off from the centre (no worker heartbeat; recorded by a "
-                               "monitor), else 0", labels=["site"])
+                               "1 while the site is cut off from the centre (no worker heartbeat for "
+                               "service_dead_after_seconds), else 0", labels=["site"])
         ss = GaugeMetricFamily("packhorse_site_unreachable_seconds",
                                "Seconds since the last heartbeat of the unreachable site's workers (0 when reachable)",
                                labels=["site"])
@@ -362,8 +364,7 @@ class DatabaseCollector(Collector):
         yield su
         yield ss
         yield GaugeMetricFamily("packhorse_links_unreachable",
-                                "Links between sites cut now: transfers wait on a lost SSH connection (recorded by "
-                                "a monitor)", value=len(v["links_unreachable"]))
+                                "Links between sites cut now: transfers wait on a lost SSH connection", value=len(v["links_unreachable"]))
         ls = GaugeMetricFamily("packhorse_link_unreachable_seconds",
                                "Seconds since the link from the source to the destination data location was cut "
                                "(only links cut now)", labels=["source", "destination"])
