@@ -40,7 +40,10 @@ def test_a_site_cut_off_is_listed_notified_once_and_once_more_when_it_heals(site
             ServiceHeartbeat(service=f"worker:cologne:{i}@dc1-{i}", kind="worker", host=f"dc1-{i}", pid=100 + i,
                              site="cologne", instance=str(i), started_at=cut_at, last_seen=cut_at) for i in (1, 2)]
             + [ServiceHeartbeat(service="worker:cornell@dc2", kind="worker", host="dc2", pid=7, site="cornell",
-                                started_at=now, last_seen=now)]))
+                                started_at=now, last_seen=now)]
+            # the centre's manager and monitor, alive (a cluster without them is a problem of its own)
+            + [ServiceHeartbeat(service=f"{kind}@central", kind=kind, host="central", pid=8, started_at=now,
+                                last_seen=now) for kind in ("manager", "monitor")]))
 
         for _ in range(2):  # two passes (or two monitors): one notification
             once = run_packhorse("monitor", "--once", "-c", str(config), cwd=config.parent)

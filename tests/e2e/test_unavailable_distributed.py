@@ -27,7 +27,7 @@ def test_an_archive_root_away_in_distributed_mode_waits_and_resumes(site_config,
     try:
         cluster.init()
         os.rename(archive, away)  # the cologne archive disk is not mounted when work arrives
-        cluster.start_all()
+        cluster.start_all(monitor=True)  # as deployed: `status` lists a cluster without one (service_missing)
 
         def waiting() -> dict | None:
             st = cluster.status()

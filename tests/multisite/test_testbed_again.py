@@ -5,10 +5,15 @@ its failure path, and left none running."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from testbed import CENTRAL_ADDRESS, TestBed, namespaces_work
+
+TESTBED = Path(__file__).with_name("testbed.py")
 
 pytestmark = [pytest.mark.multisite, pytest.mark.timeout(300)]
 
@@ -32,9 +37,26 @@ def test_up_again_in_the_same_folder_replaces_a_bed_still_running(tmp_path: Path
         assert _answers(again, 2201)
         by_hand.procs["relay-fyst"].kill()
         by_hand.procs["relay-fyst"].wait()
+        # a whole site's link taken down and brought back by hand, through the command line
+        assert _reaches(again, "fyst", 2202)
+        for action, reaches in (("cut-site", False), ("heal-site", True)):
+            r = subprocess.run([sys.executable, str(TESTBED), action, str(tmp_path / "bed"), "fyst"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            deadline = time.monotonic() + 10  # a link brought up carries traffic within moments
+            while _reaches(again, "fyst", 2202) is not reaches and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _reaches(again, "fyst", 2202) is reaches, action
+            assert _reaches(again, "cologne", 2202)  # the other sites keep their links
     finally:
         again.down()
     assert not any(Path("/run/netns", ns).exists() for ns in again.ns.values())
+
+
+def _reaches(bed: TestBed, ns: str, port: int) -> bool:
+    """From namespace ``ns``, a TCP connection to the central namespace's ``port`` is accepted."""
+    probe = f"import socket; socket.create_connection(({CENTRAL_ADDRESS!r}, {port}), timeout=2).close()"
+    return bed.in_ns(ns, "python3", "-c", probe, check=False).returncode == 0
 
 
 def _answers(bed: TestBed, port: int) -> bool:

@@ -409,8 +409,16 @@ streams = {self.ssh_streams}
         for site in SITES:
             self.start_worker(site)
         for n in (1, 2):
-            self._spawn(f"manager-{n}", "central", [sys.executable, "-m", "packhorse", "manager", "-c", str(self.config),
-                                                    "--instance", str(n)], hide_sites=True)
+            self.start_manager(n)
+        self.start_monitor()
+
+    def start_manager(self, n: int) -> None:
+        """Start (or restart) central manager number ``n`` (its ``--instance``)."""
+        self._spawn(f"manager-{n}", "central", [sys.executable, "-m", "packhorse", "manager", "-c", str(self.config),
+                                                "--instance", str(n)], hide_sites=True)
+
+    def start_monitor(self) -> None:
+        """Start (or restart) the central monitor."""
         self._spawn("monitor", "central", [sys.executable, "-m", "packhorse", "monitor", "-c", str(self.config)],
                     hide_sites=True)
 
@@ -545,12 +553,17 @@ def main() -> int:
     ``testbed.py worker ROOT SITE``: start SITE's worker again as ``up`` starts it (its
     namespace, the other sites' folders hidden, its clock shift: give the same ``--clock-ahead``);
     ``testbed.py cut-ssh|heal-ssh ROOT SITE``: drop or restore only the SSH path to SITE (give
-    ``heal-ssh`` the same ``--delay-ms`` as ``up``)."""
+    ``heal-ssh`` the same ``--delay-ms`` as ``up``); ``testbed.py cut-site|heal-site ROOT SITE``:
+    take SITE's whole link down (centre and other sites) or bring it back;
+    ``testbed.py manager ROOT 1|2`` and ``testbed.py monitor ROOT``: start a central manager or
+    the monitor again as ``up`` starts them."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("action", choices=["up", "down", "worker", "cut-ssh", "heal-ssh"])
+    p.add_argument("action", choices=["up", "down", "worker", "cut-ssh", "heal-ssh", "cut-site", "heal-site",
+                                      "manager", "monitor"])
     p.add_argument("root", type=Path)
-    p.add_argument("site", nargs="?", choices=SITES,
-                   help="worker: the site whose worker to start; cut-ssh/heal-ssh: the site whose SSH path to drop/restore")
+    p.add_argument("site", nargs="?", choices=[*SITES, "1", "2"],
+                   help="worker: the site whose worker to start; cut-ssh/heal-ssh: the site whose SSH path to "
+                        "drop/restore; cut-site/heal-site: the site whose link to take down/bring back; manager: 1 or 2")
     p.add_argument("--rate-mbit", type=float, default=None, help="shape every site link to this rate")
     p.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay of the SSH relays")
     p.add_argument("--clock-ahead", action="append", default=[], metavar="SITE=SECONDS",
@@ -567,6 +580,24 @@ def main() -> int:
                   settle_seconds=a.settle_seconds)
     if a.action == "down":
         bed.down()
+        return 0
+    if a.action in ("cut-ssh", "heal-ssh", "cut-site", "heal-site", "worker") and a.site not in SITES:
+        p.error(f"{a.action}: name the site (one of " + ", ".join(SITES) + ")")
+    if a.action in ("cut-site", "heal-site"):
+        (bed.cut_site if a.action == "cut-site" else bed.heal_site)(a.site)
+        print(f"link of {a.site} {'down: it reaches neither the centre nor the other sites' if a.action == 'cut-site' else 'back'}")
+        return 0
+    if a.action in ("manager", "monitor"):
+        if a.action == "manager":
+            if a.site not in ("1", "2"):
+                p.error("manager: name the manager, 1 or 2")
+            bed.start_manager(int(a.site))
+            name = f"manager-{a.site}"
+        else:
+            bed.start_monitor()
+            name = "monitor"
+        bed.procs[name].returncode = 0  # it outlives this command
+        print(f"{name} started in {bed.ns['central']}; log: {bed.logs}/{name}.log")
         return 0
     if a.action in ("cut-ssh", "heal-ssh"):
         if a.site is None:

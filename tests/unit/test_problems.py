@@ -48,3 +48,47 @@ def test_a_line_about_sites_or_locations_names_them() -> None:
     assert lines["site_unreachable"].startswith("UNREACHABLE: 1 site(s) unreachable") and "(site fyst)" in lines[
         "site_unreachable"]
     assert "(location l0, location l1, location l2, …)" in lines["location_unavailable"]
+
+
+def test_a_cluster_whose_managers_or_monitor_are_all_dead_is_a_problem_not_silence(tmp_path) -> None:
+    """A trial killed both managers of the test bed: ``status`` said "no problems" while no new
+    work could be made. In distributed mode (workers heartbeat) a central service kind with none
+    alive is a NOT RUNNING line that needs a human; embedded mode never has one."""
+    import datetime as dt
+
+    from packhorse.config import load_config
+    from packhorse.db.models import ServiceHeartbeat, utcnow
+    from packhorse.db.session import Database
+    from packhorse.runtime.context import ProcessContext
+    from packhorse.runtime.topology import sync_topology
+    from packhorse.status.blocked_work import EXIT_NEEDS_HUMAN, blocked_items
+    from support import write_site_config
+
+    settings = load_config(write_site_config(tmp_path / "site"))
+    db = Database(settings.database_url)
+    db.upgrade()
+    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    missing = lambda: [i for i in db.read(lambda s: blocked_items(s, ctx)) if i.cause == "service_missing"]  # noqa: E731
+    assert missing() == []  # embedded: nothing heartbeats as a worker or manager
+    now, long_ago = utcnow(), utcnow() - dt.timedelta(hours=1)
+    db.transact(lambda s: s.add_all([
+        ServiceHeartbeat(service="worker:fyst@obs1", kind="worker", host="obs1", pid=1, site="fyst",
+                         started_at=now, last_seen=now),
+        ServiceHeartbeat(service="manager:1@ops", kind="manager", host="ops", pid=2, instance="1",
+                         started_at=long_ago, last_seen=long_ago),
+        ServiceHeartbeat(service="manager:2@ops", kind="manager", host="ops", pid=3, instance="2",
+                         started_at=long_ago, last_seen=long_ago)]))
+    items = missing()
+    assert [i.subject for i in items] == ["service manager", "service monitor"]
+    manager, monitor = items
+    assert manager.exit_code == EXIT_NEEDS_HUMAN and manager.since == long_ago.isoformat()
+    assert manager.detail["services"] == ["manager:1@ops", "manager:2@ops"] and "nothing is dispatched" in manager.reason
+    assert monitor.since is None and "none has ever run" in monitor.reason
+    [line] = problem_lines([], [i.as_json() for i in items])
+    assert line["label"] == "NOT RUNNING" and line["needs_human"]
+    assert line["subjects"] == ["service manager", "service monitor"]
+    # a manager comes back: only the monitor is missing
+    db.transact(lambda s: s.add(ServiceHeartbeat(service="manager:3@ops", kind="manager", host="ops", pid=4,
+                                                 instance="3", started_at=now, last_seen=now)))
+    assert [i.subject for i in missing()] == ["service monitor"]
+    db.dispose()

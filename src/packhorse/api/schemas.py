@@ -58,7 +58,7 @@ class BlockedOut(_Model):
     """One piece of blocked work (:class:`packhorse.status.blocked_work.BlockedItem`): what waits, on what,
     and the command that releases it. No error text."""
 
-    cause: str = Field(description="no_good_source, circuit_breaker, dispatch_lost, lease_not_reclaimed, site_unreachable, link_unreachable, scan_overdue, "
+    cause: str = Field(description="no_good_source, service_missing, circuit_breaker, dispatch_lost, lease_not_reclaimed, site_unreachable, link_unreachable, scan_overdue, "
                                    "location_unavailable, location_full")
     subject: str = Field(description='what is blocked, e.g. "transfer 17"')
     reason: str

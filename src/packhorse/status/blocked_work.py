@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from packhorse.db.models import CircuitBreaker, LocationOutage, Operation, ScanLease, utcnow
 from packhorse.domain import ACTIVE_STATUSES, BreakerState, LocationRole, Status
 from packhorse.operations.scan_lease import overdue_scans
+from packhorse.recovery.health import list_services
 from packhorse.recovery.link_reachability import cut_links
 from packhorse.recovery.reconciler import dispatch_given_up
 from packhorse.recovery.site_reachability import source_sites, unreachable_sites
@@ -312,6 +313,48 @@ def site_unreachable(session: Session, ctx: "ProcessContext", *, services: list[
                                    services=services)]
 
 
+#: The central services distributed mode cannot go on without, and what stops without each.
+CENTRAL_SERVICES = {
+    "manager": ("no new work is made and nothing is dispatched (scan requests, packages, bundles, transfers, "
+                "archive copies, deletions)"),
+    "monitor": ("expired leases are not handed back, circuit breakers do not half-open, lost messages are not "
+                "sent again, and cut sites and links are not notified"),
+}
+
+
+def service_missing(session: Session, ctx: "ProcessContext", *, services: list[dict[str, Any]] | None = None,
+                    now: dt.datetime | None = None) -> list[BlockedItem]:
+    """Cause ``service_missing``: in distributed mode (workers or managers send health
+    heartbeats), no alive service of a kind in :data:`CENTRAL_SERVICES` (``manager``,
+    ``monitor``): the work it alone moves on waits in silence (a trial killed both managers and
+    ``status`` said "no problems"). :data:`EXIT_NEEDS_HUMAN`: someone (or a supervisor) must
+    start one. Subject ``"service <kind>"``, since = the last heartbeat of a service of that kind
+    (``None`` if none ever ran), detail ``{"kind", "services": [identities of the dead ones]}``.
+    ``services`` and ``now``: as :func:`site_unreachable`'s."""
+    rec = ctx.settings.recovery
+    now = now or utcnow()
+    if services is None:
+        services = list_services(session, now, dead_after_seconds=rec.service_dead_after_seconds,
+                                 forget_after_seconds=rec.service_forget_after_seconds)
+    if not any(r["kind"] in ("worker", "manager") for r in services):
+        return []  # embedded mode (or nothing has run yet): `packhorse run` does all of it
+    items = []
+    for kind, stops in CENTRAL_SERVICES.items():
+        rows = [r for r in services if r["kind"] == kind]
+        if any(r["alive"] for r in rows):
+            continue
+        last = max((r["last_seen"] for r in rows), default=None)
+        items.append(BlockedItem(
+            cause="service_missing", subject=f"service {kind}",
+            reason=(f"no {kind} is running" + (f" (the last one was seen {last.isoformat()})" if last else
+                                               " (none has ever run against this database)") + f": {stops}"),
+            release=(f"start one: packhorse {kind} -c CONFIG (under systemd or another supervisor, "
+                     "docs/deployment.md); packhorse health lists the services"),
+            exit_code=EXIT_NEEDS_HUMAN, since=last.isoformat() if last else None,
+            detail={"kind": kind, "services": sorted(r["service"] for r in rows)}))
+    return items
+
+
 def link_unreachable(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
     """Cause ``link_unreachable``: transfers waiting for a cut link between sites, one item per
     source data location and destination data location
@@ -359,8 +402,8 @@ def scan_overdue(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:
 
 
 #: One provider per cause, in the order ``status`` lists them.
-PROVIDERS: list[Provider] = [no_good_source, circuit_breakers, dispatch_lost, lease_not_reclaimed, site_unreachable,
-                             link_unreachable, scan_overdue, location_unavailable, location_full]
+PROVIDERS: list[Provider] = [no_good_source, service_missing, circuit_breakers, dispatch_lost, lease_not_reclaimed,
+                             site_unreachable, link_unreachable, scan_overdue, location_unavailable, location_full]
 
 
 def blocked_items(session: Session, ctx: "ProcessContext") -> list[BlockedItem]:

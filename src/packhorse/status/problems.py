@@ -16,13 +16,14 @@ from typing import Any
 from packhorse.time_text import utc_text
 
 #: ``needs_human`` causes first, then what resumes by itself; the order lines are shown in
-_ORDER = ("failed", "no_good_source", "site_unreachable", "link_unreachable", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
+_ORDER = ("failed", "no_good_source", "service_missing", "site_unreachable", "link_unreachable", "location_unavailable", "lease_not_reclaimed", "dispatch_lost",
           "circuit_breaker", "scan_overdue", "location_full")
 
 #: What each line says after its count (``{n}`` is the count), by cause.
 _WHAT = {
     "failed": "operation(s): a human must act (packhorse diagnose KIND ID, then packhorse reset)",
     "no_good_source": "package(s) with no good copy or source left: a dead end only a human can release",
+    "service_missing": "central service kind(s) with none running: the work only they move on waits",
     "site_unreachable": "site(s) unreachable (no worker heartbeat): cut off, or their workers down; their work waits",
     "link_unreachable": ("link(s) between sites cut (SSH): their transfers wait and resume from their partials "
                          "by themselves once the link is back"),
@@ -36,11 +37,11 @@ _WHAT = {
 
 #: The word a line starts with, by cause (FAILED and UNAVAILABLE are their own words).
 _LABEL = {"failed": "FAILED", "location_unavailable": "UNAVAILABLE", "no_good_source": "DEAD END",
-          "site_unreachable": "UNREACHABLE", "link_unreachable": "UNREACHABLE"}
+          "site_unreachable": "UNREACHABLE", "link_unreachable": "UNREACHABLE", "service_missing": "NOT RUNNING"}
 
 
-#: Causes whose line names its subjects (at most three): sites, links between sites and data locations.
-_NAMED = ("site_unreachable", "link_unreachable", "location_unavailable", "location_full")
+#: Causes whose line names its subjects (at most three): services, sites, links between sites and data locations.
+_NAMED = ("service_missing", "site_unreachable", "link_unreachable", "location_unavailable", "location_full")
 
 
 def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -53,7 +54,7 @@ def problem_lines(failed: list[dict[str, Any]], blocked: list[dict[str, Any]]) -
             (:meth:`packhorse.status.blocked_work.BlockedItem.as_json`).
 
     Returns:
-        ``[{"label": "FAILED" | "UNAVAILABLE" | "UNREACHABLE" | "DEAD END" | "BLOCKED", "cause": str, "count": n,
+        ``[{"label": "FAILED" | "UNAVAILABLE" | "UNREACHABLE" | "NOT RUNNING" | "DEAD END" | "BLOCKED", "cause": str, "count": n,
         "since": ISO 8601 UTC of the oldest or None, "needs_human": bool, "text": str,
         "subjects": [str, ...] (at most 5)}]``; ``[]`` when nothing is wrong.
     """
