@@ -34,15 +34,36 @@ from packhorse.status.problems import problem_lines
 from support import write_site_config
 
 
-def test_a_transfer_cut_off_from_its_source_retries_without_limit_and_status_names_the_link(tmp_path: Path) -> None:
+def _installation(tmp_path: Path) -> tuple[Any, Database, ProcessContext]:
+    """``(settings, ops database, process context)`` of a three-site installation in ``tmp_path``
+    (its database migrated; the URL from ``PACKHORSE_DATABASE__URL`` when the test sets it)."""
     settings = load_config(write_site_config(tmp_path / "site"))
     db = Database(settings.database_url)
     db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+    return settings, db, ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
+
+
+def _transfer(ctx: ProcessContext, bundle: str, destination: str = "cologne") -> int:
+    """A new transfer of ``bundle`` from fyst's buffer to ``destination``'s; its id."""
     ids = ctx.topology.location_ids
-    op_id = db.transact(lambda s: create_operation(
-        s, kind=OperationKind.TRANSFER, dedup_key="transfer:b1:cologne", site_id=ctx.topology.site_ids["cologne"],
-        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
+    return ctx.db.transact(lambda s: create_operation(
+        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:{bundle}:{destination}",
+        site_id=ctx.topology.site_ids[destination], max_retries=50, source_location_id=ids["fyst-buffer"],
+        destination_location_id=ids[f"{destination}-buffer"])).id
+
+
+def _age_failures(db: Database, seconds: float) -> None:
+    """Every failure event so far happened ``seconds`` earlier than recorded."""
+    def tx(s: Any) -> None:
+        for event in s.scalars(select(FailureEvent)):
+            event.created_at -= dt.timedelta(seconds=seconds)
+
+    db.transact(tx)
+
+
+def test_a_transfer_cut_off_from_its_source_retries_without_limit_and_status_names_the_link(tmp_path: Path) -> None:
+    settings, db, ctx = _installation(tmp_path)
+    op_id = _transfer(ctx, "b1")
 
     cut = SshConnectionError("data location fyst-buffer: no connection to 10.201.0.1:2201 (timed out)",
                              host="10.201.0.1:2201")
@@ -92,15 +113,8 @@ def database_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 def test_a_cut_is_dated_from_its_own_first_failure_not_from_an_earlier_cut(tmp_path: Path, database_url: None) -> None:
     """An earlier cut, then another failure, then a new cut: ``since`` is the new cut's first
     lost connection, for each transfer on its own (one aggregate read, on both databases)."""
-    settings = load_config(write_site_config(tmp_path / "site"))
-    db = Database(settings.database_url)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    ids = ctx.topology.location_ids
-    ops = [db.transact(lambda s, n=n: create_operation(
-        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:b{n}:cologne", site_id=ctx.topology.site_ids["cologne"],
-        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
-        for n in (1, 2)]
+    settings, db, ctx = _installation(tmp_path)
+    ops = [_transfer(ctx, f"b{n}") for n in (1, 2)]
     cut = SshConnectionError("data location fyst-buffer: no connection to 10.201.0.1:2201 (timed out)",
                              host="10.201.0.1:2201")
 
@@ -135,15 +149,8 @@ def test_a_cut_link_is_notified_once_after_its_grace_and_once_when_a_transfer_mo
     """One WARNING ``link_unreachable`` per cut (after ``service_dead_after_seconds``, however many
     transfers wait and however many passes run), kept while a retry is connecting, and one INFO
     ``link_reachable`` once a transfer over the link reports a byte moved."""
-    settings = load_config(write_site_config(tmp_path / "site"))
-    db = Database(settings.database_url)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    ids = ctx.topology.location_ids
-    ops = [db.transact(lambda s, n=n: create_operation(
-        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:b{n}:cologne", site_id=ctx.topology.site_ids["cologne"],
-        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
-        for n in (1, 2, 3)]
+    settings, db, ctx = _installation(tmp_path)
+    ops = [_transfer(ctx, f"b{n}") for n in (1, 2, 3)]
     cut = SshConnectionError("data location fyst-buffer: no connection to 10.201.0.1:2201 (timed out)",
                              host="10.201.0.1:2201")
     for op_id in ops:
@@ -160,12 +167,7 @@ def test_a_cut_link_is_notified_once_after_its_grace_and_once_when_a_transfer_mo
     assert notes() == []
     # the cut began longer ago than the grace
     grace = settings.recovery.service_dead_after_seconds
-
-    def earlier(s: Any) -> None:
-        for event in s.scalars(select(FailureEvent)):
-            event.created_at -= dt.timedelta(seconds=grace + 5)
-
-    db.transact(earlier)
+    _age_failures(db, grace + 5)
     assert track_links(db, settings) == (["fyst-buffer → cologne-buffer"], [])
     assert track_links(db, settings) == ([], [])  # a second pass (or monitor) says nothing more
     assert notes() == [("WARNING", "link_unreachable", "Link fyst-buffer -> cologne-buffer cut")]
@@ -202,14 +204,8 @@ def test_a_flapping_link_begins_a_new_cut_at_each_drop_and_is_news_only_if_one_d
     a new cut: ``since`` moves to it, and a link that drops for a few seconds at a time is never
     notified (a trial of the design without this saw one pair of notifications per drop once the
     first drop was older than the grace)."""
-    settings = load_config(write_site_config(tmp_path / "site"))
-    db = Database(settings.database_url)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    ids = ctx.topology.location_ids
-    op_id = db.transact(lambda s: create_operation(
-        s, kind=OperationKind.TRANSFER, dedup_key="transfer:b1:cologne", site_id=ctx.topology.site_ids["cologne"],
-        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids["cologne-buffer"])).id
+    settings, db, ctx = _installation(tmp_path)
+    op_id = _transfer(ctx, "b1")
 
     def fail(step: str) -> int:
         c = claim(db, op_id, "cologne-worker", 30)
@@ -228,12 +224,7 @@ def test_a_flapping_link_begins_a_new_cut_at_each_drop_and_is_news_only_if_one_d
     first = fail(SshConnectionError.BEFORE_DATA)
     fail(SshConnectionError.BEFORE_DATA)
     assert since() == created(first)  # one cut: nothing moved since it began
-
-    def earlier(s: Any) -> None:  # ... long enough ago to be news
-        for event in s.scalars(select(FailureEvent)):
-            event.created_at -= dt.timedelta(seconds=settings.recovery.service_dead_after_seconds + 5)
-
-    db.transact(earlier)
+    _age_failures(db, settings.recovery.service_dead_after_seconds + 5)  # long enough ago to be news
     assert track_links(db, settings)[0] == ["fyst-buffer → cologne-buffer"]
     # the link came back (bytes moved) and dropped again: a new cut, dated from this drop
     dropped = fail(SshConnectionError.AFTER_DATA)
@@ -258,26 +249,14 @@ def test_the_links_of_a_site_cut_off_from_the_centre_are_not_told_again(tmp_path
     too), and as many INFO ones at the heal. The site's line is the one: its links are not listed
     nor notified while it is recorded cut off, and a link recorded cut before is not taken for
     back meanwhile."""
-    settings = load_config(write_site_config(tmp_path / "site"))
-    db = Database(settings.database_url)
-    db.upgrade()
-    ctx = ProcessContext(settings=settings, db=db, topology=sync_topology(db, settings))
-    ids = ctx.topology.location_ids
-    ops = {dst: db.transact(lambda s, dst=dst: create_operation(
-        s, kind=OperationKind.TRANSFER, dedup_key=f"transfer:b1:{dst}", site_id=ctx.topology.site_ids[dst],
-        max_retries=50, source_location_id=ids["fyst-buffer"], destination_location_id=ids[f"{dst}-buffer"])).id
-        for dst in ("cologne", "cornell")}
+    settings, db, ctx = _installation(tmp_path)
+    ops = {dst: _transfer(ctx, "b1", dst) for dst in ("cologne", "cornell")}
     cut = SshConnectionError("data location fyst-buffer: cut", host="10.201.0.1")
     c = claim(db, ops["cologne"], "cologne-worker", 30)
     assert c is not None
     record_failure(db, c, cut, backoff_base=0, backoff_max=0)
     grace = settings.recovery.service_dead_after_seconds
-
-    def earlier(s: Any) -> None:
-        for event in s.scalars(select(FailureEvent)):
-            event.created_at -= dt.timedelta(seconds=grace + 5)
-
-    db.transact(earlier)
+    _age_failures(db, grace + 5)
     assert track_links(db, settings)[0] == ["fyst-buffer → cologne-buffer"]  # the SSH path alone, first
 
     # then the whole of fyst is cut off from the centre, and recorded so (its workers' heartbeats stopped)
@@ -285,7 +264,7 @@ def test_the_links_of_a_site_cut_off_from_the_centre_are_not_told_again(tmp_path
     c = claim(db, ops["cornell"], "cornell-worker", 30)
     assert c is not None
     record_failure(db, c, cut, backoff_base=0, backoff_max=0)
-    db.transact(earlier)
+    _age_failures(db, grace + 5)
     assert db.read(cut_links) == []  # the site's line is the one
     assert [i.cause for i in db.read(lambda s: blocked_items(s, ctx)) if i.cause == "link_unreachable"] == []
     assert db.read(collect_values)["links_unreachable"] == {}
