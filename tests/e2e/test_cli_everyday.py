@@ -288,7 +288,7 @@ def test_verify_checks_staged_copies_and_stage_again_restores_a_removed_one(tmp_
     assert v.returncode == 0, v.stdout
     assert [(x["path"], x["status"]) for x in json.loads(v.stdout)["staged"]] == [("inst/obs0", "ok")]
 
-    payload.write_bytes(b"x" + good[1:])  # damaged by processing
+    payload.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])  # damaged by processing (a random first byte may be any)
     v = run_packhorse("verify", "-c", str(cfg))
     assert v.returncode == 1 and "STAGED CORRUPT cologne-processing:inst/obs0" in v.stdout
 
@@ -317,7 +317,7 @@ def test_stage_again_records_where_the_damaged_staged_folder_went(tmp_path):
     assert run_packhorse("run", "--until-idle", "-q", "-c", str(cfg)).returncode == 0
     payload = cfg.parent / "sites/cologne/processing/inst/obs0/data/inst/obs0/frame0.fits"
     good = payload.read_bytes()
-    payload.write_bytes(b"x" + good[1:])  # damaged by processing
+    payload.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])  # damaged by processing (a random first byte may be any)
     assert run_packhorse("verify", "-c", str(cfg)).returncode == 1
     again = run_packhorse("stage", "obs0", "--to", "cologne-processing", "--again", "-c", str(cfg))
     assert again.returncode == 0 and "created" in again.stdout, again.stdout + again.stderr
@@ -329,7 +329,7 @@ def test_stage_again_records_where_the_damaged_staged_folder_went(tmp_path):
     moved = [c["quarantined_as"] for c in staged if c["quarantined_as"]]
     assert len(staged) == 2 and len(moved) == 1, staged
     aside = cfg.parent / "sites/cologne/processing" / moved[0]
-    assert (aside / "data/inst/obs0/frame0.fits").read_bytes() == b"x" + good[1:]  # kept as it was
+    assert (aside / "data/inst/obs0/frame0.fits").read_bytes() == bytes([good[0] ^ 0xFF]) + good[1:]  # kept as it was
     assert [e["location"] for e in where["timeline"] if e["event"] == "quarantined"] == ["cologne-processing"]
 
 

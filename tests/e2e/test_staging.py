@@ -193,7 +193,7 @@ def test_stage_again_moves_a_damaged_staged_folder_aside_and_stages_a_verified_c
     staged = processing / "inst/obs01"
     payload = staged / "data/inst/obs01/frame.fits"
     good = payload.read_bytes()
-    payload.write_bytes(b"x" + good[1:])  # damaged by processing
+    payload.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])  # damaged by processing (a random first byte may be any)
     (staged / "data/inst/obs01/notes.txt").write_bytes(b"added by hand\n")
     damaged = _staged_tree(staged)
 
